@@ -1,0 +1,636 @@
+//! One client connection: the state other connections share with it (its outbound
+//! buffer and subscriptions), the reader that parses and routes inline, and the writer
+//! that flushes the outbound buffer once per batch.
+//!
+//! Publishers append `MSG` frames straight into each subscriber's outbound buffer under
+//! a short, never-awaited lock, and wake that subscriber's writer once per read batch,
+//! not once per message. One write syscall then carries everything that piled up.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use rustc_hash::{FxHashMap, FxHashSet};
+use serde::Deserialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::Notify;
+use tokio::time::{Instant, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Auth, FIRST_PING_INTERVAL};
+use crate::parser::{self, ClientOp, Limits, ParseError};
+use crate::server::Shared;
+use crate::subject;
+use crate::sublist::{MATCH_CACHE_CAPACITY, MatchCache};
+
+/// Smallest read buffer; an idle connection holds no more than this.
+const MIN_READ_BUFFER: usize = 512;
+/// Largest read buffer: reads grow up to it while a client keeps filling them.
+const MAX_READ_BUFFER: usize = 64 * 1024;
+/// A writer's spare buffer larger than this is dropped after a burst, not kept.
+const KEEP_WRITE_BUFFER: usize = 64 * 1024;
+
+/// A subscription: who gets the messages, and how many are still wanted.
+pub(crate) struct Subscription {
+    pub client: Arc<ClientShared>,
+    pub subject: Bytes,
+    pub queue: Option<Bytes>,
+    pub sid: Bytes,
+    /// Messages after which the subscription ends (UNSUB with max); 0 means never.
+    max: AtomicU64,
+    delivered: AtomicU64,
+}
+
+/// Per-client figures for `/connz`.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct ClientMeta {
+    pub name: String,
+    pub lang: String,
+    pub version: String,
+}
+
+/// What the outbound lock guards.
+#[derive(Default)]
+struct Outbound {
+    buf: BytesMut,
+    msgs: u64,
+    bytes: u64,
+    closed: bool,
+}
+
+/// How a delivery went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Delivery {
+    Queued,
+    /// The client is gone or going; try another queue member.
+    Closed,
+    /// This delivery pushed the client past max_pending: it has just been closed.
+    SlowConsumer,
+}
+
+/// The part of a client other connections see.
+pub(crate) struct ClientShared {
+    pub cid: u64,
+    pub addr: SocketAddr,
+    pub started: SystemTime,
+    pub close: CancellationToken,
+    pub subs: Mutex<FxHashMap<Bytes, Arc<Subscription>>>,
+    pub meta: Mutex<ClientMeta>,
+    pub in_msgs: AtomicU64,
+    pub in_bytes: AtomicU64,
+    headers: AtomicBool,
+    pings_out: AtomicU32,
+    out: Mutex<Outbound>,
+    wake: Notify,
+    max_pending: usize,
+}
+
+/// Locks a mutex whose data stays valid even if a holder panicked.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn put_num(buf: &mut BytesMut, n: usize) {
+    buf.put_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+impl ClientShared {
+    pub fn new(cid: u64, addr: SocketAddr, max_pending: usize) -> Self {
+        ClientShared {
+            cid,
+            addr,
+            started: SystemTime::now(),
+            close: CancellationToken::new(),
+            subs: Mutex::default(),
+            meta: Mutex::default(),
+            in_msgs: AtomicU64::new(0),
+            in_bytes: AtomicU64::new(0),
+            headers: AtomicBool::new(false),
+            pings_out: AtomicU32::new(0),
+            out: Mutex::default(),
+            wake: Notify::new(),
+            max_pending,
+        }
+    }
+
+    /// Outbound bytes not yet written, and messages and bytes delivered so far.
+    pub fn out_stats(&self) -> (usize, u64, u64) {
+        let out = lock(&self.out);
+        (out.buf.len(), out.msgs, out.bytes)
+    }
+
+    /// Lets the writer run: it flushes whatever the buffer holds.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Queues a protocol line (INFO, PONG, +OK, -ERR, PING) and wakes the writer.
+    pub fn send(&self, line: &[u8]) {
+        {
+            let mut out = lock(&self.out);
+            if out.closed {
+                return;
+            }
+            out.buf.put_slice(line);
+        }
+        self.wake();
+    }
+
+    /// Queues `-ERR '<text>'`.
+    pub fn send_err(&self, text: &str) {
+        self.send(format!("-ERR '{text}'\r\n").as_bytes());
+    }
+
+    /// Appends one message for subscription `sid`, without waking the writer: the
+    /// publisher wakes every writer it touched once its read batch is routed.
+    pub fn deliver(&self, sid: &[u8], subject: &[u8], reply: Option<&[u8]>, headers: Option<&[u8]>, payload: &[u8]) -> Delivery {
+        // A subscriber that did not announce headers gets the payload alone.
+        let headers = headers.filter(|_| self.headers.load(Ordering::Relaxed));
+        let hlen = headers.map_or(0, <[u8]>::len);
+        let total = hlen + payload.len();
+        let frame_len = 32 + subject.len() + sid.len() + reply.map_or(0, |r| r.len() + 1) + total;
+        let mut out = lock(&self.out);
+        if out.closed {
+            return Delivery::Closed;
+        }
+        if out.buf.len() + frame_len > self.max_pending {
+            out.closed = true;
+            // The backlog will never be written: free it now.
+            out.buf = BytesMut::new();
+            drop(out);
+            self.close.cancel();
+            return Delivery::SlowConsumer;
+        }
+        let buf = &mut out.buf;
+        buf.reserve(frame_len);
+        buf.put_slice(if headers.is_some() { b"HMSG " } else { b"MSG " });
+        buf.put_slice(subject);
+        buf.put_u8(b' ');
+        buf.put_slice(sid);
+        buf.put_u8(b' ');
+        if let Some(reply) = reply {
+            buf.put_slice(reply);
+            buf.put_u8(b' ');
+        }
+        if let Some(headers) = headers {
+            put_num(buf, hlen);
+            buf.put_u8(b' ');
+            put_num(buf, total);
+            buf.put_slice(b"\r\n");
+            buf.put_slice(headers);
+        } else {
+            put_num(buf, total);
+            buf.put_slice(b"\r\n");
+        }
+        buf.put_slice(payload);
+        buf.put_slice(b"\r\n");
+        out.msgs += 1;
+        out.bytes += total as u64;
+        Delivery::Queued
+    }
+}
+
+impl Subscription {
+    /// Counts a delivery against UNSUB's max. Returns whether this message may be sent
+    /// and whether it is the last one (so the subscription must be removed).
+    fn take_one(&self) -> (bool, bool) {
+        let n = self.delivered.fetch_add(1, Ordering::Relaxed) + 1;
+        match self.max.load(Ordering::Relaxed) {
+            0 => (true, false),
+            max => (n <= max, n == max),
+        }
+    }
+}
+
+/// CONNECT options. Absent booleans mean what nats-server assumes.
+#[derive(Debug, Deserialize)]
+#[serde(default)]
+struct ConnectOpts {
+    verbose: bool,
+    pedantic: bool,
+    echo: bool,
+    headers: bool,
+    no_responders: bool,
+    protocol: i64,
+    auth_token: Option<String>,
+    user: Option<String>,
+    pass: Option<String>,
+    name: Option<String>,
+    lang: Option<String>,
+    version: Option<String>,
+}
+
+impl Default for ConnectOpts {
+    fn default() -> Self {
+        ConnectOpts {
+            verbose: true,
+            pedantic: true,
+            echo: true,
+            headers: false,
+            no_responders: false,
+            protocol: 0,
+            auth_token: None,
+            user: None,
+            pass: None,
+            name: None,
+            lang: None,
+            version: None,
+        }
+    }
+}
+
+impl ConnectOpts {
+    fn authorized(&self, auth: &Auth) -> bool {
+        match auth {
+            Auth::None => true,
+            Auth::Token(token) => self.auth_token.as_deref() == Some(token.as_str()),
+            Auth::UserPass { user, pass } => {
+                self.user.as_deref() == Some(user.as_str()) && self.pass.as_deref() == Some(pass.as_str())
+            }
+        }
+    }
+}
+
+/// Why a connection ends after an op.
+enum Close {
+    /// Send this `-ERR` first.
+    WithErr(&'static str),
+    Silent,
+}
+
+impl From<ParseError> for Close {
+    fn from(e: ParseError) -> Self {
+        e.err_text().map_or(Close::Silent, Close::WithErr)
+    }
+}
+
+/// Counters a read batch adds to the server's totals in one go.
+#[derive(Default)]
+struct BatchStats {
+    in_msgs: u64,
+    in_bytes: u64,
+    out_msgs: u64,
+    out_bytes: u64,
+}
+
+/// The reader side of a connection: its own options and caches.
+struct Conn {
+    server: Arc<Shared>,
+    me: Arc<ClientShared>,
+    opts: ConnectOpts,
+    connected: bool,
+    cache: MatchCache<Subscription>,
+    /// Writers touched by this batch, woken once at its end.
+    dirty: Vec<Arc<ClientShared>>,
+    dirty_ids: FxHashSet<u64>,
+    batch: BatchStats,
+}
+
+/// Serves one accepted connection until it closes.
+pub(crate) async fn serve(server: Arc<Shared>, me: Arc<ClientShared>, stream: TcpStream, info: Vec<u8>) {
+    let (mut rd, wr) = stream.into_split();
+    me.send(&info);
+    let writer = tokio::spawn(write_loop(me.clone(), wr, server.clone()));
+    let mut conn = Conn {
+        server: server.clone(),
+        me: me.clone(),
+        opts: ConnectOpts::default(),
+        connected: false,
+        cache: MatchCache::new(MATCH_CACHE_CAPACITY),
+        dirty: Vec::new(),
+        dirty_ids: FxHashSet::default(),
+        batch: BatchStats::default(),
+    };
+    let limits = Limits {
+        max_control_line: server.config.max_control_line,
+        max_payload: server.config.max_payload,
+    };
+    let auth_deadline = server.config.auth.required().then(|| Instant::now() + server.config.auth_timeout);
+    let mut rbuf = BytesMut::with_capacity(MIN_READ_BUFFER);
+    let mut read_size = MIN_READ_BUFFER;
+    loop {
+        if rbuf.capacity() - rbuf.len() < read_size / 2 {
+            rbuf.reserve(read_size);
+        }
+        let read = tokio::select! {
+            r = rd.read_buf(&mut rbuf) => r,
+            () = me.close.cancelled() => break,
+            () = sleep_until(auth_deadline.unwrap_or_else(Instant::now)), if auth_deadline.is_some() && !conn.connected => {
+                me.send_err("Authentication Timeout");
+                break;
+            }
+        };
+        let n = match read {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        // Grow the buffer while the client keeps filling it, shrink it once it idles.
+        if n >= read_size && read_size < MAX_READ_BUFFER {
+            read_size *= 2;
+        } else if n < read_size / 4 && read_size > MIN_READ_BUFFER {
+            read_size /= 2;
+        }
+        let mut used = 0;
+        let outcome = loop {
+            match parser::parse(&rbuf[used..], &limits) {
+                Ok(Some((op, len))) => {
+                    used += len;
+                    if let Err(close) = conn.handle(op) {
+                        break Err(close);
+                    }
+                }
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(Close::from(e)),
+            }
+        };
+        let _ = rbuf.split_to(used);
+        if rbuf.is_empty() && rbuf.capacity() > 2 * read_size {
+            rbuf = BytesMut::with_capacity(read_size);
+        }
+        conn.end_batch();
+        if let Err(close) = outcome {
+            if let Close::WithErr(text) = close {
+                me.send_err(text);
+            }
+            break;
+        }
+    }
+    conn.end_batch();
+    me.close.cancel();
+    server.remove_client(&me);
+    let _ = writer.await;
+}
+
+impl Conn {
+    fn handle(&mut self, op: ClientOp<'_>) -> Result<(), Close> {
+        if !self.connected && self.server.config.auth.required() && !matches!(op, ClientOp::Connect(_)) {
+            return Err(Close::WithErr("Authorization Violation"));
+        }
+        match op {
+            ClientOp::Connect(json) => return self.connect(json),
+            ClientOp::Pub {
+                subject,
+                reply,
+                headers,
+                payload,
+            } => {
+                if headers.is_some() && !self.opts.headers {
+                    return Err(Close::Silent);
+                }
+                self.batch.in_msgs += 1;
+                self.batch.in_bytes += (payload.len() + headers.map_or(0, <[u8]>::len)) as u64;
+                if self.opts.pedantic && !subject::is_valid_publish(subject) {
+                    self.me.send_err("Invalid Publish Subject");
+                    return Ok(());
+                }
+                self.route(subject, reply, headers, payload);
+            }
+            ClientOp::Sub { subject, queue, sid } => {
+                if !subject::is_valid_subscribe(subject) {
+                    self.me.send_err("Invalid Subject");
+                    return Ok(());
+                }
+                if !self.subscribe(subject, queue, sid) {
+                    self.me.send_err("maximum subscriptions exceeded");
+                    return Ok(());
+                }
+            }
+            ClientOp::Unsub { sid, max } => self.unsubscribe(sid, max),
+            ClientOp::Ping => {
+                self.me.send(b"PONG\r\n");
+                return Ok(());
+            }
+            ClientOp::Pong => {
+                self.me.pings_out.store(0, Ordering::Relaxed);
+                return Ok(());
+            }
+            ClientOp::Ok | ClientOp::Info => return Ok(()),
+        }
+        if self.opts.verbose {
+            self.me.send(b"+OK\r\n");
+        }
+        Ok(())
+    }
+
+    fn connect(&mut self, json: &[u8]) -> Result<(), Close> {
+        let opts: ConnectOpts = serde_json::from_slice(json).map_err(|_| Close::Silent)?;
+        if !(0..=1).contains(&opts.protocol) {
+            return Err(Close::WithErr("invalid client protocol"));
+        }
+        if !opts.authorized(&self.server.config.auth) {
+            return Err(Close::WithErr("Authorization Violation"));
+        }
+        self.me.headers.store(opts.headers, Ordering::Relaxed);
+        *lock(&self.me.meta) = ClientMeta {
+            name: opts.name.clone().unwrap_or_default(),
+            lang: opts.lang.clone().unwrap_or_default(),
+            version: opts.version.clone().unwrap_or_default(),
+        };
+        self.opts = opts;
+        self.connected = true;
+        if self.opts.verbose {
+            self.me.send(b"+OK\r\n");
+        }
+        Ok(())
+    }
+
+    /// Returns false when the client is at its subscription limit.
+    fn subscribe(&mut self, subject: &[u8], queue: Option<&[u8]>, sid: &[u8]) -> bool {
+        let mut subs = lock(&self.me.subs);
+        if subs.contains_key(sid) {
+            // nats-server keeps the first subscription of a duplicate sid.
+            return true;
+        }
+        let max = self.server.config.max_subscriptions;
+        if max > 0 && subs.len() >= max {
+            return false;
+        }
+        let sid = Bytes::copy_from_slice(sid);
+        let sub = Arc::new(Subscription {
+            client: self.me.clone(),
+            subject: Bytes::copy_from_slice(subject),
+            queue: queue.map(Bytes::copy_from_slice),
+            sid: sid.clone(),
+            max: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+        });
+        self.server.index.insert(subject, sub.queue.as_ref(), sub.clone());
+        subs.insert(sid, sub);
+        true
+    }
+
+    fn unsubscribe(&mut self, sid: &[u8], max: Option<u64>) {
+        let sub = lock(&self.me.subs).get(sid).cloned();
+        let Some(sub) = sub else {
+            return;
+        };
+        match max {
+            Some(max) if max > sub.delivered.load(Ordering::Relaxed) => sub.max.store(max, Ordering::Relaxed),
+            _ => self.server.remove_sub(&sub),
+        }
+    }
+
+    /// Delivers one message to every plain subscription and one member per queue group.
+    fn route(&mut self, subject: &[u8], reply: Option<&[u8]>, headers: Option<&[u8]>, payload: &[u8]) {
+        let found = self.cache.get(&self.server.index, subject);
+        let mut delivered = false;
+        for sub in &found.psubs {
+            delivered |= self.deliver_to(sub, subject, reply, headers, payload);
+        }
+        for (_, members) in &found.qsubs {
+            let n = members.len();
+            let start = fastrand::usize(..n);
+            // Random member first; skip members that cannot take it.
+            for i in 0..n {
+                if self.deliver_to(&members[(start + i) % n], subject, reply, headers, payload) {
+                    delivered = true;
+                    break;
+                }
+            }
+        }
+        if !delivered
+            && let Some(reply) = reply
+            && self.opts.no_responders
+            && self.opts.headers
+        {
+            self.no_responders(subject, reply);
+        }
+    }
+
+    fn deliver_to(&mut self, sub: &Arc<Subscription>, subject: &[u8], reply: Option<&[u8]>, headers: Option<&[u8]>, payload: &[u8]) -> bool {
+        let client = &sub.client;
+        if !self.opts.echo && client.cid == self.me.cid {
+            return false;
+        }
+        let (allowed, last) = sub.take_one();
+        if !allowed {
+            return false;
+        }
+        if last {
+            self.server.remove_sub(sub);
+        }
+        match client.deliver(&sub.sid, subject, reply, headers, payload) {
+            Delivery::Queued => {
+                self.batch.out_msgs += 1;
+                self.batch.out_bytes += (payload.len() + headers.map_or(0, <[u8]>::len)) as u64;
+                if self.dirty_ids.insert(client.cid) {
+                    self.dirty.push(client.clone());
+                }
+                true
+            }
+            Delivery::SlowConsumer => {
+                self.server.stats.slow_consumers.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(cid = client.cid, "slow consumer: closed");
+                false
+            }
+            Delivery::Closed => false,
+        }
+    }
+
+    /// Tells a requester at once that nobody received its request: an empty `HMSG` with
+    /// status 503 on its own subscription matching the reply subject.
+    fn no_responders(&mut self, subject: &[u8], reply: &[u8]) {
+        let found = self.cache.get(&self.server.index, reply);
+        let mine = found
+            .psubs
+            .iter()
+            .chain(found.qsubs.iter().flat_map(|(_, m)| m.iter()))
+            .find(|s| s.client.cid == self.me.cid);
+        let Some(sub) = mine else {
+            return;
+        };
+        let mut headers = Vec::with_capacity(40 + subject.len());
+        headers.extend_from_slice(b"NATS/1.0 503\r\nNats-Subject: ");
+        headers.extend_from_slice(subject);
+        headers.extend_from_slice(b"\r\n\r\n");
+        if self.me.deliver(&sub.sid, reply, None, Some(&headers), b"") == Delivery::Queued {
+            self.me.wake();
+        }
+    }
+
+    /// Wakes every writer this batch fed, and adds the batch's counts to the totals.
+    fn end_batch(&mut self) {
+        for client in self.dirty.drain(..) {
+            client.wake();
+        }
+        self.dirty_ids.clear();
+        let b = std::mem::take(&mut self.batch);
+        if b.in_msgs > 0 {
+            self.me.in_msgs.fetch_add(b.in_msgs, Ordering::Relaxed);
+            self.me.in_bytes.fetch_add(b.in_bytes, Ordering::Relaxed);
+        }
+        let stats = &self.server.stats;
+        stats.add(&stats.in_msgs, b.in_msgs);
+        stats.add(&stats.in_bytes, b.in_bytes);
+        stats.add(&stats.out_msgs, b.out_msgs);
+        stats.add(&stats.out_bytes, b.out_bytes);
+        stats.add(&stats.cache_hits, std::mem::take(&mut self.cache.hits));
+        stats.add(&stats.cache_misses, std::mem::take(&mut self.cache.misses));
+    }
+}
+
+/// Flushes the client's outbound buffer whenever woken, and PINGs it on schedule.
+async fn write_loop(me: Arc<ClientShared>, mut wr: OwnedWriteHalf, server: Arc<Shared>) {
+    let config = &server.config;
+    let mut spare = BytesMut::new();
+    let ping = tokio::time::sleep(FIRST_PING_INTERVAL.min(config.ping_interval));
+    tokio::pin!(ping);
+    let mut closing = false;
+    while !closing {
+        tokio::select! {
+            biased;
+            () = me.close.cancelled() => closing = true,
+            () = me.wake.notified() => {}
+            () = &mut ping => {
+                ping.as_mut().reset(Instant::now() + config.ping_interval);
+                if me.pings_out.fetch_add(1, Ordering::Relaxed) >= config.max_pings_out {
+                    tracing::debug!(cid = me.cid, "stale connection");
+                    me.send_err("Stale Connection");
+                    me.close.cancel();
+                } else {
+                    me.send(b"PING\r\n");
+                }
+            }
+        }
+        {
+            let mut out = lock(&me.out);
+            std::mem::swap(&mut out.buf, &mut spare);
+            if closing {
+                out.closed = true;
+            }
+        }
+        if spare.is_empty() {
+            continue;
+        }
+        // A close (slow consumer elsewhere, shutdown) must not wait for a blocked write.
+        let written = tokio::select! {
+            r = timeout(config.write_deadline, wr.write_all(&spare)) => r,
+            () = me.close.cancelled(), if !closing => break,
+        };
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => break,
+            Err(_) => {
+                server.stats.slow_consumers.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(cid = me.cid, "slow consumer: write deadline exceeded");
+                break;
+            }
+        }
+        if spare.capacity() > KEEP_WRITE_BUFFER {
+            spare = BytesMut::new();
+        } else {
+            spare.clear();
+        }
+    }
+    me.close.cancel();
+    {
+        let mut out = lock(&me.out);
+        out.closed = true;
+        out.buf = BytesMut::new();
+    }
+    let _ = wr.shutdown().await;
+}

@@ -1,0 +1,78 @@
+//! Broker configuration: every limit the broker enforces, named, with nats-server's
+//! defaults so that clients tuned against nats-server behave the same here.
+
+use std::time::Duration;
+
+/// Largest message payload a client may publish (nats-server's default, 1 MiB).
+pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
+/// Longest protocol control line (verb and arguments) the parser accepts.
+pub const DEFAULT_MAX_CONTROL_LINE: usize = 4096;
+/// Outbound bytes a client may have queued before it is closed as a slow consumer.
+pub const DEFAULT_MAX_PENDING: usize = 64 * 1024 * 1024;
+/// Connections the server accepts at once.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 64 * 1024;
+/// Subscriptions one client may hold; 0 means unlimited (nats-server's default).
+pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 0;
+/// How often the server PINGs a client to detect dead peers.
+pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(120);
+/// The first PING comes sooner, so a dead peer right after connect is found quickly.
+pub const FIRST_PING_INTERVAL: Duration = Duration::from_secs(2);
+/// Unanswered server PINGs after which the connection is closed as stale.
+pub const DEFAULT_MAX_PINGS_OUT: u32 = 2;
+/// How long one write may stay blocked before the client counts as a slow consumer.
+pub const DEFAULT_WRITE_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a client has to send a valid CONNECT when auth is on.
+pub const DEFAULT_AUTH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Who may connect.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Auth {
+    /// Anyone.
+    #[default]
+    None,
+    /// CONNECT must carry this `auth_token`.
+    Token(String),
+    /// CONNECT must carry this `user` and `pass`.
+    UserPass { user: String, pass: String },
+}
+
+impl Auth {
+    pub fn required(&self) -> bool {
+        *self != Auth::None
+    }
+}
+
+/// Everything the server enforces. Construct with `Config::default()` and override.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Name reported in INFO (`server_name`); defaults to the server id.
+    pub server_name: Option<String>,
+    pub max_payload: usize,
+    pub max_control_line: usize,
+    pub max_pending: usize,
+    pub max_connections: usize,
+    pub max_subscriptions: usize,
+    pub ping_interval: Duration,
+    pub max_pings_out: u32,
+    pub write_deadline: Duration,
+    pub auth: Auth,
+    pub auth_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            server_name: None,
+            max_payload: DEFAULT_MAX_PAYLOAD,
+            max_control_line: DEFAULT_MAX_CONTROL_LINE,
+            max_pending: DEFAULT_MAX_PENDING,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS,
+            ping_interval: DEFAULT_PING_INTERVAL,
+            max_pings_out: DEFAULT_MAX_PINGS_OUT,
+            write_deadline: DEFAULT_WRITE_DEADLINE,
+            auth: Auth::None,
+            auth_timeout: DEFAULT_AUTH_TIMEOUT,
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! WebSocket gate: sessions, routing, limits (filled by the request-path issue).

@@ -1,0 +1,371 @@
+//! `bus-rr`: request-reply throughput and latency over NATS (BENCHMARKS.md B6).
+//!
+//! Responders subscribe one subject in a queue group and echo each request's payload to its
+//! reply subject. Requesters loop `client.request()` closed-loop (next request only after
+//! the previous answer or error), so offered load adapts to the server and the figure is
+//! the round trip a service call pays through the bus.
+//!
+//! **One connection per requester** (and per responder). That is what a Go measurement with
+//! the official client most naturally does (one `nats.Connect` per goroutine, as
+//! `nats-bench` does per publisher and subscriber), and it is the fair setup: with a shared
+//! connection the client library would coalesce many requests into one write and one
+//! socket, measuring client batching more than the server's per-connection work and
+//! hiding head-of-line effects the server causes. 50 requesters therefore mean 50 sockets
+//! on the server, the same as 50 service instances would.
+//!
+//! Requests sent during the warm-up are answered but not recorded; errors (timeouts, no
+//! responders, I/O) are counted, never fatal, and every request carries a timeout, so the
+//! run ends by itself after warm-up + duration (+ at most one request timeout).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use async_nats::{Client, RequestErrorKind, Subject};
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::task::JoinSet;
+
+use crate::duration::parse_duration;
+use crate::latency::{Recorder, Summary, micros, millis_text};
+
+/// Upper bound on requesters: each is a socket and a task; past this the client machine,
+/// not the server, is what gets measured (and file-descriptor limits bite).
+pub const MAX_REQUESTERS: u32 = 10_000;
+/// Upper bound on responders, for the same reason.
+pub const MAX_RESPONDERS: u32 = 1_000;
+/// Largest payload accepted: nats-server's default `max_payload` (1 MiB).
+pub const MAX_PAYLOAD: usize = 1024 * 1024;
+/// Queue group the responders join, so each request is answered exactly once.
+const QUEUE_GROUP: &str = "shaddock-loadtest";
+/// How long connecting all clients may take before the run is abandoned.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Extra time allowed past warm-up + duration + request timeout before the run is
+/// declared hung; covers scheduling delays on a loaded 2-core machine.
+const FINISH_SLACK: Duration = Duration::from_secs(5);
+
+/// Flags of `shaddock loadtest bus-rr`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// NATS server URL.
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub url: String,
+    /// Concurrent closed-loop requesters, each on its own connection.
+    #[arg(long, default_value_t = 50,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_REQUESTERS)))]
+    pub requesters: u32,
+    /// Responders in one queue group, each on its own connection.
+    #[arg(long, default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_RESPONDERS)))]
+    pub responders: u32,
+    /// Request (and echoed reply) payload in bytes.
+    #[arg(long, default_value_t = 16)]
+    pub size: usize,
+    /// Measured time, after the warm-up (`5s`, `500ms`, or bare seconds).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Time to run before recording starts, so connection setup, allocator growth and
+    /// the client's lazy inbox subscription are not in the figures.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// Per-request timeout; a request past it counts as a timeout error.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// Subject the responders serve.
+    #[arg(long, default_value = "shaddock.loadtest.rr")]
+    pub subject: String,
+    /// Print one JSON object on one line instead of the human-readable report.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Error counts by cause, from requests sent inside the measured window.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Errors {
+    pub timeout: u64,
+    pub no_responders: u64,
+    pub other: u64,
+}
+
+impl Errors {
+    fn count(&mut self, kind: RequestErrorKind) {
+        match kind {
+            RequestErrorKind::TimedOut => self.timeout += 1,
+            RequestErrorKind::NoResponders => self.no_responders += 1,
+            _ => self.other += 1,
+        }
+    }
+
+    fn add(&mut self, other: Errors) {
+        self.timeout += other.timeout;
+        self.no_responders += other.no_responders;
+        self.other += other.other;
+    }
+
+    /// All errors together.
+    pub fn total(&self) -> u64 {
+        self.timeout + self.no_responders + self.other
+    }
+}
+
+/// Result of one run.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub requesters: u32,
+    pub responders: u32,
+    pub size: usize,
+    pub warmup: Duration,
+    /// Wall time from the end of the warm-up until the last requester finished.
+    pub elapsed: Duration,
+    pub latency: Summary,
+    pub errors: Errors,
+    /// Replies the responders failed to publish (their connection was failing).
+    pub responder_errors: u64,
+}
+
+impl Report {
+    /// Successful requests per second over the measured window.
+    pub fn requests_per_second(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs > 0.0 {
+            self.latency.count as f64 / secs
+        } else {
+            0.0
+        }
+    }
+
+    /// The one-line machine-readable form (`--json`).
+    pub fn to_json(&self) -> serde_json::Value {
+        let l = &self.latency;
+        serde_json::json!({
+            "scenario": "bus-rr",
+            "requesters": self.requesters,
+            "responders": self.responders,
+            "size": self.size,
+            "warmup_s": self.warmup.as_secs_f64(),
+            "elapsed_s": self.elapsed.as_secs_f64(),
+            "requests": l.count,
+            "req_per_s": self.requests_per_second().round(),
+            "mean_us": micros(l.mean),
+            "p50_us": micros(l.p50),
+            "p90_us": micros(l.p90),
+            "p99_us": micros(l.p99),
+            "p999_us": micros(l.p999),
+            "max_us": micros(l.max),
+            "errors": self.errors.total(),
+            "errors_timeout": self.errors.timeout,
+            "errors_no_responders": self.errors.no_responders,
+            "errors_other": self.errors.other,
+            "responder_errors": self.responder_errors,
+        })
+    }
+
+    /// The human-readable form.
+    pub fn to_text(&self) -> String {
+        let l = &self.latency;
+        let e = &self.errors;
+        format!(
+            "bus-rr: {} requesters (one connection each), {} responders (queue group), {} B, \
+             {:.2} s measured after {:.2} s warm-up\n\
+             requests: {} ok, {} errors (timeout {}, no responders {}, other {}), \
+             responder publish errors {}\n\
+             throughput: {:.0} req/s\n\
+             latency: p50 {}, p90 {}, p99 {}, p99.9 {}, max {}, mean {}",
+            self.requesters,
+            self.responders,
+            self.size,
+            self.elapsed.as_secs_f64(),
+            self.warmup.as_secs_f64(),
+            l.count,
+            e.total(),
+            e.timeout,
+            e.no_responders,
+            e.other,
+            self.responder_errors,
+            self.requests_per_second(),
+            millis_text(l.p50),
+            millis_text(l.p90),
+            millis_text(l.p99),
+            millis_text(l.p999),
+            millis_text(l.max),
+            millis_text(l.mean),
+        )
+    }
+}
+
+/// Runs the benchmark and prints its report on stdout.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let report = measure(&args).await?;
+    let text = if args.json {
+        report.to_json().to_string()
+    } else {
+        report.to_text()
+    };
+    // The report is this tool's output, not a log line, hence stdout.
+    use std::io::Write as _;
+    writeln!(std::io::stdout().lock(), "{text}").context("writing the report")?;
+    Ok(())
+}
+
+/// Runs the benchmark and returns its report.
+pub async fn measure(args: &Args) -> anyhow::Result<Report> {
+    if args.size > MAX_PAYLOAD {
+        bail!("--size {} exceeds {MAX_PAYLOAD} bytes", args.size);
+    }
+    let subject = Subject::from(args.subject.as_str());
+    let payload = Bytes::from(vec![b'x'; args.size]);
+
+    let responder_errors = Arc::new(AtomicU64::new(0));
+    // Dropping the set aborts the responders, whose loops otherwise never end.
+    let mut responders = JoinSet::new();
+    let (responder_clients, requester_clients) = tokio::time::timeout(CONNECT_TIMEOUT, async {
+        let responders = connect_all(&args.url, "responder", args.responders, args.timeout);
+        let requesters = connect_all(&args.url, "requester", args.requesters, args.timeout);
+        futures::try_join!(responders, requesters)
+    })
+    .await
+    .with_context(|| format!("connecting to {} took over {CONNECT_TIMEOUT:?}", args.url))??;
+
+    for client in responder_clients {
+        let mut requests = client
+            .queue_subscribe(subject.clone(), QUEUE_GROUP.to_owned())
+            .await
+            .context("responder subscribe")?;
+        // A flush round-trips a PING, so the server has the SUB before any request is sent
+        // and early requests do not fail with "no responders".
+        client.flush().await.context("responder flush")?;
+        let errors = Arc::clone(&responder_errors);
+        responders.spawn(async move {
+            while let Some(request) = requests.next().await {
+                let Some(reply) = request.reply else { continue };
+                if client.publish(reply, request.payload).await.is_err() {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+    }
+
+    tracing::info!(
+        requesters = args.requesters,
+        responders = args.responders,
+        "connected; warming up for {:?}",
+        args.warmup
+    );
+    let start = Instant::now() + args.warmup;
+    let end = start + args.duration;
+    let mut requesters = JoinSet::new();
+    for client in requester_clients {
+        let (subject, payload) = (subject.clone(), payload.clone());
+        requesters.spawn(request_loop(client, subject, payload, start, end));
+    }
+
+    let mut latency = Recorder::new();
+    let mut errors = Errors::default();
+    let deadline = end + args.timeout + FINISH_SLACK;
+    while let Some(joined) = tokio::time::timeout_at(deadline.into(), requesters.join_next())
+        .await
+        .context("requesters did not finish in time; the server is hung")?
+    {
+        let (recorded, counted) = joined.context("requester task failed")?;
+        latency.merge(&recorded);
+        errors.add(counted);
+    }
+    let elapsed = Instant::now().saturating_duration_since(start);
+    responders.shutdown().await;
+
+    Ok(Report {
+        requesters: args.requesters,
+        responders: args.responders,
+        size: args.size,
+        warmup: args.warmup,
+        elapsed,
+        latency: latency.summary(),
+        errors,
+        responder_errors: responder_errors.load(Ordering::Relaxed),
+    })
+}
+
+/// One closed-loop requester: send, await the reply, record, repeat until `end`.
+async fn request_loop(
+    client: Client,
+    subject: Subject,
+    payload: Bytes,
+    start: Instant,
+    end: Instant,
+) -> (Recorder, Errors) {
+    let mut latency = Recorder::new();
+    let mut errors = Errors::default();
+    loop {
+        let sent = Instant::now();
+        if sent >= end {
+            break;
+        }
+        let result = client.request(subject.clone(), payload.clone()).await;
+        if sent < start {
+            continue;
+        }
+        match result {
+            Ok(_) => latency.record(sent.elapsed()),
+            Err(error) => errors.count(error.kind()),
+        }
+    }
+    (latency, errors)
+}
+
+/// Opens `count` connections concurrently, failing if any fails.
+async fn connect_all(
+    url: &str,
+    role: &str,
+    count: u32,
+    request_timeout: Duration,
+) -> anyhow::Result<Vec<Client>> {
+    let connects = (0..count).map(|i| {
+        async_nats::ConnectOptions::new()
+            .name(format!("shaddock-loadtest-{role}-{i}"))
+            .request_timeout(Some(request_timeout))
+            .connect(url)
+    });
+    futures::future::try_join_all(connects)
+        .await
+        .with_context(|| format!("connecting {count} {role}s to {url}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_counted_by_kind() {
+        let mut e = Errors::default();
+        e.count(RequestErrorKind::TimedOut);
+        e.count(RequestErrorKind::NoResponders);
+        e.count(RequestErrorKind::Other);
+        e.count(RequestErrorKind::Other);
+        assert_eq!(
+            e,
+            Errors {
+                timeout: 1,
+                no_responders: 1,
+                other: 2
+            }
+        );
+        assert_eq!(e.total(), 4);
+    }
+
+    #[test]
+    fn rate_of_an_empty_run_is_zero() {
+        let report = Report {
+            requesters: 1,
+            responders: 1,
+            size: 16,
+            warmup: Duration::ZERO,
+            elapsed: Duration::ZERO,
+            latency: Recorder::new().summary(),
+            errors: Errors::default(),
+            responder_errors: 0,
+        };
+        assert_eq!(report.requests_per_second(), 0.0);
+        assert_eq!(report.to_json()["requests"], 0);
+    }
+}

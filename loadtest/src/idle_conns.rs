@@ -1,0 +1,241 @@
+//! `idle-conns`: resident memory a NATS server spends per idle client connection.
+//!
+//! Reads the server's `VmRSS` from `/proc/<pid>/status`, opens N plain TCP connections
+//! that each complete the NATS handshake (`CONNECT` + `PING`, wait for `PONG`, so the
+//! server has fully set the connection up), reads `VmRSS` again while they are all still
+//! open, and reports the difference divided by N. Plain sockets rather than async-nats
+//! clients keep the client cheap and make "idle" exact: no subscriptions, no inbox, nothing
+//! sent after the handshake. Linux only, since it reads `/proc`.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Upper bound on connections: each is a file descriptor in both processes.
+pub const MAX_CONNS: u32 = 50_000;
+/// Time one connection may take to complete its handshake before the run fails.
+const NETWORK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most bytes read while waiting for `PONG`; INFO is well under this, so more means the
+/// peer is not a NATS server.
+const MAX_HANDSHAKE_BYTES: usize = 64 * 1024;
+/// What every connection sends: no echo of `+OK`, then a round trip to know the server
+/// processed the CONNECT.
+const HANDSHAKE: &[u8] =
+    b"CONNECT {\"verbose\":false,\"pedantic\":false,\"name\":\"shaddock-loadtest-idle\"}\r\nPING\r\n";
+
+/// Flags of `shaddock loadtest idle-conns`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Server address, `nats://host:port` or `host:port`.
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub url: String,
+    /// Process id of the server, whose RSS is read from /proc.
+    #[arg(long)]
+    pub pid: u32,
+    /// Idle connections to open.
+    #[arg(long, default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_CONNS)))]
+    pub conns: u32,
+    /// Print one JSON object on one line instead of the human-readable report.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Result of one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Report {
+    pub conns: u32,
+    pub rss_before: u64,
+    pub rss_after: u64,
+}
+
+impl Report {
+    /// Marginal resident bytes per connection (negative if the server shrank meanwhile).
+    pub fn bytes_per_conn(&self) -> i64 {
+        let delta = i128::from(self.rss_after) - i128::from(self.rss_before);
+        i64::try_from(delta / i128::from(self.conns.max(1))).unwrap_or(i64::MAX)
+    }
+
+    /// The one-line machine-readable form (`--json`).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "scenario": "idle-conns",
+            "conns": self.conns,
+            "rss_before": self.rss_before,
+            "rss_after": self.rss_after,
+            "bytes_per_conn": self.bytes_per_conn(),
+        })
+    }
+
+    /// The human-readable form.
+    pub fn to_text(&self) -> String {
+        format!(
+            "idle-conns: {} connections, RSS {} KiB -> {} KiB, {} bytes per connection",
+            self.conns,
+            self.rss_before / 1024,
+            self.rss_after / 1024,
+            self.bytes_per_conn()
+        )
+    }
+}
+
+/// Runs the measurement and prints its report on stdout.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let report = measure(&args).await?;
+    let text = if args.json {
+        report.to_json().to_string()
+    } else {
+        report.to_text()
+    };
+    // The report is this tool's output, not a log line, hence stdout.
+    use std::io::Write as _;
+    writeln!(std::io::stdout().lock(), "{text}").context("writing the report")?;
+    Ok(())
+}
+
+/// Runs the measurement and returns its report; connections close when it returns.
+pub async fn measure(args: &Args) -> anyhow::Result<Report> {
+    let addr = host_port(&args.url);
+    let rss_before = read_rss(args.pid).await?;
+    let mut conns = Vec::with_capacity(usize::try_from(args.conns).unwrap_or(0));
+    // Sequential on purpose: the server sees one new connection at a time, as idle
+    // clients trickling in would look, and 1,000 loopback handshakes take well under a
+    // second anyway.
+    for i in 0..args.conns {
+        let conn = tokio::time::timeout(NETWORK_TIMEOUT, handshake(addr))
+            .await
+            .with_context(|| format!("connection {i} to {addr}: no PONG in {NETWORK_TIMEOUT:?}"))?
+            .with_context(|| format!("connection {i} to {addr}"))?;
+        conns.push(conn);
+    }
+    let rss_after = read_rss(args.pid).await?;
+    tracing::info!(conns = conns.len(), rss_before, rss_after, "measured");
+    drop(conns);
+    Ok(Report {
+        conns: args.conns,
+        rss_before,
+        rss_after,
+    })
+}
+
+/// `nats://host:port/` -> `host:port`; anything else is passed through.
+fn host_port(url: &str) -> &str {
+    let rest = url.strip_prefix("nats://").unwrap_or(url);
+    rest.trim_end_matches('/')
+}
+
+/// Connects and completes CONNECT + PING/PONG, returning the open socket.
+async fn handshake(addr: &str) -> anyhow::Result<TcpStream> {
+    let mut stream = TcpStream::connect(addr).await.context("connect")?;
+    // Legal before INFO arrives: the server reads CONNECT after sending INFO.
+    stream.write_all(HANDSHAKE).await.context("send CONNECT")?;
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut chunk).await.context("read")?;
+        if n == 0 {
+            bail!("server closed the connection during the handshake");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if handshake_done(&buf)? {
+            return Ok(stream);
+        }
+        if buf.len() > MAX_HANDSHAKE_BYTES {
+            bail!("no PONG within {MAX_HANDSHAKE_BYTES} bytes: not a NATS server?");
+        }
+    }
+}
+
+/// Scans complete lines received so far: `Ok(true)` once a `PONG` line is seen, an error
+/// on `-ERR`, `Ok(false)` while waiting (INFO, `+OK`, or a partial line).
+fn handshake_done(received: &[u8]) -> anyhow::Result<bool> {
+    let mut rest = received;
+    while let Some(end) = rest.windows(2).position(|w| w == b"\r\n") {
+        let line = &rest[..end];
+        if line == b"PONG" {
+            return Ok(true);
+        }
+        if line.starts_with(b"-ERR") {
+            bail!("server refused: {}", String::from_utf8_lossy(line));
+        }
+        rest = &rest[end + 2..];
+    }
+    Ok(false)
+}
+
+/// Resident set size of `pid` in bytes, from `VmRSS` in `/proc/<pid>/status`.
+async fn read_rss(pid: u32) -> anyhow::Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let status = tokio::fs::read_to_string(&path)
+        .await
+        .with_context(|| format!("reading {path} (is {pid} a running process?)"))?;
+    parse_vm_rss(&status).with_context(|| format!("no VmRSS line in {path}"))
+}
+
+/// Extracts `VmRSS:   1234 kB` as bytes.
+fn parse_vm_rss(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let mut fields = line["VmRSS:".len()..].split_whitespace();
+    let value: u64 = fields.next()?.parse().ok()?;
+    match fields.next() {
+        Some("kB") => value.checked_mul(1024),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vm_rss_is_read_in_bytes() {
+        let status = "Name:\tnats-server\nVmPeak:\t 1000 kB\nVmRSS:\t   12345 kB\nThreads:\t8\n";
+        assert_eq!(parse_vm_rss(status), Some(12345 * 1024));
+    }
+
+    #[test]
+    fn vm_rss_missing_or_odd_is_none() {
+        assert_eq!(parse_vm_rss("Name:\tkthreadd\n"), None);
+        assert_eq!(parse_vm_rss("VmRSS:\t12 MB\n"), None);
+        assert_eq!(parse_vm_rss("VmRSS:\tlots kB\n"), None);
+    }
+
+    #[test]
+    fn handshake_waits_for_a_whole_pong_line() {
+        assert!(!handshake_done(b"INFO {\"a\":1}\r\n").unwrap());
+        assert!(!handshake_done(b"INFO {}\r\nPON").unwrap());
+        assert!(!handshake_done(b"INFO {}\r\nPONG").unwrap());
+        assert!(handshake_done(b"INFO {}\r\nPONG\r\n").unwrap());
+        assert!(handshake_done(b"INFO {}\r\n+OK\r\nPONG\r\n").unwrap());
+    }
+
+    #[test]
+    fn handshake_error_is_reported() {
+        let err = handshake_done(b"INFO {}\r\n-ERR 'Authorization Violation'\r\n").unwrap_err();
+        assert!(err.to_string().contains("Authorization"), "{err}");
+    }
+
+    #[test]
+    fn url_scheme_is_stripped() {
+        assert_eq!(host_port("nats://127.0.0.1:4222"), "127.0.0.1:4222");
+        assert_eq!(host_port("nats://127.0.0.1:4222/"), "127.0.0.1:4222");
+        assert_eq!(host_port("127.0.0.1:4222"), "127.0.0.1:4222");
+    }
+
+    #[test]
+    fn bytes_per_conn_divides_the_delta() {
+        let r = Report {
+            conns: 1000,
+            rss_before: 10_000_000,
+            rss_after: 30_000_000,
+        };
+        assert_eq!(r.bytes_per_conn(), 20_000);
+        let shrunk = Report {
+            rss_after: 9_000_000,
+            ..r
+        };
+        assert_eq!(shrunk.bytes_per_conn(), -1_000);
+    }
+}

@@ -1,0 +1,1 @@
+//! Client and gate↔worker envelopes (filled by the request-path issue).

@@ -1,0 +1,1 @@
+//! Worker framework and built-in services (filled by the request-path issue).
