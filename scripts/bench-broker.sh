@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Markdown backticks in single-quoted printf formats are literal on purpose.
+# shellcheck disable=SC2016
+#
 # Broker vs nats-server, as BENCHMARKS.md "Broker vs nats-server" defines it.
 #
 # For each scenario the two servers run ALTERNATELY (ours, theirs, ours, theirs, ...), each
@@ -227,12 +230,13 @@ run_one() {
 
 # "  Pub stats: 4,499,748 msgs/sec ~ ..." -> 4499748 (first line starting with $1).
 stat_line() {
-  sed -nE "s/^[[:space:]]*$1: ([0-9,]+) msgs\/sec.*/\1/p" | head -n1 | tr -d ,
+  local re="^[[:space:]]*$1: ([0-9,]+) msgs/sec"
+  sed -nE "\#$re#{s#$re.*#\1#p;q}" | tr -d ,
 }
 
 # Numeric field $1 of a one-line JSON object on stdin.
 json_field() {
-  sed -nE "s/.*\"$1\":(-?[0-9.]+).*/\1/p" | head -n1
+  sed -nE "s/.*\"$1\":(-?[0-9.]+).*/\1/p;T;q"
 }
 
 # ---------------------------------------------------------------- statistics and format
@@ -268,8 +272,9 @@ runs_text() {
   for v in "$@"; do
     if [[ $v =~ ^-?[0-9.]+$ ]]; then out+=("$("$unit" "$v")"); else out+=("$v"); fi
   done
-  local IFS=,
-  echo "${out[*]}" | sed 's/,/, /g'
+  local joined
+  joined=$(IFS=,; echo "${out[*]}")
+  echo "${joined//,/, }"
 }
 plain() { echo "$1"; }
 
@@ -304,11 +309,25 @@ for scenario in "${SELECTED[@]}"; do
   done
 done
 
-# Splits the ';'-separated runs of one scenario/side into the array named $3.
-runs_of() {
-  local -n into=$3
-  IFS=';' read -r -a into <<<"${RESULTS[$1,$2]:-}"
+# Loads the runs of scenario $1 into the arrays o (ours) and t (theirs).
+load_runs() {
+  IFS=';' read -r -a o <<<"${RESULTS[$1,ours]:-}"
+  IFS=';' read -r -a t <<<"${RESULTS[$1,theirs]:-}"
 }
+
+# The command that reproduces this report, with every setting that differs from the default.
+command_line="ROUNDS=$ROUNDS SCENARIOS=\"${SELECTED[*]}\""
+for var in OURS RUN_TIMEOUT B6_DURATION B6_WARMUP MEM_CONNS; do
+  case $var in
+    OURS) [[ $OURS == "$DEFAULT_OURS" ]] && continue ;;
+    RUN_TIMEOUT) [[ $RUN_TIMEOUT == 120 ]] && continue ;;
+    B6_DURATION) [[ $B6_DURATION == 5s ]] && continue ;;
+    B6_WARMUP) [[ $B6_WARMUP == 1s ]] && continue ;;
+    MEM_CONNS) [[ $MEM_CONNS == 1000 ]] && continue ;;
+  esac
+  command_line+=" $var=${!var}"
+done
+command_line+=" scripts/bench-broker.sh"
 
 machine_cpu=$(lscpu 2>/dev/null | sed -nE 's/^Model name:[[:space:]]+//p' | head -n1)
 machine_mem=$(free -h 2>/dev/null | awk '/^Mem:/ { print $2 }')
@@ -320,7 +339,7 @@ fi
 cat <<EOF
 ### Broker vs nats-server — $(date -u '+%Y-%m-%d %H:%M UTC')
 
-- Command: \`ROUNDS=$ROUNDS SCENARIOS="${SELECTED[*]}" scripts/bench-broker.sh\`
+- Command: \`$command_line\`
 - Machine: $(nproc) cores, ${machine_cpu:-unknown CPU}, ${machine_mem:-?} RAM, Linux $(uname -r)
 - Ours: \`${OURS#"$ROOT"/}\` at $revision; theirs: \`$THEIRS\` ($theirs_version); client: nats-bench $NATS_BENCH_VERSION, \`${LOADTEST[*]##*/}\`
 - Each figure is the median of $ROUNDS runs per server, ours and theirs alternating, each run on a freshly started server.
@@ -336,8 +355,7 @@ for scenario in "${SELECTED[@]}"; do
     printf '|----|-----------------|---------------------:|---------------------:|------------------:|---------------------------|\n'
   fi
   bench_rows=$((bench_rows + 1))
-  runs_of "$scenario" ours o
-  runs_of "$scenario" theirs t
+  load_runs "$scenario"
   mo=$(median "${o[@]}")
   mt=$(median "${t[@]}")
   printf '| %s | `%s` | %s%s | %s%s | %s | %s / %s |\n' "$scenario" "${FLAGS[$scenario]}" \
@@ -346,9 +364,8 @@ for scenario in "${SELECTED[@]}"; do
 done
 
 if [[ " ${SELECTED[*]} " == *" B6 "* ]]; then
-  runs_of B6 ours o
-  runs_of B6 theirs t
-  # Each run is "req_per_s p50_us p99_us errors"; take each column's median on its own.
+  load_runs B6
+  # Column $1 of each run ("req_per_s p50_us p99_us errors"), failures passed through.
   col() {
     local i=$1 v
     shift
@@ -356,35 +373,30 @@ if [[ " ${SELECTED[*]} " == *" B6 "* ]]; then
       if [[ $v == stalled || $v == failed ]]; then echo "$v"; else echo "$v" | awk -v i="$i" '{ print $i }'; fi
     done
   }
-  mapfile -t o_rps < <(col 1 "${o[@]}")
-  mapfile -t t_rps < <(col 1 "${t[@]}")
-  mapfile -t o_p50 < <(col 2 "${o[@]}")
-  mapfile -t t_p50 < <(col 2 "${t[@]}")
-  mapfile -t o_p99 < <(col 3 "${o[@]}")
-  mapfile -t t_p99 < <(col 3 "${t[@]}")
-  mapfile -t o_err < <(col 4 "${o[@]}")
-  mapfile -t t_err < <(col 4 "${t[@]}")
-  sum() { printf '%s\n' "$@" | awk '/^[0-9]+$/ { s += $1 } END { print s + 0 }'; }
+  # One table row: label, column, formatter; each column's median taken on its own.
+  b6_row() {
+    local ov tv mo mt
+    mapfile -t ov < <(col "$2" "${o[@]}")
+    mapfile -t tv < <(col "$2" "${t[@]}")
+    mo=$(median "${ov[@]}")
+    mt=$(median "${tv[@]}")
+    printf '| %s | %s | %s | %s | %s / %s |\n' "$1" "$(show "$($3 "$mo")")" \
+      "$(show "$($3 "$mt")")" "$(show "$(ratio "$mo" "$mt")")" \
+      "$(runs_text "$3" "${ov[@]}")" "$(runs_text "$3" "${tv[@]}")"
+  }
+  sum() { awk '/^[0-9]+$/ { s += $1 } END { print s + 0 }'; }
   printf '\n**B6** request-reply: `%s bus-rr --requesters 50 --responders 2 --size 16 --duration %s --warmup %s`%s\n\n' \
     "${LOADTEST[*]##*/}" "$B6_DURATION" "$B6_WARMUP" "$(misses "${o[@]}" "${t[@]}")"
   printf '| B6 | ours (median) | nats-server (median) | ours ÷ nats-server | runs: ours / nats-server |\n'
   printf '|----|--------------:|---------------------:|------------------:|---------------------------|\n'
-  for row in "req/s:rps:kilo" "p50:p50:ms" "p99:p99:ms"; do
-    IFS=: read -r label key unit <<<"$row"
-    declare -n ov=o_$key tv=t_$key
-    mo=$(median "${ov[@]}")
-    mt=$(median "${tv[@]}")
-    printf '| %s | %s | %s | %s | %s / %s |\n' "$label" "$(show "$($unit "$mo")")" \
-      "$(show "$($unit "$mt")")" "$(show "$(ratio "$mo" "$mt")")" \
-      "$(runs_text "$unit" "${ov[@]}")" "$(runs_text "$unit" "${tv[@]}")"
-    unset -n ov tv
-  done
-  printf '| errors (all runs) | %s | %s | | |\n' "$(sum "${o_err[@]}")" "$(sum "${t_err[@]}")"
+  b6_row req/s 1 kilo
+  b6_row p50 2 ms
+  b6_row p99 3 ms
+  printf '| errors (all runs) | %s | %s | | |\n' "$(col 4 "${o[@]}" | sum)" "$(col 4 "${t[@]}" | sum)"
 fi
 
 if [[ " ${SELECTED[*]} " == *" MEM "* ]]; then
-  runs_of MEM ours o
-  runs_of MEM theirs t
+  load_runs MEM
   mo=$(median "${o[@]}")
   mt=$(median "${t[@]}")
   printf '\n**Memory per idle connection** (%s connections, CONNECT + PING/PONG, RSS delta ÷ connections)\n\n' "$MEM_CONNS"

@@ -4,6 +4,8 @@
 //! one role each. Each role's flags and logic live in its crate; this file only wires
 //! them to subcommands.
 
+use std::process::ExitCode;
+
 use broker::cli::{BrokerArgs, ShutdownSignals, init_logging};
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
@@ -22,7 +24,7 @@ enum Command {
     /// Run everything in one process on the embedded broker.
     Up(UpArgs),
     /// Run the embedded NATS-protocol broker alone; flags follow nats-server's.
-    Broker(BrokerArgs),
+    Broker(Box<BrokerArgs>),
     /// Generate load and run benchmark scenarios.
     Loadtest {
         #[command(subcommand)]
@@ -44,15 +46,25 @@ struct UpArgs {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+async fn main() -> ExitCode {
+    let result = match Cli::parse().command {
         Command::Up(args) => up(args).await,
-        Command::Broker(args) => broker::cli::run(args).await,
-        Command::Loadtest { command } => {
-            init_logging(None, None)?;
-            loadtest::run(command).await
+        Command::Broker(args) => broker::cli::run(*args).await,
+        Command::Loadtest { command } => run_loadtest(command).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // One line with the whole cause chain, e.g. "config file x: line 3: ...".
+            eprintln!("shaddock: {error:#}");
+            ExitCode::FAILURE
         }
     }
+}
+
+async fn run_loadtest(command: loadtest::Command) -> anyhow::Result<()> {
+    init_logging(None, None)?;
+    loadtest::run(command).await
 }
 
 /// Starts every role against the embedded broker, all sharing one shutdown token, and
@@ -75,4 +87,14 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     info!("Initiating Shutdown...");
     shutdown.cancel();
     broker.stop().await
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_definition_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
 }

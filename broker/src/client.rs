@@ -147,7 +147,14 @@ impl ClientShared {
 
     /// Appends one message for subscription `sid`, without waking the writer: the
     /// publisher wakes every writer it touched once its read batch is routed.
-    pub fn deliver(&self, sid: &[u8], subject: &[u8], reply: Option<&[u8]>, headers: Option<&[u8]>, payload: &[u8]) -> Delivery {
+    pub fn deliver(
+        &self,
+        sid: &[u8],
+        subject: &[u8],
+        reply: Option<&[u8]>,
+        headers: Option<&[u8]>,
+        payload: &[u8],
+    ) -> Delivery {
         // A subscriber that did not announce headers gets the payload alone.
         let headers = headers.filter(|_| self.headers.load(Ordering::Relaxed));
         let hlen = headers.map_or(0, <[u8]>::len);
@@ -249,7 +256,8 @@ impl ConnectOpts {
             Auth::None => true,
             Auth::Token(token) => self.auth_token.as_deref() == Some(token.as_str()),
             Auth::UserPass { user, pass } => {
-                self.user.as_deref() == Some(user.as_str()) && self.pass.as_deref() == Some(pass.as_str())
+                self.user.as_deref() == Some(user.as_str())
+                    && self.pass.as_deref() == Some(pass.as_str())
             }
         }
     }
@@ -291,7 +299,12 @@ struct Conn {
 }
 
 /// Serves one accepted connection until it closes.
-pub(crate) async fn serve(server: Arc<Shared>, me: Arc<ClientShared>, stream: TcpStream, info: Vec<u8>) {
+pub(crate) async fn serve(
+    server: Arc<Shared>,
+    me: Arc<ClientShared>,
+    stream: TcpStream,
+    info: Vec<u8>,
+) {
     let (mut rd, wr) = stream.into_split();
     me.send(&info);
     let writer = tokio::spawn(write_loop(me.clone(), wr, server.clone()));
@@ -309,7 +322,11 @@ pub(crate) async fn serve(server: Arc<Shared>, me: Arc<ClientShared>, stream: Tc
         max_control_line: server.config.max_control_line,
         max_payload: server.config.max_payload,
     };
-    let auth_deadline = server.config.auth.required().then(|| Instant::now() + server.config.auth_timeout);
+    let auth_deadline = server
+        .config
+        .auth
+        .required()
+        .then(|| Instant::now() + server.config.auth_timeout);
     let mut rbuf = BytesMut::with_capacity(MIN_READ_BUFFER);
     let mut read_size = MIN_READ_BUFFER;
     loop {
@@ -367,7 +384,10 @@ pub(crate) async fn serve(server: Arc<Shared>, me: Arc<ClientShared>, stream: Tc
 
 impl Conn {
     fn handle(&mut self, op: ClientOp<'_>) -> Result<(), Close> {
-        if !self.connected && self.server.config.auth.required() && !matches!(op, ClientOp::Connect(_)) {
+        if !self.connected
+            && self.server.config.auth.required()
+            && !matches!(op, ClientOp::Connect(_))
+        {
             return Err(Close::WithErr("Authorization Violation"));
         }
         match op {
@@ -389,7 +409,11 @@ impl Conn {
                 }
                 self.route(subject, reply, headers, payload);
             }
-            ClientOp::Sub { subject, queue, sid } => {
+            ClientOp::Sub {
+                subject,
+                queue,
+                sid,
+            } => {
                 if !subject::is_valid_subscribe(subject) {
                     self.me.send_err("Invalid Subject");
                     return Ok(());
@@ -458,7 +482,9 @@ impl Conn {
             max: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
         });
-        self.server.index.insert(subject, sub.queue.as_ref(), sub.clone());
+        self.server
+            .index
+            .insert(subject, sub.queue.as_ref(), sub.clone());
         subs.insert(sid, sub);
         true
     }
@@ -469,13 +495,21 @@ impl Conn {
             return;
         };
         match max {
-            Some(max) if max > sub.delivered.load(Ordering::Relaxed) => sub.max.store(max, Ordering::Relaxed),
+            Some(max) if max > sub.delivered.load(Ordering::Relaxed) => {
+                sub.max.store(max, Ordering::Relaxed)
+            }
             _ => self.server.remove_sub(&sub),
         }
     }
 
     /// Delivers one message to every plain subscription and one member per queue group.
-    fn route(&mut self, subject: &[u8], reply: Option<&[u8]>, headers: Option<&[u8]>, payload: &[u8]) {
+    fn route(
+        &mut self,
+        subject: &[u8],
+        reply: Option<&[u8]>,
+        headers: Option<&[u8]>,
+        payload: &[u8],
+    ) {
         let found = self.cache.get(&self.server.index, subject);
         let mut delivered = false;
         for sub in &found.psubs {
@@ -501,7 +535,14 @@ impl Conn {
         }
     }
 
-    fn deliver_to(&mut self, sub: &Arc<Subscription>, subject: &[u8], reply: Option<&[u8]>, headers: Option<&[u8]>, payload: &[u8]) -> bool {
+    fn deliver_to(
+        &mut self,
+        sub: &Arc<Subscription>,
+        subject: &[u8],
+        reply: Option<&[u8]>,
+        headers: Option<&[u8]>,
+        payload: &[u8],
+    ) -> bool {
         let client = &sub.client;
         if !self.opts.echo && client.cid == self.me.cid {
             return false;
@@ -523,7 +564,10 @@ impl Conn {
                 true
             }
             Delivery::SlowConsumer => {
-                self.server.stats.slow_consumers.fetch_add(1, Ordering::Relaxed);
+                self.server
+                    .stats
+                    .slow_consumers
+                    .fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(cid = client.cid, "slow consumer: closed");
                 false
             }

@@ -1,6 +1,8 @@
 //! The `broker` binary: the embedded broker on its own, started with nats-server's flags
 //! so that tools which start "a nats-server" can start it (see `broker::cli`).
 
+use std::process::ExitCode;
+
 use clap::Parser;
 
 /// A NATS-protocol broker (core protocol v1) with nats-server's command-line flags.
@@ -16,6 +18,23 @@ struct Cli {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    broker::cli::run(Cli::parse().args).await
+async fn main() -> ExitCode {
+    match broker::cli::run(Cli::parse().args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // One line with the whole cause chain, like nats-server's fatal errors.
+            eprintln!("broker: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_definition_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
 }

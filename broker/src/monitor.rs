@@ -31,13 +31,22 @@ struct Monitor {
 }
 
 /// Serves the monitoring endpoints on `listener` until `shutdown` is cancelled.
-pub async fn serve(listener: TcpListener, server: Server, shutdown: CancellationToken) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    server: Server,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     let state = Arc::new(Monitor {
         server,
         recorder: PrometheusBuilder::new().build_recorder(),
     });
     let app = axum::Router::new()
-        .route("/", get(|| async { Json(json!({"endpoints": ["/varz", "/connz", "/subsz", "/healthz", "/metrics"]})) }))
+        .route(
+            "/",
+            get(|| async {
+                Json(json!({"endpoints": ["/varz", "/connz", "/subsz", "/healthz", "/metrics"]}))
+            }),
+        )
         .route("/varz", get(varz))
         .route("/connz", get(connz))
         .route("/subsz", get(subsz))
@@ -79,7 +88,8 @@ fn process_usage() -> (u64, f64) {
         .and_then(|s| {
             let rest = s.rsplit_once(')')?.1;
             let fields: Vec<&str> = rest.split_whitespace().collect();
-            let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+            let ticks =
+                fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
             // The kernel's USER_HZ is 100 on every Linux this runs on.
             Some(ticks as f64 / 100.0)
         })
@@ -162,7 +172,15 @@ async fn connz(State(m): State<Arc<Monitor>>, Query(q): Query<ConnzQuery>) -> im
         .map(|c| {
             let (pending_bytes, out_msgs, out_bytes) = c.out_stats();
             let meta = c.meta.lock().map(|m| m.clone()).unwrap_or_default();
-            let subs = c.subs.lock().map(|subs| subs.values().map(|s| String::from_utf8_lossy(&s.subject).into_owned()).collect::<Vec<_>>()).unwrap_or_default();
+            let subs = c
+                .subs
+                .lock()
+                .map(|subs| {
+                    subs.values()
+                        .map(|s| String::from_utf8_lossy(&s.subject).into_owned())
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
             ConnInfo {
                 cid: c.cid,
                 ip: c.addr.ip().to_string(),

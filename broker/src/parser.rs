@@ -29,7 +29,10 @@ pub enum ClientOp<'a> {
         sid: &'a [u8],
     },
     /// `UNSUB <sid> [max]`.
-    Unsub { sid: &'a [u8], max: Option<u64> },
+    Unsub {
+        sid: &'a [u8],
+        max: Option<u64>,
+    },
     Ping,
     Pong,
     /// `+OK` from a client is accepted and ignored.
@@ -80,7 +83,10 @@ pub struct Limits {
 /// `Ok(None)` if `buf` holds only part of an op. A control line longer than the limit is
 /// an error even before its newline arrives, so a peer cannot make us buffer without
 /// bound by never sending one.
-pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Result<Option<(ClientOp<'a>, usize)>, ParseError> {
+pub fn parse<'a>(
+    buf: &'a [u8],
+    limits: &Limits,
+) -> Result<Option<(ClientOp<'a>, usize)>, ParseError> {
     let Some(nl) = memchr(b'\n', buf) else {
         return if buf.len() > limits.max_control_line + 1 {
             Err(ParseError::MaxControlLine)
@@ -119,7 +125,11 @@ pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Result<Option<(ClientOp<'a>,
     } else if verb.eq_ignore_ascii_case(b"SUB") {
         let mut args = Args::new(rest);
         let op = match (args.next(), args.next(), args.next(), args.next()) {
-            (Some(subject), Some(sid), None, None) => ClientOp::Sub { subject, queue: None, sid },
+            (Some(subject), Some(sid), None, None) => ClientOp::Sub {
+                subject,
+                queue: None,
+                sid,
+            },
             (Some(subject), Some(queue), Some(sid), None) => ClientOp::Sub {
                 subject,
                 queue: Some(queue),
@@ -179,12 +189,17 @@ fn parse_hpub<'a>(
     limits: &Limits,
 ) -> Result<Option<(ClientOp<'a>, usize)>, ParseError> {
     let mut args = Args::new(rest);
-    let (subject, reply, hdr, total) =
-        match (args.next(), args.next(), args.next(), args.next(), args.next()) {
-            (Some(s), Some(h), Some(t), None, None) => (s, None, h, t),
-            (Some(s), Some(r), Some(h), Some(t), None) => (s, Some(r), h, t),
-            _ => return Err(ParseError::Malformed),
-        };
+    let (subject, reply, hdr, total) = match (
+        args.next(),
+        args.next(),
+        args.next(),
+        args.next(),
+        args.next(),
+    ) {
+        (Some(s), Some(h), Some(t), None, None) => (s, None, h, t),
+        (Some(s), Some(r), Some(h), Some(t), None) => (s, Some(r), h, t),
+        _ => return Err(ParseError::Malformed),
+    };
     let hdr = parse_size(hdr)?;
     let total = payload_size(total, limits)?;
     if hdr > total as u64 {
@@ -215,7 +230,11 @@ fn payload_size(arg: &[u8], limits: &Limits) -> Result<usize, ParseError> {
 }
 
 /// The payload of `size` bytes starting at `start`, and the end of its trailing CRLF.
-fn take_payload(buf: &[u8], start: usize, size: usize) -> Result<Option<(&[u8], usize)>, ParseError> {
+fn take_payload(
+    buf: &[u8],
+    start: usize,
+    size: usize,
+) -> Result<Option<(&[u8], usize)>, ParseError> {
     let end = start + size;
     if buf.len() < end + 2 {
         return Ok(None);
@@ -257,7 +276,10 @@ fn split_verb(line: &[u8]) -> (&[u8], Option<&[u8]>) {
 
 fn trim(s: &[u8]) -> &[u8] {
     let start = s.iter().position(|&b| !is_space(b)).unwrap_or(s.len());
-    let end = s.iter().rposition(|&b| !is_space(b)).map_or(start, |i| i + 1);
+    let end = s
+        .iter()
+        .rposition(|&b| !is_space(b))
+        .map_or(start, |i| i + 1);
     &s[start..end]
 }
 
@@ -307,12 +329,22 @@ mod tests {
         assert_eq!(n, 18);
         assert_eq!(
             op,
-            ClientOp::Pub { subject: b"foo", reply: None, headers: None, payload: b"hello" }
+            ClientOp::Pub {
+                subject: b"foo",
+                reply: None,
+                headers: None,
+                payload: b"hello"
+            }
         );
         let (op, _) = one(b"pub foo  _INBOX.1\t2\r\nhi\r\n").unwrap().unwrap();
         assert_eq!(
             op,
-            ClientOp::Pub { subject: b"foo", reply: Some(b"_INBOX.1"), headers: None, payload: b"hi" }
+            ClientOp::Pub {
+                subject: b"foo",
+                reply: Some(b"_INBOX.1"),
+                headers: None,
+                payload: b"hi"
+            }
         );
     }
 
@@ -339,17 +371,37 @@ mod tests {
     fn sub_unsub_ping_pong_connect() {
         assert_eq!(
             one(b"SUB foo.* q 1\r\n").unwrap().unwrap().0,
-            ClientOp::Sub { subject: b"foo.*", queue: Some(b"q"), sid: b"1" }
+            ClientOp::Sub {
+                subject: b"foo.*",
+                queue: Some(b"q"),
+                sid: b"1"
+            }
         );
         assert_eq!(
             one(b"sub foo 7\n").unwrap().unwrap(),
-            (ClientOp::Sub { subject: b"foo", queue: None, sid: b"7" }, 10)
+            (
+                ClientOp::Sub {
+                    subject: b"foo",
+                    queue: None,
+                    sid: b"7"
+                },
+                10
+            )
         );
-        assert_eq!(one(b"UNSUB 7 3\r\n").unwrap().unwrap().0, ClientOp::Unsub { sid: b"7", max: Some(3) });
+        assert_eq!(
+            one(b"UNSUB 7 3\r\n").unwrap().unwrap().0,
+            ClientOp::Unsub {
+                sid: b"7",
+                max: Some(3)
+            }
+        );
         assert_eq!(one(b"PING foo\r\n").unwrap().unwrap().0, ClientOp::Ping);
         assert_eq!(one(b"pong\r\n").unwrap().unwrap().0, ClientOp::Pong);
         assert_eq!(one(b"+OK\r\n").unwrap().unwrap().0, ClientOp::Ok);
-        assert_eq!(one(b"CONNECT {\"a\":1} \r\n").unwrap().unwrap().0, ClientOp::Connect(b"{\"a\":1}"));
+        assert_eq!(
+            one(b"CONNECT {\"a\":1} \r\n").unwrap().unwrap().0,
+            ClientOp::Connect(b"{\"a\":1}")
+        );
     }
 
     #[test]
@@ -361,7 +413,10 @@ mod tests {
         assert_eq!(one(b"PUB foo\r\n"), Err(ParseError::Malformed));
         assert_eq!(one(b"PUB a b c 1\r\n"), Err(ParseError::Malformed));
         assert_eq!(one(b"PUB foo -1\r\n"), Err(ParseError::Malformed));
-        assert_eq!(one(b"PUB foo 99999999999999999999\r\n"), Err(ParseError::Malformed));
+        assert_eq!(
+            one(b"PUB foo 99999999999999999999\r\n"),
+            Err(ParseError::Malformed)
+        );
         assert_eq!(one(b"PUB foo 17\r\n"), Err(ParseError::MaxPayload));
         assert_eq!(one(b"HPUB foo 5 4\r\n"), Err(ParseError::Malformed));
         assert_eq!(one(b"SUB foo\r\n"), Err(ParseError::Malformed));

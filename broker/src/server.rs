@@ -118,7 +118,11 @@ impl Server {
 
     /// Serves clients on `listener` until `shutdown` is cancelled, then closes every
     /// connection (flushing what each has queued) and returns.
-    pub async fn run(&self, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+    pub async fn run(
+        &self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<()> {
         let local = listener.local_addr()?;
         let _ = self.0.listen.set(local);
         let tracker = TaskTracker::new();
@@ -164,7 +168,9 @@ impl Shared {
         let Some(client) = client else {
             tracing::warn!(%addr, "maximum connections exceeded");
             let _ = stream.write_all(&info).await;
-            let _ = stream.write_all(b"-ERR 'maximum connections exceeded'\r\n").await;
+            let _ = stream
+                .write_all(b"-ERR 'maximum connections exceeded'\r\n")
+                .await;
             return;
         };
         self.stats.total_connections.fetch_add(1, Ordering::Relaxed);
@@ -220,5 +226,7 @@ impl Shared {
 /// 22 random alphanumerics, like nats-server's ids.
 fn new_server_id() -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    (0..22).map(|_| ALPHABET[fastrand::usize(..ALPHABET.len())] as char).collect()
+    (0..22)
+        .map(|_| ALPHABET[fastrand::usize(..ALPHABET.len())] as char)
+        .collect()
 }

@@ -35,10 +35,22 @@ mod tests {
 
     #[test]
     fn subscribe_subjects() {
-        for ok in ["foo", "foo.bar", "foo.*", "*", ">", "foo.>", "*.*.>", "foo*.bar", "a.b>"] {
+        for ok in [
+            "foo", "foo.bar", "foo.*", "*", ">", "foo.>", "*.*.>", "foo*.bar", "a.b>",
+        ] {
             assert!(is_valid_subscribe(ok.as_bytes()), "{ok}");
         }
-        for bad in ["", ".", "foo.", ".foo", "foo..bar", ">.foo", "foo.>.bar", "fo o", "a\tb"] {
+        for bad in [
+            "",
+            ".",
+            "foo.",
+            ".foo",
+            "foo..bar",
+            ">.foo",
+            "foo.>.bar",
+            "fo o",
+            "a\tb",
+        ] {
             assert!(!is_valid_subscribe(bad.as_bytes()), "{bad}");
         }
     }

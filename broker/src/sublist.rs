@@ -82,7 +82,9 @@ impl<T> Default for Node<T> {
 
 impl<T> Node<T> {
     fn is_empty(&self) -> bool {
-        self.psubs.is_empty() && self.qsubs.is_empty() && self.next.as_ref().is_none_or(|l| l.is_empty())
+        self.psubs.is_empty()
+            && self.qsubs.is_empty()
+            && self.next.as_ref().is_none_or(|l| l.is_empty())
     }
 
     fn collect(&self, out: &mut Match<T>) {
@@ -206,7 +208,10 @@ fn remove_in<T>(level: &mut Level<T>, subject: &[u8], queue: Option<&Bytes>, sub
         return false;
     };
     let removed = match rest {
-        Some(rest) => node.next.as_deref_mut().is_some_and(|next| remove_in(next, rest, queue, sub)),
+        Some(rest) => node
+            .next
+            .as_deref_mut()
+            .is_some_and(|next| remove_in(next, rest, queue, sub)),
         None => remove_from_node(node, queue, sub),
     };
     if removed && node.is_empty() {
@@ -296,7 +301,10 @@ impl<T> SubjectIndex<T> {
     pub fn matches(&self, subject: &[u8]) -> (u64, Match<T>) {
         let trie = self.trie.read().unwrap_or_else(|e| e.into_inner());
         self.matches.fetch_add(1, Ordering::Relaxed);
-        (self.generation.load(Ordering::Acquire), trie.matches(subject))
+        (
+            self.generation.load(Ordering::Acquire),
+            trie.matches(subject),
+        )
     }
 
     pub fn stats(&self) -> IndexStats {
@@ -310,11 +318,14 @@ impl<T> SubjectIndex<T> {
     }
 }
 
+/// A match result and the generation it was computed at.
+type CachedMatch<T> = (u64, Arc<Match<T>>);
+
 /// Match results one connection has computed; entries from an older generation are
 /// recomputed. Bounded: when full it is cleared, which is cheap and keeps a publisher
 /// of endless distinct subjects (inboxes) from growing it.
 pub struct MatchCache<T> {
-    entries: FxHashMap<Box<[u8]>, (u64, Arc<Match<T>>)>,
+    entries: FxHashMap<Box<[u8]>, CachedMatch<T>>,
     capacity: usize,
     pub hits: u64,
     pub misses: u64,
@@ -375,7 +386,18 @@ mod tests {
     #[test]
     fn literal_and_wildcards() {
         let mut s = Sublist::default();
-        for (i, subj) in ["foo.bar", "foo.*", "foo.>", "*.bar", ">", "foo", "foo.bar.baz"].iter().enumerate() {
+        for (i, subj) in [
+            "foo.bar",
+            "foo.*",
+            "foo.>",
+            "*.bar",
+            ">",
+            "foo",
+            "foo.bar.baz",
+        ]
+        .iter()
+        .enumerate()
+        {
             s.insert(subj.as_bytes(), None, Arc::new(i as u32));
         }
         assert_eq!(ids(&s.matches(b"foo.bar")), vec![0, 1, 2, 3, 4]);

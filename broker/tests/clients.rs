@@ -98,7 +98,10 @@ async fn queue_group_members_split_every_message() {
     let mut members = Vec::new();
     for _ in 0..3 {
         let client = client(&server).await;
-        let sub = client.queue_subscribe("work", "workers".into()).await.unwrap();
+        let sub = client
+            .queue_subscribe("work", "workers".into())
+            .await
+            .unwrap();
         sync(&client).await;
         members.push((client, sub));
     }
@@ -108,7 +111,10 @@ async fn queue_group_members_split_every_message() {
 
     let publisher = client(&server).await;
     for i in 0..COUNT {
-        publisher.publish("work", i.to_string().into()).await.unwrap();
+        publisher
+            .publish("work", i.to_string().into())
+            .await
+            .unwrap();
     }
     sync(&publisher).await;
 
@@ -147,10 +153,7 @@ async fn request_gets_reply() {
         }
     });
     let requester = client(&server).await;
-    let response = requester
-        .request("svc.echo", "ping".into())
-        .await
-        .unwrap();
+    let response = requester.request("svc.echo", "ping".into()).await.unwrap();
     assert_eq!(&response.payload[..], b"re: ping");
 }
 
@@ -379,10 +382,7 @@ async fn monitored() -> Monitored {
         .await
         .unwrap();
     let mut wild = client.subscribe("foo.*").await.unwrap();
-    let mut queue = client
-        .queue_subscribe("foo.bar", "q".into())
-        .await
-        .unwrap();
+    let mut queue = client.queue_subscribe("foo.bar", "q".into()).await.unwrap();
     client.publish("foo.bar", "hi".into()).await.unwrap();
     next(&mut wild).await;
     next(&mut queue).await;
@@ -509,7 +509,10 @@ async fn metrics_serves_prometheus_text() {
     let monitor = setup.monitor;
     let (status, body) = http_get(monitor, "/metrics").await;
     assert_eq!(status, 200, "{body}");
-    for line in body.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
+    for line in body
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
         let value = line.rsplit(' ').next().unwrap();
         assert!(
             value.parse::<f64>().is_ok(),

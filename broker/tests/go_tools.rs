@@ -182,7 +182,9 @@ fn req_without_responder_reports_no_responders(url: &str) {
 }
 
 fn bench_completes(url: &str) {
-    let args = ["-s", url, "-np", "1", "-ns", "1", "-n", "10000", "-ms", "16"];
+    let args = [
+        "-s", url, "-np", "1", "-ns", "1", "-n", "10000", "-ms", "16",
+    ];
     let (status, out) = run("nats-bench", &[&args[..], &["bench.subject"]].concat());
     assert!(status.success(), "nats-bench failed:\n{out}");
     assert!(out.contains("NATS Pub/Sub stats"), "{out}");

@@ -409,19 +409,22 @@ async fn control_line_too_long_without_newline_is_rejected(addr: SocketAddr) {
 async fn unknown_verb_is_rejected(addr: SocketAddr) {
     let mut conn = Conn::quiet(addr).await;
     conn.send("FOO bar\r\n").await;
-    conn.expect_err_and_close("Unknown Protocol Operation").await;
+    conn.expect_err_and_close("Unknown Protocol Operation")
+        .await;
 }
 
 async fn verb_without_arguments_is_rejected(addr: SocketAddr) {
     let mut conn = Conn::quiet(addr).await;
     conn.send("PUB\r\n").await;
-    conn.expect_err_and_close("Unknown Protocol Operation").await;
+    conn.expect_err_and_close("Unknown Protocol Operation")
+        .await;
 }
 
 async fn payload_not_followed_by_crlf_is_rejected(addr: SocketAddr) {
     let mut conn = Conn::quiet(addr).await;
     conn.send("PUB foo 2\r\nhiXX\r\n").await;
-    conn.expect_err_and_close("Unknown Protocol Operation").await;
+    conn.expect_err_and_close("Unknown Protocol Operation")
+        .await;
 }
 
 async fn non_numeric_size_closes_silently(addr: SocketAddr) {
@@ -724,7 +727,8 @@ async fn slow_consumer_is_closed_without_blocking_others(addr: SocketAddr) {
     let fast_reader = tokio::spawn(async move {
         let payload = vec![b'x'; SIZE];
         for n in 1..=COUNT {
-            fast.expect_msg(&format!("MSG foo 1 {SIZE}"), &payload).await;
+            fast.expect_msg(&format!("MSG foo 1 {SIZE}"), &payload)
+                .await;
             progress.send_replace(n);
         }
         fast.ping_pong().await;
@@ -749,15 +753,10 @@ async fn slow_consumer_is_closed_without_blocking_others(addr: SocketAddr) {
 
     // The slow consumer was cut off: it sees EOF before all messages, and no -ERR.
     let mut delivered = 0;
-    loop {
-        match slow.read().await {
-            Read::Line(line) => {
-                assert!(!line.starts_with("-ERR"), "slow consumer got {line}");
-                if line.starts_with("MSG ") {
-                    delivered += 1;
-                }
-            }
-            Read::Closed => break,
+    while let Read::Line(line) = slow.read().await {
+        assert!(!line.starts_with("-ERR"), "slow consumer got {line}");
+        if line.starts_with("MSG ") {
+            delivered += 1;
         }
     }
     assert!(delivered < COUNT, "slow consumer was never closed");

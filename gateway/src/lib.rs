@@ -1,1 +1,15 @@
-//! WebSocket gate: sessions, routing, limits (filled by the request-path issue).
+//! The gate (connector): terminates game clients' WebSockets and forwards their
+//! requests over the bus to worker pools, one subject per route, answering every
+//! request — with the worker's response or the gate's own error code.
+//!
+//! Also the Rust client SDK ([`sdk`]) that tests and the load test drive it with.
+
+pub mod config;
+mod gate;
+mod limits;
+pub mod route;
+pub mod sdk;
+mod session;
+
+pub use config::GateConfig;
+pub use gate::{AnyToken, Gate, StaticToken, TokenCheck};

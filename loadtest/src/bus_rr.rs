@@ -39,6 +39,9 @@ pub const MAX_RESPONDERS: u32 = 1_000;
 pub const MAX_PAYLOAD: usize = 1024 * 1024;
 /// Queue group the responders join, so each request is answered exactly once.
 const QUEUE_GROUP: &str = "shaddock-loadtest";
+/// Longest warm-up, duration or request timeout accepted: bounds the run (and keeps the
+/// deadline arithmetic far from `Instant` overflow).
+pub const MAX_PHASE: Duration = Duration::from_secs(3600);
 /// How long connecting all clients may take before the run is abandoned.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Extra time allowed past warm-up + duration + request timeout before the run is
@@ -212,6 +215,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 pub async fn measure(args: &Args) -> anyhow::Result<Report> {
     if args.size > MAX_PAYLOAD {
         bail!("--size {} exceeds {MAX_PAYLOAD} bytes", args.size);
+    }
+    for (flag, value) in [
+        ("--duration", args.duration),
+        ("--warmup", args.warmup),
+        ("--timeout", args.timeout),
+    ] {
+        if value > MAX_PHASE {
+            bail!("{flag} {value:?} exceeds {MAX_PHASE:?}");
+        }
     }
     let subject = Subject::from(args.subject.as_str());
     let payload = Bytes::from(vec![b'x'; args.size]);

@@ -163,7 +163,9 @@ pub fn encode(packet: &Packet) -> Option<String> {
             route: p.route.clone(),
             body: text(&p.body),
         }),
-        Kind::Kick(k) => JsonPacket::Kick(Kick { reason: k.reason.clone() }),
+        Kind::Kick(k) => JsonPacket::Kick(Kick {
+            reason: k.reason.clone(),
+        }),
     };
     serde_json::to_string(&json).ok()
 }
@@ -175,15 +177,23 @@ mod tests {
     #[test]
     fn request_round_trips_through_json() {
         let p = decode(r#"{"request":{"id":7,"route":"echo.echo","body":"hi"}}"#).unwrap();
-        let Some(Kind::Request(r)) = &p.kind else { panic!("not a request: {p:?}") };
-        assert_eq!((r.id, r.route.as_str(), &r.body[..]), (7, "echo.echo", &b"hi"[..]));
+        let Some(Kind::Request(r)) = &p.kind else {
+            panic!("not a request: {p:?}")
+        };
+        assert_eq!(
+            (r.id, r.route.as_str(), &r.body[..]),
+            (7, "echo.echo", &b"hi"[..])
+        );
         assert_eq!(decode(&encode(&p).unwrap()).unwrap(), p);
     }
 
     #[test]
     fn absent_fields_default_and_unknown_kinds_fail() {
         let p = decode(r#"{"handshake":{}}"#).unwrap();
-        assert_eq!(p, Packet::new(Kind::Handshake(client::Handshake::default())));
+        assert_eq!(
+            p,
+            Packet::new(Kind::Handshake(client::Handshake::default()))
+        );
         assert!(decode(r#"{"bogus":{}}"#).is_err());
         assert!(decode("not json").is_err());
         assert!(decode(r#"{"request":{"id":-1}}"#).is_err());

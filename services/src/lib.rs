@@ -1,1 +1,39 @@
-//! Worker framework and built-in services (filled by the request-path issue).
+//! Shaddock's worker framework and built-in services.
+//!
+//! A game team writes a [`Service`]: typed handlers by method, each with a cost, and
+//! optionally a tick callback. [`worker::run`] serves it on the bus: it subscribes the
+//! service's subjects in the service's queue group (so every worker process of a service
+//! shares its load), feeds a bounded queue, and runs the handlers in a frame-limited loop
+//! ([`frame_loop`]) that answers 503 when the queue is full. Handlers see the session
+//! through a [`Context`] and change it through effects the gate applies.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use services::{WorkerConfig, echo, worker};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! let config = WorkerConfig::default();
+//! let client = services::connect(&config.nats, "shaddock-worker-echo").await?;
+//! worker::run(client, echo::service(), config, CancellationToken::new()).await
+//! # }
+//! ```
+//!
+//! Modules: [`service`] (registration, dispatch, why handlers are synchronous, cost
+//! units), [`context`] (session and effects), [`frame_loop`] (frames, budget, pause,
+//! tick, overload), [`worker`] (the bus side, threads, shutdown), [`bus`] (subjects,
+//! connecting), [`config`] (limits and flags), [`metrics`] (metric names), [`echo`].
+
+pub mod bus;
+pub mod config;
+pub mod context;
+pub mod echo;
+pub mod frame_loop;
+pub mod metrics;
+pub mod service;
+pub mod worker;
+
+pub use bus::connect;
+pub use config::{FrameConfig, WorkerConfig};
+pub use context::Context;
+pub use service::{HandlerError, Service, Tick};
+pub use worker::{Worker, WorkerError};

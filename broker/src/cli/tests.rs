@@ -279,3 +279,18 @@ async fn a_started_broker_writes_pid_and_ports_files_and_removes_them() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn defaults_stated_in_help_match_the_config() {
+    // `--help` states these defaults in prose; when one changes, update the help text.
+    let config = Config::default();
+    assert_eq!(config.max_payload, 1 << 20);
+    assert_eq!(config.max_connections, 65_536);
+    assert_eq!(config.max_control_line, 4 << 10);
+    assert_eq!(config.max_pending, 64 << 20);
+    assert_eq!(config.max_subscriptions, 0);
+    assert_eq!(config.ping_interval, Duration::from_secs(120));
+    assert_eq!(config.max_pings_out, 2);
+    assert_eq!(config.write_deadline, Duration::from_secs(10));
+    assert_eq!(config.auth_timeout, Duration::from_secs(2));
+}

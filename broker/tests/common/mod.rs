@@ -246,7 +246,8 @@ impl Conn {
     /// Connects, reads INFO, sends `CONNECT <json>` and a PING, and waits for the PONG.
     pub async fn connect_with(addr: SocketAddr, connect_json: &str) -> Conn {
         let (mut conn, _) = Conn::connect_info(addr).await;
-        conn.send(&format!("CONNECT {connect_json}\r\nPING\r\n")).await;
+        conn.send(&format!("CONNECT {connect_json}\r\nPING\r\n"))
+            .await;
         conn.expect_line("PONG").await;
         conn
     }

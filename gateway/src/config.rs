@@ -1,0 +1,107 @@
+//! The gate's configuration. Every limit is a named constant with a flag and an
+//! environment override, and each says why it has the value it has.
+
+use std::time::Duration;
+
+/// Subject prefix shared by gates and workers, so several deployments can share a bus.
+pub const DEFAULT_PREFIX: &str = "shaddock";
+/// Port a gate listens on for WebSockets (pomelo's connector default).
+pub const DEFAULT_PORT: u16 = 3250;
+/// Largest WebSocket frame (and message) a client may send. Game requests are small;
+/// anything larger is refused before it is buffered.
+pub const DEFAULT_MAX_FRAME: usize = 64 * 1024;
+/// Sessions one gate holds at once; past it new connections are refused.
+pub const DEFAULT_MAX_SESSIONS: usize = 100_000;
+/// Requests one session may have awaiting an answer; past it the request gets 429.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+/// Requests per second one session may send (token bucket), past it 429.
+pub const DEFAULT_RATE: u32 = 5_000;
+/// Requests a session may send in one burst above the rate.
+pub const DEFAULT_BURST: u32 = 1_000;
+/// How long the gate waits for a worker before answering 408 itself.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a new connection has to complete the WebSocket and Shaddock handshakes.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The heartbeat interval a client is told; two intervals of silence close it.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+/// How long shutdown waits for in-flight requests before closing sessions.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// Frames queued towards one client (answers and pushes) before it counts as too slow
+/// and is closed; bounded so a client that stops reading cannot grow the gate.
+pub const DEFAULT_OUTBOUND_QUEUE: usize = 1024;
+/// WebSocket read buffer per session; small, so idle sessions stay cheap.
+pub const WS_READ_BUFFER: usize = 4 * 1024;
+/// Bytes tungstenite collects before writing; flushes write everything anyway.
+pub const WS_WRITE_BUFFER: usize = 8 * 1024;
+/// Longest route (`service.method`) accepted.
+pub const MAX_ROUTE_LEN: usize = 64;
+
+/// Gate settings; see the constants for defaults and reasons.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GateConfig {
+    /// This gate's id: one subject token, unique among the gates on a bus. Random when empty.
+    #[arg(long = "gate-id", env = "SHADDOCK_GATE_ID", default_value = "")]
+    pub gate_id: String,
+    /// Subject prefix shared by gates and workers.
+    #[arg(long, env = "SHADDOCK_PREFIX", default_value = DEFAULT_PREFIX)]
+    pub prefix: String,
+    /// Largest WebSocket frame a client may send, in bytes.
+    #[arg(long, env = "SHADDOCK_MAX_FRAME", default_value_t = DEFAULT_MAX_FRAME)]
+    pub max_frame: usize,
+    /// Sessions this gate holds at once.
+    #[arg(long, env = "SHADDOCK_MAX_SESSIONS", default_value_t = DEFAULT_MAX_SESSIONS)]
+    pub max_sessions: usize,
+    /// Requests one session may have awaiting an answer (more get 429).
+    #[arg(long, env = "SHADDOCK_MAX_IN_FLIGHT", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
+    pub max_in_flight: usize,
+    /// Requests per second one session may send (more get 429).
+    #[arg(long, env = "SHADDOCK_RATE", default_value_t = DEFAULT_RATE)]
+    pub rate: u32,
+    /// Requests a session may send in a burst above the rate.
+    #[arg(long, env = "SHADDOCK_BURST", default_value_t = DEFAULT_BURST)]
+    pub burst: u32,
+    /// Milliseconds to wait for a worker before answering 408.
+    #[arg(long = "request-timeout-ms", env = "SHADDOCK_REQUEST_TIMEOUT_MS", value_parser = parse_ms, default_value = "5000")]
+    pub request_timeout: Duration,
+    /// Milliseconds a new connection has to finish its handshake.
+    #[arg(long = "handshake-timeout-ms", env = "SHADDOCK_HANDSHAKE_TIMEOUT_MS", value_parser = parse_ms, default_value = "5000")]
+    pub handshake_timeout: Duration,
+    /// Heartbeat interval in milliseconds; two silent intervals close a session.
+    #[arg(long = "heartbeat-ms", env = "SHADDOCK_HEARTBEAT_MS", value_parser = parse_ms, default_value = "10000")]
+    pub heartbeat: Duration,
+    /// Milliseconds shutdown waits for in-flight requests.
+    #[arg(long = "shutdown-grace-ms", env = "SHADDOCK_SHUTDOWN_GRACE_MS", value_parser = parse_ms, default_value = "5000")]
+    pub shutdown_grace: Duration,
+    /// Frames queued towards one client before it is closed as too slow.
+    #[arg(long, env = "SHADDOCK_OUTBOUND_QUEUE", default_value_t = DEFAULT_OUTBOUND_QUEUE)]
+    pub outbound_queue: usize,
+    /// A token every handshake must carry; empty accepts any (see `TokenCheck`).
+    #[arg(long, env = "SHADDOCK_TOKEN", default_value = "")]
+    pub token: String,
+}
+
+fn parse_ms(s: &str) -> Result<Duration, String> {
+    s.parse::<u64>()
+        .map(Duration::from_millis)
+        .map_err(|e| format!("not a number of milliseconds: {e}"))
+}
+
+impl Default for GateConfig {
+    fn default() -> Self {
+        GateConfig {
+            gate_id: String::new(),
+            prefix: DEFAULT_PREFIX.into(),
+            max_frame: DEFAULT_MAX_FRAME,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            rate: DEFAULT_RATE,
+            burst: DEFAULT_BURST,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            heartbeat: DEFAULT_HEARTBEAT,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            outbound_queue: DEFAULT_OUTBOUND_QUEUE,
+            token: String::new(),
+        }
+    }
+}

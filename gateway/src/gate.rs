@@ -1,0 +1,217 @@
+//! The gate: accepts WebSocket connections, runs a task per session, and routes the
+//! workers' replies back to sessions.
+//!
+//! Every gate has ONE wildcard subscription, `<prefix>.gw.<gate>.>`, for all its
+//! replies: a request's reply subject is `<prefix>.gw.<gate>.<sid>.<id>`, so a reply is
+//! routed by parsing its subject — no per-request subscription and no global pending
+//! map; each session keeps its own.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::Context as _;
+use async_nats::StatusCode;
+use dashmap::DashMap;
+use futures::StreamExt;
+use proto::Message as _;
+use proto::rpc::RpcResponse;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{GateConfig, WS_READ_BUFFER, WS_WRITE_BUFFER};
+use crate::session;
+
+/// Decides whether a handshake's token may open a session.
+pub trait TokenCheck: Send + Sync + 'static {
+    fn check(&self, token: &str) -> bool;
+}
+
+/// Accepts every token: for development and for gates behind their own auth.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AnyToken;
+
+impl TokenCheck for AnyToken {
+    fn check(&self, _token: &str) -> bool {
+        true
+    }
+}
+
+/// Accepts exactly one shared token.
+#[derive(Debug, Clone)]
+pub struct StaticToken(pub String);
+
+impl TokenCheck for StaticToken {
+    fn check(&self, token: &str) -> bool {
+        token == self.0
+    }
+}
+
+/// What the reply router hands a session.
+#[derive(Debug)]
+pub(crate) enum ToSession {
+    /// A worker answered request `id`.
+    Reply { id: u64, reply: WorkerReply },
+}
+
+#[derive(Debug)]
+pub(crate) enum WorkerReply {
+    Response(RpcResponse),
+    /// The bus found no worker for the route.
+    NoResponders,
+    /// The worker's answer did not decode.
+    Invalid,
+}
+
+/// State all sessions of one gate share.
+pub(crate) struct GateShared {
+    pub config: GateConfig,
+    pub id: String,
+    pub nats: async_nats::Client,
+    pub sessions: DashMap<u64, mpsc::Sender<ToSession>>,
+    pub token_check: Arc<dyn TokenCheck>,
+    pub ws_config: WebSocketConfig,
+    /// Cancelled when the gate starts shutting down: sessions drain and close.
+    pub draining: CancellationToken,
+    next_sid: AtomicU64,
+}
+
+impl GateShared {
+    pub fn next_sid(&self) -> u64 {
+        self.next_sid.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// A handle to a running gate. Cheap to clone.
+#[derive(Clone)]
+pub struct Gate(Arc<GateShared>);
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate").field("id", &self.0.id).finish()
+    }
+}
+
+impl Gate {
+    /// Subscribes this gate's reply subject on `nats` and starts routing replies.
+    pub async fn new(
+        nats: async_nats::Client,
+        mut config: GateConfig,
+        token_check: Arc<dyn TokenCheck>,
+    ) -> anyhow::Result<Gate> {
+        if config.gate_id.is_empty() {
+            config.gate_id = format!("g{:08x}", fastrand::u32(..));
+        }
+        crate::route::check_token(&config.gate_id).context("invalid gate id")?;
+        crate::route::check_token(&config.prefix).context("invalid subject prefix")?;
+        let replies = nats
+            .subscribe(format!("{}.gw.{}.>", config.prefix, config.gate_id))
+            .await
+            .context("subscribing the gate's reply subject")?;
+        let ws_config = WebSocketConfig::default()
+            .read_buffer_size(WS_READ_BUFFER)
+            .write_buffer_size(WS_WRITE_BUFFER)
+            .max_write_buffer_size(WS_WRITE_BUFFER + 2 * config.max_frame)
+            .max_frame_size(Some(config.max_frame))
+            .max_message_size(Some(config.max_frame));
+        let shared = Arc::new(GateShared {
+            id: config.gate_id.clone(),
+            config,
+            nats,
+            sessions: DashMap::new(),
+            token_check,
+            ws_config,
+            draining: CancellationToken::new(),
+            next_sid: AtomicU64::new(1),
+        });
+        tokio::spawn(route_replies(shared.clone(), replies));
+        Ok(Gate(shared))
+    }
+
+    pub fn id(&self) -> &str {
+        &self.0.id
+    }
+
+    /// Sessions open now.
+    pub fn session_count(&self) -> usize {
+        self.0.sessions.len()
+    }
+
+    /// Serves WebSocket clients on `listener` until `shutdown` is cancelled; then stops
+    /// accepting, lets sessions answer what is in flight (within the grace period), and
+    /// closes them with a reason.
+    pub async fn run(
+        &self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<()> {
+        let tracker = TaskTracker::new();
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                () = shutdown.cancelled() => break,
+            };
+            match accepted {
+                Ok((stream, addr)) => {
+                    let _ = stream.set_nodelay(true);
+                    tracker.spawn(session::run(self.0.clone(), stream, addr));
+                }
+                Err(e) => tracing::warn!(error = %e, "accept failed"),
+            }
+        }
+        drop(listener);
+        self.0.draining.cancel();
+        tracker.close();
+        tracker.wait().await;
+        Ok(())
+    }
+}
+
+/// Routes each reply to its session by the `<sid>.<id>` at the end of its subject.
+async fn route_replies(gate: Arc<GateShared>, mut replies: async_nats::Subscriber) {
+    let skip = format!("{}.gw.{}.", gate.config.prefix, gate.id).len();
+    while let Some(msg) = replies.next().await {
+        let Some((sid, id)) = msg.subject.get(skip..).and_then(parse_sid_id) else {
+            continue;
+        };
+        let Some(session) = gate.sessions.get(&sid).map(|s| s.clone()) else {
+            // The session closed while its request was out.
+            continue;
+        };
+        let reply = if msg.status == Some(StatusCode::NO_RESPONDERS) {
+            WorkerReply::NoResponders
+        } else {
+            RpcResponse::decode(msg.payload).map_or(WorkerReply::Invalid, WorkerReply::Response)
+        };
+        // The queue holds at least max_in_flight: a reply only fails to fit when the
+        // session is closing, or its timeout already answered the request.
+        let _ = session.try_send(ToSession::Reply { id, reply });
+    }
+}
+
+fn parse_sid_id(tail: &str) -> Option<(u64, u64)> {
+    let (sid, id) = tail.split_once('.')?;
+    Some((sid.parse().ok()?, id.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reply_subject_tail_parses() {
+        assert_eq!(parse_sid_id("12.7"), Some((12, 7)));
+        assert_eq!(parse_sid_id("12"), None);
+        assert_eq!(parse_sid_id("x.7"), None);
+        assert_eq!(parse_sid_id("1.2.3"), None);
+    }
+
+    #[test]
+    fn static_token_checks_exactly() {
+        assert!(StaticToken("s3cret".into()).check("s3cret"));
+        assert!(!StaticToken("s3cret".into()).check("s3cre"));
+        assert!(AnyToken.check(""));
+    }
+}

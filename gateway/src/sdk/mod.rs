@@ -1,0 +1,406 @@
+//! The Rust client SDK: what a game client (and the load test) uses to talk to a gate.
+//!
+//! [`Client::connect`] opens the WebSocket, handshakes, and spawns one connection task
+//! that owns the socket. Handles are cheap clones; each request registers a waiter under
+//! its id and queues its frame, and the task routes the response back by id. Pushes
+//! arrive on a bounded queue ([`Client::pushes`]).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), gateway::sdk::SdkError> {
+//! use gateway::sdk::{Client, ClientOptions};
+//! let client = Client::connect("ws://127.0.0.1:3250", ClientOptions::default()).await?;
+//! let response = client.request("echo.echo", b"hi").await?;
+//! assert_eq!(response.code, 200);
+//! client.close().await;
+//! # Ok(()) }
+//! ```
+//!
+//! Costs per request, because the load test runs thousands a second per connection: one
+//! buffer for the encoded frame, one oneshot for the answer, two short critical sections
+//! on the pending table, no log line. The writer puts every queued frame into the
+//! socket's buffer before one flush, so a burst of requests costs one syscall.
+//!
+//! With [`ClientOptions::reconnect`], a dropped connection (not a kick, not
+//! [`Client::close`]) is re-established with exponential backoff and a new handshake.
+//! Requests in flight at the drop fail with [`ErrorKind::Closed`]; requests made while
+//! reconnecting wait for the new connection, within their timeout.
+
+mod codec;
+mod connection;
+mod error;
+mod shared;
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+pub use error::{ErrorKind, SdkError};
+pub use proto::client::{Push, Response, Timing};
+
+use connection::{Outgoing, Task};
+use shared::{Refused, Shared, State, Waiter};
+
+/// Default for [`ClientOptions::request_timeout`]: longer than the gate's own request
+/// timeout, so a slow handler normally shows up as a 408 response, not a client timeout.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default for [`ClientOptions::connect_timeout`]: TCP, WebSocket upgrade and handshake.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default for [`ClientOptions::queue_capacity`]: frames waiting for the writer. When
+/// full, requests wait for room (within their timeout) instead of piling up in memory.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 1024;
+/// Default for [`ClientOptions::push_capacity`]: pushes not yet taken by the caller.
+pub const DEFAULT_PUSH_CAPACITY: usize = 1024;
+/// Default for [`ClientOptions::max_frame_bytes`]: the largest frame accepted from the
+/// gate, so a broken or hostile gate cannot make the client buffer without bound.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 4 << 20;
+
+/// Exponential backoff for reconnecting: the first attempt after about `initial`, each
+/// failure doubling the delay up to `max` (each delay jittered to between half and all
+/// of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    pub initial: Duration,
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(5),
+        }
+    }
+}
+
+/// How to connect and behave.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Sent in the handshake for the gate's token check; empty when it needs none.
+    pub token: String,
+    /// Ask for [`Response::timing`] on every response.
+    pub server_timing: bool,
+    /// Names this client in the handshake (logs and metrics on the gate).
+    pub client: String,
+    /// How long [`Client::request`] and [`Client::notify`] wait in all: for a
+    /// reconnection, for queue room, for the response.
+    pub request_timeout: Duration,
+    /// How long opening the WebSocket plus the handshake may take.
+    pub connect_timeout: Duration,
+    /// Reconnect after the connection drops; `None` closes the client instead.
+    pub reconnect: Option<Backoff>,
+    /// Outgoing frames waiting for the writer (at least 1).
+    pub queue_capacity: usize,
+    /// Pushes waiting for the caller (at least 1). When full, further pushes are
+    /// dropped and counted ([`Client::pushes_dropped`]) rather than stalling responses.
+    pub push_capacity: usize,
+    /// The largest frame accepted from the gate.
+    pub max_frame_bytes: usize,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            token: String::new(),
+            server_timing: false,
+            client: concat!("shaddock-rust-sdk/", env!("CARGO_PKG_VERSION")).to_owned(),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            reconnect: None,
+            queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            push_capacity: DEFAULT_PUSH_CAPACITY,
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+        }
+    }
+}
+
+/// A connection to a gate. Clones share the connection; it closes when
+/// [`Client::close`] is called or the last clone is dropped.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    outgoing: mpsc::Sender<Outgoing>,
+    cancel: CancellationToken,
+    next_id: AtomicU64,
+    request_timeout: Duration,
+    pushes: Mutex<Option<Pushes>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("session_id", &self.session_id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Connects to `url` (`ws://host:port/`), handshakes, and starts the connection
+    /// task. Fails with [`ErrorKind::Connect`], or [`ErrorKind::Handshake`] carrying the
+    /// gate's code and message.
+    pub async fn connect(url: &str, options: ClientOptions) -> Result<Client, SdkError> {
+        let (ws, ack) = connection::connect(url, &options).await?;
+        let shared = Arc::new(Shared::new(ack.session_id));
+        let (outgoing_tx, outgoing_rx) = mpsc::channel(options.queue_capacity.max(1));
+        let (push_tx, push_rx) = mpsc::channel(options.push_capacity.max(1));
+        let cancel = CancellationToken::new();
+        let request_timeout = options.request_timeout;
+        let span = tracing::debug_span!("sdk", url, session_id = ack.session_id);
+        let task = Task {
+            url: url.to_owned(),
+            options,
+            shared: shared.clone(),
+            outgoing: outgoing_rx,
+            pushes: push_tx,
+            cancel: cancel.clone(),
+        };
+        tokio::spawn(task.run(ws, ack).instrument(span));
+        Ok(Client {
+            inner: Arc::new(Inner {
+                shared,
+                outgoing: outgoing_tx,
+                cancel,
+                next_id: AtomicU64::new(1),
+                request_timeout,
+                pushes: Mutex::new(Some(Pushes(push_rx))),
+            }),
+        })
+    }
+
+    /// Sends a request and waits for its response, within the client's request
+    /// timeout. Any code comes back as a [`Response`] (check `code`); errors are for
+    /// when there is no response: [`ErrorKind::Timeout`], [`ErrorKind::Closed`].
+    pub async fn request(&self, route: &str, body: impl AsRef<[u8]>) -> Result<Response, SdkError> {
+        self.request_with_timeout(route, body, self.inner.request_timeout)
+            .await
+    }
+
+    /// [`Client::request`] with its own timeout.
+    pub async fn request_with_timeout(
+        &self,
+        route: &str,
+        body: impl AsRef<[u8]>,
+        timeout: Duration,
+    ) -> Result<Response, SdkError> {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let frame = codec::request(id, route, body.as_ref());
+        tokio::time::timeout(timeout, self.exchange(id, frame))
+            .await
+            .unwrap_or_else(|_| Err(SdkError::timeout()))
+    }
+
+    async fn exchange(&self, id: u64, frame: bytes::Bytes) -> Result<Response, SdkError> {
+        let (waiter, answer) = oneshot::channel();
+        let epoch = self.register(id, waiter).await?;
+        // From here until the answer, a timeout or a dropped future forgets the waiter.
+        let mut guard = Forget {
+            shared: &self.inner.shared,
+            id,
+            armed: true,
+        };
+        self.send(epoch, frame).await?;
+        let result = answer.await;
+        // Answered (or failed by the task): the waiter is already out of the table.
+        guard.armed = false;
+        match result {
+            Ok(result) => result,
+            // The waiter was dropped unanswered: only when the task is gone.
+            Err(_) => Err(self.inner.shared.closed_error()),
+        }
+    }
+
+    /// Sends a notify: a request with id 0, forwarded to the service but never
+    /// answered. Returns once it is queued (after waiting for a reconnection if one is
+    /// under way, within the request timeout).
+    pub async fn notify(&self, route: &str, body: impl AsRef<[u8]>) -> Result<(), SdkError> {
+        let frame = codec::request(0, route, body.as_ref());
+        let queued = async {
+            let epoch = self.wait_up().await?;
+            self.send(epoch, frame).await
+        };
+        tokio::time::timeout(self.inner.request_timeout, queued)
+            .await
+            .unwrap_or_else(|_| Err(SdkError::timeout()))
+    }
+
+    /// The pushes from the gate. The first call takes the stream; later calls get
+    /// `None`. The stream ends when the client closes.
+    pub fn pushes(&self) -> Option<Pushes> {
+        self.inner
+            .pushes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// The gate's id for the current session (a reconnection gets a new one).
+    pub fn session_id(&self) -> u64 {
+        self.inner.shared.session_id()
+    }
+
+    /// Pushes dropped because the push queue was full.
+    pub fn pushes_dropped(&self) -> u64 {
+        self.inner.shared.pushes_dropped()
+    }
+
+    /// Successful reconnections so far.
+    pub fn reconnects(&self) -> u64 {
+        self.inner.shared.reconnects()
+    }
+
+    /// Whether the client is closed for good (closed, kicked, or lost without
+    /// reconnect).
+    pub fn is_closed(&self) -> bool {
+        matches!(*self.inner.shared.state().borrow(), State::Closed { .. })
+    }
+
+    /// Waits until the client is closed for good; returns the reason (a kick's reason,
+    /// "closed by client", or why the connection was lost).
+    pub async fn closed(&self) -> String {
+        let mut state = self.inner.shared.state().subscribe();
+        let closed = state
+            .wait_for(|s| matches!(s, State::Closed { .. }))
+            .await
+            .ok()
+            .and_then(|s| match &*s {
+                State::Closed { reason } => Some(reason.clone()),
+                _ => None,
+            });
+        // The state's sender lives as long as `self`, so `wait_for` cannot fail.
+        closed.unwrap_or_else(|| connection::CLOSED_BY_CLIENT.to_owned())
+    }
+
+    /// Closes the connection: pending and later requests fail with
+    /// [`ErrorKind::Closed`], the push stream ends. Returns once the connection task has
+    /// finished.
+    pub async fn close(&self) {
+        self.inner.cancel.cancel();
+        self.closed().await;
+    }
+
+    /// Registers a waiter under the current connection's epoch, waiting for a
+    /// reconnection if one is under way.
+    async fn register(&self, id: u64, mut waiter: Waiter) -> Result<u64, SdkError> {
+        let shared = &self.inner.shared;
+        // Fast path: connected, no subscription needed.
+        let current = current_epoch(&shared.state().borrow())?;
+        if let Some(epoch) = current {
+            match shared.insert(epoch, id, waiter) {
+                Ok(()) => return Ok(epoch),
+                Err(Refused::Stale(w)) => waiter = w,
+                Err(Refused::Closed(reason)) => return Err(SdkError::closed(reason)),
+            }
+        }
+        let mut state = shared.state().subscribe();
+        loop {
+            let current = current_epoch(&state.borrow_and_update())?;
+            if let Some(epoch) = current {
+                match shared.insert(epoch, id, waiter) {
+                    Ok(()) => return Ok(epoch),
+                    Err(Refused::Stale(w)) => waiter = w,
+                    Err(Refused::Closed(reason)) => return Err(SdkError::closed(reason)),
+                }
+            }
+            if state.changed().await.is_err() {
+                return Err(shared.closed_error());
+            }
+        }
+    }
+
+    /// The current epoch, after waiting for a reconnection if one is under way.
+    async fn wait_up(&self) -> Result<u64, SdkError> {
+        let shared = &self.inner.shared;
+        if let Some(epoch) = current_epoch(&shared.state().borrow())? {
+            return Ok(epoch);
+        }
+        let mut state = shared.state().subscribe();
+        loop {
+            if let Some(epoch) = current_epoch(&state.borrow_and_update())? {
+                return Ok(epoch);
+            }
+            if state.changed().await.is_err() {
+                return Err(shared.closed_error());
+            }
+        }
+    }
+
+    /// Queues a frame for the writer, waiting for room.
+    async fn send(&self, epoch: u64, frame: bytes::Bytes) -> Result<(), SdkError> {
+        self.inner
+            .outgoing
+            .send(Outgoing { epoch, frame })
+            .await
+            .map_err(|_| self.inner.shared.closed_error())
+    }
+
+    #[cfg(test)]
+    fn pending(&self) -> usize {
+        self.inner.shared.pending()
+    }
+}
+
+/// `Some(epoch)` when up, `None` while reconnecting, the close reason when closed.
+fn current_epoch(state: &State) -> Result<Option<u64>, SdkError> {
+    match state {
+        State::Up { epoch } => Ok(Some(*epoch)),
+        State::Reconnecting => Ok(None),
+        State::Closed { reason } => Err(SdkError::closed(reason.clone())),
+    }
+}
+
+/// Removes a request's waiter if the request is abandoned (timeout, dropped future)
+/// before its answer arrives; disarmed once the answer is in.
+struct Forget<'a> {
+    shared: &'a Shared,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared.remove(self.id);
+        }
+    }
+}
+
+/// The stream of pushes from the gate; see [`Client::pushes`].
+#[derive(Debug)]
+pub struct Pushes(mpsc::Receiver<Push>);
+
+impl Pushes {
+    /// The next push; `None` once the client is closed.
+    pub async fn recv(&mut self) -> Option<Push> {
+        self.0.recv().await
+    }
+
+    /// A push if one is waiting, without waiting.
+    pub fn try_recv(&mut self) -> Option<Push> {
+        self.0.try_recv().ok()
+    }
+}
+
+impl Stream for Pushes {
+    type Item = Push;
+
+    fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Push>> {
+        self.0.poll_recv(cx)
+    }
+}

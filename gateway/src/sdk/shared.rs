@@ -1,0 +1,184 @@
+//! State shared by the client handles and the connection task: the table of pending
+//! requests and the connection's state.
+//!
+//! **Epochs.** Every connection (the first and each reconnection) has an epoch. A
+//! request registers its waiter under the epoch it saw `Up`, and tags its frame with it;
+//! losing the connection bumps the epoch and fails every waiter in the same critical
+//! section. So a waiter can never be left behind in a table whose connection is gone, and
+//! the writer of the next connection drops frames tagged with an old epoch instead of
+//! sending requests whose callers were already told `Closed`.
+//!
+//! The table is a plain mutex: each request takes it twice (insert, then the reader's
+//! remove), never across an `.await`, and only this connection's callers contend on it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use proto::client::Response;
+use rustc_hash::FxHashMap;
+use tokio::sync::{oneshot, watch};
+
+use super::error::SdkError;
+
+/// Where a request's answer goes: the response, or why there will be none.
+pub(crate) type Waiter = oneshot::Sender<Result<Response, SdkError>>;
+
+/// The connection as requests see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Connected and handshaken; requests register under this epoch.
+    Up { epoch: u64 },
+    /// Lost; the connection task is reconnecting. Requests wait (within their timeout).
+    Reconnecting,
+    /// For good: closed by the client, kicked, or lost without reconnect.
+    Closed { reason: String },
+}
+
+/// Why a waiter was not registered.
+pub(crate) enum Refused {
+    /// The epoch moved on since the caller looked: wait for the next `Up`.
+    Stale(Waiter),
+    Closed(String),
+}
+
+struct Table {
+    epoch: u64,
+    closed: Option<String>,
+    waiters: FxHashMap<u64, Waiter>,
+}
+
+pub(crate) struct Shared {
+    table: Mutex<Table>,
+    state: watch::Sender<State>,
+    session_id: AtomicU64,
+    pushes_dropped: AtomicU64,
+    reconnects: AtomicU64,
+}
+
+/// The first connection's epoch.
+pub(crate) const FIRST_EPOCH: u64 = 1;
+
+impl Shared {
+    pub(crate) fn new(session_id: u64) -> Self {
+        Shared {
+            table: Mutex::new(Table {
+                epoch: FIRST_EPOCH,
+                closed: None,
+                waiters: FxHashMap::default(),
+            }),
+            state: watch::Sender::new(State::Up { epoch: FIRST_EPOCH }),
+            session_id: AtomicU64::new(session_id),
+            pushes_dropped: AtomicU64::new(0),
+            reconnects: AtomicU64::new(0),
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        // Nothing panics while holding the lock; if something did, the table is still
+        // consistent (each operation is a single map call), so carry on.
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn state(&self) -> &watch::Sender<State> {
+        &self.state
+    }
+
+    /// Registers `waiter` for request `id`, if the connection is still at `epoch`.
+    pub(crate) fn insert(&self, epoch: u64, id: u64, waiter: Waiter) -> Result<(), Refused> {
+        let mut table = self.table();
+        if let Some(reason) = &table.closed {
+            return Err(Refused::Closed(reason.clone()));
+        }
+        if table.epoch != epoch {
+            return Err(Refused::Stale(waiter));
+        }
+        table.waiters.insert(id, waiter);
+        Ok(())
+    }
+
+    /// Forgets request `id` (its caller timed out or went away).
+    pub(crate) fn remove(&self, id: u64) {
+        self.table().waiters.remove(&id);
+    }
+
+    /// Hands a response to its waiter. A response nobody waits for (timed out, or an
+    /// id the client never sent) is dropped.
+    pub(crate) fn complete(&self, response: Response) {
+        let waiter = self.table().waiters.remove(&response.id);
+        if let Some(waiter) = waiter {
+            // The caller may have given up since; that is its business.
+            let _ = waiter.send(Ok(response));
+        }
+    }
+
+    /// The connection was lost and will be re-established: fail every pending request
+    /// and start a new epoch. Returns the new epoch.
+    pub(crate) fn lose(&self, reason: &str) -> u64 {
+        let (epoch, waiters) = {
+            let mut table = self.table();
+            table.epoch += 1;
+            (table.epoch, std::mem::take(&mut table.waiters))
+        };
+        fail_all(waiters, reason);
+        self.state.send_replace(State::Reconnecting);
+        epoch
+    }
+
+    /// A reconnection at `epoch` finished its handshake.
+    pub(crate) fn up(&self, epoch: u64, session_id: u64) {
+        self.session_id.store(session_id, Ordering::Relaxed);
+        self.reconnects.fetch_add(1, Ordering::Relaxed);
+        self.state.send_replace(State::Up { epoch });
+    }
+
+    /// Closes for good. Idempotent: the first reason stays.
+    pub(crate) fn finish(&self, reason: &str) {
+        let waiters = {
+            let mut table = self.table();
+            if table.closed.is_some() {
+                return;
+            }
+            table.closed = Some(reason.to_owned());
+            table.epoch += 1;
+            std::mem::take(&mut table.waiters)
+        };
+        fail_all(waiters, reason);
+        self.state.send_replace(State::Closed {
+            reason: reason.to_owned(),
+        });
+    }
+
+    /// The error for a request that found the connection closed.
+    pub(crate) fn closed_error(&self) -> SdkError {
+        let reason = self.table().closed.clone();
+        SdkError::closed(reason.unwrap_or_else(|| "connection task ended".to_owned()))
+    }
+
+    pub(crate) fn session_id(&self) -> u64 {
+        self.session_id.load(Ordering::Relaxed)
+    }
+
+    /// Counts a push dropped because the push queue was full; true for the first one.
+    pub(crate) fn push_dropped(&self) -> bool {
+        self.pushes_dropped.fetch_add(1, Ordering::Relaxed) == 0
+    }
+
+    pub(crate) fn pushes_dropped(&self) -> u64 {
+        self.pushes_dropped.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn pending(&self) -> usize {
+        self.table().waiters.len()
+    }
+}
+
+fn fail_all(waiters: FxHashMap<u64, Waiter>, reason: &str) {
+    for (_, waiter) in waiters {
+        let _ = waiter.send(Err(SdkError::closed(reason)));
+    }
+}

@@ -1,0 +1,468 @@
+//! One client session: a task that owns the WebSocket, forwards requests to the bus,
+//! answers them when replies (or timeouts) come, and enforces the per-session limits.
+//!
+//! A request always gets an answer: the worker's, or the gate's own 400, 404, 408, 429
+//! or 503. Frames towards the client are coalesced: everything ready is fed to the
+//! socket, then flushed once.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{SplitSink, SplitStream};
+use futures::{SinkExt, StreamExt};
+use proto::Message as _;
+use proto::client::{self, Packet, packet::Kind};
+use proto::code;
+use proto::rpc::{self, RpcRequest};
+use rustc_hash::FxHashMap;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep_until, timeout};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+use crate::gate::{GateShared, ToSession, WorkerReply};
+use crate::limits::TokenBucket;
+use crate::route;
+
+type Sink = SplitSink<WebSocketStream<TcpStream>, Message>;
+type Stream = SplitStream<WebSocketStream<TcpStream>>;
+
+/// Why a session ends, sent to the client in the close frame.
+struct Closing {
+    code: CloseCode,
+    reason: &'static str,
+}
+
+impl Closing {
+    const fn new(code: CloseCode, reason: &'static str) -> Self {
+        Closing { code, reason }
+    }
+}
+
+/// A request awaiting its worker.
+struct Pending {
+    received: Instant,
+    route: Box<str>,
+}
+
+struct Session {
+    gate: Arc<GateShared>,
+    sid: u64,
+    /// The client spoke JSON in its handshake: answer in text frames.
+    text: bool,
+    timing: bool,
+    uid: String,
+    data: std::collections::HashMap<String, String>,
+    sink: Sink,
+    pending: FxHashMap<u64, Pending>,
+    /// (deadline, id) in deadline order: every request has the same timeout.
+    deadlines: VecDeque<(Instant, u64)>,
+    bucket: TokenBucket,
+    last_seen: Instant,
+}
+
+/// Serves one connection from WebSocket upgrade to close.
+pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAddr) {
+    let deadline = Instant::now() + gate.config.handshake_timeout;
+    let ws = match timeout(
+        gate.config.handshake_timeout,
+        tokio_tungstenite::accept_async_with_config(stream, Some(gate.ws_config)),
+    )
+    .await
+    {
+        Ok(Ok(ws)) => ws,
+        Ok(Err(e)) => {
+            tracing::debug!(%addr, error = %e, "websocket handshake failed");
+            return;
+        }
+        Err(_) => return,
+    };
+    let (mut sink, mut stream) = ws.split();
+    if gate.sessions.len() >= gate.config.max_sessions {
+        metrics::counter!("gate_rejected_total", "reason" => "sessions").increment(1);
+        close(&mut sink, Closing::new(CloseCode::Again, "gate full")).await;
+        return;
+    }
+    let hello = match timeout(
+        deadline.saturating_duration_since(Instant::now()),
+        stream.next(),
+    )
+    .await
+    {
+        Ok(Some(Ok(frame))) => frame,
+        Ok(_) => return,
+        Err(_) => {
+            close(
+                &mut sink,
+                Closing::new(CloseCode::Policy, "handshake timeout"),
+            )
+            .await;
+            return;
+        }
+    };
+    let text = matches!(hello, Message::Text(_));
+    let handshake = match decode(&hello) {
+        Some(Packet {
+            kind: Some(Kind::Handshake(h)),
+        }) => h,
+        _ => {
+            close(
+                &mut sink,
+                Closing::new(CloseCode::Policy, "handshake required"),
+            )
+            .await;
+            return;
+        }
+    };
+    let sid = gate.next_sid();
+    let ack = |code: u32, message: &str| {
+        Packet::new(Kind::HandshakeAck(client::HandshakeAck {
+            code,
+            session_id: sid,
+            heartbeat_ms: gate
+                .config
+                .heartbeat
+                .as_millis()
+                .try_into()
+                .unwrap_or(u32::MAX),
+            message: message.into(),
+        }))
+    };
+    if !gate.token_check.check(&handshake.token) {
+        let _ = sink
+            .send(encode(&ack(code::UNAUTHORIZED, "token refused"), text))
+            .await;
+        close(&mut sink, Closing::new(CloseCode::Policy, "unauthorized")).await;
+        return;
+    }
+    if sink.send(encode(&ack(code::OK, ""), text)).await.is_err() {
+        return;
+    }
+    // Room for every in-flight answer plus pushes: the reply router never blocks.
+    let (tx, rx) = mpsc::channel(gate.config.max_in_flight + gate.config.outbound_queue);
+    gate.sessions.insert(sid, tx);
+    metrics::gauge!("gate_sessions").increment(1.0);
+    tracing::debug!(sid, %addr, "session open");
+    let mut session = Session {
+        bucket: TokenBucket::new(gate.config.rate, gate.config.burst),
+        gate: gate.clone(),
+        sid,
+        text,
+        timing: handshake.server_timing,
+        uid: String::new(),
+        data: Default::default(),
+        sink,
+        pending: FxHashMap::default(),
+        deadlines: VecDeque::new(),
+        last_seen: Instant::now(),
+    };
+    let closing = session.serve(stream, rx).await;
+    gate.sessions.remove(&sid);
+    metrics::gauge!("gate_sessions").decrement(1.0);
+    metrics::gauge!("gate_in_flight").decrement(session.pending.len() as f64);
+    tracing::debug!(sid, reason = closing.reason, "session closed");
+    close(&mut session.sink, closing).await;
+}
+
+async fn close(sink: &mut Sink, closing: Closing) {
+    let frame = CloseFrame {
+        code: closing.code,
+        reason: closing.reason.into(),
+    };
+    let _ = sink.send(Message::Close(Some(frame))).await;
+}
+
+fn decode(frame: &Message) -> Option<Packet> {
+    match frame {
+        Message::Binary(b) => Packet::decode(b.clone()).ok(),
+        Message::Text(t) => proto::json::decode(t.as_str()).ok(),
+        _ => None,
+    }
+}
+
+fn encode(packet: &Packet, text: bool) -> Message {
+    if text {
+        Message::text(proto::json::encode(packet).unwrap_or_default())
+    } else {
+        Message::binary(packet.encode_to_vec())
+    }
+}
+
+fn micros(d: Duration) -> u32 {
+    d.as_micros().try_into().unwrap_or(u32::MAX)
+}
+
+impl Session {
+    async fn serve(&mut self, mut stream: Stream, mut rx: mpsc::Receiver<ToSession>) -> Closing {
+        let heartbeat = self.gate.config.heartbeat;
+        let silence = sleep_until(self.last_seen + 2 * heartbeat);
+        tokio::pin!(silence);
+        let expiry = sleep_until(Instant::now() + self.gate.config.request_timeout);
+        tokio::pin!(expiry);
+        let draining = self.gate.draining.clone();
+        loop {
+            if let Some(&(deadline, _)) = self.deadlines.front() {
+                expiry.as_mut().reset(deadline);
+            }
+            tokio::select! {
+                frame = stream.next() => {
+                    if let Err(closing) = self.on_frame(frame).await {
+                        break closing;
+                    }
+                }
+                Some(msg) = rx.recv() => self.on_message(msg).await,
+                () = &mut expiry, if !self.deadlines.is_empty() => self.expire().await,
+                () = &mut silence => {
+                    // Checked lazily so a busy client costs no timer reset per frame.
+                    let due = self.last_seen + 2 * heartbeat;
+                    if due <= Instant::now() {
+                        break Closing::new(CloseCode::Policy, "heartbeat missed");
+                    }
+                    silence.as_mut().reset(due);
+                }
+                () = draining.cancelled() => break self.drain(&mut rx).await,
+            }
+            // Coalesce: everything else already waiting goes out with the same flush.
+            while let Ok(msg) = rx.try_recv() {
+                self.on_message(msg).await;
+            }
+            if self.sink.flush().await.is_err() {
+                break Closing::new(CloseCode::Away, "write failed");
+            }
+        }
+    }
+
+    async fn on_frame(
+        &mut self,
+        frame: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>,
+    ) -> Result<(), Closing> {
+        use tokio_tungstenite::tungstenite::Error as WsError;
+        let frame = match frame {
+            None => return Err(Closing::new(CloseCode::Normal, "client closed")),
+            Some(Err(WsError::Capacity(_))) => {
+                metrics::counter!("gate_rejected_total", "reason" => "frame_size").increment(1);
+                return Err(Closing::new(CloseCode::Size, "frame too large"));
+            }
+            Some(Err(_)) => return Err(Closing::new(CloseCode::Protocol, "websocket error")),
+            Some(Ok(frame)) => frame,
+        };
+        self.last_seen = Instant::now();
+        match frame {
+            Message::Close(_) => return Err(Closing::new(CloseCode::Normal, "client closed")),
+            Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return Ok(()),
+            Message::Binary(_) | Message::Text(_) => {}
+        }
+        match decode(&frame).and_then(|p| p.kind) {
+            Some(Kind::Request(req)) => {
+                if let Some(resp) = self.on_request(req).await {
+                    self.send(Kind::Response(resp)).await;
+                }
+                Ok(())
+            }
+            Some(Kind::Heartbeat(_)) => {
+                self.send(Kind::Heartbeat(client::Heartbeat {})).await;
+                Ok(())
+            }
+            Some(Kind::Handshake(_)) => Err(Closing::new(CloseCode::Policy, "handshake repeated")),
+            Some(_) => Err(Closing::new(CloseCode::Policy, "packet not for the gate")),
+            None => {
+                metrics::counter!("gate_rejected_total", "reason" => "invalid_packet").increment(1);
+                Err(Closing::new(CloseCode::Invalid, "invalid packet"))
+            }
+        }
+    }
+
+    /// Forwards a request; returns the answer when the gate answers it itself.
+    async fn on_request(&mut self, req: client::Request) -> Option<client::Response> {
+        let received = Instant::now();
+        let notify = req.id == 0;
+        let reject = |code: u32, message: &str, reason: &'static str| {
+            metrics::counter!("gate_rejected_total", "reason" => reason).increment(1);
+            (!notify).then(|| client::Response {
+                id: req.id,
+                code,
+                message: message.into(),
+                ..Default::default()
+            })
+        };
+        if let Err(e) = route::parse(&req.route) {
+            return reject(code::BAD_REQUEST, &e.to_string(), "route");
+        }
+        if !notify && self.pending.contains_key(&req.id) {
+            return reject(
+                code::BAD_REQUEST,
+                "request id already in flight",
+                "duplicate_id",
+            );
+        }
+        if !notify && self.pending.len() >= self.gate.config.max_in_flight {
+            return reject(
+                code::RATE_LIMITED,
+                "too many requests in flight",
+                "in_flight",
+            );
+        }
+        if !self.bucket.take(received) {
+            return reject(code::RATE_LIMITED, "rate limited", "rate");
+        }
+        let prefix = &self.gate.config.prefix;
+        let subject = format!("{prefix}.svc.{}", req.route);
+        let payload = RpcRequest {
+            route: req.route.clone(),
+            body: req.body,
+            session: Some(rpc::Session {
+                gate: self.gate.id.clone(),
+                sid: self.sid,
+                uid: self.uid.clone(),
+                data: self.data.clone(),
+            }),
+            timing: self.timing,
+        }
+        .encode_to_vec();
+        let sent = if notify {
+            self.gate.nats.publish(subject, payload.into()).await
+        } else {
+            let reply = format!("{prefix}.gw.{}.{}.{}", self.gate.id, self.sid, req.id);
+            self.gate
+                .nats
+                .publish_with_reply(subject, reply, payload.into())
+                .await
+        };
+        if sent.is_err() {
+            return reject(code::OVERLOADED, "bus unavailable", "bus");
+        }
+        if !notify {
+            self.pending.insert(
+                req.id,
+                Pending {
+                    received,
+                    route: req.route.into(),
+                },
+            );
+            self.deadlines
+                .push_back((received + self.gate.config.request_timeout, req.id));
+            metrics::gauge!("gate_in_flight").increment(1.0);
+        }
+        None
+    }
+
+    async fn on_message(&mut self, msg: ToSession) {
+        match msg {
+            ToSession::Reply { id, reply } => {
+                let Some(pending) = self.pending.remove(&id) else {
+                    // Already answered with 408.
+                    return;
+                };
+                let mut resp = client::Response {
+                    id,
+                    ..Default::default()
+                };
+                let mut worker_time = (0, 0);
+                match reply {
+                    WorkerReply::Response(r) => {
+                        resp.code = r.code;
+                        resp.body = r.body;
+                        resp.message = r.message;
+                        worker_time = (r.queue_us, r.handler_us);
+                    }
+                    WorkerReply::NoResponders => {
+                        resp.code = code::NOT_FOUND;
+                        resp.message = "no worker serves this route".into();
+                    }
+                    WorkerReply::Invalid => {
+                        resp.code = code::HANDLER_ERROR;
+                        resp.message = "worker sent an invalid response".into();
+                    }
+                }
+                self.answer(resp, &pending, worker_time).await;
+            }
+        }
+    }
+
+    /// Answers a forwarded request and records its round trip.
+    async fn answer(
+        &mut self,
+        mut resp: client::Response,
+        pending: &Pending,
+        (queue_us, handler_us): (u32, u32),
+    ) {
+        let elapsed = pending.received.elapsed();
+        metrics::gauge!("gate_in_flight").decrement(1.0);
+        // Only routes some worker serves become labels: a client cannot mint series.
+        let route = if resp.code == code::NOT_FOUND {
+            "unknown"
+        } else {
+            &pending.route
+        };
+        metrics::histogram!("gate_request_duration_seconds", "route" => route.to_string(), "code" => resp.code.to_string())
+            .record(elapsed.as_secs_f64());
+        if self.timing {
+            resp.timing = Some(client::Timing {
+                total_us: micros(elapsed),
+                queue_us,
+                handler_us,
+            });
+        }
+        self.send(Kind::Response(resp)).await;
+    }
+
+    /// Answers 408 for every request whose deadline passed.
+    async fn expire(&mut self) {
+        let now = Instant::now();
+        while let Some(&(deadline, id)) = self.deadlines.front() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_front();
+            if let Some(pending) = self.pending.remove(&id) {
+                metrics::counter!("gate_timeouts_total").increment(1);
+                let resp = client::Response {
+                    id,
+                    code: code::TIMEOUT,
+                    message: "no answer in time".into(),
+                    ..Default::default()
+                };
+                self.answer(resp, &pending, (0, 0)).await;
+            }
+        }
+    }
+
+    /// Shutdown: stop reading, let in-flight requests finish within the grace period,
+    /// answer the rest 503, tell the client why it is being closed.
+    async fn drain(&mut self, rx: &mut mpsc::Receiver<ToSession>) -> Closing {
+        let grace = sleep_until(Instant::now() + self.gate.config.shutdown_grace);
+        tokio::pin!(grace);
+        while !self.pending.is_empty() {
+            tokio::select! {
+                Some(msg) = rx.recv() => self.on_message(msg).await,
+                () = &mut grace => break,
+            }
+        }
+        let left: Vec<(u64, Pending)> = self.pending.drain().collect();
+        for (id, pending) in left {
+            let resp = client::Response {
+                id,
+                code: code::OVERLOADED,
+                message: "gate shutting down".into(),
+                ..Default::default()
+            };
+            self.answer(resp, &pending, (0, 0)).await;
+        }
+        self.send(Kind::Kick(client::Kick {
+            reason: "gate shutting down".into(),
+        }))
+        .await;
+        let _ = self.sink.flush().await;
+        Closing::new(CloseCode::Away, "gate shutting down")
+    }
+
+    /// Queues a packet towards the client; the caller's loop flushes.
+    async fn send(&mut self, kind: Kind) {
+        let _ = self.sink.feed(encode(&Packet::new(kind), self.text)).await;
+    }
+}

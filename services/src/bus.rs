@@ -1,0 +1,114 @@
+//! The worker's side of the bus: connecting, the subjects requests arrive on, and
+//! publishing answers.
+//!
+//! Subjects: a gate publishes a request for route `service.method` to
+//! `<prefix>.svc.<service>.<method>` with a reply subject; the workers of a service all
+//! subscribe `<prefix>.svc.<service>.>` in queue group `<service>`, so the bus hands each
+//! request to exactly one of them, and adding a worker adds capacity.
+
+use anyhow::Context as _;
+use async_nats::{Client, ConnectOptions, Event, ServerAddr, Subject};
+use proto::Message;
+use proto::rpc::RpcResponse;
+
+use crate::frame_loop::ReplySink;
+use crate::metrics::REPLY_ERRORS_TOTAL;
+
+/// The subject a service's workers subscribe: every method of `service`.
+pub fn service_subject(prefix: &str, service: &str) -> String {
+    format!("{prefix}.svc.{service}.>")
+}
+
+/// The subject a request for `service.method` is published to.
+pub fn method_subject(prefix: &str, service: &str, method: &str) -> String {
+    format!("{prefix}.svc.{service}.{method}")
+}
+
+/// The method a request on `subject` is for: what follows `<prefix>.svc.<service>.`
+/// (`method_prefix`). Anything else, a subject with extra tokens included, names no
+/// registered method and is answered 404.
+pub(crate) fn method_of<'a>(subject: &'a str, method_prefix: &str) -> &'a str {
+    subject.strip_prefix(method_prefix).unwrap_or(subject)
+}
+
+/// Connects to NATS at `urls` (failing over between them) as connection `name` (shown by
+/// the server's monitoring, e.g. `shaddock-worker-chat`).
+///
+/// The first connection is retried in the background: a worker may start before its
+/// broker (compose, Kubernetes), and subscriptions made meanwhile take effect once it
+/// connects. Reconnects are unlimited. Only unparsable URLs fail here.
+pub async fn connect(urls: &[String], name: &str) -> anyhow::Result<Client> {
+    let addrs = urls
+        .iter()
+        .map(|url| {
+            url.parse::<ServerAddr>()
+                .with_context(|| format!("invalid NATS URL {url:?}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    anyhow::ensure!(!addrs.is_empty(), "no NATS URL given");
+    let client = ConnectOptions::new()
+        .name(name)
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .event_callback(|event| async move { log_event(event) })
+        .connect(addrs)
+        .await
+        .with_context(|| format!("connecting to NATS at {}", urls.join(",")))?;
+    Ok(client)
+}
+
+/// Connection events are rare (connect, disconnect, errors): logged at info and warn.
+fn log_event(event: Event) {
+    match event {
+        Event::Connected => tracing::info!("connected to NATS"),
+        Event::Disconnected => tracing::warn!("disconnected from NATS; reconnecting"),
+        Event::SlowConsumer(sid) => {
+            tracing::warn!(sid, "NATS slow consumer: the client dropped messages")
+        }
+        Event::LameDuckMode => tracing::warn!("NATS server entering lame duck mode"),
+        Event::ServerError(error) => tracing::warn!(%error, "NATS server error"),
+        Event::ClientError(error) => tracing::warn!(%error, "NATS client error"),
+        Event::Draining | Event::Closed => tracing::debug!(%event, "NATS connection"),
+    }
+}
+
+/// Answers go out as protobuf `RpcResponse`s on the request's reply subject.
+impl ReplySink for Client {
+    type To = Subject;
+
+    async fn send(&self, to: Subject, response: RpcResponse) {
+        let payload = response.encode_to_vec().into();
+        if let Err(error) = self.publish(to, payload).await {
+            // Only when the client is closing; counted, and logged below info.
+            metrics::counter!(REPLY_ERRORS_TOTAL).increment(1);
+            tracing::debug!(%error, "cannot publish a reply");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_follow_the_protocol() {
+        assert_eq!(service_subject("shaddock", "chat"), "shaddock.svc.chat.>");
+        assert_eq!(
+            method_subject("shaddock", "chat", "send"),
+            "shaddock.svc.chat.send"
+        );
+    }
+
+    #[test]
+    fn method_is_what_follows_the_service() {
+        let prefix = "shaddock.svc.echo.";
+        assert_eq!(method_of("shaddock.svc.echo.echo", prefix), "echo");
+        assert_eq!(method_of("shaddock.svc.echo.a.b", prefix), "a.b");
+    }
+
+    #[tokio::test]
+    async fn connect_rejects_bad_urls() {
+        assert!(connect(&[], "t").await.is_err());
+        assert!(connect(&["nats://[::1".to_string()], "t").await.is_err());
+    }
+}

@@ -1,0 +1,230 @@
+//! Worker configuration: every limit of the frame loop as a named constant, overridable by
+//! flag or environment variable (clap derive with `env =` fallbacks).
+//!
+//! [`FrameConfig`] holds the loop's limits and is flattened into [`WorkerConfig`], which
+//! adds where the bus is. A process that runs a worker on an embedded broker (`shaddock
+//! up`) can flatten [`FrameConfig`] alone.
+
+use std::time::Duration;
+
+use crate::service::is_valid_name;
+
+/// Requests a worker holds before answering 503. Beyond a few frames of work a queued
+/// request would wait longer than a client's patience; answering "overloaded" at once lets
+/// the client back off, instead of timing out later having cost a slot all along.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
+
+/// Cost units a frame may spend before it yields. At ~10 µs per unit (see
+/// [`crate::service`]) this is a ~5 ms frame: long enough to amortise the pause, short
+/// enough that a 50 ms tick is never late by more than one frame.
+pub const DEFAULT_MAX_COST: u32 = 500;
+
+/// Pause after a frame that ran out of budget with work still queued, so the loop's timers
+/// and tick get their turn and the thread does not spin at 100% under overload.
+pub const DEFAULT_OVERRUN_PAUSE: Duration = Duration::from_millis(1);
+
+/// Interval of a service's tick callback: 20 Hz, a common server tick for action games.
+pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Subject prefix shared by gates and workers (`<prefix>.svc.<service>.<method>`).
+pub const DEFAULT_PREFIX: &str = "shaddock";
+
+/// Where the bus is when nothing says otherwise: a local nats-server or embedded broker.
+pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
+
+/// The frame loop's limits.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct FrameConfig {
+    /// Requests queued per worker before new ones are answered 503 (overloaded) at once.
+    #[arg(long, env = "SHADDOCK_QUEUE_CAPACITY", default_value_t = DEFAULT_QUEUE_CAPACITY)]
+    pub queue_capacity: usize,
+
+    /// Cost units a frame may spend before yielding (a typical request costs 1 unit,
+    /// about 10 µs of handler time; heavy methods declare more).
+    #[arg(long, env = "SHADDOCK_MAX_COST", default_value_t = DEFAULT_MAX_COST)]
+    pub max_cost: u32,
+
+    /// Pause after a frame that spent its whole budget with requests still queued
+    /// (e.g. 1ms, 500us).
+    #[arg(long, env = "SHADDOCK_OVERRUN_PAUSE", default_value = "1ms", value_parser = parse_duration)]
+    pub overrun_pause: Duration,
+
+    /// Interval of the service's tick callback, for services that register one
+    /// (e.g. 50ms for 20 Hz).
+    #[arg(long, env = "SHADDOCK_TICK_INTERVAL", default_value = "50ms", value_parser = parse_duration)]
+    pub tick_interval: Duration,
+}
+
+impl Default for FrameConfig {
+    fn default() -> Self {
+        FrameConfig {
+            queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            max_cost: DEFAULT_MAX_COST,
+            overrun_pause: DEFAULT_OVERRUN_PAUSE,
+            tick_interval: DEFAULT_TICK_INTERVAL,
+        }
+    }
+}
+
+impl FrameConfig {
+    /// Checks the limits the loop cannot run with.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.queue_capacity == 0 {
+            return Err(ConfigError::Zero("queue capacity"));
+        }
+        if self.max_cost == 0 {
+            return Err(ConfigError::Zero("max cost"));
+        }
+        if self.tick_interval.is_zero() {
+            return Err(ConfigError::Zero("tick interval"));
+        }
+        Ok(())
+    }
+}
+
+/// A worker: where the bus is, its subject prefix, and the frame loop's limits.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct WorkerConfig {
+    /// NATS server URLs, comma-separated; the client fails over between them
+    /// (e.g. nats://a:4222,nats://b:4222).
+    #[arg(
+        long = "nats",
+        env = "SHADDOCK_NATS",
+        value_delimiter = ',',
+        default_value = DEFAULT_NATS_URL
+    )]
+    pub nats: Vec<String>,
+
+    /// Subject prefix shared with the gates: requests arrive on
+    /// <prefix>.svc.<service>.<method>.
+    #[arg(long, env = "SHADDOCK_PREFIX", default_value = DEFAULT_PREFIX)]
+    pub prefix: String,
+
+    #[command(flatten)]
+    pub frames: FrameConfig,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            nats: vec![DEFAULT_NATS_URL.to_owned()],
+            prefix: DEFAULT_PREFIX.to_owned(),
+            frames: FrameConfig::default(),
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// Checks the prefix and the frame loop's limits.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !is_valid_prefix(&self.prefix) {
+            return Err(ConfigError::Prefix(self.prefix.clone()));
+        }
+        self.frames.validate()
+    }
+}
+
+/// A configuration the worker cannot run with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0} must be greater than zero")]
+    Zero(&'static str),
+    #[error("invalid subject prefix {0:?}: use dot-separated tokens of [a-z0-9_-]")]
+    Prefix(String),
+}
+
+/// A prefix is one or more name tokens joined by dots (`shaddock`, `prod.shaddock`).
+fn is_valid_prefix(prefix: &str) -> bool {
+    prefix.split('.').all(is_valid_name)
+}
+
+/// Parses a duration written as a whole number and a unit: `500us`, `1ms`, `2s`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} has no unit: write e.g. 1ms, 500us or 2s"))?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} does not start with a whole number"))?;
+    match unit {
+        "us" | "µs" => Ok(Duration::from_micros(n)),
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        _ => Err(format!(
+            "unknown unit {unit:?} in {text:?}: use us, ms or s"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        worker: WorkerConfig,
+    }
+
+    #[test]
+    fn flag_defaults_match_default_impl() {
+        let cli = Cli::try_parse_from(["worker"]).unwrap();
+        assert_eq!(cli.worker, WorkerConfig::default());
+    }
+
+    #[test]
+    fn flags_override_defaults() {
+        let cli = Cli::try_parse_from([
+            "worker",
+            "--nats",
+            "nats://a:4222,nats://b:4222",
+            "--prefix",
+            "prod.shaddock",
+            "--queue-capacity",
+            "8",
+            "--max-cost",
+            "3",
+            "--overrun-pause",
+            "250us",
+            "--tick-interval",
+            "2s",
+        ])
+        .unwrap();
+        let worker = cli.worker;
+        assert_eq!(worker.nats, ["nats://a:4222", "nats://b:4222"]);
+        assert_eq!(worker.prefix, "prod.shaddock");
+        assert_eq!(
+            worker.frames,
+            FrameConfig {
+                queue_capacity: 8,
+                max_cost: 3,
+                overrun_pause: Duration::from_micros(250),
+                tick_interval: Duration::from_secs(2),
+            }
+        );
+        assert_eq!(worker.validate(), Ok(()));
+    }
+
+    #[test]
+    fn durations_need_a_unit() {
+        assert_eq!(parse_duration("1ms"), Ok(Duration::from_millis(1)));
+        assert!(parse_duration("1").is_err());
+        assert!(parse_duration("ms").is_err());
+        assert!(parse_duration("1h").is_err());
+    }
+
+    #[test]
+    fn validation_rejects_zero_limits_and_wildcard_prefixes() {
+        let mut config = WorkerConfig::default();
+        config.frames.max_cost = 0;
+        assert_eq!(config.validate(), Err(ConfigError::Zero("max cost")));
+        let config = WorkerConfig {
+            prefix: "a.>".into(),
+            ..WorkerConfig::default()
+        };
+        assert!(matches!(config.validate(), Err(ConfigError::Prefix(_))));
+    }
+}

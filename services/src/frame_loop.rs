@@ -1,0 +1,353 @@
+//! The worker's frame-limited handler loop, independent of the bus.
+//!
+//! Two halves joined by a bounded queue:
+//!
+//! - The [`Intake`] takes requests as they arrive and queues them without waiting. When
+//!   the queue is full it answers 503 at once: a client gets "overloaded" in microseconds
+//!   instead of a timeout after its request sat in a pile it could never leave.
+//! - The [`FrameLoop`] runs the service in **frames**. A frame handles queued requests
+//!   until the queue is empty or the next request would take the frame past its budget of
+//!   `max_cost` units (one request always runs, so a request dearer than the whole budget
+//!   gets a frame to itself). A frame that stopped on its budget, leaving work queued, is
+//!   an *overrun* and is followed by a fixed pause (`overrun_pause`). Between frames, and
+//!   during the pause, the service's tick runs whenever it is due, so a fixed-rate game
+//!   loop keeps its rate however long the queue is.
+//!
+//! Each response carries `queue_us` (arrival to handler start) and `handler_us`.
+//!
+//! The loop is generic over where requests come from (any [`Stream`] of [`Incoming`]) and
+//! where answers go (a [`ReplySink`]), so tests drive it with channels under tokio's paused
+//! clock and assert exact instants; [`crate::worker`] plugs in the NATS subscription and
+//! client. All time is `tokio::time`, so a paused clock governs frames, pauses and ticks.
+
+use std::future::Future;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use proto::code;
+use proto::rpc::RpcResponse;
+use tokio::sync::mpsc;
+use tokio::time::{self, Duration, Instant, Interval, MissedTickBehavior};
+
+use crate::config::FrameConfig;
+use crate::metrics::{IntakeMetrics, LoopMetrics};
+use crate::service::{Service, Tick, error_response};
+
+/// One request as it reached the worker, before decoding.
+#[derive(Debug, Clone)]
+pub struct Incoming<R> {
+    /// The method: the subject's last token.
+    pub method: String,
+    /// The encoded `RpcRequest`.
+    pub payload: Bytes,
+    /// Where the answer goes; `None` for a notify, which is handled but not answered.
+    pub reply: Option<R>,
+    /// When the worker received it: the start of its queue wait.
+    pub received: Instant,
+}
+
+impl<R> Incoming<R> {
+    /// A request received now.
+    pub fn new(method: impl Into<String>, payload: Bytes, reply: Option<R>) -> Incoming<R> {
+        Incoming {
+            method: method.into(),
+            payload,
+            reply,
+            received: Instant::now(),
+        }
+    }
+}
+
+/// Where answers go: the bus in production, a channel in tests. Shared by the intake (its
+/// 503s) and the loop, hence `Clone`.
+pub trait ReplySink: Clone + Send + Sync + 'static {
+    /// The address of one answer (a reply subject).
+    type To: Send + 'static;
+
+    /// Sends `response` to `to`. Failures are the sink's to count and log: the loop has
+    /// nothing better to do with them than go on.
+    fn send(&self, to: Self::To, response: RpcResponse) -> impl Future<Output = ()> + Send;
+}
+
+/// A channel as a sink: each answer arrives as `(to, response)`. Useful for tests and for
+/// running a service in-process without the bus.
+impl<T: Send + 'static> ReplySink for mpsc::Sender<(T, RpcResponse)> {
+    type To = T;
+
+    async fn send(&self, to: T, response: RpcResponse) {
+        // The receiver is gone only when its owner stopped listening on purpose.
+        let _ = mpsc::Sender::send(self, (to, response)).await;
+    }
+}
+
+/// The loop's end of the bounded queue, made by [`queue`].
+#[derive(Debug)]
+pub struct Queue<R>(mpsc::Receiver<Incoming<R>>);
+
+/// Makes the bounded queue between an [`Intake`] and a [`FrameLoop`]: `capacity`
+/// requests (at least 1) before the intake rejects.
+pub fn queue<O: ReplySink>(service: &str, capacity: usize, output: O) -> (Intake<O>, Queue<O::To>) {
+    let capacity = capacity.max(1);
+    let (tx, rx) = mpsc::channel(capacity);
+    let intake = Intake {
+        tx,
+        output,
+        overloaded: error_response(
+            code::OVERLOADED,
+            format!("service {service:?} is overloaded: its queue of {capacity} is full"),
+        ),
+        closed: error_response(
+            code::OVERLOADED,
+            format!("service {service:?} is shutting down"),
+        ),
+        metrics: IntakeMetrics::new(service),
+    };
+    (intake, Queue(rx))
+}
+
+/// What became of an offered request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    /// Queued for a frame.
+    Queued,
+    /// The queue was full: answered 503 (a notify is dropped and counted).
+    Rejected,
+    /// The loop has stopped: answered 503; stop offering.
+    Closed,
+}
+
+/// The receiving half: queues requests for the loop, or rejects them when it is full.
+/// Dropping it tells the loop no more requests will come; the loop then finishes the
+/// queue and returns.
+pub struct Intake<O: ReplySink> {
+    tx: mpsc::Sender<Incoming<O::To>>,
+    output: O,
+    overloaded: RpcResponse,
+    closed: RpcResponse,
+    metrics: IntakeMetrics,
+}
+
+impl<O: ReplySink> Intake<O> {
+    /// Queues `incoming` without waiting; if the queue is full, answers 503 at once.
+    pub async fn offer(&self, incoming: Incoming<O::To>) -> Offer {
+        match self.tx.try_send(incoming) {
+            Ok(()) => {
+                let depth = self.tx.max_capacity() - self.tx.capacity();
+                self.metrics.depth.set(depth as f64);
+                Offer::Queued
+            }
+            Err(mpsc::error::TrySendError::Full(incoming)) => {
+                self.metrics.rejected.increment(1);
+                self.metrics.overloaded.increment(1);
+                if let Some(to) = incoming.reply {
+                    self.output.send(to, self.overloaded.clone()).await;
+                }
+                Offer::Rejected
+            }
+            Err(mpsc::error::TrySendError::Closed(incoming)) => {
+                if let Some(to) = incoming.reply {
+                    self.output.send(to, self.closed.clone()).await;
+                }
+                Offer::Closed
+            }
+        }
+    }
+
+    /// Offers everything `input` yields until it ends (or the loop stops), then drops the
+    /// intake, which lets the loop finish.
+    pub async fn feed<S>(self, input: S)
+    where
+        S: Stream<Item = Incoming<O::To>>,
+    {
+        let mut input = std::pin::pin!(input);
+        while let Some(incoming) = input.next().await {
+            if self.offer(incoming).await == Offer::Closed {
+                break;
+            }
+        }
+    }
+}
+
+/// The handler loop of one service.
+pub struct FrameLoop<O: ReplySink> {
+    service: Service,
+    config: FrameConfig,
+    queue: mpsc::Receiver<Incoming<O::To>>,
+    output: O,
+    metrics: LoopMetrics,
+}
+
+impl<O: ReplySink> FrameLoop<O> {
+    /// A loop running `service` over `queue`, answering through `output`. Zero limits
+    /// in `config` are raised to the smallest that work (see [`FrameConfig::validate`]).
+    pub fn new(service: Service, config: FrameConfig, queue: Queue<O::To>, output: O) -> Self {
+        let metrics = LoopMetrics::new(service.name());
+        FrameLoop {
+            service,
+            config,
+            queue: queue.0,
+            output,
+            metrics,
+        }
+    }
+
+    /// Runs frames until the intake is gone and the queue is empty; returns the service.
+    pub async fn run(mut self) -> Service {
+        let mut ticks = Ticks::new(&self.service, self.config.tick_interval);
+        // A request taken from the queue that did not fit in the last frame.
+        let mut carried: Option<Incoming<O::To>> = None;
+        loop {
+            if carried.is_none() {
+                tokio::select! {
+                    biased;
+                    tick = ticks.next() => {
+                        self.service.tick(&tick);
+                        continue;
+                    }
+                    next = self.queue.recv() => match next {
+                        Some(incoming) => carried = Some(incoming),
+                        None => break,
+                    },
+                }
+            }
+            if self.frame(&mut carried).await {
+                self.pause(&mut ticks).await;
+            }
+        }
+        self.metrics.depth.set(0.0);
+        self.service
+    }
+
+    /// One frame: handles requests until the queue is empty or the budget is spent.
+    /// Returns whether it overran, i.e. left work in `carried`.
+    async fn frame(&mut self, carried: &mut Option<Incoming<O::To>>) -> bool {
+        let start = Instant::now();
+        let budget = self.config.max_cost.max(1);
+        let mut spent: u32 = 0;
+        let overran = loop {
+            let next = match carried.take() {
+                Some(incoming) => incoming,
+                None => match self.queue.try_recv() {
+                    Ok(incoming) => incoming,
+                    Err(_) => break false,
+                },
+            };
+            let cost = self.service.cost_of(&next.method);
+            if spent > 0 && spent.saturating_add(cost) >= budget {
+                *carried = Some(next);
+                break true;
+            }
+            spent = spent.saturating_add(cost);
+            self.handle(next).await;
+        };
+        self.metrics.frame.record(start.elapsed());
+        let depth = self.queue.len() + usize::from(carried.is_some());
+        self.metrics.depth.set(depth as f64);
+        overran
+    }
+
+    /// Calls the handler and answers, stamping the response with its timings.
+    async fn handle(&mut self, incoming: Incoming<O::To>) {
+        let started = Instant::now();
+        let waited = started.saturating_duration_since(incoming.received);
+        let mut response = self
+            .service
+            .call_encoded(&incoming.method, incoming.payload);
+        let took = started.elapsed();
+        response.queue_us = micros(waited);
+        response.handler_us = micros(took);
+        self.metrics.queue_wait.record(waited);
+        self.metrics.handler.record(took);
+        self.metrics.requests.count(response.code);
+        if let Some(to) = incoming.reply {
+            self.output.send(to, response).await;
+        }
+    }
+
+    /// The pause after an overrun, running the tick if it falls due meanwhile.
+    async fn pause(&mut self, ticks: &mut Ticks) {
+        let pause = time::sleep(self.config.overrun_pause);
+        let mut pause = std::pin::pin!(pause);
+        loop {
+            tokio::select! {
+                biased;
+                tick = ticks.next() => self.service.tick(&tick),
+                () = &mut pause => return,
+            }
+        }
+    }
+}
+
+/// Runs `service` over `input` until the input ends and every request it yielded is
+/// answered: the intake on a spawned task, the loop on the caller's. Returns the service.
+pub async fn run<S, O>(service: Service, config: FrameConfig, input: S, output: O) -> Service
+where
+    S: Stream<Item = Incoming<O::To>> + Send + 'static,
+    O: ReplySink,
+{
+    let (intake, queue) = queue(service.name(), config.queue_capacity, output.clone());
+    let feeding = tokio::spawn(intake.feed(input));
+    let service = FrameLoop::new(service, config, queue, output).run().await;
+    // The loop ends only after the intake is dropped, so this is already done.
+    if let Err(e) = feeding.await {
+        tracing::error!(service = service.name(), error = %e, "intake task failed");
+    }
+    service
+}
+
+/// The tick schedule: a fixed-rate interval if the service has a tick callback, else a
+/// future that never fires.
+struct Ticks {
+    interval: Option<Interval>,
+    seq: u64,
+    last: Instant,
+}
+
+impl Ticks {
+    /// The shortest interval the loop accepts (a zero interval cannot be scheduled).
+    const MIN_INTERVAL: Duration = Duration::from_micros(100);
+
+    fn new(service: &Service, period: Duration) -> Ticks {
+        let now = Instant::now();
+        let interval = service.has_tick().then(|| {
+            let period = period.max(Self::MIN_INTERVAL);
+            let mut interval = time::interval_at(now + period, period);
+            // After a stall, resume on the original grid rather than firing a burst of
+            // catch-up ticks: a game step uses `since_last` as its `dt`.
+            interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
+            interval
+        });
+        Ticks {
+            interval,
+            seq: 0,
+            last: now,
+        }
+    }
+
+    /// Waits for the next tick (forever, if there is no tick callback).
+    async fn next(&mut self) -> Tick {
+        match self.interval.as_mut() {
+            Some(interval) => {
+                interval.tick().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+        let now = Instant::now();
+        self.seq += 1;
+        let tick = Tick {
+            seq: self.seq,
+            now,
+            since_last: now - self.last,
+        };
+        self.last = now;
+        tick
+    }
+}
+
+/// Microseconds, saturating (a u32 holds 71 minutes).
+fn micros(duration: Duration) -> u32 {
+    u32::try_from(duration.as_micros()).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests;

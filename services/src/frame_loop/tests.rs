@@ -1,0 +1,341 @@
+//! The frame loop under tokio's paused clock: handlers take no virtual time, so every
+//! instant below is exact and a change to the frame rules shows up as a wrong number.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::stream;
+use proto::Message;
+use proto::code;
+use proto::rpc::{RpcRequest, RpcResponse};
+use tokio::sync::mpsc;
+use tokio::time::{Duration, Instant};
+
+use super::*;
+use crate::service::Service;
+
+const MS: Duration = Duration::from_millis(1);
+
+type Out = mpsc::Sender<(u32, RpcResponse)>;
+type Log = Arc<Mutex<Vec<(u32, Instant)>>>;
+
+fn config(capacity: usize, max_cost: u32) -> FrameConfig {
+    FrameConfig {
+        queue_capacity: capacity,
+        max_cost,
+        overrun_pause: MS,
+        tick_interval: 10 * MS,
+    }
+}
+
+/// A request whose body is its id, answered to that id.
+fn request(method: &str, id: u32) -> Incoming<u32> {
+    notify(method, id).with_reply(id)
+}
+
+/// The same, without a reply subject.
+fn notify(method: &str, id: u32) -> Incoming<u32> {
+    let payload = RpcRequest {
+        route: format!("t.{method}"),
+        body: Bytes::from(id.to_be_bytes().to_vec()),
+        ..RpcRequest::default()
+    };
+    Incoming::new(method, payload.encode_to_vec().into(), None)
+}
+
+impl Incoming<u32> {
+    fn with_reply(mut self, id: u32) -> Self {
+        self.reply = Some(id);
+        self
+    }
+}
+
+/// Methods `one`, `three` and `ten` (named for their cost) log `(id, instant)` when run.
+fn service(log: &Log) -> Service {
+    let mut service = Service::new("t");
+    for (name, cost) in [("one", 1), ("three", 3), ("ten", 10)] {
+        let log = log.clone();
+        service = service
+            .raw_method(name, move |_ctx, body| {
+                let id = u32::from_be_bytes(body[..].try_into().map_err(|_| "bad id")?);
+                log.lock().unwrap().push((id, Instant::now()));
+                Ok(body)
+            })
+            .cost(cost);
+    }
+    service
+}
+
+fn output() -> (Out, mpsc::Receiver<(u32, RpcResponse)>) {
+    mpsc::channel(1024)
+}
+
+/// Each logged id's start, in ms after `t0`.
+fn starts_ms(log: &Log, t0: Instant) -> Vec<(u32, u128)> {
+    let log = log.lock().unwrap();
+    log.iter()
+        .map(|(id, at)| (*id, (*at - t0).as_millis()))
+        .collect()
+}
+
+fn drain(rx: &mut mpsc::Receiver<(u32, RpcResponse)>) -> Vec<(u32, RpcResponse)> {
+    let mut out = Vec::new();
+    while let Ok(item) = rx.try_recv() {
+        out.push(item);
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_frame_never_spends_more_than_max_cost_and_an_overrun_pauses() {
+    let t0 = Instant::now();
+    let log = Log::default();
+    let (out, mut rx) = output();
+    let (intake, queue) = queue("t", 100, out.clone());
+    for id in 0..10 {
+        assert_eq!(intake.offer(request("one", id)).await, Offer::Queued);
+    }
+    drop(intake);
+    FrameLoop::new(service(&log), config(100, 4), queue, out)
+        .run()
+        .await;
+
+    // Four per frame, 1 ms apart: the pause after each overrun.
+    let expected: Vec<(u32, u128)> = (0..10).map(|id| (id, u128::from(id / 4))).collect();
+    assert_eq!(starts_ms(&log, t0), expected);
+    let queue_us: Vec<u32> = drain(&mut rx).iter().map(|(_, r)| r.queue_us).collect();
+    assert_eq!(queue_us, [0, 0, 0, 0, 1000, 1000, 1000, 1000, 2000, 2000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn costs_fill_the_budget_and_an_oversized_request_runs_alone() {
+    let t0 = Instant::now();
+    let log = Log::default();
+    let (out, _rx) = output();
+    let (intake, queue) = queue("t", 100, out.clone());
+    let methods = ["three", "one", "three", "three", "ten", "one"];
+    for (id, method) in (0..).zip(methods) {
+        intake.offer(request(method, id)).await;
+    }
+    drop(intake);
+    FrameLoop::new(service(&log), config(100, 4), queue, out)
+        .run()
+        .await;
+
+    // Frames: [3+1] | [3] (3+3 > 4) | [3] | [10] alone | [1].
+    assert_eq!(
+        starts_ms(&log, t0),
+        [(0, 0), (1, 0), (2, 1), (3, 2), (4, 3), (5, 4)]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_frame_that_empties_the_queue_does_not_pause() {
+    let t0 = Instant::now();
+    let log = Log::default();
+    let (out, mut rx) = output();
+    let (intake, queue) = queue("t", 100, out.clone());
+    let running = tokio::spawn(FrameLoop::new(service(&log), config(100, 4), queue, out).run());
+    // Exactly the budget: the frame ends with an empty queue, which is not an overrun.
+    for id in 0..4 {
+        intake.offer(request("one", id)).await;
+    }
+    for _ in 0..4 {
+        rx.recv().await.unwrap();
+    }
+    // Had the loop paused, the paused clock would have jumped to its end by now.
+    intake.offer(request("one", 4)).await;
+    let (id, response) = rx.recv().await.unwrap();
+    assert_eq!((id, response.queue_us), (4, 0));
+    drop(intake);
+    running.await.unwrap();
+    assert!(starts_ms(&log, t0).iter().all(|(_, ms)| *ms == 0));
+    assert_eq!(Instant::now(), t0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_queue_answers_503_at_once() {
+    let log = Log::default();
+    let (out, mut rx) = output();
+    let (intake, queue) = queue("t", 3, out.clone());
+    let offers = [
+        intake.offer(request("one", 0)).await,
+        intake.offer(request("one", 1)).await,
+        intake.offer(request("one", 2)).await,
+        intake.offer(request("one", 3)).await,
+        intake.offer(notify("one", 4)).await,
+        intake.offer(request("one", 5)).await,
+    ];
+    use Offer::{Queued, Rejected};
+    assert_eq!(
+        offers,
+        [Queued, Queued, Queued, Rejected, Rejected, Rejected]
+    );
+    // Answered before the loop ever ran; the notify had nobody to tell.
+    let rejected: Vec<(u32, u32)> = drain(&mut rx).iter().map(|(id, r)| (*id, r.code)).collect();
+    assert_eq!(rejected, [(3, code::OVERLOADED), (5, code::OVERLOADED)]);
+
+    drop(intake);
+    FrameLoop::new(service(&log), config(3, 100), queue, out)
+        .run()
+        .await;
+    let answered: Vec<(u32, u32)> = drain(&mut rx).iter().map(|(id, r)| (*id, r.code)).collect();
+    assert_eq!(answered, [(0, code::OK), (1, code::OK), (2, code::OK)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn tick_keeps_its_rate_under_load() {
+    let t0 = Instant::now();
+    let handled = Log::default();
+    let ticks = Arc::new(Mutex::new(Vec::<(Tick, usize)>::new()));
+    let seen = (handled.clone(), ticks.clone());
+    let service = service(&handled).on_tick(move |tick| {
+        let done = seen.0.lock().unwrap().len();
+        seen.1.lock().unwrap().push((*tick, done));
+    });
+    let (out, _rx) = output();
+    let (intake, queue) = queue("t", 400, out.clone());
+    for id in 0..400 {
+        intake.offer(request("one", id)).await;
+    }
+    drop(intake);
+    // 100 overrunning frames of 4, one per ms, with a 10 ms tick.
+    FrameLoop::new(service, config(400, 4), queue, out)
+        .run()
+        .await;
+
+    let ticks = ticks.lock().unwrap();
+    let got: Vec<(u64, u128, Duration, usize)> = ticks
+        .iter()
+        .map(|(t, done)| (t.seq, (t.now - t0).as_millis(), t.since_last, *done))
+        .collect();
+    let want: Vec<(u64, u128, Duration, usize)> = (1..=9u64)
+        .map(|i| (i, u128::from(i) * 10, 10 * MS, 40 * i as usize))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(handled.lock().unwrap().len(), 400);
+}
+
+#[tokio::test(start_paused = true)]
+async fn tick_runs_while_idle() {
+    let t0 = Instant::now();
+    let (tick_tx, mut tick_rx) = mpsc::channel(16);
+    let service = Service::new("t").on_tick(move |tick| {
+        let _ = tick_tx.try_send(tick.now);
+    });
+    let (out, _rx) = output();
+    let (intake, queue) = queue("t", 4, out.clone());
+    let running = tokio::spawn(FrameLoop::new(service, config(4, 4), queue, out).run());
+    for i in 1..=3u32 {
+        assert_eq!(tick_rx.recv().await.unwrap() - t0, i * 10 * MS);
+    }
+    drop(intake);
+    running.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn responses_carry_the_queue_wait() {
+    let log = Log::default();
+    let (out, mut rx) = output();
+    let (intake, queue) = queue("t", 4, out.clone());
+    intake.offer(request("one", 0)).await;
+    tokio::time::advance(3 * MS).await;
+    drop(intake);
+    FrameLoop::new(service(&log), config(4, 4), queue, out)
+        .run()
+        .await;
+    let (_, response) = rx.recv().await.unwrap();
+    assert_eq!(
+        (response.code, response.queue_us, response.handler_us),
+        (200, 3000, 0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn notifies_are_handled_but_not_answered() {
+    let log = Log::default();
+    let (out, mut rx) = output();
+    let (intake, queue) = queue("t", 4, out.clone());
+    intake.offer(notify("one", 9)).await;
+    drop(intake);
+    FrameLoop::new(service(&log), config(4, 4), queue, out)
+        .run()
+        .await;
+    assert_eq!(log.lock().unwrap().len(), 1);
+    assert!(drain(&mut rx).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn offers_after_the_loop_stopped_get_503() {
+    let (out, mut rx) = output();
+    let (intake, queue) = queue("t", 4, out);
+    drop(queue);
+    assert_eq!(intake.offer(request("one", 1)).await, Offer::Closed);
+    let (id, response) = rx.recv().await.unwrap();
+    assert_eq!((id, response.code), (1, code::OVERLOADED));
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_answers_everything_its_input_yields() {
+    let log = Log::default();
+    let (out, mut rx) = output();
+    let input = stream::iter((0..10).map(|id| request("one", id)));
+    run(service(&log), config(100, 4), input, out).await;
+    let ids: Vec<u32> = drain(&mut rx).iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, (0..10).collect::<Vec<_>>());
+}
+
+#[tokio::test(start_paused = true)]
+async fn metrics_count_requests_rejections_and_frames() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+
+    let log = Log::default();
+    let (out, _rx) = output();
+    let (intake, queue) = queue("t", 2, out.clone());
+    for id in 0..5 {
+        intake.offer(request("one", id)).await;
+    }
+    drop(intake);
+    FrameLoop::new(service(&log), config(2, 1), queue, out)
+        .run()
+        .await;
+
+    let mut counters = Vec::new();
+    let mut samples = Vec::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        match value {
+            DebugValue::Counter(n) => counters.push((name, n)),
+            DebugValue::Histogram(v) => samples.push((name, v.len())),
+            DebugValue::Gauge(_) => {}
+        }
+    }
+    counters.sort();
+    samples.sort();
+    assert_eq!(
+        counters,
+        [
+            ("worker_rejected_total{service=t}".to_string(), 3),
+            ("worker_requests_total{service=t,code=200}".to_string(), 2),
+            ("worker_requests_total{service=t,code=503}".to_string(), 3),
+        ]
+    );
+    // Two requests, one per frame (max_cost 1).
+    assert_eq!(
+        samples,
+        [
+            ("worker_frame_seconds{service=t}".to_string(), 2),
+            ("worker_handler_seconds{service=t}".to_string(), 2),
+            ("worker_queue_wait_seconds{service=t}".to_string(), 2),
+        ]
+    );
+}

@@ -1,0 +1,260 @@
+//! Workers on a real bus: every test runs against our embedded broker and against the
+//! real nats-server, with async-nats as the gate's stand-in.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use common::{Bus, Requester, blocking_service, call, rpc, within};
+use proto::Message;
+use proto::code;
+use proto::echo::{EchoRequest, EchoResponse};
+use proto::rpc::effect;
+use services::{Context, FrameConfig, HandlerError, Service, WorkerConfig, echo};
+use tokio::sync::mpsc;
+
+/// Runs each named test against both buses.
+macro_rules! on_both_buses {
+    ($($test:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(super::Bus::embedded().await).await;
+                }
+            )*
+        }
+        mod nats_server {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(super::Bus::nats_server()).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_buses!(
+    echo_answers_with_the_same_body,
+    raw_echo_returns_the_bytes_unchanged,
+    unknown_method_is_404,
+    failing_handler_is_500_with_its_message,
+    malformed_request_is_400,
+    effects_reach_the_caller,
+    notifies_are_handled_but_not_answered,
+    three_workers_in_the_group_all_get_a_share,
+    full_queue_gives_fast_503s,
+    shutdown_answers_what_was_taken_then_unsubscribes,
+);
+
+fn config(queue_capacity: usize) -> WorkerConfig {
+    WorkerConfig {
+        frames: FrameConfig {
+            queue_capacity,
+            ..FrameConfig::default()
+        },
+        ..WorkerConfig::default()
+    }
+}
+
+async fn echo_answers_with_the_same_body(bus: Bus) {
+    let worker = bus.worker(echo::service(), config(16)).await;
+    let client = bus.client().await;
+    let body = EchoRequest {
+        body: Bytes::from_static(b"hello, shaddock"),
+    };
+    let response = call(
+        &client,
+        "shaddock.svc.echo.echo",
+        rpc("echo.echo", body.encode_to_vec()),
+    )
+    .await;
+    assert_eq!(response.code, code::OK, "{response:?}");
+    let echoed = EchoResponse::decode(response.body).unwrap();
+    assert_eq!(echoed.body, body.body);
+    worker.stop().await;
+}
+
+async fn raw_echo_returns_the_bytes_unchanged(bus: Bus) {
+    let worker = bus.worker(echo::service(), config(16)).await;
+    let client = bus.client().await;
+    let body = Bytes::from_static(&[0, 1, 2, 0xfe, 0xff]);
+    let response = call(
+        &client,
+        "shaddock.svc.echo.raw",
+        rpc("echo.raw", body.clone()),
+    )
+    .await;
+    assert_eq!((response.code, response.body), (code::OK, body));
+    worker.stop().await;
+}
+
+async fn unknown_method_is_404(bus: Bus) {
+    let worker = bus.worker(echo::service(), config(16)).await;
+    let client = bus.client().await;
+    let response = call(&client, "shaddock.svc.echo.nope", rpc("echo.nope", "")).await;
+    assert_eq!(response.code, code::NOT_FOUND, "{response:?}");
+    assert!(response.message.contains("nope"), "{response:?}");
+    worker.stop().await;
+}
+
+async fn failing_handler_is_500_with_its_message(bus: Bus) {
+    let service = Service::new("spells").raw_method("cast", |_ctx, _body| {
+        Err(HandlerError::new("not enough mana"))
+    });
+    let worker = bus.worker(service, config(16)).await;
+    let client = bus.client().await;
+    let response = call(&client, "shaddock.svc.spells.cast", rpc("spells.cast", "")).await;
+    assert_eq!(
+        (response.code, response.message.as_str()),
+        (code::HANDLER_ERROR, "not enough mana")
+    );
+    worker.stop().await;
+}
+
+async fn malformed_request_is_400(bus: Bus) {
+    let worker = bus.worker(echo::service(), config(16)).await;
+    let client = bus.client().await;
+    // A length-delimited field longer than the payload: not an RpcRequest.
+    let garbage = Bytes::from_static(&[0x12, 0x7f, 0x01]);
+    let response = call(&client, "shaddock.svc.echo.echo", garbage).await;
+    assert_eq!(response.code, code::BAD_REQUEST, "{response:?}");
+    worker.stop().await;
+}
+
+async fn effects_reach_the_caller(bus: Bus) {
+    let service = Service::new("auth").raw_method("login", |ctx: &mut Context, body| {
+        ctx.bind_uid(String::from_utf8_lossy(&body).into_owned());
+        ctx.join("lobby");
+        Ok(Bytes::new())
+    });
+    let worker = bus.worker(service, config(16)).await;
+    let client = bus.client().await;
+    let response = call(
+        &client,
+        "shaddock.svc.auth.login",
+        rpc("auth.login", "alice"),
+    )
+    .await;
+    let kinds: Vec<_> = response.effects.into_iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            Some(effect::Kind::BindUid("alice".into())),
+            Some(effect::Kind::Join("lobby".into())),
+        ]
+    );
+    worker.stop().await;
+}
+
+async fn notifies_are_handled_but_not_answered(bus: Bus) {
+    let (seen_tx, mut seen) = mpsc::channel(4);
+    let service = Service::new("notes").raw_method("note", move |_ctx, body| {
+        let _ = seen_tx.try_send(body);
+        Ok(Bytes::new())
+    });
+    let worker = bus.worker(service, config(16)).await;
+    let client = bus.client().await;
+    client
+        .publish("shaddock.svc.notes.note", rpc("notes.note", "psst"))
+        .await
+        .unwrap();
+    let body = within(seen.recv()).await.unwrap();
+    assert_eq!(body, Bytes::from_static(b"psst"));
+    worker.stop().await;
+}
+
+async fn three_workers_in_the_group_all_get_a_share(bus: Bus) {
+    let mut workers = Vec::new();
+    for id in 0..3u8 {
+        let service =
+            Service::new("shard").raw_method("who", move |_ctx, _body| Ok(Bytes::from(vec![id])));
+        workers.push(bus.worker(service, config(64)).await);
+    }
+    let client = bus.client().await;
+    // All three are subscribed; the bus picks one per request. 150 requests leave a
+    // worker without any with probability 3 * (2/3)^150, about 1e-26.
+    let calls = (0..150).map(|_| call(&client, "shaddock.svc.shard.who", rpc("shard.who", "")));
+    let mut share = BTreeMap::new();
+    for response in futures::future::join_all(calls).await {
+        assert_eq!(response.code, code::OK);
+        *share.entry(response.body[0]).or_insert(0) += 1;
+    }
+    assert_eq!(
+        share.keys().copied().collect::<Vec<_>>(),
+        [0, 1, 2],
+        "{share:?}"
+    );
+    assert_eq!(share.values().sum::<i32>(), 150);
+    for worker in workers {
+        worker.stop().await;
+    }
+}
+
+async fn full_queue_gives_fast_503s(bus: Bus) {
+    let (service, mut blocker) = blocking_service("busy");
+    let worker = bus.worker(service, config(2)).await;
+    let mut requester = Requester::new(bus.client().await).await;
+    // Request 0 occupies the loop; 1 and 2 fill the queue; 3, 4 and 5 find it full.
+    requester
+        .send("shaddock.svc.busy.block", 0, rpc("busy.block", ""))
+        .await;
+    blocker.started().await;
+    for n in 1..=5 {
+        requester
+            .send("shaddock.svc.busy.fast", n, rpc("busy.fast", ""))
+            .await;
+    }
+    // Answered while the loop is still held: the 503s do not wait for it.
+    let overloaded = requester.codes(3).await;
+    assert_eq!(
+        overloaded,
+        [
+            (3, code::OVERLOADED),
+            (4, code::OVERLOADED),
+            (5, code::OVERLOADED)
+        ]
+    );
+    blocker.release();
+    let served = requester.codes(3).await;
+    assert_eq!(served, [(0, code::OK), (1, code::OK), (2, code::OK)]);
+    worker.stop().await;
+}
+
+async fn shutdown_answers_what_was_taken_then_unsubscribes(bus: Bus) {
+    let (service, mut blocker) = blocking_service("drain");
+    let worker = bus.worker(service, config(4)).await;
+    let client = bus.client().await;
+    let mut requester = Requester::new(client.clone()).await;
+    requester
+        .send("shaddock.svc.drain.block", 0, rpc("drain.block", ""))
+        .await;
+    blocker.started().await;
+    for n in 1..=5 {
+        requester
+            .send("shaddock.svc.drain.fast", n, rpc("drain.fast", ""))
+            .await;
+    }
+    // Request 5's 503 proves 1 to 4 are in the worker's queue (the intake is in order).
+    assert_eq!(requester.next().await.0, 5);
+
+    worker.shutdown.cancel();
+    blocker.release();
+    assert_eq!(
+        requester.codes(5).await,
+        (0..5).map(|n| (n, code::OK)).collect::<Vec<_>>()
+    );
+    worker.join().await;
+
+    // Gone from the group: the bus has nobody to give a request to.
+    let error = within(client.request("shaddock.svc.drain.fast", rpc("drain.fast", "")))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.kind(),
+        async_nats::RequestErrorKind::NoResponders,
+        "{error}"
+    );
+}
