@@ -96,7 +96,7 @@ pub struct WorkerConfig {
     pub nats: Vec<String>,
 
     /// Subject prefix shared with the gates: requests arrive on
-    /// <prefix>.svc.<service>.<method>.
+    /// PREFIX.svc.SERVICE.METHOD.
     #[arg(long, env = "SHADDOCK_PREFIX", default_value = DEFAULT_PREFIX)]
     pub prefix: String,
 

@@ -233,7 +233,7 @@ impl<O: ReplySink> FrameLoop<O> {
                 },
             };
             let cost = self.service.cost_of(&next.method);
-            if spent > 0 && spent.saturating_add(cost) >= budget {
+            if spent > 0 && spent.saturating_add(cost) > budget {
                 *carried = Some(next);
                 break true;
             }
