@@ -4,12 +4,20 @@
 //! one role each. Each role's flags and logic live in its crate; this file only wires
 //! them to subcommands.
 
+mod roles;
+mod telemetry;
+
+use std::net::{Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 
 use broker::cli::{BrokerArgs, ShutdownSignals, init_logging};
 use clap::{Parser, Subcommand};
+use gateway::GateConfig;
+use services::{FrameConfig, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
+
+use roles::{GateArgs, ServiceName, WorkerArgs};
 
 /// Game-server RPC gateway on NATS pub/sub.
 #[derive(Debug, Parser)]
@@ -21,10 +29,14 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run everything in one process on the embedded broker.
-    Up(UpArgs),
+    /// Run everything in one process: embedded broker, a gate, and the echo worker.
+    Up(Box<UpArgs>),
     /// Run the embedded NATS-protocol broker alone; flags follow nats-server's.
     Broker(Box<BrokerArgs>),
+    /// Run one gate (WebSocket front) against any NATS servers.
+    Gate(Box<GateArgs>),
+    /// Run one worker of a service in its queue group.
+    Worker(Box<WorkerArgs>),
     /// Generate load and run benchmark scenarios.
     Loadtest {
         #[command(subcommand)]
@@ -43,13 +55,31 @@ struct UpArgs {
     #[arg(long, value_name = "PORT", default_value_t = broker::cli::DEFAULT_MONITOR_PORT)]
     #[arg(env = "SHADDOCK_UP_MONITOR_PORT")]
     monitor_port: u16,
+
+    /// Port of the gate for WebSocket clients (0 picks a free port).
+    #[arg(long, value_name = "PORT", default_value_t = gateway::config::DEFAULT_PORT)]
+    #[arg(env = "SHADDOCK_UP_GATE_PORT")]
+    gate_port: u16,
+
+    /// Port of the gate's and workers' Prometheus metrics (0 picks a free port).
+    #[arg(long, value_name = "PORT", default_value_t = roles::DEFAULT_METRICS_PORT)]
+    #[arg(env = "SHADDOCK_UP_METRICS_PORT")]
+    metrics_port: u16,
+
+    #[command(flatten)]
+    gate: GateConfig,
+
+    #[command(flatten)]
+    frames: FrameConfig,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let result = match Cli::parse().command {
-        Command::Up(args) => up(args).await,
+        Command::Up(args) => up(*args).await,
         Command::Broker(args) => broker::cli::run(*args).await,
+        Command::Gate(args) => gate(*args).await,
+        Command::Worker(args) => worker(*args).await,
         Command::Loadtest { command } => run_loadtest(command).await,
     };
     match result {
@@ -67,8 +97,37 @@ async fn run_loadtest(command: loadtest::Command) -> anyhow::Result<()> {
     loadtest::run(command).await
 }
 
+async fn gate(args: GateArgs) -> anyhow::Result<()> {
+    init_logging(None, None)?;
+    let mut signals = ShutdownSignals::install()?;
+    let shutdown = CancellationToken::new();
+    if let Some(addr) = args.metrics_listen {
+        telemetry::serve_metrics(addr, shutdown.clone()).await?;
+    }
+    let (_, task) = roles::start_gate(args.listen, &args.nats, args.gate, shutdown.clone()).await?;
+    info!("Gate is ready");
+    signals.wait(&shutdown).await;
+    shutdown.cancel();
+    roles::join(task).await
+}
+
+async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
+    init_logging(None, None)?;
+    let mut signals = ShutdownSignals::install()?;
+    let shutdown = CancellationToken::new();
+    if let Some(addr) = args.metrics_listen {
+        telemetry::serve_metrics(addr, shutdown.clone()).await?;
+    }
+    let task = roles::start_worker(args.service, args.config, shutdown.clone()).await?;
+    info!("Worker is ready");
+    signals.wait(&shutdown).await;
+    shutdown.cancel();
+    roles::join(task).await
+}
+
 /// Starts every role against the embedded broker, all sharing one shutdown token, and
-/// stops them together on SIGINT/SIGTERM or when any of them fails.
+/// stops them together on SIGINT/SIGTERM. Gate and workers stop first, so in-flight
+/// requests are answered while the broker still runs.
 async fn up(args: UpArgs) -> anyhow::Result<()> {
     let broker_args = BrokerArgs {
         port: Some(args.broker_port.into()),
@@ -78,15 +137,37 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     let settings = broker_args.resolve()?;
     init_logging(None, settings.log_level)?;
     let mut signals = ShutdownSignals::install()?;
+    let broker_shutdown = CancellationToken::new();
     let shutdown = CancellationToken::new();
-    let broker = broker::cli::Broker::start(&settings, shutdown.clone()).await?;
-    // Gates and workers start here, connecting to `broker.client_addr()` and sharing
-    // `shutdown`.
+    let broker = broker::cli::Broker::start(&settings, broker_shutdown.clone()).await?;
+    let nats = vec![format!("nats://127.0.0.1:{}", broker.client_addr().port())];
+    let any = Ipv4Addr::UNSPECIFIED;
+    telemetry::serve_metrics(SocketAddr::from((any, args.metrics_port)), shutdown.clone()).await?;
+    let worker_config = WorkerConfig {
+        nats: nats.clone(),
+        prefix: args.gate.prefix.clone(),
+        frames: args.frames,
+    };
+    let echo = roles::start_worker(ServiceName::Echo, worker_config, shutdown.clone()).await?;
+    let (_, gate) = roles::start_gate(
+        SocketAddr::from((any, args.gate_port)),
+        &nats,
+        args.gate,
+        shutdown.clone(),
+    )
+    .await?;
     info!("Server is ready");
-    signals.wait(&shutdown).await;
+    tokio::select! {
+        () = signals.wait(&shutdown) => {}
+        () = broker_shutdown.cancelled() => {}
+    }
     info!("Initiating Shutdown...");
     shutdown.cancel();
-    broker.stop().await
+    let gate_result = roles::join(gate).await;
+    let echo_result = roles::join(echo).await;
+    broker_shutdown.cancel();
+    broker.stop().await?;
+    gate_result.and(echo_result)
 }
 
 #[cfg(test)]

@@ -296,6 +296,8 @@ struct Conn {
     dirty: Vec<Arc<ClientShared>>,
     dirty_ids: FxHashSet<u64>,
     batch: BatchStats,
+    /// Cache entries last added to the server's total.
+    cache_reported: u64,
 }
 
 /// Serves one accepted connection until it closes.
@@ -317,6 +319,7 @@ pub(crate) async fn serve(
         dirty: Vec::new(),
         dirty_ids: FxHashSet::default(),
         batch: BatchStats::default(),
+        cache_reported: 0,
     };
     let limits = Limits {
         max_control_line: server.config.max_control_line,
@@ -377,6 +380,10 @@ pub(crate) async fn serve(
         }
     }
     conn.end_batch();
+    server
+        .stats
+        .cache_entries
+        .fetch_sub(conn.cache_reported, Ordering::Relaxed);
     me.close.cancel();
     server.remove_client(&me);
     let _ = writer.await;
@@ -403,11 +410,16 @@ impl Conn {
                 }
                 self.batch.in_msgs += 1;
                 self.batch.in_bytes += (payload.len() + headers.map_or(0, <[u8]>::len)) as u64;
+                // nats-server's pedantic check only warns: the message is still routed.
                 if self.opts.pedantic && !subject::is_valid_publish(subject) {
                     self.me.send_err("Invalid Publish Subject");
-                    return Ok(());
+                }
+                // +OK first: a verbose client sees it before its own message comes back.
+                if self.opts.verbose {
+                    self.me.send(b"+OK\r\n");
                 }
                 self.route(subject, reply, headers, payload);
+                return Ok(());
             }
             ClientOp::Sub {
                 subject,
@@ -614,6 +626,13 @@ impl Conn {
         stats.add(&stats.out_bytes, b.out_bytes);
         stats.add(&stats.cache_hits, std::mem::take(&mut self.cache.hits));
         stats.add(&stats.cache_misses, std::mem::take(&mut self.cache.misses));
+        let cached = self.cache.len() as u64;
+        if cached != self.cache_reported {
+            stats
+                .cache_entries
+                .fetch_add(cached.wrapping_sub(self.cache_reported), Ordering::Relaxed);
+            self.cache_reported = cached;
+        }
     }
 }
 
@@ -635,6 +654,7 @@ async fn write_loop(me: Arc<ClientShared>, mut wr: OwnedWriteHalf, server: Arc<S
                     tracing::debug!(cid = me.cid, "stale connection");
                     me.send_err("Stale Connection");
                     me.close.cancel();
+                    closing = true;
                 } else {
                     me.send(b"PING\r\n");
                 }
@@ -651,7 +671,9 @@ async fn write_loop(me: Arc<ClientShared>, mut wr: OwnedWriteHalf, server: Arc<S
             continue;
         }
         // A close (slow consumer elsewhere, shutdown) must not wait for a blocked write.
+        // Biased: what is queued (a final -ERR) is still written when the socket takes it.
         let written = tokio::select! {
+            biased;
             r = timeout(config.write_deadline, wr.write_all(&spare)) => r,
             () = me.close.cancelled(), if !closing => break,
         };

@@ -242,7 +242,10 @@ async fn subsz(State(m): State<Arc<Monitor>>, Query(q): Query<SubszQuery>) -> im
         "num_removes": idx.removes,
         "num_matches": lookups,
         "num_trie_matches": idx.matches,
+        "num_cache": Stats::get(&s.stats.cache_entries),
         "cache_hit_rate": if lookups > 0 { hits as f64 / lookups as f64 } else { 0.0 },
+        "max_fanout": idx.max_fanout,
+        "avg_fanout": idx.avg_fanout,
     });
     if let Some(subject) = q.test {
         let (_, found) = s.index.matches(subject.as_bytes());

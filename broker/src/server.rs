@@ -31,6 +31,8 @@ pub(crate) struct Stats {
     pub total_connections: AtomicU64,
     pub cache_hits: AtomicU64,
     pub cache_misses: AtomicU64,
+    /// Match results held in all connections' caches.
+    pub cache_entries: AtomicU64,
 }
 
 impl Stats {

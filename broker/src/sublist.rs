@@ -249,6 +249,8 @@ pub struct SubjectIndex<T> {
     inserts: AtomicU64,
     removes: AtomicU64,
     matches: AtomicU64,
+    fanout_sum: AtomicU64,
+    fanout_max: AtomicU64,
 }
 
 impl<T> Default for SubjectIndex<T> {
@@ -259,6 +261,8 @@ impl<T> Default for SubjectIndex<T> {
             inserts: AtomicU64::new(0),
             removes: AtomicU64::new(0),
             matches: AtomicU64::new(0),
+            fanout_sum: AtomicU64::new(0),
+            fanout_max: AtomicU64::new(0),
         }
     }
 }
@@ -270,6 +274,10 @@ pub struct IndexStats {
     pub inserts: u64,
     pub removes: u64,
     pub matches: u64,
+    /// Largest and mean number of copies (subscriptions plus queue groups) a computed
+    /// match produced.
+    pub max_fanout: u64,
+    pub avg_fanout: f64,
 }
 
 impl<T> SubjectIndex<T> {
@@ -309,11 +317,18 @@ impl<T> SubjectIndex<T> {
 
     pub fn stats(&self) -> IndexStats {
         let trie = self.trie.read().unwrap_or_else(|e| e.into_inner());
+        let matches = self.matches.load(Ordering::Relaxed);
         IndexStats {
             subscriptions: trie.count(),
             inserts: self.inserts.load(Ordering::Relaxed),
             removes: self.removes.load(Ordering::Relaxed),
-            matches: self.matches.load(Ordering::Relaxed),
+            matches,
+            max_fanout: self.fanout_max.load(Ordering::Relaxed),
+            avg_fanout: if matches > 0 {
+                self.fanout_sum.load(Ordering::Relaxed) as f64 / matches as f64
+            } else {
+                0.0
+            },
         }
     }
 }

@@ -1,0 +1,113 @@
+//! The gate and worker roles as the binary runs them: flags, readiness log lines, and
+//! start/stop around the libraries' `run` functions.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use gateway::{AnyToken, Gate, GateConfig, StaticToken, TokenCheck};
+use services::{Service, WorkerConfig};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+/// Where a gate listens for WebSocket clients unless told otherwise.
+pub const DEFAULT_GATE_LISTEN: &str = "0.0.0.0:3250";
+/// Where `shaddock up` serves the gate's and workers' Prometheus metrics.
+pub const DEFAULT_METRICS_PORT: u16 = 9100;
+
+/// `shaddock gate`: one gate against any NATS servers.
+#[derive(Debug, clap::Args)]
+pub struct GateArgs {
+    /// Address to accept WebSocket clients on (port 0 picks a free port).
+    #[arg(long, env = "SHADDOCK_LISTEN", default_value = DEFAULT_GATE_LISTEN)]
+    pub listen: SocketAddr,
+    /// NATS server URLs, comma-separated (nats-server cluster or `shaddock broker`).
+    #[arg(
+        long = "nats",
+        env = "SHADDOCK_NATS",
+        value_delimiter = ',',
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    pub nats: Vec<String>,
+    /// Serve Prometheus metrics on this address (off when absent).
+    #[arg(long, env = "SHADDOCK_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    #[command(flatten)]
+    pub gate: GateConfig,
+}
+
+/// The services a worker process can run.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ServiceName {
+    Echo,
+}
+
+impl ServiceName {
+    fn build(self) -> Service {
+        match self {
+            ServiceName::Echo => services::echo::service(),
+        }
+    }
+}
+
+/// `shaddock worker`: one service's worker in its queue group.
+#[derive(Debug, clap::Args)]
+pub struct WorkerArgs {
+    /// Which service to run.
+    #[arg(long, value_enum)]
+    pub service: ServiceName,
+    /// Serve Prometheus metrics on this address (off when absent).
+    #[arg(long, env = "SHADDOCK_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    #[command(flatten)]
+    pub config: WorkerConfig,
+}
+
+/// Connects to the bus, binds `listen`, and serves a gate until `shutdown`.
+pub async fn start_gate(
+    listen: SocketAddr,
+    nats: &[String],
+    config: GateConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<(SocketAddr, JoinHandle<anyhow::Result<()>>)> {
+    let client = services::connect(nats, "shaddock-gate").await?;
+    let token_check: Arc<dyn TokenCheck> = if config.token.is_empty() {
+        Arc::new(AnyToken)
+    } else {
+        Arc::new(StaticToken(config.token.clone()))
+    };
+    let gate = Gate::new(client, config, token_check).await?;
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding the gate on {listen}"))?;
+    let addr = listener.local_addr()?;
+    info!(
+        gate = gate.id(),
+        "Gate listening for WebSocket clients on {addr}"
+    );
+    let task = tokio::spawn(async move { gate.run(listener, shutdown).await.context("gate") });
+    Ok((addr, task))
+}
+
+/// Connects to the bus and serves one worker of `service` until `shutdown`.
+pub async fn start_worker(
+    service: ServiceName,
+    config: WorkerConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<JoinHandle<anyhow::Result<()>>> {
+    let service = service.build();
+    let name = format!("shaddock-worker-{}", service.name());
+    let client = services::connect(&config.nats, &name).await?;
+    let worker = services::Worker::subscribe(client, service, config).await?;
+    info!("Worker subscribed on {}", worker.subject());
+    Ok(tokio::spawn(async move {
+        worker.run(shutdown).await.context("worker")
+    }))
+}
+
+/// Waits for a role's task and turns a panic or error into one error.
+pub async fn join(task: JoinHandle<anyhow::Result<()>>) -> anyhow::Result<()> {
+    task.await.context("task panicked")?
+}
