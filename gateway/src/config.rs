@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::presence::UidConflict;
+
 /// Subject prefix shared by gates and workers, so several deployments can share a bus.
 pub const DEFAULT_PREFIX: &str = "shaddock";
 /// Port a gate listens on for WebSockets (pomelo's connector default).
@@ -33,6 +35,8 @@ pub const DEFAULT_OUTBOUND_QUEUE: usize = 1024;
 pub const WS_READ_BUFFER: usize = 4 * 1024;
 /// Bytes tungstenite collects before writing; flushes write everything anyway.
 pub const WS_WRITE_BUFFER: usize = 8 * 1024;
+/// How long a refusing bind waits for a holder of the uid to answer its probe.
+pub const DEFAULT_BIND_PROBE_TIMEOUT: Duration = Duration::from_millis(200);
 /// Longest route (`service.method`) accepted.
 pub const MAX_ROUTE_LEN: usize = 64;
 
@@ -78,6 +82,21 @@ pub struct GateConfig {
     /// A token every handshake must carry; empty accepts any (see `TokenCheck`).
     #[arg(long, env = "SHADDOCK_TOKEN", default_value = "")]
     pub token: String,
+    /// When a session binds a uid another session holds: kick the old one, or refuse (409).
+    #[arg(
+        long,
+        env = "SHADDOCK_UID_CONFLICT",
+        value_enum,
+        default_value = "kick"
+    )]
+    pub uid_conflict: UidConflict,
+    /// Milliseconds a refusing bind waits for another gate's holder to answer.
+    #[arg(long = "bind-probe-timeout-ms", env = "SHADDOCK_BIND_PROBE_TIMEOUT_MS", value_parser = parse_ms, default_value = "200")]
+    pub bind_probe_timeout: Duration,
+    /// Routes whose requests a session sends strictly one after another (comma-separated),
+    /// e.g. chat.say so a room sees each sender's messages in order.
+    #[arg(long, env = "SHADDOCK_SERIAL_ROUTES", value_delimiter = ',')]
+    pub serial_routes: Vec<String>,
 }
 
 fn parse_ms(s: &str) -> Result<Duration, String> {
@@ -102,6 +121,9 @@ impl Default for GateConfig {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             outbound_queue: DEFAULT_OUTBOUND_QUEUE,
             token: String::new(),
+            uid_conflict: UidConflict::Kick,
+            bind_probe_timeout: DEFAULT_BIND_PROBE_TIMEOUT,
+            serial_routes: Vec::new(),
         }
     }
 }

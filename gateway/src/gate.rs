@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{GateConfig, WS_READ_BUFFER, WS_WRITE_BUFFER};
+use crate::presence::{Binding, Group, PushFrame};
 use crate::session;
 
 /// Decides whether a handshake's token may open a session.
@@ -54,6 +55,10 @@ impl TokenCheck for StaticToken {
 pub(crate) enum ToSession {
     /// A worker answered request `id`.
     Reply { id: u64, reply: WorkerReply },
+    /// A push to the player or to a group it joined.
+    Push(Arc<PushFrame>),
+    /// Close the session with this reason.
+    Kick(String),
 }
 
 #[derive(Debug)]
@@ -71,6 +76,10 @@ pub(crate) struct GateShared {
     pub id: String,
     pub nats: async_nats::Client,
     pub sessions: DashMap<u64, mpsc::Sender<ToSession>>,
+    /// Groups with members on this gate, by name.
+    pub groups: DashMap<String, Group>,
+    /// Players bound on this gate, by uid.
+    pub users: DashMap<String, Binding>,
     pub token_check: Arc<dyn TokenCheck>,
     pub ws_config: WebSocketConfig,
     /// Cancelled when the gate starts shutting down: sessions drain and close.
@@ -121,6 +130,8 @@ impl Gate {
             config,
             nats,
             sessions: DashMap::new(),
+            groups: DashMap::new(),
+            users: DashMap::new(),
             token_check,
             ws_config,
             draining: CancellationToken::new(),
@@ -137,6 +148,16 @@ impl Gate {
     /// Sessions open now.
     pub fn session_count(&self) -> usize {
         self.0.sessions.len()
+    }
+
+    /// Groups this gate holds a subscription for (some local session is a member).
+    pub fn group_count(&self) -> usize {
+        self.0.group_count()
+    }
+
+    /// Players bound on this gate (each holds a subscription to its user subject).
+    pub fn user_count(&self) -> usize {
+        self.0.user_count()
     }
 
     /// Serves WebSocket clients on `listener` until `shutdown` is cancelled; then stops

@@ -7,9 +7,11 @@
 pub mod config;
 mod gate;
 mod limits;
+mod presence;
 pub mod route;
 pub mod sdk;
 mod session;
 
 pub use config::GateConfig;
 pub use gate::{AnyToken, Gate, StaticToken, TokenCheck};
+pub use presence::UidConflict;

@@ -15,7 +15,7 @@ use futures::{SinkExt, StreamExt};
 use proto::Message as _;
 use proto::client::{self, Packet, packet::Kind};
 use proto::code;
-use proto::rpc::{self, RpcRequest};
+use proto::rpc::{self, Effect, RpcRequest, SessionClosed, effect};
 use rustc_hash::FxHashMap;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -27,6 +27,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use crate::gate::{GateShared, ToSession, WorkerReply};
 use crate::limits::TokenBucket;
+use crate::presence::BindError;
 use crate::route;
 
 type Sink = SplitSink<WebSocketStream<TcpStream>, Message>;
@@ -56,8 +57,14 @@ struct Session {
     /// The client spoke JSON in its handshake: answer in text frames.
     text: bool,
     timing: bool,
+    /// Every request is serial (the handshake asked for it).
+    serial: bool,
+    /// The serial request awaiting its answer, and the serial requests queued behind it.
+    serial_pending: Option<u64>,
+    serial_queue: VecDeque<client::Request>,
     uid: String,
     data: std::collections::HashMap<String, String>,
+    groups: Vec<String>,
     sink: Sink,
     pending: FxHashMap<u64, Pending>,
     /// (deadline, id) in deadline order: every request has the same timeout.
@@ -154,8 +161,12 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
         sid,
         text,
         timing: handshake.server_timing,
+        serial: handshake.serial,
+        serial_pending: None,
+        serial_queue: VecDeque::new(),
         uid: String::new(),
         data: Default::default(),
+        groups: Vec::new(),
         sink,
         pending: FxHashMap::default(),
         deadlines: VecDeque::new(),
@@ -163,6 +174,7 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
     };
     let closing = session.serve(stream, rx).await;
     gate.sessions.remove(&sid);
+    session.leave_everything().await;
     metrics::gauge!("gate_sessions").decrement(1.0);
     metrics::gauge!("gate_in_flight").decrement(session.pending.len() as f64);
     tracing::debug!(sid, reason = closing.reason, "session closed");
@@ -215,7 +227,11 @@ impl Session {
                         break closing;
                     }
                 }
-                Some(msg) = rx.recv() => self.on_message(msg).await,
+                Some(msg) = rx.recv() => {
+                    if let Some(closing) = self.on_message(msg).await {
+                        break closing;
+                    }
+                }
                 () = &mut expiry, if !self.deadlines.is_empty() => self.expire().await,
                 () = &mut silence => {
                     // Checked lazily so a busy client costs no timer reset per frame.
@@ -228,8 +244,15 @@ impl Session {
                 () = draining.cancelled() => break self.drain(&mut rx).await,
             }
             // Coalesce: everything else already waiting goes out with the same flush.
+            let mut kicked = None;
             while let Ok(msg) = rx.try_recv() {
-                self.on_message(msg).await;
+                kicked = self.on_message(msg).await;
+                if kicked.is_some() {
+                    break;
+                }
+            }
+            if let Some(closing) = kicked {
+                break closing;
             }
             if self.sink.flush().await.is_err() {
                 break Closing::new(CloseCode::Away, "write failed");
@@ -259,9 +282,13 @@ impl Session {
         }
         match decode(&frame).and_then(|p| p.kind) {
             Some(Kind::Request(req)) => {
-                if let Some(resp) = self.on_request(req).await {
-                    self.send(Kind::Response(resp)).await;
+                if req.id != 0 && self.is_serial(&req) {
+                    if self.serial_pending.is_some() {
+                        return self.queue_serial(req).await;
+                    }
+                    self.serial_pending = Some(req.id);
                 }
+                self.forward(req).await;
                 Ok(())
             }
             Some(Kind::Heartbeat(_)) => {
@@ -273,6 +300,62 @@ impl Session {
             None => {
                 metrics::counter!("gate_rejected_total", "reason" => "invalid_packet").increment(1);
                 Err(Closing::new(CloseCode::Invalid, "invalid packet"))
+            }
+        }
+    }
+
+    fn is_serial(&self, req: &client::Request) -> bool {
+        self.serial
+            || self
+                .gate
+                .config
+                .serial_routes
+                .iter()
+                .any(|r| *r == req.route)
+    }
+
+    /// Holds a serial request until the one before it is answered.
+    async fn queue_serial(&mut self, req: client::Request) -> Result<(), Closing> {
+        if self.pending.len() + self.serial_queue.len() >= self.gate.config.max_in_flight {
+            metrics::counter!("gate_rejected_total", "reason" => "in_flight").increment(1);
+            let resp = client::Response {
+                id: req.id,
+                code: code::RATE_LIMITED,
+                message: "too many requests in flight".into(),
+                ..Default::default()
+            };
+            self.send(Kind::Response(resp)).await;
+        } else {
+            self.serial_queue.push_back(req);
+        }
+        Ok(())
+    }
+
+    /// Forwards a request, or answers it at once when the gate refuses it.
+    async fn forward(&mut self, req: client::Request) {
+        let id = req.id;
+        if let Some(resp) = self.on_request(req).await {
+            self.send(Kind::Response(resp)).await;
+            self.answered(id).await;
+        }
+    }
+
+    /// Called once request `id` has its answer: lets the next serial request go.
+    async fn answered(&mut self, id: u64) {
+        if self.serial_pending != Some(id) {
+            return;
+        }
+        self.serial_pending = None;
+        // A queued request the gate refuses at once is answered here, and the next goes.
+        while self.serial_pending.is_none() {
+            let Some(next) = self.serial_queue.pop_front() else {
+                break;
+            };
+            let next_id = next.id;
+            self.serial_pending = Some(next_id);
+            if let Some(resp) = self.on_request(next).await {
+                self.send(Kind::Response(resp)).await;
+                self.serial_pending = None;
             }
         }
     }
@@ -351,37 +434,127 @@ impl Session {
         None
     }
 
-    async fn on_message(&mut self, msg: ToSession) {
-        match msg {
-            ToSession::Reply { id, reply } => {
-                let Some(pending) = self.pending.remove(&id) else {
-                    // Already answered with 408.
-                    return;
+    /// Handles what the bus sent this session; `Some` when the session must close.
+    async fn on_message(&mut self, msg: ToSession) -> Option<Closing> {
+        let (id, reply) = match msg {
+            ToSession::Push(frame) => {
+                let msg = if self.text {
+                    Message::text(frame.json())
+                } else {
+                    Message::Binary(frame.binary.clone())
                 };
-                let mut resp = client::Response {
-                    id,
-                    ..Default::default()
-                };
-                let mut worker_time = (0, 0);
-                match reply {
-                    WorkerReply::Response(r) => {
-                        resp.code = r.code;
-                        resp.body = r.body;
-                        resp.message = r.message;
-                        worker_time = (r.queue_us, r.handler_us);
-                    }
-                    WorkerReply::NoResponders => {
-                        resp.code = code::NOT_FOUND;
-                        resp.message = "no worker serves this route".into();
-                    }
-                    WorkerReply::Invalid => {
-                        resp.code = code::HANDLER_ERROR;
-                        resp.message = "worker sent an invalid response".into();
-                    }
-                }
-                self.answer(resp, &pending, worker_time).await;
+                let _ = self.sink.feed(msg).await;
+                return None;
+            }
+            ToSession::Kick(reason) => {
+                self.send(Kind::Kick(client::Kick { reason })).await;
+                return Some(Closing::new(CloseCode::Policy, "kicked"));
+            }
+            ToSession::Reply { id, reply } => (id, reply),
+        };
+        let Some(pending) = self.pending.remove(&id) else {
+            // Already answered with 408.
+            return None;
+        };
+        let mut resp = client::Response {
+            id,
+            ..Default::default()
+        };
+        let mut worker_time = (0, 0);
+        let mut kick = None;
+        match reply {
+            WorkerReply::Response(r) => {
+                resp.code = r.code;
+                resp.body = r.body;
+                resp.message = r.message;
+                worker_time = (r.queue_us, r.handler_us);
+                kick = self.apply(r.effects, &mut resp).await;
+            }
+            WorkerReply::NoResponders => {
+                resp.code = code::NOT_FOUND;
+                resp.message = "no worker serves this route".into();
+            }
+            WorkerReply::Invalid => {
+                resp.code = code::HANDLER_ERROR;
+                resp.message = "worker sent an invalid response".into();
             }
         }
+        self.answer(resp, &pending, worker_time).await;
+        self.answered(id).await;
+        let reason = kick?;
+        self.send(Kind::Kick(client::Kick { reason })).await;
+        Some(Closing::new(CloseCode::Policy, "kicked"))
+    }
+
+    /// Applies a handler's effects, in order, before its answer goes out. A bind the
+    /// gate cannot make turns the answer into an error and skips the effects after it.
+    /// Returns a kick's reason, acted on after the answer is sent.
+    async fn apply(&mut self, effects: Vec<Effect>, resp: &mut client::Response) -> Option<String> {
+        let mut kick = None;
+        for kind in effects.into_iter().filter_map(|e| e.kind) {
+            match kind {
+                effect::Kind::BindUid(uid) => {
+                    if let Err(e) = self.gate.bind(&uid, self.sid).await {
+                        resp.code = match e {
+                            BindError::Taken => code::CONFLICT,
+                            BindError::Invalid => code::BAD_REQUEST,
+                            BindError::Bus(_) => code::OVERLOADED,
+                        };
+                        resp.message = e.to_string();
+                        resp.body = Default::default();
+                        break;
+                    }
+                    let old = std::mem::replace(&mut self.uid, uid);
+                    if !old.is_empty() && old != self.uid {
+                        self.gate.unbind(&old, self.sid);
+                    }
+                }
+                effect::Kind::SetData(d) => {
+                    self.data.insert(d.key, d.value);
+                }
+                effect::Kind::ClearData(key) => {
+                    self.data.remove(&key);
+                }
+                effect::Kind::Join(group) => {
+                    if route::check_token(&group).is_err() || self.groups.contains(&group) {
+                        continue;
+                    }
+                    if self.gate.join(&group, self.sid).await.is_ok() {
+                        self.groups.push(group);
+                    }
+                }
+                effect::Kind::Leave(group) => {
+                    if let Some(i) = self.groups.iter().position(|g| *g == group) {
+                        self.groups.swap_remove(i);
+                        self.gate.leave(&group, self.sid);
+                    }
+                }
+                effect::Kind::Kick(reason) => kick = Some(reason),
+            }
+        }
+        kick
+    }
+
+    /// On close: leaves every group, releases the uid, and tells services.
+    async fn leave_everything(&mut self) {
+        for group in &self.groups {
+            self.gate.leave(group, self.sid);
+        }
+        if !self.uid.is_empty() {
+            self.gate.unbind(&self.uid, self.sid);
+        }
+        let event = SessionClosed {
+            gate: self.gate.id.clone(),
+            sid: self.sid,
+            uid: std::mem::take(&mut self.uid),
+            groups: std::mem::take(&mut self.groups),
+        };
+        let subject = format!("{}.evt.session.closed", self.gate.config.prefix);
+        let _ = self
+            .gate
+            .nats
+            .publish(subject, event.encode_to_vec().into())
+            .await;
     }
 
     /// Answers a forwarded request and records its round trip.
@@ -428,6 +601,7 @@ impl Session {
                     ..Default::default()
                 };
                 self.answer(resp, &pending, (0, 0)).await;
+                self.answered(id).await;
             }
         }
     }
@@ -437,9 +611,23 @@ impl Session {
     async fn drain(&mut self, rx: &mut mpsc::Receiver<ToSession>) -> Closing {
         let grace = sleep_until(Instant::now() + self.gate.config.shutdown_grace);
         tokio::pin!(grace);
+        // Requests the client sent but the gate held back are not forwarded any more.
+        for req in std::mem::take(&mut self.serial_queue) {
+            let resp = client::Response {
+                id: req.id,
+                code: code::OVERLOADED,
+                message: "gate shutting down".into(),
+                ..Default::default()
+            };
+            self.send(Kind::Response(resp)).await;
+        }
         while !self.pending.is_empty() {
             tokio::select! {
-                Some(msg) = rx.recv() => self.on_message(msg).await,
+                Some(msg) = rx.recv() => {
+                    if self.on_message(msg).await.is_some() {
+                        break;
+                    }
+                }
                 () = &mut grace => break,
             }
         }

@@ -32,6 +32,7 @@ struct Handshake {
     token: String,
     server_timing: bool,
     client: String,
+    serial: bool,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -95,6 +96,7 @@ pub fn decode(frame: &str) -> Result<Packet, JsonError> {
             token: h.token,
             server_timing: h.server_timing,
             client: h.client,
+            serial: h.serial,
         }),
         JsonPacket::HandshakeAck(a) => Kind::HandshakeAck(client::HandshakeAck {
             code: a.code,
@@ -135,6 +137,7 @@ pub fn encode(packet: &Packet) -> Option<String> {
             token: h.token.clone(),
             server_timing: h.server_timing,
             client: h.client.clone(),
+            serial: h.serial,
         }),
         Kind::HandshakeAck(a) => JsonPacket::HandshakeAck(HandshakeAck {
             code: a.code,

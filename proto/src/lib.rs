@@ -31,6 +31,7 @@ pub mod code {
     pub const UNAUTHORIZED: u32 = 401;
     pub const NOT_FOUND: u32 = 404;
     pub const TIMEOUT: u32 = 408;
+    pub const CONFLICT: u32 = 409;
     pub const TOO_LARGE: u32 = 413;
     pub const RATE_LIMITED: u32 = 429;
     pub const HANDLER_ERROR: u32 = 500;

@@ -8,6 +8,7 @@
 
 use std::fmt::Write as _;
 use std::fs::OpenOptions;
+use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -44,6 +45,8 @@ pub fn init_logging(log_file: Option<&Path>, level: Option<Level>) -> anyhow::Re
         None => BoxMakeWriter::new(std::io::stderr),
     };
     tracing_subscriber::fmt()
+        // Colour codes only for a person at a terminal, never in files or harness pipes.
+        .with_ansi(log_file.is_none() && std::io::stderr().is_terminal())
         .event_format(NatsFormat::new())
         .with_writer(writer)
         .with_env_filter(filter)

@@ -75,11 +75,12 @@ pub(crate) fn request(id: u64, route: &str, body: &[u8]) -> Bytes {
 }
 
 /// The first frame of every connection; once per connection, so prost builds it.
-pub(crate) fn handshake(token: &str, server_timing: bool, client: &str) -> Bytes {
+pub(crate) fn handshake(options: &super::ClientOptions) -> Bytes {
     let packet = Packet::new(Kind::Handshake(Handshake {
-        token: token.to_owned(),
-        server_timing,
-        client: client.to_owned(),
+        token: options.token.clone(),
+        server_timing: options.server_timing,
+        client: options.client.clone(),
+        serial: options.serial,
     }));
     Bytes::from(packet.encode_to_vec())
 }

@@ -55,7 +55,7 @@ pub(crate) async fn connect(
         let (mut ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), true)
             .await
             .map_err(|e| SdkError::connect_io(url, e))?;
-        let hello = codec::handshake(&options.token, options.server_timing, &options.client);
+        let hello = codec::handshake(options);
         ws.send(Message::Binary(hello))
             .await
             .map_err(|e| SdkError::connect_io("sending the handshake", e))?;

@@ -103,6 +103,8 @@ pub struct ClientOptions {
     pub push_capacity: usize,
     /// The largest frame accepted from the gate.
     pub max_frame_bytes: usize,
+    /// Ask the gate to handle this session's requests strictly one after another.
+    pub serial: bool,
 }
 
 impl Default for ClientOptions {
@@ -117,6 +119,7 @@ impl Default for ClientOptions {
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             push_capacity: DEFAULT_PUSH_CAPACITY,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            serial: false,
         }
     }
 }

@@ -1,0 +1,304 @@
+//! Groups and players on the bus: which subjects this gate holds for its sessions.
+//!
+//! - A group `g` is the subject `<prefix>.grp.<g>`. The gate subscribes when its first
+//!   local session joins and unsubscribes when the last one leaves. A broadcast arrives
+//!   once per gate; the gate encodes the client frame once and every local member gets
+//!   the same bytes.
+//! - A player `u` is the subject `<prefix>.user.<u>`, subscribed while a local session
+//!   has bound `u`: pushes and kicks addressed to the player reach it on whichever gate
+//!   it is. Binding publishes a claim there, so a session holding `u` on another gate is
+//!   kicked (or, in refuse mode, the bind is refused when a holder answers a probe).
+
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use dashmap::mapref::entry::Entry;
+use futures::StreamExt;
+use proto::Message as _;
+use proto::client::{self, Packet, packet::Kind};
+use proto::rpc::{Claim, Probe, ServerPush, UserCommand, user_command};
+use rustc_hash::FxHashSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::gate::{GateShared, ToSession};
+
+/// A push encoded once for every local recipient, in both frame encodings; the JSON
+/// form is made only if some recipient speaks JSON.
+#[derive(Debug)]
+pub(crate) struct PushFrame {
+    pub binary: Bytes,
+    packet: Packet,
+    json: OnceLock<String>,
+}
+
+impl PushFrame {
+    pub fn new(push: ServerPush) -> Arc<PushFrame> {
+        let packet = Packet::new(Kind::Push(client::Push {
+            route: push.route,
+            body: push.body,
+        }));
+        Arc::new(PushFrame {
+            binary: packet.encode_to_vec().into(),
+            packet,
+            json: OnceLock::new(),
+        })
+    }
+
+    pub fn json(&self) -> &str {
+        self.json
+            .get_or_init(|| proto::json::encode(&self.packet).unwrap_or_default())
+    }
+}
+
+/// A group with members on this gate.
+pub(crate) struct Group {
+    members: FxHashSet<u64>,
+    /// Cancelling ends the forwarding task, which drops (unsubscribes) the subject.
+    stop: CancellationToken,
+}
+
+/// A player bound on this gate.
+pub(crate) struct Binding {
+    pub sid: u64,
+    stop: CancellationToken,
+}
+
+/// How a bind of a uid that another session holds is settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum UidConflict {
+    /// The new session wins; the old one is kicked wherever it is.
+    #[default]
+    Kick,
+    /// The new bind is refused (409) while another session holds the uid.
+    Refuse,
+}
+
+/// Why a bind failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum BindError {
+    #[error("uid is bound by another session")]
+    Taken,
+    #[error("uid is not a valid subject token")]
+    Invalid,
+    #[error("bus unavailable: {0}")]
+    Bus(String),
+}
+
+impl GateShared {
+    fn group_subject(&self, group: &str) -> String {
+        format!("{}.grp.{group}", self.config.prefix)
+    }
+
+    pub fn user_subject(&self, uid: &str) -> String {
+        format!("{}.user.{uid}", self.config.prefix)
+    }
+
+    /// Adds a session to a group, subscribing the group's subject if it is new here.
+    pub async fn join(self: &Arc<Self>, group: &str, sid: u64) -> anyhow::Result<()> {
+        if let Some(mut g) = self.groups.get_mut(group) {
+            g.members.insert(sid);
+            return Ok(());
+        }
+        // Subscribe before taking the entry: no map lock is held across an await.
+        let sub = self.nats.subscribe(self.group_subject(group)).await?;
+        match self.groups.entry(group.to_owned()) {
+            // Another session joined meanwhile; its subscription serves both.
+            Entry::Occupied(mut e) => {
+                e.get_mut().members.insert(sid);
+            }
+            Entry::Vacant(v) => {
+                let stop = CancellationToken::new();
+                let mut members = FxHashSet::default();
+                members.insert(sid);
+                v.insert(Group {
+                    members,
+                    stop: stop.clone(),
+                });
+                tokio::spawn(forward_group(self.clone(), group.to_owned(), sub, stop));
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a session from a group, unsubscribing when it was the last one here.
+    pub fn leave(&self, group: &str, sid: u64) {
+        let emptied = self.groups.remove_if_mut(group, |_, g| {
+            g.members.remove(&sid);
+            g.members.is_empty()
+        });
+        if let Some((_, g)) = emptied {
+            g.stop.cancel();
+        }
+    }
+
+    /// Groups with local members now.
+    pub fn group_count(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Players bound on this gate now.
+    pub fn user_count(&self) -> usize {
+        self.users.len()
+    }
+
+    /// Binds `uid` to session `sid` on this gate, enforcing one session per uid.
+    pub async fn bind(self: &Arc<Self>, uid: &str, sid: u64) -> Result<(), BindError> {
+        crate::route::check_token(uid).map_err(|_| BindError::Invalid)?;
+        let subject = self.user_subject(uid);
+        let holder = self.users.get(uid).map(|b| b.sid);
+        if holder == Some(sid) {
+            return Ok(());
+        }
+        if self.config.uid_conflict == UidConflict::Refuse {
+            if holder.is_some() {
+                return Err(BindError::Taken);
+            }
+            let probe = UserCommand {
+                kind: Some(user_command::Kind::Probe(Probe {})),
+            };
+            let asked = tokio::time::timeout(
+                self.config.bind_probe_timeout,
+                self.nats
+                    .request(subject.clone(), probe.encode_to_vec().into()),
+            )
+            .await;
+            // An answer means a holder; no responders or silence means the uid is free.
+            if let Ok(Ok(_)) = asked {
+                return Err(BindError::Taken);
+            }
+        }
+        if let Some(old) = holder {
+            self.kick_local(old, "logged in elsewhere");
+        }
+        let sub = match holder {
+            // Already subscribed for this uid: the binding just changes hands.
+            Some(_) => None,
+            None => Some(
+                self.nats
+                    .subscribe(subject.clone())
+                    .await
+                    .map_err(|e| BindError::Bus(e.to_string()))?,
+            ),
+        };
+        match self.users.entry(uid.to_owned()) {
+            Entry::Occupied(mut e) => e.get_mut().sid = sid,
+            Entry::Vacant(v) => {
+                let stop = CancellationToken::new();
+                v.insert(Binding {
+                    sid,
+                    stop: stop.clone(),
+                });
+                if let Some(sub) = sub {
+                    tokio::spawn(forward_user(self.clone(), uid.to_owned(), sub, stop));
+                }
+            }
+        }
+        let claim = UserCommand {
+            kind: Some(user_command::Kind::Claim(Claim {
+                gate: self.id.clone(),
+                sid,
+            })),
+        };
+        self.nats
+            .publish(subject, claim.encode_to_vec().into())
+            .await
+            .map_err(|e| BindError::Bus(e.to_string()))
+    }
+
+    /// Drops `uid`'s binding if `sid` still holds it: a stale session closing never
+    /// removes a newer session's binding.
+    pub fn unbind(&self, uid: &str, sid: u64) {
+        if let Some((_, b)) = self.users.remove_if(uid, |_, b| b.sid == sid) {
+            b.stop.cancel();
+        }
+    }
+
+    fn kick_local(&self, sid: u64, reason: &str) {
+        if let Some(tx) = self.sessions.get(&sid) {
+            let _ = tx.try_send(ToSession::Kick(reason.into()));
+        }
+    }
+
+    fn push_local(&self, sid: u64, frame: &Arc<PushFrame>) -> bool {
+        match self.sessions.get(&sid) {
+            Some(tx) => tx.try_send(ToSession::Push(frame.clone())).is_ok(),
+            None => false,
+        }
+    }
+}
+
+/// Delivers a group's broadcasts to its local members until the last one leaves.
+async fn forward_group(
+    gate: Arc<GateShared>,
+    group: String,
+    mut sub: async_nats::Subscriber,
+    stop: CancellationToken,
+) {
+    let mut members = Vec::new();
+    loop {
+        let msg = tokio::select! {
+            m = sub.next() => m,
+            () = stop.cancelled() => break,
+        };
+        let Some(msg) = msg else { break };
+        let Ok(push) = ServerPush::decode(msg.payload) else {
+            metrics::counter!("gate_invalid_pushes_total").increment(1);
+            continue;
+        };
+        let frame = PushFrame::new(push);
+        members.clear();
+        if let Some(g) = gate.groups.get(&group) {
+            members.extend(g.members.iter().copied());
+        }
+        let dropped = members
+            .iter()
+            .filter(|&&sid| !gate.push_local(sid, &frame))
+            .count();
+        if dropped > 0 {
+            metrics::counter!("gate_push_dropped_total").increment(dropped as u64);
+        }
+    }
+    // Dropping the subscriber unsubscribes.
+}
+
+/// Acts on what is addressed to a player bound here.
+async fn forward_user(
+    gate: Arc<GateShared>,
+    uid: String,
+    mut sub: async_nats::Subscriber,
+    stop: CancellationToken,
+) {
+    loop {
+        let msg = tokio::select! {
+            m = sub.next() => m,
+            () = stop.cancelled() => break,
+        };
+        let Some(msg) = msg else { break };
+        let Some(holder) = gate.users.get(&uid).map(|b| b.sid) else {
+            break;
+        };
+        let Ok(UserCommand { kind: Some(kind) }) = UserCommand::decode(msg.payload) else {
+            metrics::counter!("gate_invalid_pushes_total").increment(1);
+            continue;
+        };
+        match kind {
+            user_command::Kind::Push(push) => {
+                if !gate.push_local(holder, &PushFrame::new(push)) {
+                    metrics::counter!("gate_push_dropped_total").increment(1);
+                }
+            }
+            user_command::Kind::Kick(reason) => gate.kick_local(holder, &reason),
+            user_command::Kind::Claim(claim) => {
+                if claim.gate != gate.id || claim.sid != holder {
+                    gate.kick_local(holder, "logged in elsewhere");
+                    gate.unbind(&uid, holder);
+                }
+            }
+            user_command::Kind::Probe(_) => {
+                if let Some(reply) = msg.reply {
+                    let _ = gate.nats.publish(reply, Bytes::from_static(b"bound")).await;
+                }
+            }
+        }
+    }
+}
