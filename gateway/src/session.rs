@@ -45,6 +45,27 @@ impl Closing {
     }
 }
 
+/// Histogram handles by (route, code), so an answer costs no registry lookup. Bounded:
+/// past [`MAX_CACHED_SERIES`] a lookup is made each time instead.
+#[derive(Default)]
+struct Durations(Vec<(Box<str>, u32, metrics::Histogram)>);
+
+/// Route and status pairs one session keeps histogram handles for.
+const MAX_CACHED_SERIES: usize = 16;
+
+impl Durations {
+    fn get(&mut self, route: &str, code: u32) -> metrics::Histogram {
+        if let Some((_, _, h)) = self.0.iter().find(|(r, c, _)| **r == *route && *c == code) {
+            return h.clone();
+        }
+        let h = metrics::histogram!("gate_request_duration_seconds", "route" => route.to_owned(), "code" => code.to_string());
+        if self.0.len() < MAX_CACHED_SERIES {
+            self.0.push((route.into(), code, h.clone()));
+        }
+        h
+    }
+}
+
 /// A request awaiting its worker.
 struct Pending {
     received: Instant,
@@ -71,6 +92,8 @@ struct Session {
     deadlines: VecDeque<(Instant, u64)>,
     bucket: TokenBucket,
     last_seen: Instant,
+    in_flight: metrics::Gauge,
+    durations: Durations,
 }
 
 /// Serves one connection from WebSocket upgrade to close.
@@ -171,12 +194,14 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
         pending: FxHashMap::default(),
         deadlines: VecDeque::new(),
         last_seen: Instant::now(),
+        in_flight: metrics::gauge!("gate_in_flight"),
+        durations: Durations::default(),
     };
     let closing = session.serve(stream, rx).await;
     gate.sessions.remove(&sid);
     session.leave_everything().await;
     metrics::gauge!("gate_sessions").decrement(1.0);
-    metrics::gauge!("gate_in_flight").decrement(session.pending.len() as f64);
+    session.in_flight.decrement(session.pending.len() as f64);
     tracing::debug!(sid, reason = closing.reason, "session closed");
     close(&mut session.sink, closing).await;
 }
@@ -429,7 +454,7 @@ impl Session {
             );
             self.deadlines
                 .push_back((received + self.gate.config.request_timeout, req.id));
-            metrics::gauge!("gate_in_flight").increment(1.0);
+            self.in_flight.increment(1.0);
         }
         None
     }
@@ -565,14 +590,15 @@ impl Session {
         (queue_us, handler_us): (u32, u32),
     ) {
         let elapsed = pending.received.elapsed();
-        metrics::gauge!("gate_in_flight").decrement(1.0);
+        self.in_flight.decrement(1.0);
         // Only routes some worker serves become labels: a client cannot mint series.
         let route = if resp.code == code::NOT_FOUND {
             "unknown"
         } else {
             &pending.route
         };
-        metrics::histogram!("gate_request_duration_seconds", "route" => route.to_string(), "code" => resp.code.to_string())
+        self.durations
+            .get(route, resp.code)
             .record(elapsed.as_secs_f64());
         if self.timing {
             resp.timing = Some(client::Timing {
