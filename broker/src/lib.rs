@@ -15,6 +15,8 @@ pub mod parser;
 mod server;
 pub mod subject;
 pub mod sublist;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use config::{Auth, Config};
 pub use server::Server;

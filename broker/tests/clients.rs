@@ -1,24 +1,22 @@
 //! The broker driven by a real NATS client (async-nats), plus its monitoring endpoints
 //! read over plain HTTP. Everything runs in-process on port 0.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use async_nats::{ConnectErrorKind, ConnectOptions, HeaderMap, Subscriber};
+use broker::testing::{DEADLINE, EmbeddedServer};
 use broker::{Auth, Config};
-use common::{DEADLINE, TestServer, start_in_process};
 use futures::{FutureExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-async fn start() -> TestServer {
-    start_in_process(Config::default()).await
+async fn start() -> EmbeddedServer {
+    EmbeddedServer::start(Config::default()).await
 }
 
-async fn client(server: &TestServer) -> async_nats::Client {
+async fn client(server: &EmbeddedServer) -> async_nats::Client {
     async_nats::connect(&server.url).await.unwrap()
 }
 
@@ -228,8 +226,8 @@ async fn no_echo_skips_own_messages() {
     assert_eq!(next_text(&mut sub).await.1, "theirs");
 }
 
-async fn start_with_auth(auth: Auth) -> TestServer {
-    start_in_process(Config {
+async fn start_with_auth(auth: Auth) -> EmbeddedServer {
+    EmbeddedServer::start(Config {
         auth,
         ..Config::default()
     })
@@ -292,7 +290,7 @@ async fn user_pass_auth_refuses_wrong_password() {
 
 #[tokio::test]
 async fn payload_over_max_is_refused() {
-    let server = start_in_process(Config {
+    let server = EmbeddedServer::start(Config {
         max_payload: 1024,
         ..Config::default()
     })
@@ -370,7 +368,7 @@ struct Monitored {
     monitor: SocketAddr,
     client: async_nats::Client,
     _subs: Vec<Subscriber>,
-    _server: TestServer,
+    _server: EmbeddedServer,
 }
 
 async fn monitored() -> Monitored {

@@ -3,14 +3,14 @@
 //! start nats-server. Each test also runs against the real nats-server, which pins what
 //! the tools print.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::Instant;
 
-use common::{DEADLINE, ExternalServer};
+use broker::testing::{
+    DEADLINE, ExternalServer, find_go_binary, nats_server_path, spawn_server_binary,
+};
 
 /// A running Go tool whose stdout and stderr lines (it logs to stderr) arrive on one
 /// channel; killed by its own pid and reaped on drop.
@@ -23,7 +23,7 @@ struct Tool {
 
 impl Tool {
     fn spawn(name: &str, args: &[&str]) -> Tool {
-        let mut child = Command::new(common::go_tool(name))
+        let mut child = Command::new(find_go_binary(name))
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -102,11 +102,11 @@ fn run(name: &str, args: &[&str]) -> (ExitStatus, String) {
 }
 
 fn start_ours() -> ExternalServer {
-    common::spawn_binary(env!("CARGO_BIN_EXE_broker").as_ref(), &[])
+    spawn_server_binary(env!("CARGO_BIN_EXE_broker").as_ref(), &[])
 }
 
 fn start_nats_server() -> ExternalServer {
-    common::spawn_binary(&common::nats_server_path(), &[])
+    spawn_server_binary(&nats_server_path(), &[])
 }
 
 /// For each check, a module with tests `ours` (our broker binary) and `nats_server`.

@@ -8,8 +8,9 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use broker::testing::{DEADLINE, EmbeddedServer, ExternalServer};
 use broker::{Auth, Config};
-use common::{Conn, DEADLINE, ExternalServer, Read, TestServer};
+use common::{Conn, Read};
 use tokio::net::TcpSocket;
 
 /// Server settings a check needs, expressed once and rendered both as our `Config` and as
@@ -109,12 +110,12 @@ impl Setup {
     }
 }
 
-async fn start_ours(setup: Setup) -> TestServer {
-    common::start_in_process(setup.config()).await
+async fn start_ours(setup: Setup) -> EmbeddedServer {
+    EmbeddedServer::start(setup.config()).await
 }
 
 fn start_nats_server(setup: Setup) -> ExternalServer {
-    common::spawn_nats_server(&setup.nats_server_conf())
+    broker::testing::spawn_nats_server_with_config(&setup.nats_server_conf())
 }
 
 /// For each `check => setup`, a module `check` with tests `ours` and `nats_server`.

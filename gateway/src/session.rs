@@ -330,13 +330,7 @@ impl Session {
     }
 
     fn is_serial(&self, req: &client::Request) -> bool {
-        self.serial
-            || self
-                .gate
-                .config
-                .serial_routes
-                .iter()
-                .any(|r| *r == req.route)
+        self.serial || self.gate.config.serial_routes.contains(&req.route)
     }
 
     /// Holds a serial request until the one before it is answered.

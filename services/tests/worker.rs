@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use common::{Bus, Requester, blocking_service, call, rpc, within};
+use common::{Bus, BusExt, Requester, blocking_service, call, rpc, within};
 use proto::Message;
 use proto::code;
 use proto::echo::{EchoRequest, EchoResponse};
@@ -14,29 +14,7 @@ use proto::rpc::effect;
 use services::{Context, FrameConfig, HandlerError, Service, WorkerConfig, echo};
 use tokio::sync::mpsc;
 
-/// Runs each named test against both buses.
-macro_rules! on_both_buses {
-    ($($test:ident),* $(,)?) => {
-        mod embedded {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test(super::Bus::embedded().await).await;
-                }
-            )*
-        }
-        mod nats_server {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test(super::Bus::nats_server()).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_buses!(
+broker::on_both_buses!(
     echo_answers_with_the_same_body,
     raw_echo_returns_the_bytes_unchanged,
     unknown_method_is_404,

@@ -1,16 +1,14 @@
-//! Harness for the worker's integration tests: a bus (our embedded broker in-process on
-//! port 0, or the real nats-server as a child process on a random port), workers started
-//! the way `main` starts them, and calls with a deadline on every wait.
+//! Harness for the worker's integration tests, on top of the workspace's shared one
+//! (`broker::testing`: the bus, our embedded broker or the real nats-server): workers
+//! started the way `main` starts them, gate-like requesters, a handler the test can hold,
+//! and calls with a deadline on every wait.
 
 #![allow(dead_code)] // each test file uses a different part of the harness
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc as std_mpsc;
-use std::time::{Duration, Instant};
 
 use async_nats::Client;
+pub use broker::testing::{Bus, DEADLINE, within};
 use bytes::Bytes;
 use futures::StreamExt;
 use proto::Message;
@@ -20,95 +18,22 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// How long any single wait in a test may take before the test fails.
-pub const DEADLINE: Duration = Duration::from_secs(10);
-
-/// A running broker; stopped when dropped.
-pub enum Bus {
-    Embedded {
-        url: String,
-        shutdown: CancellationToken,
-    },
-    NatsServer {
-        url: String,
-        child: Child,
-    },
-}
-
-impl Bus {
-    /// Our broker, on the test's runtime, on 127.0.0.1:0.
-    pub async fn embedded() -> Bus {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = broker::Server::new(broker::Config::default());
-        let shutdown = CancellationToken::new();
-        let token = shutdown.clone();
-        tokio::spawn(async move { server.run(listener, token).await });
-        Bus::Embedded {
-            url: format!("nats://{addr}"),
-            shutdown,
-        }
-    }
-
-    /// The real nats-server, started as client test suites do: `-a 127.0.0.1 -p -1`, then
-    /// read the port from its log and wait for `Server is ready`, within [`DEADLINE`].
-    pub fn nats_server() -> Bus {
-        let path = nats_server_path();
-        let mut child = Command::new(&path)
-            .args(["-a", "127.0.0.1", "-p", "-1"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", path.display()));
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std_mpsc::channel::<String>();
-        std::thread::spawn(move || {
-            // Keep draining after startup so the server never blocks on a full pipe.
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + DEADLINE;
-        let mut log = Vec::new();
-        let mut addr = None;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let Ok(line) = rx.recv_timeout(left) else {
-                let _ = child.kill();
-                panic!("nats-server did not become ready:\n{}", log.join("\n"));
-            };
-            if let Some((_, rest)) = line.split_once("Listening for client connections on ") {
-                addr = Some(rest.trim().to_owned());
-            }
-            let ready = line.contains("Server is ready");
-            log.push(line);
-            if ready {
-                break;
-            }
-        }
-        let addr = addr.unwrap_or_else(|| panic!("no client port in:\n{}", log.join("\n")));
-        Bus::NatsServer {
-            url: format!("nats://{addr}"),
-            child,
-        }
-    }
-
-    pub fn url(&self) -> &str {
-        match self {
-            Bus::Embedded { url, .. } | Bus::NatsServer { url, .. } => url,
-        }
-    }
-
+/// What these tests need of a [`Bus`] beyond its URL.
+pub trait BusExt {
     /// A plain client, as a gate would hold.
-    pub async fn client(&self) -> Client {
-        within(async_nats::connect(self.url())).await.unwrap()
-    }
+    async fn client(&self) -> Client;
 
     /// Subscribes `service` as a worker (returning once the broker has the subscription)
     /// and runs it on a task.
-    pub async fn worker(&self, service: Service, config: WorkerConfig) -> RunningWorker {
+    async fn worker(&self, service: Service, config: WorkerConfig) -> RunningWorker;
+}
+
+impl BusExt for Bus {
+    async fn client(&self) -> Client {
+        within(async_nats::connect(self.url())).await.unwrap()
+    }
+
+    async fn worker(&self, service: Service, config: WorkerConfig) -> RunningWorker {
         let name = format!("test-worker-{}", service.name());
         let client = services::connect(&[self.url().to_owned()], &name)
             .await
@@ -120,45 +45,6 @@ impl Bus {
         let handle = tokio::spawn(worker.run(shutdown.clone()));
         RunningWorker { shutdown, handle }
     }
-}
-
-impl Drop for Bus {
-    fn drop(&mut self) {
-        match self {
-            Bus::Embedded { shutdown, .. } => shutdown.cancel(),
-            Bus::NatsServer { child, .. } => {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-    }
-}
-
-/// The real nats-server: on PATH, else in `$(go env GOPATH)/bin`.
-fn nats_server_path() -> PathBuf {
-    if let Some(paths) = std::env::var_os("PATH") {
-        for dir in std::env::split_paths(&paths) {
-            let candidate = dir.join("nats-server");
-            if candidate.is_file() {
-                return candidate;
-            }
-        }
-    }
-    let gopath = Command::new("go")
-        .args(["env", "GOPATH"])
-        .output()
-        .ok()
-        .filter(|out| out.status.success())
-        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-        .unwrap_or_default();
-    let first = std::env::split_paths(&gopath).next().unwrap_or_default();
-    let candidate = first.join("bin").join("nats-server");
-    assert!(
-        candidate.is_file(),
-        "nats-server not found on PATH or in $(go env GOPATH)/bin; install it with \
-         `go install github.com/nats-io/nats-server/v2@latest`"
-    );
-    candidate
 }
 
 /// A worker serving on a task.
@@ -184,13 +70,6 @@ impl Drop for RunningWorker {
     fn drop(&mut self) {
         self.shutdown.cancel();
     }
-}
-
-/// Awaits `future`, failing the test after [`DEADLINE`].
-pub async fn within<F: std::future::Future>(future: F) -> F::Output {
-    tokio::time::timeout(DEADLINE, future)
-        .await
-        .expect("timed out waiting")
 }
 
 /// A request with `body`, from a made-up session.

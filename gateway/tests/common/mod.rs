@@ -1,0 +1,240 @@
+//! Harness for the gate's end-to-end tests, on top of the workspace's shared one
+//! (`broker::testing`: the bus, our embedded broker or the real nats-server): a gate
+//! served in-process on port 0, workers started the way `main` starts them, services
+//! whose handlers the test holds and releases, and a bystander session that must notice
+//! nothing of what other sessions do.
+//!
+//! [`raw`] is a WebSocket client without the SDK's manners, for bad input and exact
+//! frame order; [`proxy`] puts a worker's bus connection behind a TCP hop the test can
+//! cut, which is how a worker dies abruptly.
+
+#![allow(dead_code)] // not every test uses every helper
+
+pub mod proxy;
+pub mod raw;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc as std_mpsc;
+
+pub use broker::testing::{Bus, DEADLINE, within};
+use gateway::sdk::{Client, ClientOptions};
+use gateway::{AnyToken, Gate, GateConfig, TokenCheck};
+use proto::code;
+use services::{FrameConfig, Service, Worker, WorkerConfig};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use raw::RawClient;
+
+/// A gate serving WebSockets on 127.0.0.1:0 on the test's runtime; shut down when
+/// dropped.
+pub struct TestGate {
+    pub gate: Gate,
+    /// `ws://127.0.0.1:PORT`
+    pub url: String,
+    pub addr: SocketAddr,
+    shutdown: CancellationToken,
+    run: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl TestGate {
+    /// A gate accepting any token.
+    pub async fn start(bus: &Bus, config: GateConfig) -> TestGate {
+        TestGate::start_with_tokens(bus, config, Arc::new(AnyToken)).await
+    }
+
+    /// A gate whose handshakes `tokens` decides.
+    pub async fn start_with_tokens(
+        bus: &Bus,
+        config: GateConfig,
+        tokens: Arc<dyn TokenCheck>,
+    ) -> TestGate {
+        let nats = within(async_nats::connect(bus.url())).await.unwrap();
+        let gate = within(Gate::new(nats, config, tokens)).await.unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let (serving, token) = (gate.clone(), shutdown.clone());
+        let run = tokio::spawn(async move { serving.run(listener, token).await });
+        TestGate {
+            gate,
+            url: format!("ws://{addr}"),
+            addr,
+            shutdown,
+            run: Some(run),
+        }
+    }
+
+    /// An SDK client with default options.
+    pub async fn client(&self) -> Client {
+        self.client_with(ClientOptions::default()).await
+    }
+
+    pub async fn client_with(&self, options: ClientOptions) -> Client {
+        within(Client::connect(&self.url, options)).await.unwrap()
+    }
+
+    /// A raw client that has completed a binary handshake.
+    pub async fn raw(&self) -> RawClient {
+        RawClient::handshaken(&self.url).await
+    }
+
+    /// Starts shutting the gate down, as SIGTERM would in `main`.
+    pub fn begin_shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Waits for [`Gate::run`] to return, and checks it returned `Ok`.
+    pub async fn stopped(&mut self) {
+        let run = self.run.take().expect("the gate is already stopped");
+        within(run).await.unwrap().unwrap();
+    }
+}
+
+impl Drop for TestGate {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// A gate configuration with `f` applied to the defaults.
+pub fn gate_config(f: impl FnOnce(&mut GateConfig)) -> GateConfig {
+    let mut config = GateConfig::default();
+    f(&mut config);
+    config
+}
+
+/// A worker serving on a task; stopped (gracefully) when dropped.
+pub struct TestWorker {
+    shutdown: CancellationToken,
+    handle: JoinHandle<Result<(), services::WorkerError>>,
+}
+
+impl Drop for TestWorker {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Connects to the bus at `url`, subscribes `service` (returning once the broker has
+/// the subscription, so requests sent next reach it) and runs it on a task.
+pub async fn start_worker(url: &str, service: Service, frames: FrameConfig) -> TestWorker {
+    let name = format!("test-worker-{}", service.name());
+    let client = services::connect(&[url.to_owned()], &name).await.unwrap();
+    let config = WorkerConfig {
+        frames,
+        ..WorkerConfig::default()
+    };
+    let worker = within(Worker::subscribe(client, service, config))
+        .await
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let handle = tokio::spawn(worker.run(shutdown.clone()));
+    TestWorker { shutdown, handle }
+}
+
+/// The built-in echo service as one worker on `bus`.
+pub async fn echo_worker(bus: &Bus) -> TestWorker {
+    start_worker(bus.url(), services::echo::service(), FrameConfig::default()).await
+}
+
+/// Frame limits with a queue of `queue_capacity`.
+pub fn queue_of(queue_capacity: usize) -> FrameConfig {
+    FrameConfig {
+        queue_capacity,
+        ..FrameConfig::default()
+    }
+}
+
+/// An echo service (`echo.raw`) that counts what it handled in `handled`, so a test
+/// can tell which worker of a group served how much.
+pub fn counting_echo(handled: Arc<AtomicUsize>) -> Service {
+    Service::new("echo").raw_method("raw", move |_ctx, body| {
+        handled.fetch_add(1, Ordering::Relaxed);
+        Ok(body)
+    })
+}
+
+/// Services whose `hold` method tells the test it started, then holds its worker's
+/// frame loop until the test releases it; `who` answers at once with the worker's tag.
+/// Lets a test park a request inside a handler, and queue others behind it, without
+/// timing anything. Dropping the `Holds` releases every held handler.
+pub struct Holds {
+    started_tx: mpsc::Sender<String>,
+    started: mpsc::Receiver<String>,
+    releases: HashMap<String, std_mpsc::Sender<()>>,
+}
+
+impl Default for Holds {
+    fn default() -> Holds {
+        let (started_tx, started) = mpsc::channel(64);
+        Holds {
+            started_tx,
+            started,
+            releases: HashMap::new(),
+        }
+    }
+}
+
+impl Holds {
+    /// Service `name` for the worker tagged `tag` (unique per worker).
+    pub fn service(&mut self, name: &str, tag: &str) -> Service {
+        let (release, release_rx) = std_mpsc::channel::<()>();
+        self.releases.insert(tag.to_owned(), release);
+        let started = self.started_tx.clone();
+        let (hold_tag, who_tag) = (tag.to_owned(), tag.to_owned());
+        Service::new(name)
+            .raw_method("hold", move |_ctx, body| {
+                let _ = started.try_send(hold_tag.clone());
+                // Released by the test, or by its end (the sender is dropped).
+                let _ = release_rx.recv_timeout(DEADLINE);
+                Ok(body)
+            })
+            .raw_method("who", move |_ctx, _body| Ok(who_tag.clone().into()))
+    }
+
+    /// Waits until a `hold` request is inside its handler; returns that worker's tag.
+    pub async fn started(&mut self) -> String {
+        within(self.started.recv()).await.unwrap()
+    }
+
+    /// Lets one held request of worker `tag` finish.
+    pub fn release(&self, tag: &str) {
+        self.releases[tag].send(()).unwrap();
+    }
+}
+
+/// A second session that must notice nothing of what another session does: each
+/// check is one `echo.raw` round trip that must come back 200 with its own body.
+pub struct Bystander {
+    client: Client,
+    checks: u32,
+}
+
+impl Bystander {
+    /// Connects to `gate`; needs an echo worker on the gate's bus.
+    pub async fn join(gate: &TestGate) -> Bystander {
+        let mut bystander = Bystander {
+            client: gate.client().await,
+            checks: 0,
+        };
+        bystander.still_served().await;
+        bystander
+    }
+
+    pub async fn still_served(&mut self) {
+        self.checks += 1;
+        let body = format!("bystander check {}", self.checks);
+        let response = within(self.client.request("echo.raw", &body))
+            .await
+            .unwrap_or_else(|e| panic!("bystander check {}: {e}", self.checks));
+        assert_eq!(response.code, code::OK, "bystander: {response:?}");
+        assert_eq!(response.body, body.as_bytes(), "bystander got another body");
+        assert!(!self.client.is_closed(), "the bystander was closed");
+    }
+}

@@ -1,0 +1,132 @@
+//! A WebSocket client without the SDK: it sends exactly the frames a test writes, in
+//! that order (garbage, JSON, requests before the handshake, oversized frames), and
+//! reports every frame the gate sends back, close frames included, with a deadline on
+//! each read.
+
+use futures::{SinkExt, StreamExt};
+use proto::Message as _;
+use proto::client::{Handshake, HandshakeAck, Packet, Request, Response, packet::Kind};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use super::within;
+
+/// What the gate sent next.
+#[derive(Debug)]
+pub enum Frame {
+    /// A binary frame, decoded.
+    Packet(Packet),
+    /// A text frame, as sent.
+    Text(String),
+    /// A close frame: its code and reason.
+    Close(u16, String),
+    /// The connection ended without (another) close frame.
+    Ended,
+}
+
+pub struct RawClient {
+    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+}
+
+impl RawClient {
+    /// Opens the WebSocket only: no Shaddock handshake yet.
+    pub async fn connect(url: &str) -> RawClient {
+        let (ws, _) = within(tokio_tungstenite::connect_async(url)).await.unwrap();
+        RawClient { ws }
+    }
+
+    /// Opens the WebSocket and completes a binary handshake, which must be accepted.
+    pub async fn handshaken(url: &str) -> RawClient {
+        let mut client = RawClient::connect(url).await;
+        let ack = client.handshake(Handshake::default()).await;
+        assert_eq!(ack.code, proto::code::OK, "{ack:?}");
+        client
+    }
+
+    /// Sends `handshake` in a binary frame and returns the gate's answer.
+    pub async fn handshake(&mut self, handshake: Handshake) -> HandshakeAck {
+        self.send_packet(Kind::Handshake(handshake)).await;
+        match self.next_packet().await.kind {
+            Some(Kind::HandshakeAck(ack)) => ack,
+            other => panic!("expected a handshake ack, got {other:?}"),
+        }
+    }
+
+    pub async fn send(&mut self, message: Message) {
+        within(self.ws.send(message)).await.unwrap();
+    }
+
+    pub async fn send_packet(&mut self, kind: Kind) {
+        let bytes = Packet::new(kind).encode_to_vec();
+        self.send(Message::binary(bytes)).await;
+    }
+
+    /// Sends request `id` (0: a notify) in a binary frame.
+    pub async fn request(&mut self, id: u64, route: &str, body: &str) {
+        let request = Request {
+            id,
+            route: route.to_owned(),
+            body: body.to_owned().into(),
+        };
+        self.send_packet(Kind::Request(request)).await;
+    }
+
+    /// The next frame from the gate (pings and pongs skipped).
+    pub async fn next_frame(&mut self) -> Frame {
+        loop {
+            let message = match within(self.ws.next()).await {
+                None | Some(Err(_)) => return Frame::Ended,
+                Some(Ok(message)) => message,
+            };
+            return match message {
+                Message::Binary(bytes) => Frame::Packet(Packet::decode(bytes).unwrap()),
+                Message::Text(text) => Frame::Text(text.as_str().to_owned()),
+                Message::Close(Some(close)) => {
+                    Frame::Close(u16::from(close.code), close.reason.as_str().to_owned())
+                }
+                Message::Close(None) => Frame::Close(1005, String::new()),
+                Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => continue,
+            };
+        }
+    }
+
+    /// The next frame, which must be a binary packet.
+    pub async fn next_packet(&mut self) -> Packet {
+        match self.next_frame().await {
+            Frame::Packet(packet) => packet,
+            other => panic!("expected a packet, got {other:?}"),
+        }
+    }
+
+    /// The next frame, which must be a response.
+    pub async fn response(&mut self) -> Response {
+        match self.next_packet().await.kind {
+            Some(Kind::Response(response)) => response,
+            other => panic!("expected a response, got {other:?}"),
+        }
+    }
+
+    /// The next frame, which must be a text frame.
+    pub async fn next_text(&mut self) -> String {
+        match self.next_frame().await {
+            Frame::Text(text) => text,
+            other => panic!("expected a text frame, got {other:?}"),
+        }
+    }
+
+    /// The next frame must be a close frame with `code` and `reason`, and then the
+    /// connection must end.
+    pub async fn expect_close(&mut self, code: u16, reason: &str) {
+        match self.next_frame().await {
+            Frame::Close(got_code, got_reason) => {
+                assert_eq!((got_code, got_reason.as_str()), (code, reason));
+            }
+            other => panic!("expected close {code} {reason:?}, got {other:?}"),
+        }
+        match self.next_frame().await {
+            Frame::Ended => {}
+            other => panic!("expected the connection to end after the close, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,578 @@
+//! The gate end to end on real sockets: WebSocket clients (the SDK, and a raw client
+//! for bad input), a gate served in-process on port 0, workers on the bus. Every check
+//! runs twice, `embedded::<check>` on our broker and `nats_server::<check>` on the real
+//! nats-server, since a gate fleet may run on either.
+//!
+//! Nothing sleeps: handlers are held and released through channels, and every wait has
+//! a deadline.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::proxy::Proxy;
+use common::raw::RawClient;
+use common::{
+    Bus, Bystander, Holds, TestGate, counting_echo, echo_worker, gate_config, queue_of,
+    start_worker, within,
+};
+use gateway::sdk::{Client, ClientOptions, ErrorKind};
+use gateway::{GateConfig, StaticToken};
+use proto::client::{Handshake, Heartbeat, packet::Kind};
+use proto::code;
+use services::{FrameConfig, Service};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
+
+broker::on_both_buses!(
+    three_echo_workers_answer_every_request_and_share_the_load,
+    killed_worker_costs_only_the_requests_it_held,
+    garbage_binary_frame_closes_with_invalid_packet,
+    invalid_json_text_frame_closes_with_invalid_packet,
+    unknown_route_is_404_at_once,
+    routes_that_would_change_the_subject_are_400,
+    oversized_frame_closes_with_frame_too_large,
+    request_before_handshake_closes_with_handshake_required,
+    too_many_in_flight_is_429,
+    too_fast_is_429,
+    full_worker_queue_gives_fast_503s,
+    slow_handler_gives_408,
+    notify_reaches_the_worker_and_gets_no_response,
+    refused_token_gets_401,
+    silent_client_is_closed_with_heartbeat_missed,
+    server_timing_covers_the_handler_time,
+    shutdown_answers_in_flight_requests_then_kicks,
+    shutdown_answers_503_after_the_grace_period,
+    text_frames_speak_json,
+);
+
+/// WebSocket close codes the gate uses.
+const CLOSE_AWAY: u16 = 1001;
+const CLOSE_INVALID: u16 = 1007;
+const CLOSE_POLICY: u16 = 1008;
+const CLOSE_SIZE: u16 = 1009;
+
+async fn three_echo_workers_answer_every_request_and_share_the_load(bus: Bus) {
+    let handled: Vec<Arc<AtomicUsize>> = (0..3).map(|_| Arc::default()).collect();
+    let mut workers = Vec::new();
+    for count in &handled {
+        let service = counting_echo(count.clone());
+        workers.push(start_worker(bus.url(), service, FrameConfig::default()).await);
+    }
+    let gate = TestGate::start(&bus, GateConfig::default()).await;
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(gate.client().await);
+    }
+
+    let requests = (0..300).map(|i| {
+        let client = clients[i % clients.len()].clone();
+        async move {
+            let body = format!("request {i}");
+            let response = client.request("echo.raw", &body).await.unwrap();
+            (body, response)
+        }
+    });
+    let answers = within(futures::future::join_all(requests)).await;
+
+    for (body, response) in &answers {
+        assert_eq!(response.code, code::OK, "{response:?}");
+        assert_eq!(response.body, body.as_bytes());
+    }
+    let counts: Vec<usize> = handled.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    assert_eq!(counts.iter().sum::<usize>(), 300, "{counts:?}");
+    assert!(
+        counts.iter().all(|&c| c > 0),
+        "a worker got no share: {counts:?}"
+    );
+}
+
+async fn killed_worker_costs_only_the_requests_it_held(bus: Bus) {
+    const BATCH: usize = 30;
+    const TAGS: [&str; 3] = ["w0", "w1", "w2"];
+    let config = gate_config(|c| c.request_timeout = Duration::from_secs(1));
+    let gate = TestGate::start(&bus, config).await;
+    let mut holds = Holds::default();
+    let mut proxies = Vec::new();
+    let mut workers = Vec::new();
+    for tag in TAGS {
+        let proxy = Proxy::start(bus.addr()).await;
+        let service = holds.service("work", tag);
+        workers.push(start_worker(proxy.url(), service, FrameConfig::default()).await);
+        proxies.push(proxy);
+    }
+    let client = gate.client().await;
+    let (answers_tx, mut answers) = mpsc::channel(BATCH + 1);
+    let ask = |route: &'static str| {
+        let (client, answers_tx) = (client.clone(), answers_tx.clone());
+        tokio::spawn(async move {
+            let response = client.request(route, "").await.unwrap();
+            answers_tx.send(response).await.unwrap();
+        });
+    };
+
+    // One request parks inside a handler; which worker took it is the bus's choice.
+    ask("work.hold");
+    let victim_tag = holds.started().await;
+    let victim = TAGS.iter().position(|t| *t == victim_tag).unwrap();
+    // More while it is held: the victim queues its share behind the held one.
+    for _ in 0..BATCH {
+        ask("work.who");
+    }
+    // Wait until each of them is answered by another worker or sits at the victim.
+    let mut early = Vec::new();
+    loop {
+        let deliveries = proxies[victim].deliveries();
+        let at_victim = deliveries.iter().filter(|d| d.subject.ends_with(".who"));
+        if early.len() + at_victim.count() == BATCH {
+            break;
+        }
+        tokio::select! {
+            answer = answers.recv() => early.push(answer.unwrap()),
+            () = proxies[victim].grown() => {}
+        }
+    }
+    for answer in &early {
+        assert_eq!(answer.code, code::OK, "{answer:?}");
+        assert_ne!(
+            answer.body,
+            victim_tag.as_bytes(),
+            "answered by the held worker"
+        );
+    }
+
+    // The victim dies. What the broker gave it dies with it...
+    proxies[victim].cut().await;
+    let held: BTreeSet<u64> = proxies[victim]
+        .deliveries()
+        .iter()
+        .map(|d| request_id(d.reply.as_deref().unwrap()))
+        .collect();
+    assert_eq!(held.len(), BATCH - early.len() + 1, "the held request too");
+    // ...and the gate answers exactly that 408.
+    let mut timed_out = BTreeSet::new();
+    for _ in 0..held.len() {
+        let answer = within(answers.recv()).await.unwrap();
+        assert_eq!(answer.code, code::TIMEOUT, "{answer:?}");
+        timed_out.insert(answer.id);
+    }
+    assert_eq!(timed_out, held);
+
+    // Everything after goes to the survivors.
+    let after = (0..BATCH).map(|_| client.request("work.who", ""));
+    for response in within(futures::future::join_all(after)).await {
+        let response = response.unwrap();
+        assert_eq!(response.code, code::OK, "{response:?}");
+        assert_ne!(response.body, victim_tag.as_bytes());
+    }
+}
+
+/// The request id at the end of a gate reply subject `<prefix>.gw.<gate>.<sid>.<id>`.
+fn request_id(reply: &str) -> u64 {
+    reply.rsplit('.').next().unwrap().parse().unwrap()
+}
+
+async fn garbage_binary_frame_closes_with_invalid_packet(bus: Bus) {
+    let _echo = echo_worker(&bus).await;
+    let gate = TestGate::start(&bus, GateConfig::default()).await;
+    let mut bystander = Bystander::join(&gate).await;
+    let mut raw = gate.raw().await;
+
+    raw.send(Message::binary(vec![0xff; 8])).await;
+    bystander.still_served().await;
+    raw.expect_close(CLOSE_INVALID, "invalid packet").await;
+    bystander.still_served().await;
+}
+
+async fn invalid_json_text_frame_closes_with_invalid_packet(bus: Bus) {
+    let _echo = echo_worker(&bus).await;
+    let gate = TestGate::start(&bus, GateConfig::default()).await;
+    let mut bystander = Bystander::join(&gate).await;
+    let mut raw = RawClient::connect(&gate.url).await;
+    raw.send(Message::text(r#"{"handshake":{}}"#)).await;
+    assert!(raw.next_text().await.contains(r#""code":200"#));
+
+    raw.send(Message::text(r#"{"request":{"id":1,"route":"#))
+        .await;
+    bystander.still_served().await;
+    raw.expect_close(CLOSE_INVALID, "invalid packet").await;
+    bystander.still_served().await;
+}
+
+async fn unknown_route_is_404_at_once(bus: Bus) {
+    let _echo = echo_worker(&bus).await;
+    // The gate's own timeout (5 s) would answer 408: a 404 well before it is the bus
+    // saying "no responders".
+    let gate = TestGate::start(&bus, GateConfig::default()).await;
+    let mut bystander = Bystander::join(&gate).await;
+    let client = gate.client().await;
+
+    let fast = Duration::from_secs(2);
+    let response = client.request_with_timeout("nobody.home", "", fast).await;
+    let response = response.expect("no 404 well before the gate's timeout");
+    assert_eq!(response.code, code::NOT_FOUND, "{response:?}");
+    // A known service without the method: the worker's own 404.
+    let response = client.request("echo.nope", "").await.unwrap();
+    assert_eq!(response.code, code::NOT_FOUND, "{response:?}");
+
+    let response = client.request("echo.raw", "still here").await.unwrap();
+    assert_eq!(response.code, code::OK, "{response:?}");
+    bystander.still_served().await;
+}
+
+async fn routes_that_would_change_the_subject_are_400(bus: Bus) {
+    let _echo = echo_worker(&bus).await;
+    let gate = TestGate::start(&bus, GateConfig::default()).await;
+    let mut bystander = Bystander::join(&gate).await;
+    let client = gate.client().await;
+
+    for route in [
+        "echo.*",
+        "*.raw",
+        "echo.>",
+        ">",
+        "echo.a b",
+        " echo.raw",
+        "echo.raw.x",
+        "echo..raw",
+        "Echo.raw",
+        "echo",
+        "",
+    ] {
+        let response = client.request(route, "x").await.unwrap();
+        assert_eq!(response.code, code::BAD_REQUEST, "{route:?}: {response:?}");
+        assert!(!response.message.is_empty(), "{route:?}: no reason given");
+        bystander.still_served().await;
+    }
+    let response = client.request("echo.raw", "still here").await.unwrap();
+    assert_eq!(response.code, code::OK, "{response:?}");
+}
+
+async fn oversized_frame_closes_with_frame_too_large(bus: Bus) {
+    let _echo = echo_worker(&bus).await;
+    let gate = TestGate::start(&bus, gate_config(|c| c.max_frame = 1024)).await;
+    let mut bystander = Bystander::join(&gate).await;
+    let mut raw = gate.raw().await;
+
+    raw.request(1, "echo.raw", &"x".repeat(4096)).await;
+    bystander.still_served().await;
+    raw.expect_close(CLOSE_SIZE, "frame too large").await;
+    bystander.still_served().await;
+}
+
+async fn request_before_handshake_closes_with_handshake_required(bus: Bus) {
+    let _echo = echo_worker(&bus).await;
+    let gate = TestGate::start(&bus, GateConfig::default()).await;
+    let mut bystander = Bystander::join(&gate).await;
+    let mut raw = RawClient::connect(&gate.url).await;
+
+    raw.request(1, "echo.raw", "too soon").await;
+    bystander.still_served().await;
+    raw.expect_close(CLOSE_POLICY, "handshake required").await;
+    bystander.still_served().await;
+}
+
+async fn too_many_in_flight_is_429(bus: Bus) {
+    let mut holds = Holds::default();
+    let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
+    let _echo = echo_worker(&bus).await;
+    let gate = TestGate::start(&bus, gate_config(|c| c.max_in_flight = 2)).await;
+    let mut bystander = Bystander::join(&gate).await;
+    let mut raw = gate.raw().await;
+
+    raw.request(1, "park.hold", "").await;
+    holds.started().await;
+    raw.request(2, "park.who", "").await; // queued behind it: two in flight
+    raw.request(3, "park.who", "").await; // one too many
+    let response = raw.response().await;
+    assert_eq!((response.id, response.code), (3, code::RATE_LIMITED));
+    // The limit is per session.
+    bystander.still_served().await;
+
+    holds.release("p");
+    let mut done = [raw.response().await, raw.response().await].map(|r| (r.id, r.code));
+    done.sort();
+    assert_eq!(done, [(1, code::OK), (2, code::OK)]);
+    raw.request(4, "park.who", "").await;
+    let response = raw.response().await;
+    assert_eq!((response.id, response.code), (4, code::OK));
+    bystander.still_served().await;
+}
+
+async fn too_fast_is_429(bus: Bus) {
+    const BURST: u64 = 4;
+    let _echo = echo_worker(&bus).await;
+    let config = gate_config(|c| {
+        c.rate = 1;
+        c.burst = BURST as u32;
+    });
+    let gate = TestGate::start(&bus, config).await;
+    // Each session has its own bucket; the bystander spends three of its four tokens.
+    let mut bystander = Bystander::join(&gate).await;
+    let mut raw = gate.raw().await;
+
+    for id in 1..=3 * BURST {
+        raw.request(id, "echo.raw", "quick").await;
+    }
+    let mut codes = BTreeMap::new();
+    for _ in 1..=3 * BURST {
+        let response = raw.response().await;
+        codes.insert(response.id, response.code);
+    }
+    bystander.still_served().await;
+
+    for id in 1..=BURST {
+        assert_eq!(codes[&id], code::OK, "the burst is allowed: {codes:?}");
+    }
+    let limited = codes.values().filter(|&&c| c == code::RATE_LIMITED).count();
+    assert!(limited as u64 >= 2 * BURST - 1, "{codes:?}");
+    assert!(
+        codes
+            .values()
+            .all(|&c| c == code::OK || c == code::RATE_LIMITED)
+    );
+    bystander.still_served().await;
+}
+
+async fn full_worker_queue_gives_fast_503s(bus: Bus) {
+    let mut holds = Holds::default();
+    let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(1)).await;
+    // The gate would answer 408 only after 5 s: 503s while the handler is still held
+    // are the worker refusing at once.
+    let gate = TestGate::start(&bus, GateConfig::default()).await;
+    let mut raw = gate.raw().await;
+
+    raw.request(1, "park.hold", "").await;
+    holds.started().await;
+    for id in 2..=5 {
+        raw.request(id, "park.who", "").await;
+    }
+    // Request 2 fills the queue of one; 3, 4 and 5 find it full.
+    let mut refused = BTreeMap::new();
+    for _ in 3..=5 {
+        let response = raw.response().await;
+        refused.insert(response.id, response.code);
+    }
+    assert_eq!(refused, BTreeMap::from([(3, 503), (4, 503), (5, 503)]));
+
+    holds.release("p");
+    let mut done = [raw.response().await, raw.response().await].map(|r| (r.id, r.code));
+    done.sort();
+    assert_eq!(done, [(1, code::OK), (2, code::OK)]);
+}
+
+async fn slow_handler_gives_408(bus: Bus) {
+    let mut holds = Holds::default();
+    let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
+    let config = gate_config(|c| c.request_timeout = Duration::from_millis(300));
+    let gate = TestGate::start(&bus, config).await;
+    let client = gate.client().await;
+
+    let slow = tokio::spawn({
+        let client = client.clone();
+        async move { client.request("park.hold", "").await }
+    });
+    holds.started().await;
+    // Answered while the handler still holds it.
+    let response = within(slow).await.unwrap().unwrap();
+    assert_eq!(response.code, code::TIMEOUT, "{response:?}");
+
+    // The late answer is dropped, and the session goes on.
+    holds.release("p");
+    let response = client.request("park.who", "").await.unwrap();
+    assert_eq!((response.code, &response.body[..]), (code::OK, &b"p"[..]));
+}
+
+async fn notify_reaches_the_worker_and_gets_no_response(bus: Bus) {
+    let (notes_tx, mut notes) = mpsc::channel::<Bytes>(8);
+    let service = Service::new("rec").raw_method("note", move |_ctx, body| {
+        let _ = notes_tx.try_send(body);
+        Ok(Bytes::from_static(b"noted"))
+    });
+    let _rec = start_worker(bus.url(), service, FrameConfig::default()).await;
+    let gate = TestGate::start(&bus, GateConfig::default()).await;
+
+    let client = gate.client().await;
+    client.notify("rec.note", "from the sdk").await.unwrap();
+    assert_eq!(within(notes.recv()).await.unwrap(), "from the sdk");
+
+    let mut raw = gate.raw().await;
+    raw.request(0, "rec.note", "n1").await;
+    // Not even an error is answered to a notify.
+    raw.request(0, "rec.*", "bad route").await;
+    raw.request(0, "rec", "no method").await;
+    raw.request(0, "nobody.note", "no worker").await;
+    assert_eq!(within(notes.recv()).await.unwrap(), "n1");
+    raw.request(7, "rec.note", "n2").await;
+    assert_eq!(within(notes.recv()).await.unwrap(), "n2");
+    // So the first frame back answers request 7.
+    let response = raw.response().await;
+    assert_eq!(
+        (response.id, response.code, &response.body[..]),
+        (7, code::OK, &b"noted"[..])
+    );
+}
+
+async fn refused_token_gets_401(bus: Bus) {
+    let _echo = echo_worker(&bus).await;
+    let tokens = Arc::new(StaticToken("s3cret".into()));
+    let gate = TestGate::start_with_tokens(&bus, GateConfig::default(), tokens).await;
+    let with_token = |token: &str| ClientOptions {
+        token: token.into(),
+        ..ClientOptions::default()
+    };
+
+    let refused = Client::connect(&gate.url, with_token("guess")).await;
+    let error = refused.expect_err("a wrong token must be refused");
+    assert_eq!(error.kind(), &ErrorKind::Handshake { code: 401 });
+    let mut raw = RawClient::connect(&gate.url).await;
+    let ack = raw
+        .handshake(Handshake {
+            token: "guess".into(),
+            ..Handshake::default()
+        })
+        .await;
+    assert_eq!(ack.code, code::UNAUTHORIZED);
+    raw.expect_close(CLOSE_POLICY, "unauthorized").await;
+
+    let client = gate.client_with(with_token("s3cret")).await;
+    let response = client.request("echo.raw", "let in").await.unwrap();
+    assert_eq!(response.code, code::OK, "{response:?}");
+}
+
+async fn silent_client_is_closed_with_heartbeat_missed(bus: Bus) {
+    let _echo = echo_worker(&bus).await;
+    let config = gate_config(|c| c.heartbeat = Duration::from_millis(200));
+    let gate = TestGate::start(&bus, config).await;
+    // Idle as long as the raw client below, but the SDK sends heartbeats.
+    let mut bystander = Bystander::join(&gate).await;
+    let mut raw = RawClient::connect(&gate.url).await;
+    let ack = raw.handshake(Handshake::default()).await;
+    assert_eq!(ack.heartbeat_ms, 200);
+
+    raw.send_packet(Kind::Heartbeat(Heartbeat {})).await;
+    let answer = raw.next_packet().await;
+    assert!(
+        matches!(answer.kind, Some(Kind::Heartbeat(_))),
+        "{answer:?}"
+    );
+    // Then silence.
+    raw.expect_close(CLOSE_POLICY, "heartbeat missed").await;
+    bystander.still_served().await;
+}
+
+async fn server_timing_covers_the_handler_time(bus: Bus) {
+    let mut holds = Holds::default();
+    let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
+    let _echo = echo_worker(&bus).await;
+    let gate = TestGate::start(&bus, GateConfig::default()).await;
+    let timed = gate
+        .client_with(ClientOptions {
+            server_timing: true,
+            ..ClientOptions::default()
+        })
+        .await;
+    let mut untimed = Bystander::join(&gate).await;
+
+    let held = tokio::spawn({
+        let timed = timed.clone();
+        async move { timed.request("park.hold", "").await }
+    });
+    holds.started().await;
+    // The handler is held for at least a whole round trip through the gate.
+    untimed.still_served().await;
+    holds.release("p");
+    let response = within(held).await.unwrap().unwrap();
+
+    assert_eq!(response.code, code::OK, "{response:?}");
+    let timing = response.timing.expect("the handshake asked for timing");
+    assert!(timing.handler_us > 0, "{timing:?}");
+    assert!(
+        timing.total_us >= timing.handler_us + timing.queue_us,
+        "{timing:?}"
+    );
+    let plain = gate.client().await;
+    let response = plain.request("echo.raw", "x").await.unwrap();
+    assert_eq!(response.timing, None, "timing nobody asked for");
+}
+
+async fn shutdown_answers_in_flight_requests_then_kicks(bus: Bus) {
+    let mut holds = Holds::default();
+    let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
+    let mut gate = TestGate::start(&bus, GateConfig::default()).await;
+    let client = gate.client().await;
+    let mut idle = gate.raw().await;
+    let held = tokio::spawn({
+        let client = client.clone();
+        async move { client.request("park.hold", "").await }
+    });
+    holds.started().await;
+
+    gate.begin_shutdown();
+    // A session with nothing in flight is told why at once: the gate is draining.
+    let kick = idle.next_packet().await;
+    assert!(
+        matches!(&kick.kind, Some(Kind::Kick(k)) if k.reason == "gate shutting down"),
+        "{kick:?}"
+    );
+    idle.expect_close(CLOSE_AWAY, "gate shutting down").await;
+    // The request in flight still gets its worker's answer, and then the kick.
+    holds.release("p");
+    let response = within(held).await.unwrap().unwrap();
+    assert_eq!(response.code, code::OK, "{response:?}");
+    assert_eq!(within(client.closed()).await, "gate shutting down");
+
+    gate.stopped().await;
+    let late = Client::connect(&gate.url, ClientOptions::default()).await;
+    assert_eq!(late.unwrap_err().kind(), &ErrorKind::Connect);
+}
+
+async fn shutdown_answers_503_after_the_grace_period(bus: Bus) {
+    let mut holds = Holds::default();
+    let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
+    let config = gate_config(|c| c.shutdown_grace = Duration::from_millis(200));
+    let mut gate = TestGate::start(&bus, config).await;
+    let client = gate.client().await;
+    let held = tokio::spawn({
+        let client = client.clone();
+        async move { client.request("park.hold", "").await }
+    });
+    holds.started().await;
+
+    gate.begin_shutdown();
+    let response = within(held).await.unwrap().unwrap();
+    assert_eq!(response.code, code::OVERLOADED, "{response:?}");
+    assert_eq!(response.message, "gate shutting down");
+    assert_eq!(within(client.closed()).await, "gate shutting down");
+    gate.stopped().await;
+}
+
+async fn text_frames_speak_json(bus: Bus) {
+    let _echo = echo_worker(&bus).await;
+    let gate = TestGate::start(&bus, GateConfig::default()).await;
+    let mut raw = RawClient::connect(&gate.url).await;
+    let json = |text: String| serde_json::from_str::<serde_json::Value>(&text).unwrap();
+
+    raw.send(Message::text(r#"{"handshake":{}}"#)).await;
+    let ack = json(raw.next_text().await);
+    assert_eq!(ack["handshake_ack"]["code"], 200, "{ack}");
+
+    raw.send(Message::text(
+        r#"{"request":{"id":1,"route":"echo.raw","body":"hi"}}"#,
+    ))
+    .await;
+    let response = json(raw.next_text().await);
+    assert_eq!(response["response"]["id"], 1, "{response}");
+    assert_eq!(response["response"]["code"], 200, "{response}");
+    assert_eq!(response["response"]["body"], "hi", "{response}");
+
+    raw.send(Message::text(r#"{"request":{"id":2,"route":"echo.*"}}"#))
+        .await;
+    let response = json(raw.next_text().await);
+    assert_eq!(response["response"]["id"], 2, "{response}");
+    assert_eq!(response["response"]["code"], 400, "{response}");
+}
