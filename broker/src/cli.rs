@@ -153,6 +153,18 @@ pub struct BrokerArgs {
     #[arg(env = "SHADDOCK_BROKER_MAX_PENDING")]
     pub max_pending: Option<usize>,
 
+    /// Outbound bytes queued for one client past which its publishers pause until it
+    /// drains (flow control; default: 4MB, at most half of max_pending).
+    #[arg(long = "flow_control_pending", value_name = "SIZE", value_parser = parse_size)]
+    #[arg(env = "SHADDOCK_BROKER_FLOW_CONTROL_PENDING")]
+    pub flow_control_pending: Option<usize>,
+
+    /// How long publishers wait for a backlogged client that makes no progress before
+    /// they go on without it (default: 250ms).
+    #[arg(long = "stall_window", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(env = "SHADDOCK_BROKER_STALL_WINDOW")]
+    pub stall_window: Option<Duration>,
+
     /// Subscriptions one client may hold; 0 is unlimited (default: 0).
     #[arg(long = "max_subscriptions", value_name = "N")]
     #[arg(env = "SHADDOCK_BROKER_MAX_SUBSCRIPTIONS")]
@@ -237,6 +249,10 @@ impl BrokerArgs {
                 .max_pending
                 .or(file.max_pending)
                 .unwrap_or(defaults.max_pending),
+            flow_control_pending: self
+                .flow_control_pending
+                .unwrap_or(defaults.flow_control_pending),
+            stall_window: self.stall_window.unwrap_or(defaults.stall_window),
             max_connections: (self.max_connections.or(file.max_connections))
                 .unwrap_or(defaults.max_connections),
             max_subscriptions: (self.max_subscriptions.or(file.max_subscriptions))
@@ -306,6 +322,7 @@ fn validate(config: &Config) -> anyhow::Result<()> {
         ("max_payload", config.max_payload),
         ("max_control_line", config.max_control_line),
         ("max_pending", config.max_pending),
+        ("flow_control_pending", config.flow_control_pending),
         ("max_connections", config.max_connections),
     ];
     for (name, value) in positive {

@@ -68,6 +68,8 @@ struct Outbound {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Delivery {
     Queued,
+    /// Queued, and the client's backlog is past the flow-control mark.
+    Pressed,
     /// The client is gone or going; try another queue member.
     Closed,
     /// This delivery pushed the client past max_pending: it has just been closed.
@@ -88,7 +90,15 @@ pub(crate) struct ClientShared {
     pings_out: AtomicU32,
     out: Mutex<Outbound>,
     wake: Notify,
+    /// Woken after each write, for publishers waiting on this client's backlog.
+    drained: Notify,
+    /// Bytes written to the socket so far: a waiting publisher's sign of progress.
+    written: AtomicU64,
+    /// A publisher waited a whole stall window without progress: publishers stop
+    /// waiting for this client until its writer makes progress again.
+    stalled: AtomicBool,
     max_pending: usize,
+    flow_control_pending: usize,
 }
 
 /// Locks a mutex whose data stays valid even if a holder panicked.
@@ -101,7 +111,12 @@ fn put_num(buf: &mut BytesMut, n: usize) {
 }
 
 impl ClientShared {
-    pub fn new(cid: u64, addr: SocketAddr, max_pending: usize) -> Self {
+    pub fn new(
+        cid: u64,
+        addr: SocketAddr,
+        max_pending: usize,
+        flow_control_pending: usize,
+    ) -> Self {
         ClientShared {
             cid,
             addr,
@@ -115,7 +130,11 @@ impl ClientShared {
             pings_out: AtomicU32::new(0),
             out: Mutex::default(),
             wake: Notify::new(),
+            drained: Notify::new(),
+            written: AtomicU64::new(0),
+            stalled: AtomicBool::new(false),
             max_pending,
+            flow_control_pending,
         }
     }
 
@@ -199,7 +218,35 @@ impl ClientShared {
         buf.put_slice(b"\r\n");
         out.msgs += 1;
         out.bytes += total as u64;
-        Delivery::Queued
+        if out.buf.len() > self.flow_control_pending {
+            Delivery::Pressed
+        } else {
+            Delivery::Queued
+        }
+    }
+
+    /// Waits while this client's backlog is past the flow-control mark and its writer
+    /// keeps making progress; gives up after a window without progress, leaving a
+    /// client that stopped reading to the `max_pending` limit.
+    async fn drain_below_mark(&self, window: std::time::Duration) {
+        loop {
+            let notified = self.drained.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a write finishing in between still wakes us.
+            notified.as_mut().enable();
+            if self.stalled.load(Ordering::Relaxed)
+                || self.close.is_cancelled()
+                || lock(&self.out).buf.len() <= self.flow_control_pending
+            {
+                return;
+            }
+            let before = self.written.load(Ordering::Relaxed);
+            let woke = timeout(window, notified).await.is_ok();
+            if !woke && self.written.load(Ordering::Relaxed) == before {
+                self.stalled.store(true, Ordering::Relaxed);
+                return;
+            }
+        }
     }
 }
 
@@ -297,6 +344,8 @@ struct Conn {
     /// Writers touched by this batch, woken once at its end.
     dirty: Vec<Arc<ClientShared>>,
     dirty_ids: FxHashSet<u64>,
+    /// Subscribers this batch pushed past the flow-control mark.
+    pressed: Vec<Arc<ClientShared>>,
     batch: BatchStats,
     /// Cache entries last added to the server's total.
     cache_reported: u64,
@@ -320,6 +369,7 @@ pub(crate) async fn serve(
         cache: MatchCache::new(MATCH_CACHE_CAPACITY),
         dirty: Vec::new(),
         dirty_ids: FxHashSet::default(),
+        pressed: Vec::new(),
         batch: BatchStats::default(),
         cache_reported: 0,
     };
@@ -375,6 +425,7 @@ pub(crate) async fn serve(
             rbuf = BytesMut::with_capacity(read_size);
         }
         conn.end_batch();
+        conn.relieve_pressure().await;
         if let Err(close) = outcome {
             if let Close::WithErr(text) = close {
                 me.send_err(text);
@@ -569,8 +620,12 @@ impl Conn {
         if last {
             self.server.remove_sub(sub);
         }
-        match client.deliver(&sub.sid, subject, reply, headers, payload) {
-            Delivery::Queued => {
+        let delivery = client.deliver(&sub.sid, subject, reply, headers, payload);
+        if delivery == Delivery::Pressed && !self.pressed.iter().any(|c| c.cid == client.cid) {
+            self.pressed.push(client.clone());
+        }
+        match delivery {
+            Delivery::Queued | Delivery::Pressed => {
                 self.batch.out_msgs += 1;
                 self.batch.out_bytes += (payload.len() + headers.map_or(0, <[u8]>::len)) as u64;
                 // Consecutive messages mostly go to the same subscriber: skip the set.
@@ -610,6 +665,17 @@ impl Conn {
         headers.extend_from_slice(b"\r\n\r\n");
         if self.me.deliver(&sub.sid, reply, None, Some(&headers), b"") == Delivery::Queued {
             self.me.wake();
+        }
+    }
+
+    /// Flow control: before reading more from this publisher, lets the subscribers it
+    /// pushed past the mark drain. Publishing pauses only while they make progress.
+    async fn relieve_pressure(&mut self) {
+        let window = self.server.config.stall_window;
+        for client in std::mem::take(&mut self.pressed) {
+            if client.cid != self.me.cid {
+                client.drain_below_mark(window).await;
+            }
         }
     }
 
@@ -683,7 +749,11 @@ async fn write_loop(me: Arc<ClientShared>, mut wr: OwnedWriteHalf, server: Arc<S
             () = me.close.cancelled(), if !closing => break,
         };
         match written {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => {
+                me.written.fetch_add(spare.len() as u64, Ordering::Relaxed);
+                me.stalled.store(false, Ordering::Relaxed);
+                me.drained.notify_waiters();
+            }
             Ok(Err(_)) => break,
             Err(_) => {
                 server.stats.slow_consumers.fetch_add(1, Ordering::Relaxed);

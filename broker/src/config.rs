@@ -9,6 +9,13 @@ pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 pub const DEFAULT_MAX_CONTROL_LINE: usize = 4096;
 /// Outbound bytes a client may have queued before it is closed as a slow consumer.
 pub const DEFAULT_MAX_PENDING: usize = 64 * 1024 * 1024;
+/// Outbound bytes a client may have queued before publishers feeding it wait for it
+/// to drain (flow control). A subscriber that is slow but reading slows its publishers
+/// instead of being cut off; one that stops reading is cut at `max_pending`.
+pub const DEFAULT_FLOW_CONTROL_PENDING: usize = 4 * 1024 * 1024;
+/// How long a publisher waits for such a subscriber to make progress before it stops
+/// waiting for it (and leaves it to the `max_pending` limit).
+pub const DEFAULT_STALL_WINDOW: Duration = Duration::from_millis(250);
 /// Connections the server accepts at once.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 64 * 1024;
 /// Subscriptions one client may hold; 0 means unlimited (nats-server's default).
@@ -50,6 +57,8 @@ pub struct Config {
     pub max_payload: usize,
     pub max_control_line: usize,
     pub max_pending: usize,
+    pub flow_control_pending: usize,
+    pub stall_window: Duration,
     pub max_connections: usize,
     pub max_subscriptions: usize,
     pub ping_interval: Duration,
@@ -66,6 +75,8 @@ impl Default for Config {
             max_payload: DEFAULT_MAX_PAYLOAD,
             max_control_line: DEFAULT_MAX_CONTROL_LINE,
             max_pending: DEFAULT_MAX_PENDING,
+            flow_control_pending: DEFAULT_FLOW_CONTROL_PENDING,
+            stall_window: DEFAULT_STALL_WINDOW,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS,
             ping_interval: DEFAULT_PING_INTERVAL,

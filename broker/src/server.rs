@@ -162,7 +162,14 @@ impl Shared {
             if clients.len() >= self.config.max_connections {
                 None
             } else {
-                let client = Arc::new(ClientShared::new(cid, addr, self.config.max_pending));
+                let client = Arc::new(ClientShared::new(
+                    cid,
+                    addr,
+                    self.config.max_pending,
+                    self.config
+                        .flow_control_pending
+                        .min(self.config.max_pending / 2),
+                ));
                 clients.insert(cid, client.clone());
                 Some(client)
             }

@@ -1,6 +1,8 @@
 //! The broker driven by a real NATS client (async-nats), plus its monitoring endpoints
 //! read over plain HTTP. Everything runs in-process on port 0.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -8,6 +10,7 @@ use std::time::{Duration, Instant};
 use async_nats::{ConnectErrorKind, ConnectOptions, HeaderMap, Subscriber};
 use broker::testing::{DEADLINE, EmbeddedServer};
 use broker::{Auth, Config};
+use common::{get_json, http_get};
 use futures::{FutureExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -309,52 +312,6 @@ async fn payload_over_max_is_refused() {
 }
 
 // ---- Monitoring ----
-
-/// `GET path` over a raw TCP connection; returns the status code and the body.
-async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let exchange = async {
-        let mut stream = TcpStream::connect(addr).await.unwrap();
-        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.unwrap();
-        raw
-    };
-    let raw = tokio::time::timeout(DEADLINE, exchange)
-        .await
-        .expect("HTTP request timed out");
-    let text = String::from_utf8(raw).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").expect("no end of headers");
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    let body = if chunked {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    (status, body)
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    loop {
-        let (size, rest) = body.split_once("\r\n").unwrap();
-        let size = usize::from_str_radix(size.split(';').next().unwrap().trim(), 16).unwrap();
-        if size == 0 {
-            return out;
-        }
-        out.push_str(&rest[..size]);
-        body = &rest[size + 2..];
-    }
-}
-
-async fn get_json(addr: SocketAddr, path: &str) -> serde_json::Value {
-    let (status, body) = http_get(addr, path).await;
-    assert_eq!(status, 200, "GET {path}: {body}");
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
-}
 
 fn number(value: &serde_json::Value, key: &str) -> f64 {
     value[key]

@@ -347,7 +347,7 @@ fn replayable(case: usize, input: &[u8], check: impl FnOnce()) {
 #[test]
 fn generated_ops_round_trip_however_the_stream_is_split() {
     let mut g = Gen::new(0x5AD0_0C01);
-    for case in 0..300 {
+    for case in 0..1000 {
         let (bytes, ops) = g.stream(12);
         let cuts = g.cuts(bytes.len());
         replayable(case, &bytes, || {
@@ -381,7 +381,7 @@ fn every_single_split_of_a_stream_gives_the_same_ops() {
 #[test]
 fn damaged_and_random_streams_end_cleanly_in_bounded_steps() {
     let mut g = Gen::new(0x5AD0_0C03);
-    for case in 0..3000 {
+    for case in 0..10_000 {
         let bytes = if case % 3 == 0 {
             g.garbage()
         } else {
