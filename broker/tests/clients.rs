@@ -12,8 +12,6 @@ use broker::testing::{DEADLINE, EmbeddedServer};
 use broker::{Auth, Config};
 use common::{get_json, http_get};
 use futures::{FutureExt, StreamExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 async fn start() -> EmbeddedServer {
     EmbeddedServer::start(Config::default()).await
