@@ -29,7 +29,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run everything in one process: embedded broker, a gate, and the echo worker.
+    /// Run everything in one process: embedded broker, a gate, and the echo and chat workers.
     Up(Box<UpArgs>),
     /// Run the embedded NATS-protocol broker alone; flags follow nats-server's.
     Broker(Box<BrokerArgs>),
@@ -40,7 +40,7 @@ enum Command {
     /// Generate load and run benchmark scenarios.
     Loadtest {
         #[command(subcommand)]
-        command: loadtest::Command,
+        command: Box<loadtest::Command>,
     },
 }
 
@@ -80,7 +80,7 @@ async fn main() -> ExitCode {
         Command::Broker(args) => broker::cli::run(*args).await,
         Command::Gate(args) => gate(*args).await,
         Command::Worker(args) => worker(*args).await,
-        Command::Loadtest { command } => run_loadtest(command).await,
+        Command::Loadtest { command } => run_loadtest(*command).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -148,7 +148,9 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         prefix: args.gate.prefix.clone(),
         frames: args.frames,
     };
-    let echo = roles::start_worker(ServiceName::Echo, worker_config, shutdown.clone()).await?;
+    let echo =
+        roles::start_worker(ServiceName::Echo, worker_config.clone(), shutdown.clone()).await?;
+    let chat = roles::start_worker(ServiceName::Chat, worker_config, shutdown.clone()).await?;
     let (_, gate) = roles::start_gate(
         SocketAddr::from((any, args.gate_port)),
         &nats,
@@ -165,9 +167,10 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     shutdown.cancel();
     let gate_result = roles::join(gate).await;
     let echo_result = roles::join(echo).await;
+    let chat_result = roles::join(chat).await;
     broker_shutdown.cancel();
     broker.stop().await?;
-    gate_result.and(echo_result)
+    gate_result.and(echo_result).and(chat_result)
 }
 
 #[cfg(test)]

@@ -11,6 +11,13 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+/// Bucket bounds, in seconds, of every histogram (all are durations): 50 µs to 10 s,
+/// about three per decade, so Prometheus can compute fleet-wide quantiles.
+const LATENCY_BUCKETS: [f64; 17] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+];
+
 /// Installs the process-wide recorder and serves it on `addr` until `shutdown`.
 /// Returns the bound address (the real port when 0 was asked for).
 pub async fn serve_metrics(
@@ -18,6 +25,8 @@ pub async fn serve_metrics(
     shutdown: CancellationToken,
 ) -> anyhow::Result<SocketAddr> {
     let handle = PrometheusBuilder::new()
+        .set_buckets(&LATENCY_BUCKETS)
+        .context("setting histogram buckets")?
         .install_recorder()
         .context("installing the metrics recorder")?;
     services::metrics::describe();

@@ -1,0 +1,438 @@
+//! The bare WebSocket echo server: the gate's client protocol with nothing behind it.
+//!
+//! It answers a `Handshake` with a 200 `HandshakeAck`, a `Heartbeat` with a `Heartbeat`
+//! and every `Request` with `Response{id, 200, body}` (the request's own body) on the
+//! spot: no route check, no bus, no worker. A load test run against it measures what
+//! this machine's WebSocket stack, the load generator and the kernel can do at all, so
+//! the gateway's numbers can be read as a fraction of that physical limit.
+//!
+//! To keep the comparison fair it does the per-frame work the gate does and no less:
+//! the same WebSocket configuration (small buffers, the same frame cap), protobuf in
+//! binary frames and JSON in text frames (a session answers in its handshake's
+//! encoding, as the gate does), and the same write coalescing (answers to every frame
+//! already received are fed to the socket, then flushed once). It skips what only a real
+//! gate needs: heartbeat deadlines, rate and in-flight limits, metrics.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::{FutureExt as _, SinkExt as _, StreamExt as _};
+use gateway::config::{
+    DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEARTBEAT, DEFAULT_MAX_FRAME, DEFAULT_MAX_SESSIONS,
+    WS_READ_BUFFER, WS_WRITE_BUFFER,
+};
+use proto::Message as _;
+use proto::client::{self, Packet, packet::Kind};
+use proto::code;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::time::{Instant, timeout, timeout_at};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Connections served at once; the next waits to be accepted. The gate's session cap.
+pub const MAX_CONNECTIONS: usize = DEFAULT_MAX_SESSIONS;
+/// Frames answered between two flushes, so one busy client's answers go out in bounded
+/// batches and the write buffer stays within its cap.
+const MAX_BATCH: usize = 64;
+/// Pause after a failed accept (out of file descriptors, say) so the loop does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
+
+/// The WebSocket settings of a gate with its default limits.
+pub fn ws_config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .read_buffer_size(WS_READ_BUFFER)
+        .write_buffer_size(WS_WRITE_BUFFER)
+        .max_write_buffer_size(WS_WRITE_BUFFER + 2 * DEFAULT_MAX_FRAME)
+        .max_frame_size(Some(DEFAULT_MAX_FRAME))
+        .max_message_size(Some(DEFAULT_MAX_FRAME))
+}
+
+/// Serves WebSocket clients on `listener` until `shutdown` is cancelled; then stops
+/// accepting, closes every session with `1001 server shutting down` and returns once
+/// they are all gone.
+pub async fn serve(listener: TcpListener, shutdown: CancellationToken) -> io::Result<()> {
+    let tracker = TaskTracker::new();
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let next_sid = Arc::new(AtomicU64::new(1));
+    loop {
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                // Only a closed semaphore fails, and this one is never closed.
+                Err(_) => break,
+            },
+            () = shutdown.cancelled() => break,
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shutdown.cancelled() => break,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let _ = stream.set_nodelay(true);
+                let sid = next_sid.fetch_add(1, Ordering::Relaxed);
+                let shutdown = shutdown.clone();
+                tracker.spawn(async move {
+                    session(stream, sid, shutdown).await;
+                    drop(permit);
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+            }
+        }
+    }
+    drop(listener);
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
+}
+
+type Ws = WebSocketStream<TcpStream>;
+
+/// What one frame from the client asks of the session.
+enum Step {
+    Continue,
+    Close(CloseCode, &'static str),
+    /// The connection is gone (or closed by the client): nothing more to send.
+    End,
+}
+
+/// One client, from WebSocket upgrade to close.
+async fn session(stream: TcpStream, sid: u64, shutdown: CancellationToken) {
+    let deadline = Instant::now() + DEFAULT_HANDSHAKE_TIMEOUT;
+    let upgrade = tokio_tungstenite::accept_async_with_config(stream, Some(ws_config()));
+    let Ok(Ok(ws)) = timeout(DEFAULT_HANDSHAKE_TIMEOUT, upgrade).await else {
+        return;
+    };
+    let (mut sink, mut stream) = ws.split();
+    let hello = match timeout_at(deadline, stream.next()).await {
+        Ok(Some(Ok(frame))) => frame,
+        Ok(_) => return,
+        Err(_) => {
+            close(&mut sink, CloseCode::Policy, "handshake timeout").await;
+            return;
+        }
+    };
+    let text = matches!(hello, Message::Text(_));
+    let Some(Kind::Handshake(handshake)) = decode(&hello).and_then(|p| p.kind) else {
+        close(&mut sink, CloseCode::Policy, "handshake required").await;
+        return;
+    };
+    let ack = client::HandshakeAck {
+        code: code::OK,
+        session_id: sid,
+        heartbeat_ms: u32::try_from(DEFAULT_HEARTBEAT.as_millis()).unwrap_or(u32::MAX),
+        message: String::new(),
+    };
+    if sink
+        .send(encode(Kind::HandshakeAck(ack), text))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let session = Session {
+        text,
+        timing: handshake.server_timing,
+    };
+    loop {
+        let frame = tokio::select! {
+            frame = stream.next() => frame,
+            () = shutdown.cancelled() => {
+                close(&mut sink, CloseCode::Away, "server shutting down").await;
+                return;
+            }
+        };
+        // Answer this frame and every one already received, then flush once.
+        let mut next = frame;
+        let mut batch = 0;
+        let step = loop {
+            let step = session.on_frame(next, &mut sink).await;
+            batch += 1;
+            if !matches!(step, Step::Continue) || batch == MAX_BATCH {
+                break step;
+            }
+            match stream.next().now_or_never() {
+                Some(frame) => next = frame,
+                None => break Step::Continue,
+            }
+        };
+        match step {
+            Step::Continue => {
+                if sink.flush().await.is_err() {
+                    return;
+                }
+            }
+            Step::Close(code, reason) => {
+                close(&mut sink, code, reason).await;
+                return;
+            }
+            Step::End => {
+                // Sends tungstenite's queued reply to a client's close frame, if any.
+                let _ = sink.flush().await;
+                return;
+            }
+        }
+    }
+}
+
+type Sink = futures::stream::SplitSink<Ws, Message>;
+
+struct Session {
+    text: bool,
+    timing: bool,
+}
+
+impl Session {
+    async fn on_frame(
+        &self,
+        frame: Option<Result<Message, tungstenite::Error>>,
+        sink: &mut Sink,
+    ) -> Step {
+        let received = Instant::now();
+        let frame = match frame {
+            None | Some(Ok(Message::Close(_))) => return Step::End,
+            Some(Err(tungstenite::Error::Capacity(_))) => {
+                return Step::Close(CloseCode::Size, "frame too large");
+            }
+            Some(Err(_)) => return Step::End,
+            // Pings are answered by tungstenite itself, on the next flush.
+            Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {
+                return Step::Continue;
+            }
+            Some(Ok(frame)) => frame,
+        };
+        let reply = match decode(&frame).and_then(|p| p.kind) {
+            Some(Kind::Request(req)) if req.id == 0 => return Step::Continue,
+            Some(Kind::Request(req)) => Kind::Response(client::Response {
+                id: req.id,
+                code: code::OK,
+                body: req.body,
+                message: String::new(),
+                timing: self.timing.then(|| client::Timing {
+                    total_us: u32::try_from(received.elapsed().as_micros()).unwrap_or(u32::MAX),
+                    queue_us: 0,
+                    handler_us: 0,
+                }),
+            }),
+            Some(Kind::Heartbeat(_)) => Kind::Heartbeat(client::Heartbeat {}),
+            Some(Kind::Handshake(_)) => {
+                return Step::Close(CloseCode::Policy, "handshake repeated");
+            }
+            Some(_) => return Step::Close(CloseCode::Policy, "packet not for the gate"),
+            None => return Step::Close(CloseCode::Invalid, "invalid packet"),
+        };
+        match sink.feed(encode(reply, self.text)).await {
+            Ok(()) => Step::Continue,
+            Err(_) => Step::End,
+        }
+    }
+}
+
+async fn close(sink: &mut Sink, code: CloseCode, reason: &'static str) {
+    let frame = CloseFrame {
+        code,
+        reason: reason.into(),
+    };
+    let _ = sink.send(Message::Close(Some(frame))).await;
+}
+
+fn decode(frame: &Message) -> Option<Packet> {
+    match frame {
+        Message::Binary(b) => Packet::decode(b.clone()).ok(),
+        Message::Text(t) => proto::json::decode(t.as_str()).ok(),
+        _ => None,
+    }
+}
+
+fn encode(kind: Kind, text: bool) -> Message {
+    let packet = Packet::new(kind);
+    if text {
+        Message::text(proto::json::encode(&packet).unwrap_or_default())
+    } else {
+        Message::binary(packet.encode_to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use bytes::Bytes;
+    use tokio::task::JoinHandle;
+    use tokio_tungstenite::MaybeTlsStream;
+
+    use super::*;
+
+    type Client = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    async fn start() -> (SocketAddr, CancellationToken, JoinHandle<io::Result<()>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(serve(listener, shutdown.clone()));
+        (addr, shutdown, task)
+    }
+
+    async fn connect(addr: SocketAddr) -> Client {
+        let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}"))
+            .await
+            .unwrap();
+        ws
+    }
+
+    async fn send(ws: &mut Client, kind: Kind) {
+        ws.send(Message::binary(Packet::new(kind).encode_to_vec()))
+            .await
+            .unwrap();
+    }
+
+    async fn recv(ws: &mut Client) -> Message {
+        timeout(WAIT, ws.next()).await.unwrap().unwrap().unwrap()
+    }
+
+    async fn recv_kind(ws: &mut Client) -> Kind {
+        match recv(ws).await {
+            Message::Binary(b) => Packet::decode(b).unwrap().kind.unwrap(),
+            other => panic!("expected a binary packet, got {other:?}"),
+        }
+    }
+
+    fn request(id: u64, body: &'static [u8]) -> Kind {
+        Kind::Request(client::Request {
+            id,
+            route: "echo.echo".into(),
+            body: Bytes::from_static(body),
+        })
+    }
+
+    #[tokio::test]
+    async fn binary_session_handshakes_heartbeats_and_echoes() {
+        let (addr, shutdown, task) = start().await;
+        let mut ws = connect(addr).await;
+        send(&mut ws, Kind::Handshake(client::Handshake::default())).await;
+        let Kind::HandshakeAck(ack) = recv_kind(&mut ws).await else {
+            panic!("no handshake ack")
+        };
+        assert_eq!(ack.code, 200);
+        assert!(ack.session_id > 0 && ack.heartbeat_ms > 0);
+
+        send(&mut ws, Kind::Heartbeat(client::Heartbeat {})).await;
+        assert_eq!(
+            recv_kind(&mut ws).await,
+            Kind::Heartbeat(client::Heartbeat {})
+        );
+
+        // A notify (id 0) is never answered: the next answer is request 7's.
+        send(&mut ws, request(0, b"ignored")).await;
+        send(&mut ws, request(7, b"hello")).await;
+        let Kind::Response(resp) = recv_kind(&mut ws).await else {
+            panic!("no response")
+        };
+        assert_eq!(
+            (resp.id, resp.code, &resp.body[..]),
+            (7, 200, &b"hello"[..])
+        );
+        assert!(resp.timing.is_none());
+
+        shutdown.cancel();
+        timeout(WAIT, task).await.unwrap().unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn pipelined_requests_are_all_answered_in_order() {
+        let (addr, shutdown, task) = start().await;
+        let mut ws = connect(addr).await;
+        let handshake = client::Handshake {
+            server_timing: true,
+            ..Default::default()
+        };
+        send(&mut ws, Kind::Handshake(handshake)).await;
+        recv_kind(&mut ws).await;
+        // More than one batch, all sent before any answer is read.
+        for id in 1..=(3 * MAX_BATCH as u64) {
+            ws.feed(Message::binary(
+                Packet::new(request(id, b"x")).encode_to_vec(),
+            ))
+            .await
+            .unwrap();
+        }
+        ws.flush().await.unwrap();
+        for id in 1..=(3 * MAX_BATCH as u64) {
+            let Kind::Response(resp) = recv_kind(&mut ws).await else {
+                panic!("no response")
+            };
+            assert_eq!((resp.id, resp.code), (id, 200));
+            assert!(resp.timing.is_some(), "server timing was asked for");
+        }
+        shutdown.cancel();
+        timeout(WAIT, task).await.unwrap().unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn text_session_is_answered_in_json() {
+        let (addr, shutdown, task) = start().await;
+        let mut ws = connect(addr).await;
+        ws.send(Message::text(r#"{"handshake":{}}"#)).await.unwrap();
+        let Message::Text(ack) = recv(&mut ws).await else {
+            panic!("ack not in a text frame")
+        };
+        assert!(ack.as_str().contains(r#""code":200"#), "{ack}");
+        ws.send(Message::text(
+            r#"{"request":{"id":3,"route":"echo.raw","body":"hi"}}"#,
+        ))
+        .await
+        .unwrap();
+        let Message::Text(resp) = recv(&mut ws).await else {
+            panic!("response not in a text frame")
+        };
+        let packet = proto::json::decode(resp.as_str()).unwrap();
+        let Some(Kind::Response(resp)) = packet.kind else {
+            panic!("not a response: {packet:?}")
+        };
+        assert_eq!((resp.id, resp.code, &resp.body[..]), (3, 200, &b"hi"[..]));
+        shutdown.cancel();
+        timeout(WAIT, task).await.unwrap().unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_request_before_the_handshake_is_refused() {
+        let (addr, shutdown, task) = start().await;
+        let mut ws = connect(addr).await;
+        send(&mut ws, request(1, b"early")).await;
+        let Message::Close(Some(frame)) = recv(&mut ws).await else {
+            panic!("not closed")
+        };
+        assert_eq!(frame.reason.as_str(), "handshake required");
+        shutdown.cancel();
+        timeout(WAIT, task).await.unwrap().unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn shutdown_closes_open_sessions() {
+        let (addr, shutdown, task) = start().await;
+        let mut ws = connect(addr).await;
+        send(&mut ws, Kind::Handshake(client::Handshake::default())).await;
+        recv_kind(&mut ws).await;
+        shutdown.cancel();
+        let Message::Close(Some(frame)) = recv(&mut ws).await else {
+            panic!("not closed")
+        };
+        assert_eq!(
+            (frame.code, frame.reason.as_str()),
+            (CloseCode::Away, "server shutting down")
+        );
+        timeout(WAIT, task).await.unwrap().unwrap().unwrap();
+    }
+}

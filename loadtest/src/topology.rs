@@ -1,0 +1,819 @@
+//! Launches a Shaddock topology as separate processes on loopback: a broker, G gates
+//! and W workers, each its own `shaddock` process, the way a fleet runs them. Load tests
+//! and benchmarks measure this (not one process with every role in it), so the bus hop,
+//! the syscalls and the scheduling between roles are real.
+//!
+//! Every child binds port 0 and is trusted only once it has logged its readiness line
+//! (`Server is ready`, `Gate is ready`, `Worker is ready`) on stderr within a deadline:
+//! the addresses it really bound are read from the lines before it, so nothing sleeps
+//! and nothing guesses a port. A child that exits before it is ready fails
+//! [`Topology::start`] with the tail of its output. Each child's stderr is drained for
+//! the whole of its life (to `tracing` at debug level, and into a short tail kept for
+//! error messages) so a chatty child never blocks on a full pipe.
+//!
+//! Teardown stops exactly the processes this topology started, by pid, in dependency
+//! order: gates first (they drain in-flight requests while workers still answer), then
+//! workers (while the broker still runs, so they unsubscribe cleanly), then the broker.
+//! Each gets SIGTERM, a deadline, then SIGKILL. [`Topology::shutdown`] does it
+//! asynchronously; `Drop` does the same synchronously with shorter deadlines, so a
+//! scenario that returns early, fails or panics still leaves nothing behind.
+//!
+//! Ctrl-C: children stay in the caller's process group, so a Ctrl-C at a terminal
+//! reaches them too and they stop on their own even if the caller dies at once. A
+//! scenario that wants the orderly teardown runs under [`Topology::run`] (its work
+//! races Ctrl-C and any child dying, then everything is shut down) or, to hold a
+//! topology open for manual testing, [`Topology::run_until_ctrl_c`].
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::ffi::OsStr;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, timeout, timeout_at};
+
+/// How long a child has to log its readiness line. Generous: debug builds on a loaded
+/// two-core CI machine start slowly, and a healthy child reports far sooner.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a stage of [`Topology::shutdown`] waits after SIGTERM before SIGKILL: above
+/// the gate's default shutdown grace (5 s), so in-flight requests can still be answered.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(8);
+/// The same wait in `Drop`, which blocks its thread: short, since it is the fallback.
+pub const DROP_STOP_TIMEOUT: Duration = Duration::from_secs(2);
+/// Lines of a child's stderr kept to explain a failure.
+const TAIL_LINES: usize = 40;
+/// Longest line kept in the tail (a line is still read whole, then cut).
+const TAIL_LINE_CHARS: usize = 2_000;
+/// Lines queued between a child's stderr reader and the readiness check.
+const LINE_QUEUE: usize = 256;
+/// How often `Drop` looks whether its children have exited.
+const DROP_POLL: Duration = Duration::from_millis(5);
+
+/// The environment variable naming the `shaddock` binary to launch.
+pub const SHADDOCK_BIN_ENV: &str = "SHADDOCK_BIN";
+
+/// Where the topology's bus comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BrokerSpec {
+    /// Start `shaddock broker` (the embedded broker) as a process.
+    Embedded,
+    /// Use NATS servers that already run; start no broker.
+    Urls(Vec<String>),
+    /// Start a real `nats-server` (found on `PATH` or in `$(go env GOPATH)/bin`).
+    NatsServer,
+}
+
+/// What to start. [`Default`] is one gate and one echo worker on the embedded broker.
+#[derive(Debug, Clone)]
+pub struct TopologySpec {
+    pub broker: BrokerSpec,
+    /// Gate processes.
+    pub gates: usize,
+    /// Worker processes per service, e.g. `[("echo", 2), ("chat", 1)]`.
+    pub workers: Vec<(String, usize)>,
+    /// The `shaddock` binary; see [`default_shaddock_bin`].
+    pub shaddock_bin: PathBuf,
+    /// Extra flags for every gate (e.g. `--max-in-flight 1024`).
+    pub gate_args: Vec<String>,
+    /// Extra flags for every worker (e.g. `--queue-depth 4096`).
+    pub worker_args: Vec<String>,
+    /// Serve Prometheus metrics from gates and workers (`--metrics-listen
+    /// 127.0.0.1:0`), and the broker's monitoring port. On by default: a deployment runs
+    /// with metrics, so a load test should pay for them too.
+    pub metrics: bool,
+    /// `RUST_LOG` for the children. Readiness lines are at info, so the filter must let
+    /// info through.
+    pub log_filter: String,
+    pub ready_timeout: Duration,
+    pub stop_timeout: Duration,
+}
+
+impl Default for TopologySpec {
+    fn default() -> Self {
+        TopologySpec {
+            broker: BrokerSpec::Embedded,
+            gates: 1,
+            workers: vec![("echo".to_owned(), 1)],
+            shaddock_bin: default_shaddock_bin(),
+            gate_args: Vec::new(),
+            worker_args: Vec::new(),
+            metrics: true,
+            log_filter: "info".to_owned(),
+            ready_timeout: READY_TIMEOUT,
+            stop_timeout: STOP_TIMEOUT,
+        }
+    }
+}
+
+/// The `shaddock` binary to launch when the spec names none, first match wins:
+/// `$SHADDOCK_BIN`; the running executable when it is `shaddock` itself; `shaddock` next
+/// to the running executable or one folder up (test binaries live in
+/// `target/<profile>/deps`); else `target/release/shaddock` under the current directory.
+pub fn default_shaddock_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os(SHADDOCK_BIN_ENV) {
+        return PathBuf::from(path);
+    }
+    let name = format!("shaddock{}", std::env::consts::EXE_SUFFIX);
+    if let Ok(exe) = std::env::current_exe() {
+        if exe.file_name() == Some(OsStr::new(&name)) {
+            return exe;
+        }
+        let beside = exe
+            .ancestors()
+            .skip(1)
+            .take(2)
+            .map(|dir| dir.join(&name))
+            .find(|candidate| candidate.is_file());
+        if let Some(path) = beside {
+            return path;
+        }
+    }
+    Path::new("target").join("release").join(name)
+}
+
+/// Finds `nats-server`: on `PATH`, else in `$(go env GOPATH)/bin`, where `go install`
+/// (and `scripts/test.sh`) puts it.
+pub async fn find_nats_server() -> Option<PathBuf> {
+    let name = format!("nats-server{}", std::env::consts::EXE_SUFFIX);
+    let on_path = std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .unwrap_or_default();
+    if let Some(found) = on_path.iter().map(|d| d.join(&name)).find(|p| p.is_file()) {
+        return Some(found);
+    }
+    let output = Command::new("go")
+        .args(["env", "GOPATH"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .await
+        .ok()?;
+    let gopath = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    std::env::split_paths(&gopath)
+        .map(|d| d.join("bin").join(&name))
+        .find(|p| p.is_file())
+}
+
+/// What one started process is for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Role {
+    Broker,
+    /// The n-th gate, from 0.
+    Gate(usize),
+    /// The n-th worker of a service, from 0.
+    Worker {
+        service: String,
+        index: usize,
+    },
+}
+
+impl Role {
+    /// Teardown order: the lower stops first.
+    fn stage(&self) -> u8 {
+        match self {
+            Role::Gate(_) => 0,
+            Role::Worker { .. } => 1,
+            Role::Broker => 2,
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Role::Broker => f.write_str("broker"),
+            Role::Gate(n) => write!(f, "gate-{n}"),
+            Role::Worker { service, index } => write!(f, "worker-{service}-{index}"),
+        }
+    }
+}
+
+/// The last lines a child wrote to stderr.
+#[derive(Default)]
+struct Tail(VecDeque<String>);
+
+impl Tail {
+    fn push(&mut self, mut line: String) {
+        if line.len() > TAIL_LINE_CHARS {
+            let mut cut = TAIL_LINE_CHARS;
+            while !line.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            line.truncate(cut);
+        }
+        if self.0.len() == TAIL_LINES {
+            self.0.pop_front();
+        }
+        self.0.push_back(line);
+    }
+}
+
+type SharedTail = Arc<Mutex<Tail>>;
+
+fn render(tail: &SharedTail) -> String {
+    let tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
+    if tail.0.is_empty() {
+        return "    (no output)".to_owned();
+    }
+    tail.0
+        .iter()
+        .map(|l| format!("    {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// One started child.
+struct Proc {
+    role: Role,
+    pid: u32,
+    child: Child,
+    tail: SharedTail,
+    /// Stderr lines until the child is ready; dropped then, and the reader only drains.
+    lines: Option<mpsc::Receiver<String>>,
+    /// Where clients connect: the broker's NATS port, a gate's WebSocket port.
+    listen: Option<SocketAddr>,
+    /// `http://ADDR/metrics` of a gate, a worker or the embedded broker.
+    metrics: Option<String>,
+    /// The broker's HTTP monitoring address.
+    monitor: Option<SocketAddr>,
+}
+
+/// Log lines that carry an address, and where each goes.
+const LISTEN_LINES: [&str; 2] = [
+    "Listening for client connections on ",
+    "Gate listening for WebSocket clients on ",
+];
+const METRICS_LINE: &str = "Serving Prometheus metrics on ";
+const MONITOR_LINE: &str = "Starting http monitor on ";
+
+/// The first whitespace-separated word after `phrase` in `line`.
+fn word_after<'a>(line: &'a str, phrase: &str) -> Option<&'a str> {
+    let (_, rest) = line.split_once(phrase)?;
+    rest.split_whitespace().next()
+}
+
+impl Proc {
+    fn spawn(
+        role: Role,
+        program: &Path,
+        args: &[String],
+        log_filter: &str,
+    ) -> anyhow::Result<Proc> {
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .env("RUST_LOG", log_filter)
+            // A safety net for a panic between spawn and registration; teardown proper
+            // is SIGTERM first.
+            .kill_on_drop(true);
+        // The spec alone decides how a child runs: a SHADDOCK_GATE_ID or
+        // SHADDOCK_METRICS_LISTEN inherited from the caller would make gates collide.
+        for (key, _) in std::env::vars_os() {
+            if key.to_str().is_some_and(|k| k.starts_with("SHADDOCK_")) {
+                command.env_remove(key);
+            }
+        }
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("starting {role}: {}", program.display()))?;
+        let pid = child
+            .id()
+            .with_context(|| format!("{role} exited before it had a pid"))?;
+        let stderr = child
+            .stderr
+            .take()
+            .with_context(|| format!("{role}: no stderr pipe"))?;
+        let tail = SharedTail::default();
+        let (tx, rx) = mpsc::channel(LINE_QUEUE);
+        tokio::spawn(drain(role.to_string(), stderr, tail.clone(), tx));
+        tracing::debug!(%role, pid, "started {}", program.display());
+        Ok(Proc {
+            role,
+            pid,
+            child,
+            tail,
+            lines: Some(rx),
+            listen: None,
+            metrics: None,
+            monitor: None,
+        })
+    }
+
+    /// Reads the child's output until the line that ends with `ready`, noting the
+    /// addresses logged before it.
+    async fn wait_ready(&mut self, ready: &str, deadline: Instant) -> anyhow::Result<()> {
+        let Some(mut lines) = self.lines.take() else {
+            return Ok(());
+        };
+        loop {
+            match timeout_at(deadline, lines.recv()).await {
+                Err(_) => bail!(
+                    "{} (pid {}) did not log {ready:?} in time; its last output:\n{}",
+                    self.role,
+                    self.pid,
+                    render(&self.tail)
+                ),
+                Ok(None) => {
+                    // Stderr closed: the child is exiting. Its status says how.
+                    let status = match timeout(Duration::from_secs(2), self.child.wait()).await {
+                        Ok(Ok(status)) => status.to_string(),
+                        _ => "still running with stderr closed".to_owned(),
+                    };
+                    bail!(
+                        "{} (pid {}) stopped before it was ready ({status}); its output:\n{}",
+                        self.role,
+                        self.pid,
+                        render(&self.tail)
+                    )
+                }
+                Ok(Some(line)) => {
+                    self.scan(&line);
+                    if line.trim_end().ends_with(ready) {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    fn scan(&mut self, line: &str) {
+        let addr = |phrase| word_after(line, phrase).and_then(|w| w.parse::<SocketAddr>().ok());
+        if let Some(a) = LISTEN_LINES.iter().find_map(|p| addr(p)) {
+            self.listen = Some(a);
+        }
+        if let Some(a) = addr(MONITOR_LINE) {
+            self.monitor = Some(a);
+        }
+        if let Some(url) = word_after(line, METRICS_LINE) {
+            self.metrics = Some(url.to_owned());
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!("{} (pid {})", self.role, self.pid)
+    }
+
+    /// Signals the child, unless it has already exited and been reaped: only an unreaped
+    /// child's pid is still ours, so this never hits a process we did not start.
+    fn signal(&mut self, signal: Signal) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return;
+        }
+        let Ok(pid) = i32::try_from(self.pid) else {
+            return;
+        };
+        if let Err(e) = kill(Pid::from_raw(pid), signal) {
+            tracing::warn!(process = %self.describe(), error = %e, "sending {signal}");
+        }
+    }
+
+    /// Waits for the child to exit until `deadline`, then kills it. `Err` when it had to
+    /// be killed.
+    async fn stop(&mut self, deadline: Instant) -> Result<Option<ExitStatus>, String> {
+        if let Ok(waited) = timeout_at(deadline, self.child.wait()).await {
+            return Ok(waited.ok());
+        }
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+        Err(format!(
+            "{} did not stop in time after SIGTERM and was killed; its last output:\n{}",
+            self.describe(),
+            render(&self.tail)
+        ))
+    }
+
+    /// `Drop`'s blocking version of [`Proc::stop`].
+    fn stop_blocking(&mut self, deadline: std::time::Instant) {
+        while matches!(self.child.try_wait(), Ok(None)) {
+            if std::time::Instant::now() >= deadline {
+                let _ = self.child.start_kill();
+                // kill_on_drop and tokio's orphan reaper collect it from here.
+                return;
+            }
+            std::thread::sleep(DROP_POLL);
+        }
+    }
+}
+
+/// Reads a child's stderr to its end: to the readiness check while it listens, then only
+/// into the tail and the debug log.
+async fn drain(
+    name: String,
+    stderr: impl AsyncRead + Unpin,
+    tail: SharedTail,
+    tx: mpsc::Sender<String>,
+) {
+    let mut reader = BufReader::new(stderr);
+    let mut tx = Some(tx);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        // A read error ends the output the same as EOF does.
+        match reader.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        // Lossy: a child's log line is for people; bad UTF-8 must not stop the drain.
+        let line = String::from_utf8_lossy(&buf).trim_end().to_owned();
+        tracing::debug!(process = %name, "{line}");
+        tail.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(line.clone());
+        if let Some(sender) = &tx
+            && sender.send(line).await.is_err()
+        {
+            tx = None;
+        }
+    }
+}
+
+/// How [`Topology::serve`] ended.
+enum Stop<T> {
+    Done(T),
+    CtrlC,
+    Failed(anyhow::Error),
+}
+
+/// A running topology. Stops every process it started on [`Topology::shutdown`] or drop.
+pub struct Topology {
+    procs: Vec<Proc>,
+    nats: Vec<String>,
+    stop_timeout: Duration,
+}
+
+impl fmt::Debug for Topology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Topology")
+            .field("nats", &self.nats)
+            .field("processes", &self.processes())
+            .field("gates", &self.gate_urls())
+            .finish()
+    }
+}
+
+impl Topology {
+    /// Starts the broker, then the gates and workers (concurrently), and returns once
+    /// every one has logged that it is ready. On any failure, what was started is
+    /// stopped again before the error returns.
+    pub async fn start(spec: TopologySpec) -> anyhow::Result<Topology> {
+        let mut topology = Topology {
+            procs: Vec::new(),
+            nats: Vec::new(),
+            stop_timeout: spec.stop_timeout,
+        };
+        match topology.start_all(&spec).await {
+            Ok(()) => Ok(topology),
+            Err(e) => {
+                // Async teardown here, so a failed start does not block in Drop.
+                let _ = topology.shutdown().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn start_all(&mut self, spec: &TopologySpec) -> anyhow::Result<()> {
+        let needs_shaddock = spec.gates > 0
+            || spec.workers.iter().any(|(_, n)| *n > 0)
+            || spec.broker == BrokerSpec::Embedded;
+        let bin = &spec.shaddock_bin;
+        if needs_shaddock && !bin.is_file() {
+            bail!(
+                "no shaddock binary at {}: build it (cargo build --release) or set {SHADDOCK_BIN_ENV}",
+                bin.display()
+            );
+        }
+        let mut broker_args: Vec<String> =
+            ["-a", "127.0.0.1", "-p", "-1"].map(String::from).to_vec();
+        if spec.metrics {
+            broker_args.extend(["-m".to_owned(), "-1".to_owned()]);
+        }
+        let broker = match &spec.broker {
+            BrokerSpec::Urls(urls) => {
+                if urls.is_empty() {
+                    bail!("BrokerSpec::Urls needs at least one NATS URL");
+                }
+                self.nats = urls.clone();
+                None
+            }
+            BrokerSpec::Embedded => {
+                let mut args = vec!["broker".to_owned()];
+                args.extend(broker_args);
+                Some((bin.clone(), args))
+            }
+            BrokerSpec::NatsServer => {
+                let found = find_nats_server().await.context(
+                    "nats-server not found on PATH nor in $(go env GOPATH)/bin \
+                     (go install github.com/nats-io/nats-server/v2@latest)",
+                )?;
+                Some((found, broker_args))
+            }
+        };
+        let deadline = Instant::now() + spec.ready_timeout;
+        if let Some((program, args)) = broker {
+            self.procs.push(Proc::spawn(
+                Role::Broker,
+                &program,
+                &args,
+                &spec.log_filter,
+            )?);
+            let broker = self.procs.last_mut().context("broker missing")?;
+            broker.wait_ready("Server is ready", deadline).await?;
+            let addr = broker.listen.with_context(|| {
+                format!("{} never logged its client address", broker.describe())
+            })?;
+            self.nats = vec![format!("nats://{addr}")];
+            // Only our broker serves Prometheus text on its monitoring port.
+            if spec.broker == BrokerSpec::Embedded {
+                broker.metrics = broker.monitor.map(|a| format!("http://{a}/metrics"));
+            }
+        }
+        let nats = self.nats.join(",");
+        let metrics = |args: &mut Vec<String>| {
+            if spec.metrics {
+                args.extend(["--metrics-listen".to_owned(), "127.0.0.1:0".to_owned()]);
+            }
+        };
+        for n in 0..spec.gates {
+            let mut args: Vec<String> = ["gate", "--listen", "127.0.0.1:0", "--nats", &nats]
+                .map(String::from)
+                .to_vec();
+            metrics(&mut args);
+            args.extend(spec.gate_args.iter().cloned());
+            self.procs
+                .push(Proc::spawn(Role::Gate(n), bin, &args, &spec.log_filter)?);
+        }
+        for (service, count) in &spec.workers {
+            for index in 0..*count {
+                let mut args: Vec<String> = ["worker", "--service", service, "--nats", &nats]
+                    .map(String::from)
+                    .to_vec();
+                metrics(&mut args);
+                args.extend(spec.worker_args.iter().cloned());
+                let role = Role::Worker {
+                    service: service.clone(),
+                    index,
+                };
+                self.procs
+                    .push(Proc::spawn(role, bin, &args, &spec.log_filter)?);
+            }
+        }
+        let starting = self.procs.iter_mut().filter(|p| p.role != Role::Broker);
+        futures::future::try_join_all(starting.map(|p| async move {
+            let ready = match p.role {
+                Role::Gate(_) => "Gate is ready",
+                _ => "Worker is ready",
+            };
+            p.wait_ready(ready, deadline).await?;
+            if matches!(p.role, Role::Gate(_)) && p.listen.is_none() {
+                return Err(anyhow!(
+                    "{} never logged its WebSocket address",
+                    p.describe()
+                ));
+            }
+            Ok(())
+        }))
+        .await?;
+        Ok(())
+    }
+
+    /// `ws://127.0.0.1:PORT` of each gate, in gate order.
+    pub fn gate_urls(&self) -> Vec<String> {
+        self.procs
+            .iter()
+            .filter(|p| matches!(p.role, Role::Gate(_)))
+            .filter_map(|p| p.listen.map(|a| format!("ws://{a}")))
+            .collect()
+    }
+
+    /// The NATS URLs gates and workers were given, comma-separated.
+    pub fn nats_url(&self) -> String {
+        self.nats.join(",")
+    }
+
+    /// The NATS URLs gates and workers were given.
+    pub fn nats_urls(&self) -> &[String] {
+        &self.nats
+    }
+
+    /// Every process this topology started and still holds, with its role.
+    pub fn pids(&self) -> Vec<(Role, u32)> {
+        self.procs.iter().map(|p| (p.role.clone(), p.pid)).collect()
+    }
+
+    /// The gates' pids, in gate order.
+    pub fn gate_pids(&self) -> Vec<u32> {
+        self.procs
+            .iter()
+            .filter(|p| matches!(p.role, Role::Gate(_)))
+            .map(|p| p.pid)
+            .collect()
+    }
+
+    /// [`Topology::pids`] with each role as a name (`broker`, `gate-0`, `worker-echo-1`).
+    pub fn processes(&self) -> Vec<(String, u32)> {
+        self.procs
+            .iter()
+            .map(|p| (p.role.to_string(), p.pid))
+            .collect()
+    }
+
+    /// Prometheus endpoints (`http://127.0.0.1:PORT/metrics`): each gate's and worker's,
+    /// and the embedded broker's. A real nats-server serves no Prometheus text (that is
+    /// prometheus-nats-exporter's job), so it has none; see [`Topology::monitor_url`].
+    pub fn metrics_urls(&self) -> Vec<(Role, String)> {
+        self.procs
+            .iter()
+            .filter_map(|p| Some((p.role.clone(), p.metrics.clone()?)))
+            .collect()
+    }
+
+    /// The started broker's HTTP monitoring (`/varz`, `/connz`, ...), when metrics are on.
+    pub fn monitor_url(&self) -> Option<String> {
+        self.procs
+            .iter()
+            .find(|p| p.role == Role::Broker)
+            .and_then(|p| p.monitor)
+            .map(|addr| format!("http://{addr}"))
+    }
+
+    /// Fails when a started process has exited (crashed, or was killed from outside).
+    pub fn check(&mut self) -> anyhow::Result<()> {
+        for p in &mut self.procs {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                bail!(
+                    "{} exited ({status}); its last output:\n{}",
+                    p.describe(),
+                    render(&p.tail)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves when the first started process exits, with what it said last.
+    async fn first_exit(&mut self) -> anyhow::Error {
+        if self.procs.is_empty() {
+            return std::future::pending().await;
+        }
+        let waits = self.procs.iter_mut().map(|p| {
+            Box::pin(async move {
+                let status = p.child.wait().await;
+                let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+                anyhow!(
+                    "{} exited ({status}); its last output:\n{}",
+                    p.describe(),
+                    render(&p.tail)
+                )
+            })
+        });
+        futures::future::select_all(waits).await.0
+    }
+
+    /// Waits for `work`, Ctrl-C, or a started process exiting, whichever comes first.
+    async fn serve<F: Future>(&mut self, work: F) -> Stop<F::Output> {
+        tokio::select! {
+            output = work => Stop::Done(output),
+            signal = tokio::signal::ctrl_c() => match signal {
+                Ok(()) => Stop::CtrlC,
+                Err(e) => Stop::Failed(anyhow!(e).context("listening for Ctrl-C")),
+            },
+            exited = self.first_exit() => Stop::Failed(exited),
+        }
+    }
+
+    /// Runs `work` (a scenario) while the topology serves, then shuts everything down.
+    /// Stops early, with an error, on Ctrl-C or when a started process exits.
+    pub async fn run<F: Future>(mut self, work: F) -> anyhow::Result<F::Output> {
+        let stop = self.serve(work).await;
+        let stopped = self.shutdown().await;
+        let output = match stop {
+            Stop::Done(output) => output,
+            Stop::CtrlC => bail!("interrupted by Ctrl-C"),
+            Stop::Failed(e) => return Err(e),
+        };
+        stopped?;
+        Ok(output)
+    }
+
+    /// Serves until Ctrl-C, then shuts everything down. A started process exiting
+    /// first is an error (after the rest are stopped too).
+    pub async fn run_until_ctrl_c(mut self) -> anyhow::Result<()> {
+        let stop = self.serve(std::future::pending::<Infallible>()).await;
+        let stopped = self.shutdown().await;
+        match stop {
+            Stop::Done(never) => match never {},
+            Stop::CtrlC => stopped,
+            Stop::Failed(e) => Err(e),
+        }
+    }
+
+    /// Stops every started process: gates, then workers, then the broker; each stage
+    /// gets SIGTERM, up to the spec's `stop_timeout`, then SIGKILL. Afterwards the
+    /// topology holds nothing and dropping it does nothing. Fails (after stopping them
+    /// all) when some process ignored SIGTERM and had to be killed.
+    pub async fn shutdown(&mut self) -> anyhow::Result<()> {
+        let mut procs = std::mem::take(&mut self.procs);
+        let mut killed = Vec::new();
+        for stage in 0..=2 {
+            let mut group: Vec<&mut Proc> = procs
+                .iter_mut()
+                .filter(|p| p.role.stage() == stage)
+                .collect();
+            for p in &mut group {
+                p.signal(Signal::SIGTERM);
+            }
+            let deadline = Instant::now() + self.stop_timeout;
+            let stops = group.into_iter().map(|p| async move {
+                let stopped = p.stop(deadline).await;
+                (p.describe(), stopped)
+            });
+            for (name, stopped) in futures::future::join_all(stops).await {
+                match stopped {
+                    Ok(Some(status)) if status.success() => {
+                        tracing::debug!(process = %name, "stopped");
+                    }
+                    Ok(status) => tracing::warn!(process = %name, ?status, "exited uncleanly"),
+                    Err(e) => killed.push(e),
+                }
+            }
+        }
+        procs.clear();
+        if killed.is_empty() {
+            Ok(())
+        } else {
+            Err(anyhow!(killed.join("\n")))
+        }
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        if self.procs.is_empty() {
+            return;
+        }
+        let mut procs = std::mem::take(&mut self.procs);
+        for stage in 0..=2 {
+            let deadline = std::time::Instant::now() + DROP_STOP_TIMEOUT;
+            for p in procs.iter_mut().filter(|p| p.role.stage() == stage) {
+                p.signal(Signal::SIGTERM);
+            }
+            for p in procs.iter_mut().filter(|p| p.role.stage() == stage) {
+                p.stop_blocking(deadline);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_read_from_log_lines() {
+        let gate = "[1] 2026/01/01 00:00:00.000000 [INF] Gate listening for WebSocket clients \
+                    on 127.0.0.1:34555 \u{1b}[3mgate\u{1b}[0m=\"g1\"";
+        assert_eq!(word_after(gate, LISTEN_LINES[1]), Some("127.0.0.1:34555"));
+        let metrics = "[1] [INF] Serving Prometheus metrics on http://127.0.0.1:4242/metrics";
+        assert_eq!(
+            word_after(metrics, METRICS_LINE),
+            Some("http://127.0.0.1:4242/metrics")
+        );
+        assert_eq!(word_after("nothing here", METRICS_LINE), None);
+    }
+
+    #[test]
+    fn tail_keeps_the_last_lines_and_cuts_long_ones() {
+        let mut tail = Tail::default();
+        for n in 0..TAIL_LINES + 5 {
+            tail.push(format!("line {n}"));
+        }
+        assert_eq!(tail.0.len(), TAIL_LINES);
+        assert_eq!(tail.0.front().map(String::as_str), Some("line 5"));
+        tail.push("é".repeat(TAIL_LINE_CHARS));
+        assert!(tail.0.back().is_some_and(|l| l.len() <= TAIL_LINE_CHARS));
+    }
+
+    #[test]
+    fn roles_name_themselves_and_stop_gates_first() {
+        let worker = Role::Worker {
+            service: "echo".into(),
+            index: 1,
+        };
+        assert_eq!(worker.to_string(), "worker-echo-1");
+        assert!(Role::Gate(0).stage() < worker.stage());
+        assert!(worker.stage() < Role::Broker.stage());
+    }
+}

@@ -1,0 +1,173 @@
+//! `loadtest::topology` against the real `shaddock` binary: a broker, a gate and echo
+//! workers as separate processes, one request through them, and a teardown that leaves
+//! none of them behind.
+//!
+//! These live in the root package because only here does Cargo build the `shaddock`
+//! binary before the tests and name it (`CARGO_BIN_EXE_shaddock`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{SinkExt as _, StreamExt as _};
+use loadtest::topology::{BrokerSpec, Role, Topology, TopologySpec};
+use nix::errno::Errno;
+use nix::sys::signal::kill;
+use nix::unistd::Pid;
+use proto::Message as _;
+use proto::client::{self, Packet, packet::Kind};
+use proto::echo::{EchoRequest, EchoResponse};
+use tokio::time::timeout;
+use tokio_tungstenite::tungstenite::Message;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn spec(broker: BrokerSpec) -> TopologySpec {
+    TopologySpec {
+        broker,
+        gates: 1,
+        workers: vec![("echo".to_owned(), 2)],
+        shaddock_bin: PathBuf::from(env!("CARGO_BIN_EXE_shaddock")),
+        ..TopologySpec::default()
+    }
+}
+
+/// True once `pid` is no process at all (exited and reaped, not a zombie).
+fn gone(pid: u32) -> bool {
+    kill(Pid::from_raw(pid as i32), None) == Err(Errno::ESRCH)
+}
+
+async fn next_kind(
+    ws: &mut tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+) -> Kind {
+    let frame = timeout(WAIT, ws.next()).await.unwrap().unwrap().unwrap();
+    let Message::Binary(bytes) = frame else {
+        panic!("expected a binary frame, got {frame:?}")
+    };
+    Packet::decode(bytes).unwrap().kind.unwrap()
+}
+
+/// Handshakes on `url` and sends one `echo.echo`; returns the response.
+async fn echo_once(url: &str, body: &'static [u8]) -> client::Response {
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    let hello = Packet::new(Kind::Handshake(client::Handshake::default()));
+    ws.send(Message::binary(hello.encode_to_vec()))
+        .await
+        .unwrap();
+    let Kind::HandshakeAck(ack) = next_kind(&mut ws).await else {
+        panic!("no handshake ack")
+    };
+    assert_eq!(ack.code, 200);
+    let request = Packet::new(Kind::Request(client::Request {
+        id: 1,
+        route: "echo.echo".into(),
+        body: EchoRequest {
+            body: Bytes::from_static(body),
+        }
+        .encode_to_vec()
+        .into(),
+    }));
+    ws.send(Message::binary(request.encode_to_vec()))
+        .await
+        .unwrap();
+    let Kind::Response(response) = next_kind(&mut ws).await else {
+        panic!("no response")
+    };
+    let _ = ws.close(None).await;
+    response
+}
+
+async fn echo_through(mut topology: Topology) {
+    let urls = topology.gate_urls();
+    assert_eq!(urls.len(), 1);
+    assert!(urls[0].starts_with("ws://127.0.0.1:"), "{urls:?}");
+    let pids = topology.pids();
+    let roles: Vec<&Role> = pids.iter().map(|(role, _)| role).collect();
+    assert_eq!(
+        roles
+            .iter()
+            .filter(|r| matches!(r, Role::Worker { .. }))
+            .count(),
+        2
+    );
+
+    let response = echo_once(&urls[0], b"through the fleet").await;
+    assert_eq!((response.id, response.code), (1, 200), "{response:?}");
+    let echoed = EchoResponse::decode(response.body).unwrap();
+    assert_eq!(&echoed.body[..], b"through the fleet");
+
+    timeout(WAIT, topology.shutdown())
+        .await
+        .expect("shutdown took too long")
+        .expect("every process stopped on SIGTERM");
+    for (role, pid) in pids {
+        assert!(gone(pid), "{role} (pid {pid}) is still there");
+    }
+    assert!(topology.pids().is_empty());
+}
+
+#[tokio::test]
+async fn echo_request_crosses_separate_processes_and_teardown_leaves_none() {
+    let topology = Topology::start(spec(BrokerSpec::Embedded)).await.unwrap();
+    let metrics = topology.metrics_urls();
+    // Broker, gate and two workers all serve Prometheus text.
+    assert_eq!(metrics.len(), 4, "{metrics:?}");
+    assert!(metrics.iter().all(|(_, url)| url.ends_with("/metrics")));
+    assert!(topology.nats_url().starts_with("nats://127.0.0.1:"));
+    echo_through(topology).await;
+}
+
+#[tokio::test]
+async fn the_same_topology_runs_on_nats_server() {
+    if loadtest::topology::find_nats_server().await.is_none() {
+        eprintln!("skipped: nats-server is not installed (scripts/test.sh installs it)");
+        return;
+    }
+    let topology = Topology::start(spec(BrokerSpec::NatsServer)).await.unwrap();
+    echo_through(topology).await;
+}
+
+#[tokio::test]
+async fn a_worker_that_fails_to_start_fails_the_start_with_its_output() {
+    let mut bad = spec(BrokerSpec::Embedded);
+    bad.workers = vec![("no-such-service".to_owned(), 1)];
+    let error = Topology::start(bad).await.unwrap_err();
+    let message = format!("{error:#}");
+    assert!(
+        message.contains("worker-no-such-service-0") && message.contains("stopped before"),
+        "{message}"
+    );
+    // The child's own complaint (clap's) is in the error.
+    assert!(
+        message.contains("invalid value 'no-such-service'"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn dropping_a_topology_stops_its_processes() {
+    let topology = Topology::start(spec(BrokerSpec::Embedded)).await.unwrap();
+    let pids = topology.pids();
+    assert_eq!(pids.len(), 4);
+    drop(topology);
+    for (role, pid) in pids {
+        assert!(gone(pid), "{role} (pid {pid}) outlived the drop");
+    }
+}
+
+#[tokio::test]
+async fn run_serves_the_scenario_then_stops_everything() {
+    let topology = Topology::start(spec(BrokerSpec::Embedded)).await.unwrap();
+    let url = topology.gate_urls().remove(0);
+    let pids = topology.pids();
+    let response = timeout(WAIT, topology.run(echo_once(&url, b"scenario")))
+        .await
+        .expect("run took too long")
+        .unwrap();
+    assert_eq!(response.code, 200);
+    for (role, pid) in pids {
+        assert!(gone(pid), "{role} (pid {pid}) outlived run");
+    }
+}
