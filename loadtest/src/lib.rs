@@ -11,6 +11,8 @@ pub mod bus_rr;
 pub mod duration;
 pub mod idle_conns;
 pub mod latency;
+pub mod limit;
+pub mod topology;
 
 /// Load-test subcommands (`shaddock loadtest ...`).
 #[derive(Debug, clap::Subcommand)]
