@@ -2,7 +2,12 @@
 //! protoc binary, and hands the descriptors to prost-build.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/client.proto", "proto/rpc.proto", "proto/echo.proto"];
+    let files = [
+        "proto/client.proto",
+        "proto/rpc.proto",
+        "proto/echo.proto",
+        "proto/chat.proto",
+    ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

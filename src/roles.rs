@@ -42,12 +42,14 @@ pub struct GateArgs {
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum ServiceName {
     Echo,
+    Chat,
 }
 
 impl ServiceName {
     fn build(self) -> Service {
         match self {
             ServiceName::Echo => services::echo::service(),
+            ServiceName::Chat => services::chat::service(),
         }
     }
 }

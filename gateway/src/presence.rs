@@ -101,6 +101,8 @@ impl GateShared {
         }
         // Subscribe before taking the entry: no map lock is held across an await.
         let sub = self.nats.subscribe(self.group_subject(group)).await?;
+        // Out on the wire before the join is answered: a push sent after the answer finds it.
+        self.nats.flush().await?;
         match self.groups.entry(group.to_owned()) {
             // Another session joined meanwhile; its subscription serves both.
             Entry::Occupied(mut e) => {
@@ -180,6 +182,11 @@ impl GateShared {
                     .map_err(|e| BindError::Bus(e.to_string()))?,
             ),
         };
+        // Out on the wire before the bind is answered: a push sent after the answer finds it.
+        self.nats
+            .flush()
+            .await
+            .map_err(|e| BindError::Bus(e.to_string()))?;
         match self.users.entry(uid.to_owned()) {
             Entry::Occupied(mut e) => e.get_mut().sid = sid,
             Entry::Vacant(v) => {

@@ -4,6 +4,7 @@
 //!   WebSocket frame).
 //! - [`rpc`]: the envelope between a gate and a worker, carried over the bus.
 //! - [`echo`]: the echo service's messages.
+//! - [`chat`]: the chat service's messages, and what its workers tell each other.
 //!
 //! Binary WebSocket frames carry a `Packet` as protobuf; text frames carry the same
 //! packet as JSON (see [`json`]), for browsers and debugging.
@@ -20,6 +21,10 @@ pub mod echo {
     include!(concat!(env!("OUT_DIR"), "/shaddock.echo.rs"));
 }
 
+pub mod chat {
+    include!(concat!(env!("OUT_DIR"), "/shaddock.chat.rs"));
+}
+
 pub mod json;
 
 pub use prost::Message;
@@ -29,6 +34,7 @@ pub mod code {
     pub const OK: u32 = 200;
     pub const BAD_REQUEST: u32 = 400;
     pub const UNAUTHORIZED: u32 = 401;
+    pub const FORBIDDEN: u32 = 403;
     pub const NOT_FOUND: u32 = 404;
     pub const TIMEOUT: u32 = 408;
     pub const CONFLICT: u32 = 409;

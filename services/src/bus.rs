@@ -5,14 +5,13 @@
 //! `<prefix>.svc.<service>.<method>` with a reply subject; the workers of a service all
 //! subscribe `<prefix>.svc.<service>.>` in queue group `<service>`, so the bus hands each
 //! request to exactly one of them, and adding a worker adds capacity.
+//!
+//! What workers publish besides answers (pushes to groups and players, a service's own
+//! subjects) is in [`crate::push`]; answers and pushes both leave through
+//! [`crate::Pusher`], one connection, so they keep their order.
 
 use anyhow::Context as _;
-use async_nats::{Client, ConnectOptions, Event, ServerAddr, Subject};
-use proto::Message;
-use proto::rpc::RpcResponse;
-
-use crate::frame_loop::ReplySink;
-use crate::metrics::REPLY_ERRORS_TOTAL;
+use async_nats::{Client, ConnectOptions, Event, ServerAddr};
 
 /// The subject a service's workers subscribe: every method of `service`.
 pub fn service_subject(prefix: &str, service: &str) -> String {
@@ -69,20 +68,6 @@ fn log_event(event: Event) {
         Event::ServerError(error) => tracing::warn!(%error, "NATS server error"),
         Event::ClientError(error) => tracing::warn!(%error, "NATS client error"),
         Event::Draining | Event::Closed => tracing::debug!(%event, "NATS connection"),
-    }
-}
-
-/// Answers go out as protobuf `RpcResponse`s on the request's reply subject.
-impl ReplySink for Client {
-    type To = Subject;
-
-    async fn send(&self, to: Subject, response: RpcResponse) {
-        let payload = response.encode_to_vec().into();
-        if let Err(error) = self.publish(to, payload).await {
-            // Only when the client is closing; counted, and logged below info.
-            metrics::counter!(REPLY_ERRORS_TOTAL).increment(1);
-            tracing::debug!(%error, "cannot publish a reply");
-        }
     }
 }
 

@@ -134,7 +134,7 @@ pub enum ConfigError {
 }
 
 /// A prefix is one or more name tokens joined by dots (`shaddock`, `prod.shaddock`).
-fn is_valid_prefix(prefix: &str) -> bool {
+pub(crate) fn is_valid_prefix(prefix: &str) -> bool {
     prefix.split('.').all(is_valid_name)
 }
 

@@ -8,9 +8,24 @@
 //!
 //! The setters also update the context's own copy of the session, so a handler that binds
 //! a uid and then reads [`Context::uid`] sees the new value, as it will on its next request.
+//!
+//! A handler also reaches players beyond its own session: [`Context::broadcast`] to a
+//! group, [`Context::push_to_user`] and [`Context::kick_user`] to a player on any gate,
+//! [`Context::publish`] on a subject of the service's own. These are collected too, and
+//! the worker publishes them, in order, right after the handler returns and before its
+//! answer: so when the answer reaches a gate, what the handler pushed through the same
+//! worker is already on its way to every gate (a sender's own broadcast is published
+//! before its answer). A handler that fails publishes nothing.
+//!
+//! Ticks and events (see [`crate::Service::on_tick`], [`crate::Service::on_event`]) get a
+//! context without a session: their pushes are published the same way, while session
+//! effects have no session to act on and are dropped with a warning.
 
+use bytes::Bytes;
 use proto::rpc::{Effect, SetData, effect};
 use proto::rpc::{RpcRequest, Session};
+
+use crate::push::{Outbound, PushError};
 
 /// The session of one request and the effects its handler asks for.
 ///
@@ -21,6 +36,19 @@ pub struct Context {
     session: Session,
     has_session: bool,
     effects: Vec<Effect>,
+    outbound: Vec<Outbound>,
+    reply: Option<Bytes>,
+}
+
+/// What a handler asked for, taken apart: see [`Context::into_parts`].
+#[derive(Debug, Clone, Default)]
+pub struct Parts {
+    /// Effects on the session, for the response.
+    pub effects: Vec<Effect>,
+    /// Messages to publish before the response, in order.
+    pub outbound: Vec<Outbound>,
+    /// The answer to an event that asked for one.
+    pub reply: Option<Bytes>,
 }
 
 impl Context {
@@ -31,6 +59,8 @@ impl Context {
             has_session: session.is_some(),
             session: session.unwrap_or_default(),
             effects: Vec::new(),
+            outbound: Vec::new(),
+            reply: None,
         }
     }
 
@@ -114,14 +144,74 @@ impl Context {
         self.effects.push(effect);
     }
 
+    /// Pushes `route` and `body` to every member of `group` on every gate. Fails (400)
+    /// when `group` is not one `[a-z0-9_-]` token.
+    pub fn broadcast(
+        &mut self,
+        group: &str,
+        route: &str,
+        body: impl Into<Bytes>,
+    ) -> Result<(), PushError> {
+        self.outbound.push(Outbound::broadcast(group, route, body)?);
+        Ok(())
+    }
+
+    /// Pushes `route` and `body` to player `uid` on whichever gate it is bound (dropped
+    /// when it is not connected). Fails (400) when `uid` is not one `[a-z0-9_-]` token.
+    pub fn push_to_user(
+        &mut self,
+        uid: &str,
+        route: &str,
+        body: impl Into<Bytes>,
+    ) -> Result<(), PushError> {
+        self.outbound
+            .push(Outbound::push_to_user(uid, route, body)?);
+        Ok(())
+    }
+
+    /// Closes player `uid`'s session, wherever it is, telling the client `reason`. (To
+    /// close the session that sent this request, [`Context::kick`] does it after the
+    /// answer.) Fails (400) when `uid` is not one `[a-z0-9_-]` token.
+    pub fn kick_user(&mut self, uid: &str, reason: &str) -> Result<(), PushError> {
+        self.outbound.push(Outbound::kick_user(uid, reason)?);
+        Ok(())
+    }
+
+    /// Publishes `payload` on `<prefix>.<subject>`, a subject of the service's own (its
+    /// workers' replication, say). Fails (400) unless `subject` is dot-separated tokens.
+    pub fn publish(&mut self, subject: &str, payload: impl Into<Bytes>) -> Result<(), PushError> {
+        self.outbound.push(Outbound::publish(subject, payload)?);
+        Ok(())
+    }
+
+    /// Answers the event being handled, when its sender asked for an answer (a NATS
+    /// request); otherwise ignored. The last call wins.
+    pub fn reply(&mut self, body: impl Into<Bytes>) {
+        self.reply = Some(body.into());
+    }
+
     /// The effects asked for so far, in order.
     pub fn effects(&self) -> &[Effect] {
         &self.effects
     }
 
+    /// The messages to publish asked for so far, in order.
+    pub fn outbound(&self) -> &[Outbound] {
+        &self.outbound
+    }
+
     /// Consumes the context, yielding its effects for the response.
     pub fn into_effects(self) -> Vec<Effect> {
         self.effects
+    }
+
+    /// Consumes the context, yielding everything the handler asked for.
+    pub fn into_parts(self) -> Parts {
+        Parts {
+            effects: self.effects,
+            outbound: self.outbound,
+            reply: self.reply,
+        }
     }
 
     fn push(&mut self, kind: effect::Kind) {
@@ -188,5 +278,30 @@ mod tests {
                 Some(effect::Kind::Kick("bye".into())),
             ]
         );
+    }
+
+    #[test]
+    fn pushes_are_collected_in_order_and_bad_names_refused() {
+        let mut ctx = Context::new(Some(session()));
+        ctx.broadcast("lobby", "chat.message", "hi").unwrap();
+        ctx.push_to_user("bob", "chat.whisper", "psst").unwrap();
+        ctx.kick_user("mallory", "banned").unwrap();
+        ctx.publish("chat.state", "x").unwrap();
+        assert!(ctx.broadcast("a.>", "r", "").is_err());
+        assert!(ctx.push_to_user("", "r", "").is_err());
+        assert!(ctx.kick_user("Bob", "r").is_err());
+        let parts = ctx.into_parts();
+        let subjects: Vec<String> = parts.outbound.iter().map(|o| o.subject("s")).collect();
+        assert_eq!(
+            subjects,
+            [
+                "s.grp.lobby",
+                "s.user.bob",
+                "s.user.mallory",
+                "s.chat.state"
+            ]
+        );
+        assert!(parts.effects.is_empty());
+        assert_eq!(parts.reply, None);
     }
 }

@@ -44,7 +44,7 @@ mod tests {
             body: Bytes::from_static(b"ping"),
         }
         .encode_to_vec();
-        let response = service().call("echo", request(body.into()));
+        let response = service().call("echo", request(body.into())).response;
         assert_eq!(response.code, code::OK);
         let echoed = EchoResponse::decode(response.body).unwrap();
         assert_eq!(echoed.body, Bytes::from_static(b"ping"));
@@ -53,7 +53,7 @@ mod tests {
     #[test]
     fn raw_returns_the_bytes_unchanged() {
         let body = Bytes::from_static(&[0xff, 0x00, 0x01]);
-        let response = service().call("raw", request(body.clone()));
+        let response = service().call("raw", request(body.clone())).response;
         assert_eq!((response.code, response.body), (code::OK, body));
     }
 }

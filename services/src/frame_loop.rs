@@ -15,6 +15,16 @@
 //!
 //! Each response carries `queue_us` (arrival to handler start) and `handler_us`.
 //!
+//! What a handler pushes (see [`crate::push`]) is published right after it returns and
+//! before its answer, through the same output, so it reaches every gate first.
+//!
+//! Events (a service's subscribed subjects) and a starting worker's snapshot share the
+//! queue with requests and run in the same frames, in queue order. They are never
+//! rejected: an event lost would leave a service's state wrong for good, where a
+//! rejected request is retried by its client. When the queue is full, the intake waits
+//! for room for an event instead (and meanwhile reads no requests, which wait in the
+//! bus client's buffer).
+//!
 //! The loop is generic over where requests come from (any [`Stream`] of [`Incoming`]) and
 //! where answers go (a [`ReplySink`]), so tests drive it with channels under tokio's paused
 //! clock and assert exact instants; [`crate::worker`] plugs in the NATS subscription and
@@ -31,16 +41,30 @@ use tokio::time::{self, Duration, Instant, Interval, MissedTickBehavior};
 
 use crate::config::FrameConfig;
 use crate::metrics::{IntakeMetrics, LoopMetrics};
-use crate::service::{Service, Tick, error_response};
+use crate::push::Outbound;
+use crate::service::{DEFAULT_COST, Service, Tick, error_response};
 
-/// One request as it reached the worker, before decoding.
+/// What an [`Incoming`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputKind {
+    /// A request for a method; answered with an `RpcResponse`.
+    Request,
+    /// A message on an event subject; `method` holds the subject as registered.
+    Event,
+    /// A peer's snapshot for a starting worker (see `Service::on_start_sync`).
+    Snapshot,
+}
+
+/// One request, event or snapshot as it reached the worker, before decoding.
 #[derive(Debug, Clone)]
 pub struct Incoming<R> {
-    /// The method: the subject's last token.
+    pub kind: InputKind,
+    /// The method (what follows `<prefix>.svc.<service>.`), or the event's subject.
     pub method: String,
-    /// The encoded `RpcRequest`.
+    /// The encoded `RpcRequest`, or the event's payload.
     pub payload: Bytes,
-    /// Where the answer goes; `None` for a notify, which is handled but not answered.
+    /// Where the answer goes; `None` for a notify, which is handled but not answered,
+    /// and for an event whose sender wants no answer.
     pub reply: Option<R>,
     /// When the worker received it: the start of its queue wait.
     pub received: Instant,
@@ -50,16 +74,42 @@ impl<R> Incoming<R> {
     /// A request received now.
     pub fn new(method: impl Into<String>, payload: Bytes, reply: Option<R>) -> Incoming<R> {
         Incoming {
+            kind: InputKind::Request,
             method: method.into(),
             payload,
             reply,
             received: Instant::now(),
         }
     }
+
+    /// An event on `subject` (as the service registered it) received now.
+    pub fn event(subject: impl Into<String>, payload: Bytes, reply: Option<R>) -> Incoming<R> {
+        Incoming {
+            kind: InputKind::Event,
+            ..Incoming::new(subject, payload, reply)
+        }
+    }
+
+    /// A peer's snapshot, for the service's restore callback.
+    pub fn snapshot(payload: Bytes) -> Incoming<R> {
+        Incoming {
+            kind: InputKind::Snapshot,
+            ..Incoming::new(String::new(), payload, None)
+        }
+    }
+
+    fn cost(&self, service: &Service) -> u32 {
+        match self.kind {
+            InputKind::Request => service.cost_of(&self.method),
+            InputKind::Event | InputKind::Snapshot => DEFAULT_COST,
+        }
+    }
 }
 
-/// Where answers go: the bus in production, a channel in tests. Shared by the intake (its
-/// 503s) and the loop, hence `Clone`.
+/// Where answers and pushes go: the bus in production ([`crate::Pusher`]), a channel in
+/// tests. Shared by the intake (its 503s) and the loop, hence `Clone`. The loop awaits
+/// each call before the next, so a sink that keeps order delivers pushes before the
+/// answer of the handler that made them.
 pub trait ReplySink: Clone + Send + Sync + 'static {
     /// The address of one answer (a reply subject).
     type To: Send + 'static;
@@ -67,16 +117,56 @@ pub trait ReplySink: Clone + Send + Sync + 'static {
     /// Sends `response` to `to`. Failures are the sink's to count and log: the loop has
     /// nothing better to do with them than go on.
     fn send(&self, to: Self::To, response: RpcResponse) -> impl Future<Output = ()> + Send;
+
+    /// Sends an event handler's answer (raw bytes) to `to`.
+    fn answer(&self, to: Self::To, body: Bytes) -> impl Future<Output = ()> + Send;
+
+    /// Publishes a push or a service's own message.
+    fn publish(&self, outbound: Outbound) -> impl Future<Output = ()> + Send;
 }
 
-/// A channel as a sink: each answer arrives as `(to, response)`. Useful for tests and for
-/// running a service in-process without the bus.
-impl<T: Send + 'static> ReplySink for mpsc::Sender<(T, RpcResponse)> {
+/// Everything a loop sends, for a channel sink.
+#[derive(Debug, Clone)]
+pub enum Sent<T> {
+    Response(T, RpcResponse),
+    Answer(T, Bytes),
+    Publish(Outbound),
+}
+
+/// A channel as a sink that sees everything, in the order the loop sent it.
+impl<T: Send + 'static> ReplySink for mpsc::Sender<Sent<T>> {
     type To = T;
 
     async fn send(&self, to: T, response: RpcResponse) {
         // The receiver is gone only when its owner stopped listening on purpose.
+        let _ = mpsc::Sender::send(self, Sent::Response(to, response)).await;
+    }
+
+    async fn answer(&self, to: T, body: Bytes) {
+        let _ = mpsc::Sender::send(self, Sent::Answer(to, body)).await;
+    }
+
+    async fn publish(&self, outbound: Outbound) {
+        let _ = mpsc::Sender::send(self, Sent::Publish(outbound)).await;
+    }
+}
+
+/// A channel as a sink of answers only: each arrives as `(to, response)`. For running a
+/// service without the bus when nothing it does pushes; a push or an event's answer has
+/// nowhere to go, and is logged at warn and dropped.
+impl<T: Send + 'static> ReplySink for mpsc::Sender<(T, RpcResponse)> {
+    type To = T;
+
+    async fn send(&self, to: T, response: RpcResponse) {
         let _ = mpsc::Sender::send(self, (to, response)).await;
+    }
+
+    async fn answer(&self, _to: T, _body: Bytes) {
+        tracing::warn!("an answers-only sink dropped an event's answer");
+    }
+
+    async fn publish(&self, outbound: Outbound) {
+        tracing::warn!(?outbound, "an answers-only sink dropped a push");
     }
 }
 
@@ -128,8 +218,15 @@ pub struct Intake<O: ReplySink> {
 }
 
 impl<O: ReplySink> Intake<O> {
-    /// Queues `incoming` without waiting; if the queue is full, answers 503 at once.
+    /// Queues a request without waiting; if the queue is full, answers 503 at once. An
+    /// event or snapshot waits for room instead (see the module docs).
     pub async fn offer(&self, incoming: Incoming<O::To>) -> Offer {
+        if incoming.kind != InputKind::Request {
+            return match self.tx.send(incoming).await {
+                Ok(()) => Offer::Queued,
+                Err(_) => Offer::Closed,
+            };
+        }
         match self.tx.try_send(incoming) {
             Ok(()) => {
                 let depth = self.tx.max_capacity() - self.tx.capacity();
@@ -201,7 +298,7 @@ impl<O: ReplySink> FrameLoop<O> {
                 tokio::select! {
                     biased;
                     tick = ticks.next() => {
-                        self.service.tick(&tick);
+                        self.tick(&tick).await;
                         continue;
                     }
                     next = self.queue.recv() => match next {
@@ -232,7 +329,7 @@ impl<O: ReplySink> FrameLoop<O> {
                     Err(_) => break false,
                 },
             };
-            let cost = self.service.cost_of(&next.method);
+            let cost = next.cost(&self.service);
             if spent > 0 && spent.saturating_add(cost) > budget {
                 *carried = Some(next);
                 break true;
@@ -246,22 +343,55 @@ impl<O: ReplySink> FrameLoop<O> {
         overran
     }
 
-    /// Calls the handler and answers, stamping the response with its timings.
+    /// Calls the handler, publishes what it pushed, and answers, stamping the response
+    /// with its timings.
     async fn handle(&mut self, incoming: Incoming<O::To>) {
         let started = Instant::now();
         let waited = started.saturating_duration_since(incoming.received);
-        let mut response = self
+        if incoming.kind != InputKind::Request {
+            return self.handle_event(incoming, started, waited).await;
+        }
+        let handled = self
             .service
             .call_encoded(&incoming.method, incoming.payload);
         let took = started.elapsed();
+        let mut response = handled.response;
         response.queue_us = micros(waited);
         response.handler_us = micros(took);
         self.metrics.queue_wait.record(waited);
         self.metrics.handler.record(took);
         self.metrics.requests.count(response.code);
+        publish(&self.output, handled.outbound).await;
         if let Some(to) = incoming.reply {
             self.output.send(to, response).await;
         }
+    }
+
+    /// Runs an event's handler (or the restore callback), publishes what it pushed,
+    /// then sends its answer if it has one and its sender asked.
+    async fn handle_event(
+        &mut self,
+        incoming: Incoming<O::To>,
+        started: Instant,
+        waited: Duration,
+    ) {
+        let handled = match incoming.kind {
+            InputKind::Snapshot => self.service.restore(incoming.payload),
+            _ => self.service.event(&incoming.method, incoming.payload),
+        };
+        self.metrics.queue_wait.record(waited);
+        self.metrics.handler.record(started.elapsed());
+        self.metrics.count_event(handled.ok);
+        publish(&self.output, handled.outbound).await;
+        if let (Some(to), Some(body)) = (incoming.reply, handled.reply) {
+            self.output.answer(to, body).await;
+        }
+    }
+
+    /// Runs the tick callback and publishes what it pushed.
+    async fn tick(&mut self, tick: &Tick) {
+        let outbound = self.service.tick(tick);
+        publish(&self.output, outbound).await;
     }
 
     /// The pause after an overrun, running the tick if it falls due meanwhile.
@@ -271,10 +401,19 @@ impl<O: ReplySink> FrameLoop<O> {
         loop {
             tokio::select! {
                 biased;
-                tick = ticks.next() => self.service.tick(&tick),
+                tick = ticks.next() => self.tick(&tick).await,
                 () = &mut pause => return,
             }
         }
+    }
+}
+
+/// Publishes a handler's pushes, in order. A free function over the output alone: the
+/// loop's future must not hold a borrow of the service (its closures are not `Sync`)
+/// across an await.
+async fn publish<O: ReplySink>(output: &O, outbound: Vec<Outbound>) {
+    for message in outbound {
+        output.publish(message).await;
     }
 }
 

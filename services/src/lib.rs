@@ -5,7 +5,10 @@
 //! service's subjects in the service's queue group (so every worker process of a service
 //! shares its load), feeds a bounded queue, and runs the handlers in a frame-limited loop
 //! ([`frame_loop`]) that answers 503 when the queue is full. Handlers see the session
-//! through a [`Context`] and change it through effects the gate applies.
+//! through a [`Context`] and change it through effects the gate applies; they reach other
+//! players through pushes ([`push`]: to a group, to a player, kicks), from a handler via
+//! the context or from anywhere via a [`Pusher`]. A service may also handle events,
+//! messages on subjects of its choosing, in the same loop ([`Service::on_event`]).
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -20,20 +23,24 @@
 //!
 //! Modules: [`service`] (registration, dispatch, why handlers are synchronous, cost
 //! units), [`context`] (session and effects), [`frame_loop`] (frames, budget, pause,
-//! tick, overload), [`worker`] (the bus side, threads, shutdown), [`bus`] (subjects,
-//! connecting), [`config`] (limits and flags), [`metrics`] (metric names), [`echo`].
+//! tick, overload), [`worker`] (the bus side, threads, order, shutdown), [`bus`] (subjects,
+//! connecting), [`push`] (pushes and kicks on the bus), [`config`] (limits and flags),
+//! [`metrics`] (metric names), and the services [`echo`] and [`chat`].
 
 pub mod bus;
+pub mod chat;
 pub mod config;
 pub mod context;
 pub mod echo;
 pub mod frame_loop;
 pub mod metrics;
+pub mod push;
 pub mod service;
 pub mod worker;
 
 pub use bus::connect;
 pub use config::{FrameConfig, WorkerConfig};
 pub use context::Context;
-pub use service::{HandlerError, Service, Tick};
+pub use push::{Outbound, PushError, Pusher};
+pub use service::{Delivery, HandlerError, Service, Tick};
 pub use worker::{Worker, WorkerError};

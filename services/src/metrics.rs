@@ -21,6 +21,10 @@ pub const REQUESTS_TOTAL: &str = "worker_requests_total";
 pub const REJECTED_TOTAL: &str = "worker_rejected_total";
 /// Replies the bus client would not take (connection closed).
 pub const REPLY_ERRORS_TOTAL: &str = "worker_reply_errors_total";
+/// Pushes and service messages the bus client would not take (connection closed).
+pub const PUBLISH_ERRORS_TOTAL: &str = "worker_publish_errors_total";
+/// Events (messages on a service's event subjects) handled, by outcome (`ok`, `error`).
+pub const EVENTS_TOTAL: &str = "worker_events_total";
 
 /// Registers help text and units with the installed recorder (the Prometheus exporter
 /// prints them). Call once at startup, after installing it.
@@ -53,6 +57,11 @@ pub fn describe() {
         REPLY_ERRORS_TOTAL,
         "Replies that could not be handed to the bus client"
     );
+    metrics::describe_counter!(
+        PUBLISH_ERRORS_TOTAL,
+        "Pushes and service messages that could not be handed to the bus client"
+    );
+    metrics::describe_counter!(EVENTS_TOTAL, "Events handled, by outcome");
 }
 
 /// Handles for the frame loop.
@@ -62,6 +71,10 @@ pub(crate) struct LoopMetrics {
     pub frame: Histogram,
     pub depth: Gauge,
     pub requests: RequestCounters,
+    /// `worker_events_total` by outcome (ok, error); resolved on the first event, so a
+    /// service without events shows no such series.
+    events: Option<[Counter; 2]>,
+    service: String,
 }
 
 impl LoopMetrics {
@@ -73,6 +86,24 @@ impl LoopMetrics {
             frame: metrics::histogram!(FRAME_SECONDS, "service" => label.clone()),
             depth: metrics::gauge!(QUEUE_DEPTH, "service" => label),
             requests: RequestCounters::new(service),
+            events: None,
+            service: service.to_owned(),
+        }
+    }
+
+    /// Counts one event handled, successfully or not.
+    pub fn count_event(&mut self, ok: bool) {
+        let service = &self.service;
+        let [ok_counter, error_counter] = self.events.get_or_insert_with(|| {
+            [
+                metrics::counter!(EVENTS_TOTAL, "service" => service.clone(), "outcome" => "ok"),
+                metrics::counter!(EVENTS_TOTAL, "service" => service.clone(), "outcome" => "error"),
+            ]
+        });
+        if ok {
+            ok_counter.increment(1);
+        } else {
+            error_counter.increment(1);
         }
     }
 }

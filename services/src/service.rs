@@ -1,4 +1,5 @@
-//! A service: a name, handlers by method, each with a cost, and an optional tick callback.
+//! A service: a name, handlers by method, each with a cost, an optional tick callback,
+//! and handlers for events (messages on subjects of the service's choosing).
 //!
 //! [`Service`] is plain data plus closures, with no I/O: [`Service::call`] turns an
 //! `RpcRequest` for a method into an `RpcResponse`. The frame loop decides *when* calls
@@ -27,6 +28,20 @@
 //! service; the frame loop runs on its own thread (see [`crate::worker`]), so even a slow
 //! handler never stalls the process's network I/O, only its own service.
 //!
+//! # Events
+//!
+//! [`Service::on_event`] subscribes a subject under the prefix, either in the service's
+//! queue group ([`Delivery::Queue`]: one worker of the service handles each message, e.g.
+//! the gates' `evt.session.closed`) or plainly ([`Delivery::All`]: every worker sees
+//! every message, e.g. state its workers replicate). Events go through the same queue and
+//! the same loop as requests, so a handler's state needs no lock against them. Order:
+//! messages of one subject are handled in the order the bus delivered them; and when an
+//! event and a request reach the worker in that order, the event is handled first
+//! (`All` events before `Queue` events before requests, see [`crate::worker`]).
+//!
+//! [`Service::on_start_sync`] lets a worker that starts while others already run ask one
+//! of them for the state they share before it takes requests.
+//!
 //! # Cost units
 //!
 //! Each method declares a cost, 1 unit by default (see [`Service::cost`]). A unit is "one
@@ -45,7 +60,11 @@ use proto::code;
 use proto::rpc::{RpcRequest, RpcResponse};
 use tokio::time::{Duration, Instant};
 
-use crate::context::Context;
+use crate::context::{Context, Parts};
+
+mod error;
+use crate::push::Outbound;
+pub use error::HandlerError;
 
 /// Cost of a method that declares none.
 pub const DEFAULT_COST: u32 = 1;
@@ -53,69 +72,6 @@ pub const DEFAULT_COST: u32 = 1;
 /// Longest service or method name. Names become NATS subject tokens and metric labels;
 /// the gate bounds routes the same way.
 pub const MAX_NAME_LEN: usize = 64;
-
-/// A handler's failure: answered with [`HandlerError::code`] (500 unless the handler
-/// chose otherwise) and the message, which the client sees.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message} (code {code})")]
-pub struct HandlerError {
-    code: u32,
-    message: String,
-}
-
-impl HandlerError {
-    /// A handler error: answered 500 with `message`.
-    pub fn new(message: impl Into<String>) -> HandlerError {
-        HandlerError::with_code(code::HANDLER_ERROR, message)
-    }
-
-    /// An error answered with `code` (a 4xx or 5xx from [`proto::code`]).
-    pub fn with_code(code: u32, message: impl Into<String>) -> HandlerError {
-        HandlerError {
-            code,
-            message: message.into(),
-        }
-    }
-
-    /// 400: the request is wrong, and retrying it unchanged will not help.
-    pub fn bad_request(message: impl Into<String>) -> HandlerError {
-        HandlerError::with_code(code::BAD_REQUEST, message)
-    }
-
-    /// 401: the session must log in (bind a uid) first.
-    pub fn unauthorized(message: impl Into<String>) -> HandlerError {
-        HandlerError::with_code(code::UNAUTHORIZED, message)
-    }
-
-    /// The status code the client gets.
-    pub fn code(&self) -> u32 {
-        self.code
-    }
-
-    /// The message the client gets.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
-
-impl From<String> for HandlerError {
-    fn from(message: String) -> Self {
-        HandlerError::new(message)
-    }
-}
-
-impl From<&str> for HandlerError {
-    fn from(message: &str) -> Self {
-        HandlerError::new(message)
-    }
-}
-
-impl From<anyhow::Error> for HandlerError {
-    /// `?` on an `anyhow::Result` answers 500 with the error and its causes.
-    fn from(error: anyhow::Error) -> Self {
-        HandlerError::new(format!("{error:#}"))
-    }
-}
 
 /// One firing of a service's tick callback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,11 +87,51 @@ pub struct Tick {
 }
 
 type RawHandler = Box<dyn FnMut(&mut Context, Bytes) -> Result<Bytes, HandlerError> + Send>;
-type TickHandler = Box<dyn FnMut(&Tick) + Send>;
+type TickHandler = Box<dyn FnMut(&mut Context, &Tick) + Send>;
+type EventHandler = Box<dyn FnMut(&mut Context, Bytes) -> Result<(), HandlerError> + Send>;
 
 struct Method {
     handler: RawHandler,
     cost: u32,
+}
+
+/// Who handles an event: see [`Service::on_event`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Delivery {
+    /// One worker of the service, whichever the bus picks (the service's queue group).
+    Queue,
+    /// Every worker of the service.
+    All,
+}
+
+struct Event {
+    subject: String,
+    delivery: Delivery,
+    handler: EventHandler,
+}
+
+struct StartSync {
+    subject: String,
+    restore: EventHandler,
+}
+
+/// What a request's handling produced: the answer, and what to publish before it.
+#[derive(Debug, Clone, Default)]
+pub struct Handled {
+    pub response: RpcResponse,
+    /// Pushes and messages the handler asked for, in order; empty when it failed.
+    pub outbound: Vec<Outbound>,
+}
+
+/// What an event's (or a tick's) handling produced.
+#[derive(Debug, Clone, Default)]
+pub struct EventHandled {
+    /// Whether the handler succeeded (no error, no panic).
+    pub ok: bool,
+    /// Pushes and messages to publish, in order; empty when it failed.
+    pub outbound: Vec<Outbound>,
+    /// The answer, for an event whose sender asked for one.
+    pub reply: Option<Bytes>,
 }
 
 /// A named set of handlers, one per method, plus an optional tick callback.
@@ -160,6 +156,8 @@ pub struct Service {
     methods: HashMap<String, Method>,
     last_method: Option<String>,
     tick: Option<TickHandler>,
+    events: Vec<Event>,
+    start_sync: Option<StartSync>,
 }
 
 impl Service {
@@ -179,6 +177,8 @@ impl Service {
             methods: HashMap::new(),
             last_method: None,
             tick: None,
+            events: Vec::new(),
+            start_sync: None,
         }
     }
 
@@ -250,12 +250,77 @@ impl Service {
     }
 
     /// Registers the callback the frame loop calls at the worker's tick interval (the
-    /// game loop). It runs on the loop's thread, between frames, never inside one.
+    /// game loop). It runs on the loop's thread, between frames, never inside one. Its
+    /// context has no session; what it pushes is published when it returns.
     pub fn on_tick<F>(mut self, tick: F) -> Service
     where
-        F: FnMut(&Tick) + Send + 'static,
+        F: FnMut(&mut Context, &Tick) + Send + 'static,
     {
         self.tick = Some(Box::new(tick));
+        self
+    }
+
+    /// Registers `handler` for the messages on `<prefix>.<subject>` (dot-separated
+    /// tokens, e.g. `evt.session.closed`), delivered to one worker of the service or to
+    /// all of them (see [`Delivery`] and the module docs). The handler gets the payload
+    /// and a context without a session; what it pushes is published when it returns,
+    /// and [`Context::reply`] answers a sender that asked for an answer. An error is
+    /// logged and counted: there is nobody to answer it to. Each event costs
+    /// [`DEFAULT_COST`].
+    ///
+    /// # Panics
+    ///
+    /// If `subject` is not dot-separated tokens, or is already registered.
+    pub fn on_event<F>(mut self, subject: &str, delivery: Delivery, handler: F) -> Service
+    where
+        F: FnMut(&mut Context, Bytes) -> Result<(), HandlerError> + Send + 'static,
+    {
+        assert!(
+            is_valid_subject(subject),
+            "invalid event subject {subject:?} in service {}: use dot-separated [a-z0-9_-] tokens",
+            self.name
+        );
+        assert!(
+            self.events.iter().all(|e| e.subject != subject),
+            "event subject {subject:?} registered twice in service {}",
+            self.name
+        );
+        self.events.push(Event {
+            subject: subject.to_owned(),
+            delivery,
+            handler: Box::new(handler),
+        });
+        self
+    }
+
+    /// Makes a starting worker ask a running peer for the service's shared state before
+    /// it takes requests: it sends an empty request on `<prefix>.<subject>` and hands the
+    /// answer to `restore`, the first thing its loop runs (no answer because no peer
+    /// runs: it starts empty). Peers answer through an event handler registered for the
+    /// same subject with [`Delivery::Queue`] that calls [`Context::reply`]. The worker
+    /// subscribes its other events before asking and that subject after, so it never
+    /// asks itself, and no change published after the snapshot is missed: applying
+    /// changes must be idempotent, since some may be in the snapshot too.
+    ///
+    /// # Panics
+    ///
+    /// If `subject` is not dot-separated tokens, or no `Queue` event handler is
+    /// registered for it (register that first).
+    pub fn on_start_sync<F>(mut self, subject: &str, restore: F) -> Service
+    where
+        F: FnMut(&mut Context, Bytes) -> Result<(), HandlerError> + Send + 'static,
+    {
+        assert!(
+            self.events
+                .iter()
+                .any(|e| e.subject == subject && e.delivery == Delivery::Queue),
+            "on_start_sync({subject:?}) needs an on_event({subject:?}, Delivery::Queue, ..) \
+             to answer it, registered first"
+        );
+        self.start_sync = Some(StartSync {
+            subject: subject.to_owned(),
+            restore: Box::new(restore),
+        });
         self
     }
 
@@ -280,28 +345,47 @@ impl Service {
         self.tick.is_some()
     }
 
+    /// The registered event subjects (under the prefix) and who gets them.
+    pub fn events(&self) -> impl Iterator<Item = (&str, Delivery)> {
+        self.events.iter().map(|e| (e.subject.as_str(), e.delivery))
+    }
+
+    /// The subject a starting worker asks for a snapshot on, if any.
+    pub fn start_sync_subject(&self) -> Option<&str> {
+        self.start_sync.as_ref().map(|s| s.subject.as_str())
+    }
+
     /// Answers `request` with `method`'s handler: 200 with the body and effects, the
     /// handler's error code and message, 404 for an unknown method, or 500 if the handler
     /// panicked (the panic is caught: a request can never take the worker down). A failed
-    /// handler's effects are dropped: a request either succeeds with its effects or
-    /// changes nothing.
-    pub fn call(&mut self, method: &str, mut request: RpcRequest) -> RpcResponse {
+    /// handler's effects and pushes are dropped: a request either succeeds with its
+    /// effects or changes nothing.
+    pub fn call(&mut self, method: &str, mut request: RpcRequest) -> Handled {
         let Some(entry) = self.methods.get_mut(method) else {
             return error_response(
                 code::NOT_FOUND,
                 format!("unknown method {method:?} of service {:?}", self.name),
-            );
+            )
+            .into();
         };
         let mut ctx = Context::for_request(&mut request);
         let body = std::mem::take(&mut request.body);
         match catch_unwind(AssertUnwindSafe(|| (entry.handler)(&mut ctx, body))) {
-            Ok(Ok(body)) => RpcResponse {
-                code: code::OK,
-                body,
-                effects: ctx.into_effects(),
-                ..RpcResponse::default()
-            },
-            Ok(Err(error)) => error_response(error.code, error.message),
+            Ok(Ok(body)) => {
+                let Parts {
+                    effects, outbound, ..
+                } = ctx.into_parts();
+                Handled {
+                    response: RpcResponse {
+                        code: code::OK,
+                        body,
+                        effects,
+                        ..RpcResponse::default()
+                    },
+                    outbound,
+                }
+            }
+            Ok(Err(error)) => error_response(error.code(), error.message()).into(),
             Err(panic) => {
                 tracing::error!(
                     service = %self.name,
@@ -309,33 +393,102 @@ impl Service {
                     panic = panic_message(&*panic),
                     "handler panicked"
                 );
-                error_response(code::HANDLER_ERROR, "internal error: handler panicked")
+                error_response(code::HANDLER_ERROR, "internal error: handler panicked").into()
             }
         }
     }
 
     /// Decodes an `RpcRequest` from `payload` (as it came off the bus) and calls `method`;
     /// a payload that is not an `RpcRequest` is answered 400.
-    pub fn call_encoded(&mut self, method: &str, payload: Bytes) -> RpcResponse {
+    pub fn call_encoded(&mut self, method: &str, payload: Bytes) -> Handled {
         match RpcRequest::decode(payload) {
             Ok(request) => self.call(method, request),
-            Err(e) => error_response(code::BAD_REQUEST, format!("malformed RpcRequest: {e}")),
+            Err(e) => {
+                error_response(code::BAD_REQUEST, format!("malformed RpcRequest: {e}")).into()
+            }
         }
     }
 
-    /// Runs the tick callback, if any. A panicking tick is logged and survived, like a
-    /// panicking handler.
-    pub fn tick(&mut self, tick: &Tick) {
-        let Some(callback) = self.tick.as_mut() else {
-            return;
+    /// Runs the handler of event `subject` (as registered) on `payload`. An unknown
+    /// subject, an error or a panic is logged, and publishes nothing.
+    pub fn event(&mut self, subject: &str, payload: Bytes) -> EventHandled {
+        let name = &self.name;
+        let Some(event) = self.events.iter_mut().find(|e| e.subject == subject) else {
+            tracing::warn!(service = %name, subject, "no handler for event");
+            return EventHandled::default();
         };
-        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| callback(tick))) {
+        run_sessionless(name, subject, |ctx| (event.handler)(ctx, payload))
+    }
+
+    /// Hands a peer's snapshot to the [`Service::on_start_sync`] callback.
+    pub fn restore(&mut self, snapshot: Bytes) -> EventHandled {
+        let name = &self.name;
+        let Some(sync) = self.start_sync.as_mut() else {
+            return EventHandled::default();
+        };
+        run_sessionless(name, "restore", |ctx| (sync.restore)(ctx, snapshot))
+    }
+
+    /// Runs the tick callback, if any, returning what it asked to publish. A panicking
+    /// tick is logged and survived, like a panicking handler.
+    pub fn tick(&mut self, tick: &Tick) -> Vec<Outbound> {
+        let name = &self.name;
+        let Some(callback) = self.tick.as_mut() else {
+            return Vec::new();
+        };
+        run_sessionless(name, "tick", |ctx| {
+            callback(ctx, tick);
+            Ok(())
+        })
+        .outbound
+    }
+}
+
+/// Runs a tick, event or restore callback with a sessionless context, catching errors
+/// and panics (logged: nobody else hears of them).
+fn run_sessionless(
+    service: &str,
+    what: &str,
+    f: impl FnOnce(&mut Context) -> Result<(), HandlerError>,
+) -> EventHandled {
+    let mut ctx = Context::new(None);
+    match catch_unwind(AssertUnwindSafe(|| f(&mut ctx))) {
+        Ok(Ok(())) => {
+            let parts = ctx.into_parts();
+            if !parts.effects.is_empty() {
+                tracing::warn!(
+                    service,
+                    what,
+                    "session effects asked for without a session are dropped"
+                );
+            }
+            EventHandled {
+                ok: true,
+                outbound: parts.outbound,
+                reply: parts.reply,
+            }
+        }
+        Ok(Err(error)) => {
+            tracing::debug!(service, what, %error, "event handler failed");
+            EventHandled::default()
+        }
+        Err(panic) => {
             tracing::error!(
-                service = %self.name,
-                seq = tick.seq,
+                service,
+                what,
                 panic = panic_message(&*panic),
-                "tick callback panicked"
+                "callback panicked"
             );
+            EventHandled::default()
+        }
+    }
+}
+
+impl From<RpcResponse> for Handled {
+    fn from(response: RpcResponse) -> Self {
+        Handled {
+            response,
+            outbound: Vec::new(),
         }
     }
 }
@@ -348,6 +501,8 @@ impl fmt::Debug for Service {
             .field("name", &self.name)
             .field("methods", &methods)
             .field("tick", &self.tick.is_some())
+            .field("events", &self.events().collect::<Vec<_>>())
+            .field("start_sync", &self.start_sync_subject())
             .finish()
     }
 }
@@ -361,6 +516,11 @@ pub fn is_valid_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+/// Whether `subject` is one or more dot-separated names (see [`is_valid_name`]).
+pub fn is_valid_subject(subject: &str) -> bool {
+    subject.split('.').all(is_valid_name)
 }
 
 /// A response carrying only a status and a message.
@@ -381,198 +541,4 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proto::echo::{EchoRequest, EchoResponse};
-    use proto::rpc::{Session, effect};
-
-    fn request(body: impl Into<Bytes>) -> RpcRequest {
-        RpcRequest {
-            route: "test.m".into(),
-            body: body.into(),
-            session: Some(Session {
-                gate: "g".into(),
-                sid: 1,
-                ..Session::default()
-            }),
-            timing: false,
-        }
-    }
-
-    fn echo_body(text: &str) -> Bytes {
-        EchoRequest {
-            body: Bytes::copy_from_slice(text.as_bytes()),
-        }
-        .encode_to_vec()
-        .into()
-    }
-
-    fn typed() -> Service {
-        Service::new("test")
-            .method("echo", |_ctx: &mut Context, req: EchoRequest| {
-                Ok(EchoResponse { body: req.body })
-            })
-            .method("login", |ctx: &mut Context, req: EchoRequest| {
-                let uid = String::from_utf8_lossy(&req.body).into_owned();
-                ctx.bind_uid(uid);
-                ctx.join("lobby");
-                Ok(EchoResponse::default())
-            })
-            .method("fail", |ctx: &mut Context, _req: EchoRequest| {
-                ctx.join("never");
-                Err::<EchoResponse, _>(HandlerError::new("the dragon ate it"))
-            })
-            .method("deny", |_ctx: &mut Context, _req: EchoRequest| {
-                Err::<EchoResponse, _>(HandlerError::unauthorized("log in first"))
-            })
-            .raw_method("panic", |_ctx, _body| panic!("boom"))
-    }
-
-    #[test]
-    fn typed_method_decodes_and_encodes() {
-        let response = typed().call("echo", request(echo_body("hi")));
-        assert_eq!(response.code, code::OK);
-        let echoed = EchoResponse::decode(response.body).unwrap();
-        assert_eq!(echoed.body, Bytes::from_static(b"hi"));
-    }
-
-    #[test]
-    fn undecodable_body_is_400_with_a_message() {
-        let response = typed().call("echo", request(Bytes::from_static(&[0xff, 0xff])));
-        assert_eq!(response.code, code::BAD_REQUEST);
-        assert!(
-            response.message.starts_with("bad request body"),
-            "{response:?}"
-        );
-    }
-
-    #[test]
-    fn unknown_method_is_404() {
-        let response = typed().call("nope", request(Bytes::new()));
-        assert_eq!(response.code, code::NOT_FOUND);
-        assert!(response.message.contains("nope"), "{response:?}");
-    }
-
-    #[test]
-    fn handler_error_is_500_with_its_message_and_no_effects() {
-        let response = typed().call("fail", request(echo_body("")));
-        assert_eq!(response.code, code::HANDLER_ERROR);
-        assert_eq!(response.message, "the dragon ate it");
-        assert!(response.effects.is_empty());
-    }
-
-    #[test]
-    fn handler_error_may_choose_its_code() {
-        let response = typed().call("deny", request(echo_body("")));
-        assert_eq!(response.code, code::UNAUTHORIZED);
-        assert_eq!(response.message, "log in first");
-    }
-
-    #[test]
-    fn panicking_handler_is_500_and_the_service_survives() {
-        let mut service = typed();
-        let response = service.call("panic", request(Bytes::new()));
-        assert_eq!(response.code, code::HANDLER_ERROR);
-        assert_eq!(service.call("echo", request(echo_body("x"))).code, code::OK);
-    }
-
-    #[test]
-    fn effects_travel_in_the_response() {
-        let response = typed().call("login", request(echo_body("alice")));
-        assert_eq!(response.code, code::OK);
-        let kinds: Vec<_> = response.effects.into_iter().map(|e| e.kind).collect();
-        assert_eq!(
-            kinds,
-            vec![
-                Some(effect::Kind::BindUid("alice".into())),
-                Some(effect::Kind::Join("lobby".into())),
-            ]
-        );
-    }
-
-    #[test]
-    fn raw_method_gets_the_bytes() {
-        let mut service = Service::new("raw").raw_method("rev", |_ctx, body| {
-            Ok(body.iter().rev().copied().collect::<Vec<u8>>().into())
-        });
-        let response = service.call("rev", request(Bytes::from_static(b"abc")));
-        assert_eq!(response.body, Bytes::from_static(b"cba"));
-    }
-
-    #[test]
-    fn malformed_rpc_request_is_400() {
-        let response = typed().call_encoded("echo", Bytes::from_static(&[0x0a, 0x05, b'x']));
-        assert_eq!(response.code, code::BAD_REQUEST);
-        assert!(
-            response.message.starts_with("malformed RpcRequest"),
-            "{response:?}"
-        );
-    }
-
-    #[test]
-    fn encoded_call_round_trips() {
-        let payload = Bytes::from(request(echo_body("yo")).encode_to_vec());
-        let response = typed().call_encoded("echo", payload);
-        assert_eq!(response.code, code::OK);
-    }
-
-    #[test]
-    fn cost_applies_to_the_last_method_and_defaults_to_one() {
-        let service = Service::new("s")
-            .raw_method("cheap", |_, b| Ok(b))
-            .raw_method("dear", |_, b| Ok(b))
-            .cost(5);
-        assert_eq!(service.cost_of("cheap"), 1);
-        assert_eq!(service.cost_of("dear"), 5);
-        assert_eq!(service.cost_of("unknown"), DEFAULT_COST);
-    }
-
-    #[test]
-    fn handlers_may_keep_state() {
-        let mut count = 0u32;
-        let mut service = Service::new("s").raw_method("count", move |_, _| {
-            count += 1;
-            Ok(Bytes::from(count.to_string()))
-        });
-        service.call("count", request(Bytes::new()));
-        let response = service.call("count", request(Bytes::new()));
-        assert_eq!(response.body, Bytes::from_static(b"2"));
-    }
-
-    #[test]
-    fn names_are_subject_tokens() {
-        assert!(is_valid_name("chat"));
-        assert!(is_valid_name("get_room-2"));
-        for bad in [
-            "",
-            "Chat",
-            "a.b",
-            "*",
-            ">",
-            "a b",
-            &"x".repeat(MAX_NAME_LEN + 1),
-        ] {
-            assert!(!is_valid_name(bad), "{bad:?}");
-        }
-    }
-
-    #[test]
-    #[should_panic(expected = "registered twice")]
-    fn duplicate_method_panics() {
-        let _ = Service::new("s")
-            .raw_method("m", |_, b| Ok(b))
-            .raw_method("m", |_, b| Ok(b));
-    }
-
-    #[test]
-    #[should_panic(expected = "invalid method name")]
-    fn dotted_method_panics() {
-        let _ = Service::new("s").raw_method("a.b", |_, b| Ok(b));
-    }
-
-    #[test]
-    #[should_panic(expected = "at least 1")]
-    fn zero_cost_panics() {
-        let _ = Service::new("s").raw_method("m", |_, b| Ok(b)).cost(0);
-    }
-}
+mod tests;

@@ -50,6 +50,7 @@ pub(crate) async fn connect(
 ) -> Result<(Ws, HandshakeAck), SdkError> {
     let handshake = async {
         let config = WebSocketConfig::default()
+            .read_buffer_size(8 * 1024)
             .max_message_size(Some(options.max_frame_bytes))
             .max_frame_size(Some(options.max_frame_bytes));
         let (mut ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), true)

@@ -189,7 +189,7 @@ async fn tick_keeps_its_rate_under_load() {
     let handled = Log::default();
     let ticks = Arc::new(Mutex::new(Vec::<(Tick, usize)>::new()));
     let seen = (handled.clone(), ticks.clone());
-    let service = service(&handled).on_tick(move |tick| {
+    let service = service(&handled).on_tick(move |_ctx, tick| {
         let done = seen.0.lock().unwrap().len();
         seen.1.lock().unwrap().push((*tick, done));
     });
@@ -220,7 +220,7 @@ async fn tick_keeps_its_rate_under_load() {
 async fn tick_runs_while_idle() {
     let t0 = Instant::now();
     let (tick_tx, mut tick_rx) = mpsc::channel(16);
-    let service = Service::new("t").on_tick(move |tick| {
+    let service = Service::new("t").on_tick(move |_ctx, tick| {
         let _ = tick_tx.try_send(tick.now);
     });
     let (out, _rx) = output();
@@ -336,6 +336,130 @@ async fn metrics_count_requests_rejections_and_frames() {
             ("worker_frame_seconds{service=t}".to_string(), 2),
             ("worker_handler_seconds{service=t}".to_string(), 2),
             ("worker_queue_wait_seconds{service=t}".to_string(), 2),
+        ]
+    );
+}
+
+type SentRx = mpsc::Receiver<Sent<u32>>;
+
+fn sent_output() -> (mpsc::Sender<Sent<u32>>, SentRx) {
+    mpsc::channel(1024)
+}
+
+/// What went out, as short labels in order: `push:<subject>`, `answer:<id>`,
+/// `response:<id>:<code>`.
+fn sent(rx: &mut SentRx) -> Vec<String> {
+    let mut out = Vec::new();
+    while let Ok(item) = rx.try_recv() {
+        out.push(match item {
+            Sent::Publish(o) => format!("push:{}", o.subject("p")),
+            Sent::Answer(id, body) => format!("answer:{id}:{}", String::from_utf8_lossy(&body)),
+            Sent::Response(id, r) => format!("response:{id}:{}", r.code),
+        });
+    }
+    out
+}
+
+/// `say` broadcasts to `room` and answers; `fail` pushes, then fails; a `ping` event
+/// pushes and answers "pong"; the tick pushes.
+fn pushing_service() -> Service {
+    Service::new("t")
+        .raw_method("say", |ctx, body| {
+            ctx.broadcast("room", "t.said", body.clone())?;
+            ctx.push_to_user("bob", "t.said", body)?;
+            Ok(Bytes::new())
+        })
+        .raw_method("fail", |ctx, _| {
+            ctx.broadcast("room", "t.said", "lost")?;
+            Err(HandlerError::new("no"))
+        })
+        .raw_method("bad", |ctx, _| {
+            ctx.broadcast("a.b", "t.said", "x")?;
+            Ok(Bytes::new())
+        })
+        .on_event("evt.ping", crate::Delivery::All, |ctx, _| {
+            ctx.publish("t.seen", "x")?;
+            ctx.reply("pong");
+            Ok(())
+        })
+        .on_tick(|ctx, _tick| {
+            let _ = ctx.broadcast("ticks", "t.tick", "");
+        })
+}
+
+use crate::service::HandlerError;
+
+#[tokio::test(start_paused = true)]
+async fn pushes_go_out_before_the_answer_and_not_at_all_on_failure() {
+    let (out, mut rx) = sent_output();
+    let (intake, queue) = queue("t", 16, out.clone());
+    intake.offer(request("say", 1)).await;
+    intake.offer(request("fail", 2)).await;
+    intake.offer(request("bad", 3)).await;
+    intake
+        .offer(Incoming::event("evt.ping", Bytes::new(), Some(4)))
+        .await;
+    intake
+        .offer(Incoming::event("evt.ping", Bytes::new(), None))
+        .await;
+    drop(intake);
+    let mut config = config(16, 100);
+    config.tick_interval = Duration::from_secs(3600);
+    FrameLoop::new(pushing_service(), config, queue, out)
+        .run()
+        .await;
+    assert_eq!(
+        sent(&mut rx),
+        [
+            "push:p.grp.room",
+            "push:p.user.bob",
+            "response:1:200",
+            "response:2:500",
+            "response:3:400",
+            "push:p.t.seen",
+            "answer:4:pong",
+            "push:p.t.seen",
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tick_publishes_what_it_pushed() {
+    let (out, mut rx) = sent_output();
+    let (intake, queue) = queue("t", 4, out.clone());
+    let running = tokio::spawn(FrameLoop::new(pushing_service(), config(4, 4), queue, out).run());
+    tokio::time::sleep(25 * MS).await;
+    drop(intake);
+    running.await.unwrap();
+    assert_eq!(sent(&mut rx), ["push:p.grp.ticks", "push:p.grp.ticks"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_wait_for_room_instead_of_being_rejected() {
+    let (out, mut rx) = sent_output();
+    let (intake, queue) = queue("t", 1, out.clone());
+    assert_eq!(intake.offer(request("say", 1)).await, Offer::Queued);
+    // The queue is full: a request is refused at once, an event waits for the loop.
+    assert_eq!(intake.offer(request("say", 2)).await, Offer::Rejected);
+    let event = Incoming::event("evt.ping", Bytes::new(), Some(3));
+    let offered = tokio::spawn(async move {
+        let offer = intake.offer(event).await;
+        drop(intake);
+        offer
+    });
+    FrameLoop::new(pushing_service(), config(1, 100), queue, out)
+        .run()
+        .await;
+    assert_eq!(offered.await.unwrap(), Offer::Queued);
+    assert_eq!(
+        sent(&mut rx),
+        [
+            "response:2:503",
+            "push:p.grp.room",
+            "push:p.user.bob",
+            "response:1:200",
+            "push:p.t.seen",
+            "answer:3:pong",
         ]
     );
 }
