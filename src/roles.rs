@@ -109,7 +109,19 @@ pub async fn start_worker(
     }))
 }
 
-/// Waits for a role's task and turns a panic or error into one error.
+/// How long a role has to stop after shutdown: a worker draining towards a broker that
+/// is gone would otherwise wait for it forever.
+pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Waits, at most [`STOP_GRACE`], for a role's task after shutdown was signalled, and
+/// turns a panic, an error or a hang into one error.
 pub async fn join(task: JoinHandle<anyhow::Result<()>>) -> anyhow::Result<()> {
-    task.await.context("task panicked")?
+    let abort = task.abort_handle();
+    match tokio::time::timeout(STOP_GRACE, task).await {
+        Ok(joined) => joined.context("task panicked")?,
+        Err(_) => {
+            abort.abort();
+            anyhow::bail!("did not stop within {STOP_GRACE:?}")
+        }
+    }
 }
