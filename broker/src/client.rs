@@ -358,8 +358,14 @@ pub(crate) async fn serve(
     stream: TcpStream,
     info: Vec<u8>,
 ) {
+    let mut stream = stream;
+    // INFO goes out at once, not after the writer task's first turn: under a heavy
+    // fan-out that turn can come late, and clients time their connect out.
+    if stream.write_all(&info).await.is_err() {
+        server.remove_client(&me);
+        return;
+    }
     let (mut rd, wr) = stream.into_split();
-    me.send(&info);
     let writer = tokio::spawn(write_loop(me.clone(), wr, server.clone()));
     let mut conn = Conn {
         server: server.clone(),
@@ -707,6 +713,34 @@ impl Conn {
     }
 }
 
+/// Bytes one writer hands the kernel before it lets other tasks run. A fan-out can queue
+/// megabytes for each of hundreds of subscribers; written in one go, a round of them
+/// would keep new connections waiting for their INFO for seconds.
+const WRITE_TURN: usize = 256 * 1024;
+
+/// Writes `data` in turns of [`WRITE_TURN`], yielding between them. The deadline applies
+/// to each turn: a write blocked that long means the client stopped reading. Each turn
+/// counts as progress for publishers waiting on this client's backlog.
+async fn write_in_turns(
+    me: &ClientShared,
+    wr: &mut OwnedWriteHalf,
+    data: &[u8],
+    deadline: std::time::Duration,
+) -> Result<std::io::Result<()>, tokio::time::error::Elapsed> {
+    for (i, turn) in data.chunks(WRITE_TURN).enumerate() {
+        if i > 0 {
+            tokio::task::yield_now().await;
+        }
+        if let Err(e) = timeout(deadline, wr.write_all(turn)).await? {
+            return Ok(Err(e));
+        }
+        me.written.fetch_add(turn.len() as u64, Ordering::Relaxed);
+        me.stalled.store(false, Ordering::Relaxed);
+        me.drained.notify_waiters();
+    }
+    Ok(Ok(()))
+}
+
 /// Flushes the client's outbound buffer whenever woken, and PINGs it on schedule.
 async fn write_loop(me: Arc<ClientShared>, mut wr: OwnedWriteHalf, server: Arc<Shared>) {
     let config = &server.config;
@@ -745,15 +779,11 @@ async fn write_loop(me: Arc<ClientShared>, mut wr: OwnedWriteHalf, server: Arc<S
         // Biased: what is queued (a final -ERR) is still written when the socket takes it.
         let written = tokio::select! {
             biased;
-            r = timeout(config.write_deadline, wr.write_all(&spare)) => r,
+            r = write_in_turns(&me, &mut wr, &spare, config.write_deadline) => r,
             () = me.close.cancelled(), if !closing => break,
         };
         match written {
-            Ok(Ok(())) => {
-                me.written.fetch_add(spare.len() as u64, Ordering::Relaxed);
-                me.stalled.store(false, Ordering::Relaxed);
-                me.drained.notify_waiters();
-            }
+            Ok(Ok(())) => {}
             Ok(Err(_)) => break,
             Err(_) => {
                 server.stats.slow_consumers.fetch_add(1, Ordering::Relaxed);
