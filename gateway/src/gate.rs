@@ -4,7 +4,9 @@
 //! Every gate has ONE wildcard subscription, `<prefix>.gw.<gate>.>`, for all its
 //! replies: a request's reply subject is `<prefix>.gw.<gate>.<sid>.<id>`, so a reply is
 //! routed by parsing its subject — no per-request subscription and no global pending
-//! map; each session keeps its own.
+//! map; each session keeps its own. The [`router`](crate::router) task reads it together
+//! with the group and player subscriptions, so a reply never overtakes a push that
+//! reached the gate before it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +14,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use anyhow::Context as _;
 use async_nats::StatusCode;
 use dashmap::DashMap;
-use futures::StreamExt;
 use proto::Message as _;
 use proto::rpc::RpcResponse;
 use tokio::net::TcpListener;
@@ -23,6 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{GateConfig, WS_READ_BUFFER, WS_WRITE_BUFFER};
 use crate::presence::{Binding, Group, PushFrame};
+use crate::router::{self, HANDOVER_QUEUE, Handover};
 use crate::session;
 
 /// Decides whether a handshake's token may open a session.
@@ -50,7 +52,7 @@ impl TokenCheck for StaticToken {
     }
 }
 
-/// What the reply router hands a session.
+/// What the router hands a session.
 #[derive(Debug)]
 pub(crate) enum ToSession {
     /// A worker answered request `id`.
@@ -84,6 +86,13 @@ pub(crate) struct GateShared {
     pub ws_config: WebSocketConfig,
     /// Cancelled when the gate starts shutting down: sessions drain and close.
     pub draining: CancellationToken,
+    /// Cancelled once the gate has shut down and its sessions are gone: the router
+    /// drops every subscription and ends.
+    pub stopped: CancellationToken,
+    /// New group and player subscriptions, on their way to the router.
+    pub handovers: mpsc::Sender<Handover>,
+    /// The router task, for [`Gate::run`] to wait for.
+    router: TaskTracker,
     next_sid: AtomicU64,
 }
 
@@ -104,7 +113,8 @@ impl std::fmt::Debug for Gate {
 }
 
 impl Gate {
-    /// Subscribes this gate's reply subject on `nats` and starts routing replies.
+    /// Subscribes this gate's reply subject on `nats` and starts the router, which runs
+    /// until [`Gate::run`] returns.
     pub async fn new(
         nats: async_nats::Client,
         mut config: GateConfig,
@@ -125,6 +135,7 @@ impl Gate {
             .max_write_buffer_size(WS_WRITE_BUFFER + 2 * config.max_frame)
             .max_frame_size(Some(config.max_frame))
             .max_message_size(Some(config.max_frame));
+        let (handovers, handed_over) = mpsc::channel(HANDOVER_QUEUE);
         let shared = Arc::new(GateShared {
             id: config.gate_id.clone(),
             config,
@@ -135,9 +146,15 @@ impl Gate {
             token_check,
             ws_config,
             draining: CancellationToken::new(),
+            stopped: CancellationToken::new(),
+            handovers,
+            router: TaskTracker::new(),
             next_sid: AtomicU64::new(1),
         });
-        tokio::spawn(route_replies(shared.clone(), replies));
+        shared
+            .router
+            .spawn(router::run(shared.clone(), replies, handed_over));
+        shared.router.close();
         Ok(Gate(shared))
     }
 
@@ -162,7 +179,8 @@ impl Gate {
 
     /// Serves WebSocket clients on `listener` until `shutdown` is cancelled; then stops
     /// accepting, lets sessions answer what is in flight (within the grace period), and
-    /// closes them with a reason.
+    /// closes them with a reason. Once they are gone the router stops and every
+    /// subscription of the gate is dropped: a gate serves once.
     pub async fn run(
         &self,
         listener: TcpListener,
@@ -186,20 +204,23 @@ impl Gate {
         self.0.draining.cancel();
         tracker.close();
         tracker.wait().await;
+        // Only now: draining sessions still wait for their replies.
+        self.0.stopped.cancel();
+        self.0.router.wait().await;
         Ok(())
     }
 }
 
-/// Routes each reply to its session by the `<sid>.<id>` at the end of its subject.
-async fn route_replies(gate: Arc<GateShared>, mut replies: async_nats::Subscriber) {
-    let skip = format!("{}.gw.{}.", gate.config.prefix, gate.id).len();
-    while let Some(msg) = replies.next().await {
+impl GateShared {
+    /// Hands a reply to its session by the `<sid>.<id>` at the end of its subject.
+    pub(crate) fn route_reply(&self, msg: async_nats::Message) {
+        let skip = self.config.prefix.len() + ".gw.".len() + self.id.len() + 1;
         let Some((sid, id)) = msg.subject.get(skip..).and_then(parse_sid_id) else {
-            continue;
+            return;
         };
-        let Some(session) = gate.sessions.get(&sid).map(|s| s.clone()) else {
+        let Some(session) = self.sessions.get(&sid).map(|s| s.clone()) else {
             // The session closed while its request was out.
-            continue;
+            return;
         };
         let reply = if msg.status == Some(StatusCode::NO_RESPONDERS) {
             WorkerReply::NoResponders

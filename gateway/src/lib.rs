@@ -9,6 +9,7 @@ mod gate;
 mod limits;
 mod presence;
 pub mod route;
+mod router;
 pub mod sdk;
 mod session;
 

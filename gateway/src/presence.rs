@@ -8,12 +8,16 @@
 //!   has bound `u`: pushes and kicks addressed to the player reach it on whichever gate
 //!   it is. Binding publishes a claim there, so a session holding `u` on another gate is
 //!   kicked (or, in refuse mode, the bind is refused when a holder answers a probe).
+//!
+//! Joining and binding subscribe here, then hand the subscription to the gate's
+//! [`router`](crate::router), which owns it from then on and calls
+//! [`GateShared::deliver_to_group`] and [`GateShared::deliver_to_user`] for what
+//! arrives; leaving and unbinding cancel its token, and the router drops it.
 
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use dashmap::mapref::entry::Entry;
-use futures::StreamExt;
 use proto::Message as _;
 use proto::client::{self, Packet, packet::Kind};
 use proto::rpc::{Claim, Probe, ServerPush, UserCommand, user_command};
@@ -21,6 +25,7 @@ use rustc_hash::FxHashSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::gate::{GateShared, ToSession};
+use crate::router::Target;
 
 /// A push encoded once for every local recipient, in both frame encodings; the JSON
 /// form is made only if some recipient speaks JSON.
@@ -53,7 +58,7 @@ impl PushFrame {
 /// A group with members on this gate.
 pub(crate) struct Group {
     members: FxHashSet<u64>,
-    /// Cancelling ends the forwarding task, which drops (unsubscribes) the subject.
+    /// Cancelling makes the router drop (unsubscribe) the subject.
     stop: CancellationToken,
 }
 
@@ -103,10 +108,12 @@ impl GateShared {
         let sub = self.nats.subscribe(self.group_subject(group)).await?;
         // Out on the wire before the join is answered: a push sent after the answer finds it.
         self.nats.flush().await?;
-        match self.groups.entry(group.to_owned()) {
-            // Another session joined meanwhile; its subscription serves both.
+        let stop = match self.groups.entry(group.to_owned()) {
+            // Another session joined meanwhile; its subscription serves both (ours is
+            // dropped, which unsubscribes it).
             Entry::Occupied(mut e) => {
                 e.get_mut().members.insert(sid);
+                return Ok(());
             }
             Entry::Vacant(v) => {
                 let stop = CancellationToken::new();
@@ -116,8 +123,15 @@ impl GateShared {
                     members,
                     stop: stop.clone(),
                 });
-                tokio::spawn(forward_group(self.clone(), group.to_owned(), sub, stop));
+                stop
             }
+        };
+        // Awaited before the join is answered, so the router has the subscription before
+        // any reply to a later request (see `hand_over`); outside the entry, as no map
+        // lock is ever held across an await.
+        if let Err(e) = self.hand_over(Target::Group(group.into()), sub, stop).await {
+            self.leave(group, sid);
+            return Err(e.into());
         }
         Ok(())
     }
@@ -172,32 +186,39 @@ impl GateShared {
         if let Some(old) = holder {
             self.kick_local(old, "logged in elsewhere");
         }
-        let sub = match holder {
-            // Already subscribed for this uid: the binding just changes hands.
-            Some(_) => None,
-            None => Some(
-                self.nats
-                    .subscribe(subject.clone())
-                    .await
-                    .map_err(|e| BindError::Bus(e.to_string()))?,
-            ),
-        };
+        // Subscribed even when this gate holds the uid already: the holder may unbind
+        // (it is being kicked) before the entry below is taken, and the new binding
+        // must not be left without a subscription. A spare one is dropped at once.
+        let sub = self
+            .nats
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| BindError::Bus(e.to_string()))?;
         // Out on the wire before the bind is answered: a push sent after the answer finds it.
         self.nats
             .flush()
             .await
             .map_err(|e| BindError::Bus(e.to_string()))?;
-        match self.users.entry(uid.to_owned()) {
-            Entry::Occupied(mut e) => e.get_mut().sid = sid,
+        let stop = match self.users.entry(uid.to_owned()) {
+            // Already subscribed for this uid: the binding just changes hands.
+            Entry::Occupied(mut e) => {
+                e.get_mut().sid = sid;
+                None
+            }
             Entry::Vacant(v) => {
                 let stop = CancellationToken::new();
                 v.insert(Binding {
                     sid,
                     stop: stop.clone(),
                 });
-                if let Some(sub) = sub {
-                    tokio::spawn(forward_user(self.clone(), uid.to_owned(), sub, stop));
-                }
+                Some(stop)
+            }
+        };
+        if let Some(stop) = stop {
+            // Before the claim and the answer, as for a join.
+            if let Err(e) = self.hand_over(Target::User(uid.into()), sub, stop).await {
+                self.unbind(uid, sid);
+                return Err(BindError::Bus(e.to_string()));
             }
         }
         let claim = UserCommand {
@@ -232,78 +253,63 @@ impl GateShared {
             None => false,
         }
     }
-}
 
-/// Delivers a group's broadcasts to its local members until the last one leaves.
-async fn forward_group(
-    gate: Arc<GateShared>,
-    group: String,
-    mut sub: async_nats::Subscriber,
-    stop: CancellationToken,
-) {
-    let mut members = Vec::new();
-    loop {
-        let msg = tokio::select! {
-            m = sub.next() => m,
-            () = stop.cancelled() => break,
-        };
-        let Some(msg) = msg else { break };
+    /// Delivers a broadcast on `group`'s subject to the group's local members as they are
+    /// now, all sharing one encoded frame. `members` is the caller's scratch space.
+    pub(crate) fn deliver_to_group(
+        &self,
+        group: &str,
+        msg: async_nats::Message,
+        members: &mut Vec<u64>,
+    ) {
         let Ok(push) = ServerPush::decode(msg.payload) else {
             metrics::counter!("gate_invalid_pushes_total").increment(1);
-            continue;
+            return;
         };
         let frame = PushFrame::new(push);
         members.clear();
-        if let Some(g) = gate.groups.get(&group) {
+        if let Some(g) = self.groups.get(group) {
             members.extend(g.members.iter().copied());
         }
         let dropped = members
             .iter()
-            .filter(|&&sid| !gate.push_local(sid, &frame))
+            .filter(|&&sid| !self.push_local(sid, &frame))
             .count();
         if dropped > 0 {
             metrics::counter!("gate_push_dropped_total").increment(dropped as u64);
         }
     }
-    // Dropping the subscriber unsubscribes.
-}
 
-/// Acts on what is addressed to a player bound here.
-async fn forward_user(
-    gate: Arc<GateShared>,
-    uid: String,
-    mut sub: async_nats::Subscriber,
-    stop: CancellationToken,
-) {
-    loop {
-        let msg = tokio::select! {
-            m = sub.next() => m,
-            () = stop.cancelled() => break,
-        };
-        let Some(msg) = msg else { break };
-        let Some(holder) = gate.users.get(&uid).map(|b| b.sid) else {
-            break;
+    /// Acts on a command on `uid`'s subject for the session bound to it here.
+    pub(crate) fn deliver_to_user(&self, uid: &str, msg: async_nats::Message) {
+        let Some(holder) = self.users.get(uid).map(|b| b.sid) else {
+            // Unbound just now: the router drops the subscription when it sees the stop.
+            return;
         };
         let Ok(UserCommand { kind: Some(kind) }) = UserCommand::decode(msg.payload) else {
             metrics::counter!("gate_invalid_pushes_total").increment(1);
-            continue;
+            return;
         };
         match kind {
             user_command::Kind::Push(push) => {
-                if !gate.push_local(holder, &PushFrame::new(push)) {
+                if !self.push_local(holder, &PushFrame::new(push)) {
                     metrics::counter!("gate_push_dropped_total").increment(1);
                 }
             }
-            user_command::Kind::Kick(reason) => gate.kick_local(holder, &reason),
+            user_command::Kind::Kick(reason) => self.kick_local(holder, &reason),
             user_command::Kind::Claim(claim) => {
-                if claim.gate != gate.id || claim.sid != holder {
-                    gate.kick_local(holder, "logged in elsewhere");
-                    gate.unbind(&uid, holder);
+                if claim.gate != self.id || claim.sid != holder {
+                    self.kick_local(holder, "logged in elsewhere");
+                    self.unbind(uid, holder);
                 }
             }
             user_command::Kind::Probe(_) => {
                 if let Some(reply) = msg.reply {
-                    let _ = gate.nats.publish(reply, Bytes::from_static(b"bound")).await;
+                    // On a task of its own: the router never waits for the bus.
+                    let nats = self.nats.clone();
+                    tokio::spawn(async move {
+                        let _ = nats.publish(reply, Bytes::from_static(b"bound")).await;
+                    });
                 }
             }
         }

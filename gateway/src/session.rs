@@ -173,7 +173,7 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
     if sink.send(encode(&ack(code::OK, ""), text)).await.is_err() {
         return;
     }
-    // Room for every in-flight answer plus pushes: the reply router never blocks.
+    // Room for every in-flight answer plus pushes: the router never blocks.
     let (tx, rx) = mpsc::channel(gate.config.max_in_flight + gate.config.outbound_queue);
     gate.sessions.insert(sid, tx);
     metrics::gauge!("gate_sessions").increment(1.0);

@@ -36,20 +36,18 @@ broker::on_both_buses!(
     bad_requests_are_refused,
 );
 
-/// Ignored until the gate keeps a worker's pushes and answer in order: today group
-/// pushes and replies reach a session through two tasks (`forward_group` and
-/// `route_replies`), which race. Run with `cargo test --test chat -- --ignored`.
+/// A sender's own room message before its answer: the gate's router never lets a reply
+/// overtake a push that reached the gate first (`gateway/src/router.rs`). Once a race
+/// between two tasks, swapping 50 to 150 of 300.
 mod gate_order {
     use super::*;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    #[ignore = "gate bug: a session's group pushes and replies can swap (two tasks)"]
     async fn embedded() {
         a_senders_own_message_arrives_before_its_answer(Bus::embedded().await).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    #[ignore = "gate bug: a session's group pushes and replies can swap (two tasks)"]
     async fn nats_server() {
         a_senders_own_message_arrives_before_its_answer(Bus::nats_server()).await;
     }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use async_nats::client::RequestErrorKind;
 use bytes::Bytes;
 use common::proxy::Proxy;
 use common::raw::RawClient;
@@ -47,6 +48,7 @@ broker::on_both_buses!(
     server_timing_covers_the_handler_time,
     shutdown_answers_in_flight_requests_then_kicks,
     shutdown_answers_503_after_the_grace_period,
+    a_stopped_gate_unsubscribes_its_replies,
     text_frames_speak_json,
 );
 
@@ -529,6 +531,38 @@ async fn shutdown_answers_in_flight_requests_then_kicks(bus: Bus) {
     gate.stopped().await;
     let late = Client::connect(&gate.url, ClientOptions::default()).await;
     assert_eq!(late.unwrap_err().kind(), &ErrorKind::Connect);
+}
+
+async fn a_stopped_gate_unsubscribes_its_replies(bus: Bus) {
+    let _echo = echo_worker(&bus).await;
+    let mut gate = TestGate::start(&bus, gate_config(|c| c.gate_id = "g-stop".into())).await;
+    let client = gate.client().await;
+    assert_eq!(
+        client.request("echo.raw", "x").await.unwrap().code,
+        code::OK
+    );
+
+    gate.begin_shutdown();
+    gate.stopped().await;
+    // Nothing holds the gate's reply subject any more: a request to it has no
+    // responders (once the gate's UNSUB has reached the broker).
+    let nats = within(async_nats::connect(bus.url())).await.unwrap();
+    let deadline = tokio::time::Instant::now() + common::DEADLINE;
+    loop {
+        let asked = tokio::time::timeout(
+            Duration::from_millis(500),
+            nats.request("shaddock.gw.g-stop.1.1", "".into()),
+        )
+        .await;
+        if matches!(&asked, Ok(Err(e)) if e.kind() == RequestErrorKind::NoResponders) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reply subject is still subscribed: {asked:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 async fn shutdown_answers_503_after_the_grace_period(bus: Bus) {
