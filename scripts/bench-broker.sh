@@ -11,8 +11,9 @@
 #
 #   B1..B5  Go nats-bench, flags exactly as BENCHMARKS.md; figure "NATS Pub/Sub stats"
 #           msgs/sec ("Pub stats" for B1, which has no subscriber).
-#   B6      `shaddock loadtest bus-rr` (50 requesters, 2 queue responders, 16 B, 5 s).
-#   MEM     `shaddock loadtest idle-conns`: resident bytes per idle connection (1,000).
+#   B6      `shaddock-loadtest bus-rr` (= `shaddock loadtest bus-rr`): 50 requesters,
+#           2 queue responders, 16 B, 5 s.
+#   MEM     `shaddock-loadtest idle-conns`: resident bytes per idle connection (1,000).
 #
 # Environment:
 #   ROUNDS=3            runs per server per scenario (medians over these)
@@ -21,7 +22,9 @@
 #   OURS=target/release/broker          our server binary (built unless overridden)
 #   THEIRS=nats-server  peer binary (go-installed at the pinned version if missing)
 #   NATS_BENCH=nats-bench               client binary (go-installed if missing)
+#   LOADTEST=target/release/shaddock-loadtest   B6/MEM tool (or "target/release/shaddock loadtest")
 #   SKIP_BUILD=1        do not run cargo
+#   QUIET_WAIT=1800     seconds to wait for a running cargo/rustc before each run
 #   B6_DURATION=5s  B6_WARMUP=1s  MEM_CONNS=1000
 #
 # The report is markdown on stdout (paste into docs/benchmarks.md); progress on stderr.
@@ -59,9 +62,15 @@ die() { log "bench-broker: $*"; exit 1; }
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/bench-broker.XXXXXX")
 SERVER_PID=""
 DRAIN_PID=""
+KEEP_WORK=0
 cleanup() {
   if [[ -n $SERVER_PID ]]; then stop_server; fi
-  rm -rf "$WORK"
+  if ((KEEP_WORK)); then
+    rm -f "$WORK/ours-server"
+    log "logs of the failed or stalled runs are kept in $WORK"
+  else
+    rm -rf "$WORK"
+  fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -92,27 +101,29 @@ theirs_version=$("$THEIRS" --version 2>&1 | head -n1 || true)
 [[ $theirs_version == *"$NATS_SERVER_VERSION"* ]] ||
   log "warning: peer is '$theirs_version', BENCHMARKS.md pins $NATS_SERVER_VERSION"
 
+# The load tool is `shaddock-loadtest`, the same `loadtest::run` as `shaddock loadtest`
+# with fewer crates to build than the root binary (which links every role): this script
+# only needs the broker and the tool. LOADTEST="target/release/shaddock loadtest" selects the
+# root binary instead.
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
   if [[ $OURS == "$DEFAULT_OURS" ]]; then
-    log "building broker, shaddock and loadtest (release)"
-    cargo build --release -p shaddock-broker -p shaddock -p shaddock-loadtest --bins >&2 ||
+    log "building broker and shaddock-loadtest (release)"
+    cargo build --release -p shaddock-broker -p shaddock-loadtest --bins >&2 ||
       die "cargo build failed"
   else
-    log "building loadtest (release); OURS=$OURS is used as is"
+    log "building shaddock-loadtest (release); OURS=$OURS is used as is"
     cargo build --release -p shaddock-loadtest --bins >&2 || die "cargo build failed"
   fi
 fi
 [[ -x $OURS ]] || die "our server $OURS is not an executable (build it, or set OURS)"
-
-# Prefer the root binary's `shaddock loadtest`; fall back to the standalone tool while the
-# root binary does not route it.
-if "$ROOT/target/release/shaddock" loadtest bus-rr --help >/dev/null 2>&1; then
-  LOADTEST=("$ROOT/target/release/shaddock" loadtest)
-elif [[ -x $ROOT/target/release/shaddock-loadtest ]]; then
-  LOADTEST=("$ROOT/target/release/shaddock-loadtest")
-else
-  LOADTEST=()
-fi
+# Run a snapshot: a rebuild of target/release during the runs must not swap the binary
+# between rounds.
+OURS_LABEL=${OURS#"$ROOT"/}
+cp "$OURS" "$WORK/ours-server"
+OURS_SUM=$(sha256sum "$WORK/ours-server" | cut -c1-12)
+OURS=$WORK/ours-server
+read -r -a LOADTEST <<<"${LOADTEST:-$ROOT/target/release/shaddock-loadtest}"
+[[ -x ${LOADTEST[0]} ]] || LOADTEST=()
 
 # ---------------------------------------------------------------- one server
 
@@ -150,31 +161,35 @@ start_server() {
   fi
 }
 
-# Stops exactly SERVER_PID: TERM, then KILL if it has not exited within 5 s.
+# Stops exactly SERVER_PID: TERM, then KILL if it has not exited within 5 s. The server is
+# our child and not reaped until the final `wait`, so its pid cannot have been reused.
 stop_server() {
-  local killer
+  local tick
   if [[ -n $SERVER_PID ]]; then
     kill -TERM "$SERVER_PID" 2>/dev/null || true
-    # Detached from stdout so a pipe reading this script is not held open by it.
-    (sleep 5 && kill -KILL "$SERVER_PID") >/dev/null 2>&1 &
-    killer=$!
+    for ((tick = 0; tick < 100; tick++)); do
+      alive "$SERVER_PID" || break
+      sleep 0.05
+    done
+    if alive "$SERVER_PID"; then
+      log "server $SERVER_PID ignored TERM for 5 s; killing it"
+      kill -KILL "$SERVER_PID" 2>/dev/null || true
+    fi
     wait "$SERVER_PID" 2>/dev/null || true
-    kill "$killer" 2>/dev/null || true
-    wait "$killer" 2>/dev/null || true
   fi
-  [[ -n $DRAIN_PID ]] && { wait "$DRAIN_PID" 2>/dev/null || true; }
+  if [[ -n $DRAIN_PID ]]; then wait "$DRAIN_PID" 2>/dev/null || true; fi
   SERVER_PID=""
   DRAIN_PID=""
 }
 
-# ---------------------------------------------------------------- one run
-
 # True while pid $1 runs (a zombie, exited but not yet reaped, does not count).
 alive() {
   local _pid _comm state
-  read -r _pid _comm state _ <"/proc/$1/stat" 2>/dev/null || return 1
+  read -r _pid _comm state _ 2>/dev/null <"/proc/$1/stat" || return 1
   [[ $state != Z ]]
 }
+
+# ---------------------------------------------------------------- one run
 
 # Runs scenario $1 once against server binary $2 and sets RUN_RESULT to its figure, or to
 # "stalled" / "failed". B6 gives "req_per_s p50_us p99_us errors"; MEM bytes per
@@ -185,7 +200,7 @@ run_one() {
   local server_log=$WORK/$scenario.$tag.$round.server.log
   out=$WORK/$scenario.$tag.$round.out
   RUN_RESULT=failed
-  start_server "$bin" "$server_log" || return 0
+  start_server "$bin" "$server_log" || { KEEP_WORK=1; return 0; }
   local url=nats://127.0.0.1:$SERVER_PORT
   case $scenario in
     B1 | B2 | B3 | B4 | B5)
@@ -208,6 +223,7 @@ run_one() {
   fi
   stop_server
   if ((rc == 124 || rc == 137)); then
+    KEEP_WORK=1
     RUN_RESULT=stalled
     return 0
   fi
@@ -221,6 +237,7 @@ run_one() {
     esac
   fi
   if [[ -z ${figure// /} ]]; then
+    KEEP_WORK=1
     log "  $scenario $tag: run failed (rc=$rc, output: $out)"
     tail -n 5 "$out" "$out.err" 2>/dev/null >&2 || true
     return 0
@@ -280,10 +297,20 @@ plain() { echo "$1"; }
 
 # ---------------------------------------------------------------- main
 
-if pgrep -x rustc >/dev/null || pgrep -x cargo >/dev/null; then
-  log "warning: a cargo/rustc process is running; figures will be noisy"
-  COMPILER_BUSY=1
-fi
+compiler_busy() { pgrep -x rustc >/dev/null || pgrep -x cargo >/dev/null; }
+
+# A compile on the same 2 cores halves what either server gets: wait (up to QUIET_WAIT
+# seconds) for any cargo/rustc to finish before each run, and count runs that still
+# overlapped one so the report can say so.
+QUIET_WAIT=${QUIET_WAIT:-1800}
+NOISY_RUNS=0
+wait_quiet() {
+  local deadline=$((SECONDS + QUIET_WAIT)) said=0
+  while compiler_busy && ((SECONDS < deadline)); do
+    if ((!said)); then log "waiting for cargo/rustc to finish (QUIET_WAIT=$QUIET_WAIT s)"; said=1; fi
+    sleep 5
+  done
+}
 
 declare -A RESULTS
 SELECTED=()
@@ -302,8 +329,16 @@ for scenario in "${SELECTED[@]}"; do
   for round in $(seq 1 "$ROUNDS"); do
     for side in ours theirs; do
       if [[ $side == ours ]]; then bin=$OURS; else bin=$THEIRS; fi
+      wait_quiet
+      busy_before=0
+      if compiler_busy; then busy_before=1; fi
       run_one "$scenario" "$bin" "$side" "$round"
-      log "$scenario round $round/$ROUNDS $side: $RUN_RESULT"
+      if ((busy_before)) || compiler_busy; then
+        NOISY_RUNS=$((NOISY_RUNS + 1))
+        log "$scenario round $round/$ROUNDS $side: $RUN_RESULT (a compiler was running)"
+      else
+        log "$scenario round $round/$ROUNDS $side: $RUN_RESULT"
+      fi
       RESULTS[$scenario,$side]+="${RESULTS[$scenario,$side]:+;}$RUN_RESULT"
     done
   done
@@ -319,14 +354,15 @@ load_runs() {
 command_line="ROUNDS=$ROUNDS SCENARIOS=\"${SELECTED[*]}\""
 for var in OURS RUN_TIMEOUT B6_DURATION B6_WARMUP MEM_CONNS; do
   case $var in
-    OURS) [[ $OURS == "$DEFAULT_OURS" ]] && continue ;;
+    OURS) [[ $OURS_LABEL == "${DEFAULT_OURS#"$ROOT"/}" ]] && continue ;;
     RUN_TIMEOUT) [[ $RUN_TIMEOUT == 120 ]] && continue ;;
     B6_DURATION) [[ $B6_DURATION == 5s ]] && continue ;;
     B6_WARMUP) [[ $B6_WARMUP == 1s ]] && continue ;;
     MEM_CONNS) [[ $MEM_CONNS == 1000 ]] && continue ;;
   esac
-  command_line+=" $var=${!var}"
+  if [[ $var == OURS ]]; then command_line+=" OURS=$OURS_LABEL"; else command_line+=" $var=${!var}"; fi
 done
+if [[ ${SKIP_BUILD:-0} == 1 ]]; then command_line+=" SKIP_BUILD=1"; fi
 command_line+=" scripts/bench-broker.sh"
 
 machine_cpu=$(lscpu 2>/dev/null | sed -nE 's/^Model name:[[:space:]]+//p' | head -n1)
@@ -341,11 +377,11 @@ cat <<EOF
 
 - Command: \`$command_line\`
 - Machine: $(nproc) cores, ${machine_cpu:-unknown CPU}, ${machine_mem:-?} RAM, Linux $(uname -r)
-- Ours: \`${OURS#"$ROOT"/}\` at $revision; theirs: \`$THEIRS\` ($theirs_version); client: nats-bench $NATS_BENCH_VERSION, \`${LOADTEST[*]##*/}\`
+- Ours: \`$OURS_LABEL\` (sha256 $OURS_SUM), tree at $revision; theirs: \`$THEIRS\` ($theirs_version); client: nats-bench $NATS_BENCH_VERSION, \`${LOADTEST[*]##*/}\`
 - Each figure is the median of $ROUNDS runs per server, ours and theirs alternating, each run on a freshly started server.
 EOF
-[[ -n ${COMPILER_BUSY:-} ]] && echo "- Warning: a compiler was running when the runs started; treat the figures as noisy."
-[[ $OURS != "$DEFAULT_OURS" ]] && echo "- Note: OURS was overridden to \`$OURS\`; these are not the project's broker figures."
+((NOISY_RUNS)) && echo "- Warning: $NOISY_RUNS runs overlapped a cargo/rustc process; treat the figures as noisy."
+[[ $OURS_LABEL != "${DEFAULT_OURS#"$ROOT"/}" ]] && echo "- Note: OURS was overridden to \`$OURS_LABEL\`; these are not the project's broker figures."
 
 bench_rows=0
 for scenario in "${SELECTED[@]}"; do
