@@ -25,6 +25,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
+use crate::frame::{decode, encode};
 use crate::gate::{GateShared, ToSession, WorkerReply};
 use crate::limits::TokenBucket;
 use crate::presence::BindError;
@@ -212,22 +213,6 @@ async fn close(sink: &mut Sink, closing: Closing) {
         reason: closing.reason.into(),
     };
     let _ = sink.send(Message::Close(Some(frame))).await;
-}
-
-fn decode(frame: &Message) -> Option<Packet> {
-    match frame {
-        Message::Binary(b) => Packet::decode(b.clone()).ok(),
-        Message::Text(t) => proto::json::decode(t.as_str()).ok(),
-        _ => None,
-    }
-}
-
-fn encode(packet: &Packet, text: bool) -> Message {
-    if text {
-        Message::text(proto::json::encode(packet).unwrap_or_default())
-    } else {
-        Message::binary(packet.encode_to_vec())
-    }
 }
 
 fn micros(d: Duration) -> u32 {

@@ -23,7 +23,6 @@ use gateway::config::{
     DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEARTBEAT, DEFAULT_MAX_FRAME, DEFAULT_MAX_SESSIONS,
     WS_READ_BUFFER, WS_WRITE_BUFFER,
 };
-use proto::Message as _;
 use proto::client::{self, Packet, packet::Kind};
 use proto::code;
 use tokio::net::{TcpListener, TcpStream};
@@ -123,7 +122,8 @@ async fn session(stream: TcpStream, sid: u64, shutdown: CancellationToken) {
         }
     };
     let text = matches!(hello, Message::Text(_));
-    let Some(Kind::Handshake(handshake)) = decode(&hello).and_then(|p| p.kind) else {
+    let Some(Kind::Handshake(handshake)) = gateway::frame::decode(&hello).and_then(|p| p.kind)
+    else {
         close(&mut sink, CloseCode::Policy, "handshake required").await;
         return;
     };
@@ -211,7 +211,7 @@ impl Session {
             }
             Some(Ok(frame)) => frame,
         };
-        let reply = match decode(&frame).and_then(|p| p.kind) {
+        let reply = match gateway::frame::decode(&frame).and_then(|p| p.kind) {
             Some(Kind::Request(req)) if req.id == 0 => return Step::Continue,
             Some(Kind::Request(req)) => Kind::Response(client::Response {
                 id: req.id,
@@ -246,21 +246,8 @@ async fn close(sink: &mut Sink, code: CloseCode, reason: &'static str) {
     let _ = sink.send(Message::Close(Some(frame))).await;
 }
 
-fn decode(frame: &Message) -> Option<Packet> {
-    match frame {
-        Message::Binary(b) => Packet::decode(b.clone()).ok(),
-        Message::Text(t) => proto::json::decode(t.as_str()).ok(),
-        _ => None,
-    }
-}
-
 fn encode(kind: Kind, text: bool) -> Message {
-    let packet = Packet::new(kind);
-    if text {
-        Message::text(proto::json::encode(&packet).unwrap_or_default())
-    } else {
-        Message::binary(packet.encode_to_vec())
-    }
+    gateway::frame::encode(&Packet::new(kind), text)
 }
 
 #[cfg(test)]
@@ -272,6 +259,7 @@ mod tests {
     use tokio_tungstenite::MaybeTlsStream;
 
     use super::*;
+    use proto::Message as _;
 
     type Client = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
