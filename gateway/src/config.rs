@@ -16,6 +16,10 @@ pub const DEFAULT_MAX_FRAME: usize = 64 * 1024;
 pub const DEFAULT_MAX_SESSIONS: usize = 100_000;
 /// Requests one session may have awaiting an answer; past it the request gets 429.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+/// Requests the whole gate may have awaiting workers. Past it a request is answered 503
+/// at once instead of queueing behind the others: under overload, answered requests keep
+/// a bounded wait (Little's law: in flight ÷ throughput) and the rest fail fast.
+pub const DEFAULT_MAX_GATE_IN_FLIGHT: usize = 4096;
 /// Requests per second one session may send (token bucket), past it 429.
 pub const DEFAULT_RATE: u32 = 5_000;
 /// Requests a session may send in one burst above the rate.
@@ -58,6 +62,9 @@ pub struct GateConfig {
     /// Requests one session may have awaiting an answer (more get 429).
     #[arg(long, env = "SHADDOCK_MAX_IN_FLIGHT", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
+    /// Requests the whole gate may have awaiting workers (more get 503 at once).
+    #[arg(long, env = "SHADDOCK_MAX_GATE_IN_FLIGHT", default_value_t = DEFAULT_MAX_GATE_IN_FLIGHT)]
+    pub max_gate_in_flight: usize,
     /// Requests per second one session may send (more get 429).
     #[arg(long, env = "SHADDOCK_RATE", default_value_t = DEFAULT_RATE)]
     pub rate: u32,
@@ -113,6 +120,7 @@ impl Default for GateConfig {
             max_frame: DEFAULT_MAX_FRAME,
             max_sessions: DEFAULT_MAX_SESSIONS,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_gate_in_flight: DEFAULT_MAX_GATE_IN_FLIGHT,
             rate: DEFAULT_RATE,
             burst: DEFAULT_BURST,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,

@@ -9,7 +9,7 @@
 //! reached the gate before it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use anyhow::Context as _;
 use async_nats::StatusCode;
@@ -78,6 +78,8 @@ pub(crate) struct GateShared {
     pub id: String,
     pub nats: async_nats::Client,
     pub sessions: DashMap<u64, mpsc::Sender<ToSession>>,
+    /// Requests of all sessions awaiting workers, against `max_gate_in_flight`.
+    pub in_flight: AtomicUsize,
     /// Groups with members on this gate, by name.
     pub groups: DashMap<String, Group>,
     /// Players bound on this gate, by uid.
@@ -141,6 +143,7 @@ impl Gate {
             config,
             nats,
             sessions: DashMap::new(),
+            in_flight: AtomicUsize::new(0),
             groups: DashMap::new(),
             users: DashMap::new(),
             token_check,

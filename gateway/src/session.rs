@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::stream::{SplitSink, SplitStream};
@@ -203,6 +204,7 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
     session.leave_everything().await;
     metrics::gauge!("gate_sessions").decrement(1.0);
     session.in_flight.decrement(session.pending.len() as f64);
+    session.release(session.pending.len());
     tracing::debug!(sid, reason = closing.reason, "session closed");
     close(&mut session.sink, closing).await;
 }
@@ -314,6 +316,23 @@ impl Session {
         }
     }
 
+    /// Takes a slot of the gate-wide in-flight budget, if one is free.
+    fn admit(&self) -> bool {
+        let taken = self.gate.in_flight.fetch_add(1, Ordering::Relaxed);
+        if taken < self.gate.config.max_gate_in_flight {
+            return true;
+        }
+        self.gate.in_flight.fetch_sub(1, Ordering::Relaxed);
+        false
+    }
+
+    /// Returns `n` slots of the gate-wide in-flight budget.
+    fn release(&self, n: usize) {
+        if n > 0 {
+            self.gate.in_flight.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
     fn is_serial(&self, req: &client::Request) -> bool {
         self.serial || self.gate.config.serial_routes.contains(&req.route)
     }
@@ -397,6 +416,9 @@ impl Session {
         if !self.bucket.take(received) {
             return reject(code::RATE_LIMITED, "rate limited", "rate");
         }
+        if !notify && !self.admit() {
+            return reject(code::OVERLOADED, "gate overloaded", "gate_in_flight");
+        }
         let prefix = &self.gate.config.prefix;
         let subject = format!("{prefix}.svc.{}", req.route);
         let payload = RpcRequest {
@@ -421,6 +443,9 @@ impl Session {
                 .await
         };
         if sent.is_err() {
+            if !notify {
+                self.release(1);
+            }
             return reject(code::OVERLOADED, "bus unavailable", "bus");
         }
         if !notify {
@@ -570,6 +595,7 @@ impl Session {
     ) {
         let elapsed = pending.received.elapsed();
         self.in_flight.decrement(1.0);
+        self.release(1);
         // Only routes some worker serves become labels: a client cannot mint series.
         let route = if resp.code == code::NOT_FOUND {
             "unknown"

@@ -39,6 +39,7 @@ broker::on_both_buses!(
     oversized_frame_closes_with_frame_too_large,
     request_before_handshake_closes_with_handshake_required,
     too_many_in_flight_is_429,
+    a_full_gate_answers_503_at_once,
     too_fast_is_429,
     full_worker_queue_gives_fast_503s,
     slow_handler_gives_408,
@@ -303,6 +304,33 @@ async fn too_many_in_flight_is_429(bus: Bus) {
     let response = raw.response().await;
     assert_eq!((response.id, response.code), (4, code::OK));
     bystander.still_served().await;
+}
+
+async fn a_full_gate_answers_503_at_once(bus: Bus) {
+    let mut holds = Holds::default();
+    let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
+    let gate = TestGate::start(&bus, gate_config(|c| c.max_gate_in_flight = 2)).await;
+    let mut first = gate.raw().await;
+    let mut second = gate.raw().await;
+
+    first.request(1, "park.hold", "").await;
+    holds.started().await;
+    second.request(1, "park.who", "").await; // the gate's second and last slot
+    first.request(2, "park.who", "").await; // the gate is full, whoever asks
+    let response = first.response().await;
+    assert_eq!((response.id, response.code), (2, code::OVERLOADED));
+    assert_eq!(response.message, "gate overloaded");
+
+    holds.release("p");
+    let mut done = [first.response().await, second.response().await].map(|r| (r.id, r.code));
+    done.sort();
+    assert_eq!(done, [(1, code::OK), (1, code::OK)]);
+    // The answered requests gave their slots back.
+    for id in 3..=4 {
+        first.request(id, "park.who", "").await;
+        let response = first.response().await;
+        assert_eq!((response.id, response.code), (id, code::OK));
+    }
 }
 
 async fn too_fast_is_429(bus: Bus) {
