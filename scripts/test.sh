@@ -70,6 +70,10 @@ run cargo clippy --workspace --all-targets -- -D warnings
 step "Tests"
 run cargo test --workspace
 
+step "Load-test smoke: every scenario for a second or two"
+run cargo build -p shaddock
+run scripts/loadtest-smoke.sh
+
 # ---------------------------------------------------------------------------------------
 # Further steps go here, after the unit and integration tests: each one a `step` line and
 # `run` commands, failing the script on error (e.g. a short, bounded fuzz run of the

@@ -6,6 +6,8 @@
 //!
 //! - [`bus_rr`]: request-reply over NATS (BENCHMARKS.md B6), latency in an HDR histogram.
 //! - [`idle_conns`]: resident memory a server spends per idle NATS connection.
+//! - [`ws`]: open-loop WebSocket load through the gateway and its scenarios
+//!   (`concurrency`, `pomelo-a`, `pomelo-b`, `saturate`, `idle`, `limit`).
 
 pub mod bus_rr;
 pub mod duration;
@@ -13,6 +15,7 @@ pub mod idle_conns;
 pub mod latency;
 pub mod limit;
 pub mod topology;
+pub mod ws;
 
 /// Load-test subcommands (`shaddock loadtest ...`).
 #[derive(Debug, clap::Subcommand)]
@@ -21,6 +24,19 @@ pub enum Command {
     BusRr(bus_rr::Args),
     /// Resident memory per idle NATS connection of a server given by pid.
     IdleConns(idle_conns::Args),
+    /// Open-loop WebSocket load through the gateway, one run per client count
+    /// (BENCHMARKS.md "Gateway end to end").
+    Concurrency(ws::scenario::ConcurrencyArgs),
+    /// Pomelo scenario A: 1 gate + 1 echo worker, 2 clients × 10,000 requests at 1 ms.
+    PomeloA(ws::scenario::PomeloArgs),
+    /// Pomelo scenario B: 4 gates + 1 echo worker, 4 clients, one per gate.
+    PomeloB(ws::scenario::PomeloArgs),
+    /// Raise the per-client rate to the highest whose p99 stays under a target.
+    Saturate(ws::scenario::SaturateArgs),
+    /// Resident memory a gate spends per idle WebSocket session.
+    Idle(ws::idle::IdleArgs),
+    /// The same load against a bare WebSocket echo server: the machine's limit.
+    Limit(ws::scenario::LimitArgs),
 }
 
 /// Runs one load-test subcommand.
@@ -28,5 +44,11 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::BusRr(args) => bus_rr::run(args).await,
         Command::IdleConns(args) => idle_conns::run(args).await,
+        Command::Concurrency(args) => ws::scenario::concurrency(args).await,
+        Command::PomeloA(args) => ws::scenario::pomelo_a(args).await,
+        Command::PomeloB(args) => ws::scenario::pomelo_b(args).await,
+        Command::Saturate(args) => ws::scenario::saturate(args).await,
+        Command::Idle(args) => ws::idle::idle(args).await,
+        Command::Limit(args) => ws::scenario::limit(args).await,
     }
 }

@@ -1,0 +1,25 @@
+//! WebSocket load through the gateway (BENCHMARKS.md "Gateway end to end"): an
+//! open-loop generator on the Rust client SDK, the scenarios run with it, and their
+//! reports.
+//!
+//! - [`schedule`]: absolute send times, warm-up and measured slots, the request body.
+//! - [`clock`]: what wakes a client when a slot is due (hrtimer thread or tokio timers).
+//! - [`generator`]: N clients, one request per interval, recorded three ways.
+//! - [`hist`], [`stats`]: HDR histograms, per-client records and how they add up.
+//! - [`target`]: gates by URL, a launched topology, or the bare echo server.
+//! - [`scenario`], [`idle`]: the subcommands.
+//! - [`report`], [`text`], [`html`]: the report, as JSON, terminal text and HTML.
+//! - [`procfs`]: RSS and CPU time of a process.
+
+pub mod clock;
+pub mod generator;
+pub mod hist;
+pub mod html;
+pub mod idle;
+pub mod procfs;
+pub mod report;
+pub mod scenario;
+pub mod schedule;
+pub mod stats;
+pub mod target;
+pub mod text;

@@ -1,0 +1,188 @@
+//! What `/proc` says about a process: resident memory (`VmRSS` in `/proc/<pid>/status`)
+//! and CPU time used (`utime + stime` in `/proc/<pid>/stat`). Linux only; a process that
+//! cannot be read yields `None` and its figures are left out of the report.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// Kernel clock ticks per second in `/proc/<pid>/stat` (`USER_HZ`): fixed at 100 by the
+/// Linux ABI on every architecture the load test runs on.
+const USER_HZ: u64 = 100;
+
+/// Resident set size of `pid` in bytes.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_vm_rss(&status)
+}
+
+fn parse_vm_rss(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let mut words = line.split_whitespace().skip(1);
+    let value: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") => Some(value * 1024),
+        _ => None,
+    }
+}
+
+/// CPU time (user + system) `pid` has used so far.
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_cpu_ticks(&stat).map(|ticks| Duration::from_millis(ticks * 1000 / USER_HZ))
+}
+
+fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    // The command name (field 2) may contain spaces and parentheses: fields after it
+    // start behind the last ')'. utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// A process whose CPU use a run reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Watched {
+    pub name: String,
+    pub pid: u32,
+}
+
+/// CPU used by one process over a measured window.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CpuUse {
+    pub name: String,
+    pub pid: u32,
+    pub cpu_seconds: f64,
+    /// Of one core: 200% is both cores of a 2-core machine.
+    pub percent: f64,
+}
+
+/// CPU time every process on the machine has used (`/proc/stat`: all but idle and
+/// iowait), including processes this one cannot see (other containers on the VM).
+pub fn machine_busy() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    parse_machine_busy(&stat).map(|ticks| Duration::from_millis(ticks * 1000 / USER_HZ))
+}
+
+fn parse_machine_busy(stat: &str) -> Option<u64> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    // user nice system idle iowait irq softirq steal; guest time is counted in user.
+    let busy = ticks
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| !matches!(i, 3 | 4));
+    Some(busy.map(|(_, t)| t).sum())
+}
+
+/// The pseudo-process names of the machine-wide figures.
+pub const MACHINE: &str = "machine";
+pub const OTHERS: &str = "others";
+
+/// CPU times of a set of processes, and of the whole machine, at one instant.
+#[derive(Debug, Clone)]
+pub struct CpuSample {
+    at: Instant,
+    times: Vec<(Watched, Option<Duration>)>,
+    machine: Option<Duration>,
+}
+
+impl CpuSample {
+    pub fn take(watched: &[Watched]) -> Self {
+        CpuSample {
+            at: Instant::now(),
+            times: watched
+                .iter()
+                .map(|w| (w.clone(), cpu_time(w.pid)))
+                .collect(),
+            machine: machine_busy(),
+        }
+    }
+
+    /// CPU use between `self` and a later sample of the same processes, followed by
+    /// the whole machine's and what the watched processes do not account for
+    /// ("others": a noisy neighbour shows up here).
+    pub fn until(&self, later: &CpuSample) -> Vec<CpuUse> {
+        let wall = later.at.saturating_duration_since(self.at).as_secs_f64();
+        let entry = |name: &str, pid: u32, used: Duration| CpuUse {
+            name: name.to_owned(),
+            pid,
+            cpu_seconds: used.as_secs_f64(),
+            percent: if wall > 0.0 {
+                (used.as_secs_f64() / wall * 1000.0).round() / 10.0
+            } else {
+                0.0
+            },
+        };
+        let mut uses: Vec<CpuUse> = self
+            .times
+            .iter()
+            .zip(&later.times)
+            .filter_map(|((w, before), (_, after))| {
+                let used = after.as_ref()?.saturating_sub(*before.as_ref()?);
+                Some(entry(&w.name, w.pid, used))
+            })
+            .collect();
+        if let (Some(before), Some(after)) = (self.machine, later.machine) {
+            let machine = after.saturating_sub(before);
+            let ours: f64 = uses.iter().map(|u| u.cpu_seconds).sum();
+            let others = machine.saturating_sub(Duration::from_secs_f64(ours));
+            uses.push(entry(MACHINE, 0, machine));
+            uses.push(entry(OTHERS, 0, others));
+        }
+        uses
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vm_rss_is_in_bytes() {
+        let status = "Name:\tshaddock\nVmPeak:\t  9000 kB\nVmRSS:\t    1234 kB\nThreads: 3\n";
+        assert_eq!(parse_vm_rss(status), Some(1234 * 1024));
+        assert_eq!(parse_vm_rss("Name: x\n"), None);
+        assert_eq!(parse_vm_rss("VmRSS: 12 MB\n"), None);
+    }
+
+    #[test]
+    fn cpu_ticks_skip_a_name_with_spaces_and_parens() {
+        let stat = "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 \
+                    250 50 0 0 20 0 3 0 100 1000 10";
+        assert_eq!(parse_cpu_ticks(stat), Some(300));
+        assert_eq!(parse_cpu_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn this_process_is_readable() {
+        let me = std::process::id();
+        assert!(rss_bytes(me).is_some_and(|b| b > 0));
+        assert!(cpu_time(me).is_some());
+        let watched = [Watched {
+            name: "self".into(),
+            pid: me,
+        }];
+        let a = CpuSample::take(&watched);
+        let b = CpuSample::take(&watched);
+        let used = a.until(&b);
+        assert_eq!(used.len(), 3, "self, machine, others");
+        assert!(used[0].cpu_seconds >= 0.0);
+        assert_eq!(used[1].name, MACHINE);
+    }
+
+    #[test]
+    fn machine_busy_leaves_out_idle_and_iowait() {
+        let stat = "cpu  100 5 50 1000 20 3 7 2 0 0\ncpu0 50 2 25 500 10 1 3 1 0 0\n";
+        assert_eq!(parse_machine_busy(stat), Some(100 + 5 + 50 + 3 + 7 + 2));
+        assert_eq!(parse_machine_busy("intr 1 2 3\n"), None);
+    }
+}

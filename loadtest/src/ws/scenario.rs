@@ -1,0 +1,542 @@
+//! The scenarios of BENCHMARKS.md "Gateway end to end", one subcommand each: their
+//! flags, their defaults, and the order of their runs. Each builds one
+//! [`ScenarioReport`], prints it, optionally writes it as JSON and HTML, and fails when a
+//! run had no successful answer at all.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+
+use super::clock::ClockKind;
+use super::generator::{self, Length, LoadSpec, Target};
+use super::html::render_html;
+use super::report::{RunReport, SaturateReport, SaturateStep, ScenarioReport};
+use super::schedule::Payload;
+use super::target::{Gates, LimitServer, ServiceKind, TargetArgs, this_process, with_topology};
+use super::text::render_text;
+use crate::duration::parse_duration;
+
+/// Most clients one run opens: each is a socket and a task here and a session on a gate.
+pub const MAX_CLIENTS: usize = 10_000;
+/// Shortest interval between two requests of one client (100,000 req/s per client).
+pub const MIN_INTERVAL: Duration = Duration::from_micros(10);
+/// Longest measured window, so a typo cannot start a day-long run.
+pub const MAX_WINDOW: Duration = Duration::from_secs(3_600);
+
+/// Default measured window of the duration-based scenarios.
+const DEFAULT_DURATION: Duration = Duration::from_secs(10);
+/// Requests per client in the pomelo scenarios, as in the seed's report.
+const POMELO_COUNT: u64 = 10_000;
+/// A step must achieve this share of its offered rate to pass in `saturate`.
+const SATURATE_MIN_ACHIEVED: f64 = 0.95;
+
+/// Where the report goes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OutputArgs {
+    /// Also write the report as JSON to this file (`-`: JSON on stdout instead of the
+    /// text report).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Also write the report as a self-contained HTML page with charts.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// No progress bar on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// The load every request-sending scenario shares.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoadArgs {
+    /// Time between two requests of one client (open loop: sent on schedule whether or
+    /// not earlier answers came back).
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    pub interval: Duration,
+    /// Measured window (after the warm-up); the scenario's default when neither this
+    /// nor --count is given.
+    #[arg(long, value_parser = parse_duration, conflicts_with = "count")]
+    pub duration: Option<Duration>,
+    /// Measured requests per client, instead of a duration.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub count: Option<u64>,
+    /// Sent but not recorded, before the measured window.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// Connections are opened spread over this long, before any request.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub ramp: Duration,
+    /// A request with no answer after this long counts as a timeout.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// Route of every request. Default: `echo.raw` with a 16-32 byte body
+    /// "Hello World #<seq>"; with `--service chat`, `chat.members` of room
+    /// `hello-world` (a protobuf `MembersRequest`).
+    #[arg(long)]
+    pub route: Option<String>,
+    /// Fixed body of every request, in hex (instead of the route's default body).
+    #[arg(long, value_name = "HEX", value_parser = parse_hex)]
+    pub body_hex: Option<bytes::Bytes>,
+    /// What paces the clients: `thread` (an hrtimer thread, ~0.1 ms), `tokio` (tokio
+    /// timers, 1 ms ticks) or `auto` (thread up to 20k req/s offered). See
+    /// docs/benchmarks.md.
+    #[arg(long, value_enum, default_value_t)]
+    pub clock: ClockKind,
+    /// Clients are spread over this many evenly spaced send times within one interval
+    /// (smoother arrivals, but each extra phase costs client and server wake-ups).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub phases: u32,
+    /// Do not ask the gate for server timing (no latency split in the report).
+    #[arg(long)]
+    pub no_server_timing: bool,
+    /// First run the same load against a bare WebSocket echo server in this process
+    /// (the machine's limit) and report what fraction of it the gateway reaches.
+    #[arg(long)]
+    pub with_limit: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+impl LoadArgs {
+    /// The load for `clients` clients of `service`; `length` unless --duration or
+    /// --count is given.
+    pub fn spec(
+        &self,
+        clients: usize,
+        length: Length,
+        service: ServiceKind,
+    ) -> anyhow::Result<LoadSpec> {
+        self.spec_at(clients, self.interval, length, service)
+    }
+
+    fn spec_at(
+        &self,
+        clients: usize,
+        interval: Duration,
+        length: Length,
+        service: ServiceKind,
+    ) -> anyhow::Result<LoadSpec> {
+        ensure!(
+            (1..=MAX_CLIENTS).contains(&clients),
+            "clients must be 1..={MAX_CLIENTS}, not {clients}"
+        );
+        ensure!(
+            interval >= MIN_INTERVAL,
+            "interval must be at least {MIN_INTERVAL:?}"
+        );
+        let length = match (self.duration, self.count) {
+            (Some(d), _) => Length::Duration(d),
+            (None, Some(n)) => Length::Count(n),
+            (None, None) => length,
+        };
+        let spec = LoadSpec {
+            clients,
+            interval,
+            length,
+            warmup: self.warmup,
+            ramp: self.ramp,
+            timeout: self.timeout,
+            route: self
+                .route
+                .clone()
+                .unwrap_or_else(|| service.default_route().to_owned()),
+            payload: match &self.body_hex {
+                Some(bytes) => Payload::Fixed(bytes.clone()),
+                None if self.route.is_some() => Payload::Hello,
+                None => service.default_payload(),
+            },
+            server_timing: !self.no_server_timing,
+            clock: self.clock,
+            phases: self.phases,
+            progress: !self.output.quiet,
+        };
+        ensure!(
+            spec.window() <= MAX_WINDOW && !spec.window().is_zero(),
+            "the measured window must be above zero and at most {MAX_WINDOW:?}"
+        );
+        ensure!(
+            self.warmup <= MAX_WINDOW && self.ramp <= MAX_WINDOW && self.timeout <= MAX_WINDOW,
+            "warm-up, ramp and timeout must each be at most {MAX_WINDOW:?}"
+        );
+        Ok(spec)
+    }
+}
+
+/// `concurrency`: the BENCHMARKS table, one run per client count.
+#[derive(Debug, clap::Args)]
+pub struct ConcurrencyArgs {
+    /// Client counts, run in turn.
+    #[arg(long, value_delimiter = ',', default_values_t = [50usize, 100, 200])]
+    pub clients: Vec<usize>,
+    #[command(flatten)]
+    pub target: TargetArgs,
+    #[command(flatten)]
+    pub load: LoadArgs,
+}
+
+/// `pomelo-a` / `pomelo-b`: the seed's pomelo comparison.
+#[derive(Debug, clap::Args)]
+pub struct PomeloArgs {
+    /// Clients (scenario A: 2, B: 4, one per gate).
+    #[arg(long)]
+    pub clients: Option<usize>,
+    #[command(flatten)]
+    pub target: TargetArgs,
+    #[command(flatten)]
+    pub load: LoadArgs,
+}
+
+/// `limit`: the load against the bare WebSocket echo server only.
+#[derive(Debug, clap::Args)]
+pub struct LimitArgs {
+    /// Client counts, run in turn.
+    #[arg(long, value_delimiter = ',', default_values_t = [50usize, 100, 200])]
+    pub clients: Vec<usize>,
+    #[command(flatten)]
+    pub load: LoadArgs,
+}
+
+/// `saturate`: the highest per-client rate whose p99 stays under a target.
+#[derive(Debug, clap::Args)]
+pub struct SaturateArgs {
+    /// Clients, fixed; their rate is what rises.
+    #[arg(long, default_value_t = 50)]
+    pub clients: usize,
+    /// Highest acceptable p99 latency from the schedule.
+    #[arg(long, default_value = "5ms", value_parser = parse_duration)]
+    pub p99_target: Duration,
+    /// First per-client rate tried (requests per second).
+    #[arg(long, default_value_t = 200.0)]
+    pub start_rate: f64,
+    /// Highest per-client rate tried (the gate's own per-session limit is 5,000/s).
+    #[arg(long, default_value_t = 5_000.0)]
+    pub max_rate: f64,
+    /// Each passing step multiplies the rate by this.
+    #[arg(long, default_value_t = 1.5)]
+    pub factor: f64,
+    /// Bisection steps between the last passing and the first failing rate.
+    #[arg(long, default_value_t = 2)]
+    pub refine: u32,
+    /// Measured window of each step.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub step: Duration,
+    #[command(flatten)]
+    pub target: TargetArgs,
+    #[command(flatten)]
+    pub load: LoadArgs,
+}
+
+pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
+    let specs = args
+        .clients
+        .iter()
+        .map(|&n| {
+            args.load
+                .spec(n, Length::Duration(DEFAULT_DURATION), args.target.service)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (gates, topology) = args.target.gates(1, 1).await?;
+    let limit = args.load.with_limit.then(LimitServer::start).transpose()?;
+    let work = async {
+        let mut report = ScenarioReport::new("concurrency", gates.setup.clone());
+        for spec in &specs {
+            let label = format!("{} clients", spec.clients);
+            // One failed run (say, an overload nothing answers) must not lose the others.
+            match run_pair(spec, &gates, limit.as_ref(), &label).await {
+                Ok(runs) => report.runs.extend(runs),
+                Err(e) => report.errors.push(format!("{label}: {e:#}")),
+            }
+        }
+        Ok(report)
+    };
+    let report = with_topology(topology, work).await?;
+    finish(&report, &args.load.output)
+}
+
+pub async fn pomelo_a(args: PomeloArgs) -> anyhow::Result<()> {
+    pomelo(args, "pomelo-a", "pomelo A", 1, 2).await
+}
+
+pub async fn pomelo_b(args: PomeloArgs) -> anyhow::Result<()> {
+    pomelo(args, "pomelo-b", "pomelo B", 4, 4).await
+}
+
+async fn pomelo(
+    args: PomeloArgs,
+    scenario: &str,
+    label: &str,
+    gates: u32,
+    clients: usize,
+) -> anyhow::Result<()> {
+    let clients = args.clients.unwrap_or(clients);
+    let spec = args
+        .load
+        .spec(clients, Length::Count(POMELO_COUNT), args.target.service)?;
+    let (gates, topology) = args.target.gates(gates, 1).await?;
+    let limit = args.load.with_limit.then(LimitServer::start).transpose()?;
+    let work = async {
+        let mut report = ScenarioReport::new(scenario, gates.setup.clone());
+        report.runs = run_pair(&spec, &gates, limit.as_ref(), label).await?;
+        Ok(report)
+    };
+    let report = with_topology(topology, work).await?;
+    finish(&report, &args.load.output)
+}
+
+pub async fn limit(args: LimitArgs) -> anyhow::Result<()> {
+    let server = LimitServer::start()?;
+    let mut report = ScenarioReport::new(
+        "limit",
+        "bare tokio-tungstenite WebSocket echo server in this process".to_owned(),
+    );
+    for &clients in &args.clients {
+        let spec = args.load.spec(
+            clients,
+            Length::Duration(DEFAULT_DURATION),
+            ServiceKind::Echo,
+        )?;
+        let label = format!("{clients} clients");
+        match generator::run(&spec, &limit_target(&server, &label)).await {
+            Ok(run) => report.runs.push(RunReport::from_result(&run)),
+            Err(e) => report.errors.push(format!("{label}: {e:#}")),
+        }
+    }
+    finish(&report, &args.load.output)
+}
+
+pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
+    ensure!(
+        args.start_rate > 0.0 && args.max_rate >= args.start_rate && args.factor > 1.0,
+        "need 0 < --start-rate <= --max-rate and --factor > 1"
+    );
+    let (gates, topology) = args.target.gates(1, 1).await?;
+    let limit_server = args.load.with_limit.then(LimitServer::start).transpose()?;
+    let work = async {
+        let mut report = ScenarioReport::new("saturate", gates.setup.clone());
+        let mut sat = SaturateReport {
+            p99_target_us: args.p99_target.as_secs_f64() * 1e6,
+            clients: args.clients,
+            steps: Vec::new(),
+            best: Default::default(),
+            fraction_of_limit: None,
+            at_max_rate: Vec::new(),
+        };
+        if let Some(server) = &limit_server {
+            let target = limit_target(server, "limit");
+            let (best, at_max_rate) = search(&args, &target, &mut sat.steps).await?;
+            if let Some((step, run)) = best {
+                sat.best.insert("limit".to_owned(), step);
+                report.runs.push(run);
+            }
+            if at_max_rate {
+                sat.at_max_rate.push("limit".to_owned());
+            }
+        }
+        let target = gateway_target(&gates, "gateway");
+        let (best, at_max_rate) = search(&args, &target, &mut sat.steps).await?;
+        if let Some((step, run)) = best {
+            sat.best.insert("gateway".to_owned(), step);
+            report.runs.push(run);
+        }
+        if at_max_rate {
+            sat.at_max_rate.push("gateway".to_owned());
+        }
+        if let (Some(g), Some(l)) = (sat.best.get("gateway"), sat.best.get("limit"))
+            && l.achieved_rps > 0.0
+        {
+            sat.fraction_of_limit = Some(g.achieved_rps / l.achieved_rps);
+        }
+        report.saturate = Some(sat);
+        Ok(report)
+    };
+    let report = with_topology(topology, work).await?;
+    let found = report
+        .saturate
+        .as_ref()
+        .is_some_and(|s| s.best.contains_key("gateway"));
+    finish(&report, &args.load.output)?;
+    if !found {
+        bail!(
+            "no step met the target, not even {} req/s per client",
+            args.start_rate
+        );
+    }
+    Ok(())
+}
+
+/// Raises the per-client rate by `factor` while steps pass, then bisects between the
+/// last pass and the first failure. Returns the best passing step and its run.
+/// Also says whether every rate up to --max-rate passed (the best is then only a lower
+/// bound of the saturation point).
+async fn search(
+    args: &SaturateArgs,
+    target: &Target,
+    steps: &mut Vec<SaturateStep>,
+) -> anyhow::Result<(Option<(SaturateStep, RunReport)>, bool)> {
+    let mut best: Option<(SaturateStep, RunReport)> = None;
+    let mut failed_at = None;
+    let mut rate = args.start_rate;
+    while rate <= args.max_rate {
+        let (step, run) = saturate_step(args, target, rate).await?;
+        steps.push(step.clone());
+        if !step.passed {
+            failed_at = Some(rate);
+            break;
+        }
+        best = Some((step, run));
+        rate *= args.factor;
+    }
+    if let (Some((passed, _)), Some(failed)) = (&best, failed_at) {
+        let (mut low, mut high) = (passed.per_client_rps, failed);
+        for _ in 0..args.refine {
+            let mid = (low + high) / 2.0;
+            let (step, run) = saturate_step(args, target, mid).await?;
+            steps.push(step.clone());
+            if step.passed {
+                low = mid;
+                best = Some((step, run));
+            } else {
+                high = mid;
+            }
+        }
+    }
+    let at_max_rate = best.is_some() && failed_at.is_none();
+    Ok((best, at_max_rate))
+}
+
+async fn saturate_step(
+    args: &SaturateArgs,
+    target: &Target,
+    per_client_rps: f64,
+) -> anyhow::Result<(SaturateStep, RunReport)> {
+    let interval = Duration::from_secs_f64(1.0 / per_client_rps);
+    let spec = args.load.spec_at(
+        args.clients,
+        interval,
+        Length::Duration(args.step),
+        args.target.service,
+    )?;
+    let mut target = target.clone();
+    target.label = format!("{} at {:.0}/s per client", target.label, per_client_rps);
+    let run = RunReport::from_result(&generator::run(&spec, &target).await?);
+    let lost = run.timeouts + run.unanswered + run.failures.values().sum::<u64>();
+    let errors = run.errors_by_code.values().sum::<u64>();
+    let p99 = run.latency.from_schedule.p99_us;
+    let passed = p99 <= args.p99_target.as_secs_f64() * 1e6
+        && lost == 0
+        && errors == 0
+        && run.achieved_rps >= run.offered_rps * SATURATE_MIN_ACHIEVED;
+    let step = SaturateStep {
+        target: target.kind.to_owned(),
+        per_client_rps,
+        offered_rps: run.offered_rps,
+        achieved_rps: run.achieved_rps,
+        p99_from_schedule_us: p99,
+        lost,
+        errors,
+        passed,
+    };
+    Ok((step, run))
+}
+
+fn gateway_target(gates: &Gates, label: &str) -> Target {
+    Target {
+        label: label.to_owned(),
+        kind: "gateway",
+        urls: gates.urls.clone(),
+        watched: gates.watched.clone(),
+    }
+}
+
+fn limit_target(server: &LimitServer, label: &str) -> Target {
+    Target {
+        label: label.to_owned(),
+        kind: "limit",
+        urls: vec![server.url().to_owned()],
+        // The echo server's threads are in this process: its CPU is counted here.
+        watched: vec![this_process("loadtest + echo server")],
+    }
+}
+
+/// The same load on the bare echo server first (when there is one), then on the gates;
+/// the gateway run is compared with the limit run.
+async fn run_pair(
+    spec: &LoadSpec,
+    gates: &Gates,
+    limit: Option<&LimitServer>,
+    label: &str,
+) -> anyhow::Result<Vec<RunReport>> {
+    let mut runs = Vec::new();
+    if let Some(server) = limit {
+        let run = generator::run(spec, &limit_target(server, label)).await?;
+        runs.push(RunReport::from_result(&run));
+    }
+    let run = generator::run(spec, &gateway_target(gates, label)).await?;
+    let mut run = RunReport::from_result(&run);
+    if let Some(limit) = runs.first() {
+        run.compare_with_limit(limit);
+    }
+    runs.push(run);
+    Ok(runs)
+}
+
+/// Parses `--body-hex`.
+fn parse_hex(text: &str) -> Result<bytes::Bytes, String> {
+    let text = text.trim();
+    if text.len() % 2 != 0 {
+        return Err("an even number of hex digits is needed".to_owned());
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| {
+            text.get(i..i + 2)
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+                .ok_or_else(|| format!("`{text}` is not hex"))
+        })
+        .collect::<Result<Vec<u8>, String>>()
+        .map(bytes::Bytes::from)
+}
+
+/// Prints the report, writes the requested files, and fails if a run had no success.
+pub fn finish(report: &ScenarioReport, output: &OutputArgs) -> anyhow::Result<()> {
+    let json_on_stdout = output.json.as_deref() == Some(std::path::Path::new("-"));
+    if json_on_stdout {
+        println!("{}", serde_json::to_string(report)?);
+    } else {
+        print!("{}", render_text(report));
+    }
+    if let Some(path) = output.json.as_ref().filter(|_| !json_on_stdout) {
+        let json = serde_json::to_string_pretty(report)?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &output.html {
+        std::fs::write(path, render_html(report))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if !report.errors.is_empty() {
+        bail!(
+            "{} run(s) failed: {}",
+            report.errors.len(),
+            report.errors.join("; ")
+        );
+    }
+    let failed = report.failed_runs();
+    if !failed.is_empty() {
+        bail!("no successful answer in: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_bodies() {
+        assert_eq!(parse_hex("0a02").as_deref(), Ok(&[0x0a, 0x02][..]));
+        assert_eq!(parse_hex("").as_deref(), Ok(&[][..]));
+        assert!(parse_hex("0a0").is_err());
+        assert!(parse_hex("zz").is_err());
+        assert!(parse_hex("é0").is_err());
+    }
+}

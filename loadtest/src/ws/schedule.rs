@@ -1,0 +1,284 @@
+//! The open-loop send schedule: request `k` of a client is due at `start + k * interval`,
+//! computed from the slot number, never by adding intervals up, so a late wake-up never
+//! shifts the slots after it (no drift) and a stall shows up as lag instead of a quietly
+//! lower rate. Also the per-client plan (which slots are warm-up, which are measured) and
+//! the allocation-free request body.
+
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+/// Absolute send times of one client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedule {
+    start: Instant,
+    interval: Duration,
+}
+
+impl Schedule {
+    /// Slot 0 at `start`, one slot per `interval` (at least 1 ns, so `due` never divides
+    /// by zero).
+    pub fn new(start: Instant, interval: Duration) -> Self {
+        Schedule {
+            start,
+            interval: interval.max(Duration::from_nanos(1)),
+        }
+    }
+
+    /// When slot `slot` is due.
+    pub fn at(&self, slot: u64) -> Instant {
+        self.start + times(self.interval, slot)
+    }
+
+    /// How many slots are due at `now`: slots `0..due(now)` have `at(slot) <= now`.
+    pub fn due(&self, now: Instant) -> u64 {
+        match now.checked_duration_since(self.start) {
+            Some(elapsed) => {
+                let slots = elapsed.as_nanos() / self.interval.as_nanos() + 1;
+                u64::try_from(slots).unwrap_or(u64::MAX)
+            }
+            None => 0,
+        }
+    }
+
+    /// The first slot due at or after `t`.
+    pub fn first_at_or_after(&self, t: Instant) -> u64 {
+        match t.checked_duration_since(self.start) {
+            Some(elapsed) if !elapsed.is_zero() => {
+                let slots = elapsed.as_nanos().div_ceil(self.interval.as_nanos());
+                u64::try_from(slots).unwrap_or(u64::MAX)
+            }
+            _ => 0,
+        }
+    }
+
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+}
+
+/// `d * n` without the `u32` limit of `Duration * u32`, saturating at `u64::MAX` ns
+/// (584 years: unreachable by any bounded run).
+pub fn times(d: Duration, n: u64) -> Duration {
+    let nanos = d.as_nanos().saturating_mul(u128::from(n));
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+}
+
+/// Offset of phase group `group` of `groups`: the groups are spread evenly over one
+/// interval so the clients do not all send in the same instant.
+pub fn phase_offset(interval: Duration, group: u32, groups: u32) -> Duration {
+    let groups = groups.max(1);
+    Duration::from_nanos(
+        u64::try_from(interval.as_nanos() * u128::from(group % groups) / u128::from(groups))
+            .unwrap_or(0),
+    )
+}
+
+/// When a run's measured part ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Slots due before this instant are sent and measured.
+    At(Instant),
+    /// This many slots per client after the warm-up.
+    Count(u64),
+}
+
+/// One client's part of a run: its schedule, the first measured slot (the earlier ones
+/// are warm-up: sent, not recorded) and the end (slots `0..end` are sent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    pub schedule: Schedule,
+    pub first_measured: u64,
+    pub end: u64,
+}
+
+impl Plan {
+    pub fn new(schedule: Schedule, window_start: Instant, stop: Stop) -> Self {
+        let first_measured = schedule.first_at_or_after(window_start);
+        let end = match stop {
+            Stop::At(t) => schedule.first_at_or_after(t).max(first_measured),
+            Stop::Count(n) => first_measured.saturating_add(n),
+        };
+        Plan {
+            schedule,
+            first_measured,
+            end,
+        }
+    }
+
+    /// Slots that are recorded.
+    pub fn measured(&self) -> u64 {
+        self.end - self.first_measured
+    }
+
+    /// When the last slot is due (the start if there is none).
+    pub fn last_due(&self) -> Instant {
+        self.schedule.at(self.end.saturating_sub(1))
+    }
+
+    pub fn is_measured(&self, slot: u64) -> bool {
+        (self.first_measured..self.end).contains(&slot)
+    }
+}
+
+/// Largest body [`Body::hello`] writes.
+pub const MAX_BODY: usize = 32;
+
+/// A 16–32 byte request body, `Hello World #0042`, held inline so issuing a request
+/// allocates nothing for it.
+#[derive(Debug, Clone, Copy)]
+pub struct Body {
+    bytes: [u8; MAX_BODY],
+    len: usize,
+}
+
+impl Body {
+    /// The body of request `seq`: 17 bytes up to seq 9999, one more per extra digit;
+    /// cut at [`MAX_BODY`].
+    pub fn hello(seq: u64) -> Self {
+        let mut bytes = [0u8; MAX_BODY];
+        let mut cursor = std::io::Cursor::new(&mut bytes[..]);
+        // A 20-digit seq would overflow by one byte: the cursor then keeps what fits.
+        let _ = write!(cursor, "Hello World #{seq:04}");
+        let len = usize::try_from(cursor.position()).unwrap_or(MAX_BODY);
+        Body { bytes, len }
+    }
+}
+
+impl AsRef<[u8]> for Body {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// What every request of a run carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload {
+    /// [`Body::hello`] with the request's slot number: what `echo.raw` echoes.
+    Hello,
+    /// The same bytes every time: a service that decodes its request (chat's protobuf
+    /// messages) needs a valid one. Cloning is a reference count, no copy.
+    Fixed(bytes::Bytes),
+}
+
+impl Payload {
+    pub fn body(&self, seq: u64) -> RequestBody {
+        match self {
+            Payload::Hello => RequestBody::Hello(Body::hello(seq)),
+            Payload::Fixed(bytes) => RequestBody::Fixed(bytes.clone()),
+        }
+    }
+}
+
+/// One request's body.
+#[derive(Debug, Clone)]
+pub enum RequestBody {
+    Hello(Body),
+    Fixed(bytes::Bytes),
+}
+
+impl AsRef<[u8]> for RequestBody {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            RequestBody::Hello(b) => b.as_ref(),
+            RequestBody::Fixed(b) => b,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn slots_are_absolute_not_accumulated() {
+        let t0 = Instant::now();
+        let s = Schedule::new(t0, Duration::from_nanos(333_333));
+        // Adding 333,333 ns a million times by floating point or rounding would drift;
+        // the product is exact.
+        assert_eq!(s.at(1_000_000), t0 + Duration::from_nanos(333_333_000_000));
+        assert_eq!(s.at(0), t0);
+    }
+
+    #[test]
+    fn due_counts_slots_at_or_before_now() {
+        let t0 = Instant::now();
+        let s = Schedule::new(t0, MS);
+        assert_eq!(s.due(t0), 1, "slot 0 is due at the start");
+        assert_eq!(s.due(t0 + Duration::from_micros(999)), 1);
+        assert_eq!(s.due(t0 + MS), 2);
+        assert_eq!(s.due(t0 + 10 * MS + Duration::from_micros(1)), 11);
+        for k in [0, 1, 7, 1000] {
+            assert_eq!(s.due(s.at(k)), k + 1);
+        }
+    }
+
+    #[test]
+    fn due_before_the_start_is_zero() {
+        let t0 = Instant::now() + Duration::from_secs(1);
+        let s = Schedule::new(t0, MS);
+        assert_eq!(s.due(t0 - MS), 0);
+    }
+
+    #[test]
+    fn a_late_wake_up_makes_every_missed_slot_due_at_once() {
+        // Open loop: after a 5 ms stall the client owes 5 more requests, sent in a burst.
+        let t0 = Instant::now();
+        let s = Schedule::new(t0, MS);
+        let sent_before_stall = s.due(t0 + Duration::from_micros(1500));
+        let due_after = s.due(t0 + Duration::from_micros(6500));
+        assert_eq!(due_after - sent_before_stall, 5);
+    }
+
+    #[test]
+    fn first_at_or_after_rounds_up() {
+        let t0 = Instant::now();
+        let s = Schedule::new(t0, MS);
+        assert_eq!(s.first_at_or_after(t0), 0);
+        assert_eq!(s.first_at_or_after(t0 + MS), 1);
+        assert_eq!(s.first_at_or_after(t0 + Duration::from_micros(1001)), 2);
+    }
+
+    #[test]
+    fn plan_splits_warm_up_from_measured_slots() {
+        let t0 = Instant::now();
+        let s = Schedule::new(t0, MS);
+        let plan = Plan::new(s, t0 + 100 * MS, Stop::At(t0 + 1100 * MS));
+        assert_eq!(plan.first_measured, 100);
+        assert_eq!(plan.end, 1100);
+        assert_eq!(plan.measured(), 1000);
+        assert!(!plan.is_measured(99));
+        assert!(plan.is_measured(100) && plan.is_measured(1099));
+        assert!(!plan.is_measured(1100));
+
+        let plan = Plan::new(s, t0 + 100 * MS, Stop::Count(10_000));
+        assert_eq!((plan.first_measured, plan.end), (100, 10_100));
+        assert_eq!(plan.last_due(), t0 + 10_099 * MS);
+    }
+
+    #[test]
+    fn phases_spread_over_one_interval() {
+        assert_eq!(phase_offset(MS, 0, 4), Duration::ZERO);
+        assert_eq!(phase_offset(MS, 1, 4), Duration::from_micros(250));
+        assert_eq!(phase_offset(MS, 3, 4), Duration::from_micros(750));
+        assert_eq!(phase_offset(MS, 5, 4), Duration::from_micros(250));
+        assert_eq!(phase_offset(MS, 3, 0), Duration::ZERO);
+    }
+
+    #[test]
+    fn body_is_16_to_32_bytes_of_hello_world() {
+        assert_eq!(Body::hello(42).as_ref(), b"Hello World #0042");
+        assert!(Body::hello(0).as_ref().len() >= 16);
+        assert_eq!(Body::hello(u64::MAX).as_ref().len(), MAX_BODY);
+        assert!(
+            Body::hello(u64::MAX)
+                .as_ref()
+                .starts_with(b"Hello World #1844")
+        );
+    }
+}

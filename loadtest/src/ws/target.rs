@@ -1,0 +1,248 @@
+//! What a scenario loads: gates given by URL, a topology it launches itself (broker,
+//! gates and workers as separate `shaddock` processes on loopback, via
+//! [`crate::topology`]), or the bare WebSocket echo server ([`crate::limit`]) that stands
+//! for the machine's physical limit.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+
+use tokio_util::sync::CancellationToken;
+
+use proto::Message as _;
+
+use super::procfs::Watched;
+use super::schedule::Payload;
+use crate::topology::{Topology, TopologySpec};
+
+/// Services a launched topology can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ServiceKind {
+    #[default]
+    Echo,
+    Chat,
+}
+
+/// The room `chat.members` asks about: nobody is in it, so the answer stays small.
+const CHAT_ROOM: &str = "hello-world";
+
+impl ServiceKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ServiceKind::Echo => "echo",
+            ServiceKind::Chat => "chat",
+        }
+    }
+
+    /// The route a load test sends unless told otherwise: one that answers every
+    /// request without any session state (no login, no room joined).
+    pub fn default_route(self) -> &'static str {
+        match self {
+            ServiceKind::Echo => "echo.raw",
+            ServiceKind::Chat => "chat.members",
+        }
+    }
+
+    pub fn default_payload(self) -> Payload {
+        match self {
+            ServiceKind::Echo => Payload::Hello,
+            ServiceKind::Chat => {
+                let request = proto::chat::MembersRequest {
+                    room: CHAT_ROOM.to_owned(),
+                };
+                Payload::Fixed(request.encode_to_vec().into())
+            }
+        }
+    }
+}
+
+/// Flags saying where the load goes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TargetArgs {
+    /// Existing gate(s) to load, `ws://host:port`, comma-separated or repeated; clients
+    /// are spread over them round-robin. Without it the command launches its own
+    /// topology (broker, --gates gates, --workers workers) on loopback.
+    #[arg(long, value_delimiter = ',')]
+    pub url: Vec<String>,
+    /// Gate processes to launch (the scenario's default when absent).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub gates: Option<u32>,
+    /// Worker processes to launch (the scenario's default when absent).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub workers: Option<u32>,
+    /// Service the launched workers run.
+    #[arg(long, value_enum, default_value_t)]
+    pub service: ServiceKind,
+    /// Extra flag for every launched gate, repeatable: `--gate-arg=--max-in-flight=1024`.
+    #[arg(long, allow_hyphen_values = true)]
+    pub gate_arg: Vec<String>,
+    /// Extra flag for every launched worker, repeatable.
+    #[arg(long, allow_hyphen_values = true)]
+    pub worker_arg: Vec<String>,
+    /// The `shaddock` binary to launch (default: $SHADDOCK_BIN, else this executable
+    /// when it is `shaddock`, else `shaddock` beside it).
+    #[arg(long)]
+    pub bin: Option<PathBuf>,
+}
+
+/// Where the load of a scenario goes.
+#[derive(Debug, Clone)]
+pub struct Gates {
+    pub urls: Vec<String>,
+    /// Gate pids (when launched).
+    pub gate_pids: Vec<u32>,
+    /// Every process whose CPU a run reports, this one included.
+    pub watched: Vec<Watched>,
+    /// "1 gate + 2 echo workers + broker, launched on loopback" or the URLs.
+    pub setup: String,
+}
+
+/// The load generator's own process, always reported.
+pub fn this_process(name: &str) -> Watched {
+    Watched {
+        name: name.to_owned(),
+        pid: std::process::id(),
+    }
+}
+
+impl TargetArgs {
+    /// The scenario's gates: the given URLs, or a launched topology with `gates` and
+    /// `workers` unless the flags override them. A launched topology comes back too:
+    /// run the scenario inside [`with_topology`].
+    pub async fn gates(
+        &self,
+        gates: u32,
+        workers: u32,
+    ) -> anyhow::Result<(Gates, Option<Topology>)> {
+        if !self.url.is_empty() {
+            let gates = Gates {
+                urls: self.url.clone(),
+                gate_pids: Vec::new(),
+                watched: vec![this_process("loadtest")],
+                setup: format!("existing gate(s) {}", self.url.join(", ")),
+            };
+            return Ok((gates, None));
+        }
+        let gates = self.gates.unwrap_or(gates);
+        let workers = self.workers.unwrap_or(workers);
+        let service = self.service.name();
+        let mut spec = TopologySpec {
+            gates: gates as usize,
+            workers: vec![(service.to_owned(), workers as usize)],
+            gate_args: self.gate_arg.clone(),
+            worker_args: self.worker_arg.clone(),
+            ..TopologySpec::default()
+        };
+        if let Some(bin) = &self.bin {
+            spec.shaddock_bin = bin.clone();
+        }
+        let topology = Topology::start(spec).await.with_context(|| {
+            format!("launching {gates} gate(s) and {workers} {service} worker(s)")
+        })?;
+        let mut watched = vec![this_process("loadtest")];
+        watched.extend(
+            topology
+                .processes()
+                .into_iter()
+                .map(|(name, pid)| Watched { name, pid }),
+        );
+        let mut setup = format!(
+            "{gates} gate{} + {workers} {service} worker{} + broker, launched on loopback",
+            plural(gates),
+            plural(workers)
+        );
+        for arg in self.gate_arg.iter().chain(&self.worker_arg) {
+            setup.push(' ');
+            setup.push_str(arg);
+        }
+        let g = Gates {
+            urls: topology.gate_urls(),
+            gate_pids: topology.gate_pids(),
+            watched,
+            setup,
+        };
+        Ok((g, Some(topology)))
+    }
+}
+
+/// Runs a scenario while a launched topology serves (when there is one), then stops the
+/// processes; Ctrl-C or a process exiting ends the scenario early with an error.
+pub async fn with_topology<T>(
+    topology: Option<Topology>,
+    work: impl Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    match topology {
+        Some(topology) => topology.run(work).await?,
+        None => work.await,
+    }
+}
+
+fn plural(n: u32) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// The bare WebSocket echo server, on its own runtime and threads (as a separate
+/// process would be) so the load generator's runtime does not schedule its tasks. Stops
+/// when dropped.
+#[derive(Debug)]
+pub struct LimitServer {
+    url: String,
+    stop: CancellationToken,
+}
+
+/// Worker threads of the echo server's runtime: the machine's cores, as a separate
+/// process with a default tokio runtime would use.
+fn limit_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, usize::from)
+}
+
+impl LimitServer {
+    pub fn start() -> anyhow::Result<Self> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")
+            .context("binding the bare echo server on loopback")?;
+        listener
+            .set_nonblocking(true)
+            .context("making the echo listener non-blocking")?;
+        let addr = listener.local_addr()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(limit_threads())
+            .thread_name("limit-echo")
+            .enable_all()
+            .build()
+            .context("starting the echo server's runtime")?;
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        std::thread::Builder::new()
+            .name("limit-echo-main".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::error!("bare echo server: {e}");
+                            return;
+                        }
+                    };
+                    if let Err(e) = crate::limit::serve(listener, stopped).await {
+                        tracing::error!("bare echo server stopped: {e}");
+                    }
+                });
+            })
+            .context("starting the echo server's thread")?;
+        Ok(LimitServer {
+            url: format!("ws://{addr}"),
+            stop,
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Drop for LimitServer {
+    fn drop(&mut self) {
+        // Its thread closes the sessions and exits on its own; nothing to wait for.
+        self.stop.cancel();
+    }
+}

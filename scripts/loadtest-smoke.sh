@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Smoke test of the WebSocket load-test scenarios (`shaddock loadtest ...`): every
+# scenario runs for about a second or two with a few clients against a topology it
+# launches itself (broker, gates, workers as separate processes on loopback), or against
+# the in-process bare echo server for `limit`. Fails if a scenario exits with an error or
+# any of its runs reports zero successful answers. Figures are not checked: this proves
+# the tool works end to end, not how fast anything is (docs/benchmarks.md for that).
+#
+#   scripts/loadtest-smoke.sh                      # uses target/debug/shaddock
+#   SHADDOCK_BIN=target/release/shaddock scripts/loadtest-smoke.sh
+#
+# Bounded: each scenario is killed after SCENARIO_TIMEOUT seconds (default 60); the
+# whole smoke takes about 30 s on a 2-core machine with a debug build.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+BIN="${SHADDOCK_BIN:-target/debug/shaddock}"
+SCENARIO_TIMEOUT="${SCENARIO_TIMEOUT:-60}"
+export SHADDOCK_BIN="${BIN}"
+
+if [[ ! -x "${BIN}" ]]; then
+  echo "error: ${BIN} is not built (cargo build -p shaddock)" >&2
+  exit 1
+fi
+
+out="$(mktemp -d)"
+trap 'rm -rf "${out}"' EXIT
+
+# Short runs: little warm-up and ramp, a short timeout so a broken path fails fast.
+short=(--warmup 0.3s --ramp 0.2s --timeout 2s --quiet)
+failed=()
+
+scenario() {
+  local name="$1"
+  shift
+  printf '+ shaddock loadtest %s\n' "$*"
+  local started=${SECONDS}
+  if ! timeout --kill-after=5 "${SCENARIO_TIMEOUT}" "${BIN}" loadtest "$@" \
+    --json "${out}/${name}.json" >"${out}/${name}.txt" 2>"${out}/${name}.err"; then
+    echo "FAILED: ${name} (exit status $?)" >&2
+    cat "${out}/${name}.txt" "${out}/${name}.err" >&2
+    failed+=("${name}")
+    return
+  fi
+  # The tool already fails on a run without successes; check the JSON too, so a
+  # report that lost its runs cannot pass silently.
+  if grep -q '"ok": 0,' "${out}/${name}.json"; then
+    echo "FAILED: ${name} reports a run with 0 successful answers" >&2
+    cat "${out}/${name}.txt" >&2
+    failed+=("${name}")
+    return
+  fi
+  grep -E '^\| [^-r]' "${out}/${name}.txt" | head -n 8 || true
+  grep -E '^(best|RSS|opened)' "${out}/${name}.txt" || true
+  echo "  ok in $((SECONDS - started)) s"
+}
+
+scenario concurrency concurrency --clients 2,5 --duration 1s --with-limit "${short[@]}"
+scenario pomelo-a pomelo-a --count 1000 "${short[@]}"
+scenario pomelo-b pomelo-b --count 1000 "${short[@]}"
+scenario saturate saturate --clients 2 --start-rate 100 --max-rate 200 --factor 2 \
+  --refine 0 --step 1s --p99-target 1s "${short[@]}"
+scenario idle idle --sessions 50 --quiet
+scenario limit limit --clients 2,5 --duration 1s "${short[@]}"
+
+if ((${#failed[@]})); then
+  echo "load-test smoke failed: ${failed[*]}" >&2
+  exit 1
+fi
+echo "load-test smoke passed: 6 scenarios"
