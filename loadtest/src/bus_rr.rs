@@ -200,15 +200,7 @@ impl Report {
 /// Runs the benchmark and prints its report on stdout.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let report = measure(&args).await?;
-    let text = if args.json {
-        report.to_json().to_string()
-    } else {
-        report.to_text()
-    };
-    // The report is this tool's output, not a log line, hence stdout.
-    use std::io::Write as _;
-    writeln!(std::io::stdout().lock(), "{text}").context("writing the report")?;
-    Ok(())
+    crate::print_report(&report.to_json(), || report.to_text(), args.json)
 }
 
 /// Runs the benchmark and returns its report.

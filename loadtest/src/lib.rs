@@ -39,6 +39,23 @@ pub enum Command {
     Limit(ws::scenario::LimitArgs),
 }
 
+/// Prints a tool's report on stdout: the JSON line when `json`, else the text. The
+/// report is the tool's output, not a log line, hence stdout.
+pub fn print_report(
+    json_report: &serde_json::Value,
+    text: impl FnOnce() -> String,
+    json: bool,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    use std::io::Write as _;
+    let out = if json {
+        json_report.to_string()
+    } else {
+        text()
+    };
+    writeln!(std::io::stdout().lock(), "{out}").context("writing the report")
+}
+
 /// Runs one load-test subcommand.
 pub async fn run(command: Command) -> anyhow::Result<()> {
     match command {
