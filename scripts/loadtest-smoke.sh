@@ -63,9 +63,10 @@ scenario saturate saturate --clients 2 --start-rate 100 --max-rate 200 --factor 
   --refine 0 --step 1s --p99-target 1s "${short[@]}"
 scenario idle idle --sessions 50 --quiet
 scenario limit limit --clients 2,5 --duration 1s "${short[@]}"
+scenario broadcast broadcast --members 20 --messages 10
 
 if ((${#failed[@]})); then
   echo "load-test smoke failed: ${failed[*]}" >&2
   exit 1
 fi
-echo "load-test smoke passed: 6 scenarios"
+echo "load-test smoke passed: 7 scenarios"

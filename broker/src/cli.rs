@@ -154,7 +154,7 @@ pub struct BrokerArgs {
     pub max_pending: Option<usize>,
 
     /// Outbound bytes queued for one client past which its publishers pause until it
-    /// drains (flow control; default: 4MB, at most half of max_pending).
+    /// drains (flow control; default: 128KB, at most half of max_pending).
     #[arg(long = "flow_control_pending", value_name = "SIZE", value_parser = parse_size)]
     #[arg(env = "SHADDOCK_BROKER_FLOW_CONTROL_PENDING")]
     pub flow_control_pending: Option<usize>,

@@ -7,7 +7,7 @@
 //! - [`bus_rr`]: request-reply over NATS (BENCHMARKS.md B6), latency in an HDR histogram.
 //! - [`idle_conns`]: resident memory a server spends per idle NATS connection.
 //! - [`ws`]: open-loop WebSocket load through the gateway and its scenarios
-//!   (`concurrency`, `pomelo-a`, `pomelo-b`, `saturate`, `idle`, `limit`).
+//!   (`concurrency`, `pomelo-a`, `pomelo-b`, `saturate`, `idle`, `limit`, `broadcast`).
 
 pub mod bus_rr;
 pub mod duration;
@@ -37,6 +37,8 @@ pub enum Command {
     Idle(ws::idle::IdleArgs),
     /// The same load against a bare WebSocket echo server: the machine's limit.
     Limit(ws::scenario::LimitArgs),
+    /// Room fan-out: one chat room, many members over the gates, one sender.
+    Broadcast(ws::broadcast::BroadcastArgs),
 }
 
 /// Prints a tool's report on stdout: the JSON line when `json`, else the text. The
@@ -67,5 +69,6 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Saturate(args) => ws::scenario::saturate(args).await,
         Command::Idle(args) => ws::idle::idle(args).await,
         Command::Limit(args) => ws::scenario::limit(args).await,
+        Command::Broadcast(args) => ws::broadcast::broadcast(args).await,
     }
 }

@@ -7,10 +7,11 @@
 //! - [`generator`]: N clients, one request per interval, recorded three ways.
 //! - [`hist`], [`stats`]: HDR histograms, per-client records and how they add up.
 //! - [`target`]: gates by URL, a launched topology, or the bare echo server.
-//! - [`scenario`], [`idle`]: the subcommands.
+//! - [`scenario`], [`idle`], [`broadcast`]: the subcommands.
 //! - [`report`], [`text`], [`html`]: the report, as JSON, terminal text and HTML.
 //! - [`procfs`]: RSS and CPU time of a process.
 
+pub mod broadcast;
 pub mod clock;
 pub mod generator;
 pub mod hist;
