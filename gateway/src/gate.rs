@@ -230,9 +230,13 @@ impl GateShared {
         } else {
             RpcResponse::decode(msg.payload).map_or(WorkerReply::Invalid, WorkerReply::Response)
         };
-        // The queue holds at least max_in_flight: a reply only fails to fit when the
-        // session is closing, or its timeout already answered the request.
-        let _ = session.try_send(ToSession::Reply { id, reply });
+        // The queue has room for max_in_flight answers plus outbound_queue pushes; it is
+        // full only when pushes flood a session that does not keep up. The router must
+        // not wait on one session, so the reply is dropped, counted, and the request is
+        // answered 408 by its timeout.
+        if session.try_send(ToSession::Reply { id, reply }).is_err() && !session.is_closed() {
+            metrics::counter!("gate_replies_dropped_total").increment(1);
+        }
     }
 }
 

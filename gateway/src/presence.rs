@@ -243,7 +243,11 @@ impl GateShared {
 
     fn kick_local(&self, sid: u64, reason: &str) {
         if let Some(tx) = self.sessions.get(&sid) {
-            let _ = tx.try_send(ToSession::Kick(reason.into()));
+            if tx.try_send(ToSession::Kick(reason.into())).is_err() && !tx.is_closed() {
+                // A session whose queue is full of pushes misses the kick; counted so it
+                // shows, rather than blocking the router on one session.
+                metrics::counter!("gate_kicks_dropped_total").increment(1);
+            }
         }
     }
 

@@ -113,8 +113,10 @@ struct EventSubscription {
 impl Worker {
     /// Subscribes the service's events, fetches a peer's snapshot if the service asks
     /// for one, subscribes `<prefix>.svc.<service>.>` in queue group `<service>`, and
-    /// waits for the broker to confirm (a flush round trip), so requests published after
-    /// this returns can reach this worker. See the module docs for the order and why.
+    /// flushes, so the SUB is on the wire when this returns. async-nats' flush does not
+    /// wait for the broker's PONG: a request published on another connection in that
+    /// same instant may still miss this worker (no responders); one that follows any
+    /// round trip through the broker will not. See the module docs for the order and why.
     pub async fn subscribe(
         client: Client,
         service: Service,
