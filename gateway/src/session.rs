@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::stream::{SplitSink, SplitStream};
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt, SinkExt, StreamExt};
 use proto::Message as _;
 use proto::client::{self, Packet, packet::Kind};
 use proto::code;
@@ -34,6 +34,10 @@ use crate::route;
 
 type Sink = SplitSink<WebSocketStream<TcpStream>, Message>;
 type Stream = SplitStream<WebSocketStream<TcpStream>>;
+
+/// Frames handled after the first in one turn, before the answers are flushed; bounds
+/// how long replies already queued for the session wait behind a fast reader.
+const READ_BATCH: usize = 64;
 
 /// Why a session ends, sent to the client in the close frame.
 struct Closing {
@@ -238,6 +242,12 @@ impl Session {
                     if let Err(closing) = self.on_frame(frame).await {
                         break closing;
                     }
+                    // Coalesce: frames the socket already holds are answered with the
+                    // same flush, so a client that is ahead of the gate (or a gate
+                    // shedding load) costs one write per batch, not one per frame.
+                    if let Err(closing) = self.on_ready_frames(&mut stream).await {
+                        break closing;
+                    }
                 }
                 Some(msg) = rx.recv() => {
                     if let Some(closing) = self.on_message(msg).await {
@@ -270,6 +280,17 @@ impl Session {
                 break Closing::new(CloseCode::Away, "write failed");
             }
         }
+    }
+
+    /// Handles up to [`READ_BATCH`] more frames that are readable without waiting.
+    async fn on_ready_frames(&mut self, stream: &mut Stream) -> Result<(), Closing> {
+        for _ in 0..READ_BATCH {
+            let Some(frame) = stream.next().now_or_never() else {
+                break;
+            };
+            self.on_frame(frame).await?;
+        }
+        Ok(())
     }
 
     async fn on_frame(
