@@ -10,14 +10,17 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::StatusCode;
 use dashmap::DashMap;
+use metrics::Counter;
 use proto::Message as _;
 use proto::rpc::RpcResponse;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
+use tokio::time::MissedTickBehavior;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -95,8 +98,41 @@ pub(crate) struct GateShared {
     pub handovers: mpsc::Sender<Handover>,
     /// The router task, for [`Gate::run`] to wait for.
     router: TaskTracker,
+    pub rejected: Rejected,
     next_sid: AtomicU64,
 }
+
+/// `gate_rejected_total` for the refusals a request can meet, registered once: a gate
+/// shedding load counts one per request, and a registry lookup each time would add to
+/// the load it sheds.
+pub(crate) struct Rejected {
+    pub route: Counter,
+    pub duplicate_id: Counter,
+    pub in_flight: Counter,
+    pub rate: Counter,
+    pub gate_in_flight: Counter,
+    pub bus: Counter,
+}
+
+impl Rejected {
+    fn new() -> Self {
+        let reason =
+            |reason: &'static str| metrics::counter!("gate_rejected_total", "reason" => reason);
+        Rejected {
+            route: reason("route"),
+            duplicate_id: reason("duplicate_id"),
+            in_flight: reason("in_flight"),
+            rate: reason("rate"),
+            gate_in_flight: reason("gate_in_flight"),
+            bus: reason("bus"),
+        }
+    }
+}
+
+/// How often `gate_in_flight` is set from the gate's in-flight count. Sampled rather
+/// than moved per request: every session updating one shared gauge twice per request
+/// cost more than the rest of the gate's bookkeeping.
+const IN_FLIGHT_SAMPLE: Duration = Duration::from_millis(500);
 
 impl GateShared {
     pub fn next_sid(&self) -> u64 {
@@ -152,6 +188,7 @@ impl Gate {
             stopped: CancellationToken::new(),
             handovers,
             router: TaskTracker::new(),
+            rejected: Rejected::new(),
             next_sid: AtomicU64::new(1),
         });
         shared
@@ -190,9 +227,16 @@ impl Gate {
         shutdown: CancellationToken,
     ) -> std::io::Result<()> {
         let tracker = TaskTracker::new();
+        let in_flight = metrics::gauge!("gate_in_flight");
+        let mut sample = tokio::time::interval(IN_FLIGHT_SAMPLE);
+        sample.set_missed_tick_behavior(MissedTickBehavior::Skip);
         loop {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
+                _ = sample.tick() => {
+                    in_flight.set(self.0.in_flight.load(Ordering::Relaxed) as f64);
+                    continue;
+                }
                 () = shutdown.cancelled() => break,
             };
             match accepted {
@@ -221,14 +265,15 @@ impl GateShared {
         let Some((sid, id)) = msg.subject.get(skip..).and_then(parse_sid_id) else {
             return;
         };
-        let Some(session) = self.sessions.get(&sid).map(|s| s.clone()) else {
-            // The session closed while its request was out.
-            return;
-        };
         let reply = if msg.status == Some(StatusCode::NO_RESPONDERS) {
             WorkerReply::NoResponders
         } else {
             RpcResponse::decode(msg.payload).map_or(WorkerReply::Invalid, WorkerReply::Response)
+        };
+        // Sent under the map's read guard: no clone of the sender per reply.
+        let Some(session) = self.sessions.get(&sid) else {
+            // The session closed while its request was out.
+            return;
         };
         // The queue has room for max_in_flight answers plus outbound_queue pushes; it is
         // full only when pushes flood a session that does not keep up. The router must

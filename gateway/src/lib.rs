@@ -5,6 +5,7 @@
 //! Also the Rust client SDK ([`sdk`]) that tests and the load test drive it with.
 
 pub mod config;
+mod forward;
 pub mod frame;
 mod gate;
 mod limits;

@@ -11,12 +11,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use async_nats::Subject;
 use futures::stream::{SplitSink, SplitStream};
 use futures::{FutureExt, SinkExt, StreamExt};
 use proto::Message as _;
 use proto::client::{self, Packet, packet::Kind};
 use proto::code;
-use proto::rpc::{self, Effect, RpcRequest, SessionClosed, effect};
+use proto::rpc::{Effect, SessionClosed, effect};
 use rustc_hash::FxHashMap;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -26,6 +27,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
+use crate::forward::{SessionWire, encode_request};
 use crate::frame::{decode, encode};
 use crate::gate::{GateShared, ToSession, WorkerReply};
 use crate::limits::TokenBucket;
@@ -75,7 +77,28 @@ impl Durations {
 /// A request awaiting its worker.
 struct Pending {
     received: Instant,
-    route: Box<str>,
+    route: Arc<str>,
+}
+
+/// A route's publish subject and its label, made once per session and route rather
+/// than per request. Bounded: past [`MAX_CACHED_ROUTES`] they are made each time.
+#[derive(Default)]
+struct Routes(Vec<(Arc<str>, Subject)>);
+
+/// Routes one session keeps subjects for.
+const MAX_CACHED_ROUTES: usize = 16;
+
+impl Routes {
+    fn get(&mut self, prefix: &str, route: &str) -> (Subject, Arc<str>) {
+        if let Some((r, subject)) = self.0.iter().find(|(r, _)| **r == *route) {
+            return (subject.clone(), r.clone());
+        }
+        let entry: (Arc<str>, Subject) = (route.into(), format!("{prefix}.svc.{route}").into());
+        if self.0.len() < MAX_CACHED_ROUTES {
+            self.0.push(entry.clone());
+        }
+        (entry.1, entry.0)
+    }
 }
 
 struct Session {
@@ -89,8 +112,12 @@ struct Session {
     /// The serial request awaiting its answer, and the serial requests queued behind it.
     serial_pending: Option<u64>,
     serial_queue: VecDeque<client::Request>,
-    uid: String,
-    data: std::collections::HashMap<String, String>,
+    /// The session as requests carry it: uid and data.
+    wire: SessionWire,
+    /// `<prefix>.gw.<gate>.<sid>.`: a request's reply subject is this and its id.
+    reply_prefix: String,
+    /// Publish subject and label of each route seen.
+    routes: Routes,
     groups: Vec<String>,
     sink: Sink,
     pending: FxHashMap<u64, Pending>,
@@ -98,7 +125,6 @@ struct Session {
     deadlines: VecDeque<(Instant, u64)>,
     bucket: TokenBucket,
     last_seen: Instant,
-    in_flight: metrics::Gauge,
     durations: Durations,
 }
 
@@ -193,21 +219,20 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
         serial: handshake.serial,
         serial_pending: None,
         serial_queue: VecDeque::new(),
-        uid: String::new(),
-        data: Default::default(),
+        wire: SessionWire::new(&gate.id, sid),
+        reply_prefix: format!("{}.gw.{}.{sid}.", gate.config.prefix, gate.id),
+        routes: Routes::default(),
         groups: Vec::new(),
         sink,
         pending: FxHashMap::default(),
         deadlines: VecDeque::new(),
         last_seen: Instant::now(),
-        in_flight: metrics::gauge!("gate_in_flight"),
         durations: Durations::default(),
     };
     let closing = session.serve(stream, rx).await;
     gate.sessions.remove(&sid);
     session.leave_everything().await;
     metrics::gauge!("gate_sessions").decrement(1.0);
-    session.in_flight.decrement(session.pending.len() as f64);
     session.release(session.pending.len());
     tracing::debug!(sid, reason = closing.reason, "session closed");
     close(&mut session.sink, closing).await;
@@ -361,7 +386,7 @@ impl Session {
     /// Holds a serial request until the one before it is answered.
     async fn queue_serial(&mut self, req: client::Request) -> Result<(), Closing> {
         if self.pending.len() + self.serial_queue.len() >= self.gate.config.max_in_flight {
-            metrics::counter!("gate_rejected_total", "reason" => "in_flight").increment(1);
+            self.gate.rejected.in_flight.increment(1);
             let resp = client::Response {
                 id: req.id,
                 code: code::RATE_LIMITED,
@@ -408,8 +433,8 @@ impl Session {
     async fn on_request(&mut self, req: client::Request) -> Option<client::Response> {
         let received = Instant::now();
         let notify = req.id == 0;
-        let reject = |code: u32, message: &str, reason: &'static str| {
-            metrics::counter!("gate_rejected_total", "reason" => reason).increment(1);
+        let reject = |code: u32, message: &str, reason: &metrics::Counter| {
+            reason.increment(1);
             (!notify).then(|| client::Response {
                 id: req.id,
                 code,
@@ -418,68 +443,55 @@ impl Session {
             })
         };
         if let Err(e) = route::parse(&req.route) {
-            return reject(code::BAD_REQUEST, &e.to_string(), "route");
+            return reject(code::BAD_REQUEST, &e.to_string(), &self.gate.rejected.route);
         }
         if !notify && self.pending.contains_key(&req.id) {
             return reject(
                 code::BAD_REQUEST,
                 "request id already in flight",
-                "duplicate_id",
+                &self.gate.rejected.duplicate_id,
             );
         }
         if !notify && self.pending.len() >= self.gate.config.max_in_flight {
             return reject(
                 code::RATE_LIMITED,
                 "too many requests in flight",
-                "in_flight",
+                &self.gate.rejected.in_flight,
             );
         }
         if !self.bucket.take(received) {
-            return reject(code::RATE_LIMITED, "rate limited", "rate");
+            return reject(code::RATE_LIMITED, "rate limited", &self.gate.rejected.rate);
         }
         if !notify && !self.admit() {
-            return reject(code::OVERLOADED, "gate overloaded", "gate_in_flight");
+            return reject(
+                code::OVERLOADED,
+                "gate overloaded",
+                &self.gate.rejected.gate_in_flight,
+            );
         }
-        let prefix = &self.gate.config.prefix;
-        let subject = format!("{prefix}.svc.{}", req.route);
-        let payload = RpcRequest {
-            route: req.route.clone(),
-            body: req.body,
-            session: Some(rpc::Session {
-                gate: self.gate.id.clone(),
-                sid: self.sid,
-                uid: self.uid.clone(),
-                data: self.data.clone(),
-            }),
-            timing: self.timing,
-        }
-        .encode_to_vec();
+        let (subject, route) = self.routes.get(&self.gate.config.prefix, &req.route);
+        let payload = encode_request(&req.route, &req.body, &self.wire, self.timing);
         let sent = if notify {
-            self.gate.nats.publish(subject, payload.into()).await
+            self.gate.nats.publish(subject, payload).await
         } else {
-            let reply = format!("{prefix}.gw.{}.{}.{}", self.gate.id, self.sid, req.id);
+            let mut reply = String::with_capacity(self.reply_prefix.len() + 20);
+            reply.push_str(&self.reply_prefix);
+            reply.push_str(itoa::Buffer::new().format(req.id));
             self.gate
                 .nats
-                .publish_with_reply(subject, reply, payload.into())
+                .publish_with_reply(subject, reply, payload)
                 .await
         };
         if sent.is_err() {
             if !notify {
                 self.release(1);
             }
-            return reject(code::OVERLOADED, "bus unavailable", "bus");
+            return reject(code::OVERLOADED, "bus unavailable", &self.gate.rejected.bus);
         }
         if !notify {
-            self.pending.insert(
-                req.id,
-                Pending {
-                    received,
-                    route: req.route.into(),
-                },
-            );
+            self.pending.insert(req.id, Pending { received, route });
             self.deadlines
                 .push_back((received + self.gate.config.request_timeout, req.id));
-            self.in_flight.increment(1.0);
         }
         None
     }
@@ -554,16 +566,21 @@ impl Session {
                         resp.body = Default::default();
                         break;
                     }
-                    let old = std::mem::replace(&mut self.uid, uid);
-                    if !old.is_empty() && old != self.uid {
+                    let mut old = uid;
+                    self.wire.update(|s| std::mem::swap(&mut s.uid, &mut old));
+                    if !old.is_empty() && old != self.wire.get().uid {
                         self.gate.unbind(&old, self.sid);
                     }
                 }
                 effect::Kind::SetData(d) => {
-                    self.data.insert(d.key, d.value);
+                    self.wire.update(|s| {
+                        s.data.insert(d.key, d.value);
+                    });
                 }
                 effect::Kind::ClearData(key) => {
-                    self.data.remove(&key);
+                    self.wire.update(|s| {
+                        s.data.remove(&key);
+                    });
                 }
                 effect::Kind::Join(group) => {
                     if route::check_token(&group).is_err() || self.groups.contains(&group) {
@@ -590,13 +607,14 @@ impl Session {
         for group in &self.groups {
             self.gate.leave(group, self.sid);
         }
-        if !self.uid.is_empty() {
-            self.gate.unbind(&self.uid, self.sid);
+        let uid = &self.wire.get().uid;
+        if !uid.is_empty() {
+            self.gate.unbind(uid, self.sid);
         }
         let event = SessionClosed {
             gate: self.gate.id.clone(),
             sid: self.sid,
-            uid: std::mem::take(&mut self.uid),
+            uid: self.wire.get().uid.clone(),
             groups: std::mem::take(&mut self.groups),
         };
         let subject = format!("{}.evt.session.closed", self.gate.config.prefix);
@@ -615,7 +633,6 @@ impl Session {
         (queue_us, handler_us): (u32, u32),
     ) {
         let elapsed = pending.received.elapsed();
-        self.in_flight.decrement(1.0);
         self.release(1);
         // Only routes some worker serves become labels: a client cannot mint series.
         let route = if resp.code == code::NOT_FOUND {

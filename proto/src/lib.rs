@@ -29,6 +29,11 @@ pub mod json;
 
 pub use prost::Message;
 
+/// prost's wire-format primitives, for code that writes a message by hand.
+pub mod wire {
+    pub use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
+}
+
 /// Status codes, with HTTP's meanings.
 pub mod code {
     pub const OK: u32 = 200;

@@ -1,0 +1,148 @@
+//! What the gate publishes for a request, built without per-request copies of what only
+//! changes with the session.
+//!
+//! An [`RpcRequest`](proto::rpc::RpcRequest) carries the session (gate id, sid, uid,
+//! data), which changes only on a bind or a data effect. Building the prost struct for
+//! every request cloned all of it; [`SessionWire`] keeps the session encoded instead, and
+//! [`encode_request`] writes the request's fields around it. The bytes are exactly
+//! prost's (fields in tag order, proto3 defaults left out); the tests compare them.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use proto::Message as _;
+use proto::rpc;
+use proto::wire::{WireType, encode_key, encode_varint, encoded_len_varint};
+
+/// `RpcRequest` field numbers (proto/rpc.proto).
+const ROUTE: u32 = 1;
+const BODY: u32 = 2;
+const SESSION: u32 = 3;
+const TIMING: u32 = 4;
+
+/// A session as every request of it carries it, encoded once per change.
+pub(crate) struct SessionWire {
+    session: rpc::Session,
+    encoded: Bytes,
+}
+
+impl SessionWire {
+    pub(crate) fn new(gate: &str, sid: u64) -> Self {
+        let session = rpc::Session {
+            gate: gate.to_owned(),
+            sid,
+            ..Default::default()
+        };
+        let encoded = session.encode_to_vec().into();
+        SessionWire { session, encoded }
+    }
+
+    pub(crate) fn get(&self) -> &rpc::Session {
+        &self.session
+    }
+
+    /// Changes the session (a bind, a data effect) and encodes it anew.
+    pub(crate) fn update(&mut self, change: impl FnOnce(&mut rpc::Session)) {
+        change(&mut self.session);
+        self.encoded = self.session.encode_to_vec().into();
+    }
+}
+
+/// The encoded `RpcRequest { route, body, session, timing }`.
+pub(crate) fn encode_request(
+    route: &str,
+    body: &[u8],
+    session: &SessionWire,
+    timing: bool,
+) -> Bytes {
+    let session = &session.encoded;
+    let len = field_len(ROUTE, route.len())
+        + field_len(BODY, body.len())
+        + key_len(SESSION)
+        + encoded_len_varint(session.len() as u64)
+        + session.len()
+        + if timing { key_len(TIMING) + 1 } else { 0 };
+    let mut buf = BytesMut::with_capacity(len);
+    put_field(&mut buf, ROUTE, route.as_bytes());
+    put_field(&mut buf, BODY, body);
+    // A message field is written even when empty: its presence is the value.
+    encode_key(SESSION, WireType::LengthDelimited, &mut buf);
+    encode_varint(session.len() as u64, &mut buf);
+    buf.put_slice(session);
+    if timing {
+        encode_key(TIMING, WireType::Varint, &mut buf);
+        encode_varint(1, &mut buf);
+    }
+    debug_assert_eq!(buf.len(), len, "the length computed up front is exact");
+    buf.freeze()
+}
+
+/// A length-delimited field, left out when empty (proto3's default).
+fn put_field(buf: &mut BytesMut, tag: u32, value: &[u8]) {
+    if value.is_empty() {
+        return;
+    }
+    encode_key(tag, WireType::LengthDelimited, buf);
+    encode_varint(value.len() as u64, buf);
+    buf.put_slice(value);
+}
+
+fn field_len(tag: u32, len: usize) -> usize {
+    if len == 0 {
+        0
+    } else {
+        key_len(tag) + encoded_len_varint(len as u64) + len
+    }
+}
+
+fn key_len(tag: u32) -> usize {
+    encoded_len_varint(u64::from(tag << 3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn by_prost(route: &str, body: &[u8], session: &rpc::Session, timing: bool) -> Vec<u8> {
+        rpc::RpcRequest {
+            route: route.to_owned(),
+            body: Bytes::copy_from_slice(body),
+            session: Some(session.clone()),
+            timing,
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn bytes_are_prosts() {
+        let mut wire = SessionWire::new("g1", 7);
+        let long_body = vec![0xab; 300];
+        let cases: [(&str, &[u8], bool); 4] = [
+            ("echo.raw", b"Hello World #0042", true),
+            ("chat.members", b"", false),
+            ("", b"", false),
+            ("chat.send", &long_body, true),
+        ];
+        for step in 0..3 {
+            match step {
+                1 => wire.update(|s| s.uid = "player-1".into()),
+                2 => wire.update(|s| {
+                    s.data.insert("room".into(), "lobby".into());
+                    s.data.insert("level".into(), "3".into());
+                }),
+                _ => {}
+            }
+            for (route, body, timing) in cases {
+                let ours = encode_request(route, body, &wire, timing);
+                assert_eq!(
+                    &ours[..],
+                    by_prost(route, body, wire.get(), timing),
+                    "{route:?} step {step}"
+                );
+                let decoded = rpc::RpcRequest::decode(ours).expect("decodes");
+                assert_eq!(decoded.session.as_ref(), Some(wire.get()));
+                assert_eq!(decoded.route, route);
+                assert_eq!(&decoded.body[..], body);
+                assert_eq!(decoded.timing, timing);
+            }
+        }
+    }
+}
