@@ -13,8 +13,8 @@
 //! the frame; the SDK then writes it with the other queued frames in one flush.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -29,7 +29,7 @@ use super::hist::Summary;
 use super::procfs::{CpuSample, CpuUse, Watched};
 use super::schedule::{Payload, Plan, RequestBody, Schedule, Stop, phase_offset, times};
 use super::stats::{
-    Answer, ClientStats, Outcome, ServerTiming, SharedTimeline, TimelineWriter, rate,
+    Answer, ClientStats, Outcome, Recorded, Recorder, ServerTiming, SharedRecorded, rate,
 };
 
 /// Time between deciding the start and the first slot, so every task is ready for it.
@@ -166,7 +166,7 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
     };
 
     let progress = Arc::new(Progress::default());
-    let timeline = SharedTimeline::default();
+    let recorded = SharedRecorded::default();
     let route: Arc<str> = Arc::from(spec.route.as_str());
     let payload = Arc::new(spec.payload.clone());
     let mut tasks = JoinSet::new();
@@ -182,17 +182,16 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
             pacer,
             route: route.clone(),
             payload: payload.clone(),
-            window_start,
             hard_deadline,
             progress: progress.clone(),
-            timeline: TimelineWriter::new(timeline.clone(), window_start),
+            recorder: Recorder::new(recorded.clone(), window_start),
         };
         tasks.spawn(async move { (i, driver.drive().await) });
     }
 
     let cpu = sample_cpu_over_window(&target.watched, window_start, window_end);
     let bar = progress_bar(spec, target, start, last_due);
-    let mut per_client: Vec<Option<ClientStats>> = vec![None; spec.clients];
+    let mut per_client: Vec<Option<Tally>> = vec![None; spec.clients];
     let mut tick = tokio::time::interval(PROGRESS_TICK);
     // Every task ends by the hard deadline; this only guards against a bug in one.
     let give_up = hard_deadline + HARD_MARGIN + CLOSE_TIMEOUT + GIVE_UP_SLACK;
@@ -218,23 +217,21 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
     drop(metronome);
     let cpu = cpu.await.unwrap_or_default();
 
-    let mut totals = ClientStats::default();
-    let mut per_conn = Vec::with_capacity(spec.clients);
-    for stats in &per_client {
-        match stats {
-            Some(s) => {
-                per_conn.push(rate(s.ok, window_start, window_end, s.last_answer));
-                totals.merge(s);
-            }
-            None => per_conn.push(0.0),
-        }
-    }
+    let per_conn = per_client
+        .iter()
+        .map(|t| t.map_or(0.0, |t| rate(t.ok, window_start, window_end, t.last_answer)))
+        .collect();
+    // Every driver has ended and dropped its recorder: this is the last handle.
+    let Recorded {
+        stats: totals,
+        timeline,
+    } = Arc::try_unwrap(recorded)
+        .map_err(|_| anyhow::anyhow!("a load-test client still holds the record"))?
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner);
     let achieved_rps = rate(totals.ok, window_start, window_end, totals.last_answer);
     let end = totals.last_answer.map_or(window_end, |l| l.max(window_end));
-    let timeline = timeline
-        .lock()
-        .map(|t| t.seconds().collect())
-        .unwrap_or_default();
+    let timeline = timeline.seconds().collect();
     Ok(RunResult {
         target: target.clone(),
         spec: LoadSpec {
@@ -321,26 +318,49 @@ struct Driver {
     pacer: Pacer,
     route: Arc<str>,
     payload: Arc<Payload>,
-    window_start: Instant,
     hard_deadline: Instant,
     progress: Arc<Progress>,
-    timeline: TimelineWriter,
+    recorder: Recorder,
+}
+
+/// What a client counts itself: its requests, and its answers for its own rate.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    /// Measured requests sent, and those that ended (answered, timed out, failed).
+    sent: u64,
+    ended: u64,
+    ok: u64,
+    last_answer: Option<Instant>,
+}
+
+impl Tally {
+    fn end(&mut self, outcome: &Outcome) {
+        self.ended += 1;
+        if let Answer::Response { code, .. } = outcome.answer {
+            self.last_answer = Some(
+                self.last_answer
+                    .map_or(outcome.received, |l| l.max(outcome.received)),
+            );
+            if code == proto::code::OK {
+                self.ok += 1;
+            }
+        }
+    }
 }
 
 impl Driver {
-    async fn drive(self) -> ClientStats {
+    async fn drive(self) -> Tally {
         let Driver {
             client,
             plan,
             mut pacer,
             route,
             payload,
-            window_start,
             hard_deadline,
             progress,
-            mut timeline,
+            mut recorder,
         } = self;
-        let mut stats = ClientStats::default();
+        let mut tally = Tally::default();
         let mut counts = LocalCounts::default();
         let mut in_flight = FuturesUnordered::new();
         let mut next = 0u64;
@@ -360,7 +380,7 @@ impl Driver {
                     let due = due.min(plan.end);
                     for slot in next..due {
                         if plan.is_measured(slot) {
-                            stats.sent += 1;
+                            tally.sent += 1;
                         }
                         let at = plan.schedule.at(slot);
                         in_flight.push(request(&client, &route, payload.body(slot), slot, at));
@@ -369,38 +389,21 @@ impl Driver {
                     next = due;
                 }
                 Some((slot, outcome)) = in_flight.next() => {
-                    if plan.is_measured(slot) {
-                        record(&mut stats, &mut timeline, window_start, &outcome);
-                    }
                     counts.done(&outcome.answer, &progress);
+                    if plan.is_measured(slot) {
+                        tally.end(&outcome);
+                        recorder.record(outcome);
+                    }
                 }
                 () = &mut hard => break,
             }
         }
         counts.flush(&progress);
-        let finished = stats.answered + stats.timeouts + stats.failures.values().sum::<u64>();
-        stats.unanswered = stats.sent.saturating_sub(finished);
+        recorder.finish(tally.sent, tally.sent.saturating_sub(tally.ended));
         // The requests still in flight borrow the client: abandon them before closing.
         drop(in_flight);
-        timeline.flush();
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, client.close()).await;
-        stats
-    }
-}
-
-/// Records a measured request.
-fn record(
-    stats: &mut ClientStats,
-    timeline: &mut TimelineWriter,
-    window_start: Instant,
-    outcome: &Outcome,
-) {
-    stats.record(window_start, outcome);
-    if matches!(outcome.answer, Answer::Response { .. }) {
-        let latency = outcome
-            .received
-            .saturating_duration_since(outcome.scheduled);
-        timeline.record(outcome.scheduled, latency);
+        tally
     }
 }
 
