@@ -4,13 +4,14 @@
 //! An [`RpcRequest`](proto::rpc::RpcRequest) carries the session (gate id, sid, uid,
 //! data), which changes only on a bind or a data effect. Building the prost struct for
 //! every request cloned all of it; [`SessionWire`] keeps the session encoded instead, and
-//! [`encode_request`] writes the request's fields around it. The bytes are exactly
-//! prost's (fields in tag order, proto3 defaults left out); the tests compare them.
+//! [`encode_request`] writes the request's fields around it ([`crate::wire`]); the
+//! tests compare the bytes with prost's.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use proto::Message as _;
 use proto::rpc;
-use proto::wire::{WireType, encode_key, encode_varint, encoded_len_varint};
+
+use crate::wire;
 
 /// `RpcRequest` field numbers (proto/rpc.proto).
 const ROUTE: u32 = 1;
@@ -54,47 +55,18 @@ pub(crate) fn encode_request(
     timing: bool,
 ) -> Bytes {
     let session = &session.encoded;
-    let len = field_len(ROUTE, route.len())
-        + field_len(BODY, body.len())
-        + key_len(SESSION)
-        + encoded_len_varint(session.len() as u64)
-        + session.len()
-        + if timing { key_len(TIMING) + 1 } else { 0 };
+    let timing = u64::from(timing);
+    let len = wire::bytes_len(ROUTE, route.len())
+        + wire::bytes_len(BODY, body.len())
+        + wire::message_len(SESSION, session.len())
+        + wire::varint_len(TIMING, timing);
     let mut buf = BytesMut::with_capacity(len);
-    put_field(&mut buf, ROUTE, route.as_bytes());
-    put_field(&mut buf, BODY, body);
-    // A message field is written even when empty: its presence is the value.
-    encode_key(SESSION, WireType::LengthDelimited, &mut buf);
-    encode_varint(session.len() as u64, &mut buf);
-    buf.put_slice(session);
-    if timing {
-        encode_key(TIMING, WireType::Varint, &mut buf);
-        encode_varint(1, &mut buf);
-    }
+    wire::put_bytes(&mut buf, ROUTE, route.as_bytes());
+    wire::put_bytes(&mut buf, BODY, body);
+    wire::put_message(&mut buf, SESSION, session);
+    wire::put_varint(&mut buf, TIMING, timing);
     debug_assert_eq!(buf.len(), len, "the length computed up front is exact");
     buf.freeze()
-}
-
-/// A length-delimited field, left out when empty (proto3's default).
-fn put_field(buf: &mut BytesMut, tag: u32, value: &[u8]) {
-    if value.is_empty() {
-        return;
-    }
-    encode_key(tag, WireType::LengthDelimited, buf);
-    encode_varint(value.len() as u64, buf);
-    buf.put_slice(value);
-}
-
-fn field_len(tag: u32, len: usize) -> usize {
-    if len == 0 {
-        0
-    } else {
-        key_len(tag) + encoded_len_varint(len as u64) + len
-    }
-}
-
-fn key_len(tag: u32) -> usize {
-    encoded_len_varint(u64::from(tag << 3))
 }
 
 #[cfg(test)]

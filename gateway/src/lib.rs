@@ -14,6 +14,7 @@ pub mod route;
 mod router;
 pub mod sdk;
 mod session;
+mod wire;
 
 pub use config::GateConfig;
 pub use gate::{AnyToken, Gate, StaticToken, TokenCheck};

@@ -264,13 +264,15 @@ impl Session {
             }
             tokio::select! {
                 frame = stream.next() => {
-                    if let Err(closing) = self.on_frame(frame).await {
+                    // One reading of the clock for the frames read together.
+                    let now = Instant::now();
+                    if let Err(closing) = self.on_frame(frame, now).await {
                         break closing;
                     }
                     // Coalesce: frames the socket already holds are answered with the
                     // same flush, so a client that is ahead of the gate (or a gate
                     // shedding load) costs one write per batch, not one per frame.
-                    if let Err(closing) = self.on_ready_frames(&mut stream).await {
+                    if let Err(closing) = self.on_ready_frames(&mut stream, now).await {
                         break closing;
                     }
                 }
@@ -308,19 +310,21 @@ impl Session {
     }
 
     /// Handles up to [`READ_BATCH`] more frames that are readable without waiting.
-    async fn on_ready_frames(&mut self, stream: &mut Stream) -> Result<(), Closing> {
+    async fn on_ready_frames(&mut self, stream: &mut Stream, now: Instant) -> Result<(), Closing> {
         for _ in 0..READ_BATCH {
             let Some(frame) = stream.next().now_or_never() else {
                 break;
             };
-            self.on_frame(frame).await?;
+            self.on_frame(frame, now).await?;
         }
         Ok(())
     }
 
+    /// Handles one frame read at `now`.
     async fn on_frame(
         &mut self,
         frame: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>,
+        now: Instant,
     ) -> Result<(), Closing> {
         use tokio_tungstenite::tungstenite::Error as WsError;
         let frame = match frame {
@@ -332,7 +336,7 @@ impl Session {
             Some(Err(_)) => return Err(Closing::new(CloseCode::Protocol, "websocket error")),
             Some(Ok(frame)) => frame,
         };
-        self.last_seen = Instant::now();
+        self.last_seen = now;
         match frame {
             Message::Close(_) => return Err(Closing::new(CloseCode::Normal, "client closed")),
             Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return Ok(()),
@@ -346,7 +350,7 @@ impl Session {
                     }
                     self.serial_pending = Some(req.id);
                 }
-                self.forward(req).await;
+                self.forward(req, now).await;
                 Ok(())
             }
             Some(Kind::Heartbeat(_)) => {
@@ -401,9 +405,9 @@ impl Session {
     }
 
     /// Forwards a request, or answers it at once when the gate refuses it.
-    async fn forward(&mut self, req: client::Request) {
+    async fn forward(&mut self, req: client::Request, received: Instant) {
         let id = req.id;
-        if let Some(resp) = self.on_request(req).await {
+        if let Some(resp) = self.on_request(req, received).await {
             self.send(Kind::Response(resp)).await;
             self.answered(id).await;
         }
@@ -422,7 +426,7 @@ impl Session {
             };
             let next_id = next.id;
             self.serial_pending = Some(next_id);
-            if let Some(resp) = self.on_request(next).await {
+            if let Some(resp) = self.on_request(next, Instant::now()).await {
                 self.send(Kind::Response(resp)).await;
                 self.serial_pending = None;
             }
@@ -430,8 +434,11 @@ impl Session {
     }
 
     /// Forwards a request; returns the answer when the gate answers it itself.
-    async fn on_request(&mut self, req: client::Request) -> Option<client::Response> {
-        let received = Instant::now();
+    async fn on_request(
+        &mut self,
+        req: client::Request,
+        received: Instant,
+    ) -> Option<client::Response> {
         let notify = req.id == 0;
         let reject = |code: u32, message: &str, reason: &metrics::Counter| {
             reason.increment(1);

@@ -4,73 +4,37 @@
 //! A request is the hot path of the load test, so it is encoded by hand: building a
 //! `proto::client::Packet` first would allocate a `String` for the route and a `Bytes`
 //! for the body only to copy both again into the frame. The hand encoding is the
-//! protobuf encoding prost produces (tested below), written into exactly one allocation.
+//! protobuf encoding prost produces (tested below, fields by [`crate::wire`]), written
+//! into exactly one allocation.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use proto::Message as _;
 use proto::client::{Handshake, Packet, packet::Kind};
 use tokio_tungstenite::tungstenite::Message;
 
-/// Wire type 2 (length-delimited) key for a field number.
-const fn len_key(field: u8) -> u8 {
-    (field << 3) | 2
-}
+use crate::wire;
 
 /// `Packet.request` (field 4).
-const PACKET_REQUEST: u8 = len_key(4);
-/// `Request.id` (field 1, varint).
-const REQUEST_ID: u8 = 1 << 3;
-/// `Request.route` (field 2).
-const REQUEST_ROUTE: u8 = len_key(2);
-/// `Request.body` (field 3).
-const REQUEST_BODY: u8 = len_key(3);
+const PACKET_REQUEST: u32 = 4;
+/// `Request.id`, `Request.route`, `Request.body`.
+const REQUEST_ID: u32 = 1;
+const REQUEST_ROUTE: u32 = 2;
+const REQUEST_BODY: u32 = 3;
 
-/// `Packet{heartbeat: Heartbeat{}}`: field 3, zero length. The same bytes every time.
-pub(crate) const HEARTBEAT: Bytes = Bytes::from_static(&[len_key(3), 0]);
-
-fn varint_len(v: u64) -> usize {
-    // Seven bits per byte; zero still takes one byte.
-    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
-}
-
-fn put_varint(buf: &mut BytesMut, mut v: u64) {
-    while v >= 0x80 {
-        buf.put_u8((v as u8) | 0x80);
-        v >>= 7;
-    }
-    buf.put_u8(v as u8);
-}
-
-/// Encoded size of a length-delimited field; proto3 omits empty ones.
-fn bytes_field_len(len: usize) -> usize {
-    if len == 0 {
-        0
-    } else {
-        1 + varint_len(len as u64) + len
-    }
-}
-
-fn put_bytes_field(buf: &mut BytesMut, key: u8, value: &[u8]) {
-    if !value.is_empty() {
-        buf.put_u8(key);
-        put_varint(buf, value.len() as u64);
-        buf.put_slice(value);
-    }
-}
+/// `Packet{heartbeat: Heartbeat{}}`: field 3, length-delimited, zero length. The same
+/// bytes every time.
+pub(crate) const HEARTBEAT: Bytes = Bytes::from_static(&[(3 << 3) | 2, 0]);
 
 /// `Packet{request: Request{id, route, body}}`, in one allocation. Id 0 is a notify.
 pub(crate) fn request(id: u64, route: &str, body: &[u8]) -> Bytes {
-    let id_len = if id == 0 { 0 } else { 1 + varint_len(id) };
-    let inner = id_len + bytes_field_len(route.len()) + bytes_field_len(body.len());
-    let mut buf = BytesMut::with_capacity(1 + varint_len(inner as u64) + inner);
-    buf.put_u8(PACKET_REQUEST);
-    put_varint(&mut buf, inner as u64);
-    if id != 0 {
-        buf.put_u8(REQUEST_ID);
-        put_varint(&mut buf, id);
-    }
-    put_bytes_field(&mut buf, REQUEST_ROUTE, route.as_bytes());
-    put_bytes_field(&mut buf, REQUEST_BODY, body);
+    let inner = wire::varint_len(REQUEST_ID, id)
+        + wire::bytes_len(REQUEST_ROUTE, route.len())
+        + wire::bytes_len(REQUEST_BODY, body.len());
+    let mut buf = BytesMut::with_capacity(wire::message_len(PACKET_REQUEST, inner));
+    wire::put_message_header(&mut buf, PACKET_REQUEST, inner);
+    wire::put_varint(&mut buf, REQUEST_ID, id);
+    wire::put_bytes(&mut buf, REQUEST_ROUTE, route.as_bytes());
+    wire::put_bytes(&mut buf, REQUEST_BODY, body);
     buf.freeze()
 }
 
@@ -148,20 +112,6 @@ mod tests {
     fn heartbeat_frame_is_what_prost_encodes() {
         let prost = Packet::new(Kind::Heartbeat(Heartbeat {})).encode_to_vec();
         assert_eq!(&HEARTBEAT[..], &prost[..]);
-    }
-
-    #[test]
-    fn varint_len_counts_seven_bits_per_byte() {
-        for (v, n) in [
-            (0, 1),
-            (127, 1),
-            (128, 2),
-            (16383, 2),
-            (16384, 3),
-            (u64::MAX, 10),
-        ] {
-            assert_eq!(varint_len(v), n, "{v}");
-        }
     }
 
     #[test]
