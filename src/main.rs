@@ -19,12 +19,6 @@ use tracing::info;
 
 use roles::{GateArgs, ServiceName, WorkerArgs};
 
-/// mimalloc rather than glibc's malloc: under load glibc's per-thread arenas kept
-/// shrinking and growing again, and re-faulting their pages cost the load generator up
-/// to 40 % of its CPU (docs/benchmarks.md).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Game-server RPC gateway on NATS pub/sub.
 #[derive(Debug, Parser)]
 #[command(name = "shaddock", version, about)]

@@ -251,8 +251,10 @@ impl BrokerArgs {
                 .unwrap_or(defaults.max_pending),
             flow_control_pending: self
                 .flow_control_pending
+                .or(file.flow_control_pending)
                 .unwrap_or(defaults.flow_control_pending),
-            stall_window: self.stall_window.unwrap_or(defaults.stall_window),
+            stall_window: (self.stall_window.or(file.stall_window))
+                .unwrap_or(defaults.stall_window),
             max_connections: (self.max_connections.or(file.max_connections))
                 .unwrap_or(defaults.max_connections),
             max_subscriptions: (self.max_subscriptions.or(file.max_subscriptions))

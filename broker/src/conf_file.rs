@@ -30,6 +30,10 @@ pub struct FileConfig {
     pub max_connections: Option<usize>,
     pub max_control_line: Option<usize>,
     pub max_pending: Option<usize>,
+    /// Flow control's mark (`--flow_control_pending`), a Shaddock extension.
+    pub flow_control_pending: Option<usize>,
+    /// Flow control's stall window (`--stall_window`), a Shaddock extension.
+    pub stall_window: Option<Duration>,
     pub max_subscriptions: Option<usize>,
     pub ping_interval: Option<Duration>,
     pub ping_max: Option<u32>,
@@ -222,6 +226,10 @@ fn apply(config: &mut FileConfig, entry: Entry) -> Result<(), ConfError> {
         }
         "max_control_line" => config.max_control_line = Some(entry.convert(parse_size)?),
         "max_pending" => config.max_pending = Some(entry.convert(parse_size)?),
+        "flow_control_pending" => {
+            config.flow_control_pending = Some(entry.convert(parse_size)?);
+        }
+        "stall_window" => config.stall_window = Some(entry.convert(parse_duration)?),
         "max_subscriptions" | "max_subs" => {
             config.max_subscriptions = Some(entry.convert(parse_count)?);
         }

@@ -3,12 +3,6 @@
 
 use clap::Parser;
 
-/// mimalloc rather than glibc's malloc: under load glibc's per-thread arenas kept
-/// shrinking and growing again, and re-faulting their pages cost the load generator up
-/// to 40 % of its CPU (docs/benchmarks.md).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Debug, Parser)]
 #[command(name = "shaddock-loadtest", about = "Shaddock load generators")]
 struct Cli {

@@ -176,12 +176,24 @@ fn unusable_limits_are_refused() {
 fn flags_override_the_config_file() {
     let file = match conf_file::parse(
         "listen: 10.0.0.1:1111\nhttp_port: 2222\nserver_name: file\nmax_payload: 1KB\n\
-         ping_interval: 5\nauthorization { token: file-token, timeout: 3 }\ndebug: true",
+         ping_interval: 5\nauthorization { token: file-token, timeout: 3 }\ndebug: true\n\
+         flow_control_pending: 256KB\nstall_window: 1s",
     ) {
         Ok(file) => file,
         Err(error) => panic!("{error}"),
     };
-    let flags = args(&["-p", "3333", "-n", "flag", "--user", "u", "--pass", "p"]);
+    let flags = args(&[
+        "-p",
+        "3333",
+        "-n",
+        "flag",
+        "--user",
+        "u",
+        "--pass",
+        "p",
+        "--stall_window",
+        "2s",
+    ]);
     let settings = match flags.merge(file) {
         Ok(settings) => settings,
         Err(error) => panic!("{error:#}"),
@@ -195,6 +207,12 @@ fn flags_override_the_config_file() {
     assert_eq!(settings.config.server_name.as_deref(), Some("flag"));
     assert_eq!(settings.config.max_payload, 1024);
     assert_eq!(settings.config.ping_interval, Duration::from_secs(5));
+    assert_eq!(settings.config.flow_control_pending, 256 << 10);
+    assert_eq!(
+        settings.config.stall_window,
+        Duration::from_secs(2),
+        "the flag wins over the file"
+    );
     assert_eq!(
         settings.config.auth,
         Auth::UserPass {

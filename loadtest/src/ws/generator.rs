@@ -184,7 +184,7 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
             payload: payload.clone(),
             hard_deadline,
             progress: progress.clone(),
-            recorder: Recorder::new(recorded.clone(), window_start),
+            recorder: Recorder::new(recorded.clone(), window_start, i, spec.clients),
         };
         tasks.spawn(async move { (i, driver.drive().await) });
     }
