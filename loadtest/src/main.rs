@@ -1,7 +1,16 @@
 //! `shaddock-loadtest`: the load-test subcommands as a standalone binary, the same as
-//! `shaddock loadtest <subcommand>`. Only parses flags and sets up logging.
+//! `shaddock loadtest <subcommand>` but on mimalloc (see below): the binary to measure
+//! with. Only parses flags and sets up logging.
 
 use clap::Parser;
+
+/// mimalloc for the load generator only. Under overload (200 clients and up) glibc's
+/// per-thread arenas shrank and grew again with the generator's backlog, and re-faulting
+/// their pages made it fall further behind until it collapsed (2 of 6 runs at 200
+/// clients; none of 6 with mimalloc). The servers keep the system allocator: with
+/// mimalloc their tail at 50 clients doubled (docs/benchmarks.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Debug, Parser)]
 #[command(name = "shaddock-loadtest", about = "Shaddock load generators")]
