@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use super::report::{RunReport, ScenarioReport, ms, thousands};
+use super::report::{RunReport, SUMMARY_COLUMNS, ScenarioReport, ms, thousands};
 
 const WIDTH: f64 = 540.0;
 const HEIGHT: f64 = 260.0;
@@ -106,39 +106,17 @@ th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}td{white-spa
 svg{display:block;margin:0.5em 0}.charts{display:flex;flex-wrap:wrap;gap:1em}";
 
 fn summary_table(out: &mut String, runs: &[RunReport]) {
-    out.push_str(
-        "<table><tr><th>run</th><th>target</th><th>clients</th><th>offered req/s</th>\
-         <th>achieved req/s</th><th>per conn min / avg / max</th><th>p50</th><th>p90</th>\
-         <th>p99</th><th>p99.9</th><th>max</th><th>p99 from send</th><th>lag p99</th>\
-         <th>timeouts</th><th>errors</th><th>% of limit</th></tr>\n",
-    );
+    out.push_str("<table><tr>");
+    for column in SUMMARY_COLUMNS {
+        let _ = write!(out, "<th>{}</th>", esc(column));
+    }
+    out.push_str("</tr>\n");
     for r in runs {
-        let s = &r.latency.from_schedule;
-        let _ = writeln!(
-            out,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1} / {:.1} / {:.1}</td>\
-             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td>{}</td></tr>",
-            esc(&r.label),
-            esc(&r.target),
-            r.clients,
-            thousands(r.offered_rps),
-            thousands(r.achieved_rps),
-            r.per_conn.min,
-            r.per_conn.avg,
-            r.per_conn.max,
-            ms(s.p50_us),
-            ms(s.p90_us),
-            ms(s.p99_us),
-            ms(s.p999_us),
-            ms(s.max_us),
-            ms(r.latency.from_send.p99_us),
-            ms(r.latency.lag.p99_us),
-            r.timeouts,
-            r.errors() - r.timeouts,
-            r.limit
-                .map_or_else(|| "—".to_owned(), |c| format!("{:.1}%", c.fraction * 100.0))
-        );
+        out.push_str("<tr>");
+        for cell in r.summary_cells() {
+            let _ = write!(out, "<td>{}</td>", esc(&cell));
+        }
+        out.push_str("</tr>\n");
     }
     out.push_str("</table>\n<p>Latencies in ms, from the scheduled send time unless marked.</p>\n");
 }

@@ -334,6 +334,56 @@ impl RunReport {
     }
 }
 
+/// The columns of the summary table, one row per run: the markdown report's last table
+/// (pasteable into docs/benchmarks.md) and the HTML report's first.
+pub const SUMMARY_COLUMNS: [&str; 16] = [
+    "run",
+    "target",
+    "clients",
+    "offered req/s",
+    "achieved req/s",
+    "per conn min / avg / max",
+    "p50",
+    "p90",
+    "p99",
+    "p99.9",
+    "max (ms, from schedule)",
+    "p99 from send",
+    "lag p99",
+    "timeouts",
+    "errors",
+    "% of limit",
+];
+
+impl RunReport {
+    /// This run's cells of the summary table, in [`SUMMARY_COLUMNS`] order.
+    pub fn summary_cells(&self) -> [String; SUMMARY_COLUMNS.len()] {
+        let s = &self.latency.from_schedule;
+        [
+            self.label.clone(),
+            self.target.clone(),
+            self.clients.to_string(),
+            thousands(self.offered_rps),
+            thousands(self.achieved_rps),
+            format!(
+                "{:.1} / {:.1} / {:.1}",
+                self.per_conn.min, self.per_conn.avg, self.per_conn.max
+            ),
+            ms(s.p50_us),
+            ms(s.p90_us),
+            ms(s.p99_us),
+            ms(s.p999_us),
+            ms(s.max_us),
+            ms(self.latency.from_send.p99_us),
+            ms(self.latency.lag.p99_us),
+            self.timeouts.to_string(),
+            (self.errors() - self.timeouts).to_string(),
+            self.limit
+                .map_or_else(|| "—".to_owned(), |c| format!("{:.1}%", c.fraction * 100.0)),
+        ]
+    }
+}
+
 /// Milliseconds with three decimals from microseconds.
 pub fn ms(us: f64) -> String {
     format!("{:.3}", us / 1000.0)

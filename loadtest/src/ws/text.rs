@@ -5,7 +5,9 @@
 use std::fmt::Write as _;
 
 use super::hist::Summary;
-use super::report::{IdleReport, RunReport, SaturateReport, ScenarioReport, ms, thousands};
+use super::report::{
+    IdleReport, RunReport, SUMMARY_COLUMNS, SaturateReport, ScenarioReport, ms, thousands,
+};
 
 /// The terminal report.
 pub fn render_text(report: &ScenarioReport) -> String {
@@ -166,37 +168,12 @@ fn errors_text(r: &RunReport) -> String {
 
 /// One markdown row per run: pasteable into docs/benchmarks.md.
 pub fn summary_table(runs: &[RunReport]) -> String {
-    let mut out = String::from(
-        "| run | target | clients | offered req/s | achieved req/s | per conn min / avg / max | \
-         p50 | p90 | p99 | p99.9 | max (ms, from schedule) | p99 from send | lag p99 | \
-         timeouts | errors | % of limit |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
+    let row = |cells: &[&str]| format!("| {} |\n", cells.join(" | "));
+    let mut out = row(&SUMMARY_COLUMNS);
+    out.push_str(&row(&["---"; SUMMARY_COLUMNS.len()]));
     for r in runs {
-        let s = &r.latency.from_schedule;
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {} | {} | {} / {} / {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            r.label,
-            r.target,
-            r.clients,
-            thousands(r.offered_rps),
-            thousands(r.achieved_rps),
-            one_decimal(r.per_conn.min),
-            one_decimal(r.per_conn.avg),
-            one_decimal(r.per_conn.max),
-            ms(s.p50_us),
-            ms(s.p90_us),
-            ms(s.p99_us),
-            ms(s.p999_us),
-            ms(s.max_us),
-            ms(r.latency.from_send.p99_us),
-            ms(r.latency.lag.p99_us),
-            r.timeouts,
-            r.errors() - r.timeouts,
-            r.limit
-                .map_or_else(|| "—".to_owned(), |c| format!("{:.1}%", c.fraction * 100.0)),
-        );
+        let cells = r.summary_cells();
+        out.push_str(&row(&cells.each_ref().map(String::as_str)));
     }
     out.push('\n');
     out
