@@ -40,6 +40,7 @@ broker::on_both_buses!(
     request_before_handshake_closes_with_handshake_required,
     too_many_in_flight_is_429,
     a_full_gate_answers_503_at_once,
+    frames_read_together_are_all_answered,
     too_fast_is_429,
     full_worker_queue_gives_fast_503s,
     slow_handler_gives_408,
@@ -331,6 +332,39 @@ async fn a_full_gate_answers_503_at_once(bus: Bus) {
         let response = first.response().await;
         assert_eq!((response.id, response.code), (id, code::OK));
     }
+}
+
+/// The gate handles up to `READ_BATCH` (64) frames its socket holds before it flushes;
+/// more than two batches in one write must all be answered, refused ones too.
+async fn frames_read_together_are_all_answered(bus: Bus) {
+    const FRAMES: u64 = 2 * 64 + 1;
+    let _echo = echo_worker(&bus).await;
+    let gate = TestGate::start(&bus, gate_config(|_| {})).await;
+    let mut raw = gate.raw().await;
+    raw.pipeline(1..=FRAMES, "echo.raw").await;
+    let mut ids: Vec<u64> = Vec::new();
+    for _ in 1..=FRAMES {
+        let response = raw.response().await;
+        assert_eq!(response.code, code::OK, "{response:?}");
+        ids.push(response.id);
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, (1..=FRAMES).collect::<Vec<_>>());
+
+    // The same with a full gate: every one is answered 503 at once.
+    let mut holds = Holds::default();
+    let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
+    let full = TestGate::start(&bus, gate_config(|c| c.max_gate_in_flight = 1)).await;
+    let mut raw = full.raw().await;
+    raw.request(1, "park.hold", "").await;
+    holds.started().await;
+    raw.pipeline(2..=FRAMES + 1, "park.who").await;
+    for id in 2..=FRAMES + 1 {
+        let response = raw.response().await;
+        assert_eq!((response.id, response.code), (id, code::OVERLOADED));
+    }
+    holds.release("p");
+    assert_eq!(raw.response().await.code, code::OK);
 }
 
 async fn too_fast_is_429(bus: Bus) {

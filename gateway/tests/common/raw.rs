@@ -72,6 +72,21 @@ impl RawClient {
         self.send_packet(Kind::Request(request)).await;
     }
 
+    /// Sends requests `ids` on `route` back to back in one write: the gate finds them
+    /// all in its socket at once.
+    pub async fn pipeline(&mut self, ids: impl IntoIterator<Item = u64>, route: &str) {
+        for id in ids {
+            let request = Request {
+                id,
+                route: route.to_owned(),
+                body: Default::default(),
+            };
+            let bytes = Packet::new(Kind::Request(request)).encode_to_vec();
+            within(self.ws.feed(Message::binary(bytes))).await.unwrap();
+        }
+        within(self.ws.flush()).await.unwrap();
+    }
+
     /// The next frame from the gate (pings and pongs skipped).
     pub async fn next_frame(&mut self) -> Frame {
         loop {
