@@ -53,24 +53,31 @@ impl Closing {
     }
 }
 
-/// Histogram handles by (route, code), so an answer costs no registry lookup. Bounded:
-/// past [`MAX_CACHED_SERIES`] a lookup is made each time instead.
-#[derive(Default)]
-struct Durations(Vec<(Box<str>, u32, metrics::Histogram)>);
+/// What a session derives from a request's route and keeps for the next one with it,
+/// so that the hot path neither formats nor looks up a registry: a small list, searched
+/// in order, of at most [`MAX_CACHED`] entries; past that, values are made each time.
+struct Cache<K, V>(Vec<(K, V)>);
 
-/// Route and status pairs one session keeps histogram handles for.
-const MAX_CACHED_SERIES: usize = 16;
+/// Entries one session keeps in each [`Cache`].
+const MAX_CACHED: usize = 16;
 
-impl Durations {
-    fn get(&mut self, route: &str, code: u32) -> metrics::Histogram {
-        if let Some((_, _, h)) = self.0.iter().find(|(r, c, _)| **r == *route && *c == code) {
-            return h.clone();
+impl<K, V> Default for Cache<K, V> {
+    fn default() -> Self {
+        Cache(Vec::new())
+    }
+}
+
+impl<K, V: Clone> Cache<K, V> {
+    /// The value whose key `is` picks, or the one `make` makes (kept if there is room).
+    fn get(&mut self, is: impl Fn(&K) -> bool, make: impl FnOnce() -> (K, V)) -> V {
+        if let Some((_, v)) = self.0.iter().find(|(k, _)| is(k)) {
+            return v.clone();
         }
-        let h = metrics::histogram!("gate_request_duration_seconds", "route" => route.to_owned(), "code" => code.to_string());
-        if self.0.len() < MAX_CACHED_SERIES {
-            self.0.push((route.into(), code, h.clone()));
+        let (k, v) = make();
+        if self.0.len() < MAX_CACHED {
+            self.0.push((k, v.clone()));
         }
-        h
+        v
     }
 }
 
@@ -78,27 +85,6 @@ impl Durations {
 struct Pending {
     received: Instant,
     route: Arc<str>,
-}
-
-/// A route's publish subject and its label, made once per session and route rather
-/// than per request. Bounded: past [`MAX_CACHED_ROUTES`] they are made each time.
-#[derive(Default)]
-struct Routes(Vec<(Arc<str>, Subject)>);
-
-/// Routes one session keeps subjects for.
-const MAX_CACHED_ROUTES: usize = 16;
-
-impl Routes {
-    fn get(&mut self, prefix: &str, route: &str) -> (Subject, Arc<str>) {
-        if let Some((r, subject)) = self.0.iter().find(|(r, _)| **r == *route) {
-            return (subject.clone(), r.clone());
-        }
-        let entry: (Arc<str>, Subject) = (route.into(), format!("{prefix}.svc.{route}").into());
-        if self.0.len() < MAX_CACHED_ROUTES {
-            self.0.push(entry.clone());
-        }
-        (entry.1, entry.0)
-    }
 }
 
 struct Session {
@@ -116,8 +102,8 @@ struct Session {
     wire: SessionWire,
     /// `<prefix>.gw.<gate>.<sid>.`: a request's reply subject is this and its id.
     reply_prefix: String,
-    /// Publish subject and label of each route seen.
-    routes: Routes,
+    /// Each route seen, as a label, and its publish subject.
+    routes: Cache<Arc<str>, (Arc<str>, Subject)>,
     groups: Vec<String>,
     sink: Sink,
     pending: FxHashMap<u64, Pending>,
@@ -125,7 +111,8 @@ struct Session {
     deadlines: VecDeque<(Instant, u64)>,
     bucket: TokenBucket,
     last_seen: Instant,
-    durations: Durations,
+    /// `gate_request_duration_seconds` handles by (route, code).
+    durations: Cache<(Arc<str>, u32), metrics::Histogram>,
 }
 
 /// Serves one connection from WebSocket upgrade to close.
@@ -221,13 +208,13 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
         serial_queue: VecDeque::new(),
         wire: SessionWire::new(&gate.id, sid),
         reply_prefix: format!("{}.gw.{}.{sid}.", gate.config.prefix, gate.id),
-        routes: Routes::default(),
+        routes: Cache::default(),
         groups: Vec::new(),
         sink,
         pending: FxHashMap::default(),
         deadlines: VecDeque::new(),
         last_seen: Instant::now(),
-        durations: Durations::default(),
+        durations: Cache::default(),
     };
     let closing = session.serve(stream, rx).await;
     gate.sessions.remove(&sid);
@@ -476,7 +463,15 @@ impl Session {
                 &self.gate.rejected.gate_in_flight,
             );
         }
-        let (subject, route) = self.routes.get(&self.gate.config.prefix, &req.route);
+        let prefix = &self.gate.config.prefix;
+        let (route, subject) = self.routes.get(
+            |r| **r == *req.route,
+            || {
+                let route: Arc<str> = req.route.as_str().into();
+                let subject = Subject::from(format!("{prefix}.svc.{route}"));
+                (route.clone(), (route, subject))
+            },
+        );
         let payload = encode_request(&req.route, &req.body, &self.wire, self.timing);
         let sent = if notify {
             self.gate.nats.publish(subject, payload).await
@@ -642,13 +637,20 @@ impl Session {
         let elapsed = pending.received.elapsed();
         self.release(1);
         // Only routes some worker serves become labels: a client cannot mint series.
-        let route = if resp.code == code::NOT_FOUND {
+        let route: &str = if resp.code == code::NOT_FOUND {
             "unknown"
         } else {
             &pending.route
         };
+        let code = resp.code;
         self.durations
-            .get(route, resp.code)
+            .get(
+                |(r, c)| **r == *route && *c == code,
+                || {
+                    let h = metrics::histogram!("gate_request_duration_seconds", "route" => route.to_owned(), "code" => code.to_string());
+                    ((route.into(), code), h)
+                },
+            )
             .record(elapsed.as_secs_f64());
         if self.timing {
             resp.timing = Some(client::Timing {
@@ -728,5 +730,36 @@ impl Session {
     /// Queues a packet towards the client; the caller's loop flushes.
     async fn send(&mut self, kind: Kind) {
         let _ = self.sink.feed(encode(&Packet::new(kind), self.text)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_keeps_at_most_its_limit_and_still_answers_past_it() {
+        let mut cache: Cache<u32, u32> = Cache::default();
+        let mut made = 0;
+        let mut get = |cache: &mut Cache<u32, u32>, key: u32| {
+            cache.get(
+                |k| *k == key,
+                || {
+                    made += 1;
+                    (key, key * 10)
+                },
+            )
+        };
+        for key in 0..MAX_CACHED as u32 {
+            assert_eq!(get(&mut cache, key), key * 10);
+        }
+        // Kept: asked again, nothing is made.
+        assert_eq!(get(&mut cache, 0), 0);
+        let over = MAX_CACHED as u32;
+        // Past the limit: answered, made each time, not kept.
+        assert_eq!(get(&mut cache, over), over * 10);
+        assert_eq!(get(&mut cache, over), over * 10);
+        assert_eq!(cache.0.len(), MAX_CACHED);
+        assert_eq!(made, MAX_CACHED + 2);
     }
 }
