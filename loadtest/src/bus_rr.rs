@@ -28,7 +28,8 @@ use futures::StreamExt;
 use tokio::task::JoinSet;
 
 use crate::duration::parse_duration;
-use crate::latency::{Recorder, Summary, micros, millis_text};
+use crate::latency::{Summary, micros, millis_text};
+use crate::ws::hist::Hist;
 
 /// Upper bound on requesters: each is a socket and a task; past this the client machine,
 /// not the server, is what gets measured (and file-descriptor limits bite).
@@ -264,7 +265,7 @@ pub async fn measure(args: &Args) -> anyhow::Result<Report> {
         requesters.spawn(request_loop(client, subject, payload, start, end));
     }
 
-    let mut latency = Recorder::new();
+    let mut latency = Hist::new();
     let mut errors = Errors::default();
     let deadline = end + args.timeout + FINISH_SLACK;
     while let Some(joined) = tokio::time::timeout_at(deadline.into(), requesters.join_next())
@@ -284,7 +285,7 @@ pub async fn measure(args: &Args) -> anyhow::Result<Report> {
         size: args.size,
         warmup: args.warmup,
         elapsed,
-        latency: latency.summary(),
+        latency: Summary::of(&latency),
         errors,
         responder_errors: responder_errors.load(Ordering::Relaxed),
     })
@@ -297,8 +298,8 @@ async fn request_loop(
     payload: Bytes,
     start: Instant,
     end: Instant,
-) -> (Recorder, Errors) {
-    let mut latency = Recorder::new();
+) -> (Hist, Errors) {
+    let mut latency = Hist::new();
     let mut errors = Errors::default();
     loop {
         let sent = Instant::now();
@@ -365,7 +366,7 @@ mod tests {
             size: 16,
             warmup: Duration::ZERO,
             elapsed: Duration::ZERO,
-            latency: Recorder::new().summary(),
+            latency: Summary::of(&Hist::new()),
             errors: Errors::default(),
             responder_errors: 0,
         };

@@ -2,9 +2,9 @@
 //! digits, with the figures a report prints ([`Summary`]) and the percentile curve an
 //! HTML chart draws.
 //!
-//! The same bounds and precision as [`crate::latency::Recorder`], but the reports here
-//! need more than its fixed summary: arbitrary quantiles for the curve, and a
-//! serialisable summary in microseconds for `--json`.
+//! The one histogram type of the load tools: the WebSocket scenarios summarise it in
+//! microseconds ([`Summary`], serialisable for `--json`) and as a percentile curve; the
+//! bus tools as durations ([`crate::latency::Summary::of`]).
 
 use std::time::Duration;
 
@@ -93,6 +93,11 @@ impl Hist {
         Duration::from_nanos(self.h.value_at_quantile(q))
     }
 
+    /// The mean; zero when empty.
+    pub fn mean(&self) -> Duration {
+        Duration::from_nanos(self.h.mean().round() as u64)
+    }
+
     pub fn summary(&self) -> Summary {
         if self.h.is_empty() {
             return Summary::default();
@@ -100,7 +105,7 @@ impl Hist {
         let us = |d: Duration| micros(d);
         Summary {
             count: self.h.len(),
-            mean_us: us(Duration::from_nanos(self.h.mean().round() as u64)),
+            mean_us: us(self.mean()),
             p50_us: us(self.at(0.50)),
             p90_us: us(self.at(0.90)),
             p99_us: us(self.at(0.99)),
