@@ -356,6 +356,13 @@ pub const SUMMARY_COLUMNS: [&str; 16] = [
 ];
 
 impl RunReport {
+    /// Microseconds of `c`'s CPU per request sent in the measured window (answered,
+    /// refused or lost alike): what one request costs that process, so runs at
+    /// different rates, and the full path against the bare echo, compare directly.
+    pub fn cpu_us_per_request(&self, c: &CpuUse) -> Option<f64> {
+        (self.sent > 0).then(|| c.cpu_seconds * 1e6 / self.sent as f64)
+    }
+
     /// This run's cells of the summary table, in [`SUMMARY_COLUMNS`] order.
     pub fn summary_cells(&self) -> [String; SUMMARY_COLUMNS.len()] {
         let s = &self.latency.from_schedule;

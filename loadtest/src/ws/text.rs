@@ -128,9 +128,16 @@ fn render_run(out: &mut String, r: &RunReport) {
         let cpu: Vec<String> = r
             .cpu
             .iter()
-            .map(|c| format!("{} {:.0}%", c.name, c.percent))
+            .map(|c| match r.cpu_us_per_request(c) {
+                Some(us) => format!("{} {:.0}% {:.1} µs", c.name, c.percent, us),
+                None => format!("{} {:.0}%", c.name, c.percent),
+            })
             .collect();
-        let _ = writeln!(out, "cpu       {} (100% = one core)", cpu.join(", "));
+        let _ = writeln!(
+            out,
+            "cpu       {} (100% = one core; µs of CPU per request sent)",
+            cpu.join(", ")
+        );
     }
     out.push('\n');
 }
@@ -277,7 +284,7 @@ mod tests {
             "gate + bus",
             "handler",
             "reaches 100.0%",
-            "gate 90%",
+            "gate 90% 18.0 µs",
             "| 50 clients | gateway | 50 | 50,000 | 49,990 |",
             "2.500",
         ] {
