@@ -390,13 +390,16 @@ pub(crate) async fn serve(
         .then(|| Instant::now() + server.config.auth_timeout);
     let mut rbuf = BytesMut::with_capacity(MIN_READ_BUFFER);
     let mut read_size = MIN_READ_BUFFER;
+    // Registered with the token once, not once per read.
+    let closed = me.close.cancelled();
+    tokio::pin!(closed);
     loop {
         if rbuf.capacity() - rbuf.len() < read_size / 2 {
             rbuf.reserve(read_size);
         }
         let read = tokio::select! {
             r = rd.read_buf(&mut rbuf) => r,
-            () = me.close.cancelled() => break,
+            () = &mut closed => break,
             () = sleep_until(auth_deadline.unwrap_or_else(Instant::now)), if auth_deadline.is_some() && !conn.connected => {
                 me.send_err("Authentication Timeout");
                 break;
@@ -747,11 +750,14 @@ async fn write_loop(me: Arc<ClientShared>, mut wr: OwnedWriteHalf, server: Arc<S
     let mut spare = BytesMut::new();
     let ping = tokio::time::sleep(FIRST_PING_INTERVAL.min(config.ping_interval));
     tokio::pin!(ping);
+    // Registered with the token once, not once per flush; never polled once it fired.
+    let closed = me.close.cancelled();
+    tokio::pin!(closed);
     let mut closing = false;
     while !closing {
         tokio::select! {
             biased;
-            () = me.close.cancelled() => closing = true,
+            () = &mut closed => closing = true,
             () = me.wake.notified() => {}
             () = &mut ping => {
                 ping.as_mut().reset(Instant::now() + config.ping_interval);
@@ -780,7 +786,7 @@ async fn write_loop(me: Arc<ClientShared>, mut wr: OwnedWriteHalf, server: Arc<S
         let written = tokio::select! {
             biased;
             r = write_in_turns(&me, &mut wr, &spare, config.write_deadline) => r,
-            () = me.close.cancelled(), if !closing => break,
+            () = &mut closed, if !closing => break,
         };
         match written {
             Ok(Ok(())) => {}

@@ -175,12 +175,15 @@ impl Wake for Woken {
 impl Router {
     async fn serve(mut self) {
         let stopped = self.gate.stopped.clone();
+        // Registered once, not once per turn (see the session's loop).
+        let stop = stopped.cancelled();
+        tokio::pin!(stop);
         loop {
             // Biased: a handover, then pushes, before a reply: the reply would wait for
             // them in `catch_up` anyway, and this way they cost no extra poll.
             tokio::select! {
                 biased;
-                () = stopped.cancelled() => break,
+                () = &mut stop => break,
                 Some(handover) = self.handovers.recv() => self.adopt(handover),
                 Some((target, msg)) = self.subs.next() => self.dispatch(target, msg),
                 reply = self.replies.next() => {

@@ -12,7 +12,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::Subject;
-use futures::stream::{SplitSink, SplitStream};
 use futures::{FutureExt, SinkExt, StreamExt};
 use proto::Message as _;
 use proto::client::{self, Packet, packet::Kind};
@@ -34,8 +33,9 @@ use crate::limits::TokenBucket;
 use crate::presence::BindError;
 use crate::route;
 
-type Sink = SplitSink<WebSocketStream<TcpStream>, Message>;
-type Stream = SplitStream<WebSocketStream<TcpStream>>;
+/// One owner reads and writes: the session never does both at once, so the socket is not
+/// split (a split puts a lock in front of every read and write).
+type Ws = WebSocketStream<TcpStream>;
 
 /// Frames handled after the first in one turn, before the answers are flushed; bounds
 /// how long replies already queued for the session wait behind a fast reader.
@@ -105,7 +105,7 @@ struct Session {
     /// Each route seen, as a label, and its publish subject.
     routes: Cache<Arc<str>, (Arc<str>, Subject)>,
     groups: Vec<String>,
-    sink: Sink,
+    ws: Ws,
     pending: FxHashMap<u64, Pending>,
     /// (deadline, id) in deadline order: every request has the same timeout.
     deadlines: VecDeque<(Instant, u64)>,
@@ -118,7 +118,7 @@ struct Session {
 /// Serves one connection from WebSocket upgrade to close.
 pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAddr) {
     let deadline = Instant::now() + gate.config.handshake_timeout;
-    let ws = match timeout(
+    let mut ws = match timeout(
         gate.config.handshake_timeout,
         tokio_tungstenite::accept_async_with_config(stream, Some(gate.ws_config)),
     )
@@ -131,15 +131,14 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
         }
         Err(_) => return,
     };
-    let (mut sink, mut stream) = ws.split();
     if gate.sessions.len() >= gate.config.max_sessions {
         metrics::counter!("gate_rejected_total", "reason" => "sessions").increment(1);
-        close(&mut sink, Closing::new(CloseCode::Again, "gate full")).await;
+        close(&mut ws, Closing::new(CloseCode::Again, "gate full")).await;
         return;
     }
     let hello = match timeout(
         deadline.saturating_duration_since(Instant::now()),
-        stream.next(),
+        ws.next(),
     )
     .await
     {
@@ -147,7 +146,7 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
         Ok(_) => return,
         Err(_) => {
             close(
-                &mut sink,
+                &mut ws,
                 Closing::new(CloseCode::Policy, "handshake timeout"),
             )
             .await;
@@ -161,7 +160,7 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
         }) => h,
         _ => {
             close(
-                &mut sink,
+                &mut ws,
                 Closing::new(CloseCode::Policy, "handshake required"),
             )
             .await;
@@ -183,13 +182,13 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
         }))
     };
     if !gate.token_check.check(&handshake.token) {
-        let _ = sink
+        let _ = ws
             .send(encode(&ack(code::UNAUTHORIZED, "token refused"), text))
             .await;
-        close(&mut sink, Closing::new(CloseCode::Policy, "unauthorized")).await;
+        close(&mut ws, Closing::new(CloseCode::Policy, "unauthorized")).await;
         return;
     }
-    if sink.send(encode(&ack(code::OK, ""), text)).await.is_err() {
+    if ws.send(encode(&ack(code::OK, ""), text)).await.is_err() {
         return;
     }
     // Room for every in-flight answer plus pushes: the router never blocks.
@@ -210,27 +209,27 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
         reply_prefix: format!("{}.gw.{}.{sid}.", gate.config.prefix, gate.id),
         routes: Cache::default(),
         groups: Vec::new(),
-        sink,
+        ws,
         pending: FxHashMap::default(),
         deadlines: VecDeque::new(),
         last_seen: Instant::now(),
         durations: Cache::default(),
     };
-    let closing = session.serve(stream, rx).await;
+    let closing = session.serve(rx).await;
     gate.sessions.remove(&sid);
     session.leave_everything().await;
     metrics::gauge!("gate_sessions").decrement(1.0);
     session.release(session.pending.len());
     tracing::debug!(sid, reason = closing.reason, "session closed");
-    close(&mut session.sink, closing).await;
+    close(&mut session.ws, closing).await;
 }
 
-async fn close(sink: &mut Sink, closing: Closing) {
+async fn close(ws: &mut Ws, closing: Closing) {
     let frame = CloseFrame {
         code: closing.code,
         reason: closing.reason.into(),
     };
-    let _ = sink.send(Message::Close(Some(frame))).await;
+    let _ = ws.send(Message::Close(Some(frame))).await;
 }
 
 fn micros(d: Duration) -> u32 {
@@ -238,19 +237,23 @@ fn micros(d: Duration) -> u32 {
 }
 
 impl Session {
-    async fn serve(&mut self, mut stream: Stream, mut rx: mpsc::Receiver<ToSession>) -> Closing {
+    async fn serve(&mut self, mut rx: mpsc::Receiver<ToSession>) -> Closing {
         let heartbeat = self.gate.config.heartbeat;
         let silence = sleep_until(self.last_seen + 2 * heartbeat);
         tokio::pin!(silence);
         let expiry = sleep_until(Instant::now() + self.gate.config.request_timeout);
         tokio::pin!(expiry);
+        // Registered with the token once, not once per turn: every session shares it,
+        // and a fresh `cancelled()` each turn locked its waiter list twice per turn.
         let draining = self.gate.draining.clone();
+        let drain = draining.cancelled();
+        tokio::pin!(drain);
         loop {
             if let Some(&(deadline, _)) = self.deadlines.front() {
                 expiry.as_mut().reset(deadline);
             }
             tokio::select! {
-                frame = stream.next() => {
+                frame = self.ws.next() => {
                     // One reading of the clock for the frames read together.
                     let now = Instant::now();
                     if let Err(closing) = self.on_frame(frame, now).await {
@@ -259,7 +262,7 @@ impl Session {
                     // Coalesce: frames the socket already holds are answered with the
                     // same flush, so a client that is ahead of the gate (or a gate
                     // shedding load) costs one write per batch, not one per frame.
-                    if let Err(closing) = self.on_ready_frames(&mut stream, now).await {
+                    if let Err(closing) = self.on_ready_frames(now).await {
                         break closing;
                     }
                 }
@@ -277,7 +280,7 @@ impl Session {
                     }
                     silence.as_mut().reset(due);
                 }
-                () = draining.cancelled() => break self.drain(&mut rx).await,
+                () = &mut drain => break self.drain(&mut rx).await,
             }
             // Coalesce: everything else already waiting goes out with the same flush.
             let mut kicked = None;
@@ -290,16 +293,16 @@ impl Session {
             if let Some(closing) = kicked {
                 break closing;
             }
-            if self.sink.flush().await.is_err() {
+            if self.ws.flush().await.is_err() {
                 break Closing::new(CloseCode::Away, "write failed");
             }
         }
     }
 
     /// Handles up to [`READ_BATCH`] more frames that are readable without waiting.
-    async fn on_ready_frames(&mut self, stream: &mut Stream, now: Instant) -> Result<(), Closing> {
+    async fn on_ready_frames(&mut self, now: Instant) -> Result<(), Closing> {
         for _ in 0..READ_BATCH {
-            let Some(frame) = stream.next().now_or_never() else {
+            let Some(frame) = self.ws.next().now_or_never() else {
                 break;
             };
             self.on_frame(frame, now).await?;
@@ -507,7 +510,7 @@ impl Session {
                 } else {
                     Message::Binary(frame.binary.clone())
                 };
-                let _ = self.sink.feed(msg).await;
+                let _ = self.ws.feed(msg).await;
                 return None;
             }
             ToSession::Kick(reason) => {
@@ -723,13 +726,13 @@ impl Session {
             reason: "gate shutting down".into(),
         }))
         .await;
-        let _ = self.sink.flush().await;
+        let _ = self.ws.flush().await;
         Closing::new(CloseCode::Away, "gate shutting down")
     }
 
     /// Queues a packet towards the client; the caller's loop flushes.
     async fn send(&mut self, kind: Kind) {
-        let _ = self.sink.feed(encode(&Packet::new(kind), self.text)).await;
+        let _ = self.ws.feed(encode(&Packet::new(kind), self.text)).await;
     }
 }
 

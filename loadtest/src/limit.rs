@@ -144,10 +144,12 @@ async fn session(stream: TcpStream, sid: u64, shutdown: CancellationToken) {
         text,
         timing: handshake.server_timing,
     };
+    let stop = shutdown.cancelled();
+    tokio::pin!(stop);
     loop {
         let frame = tokio::select! {
             frame = stream.next() => frame,
-            () = shutdown.cancelled() => {
+            () = &mut stop => {
                 close(&mut sink, CloseCode::Away, "server shutting down").await;
                 return;
             }

@@ -417,13 +417,16 @@ fn until_drained(
     shutdown: CancellationToken,
     log: Option<&'static str>,
 ) -> impl Stream<Item = async_nats::Message> {
+    // Kept across messages, so it registers with the token once instead of per message;
+    // `None` once draining.
+    let stop = Some(Box::pin(shutdown.cancelled_owned()));
     stream::unfold(
-        (subscriber, shutdown, false),
-        move |(mut subscriber, shutdown, draining)| async move {
-            if !draining {
+        (subscriber, stop),
+        move |(mut subscriber, stop)| async move {
+            if let Some(mut stop) = stop {
                 tokio::select! {
-                    message = subscriber.next() => return Some((message?, (subscriber, shutdown, false))),
-                    () = shutdown.cancelled() => {
+                    message = subscriber.next() => return Some((message?, (subscriber, Some(stop)))),
+                    () = &mut stop => {
                         if let Some(log) = log {
                             tracing::info!("{log}");
                         }
@@ -436,7 +439,7 @@ fn until_drained(
                 }
             }
             let message = subscriber.next().await?;
-            Some((message, (subscriber, shutdown, true)))
+            Some((message, (subscriber, None)))
         },
     )
 }
