@@ -243,9 +243,11 @@ impl Session {
         tokio::pin!(silence);
         let expiry = sleep_until(Instant::now() + self.gate.config.request_timeout);
         tokio::pin!(expiry);
-        // Registered with the token once, not once per turn: every session shares it,
-        // and a fresh `cancelled()` each turn locked its waiter list twice per turn.
-        let draining = self.gate.draining.clone();
+        // A child of the gate's token, registered with once: the gate's own token has
+        // one waiter list for every session, and a fresh `cancelled()` each turn locked
+        // it twice per turn, from both cores (polling a registered waiter still locks
+        // its list, so each session waits on a list of its own).
+        let draining = self.gate.draining.child_token();
         let drain = draining.cancelled();
         tokio::pin!(drain);
         loop {
