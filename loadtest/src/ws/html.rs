@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use super::report::{RunReport, SUMMARY_COLUMNS, ScenarioReport, ms, thousands};
+use super::report::{RunReport, SCALING_COLUMNS, SUMMARY_COLUMNS, ScenarioReport, ms, thousands};
 
 const WIDTH: f64 = 540.0;
 const HEIGHT: f64 = 260.0;
@@ -76,6 +76,10 @@ pub fn render_html(report: &ScenarioReport) -> String {
                 f * 100.0
             );
         }
+        if !s.scaling.is_empty() {
+            out.push_str("<h3>Adding workers</h3>\n");
+            table(&mut out, &SCALING_COLUMNS, s.scaling_rows().into_iter());
+        }
     }
     if let Some(i) = &report.idle {
         let _ = writeln!(
@@ -106,19 +110,33 @@ th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}td{white-spa
 svg{display:block;margin:0.5em 0}.charts{display:flex;flex-wrap:wrap;gap:1em}";
 
 fn summary_table(out: &mut String, runs: &[RunReport]) {
+    table(
+        out,
+        &SUMMARY_COLUMNS,
+        runs.iter().map(RunReport::summary_cells),
+    );
+    out.push_str("<p>Latencies in ms, from the scheduled send time unless marked.</p>\n");
+}
+
+/// A table with a header row of `columns` and one row per item of `rows`.
+fn table<const N: usize>(
+    out: &mut String,
+    columns: &[&str; N],
+    rows: impl Iterator<Item = [String; N]>,
+) {
     out.push_str("<table><tr>");
-    for column in SUMMARY_COLUMNS {
+    for column in columns {
         let _ = write!(out, "<th>{}</th>", esc(column));
     }
     out.push_str("</tr>\n");
-    for r in runs {
+    for cells in rows {
         out.push_str("<tr>");
-        for cell in r.summary_cells() {
-            let _ = write!(out, "<td>{}</td>", esc(&cell));
+        for cell in &cells {
+            let _ = write!(out, "<td>{}</td>", esc(cell));
         }
         out.push_str("</tr>\n");
     }
-    out.push_str("</table>\n<p>Latencies in ms, from the scheduled send time unless marked.</p>\n");
+    out.push_str("</table>\n");
 }
 
 fn run_section(out: &mut String, r: &RunReport) {

@@ -59,14 +59,30 @@ pub struct CpuUse {
     pub percent: f64,
 }
 
-/// CPU time every process on the machine has used (`/proc/stat`: all but idle and
-/// iowait), including processes this one cannot see (other containers on the VM).
-pub fn machine_busy() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    parse_machine_busy(&stat).map(|ticks| Duration::from_millis(ticks * 1000 / USER_HZ))
+/// The machine's CPU time so far (`/proc/stat`), in two parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MachineTime {
+    /// What every process on the machine used (user, nice, system, irq, softirq),
+    /// including processes this one cannot see (other containers on the VM).
+    busy: Duration,
+    /// Time the hypervisor gave this VM's CPUs to someone else while they had work: CPU
+    /// a run wanted and did not get. On a shared VM this is what makes the same run
+    /// slower at one hour than at another.
+    steal: Duration,
 }
 
-fn parse_machine_busy(stat: &str) -> Option<u64> {
+fn machine_time() -> Option<MachineTime> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let (busy, steal) = parse_machine_ticks(&stat)?;
+    let time = |ticks: u64| Duration::from_millis(ticks * 1000 / USER_HZ);
+    Some(MachineTime {
+        busy: time(busy),
+        steal: time(steal),
+    })
+}
+
+/// (busy, steal) ticks from the `cpu` line.
+fn parse_machine_ticks(stat: &str) -> Option<(u64, u64)> {
     let line = stat.lines().find(|l| l.starts_with("cpu "))?;
     let ticks: Vec<u64> = line
         .split_whitespace()
@@ -75,24 +91,24 @@ fn parse_machine_busy(stat: &str) -> Option<u64> {
         .collect::<Result<_, _>>()
         .ok()?;
     // user nice system idle iowait irq softirq steal; guest time is counted in user.
-    let busy = ticks
+    let busy = [0, 1, 2, 5, 6]
         .iter()
-        .take(8)
-        .enumerate()
-        .filter(|(i, _)| !matches!(i, 3 | 4));
-    Some(busy.map(|(_, t)| t).sum())
+        .map(|&i| ticks.get(i).copied())
+        .sum::<Option<u64>>()?;
+    Some((busy, ticks.get(7).copied().unwrap_or(0)))
 }
 
 /// The pseudo-process names of the machine-wide figures.
 pub const MACHINE: &str = "machine";
 pub const OTHERS: &str = "others";
+pub const STEAL: &str = "steal";
 
 /// CPU times of a set of processes, and of the whole machine, at one instant.
 #[derive(Debug, Clone)]
 pub struct CpuSample {
     at: Instant,
     times: Vec<(Watched, Option<Duration>)>,
-    machine: Option<Duration>,
+    machine: Option<MachineTime>,
 }
 
 impl CpuSample {
@@ -103,13 +119,14 @@ impl CpuSample {
                 .iter()
                 .map(|w| (w.clone(), cpu_time(w.pid)))
                 .collect(),
-            machine: machine_busy(),
+            machine: machine_time(),
         }
     }
 
     /// CPU use between `self` and a later sample of the same processes, followed by
-    /// the whole machine's and what the watched processes do not account for
-    /// ("others": a noisy neighbour shows up here).
+    /// the whole machine's, what the watched processes do not account for ("others": a
+    /// noisy neighbour in this VM shows up here) and the hypervisor's steal (a noisy
+    /// neighbour outside it).
     pub fn until(&self, later: &CpuSample) -> Vec<CpuUse> {
         let wall = later.at.saturating_duration_since(self.at).as_secs_f64();
         let entry = |name: &str, pid: u32, used: Duration| CpuUse {
@@ -132,11 +149,12 @@ impl CpuSample {
             })
             .collect();
         if let (Some(before), Some(after)) = (self.machine, later.machine) {
-            let machine = after.saturating_sub(before);
+            let machine = after.busy.saturating_sub(before.busy);
             let ours: f64 = uses.iter().map(|u| u.cpu_seconds).sum();
             let others = machine.saturating_sub(Duration::from_secs_f64(ours));
             uses.push(entry(MACHINE, 0, machine));
             uses.push(entry(OTHERS, 0, others));
+            uses.push(entry(STEAL, 0, after.steal.saturating_sub(before.steal)));
         }
         uses
     }
@@ -174,15 +192,21 @@ mod tests {
         let a = CpuSample::take(&watched);
         let b = CpuSample::take(&watched);
         let used = a.until(&b);
-        assert_eq!(used.len(), 3, "self, machine, others");
+        assert_eq!(used.len(), 4, "self, machine, others, steal");
         assert!(used[0].cpu_seconds >= 0.0);
         assert_eq!(used[1].name, MACHINE);
     }
 
     #[test]
-    fn machine_busy_leaves_out_idle_and_iowait() {
+    fn machine_busy_leaves_out_idle_iowait_and_steal_which_is_apart() {
         let stat = "cpu  100 5 50 1000 20 3 7 2 0 0\ncpu0 50 2 25 500 10 1 3 1 0 0\n";
-        assert_eq!(parse_machine_busy(stat), Some(100 + 5 + 50 + 3 + 7 + 2));
-        assert_eq!(parse_machine_busy("intr 1 2 3\n"), None);
+        assert_eq!(parse_machine_ticks(stat), Some((100 + 5 + 50 + 3 + 7, 2)));
+        // Kernels before 2.6.11 had no steal column.
+        assert_eq!(
+            parse_machine_ticks("cpu  100 5 50 1000 20 3 7\n"),
+            Some((165, 0))
+        );
+        assert_eq!(parse_machine_ticks("cpu  100 5\n"), None);
+        assert_eq!(parse_machine_ticks("intr 1 2 3\n"), None);
     }
 }

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::generator::{Length, RunResult};
 use super::hist::Summary;
-use super::procfs::CpuUse;
+use super::procfs::{CpuUse, STEAL};
 
 /// Everything one `shaddock loadtest <scenario>` command measured.
 #[derive(Debug, Clone, Serialize)]
@@ -202,6 +202,59 @@ pub struct SaturateReport {
     pub fraction_of_limit: Option<f64>,
     /// Targets that passed every rate up to --max-rate: their best is a lower bound.
     pub at_max_rate: Vec<String>,
+    /// With `--scale-workers`: the best rate per worker count, in the order searched.
+    pub scaling: Vec<WorkerScaling>,
+}
+
+/// One worker count of a `saturate --scale-workers` search.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerScaling {
+    pub workers: u32,
+    /// The best total req/s that met the target; `None` when no step did.
+    pub best_rps: Option<f64>,
+    /// Every rate up to --max-rate passed: the best is only a lower bound.
+    pub at_max_rate: bool,
+}
+
+/// Columns of the worker-scaling table, text and HTML alike.
+pub const SCALING_COLUMNS: [&str; 4] = [
+    "workers",
+    "saturation req/s",
+    "change from the row above",
+    "change from the first",
+];
+
+impl SaturateReport {
+    /// The worker-scaling table's rows, in [`SCALING_COLUMNS`] order: how far each
+    /// worker count moved the saturation point.
+    pub fn scaling_rows(&self) -> Vec<[String; SCALING_COLUMNS.len()]> {
+        let first = self.scaling.first().and_then(|s| s.best_rps);
+        let mut previous = None;
+        let mut rows = Vec::with_capacity(self.scaling.len());
+        for s in &self.scaling {
+            let best = match s.best_rps {
+                Some(rps) if s.at_max_rate => format!("≥ {}", thousands(rps)),
+                Some(rps) => thousands(rps),
+                None => "none met the target".to_owned(),
+            };
+            rows.push([
+                s.workers.to_string(),
+                best,
+                change(previous, s.best_rps),
+                change(first, s.best_rps),
+            ]);
+            previous = s.best_rps;
+        }
+        rows
+    }
+}
+
+/// `+12.3 %` from `from` to `to`; `—` when either is missing.
+fn change(from: Option<f64>, to: Option<f64>) -> String {
+    match (from, to) {
+        (Some(from), Some(to)) if from > 0.0 => format!("{:+.1} %", (to / from - 1.0) * 100.0),
+        _ => "—".to_owned(),
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -359,8 +412,9 @@ impl RunReport {
     /// Microseconds of `c`'s CPU per request sent in the measured window (answered,
     /// refused or lost alike): what one request costs that process, so runs at
     /// different rates, and the full path against the bare echo, compare directly.
+    /// `None` for the steal, which no request spent.
     pub fn cpu_us_per_request(&self, c: &CpuUse) -> Option<f64> {
-        (self.sent > 0).then(|| c.cpu_seconds * 1e6 / self.sent as f64)
+        (self.sent > 0 && c.name != STEAL).then(|| c.cpu_seconds * 1e6 / self.sent as f64)
     }
 
     /// This run's cells of the summary table, in [`SUMMARY_COLUMNS`] order.

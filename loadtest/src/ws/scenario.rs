@@ -11,7 +11,7 @@ use anyhow::{Context as _, bail, ensure};
 use super::clock::ClockKind;
 use super::generator::{self, Length, LoadSpec, Target};
 use super::html::render_html;
-use super::report::{RunReport, SaturateReport, SaturateStep, ScenarioReport};
+use super::report::{RunReport, SaturateReport, SaturateStep, ScenarioReport, WorkerScaling};
 use super::schedule::Payload;
 use super::target::{Gates, LimitServer, ServiceKind, TargetArgs, this_process, with_topology};
 use super::text::render_text;
@@ -220,6 +220,16 @@ pub struct SaturateArgs {
     /// Measured window of each step.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub step: Duration,
+    /// A step that misses the target is run again up to this many times before its
+    /// rate counts as too high (0: one miss ends the climb).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=5))]
+    pub retries: u32,
+    /// Search once per worker count, each on a topology launched with that many
+    /// workers, and report how much each added worker raised the saturation point:
+    /// `--scale-workers 1,2,3` (instead of --workers).
+    #[arg(long, value_delimiter = ',', conflicts_with = "workers",
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub scale_workers: Vec<u32>,
     #[command(flatten)]
     pub target: TargetArgs,
     #[command(flatten)]
@@ -309,59 +319,104 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
         args.start_rate > 0.0 && args.max_rate >= args.start_rate && args.factor > 1.0,
         "need 0 < --start-rate <= --max-rate and --factor > 1"
     );
-    let (gates, topology) = args.target.gates(1, 1).await?;
-    let limit_server = args.load.with_limit.then(LimitServer::start).transpose()?;
-    let work = async {
-        let mut report = ScenarioReport::new("saturate", gates.setup.clone());
-        let mut sat = SaturateReport {
-            p99_target_us: args.p99_target.as_secs_f64() * 1e6,
-            clients: args.clients,
-            steps: Vec::new(),
-            best: Default::default(),
-            fraction_of_limit: None,
-            at_max_rate: Vec::new(),
-        };
-        if let Some(server) = &limit_server {
-            let target = limit_target(server, "limit");
-            let (best, at_max_rate) = search(&args, &target, &mut sat.steps).await?;
-            if let Some((step, run)) = best {
-                sat.best.insert("limit".to_owned(), step);
-                report.runs.push(run);
-            }
-            if at_max_rate {
-                sat.at_max_rate.push("limit".to_owned());
-            }
-        }
-        let target = gateway_target(&gates, "gateway");
-        let (best, at_max_rate) = search(&args, &target, &mut sat.steps).await?;
-        if let Some((step, run)) = best {
-            sat.best.insert("gateway".to_owned(), step);
-            report.runs.push(run);
-        }
-        if at_max_rate {
-            sat.at_max_rate.push("gateway".to_owned());
-        }
-        if let (Some(g), Some(l)) = (sat.best.get("gateway"), sat.best.get("limit"))
-            && l.achieved_rps > 0.0
-        {
-            sat.fraction_of_limit = Some(g.achieved_rps / l.achieved_rps);
-        }
-        report.saturate = Some(sat);
-        Ok(report)
+    ensure!(
+        args.scale_workers.is_empty() || args.target.url.is_empty(),
+        "--scale-workers launches its own topologies: it cannot load --url gates"
+    );
+    let mut report = ScenarioReport::new("saturate", String::new());
+    let mut sat = SaturateReport {
+        p99_target_us: args.p99_target.as_secs_f64() * 1e6,
+        clients: args.clients,
+        steps: Vec::new(),
+        best: Default::default(),
+        fraction_of_limit: None,
+        at_max_rate: Vec::new(),
+        scaling: Vec::new(),
     };
-    let report = with_topology(topology, work).await?;
-    let found = report
-        .saturate
-        .as_ref()
-        .is_some_and(|s| s.best.contains_key("gateway"));
+    if let Some(server) = args.load.with_limit.then(LimitServer::start).transpose()? {
+        search_into(
+            &args,
+            &limit_target(&server, "limit"),
+            &mut sat,
+            &mut report,
+        )
+        .await?;
+    }
+    // One search on the topology the flags describe, or one per worker count.
+    let counts: Vec<Option<u32>> = if args.scale_workers.is_empty() {
+        vec![None]
+    } else {
+        args.scale_workers.iter().copied().map(Some).collect()
+    };
+    let mut setups = Vec::new();
+    let mut missing = Vec::new();
+    for workers in counts {
+        let target_args = TargetArgs {
+            workers: workers.or(args.target.workers),
+            ..args.target.clone()
+        };
+        let (gates, topology) = target_args.gates(1, 1).await?;
+        setups.push(gates.setup.clone());
+        let name = match workers {
+            Some(w) => format!("gateway, {w} worker{}", if w == 1 { "" } else { "s" }),
+            None => "gateway".to_owned(),
+        };
+        let target = gateway_target(&gates, &name);
+        let work = search_into(&args, &target, &mut sat, &mut report);
+        if !with_topology(topology, work).await? {
+            missing.push(name.clone());
+        }
+        if let Some(w) = workers {
+            sat.scaling.push(WorkerScaling {
+                workers: w,
+                best_rps: sat.best.get(&name).map(|b| b.achieved_rps),
+                at_max_rate: sat.at_max_rate.contains(&name),
+            });
+        }
+    }
+    report.setup = setups.join("; then ");
+    let limit = sat.best.get("limit").map(|l| l.achieved_rps);
+    let gateway = sat
+        .best
+        .iter()
+        .filter(|(name, _)| name.starts_with("gateway"))
+        .map(|(_, b)| b.achieved_rps)
+        .reduce(f64::max);
+    if let (Some(g), Some(l)) = (gateway, limit)
+        && l > 0.0
+    {
+        sat.fraction_of_limit = Some(g / l);
+    }
+    report.saturate = Some(sat);
     finish(&report, &args.load.output)?;
-    if !found {
+    if !missing.is_empty() {
         bail!(
-            "no step met the target, not even {} req/s per client",
+            "no step met the target for {}, not even {} req/s per client",
+            missing.join(", "),
             args.start_rate
         );
     }
     Ok(())
+}
+
+/// Runs one search on `target` and files its steps, best step and run under the
+/// target's label. Returns whether any step met the target.
+async fn search_into(
+    args: &SaturateArgs,
+    target: &Target,
+    sat: &mut SaturateReport,
+    report: &mut ScenarioReport,
+) -> anyhow::Result<bool> {
+    let (best, at_max_rate) = search(args, target, &mut sat.steps).await?;
+    if at_max_rate {
+        sat.at_max_rate.push(target.label.clone());
+    }
+    let Some((step, run)) = best else {
+        return Ok(false);
+    };
+    sat.best.insert(target.label.clone(), step);
+    report.runs.push(run);
+    Ok(true)
 }
 
 /// Raises the per-client rate by `factor` while steps pass, then bisects between the
@@ -377,8 +432,7 @@ async fn search(
     let mut failed_at = None;
     let mut rate = args.start_rate;
     while rate <= args.max_rate {
-        let (step, run) = saturate_step(args, target, rate).await?;
-        steps.push(step.clone());
+        let (step, run) = confirmed_step(args, target, rate, steps).await?;
         if !step.passed {
             failed_at = Some(rate);
             break;
@@ -390,8 +444,7 @@ async fn search(
         let (mut low, mut high) = (passed.per_client_rps, failed);
         for _ in 0..args.refine {
             let mid = (low + high) / 2.0;
-            let (step, run) = saturate_step(args, target, mid).await?;
-            steps.push(step.clone());
+            let (step, run) = confirmed_step(args, target, mid, steps).await?;
             if step.passed {
                 low = mid;
                 best = Some((step, run));
@@ -402,6 +455,26 @@ async fn search(
     }
     let at_max_rate = best.is_some() && failed_at.is_none();
     Ok((best, at_max_rate))
+}
+
+/// One rate: a step, and while it misses the target up to `--retries` more, so that one
+/// stall of a shared machine cannot end the search. Every step goes into `steps`; the
+/// last one decides.
+async fn confirmed_step(
+    args: &SaturateArgs,
+    target: &Target,
+    per_client_rps: f64,
+    steps: &mut Vec<SaturateStep>,
+) -> anyhow::Result<(SaturateStep, RunReport)> {
+    let mut tries = 0;
+    loop {
+        let (step, run) = saturate_step(args, target, per_client_rps).await?;
+        steps.push(step.clone());
+        if step.passed || tries == args.retries {
+            return Ok((step, run));
+        }
+        tries += 1;
+    }
 }
 
 async fn saturate_step(
@@ -417,7 +490,8 @@ async fn saturate_step(
         args.target.service,
     )?;
     let mut target = target.clone();
-    target.label = format!("{} at {:.0}/s per client", target.label, per_client_rps);
+    let name = std::mem::take(&mut target.label);
+    target.label = format!("{name} at {per_client_rps:.0}/s per client");
     let run = RunReport::from_result(&generator::run(&spec, &target).await?);
     let lost = run.timeouts + run.unanswered + run.failures.values().sum::<u64>();
     let errors = run.errors_by_code.values().sum::<u64>();
@@ -427,7 +501,7 @@ async fn saturate_step(
         && errors == 0
         && run.achieved_rps >= run.offered_rps * SATURATE_MIN_ACHIEVED;
     let step = SaturateStep {
-        target: target.kind.to_owned(),
+        target: name,
         per_client_rps,
         offered_rps: run.offered_rps,
         achieved_rps: run.achieved_rps,

@@ -6,7 +6,8 @@ use std::fmt::Write as _;
 
 use super::hist::Summary;
 use super::report::{
-    IdleReport, RunReport, SUMMARY_COLUMNS, SaturateReport, ScenarioReport, ms, thousands,
+    IdleReport, RunReport, SCALING_COLUMNS, SUMMARY_COLUMNS, SaturateReport, ScenarioReport, ms,
+    thousands,
 };
 
 /// The terminal report.
@@ -173,9 +174,13 @@ fn errors_text(r: &RunReport) -> String {
     }
 }
 
+/// A markdown table row.
+fn row(cells: &[&str]) -> String {
+    format!("| {} |\n", cells.join(" | "))
+}
+
 /// One markdown row per run: pasteable into docs/benchmarks.md.
 pub fn summary_table(runs: &[RunReport]) -> String {
-    let row = |cells: &[&str]| format!("| {} |\n", cells.join(" | "));
     let mut out = row(&SUMMARY_COLUMNS);
     out.push_str(&row(&["---"; SUMMARY_COLUMNS.len()]));
     for r in runs {
@@ -232,6 +237,14 @@ fn render_saturate(out: &mut String, s: &SaturateReport) {
             f * 100.0
         );
     }
+    if !s.scaling.is_empty() {
+        let _ = writeln!(out, "\nadding workers:");
+        out.push_str(&row(&SCALING_COLUMNS));
+        out.push_str(&row(&["---"; SCALING_COLUMNS.len()]));
+        for cells in s.scaling_rows() {
+            out.push_str(&row(&cells.each_ref().map(String::as_str)));
+        }
+    }
     out.push('\n');
 }
 
@@ -262,8 +275,8 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::ws::report::SaturateStep;
     use crate::ws::report::tests::sample_run;
+    use crate::ws::report::{SaturateStep, WorkerScaling};
 
     #[test]
     fn text_report_shows_every_figure_asked_for() {
@@ -315,6 +328,7 @@ mod tests {
             ]),
             fraction_of_limit: Some(0.1),
             at_max_rate: vec!["limit".into()],
+            scaling: Vec::new(),
         });
         let text = render_text(&report);
         assert!(
@@ -330,5 +344,42 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("10.0% of the bare-echo limit"), "{text}");
+        assert!(!text.contains("adding workers"), "{text}");
+    }
+
+    #[test]
+    fn worker_scaling_shows_each_count_and_its_change() {
+        let scaling = |workers: u32, best_rps: Option<f64>, at_max_rate: bool| WorkerScaling {
+            workers,
+            best_rps,
+            at_max_rate,
+        };
+        let mut report = ScenarioReport::new("saturate", String::new());
+        report.saturate = Some(SaturateReport {
+            p99_target_us: 20_000.0,
+            clients: 50,
+            steps: Vec::new(),
+            best: BTreeMap::new(),
+            fraction_of_limit: None,
+            at_max_rate: Vec::new(),
+            scaling: vec![
+                scaling(1, Some(10_000.0), false),
+                scaling(2, Some(14_000.0), false),
+                scaling(3, Some(15_400.0), true),
+                scaling(4, None, false),
+            ],
+        });
+        let text = render_text(&report);
+        for needle in [
+            "| workers | saturation req/s | change from the row above | change from the first |",
+            "| 1 | 10,000 | — | +0.0 % |",
+            "| 2 | 14,000 | +40.0 % | +40.0 % |",
+            "| 3 | ≥ 15,400 | +10.0 % | +54.0 % |",
+            "| 4 | none met the target | — | — |",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
+        let html = crate::ws::html::render_html(&report);
+        assert!(html.contains("<td>+40.0 %</td>"), "{html}");
     }
 }
