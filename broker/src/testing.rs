@@ -33,6 +33,16 @@ use crate::{Config, Server};
 /// loaded two-core CI machine running debug builds, short enough that a hang is reported.
 pub const DEADLINE: Duration = Duration::from_secs(10);
 
+/// A metric series as tests name it, `name{label=value,...}`, from the key a
+/// debugging recorder's snapshot gives.
+pub fn series(key: &metrics::Key) -> String {
+    let labels: Vec<String> = key
+        .labels()
+        .map(|l| format!("{}={}", l.key(), l.value()))
+        .collect();
+    format!("{}{{{}}}", key.name(), labels.join(","))
+}
+
 /// Awaits `future`, failing the test after [`DEADLINE`].
 pub async fn within<F: Future>(future: F) -> F::Output {
     tokio::time::timeout(DEADLINE, future)

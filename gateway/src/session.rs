@@ -481,6 +481,7 @@ impl Session {
         let sent = if notify {
             self.gate.nats.publish(subject, payload).await
         } else {
+            // 20: the digits of the largest id.
             let mut reply = String::with_capacity(self.reply_prefix.len() + 20);
             reply.push_str(&self.reply_prefix);
             reply.push_str(itoa::Buffer::new().format(req.id));

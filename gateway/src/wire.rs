@@ -5,11 +5,7 @@
 //! tests compare them with prost's own encoding.
 
 use bytes::{BufMut, BytesMut};
-use proto::wire::{WireType, encode_key, encode_varint, encoded_len_varint};
-
-fn key_len(tag: u32) -> usize {
-    encoded_len_varint(u64::from(tag << 3))
-}
+use proto::wire::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 
 /// Encoded size of a string or bytes field: nothing when empty.
 pub(crate) fn bytes_len(tag: u32, len: usize) -> usize {

@@ -31,7 +31,7 @@ pub use prost::Message;
 
 /// prost's wire-format primitives, for code that writes a message by hand.
 pub mod wire {
-    pub use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
+    pub use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 }
 
 /// Status codes, with HTTP's meanings.

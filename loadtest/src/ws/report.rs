@@ -206,14 +206,12 @@ pub struct SaturateReport {
     pub scaling: Vec<WorkerScaling>,
 }
 
-/// One worker count of a `saturate --scale-workers` search.
+/// One worker count of a `saturate --scale-workers` search: its steps, best step and
+/// bound are those of `target` in the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkerScaling {
     pub workers: u32,
-    /// The best total req/s that met the target; `None` when no step did.
-    pub best_rps: Option<f64>,
-    /// Every rate up to --max-rate passed: the best is only a lower bound.
-    pub at_max_rate: bool,
+    pub target: String,
 }
 
 /// Columns of the worker-scaling table, text and HTML alike.
@@ -228,22 +226,26 @@ impl SaturateReport {
     /// The worker-scaling table's rows, in [`SCALING_COLUMNS`] order: how far each
     /// worker count moved the saturation point.
     pub fn scaling_rows(&self) -> Vec<[String; SCALING_COLUMNS.len()]> {
-        let first = self.scaling.first().and_then(|s| s.best_rps);
+        let best_rps = |s: &WorkerScaling| self.best.get(&s.target).map(|b| b.achieved_rps);
+        let first = self.scaling.first().and_then(best_rps);
         let mut previous = None;
         let mut rows = Vec::with_capacity(self.scaling.len());
         for s in &self.scaling {
-            let best = match s.best_rps {
-                Some(rps) if s.at_max_rate => format!("≥ {}", thousands(rps)),
+            let rps = best_rps(s);
+            let best = match rps {
+                Some(rps) if self.at_max_rate.contains(&s.target) => {
+                    format!("≥ {}", thousands(rps))
+                }
                 Some(rps) => thousands(rps),
                 None => "none met the target".to_owned(),
             };
             rows.push([
                 s.workers.to_string(),
                 best,
-                change(previous, s.best_rps),
-                change(first, s.best_rps),
+                change(previous, rps),
+                change(first, rps),
             ]);
-            previous = s.best_rps;
+            previous = rps;
         }
         rows
     }

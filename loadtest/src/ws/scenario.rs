@@ -13,7 +13,9 @@ use super::generator::{self, Length, LoadSpec, Target};
 use super::html::render_html;
 use super::report::{RunReport, SaturateReport, SaturateStep, ScenarioReport, WorkerScaling};
 use super::schedule::Payload;
-use super::target::{Gates, LimitServer, ServiceKind, TargetArgs, this_process, with_topology};
+use super::target::{
+    Gates, LimitServer, ServiceKind, TargetArgs, plural, this_process, with_topology,
+};
 use super::text::render_text;
 use crate::duration::parse_duration;
 
@@ -350,6 +352,7 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
     };
     let mut setups = Vec::new();
     let mut missing = Vec::new();
+    let mut best_gateway: Option<f64> = None;
     for workers in counts {
         let target_args = TargetArgs {
             workers: workers.or(args.target.workers),
@@ -358,7 +361,7 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
         let (gates, topology) = target_args.gates(1, 1).await?;
         setups.push(gates.setup.clone());
         let name = match workers {
-            Some(w) => format!("gateway, {w} worker{}", if w == 1 { "" } else { "s" }),
+            Some(w) => format!("gateway, {w} worker{}", plural(w)),
             None => "gateway".to_owned(),
         };
         let target = gateway_target(&gates, &name);
@@ -366,23 +369,20 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
         if !with_topology(topology, work).await? {
             missing.push(name.clone());
         }
-        if let Some(w) = workers {
+        if let Some(best) = sat.best.get(&name) {
+            best_gateway =
+                Some(best_gateway.map_or(best.achieved_rps, |b| b.max(best.achieved_rps)));
+        }
+        if let Some(workers) = workers {
             sat.scaling.push(WorkerScaling {
-                workers: w,
-                best_rps: sat.best.get(&name).map(|b| b.achieved_rps),
-                at_max_rate: sat.at_max_rate.contains(&name),
+                workers,
+                target: name,
             });
         }
     }
     report.setup = setups.join("; then ");
     let limit = sat.best.get("limit").map(|l| l.achieved_rps);
-    let gateway = sat
-        .best
-        .iter()
-        .filter(|(name, _)| name.starts_with("gateway"))
-        .map(|(_, b)| b.achieved_rps)
-        .reduce(f64::max);
-    if let (Some(g), Some(l)) = (gateway, limit)
+    if let (Some(g), Some(l)) = (best_gateway, limit)
         && l > 0.0
     {
         sat.fraction_of_limit = Some(g / l);
@@ -407,7 +407,8 @@ async fn search_into(
     sat: &mut SaturateReport,
     report: &mut ScenarioReport,
 ) -> anyhow::Result<bool> {
-    let (best, at_max_rate) = search(args, target, &mut sat.steps).await?;
+    let measure = |rate| saturate_step(args, target, rate);
+    let (best, at_max_rate) = search(args, measure, &mut sat.steps).await?;
     if at_max_rate {
         sat.at_max_rate.push(target.label.clone());
     }
@@ -423,16 +424,22 @@ async fn search_into(
 /// last pass and the first failure. Returns the best passing step and its run.
 /// Also says whether every rate up to --max-rate passed (the best is then only a lower
 /// bound of the saturation point).
-async fn search(
+/// `measure` runs one step at a per-client rate (generic so that tests can drive the
+/// search without a network).
+async fn search<R, F, Fut>(
     args: &SaturateArgs,
-    target: &Target,
+    mut measure: F,
     steps: &mut Vec<SaturateStep>,
-) -> anyhow::Result<(Option<(SaturateStep, RunReport)>, bool)> {
-    let mut best: Option<(SaturateStep, RunReport)> = None;
+) -> anyhow::Result<(Option<(SaturateStep, R)>, bool)>
+where
+    F: FnMut(f64) -> Fut,
+    Fut: Future<Output = anyhow::Result<(SaturateStep, R)>>,
+{
+    let mut best: Option<(SaturateStep, R)> = None;
     let mut failed_at = None;
     let mut rate = args.start_rate;
     while rate <= args.max_rate {
-        let (step, run) = confirmed_step(args, target, rate, steps).await?;
+        let (step, run) = confirmed_step(args, &mut measure, rate, steps).await?;
         if !step.passed {
             failed_at = Some(rate);
             break;
@@ -444,7 +451,7 @@ async fn search(
         let (mut low, mut high) = (passed.per_client_rps, failed);
         for _ in 0..args.refine {
             let mid = (low + high) / 2.0;
-            let (step, run) = confirmed_step(args, target, mid, steps).await?;
+            let (step, run) = confirmed_step(args, &mut measure, mid, steps).await?;
             if step.passed {
                 low = mid;
                 best = Some((step, run));
@@ -460,15 +467,18 @@ async fn search(
 /// One rate: a step, and while it misses the target up to `--retries` more, so that one
 /// stall of a shared machine cannot end the search. Every step goes into `steps`; the
 /// last one decides.
-async fn confirmed_step(
+async fn confirmed_step<R, Fut>(
     args: &SaturateArgs,
-    target: &Target,
+    measure: &mut impl FnMut(f64) -> Fut,
     per_client_rps: f64,
     steps: &mut Vec<SaturateStep>,
-) -> anyhow::Result<(SaturateStep, RunReport)> {
+) -> anyhow::Result<(SaturateStep, R)>
+where
+    Fut: Future<Output = anyhow::Result<(SaturateStep, R)>>,
+{
     let mut tries = 0;
     loop {
-        let (step, run) = saturate_step(args, target, per_client_rps).await?;
+        let (step, run) = measure(per_client_rps).await?;
         steps.push(step.clone());
         if step.passed || tries == args.retries {
             return Ok((step, run));
@@ -612,5 +622,102 @@ mod tests {
         assert!(parse_hex("0a0").is_err());
         assert!(parse_hex("zz").is_err());
         assert!(parse_hex("é0").is_err());
+    }
+
+    fn saturate_args(flags: &[&str]) -> SaturateArgs {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: SaturateArgs,
+        }
+        let argv = [
+            "saturate",
+            "--start-rate",
+            "100",
+            "--max-rate",
+            "1000",
+            "--factor",
+            "2",
+        ];
+        <Cli as clap::Parser>::parse_from(argv.iter().chain(flags)).args
+    }
+
+    /// Searches with a fake measurement: a rate passes when `passes(rate, attempt)`,
+    /// attempt counting from 0 per rate. Returns the best rate, whether it is a lower
+    /// bound, and every (rate, passed) step in order.
+    fn run_search(
+        args: &SaturateArgs,
+        passes: impl Fn(f64, usize) -> bool,
+    ) -> (Option<f64>, bool, Vec<(f64, bool)>) {
+        let mut attempts: Vec<f64> = Vec::new();
+        let measure = |rate: f64| {
+            let attempt = attempts.iter().filter(|r| **r == rate).count();
+            attempts.push(rate);
+            let passed = passes(rate, attempt);
+            async move {
+                let step = SaturateStep {
+                    target: "fake".into(),
+                    per_client_rps: rate,
+                    offered_rps: rate,
+                    achieved_rps: rate,
+                    p99_from_schedule_us: 0.0,
+                    lost: 0,
+                    errors: 0,
+                    passed,
+                };
+                Ok((step, ()))
+            }
+        };
+        let mut steps = Vec::new();
+        let searched = futures::executor::block_on(search(args, measure, &mut steps));
+        let (best, at_max_rate) = searched.expect("a fake step cannot fail");
+        let steps = steps.iter().map(|s| (s.per_client_rps, s.passed)).collect();
+        (best.map(|(b, ())| b.per_client_rps), at_max_rate, steps)
+    }
+
+    #[test]
+    fn the_search_climbs_then_bisects_and_confirms_each_miss() {
+        let args = saturate_args(&["--refine", "2"]);
+        let (best, bound, steps) = run_search(&args, |rate, _| rate <= 300.0);
+        assert_eq!(best, Some(300.0));
+        assert!(!bound);
+        assert_eq!(
+            steps,
+            [
+                (100.0, true),
+                (200.0, true),
+                (400.0, false),
+                (400.0, false), // the one retry confirms the miss
+                (300.0, true),
+                (350.0, false),
+                (350.0, false),
+            ]
+        );
+    }
+
+    #[test]
+    fn one_stall_does_not_end_the_climb_unless_retries_are_off() {
+        // The first attempt at 200 stalls; the retry passes.
+        let stall = |rate: f64, attempt: usize| !(rate == 200.0 && attempt == 0);
+        let args = saturate_args(&["--refine", "0"]);
+        let (best, bound, _) = run_search(&args, stall);
+        assert_eq!(
+            (best, bound),
+            (Some(800.0), true),
+            "every rate to --max-rate"
+        );
+
+        let args = saturate_args(&["--refine", "0", "--retries", "0"]);
+        let (best, bound, steps) = run_search(&args, stall);
+        assert_eq!((best, bound), (Some(100.0), false));
+        assert_eq!(steps, [(100.0, true), (200.0, false)]);
+    }
+
+    #[test]
+    fn nothing_passing_is_no_best() {
+        let args = saturate_args(&[]);
+        let (best, bound, steps) = run_search(&args, |_, _| false);
+        assert_eq!((best, bound), (None, false));
+        assert_eq!(steps, [(100.0, false), (100.0, false)]);
     }
 }

@@ -177,7 +177,8 @@ pub async fn with_topology<T>(
     }
 }
 
-fn plural(n: u32) -> &'static str {
+/// The plural `s` of a count's noun.
+pub fn plural(n: u32) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 

@@ -349,25 +349,42 @@ mod tests {
 
     #[test]
     fn worker_scaling_shows_each_count_and_its_change() {
-        let scaling = |workers: u32, best_rps: Option<f64>, at_max_rate: bool| WorkerScaling {
+        let best = |target: &str, achieved_rps: f64| SaturateStep {
+            target: target.into(),
+            per_client_rps: achieved_rps / 50.0,
+            offered_rps: achieved_rps,
+            achieved_rps,
+            p99_from_schedule_us: 3_000.0,
+            lost: 0,
+            errors: 0,
+            passed: true,
+        };
+        let scaling = |workers: u32| WorkerScaling {
             workers,
-            best_rps,
-            at_max_rate,
+            target: format!("gateway, {workers} workers"),
         };
         let mut report = ScenarioReport::new("saturate", String::new());
         report.saturate = Some(SaturateReport {
             p99_target_us: 20_000.0,
             clients: 50,
             steps: Vec::new(),
-            best: BTreeMap::new(),
+            best: BTreeMap::from([
+                (
+                    "gateway, 1 workers".to_owned(),
+                    best("gateway, 1 workers", 10_000.0),
+                ),
+                (
+                    "gateway, 2 workers".to_owned(),
+                    best("gateway, 2 workers", 14_000.0),
+                ),
+                (
+                    "gateway, 3 workers".to_owned(),
+                    best("gateway, 3 workers", 15_400.0),
+                ),
+            ]),
             fraction_of_limit: None,
-            at_max_rate: Vec::new(),
-            scaling: vec![
-                scaling(1, Some(10_000.0), false),
-                scaling(2, Some(14_000.0), false),
-                scaling(3, Some(15_400.0), true),
-                scaling(4, None, false),
-            ],
+            at_max_rate: vec!["gateway, 3 workers".into()],
+            scaling: (1..=4).map(scaling).collect(),
         });
         let text = render_text(&report);
         for needle in [

@@ -307,12 +307,7 @@ async fn metrics_count_requests_rejections_and_frames() {
     let mut counters = Vec::new();
     let mut samples = Vec::new();
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-        let key = key.key();
-        let labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        let name = broker::testing::series(key.key());
         match value {
             DebugValue::Counter(n) => counters.push((name, n)),
             DebugValue::Histogram(v) => samples.push((name, v.len())),
