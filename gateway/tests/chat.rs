@@ -21,6 +21,7 @@ use services::chat::{self, REASON_DISCONNECTED, REASON_LEFT};
 use services::{Pusher, Worker, WorkerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -33,6 +34,7 @@ broker::on_both_buses!(
     pushes_reach_a_player_on_the_other_gate,
     member_lists_follow_comings_and_goings,
     a_late_worker_learns_the_rooms_from_a_peer,
+    a_worker_back_from_a_lost_connection_catches_up,
     bad_requests_are_refused,
 );
 
@@ -130,6 +132,12 @@ impl Cluster {
     /// Starts one more chat worker; returns once it takes requests (after its snapshot).
     async fn add_worker(&mut self) {
         let url = self.bus.url().to_owned();
+        self.add_worker_via(url).await;
+    }
+
+    /// [`Cluster::add_worker`] with the worker's bus connection to `url`; returns the
+    /// worker's client.
+    async fn add_worker_via(&mut self, url: String) -> async_nats::Client {
         let client = services::connect(std::slice::from_ref(&url), "test-chat")
             .await
             .unwrap();
@@ -137,12 +145,13 @@ impl Cluster {
             nats: vec![url],
             ..WorkerConfig::default()
         };
-        let worker = within(Worker::subscribe(client, chat::service(), config))
+        let worker = within(Worker::subscribe(client.clone(), chat::service(), config))
             .await
             .unwrap();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(worker.run(shutdown.clone()));
         self.workers.push(RunningWorker { shutdown, task });
+        client
     }
 
     /// Stops the first `n` workers and waits for them to finish.
@@ -691,6 +700,88 @@ async fn a_late_worker_learns_the_rooms_from_a_peer(bus: Bus) {
     bob.close().await;
     cluster
         .assert_no_leaks(&["lobby", "den"], &["alice", "bob"])
+        .await;
+}
+
+/// A TCP hop between a worker and the broker that the test takes down, as a network
+/// fault would, and brings back: while down it drops every connection through it and
+/// each new one at once, so the worker's client keeps trying to reconnect.
+struct Switch {
+    url: String,
+    up: Arc<watch::Sender<bool>>,
+}
+
+impl Switch {
+    async fn start(broker: SocketAddr) -> Switch {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("nats://{}", listener.local_addr().unwrap());
+        let up = Arc::new(watch::Sender::new(true));
+        let accepting = up.clone();
+        tokio::spawn(async move {
+            while let Ok((mut worker, _)) = listener.accept().await {
+                let mut up = accepting.subscribe();
+                if !*up.borrow_and_update() {
+                    continue;
+                }
+                tokio::spawn(async move {
+                    let Ok(mut broker) = TcpStream::connect(broker).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut worker, &mut broker) => {}
+                        _ = up.wait_for(|up| !up) => {}
+                    }
+                });
+            }
+        });
+        Switch { url, up }
+    }
+
+    fn set(&self, up: bool) {
+        self.up.send_replace(up);
+    }
+}
+
+/// A worker whose bus connection drops misses the changes made meanwhile; back, it asks
+/// a peer for the state again before it answers, and the missed leave is gone too.
+async fn a_worker_back_from_a_lost_connection_catches_up(bus: Bus) {
+    use async_nats::connection::State;
+
+    let mut cluster = Cluster::start(bus, UidConflict::Kick).await;
+    let switch = Switch::start(cluster.bus.addr()).await;
+    let client = cluster.add_worker_via(switch.url.clone()).await;
+    let alice = Player::login(cluster.url(0), "alice").await;
+    let ben = Player::login(cluster.url(1), "ben").await;
+    alice.join("lobby").await;
+    ben.join("lobby").await;
+
+    switch.set(false);
+    eventually("the fourth worker lost its connection", || {
+        client.connection_state() == State::Disconnected
+    })
+    .await;
+    // The three other workers handle these; the fourth misses their changes.
+    ben.leave("lobby").await;
+    let cat = Player::login(cluster.url(0), "cat").await;
+    cat.join("lobby").await;
+    switch.set(true);
+    eventually("the fourth worker reconnected", || {
+        client.connection_state() == State::Connected
+    })
+    .await;
+
+    // Left: one worker that saw every change and the one back, each answering about
+    // half of the asks.
+    cluster.stop_workers(2).await;
+    for _ in 0..20 {
+        assert_eq!(alice.members("lobby").await, names(&["alice", "cat"]));
+    }
+
+    for p in [alice, ben, cat] {
+        p.close().await;
+    }
+    cluster
+        .assert_no_leaks(&["lobby"], &["alice", "ben", "cat"])
         .await;
 }
 

@@ -24,7 +24,8 @@
 //! ([`rooms`]). The worker that handles a join, a leave or a close publishes the change
 //! on `<prefix>.chat.state` before it answers; every worker (itself included, when the
 //! change comes back from the bus) applies it in its loop. A starting worker gets a
-//! snapshot from a running one on `<prefix>.chat.sync` before it takes requests. What
+//! snapshot from a running one on `<prefix>.chat.sync` before it takes requests, and a
+//! worker back from a lost bus connection gets one again. What
 //! this guarantees, and the window where replicas differ, is in `docs/chat.md`.
 
 mod rooms;

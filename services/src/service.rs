@@ -40,7 +40,8 @@
 //! (`All` events before `Queue` events before requests, see [`crate::worker`]).
 //!
 //! [`Service::on_start_sync`] lets a worker that starts while others already run ask one
-//! of them for the state they share before it takes requests.
+//! of them for the state they share before it takes requests, and again after it
+//! reconnects to the bus.
 //!
 //! # Cost units
 //!
@@ -301,6 +302,11 @@ impl Service {
     /// subscribes its other events before asking and that subject after, so it never
     /// asks itself, and no change published after the snapshot is missed: applying
     /// changes must be idempotent, since some may be in the snapshot too.
+    ///
+    /// A worker back from a lost bus connection asks again, before its next request, and
+    /// hands that snapshot to `restore` too: `restore` must *replace* the state, so that
+    /// what the worker missed while away (a member who left) goes with it (see
+    /// "Reconnecting" in [`crate::worker`]).
     ///
     /// # Panics
     ///

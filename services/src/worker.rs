@@ -17,6 +17,22 @@
 //! starts empty. A peer that does not answer within [`SYNC_TIMEOUT`], [`SYNC_ATTEMPTS`]
 //! times, fails the start: serving without the state would answer wrongly.
 //!
+//! # Reconnecting
+//!
+//! A worker whose bus connection dropped missed what was published while it was away
+//! (core NATS is at most once), and async-nats, reconnecting, subscribes everything
+//! again without a word. So before it queues the first request that arrives after a
+//! reconnect (the client's count of connections made has grown), a worker of a service
+//! with a snapshot asks a peer again: it drains its own subscription of the snapshot
+//! subject (so the request, sent after the UNSUB on the same connection, goes to a
+//! peer, never to its own loop, which is waiting behind it), asks, queues the snapshot
+//! for its loop, and subscribes again. The snapshot *replaces* the loop's state, which
+//! is safe: every change the worker took before asking reached the broker before the
+//! request, so the peer took it before the request too (events before queue events)
+//! and its snapshot holds it; every change after is taken after the snapshot. No peer
+//! (no responders) keeps the worker's own state; a peer that does not answer in time
+//! keeps it too, with a warning, until the next reconnect.
+//!
 //! # Order
 //!
 //! All subscriptions share one connection, whose reader hands each message to its
@@ -48,10 +64,12 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::client::RequestErrorKind;
-use async_nats::{Client, Subject, Subscriber};
+use async_nats::{Client, Statistics, Subject, Subscriber};
 use bytes::Bytes;
 use futures::stream::SelectAll;
 use futures::{FutureExt, Stream, StreamExt, stream};
@@ -99,7 +117,18 @@ pub struct Worker {
     subscriber: Subscriber,
     subject: String,
     events: Vec<EventSubscription>,
+    /// The snapshot subject's subscription, when the service has one.
+    sync: Option<SyncSubscription>,
     snapshot: Option<Bytes>,
+}
+
+/// A service's snapshot subject, subscribed after the start's snapshot was fetched.
+struct SyncSubscription {
+    events: EventSubscription,
+    /// Under the prefix: where to ask again after a reconnect.
+    prefixed: String,
+    /// The client's count of connections made when the start asked for the snapshot.
+    connects: u64,
 }
 
 /// One of the service's event subjects, subscribed.
@@ -124,29 +153,39 @@ impl Worker {
     ) -> Result<Worker, WorkerError> {
         config.validate()?;
         let pusher = Pusher::new(client.clone(), config.prefix.clone())?;
-        let sync = service.start_sync_subject().map(str::to_owned);
+        let sync_subject = service.start_sync_subject().map(str::to_owned);
         let mut events = Vec::new();
-        let (first, last): (Vec<_>, Vec<_>) = service
-            .events()
-            .map(|(subject, delivery)| (subject.to_owned(), delivery))
-            .partition(|(subject, _)| Some(subject) != sync.as_ref());
-        for (subject, delivery) in first {
-            events.push(
-                subscribe_event(&client, &config.prefix, service.name(), subject, delivery).await?,
-            );
+        for (subject, delivery) in service.events() {
+            if Some(subject) != sync_subject.as_deref() {
+                events.push(
+                    subscribe_event(&client, &config.prefix, service.name(), subject, delivery)
+                        .await?,
+                );
+            }
         }
         client.flush().await?;
-        let snapshot = match &sync {
+        let (sync, snapshot) = match sync_subject {
             Some(subject) => {
-                fetch_snapshot(&client, format!("{}.{subject}", config.prefix)).await?
+                let connects = client.statistics().connects.load(Ordering::Relaxed);
+                let prefixed = format!("{}.{subject}", config.prefix);
+                let snapshot = fetch_snapshot(&client, &prefixed).await?;
+                let events = subscribe_event(
+                    &client,
+                    &config.prefix,
+                    service.name(),
+                    &subject,
+                    Delivery::Queue,
+                )
+                .await?;
+                let sync = SyncSubscription {
+                    events,
+                    prefixed,
+                    connects,
+                };
+                (Some(sync), snapshot)
             }
-            None => None,
+            None => (None, None),
         };
-        for (subject, delivery) in last {
-            events.push(
-                subscribe_event(&client, &config.prefix, service.name(), subject, delivery).await?,
-            );
-        }
         let subject = service_subject(&config.prefix, service.name());
         let subscriber = client
             .queue_subscribe(subject.clone(), service.name().to_owned())
@@ -163,6 +202,7 @@ impl Worker {
             subscriber,
             subject,
             events,
+            sync,
             snapshot,
         })
     }
@@ -192,6 +232,7 @@ impl Worker {
             subscriber,
             subject,
             events,
+            sync,
             snapshot,
         } = self;
         let client = pusher.client().clone();
@@ -208,7 +249,8 @@ impl Worker {
 
         // `>` stands for the method: what follows `<prefix>.svc.<service>.`.
         let method_prefix = subject.trim_end_matches('>').to_owned();
-        let input = inputs(subscriber, events, shutdown, method_prefix);
+        let resync = sync.map(|sync| Resync::new(&client, &name, &config.prefix, sync, &shutdown));
+        let input = inputs(subscriber, events, resync, shutdown, method_prefix);
         tokio::select! {
             () = intake.feed(input) => {}
             // The loop ends only after the intake does, unless something broke.
@@ -245,7 +287,7 @@ async fn subscribe_event(
     client: &Client,
     prefix: &str,
     service: &str,
-    subject: String,
+    subject: &str,
     delivery: Delivery,
 ) -> Result<EventSubscription, WorkerError> {
     let full = format!("{prefix}.{subject}");
@@ -262,17 +304,20 @@ async fn subscribe_event(
         source,
     })?;
     Ok(EventSubscription {
-        subject,
+        subject: subject.to_owned(),
         delivery,
         subscriber,
     })
 }
 
 /// Asks a running peer for the service's state (see the module docs).
-async fn fetch_snapshot(client: &Client, subject: String) -> Result<Option<Bytes>, WorkerError> {
+async fn fetch_snapshot(client: &Client, subject: &str) -> Result<Option<Bytes>, WorkerError> {
     for attempt in 1..=SYNC_ATTEMPTS {
-        let asked =
-            tokio::time::timeout(SYNC_TIMEOUT, client.request(subject.clone(), Bytes::new())).await;
+        let asked = tokio::time::timeout(
+            SYNC_TIMEOUT,
+            client.request(subject.to_owned(), Bytes::new()),
+        )
+        .await;
         match asked {
             Ok(Ok(message)) => {
                 tracing::info!(%subject, bytes = message.payload.len(), "snapshot from a peer");
@@ -286,7 +331,7 @@ async fn fetch_snapshot(client: &Client, subject: String) -> Result<Option<Bytes
             Err(_) => tracing::warn!(%subject, attempt, "no snapshot in time"),
         }
     }
-    Err(WorkerError::Sync(subject))
+    Err(WorkerError::Sync(subject.to_owned()))
 }
 
 /// Runs `frame_loop` on a thread of its own; the receiver fires when it returns.
@@ -327,6 +372,8 @@ struct Inputs {
     /// Events every worker gets, and events one worker gets.
     all: SelectAll<Boxed<Incoming<Subject>>>,
     queue: SelectAll<Boxed<Incoming<Subject>>>,
+    /// The snapshot subject (a queue event), when the service has one.
+    resync: Option<Resync>,
     /// Taken from the channels, not yet handed on.
     ready: VecDeque<Incoming<Subject>>,
 }
@@ -345,8 +392,15 @@ impl Inputs {
                     self.take_waiting_all();
                     self.ready.push_back(event);
                 }
+                Some(event) = Resync::next(&mut self.resync) => {
+                    self.take_waiting_all();
+                    self.ready.push_back(event);
+                }
                 message = self.requests.next(), if serving => match message {
-                    Some(message) => self.take_request(message),
+                    Some(message) => {
+                        self.resync_if_reconnected().await;
+                        self.take_request(message);
+                    }
                     None => self.requests_done = true,
                 },
                 // Requests drained, and every queue event stream drained too.
@@ -373,27 +427,150 @@ impl Inputs {
             self.ready.push_back(event);
         }
     }
+
+    /// After a reconnect, queues a peer's snapshot ahead of the next request (see
+    /// "Reconnecting" in the module docs).
+    async fn resync_if_reconnected(&mut self) {
+        let Some(resync) = self.resync.as_mut() else {
+            return;
+        };
+        let connects = resync.stats.connects.load(Ordering::Relaxed);
+        if connects == resync.connects {
+            return;
+        }
+        resync.connects = connects;
+        tracing::info!(subject = %resync.prefixed, "reconnected to the bus: asking a peer for the state");
+        // Sync requests that reached this worker before it left the subject are answered
+        // as usual, from its loop.
+        let (left, snapshot) = resync.ask_again().await;
+        self.ready.extend(left);
+        if let Some(snapshot) = snapshot {
+            self.ready.push_back(Incoming::snapshot(snapshot));
+        }
+    }
+}
+
+/// The snapshot subject's subscription, and what asking again after a reconnect takes.
+struct Resync {
+    client: Client,
+    stats: Arc<Statistics>,
+    /// The client's count of connections made (the first one included) when the worker
+    /// last asked for a snapshot: a higher count means it reconnected since.
+    connects: u64,
+    /// As the service registered it, the prefix, and the two together.
+    subject: String,
+    prefix: String,
+    prefixed: String,
+    /// The service's queue group.
+    group: String,
+    /// The subscription's messages; `None` after it could not be made again. `stop` drains
+    /// it, at shutdown (a child of `shutdown`) or to leave the subject.
+    stream: Option<Boxed<Incoming<Subject>>>,
+    stop: CancellationToken,
+    shutdown: CancellationToken,
+}
+
+impl Resync {
+    fn new(
+        client: &Client,
+        group: &str,
+        prefix: &str,
+        sync: SyncSubscription,
+        shutdown: &CancellationToken,
+    ) -> Self {
+        let mut resync = Resync {
+            client: client.clone(),
+            stats: client.statistics(),
+            connects: sync.connects,
+            subject: sync.events.subject,
+            prefix: prefix.to_owned(),
+            prefixed: sync.prefixed,
+            group: group.to_owned(),
+            stream: None,
+            stop: shutdown.child_token(),
+            shutdown: shutdown.clone(),
+        };
+        resync.listen(sync.events.subscriber);
+        resync
+    }
+
+    fn listen(&mut self, subscriber: Subscriber) {
+        self.stop = self.shutdown.child_token();
+        self.stream = Some(event_stream(
+            subscriber,
+            self.subject.clone(),
+            Some(self.stop.clone()),
+        ));
+    }
+
+    /// The next sync request, or `None` when there is no subscription (or none any more:
+    /// a drained one is dropped, never polled again).
+    async fn next(resync: &mut Option<Resync>) -> Option<Incoming<Subject>> {
+        let resync = resync.as_mut()?;
+        let request = resync.stream.as_mut()?.next().await;
+        if request.is_none() {
+            resync.stream = None;
+        }
+        request
+    }
+
+    /// Leaves the subject (returning the requests that had already arrived), asks a peer,
+    /// and subscribes again.
+    async fn ask_again(&mut self) -> (Vec<Incoming<Subject>>, Option<Bytes>) {
+        let mut left = Vec::new();
+        if let Some(mut stream) = self.stream.take() {
+            self.stop.cancel();
+            let drained = async {
+                while let Some(request) = stream.next().await {
+                    left.push(request);
+                }
+            };
+            if tokio::time::timeout(SYNC_TIMEOUT, drained).await.is_err() {
+                tracing::warn!(subject = %self.prefixed, "the old subscription did not drain in time; dropping it");
+            }
+        }
+        let snapshot = match fetch_snapshot(&self.client, &self.prefixed).await {
+            Ok(snapshot) => snapshot,
+            Err(error) => {
+                tracing::warn!(%error, "keeping this worker's state, which may miss changes made while it was away");
+                None
+            }
+        };
+        let subscribed = subscribe_event(
+            &self.client,
+            &self.prefix,
+            &self.group,
+            &self.subject,
+            Delivery::Queue,
+        )
+        .await;
+        match subscribed {
+            Ok(events) => self.listen(events.subscriber),
+            Err(error) => {
+                tracing::warn!(subject = %self.prefixed, %error, "cannot subscribe again: peers starting later ask the others");
+            }
+        }
+        (left, snapshot)
+    }
 }
 
 fn inputs(
     requests: Subscriber,
     events: Vec<EventSubscription>,
+    resync: Option<Resync>,
     shutdown: CancellationToken,
     method_prefix: String,
 ) -> impl Stream<Item = Incoming<Subject>> {
     let mut all = SelectAll::new();
     let mut queue = SelectAll::new();
     for event in events {
-        let subject = event.subject;
-        let to_incoming =
-            move |m: async_nats::Message| Incoming::event(subject.clone(), m.payload, m.reply);
         match event.delivery {
-            Delivery::All => all.push(event.subscriber.map(to_incoming).boxed()),
-            Delivery::Queue => queue.push(
-                until_drained(event.subscriber, shutdown.clone(), None)
-                    .map(to_incoming)
-                    .boxed(),
-            ),
+            Delivery::All => all.push(event_stream(event.subscriber, event.subject, None)),
+            Delivery::Queue => queue.push(event_stream(
+                event.subscriber,
+                event.subject,
+                Some(shutdown.clone()),
+            )),
         }
     }
     let inputs = Inputs {
@@ -402,12 +579,30 @@ fn inputs(
         method_prefix,
         all,
         queue,
+        resync,
         ready: VecDeque::new(),
     };
     stream::unfold(inputs, |mut inputs| async move {
         let incoming = inputs.next().await?;
         Some((incoming, inputs))
     })
+}
+
+/// An event subscription's messages as the loop's input; drained when `drain` fires
+/// (see [`until_drained`]), or, without one, kept until dropped.
+fn event_stream(
+    subscriber: Subscriber,
+    subject: String,
+    drain: Option<CancellationToken>,
+) -> Boxed<Incoming<Subject>> {
+    let to_incoming =
+        move |m: async_nats::Message| Incoming::event(subject.clone(), m.payload, m.reply);
+    match drain {
+        Some(drain) => until_drained(subscriber, drain, None)
+            .map(to_incoming)
+            .boxed(),
+        None => subscriber.map(to_incoming).boxed(),
+    }
 }
 
 /// A subscription's messages until `shutdown`; then it drains: unsubscribes, yields what

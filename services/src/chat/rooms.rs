@@ -183,9 +183,13 @@ impl Rooms {
         Snapshot { members, closed }
     }
 
-    /// Merges a peer's snapshot: tombstones first, so a member the snapshot lists for a
-    /// session that closed meanwhile stays out. Every step is idempotent.
+    /// Replaces this replica with a peer's snapshot: tombstones first, so a member the
+    /// snapshot lists for a session that closed meanwhile stays out. Whatever this
+    /// replica held goes, so a worker back from a lost connection also forgets the
+    /// leaves and closes it missed; a change it applied before the snapshot reached the
+    /// peer first, so the snapshot holds it (see `services::worker`, "Reconnecting").
     pub fn restore(&mut self, snapshot: Snapshot, now: Instant) {
+        *self = Rooms::default();
         for closed in snapshot.closed {
             self.close(closed.into(), now);
         }
@@ -376,6 +380,36 @@ mod tests {
             source.snapshot(now).members.len()
         );
         assert_eq!(replica.snapshot(now).closed, source.snapshot(now).closed);
+    }
+
+    #[test]
+    fn a_snapshot_replaces_what_the_replica_held() {
+        let now = Instant::now();
+        let (a, b, c) = (key("g1", 1), key("g1", 2), key("g2", 3));
+        // A replica that missed b's leave and a's close, and c's join.
+        let mut replica = state(
+            &[
+                join_change("lobby", "alice", &a),
+                join_change("lobby", "bob", &b),
+            ],
+            now,
+        );
+        let peer = state(
+            &[
+                join_change("lobby", "alice", &a),
+                join_change("lobby", "bob", &b),
+                leave_change("lobby", "bob", &b),
+                closed_change(&a),
+                join_change("den", "carol", &c),
+            ],
+            now,
+        );
+        replica.restore(peer.snapshot(now), now);
+        assert!(replica.members("lobby").is_empty());
+        assert_eq!(replica.members("den"), ["carol"]);
+        // The peer's tombstone came along: a's join, if still queued, stays out.
+        replica.apply(join_change("lobby", "alice", &a), now);
+        assert!(replica.members("lobby").is_empty());
     }
 
     #[test]
