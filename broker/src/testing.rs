@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -32,6 +33,19 @@ use crate::{Config, Server};
 /// How long any single wait in a test may take before the test fails: generous for a
 /// loaded two-core CI machine running debug builds, short enough that a hang is reported.
 pub const DEADLINE: Duration = Duration::from_secs(10);
+
+/// A round trip through the server: once `client`'s own message comes back, the server
+/// has processed everything the client sent before it (its subscriptions included), and
+/// every message queued to the client before it has reached its subscriptions.
+/// (async-nats' `flush()` only flushes the socket; it sends no PING.)
+pub async fn round_trip(client: &async_nats::Client) {
+    let inbox = client.new_inbox();
+    let mut echo = within(client.subscribe(inbox.clone())).await.unwrap();
+    within(client.publish(inbox, bytes::Bytes::new()))
+        .await
+        .unwrap();
+    within(echo.next()).await.expect("subscription ended");
+}
 
 /// A metric series as tests name it, `name{label=value,...}`, from the key a
 /// debugging recorder's snapshot gives.

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use async_nats::{ConnectErrorKind, ConnectOptions, HeaderMap, Subscriber};
-use broker::testing::{DEADLINE, EmbeddedServer};
+use broker::testing::{DEADLINE, EmbeddedServer, round_trip};
 use broker::{Auth, Config};
 use common::{get_json, http_get};
 use futures::{FutureExt, StreamExt};
@@ -35,18 +35,7 @@ async fn next_text(sub: &mut Subscriber) -> (String, String) {
     (msg.subject.to_string(), payload)
 }
 
-/// A round trip through the server: once this client's own message comes back, the
-/// server has processed everything the client sent before it, and every message queued
-/// to the client before it has reached its subscriptions. (async-nats' `flush()` only
-/// flushes the socket; it sends no PING.)
-async fn sync(client: &async_nats::Client) {
-    let inbox = client.new_inbox();
-    let mut sub = client.subscribe(inbox.clone()).await.unwrap();
-    client.publish(inbox, "".into()).await.unwrap();
-    next(&mut sub).await;
-}
-
-/// Messages already delivered to `sub`, without waiting. Call after [`sync`] on the
+/// Messages already delivered to `sub`, without waiting. Call after [`round_trip`] on the
 /// subscriber's client.
 /// `unconstrained` keeps tokio's cooperative budget from faking an empty channel.
 fn drain_ready(sub: &mut Subscriber) -> Vec<async_nats::Message> {
@@ -101,12 +90,12 @@ async fn queue_group_members_split_every_message() {
             .queue_subscribe("work", "workers".into())
             .await
             .unwrap();
-        sync(&client).await;
+        round_trip(&client).await;
         members.push((client, sub));
     }
     let watcher = client(&server).await;
     let mut all = watcher.subscribe("work").await.unwrap();
-    sync(&watcher).await;
+    round_trip(&watcher).await;
 
     let publisher = client(&server).await;
     for i in 0..COUNT {
@@ -115,11 +104,11 @@ async fn queue_group_members_split_every_message() {
             .await
             .unwrap();
     }
-    sync(&publisher).await;
+    round_trip(&publisher).await;
 
     let mut seen = BTreeSet::new();
     for (client, sub) in &mut members {
-        sync(client).await;
+        round_trip(client).await;
         let got = drain_ready(sub);
         assert!(
             got.len() > COUNT / 6,
@@ -133,7 +122,7 @@ async fn queue_group_members_split_every_message() {
     }
     assert_eq!(seen.len(), COUNT, "some messages reached no member");
     // A plain subscription on the same subject still gets its own copy of each.
-    sync(&watcher).await;
+    round_trip(&watcher).await;
     assert_eq!(drain_ready(&mut all).len(), COUNT);
 }
 
@@ -142,7 +131,7 @@ async fn request_gets_reply() {
     let server = start().await;
     let responder = client(&server).await;
     let mut service = responder.subscribe("svc.echo").await.unwrap();
-    sync(&responder).await;
+    round_trip(&responder).await;
     tokio::spawn(async move {
         while let Some(msg) = service.next().await {
             let reply = msg.reply.unwrap();

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker::testing::{Bus, DEADLINE, within};
+use broker::testing::{Bus, DEADLINE, round_trip, within};
 use futures::future::join_all;
 use gateway::sdk::{Client, ClientOptions, Push, Pushes};
 use gateway::{AnyToken, Gate, GateConfig, UidConflict};
@@ -35,6 +35,7 @@ broker::on_both_buses!(
     member_lists_follow_comings_and_goings,
     a_late_worker_learns_the_rooms_from_a_peer,
     a_worker_back_from_a_lost_connection_catches_up,
+    a_lone_worker_back_from_a_lost_connection_keeps_its_state,
     bad_requests_are_refused,
 );
 
@@ -148,6 +149,8 @@ impl Cluster {
         let worker = within(Worker::subscribe(client.clone(), chat::service(), config))
             .await
             .unwrap();
+        // The worker's subscriptions are at the broker before another worker can stop.
+        round_trip(&client).await;
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(worker.run(shutdown.clone()));
         self.workers.push(RunningWorker { shutdown, task });
@@ -783,6 +786,38 @@ async fn a_worker_back_from_a_lost_connection_catches_up(bus: Bus) {
     cluster
         .assert_no_leaks(&["lobby"], &["alice", "ben", "cat"])
         .await;
+}
+
+/// With no peer to ask, a worker back from a lost connection keeps its state, and
+/// answers at once: its ask for a snapshot must not reach its own loop, which waits
+/// behind it (that would hold the next request for 3 × 3 s, and the gate answer 408).
+async fn a_lone_worker_back_from_a_lost_connection_keeps_its_state(bus: Bus) {
+    use async_nats::connection::State;
+
+    let mut cluster = Cluster::start(bus, UidConflict::Kick).await;
+    let switch = Switch::start(cluster.bus.addr()).await;
+    let client = cluster.add_worker_via(switch.url.clone()).await;
+    cluster.stop_workers(3).await;
+    let alice = Player::login(cluster.url(0), "alice").await;
+    alice.join("lobby").await;
+
+    switch.set(false);
+    eventually("the worker lost its connection", || {
+        client.connection_state() == State::Disconnected
+    })
+    .await;
+    switch.set(true);
+    eventually("the worker reconnected", || {
+        client.connection_state() == State::Connected
+    })
+    .await;
+    // The client subscribes everything again as it reconnects; once that reached the
+    // broker, a request finds the worker.
+    round_trip(&client).await;
+    assert_eq!(alice.members("lobby").await, names(&["alice"]));
+
+    alice.close().await;
+    cluster.assert_no_leaks(&["lobby"], &["alice"]).await;
 }
 
 async fn bad_requests_are_refused(bus: Bus) {
