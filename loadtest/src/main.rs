@@ -2,6 +2,8 @@
 //! `shaddock loadtest <subcommand>` but on mimalloc (see below): the binary to measure
 //! with. Only parses flags and sets up logging.
 
+use std::process::ExitCode;
+
 use clap::Parser;
 
 /// mimalloc for the load generator only. Under overload (200 clients and up) glibc's
@@ -20,7 +22,7 @@ struct Cli {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
     let cli = Cli::parse();
     // Logs to stderr so stdout carries only the report a script parses.
     tracing_subscriber::fmt()
@@ -30,5 +32,13 @@ async fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,loadtest=info")),
         )
         .init();
-    loadtest::run(cli.command).await
+    match loadtest::run(cli.command).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // One line with the cause chain, as `shaddock` prints it: no backtrace, even
+            // with RUST_BACKTRACE set (a failed scenario is not a bug in this program).
+            eprintln!("shaddock-loadtest: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
