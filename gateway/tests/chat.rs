@@ -136,6 +136,13 @@ impl Cluster {
         self.add_worker_via(url).await;
     }
 
+    /// [`Cluster::add_worker`] with the worker's bus connection through a [`Switch`].
+    async fn add_switched_worker(&mut self) -> Switched {
+        let switch = Switch::start(self.bus.addr()).await;
+        let client = self.add_worker_via(switch.url.clone()).await;
+        Switched { switch, client }
+    }
+
     /// [`Cluster::add_worker`] with the worker's bus connection to `url`; returns the
     /// worker's client.
     async fn add_worker_via(&mut self, url: String) -> async_nats::Client {
@@ -745,33 +752,50 @@ impl Switch {
     }
 }
 
+/// A worker whose bus connection goes through a [`Switch`], and its client.
+struct Switched {
+    switch: Switch,
+    client: async_nats::Client,
+}
+
+impl Switched {
+    /// Takes the connection down; returns once the worker's client has noticed.
+    async fn down(&self) {
+        self.switch.set(false);
+        eventually("the worker lost its connection", || {
+            self.client.connection_state() == async_nats::connection::State::Disconnected
+        })
+        .await;
+    }
+
+    /// Brings it back; returns once the client has subscribed everything again and the
+    /// broker has it, so that a request finds the worker.
+    async fn up(&self) {
+        self.switch.set(true);
+        eventually("the worker reconnected", || {
+            self.client.connection_state() == async_nats::connection::State::Connected
+        })
+        .await;
+        round_trip(&self.client).await;
+    }
+}
+
 /// A worker whose bus connection drops misses the changes made meanwhile; back, it asks
 /// a peer for the state again before it answers, and the missed leave is gone too.
 async fn a_worker_back_from_a_lost_connection_catches_up(bus: Bus) {
-    use async_nats::connection::State;
-
     let mut cluster = Cluster::start(bus, UidConflict::Kick).await;
-    let switch = Switch::start(cluster.bus.addr()).await;
-    let client = cluster.add_worker_via(switch.url.clone()).await;
+    let fourth = cluster.add_switched_worker().await;
     let alice = Player::login(cluster.url(0), "alice").await;
     let ben = Player::login(cluster.url(1), "ben").await;
     alice.join("lobby").await;
     ben.join("lobby").await;
 
-    switch.set(false);
-    eventually("the fourth worker lost its connection", || {
-        client.connection_state() == State::Disconnected
-    })
-    .await;
+    fourth.down().await;
     // The three other workers handle these; the fourth misses their changes.
     ben.leave("lobby").await;
     let cat = Player::login(cluster.url(0), "cat").await;
     cat.join("lobby").await;
-    switch.set(true);
-    eventually("the fourth worker reconnected", || {
-        client.connection_state() == State::Connected
-    })
-    .await;
+    fourth.up().await;
 
     // Left: one worker that saw every change and the one back, each answering about
     // half of the asks.
@@ -792,28 +816,14 @@ async fn a_worker_back_from_a_lost_connection_catches_up(bus: Bus) {
 /// answers at once: its ask for a snapshot must not reach its own loop, which waits
 /// behind it (that would hold the next request for 3 × 3 s, and the gate answer 408).
 async fn a_lone_worker_back_from_a_lost_connection_keeps_its_state(bus: Bus) {
-    use async_nats::connection::State;
-
     let mut cluster = Cluster::start(bus, UidConflict::Kick).await;
-    let switch = Switch::start(cluster.bus.addr()).await;
-    let client = cluster.add_worker_via(switch.url.clone()).await;
+    let lone = cluster.add_switched_worker().await;
     cluster.stop_workers(3).await;
     let alice = Player::login(cluster.url(0), "alice").await;
     alice.join("lobby").await;
 
-    switch.set(false);
-    eventually("the worker lost its connection", || {
-        client.connection_state() == State::Disconnected
-    })
-    .await;
-    switch.set(true);
-    eventually("the worker reconnected", || {
-        client.connection_state() == State::Connected
-    })
-    .await;
-    // The client subscribes everything again as it reconnects; once that reached the
-    // broker, a request finds the worker.
-    round_trip(&client).await;
+    lone.down().await;
+    lone.up().await;
     assert_eq!(alice.members("lobby").await, names(&["alice"]));
 
     alice.close().await;
