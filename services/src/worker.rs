@@ -324,7 +324,7 @@ async fn fetch_snapshot(client: &Client, subject: &str) -> Result<Option<Bytes>,
                 return Ok(Some(message.payload));
             }
             Ok(Err(e)) if e.kind() == RequestErrorKind::NoResponders => {
-                tracing::info!(%subject, "no peer runs: starting empty");
+                tracing::info!(%subject, "no peer runs to ask: this worker's state stands");
                 return Ok(None);
             }
             Ok(Err(error)) => tracing::warn!(%subject, attempt, %error, "snapshot request failed"),
