@@ -18,7 +18,7 @@ use bytes::Bytes;
 use common::proxy::Proxy;
 use common::raw::RawClient;
 use common::{
-    Bus, Bystander, Holds, TestGate, counting_echo, echo_worker, gate_config, queue_of,
+    Bus, Bystander, FullGate, Holds, TestGate, counting_echo, echo_worker, gate_config, queue_of,
     start_worker, within,
 };
 use gateway::sdk::{Client, ClientOptions, ErrorKind};
@@ -352,19 +352,14 @@ async fn frames_read_together_are_all_answered(bus: Bus) {
     assert_eq!(ids, (1..=FRAMES).collect::<Vec<_>>());
 
     // The same with a full gate: every one is answered 503 at once.
-    let mut holds = Holds::default();
-    let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
-    let full = TestGate::start(&bus, gate_config(|c| c.max_gate_in_flight = 1)).await;
-    let mut raw = full.raw().await;
-    raw.request(1, "park.hold", "").await;
-    holds.started().await;
-    raw.pipeline(2..=FRAMES + 1, "park.who").await;
+    let mut full = FullGate::start(&bus).await;
+    full.raw.pipeline(2..=FRAMES + 1, "park.who").await;
     for id in 2..=FRAMES + 1 {
-        let response = raw.response().await;
+        let response = full.raw.response().await;
         assert_eq!((response.id, response.code), (id, code::OVERLOADED));
     }
-    holds.release("p");
-    assert_eq!(raw.response().await.code, code::OK);
+    full.release();
+    assert_eq!(full.raw.response().await.code, code::OK);
 }
 
 async fn too_fast_is_429(bus: Bus) {

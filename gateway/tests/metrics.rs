@@ -8,7 +8,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{Bus, Holds, TestGate, gate_config, queue_of, start_worker, within};
+use common::{Bus, FullGate, within};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use proto::code;
 
@@ -61,13 +61,8 @@ async fn refusals_are_counted_by_reason_and_in_flight_is_sampled() {
     let mut seen = Seen::default();
 
     let bus = Bus::embedded().await;
-    let mut holds = Holds::default();
-    let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
-    let gate = TestGate::start(&bus, gate_config(|c| c.max_gate_in_flight = 1)).await;
-    let mut raw = gate.raw().await;
-
-    raw.request(1, "park.hold", "").await;
-    holds.started().await;
+    let mut full = FullGate::start(&bus).await;
+    let raw = &mut full.raw;
     seen.until(&snapshotter, "gate_in_flight{}", 1.0).await;
 
     for id in 2..=4 {
@@ -81,6 +76,6 @@ async fn refusals_are_counted_by_reason_and_in_flight_is_sampled() {
     assert_eq!(seen.get("gate_rejected_total{reason=route}"), 1.0);
     assert_eq!(seen.get("gate_rejected_total{reason=rate}"), 0.0);
 
-    holds.release("p");
-    assert_eq!(raw.response().await.code, code::OK);
+    full.release();
+    assert_eq!(full.raw.response().await.code, code::OK);
 }

@@ -209,6 +209,38 @@ impl Holds {
     }
 }
 
+/// A gate whose whole in-flight budget, one request, is taken: request 1 of `raw`
+/// (`park.hold`) is inside a parked worker's handler, so every further request to the
+/// gate is refused 503 until [`FullGate::release`], whose answer then follows.
+pub struct FullGate {
+    pub gate: TestGate,
+    pub raw: RawClient,
+    holds: Holds,
+    _park: TestWorker,
+}
+
+impl FullGate {
+    pub async fn start(bus: &Bus) -> FullGate {
+        let mut holds = Holds::default();
+        let park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
+        let gate = TestGate::start(bus, gate_config(|c| c.max_gate_in_flight = 1)).await;
+        let mut raw = gate.raw().await;
+        raw.request(1, "park.hold", "").await;
+        holds.started().await;
+        FullGate {
+            gate,
+            raw,
+            holds,
+            _park: park,
+        }
+    }
+
+    /// Lets request 1 finish.
+    pub fn release(&self) {
+        self.holds.release("p");
+    }
+}
+
 /// A second session that must notice nothing of what another session does: each
 /// check is one `echo.raw` round trip that must come back 200 with its own body.
 pub struct Bystander {
