@@ -120,6 +120,18 @@ async fn echo_request_crosses_separate_processes_and_teardown_leaves_none() {
 }
 
 #[tokio::test]
+async fn without_metrics_nothing_serves_them_and_requests_still_cross() {
+    let topology = Topology::start(TopologySpec {
+        metrics: false,
+        ..spec(BrokerSpec::Embedded)
+    })
+    .await
+    .unwrap();
+    assert_eq!(topology.metrics_urls(), []);
+    echo_through(topology).await;
+}
+
+#[tokio::test]
 async fn the_same_topology_runs_on_nats_server() {
     if loadtest::topology::find_nats_server().await.is_none() {
         eprintln!("skipped: nats-server is not installed (scripts/test.sh installs it)");
