@@ -60,6 +60,7 @@ scenario concurrency concurrency --clients 2,5 --duration 1s --with-limit "${sho
 scenario pomelo-a pomelo-a --count 1000 "${short[@]}"
 scenario pomelo-b pomelo-b --count 1000 "${short[@]}"
 scenario saturate saturate --clients 2 --start-rate 100 --max-rate 200 --factor 2 --scale-workers 1,2 \
+  --with-limit --limit-max-rate 400 \
   --refine 0 --step 1s --p99-target 1s "${short[@]}"
 scenario idle idle --sessions 50 --quiet
 scenario limit limit --clients 2,5 --duration 1s "${short[@]}"

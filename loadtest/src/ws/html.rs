@@ -69,12 +69,8 @@ pub fn render_html(report: &ScenarioReport) -> String {
             );
         }
         out.push_str("</table>\n");
-        if let Some(f) = s.fraction_of_limit {
-            let _ = writeln!(
-                out,
-                "<p>Gateway saturation: <b>{:.1}%</b> of the bare-echo limit.</p>",
-                f * 100.0
-            );
+        if let Some(f) = &s.fraction_of_limit {
+            let _ = writeln!(out, "<p><b>{}</b>.</p>", esc(&f.sentence()));
         }
         if !s.scaling.is_empty() {
             out.push_str("<h3>Adding workers</h3>\n");

@@ -199,11 +199,70 @@ pub struct SaturateReport {
     /// `limit`).
     pub best: BTreeMap<String, SaturateStep>,
     /// Best gateway ÷ best limit, when both ran.
-    pub fraction_of_limit: Option<f64>,
+    pub fraction_of_limit: Option<Fraction>,
     /// Targets that passed every rate up to --max-rate: their best is a lower bound.
     pub at_max_rate: Vec<String>,
     /// With `--scale-workers`: the best rate per worker count, in the order searched.
     pub scaling: Vec<WorkerScaling>,
+}
+
+/// The gateway's saturation point as a fraction of the bare echo's, and how far to trust
+/// it: a search that passed every rate up to its maximum found only a lower bound.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Fraction {
+    pub value: f64,
+    pub relation: Relation,
+}
+
+/// How the true fraction relates to [`Fraction::value`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Relation {
+    /// Both searches found the rate where the target was missed.
+    Exact,
+    /// The limit's figure is a lower bound, so the true fraction is lower.
+    AtMost,
+    /// The gateway's figure is a lower bound, so the true fraction is higher.
+    AtLeast,
+    /// Both figures are lower bounds: the ratio says nothing.
+    Unknown,
+}
+
+impl Fraction {
+    /// `gateway ÷ limit`, from each best's rate and whether it is a lower bound.
+    pub fn of(gateway: f64, gateway_bound: bool, limit: f64, limit_bound: bool) -> Fraction {
+        let relation = match (gateway_bound, limit_bound) {
+            (false, false) => Relation::Exact,
+            (false, true) => Relation::AtMost,
+            (true, false) => Relation::AtLeast,
+            (true, true) => Relation::Unknown,
+        };
+        Fraction {
+            value: gateway / limit,
+            relation,
+        }
+    }
+
+    /// One sentence for the text and HTML reports, e.g. "gateway saturation = 18.1% of
+    /// the bare-echo limit".
+    pub fn sentence(&self) -> String {
+        let percent = self.value * 100.0;
+        match self.relation {
+            Relation::Exact => format!("gateway saturation = {percent:.1}% of the bare-echo limit"),
+            Relation::AtMost => format!(
+                "gateway saturation ≤ {percent:.1}% of the bare-echo limit: the limit passed \
+                 every rate up to --limit-max-rate, so it is higher than measured"
+            ),
+            Relation::AtLeast => format!(
+                "gateway saturation ≥ {percent:.1}% of the bare-echo limit: the gateway passed \
+                 every rate up to --max-rate, so it is higher than measured"
+            ),
+            Relation::Unknown => format!(
+                "gateway saturation: both searches passed every rate they tried, so the \
+                 {percent:.1}% between their figures says nothing"
+            ),
+        }
+    }
 }
 
 /// One worker count of a `saturate --scale-workers` search: its steps, best step and
@@ -618,5 +677,25 @@ pub(crate) mod tests {
         assert_eq!(utc_text(0), "1970-01-01 00:00:00 UTC");
         assert_eq!(utc_text(951_782_400), "2000-02-29 00:00:00 UTC");
         assert_eq!(utc_text(1_795_000_000), "2026-11-18 11:06:40 UTC");
+    }
+
+    #[test]
+    fn a_fraction_says_which_side_a_lower_bound_leaves_it() {
+        let relation = |g, l| Fraction::of(1.0, g, 4.0, l).relation;
+        assert_eq!(relation(false, false), Relation::Exact);
+        assert_eq!(relation(false, true), Relation::AtMost);
+        assert_eq!(relation(true, false), Relation::AtLeast);
+        assert_eq!(relation(true, true), Relation::Unknown);
+        assert_eq!(Fraction::of(1.0, false, 4.0, false).value, 0.25);
+        assert_eq!(
+            Fraction::of(1.0, false, 4.0, false).sentence(),
+            "gateway saturation = 25.0% of the bare-echo limit"
+        );
+        assert!(
+            Fraction::of(1.0, true, 4.0, false)
+                .sentence()
+                .starts_with("gateway saturation ≥ 25.0%")
+        );
+        assert!(!Fraction::of(1.0, true, 4.0, true).sentence().contains('='));
     }
 }

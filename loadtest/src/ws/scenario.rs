@@ -11,7 +11,9 @@ use anyhow::{Context as _, bail, ensure};
 use super::clock::ClockKind;
 use super::generator::{self, Length, LoadSpec, Target};
 use super::html::render_html;
-use super::report::{RunReport, SaturateReport, SaturateStep, ScenarioReport, WorkerScaling};
+use super::report::{
+    Fraction, RunReport, SaturateReport, SaturateStep, ScenarioReport, WorkerScaling,
+};
 use super::schedule::Payload;
 use super::target::{
     Gates, LimitServer, ServiceKind, TargetArgs, plural, this_process, with_topology,
@@ -210,9 +212,16 @@ pub struct SaturateArgs {
     /// First per-client rate tried (requests per second).
     #[arg(long, default_value_t = 200.0)]
     pub start_rate: f64,
-    /// Highest per-client rate tried (the gate's own per-session limit is 5,000/s).
+    /// Highest per-client rate tried on the gateway (the gate's own per-session limit is
+    /// 5,000/s).
     #[arg(long, default_value_t = 5_000.0)]
     pub max_rate: f64,
+    /// Highest per-client rate tried on the bare echo (`--with-limit`). It has no
+    /// per-session limit and batches many requests per write, so it passes rates far
+    /// above the gate's: capped at --max-rate, its search stopped before it failed and
+    /// the fraction of it was only an upper bound.
+    #[arg(long, default_value_t = 20_000.0)]
+    pub limit_max_rate: f64,
     /// Each passing step multiplies the rate by this.
     #[arg(long, default_value_t = 1.5)]
     pub factor: f64,
@@ -318,8 +327,11 @@ pub async fn limit(args: LimitArgs) -> anyhow::Result<()> {
 
 pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
     ensure!(
-        args.start_rate > 0.0 && args.max_rate >= args.start_rate && args.factor > 1.0,
-        "need 0 < --start-rate <= --max-rate and --factor > 1"
+        args.start_rate > 0.0
+            && args.max_rate >= args.start_rate
+            && args.limit_max_rate >= args.start_rate
+            && args.factor > 1.0,
+        "need 0 < --start-rate <= --max-rate, --limit-max-rate and --factor > 1"
     );
     ensure!(
         args.scale_workers.is_empty() || args.target.url.is_empty(),
@@ -338,6 +350,7 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
     if let Some(server) = args.load.with_limit.then(LimitServer::start).transpose()? {
         search_into(
             &args,
+            args.limit_max_rate,
             &limit_target(&server, "limit"),
             &mut sat,
             &mut report,
@@ -352,7 +365,8 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
     };
     let mut setups = Vec::new();
     let mut missing = Vec::new();
-    let mut best_gateway: Option<f64> = None;
+    // The best gateway search: its rate, and whether it is a lower bound.
+    let mut best_gateway: Option<(f64, bool)> = None;
     for workers in counts {
         let target_args = TargetArgs {
             workers: workers.or(args.target.workers),
@@ -365,13 +379,14 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
             None => "gateway".to_owned(),
         };
         let target = gateway_target(&gates, &name);
-        let work = search_into(&args, &target, &mut sat, &mut report);
+        let work = search_into(&args, args.max_rate, &target, &mut sat, &mut report);
         if !with_topology(topology, work).await? {
             missing.push(name.clone());
         }
-        if let Some(best) = sat.best.get(&name) {
-            best_gateway =
-                Some(best_gateway.map_or(best.achieved_rps, |b| b.max(best.achieved_rps)));
+        if let Some(best) = sat.best.get(&name)
+            && best_gateway.is_none_or(|(rps, _)| best.achieved_rps > rps)
+        {
+            best_gateway = Some((best.achieved_rps, sat.at_max_rate.contains(&name)));
         }
         if let Some(workers) = workers {
             sat.scaling.push(WorkerScaling {
@@ -382,10 +397,11 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
     }
     report.setup = setups.join("; then ");
     let limit = sat.best.get("limit").map(|l| l.achieved_rps);
-    if let (Some(g), Some(l)) = (best_gateway, limit)
-        && l > 0.0
+    if let (Some((gateway, gateway_bound)), Some(limit)) = (best_gateway, limit)
+        && limit > 0.0
     {
-        sat.fraction_of_limit = Some(g / l);
+        let limit_bound = sat.at_max_rate.iter().any(|t| t == "limit");
+        sat.fraction_of_limit = Some(Fraction::of(gateway, gateway_bound, limit, limit_bound));
     }
     report.saturate = Some(sat);
     finish(&report, &args.load.output)?;
@@ -403,12 +419,13 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
 /// target's label. Returns whether any step met the target.
 async fn search_into(
     args: &SaturateArgs,
+    max_rate: f64,
     target: &Target,
     sat: &mut SaturateReport,
     report: &mut ScenarioReport,
 ) -> anyhow::Result<bool> {
     let measure = |rate| saturate_step(args, target, rate);
-    let (best, at_max_rate) = search(args, measure, &mut sat.steps).await?;
+    let (best, at_max_rate) = search(args, max_rate, measure, &mut sat.steps).await?;
     if at_max_rate {
         sat.at_max_rate.push(target.label.clone());
     }
@@ -422,12 +439,13 @@ async fn search_into(
 
 /// Raises the per-client rate by `factor` while steps pass, then bisects between the
 /// last pass and the first failure. Returns the best passing step and its run.
-/// Also says whether every rate up to --max-rate passed (the best is then only a lower
+/// Also says whether every rate up to `max_rate` passed (the best is then only a lower
 /// bound of the saturation point).
 /// `measure` runs one step at a per-client rate (generic so that tests can drive the
 /// search without a network).
 async fn search<R, F, Fut>(
     args: &SaturateArgs,
+    max_rate: f64,
     mut measure: F,
     steps: &mut Vec<SaturateStep>,
 ) -> anyhow::Result<(Option<(SaturateStep, R)>, bool)>
@@ -438,7 +456,7 @@ where
     let mut best: Option<(SaturateStep, R)> = None;
     let mut failed_at = None;
     let mut rate = args.start_rate;
-    while rate <= args.max_rate {
+    while rate <= max_rate {
         let (step, run) = confirmed_step(args, &mut measure, rate, steps).await?;
         if !step.passed {
             failed_at = Some(rate);
@@ -642,11 +660,20 @@ mod tests {
         <Cli as clap::Parser>::parse_from(argv.iter().chain(flags)).args
     }
 
-    /// Searches with a fake measurement: a rate passes when `passes(rate, attempt)`,
-    /// attempt counting from 0 per rate. Returns the best rate, whether it is a lower
-    /// bound, and every (rate, passed) step in order.
+    /// Searches the gateway with a fake measurement: a rate passes when
+    /// `passes(rate, attempt)`, attempt counting from 0 per rate. Returns the best rate,
+    /// whether it is a lower bound, and every (rate, passed) step in order.
     fn run_search(
         args: &SaturateArgs,
+        passes: impl Fn(f64, usize) -> bool,
+    ) -> (Option<f64>, bool, Vec<(f64, bool)>) {
+        search_up_to(args, args.max_rate, passes)
+    }
+
+    /// [`run_search`] up to `max_rate`.
+    fn search_up_to(
+        args: &SaturateArgs,
+        max_rate: f64,
         passes: impl Fn(f64, usize) -> bool,
     ) -> (Option<f64>, bool, Vec<(f64, bool)>) {
         let mut attempts: Vec<f64> = Vec::new();
@@ -669,7 +696,7 @@ mod tests {
             }
         };
         let mut steps = Vec::new();
-        let searched = futures::executor::block_on(search(args, measure, &mut steps));
+        let searched = futures::executor::block_on(search(args, max_rate, measure, &mut steps));
         let (best, at_max_rate) = searched.expect("a fake step cannot fail");
         let steps = steps.iter().map(|s| (s.per_client_rps, s.passed)).collect();
         (best.map(|(b, ())| b.per_client_rps), at_max_rate, steps)
@@ -711,6 +738,18 @@ mod tests {
         let (best, bound, steps) = run_search(&args, stall);
         assert_eq!((best, bound), (Some(100.0), false));
         assert_eq!(steps, [(100.0, true), (200.0, false)]);
+    }
+
+    #[test]
+    fn the_limit_climbs_past_the_gateways_maximum_to_its_own() {
+        let args = saturate_args(&["--limit-max-rate", "3200", "--refine", "0"]);
+        let echo = |_: f64, _: usize| true;
+        assert_eq!(run_search(&args, echo).0, Some(800.0), "--max-rate 1000");
+        let (best, bound, _) = search_up_to(&args, args.limit_max_rate, echo);
+        assert_eq!((best, bound), (Some(3200.0), true));
+        // Where the echo fails below its maximum, its figure is no longer a bound.
+        let (best, bound, _) = search_up_to(&args, args.limit_max_rate, |r, _| r < 1500.0);
+        assert_eq!((best, bound), (Some(800.0), false));
     }
 
     #[test]

@@ -230,12 +230,8 @@ fn render_saturate(out: &mut String, s: &SaturateReport) {
             ms(best.p99_from_schedule_us)
         );
     }
-    if let Some(f) = s.fraction_of_limit {
-        let _ = writeln!(
-            out,
-            "gateway saturation = {:.1}% of the bare-echo limit",
-            f * 100.0
-        );
+    if let Some(f) = &s.fraction_of_limit {
+        let _ = writeln!(out, "{}", f.sentence());
     }
     if !s.scaling.is_empty() {
         let _ = writeln!(out, "\nadding workers:");
@@ -276,7 +272,7 @@ mod tests {
 
     use super::*;
     use crate::ws::report::tests::sample_run;
-    use crate::ws::report::{SaturateStep, WorkerScaling};
+    use crate::ws::report::{Fraction, SaturateStep, WorkerScaling};
 
     #[test]
     fn text_report_shows_every_figure_asked_for() {
@@ -326,7 +322,7 @@ mod tests {
                 ("gateway".to_owned(), step("gateway", 500.0, true)),
                 ("limit".to_owned(), step("limit", 5_000.0, true)),
             ]),
-            fraction_of_limit: Some(0.1),
+            fraction_of_limit: Some(Fraction::of(25_000.0, false, 250_000.0, true)),
             at_max_rate: vec!["limit".into()],
             scaling: Vec::new(),
         });
@@ -343,7 +339,10 @@ mod tests {
             text.contains("| gateway | 750 | 37,500 | 37,500 | 9.000 | 0 | 0 | no |"),
             "{text}"
         );
-        assert!(text.contains("10.0% of the bare-echo limit"), "{text}");
+        assert!(
+            text.contains("gateway saturation ≤ 10.0% of the bare-echo limit: the limit passed"),
+            "{text}"
+        );
         assert!(!text.contains("adding workers"), "{text}");
     }
 
