@@ -200,7 +200,8 @@ pub struct SaturateReport {
     pub best: BTreeMap<String, SaturateStep>,
     /// Best gateway ÷ best limit, when both ran.
     pub fraction_of_limit: Option<Fraction>,
-    /// Targets that passed every rate up to --max-rate: their best is a lower bound.
+    /// Targets that passed every rate up to their maximum (`--max-rate`, or
+    /// `--limit-max-rate` for the limit): their best is a lower bound.
     pub at_max_rate: Vec<String>,
     /// With `--scale-workers`: the best rate per worker count, in the order searched.
     pub scaling: Vec<WorkerScaling>,

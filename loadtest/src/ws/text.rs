@@ -218,7 +218,7 @@ fn render_saturate(out: &mut String, s: &SaturateReport) {
     }
     for (target, best) in &s.best {
         let bound = if s.at_max_rate.contains(target) {
-            " — every rate up to --max-rate passed: a lower bound"
+            " — every rate it tried passed: a lower bound"
         } else {
             ""
         };
