@@ -660,18 +660,10 @@ mod tests {
         <Cli as clap::Parser>::parse_from(argv.iter().chain(flags)).args
     }
 
-    /// Searches the gateway with a fake measurement: a rate passes when
+    /// Searches up to `max_rate` with a fake measurement: a rate passes when
     /// `passes(rate, attempt)`, attempt counting from 0 per rate. Returns the best rate,
     /// whether it is a lower bound, and every (rate, passed) step in order.
     fn run_search(
-        args: &SaturateArgs,
-        passes: impl Fn(f64, usize) -> bool,
-    ) -> (Option<f64>, bool, Vec<(f64, bool)>) {
-        search_up_to(args, args.max_rate, passes)
-    }
-
-    /// [`run_search`] up to `max_rate`.
-    fn search_up_to(
         args: &SaturateArgs,
         max_rate: f64,
         passes: impl Fn(f64, usize) -> bool,
@@ -705,7 +697,7 @@ mod tests {
     #[test]
     fn the_search_climbs_then_bisects_and_confirms_each_miss() {
         let args = saturate_args(&["--refine", "2"]);
-        let (best, bound, steps) = run_search(&args, |rate, _| rate <= 300.0);
+        let (best, bound, steps) = run_search(&args, args.max_rate, |rate, _| rate <= 300.0);
         assert_eq!(best, Some(300.0));
         assert!(!bound);
         assert_eq!(
@@ -727,7 +719,7 @@ mod tests {
         // The first attempt at 200 stalls; the retry passes.
         let stall = |rate: f64, attempt: usize| !(rate == 200.0 && attempt == 0);
         let args = saturate_args(&["--refine", "0"]);
-        let (best, bound, _) = run_search(&args, stall);
+        let (best, bound, _) = run_search(&args, args.max_rate, stall);
         assert_eq!(
             (best, bound),
             (Some(800.0), true),
@@ -735,7 +727,7 @@ mod tests {
         );
 
         let args = saturate_args(&["--refine", "0", "--retries", "0"]);
-        let (best, bound, steps) = run_search(&args, stall);
+        let (best, bound, steps) = run_search(&args, args.max_rate, stall);
         assert_eq!((best, bound), (Some(100.0), false));
         assert_eq!(steps, [(100.0, true), (200.0, false)]);
     }
@@ -744,18 +736,32 @@ mod tests {
     fn the_limit_climbs_past_the_gateways_maximum_to_its_own() {
         let args = saturate_args(&["--limit-max-rate", "3200", "--refine", "0"]);
         let echo = |_: f64, _: usize| true;
-        assert_eq!(run_search(&args, echo).0, Some(800.0), "--max-rate 1000");
-        let (best, bound, _) = search_up_to(&args, args.limit_max_rate, echo);
+        assert_eq!(
+            run_search(&args, args.max_rate, echo).0,
+            Some(800.0),
+            "--max-rate 1000"
+        );
+        let (best, bound, _) = run_search(&args, args.limit_max_rate, echo);
         assert_eq!((best, bound), (Some(3200.0), true));
         // Where the echo fails below its maximum, its figure is no longer a bound.
-        let (best, bound, _) = search_up_to(&args, args.limit_max_rate, |r, _| r < 1500.0);
+        let (best, bound, _) = run_search(&args, args.limit_max_rate, |r, _| r < 1500.0);
         assert_eq!((best, bound), (Some(800.0), false));
+    }
+
+    #[test]
+    fn a_limit_maximum_below_the_start_is_refused_before_anything_starts() {
+        let args = saturate_args(&["--limit-max-rate", "50"]);
+        let refused = futures::executor::block_on(saturate(args)).unwrap_err();
+        assert!(
+            refused.to_string().contains("--limit-max-rate"),
+            "{refused:#}"
+        );
     }
 
     #[test]
     fn nothing_passing_is_no_best() {
         let args = saturate_args(&[]);
-        let (best, bound, steps) = run_search(&args, |_, _| false);
+        let (best, bound, steps) = run_search(&args, args.max_rate, |_, _| false);
         assert_eq!((best, bound), (None, false));
         assert_eq!(steps, [(100.0, false), (100.0, false)]);
     }

@@ -174,19 +174,24 @@ fn errors_text(r: &RunReport) -> String {
     }
 }
 
-/// A markdown table row.
-fn row(cells: &[&str]) -> String {
-    format!("| {} |\n", cells.join(" | "))
+/// A markdown table: a header row of `columns` and one row per item of `rows` (the
+/// HTML report's `table` in markdown).
+fn markdown_table<const N: usize>(
+    columns: &[&str; N],
+    rows: impl Iterator<Item = [String; N]>,
+) -> String {
+    let row = |cells: &[&str]| format!("| {} |\n", cells.join(" | "));
+    let mut out = row(columns);
+    out.push_str(&row(&["---"; N]));
+    for cells in rows {
+        out.push_str(&row(&cells.each_ref().map(String::as_str)));
+    }
+    out
 }
 
 /// One markdown row per run: pasteable into docs/benchmarks.md.
 pub fn summary_table(runs: &[RunReport]) -> String {
-    let mut out = row(&SUMMARY_COLUMNS);
-    out.push_str(&row(&["---"; SUMMARY_COLUMNS.len()]));
-    for r in runs {
-        let cells = r.summary_cells();
-        out.push_str(&row(&cells.each_ref().map(String::as_str)));
-    }
+    let mut out = markdown_table(&SUMMARY_COLUMNS, runs.iter().map(RunReport::summary_cells));
     out.push('\n');
     out
 }
@@ -235,11 +240,10 @@ fn render_saturate(out: &mut String, s: &SaturateReport) {
     }
     if !s.scaling.is_empty() {
         let _ = writeln!(out, "\nadding workers:");
-        out.push_str(&row(&SCALING_COLUMNS));
-        out.push_str(&row(&["---"; SCALING_COLUMNS.len()]));
-        for cells in s.scaling_rows() {
-            out.push_str(&row(&cells.each_ref().map(String::as_str)));
-        }
+        out.push_str(&markdown_table(
+            &SCALING_COLUMNS,
+            s.scaling_rows().into_iter(),
+        ));
     }
     out.push('\n');
 }
