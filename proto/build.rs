@@ -12,8 +12,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={f}");
     }
     let descriptors = protox::compile(files, ["proto"])?;
+    // Kept for workers to announce (see `ServiceSchema`): gates learn types at run time.
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("descriptors.bin"),
+        prost::Message::encode_to_vec(&descriptors),
+    )?;
     prost_build::Config::new()
         .bytes(["."])
+        .enable_type_names()
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! WebSocket frames ↔ client packets: binary frames carry protobuf, text frames the
-//! same packet as JSON. Shared by the gate and anything else that speaks the client
-//! protocol as a server (the load test's bare echo server).
+//! same packet as JSON, bodies as they are (no transcoding: that needs the gate's
+//! announced types, see the gate's codec). For the SDK and anything else that speaks
+//! the client protocol without a gate's schemas (the load test's bare echo server).
 
 use proto::Message as _;
 use proto::client::Packet;

@@ -25,9 +25,11 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::codec::PushFrame;
 use crate::config::{GateConfig, WS_READ_BUFFER, WS_WRITE_BUFFER};
-use crate::presence::{Binding, Group, PushFrame};
+use crate::presence::{Binding, Group};
 use crate::router::{self, HANDOVER_QUEUE, Handover};
+use crate::schema::{self, Schemas};
 use crate::session;
 
 /// Decides whether a handshake's token may open a session.
@@ -88,6 +90,8 @@ pub(crate) struct GateShared {
     /// Players bound on this gate, by uid.
     pub users: DashMap<String, Binding>,
     pub token_check: Arc<dyn TokenCheck>,
+    /// Message types the workers announced, for JSON sessions' typed bodies.
+    pub schemas: Schemas,
     pub ws_config: WebSocketConfig,
     /// Cancelled when the gate starts shutting down: sessions drain and close.
     pub draining: CancellationToken,
@@ -112,6 +116,7 @@ pub(crate) struct Rejected {
     pub rate: Counter,
     pub gate_in_flight: Counter,
     pub bus: Counter,
+    pub body: Counter,
 }
 
 impl Rejected {
@@ -125,6 +130,7 @@ impl Rejected {
             rate: reason("rate"),
             gate_in_flight: reason("gate_in_flight"),
             bus: reason("bus"),
+            body: reason("body"),
         }
     }
 }
@@ -167,6 +173,11 @@ impl Gate {
             .subscribe(format!("{}.gw.{}.>", config.prefix, config.gate_id))
             .await
             .context("subscribing the gate's reply subject")?;
+        let announcements = nats
+            .subscribe(proto::schema::announcements(&config.prefix))
+            .await
+            .context("subscribing the schema announcements")?;
+        let ask = proto::schema::ask_subject(&config.prefix);
         let ws_config = WebSocketConfig::default()
             .read_buffer_size(WS_READ_BUFFER)
             .write_buffer_size(WS_WRITE_BUFFER)
@@ -183,6 +194,7 @@ impl Gate {
             groups: DashMap::new(),
             users: DashMap::new(),
             token_check,
+            schemas: Schemas::default(),
             ws_config,
             draining: CancellationToken::new(),
             stopped: CancellationToken::new(),
@@ -194,7 +206,18 @@ impl Gate {
         shared
             .router
             .spawn(router::run(shared.clone(), replies, handed_over));
+        let listening = shared.clone();
+        shared.router.spawn(async move {
+            let stopped = listening.stopped.clone();
+            schema::listen(&listening.schemas, announcements, stopped).await;
+        });
         shared.router.close();
+        // After the subscription: workers that started before this gate announce again.
+        shared
+            .nats
+            .publish(ask, bytes::Bytes::new())
+            .await
+            .context("asking workers for their schemas")?;
         Ok(Gate(shared))
     }
 

@@ -4,6 +4,7 @@
 //!
 //! Also the Rust client SDK ([`sdk`]) that tests and the load test drive it with.
 
+mod codec;
 pub mod config;
 mod forward;
 pub mod frame;
@@ -12,6 +13,7 @@ mod limits;
 mod presence;
 pub mod route;
 mod router;
+mod schema;
 pub mod sdk;
 mod session;
 mod wire;

@@ -14,46 +14,18 @@
 //! [`GateShared::deliver_to_group`] and [`GateShared::deliver_to_user`] for what
 //! arrives; leaving and unbinding cancel its token, and the router drops it.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use dashmap::mapref::entry::Entry;
 use proto::Message as _;
-use proto::client::{self, Packet, packet::Kind};
 use proto::rpc::{Claim, Probe, ServerPush, UserCommand, user_command};
 use rustc_hash::FxHashSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::codec::PushFrame;
 use crate::gate::{GateShared, ToSession};
 use crate::router::Target;
-
-/// A push encoded once for every local recipient, in both frame encodings; the JSON
-/// form is made only if some recipient speaks JSON.
-#[derive(Debug)]
-pub(crate) struct PushFrame {
-    pub binary: Bytes,
-    packet: Packet,
-    json: OnceLock<String>,
-}
-
-impl PushFrame {
-    pub fn new(push: ServerPush) -> Arc<PushFrame> {
-        let packet = Packet::new(Kind::Push(client::Push {
-            route: push.route,
-            body: push.body,
-        }));
-        Arc::new(PushFrame {
-            binary: packet.encode_to_vec().into(),
-            packet,
-            json: OnceLock::new(),
-        })
-    }
-
-    pub fn json(&self) -> &str {
-        self.json
-            .get_or_init(|| proto::json::encode(&self.packet).unwrap_or_default())
-    }
-}
 
 /// A group with members on this gate.
 pub(crate) struct Group {

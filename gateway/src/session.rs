@@ -26,8 +26,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
+use crate::codec::{Codec, Decoded};
 use crate::forward::{SessionWire, encode_request};
-use crate::frame::{decode, encode};
 use crate::gate::{GateShared, ToSession, WorkerReply};
 use crate::limits::TokenBucket;
 use crate::presence::BindError;
@@ -90,8 +90,8 @@ struct Pending {
 struct Session {
     gate: Arc<GateShared>,
     sid: u64,
-    /// The client spoke JSON in its handshake: answer in text frames.
-    text: bool,
+    /// The protocol the client spoke in its handshake.
+    codec: Codec,
     timing: bool,
     /// Every request is serial (the handshake asked for it).
     serial: bool,
@@ -153,9 +153,9 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
             return;
         }
     };
-    let text = matches!(hello, Message::Text(_));
-    let handshake = match decode(&hello) {
-        Some(Packet {
+    let codec = Codec::of(&hello);
+    let handshake = match codec.decode(&hello, &gate.schemas) {
+        Decoded::Packet(Packet {
             kind: Some(Kind::Handshake(h)),
         }) => h,
         _ => {
@@ -169,7 +169,7 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
     };
     let sid = gate.next_sid();
     let ack = |code: u32, message: &str| {
-        Packet::new(Kind::HandshakeAck(client::HandshakeAck {
+        codec.encode(Kind::HandshakeAck(client::HandshakeAck {
             code,
             session_id: sid,
             heartbeat_ms: gate
@@ -182,13 +182,11 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
         }))
     };
     if !gate.token_check.check(&handshake.token) {
-        let _ = ws
-            .send(encode(&ack(code::UNAUTHORIZED, "token refused"), text))
-            .await;
+        let _ = ws.send(ack(code::UNAUTHORIZED, "token refused")).await;
         close(&mut ws, Closing::new(CloseCode::Policy, "unauthorized")).await;
         return;
     }
-    if ws.send(encode(&ack(code::OK, ""), text)).await.is_err() {
+    if ws.send(ack(code::OK, "")).await.is_err() {
         return;
     }
     // Room for every in-flight answer plus pushes: the router never blocks.
@@ -200,7 +198,7 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
         bucket: TokenBucket::new(gate.config.rate, gate.config.burst),
         gate: gate.clone(),
         sid,
-        text,
+        codec,
         timing: handshake.server_timing,
         serial: handshake.serial,
         serial_pending: None,
@@ -334,7 +332,21 @@ impl Session {
             Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return Ok(()),
             Message::Binary(_) | Message::Text(_) => {}
         }
-        match decode(&frame).and_then(|p| p.kind) {
+        let packet = match self.codec.decode(&frame, &self.gate.schemas) {
+            Decoded::Packet(packet) => packet,
+            Decoded::BadBody(resp) => {
+                self.gate.rejected.body.increment(1);
+                if resp.id != 0 {
+                    self.send(Kind::Response(resp)).await;
+                }
+                return Ok(());
+            }
+            Decoded::Invalid => {
+                metrics::counter!("gate_rejected_total", "reason" => "invalid_packet").increment(1);
+                return Err(Closing::new(CloseCode::Invalid, "invalid packet"));
+            }
+        };
+        match packet.kind {
             Some(Kind::Request(req)) => {
                 if req.id != 0 && self.is_serial(&req) {
                     if self.serial_pending.is_some() {
@@ -508,11 +520,7 @@ impl Session {
     async fn on_message(&mut self, msg: ToSession) -> Option<Closing> {
         let (id, reply) = match msg {
             ToSession::Push(frame) => {
-                let msg = if self.text {
-                    Message::text(frame.json())
-                } else {
-                    Message::Binary(frame.binary.clone())
-                };
+                let msg = self.codec.encode_push(&frame, &self.gate.schemas);
                 let _ = self.ws.feed(msg).await;
                 return None;
             }
@@ -665,7 +673,10 @@ impl Session {
                 handler_us,
             });
         }
-        self.send(Kind::Response(resp)).await;
+        let frame = self
+            .codec
+            .encode_response(resp, &pending.route, &self.gate.schemas);
+        let _ = self.ws.feed(frame).await;
     }
 
     /// Answers 408 for every request whose deadline passed.
@@ -735,7 +746,7 @@ impl Session {
 
     /// Queues a packet towards the client; the caller's loop flushes.
     async fn send(&mut self, kind: Kind) {
-        let _ = self.ws.feed(encode(&Packet::new(kind), self.text)).await;
+        let _ = self.ws.feed(self.codec.encode(kind)).await;
     }
 }
 

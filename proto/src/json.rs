@@ -1,12 +1,20 @@
 //! The JSON form of a client [`Packet`], carried in text WebSocket frames.
 //!
 //! Each packet is an object with one key naming its kind, as in
-//! `{"request":{"id":1,"route":"echo.echo","body":"hi"}}`. Bodies are strings: JSON
-//! clients (browsers) send and receive text, so a body that is not UTF-8 is replaced
-//! lossily on the way out. Absent fields take their protobuf defaults.
+//! `{"request":{"id":1,"route":"echo.raw","body":"hi"}}`. Absent fields take their
+//! protobuf defaults.
+//!
+//! A body is either a JSON string, carrying the body's bytes as text (raw routes; a body
+//! that is not UTF-8 is replaced lossily on the way out), or any other JSON value: a
+//! *typed* body, the route's message in the proto3 JSON mapping. This module keeps a
+//! typed body as its JSON text and says so ([`decode_typed`], [`encode_typed`]); the
+//! gate transcodes it to and from protobuf with the types the workers announce.
 
 use bytes::Bytes;
+use serde::de::Deserializer;
+use serde::ser::Serializer;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use crate::client::{self, Packet, packet::Kind};
 
@@ -44,12 +52,68 @@ struct HandshakeAck {
     message: String,
 }
 
+/// A packet's body: text, or a typed body's JSON.
+#[derive(Default)]
+enum Body {
+    #[default]
+    Empty,
+    Text(String),
+    Typed(Box<RawValue>),
+}
+
+impl Body {
+    fn of(bytes: &[u8], typed: bool) -> Body {
+        if typed {
+            // The gate made this JSON itself; anything else is sent as text.
+            if let Ok(raw) = RawValue::from_string(text(bytes)) {
+                return Body::Typed(raw);
+            }
+        }
+        Body::Text(text(bytes))
+    }
+
+    fn is_typed(&self) -> bool {
+        matches!(self, Body::Typed(_))
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Body::Empty => Bytes::new(),
+            Body::Text(t) => Bytes::from(t),
+            Body::Typed(raw) => Bytes::from(String::from(Box::<str>::from(raw))),
+        }
+    }
+}
+
+impl Serialize for Body {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Body::Empty => s.serialize_str(""),
+            Body::Text(t) => s.serialize_str(t),
+            Body::Typed(raw) => raw.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Body {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Body, D::Error> {
+        let raw = Box::<RawValue>::deserialize(d)?;
+        Ok(match raw.get().as_bytes().first() {
+            Some(b'"') => {
+                Body::Text(serde_json::from_str(raw.get()).map_err(serde::de::Error::custom)?)
+            }
+            Some(b'n') => Body::Empty,
+            _ => Body::Typed(raw),
+        })
+    }
+}
+
 #[derive(Serialize, Deserialize, Default)]
 #[serde(default)]
 struct Request {
     id: u64,
     route: String,
-    body: String,
+    body: Body,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -57,7 +121,7 @@ struct Request {
 struct Response {
     id: u64,
     code: u32,
-    body: String,
+    body: Body,
     #[serde(skip_serializing_if = "String::is_empty")]
     message: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -76,7 +140,7 @@ struct Timing {
 #[serde(default)]
 struct Push {
     route: String,
-    body: String,
+    body: Body,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -89,8 +153,19 @@ fn text(body: &[u8]) -> String {
     String::from_utf8_lossy(body).into_owned()
 }
 
-/// Parses a text frame.
+/// Parses a text frame; a typed body comes out as its JSON text.
 pub fn decode(frame: &str) -> Result<Packet, JsonError> {
+    decode_typed(frame).map(|(packet, _)| packet)
+}
+
+/// Parses a text frame, and says whether its body was typed (then the packet's body
+/// holds the body's JSON text, for the caller to transcode).
+pub fn decode_typed(frame: &str) -> Result<(Packet, bool), JsonError> {
+    let mut typed = false;
+    let mut body = |b: Body| {
+        typed = b.is_typed();
+        b.into_bytes()
+    };
     let kind = match serde_json::from_str(frame)? {
         JsonPacket::Handshake(h) => Kind::Handshake(client::Handshake {
             token: h.token,
@@ -108,12 +183,12 @@ pub fn decode(frame: &str) -> Result<Packet, JsonError> {
         JsonPacket::Request(r) => Kind::Request(client::Request {
             id: r.id,
             route: r.route,
-            body: Bytes::from(r.body),
+            body: body(r.body),
         }),
         JsonPacket::Response(r) => Kind::Response(client::Response {
             id: r.id,
             code: r.code,
-            body: Bytes::from(r.body),
+            body: body(r.body),
             message: r.message,
             timing: r.timing.map(|t| client::Timing {
                 total_us: t.total_us,
@@ -123,15 +198,21 @@ pub fn decode(frame: &str) -> Result<Packet, JsonError> {
         }),
         JsonPacket::Push(p) => Kind::Push(client::Push {
             route: p.route,
-            body: Bytes::from(p.body),
+            body: body(p.body),
         }),
         JsonPacket::Kick(k) => Kind::Kick(client::Kick { reason: k.reason }),
     };
-    Ok(Packet::new(kind))
+    Ok((Packet::new(kind), typed))
 }
 
-/// Renders a packet as a text frame; `None` for an empty packet.
+/// Renders a packet as a text frame, bodies as strings; `None` for an empty packet.
 pub fn encode(packet: &Packet) -> Option<String> {
+    encode_typed(packet, false)
+}
+
+/// Renders a packet as a text frame; `None` for an empty packet. With `typed`, the
+/// body holds JSON (a transcoded typed body) and goes out as that JSON value.
+pub fn encode_typed(packet: &Packet, typed: bool) -> Option<String> {
     let json = match packet.kind.as_ref()? {
         Kind::Handshake(h) => JsonPacket::Handshake(Handshake {
             token: h.token.clone(),
@@ -149,12 +230,12 @@ pub fn encode(packet: &Packet) -> Option<String> {
         Kind::Request(r) => JsonPacket::Request(Request {
             id: r.id,
             route: r.route.clone(),
-            body: text(&r.body),
+            body: Body::of(&r.body, typed),
         }),
         Kind::Response(r) => JsonPacket::Response(Response {
             id: r.id,
             code: r.code,
-            body: text(&r.body),
+            body: Body::of(&r.body, typed),
             message: r.message.clone(),
             timing: r.timing.map(|t| Timing {
                 total_us: t.total_us,
@@ -164,7 +245,7 @@ pub fn encode(packet: &Packet) -> Option<String> {
         }),
         Kind::Push(p) => JsonPacket::Push(Push {
             route: p.route.clone(),
-            body: text(&p.body),
+            body: Body::of(&p.body, typed),
         }),
         Kind::Kick(k) => JsonPacket::Kick(Kick {
             reason: k.reason.clone(),
@@ -188,6 +269,40 @@ mod tests {
             (7, "echo.echo", &b"hi"[..])
         );
         assert_eq!(decode(&encode(&p).unwrap()).unwrap(), p);
+    }
+
+    #[test]
+    fn typed_bodies_keep_their_json_and_say_so() {
+        let (p, typed) =
+            decode_typed(r#"{"request":{"id":3,"route":"chat.login","body":{"name":"ann"}}}"#)
+                .unwrap();
+        let Some(Kind::Request(r)) = &p.kind else {
+            panic!("not a request: {p:?}")
+        };
+        assert!(typed);
+        assert_eq!(&r.body[..], br#"{"name":"ann"}"#);
+        let (p, typed) =
+            decode_typed(r#"{"request":{"id":3,"route":"echo.raw","body":"{x"}}"#).unwrap();
+        assert!(!typed);
+        let Some(Kind::Request(r)) = &p.kind else {
+            panic!("not a request: {p:?}")
+        };
+        assert_eq!(&r.body[..], b"{x");
+        let (_, typed) = decode_typed(r#"{"request":{"id":3,"route":"a.b","body":null}}"#).unwrap();
+        assert!(!typed);
+
+        let push = Packet::new(Kind::Push(client::Push {
+            route: "chat.message".into(),
+            body: Bytes::from_static(br#"{"text":"hi"}"#),
+        }));
+        assert_eq!(
+            encode_typed(&push, true).unwrap(),
+            r#"{"push":{"route":"chat.message","body":{"text":"hi"}}}"#
+        );
+        assert_eq!(
+            encode(&push).unwrap(),
+            r#"{"push":{"route":"chat.message","body":"{\"text\":\"hi\"}"}}"#
+        );
     }
 
     #[test]

@@ -27,11 +27,35 @@ pub mod chat {
 
 pub mod json;
 
-pub use prost::Message;
+pub use prost::{DecodeError, Message, Name};
+
+/// The encoded `FileDescriptorSet` of every `.proto` file above: what the built-in
+/// services announce so gates can transcode their bodies to and from JSON.
+pub const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));
 
 /// prost's wire-format primitives, for code that writes a message by hand.
 pub mod wire {
     pub use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
+}
+
+/// Subjects of the schema announcement (see `rpc::ServiceSchema`), shared by workers,
+/// which announce, and gates, which listen and ask.
+pub mod schema {
+    /// Where a worker of `service` announces its schema.
+    pub fn announce_subject(prefix: &str, service: &str) -> String {
+        format!("{prefix}.schema.svc.{service}")
+    }
+
+    /// What a gate subscribes to hear every service's announcements.
+    pub fn announcements(prefix: &str) -> String {
+        format!("{prefix}.schema.svc.*")
+    }
+
+    /// Any message here makes every worker announce again: a gate that starts after
+    /// the workers asks once it listens.
+    pub fn ask_subject(prefix: &str) -> String {
+        format!("{prefix}.schema.ask")
+    }
 }
 
 /// Status codes, with HTTP's meanings.

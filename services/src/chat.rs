@@ -94,6 +94,11 @@ pub fn service() -> Service {
     let (join, leave, say, members) = (state.clone(), state.clone(), state.clone(), state.clone());
     let (changes, closed, sync, restore) = (state.clone(), state.clone(), state.clone(), state);
     Service::new(NAME)
+        .descriptors(proto::DESCRIPTORS)
+        .push::<ChatMessage>(ROUTE_MESSAGE)
+        .push::<ChatMessage>(ROUTE_WHISPER)
+        .push::<MemberEvent>(ROUTE_JOINED)
+        .push::<MemberEvent>(ROUTE_LEFT)
         .method("login", on_login)
         .method("join", move |ctx: &mut Context, req: JoinRequest| {
             on_join(&lock(&join), ctx, req)

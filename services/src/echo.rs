@@ -29,6 +29,7 @@ const WORK_COST: u32 = 5;
 /// The echo service.
 pub fn service() -> Service {
     Service::new(NAME)
+        .descriptors(proto::DESCRIPTORS)
         .method("echo", |_ctx: &mut Context, request: EchoRequest| {
             Ok::<_, HandlerError>(EchoResponse { body: request.body })
         })

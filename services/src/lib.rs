@@ -27,6 +27,7 @@
 //! connecting), [`push`] (pushes and kicks on the bus), [`config`] (limits and flags),
 //! [`metrics`] (metric names), and the services [`echo`] and [`chat`].
 
+mod announce;
 pub mod bus;
 pub mod chat;
 pub mod config;

@@ -56,9 +56,9 @@ use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use bytes::Bytes;
-use proto::Message;
 use proto::code;
-use proto::rpc::{RpcRequest, RpcResponse};
+use proto::rpc::{MethodSchema, PushSchema, RpcRequest, RpcResponse, ServiceSchema};
+use proto::{Message, Name};
 use tokio::time::{Duration, Instant};
 
 use crate::context::{Context, Parts};
@@ -94,6 +94,9 @@ type EventHandler = Box<dyn FnMut(&mut Context, Bytes) -> Result<(), HandlerErro
 struct Method {
     handler: RawHandler,
     cost: u32,
+    /// Full protobuf names of a typed method's request and response: announced to the
+    /// gates, which transcode JSON clients' bodies with them.
+    types: Option<(String, String)>,
 }
 
 /// Who handles an event: see [`Service::on_event`].
@@ -159,6 +162,8 @@ pub struct Service {
     tick: Option<TickHandler>,
     events: Vec<Event>,
     start_sync: Option<StartSync>,
+    pushes: Vec<PushSchema>,
+    descriptors: &'static [u8],
 }
 
 impl Service {
@@ -180,6 +185,8 @@ impl Service {
             tick: None,
             events: Vec::new(),
             start_sync: None,
+            pushes: Vec::new(),
+            descriptors: &[],
         }
     }
 
@@ -192,15 +199,65 @@ impl Service {
     /// If `name` is not a valid token or is already registered.
     pub fn method<Req, Resp, F>(self, name: &str, mut handler: F) -> Service
     where
-        Req: Message + Default,
-        Resp: Message,
+        Req: Message + Name + Default,
+        Resp: Message + Name,
         F: FnMut(&mut Context, Req) -> Result<Resp, HandlerError> + Send + 'static,
     {
-        self.raw_method(name, move |ctx, body| {
+        let mut service = self.raw_method(name, move |ctx, body| {
             let request = Req::decode(body)
                 .map_err(|e| HandlerError::bad_request(format!("bad request body: {e}")))?;
             let response = handler(ctx, request)?;
             Ok(Bytes::from(response.encode_to_vec()))
+        });
+        if let Some(method) = service.methods.get_mut(name) {
+            method.types = Some((Req::full_name(), Resp::full_name()));
+        }
+        service
+    }
+
+    /// Declares that pushes on `route` (`<service>.<name>`) carry a `T`, so gates can
+    /// hand them to JSON clients as JSON.
+    pub fn push<T: Name>(mut self, route: &str) -> Service {
+        self.pushes.push(PushSchema {
+            route: route.to_owned(),
+            message_type: T::full_name(),
+        });
+        self
+    }
+
+    /// The encoded `FileDescriptorSet` holding the types of the typed methods and of the
+    /// pushes (with prost-build, the set protox or protoc produced). With it, workers
+    /// announce the service's schema and gates speak JSON bodies for its routes;
+    /// without it, JSON clients' bodies pass through as they are.
+    pub fn descriptors(mut self, descriptors: &'static [u8]) -> Service {
+        self.descriptors = descriptors;
+        self
+    }
+
+    /// What workers announce to the gates: the typed methods, the pushes and the
+    /// descriptors; `None` when no descriptors were given.
+    pub fn schema(&self) -> Option<ServiceSchema> {
+        if self.descriptors.is_empty() {
+            return None;
+        }
+        let mut methods: Vec<MethodSchema> = self
+            .methods
+            .iter()
+            .filter_map(|(name, m)| {
+                let (request_type, response_type) = m.types.clone()?;
+                Some(MethodSchema {
+                    method: name.clone(),
+                    request_type,
+                    response_type,
+                })
+            })
+            .collect();
+        methods.sort_by(|a, b| a.method.cmp(&b.method));
+        Some(ServiceSchema {
+            service: self.name.clone(),
+            methods,
+            pushes: self.pushes.clone(),
+            descriptors: Bytes::from_static(self.descriptors),
         })
     }
 
@@ -222,6 +279,7 @@ impl Service {
         let method = Method {
             handler: Box::new(handler),
             cost: DEFAULT_COST,
+            types: None,
         };
         let previous = self.methods.insert(name.to_owned(), method);
         assert!(

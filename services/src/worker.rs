@@ -77,6 +77,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::announce::Announcer;
 use crate::bus::{method_of, service_subject};
 use crate::config::{ConfigError, WorkerConfig};
 use crate::frame_loop::{self, FrameLoop, Incoming};
@@ -120,6 +121,8 @@ pub struct Worker {
     /// The snapshot subject's subscription, when the service has one.
     sync: Option<SyncSubscription>,
     snapshot: Option<Bytes>,
+    /// The schema announcement, when the service has descriptors.
+    announcer: Option<Announcer>,
 }
 
 /// A service's snapshot subject, subscribed after the start's snapshot was fetched.
@@ -194,6 +197,10 @@ impl Worker {
                 subject: subject.clone(),
                 source,
             })?;
+        let announcer = match service.schema() {
+            Some(schema) => Some(Announcer::subscribe(&client, &config.prefix, &schema).await?),
+            None => None,
+        };
         client.flush().await?;
         Ok(Worker {
             pusher,
@@ -204,6 +211,7 @@ impl Worker {
             events,
             sync,
             snapshot,
+            announcer,
         })
     }
 
@@ -234,6 +242,7 @@ impl Worker {
             events,
             sync,
             snapshot,
+            announcer,
         } = self;
         let client = pusher.client().clone();
         let name = service.name().to_owned();
@@ -242,6 +251,9 @@ impl Worker {
         let frame_loop = FrameLoop::new(service, frames, queue, pusher);
         let mut stopped = spawn_loop_thread(&name, frame_loop)?;
         tracing::info!(%subject, "worker serving");
+        if let Some(announcer) = announcer {
+            tokio::spawn(announcer.run(shutdown.clone()));
+        }
         if let Some(snapshot) = snapshot {
             // First in the queue: the loop restores before anything else.
             intake.offer(Incoming::snapshot(snapshot)).await;

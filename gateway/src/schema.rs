@@ -1,0 +1,262 @@
+//! The message types workers announce (`rpc::ServiceSchema`), kept per service, and the
+//! transcoding of typed bodies between the proto3 JSON mapping and protobuf that they
+//! make possible for JSON clients.
+//!
+//! A gate learns types at run time: it listens on `<prefix>.schema.svc.*`, asks once on
+//! `<prefix>.schema.ask` so workers that started before it announce again, and keeps the
+//! latest announcement of each service. An announcement that does not decode, or names
+//! a type its descriptors lack, is refused as a whole (logged) and the service keeps
+//! what it had: a broken worker cannot take JSON away from the others. Protobuf
+//! sessions never look here.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_nats::Subscriber;
+use bytes::Bytes;
+use dashmap::DashMap;
+use futures::StreamExt;
+use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
+use proto::Message as _;
+use proto::rpc::ServiceSchema;
+use tokio_util::sync::CancellationToken;
+
+/// A typed method's request and response types.
+#[derive(Debug, Clone)]
+pub(crate) struct MethodTypes {
+    pub request: MessageDescriptor,
+    pub response: MessageDescriptor,
+}
+
+/// One service's announced types.
+struct ServiceTypes {
+    /// The announcement as received: a repeat of it is not parsed again.
+    announced: Bytes,
+    methods: HashMap<String, MethodTypes>,
+    /// By push route (`<service>.<name>`).
+    pushes: HashMap<String, MessageDescriptor>,
+}
+
+/// Why an announcement was refused.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SchemaError {
+    #[error("announcement does not decode: {0}")]
+    Decode(#[from] proto::DecodeError),
+    #[error("service {0:?} is not a valid service name")]
+    Service(String),
+    #[error("descriptors of service {service:?} do not load: {error}")]
+    Descriptors {
+        service: String,
+        error: prost_reflect::DescriptorError,
+    },
+    #[error("service {service:?} names type {name:?}, which its descriptors lack")]
+    MissingType { service: String, name: String },
+}
+
+/// Every service's announced types, by service name.
+#[derive(Default)]
+pub(crate) struct Schemas(DashMap<String, Arc<ServiceTypes>>);
+
+impl Schemas {
+    /// Takes an announcement; returns the service it was for.
+    pub fn learn(&self, payload: Bytes) -> Result<String, SchemaError> {
+        let schema = ServiceSchema::decode(payload.clone())?;
+        let service = schema.service;
+        if crate::route::check_token(&service).is_err() {
+            return Err(SchemaError::Service(service));
+        }
+        if self
+            .0
+            .get(&service)
+            .is_some_and(|known| known.announced == payload)
+        {
+            return Ok(service);
+        }
+        let pool = match DescriptorPool::decode(schema.descriptors) {
+            Ok(pool) => pool,
+            Err(error) => return Err(SchemaError::Descriptors { service, error }),
+        };
+        let find = |name: &str| {
+            pool.get_message_by_name(name)
+                .ok_or_else(|| SchemaError::MissingType {
+                    service: service.clone(),
+                    name: name.to_owned(),
+                })
+        };
+        let mut methods = HashMap::new();
+        for m in schema.methods {
+            let types = MethodTypes {
+                request: find(&m.request_type)?,
+                response: find(&m.response_type)?,
+            };
+            methods.insert(m.method, types);
+        }
+        let mut pushes = HashMap::new();
+        for p in schema.pushes {
+            pushes.insert(p.route, find(&p.message_type)?);
+        }
+        let types = ServiceTypes {
+            announced: payload,
+            methods,
+            pushes,
+        };
+        self.0.insert(service.clone(), Arc::new(types));
+        Ok(service)
+    }
+
+    /// The types of `route` (`service.method`), if its service announced it as typed.
+    pub fn method(&self, route: &str) -> Option<MethodTypes> {
+        let (service, method) = route.split_once('.')?;
+        self.0.get(service)?.methods.get(method).cloned()
+    }
+
+    /// The type of push route `route`, looked up under the service its first token
+    /// names (`chat.message` under `chat`).
+    pub fn push(&self, route: &str) -> Option<MessageDescriptor> {
+        let (service, _) = route.split_once('.')?;
+        self.0.get(service)?.pushes.get(route).cloned()
+    }
+}
+
+/// A typed JSON body (proto3 JSON mapping) as protobuf; the error names the field at
+/// fault, e.g. `field room: invalid type: integer `5`, expected a string`.
+pub(crate) fn json_to_protobuf(
+    message: &MessageDescriptor,
+    json: &[u8],
+) -> Result<Vec<u8>, String> {
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let mut track = serde_path_to_error::Track::new();
+    let parsed = DynamicMessage::deserialize(
+        message.clone(),
+        serde_path_to_error::Deserializer::new(&mut de, &mut track),
+    );
+    match parsed {
+        Ok(parsed) => Ok(parsed.encode_to_vec()),
+        Err(e) => {
+            let path = track.path().to_string();
+            Err(if path == "." || path.is_empty() {
+                format!("{}: {e}", message.full_name())
+            } else {
+                format!("field {path}: {e}")
+            })
+        }
+    }
+}
+
+/// A protobuf body as its proto3 JSON mapping.
+pub(crate) fn protobuf_to_json(message: &MessageDescriptor, body: &[u8]) -> Result<String, String> {
+    let parsed = DynamicMessage::decode(message.clone(), body)
+        .map_err(|e| format!("not a {}: {e}", message.full_name()))?;
+    serde_json::to_string(&parsed).map_err(|e| e.to_string())
+}
+
+/// Keeps `schemas` up to date from the announcements on `announcements` until `stopped`.
+pub(crate) async fn listen(
+    schemas: &Schemas,
+    mut announcements: Subscriber,
+    stopped: CancellationToken,
+) {
+    loop {
+        let msg = tokio::select! {
+            msg = announcements.next() => msg,
+            () = stopped.cancelled() => return,
+        };
+        let Some(msg) = msg else { return };
+        match schemas.learn(msg.payload) {
+            Ok(service) => tracing::trace!(%service, "schema announced"),
+            // The bus is trusted: announcements come from workers, at start and per ask.
+            Err(error) => tracing::warn!(%error, "schema announcement refused"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::rpc::{MethodSchema, PushSchema};
+
+    fn chat_schema() -> ServiceSchema {
+        ServiceSchema {
+            service: "chat".into(),
+            methods: vec![MethodSchema {
+                method: "say".into(),
+                request_type: "shaddock.chat.SayRequest".into(),
+                response_type: "shaddock.chat.SayResponse".into(),
+            }],
+            pushes: vec![PushSchema {
+                route: "chat.message".into(),
+                message_type: "shaddock.chat.ChatMessage".into(),
+            }],
+            descriptors: Bytes::from_static(proto::DESCRIPTORS),
+        }
+    }
+
+    #[test]
+    fn announced_types_transcode_both_ways() {
+        let schemas = Schemas::default();
+        let payload = Bytes::from(chat_schema().encode_to_vec());
+        assert_eq!(schemas.learn(payload).unwrap(), "chat");
+        let say = schemas.method("chat.say").unwrap();
+        let bytes = json_to_protobuf(&say.request, br#"{"room":"lobby","text":"hi"}"#).unwrap();
+        let decoded = proto::chat::SayRequest::decode(&bytes[..]).unwrap();
+        assert_eq!(
+            (decoded.room.as_str(), decoded.text.as_str()),
+            ("lobby", "hi")
+        );
+        let push = schemas.push("chat.message").unwrap();
+        let message = proto::chat::ChatMessage {
+            room: "lobby".into(),
+            from: "ann".into(),
+            text: "hi".into(),
+        };
+        let json = protobuf_to_json(&push, &message.encode_to_vec()).unwrap();
+        assert_eq!(json, r#"{"room":"lobby","from":"ann","text":"hi"}"#);
+        assert!(schemas.method("chat.login").is_none());
+        assert!(schemas.method("echo.echo").is_none());
+        assert!(schemas.push("chat.other").is_none());
+    }
+
+    #[test]
+    fn a_bad_body_names_its_field() {
+        let schemas = Schemas::default();
+        schemas
+            .learn(Bytes::from(chat_schema().encode_to_vec()))
+            .unwrap();
+        let say = schemas.method("chat.say").unwrap().request;
+        let wrong_type = json_to_protobuf(&say, br#"{"room":5}"#).unwrap_err();
+        assert!(wrong_type.starts_with("field room: "), "{wrong_type}");
+        let unknown = json_to_protobuf(&say, br#"{"rom":"x"}"#).unwrap_err();
+        assert!(unknown.contains("rom"), "{unknown}");
+        let not_object = json_to_protobuf(&say, b"[1]").unwrap_err();
+        assert!(
+            not_object.contains("shaddock.chat.SayRequest"),
+            "{not_object}"
+        );
+    }
+
+    #[test]
+    fn a_broken_announcement_leaves_what_was_known() {
+        let schemas = Schemas::default();
+        schemas
+            .learn(Bytes::from(chat_schema().encode_to_vec()))
+            .unwrap();
+        let mut missing = chat_schema();
+        missing.methods[0].request_type = "shaddock.chat.Nope".into();
+        assert!(matches!(
+            schemas.learn(Bytes::from(missing.encode_to_vec())),
+            Err(SchemaError::MissingType { .. })
+        ));
+        let mut garbage = chat_schema();
+        garbage.descriptors = Bytes::from_static(b"\xff\xff");
+        assert!(schemas.learn(Bytes::from(garbage.encode_to_vec())).is_err());
+        assert!(schemas.learn(Bytes::from_static(b"\xff")).is_err());
+        let mut bad_name = chat_schema();
+        bad_name.service = "a.b".into();
+        assert!(matches!(
+            schemas.learn(Bytes::from(bad_name.encode_to_vec())),
+            Err(SchemaError::Service(_))
+        ));
+        assert!(schemas.method("chat.say").is_some());
+        assert_eq!(schemas.0.len(), 1);
+    }
+}
