@@ -1,0 +1,57 @@
+/**
+ * What a codec does: turn the client's packets into frames and the gate's frames into
+ * packets, and carry typed messages as bodies. One implementation per encoding
+ * (`protobuf.ts`, `json.ts`); the connection never sees an encoding's bytes.
+ */
+import type { DescMessage, MessageShape } from "@bufbuild/protobuf";
+import type { Body } from "../body.js";
+
+/** The session's encoding: binary frames with protobuf, or text frames with JSON. */
+export type Encoding = "protobuf" | "json";
+
+/** One WebSocket frame: text, or binary. */
+export type Frame = string | Uint8Array;
+
+/** Where a request's time went on the server, in microseconds (handshake `serverTiming`). */
+export interface Timing {
+  /** Gate receive to gate answer: the whole server side. */
+  totalUs: number;
+  /** Waiting in the worker's queue. */
+  queueUs: number;
+  /** Inside the handler. */
+  handlerUs: number;
+}
+
+/** Packets a client sends. */
+export type Outbound =
+  | { kind: "handshake"; token: string; serverTiming: boolean; client: string; serial: boolean }
+  | { kind: "heartbeat" }
+  | { kind: "request"; id: number; route: string; body: Body };
+
+/** Packets a gate sends. */
+export type Inbound =
+  | { kind: "handshakeAck"; code: number; sessionId: bigint; heartbeatMs: number; message: string }
+  | { kind: "heartbeat" }
+  | { kind: "response"; id: number; code: number; body: Body; message: string; timing?: Timing }
+  | { kind: "push"; route: string; body: Body }
+  | { kind: "kick"; reason: string };
+
+export interface Codec {
+  readonly encoding: Encoding;
+  /** Throws a ShaddockError (400) when the body cannot travel in this encoding. */
+  encode(packet: Outbound): Frame;
+  /** Throws a ProtocolError for a frame that does not decode or is not for a client. */
+  decode(frame: Frame): Inbound;
+  /** A typed message as this encoding's body. */
+  encodeMessage<Desc extends DescMessage>(schema: Desc, message: MessageShape<Desc>): Body;
+  /** A body as a typed message; throws a ProtocolError when it does not decode. */
+  decodeMessage<Desc extends DescMessage>(schema: Desc, body: Body): MessageShape<Desc>;
+}
+
+/** Packet kinds only a client sends: a gate sending one is broken. */
+export const CLIENT_ONLY_KINDS: readonly string[] = ["handshake", "request"];
+
+/** A message for a thrown value of unknown type. */
+export function describe(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}

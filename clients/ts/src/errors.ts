@@ -1,0 +1,58 @@
+/**
+ * Status codes and the one error type the SDK rejects with.
+ *
+ * Codes follow the gate's (HTTP's meaning, see docs/gateway.md). Errors the client makes
+ * itself use the same codes, so a caller switches on one number either way:
+ * 408 for a local timeout, 503 when the connection is lost or the client is closed,
+ * 429 when too many requests are pending, 400 for a body the session cannot carry and
+ * 500 for an answer whose body does not decode.
+ */
+
+/** The status codes a gate or a worker answers with. */
+export const Status = {
+  OK: 200,
+  BadRequest: 400,
+  Unauthorized: 401,
+  Forbidden: 403,
+  NotFound: 404,
+  Timeout: 408,
+  Conflict: 409,
+  TooLarge: 413,
+  TooManyRequests: 429,
+  HandlerError: 500,
+  Unavailable: 503,
+} as const;
+
+export type StatusCode = (typeof Status)[keyof typeof Status];
+
+/** A request that did not succeed: the gate's or worker's code and message, or the client's own. */
+export class ShaddockError extends Error {
+  override readonly name = "ShaddockError";
+
+  /**
+   * @param code the status code (a number, so codes this SDK does not list still arrive)
+   * @param message why, as the gate, the worker or the client said it
+   * @param local true when the client made this error itself (timeout, lost connection)
+   * @param route the request's route, when the error belongs to a request
+   */
+  constructor(
+    readonly code: number,
+    message: string,
+    readonly local = false,
+    readonly route?: string,
+  ) {
+    super(route === undefined ? `${code} ${message}` : `${route}: ${code} ${message}`);
+    this.reason = message;
+  }
+
+  /** The message alone, without the code and route. */
+  readonly reason: string;
+}
+
+/**
+ * Bad input from the server: a frame that does not decode, a packet kind a client does
+ * not expect. The client closes the connection with this as its reason.
+ */
+export class ProtocolError extends Error {
+  override readonly name = "ProtocolError";
+}

@@ -1,0 +1,55 @@
+/**
+ * The WebSocket the client needs: the browser's, or one injected where the platform has
+ * none (Node 20: the `ws` package). Only what both provide is used: the `on*` handler
+ * properties, `binaryType`, `send` and `close`.
+ */
+
+/** What the client reads from a message event. */
+export interface MessageEventLike {
+  readonly data: unknown;
+}
+
+/** What the client reads from a close event. */
+export interface CloseEventLike {
+  readonly code: number;
+  readonly reason: string;
+}
+
+/**
+ * A WebSocket as the browser's and the `ws` package's both are. The handler properties
+ * are typed `unknown` because each implementation declares its own event types; the
+ * client only assigns functions taking the shapes above.
+ */
+export interface WebSocketLike {
+  binaryType: string;
+  onopen: unknown;
+  onmessage: unknown;
+  onclose: unknown;
+  onerror: unknown;
+  send(data: string | Uint8Array): void;
+  close(code?: number, reason?: string): void;
+}
+
+/** A WebSocket class: `globalThis.WebSocket`, or `ws`'s `WebSocket` in Node. */
+export type WebSocketConstructor = new (url: string) => WebSocketLike;
+
+/** The platform's WebSocket, if it has one. */
+export function platformWebSocket(): WebSocketConstructor | undefined {
+  return (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket;
+}
+
+/** The frame in a message event: text, bytes, or undefined for anything else. */
+export function frameOf(event: MessageEventLike): string | Uint8Array | undefined {
+  const data = event.data;
+  if (typeof data === "string") return data;
+  if (data instanceof ArrayBuffer) return new Uint8Array(data);
+  if (ArrayBuffer.isView(data)) return new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+  return undefined;
+}
+
+/** Close reasons are limited to 123 bytes of UTF-8; browsers throw on longer ones. */
+export function closeReason(reason: string): string {
+  let out = reason.slice(0, 123);
+  while (new TextEncoder().encode(out).length > 123) out = out.slice(0, -1);
+  return out;
+}
