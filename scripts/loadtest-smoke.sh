@@ -57,6 +57,10 @@ scenario() {
 }
 
 scenario concurrency concurrency --clients 2,5 --duration 1s --with-limit "${short[@]}"
+# JSON clients on chat's typed route beside protobuf ones: the gate must transcode, or
+# every JSON request is refused and the run reports 0 answers.
+scenario concurrency-json concurrency --service chat --clients 2 --duration 1s --json-beside \
+  --with-limit "${short[@]}"
 scenario pomelo-a pomelo-a --count 1000 "${short[@]}"
 scenario pomelo-b pomelo-b --count 1000 "${short[@]}"
 scenario saturate saturate --clients 2 --start-rate 100 --max-rate 200 --factor 2 --scale-workers 1,2 \
@@ -70,4 +74,4 @@ if ((${#failed[@]})); then
   echo "load-test smoke failed: ${failed[*]}" >&2
   exit 1
 fi
-echo "load-test smoke passed: 7 scenarios"
+echo "load-test smoke passed: 8 scenarios"

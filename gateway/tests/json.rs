@@ -24,6 +24,7 @@ broker::on_both_buses!(
     a_worker_started_after_the_gate_is_learnt,
     a_malformed_body_is_answered_400_naming_the_field,
     bad_announcements_do_not_break_the_gate,
+    the_rust_sdk_speaks_json,
 );
 
 /// A JSON session over a raw WebSocket: requests with JSON bodies, packets as JSON.
@@ -352,4 +353,37 @@ async fn bad_announcements_do_not_break_the_gate(bus: Bus) {
     assert_eq!(gone["code"], 404, "{gone}");
     let raw = ann.call("echo.raw", json!("still here"), &mut none).await;
     assert_eq!(raw["body"], "still here", "{raw}");
+}
+
+async fn the_rust_sdk_speaks_json(bus: Bus) {
+    let _chat = chat_worker(&bus).await;
+    let _echo = common::echo_worker(&bus).await;
+    let gate = TestGate::start(&bus, GateConfig::default()).await;
+    let client = gate
+        .client_with(ClientOptions {
+            json: true,
+            ..ClientOptions::default()
+        })
+        .await;
+    let members = within(async {
+        loop {
+            let r = client
+                .request("chat.members", br#"{"room":"x"}"#)
+                .await
+                .unwrap();
+            if r.code == code::OK {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert_eq!(&members.body[..], br#"{"room":"x"}"#);
+    let raw = client.request("echo.raw", br#""as is""#).await.unwrap();
+    assert_eq!(&raw.body[..], b"as is");
+    let refused = client.request("echo.raw", b"not json").await.unwrap_err();
+    assert!(refused.to_string().contains("must be JSON"), "{refused}");
+    // The session is still up.
+    let raw = client.request("echo.raw", br#""again""#).await.unwrap();
+    assert_eq!(&raw.body[..], b"again");
 }

@@ -24,6 +24,7 @@ fn spec(clients: usize, count: u64, clock: ClockKind) -> LoadSpec {
         timeout: Duration::from_secs(2),
         route: "echo.raw".into(),
         payload: Payload::Hello,
+        json: false,
         server_timing: true,
         clock,
         phases: 2,

@@ -10,8 +10,10 @@
 use bytes::{Bytes, BytesMut};
 use proto::Message as _;
 use proto::client::{Handshake, Packet, packet::Kind};
-use tokio_tungstenite::tungstenite::Message;
+use serde_json::value::RawValue;
+use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 
+use super::SdkError;
 use crate::wire;
 
 /// `Packet.request` (field 4).
@@ -24,6 +26,36 @@ const REQUEST_BODY: u32 = 3;
 /// `Packet{heartbeat: Heartbeat{}}`: field 3, length-delimited, zero length. The same
 /// bytes every time.
 pub(crate) const HEARTBEAT: Bytes = Bytes::from_static(&[(3 << 3) | 2, 0]);
+/// The same in JSON.
+pub(crate) const HEARTBEAT_JSON: Bytes = Bytes::from_static(br#"{"heartbeat":{}}"#);
+
+/// A heartbeat frame's bytes in the session's encoding.
+pub(crate) fn heartbeat(json: bool) -> Bytes {
+    if json { HEARTBEAT_JSON } else { HEARTBEAT }
+}
+
+/// A request frame in the session's encoding. In JSON, `body` is the JSON text of the
+/// body's value (an object for a typed route, a quoted string for a raw one); text
+/// that is not JSON is refused here rather than closing the session at the gate.
+pub(crate) fn encode_request(
+    json: bool,
+    id: u64,
+    route: &str,
+    body: &[u8],
+) -> Result<Bytes, SdkError> {
+    if !json {
+        return Ok(request(id, route, body));
+    }
+    let body = if body.is_empty() {
+        None
+    } else {
+        let value: &RawValue = serde_json::from_slice(body)
+            .map_err(|e| SdkError::protocol(format!("a JSON session's body must be JSON: {e}")))?;
+        Some(value)
+    };
+    let frame = serde_json::json!({"request": {"id": id, "route": route, "body": body}});
+    Ok(Bytes::from(frame.to_string()))
+}
 
 /// `Packet{request: Request{id, route, body}}`, in one allocation. Id 0 is a notify.
 pub(crate) fn request(id: u64, route: &str, body: &[u8]) -> Bytes {
@@ -46,7 +78,21 @@ pub(crate) fn handshake(options: &super::ClientOptions) -> Bytes {
         client: options.client.clone(),
         serial: options.serial,
     }));
-    Bytes::from(packet.encode_to_vec())
+    if options.json {
+        Bytes::from(proto::json::encode(&packet).unwrap_or_default())
+    } else {
+        Bytes::from(packet.encode_to_vec())
+    }
+}
+
+/// A frame of the session's encoding as a WebSocket message.
+pub(crate) fn message(json: bool, frame: Bytes) -> Message {
+    if json {
+        // Every JSON frame is made by serde_json above: UTF-8 by construction.
+        Message::Text(Utf8Bytes::try_from(frame).unwrap_or_default())
+    } else {
+        Message::Binary(frame)
+    }
 }
 
 /// One WebSocket message from the gate, as the connection task sees it.

@@ -57,7 +57,7 @@ pub(crate) async fn connect(
             .await
             .map_err(|e| SdkError::connect_io(url, e))?;
         let hello = codec::handshake(options);
-        ws.send(Message::Binary(hello))
+        ws.send(codec::message(options.json, hello))
             .await
             .map_err(|e| SdkError::connect_io("sending the handshake", e))?;
         loop {
@@ -181,7 +181,7 @@ impl Task {
             biased;
             () = self.cancel.cancelled() => Exit::Closed,
             exit = read_loop(&mut stream, &self.shared, &self.pushes) => exit,
-            exit = write_loop(&mut sink, &mut self.outgoing, epoch, heartbeat) => exit,
+            exit = write_loop(&mut sink, &mut self.outgoing, epoch, heartbeat, self.options.json) => exit,
         };
         if !matches!(exit, Exit::Lost(_)) {
             // Tell the gate we are going; it may already be gone, which is fine.
@@ -272,6 +272,7 @@ async fn write_loop(
     outgoing: &mut mpsc::Receiver<Outgoing>,
     epoch: u64,
     mut heartbeat: Option<Interval>,
+    json: bool,
 ) -> Exit {
     loop {
         let first = tokio::select! {
@@ -280,13 +281,13 @@ async fn write_loop(
                 // Every handle is gone.
                 None => return Exit::Closed,
             },
-            () = tick(&mut heartbeat) => Outgoing { epoch, frame: codec::HEARTBEAT },
+            () = tick(&mut heartbeat) => Outgoing { epoch, frame: codec::heartbeat(json) },
         };
         let mut next = Some(first);
         let mut written = 0;
         while let Some(out) = next {
             if out.epoch == epoch {
-                if let Err(e) = sink.feed(Message::Binary(out.frame)).await {
+                if let Err(e) = sink.feed(codec::message(json, out.frame)).await {
                     return Exit::Lost(format!("write failed: {e}"));
                 }
                 written += 1;

@@ -105,6 +105,11 @@ pub struct ClientOptions {
     pub max_frame_bytes: usize,
     /// Ask the gate to handle this session's requests strictly one after another.
     pub serial: bool,
+    /// Speak JSON text frames instead of protobuf. Request bodies are then the JSON
+    /// text of the body's value: an object for a typed route (`{"room":"lobby"}`), a
+    /// quoted string for a raw one (`"hello"`); response and push bodies come back as
+    /// the gate sent them: a typed body's JSON text, or a string body's contents.
+    pub json: bool,
 }
 
 impl Default for ClientOptions {
@@ -120,6 +125,7 @@ impl Default for ClientOptions {
             push_capacity: DEFAULT_PUSH_CAPACITY,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             serial: false,
+            json: false,
         }
     }
 }
@@ -137,6 +143,8 @@ struct Inner {
     cancel: CancellationToken,
     next_id: AtomicU64,
     request_timeout: Duration,
+    /// The session speaks JSON ([`ClientOptions::json`]).
+    json: bool,
     pushes: Mutex<Option<Pushes>>,
 }
 
@@ -165,6 +173,7 @@ impl Client {
         let (push_tx, push_rx) = mpsc::channel(options.push_capacity.max(1));
         let cancel = CancellationToken::new();
         let request_timeout = options.request_timeout;
+        let json = options.json;
         let span = tracing::debug_span!("sdk", url, session_id = ack.session_id);
         let task = Task {
             url: url.to_owned(),
@@ -182,6 +191,7 @@ impl Client {
                 cancel,
                 next_id: AtomicU64::new(1),
                 request_timeout,
+                json,
                 pushes: Mutex::new(Some(Pushes(push_rx))),
             }),
         })
@@ -203,7 +213,7 @@ impl Client {
         timeout: Duration,
     ) -> Result<Response, SdkError> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let frame = codec::request(id, route, body.as_ref());
+        let frame = codec::encode_request(self.inner.json, id, route, body.as_ref())?;
         tokio::time::timeout(timeout, self.exchange(id, frame))
             .await
             .unwrap_or_else(|_| Err(SdkError::timeout()))
@@ -233,7 +243,7 @@ impl Client {
     /// answered. Returns once it is queued (after waiting for a reconnection if one is
     /// under way, within the request timeout).
     pub async fn notify(&self, route: &str, body: impl AsRef<[u8]>) -> Result<(), SdkError> {
-        let frame = codec::request(0, route, body.as_ref());
+        let frame = codec::encode_request(self.inner.json, 0, route, body.as_ref())?;
         let queued = async {
             let epoch = self.wait_up().await?;
             self.send(epoch, frame).await

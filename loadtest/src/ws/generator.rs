@@ -67,6 +67,9 @@ pub struct LoadSpec {
     pub timeout: Duration,
     pub route: String,
     pub payload: Payload,
+    /// The clients speak JSON text frames (typed bodies the gate transcodes) instead
+    /// of protobuf.
+    pub json: bool,
     pub server_timing: bool,
     pub clock: ClockKind,
     /// Phase groups the clients are spread over within one interval.
@@ -258,6 +261,7 @@ async fn connect_all(
     let options = ClientOptions {
         server_timing: spec.server_timing,
         request_timeout: spec.timeout,
+        json: spec.json,
         client: concat!("shaddock-loadtest/", env!("CARGO_PKG_VERSION")).to_owned(),
         ..ClientOptions::default()
     };

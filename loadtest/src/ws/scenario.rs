@@ -149,6 +149,7 @@ impl LoadArgs {
                 None if self.route.is_some() => Payload::Hello,
                 None => service.default_payload(),
             },
+            json: false,
             server_timing: !self.no_server_timing,
             clock: self.clock,
             phases: self.phases,
@@ -172,6 +173,11 @@ pub struct ConcurrencyArgs {
     /// Client counts, run in turn.
     #[arg(long, value_delimiter = ',', default_values_t = [50usize, 100, 200])]
     pub clients: Vec<usize>,
+    /// Also run each client count with JSON clients (typed bodies the gate transcodes)
+    /// on the service's default route, right after the protobuf run: what transcoding
+    /// costs, in one run. Not with --route or --body-hex.
+    #[arg(long)]
+    pub json_beside: bool,
     #[command(flatten)]
     pub target: TargetArgs,
     #[command(flatten)]
@@ -248,6 +254,10 @@ pub struct SaturateArgs {
 }
 
 pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
+    ensure!(
+        !args.json_beside || (args.load.route.is_none() && args.load.body_hex.is_none()),
+        "--json-beside runs the service's default route: not with --route or --body-hex"
+    );
     let specs = args
         .clients
         .iter()
@@ -256,6 +266,7 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
                 .spec(n, Length::Duration(DEFAULT_DURATION), args.target.service)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let service = args.target.service;
     let (gates, topology) = args.target.gates(1, 1).await?;
     let limit = args.load.with_limit.then(LimitServer::start).transpose()?;
     let work = async {
@@ -264,7 +275,17 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
             let label = format!("{} clients", spec.clients);
             // One failed run (say, an overload nothing answers) must not lose the others.
             match run_pair(spec, &gates, limit.as_ref(), &label).await {
-                Ok(runs) => report.runs.extend(runs),
+                Ok(mut runs) => {
+                    if args.json_beside {
+                        // Compared with the same limit run as the protobuf one.
+                        let limit = runs.first().filter(|_| runs.len() > 1);
+                        match json_run(spec, service, &gates, limit, &label).await {
+                            Ok(run) => runs.push(run),
+                            Err(e) => report.errors.push(format!("{label}, JSON: {e:#}")),
+                        }
+                    }
+                    report.runs.extend(runs);
+                }
                 Err(e) => report.errors.push(format!("{label}: {e:#}")),
             }
         }
@@ -580,6 +601,27 @@ async fn run_pair(
     }
     runs.push(run);
     Ok(runs)
+}
+
+/// `spec` again with JSON clients on the service's default route, against the gateway.
+async fn json_run(
+    spec: &LoadSpec,
+    service: ServiceKind,
+    gates: &Gates,
+    limit: Option<&RunReport>,
+    label: &str,
+) -> anyhow::Result<RunReport> {
+    let json = LoadSpec {
+        json: true,
+        payload: service.default_json_payload(),
+        ..spec.clone()
+    };
+    let run = generator::run(&json, &gateway_target(gates, &format!("{label}, JSON"))).await?;
+    let mut run = RunReport::from_result(&run);
+    if let Some(limit) = limit {
+        run.compare_with_limit(limit);
+    }
+    Ok(run)
 }
 
 /// Parses `--body-hex`.

@@ -43,6 +43,16 @@ impl ServiceKind {
         }
     }
 
+    /// The default route's body as a JSON client sends it: chat's typed request in the
+    /// proto3 JSON mapping, echo's raw body as a JSON string.
+    pub fn default_json_payload(self) -> Payload {
+        let json = match self {
+            ServiceKind::Echo => "\"Hello World\"".to_owned(),
+            ServiceKind::Chat => format!("{{\"room\":\"{CHAT_ROOM}\"}}"),
+        };
+        Payload::Fixed(json.into())
+    }
+
     pub fn default_payload(self) -> Payload {
         match self {
             ServiceKind::Echo => Payload::Hello,
