@@ -40,6 +40,8 @@ export const DEFAULT_MAX_PENDING = 1_024;
 export const DEFAULT_MAX_FRAME_BYTES = 4 << 20;
 /** The reason of a client closed by `close()` without one. */
 export const CLOSED_BY_CLIENT = "closed by client";
+/** A session that lived this long resets the back-off when it drops; a shorter one counts as a failed attempt, so a gate that accepts and drops at once is not hammered. */
+export const STABLE_SESSION_MS = 5_000;
 /** WebSocket close code of a server going away: a kick followed by it reconnects. */
 const CLOSE_GOING_AWAY = 1001;
 
@@ -93,7 +95,7 @@ export interface StateEvent {
   state: ConnectionState;
   /** The gate this is about: the one opened, or the one the next attempt goes to. */
   url?: string;
-  /** Connecting or reconnecting: this attempt's number since the last open connection (1, 2, ...). */
+  /** Connecting or reconnecting: this attempt's number since the last stable session (1, 2, ...). */
   attempt?: number;
   /** Connecting or reconnecting: how long the client waits before this attempt (ms). */
   delayMs?: number;
@@ -129,8 +131,9 @@ export class Client {
   private _sessionId: bigint | undefined;
   private socket: WebSocketLike | undefined;
   private urlIndex = 0;
-  /** Failed attempts since the last open connection. */
+  /** Failed attempts (and short-lived sessions) since the last stable session. */
   private failures = 0;
+  private openedAt = 0;
   private everOpen = false;
   private acked = false;
   private kickReason: string | undefined;
@@ -455,7 +458,7 @@ export class Client {
     clearTimeout(this.connectTimer);
     this.acked = true;
     this.everOpen = true;
-    this.failures = 0;
+    this.openedAt = Date.now();
     this._sessionId = packet.sessionId;
     this.startHeartbeat(socket, packet.heartbeatMs);
     this.setState({ state: "open", url: this.url, sessionId: packet.sessionId });
@@ -540,8 +543,8 @@ export class Client {
   private retry(reason: string, reconnectable: boolean): void {
     const policy = this.reconnect;
     if (!reconnectable || policy === undefined) return this.finish(reason);
-    const afterOpen = this._state === "open";
-    if (!afterOpen) this.failures++;
+    const stable = this._state === "open" && Date.now() - this.openedAt >= STABLE_SESSION_MS;
+    this.failures = stable ? 0 : this.failures + 1;
     if (this.failures >= policy.maxAttempts) {
       return this.finish(`gave up after ${this.failures} attempts: ${reason}`);
     }
