@@ -27,10 +27,11 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Level, error, info, warn};
 
+use crate::config::DEFAULT_TLS_TIMEOUT;
 use crate::conf_file::{
-    self, FileConfig, parse_duration, parse_port, parse_server_name, parse_size,
+    self, FileConfig, TlsBlock, parse_duration, parse_port, parse_server_name, parse_size,
 };
-use crate::{Auth, Config, Server, monitor};
+use crate::{Auth, Config, Server, Tls, monitor};
 
 pub use logging::init_logging;
 pub use signals::ShutdownSignals;
@@ -190,6 +191,34 @@ pub struct BrokerArgs {
     #[arg(long = "auth_timeout", value_name = "DURATION", value_parser = parse_duration)]
     #[arg(env = "SHADDOCK_BROKER_AUTH_TIMEOUT")]
     pub auth_timeout: Option<Duration>,
+
+    /// Serve TLS, without verifying clients: INFO says `tls_required` and clients upgrade
+    /// before CONNECT (needs --tlscert and --tlskey).
+    #[arg(long, env = "SHADDOCK_BROKER_TLS")]
+    pub tls: bool,
+
+    /// Server certificate chain (PEM), naming the hosts or IPs clients dial.
+    #[arg(long, value_name = "FILE", env = "SHADDOCK_BROKER_TLSCERT")]
+    pub tlscert: Option<PathBuf>,
+
+    /// Private key of the server certificate (PEM).
+    #[arg(long, value_name = "FILE", env = "SHADDOCK_BROKER_TLSKEY")]
+    pub tlskey: Option<PathBuf>,
+
+    /// CA certificate (PEM) that client certificates must be signed by (with --tlsverify).
+    #[arg(long, value_name = "FILE", env = "SHADDOCK_BROKER_TLSCACERT")]
+    pub tlscacert: Option<PathBuf>,
+
+    /// Serve TLS and require every client to present a certificate signed by
+    /// --tlscacert.
+    #[arg(long, env = "SHADDOCK_BROKER_TLSVERIFY")]
+    pub tlsverify: bool,
+
+    /// How long a client has to complete its TLS handshake after INFO: seconds, or a
+    /// duration like 500ms (default: 2s).
+    #[arg(long = "tls_timeout", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(env = "SHADDOCK_BROKER_TLS_TIMEOUT")]
+    pub tls_timeout: Option<Duration>,
 }
 
 /// What the flags and the config file add up to: where to listen, what to write, and
@@ -270,6 +299,7 @@ impl BrokerArgs {
             auth: self.auth_over(&file.authorization)?,
             auth_timeout: (self.auth_timeout.or(file.authorization.timeout))
                 .unwrap_or(defaults.auth_timeout),
+            tls: self.tls_over(file.tls)?,
         };
         validate(&config)?;
         let trace = self.trace > 0 || file.trace.unwrap_or(false);
@@ -310,6 +340,40 @@ impl BrokerArgs {
             (Some(_), None, _) => bail!("a user needs a password (--pass)"),
             (None, Some(_), _) => bail!("a password needs a user (--user)"),
         }
+    }
+
+    /// TLS is on when a flag asks for it or the file has a `tls` block; each setting
+    /// comes from its flag, else from the block. As in nats-server, a CA without
+    /// `verify` is accepted and not used.
+    fn tls_over(&self, file: Option<TlsBlock>) -> anyhow::Result<Option<Tls>> {
+        let on = self.tls || self.tlsverify || file.is_some();
+        let file = file.unwrap_or_default();
+        if !on {
+            let files = [&self.tlscert, &self.tlskey, &self.tlscacert];
+            if files.iter().any(|f| f.is_some()) || self.tls_timeout.is_some() {
+                bail!("TLS settings were given without --tls (or --tlsverify)");
+            }
+            return Ok(None);
+        }
+        let cert = (self.tlscert.clone().or(file.cert_file))
+            .context("TLS needs a server certificate (--tlscert or tls.cert_file)")?;
+        let key = (self.tlskey.clone().or(file.key_file))
+            .context("TLS needs the certificate's private key (--tlskey or tls.key_file)")?;
+        let verify = self.tlsverify || file.verify.unwrap_or(false);
+        let client_ca = match (verify, self.tlscacert.clone().or(file.ca_file)) {
+            (false, _) => None,
+            (true, Some(ca)) => Some(ca),
+            (true, None) => bail!(
+                "verifying client certificates needs the CA that signs them \
+                 (--tlscacert or tls.ca_file)"
+            ),
+        };
+        let timeout = (self.tls_timeout.or(file.timeout)).unwrap_or(DEFAULT_TLS_TIMEOUT);
+        if timeout.is_zero() {
+            bail!("tls_timeout must be longer than zero");
+        }
+        let tls = Tls::from_files(&cert, &key, client_ca.as_deref(), timeout)?;
+        Ok(Some(tls))
     }
 }
 
@@ -431,6 +495,12 @@ impl Broker {
             tasks.spawn(supervise("monitoring", serve, shutdown.clone()));
         }
         info!("Listening for client connections on {client_addr}");
+        if let Some(tls) = &settings.config.tls {
+            info!("TLS required for client connections");
+            if tls.verify() {
+                info!("Client certificates are verified against the CA");
+            }
+        }
         let token = shutdown.clone();
         let serve = async move { server.run(listener, token).await };
         tasks.spawn(supervise("broker", serve, shutdown));

@@ -14,9 +14,8 @@ use std::time::SystemTime;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Deserialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
@@ -351,21 +350,47 @@ struct Conn {
     cache_reported: u64,
 }
 
-/// Serves one accepted connection until it closes.
+/// Serves one accepted connection until it closes: sends INFO, upgrades to TLS when the
+/// server requires it, then runs the reader and the writer.
 pub(crate) async fn serve(
     server: Arc<Shared>,
     me: Arc<ClientShared>,
-    stream: TcpStream,
+    mut stream: TcpStream,
     info: Vec<u8>,
 ) {
-    let mut stream = stream;
     // INFO goes out at once, not after the writer task's first turn: under a heavy
     // fan-out that turn can come late, and clients time their connect out.
     if stream.write_all(&info).await.is_err() {
         server.remove_client(&me);
         return;
     }
-    let (mut rd, wr) = stream.into_split();
+    // Plaintext keeps tokio's lock-free halves; TLS needs `split`, which shares the
+    // stream between the halves. Each is its own monomorphised copy of `run`, so the
+    // message path has no dynamic dispatch either way.
+    match server.config.tls.clone() {
+        None => {
+            let (rd, wr) = stream.into_split();
+            run(server, me, rd, wr).await;
+        }
+        Some(tls) => match tls.accept(stream).await {
+            Ok(stream) => {
+                let (rd, wr) = tokio::io::split(stream);
+                run(server, me, rd, wr).await;
+            }
+            Err(error) => {
+                server.tls_failures.record(me.addr, &error);
+                server.remove_client(&me);
+            }
+        },
+    }
+}
+
+/// The reader's loop, on the calling task, with the writer on a task of its own.
+async fn run<R, W>(server: Arc<Shared>, me: Arc<ClientShared>, mut rd: R, wr: W)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let writer = tokio::spawn(write_loop(me.clone(), wr, server.clone()));
     let mut conn = Conn {
         server: server.clone(),
@@ -724,9 +749,9 @@ const WRITE_TURN: usize = 256 * 1024;
 /// Writes `data` in turns of [`WRITE_TURN`], yielding between them. The deadline applies
 /// to each turn: a write blocked that long means the client stopped reading. Each turn
 /// counts as progress for publishers waiting on this client's backlog.
-async fn write_in_turns(
+async fn write_in_turns<W: AsyncWrite + Unpin>(
     me: &ClientShared,
-    wr: &mut OwnedWriteHalf,
+    wr: &mut W,
     data: &[u8],
     deadline: std::time::Duration,
 ) -> Result<std::io::Result<()>, tokio::time::error::Elapsed> {
@@ -745,7 +770,7 @@ async fn write_in_turns(
 }
 
 /// Flushes the client's outbound buffer whenever woken, and PINGs it on schedule.
-async fn write_loop(me: Arc<ClientShared>, mut wr: OwnedWriteHalf, server: Arc<Shared>) {
+async fn write_loop<W: AsyncWrite + Unpin>(me: Arc<ClientShared>, mut wr: W, server: Arc<Shared>) {
     let config = &server.config;
     let mut spare = BytesMut::new();
     let ping = tokio::time::sleep(FIRST_PING_INTERVAL.min(config.ping_interval));

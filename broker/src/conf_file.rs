@@ -5,7 +5,7 @@
 //! The format is nats-server's, not TOML: `key: value`, `key = value` or `key value`;
 //! entries separated by newlines, `,` or `;`; `#` and `//` comments; quoted or bare
 //! strings; sizes like `1MB`; durations like `"2m"` or plain seconds; and
-//! `authorization { ... }` blocks. Keys are case-insensitive, as in nats-server, and a
+//! `authorization { ... }` and `tls { ... }` blocks. Keys are case-insensitive, as in nats-server, and a
 //! later key overrides an earlier one. Anything else (an unknown key, arrays, includes,
 //! variables) is an error naming the line: silently ignoring a setting the operator
 //! wrote is worse than refusing to start.
@@ -39,6 +39,8 @@ pub struct FileConfig {
     pub ping_max: Option<u32>,
     pub write_deadline: Option<Duration>,
     pub authorization: Authorization,
+    /// The `tls { ... }` block; its presence turns TLS on, as in nats-server.
+    pub tls: Option<TlsBlock>,
     pub log_file: Option<PathBuf>,
     pub pid_file: Option<PathBuf>,
     pub ports_file_dir: Option<PathBuf>,
@@ -52,6 +54,16 @@ pub struct Authorization {
     pub user: Option<String>,
     pub password: Option<String>,
     pub token: Option<String>,
+    pub timeout: Option<Duration>,
+}
+
+/// The `tls { ... }` block.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TlsBlock {
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+    pub verify: Option<bool>,
     pub timeout: Option<Duration>,
 }
 
@@ -242,18 +254,26 @@ fn apply(config: &mut FileConfig, entry: Entry) -> Result<(), ConfError> {
         "debug" => config.debug = Some(entry.convert(parse_bool)?),
         "trace" => config.trace = Some(entry.convert(parse_bool)?),
         "authorization" => apply_authorization(&mut config.authorization, entry)?,
+        "tls" => apply_tls(config.tls.get_or_insert_default(), entry)?,
         _ => return Err(entry.error(ErrorKind::UnknownKey(entry.key.clone()))),
     }
     Ok(())
 }
 
-fn apply_authorization(auth: &mut Authorization, block: Entry) -> Result<(), ConfError> {
+/// The entries of a block such as `authorization { ... }`.
+fn block_entries(block: Entry) -> Result<Vec<Entry>, ConfError> {
     let Entry { key, line, value } = block;
-    let Value::Block(entries) = value else {
-        let kind = ErrorKind::ExpectedBlock(key);
-        return Err(ConfError { line, kind });
-    };
-    for entry in entries {
+    match value {
+        Value::Block(entries) => Ok(entries),
+        Value::Scalar(_) => Err(ConfError {
+            line,
+            kind: ErrorKind::ExpectedBlock(key),
+        }),
+    }
+}
+
+fn apply_authorization(auth: &mut Authorization, block: Entry) -> Result<(), ConfError> {
+    for entry in block_entries(block)? {
         match entry.key.as_str() {
             "user" | "username" => auth.user = Some(entry.string()?),
             "password" | "pass" => auth.password = Some(entry.string()?),
@@ -261,6 +281,23 @@ fn apply_authorization(auth: &mut Authorization, block: Entry) -> Result<(), Con
             "timeout" => auth.timeout = Some(entry.convert(parse_duration)?),
             _ => {
                 let key = format!("authorization.{}", entry.key);
+                return Err(entry.error(ErrorKind::UnknownKey(key)));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn apply_tls(tls: &mut TlsBlock, block: Entry) -> Result<(), ConfError> {
+    for entry in block_entries(block)? {
+        match entry.key.as_str() {
+            "cert_file" => tls.cert_file = Some(entry.string()?.into()),
+            "key_file" => tls.key_file = Some(entry.string()?.into()),
+            "ca_file" => tls.ca_file = Some(entry.string()?.into()),
+            "verify" => tls.verify = Some(entry.convert(parse_bool)?),
+            "timeout" => tls.timeout = Some(entry.convert(parse_duration)?),
+            _ => {
+                let key = format!("tls.{}", entry.key);
                 return Err(entry.error(ErrorKind::UnknownKey(key)));
             }
         }

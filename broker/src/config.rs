@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::tls::Tls;
+
 /// Largest message payload a client may publish (nats-server's default, 1 MiB).
 pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 /// Longest protocol control line (verb and arguments) the parser accepts.
@@ -33,6 +35,9 @@ pub const DEFAULT_MAX_PINGS_OUT: u32 = 2;
 pub const DEFAULT_WRITE_DEADLINE: Duration = Duration::from_secs(10);
 /// How long a client has to send a valid CONNECT when auth is on.
 pub const DEFAULT_AUTH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a client has to start and finish its TLS handshake after INFO (nats-server's
+/// default): a peer that never starts holds a connection slot until then.
+pub const DEFAULT_TLS_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Who may connect.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -69,6 +74,8 @@ pub struct Config {
     pub write_deadline: Duration,
     pub auth: Auth,
     pub auth_timeout: Duration,
+    /// Serve TLS: INFO says `tls_required` and the client upgrades (see [`crate::tls`]).
+    pub tls: Option<Tls>,
 }
 
 impl Default for Config {
@@ -87,6 +94,7 @@ impl Default for Config {
             write_deadline: DEFAULT_WRITE_DEADLINE,
             auth: Auth::None,
             auth_timeout: DEFAULT_AUTH_TIMEOUT,
+            tls: None,
         }
     }
 }

@@ -17,6 +17,8 @@ pub mod subject;
 pub mod sublist;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tls;
 
 pub use config::{Auth, Config};
 pub use server::Server;
+pub use tls::{Tls, TlsError};

@@ -119,6 +119,9 @@ async fn varz(State(m): State<Arc<Monitor>>) -> impl IntoResponse {
         "ping_max": s.config.max_pings_out,
         "write_deadline": s.config.write_deadline.as_nanos() as u64,
         "auth_required": s.config.auth.required(),
+        "tls_required": s.config.tls.is_some(),
+        "tls_verify": s.config.tls.as_ref().is_some_and(|tls| tls.verify()),
+        "tls_timeout": s.config.tls.as_ref().map_or(0.0, |tls| tls.timeout().as_secs_f64()),
         "start_unix": s.started.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         "uptime": uptime(up),
         "mem": mem,
@@ -283,6 +286,7 @@ async fn metrics(State(m): State<Arc<Monitor>>) -> impl IntoResponse {
         ] {
             metrics::counter!(name).absolute(Stats::get(counter));
         }
+        metrics::counter!("broker_tls_handshake_failures_total").absolute(s.tls_failures.total());
         metrics::gauge!("broker_connections").set(s.clients().len() as f64);
         metrics::gauge!("broker_subscriptions").set(s.index.stats().subscriptions as f64);
     });

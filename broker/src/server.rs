@@ -16,6 +16,7 @@ use tokio_util::task::TaskTracker;
 use crate::client::{self, ClientShared, Subscription};
 use crate::config::Config;
 use crate::sublist::SubjectIndex;
+use crate::tls::HandshakeFailures;
 
 /// The version reported in INFO; clients require `x.y.z`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -60,6 +61,7 @@ pub(crate) struct Shared {
     pub started_at: Instant,
     /// Where clients connect, known once `run` has its listener.
     pub listen: OnceLock<SocketAddr>,
+    pub tls_failures: HandshakeFailures,
     next_cid: AtomicU64,
 }
 
@@ -93,6 +95,12 @@ struct Info<'a> {
     client_ip: String,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     auth_required: bool,
+    /// The client must start TLS right after reading this INFO.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    tls_required: bool,
+    /// ... and present a certificate signed by the server's CA.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    tls_verify: bool,
 }
 
 impl Server {
@@ -109,6 +117,7 @@ impl Server {
             started: SystemTime::now(),
             started_at: Instant::now(),
             listen: OnceLock::new(),
+            tls_failures: HandshakeFailures::default(),
             next_cid: AtomicU64::new(1),
         }))
     }
@@ -203,6 +212,8 @@ impl Shared {
             client_id,
             client_ip: addr.ip().to_string(),
             auth_required: self.config.auth.required(),
+            tls_required: self.config.tls.is_some(),
+            tls_verify: self.config.tls.as_ref().is_some_and(|tls| tls.verify()),
         };
         let mut line = b"INFO ".to_vec();
         // Serialising plain fields cannot fail.

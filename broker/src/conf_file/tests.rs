@@ -184,6 +184,35 @@ fn authorization_block_in_all_spellings() {
 }
 
 #[test]
+fn tls_block_holds_nats_server_keys() {
+    let tls = parse_ok(
+        "tls {\n  cert_file: \"/etc/b/server.pem\"\n  key_file: /etc/b/key.pem\n  \
+         ca_file: ca.pem\n  verify: true\n  timeout: 0.5\n}",
+    )
+    .tls;
+    let expected = TlsBlock {
+        cert_file: Some("/etc/b/server.pem".into()),
+        key_file: Some("/etc/b/key.pem".into()),
+        ca_file: Some("ca.pem".into()),
+        verify: Some(true),
+        timeout: Some(Duration::from_millis(500)),
+    };
+    assert_eq!(tls, Some(expected));
+    assert_eq!(parse_ok("tls {}").tls, Some(TlsBlock::default()));
+    assert_eq!(parse_ok("port: 1").tls, None);
+    let unknown = parse_err("tls {\n  cipher_suites: x\n}");
+    assert_eq!(unknown.line, 2);
+    assert_eq!(
+        unknown.kind,
+        ErrorKind::UnknownKey("tls.cipher_suites".into())
+    );
+    assert_eq!(
+        parse_err("tls: yes").kind,
+        ErrorKind::ExpectedBlock("tls".into())
+    );
+}
+
+#[test]
 fn paths_and_switches() {
     let config = parse_ok(
         "logfile: /tmp/b.log\npid_file: \"/tmp/b.pid\"\nports_file_dir: /tmp\n\
