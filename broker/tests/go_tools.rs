@@ -8,6 +8,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::Instant;
 
+use broker::testing::pki::Pki;
 use broker::testing::{
     DEADLINE, ExternalServer, find_go_binary, nats_server_path, spawn_server_binary,
 };
@@ -190,4 +191,62 @@ fn bench_completes(url: &str) {
     assert!(out.contains("NATS Pub/Sub stats"), "{out}");
     assert!(out.contains(" Pub stats"), "{out}");
     assert!(out.contains(" Sub stats"), "{out}");
+}
+
+/// nats-sub and nats-pub over TLS, trusting the test CA with `-tlscacert`, against a
+/// server started with nats-server's TLS flags; `verify` adds client certificates.
+fn tls_sub_prints_published_message(binary: &std::path::Path, verify: bool) {
+    let pki = Pki::new();
+    let (cert, key, ca) = (
+        pki.server.cert.to_str().unwrap(),
+        pki.server.key.to_str().unwrap(),
+        pki.ca.to_str().unwrap(),
+    );
+    let mut flags = vec!["--tls", "--tlscert", cert, "--tlskey", key];
+    if verify {
+        flags.extend(["--tlsverify", "--tlscacert", ca]);
+    }
+    let server = spawn_server_binary(binary, &flags);
+    let url = server.url.as_str();
+    let mut client = vec!["-s", url, "-tlscacert", ca];
+    if verify {
+        let (cert, key) = (&pki.client.cert, &pki.client.key);
+        client.extend(["-tlscert", cert.to_str().unwrap()]);
+        client.extend(["-tlskey", key.to_str().unwrap()]);
+    }
+    let mut sub = Tool::spawn("nats-sub", &[&client[..], &["secure"]].concat());
+    sub.wait_for("its ready line", |l| l == "Listening on [secure]");
+    let (status, out) = run("nats-pub", &[&client[..], &["secure", "sealed"]].concat());
+    assert!(status.success(), "nats-pub failed:\n{out}");
+    sub.wait_for("the message", |l| l == "[#1] Received on [secure]: 'sealed'");
+    if verify {
+        // Without a client certificate the handshake is refused.
+        let bare = ["-s", url, "-tlscacert", ca, "secure", "x"];
+        let (status, out) = run("nats-pub", &bare);
+        assert!(!status.success(), "published without a certificate:\n{out}");
+    }
+}
+
+mod tls {
+    use super::*;
+
+    #[test]
+    fn ours() {
+        tls_sub_prints_published_message(env!("CARGO_BIN_EXE_broker").as_ref(), false);
+    }
+
+    #[test]
+    fn nats_server() {
+        tls_sub_prints_published_message(&nats_server_path(), false);
+    }
+
+    #[test]
+    fn ours_verifying_clients() {
+        tls_sub_prints_published_message(env!("CARGO_BIN_EXE_broker").as_ref(), true);
+    }
+
+    #[test]
+    fn nats_server_verifying_clients() {
+        tls_sub_prints_published_message(&nats_server_path(), true);
+    }
 }
