@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use broker::cli::{BrokerArgs, ShutdownSignals, init_logging};
 use clap::{Parser, Subcommand};
 use gateway::GateConfig;
-use services::{FrameConfig, WorkerConfig};
+use services::{BusSecurity, FrameConfig, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -104,7 +104,14 @@ async fn gate(args: GateArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_listen {
         telemetry::serve_metrics(addr, shutdown.clone()).await?;
     }
-    let (_, task) = roles::start_gate(args.listen, &args.nats, args.gate, shutdown.clone()).await?;
+    let (_, task) = roles::start_gate(
+        args.listen,
+        &args.nats,
+        &args.security,
+        args.gate,
+        shutdown.clone(),
+    )
+    .await?;
     info!("Gate is ready");
     signals.wait(&shutdown).await;
     shutdown.cancel();
@@ -143,9 +150,11 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     let nats = vec![format!("nats://127.0.0.1:{}", broker.client_addr().port())];
     let any = Ipv4Addr::UNSPECIFIED;
     telemetry::serve_metrics(SocketAddr::from((any, args.metrics_port)), shutdown.clone()).await?;
+    // The embedded broker is local and open: nothing to authenticate or encrypt.
     let worker_config = WorkerConfig {
         nats: nats.clone(),
         prefix: args.gate.prefix.clone(),
+        security: BusSecurity::default(),
         frames: args.frames,
     };
     let echo =
@@ -154,6 +163,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     let (_, gate) = roles::start_gate(
         SocketAddr::from((any, args.gate_port)),
         &nats,
+        &BusSecurity::default(),
         args.gate,
         shutdown.clone(),
     )

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use gateway::{AnyToken, Gate, GateConfig, StaticToken, TokenCheck};
-use services::{Service, WorkerConfig};
+use services::{BusSecurity, Service, WorkerConfig};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -31,6 +31,8 @@ pub struct GateArgs {
         default_value = "nats://127.0.0.1:4222"
     )]
     pub nats: Vec<String>,
+    #[command(flatten)]
+    pub security: BusSecurity,
     /// Serve Prometheus metrics on this address (off when absent).
     #[arg(long, env = "SHADDOCK_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
@@ -71,10 +73,11 @@ pub struct WorkerArgs {
 pub async fn start_gate(
     listen: SocketAddr,
     nats: &[String],
+    security: &BusSecurity,
     config: GateConfig,
     shutdown: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, JoinHandle<anyhow::Result<()>>)> {
-    let client = services::connect(nats, "shaddock-gate").await?;
+    let client = services::connect(nats, "shaddock-gate", security).await?;
     let token_check: Arc<dyn TokenCheck> = if config.token.is_empty() {
         Arc::new(AnyToken)
     } else {
@@ -101,7 +104,7 @@ pub async fn start_worker(
 ) -> anyhow::Result<JoinHandle<anyhow::Result<()>>> {
     let service = service.build();
     let name = format!("shaddock-worker-{}", service.name());
-    let client = services::connect(&config.nats, &name).await?;
+    let client = services::connect(&config.nats, &name, &config.security).await?;
     let worker = services::Worker::subscribe(client, service, config).await?;
     info!("Worker subscribed on {}", worker.subject());
     Ok(tokio::spawn(async move {

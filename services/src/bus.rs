@@ -9,9 +9,15 @@
 //! What workers publish besides answers (pushes to groups and players, a service's own
 //! subjects) is in [`crate::push`]; answers and pushes both leave through
 //! [`crate::Pusher`], one connection, so they keep their order.
+//!
+//! Credentials and TLS for the connection are [`BusSecurity`] ([`security`]).
+
+pub mod security;
 
 use anyhow::Context as _;
 use async_nats::{Client, ConnectOptions, Event, ServerAddr};
+
+pub use security::BusSecurity;
 
 /// The subject a service's workers subscribe: every method of `service`.
 pub fn service_subject(prefix: &str, service: &str) -> String {
@@ -31,12 +37,18 @@ pub(crate) fn method_of<'a>(subject: &'a str, method_prefix: &str) -> &'a str {
 }
 
 /// Connects to NATS at `urls` (failing over between them) as connection `name` (shown by
-/// the server's monitoring, e.g. `shaddock-worker-chat`).
+/// the server's monitoring, e.g. `shaddock-worker-chat`), with `security`'s credentials
+/// and TLS.
 ///
 /// The first connection is retried in the background: a worker may start before its
 /// broker (compose, Kubernetes), and subscriptions made meanwhile take effect once it
-/// connects. Reconnects are unlimited. Only unparsable URLs fail here.
-pub async fn connect(urls: &[String], name: &str) -> anyhow::Result<Client> {
+/// connects. Reconnects are unlimited. Only unparsable URLs and unreadable credential or
+/// certificate files fail here.
+pub async fn connect(
+    urls: &[String],
+    name: &str,
+    security: &BusSecurity,
+) -> anyhow::Result<Client> {
     let addrs = urls
         .iter()
         .map(|url| {
@@ -45,7 +57,8 @@ pub async fn connect(urls: &[String], name: &str) -> anyhow::Result<Client> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     anyhow::ensure!(!addrs.is_empty(), "no NATS URL given");
-    let client = ConnectOptions::new()
+    let options = security.apply(ConnectOptions::new()).await?;
+    let client = options
         .name(name)
         .retry_on_initial_connect()
         .max_reconnects(None)
@@ -93,7 +106,8 @@ mod tests {
 
     #[tokio::test]
     async fn connect_rejects_bad_urls() {
-        assert!(connect(&[], "t").await.is_err());
-        assert!(connect(&["nats://[::1".to_string()], "t").await.is_err());
+        let none = BusSecurity::default();
+        assert!(connect(&[], "t", &none).await.is_err());
+        assert!(connect(&["nats://[::1".to_string()], "t", &none).await.is_err());
     }
 }

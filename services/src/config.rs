@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::bus::BusSecurity;
 use crate::service::is_valid_name;
 
 /// Requests a worker holds before answering 503. Beyond a few frames of work a queued
@@ -101,6 +102,9 @@ pub struct WorkerConfig {
     pub prefix: String,
 
     #[command(flatten)]
+    pub security: BusSecurity,
+
+    #[command(flatten)]
     pub frames: FrameConfig,
 }
 
@@ -109,6 +113,7 @@ impl Default for WorkerConfig {
         WorkerConfig {
             nats: vec![DEFAULT_NATS_URL.to_owned()],
             prefix: DEFAULT_PREFIX.to_owned(),
+            security: BusSecurity::default(),
             frames: FrameConfig::default(),
         }
     }

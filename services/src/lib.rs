@@ -16,7 +16,7 @@
 //! use tokio_util::sync::CancellationToken;
 //!
 //! let config = WorkerConfig::default();
-//! let client = services::connect(&config.nats, "shaddock-worker-echo").await?;
+//! let client = services::connect(&config.nats, "shaddock-worker-echo", &config.security).await?;
 //! worker::run(client, echo::service(), config, CancellationToken::new()).await
 //! # }
 //! ```
@@ -39,7 +39,7 @@ pub mod push;
 pub mod service;
 pub mod worker;
 
-pub use bus::connect;
+pub use bus::{BusSecurity, connect};
 pub use config::{FrameConfig, WorkerConfig};
 pub use context::Context;
 pub use push::{Outbound, PushError, Pusher};

@@ -55,6 +55,15 @@ impl TestGate {
         tokens: Arc<dyn TokenCheck>,
     ) -> TestGate {
         let nats = within(async_nats::connect(bus.url())).await.unwrap();
+        TestGate::start_on(nats, config, tokens).await
+    }
+
+    /// A gate on a bus connection the test made (with credentials, over TLS...).
+    pub async fn start_on(
+        nats: async_nats::Client,
+        config: GateConfig,
+        tokens: Arc<dyn TokenCheck>,
+    ) -> TestGate {
         let gate = within(Gate::new(nats, config, tokens)).await.unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -124,12 +133,20 @@ impl Drop for TestWorker {
 /// Connects to the bus at `url`, subscribes `service` (returning once the broker has
 /// the subscription, so requests sent next reach it) and runs it on a task.
 pub async fn start_worker(url: &str, service: Service, frames: FrameConfig) -> TestWorker {
-    let name = format!("test-worker-{}", service.name());
-    let client = services::connect(&[url.to_owned()], &name).await.unwrap();
     let config = WorkerConfig {
+        nats: vec![url.to_owned()],
         frames,
         ..WorkerConfig::default()
     };
+    start_worker_with(service, config).await
+}
+
+/// [`start_worker`] connecting as `config` says (its URLs, credentials and TLS).
+pub async fn start_worker_with(service: Service, config: WorkerConfig) -> TestWorker {
+    let name = format!("test-worker-{}", service.name());
+    let client = services::connect(&config.nats, &name, &config.security)
+        .await
+        .unwrap();
     let worker = within(Worker::subscribe(client, service, config))
         .await
         .unwrap();

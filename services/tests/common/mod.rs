@@ -35,7 +35,7 @@ impl BusExt for Bus {
 
     async fn worker(&self, service: Service, config: WorkerConfig) -> RunningWorker {
         let name = format!("test-worker-{}", service.name());
-        let client = services::connect(&[self.url().to_owned()], &name)
+        let client = services::connect(&[self.url().to_owned()], &name, &config.security)
             .await
             .unwrap();
         let worker = within(Worker::subscribe(client, service, config))
