@@ -8,6 +8,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use broker::testing::pki::Pki;
+use broker::testing::{EmbeddedServer, spawn_nats_server_with_config};
+use broker::{Auth, Config};
 use bytes::Bytes;
 use futures::{SinkExt as _, StreamExt as _};
 use loadtest::topology::{BrokerSpec, Role, Topology, TopologySpec};
@@ -138,6 +141,55 @@ async fn the_same_topology_runs_on_nats_server() {
         return;
     }
     let topology = Topology::start(spec(BrokerSpec::NatsServer)).await.unwrap();
+    echo_through(topology).await;
+}
+
+/// `shaddock gate` and `shaddock worker` on a bus that requires TLS (trusting the test
+/// CA) and a user and password, all given as flags.
+fn on_secure_bus(pki: &Pki, url: String) -> TopologySpec {
+    let ca = pki.ca.to_str().unwrap();
+    let flags = ["--nats-user", "shaddock", "--nats-password", "bus-s3cret"];
+    let flags: Vec<String> = [&flags[..], &["--nats-ca", ca]]
+        .concat()
+        .into_iter()
+        .map(String::from)
+        .collect();
+    TopologySpec {
+        gate_args: flags.clone(),
+        worker_args: flags,
+        ..spec(BrokerSpec::Urls(vec![url]))
+    }
+}
+
+#[tokio::test]
+async fn gate_and_workers_cross_a_tls_bus_with_a_password_on_nats_server() {
+    let pki = Pki::new();
+    let conf = format!(
+        "{}authorization {{ user: shaddock, password: bus-s3cret }}\n",
+        pki.conf_block(false)
+    );
+    let server = spawn_nats_server_with_config(&conf);
+    let topology = Topology::start(on_secure_bus(&pki, server.url.clone()))
+        .await
+        .unwrap();
+    echo_through(topology).await;
+}
+
+#[tokio::test]
+async fn gate_and_workers_cross_a_tls_bus_with_a_password_on_our_broker() {
+    let pki = Pki::new();
+    let server = EmbeddedServer::start(Config {
+        tls: Some(pki.server_tls(false)),
+        auth: Auth::UserPass {
+            user: "shaddock".into(),
+            pass: "bus-s3cret".into(),
+        },
+        ..Config::default()
+    })
+    .await;
+    let topology = Topology::start(on_secure_bus(&pki, server.url.clone()))
+        .await
+        .unwrap();
     echo_through(topology).await;
 }
 
