@@ -39,26 +39,27 @@ pub struct Tls {
     timeout: Duration,
 }
 
-/// Why a TLS setup could not be built; each names the file at fault.
+/// Why a TLS setup could not be built; each names the file at fault, and its source
+/// says what was wrong with it.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("reading {what} {}: {source}", path.display())]
+    #[error("reading {what} {}", path.display())]
     Pem {
         what: &'static str,
         path: PathBuf,
         source: rustls::pki_types::pem::Error,
     },
-    #[error("CA file {}: {source}", path.display())]
+    #[error("CA file {}", path.display())]
     Ca {
         path: PathBuf,
         source: rustls::Error,
     },
-    #[error("client verification with CA file {}: {source}", path.display())]
+    #[error("client verification with CA file {}", path.display())]
     Verifier {
         path: PathBuf,
         source: rustls::server::VerifierBuilderError,
     },
-    #[error("certificate {} with key {}: {source}", cert.display(), key.display())]
+    #[error("certificate {} with key {}", cert.display(), key.display())]
     Certificate {
         cert: PathBuf,
         key: PathBuf,

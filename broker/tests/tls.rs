@@ -154,6 +154,9 @@ fn setup_errors_name_the_file() {
         .unwrap_err()
         .to_string();
     assert!(error.contains("shaddock-no-such-ca.pem"), "{error}");
+    let error = Tls::from_files(&pki.server.cert, &pki.server.cert, None, timeout).unwrap_err();
+    assert!(error.to_string().contains("key file"), "{error}");
+    assert!(std::error::Error::source(&error).is_some(), "says why");
     let not_pem = temp_file("not-a-cert.pem", "hello");
     let error = Tls::from_files(&not_pem, &pki.server.key, None, timeout)
         .unwrap_err()
