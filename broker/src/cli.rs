@@ -27,10 +27,10 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Level, error, info, warn};
 
-use crate::config::DEFAULT_TLS_TIMEOUT;
 use crate::conf_file::{
     self, FileConfig, TlsBlock, parse_duration, parse_port, parse_server_name, parse_size,
 };
+use crate::config::DEFAULT_TLS_TIMEOUT;
 use crate::{Auth, Config, Server, Tls, monitor};
 
 pub use logging::init_logging;

@@ -218,7 +218,9 @@ fn tls_sub_prints_published_message(binary: &std::path::Path, verify: bool) {
     sub.wait_for("its ready line", |l| l == "Listening on [secure]");
     let (status, out) = run("nats-pub", &[&client[..], &["secure", "sealed"]].concat());
     assert!(status.success(), "nats-pub failed:\n{out}");
-    sub.wait_for("the message", |l| l == "[#1] Received on [secure]: 'sealed'");
+    sub.wait_for("the message", |l| {
+        l == "[#1] Received on [secure]: 'sealed'"
+    });
     if verify {
         // Without a client certificate the handshake is refused.
         let bare = ["-s", url, "-tlscacert", ca, "secure", "x"];

@@ -134,10 +134,13 @@ async fn verify_refuses_clients_without_a_ca_signed_certificate() {
 
     let without = within(trusting(&pki).connect(&server.url)).await;
     assert!(without.is_err(), "connected without a client certificate");
-    let stranger = trusting(&pki)
-        .add_client_certificate(pki.stranger.cert.clone(), pki.stranger.key.clone());
+    let stranger =
+        trusting(&pki).add_client_certificate(pki.stranger.cert.clone(), pki.stranger.key.clone());
     let stranger = within(stranger.connect(&server.url)).await;
-    assert!(stranger.is_err(), "connected with a stranger CA's certificate");
+    assert!(
+        stranger.is_err(),
+        "connected with a stranger CA's certificate"
+    );
 
     let signed =
         trusting(&pki).add_client_certificate(pki.client.cert.clone(), pki.client.key.clone());

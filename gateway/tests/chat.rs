@@ -146,9 +146,10 @@ impl Cluster {
     /// [`Cluster::add_worker`] with the worker's bus connection to `url`; returns the
     /// worker's client.
     async fn add_worker_via(&mut self, url: String) -> async_nats::Client {
-        let client = services::connect(std::slice::from_ref(&url), "test-chat", &Default::default())
-            .await
-            .unwrap();
+        let client =
+            services::connect(std::slice::from_ref(&url), "test-chat", &Default::default())
+                .await
+                .unwrap();
         let config = WorkerConfig {
             nats: vec![url],
             ..WorkerConfig::default()

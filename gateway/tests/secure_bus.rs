@@ -68,7 +68,10 @@ async fn our_broker(pki: &Pki, auth: Auth) -> Bus {
 }
 
 fn nats_server(pki: &Pki, authorization: &str) -> Bus {
-    let config = format!("{}authorization {{ {authorization} }}\n", pki.conf_block(false));
+    let config = format!(
+        "{}authorization {{ {authorization} }}\n",
+        pki.conf_block(false)
+    );
     Bus::NatsServer(spawn_nats_server_with_config(&config))
 }
 

@@ -108,6 +108,10 @@ mod tests {
     async fn connect_rejects_bad_urls() {
         let none = BusSecurity::default();
         assert!(connect(&[], "t", &none).await.is_err());
-        assert!(connect(&["nats://[::1".to_string()], "t", &none).await.is_err());
+        assert!(
+            connect(&["nats://[::1".to_string()], "t", &none)
+                .await
+                .is_err()
+        );
     }
 }

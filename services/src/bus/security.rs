@@ -33,7 +33,12 @@ pub struct BusSecurity {
     pub nats_password: Option<String>,
 
     /// NATS authorization token.
-    #[arg(long, env = "SHADDOCK_NATS_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "SHADDOCK_NATS_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
     #[arg(conflicts_with_all = ["nats_nkey", "nats_creds"])]
     pub nats_token: Option<String>,
 
@@ -127,9 +132,8 @@ impl BusSecurity {
         let config = match (&self.nats_tls_cert, &self.nats_tls_key) {
             (Some(cert), Some(key)) => {
                 let chain = read_certs(cert, "NATS client certificate")?;
-                let key_der = PrivateKeyDer::from_pem_file(key).with_context(|| {
-                    format!("reading NATS client key file {}", key.display())
-                })?;
+                let key_der = PrivateKeyDer::from_pem_file(key)
+                    .with_context(|| format!("reading NATS client key file {}", key.display()))?;
                 builder
                     .with_client_auth_cert(chain, key_der)
                     .with_context(|| {
@@ -153,7 +157,11 @@ fn read_certs(path: &Path, what: &str) -> anyhow::Result<Vec<CertificateDer<'sta
         .with_context(context)?
         .collect::<Result<Vec<_>, _>>()
         .with_context(context)?;
-    anyhow::ensure!(!certs.is_empty(), "{what} {} holds no certificate", path.display());
+    anyhow::ensure!(
+        !certs.is_empty(),
+        "{what} {} holds no certificate",
+        path.display()
+    );
     Ok(certs)
 }
 
@@ -192,11 +200,24 @@ mod tests {
     fn flags_parse_and_conflict() {
         let parsed = parse(&["--nats-user", "u", "--nats-password", "p"]).unwrap();
         assert_eq!(parsed.nats_user.as_deref(), Some("u"));
-        assert!(parse(&["--nats-user", "u"]).is_err(), "user without password");
+        assert!(
+            parse(&["--nats-user", "u"]).is_err(),
+            "user without password"
+        );
         assert!(parse(&["--nats-token", "t", "--nats-creds", "c"]).is_err());
-        let both = ["--nats-user", "u", "--nats-password", "p", "--nats-token", "t"];
+        let both = [
+            "--nats-user",
+            "u",
+            "--nats-password",
+            "p",
+            "--nats-token",
+            "t",
+        ];
         assert!(parse(&both).is_err());
-        assert!(parse(&["--nats-tls-cert", "c"]).is_err(), "cert without key");
+        assert!(
+            parse(&["--nats-tls-cert", "c"]).is_err(),
+            "cert without key"
+        );
     }
 
     #[tokio::test]
