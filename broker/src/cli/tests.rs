@@ -117,6 +117,63 @@ fn incomplete_or_mixed_credentials_are_refused() {
 }
 
 #[test]
+fn tls_from_flags_or_the_file_block_flags_first() {
+    let pki = crate::testing::pki::Pki::new();
+    let path = |p: &PathBuf| p.to_str().unwrap().to_owned();
+    let (cert, key, ca) = (path(&pki.server.cert), path(&pki.server.key), path(&pki.ca));
+    let plain = settings(&["--tls", "--tlscert", &cert, "--tlskey", &key]);
+    let tls = plain.config.tls.expect("TLS on");
+    assert!(!tls.verify());
+    assert_eq!(tls.timeout(), DEFAULT_TLS_TIMEOUT);
+    assert!(settings(&[]).config.tls.is_none());
+
+    let file = FileConfig {
+        tls: Some(TlsBlock {
+            cert_file: Some(pki.server.cert.clone()),
+            key_file: Some(pki.server.key.clone()),
+            timeout: Some(Duration::from_secs(1)),
+            ..TlsBlock::default()
+        }),
+        ..FileConfig::default()
+    };
+    let verifying = args(&["--tlsverify", "--tlscacert", &ca, "--tls_timeout", "500ms"])
+        .merge(file)
+        .unwrap();
+    let tls = verifying.config.tls.expect("TLS on");
+    assert!(tls.verify());
+    assert_eq!(tls.timeout(), Duration::from_millis(500));
+}
+
+#[test]
+fn incomplete_tls_settings_are_refused() {
+    for (argv, expected) in [
+        (&["--tlscert", "c.pem"][..], "without --tls"),
+        (&["--tls"], "server certificate"),
+        (&["--tls", "--tlscert", "c.pem"], "private key"),
+        (&["--tlsverify", "--tlscert", "c", "--tlskey", "k"], "CA"),
+        (
+            &[
+                "--tls",
+                "--tlscert",
+                "c",
+                "--tlskey",
+                "k",
+                "--tls_timeout",
+                "0",
+            ],
+            "tls_timeout",
+        ),
+        (
+            &["--tls", "--tlscert", "/no/such.pem", "--tlskey", "k"],
+            "/no/such.pem",
+        ),
+    ] {
+        let error = resolve_error(argv, FileConfig::default());
+        assert!(error.contains(expected), "{argv:?}: {error}");
+    }
+}
+
+#[test]
 fn names_paths_and_limits_are_configurable() {
     let settings = settings(&[
         "-n",
