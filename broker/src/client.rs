@@ -372,15 +372,12 @@ pub(crate) async fn serve(
             let (rd, wr) = stream.into_split();
             run(server, me, rd, wr).await;
         }
-        Some(tls) => match tls.accept(stream).await {
-            Ok(stream) => {
+        Some(tls) => match tls.accept(stream, me.addr, &server.tls_failures).await {
+            Some(stream) => {
                 let (rd, wr) = tokio::io::split(stream);
                 run(server, me, rd, wr).await;
             }
-            Err(error) => {
-                server.tls_failures.record(me.addr, &error);
-                server.remove_client(&me);
-            }
+            None => server.remove_client(&me),
         },
     }
 }

@@ -75,7 +75,7 @@ pub(crate) enum HandshakeError {
     #[error("no TLS handshake within {0:?}")]
     Timeout(Duration),
     #[error("{0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
 }
 
 impl Tls {
@@ -147,30 +147,36 @@ impl Tls {
 
     /// Upgrades a connection that has been sent INFO. A client whose first bytes are not
     /// a TLS handshake (it spoke plaintext) or that stays silent past the timeout is told
-    /// TLS is required, in plaintext, as nats-server does.
+    /// TLS is required, in plaintext, as nats-server did. A failure is recorded in
+    /// `failures` before the connection closes, so whoever sees it close sees it counted.
     pub(crate) async fn accept(
         &self,
         mut stream: TcpStream,
-    ) -> Result<TlsStream<TcpStream>, HandshakeError> {
+        addr: SocketAddr,
+        failures: &HandshakeFailures,
+    ) -> Option<TlsStream<TcpStream>> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut first = [0_u8; 1];
         let refusal = match timeout_at(deadline, stream.peek(&mut first)).await {
-            Ok(Ok(0)) => return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into()),
-            Ok(Ok(_)) if first[0] == TLS_HANDSHAKE_RECORD => None,
-            Ok(Ok(_)) => Some(HandshakeError::NotTls),
-            Ok(Err(e)) => return Err(e.into()),
-            Err(_) => Some(HandshakeError::Timeout(self.timeout)),
+            Ok(Ok(0)) => HandshakeError::Io(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(Ok(_)) if first[0] == TLS_HANDSHAKE_RECORD => {
+                let acceptor = TlsAcceptor::from(self.config.clone());
+                let error = match timeout_at(deadline, acceptor.accept(stream)).await {
+                    Ok(Ok(upgraded)) => return Some(upgraded),
+                    Ok(Err(e)) => HandshakeError::Io(e),
+                    Err(_) => HandshakeError::Timeout(self.timeout),
+                };
+                failures.record(addr, &error);
+                return None;
+            }
+            Ok(Ok(_)) => HandshakeError::NotTls,
+            Ok(Err(e)) => HandshakeError::Io(e),
+            Err(_) => HandshakeError::Timeout(self.timeout),
         };
-        if let Some(refusal) = refusal {
-            // Best effort and bounded: the socket's buffer is empty, so this never waits.
-            let _ = tokio::time::timeout(self.timeout, stream.write_all(TLS_REQUIRED_ERR)).await;
-            return Err(refusal);
-        }
-        let acceptor = TlsAcceptor::from(self.config.clone());
-        match timeout_at(deadline, acceptor.accept(stream)).await {
-            Ok(upgraded) => Ok(upgraded?),
-            Err(_) => Err(HandshakeError::Timeout(self.timeout)),
-        }
+        // Best effort and bounded: the socket's buffer is empty, so this never waits.
+        let _ = tokio::time::timeout(self.timeout, stream.write_all(TLS_REQUIRED_ERR)).await;
+        failures.record(addr, &refusal);
+        None
     }
 }
 

@@ -12,7 +12,7 @@ use broker::testing::{
     EmbeddedServer, ExternalServer, nats_server_path, spawn_server_binary, temp_file, within,
 };
 use broker::{Auth, Config, Tls};
-use common::{Conn, Read};
+use common::{Conn, Read, get_json, http_get};
 use futures::StreamExt;
 
 async fn tls_server(pki: &Pki, verify: bool) -> EmbeddedServer {
@@ -100,6 +100,17 @@ async fn plaintext_client_is_told_tls_is_required_and_closed() {
         Read::Line("-ERR 'Secure Connection - TLS Required'".into())
     );
     assert_eq!(conn.read().await, Read::Closed);
+
+    // Counted, and shown with the TLS settings by monitoring.
+    let monitor = server.start_monitor().await;
+    let (_, metrics) = http_get(monitor, "/metrics").await;
+    assert!(
+        metrics.contains("broker_tls_handshake_failures_total 1"),
+        "{metrics}"
+    );
+    let varz = get_json(monitor, "/varz").await;
+    assert_eq!(varz["tls_required"], true);
+    assert_eq!(varz["tls_timeout"], 2.0);
 }
 
 #[tokio::test]
