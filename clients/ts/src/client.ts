@@ -107,6 +107,15 @@ export interface StateEvent {
 
 type Timer = ReturnType<typeof setTimeout>;
 
+interface Refreshing {
+  readonly token: string;
+  /** Timed out already: its ack, when it comes, is consumed and ignored. */
+  done: boolean;
+  readonly timer: Timer;
+  readonly resolve: () => void;
+  readonly reject: (error: ShaddockError) => void;
+}
+
 interface Pending {
   readonly route: string;
   readonly frame: Frame;
@@ -124,6 +133,8 @@ export class Client {
   private readonly codec: Codec;
   private readonly WebSocketClass: WebSocketConstructor;
   private readonly options: Required<Omit<ClientOptions, "servers" | "WebSocket" | "reconnect" | "encoding">>;
+  /** Refreshes sent on this connection and not yet acknowledged, oldest first (acks carry no id). */
+  private refreshes: Refreshing[] = [];
   private readonly reconnect: Required<ReconnectOptions> | undefined;
 
   private _state: ConnectionState = "idle";
@@ -280,6 +291,31 @@ export class Client {
     this.enqueue(route, body, false, undefined, () => {}, (error) => this.report(error));
   }
 
+  /**
+   * Hands the gate a fresh token for this session before the current one expires
+   * (the gate kicks a session whose token expired). Resolves when the gate accepts it;
+   * rejects with its code (401) and message when it refuses, and the session keeps
+   * the old one. Later handshakes (reconnects) use the accepted token. While not
+   * connected it only replaces the token the next handshake sends.
+   */
+  refresh(token: string, options?: RequestOptions): Promise<void> {
+    if (this._state === "closed") return Promise.reject(this.closedError());
+    if (this._state !== "open") {
+      this.options.token = token;
+      return Promise.resolve();
+    }
+    return new Promise((resolve, reject) => {
+      const ms = options?.timeoutMs ?? this.options.requestTimeoutMs;
+      const timer = setTimeout(() => {
+        entry.done = true;
+        reject(new ShaddockError(Status.Timeout, `no refresh ack within ${ms} ms`, true));
+      }, ms);
+      const entry: Refreshing = { token, done: false, timer, resolve, reject };
+      this.refreshes.push(entry);
+      this.send(this.codec.encode({ kind: "refresh", token }));
+    });
+  }
+
   /** Listens to pushes on `route`; returns the function that stops it. */
   on(route: string, listener: (body: Body) => void): () => void {
     let listeners = this.pushListeners.get(route);
@@ -387,7 +423,15 @@ export class Client {
   }
 
   /** Fails requests already sent on a connection that is gone: their answers cannot come. */
+  private failRefreshes(message: string): void {
+    for (const entry of this.refreshes.splice(0)) {
+      clearTimeout(entry.timer);
+      if (!entry.done) entry.reject(new ShaddockError(Status.Unavailable, message, true));
+    }
+  }
+
   private failSent(reason: string): void {
+    this.failRefreshes(`connection lost: ${reason}`);
     for (const [id, entry] of this.pending) {
       if (!entry.sent) continue;
       this.pending.delete(id);
@@ -482,6 +526,19 @@ export class Client {
         this.kickReason = packet.reason;
         this.kickListeners.emit((error) => this.report(error), packet.reason);
         return;
+      case "refreshAck": {
+        const entry = this.refreshes.shift();
+        if (entry === undefined) return this.drop(socket, "bad frame from the gate: a refresh ack for no refresh", true);
+        clearTimeout(entry.timer);
+        if (entry.done) return;
+        if (packet.code === Status.OK) {
+          this.options.token = entry.token;
+          entry.resolve();
+        } else {
+          entry.reject(new ShaddockError(packet.code, packet.message || `status ${packet.code}`));
+        }
+        return;
+      }
       case "heartbeat":
         return;
       case "handshakeAck":
@@ -569,6 +626,7 @@ export class Client {
     this._closedReason = reason;
     this._sessionId = undefined;
     this._state = "closed";
+    this.failRefreshes(`client closed: ${reason}`);
     for (const entry of this.pending.values()) {
       clearTimeout(entry.timer);
       entry.reject(new ShaddockError(Status.Unavailable, `client closed: ${reason}`, true, entry.route));
