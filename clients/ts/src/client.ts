@@ -13,12 +13,13 @@ import { create } from "@bufbuild/protobuf";
 import type { DescMessage, MessageInitShape, MessageShape } from "@bufbuild/protobuf";
 import { backoffDelay, DEFAULT_RECONNECT, nextUrlIndex, type ReconnectOptions } from "./backoff.js";
 import type { Body } from "./body.js";
-import type { Codec, Encoding, Frame, Inbound, Timing } from "./codec/codec.js";
+import type { Codec, Encoding, Frame, Inbound } from "./codec/codec.js";
 import { describe } from "./codec/codec.js";
 import { jsonCodec } from "./codec/json.js";
 import { protobufCodec } from "./codec/protobuf.js";
 import { ShaddockError, Status } from "./errors.js";
 import { Listeners } from "./listeners.js";
+import { Requests, type Reply } from "./requests.js";
 import type { Method, PushRoute } from "./typed.js";
 import {
   closeReason,
@@ -77,13 +78,6 @@ export interface RequestOptions {
   timeoutMs?: number;
 }
 
-/** An answer with what came with it. */
-export interface Reply {
-  body: Body;
-  /** Present when the handshake asked for server timing. */
-  timing?: Timing;
-}
-
 /**
  * `idle` before `connect()`; `connecting` until the first handshake succeeds; `open`;
  * `reconnecting` after a drop; `closed` for good.
@@ -107,34 +101,12 @@ export interface StateEvent {
 
 type Timer = ReturnType<typeof setTimeout>;
 
-interface Refreshing {
-  readonly token: string;
-  /** Timed out already: its ack, when it comes, is consumed and ignored. */
-  done: boolean;
-  readonly timer: Timer;
-  readonly resolve: () => void;
-  readonly reject: (error: ShaddockError) => void;
-}
-
-interface Pending {
-  readonly route: string;
-  readonly frame: Frame;
-  /** False for a notify: sent, never answered. */
-  readonly answered: boolean;
-  sent: boolean;
-  readonly timer: Timer;
-  readonly resolve: (reply: Reply) => void;
-  readonly reject: (error: ShaddockError) => void;
-}
-
 export class Client {
   readonly encoding: Encoding;
   private readonly urls: readonly string[];
   private readonly codec: Codec;
   private readonly WebSocketClass: WebSocketConstructor;
   private readonly options: Required<Omit<ClientOptions, "servers" | "WebSocket" | "reconnect" | "encoding">>;
-  /** Refreshes sent on this connection and not yet acknowledged, oldest first (acks carry no id). */
-  private refreshes: Refreshing[] = [];
   private readonly reconnect: Required<ReconnectOptions> | undefined;
 
   private _state: ConnectionState = "idle";
@@ -153,9 +125,8 @@ export class Client {
   private retryTimer: Timer | undefined;
   private heartbeatTimer: ReturnType<typeof setInterval> | undefined;
 
-  /** Requests and notifies not yet answered (or not yet sent), in the order made. */
-  private readonly pending = new Map<number, Pending>();
-  private nextId = 1;
+  /** Requests, notifies and refreshes not yet answered (or not yet sent). */
+  private readonly requests: Requests;
 
   private readonly stateListeners = new Listeners<[StateEvent]>();
   private readonly kickListeners = new Listeners<[string]>();
@@ -185,6 +156,7 @@ export class Client {
       maxPending: options.maxPending ?? DEFAULT_MAX_PENDING,
       maxFrameBytes: options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES,
     };
+    this.requests = new Requests(this.options.maxPending);
     const reconnect = options.reconnect ?? true;
     this.reconnect = reconnect === false ? undefined : { ...DEFAULT_RECONNECT, ...(reconnect === true ? {} : reconnect) };
     this.closedPromise = new Promise((resolve) => {
@@ -305,13 +277,7 @@ export class Client {
       return Promise.resolve();
     }
     return new Promise((resolve, reject) => {
-      const ms = options?.timeoutMs ?? this.options.requestTimeoutMs;
-      const timer = setTimeout(() => {
-        entry.done = true;
-        reject(new ShaddockError(Status.Timeout, `no refresh ack within ${ms} ms`, true));
-      }, ms);
-      const entry: Refreshing = { token, done: false, timer, resolve, reject };
-      this.refreshes.push(entry);
+      this.requests.addRefresh(token, options?.timeoutMs ?? this.options.requestTimeoutMs, resolve, reject);
       this.send(this.codec.encode({ kind: "refresh", token }));
     });
   }
@@ -377,67 +343,14 @@ export class Client {
     reject: (error: ShaddockError) => void,
   ): void {
     if (this._state === "closed") return reject(this.closedError(route));
-    if (this.pending.size >= this.options.maxPending) {
-      return reject(new ShaddockError(Status.TooManyRequests, `${this.pending.size} requests pending already`, true, route));
-    }
-    const id = this.nextId++;
-    let frame: Frame;
-    try {
-      frame = this.codec.encode({ kind: "request", id: answered ? id : 0, route, body });
-    } catch (error) {
-      return reject(
-        error instanceof ShaddockError ? error : new ShaddockError(Status.BadRequest, describe(error), true, route),
-      );
-    }
-    const ms = timeoutMs ?? this.options.requestTimeoutMs;
-    const timer = setTimeout(() => {
-      const entry = this.pending.get(id);
-      if (entry === undefined) return;
-      this.pending.delete(id);
-      const what = entry.sent ? `no answer within ${ms} ms` : `not connected within ${ms} ms`;
-      entry.reject(new ShaddockError(Status.Timeout, what, true, route));
-    }, ms);
-    const entry: Pending = { route, frame, answered, sent: false, timer, resolve, reject };
-    this.pending.set(id, entry);
-    if (this._state === "open") this.sendPending(id, entry);
+    const encode = (id: number) => this.codec.encode({ kind: "request", id, route, body });
+    const id = this.requests.add(route, answered, timeoutMs ?? this.options.requestTimeoutMs, encode, resolve, reject);
+    if (id !== undefined && this._state === "open") this.sendRequest(id);
   }
 
-  private sendPending(id: number, entry: Pending): void {
-    if (!this.send(entry.frame)) return;
-    entry.sent = true;
-    if (!entry.answered) {
-      clearTimeout(entry.timer);
-      this.pending.delete(id);
-      entry.resolve({ body: "" });
-    }
-  }
-
-  private answer(id: number, code: number, body: Body, message: string, timing: Timing | undefined): void {
-    const entry = this.pending.get(id);
-    // Gone already: answered after its local timeout.
-    if (entry === undefined || !entry.sent) return;
-    this.pending.delete(id);
-    clearTimeout(entry.timer);
-    if (code === Status.OK) entry.resolve(timing === undefined ? { body } : { body, timing });
-    else entry.reject(new ShaddockError(code, message || `status ${code}`, false, entry.route));
-  }
-
-  /** Fails requests already sent on a connection that is gone: their answers cannot come. */
-  private failRefreshes(message: string): void {
-    for (const entry of this.refreshes.splice(0)) {
-      clearTimeout(entry.timer);
-      if (!entry.done) entry.reject(new ShaddockError(Status.Unavailable, message, true));
-    }
-  }
-
-  private failSent(reason: string): void {
-    this.failRefreshes(`connection lost: ${reason}`);
-    for (const [id, entry] of this.pending) {
-      if (!entry.sent) continue;
-      this.pending.delete(id);
-      clearTimeout(entry.timer);
-      entry.reject(new ShaddockError(Status.Unavailable, `connection lost: ${reason}`, true, entry.route));
-    }
+  private sendRequest(id: number): void {
+    const frame = this.requests.unsentFrame(id);
+    if (frame !== undefined && this.send(frame)) this.requests.sent(id);
   }
 
   // --- connection ---
@@ -508,8 +421,8 @@ export class Client {
     this.setState({ state: "open", url: this.url, sessionId: packet.sessionId });
     // A listener may have closed the client or dropped the socket.
     if (socket !== this.socket) return;
-    for (const [id, entry] of this.pending) {
-      if (!entry.sent) this.sendPending(id, entry);
+    for (const id of this.requests.unsent()) {
+      this.sendRequest(id);
       if (socket !== this.socket) return;
     }
   }
@@ -517,7 +430,7 @@ export class Client {
   private dispatch(socket: WebSocketLike, packet: Inbound): void {
     switch (packet.kind) {
       case "response":
-        return this.answer(packet.id, packet.code, packet.body, packet.message, packet.timing);
+        return this.requests.answer(packet.id, packet.code, packet.body, packet.message, packet.timing);
       case "push":
         this.pushListeners.get(packet.route)?.emit((error) => this.report(error), packet.body);
         return;
@@ -527,16 +440,9 @@ export class Client {
         this.kickListeners.emit((error) => this.report(error), packet.reason);
         return;
       case "refreshAck": {
-        const entry = this.refreshes.shift();
-        if (entry === undefined) return this.drop(socket, "bad frame from the gate: a refresh ack for no refresh", true);
-        clearTimeout(entry.timer);
-        if (entry.done) return;
-        if (packet.code === Status.OK) {
-          this.options.token = entry.token;
-          entry.resolve();
-        } else {
-          entry.reject(new ShaddockError(packet.code, packet.message || `status ${packet.code}`));
-        }
+        const accepted = this.requests.refreshAcked(packet.code, packet.message);
+        if (accepted === false) return this.drop(socket, "bad frame from the gate: a refresh ack for no refresh", true);
+        if (accepted !== undefined) this.options.token = accepted;
         return;
       }
       case "heartbeat":
@@ -593,7 +499,7 @@ export class Client {
     clearInterval(this.heartbeatTimer);
     this.acked = false;
     this._sessionId = undefined;
-    this.failSent(reason);
+    this.requests.failSent(`connection lost: ${reason}`);
     this.retry(reason, reconnectable);
   }
 
@@ -626,12 +532,7 @@ export class Client {
     this._closedReason = reason;
     this._sessionId = undefined;
     this._state = "closed";
-    this.failRefreshes(`client closed: ${reason}`);
-    for (const entry of this.pending.values()) {
-      clearTimeout(entry.timer);
-      entry.reject(new ShaddockError(Status.Unavailable, `client closed: ${reason}`, true, entry.route));
-    }
-    this.pending.clear();
+    this.requests.failAll(`client closed: ${reason}`);
     this.stateListeners.emit((error) => this.report(error), { state: "closed", reason });
     this.resolveClosed(reason);
   }
