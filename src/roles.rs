@@ -2,10 +2,9 @@
 //! start/stop around the libraries' `run` functions.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use anyhow::Context as _;
-use gateway::{AnyToken, Gate, GateConfig, StaticToken, TokenCheck};
+use gateway::{Gate, GateConfig};
 use services::{Service, WorkerConfig};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -75,11 +74,7 @@ pub async fn start_gate(
     shutdown: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, JoinHandle<anyhow::Result<()>>)> {
     let client = services::connect(nats, "shaddock-gate").await?;
-    let token_check: Arc<dyn TokenCheck> = if config.token.is_empty() {
-        Arc::new(AnyToken)
-    } else {
-        Arc::new(StaticToken(config.token.clone()))
-    };
+    let token_check = gateway::auth::from_config(&config).context("the gate's token check")?;
     let gate = Gate::new(client, config, token_check).await?;
     let listener = TcpListener::bind(listen)
         .await

@@ -1,6 +1,7 @@
 //! The gate's configuration. Every limit is a named constant with a flag and an
 //! environment override, and each says why it has the value it has.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::presence::UidConflict;
@@ -89,9 +90,24 @@ pub struct GateConfig {
     /// Frames queued towards one client before it is closed as too slow.
     #[arg(long, env = "SHADDOCK_OUTBOUND_QUEUE", default_value_t = DEFAULT_OUTBOUND_QUEUE)]
     pub outbound_queue: usize,
-    /// A token every handshake must carry; empty accepts any (see `TokenCheck`).
+    /// A token every handshake must carry; empty accepts any (see `TokenCheck`). Not
+    /// with the --jwt-* flags.
     #[arg(long, env = "SHADDOCK_TOKEN", default_value = "")]
     pub token: String,
+    /// Signed player tokens: a file holding the HMAC secret (HS256/384/512; trailing
+    /// newlines are not part of it). The token's `sub` becomes the session's uid.
+    #[arg(long, env = "SHADDOCK_JWT_SECRET_FILE")]
+    pub jwt_secret_file: Option<PathBuf>,
+    /// Signed player tokens: a PEM public key (RSA for RS*/PS*, EC for ES256/384,
+    /// Ed25519 for EdDSA). Repeat, or separate with commas, to accept several (rotation).
+    #[arg(long, env = "SHADDOCK_JWT_PUBLIC_KEY", value_delimiter = ',')]
+    pub jwt_public_key: Vec<PathBuf>,
+    /// Accept only tokens whose `aud` names this audience.
+    #[arg(long, env = "SHADDOCK_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+    /// Accept only tokens whose `iss` is this issuer.
+    #[arg(long, env = "SHADDOCK_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
     /// When a session binds a uid another session holds: kick the old one, or refuse (409).
     #[arg(
         long,
@@ -132,6 +148,10 @@ impl Default for GateConfig {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             outbound_queue: DEFAULT_OUTBOUND_QUEUE,
             token: String::new(),
+            jwt_secret_file: None,
+            jwt_public_key: Vec::new(),
+            jwt_audience: None,
+            jwt_issuer: None,
             uid_conflict: UidConflict::Kick,
             bind_probe_timeout: DEFAULT_BIND_PROBE_TIMEOUT,
             serial_routes: Vec::new(),

@@ -25,37 +25,13 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::auth::TokenCheck;
 use crate::codec::PushFrame;
 use crate::config::{GateConfig, WS_READ_BUFFER, WS_WRITE_BUFFER};
 use crate::presence::{Binding, Group};
 use crate::router::{self, HANDOVER_QUEUE, Handover};
 use crate::schema::{self, Schemas};
 use crate::session;
-
-/// Decides whether a handshake's token may open a session.
-pub trait TokenCheck: Send + Sync + 'static {
-    fn check(&self, token: &str) -> bool;
-}
-
-/// Accepts every token: for development and for gates behind their own auth.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct AnyToken;
-
-impl TokenCheck for AnyToken {
-    fn check(&self, _token: &str) -> bool {
-        true
-    }
-}
-
-/// Accepts exactly one shared token.
-#[derive(Debug, Clone)]
-pub struct StaticToken(pub String);
-
-impl TokenCheck for StaticToken {
-    fn check(&self, token: &str) -> bool {
-        token == self.0
-    }
-}
 
 /// What the router hands a session.
 #[derive(Debug)]
@@ -323,12 +299,5 @@ mod tests {
         assert_eq!(parse_sid_id("12"), None);
         assert_eq!(parse_sid_id("x.7"), None);
         assert_eq!(parse_sid_id("1.2.3"), None);
-    }
-
-    #[test]
-    fn static_token_checks_exactly() {
-        assert!(StaticToken("s3cret".into()).check("s3cret"));
-        assert!(!StaticToken("s3cret".into()).check("s3cre"));
-        assert!(AnyToken.check(""));
     }
 }

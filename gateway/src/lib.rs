@@ -4,6 +4,7 @@
 //!
 //! Also the Rust client SDK ([`sdk`]) that tests and the load test drive it with.
 
+pub mod auth;
 mod codec;
 pub mod config;
 mod forward;
@@ -18,6 +19,7 @@ pub mod sdk;
 mod session;
 mod wire;
 
+pub use auth::{AnyToken, AuthError, Identity, JwtCheck, StaticToken, TokenCheck};
 pub use config::GateConfig;
-pub use gate::{AnyToken, Gate, StaticToken, TokenCheck};
+pub use gate::Gate;
 pub use presence::UidConflict;

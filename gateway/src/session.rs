@@ -100,6 +100,8 @@ struct Session {
     serial_queue: VecDeque<client::Request>,
     /// The session as requests carry it: uid and data.
     wire: SessionWire,
+    /// When the player's signed token expires (a `Refresh` moves it).
+    expires: Option<Instant>,
     /// `<prefix>.gw.<gate>.<sid>.`: a request's reply subject is this and its id.
     reply_prefix: String,
     /// Each route seen, as a label, and its publish subject.
@@ -181,17 +183,43 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
             message: message.into(),
         }))
     };
-    if !gate.token_check.check(&handshake.token) {
-        let _ = ws.send(ack(code::UNAUTHORIZED, "token refused")).await;
-        close(&mut ws, Closing::new(CloseCode::Policy, "unauthorized")).await;
-        return;
-    }
-    if ws.send(ack(code::OK, "")).await.is_err() {
-        return;
-    }
+    let identity = match gate.token_check.check(&handshake.token) {
+        Ok(identity) => identity,
+        Err(e) => {
+            metrics::counter!("gate_auth_failures_total", "reason" => e.reason()).increment(1);
+            let _ = ws.send(ack(code::UNAUTHORIZED, &e.to_string())).await;
+            close(&mut ws, Closing::new(CloseCode::Policy, "unauthorized")).await;
+            return;
+        }
+    };
     // Room for every in-flight answer plus pushes: the router never blocks.
     let (tx, rx) = mpsc::channel(gate.config.max_in_flight + gate.config.outbound_queue);
     gate.sessions.insert(sid, tx);
+    let mut wire = SessionWire::new(&gate.id, sid);
+    let mut expires = None;
+    if let Some(identity) = identity {
+        // Bound before the ack: the first request already carries the player.
+        if let Err(e) = gate.bind(&identity.uid, sid).await {
+            gate.sessions.remove(&sid);
+            let _ = ws.send(ack(bind_refusal(&e), &e.to_string())).await;
+            close(&mut ws, Closing::new(CloseCode::Policy, "uid refused")).await;
+            return;
+        }
+        expires = identity.expires.map(instant_of);
+        wire.update(|s| {
+            s.uid = identity.uid;
+            s.claims = identity.claims;
+            s.authenticated = true;
+        });
+    }
+    if ws.send(ack(code::OK, "")).await.is_err() {
+        gate.sessions.remove(&sid);
+        let uid = &wire.get().uid;
+        if !uid.is_empty() {
+            gate.unbind(uid, sid);
+        }
+        return;
+    }
     metrics::gauge!("gate_sessions").increment(1.0);
     tracing::debug!(sid, %addr, "session open");
     let mut session = Session {
@@ -203,7 +231,8 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
         serial: handshake.serial,
         serial_pending: None,
         serial_queue: VecDeque::new(),
-        wire: SessionWire::new(&gate.id, sid),
+        wire,
+        expires,
         reply_prefix: format!("{}.gw.{}.{sid}.", gate.config.prefix, gate.id),
         routes: Cache::default(),
         groups: Vec::new(),
@@ -230,6 +259,26 @@ async fn close(ws: &mut Ws, closing: Closing) {
     let _ = ws.send(Message::Close(Some(frame))).await;
 }
 
+/// The kick reason, and close reason, of a session whose signed token expired.
+const TOKEN_EXPIRED: &str = "token expired";
+
+/// The handshake's answer when the token's player cannot be bound.
+fn bind_refusal(e: &BindError) -> u32 {
+    match e {
+        BindError::Taken => code::CONFLICT,
+        BindError::Invalid => code::UNAUTHORIZED,
+        BindError::Bus(_) => code::OVERLOADED,
+    }
+}
+
+/// A wall-clock instant (a token's `exp`) on the monotonic clock; one in the past is now.
+fn instant_of(at: std::time::SystemTime) -> Instant {
+    let left = at
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    Instant::now() + left
+}
+
 fn micros(d: Duration) -> u32 {
     d.as_micros().try_into().unwrap_or(u32::MAX)
 }
@@ -248,6 +297,8 @@ impl Session {
         let draining = self.gate.draining.child_token();
         let drain = draining.cancelled();
         tokio::pin!(drain);
+        let token_expiry = sleep_until(self.expires.unwrap_or_else(Instant::now));
+        tokio::pin!(token_expiry);
         loop {
             if let Some(&(deadline, _)) = self.deadlines.front() {
                 expiry.as_mut().reset(deadline);
@@ -281,6 +332,17 @@ impl Session {
                     silence.as_mut().reset(due);
                 }
                 () = &mut drain => break self.drain(&mut rx).await,
+                () = &mut token_expiry, if self.expires.is_some() => {
+                    // Checked lazily, like the heartbeat: a Refresh only moves `expires`.
+                    match self.expires {
+                        Some(due) if due > Instant::now() => token_expiry.as_mut().reset(due),
+                        _ => {
+                            self.send(Kind::Kick(client::Kick { reason: TOKEN_EXPIRED.into() })).await;
+                            let _ = self.ws.flush().await;
+                            break Closing::new(CloseCode::Policy, TOKEN_EXPIRED);
+                        }
+                    }
+                }
             }
             // Coalesce: everything else already waiting goes out with the same flush.
             let mut kicked = None;
@@ -297,6 +359,29 @@ impl Session {
                 break Closing::new(CloseCode::Away, "write failed");
             }
         }
+    }
+
+    /// Takes a fresh token for the session's player: its expiry and claims replace the
+    /// old ones. A refused token changes nothing; the old one still expires when due.
+    fn refresh(&mut self, token: &str) -> Result<(), String> {
+        let identity = match self.gate.token_check.check(token) {
+            Ok(Some(identity)) => identity,
+            Ok(None) => return Err("this gate takes no signed player tokens".into()),
+            Err(e) => {
+                metrics::counter!("gate_auth_failures_total", "reason" => e.reason()).increment(1);
+                return Err(e.to_string());
+            }
+        };
+        let session = self.wire.get();
+        if !session.authenticated || identity.uid != session.uid {
+            return Err(format!(
+                "token names {:?}, not this session's player",
+                identity.uid
+            ));
+        }
+        self.expires = identity.expires.map(instant_of);
+        self.wire.update(|s| s.claims = identity.claims);
+        Ok(())
     }
 
     /// Handles up to [`READ_BATCH`] more frames that are readable without waiting.
@@ -359,6 +444,15 @@ impl Session {
             }
             Some(Kind::Heartbeat(_)) => {
                 self.send(Kind::Heartbeat(client::Heartbeat {})).await;
+                Ok(())
+            }
+            Some(Kind::Refresh(refresh)) => {
+                let (code, message) = match self.refresh(&refresh.token) {
+                    Ok(()) => (code::OK, String::new()),
+                    Err(message) => (code::UNAUTHORIZED, message),
+                };
+                self.send(Kind::RefreshAck(client::RefreshAck { code, message }))
+                    .await;
                 Ok(())
             }
             Some(Kind::Handshake(_)) => Err(Closing::new(CloseCode::Policy, "handshake repeated")),
@@ -572,6 +666,14 @@ impl Session {
         for kind in effects.into_iter().filter_map(|e| e.kind) {
             match kind {
                 effect::Kind::BindUid(uid) => {
+                    let session = self.wire.get();
+                    if session.authenticated && session.uid != uid {
+                        resp.code = code::FORBIDDEN;
+                        resp.message =
+                            format!("the player is {:?}, named by its signed token", session.uid);
+                        resp.body = Default::default();
+                        break;
+                    }
                     if let Err(e) = self.gate.bind(&uid, self.sid).await {
                         resp.code = match e {
                             BindError::Taken => code::CONFLICT,
