@@ -4,6 +4,7 @@
 //!
 //! Also the Rust client SDK ([`sdk`]) that tests and the load test drive it with.
 
+mod admission;
 pub mod config;
 mod forward;
 pub mod frame;
@@ -14,6 +15,8 @@ pub mod route;
 mod router;
 pub mod sdk;
 mod session;
+mod upgrade;
+mod web;
 mod wire;
 
 pub use config::GateConfig;

@@ -53,7 +53,10 @@ mod tests {
     fn raising_leaves_the_soft_limit_at_the_hard_one() {
         let limit = raise().unwrap();
         assert!(limit.was <= limit.now);
-        assert_eq!(getrlimit(Resource::RLIMIT_NOFILE).unwrap(), (limit.now, limit.hard));
+        assert_eq!(
+            getrlimit(Resource::RLIMIT_NOFILE).unwrap(),
+            (limit.now, limit.hard)
+        );
         assert_eq!(limit.now, limit.hard);
     }
 }
