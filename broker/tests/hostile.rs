@@ -3,22 +3,12 @@
 //! CPU, a log line a second), a subscriber connected before the flood receives
 //! everything published during it, and a new client gets in once the flood is gone.
 
-use std::time::Duration;
-
 use broker::testing::hostile::{Limited, flood};
 use broker::testing::{round_trip, within};
 use futures::StreamExt;
 
 /// Descriptors the broker may hold: a few dozen for itself, the rest for clients.
 const NOFILE: u64 = 128;
-/// How long the exhausted broker is watched.
-const WINDOW: Duration = Duration::from_secs(2);
-/// "A few lines a second": one per kind per second is what the broker writes, with room
-/// for a second kind and a window edge. A spinning accept loop writes ~100,000.
-const MAX_LINES: usize = 6;
-/// A generous "few percent of a core" for a shared 2-core machine; a spinning accept
-/// loop uses all of one.
-const MAX_CPU_SHARE: f64 = 0.25;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_broker_backs_off_and_keeps_delivering() {
@@ -41,7 +31,6 @@ async fn an_exhausted_broker_backs_off_and_keeps_delivering() {
 
     // More than the broker can hold, fewer than it can hold plus its backlog.
     let flood = flood(addr, NOFILE as usize + 64).await;
-    broker.wait_for("Too many open files").await;
     let publishing = async {
         for i in 0..100u32 {
             publisher
@@ -51,27 +40,11 @@ async fn an_exhausted_broker_backs_off_and_keeps_delivering() {
         }
         publisher.flush().await.unwrap();
     };
-    let (load, ()) = tokio::join!(broker.watch(WINDOW, "accept failed"), publishing);
+    tokio::join!(broker.assert_backs_off(), publishing);
     for i in 0..100u32 {
         let message = within(messages.next()).await.unwrap();
         assert_eq!(message.payload, i.to_string().as_bytes());
     }
-    assert!(
-        load.lines <= MAX_LINES,
-        "{} accept-failure lines in {WINDOW:?}:\n{}",
-        load.lines,
-        broker.log()
-    );
-    assert!(
-        load.lines >= 1,
-        "not exhausted during the window:\n{}",
-        broker.log()
-    );
-    assert!(
-        load.cpu_share < MAX_CPU_SHARE,
-        "{:.0} % of a core while exhausted",
-        load.cpu_share * 100.0
-    );
 
     drop(flood);
     let late = within(async_nats::connect(&url)).await.unwrap();

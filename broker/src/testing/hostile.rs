@@ -18,6 +18,15 @@ use super::{DEADLINE, within};
 /// child's pid is the server's.
 const PRLIMIT: &str = "/usr/bin/prlimit";
 
+/// How long an exhausted process is watched.
+pub const WINDOW: Duration = Duration::from_secs(2);
+/// "A few lines a second": one per listener and kind per second is what our servers
+/// write, with room for a window edge. A spinning accept loop writes ~100,000 a second.
+pub const MAX_LINES: usize = 6;
+/// A generous "few percent of a core" for a shared 2-core machine; a spinning accept
+/// loop uses all of one.
+pub const MAX_CPU_SHARE: f64 = 0.25;
+
 /// Kernel clock ticks per second in `/proc/<pid>/stat` (`USER_HZ`): 100 by the Linux ABI.
 const USER_HZ: u64 = 100;
 
@@ -124,6 +133,25 @@ impl Limited {
             .map(|f| f.parse::<u64>().unwrap())
             .sum();
         Duration::from_millis(ticks * 1000 / USER_HZ)
+    }
+
+    /// Waits until the process runs out of descriptors, watches it for [`WINDOW`], and
+    /// asserts it stayed quiet: at least one accept failure logged (it was exhausted)
+    /// but at most [`MAX_LINES`], and under [`MAX_CPU_SHARE`] of a core.
+    pub async fn assert_backs_off(&self) {
+        self.wait_for("Too many open files").await;
+        let load = self.watch(WINDOW, "accept failed").await;
+        assert!(
+            (1..=MAX_LINES).contains(&load.lines),
+            "{} accept-failure lines in {WINDOW:?}:\n{}",
+            load.lines,
+            self.log()
+        );
+        assert!(
+            load.cpu_share < MAX_CPU_SHARE,
+            "{:.0} % of a core while exhausted",
+            load.cpu_share * 100.0
+        );
     }
 
     /// Watches the process for `window`: its CPU share and its lines with `needle`.
