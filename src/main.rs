@@ -99,6 +99,7 @@ async fn run_loadtest(command: loadtest::Command) -> anyhow::Result<()> {
 
 async fn gate(args: GateArgs) -> anyhow::Result<()> {
     init_logging(None, None)?;
+    net::nofile::raise_and_log();
     let mut signals = ShutdownSignals::install()?;
     let shutdown = CancellationToken::new();
     if let Some(addr) = args.metrics_listen {
@@ -113,6 +114,7 @@ async fn gate(args: GateArgs) -> anyhow::Result<()> {
 
 async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     init_logging(None, None)?;
+    net::nofile::raise_and_log();
     let mut signals = ShutdownSignals::install()?;
     let shutdown = CancellationToken::new();
     if let Some(addr) = args.metrics_listen {
@@ -139,6 +141,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     let mut signals = ShutdownSignals::install()?;
     let broker_shutdown = CancellationToken::new();
     let shutdown = CancellationToken::new();
+    // Starting the broker raises and logs the open-file limit, for every role here.
     let broker = broker::cli::Broker::start(&settings, broker_shutdown.clone()).await?;
     let nats = vec![format!("nats://127.0.0.1:{}", broker.client_addr().port())];
     let any = Ipv4Addr::UNSPECIFIED;

@@ -314,7 +314,7 @@ fn built() -> &'static Built {
             "workers/ts has no node_modules: run `npm ci --prefix workers/ts` first"
         );
         run_build(&ts, "npm", &["run", "--silent", "build"]);
-        let go_echo = std::env::temp_dir().join(format!("shaddock-echo-go-{}", std::process::id()));
+        let go_echo = Path::new(env!("CARGO_TARGET_TMPDIR")).join("echo-go");
         let out = go_echo.to_str().unwrap().to_owned();
         run_build(&root.join("workers/go"), "go", &["build", "-o", &out, "."]);
         Built {

@@ -30,6 +30,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Config, Server};
 
+pub mod hostile;
+
 /// How long any single wait in a test may take before the test fails: generous for a
 /// loaded two-core CI machine running debug builds, short enough that a hang is reported.
 pub const DEADLINE: Duration = Duration::from_secs(10);

@@ -16,15 +16,17 @@ use anyhow::Context as _;
 use async_nats::StatusCode;
 use dashmap::DashMap;
 use metrics::Counter;
+use net::{Acceptor, LogLimiter};
 use proto::Message as _;
 use proto::rpc::RpcResponse;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admission::{Admission, Refusal};
 use crate::auth::TokenCheck;
 use crate::codec::PushFrame;
 use crate::config::{GateConfig, WS_READ_BUFFER, WS_WRITE_BUFFER};
@@ -32,6 +34,7 @@ use crate::presence::{Binding, Group};
 use crate::router::{self, HANDOVER_QUEUE, Handover};
 use crate::schema::{self, Schemas};
 use crate::session;
+use crate::upgrade::{Origins, UpgradePolicy};
 
 /// What the router hands a session.
 #[derive(Debug)]
@@ -69,6 +72,8 @@ pub(crate) struct GateShared {
     /// Message types the workers announced, for JSON sessions' typed bodies.
     pub schemas: Schemas,
     pub ws_config: WebSocketConfig,
+    /// What a new connection's HTTP request may be and ask for.
+    pub upgrade: UpgradePolicy,
     /// Cancelled when the gate starts shutting down: sessions drain and close.
     pub draining: CancellationToken,
     /// Cancelled once the gate has shut down and its sessions are gone: the router
@@ -79,6 +84,8 @@ pub(crate) struct GateShared {
     /// The router task, for [`Gate::run`] to wait for.
     router: TaskTracker,
     pub rejected: Rejected,
+    /// Connections held, from accept to close, against `max_sessions` and per IP.
+    pub admission: Admission,
     next_sid: AtomicU64,
 }
 
@@ -154,12 +161,19 @@ impl Gate {
             .await
             .context("subscribing the schema announcements")?;
         let ask = proto::schema::ask_subject(&config.prefix);
+        let admission = Admission::new(config.max_sessions, config.max_connections_per_ip);
         let ws_config = WebSocketConfig::default()
             .read_buffer_size(WS_READ_BUFFER)
             .write_buffer_size(WS_WRITE_BUFFER)
             .max_write_buffer_size(WS_WRITE_BUFFER + 2 * config.max_frame)
             .max_frame_size(Some(config.max_frame))
             .max_message_size(Some(config.max_frame));
+        let upgrade = UpgradePolicy {
+            timeout: config.upgrade_timeout,
+            max_bytes: config.max_upgrade_bytes,
+            pages: !config.no_web,
+            origins: Origins::from_list(&config.allowed_origins),
+        };
         let (handovers, handed_over) = mpsc::channel(HANDOVER_QUEUE);
         let shared = Arc::new(GateShared {
             id: config.gate_id.clone(),
@@ -172,11 +186,13 @@ impl Gate {
             token_check,
             schemas: Schemas::default(),
             ws_config,
+            upgrade,
             draining: CancellationToken::new(),
             stopped: CancellationToken::new(),
             handovers,
             router: TaskTracker::new(),
             rejected: Rejected::new(),
+            admission,
             next_sid: AtomicU64::new(1),
         });
         shared
@@ -206,6 +222,11 @@ impl Gate {
         self.0.sessions.len()
     }
 
+    /// Connections held now: sessions and connections still upgrading or handshaking.
+    pub fn connection_count(&self) -> usize {
+        self.0.admission.connections()
+    }
+
     /// Groups this gate holds a subscription for (some local session is a member).
     pub fn group_count(&self) -> usize {
         self.0.group_count()
@@ -225,12 +246,13 @@ impl Gate {
         listener: TcpListener,
         shutdown: CancellationToken,
     ) -> std::io::Result<()> {
+        let mut listener = Acceptor::new(listener, "gate");
         let tracker = TaskTracker::new();
         let in_flight = metrics::gauge!("gate_in_flight");
         let mut sample = tokio::time::interval(IN_FLIGHT_SAMPLE);
         sample.set_missed_tick_behavior(MissedTickBehavior::Skip);
         loop {
-            let accepted = tokio::select! {
+            let (stream, addr) = tokio::select! {
                 a = listener.accept() => a,
                 _ = sample.tick() => {
                     in_flight.set(self.0.in_flight.load(Ordering::Relaxed) as f64);
@@ -238,12 +260,12 @@ impl Gate {
                 }
                 () = shutdown.cancelled() => break,
             };
-            match accepted {
-                Ok((stream, addr)) => {
+            match self.0.admission.admit(addr.ip()) {
+                Ok(ticket) => {
                     let _ = stream.set_nodelay(true);
-                    tracker.spawn(session::run(self.0.clone(), stream, addr));
+                    tracker.spawn(session::run(self.0.clone(), stream, addr, ticket));
                 }
-                Err(e) => tracing::warn!(error = %e, "accept failed"),
+                Err(refusal) => refuse(stream, addr, refusal),
             }
         }
         drop(listener);
@@ -255,6 +277,23 @@ impl Gate {
         self.0.router.wait().await;
         Ok(())
     }
+}
+
+/// Refusals at accept, one line a second at most: a flood is what they refuse.
+static REFUSED_LOG: LogLimiter = LogLimiter::per_second();
+
+/// Answers a refused connection and closes it, in the accept loop: no task, no wait.
+/// On a fresh socket the short answer fits the empty send buffer, so `try_write` takes
+/// it whole.
+fn refuse(stream: TcpStream, addr: std::net::SocketAddr, refusal: Refusal) {
+    metrics::counter!("gate_rejected_total", "reason" => refusal.label()).increment(1);
+    if let Some(tally) = REFUSED_LOG.check() {
+        tracing::warn!(%addr, reason = refusal.label(), "connection refused{tally}");
+    }
+    // What the client already sent is read first where it has arrived: closing a socket
+    // with unread input resets it, and the client would see a reset, not the status.
+    let _ = stream.try_read(&mut [0u8; 1024]);
+    let _ = stream.try_write(refusal.response());
 }
 
 impl GateShared {

@@ -4,6 +4,7 @@
 //!
 //! Also the Rust client SDK ([`sdk`]) that tests and the load test drive it with.
 
+mod admission;
 pub mod auth;
 mod codec;
 pub mod config;
@@ -17,6 +18,8 @@ mod router;
 mod schema;
 pub mod sdk;
 mod session;
+mod upgrade;
+mod web;
 mod wire;
 
 pub use auth::{AnyToken, AuthError, Identity, JwtCheck, StaticToken, TokenCheck};

@@ -26,12 +26,14 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
+use crate::admission::Ticket;
 use crate::codec::{Codec, Decoded};
 use crate::forward::{SessionWire, encode_request};
 use crate::gate::{GateShared, ToSession, WorkerReply};
 use crate::limits::TokenBucket;
 use crate::presence::BindError;
 use crate::route;
+use crate::upgrade;
 
 /// One owner reads and writes: the session never does both at once, so the socket is not
 /// split (a split puts a lock in front of every read and write).
@@ -117,33 +119,23 @@ struct Session {
     durations: Cache<(Arc<str>, u32), metrics::Histogram>,
 }
 
-/// Serves one connection from WebSocket upgrade to close.
-pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAddr) {
-    let deadline = Instant::now() + gate.config.handshake_timeout;
-    let mut ws = match timeout(
-        gate.config.handshake_timeout,
-        tokio_tungstenite::accept_async_with_config(stream, Some(gate.ws_config)),
-    )
-    .await
-    {
-        Ok(Ok(ws)) => ws,
-        Ok(Err(e)) => {
-            tracing::debug!(%addr, error = %e, "websocket handshake failed");
+/// Serves one connection from WebSocket upgrade to close; `_ticket` holds its place
+/// among the gate's connections until then.
+pub(crate) async fn run(
+    gate: Arc<GateShared>,
+    stream: TcpStream,
+    addr: SocketAddr,
+    _ticket: Ticket,
+) {
+    let mut ws = match upgrade::accept(stream, &gate.upgrade, gate.ws_config).await {
+        Ok(ws) => ws,
+        Err(e) => {
+            metrics::counter!("gate_upgrade_failed_total", "reason" => e.label()).increment(1);
+            tracing::debug!(%addr, error = %e, "no websocket upgrade");
             return;
         }
-        Err(_) => return,
     };
-    if gate.sessions.len() >= gate.config.max_sessions {
-        metrics::counter!("gate_rejected_total", "reason" => "sessions").increment(1);
-        close(&mut ws, Closing::new(CloseCode::Again, "gate full")).await;
-        return;
-    }
-    let hello = match timeout(
-        deadline.saturating_duration_since(Instant::now()),
-        ws.next(),
-    )
-    .await
-    {
+    let hello = match timeout(gate.config.handshake_timeout, ws.next()).await {
         Ok(Some(Ok(frame))) => frame,
         Ok(_) => return,
         Err(_) => {
