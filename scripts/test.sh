@@ -50,6 +50,17 @@ for tool in "${NATS_GO_TOOLS[@]}"; do
   fi
 done
 
+step "Chromium (Debian's package) for the demo page's browser test"
+if command -v chromium >/dev/null 2>&1; then
+  echo "chromium: $(command -v chromium)"
+elif command -v apt-get >/dev/null 2>&1; then
+  run apt-get update
+  run apt-get install -y chromium
+else
+  echo "error: chromium is missing and apt-get is not available to install it" >&2
+  exit 1
+fi
+
 step "Rust components: rustfmt, clippy"
 if ! cargo fmt --version >/dev/null 2>&1; then
   run rustup component add rustfmt
@@ -73,6 +84,20 @@ run cargo test --workspace
 step "Load-test smoke: every scenario for a second or two"
 run cargo build -p shaddock
 run scripts/loadtest-smoke.sh
+
+step "TypeScript SDK (clients/ts): generated types, build, demo bundle, tests against a real gate, Chromium"
+export SHADDOCK_BIN="${PWD}/target/debug/shaddock"
+(
+  cd clients/ts
+  run npm ci --no-audit --no-fund
+  # The types in src/gen are generated from proto/ and committed: they must match.
+  run npm run check:generated
+  run npm run build
+  # The demo page the gate embeds (gateway/web) is this build's output, committed.
+  run npm run check:bundle
+  run npm test
+  run npm run test:browser
+)
 
 # ---------------------------------------------------------------------------------------
 # Further steps go here, after the unit and integration tests: each one a `step` line and
