@@ -2,7 +2,9 @@
  * The demo page the gate serves at `/`: chat (log in, rooms, members, whispers) and an
  * echo panel with live latency, over the SDK's public API only. It connects to the gate
  * that served it (`ws(s)://<host>/`), or to `?gate=ws://host:port/` when the page is
- * served from elsewhere; `?encoding=json` picks JSON frames.
+ * served from elsewhere; `?encoding=json` picks JSON frames. For a gate that checks
+ * signed player tokens, the token field's value goes in the handshake (and a new one
+ * refreshes an open session); log in with the token's name then.
  */
 import {
   chat,
@@ -30,6 +32,7 @@ const ui = {
   stateDetail: $("state-detail"),
   encoding: $<HTMLSelectElement>("encoding"),
   reconnect: $<HTMLButtonElement>("reconnect"),
+  token: $<HTMLInputElement>("token"),
   kick: $("kick"),
   error: $("error"),
   me: $("me"),
@@ -60,7 +63,7 @@ function connect(encoding: Encoding): void {
   client?.close("switching connection");
   ui.kick.hidden = true;
   ui.reconnect.hidden = true;
-  client = new Client({ servers: gateUrl, encoding, serial: true, clientName: "shaddock-demo" });
+  client = new Client({ servers: gateUrl, encoding, serial: true, clientName: "shaddock-demo", token: ui.token.value.trim() });
   chatApi = chat(client);
   echoApi = echo(client);
   client.onState(onState);
@@ -230,6 +233,17 @@ onSubmit("whisper-form", async () => {
   addLine({ kind: "whisper", room: "", from: `you → ${to}`, text });
 });
 
+onSubmit("token-form", async () => {
+  // An open session takes a fresh token for the same player; otherwise connect with it.
+  delete ui.token.dataset["refreshed"];
+  if (client.state === "open") {
+    await client.refresh(ui.token.value.trim());
+    ui.token.dataset["refreshed"] = "yes";
+  } else {
+    connect(selectedEncoding());
+  }
+});
+
 // --- echo latency ---
 
 const latencies = new Latencies();
@@ -279,6 +293,9 @@ setInterval(() => {
 
 const initial: Encoding = params.get("encoding") === "json" ? "json" : "protobuf";
 ui.encoding.value = initial;
-ui.encoding.onchange = () => connect(ui.encoding.value === "json" ? "json" : "protobuf");
-ui.reconnect.onclick = () => connect(ui.encoding.value === "json" ? "json" : "protobuf");
+function selectedEncoding(): Encoding {
+  return ui.encoding.value === "json" ? "json" : "protobuf";
+}
+ui.encoding.onchange = () => connect(selectedEncoding());
+ui.reconnect.onclick = () => connect(selectedEncoding());
 connect(initial);

@@ -8,29 +8,18 @@
  * who connects twice.
  */
 import assert from "node:assert/strict";
-import { createHmac } from "node:crypto";
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { bodyText, chat, ShaddockError, Status, type Encoding } from "../src/index.js";
-import { startGate, type Gate } from "./gate.js";
+import type { Gate } from "./gate.js";
 import { closeAll, collect, open, recorded, rejection } from "./helpers.js";
+import { inSeconds, signToken, startJwtGate } from "./tokens.js";
 import { waitFor, within } from "./wait.js";
 
 const SECRET = `test secret ${process.pid} ${Date.now()}`;
 const encodings: Encoding[] = ["protobuf", "json"];
 
-/** A compact JWS: base64url(header).base64url(claims).base64url(HMAC-SHA256). */
 function sign(claims: Record<string, unknown>, secret = SECRET): string {
-  const part = (value: object) => Buffer.from(JSON.stringify(value)).toString("base64url");
-  const input = `${part({ alg: "HS256", typ: "JWT" })}.${part(claims)}`;
-  return `${input}.${createHmac("sha256", secret).update(input).digest("base64url")}`;
-}
-
-/** Now, in the whole seconds of `exp`, plus `seconds`. */
-function inSeconds(seconds: number): number {
-  return Math.floor(Date.now() / 1000) + seconds;
+  return signToken(claims, secret);
 }
 
 let players = 0;
@@ -41,18 +30,12 @@ function player(what: string): string {
 
 describe("a gate checking signed player tokens", () => {
   let gate: Gate;
-  let dir: string;
   before(async () => {
-    dir = await mkdtemp(join(tmpdir(), "shaddock-jwt-"));
-    const secretFile = join(dir, "secret");
-    // The trailing newline is not part of the secret.
-    await writeFile(secretFile, `${SECRET}\n`, { mode: 0o600 });
-    gate = await startGate({ args: ["--jwt-secret-file", secretFile] });
+    gate = await startJwtGate(SECRET);
   });
   after(async () => {
     closeAll();
     await gate?.stop();
-    if (dir !== undefined) await rm(dir, { recursive: true, force: true });
   });
 
   for (const encoding of encodings) {
