@@ -34,6 +34,7 @@ use crate::presence::{Binding, Group};
 use crate::router::{self, HANDOVER_QUEUE, Handover};
 use crate::schema::{self, Schemas};
 use crate::session;
+use crate::tls::Tls;
 use crate::upgrade::{Origins, UpgradePolicy};
 
 /// What the router hands a session.
@@ -246,36 +247,117 @@ impl Gate {
         listener: TcpListener,
         shutdown: CancellationToken,
     ) -> std::io::Result<()> {
-        let mut listener = Acceptor::new(listener, "gate");
-        let tracker = TaskTracker::new();
+        self.serve(vec![Listener::plain(listener)], shutdown).await
+    }
+
+    /// [`Gate::run`] on several listeners at once (plain `ws://` and TLS `wss://` side
+    /// by side): one accept loop each, one shutdown for all.
+    pub async fn serve(
+        &self,
+        listeners: Vec<Listener>,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<()> {
+        let sessions = TaskTracker::new();
+        let accepting = TaskTracker::new();
+        for listener in listeners {
+            let (gate, sessions, shutdown) = (self.0.clone(), sessions.clone(), shutdown.clone());
+            accepting.spawn(accept_loop(gate, listener, sessions, shutdown));
+        }
+        accepting.close();
         let in_flight = metrics::gauge!("gate_in_flight");
         let mut sample = tokio::time::interval(IN_FLIGHT_SAMPLE);
         sample.set_missed_tick_behavior(MissedTickBehavior::Skip);
         loop {
-            let (stream, addr) = tokio::select! {
-                a = listener.accept() => a,
+            tokio::select! {
                 _ = sample.tick() => {
                     in_flight.set(self.0.in_flight.load(Ordering::Relaxed) as f64);
-                    continue;
                 }
                 () = shutdown.cancelled() => break,
-            };
-            match self.0.admission.admit(addr.ip()) {
-                Ok(ticket) => {
-                    let _ = stream.set_nodelay(true);
-                    tracker.spawn(session::run(self.0.clone(), stream, addr, ticket));
-                }
-                Err(refusal) => refuse(stream, addr, refusal),
             }
         }
-        drop(listener);
+        accepting.wait().await;
         self.0.draining.cancel();
-        tracker.close();
-        tracker.wait().await;
+        sessions.close();
+        sessions.wait().await;
         // Only now: draining sessions still wait for their replies.
         self.0.stopped.cancel();
         self.0.router.wait().await;
         Ok(())
+    }
+}
+
+/// A socket the gate accepts on: plain (`ws://`) or TLS (`wss://`).
+#[derive(Debug)]
+pub struct Listener {
+    tcp: TcpListener,
+    tls: Option<Tls>,
+}
+
+impl Listener {
+    pub fn plain(tcp: TcpListener) -> Listener {
+        Listener { tcp, tls: None }
+    }
+
+    /// Every connection does its TLS handshake first, with the certificate `tls`
+    /// holds when it is accepted.
+    pub fn tls(tcp: TcpListener, tls: Tls) -> Listener {
+        Listener {
+            tcp,
+            tls: Some(tls),
+        }
+    }
+}
+
+/// Accepts on one listener until `shutdown`; sessions go on `sessions`.
+async fn accept_loop(
+    gate: Arc<GateShared>,
+    listener: Listener,
+    sessions: TaskTracker,
+    shutdown: CancellationToken,
+) {
+    let name = if listener.tls.is_some() {
+        "gate-tls"
+    } else {
+        "gate"
+    };
+    let mut acceptor = Acceptor::new(listener.tcp, name);
+    loop {
+        let (stream, addr) = tokio::select! {
+            a = acceptor.accept() => a,
+            () = shutdown.cancelled() => return,
+        };
+        let ticket = match gate.admission.admit(addr.ip()) {
+            Ok(ticket) => ticket,
+            Err(refusal) => {
+                refuse(stream, addr, refusal);
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        match &listener.tls {
+            None => {
+                sessions.spawn(session::run(gate.clone(), stream, addr, ticket));
+            }
+            Some(tls) => {
+                let (gate, tls) = (gate.clone(), tls.acceptor());
+                sessions.spawn(async move {
+                    // The TLS handshake is part of the upgrade: the same deadline holds it.
+                    let handshake = tokio::time::timeout(gate.upgrade.timeout, tls.accept(stream));
+                    match handshake.await {
+                        Ok(Ok(stream)) => session::run(gate, stream, addr, ticket).await,
+                        Ok(Err(e)) => {
+                            metrics::counter!("gate_upgrade_failed_total", "reason" => "tls")
+                                .increment(1);
+                            tracing::debug!(%addr, error = %e, "TLS handshake failed");
+                        }
+                        Err(_) => {
+                            metrics::counter!("gate_upgrade_failed_total", "reason" => "timeout")
+                                .increment(1);
+                        }
+                    }
+                });
+            }
+        }
     }
 }
 

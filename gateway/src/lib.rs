@@ -18,11 +18,12 @@ mod router;
 mod schema;
 pub mod sdk;
 mod session;
+pub mod tls;
 mod upgrade;
 mod web;
 mod wire;
 
 pub use auth::{AnyToken, AuthError, Identity, JwtCheck, StaticToken, TokenCheck};
 pub use config::GateConfig;
-pub use gate::Gate;
+pub use gate::{Gate, Listener};
 pub use presence::UidConflict;

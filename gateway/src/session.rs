@@ -18,7 +18,7 @@ use proto::client::{self, Packet, packet::Kind};
 use proto::code;
 use proto::rpc::{Effect, SessionClosed, effect};
 use rustc_hash::FxHashMap;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_tungstenite::WebSocketStream;
@@ -37,7 +37,11 @@ use crate::upgrade;
 
 /// One owner reads and writes: the session never does both at once, so the socket is not
 /// split (a split puts a lock in front of every read and write).
-type Ws = WebSocketStream<TcpStream>;
+type Ws<S> = WebSocketStream<S>;
+
+/// What a session runs on: a TCP socket, or TLS over one.
+pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
 
 /// Frames handled after the first in one turn, before the answers are flushed; bounds
 /// how long replies already queued for the session wait behind a fast reader.
@@ -89,7 +93,7 @@ struct Pending {
     route: Arc<str>,
 }
 
-struct Session {
+struct Session<S> {
     gate: Arc<GateShared>,
     sid: u64,
     /// The protocol the client spoke in its handshake.
@@ -109,7 +113,7 @@ struct Session {
     /// Each route seen, as a label, and its publish subject.
     routes: Cache<Arc<str>, (Arc<str>, Subject)>,
     groups: Vec<String>,
-    ws: Ws,
+    ws: Ws<S>,
     pending: FxHashMap<u64, Pending>,
     /// (deadline, id) in deadline order: every request has the same timeout.
     deadlines: VecDeque<(Instant, u64)>,
@@ -121,9 +125,9 @@ struct Session {
 
 /// Serves one connection from WebSocket upgrade to close; `_ticket` holds its place
 /// among the gate's connections until then.
-pub(crate) async fn run(
+pub(crate) async fn run<S: Io>(
     gate: Arc<GateShared>,
-    stream: TcpStream,
+    stream: S,
     addr: SocketAddr,
     _ticket: Ticket,
 ) {
@@ -243,7 +247,7 @@ pub(crate) async fn run(
     close(&mut session.ws, closing).await;
 }
 
-async fn close(ws: &mut Ws, closing: Closing) {
+async fn close<S: Io>(ws: &mut Ws<S>, closing: Closing) {
     let frame = CloseFrame {
         code: closing.code,
         reason: closing.reason.into(),
@@ -275,7 +279,7 @@ fn micros(d: Duration) -> u32 {
     d.as_micros().try_into().unwrap_or(u32::MAX)
 }
 
-impl Session {
+impl<S: Io> Session<S> {
     async fn serve(&mut self, mut rx: mpsc::Receiver<ToSession>) -> Closing {
         let heartbeat = self.gate.config.heartbeat;
         let silence = sleep_until(self.last_seen + 2 * heartbeat);

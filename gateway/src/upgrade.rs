@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::timeout;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
@@ -225,11 +225,11 @@ impl UpgradeError {
 
 /// Reads the upgrade request and answers it, all within `limits.timeout`; returns the
 /// WebSocket, with any bytes the client sent after its head kept for it.
-pub async fn accept(
-    stream: TcpStream,
+pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
     policy: &UpgradePolicy,
     config: WebSocketConfig,
-) -> Result<WebSocketStream<TcpStream>, UpgradeError> {
+) -> Result<WebSocketStream<S>, UpgradeError> {
     let mut stream = stream;
     let handshake = timeout(policy.timeout, answer(&mut stream, policy)).await;
     let leftover = handshake.map_err(|_| UpgradeError::Timeout)??;
@@ -237,7 +237,10 @@ pub async fn accept(
 }
 
 /// Reads the head and writes the answer; returns what followed the head.
-async fn answer(stream: &mut TcpStream, policy: &UpgradePolicy) -> Result<Vec<u8>, UpgradeError> {
+async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    policy: &UpgradePolicy,
+) -> Result<Vec<u8>, UpgradeError> {
     let max_bytes = policy.max_bytes;
     let mut buf = Vec::with_capacity(READ_CHUNK.min(max_bytes));
     let mut chunk = [0u8; READ_CHUNK];
