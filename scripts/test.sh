@@ -78,6 +78,28 @@ run cargo fmt --all -- --check
 step "Lint"
 run cargo clippy --workspace --all-targets -- -D warnings
 
+step "Workers in other languages: TypeScript (workers/ts) and Go (workers/go)"
+# The mixed-language test in `cargo test` below runs these workers beside a Rust one.
+run npm ci --no-audit --no-fund --prefix workers/ts
+run npm run --prefix workers/ts check:generated
+run npm test --prefix workers/ts
+if ! command -v buf >/dev/null 2>&1; then
+  run go install github.com/bufbuild/buf/cmd/buf@v1.75.0
+fi
+if ! command -v protoc-gen-go >/dev/null 2>&1; then
+  run go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+fi
+run workers/go/scripts/check-generated.sh
+(
+  cd workers/go
+  run go vet ./...
+  unformatted="$(gofmt -l .)"
+  if [[ -n "${unformatted}" ]]; then
+    echo "error: gofmt would change: ${unformatted}" >&2
+    exit 1
+  fi
+)
+
 step "Tests"
 run cargo test --workspace
 
