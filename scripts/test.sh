@@ -80,9 +80,13 @@ run cargo clippy --workspace --all-targets -- -D warnings
 
 step "Workers in other languages: TypeScript (workers/ts) and Go (workers/go)"
 # The mixed-language test in `cargo test` below runs these workers beside a Rust one.
-run npm ci --no-audit --no-fund --prefix workers/ts
-run npm run --prefix workers/ts check:generated
-run npm test --prefix workers/ts
+# From inside the package: `npm ci --prefix` leaves out buf's platform binary.
+(
+  cd workers/ts
+  run npm ci --no-audit --no-fund
+  run npm run check:generated
+  run npm test
+)
 if ! command -v buf >/dev/null 2>&1; then
   run go install github.com/bufbuild/buf/cmd/buf@v1.75.0
 fi
