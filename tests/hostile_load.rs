@@ -3,7 +3,9 @@
 //! accepting instead of spinning (little CPU, a log line a second), a session opened
 //! before the flood keeps being answered, and new sessions open once the flood is gone.
 
-use broker::testing::hostile::{Limited, flood};
+mod common;
+
+use broker::testing::hostile::flood;
 use broker::testing::within;
 use gateway::sdk::{Client, ClientOptions};
 
@@ -22,15 +24,9 @@ async fn echo(client: &Client) {
 async fn an_exhausted_gate_backs_off_keeps_its_sessions_and_recovers() {
     // The flood needs more descriptors than this test process may have by default.
     net::nofile::raise().unwrap();
-    let up = Limited::spawn(
+    let up = common::up(
         NOFILE,
-        env!("CARGO_BIN_EXE_shaddock").as_ref(),
         &[
-            "up",
-            "--broker-port=0",
-            "--monitor-port=0",
-            "--gate-port=0",
-            "--metrics-port=0",
             // One address floods: the descriptor limit, not the per-IP one, must bind.
             "--max-connections-per-ip=0",
             // Flood connections stay in their upgrade for the whole test.

@@ -3,10 +3,11 @@
 //! renewed on SIGHUP while a session stays open: new connections get the new
 //! certificate, the open session is still answered.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use broker::testing::hostile::Limited;
 use broker::testing::within;
 use futures::{SinkExt, StreamExt};
 use nix::sys::signal::{Signal, kill};
@@ -127,20 +128,7 @@ async fn wss_round_trip_and_a_certificate_renewed_on_sighup() {
         format!("--tls-cert={}", cert.display()),
         format!("--tls-key={}", key.display()),
     );
-    let up = Limited::spawn(
-        NOFILE,
-        env!("CARGO_BIN_EXE_shaddock").as_ref(),
-        &[
-            "up",
-            "--broker-port=0",
-            "--monitor-port=0",
-            "--gate-port=0",
-            "--metrics-port=0",
-            "--tls-listen=127.0.0.1:0",
-            &cert_arg,
-            &key_arg,
-        ],
-    );
+    let up = common::up(NOFILE, &["--tls-listen=127.0.0.1:0", &cert_arg, &key_arg]);
     up.wait_for("Server is ready").await;
     let addr = up
         .addr_after("Gate listening for TLS WebSocket clients on ")

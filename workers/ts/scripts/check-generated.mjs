@@ -5,7 +5,8 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { compareDirs, reportComparison } from "./compare-dirs.mjs";
+// One directory comparison for both packages: the client SDK's, beside this one.
+import { compareDirs, reportComparison } from "../../../clients/ts/scripts/compare-dirs.mjs";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 const out = mkdtempSync(join(tmpdir(), "shaddock-worker-gen-"));
