@@ -50,6 +50,17 @@ for tool in "${NATS_GO_TOOLS[@]}"; do
   fi
 done
 
+step "Chromium (Debian's package) for the demo page's browser test"
+if command -v chromium >/dev/null 2>&1; then
+  echo "chromium: $(command -v chromium)"
+elif command -v apt-get >/dev/null 2>&1; then
+  run apt-get update
+  run apt-get install -y chromium
+else
+  echo "error: chromium is missing and apt-get is not available to install it" >&2
+  exit 1
+fi
+
 step "Rust components: rustfmt, clippy"
 if ! cargo fmt --version >/dev/null 2>&1; then
   run rustup component add rustfmt
@@ -67,12 +78,52 @@ run cargo fmt --all -- --check
 step "Lint"
 run cargo clippy --workspace --all-targets -- -D warnings
 
+step "Workers in other languages: TypeScript (workers/ts) and Go (workers/go)"
+# The mixed-language test in `cargo test` below runs these workers beside a Rust one.
+# From inside the package: `npm ci --prefix` leaves out buf's platform binary.
+(
+  cd workers/ts
+  run npm ci --no-audit --no-fund
+  run npm run check:generated
+  run npm test
+)
+if ! command -v buf >/dev/null 2>&1; then
+  run go install github.com/bufbuild/buf/cmd/buf@v1.75.0
+fi
+if ! command -v protoc-gen-go >/dev/null 2>&1; then
+  run go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+fi
+run workers/go/scripts/check-generated.sh
+(
+  cd workers/go
+  run go vet ./...
+  unformatted="$(gofmt -l .)"
+  if [[ -n "${unformatted}" ]]; then
+    echo "error: gofmt would change: ${unformatted}" >&2
+    exit 1
+  fi
+)
+
 step "Tests"
 run cargo test --workspace
 
 step "Load-test smoke: every scenario for a second or two"
 run cargo build -p shaddock
 run scripts/loadtest-smoke.sh
+
+step "TypeScript SDK (clients/ts): generated types, build, demo bundle, tests against a real gate, Chromium"
+export SHADDOCK_BIN="${PWD}/target/debug/shaddock"
+(
+  cd clients/ts
+  run npm ci --no-audit --no-fund
+  # The types in src/gen are generated from proto/ and committed: they must match.
+  run npm run check:generated
+  run npm run build
+  # The demo page the gate embeds (gateway/web) is this build's output, committed.
+  run npm run check:bundle
+  run npm test
+  run npm run test:browser
+)
 
 # ---------------------------------------------------------------------------------------
 # Further steps go here, after the unit and integration tests: each one a `step` line and

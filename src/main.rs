@@ -17,7 +17,7 @@ use services::{BusSecurity, FrameConfig, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use roles::{GateArgs, ServiceName, WorkerArgs};
+use roles::{GateArgs, ServiceName, TlsArgs, WorkerArgs};
 
 /// Game-server RPC gateway on NATS pub/sub.
 #[derive(Debug, Parser)]
@@ -67,6 +67,9 @@ struct UpArgs {
     metrics_port: u16,
 
     #[command(flatten)]
+    tls: TlsArgs,
+
+    #[command(flatten)]
     gate: GateConfig,
 
     #[command(flatten)]
@@ -99,27 +102,33 @@ async fn run_loadtest(command: loadtest::Command) -> anyhow::Result<()> {
 
 async fn gate(args: GateArgs) -> anyhow::Result<()> {
     init_logging(None, None)?;
+    net::nofile::raise_and_log();
     let mut signals = ShutdownSignals::install()?;
     let shutdown = CancellationToken::new();
     if let Some(addr) = args.metrics_listen {
         telemetry::serve_metrics(addr, shutdown.clone()).await?;
     }
-    let (_, task) = roles::start_gate(
+    let started = roles::start_gate(
         args.listen,
         &args.nats,
         &args.security,
         args.gate,
+        &args.tls,
         shutdown.clone(),
     )
     .await?;
+    if let Some(tls) = started.tls {
+        roles::reload_tls_on_sighup(tls, shutdown.clone())?;
+    }
     info!("Gate is ready");
     signals.wait(&shutdown).await;
     shutdown.cancel();
-    roles::join(task).await
+    roles::join(started.task).await
 }
 
 async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     init_logging(None, None)?;
+    net::nofile::raise_and_log();
     let mut signals = ShutdownSignals::install()?;
     let shutdown = CancellationToken::new();
     if let Some(addr) = args.metrics_listen {
@@ -146,6 +155,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     let mut signals = ShutdownSignals::install()?;
     let broker_shutdown = CancellationToken::new();
     let shutdown = CancellationToken::new();
+    // Starting the broker raises and logs the open-file limit, for every role here.
     let broker = broker::cli::Broker::start(&settings, broker_shutdown.clone()).await?;
     let nats = vec![format!("nats://127.0.0.1:{}", broker.client_addr().port())];
     let any = Ipv4Addr::UNSPECIFIED;
@@ -160,14 +170,18 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     let echo =
         roles::start_worker(ServiceName::Echo, worker_config.clone(), shutdown.clone()).await?;
     let chat = roles::start_worker(ServiceName::Chat, worker_config, shutdown.clone()).await?;
-    let (_, gate) = roles::start_gate(
+    let gate = roles::start_gate(
         SocketAddr::from((any, args.gate_port)),
         &nats,
         &BusSecurity::default(),
         args.gate,
+        &args.tls,
         shutdown.clone(),
     )
     .await?;
+    if let Some(tls) = gate.tls {
+        roles::reload_tls_on_sighup(tls, shutdown.clone())?;
+    }
     info!("Server is ready");
     tokio::select! {
         () = signals.wait(&shutdown) => {}
@@ -175,7 +189,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     }
     info!("Initiating Shutdown...");
     shutdown.cancel();
-    let gate_result = roles::join(gate).await;
+    let gate_result = roles::join(gate.task).await;
     let echo_result = roles::join(echo).await;
     let chat_result = roles::join(chat).await;
     broker_shutdown.cancel();

@@ -2,10 +2,11 @@
 //! start/stop around the libraries' `run` functions.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::PathBuf;
 
 use anyhow::Context as _;
-use gateway::{AnyToken, Gate, GateConfig, StaticToken, TokenCheck};
+use gateway::tls::Tls;
+use gateway::{Gate, GateConfig, Listener};
 use services::{BusSecurity, Service, WorkerConfig};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -36,6 +37,8 @@ pub struct GateArgs {
     /// Serve Prometheus metrics on this address (off when absent).
     #[arg(long, env = "SHADDOCK_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     #[command(flatten)]
     pub gate: GateConfig,
 }
@@ -69,31 +72,86 @@ pub struct WorkerArgs {
     pub config: WorkerConfig,
 }
 
-/// Connects to the bus, binds `listen`, and serves a gate until `shutdown`.
+/// `wss://` beside `ws://`: where, and with which certificate.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TlsArgs {
+    /// Also accept TLS WebSocket clients (`wss://`) on this address (port 0 picks one).
+    #[arg(long, env = "SHADDOCK_TLS_LISTEN", requires_all = ["tls_cert", "tls_key"])]
+    pub tls_listen: Option<SocketAddr>,
+    /// PEM certificate chain for `--tls-listen`; read again on SIGHUP.
+    #[arg(long, env = "SHADDOCK_TLS_CERT", requires = "tls_listen")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for `--tls-listen`; read again on SIGHUP.
+    #[arg(long, env = "SHADDOCK_TLS_KEY", requires = "tls_listen")]
+    pub tls_key: Option<PathBuf>,
+}
+
+/// A started gate: its task, and its TLS for reloads.
+pub struct StartedGate {
+    pub task: JoinHandle<anyhow::Result<()>>,
+    pub tls: Option<Tls>,
+}
+
+/// Connects to the bus, binds `listen` (and the TLS listener, if asked for), and serves
+/// a gate until `shutdown`.
 pub async fn start_gate(
     listen: SocketAddr,
     nats: &[String],
     security: &BusSecurity,
     config: GateConfig,
+    tls: &TlsArgs,
     shutdown: CancellationToken,
-) -> anyhow::Result<(SocketAddr, JoinHandle<anyhow::Result<()>>)> {
+) -> anyhow::Result<StartedGate> {
     let client = services::connect(nats, "shaddock-gate", security).await?;
-    let token_check: Arc<dyn TokenCheck> = if config.token.is_empty() {
-        Arc::new(AnyToken)
-    } else {
-        Arc::new(StaticToken(config.token.clone()))
-    };
+    let token_check = gateway::auth::from_config(&config).context("the gate's token check")?;
     let gate = Gate::new(client, config, token_check).await?;
-    let listener = TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("binding the gate on {listen}"))?;
+    let bind = |addr: SocketAddr| async move {
+        TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the gate on {addr}"))
+    };
+    let listener = bind(listen).await?;
     let addr = listener.local_addr()?;
     info!(
         gate = gate.id(),
         "Gate listening for WebSocket clients on {addr}"
     );
-    let task = tokio::spawn(async move { gate.run(listener, shutdown).await.context("gate") });
-    Ok((addr, task))
+    let mut listeners = vec![Listener::plain(listener)];
+    let tls = match (&tls.tls_listen, &tls.tls_cert, &tls.tls_key) {
+        (Some(listen), Some(cert), Some(key)) => {
+            let tls = Tls::load(cert, key).context("the gate's TLS certificate")?;
+            let listener = bind(*listen).await?;
+            let addr = listener.local_addr()?;
+            info!(
+                gate = gate.id(),
+                "Gate listening for TLS WebSocket clients on {addr}"
+            );
+            listeners.push(Listener::tls(listener, tls.clone()));
+            Some(tls)
+        }
+        _ => None,
+    };
+    let task = tokio::spawn(async move { gate.serve(listeners, shutdown).await.context("gate") });
+    Ok(StartedGate { task, tls })
+}
+
+/// Reads the gate's certificate and key again at every SIGHUP, until `shutdown`: new
+/// connections get the new pair, open sessions keep theirs.
+pub fn reload_tls_on_sighup(tls: Tls, shutdown: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups = signal(SignalKind::hangup()).context("listening for SIGHUP")?;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                Some(()) = hangups.recv() => match tls.reload() {
+                    Ok(()) => info!("TLS certificate reloaded"),
+                    Err(error) => tracing::warn!(%error, "TLS certificate not reloaded; the old one stays"),
+                },
+                () = shutdown.cancelled() => return,
+            }
+        }
+    });
+    Ok(())
 }
 
 /// Connects to the bus and serves one worker of `service` until `shutdown`.

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use anyhow::Context as _;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusBuilder;
+use net::Acceptor;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -37,7 +38,7 @@ pub async fn serve_metrics(
     let app =
         axum::Router::new().route("/metrics", get(move || std::future::ready(handle.render())));
     tokio::spawn(async move {
-        let served = axum::serve(listener, app)
+        let served = axum::serve(Acceptor::new(listener, "metrics"), app)
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
             .await;
         if let Err(e) = served {

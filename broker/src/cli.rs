@@ -488,6 +488,7 @@ impl Broker {
                 .unwrap_or(server.id())
         );
         info!("  ID:       {}", server.id());
+        net::nofile::raise_and_log();
         let mut tasks = JoinSet::new();
         if let (Some(listener), Some(addr)) = (monitor_listener, monitor_addr) {
             info!("Starting http monitor on {addr}");

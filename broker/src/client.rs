@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use net::LogLimiter;
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -34,6 +35,11 @@ const MAX_READ_BUFFER: usize = 64 * 1024;
 /// enough that a busy subscriber reuses its buffers: freeing and re-allocating
 /// multi-megabyte buffers costs page faults and unmaps on every batch.
 const KEEP_WRITE_BUFFER: usize = 1024 * 1024;
+
+/// Slow consumers, one line a second at most: a peer that stops reading (or a thousand
+/// of them) must not flood the log.
+static SLOW_CONSUMER_LOG: LogLimiter = LogLimiter::per_second();
+static WRITE_DEADLINE_LOG: LogLimiter = LogLimiter::per_second();
 
 /// A subscription: who gets the messages, and how many are still wanted.
 pub(crate) struct Subscription {
@@ -671,7 +677,9 @@ impl Conn {
                     .stats
                     .slow_consumers
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(cid = client.cid, "slow consumer: closed");
+                if let Some(tally) = SLOW_CONSUMER_LOG.check() {
+                    tracing::warn!(cid = client.cid, "slow consumer: closed{tally}");
+                }
                 false
             }
             Delivery::Closed => false,
@@ -815,7 +823,12 @@ async fn write_loop<W: AsyncWrite + Unpin>(me: Arc<ClientShared>, mut wr: W, ser
             Ok(Err(_)) => break,
             Err(_) => {
                 server.stats.slow_consumers.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(cid = me.cid, "slow consumer: write deadline exceeded");
+                if let Some(tally) = WRITE_DEADLINE_LOG.check() {
+                    tracing::warn!(
+                        cid = me.cid,
+                        "slow consumer: write deadline exceeded{tally}"
+                    );
+                }
                 break;
             }
         }

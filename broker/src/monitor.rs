@@ -13,6 +13,7 @@ use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Json};
 use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+use net::{AcceptErrorKind, Acceptor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -53,7 +54,7 @@ pub async fn serve(
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/metrics", get(metrics))
         .with_state(state);
-    axum::serve(listener, app)
+    axum::serve(Acceptor::new(listener, "monitor"), app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
 }
@@ -285,6 +286,10 @@ async fn metrics(State(m): State<Arc<Monitor>>) -> impl IntoResponse {
             ("broker_connections_total", &st.total_connections),
         ] {
             metrics::counter!(name).absolute(Stats::get(counter));
+        }
+        for kind in AcceptErrorKind::ALL {
+            metrics::counter!("broker_accept_errors_total", "kind" => kind.label())
+                .absolute(s.accept_errors.get(kind));
         }
         metrics::counter!("broker_tls_handshake_failures_total").absolute(s.tls_failures.total());
         metrics::gauge!("broker_connections").set(s.clients().len() as f64);

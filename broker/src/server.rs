@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Instant, SystemTime};
 
+use net::{AcceptStats, Acceptor, LogLimiter};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
@@ -49,6 +50,9 @@ impl Stats {
     }
 }
 
+/// Refusals past `max_connections`: a flood of them is one line a second.
+static FULL_LOG: LogLimiter = LogLimiter::per_second();
+
 /// State every connection of one server shares.
 pub(crate) struct Shared {
     pub config: Config,
@@ -61,6 +65,8 @@ pub(crate) struct Shared {
     pub started_at: Instant,
     /// Where clients connect, known once `run` has its listener.
     pub listen: OnceLock<SocketAddr>,
+    /// Failed accepts by kind, for `/metrics`.
+    pub accept_errors: Arc<AcceptStats>,
     pub tls_failures: HandshakeFailures,
     next_cid: AtomicU64,
 }
@@ -117,6 +123,7 @@ impl Server {
             started: SystemTime::now(),
             started_at: Instant::now(),
             listen: OnceLock::new(),
+            accept_errors: Arc::default(),
             tls_failures: HandshakeFailures::default(),
             next_cid: AtomicU64::new(1),
         }))
@@ -136,20 +143,17 @@ impl Server {
     ) -> std::io::Result<()> {
         let local = listener.local_addr()?;
         let _ = self.0.listen.set(local);
+        // Out of file descriptors and the like: keep serving those we have, pausing
+        // accepts instead of spinning on them.
+        let mut listener = Acceptor::with_stats(listener, "broker", self.0.accept_errors.clone());
         let tracker = TaskTracker::new();
         loop {
-            let accepted = tokio::select! {
+            let (stream, addr) = tokio::select! {
                 a = listener.accept() => a,
                 () = shutdown.cancelled() => break,
             };
-            match accepted {
-                Ok((stream, addr)) => {
-                    let shared = self.0.clone();
-                    tracker.spawn(async move { shared.accept(stream, addr).await });
-                }
-                // Out of file descriptors and the like: keep serving those we have.
-                Err(e) => tracing::warn!(error = %e, "accept failed"),
-            }
+            let shared = self.0.clone();
+            tracker.spawn(async move { shared.accept(stream, addr).await });
         }
         let clients: Vec<_> = lock(&self.0.clients).values().cloned().collect();
         for client in clients {
@@ -184,7 +188,9 @@ impl Shared {
             }
         };
         let Some(client) = client else {
-            tracing::warn!(%addr, "maximum connections exceeded");
+            if let Some(tally) = FULL_LOG.check() {
+                tracing::warn!(%addr, "maximum connections exceeded{tally}");
+            }
             let _ = stream.write_all(&info).await;
             let _ = stream
                 .write_all(b"-ERR 'maximum connections exceeded'\r\n")

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Config, Server};
 
+pub mod hostile;
 pub mod pki;
 
 /// How long any single wait in a test may take before the test fails: generous for a

@@ -8,10 +8,11 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use net::LogLimiter;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::timeout_at;
@@ -26,9 +27,6 @@ use tokio_rustls::server::TlsStream;
 const TLS_REQUIRED_ERR: &[u8] = b"-ERR 'Secure Connection - TLS Required'\r\n";
 /// The first byte of every TLS record that opens a handshake.
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
-/// Failed handshakes are logged at warn level at most this often (each one at debug): a
-/// port scanner or a fleet of misconfigured clients must not flood the log.
-const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A broker's TLS setup: the server certificate, and the CA client certificates must be
 /// signed by when `verify` is on. Cheap to clone.
@@ -196,11 +194,14 @@ fn read_certs(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'sta
     Ok(certs)
 }
 
-/// Failed handshakes: counted for monitoring, logged without flooding.
+/// Failed handshakes are logged like every other peer-triggered event: one line per
+/// second with its count, so a port scanner or a misconfigured fleet cannot flood the log.
+static FAILURE_LOG: LogLimiter = LogLimiter::per_second();
+
+/// Failed handshakes, counted for monitoring.
 #[derive(Debug, Default)]
 pub(crate) struct HandshakeFailures {
     total: AtomicU64,
-    last_warned: Mutex<Option<Instant>>,
 }
 
 impl HandshakeFailures {
@@ -209,19 +210,9 @@ impl HandshakeFailures {
     }
 
     pub fn record(&self, addr: SocketAddr, error: &HandshakeError) {
-        let total = self.total.fetch_add(1, Ordering::Relaxed) + 1;
-        let warn = {
-            let mut last = self.last_warned.lock().unwrap_or_else(|e| e.into_inner());
-            let due = last.is_none_or(|at| at.elapsed() >= FAILURE_LOG_INTERVAL);
-            if due {
-                *last = Some(Instant::now());
-            }
-            due
-        };
-        if warn {
-            tracing::warn!(%addr, %error, total, "TLS handshake failed (logged at most every {FAILURE_LOG_INTERVAL:?})");
-        } else {
-            tracing::debug!(%addr, %error, "TLS handshake failed");
+        self.total.fetch_add(1, Ordering::Relaxed);
+        if let Some(tally) = FAILURE_LOG.check() {
+            tracing::warn!(%addr, "TLS handshake failed{tally}: {error}");
         }
     }
 }

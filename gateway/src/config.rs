@@ -1,6 +1,7 @@
 //! The gate's configuration. Every limit is a named constant with a flag and an
 //! environment override, and each says why it has the value it has.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::presence::UidConflict;
@@ -12,8 +13,24 @@ pub const DEFAULT_PORT: u16 = 3250;
 /// Largest WebSocket frame (and message) a client may send. Game requests are small;
 /// anything larger is refused before it is buffered.
 pub const DEFAULT_MAX_FRAME: usize = 64 * 1024;
-/// Sessions one gate holds at once; past it new connections are refused.
+/// Connections one gate holds at once, sessions and connections still in their upgrade
+/// or handshake alike; past it new connections are answered 503 and closed. Counting the
+/// unfinished ones too means a flood of connections that never upgrade cannot take more
+/// descriptors than the sessions could.
 pub const DEFAULT_MAX_SESSIONS: usize = 100_000;
+/// Connections one IP address may hold at once (0: no limit); past it its new ones are
+/// answered 429 and closed. A household, an office or a carrier-grade NAT rarely puts
+/// more players of one game behind one address, and one address alone can then take
+/// at most 256 of the gate's descriptors — a quarter of a default 1,024 soft limit —
+/// so a single host flooding connections leaves room for everyone else.
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 256;
+/// How long a new connection has to send its HTTP upgrade request and take the answer.
+/// A browser sends the request in one packet right after connecting; a client that
+/// trickles it a byte a second (slowloris) is holding a descriptor, not upgrading.
+pub const DEFAULT_UPGRADE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest HTTP upgrade request head. A browser's is well under 2 KiB even with
+/// cookies for the site; bigger heads are answered 431 before they are buffered.
+pub const DEFAULT_MAX_UPGRADE_BYTES: usize = 8 * 1024;
 /// Requests one session may have awaiting an answer; past it the request gets 429.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
 /// Requests the whole gate may have awaiting workers. Past it a request is answered 503
@@ -29,7 +46,8 @@ pub const DEFAULT_RATE: u32 = 5_000;
 pub const DEFAULT_BURST: u32 = 1_000;
 /// How long the gate waits for a worker before answering 408 itself.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a new connection has to complete the WebSocket and Shaddock handshakes.
+/// How long an upgraded connection has to complete the Shaddock handshake (its first
+/// packet).
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The heartbeat interval a client is told; two intervals of silence close it.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
@@ -59,9 +77,27 @@ pub struct GateConfig {
     /// Largest WebSocket frame a client may send, in bytes.
     #[arg(long, env = "SHADDOCK_MAX_FRAME", default_value_t = DEFAULT_MAX_FRAME)]
     pub max_frame: usize,
-    /// Sessions this gate holds at once.
+    /// Connections this gate holds at once: sessions and connections not yet upgraded or
+    /// handshaken alike (more are answered 503).
     #[arg(long, env = "SHADDOCK_MAX_SESSIONS", default_value_t = DEFAULT_MAX_SESSIONS)]
     pub max_sessions: usize,
+    /// Connections one IP address may hold at once, 0 for no limit (more are answered 429).
+    #[arg(long, env = "SHADDOCK_MAX_CONNECTIONS_PER_IP", default_value_t = DEFAULT_MAX_CONNECTIONS_PER_IP)]
+    pub max_connections_per_ip: usize,
+    /// Milliseconds a new connection has to send its HTTP upgrade request.
+    #[arg(long = "upgrade-timeout-ms", env = "SHADDOCK_UPGRADE_TIMEOUT_MS", value_parser = parse_ms, default_value = "5000")]
+    pub upgrade_timeout: Duration,
+    /// Largest HTTP upgrade request head, in bytes (larger ones are answered 431).
+    #[arg(long, env = "SHADDOCK_MAX_UPGRADE_BYTES", default_value_t = DEFAULT_MAX_UPGRADE_BYTES)]
+    pub max_upgrade_bytes: usize,
+    /// Browser pages allowed to open sessions: exact origins (`https://game.example`),
+    /// comma-separated, or `*`. Empty allows any. A browser's upgrade from another origin
+    /// is refused with 403; clients that send no Origin (not browsers) are unaffected.
+    #[arg(long, env = "SHADDOCK_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+    /// Do not serve the demo page at `/` (plain HTTP GETs are then answered 404).
+    #[arg(long, env = "SHADDOCK_NO_WEB")]
+    pub no_web: bool,
     /// Requests one session may have awaiting an answer (more get 429).
     #[arg(long, env = "SHADDOCK_MAX_IN_FLIGHT", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
@@ -77,7 +113,7 @@ pub struct GateConfig {
     /// Milliseconds to wait for a worker before answering 408.
     #[arg(long = "request-timeout-ms", env = "SHADDOCK_REQUEST_TIMEOUT_MS", value_parser = parse_ms, default_value = "5000")]
     pub request_timeout: Duration,
-    /// Milliseconds a new connection has to finish its handshake.
+    /// Milliseconds an upgraded connection has to finish the Shaddock handshake.
     #[arg(long = "handshake-timeout-ms", env = "SHADDOCK_HANDSHAKE_TIMEOUT_MS", value_parser = parse_ms, default_value = "5000")]
     pub handshake_timeout: Duration,
     /// Heartbeat interval in milliseconds; two silent intervals close a session.
@@ -89,9 +125,24 @@ pub struct GateConfig {
     /// Frames queued towards one client before it is closed as too slow.
     #[arg(long, env = "SHADDOCK_OUTBOUND_QUEUE", default_value_t = DEFAULT_OUTBOUND_QUEUE)]
     pub outbound_queue: usize,
-    /// A token every handshake must carry; empty accepts any (see `TokenCheck`).
+    /// A token every handshake must carry; empty accepts any (see `TokenCheck`). Not
+    /// with the --jwt-* flags.
     #[arg(long, env = "SHADDOCK_TOKEN", default_value = "")]
     pub token: String,
+    /// Signed player tokens: a file holding the HMAC secret (HS256/384/512; trailing
+    /// newlines are not part of it). The token's `sub` becomes the session's uid.
+    #[arg(long, env = "SHADDOCK_JWT_SECRET_FILE")]
+    pub jwt_secret_file: Option<PathBuf>,
+    /// Signed player tokens: a PEM public key (RSA for RS*/PS*, EC for ES256/384,
+    /// Ed25519 for EdDSA). Repeat, or separate with commas, to accept several (rotation).
+    #[arg(long, env = "SHADDOCK_JWT_PUBLIC_KEY", value_delimiter = ',')]
+    pub jwt_public_key: Vec<PathBuf>,
+    /// Accept only tokens whose `aud` names this audience.
+    #[arg(long, env = "SHADDOCK_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+    /// Accept only tokens whose `iss` is this issuer.
+    #[arg(long, env = "SHADDOCK_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
     /// When a session binds a uid another session holds: kick the old one, or refuse (409).
     #[arg(
         long,
@@ -122,6 +173,11 @@ impl Default for GateConfig {
             prefix: DEFAULT_PREFIX.into(),
             max_frame: DEFAULT_MAX_FRAME,
             max_sessions: DEFAULT_MAX_SESSIONS,
+            max_connections_per_ip: DEFAULT_MAX_CONNECTIONS_PER_IP,
+            upgrade_timeout: DEFAULT_UPGRADE_TIMEOUT,
+            max_upgrade_bytes: DEFAULT_MAX_UPGRADE_BYTES,
+            allowed_origins: Vec::new(),
+            no_web: false,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             max_gate_in_flight: DEFAULT_MAX_GATE_IN_FLIGHT,
             rate: DEFAULT_RATE,
@@ -132,6 +188,10 @@ impl Default for GateConfig {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             outbound_queue: DEFAULT_OUTBOUND_QUEUE,
             token: String::new(),
+            jwt_secret_file: None,
+            jwt_public_key: Vec::new(),
+            jwt_audience: None,
+            jwt_issuer: None,
             uid_conflict: UidConflict::Kick,
             bind_probe_timeout: DEFAULT_BIND_PROBE_TIMEOUT,
             serial_routes: Vec::new(),

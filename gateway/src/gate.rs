@@ -16,46 +16,26 @@ use anyhow::Context as _;
 use async_nats::StatusCode;
 use dashmap::DashMap;
 use metrics::Counter;
+use net::{Acceptor, LogLimiter};
 use proto::Message as _;
 use proto::rpc::RpcResponse;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admission::{Admission, Refusal};
+use crate::auth::TokenCheck;
 use crate::codec::PushFrame;
 use crate::config::{GateConfig, WS_READ_BUFFER, WS_WRITE_BUFFER};
 use crate::presence::{Binding, Group};
 use crate::router::{self, HANDOVER_QUEUE, Handover};
 use crate::schema::{self, Schemas};
 use crate::session;
-
-/// Decides whether a handshake's token may open a session.
-pub trait TokenCheck: Send + Sync + 'static {
-    fn check(&self, token: &str) -> bool;
-}
-
-/// Accepts every token: for development and for gates behind their own auth.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct AnyToken;
-
-impl TokenCheck for AnyToken {
-    fn check(&self, _token: &str) -> bool {
-        true
-    }
-}
-
-/// Accepts exactly one shared token.
-#[derive(Debug, Clone)]
-pub struct StaticToken(pub String);
-
-impl TokenCheck for StaticToken {
-    fn check(&self, token: &str) -> bool {
-        token == self.0
-    }
-}
+use crate::tls::Tls;
+use crate::upgrade::{Origins, UpgradePolicy};
 
 /// What the router hands a session.
 #[derive(Debug)]
@@ -93,6 +73,8 @@ pub(crate) struct GateShared {
     /// Message types the workers announced, for JSON sessions' typed bodies.
     pub schemas: Schemas,
     pub ws_config: WebSocketConfig,
+    /// What a new connection's HTTP request may be and ask for.
+    pub upgrade: UpgradePolicy,
     /// Cancelled when the gate starts shutting down: sessions drain and close.
     pub draining: CancellationToken,
     /// Cancelled once the gate has shut down and its sessions are gone: the router
@@ -103,6 +85,8 @@ pub(crate) struct GateShared {
     /// The router task, for [`Gate::run`] to wait for.
     router: TaskTracker,
     pub rejected: Rejected,
+    /// Connections held, from accept to close, against `max_sessions` and per IP.
+    pub admission: Admission,
     next_sid: AtomicU64,
 }
 
@@ -178,12 +162,19 @@ impl Gate {
             .await
             .context("subscribing the schema announcements")?;
         let ask = proto::schema::ask_subject(&config.prefix);
+        let admission = Admission::new(config.max_sessions, config.max_connections_per_ip);
         let ws_config = WebSocketConfig::default()
             .read_buffer_size(WS_READ_BUFFER)
             .write_buffer_size(WS_WRITE_BUFFER)
             .max_write_buffer_size(WS_WRITE_BUFFER + 2 * config.max_frame)
             .max_frame_size(Some(config.max_frame))
             .max_message_size(Some(config.max_frame));
+        let upgrade = UpgradePolicy {
+            timeout: config.upgrade_timeout,
+            max_bytes: config.max_upgrade_bytes,
+            pages: !config.no_web,
+            origins: Origins::from_list(&config.allowed_origins),
+        };
         let (handovers, handed_over) = mpsc::channel(HANDOVER_QUEUE);
         let shared = Arc::new(GateShared {
             id: config.gate_id.clone(),
@@ -196,11 +187,13 @@ impl Gate {
             token_check,
             schemas: Schemas::default(),
             ws_config,
+            upgrade,
             draining: CancellationToken::new(),
             stopped: CancellationToken::new(),
             handovers,
             router: TaskTracker::new(),
             rejected: Rejected::new(),
+            admission,
             next_sid: AtomicU64::new(1),
         });
         shared
@@ -230,6 +223,11 @@ impl Gate {
         self.0.sessions.len()
     }
 
+    /// Connections held now: sessions and connections still upgrading or handshaking.
+    pub fn connection_count(&self) -> usize {
+        self.0.admission.connections()
+    }
+
     /// Groups this gate holds a subscription for (some local session is a member).
     pub fn group_count(&self) -> usize {
         self.0.group_count()
@@ -249,36 +247,135 @@ impl Gate {
         listener: TcpListener,
         shutdown: CancellationToken,
     ) -> std::io::Result<()> {
-        let tracker = TaskTracker::new();
+        self.serve(vec![Listener::plain(listener)], shutdown).await
+    }
+
+    /// [`Gate::run`] on several listeners at once (plain `ws://` and TLS `wss://` side
+    /// by side): one accept loop each, one shutdown for all.
+    pub async fn serve(
+        &self,
+        listeners: Vec<Listener>,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<()> {
+        let sessions = TaskTracker::new();
+        let accepting = TaskTracker::new();
+        for listener in listeners {
+            let (gate, sessions, shutdown) = (self.0.clone(), sessions.clone(), shutdown.clone());
+            accepting.spawn(accept_loop(gate, listener, sessions, shutdown));
+        }
+        accepting.close();
         let in_flight = metrics::gauge!("gate_in_flight");
         let mut sample = tokio::time::interval(IN_FLIGHT_SAMPLE);
         sample.set_missed_tick_behavior(MissedTickBehavior::Skip);
         loop {
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
+            tokio::select! {
                 _ = sample.tick() => {
                     in_flight.set(self.0.in_flight.load(Ordering::Relaxed) as f64);
-                    continue;
                 }
                 () = shutdown.cancelled() => break,
-            };
-            match accepted {
-                Ok((stream, addr)) => {
-                    let _ = stream.set_nodelay(true);
-                    tracker.spawn(session::run(self.0.clone(), stream, addr));
-                }
-                Err(e) => tracing::warn!(error = %e, "accept failed"),
             }
         }
-        drop(listener);
+        accepting.wait().await;
         self.0.draining.cancel();
-        tracker.close();
-        tracker.wait().await;
+        sessions.close();
+        sessions.wait().await;
         // Only now: draining sessions still wait for their replies.
         self.0.stopped.cancel();
         self.0.router.wait().await;
         Ok(())
     }
+}
+
+/// A socket the gate accepts on: plain (`ws://`) or TLS (`wss://`).
+#[derive(Debug)]
+pub struct Listener {
+    tcp: TcpListener,
+    tls: Option<Tls>,
+}
+
+impl Listener {
+    pub fn plain(tcp: TcpListener) -> Listener {
+        Listener { tcp, tls: None }
+    }
+
+    /// Every connection does its TLS handshake first, with the certificate `tls`
+    /// holds when it is accepted.
+    pub fn tls(tcp: TcpListener, tls: Tls) -> Listener {
+        Listener {
+            tcp,
+            tls: Some(tls),
+        }
+    }
+}
+
+/// Accepts on one listener until `shutdown`; sessions go on `sessions`.
+async fn accept_loop(
+    gate: Arc<GateShared>,
+    listener: Listener,
+    sessions: TaskTracker,
+    shutdown: CancellationToken,
+) {
+    let name = if listener.tls.is_some() {
+        "gate-tls"
+    } else {
+        "gate"
+    };
+    let mut acceptor = Acceptor::new(listener.tcp, name);
+    loop {
+        let (stream, addr) = tokio::select! {
+            a = acceptor.accept() => a,
+            () = shutdown.cancelled() => return,
+        };
+        let ticket = match gate.admission.admit(addr.ip()) {
+            Ok(ticket) => ticket,
+            Err(refusal) => {
+                refuse(stream, addr, refusal);
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        match &listener.tls {
+            None => {
+                sessions.spawn(session::run(gate.clone(), stream, addr, ticket));
+            }
+            Some(tls) => {
+                let (gate, tls) = (gate.clone(), tls.acceptor());
+                sessions.spawn(async move {
+                    // The TLS handshake is part of the upgrade: the same deadline holds it.
+                    let handshake = tokio::time::timeout(gate.upgrade.timeout, tls.accept(stream));
+                    match handshake.await {
+                        Ok(Ok(stream)) => session::run(gate, stream, addr, ticket).await,
+                        Ok(Err(e)) => {
+                            metrics::counter!("gate_upgrade_failed_total", "reason" => "tls")
+                                .increment(1);
+                            tracing::debug!(%addr, error = %e, "TLS handshake failed");
+                        }
+                        Err(_) => {
+                            metrics::counter!("gate_upgrade_failed_total", "reason" => "timeout")
+                                .increment(1);
+                        }
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Refusals at accept, one line a second at most: a flood is what they refuse.
+static REFUSED_LOG: LogLimiter = LogLimiter::per_second();
+
+/// Answers a refused connection and closes it, in the accept loop: no task, no wait.
+/// On a fresh socket the short answer fits the empty send buffer, so `try_write` takes
+/// it whole.
+fn refuse(stream: TcpStream, addr: std::net::SocketAddr, refusal: Refusal) {
+    metrics::counter!("gate_rejected_total", "reason" => refusal.label()).increment(1);
+    if let Some(tally) = REFUSED_LOG.check() {
+        tracing::warn!(%addr, reason = refusal.label(), "connection refused{tally}");
+    }
+    // What the client already sent is read first where it has arrived: closing a socket
+    // with unread input resets it, and the client would see a reset, not the status.
+    let _ = stream.try_read(&mut [0u8; 1024]);
+    let _ = stream.try_write(refusal.response());
 }
 
 impl GateShared {
@@ -323,12 +420,5 @@ mod tests {
         assert_eq!(parse_sid_id("12"), None);
         assert_eq!(parse_sid_id("x.7"), None);
         assert_eq!(parse_sid_id("1.2.3"), None);
-    }
-
-    #[test]
-    fn static_token_checks_exactly() {
-        assert!(StaticToken("s3cret".into()).check("s3cret"));
-        assert!(!StaticToken("s3cret".into()).check("s3cre"));
-        assert!(AnyToken.check(""));
     }
 }

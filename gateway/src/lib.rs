@@ -4,6 +4,8 @@
 //!
 //! Also the Rust client SDK ([`sdk`]) that tests and the load test drive it with.
 
+mod admission;
+pub mod auth;
 mod codec;
 pub mod config;
 mod forward;
@@ -16,8 +18,12 @@ mod router;
 mod schema;
 pub mod sdk;
 mod session;
+pub mod tls;
+mod upgrade;
+mod web;
 mod wire;
 
+pub use auth::{AnyToken, AuthError, Identity, JwtCheck, StaticToken, TokenCheck};
 pub use config::GateConfig;
-pub use gate::{AnyToken, Gate, StaticToken, TokenCheck};
+pub use gate::{Gate, Listener};
 pub use presence::UidConflict;

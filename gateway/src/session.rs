@@ -18,7 +18,7 @@ use proto::client::{self, Packet, packet::Kind};
 use proto::code;
 use proto::rpc::{Effect, SessionClosed, effect};
 use rustc_hash::FxHashMap;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_tungstenite::WebSocketStream;
@@ -26,16 +26,22 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
+use crate::admission::Ticket;
 use crate::codec::{Codec, Decoded};
 use crate::forward::{SessionWire, encode_request};
 use crate::gate::{GateShared, ToSession, WorkerReply};
 use crate::limits::TokenBucket;
 use crate::presence::BindError;
 use crate::route;
+use crate::upgrade;
 
 /// One owner reads and writes: the session never does both at once, so the socket is not
 /// split (a split puts a lock in front of every read and write).
-type Ws = WebSocketStream<TcpStream>;
+type Ws<S> = WebSocketStream<S>;
+
+/// What a session runs on: a TCP socket, or TLS over one.
+pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
 
 /// Frames handled after the first in one turn, before the answers are flushed; bounds
 /// how long replies already queued for the session wait behind a fast reader.
@@ -87,7 +93,7 @@ struct Pending {
     route: Arc<str>,
 }
 
-struct Session {
+struct Session<S> {
     gate: Arc<GateShared>,
     sid: u64,
     /// The protocol the client spoke in its handshake.
@@ -100,12 +106,14 @@ struct Session {
     serial_queue: VecDeque<client::Request>,
     /// The session as requests carry it: uid and data.
     wire: SessionWire,
+    /// When the player's signed token expires (a `Refresh` moves it).
+    expires: Option<Instant>,
     /// `<prefix>.gw.<gate>.<sid>.`: a request's reply subject is this and its id.
     reply_prefix: String,
     /// Each route seen, as a label, and its publish subject.
     routes: Cache<Arc<str>, (Arc<str>, Subject)>,
     groups: Vec<String>,
-    ws: Ws,
+    ws: Ws<S>,
     pending: FxHashMap<u64, Pending>,
     /// (deadline, id) in deadline order: every request has the same timeout.
     deadlines: VecDeque<(Instant, u64)>,
@@ -115,33 +123,23 @@ struct Session {
     durations: Cache<(Arc<str>, u32), metrics::Histogram>,
 }
 
-/// Serves one connection from WebSocket upgrade to close.
-pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAddr) {
-    let deadline = Instant::now() + gate.config.handshake_timeout;
-    let mut ws = match timeout(
-        gate.config.handshake_timeout,
-        tokio_tungstenite::accept_async_with_config(stream, Some(gate.ws_config)),
-    )
-    .await
-    {
-        Ok(Ok(ws)) => ws,
-        Ok(Err(e)) => {
-            tracing::debug!(%addr, error = %e, "websocket handshake failed");
+/// Serves one connection from WebSocket upgrade to close; `_ticket` holds its place
+/// among the gate's connections until then.
+pub(crate) async fn run<S: Io>(
+    gate: Arc<GateShared>,
+    stream: S,
+    addr: SocketAddr,
+    _ticket: Ticket,
+) {
+    let mut ws = match upgrade::accept(stream, &gate.upgrade, gate.ws_config).await {
+        Ok(ws) => ws,
+        Err(e) => {
+            metrics::counter!("gate_upgrade_failed_total", "reason" => e.label()).increment(1);
+            tracing::debug!(%addr, error = %e, "no websocket upgrade");
             return;
         }
-        Err(_) => return,
     };
-    if gate.sessions.len() >= gate.config.max_sessions {
-        metrics::counter!("gate_rejected_total", "reason" => "sessions").increment(1);
-        close(&mut ws, Closing::new(CloseCode::Again, "gate full")).await;
-        return;
-    }
-    let hello = match timeout(
-        deadline.saturating_duration_since(Instant::now()),
-        ws.next(),
-    )
-    .await
-    {
+    let hello = match timeout(gate.config.handshake_timeout, ws.next()).await {
         Ok(Some(Ok(frame))) => frame,
         Ok(_) => return,
         Err(_) => {
@@ -181,17 +179,43 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
             message: message.into(),
         }))
     };
-    if !gate.token_check.check(&handshake.token) {
-        let _ = ws.send(ack(code::UNAUTHORIZED, "token refused")).await;
-        close(&mut ws, Closing::new(CloseCode::Policy, "unauthorized")).await;
-        return;
-    }
-    if ws.send(ack(code::OK, "")).await.is_err() {
-        return;
-    }
+    let identity = match gate.token_check.check(&handshake.token) {
+        Ok(identity) => identity,
+        Err(e) => {
+            metrics::counter!("gate_auth_failures_total", "reason" => e.reason()).increment(1);
+            let _ = ws.send(ack(code::UNAUTHORIZED, &e.to_string())).await;
+            close(&mut ws, Closing::new(CloseCode::Policy, "unauthorized")).await;
+            return;
+        }
+    };
     // Room for every in-flight answer plus pushes: the router never blocks.
     let (tx, rx) = mpsc::channel(gate.config.max_in_flight + gate.config.outbound_queue);
     gate.sessions.insert(sid, tx);
+    let mut wire = SessionWire::new(&gate.id, sid);
+    let mut expires = None;
+    if let Some(identity) = identity {
+        // Bound before the ack: the first request already carries the player.
+        if let Err(e) = gate.bind(&identity.uid, sid).await {
+            gate.sessions.remove(&sid);
+            let _ = ws.send(ack(bind_refusal(&e), &e.to_string())).await;
+            close(&mut ws, Closing::new(CloseCode::Policy, "uid refused")).await;
+            return;
+        }
+        expires = identity.expires.map(instant_of);
+        wire.update(|s| {
+            s.uid = identity.uid;
+            s.claims = identity.claims;
+            s.authenticated = true;
+        });
+    }
+    if ws.send(ack(code::OK, "")).await.is_err() {
+        gate.sessions.remove(&sid);
+        let uid = &wire.get().uid;
+        if !uid.is_empty() {
+            gate.unbind(uid, sid);
+        }
+        return;
+    }
     metrics::gauge!("gate_sessions").increment(1.0);
     tracing::debug!(sid, %addr, "session open");
     let mut session = Session {
@@ -203,7 +227,8 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
         serial: handshake.serial,
         serial_pending: None,
         serial_queue: VecDeque::new(),
-        wire: SessionWire::new(&gate.id, sid),
+        wire,
+        expires,
         reply_prefix: format!("{}.gw.{}.{sid}.", gate.config.prefix, gate.id),
         routes: Cache::default(),
         groups: Vec::new(),
@@ -222,7 +247,7 @@ pub(crate) async fn run(gate: Arc<GateShared>, stream: TcpStream, addr: SocketAd
     close(&mut session.ws, closing).await;
 }
 
-async fn close(ws: &mut Ws, closing: Closing) {
+async fn close<S: Io>(ws: &mut Ws<S>, closing: Closing) {
     let frame = CloseFrame {
         code: closing.code,
         reason: closing.reason.into(),
@@ -230,11 +255,31 @@ async fn close(ws: &mut Ws, closing: Closing) {
     let _ = ws.send(Message::Close(Some(frame))).await;
 }
 
+/// The kick reason, and close reason, of a session whose signed token expired.
+const TOKEN_EXPIRED: &str = "token expired";
+
+/// The handshake's answer when the token's player cannot be bound.
+fn bind_refusal(e: &BindError) -> u32 {
+    match e {
+        BindError::Taken => code::CONFLICT,
+        BindError::Invalid => code::UNAUTHORIZED,
+        BindError::Bus(_) => code::OVERLOADED,
+    }
+}
+
+/// A wall-clock instant (a token's `exp`) on the monotonic clock; one in the past is now.
+fn instant_of(at: std::time::SystemTime) -> Instant {
+    let left = at
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    Instant::now() + left
+}
+
 fn micros(d: Duration) -> u32 {
     d.as_micros().try_into().unwrap_or(u32::MAX)
 }
 
-impl Session {
+impl<S: Io> Session<S> {
     async fn serve(&mut self, mut rx: mpsc::Receiver<ToSession>) -> Closing {
         let heartbeat = self.gate.config.heartbeat;
         let silence = sleep_until(self.last_seen + 2 * heartbeat);
@@ -248,6 +293,8 @@ impl Session {
         let draining = self.gate.draining.child_token();
         let drain = draining.cancelled();
         tokio::pin!(drain);
+        let token_expiry = sleep_until(self.expires.unwrap_or_else(Instant::now));
+        tokio::pin!(token_expiry);
         loop {
             if let Some(&(deadline, _)) = self.deadlines.front() {
                 expiry.as_mut().reset(deadline);
@@ -281,6 +328,17 @@ impl Session {
                     silence.as_mut().reset(due);
                 }
                 () = &mut drain => break self.drain(&mut rx).await,
+                () = &mut token_expiry, if self.expires.is_some() => {
+                    // Checked lazily, like the heartbeat: a Refresh only moves `expires`.
+                    match self.expires {
+                        Some(due) if due > Instant::now() => token_expiry.as_mut().reset(due),
+                        _ => {
+                            self.send(Kind::Kick(client::Kick { reason: TOKEN_EXPIRED.into() })).await;
+                            let _ = self.ws.flush().await;
+                            break Closing::new(CloseCode::Policy, TOKEN_EXPIRED);
+                        }
+                    }
+                }
             }
             // Coalesce: everything else already waiting goes out with the same flush.
             let mut kicked = None;
@@ -297,6 +355,29 @@ impl Session {
                 break Closing::new(CloseCode::Away, "write failed");
             }
         }
+    }
+
+    /// Takes a fresh token for the session's player: its expiry and claims replace the
+    /// old ones. A refused token changes nothing; the old one still expires when due.
+    fn refresh(&mut self, token: &str) -> Result<(), String> {
+        let identity = match self.gate.token_check.check(token) {
+            Ok(Some(identity)) => identity,
+            Ok(None) => return Err("this gate takes no signed player tokens".into()),
+            Err(e) => {
+                metrics::counter!("gate_auth_failures_total", "reason" => e.reason()).increment(1);
+                return Err(e.to_string());
+            }
+        };
+        let session = self.wire.get();
+        if !session.authenticated || identity.uid != session.uid {
+            return Err(format!(
+                "token names {:?}, not this session's player",
+                identity.uid
+            ));
+        }
+        self.expires = identity.expires.map(instant_of);
+        self.wire.update(|s| s.claims = identity.claims);
+        Ok(())
     }
 
     /// Handles up to [`READ_BATCH`] more frames that are readable without waiting.
@@ -359,6 +440,15 @@ impl Session {
             }
             Some(Kind::Heartbeat(_)) => {
                 self.send(Kind::Heartbeat(client::Heartbeat {})).await;
+                Ok(())
+            }
+            Some(Kind::Refresh(refresh)) => {
+                let (code, message) = match self.refresh(&refresh.token) {
+                    Ok(()) => (code::OK, String::new()),
+                    Err(message) => (code::UNAUTHORIZED, message),
+                };
+                self.send(Kind::RefreshAck(client::RefreshAck { code, message }))
+                    .await;
                 Ok(())
             }
             Some(Kind::Handshake(_)) => Err(Closing::new(CloseCode::Policy, "handshake repeated")),
@@ -572,6 +662,14 @@ impl Session {
         for kind in effects.into_iter().filter_map(|e| e.kind) {
             match kind {
                 effect::Kind::BindUid(uid) => {
+                    let session = self.wire.get();
+                    if session.authenticated && session.uid != uid {
+                        resp.code = code::FORBIDDEN;
+                        resp.message =
+                            format!("the player is {:?}, named by its signed token", session.uid);
+                        resp.body = Default::default();
+                        break;
+                    }
                     if let Err(e) = self.gate.bind(&uid, self.sid).await {
                         resp.code = match e {
                             BindError::Taken => code::CONFLICT,

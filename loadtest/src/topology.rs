@@ -547,9 +547,18 @@ impl Topology {
             }
         };
         for n in 0..spec.gates {
-            let mut args: Vec<String> = ["gate", "--listen", "127.0.0.1:0", "--nats", &nats]
-                .map(String::from)
-                .to_vec();
+            // Every load-test client connects from 127.0.0.1: one address, no per-IP cap.
+            let mut args: Vec<String> = [
+                "gate",
+                "--listen",
+                "127.0.0.1:0",
+                "--nats",
+                &nats,
+                "--max-connections-per-ip",
+                "0",
+            ]
+            .map(String::from)
+            .to_vec();
             metrics(&mut args);
             args.extend(spec.gate_args.iter().cloned());
             self.procs

@@ -32,6 +32,21 @@ enum JsonPacket {
     Response(Response),
     Push(Push),
     Kick(Kick),
+    Refresh(Refresh),
+    RefreshAck(RefreshAck),
+}
+
+#[derive(Serialize, Deserialize, Default)]
+#[serde(default)]
+struct Refresh {
+    token: String,
+}
+
+#[derive(Serialize, Deserialize, Default)]
+#[serde(default)]
+struct RefreshAck {
+    code: u32,
+    message: String,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -201,6 +216,11 @@ pub fn decode_typed(frame: &str) -> Result<(Packet, bool), JsonError> {
             body: body(p.body),
         }),
         JsonPacket::Kick(k) => Kind::Kick(client::Kick { reason: k.reason }),
+        JsonPacket::Refresh(r) => Kind::Refresh(client::Refresh { token: r.token }),
+        JsonPacket::RefreshAck(a) => Kind::RefreshAck(client::RefreshAck {
+            code: a.code,
+            message: a.message,
+        }),
     };
     Ok((Packet::new(kind), typed))
 }
@@ -249,6 +269,13 @@ pub fn encode_typed(packet: &Packet, typed: bool) -> Option<String> {
         }),
         Kind::Kick(k) => JsonPacket::Kick(Kick {
             reason: k.reason.clone(),
+        }),
+        Kind::Refresh(r) => JsonPacket::Refresh(Refresh {
+            token: r.token.clone(),
+        }),
+        Kind::RefreshAck(a) => JsonPacket::RefreshAck(RefreshAck {
+            code: a.code,
+            message: a.message.clone(),
         }),
     };
     serde_json::to_string(&json).ok()

@@ -4,7 +4,7 @@
 //!
 //! | route | does | errors |
 //! |---|---|---|
-//! | `chat.login{name}` | binds uid `name` (one session per name: the gate kicks the older session, or answers 409 in refuse mode) and sets session data `nick` | 400 bad name or already logged in as another name |
+//! | `chat.login{name}` | binds uid `name` (one session per name: the gate kicks the older session, or answers 409 in refuse mode) and sets session data `nick`; a player signed in by token (JWT) may only use the token's name (`name` may then be empty) | 400 bad name or already logged in as another name; 403 a name not the token's |
 //! | `chat.join{room}` | enters `room`; answers its members; pushes `chat.joined` to the room | 401 not logged in, 400 bad room or too many rooms |
 //! | `chat.leave{room}` | leaves `room` (no-op when not in it); pushes `chat.left` (reason `left`) | 400 bad room |
 //! | `chat.say{room, text}` | pushes `chat.message` `ChatMessage{room, from, text}` to the room | 401, 400 bad room or text, 403 not in the room |
@@ -205,7 +205,19 @@ fn member_event(room: &str, name: &str, reason: &str) -> Vec<u8> {
     .encode_to_vec()
 }
 
-fn on_login(ctx: &mut Context, req: LoginRequest) -> Result<LoginResponse, HandlerError> {
+fn on_login(ctx: &mut Context, mut req: LoginRequest) -> Result<LoginResponse, HandlerError> {
+    if ctx.authenticated() {
+        // The player's signed token named them: that is the only name they may use.
+        let uid = ctx.uid().unwrap_or_default();
+        if req.name.is_empty() {
+            req.name = uid.to_owned();
+        } else if req.name != uid {
+            return Err(HandlerError::with_code(
+                code::FORBIDDEN,
+                format!("signed in as {uid:?}: cannot log in as {:?}", req.name),
+            ));
+        }
+    }
     check_name(&req.name)?;
     if let Some(uid) = ctx.uid().filter(|uid| *uid != req.name) {
         // Memberships carry the name: renaming a session in rooms would leave them stale.

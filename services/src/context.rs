@@ -95,6 +95,19 @@ impl Context {
         Some(self.session.uid.as_str()).filter(|uid| !uid.is_empty())
     }
 
+    /// Whether the uid was named by the player's signed token (JWT) at the handshake.
+    /// Such a uid is who the player is: a service must not bind another (the gate
+    /// refuses it with 403 anyway).
+    pub fn authenticated(&self) -> bool {
+        self.session.authenticated
+    }
+
+    /// One claim of the player's signed token, other than `sub` (which is the uid):
+    /// strings as they are, other values as their JSON text (`"7"`, `"[\"a\"]"`).
+    pub fn claim(&self, name: &str) -> Option<&str> {
+        self.session.claims.get(name).map(String::as_str)
+    }
+
     /// One value of the session's data.
     pub fn data(&self, key: &str) -> Option<&str> {
         self.session.data.get(key).map(String::as_str)
@@ -229,6 +242,7 @@ mod tests {
             sid: 7,
             uid: String::new(),
             data: [("lang".to_string(), "en".to_string())].into(),
+            ..Default::default()
         }
     }
 

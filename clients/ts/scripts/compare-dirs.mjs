@@ -1,4 +1,5 @@
-// Compares two directory trees file by file; used by check:generated and check:bundle.
+// Compares two directory trees file by file; used by check:generated and check:bundle,
+// here and in workers/ts.
 import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join, relative } from "node:path";
 

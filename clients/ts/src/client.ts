@@ -13,12 +13,13 @@ import { create } from "@bufbuild/protobuf";
 import type { DescMessage, MessageInitShape, MessageShape } from "@bufbuild/protobuf";
 import { backoffDelay, DEFAULT_RECONNECT, nextUrlIndex, type ReconnectOptions } from "./backoff.js";
 import type { Body } from "./body.js";
-import type { Codec, Encoding, Frame, Inbound, Timing } from "./codec/codec.js";
+import type { Codec, Encoding, Frame, Inbound } from "./codec/codec.js";
 import { describe } from "./codec/codec.js";
 import { jsonCodec } from "./codec/json.js";
 import { protobufCodec } from "./codec/protobuf.js";
 import { ShaddockError, Status } from "./errors.js";
 import { Listeners } from "./listeners.js";
+import { Requests, type Reply } from "./requests.js";
 import type { Method, PushRoute } from "./typed.js";
 import {
   closeReason,
@@ -77,13 +78,6 @@ export interface RequestOptions {
   timeoutMs?: number;
 }
 
-/** An answer with what came with it. */
-export interface Reply {
-  body: Body;
-  /** Present when the handshake asked for server timing. */
-  timing?: Timing;
-}
-
 /**
  * `idle` before `connect()`; `connecting` until the first handshake succeeds; `open`;
  * `reconnecting` after a drop; `closed` for good.
@@ -106,17 +100,6 @@ export interface StateEvent {
 }
 
 type Timer = ReturnType<typeof setTimeout>;
-
-interface Pending {
-  readonly route: string;
-  readonly frame: Frame;
-  /** False for a notify: sent, never answered. */
-  readonly answered: boolean;
-  sent: boolean;
-  readonly timer: Timer;
-  readonly resolve: (reply: Reply) => void;
-  readonly reject: (error: ShaddockError) => void;
-}
 
 export class Client {
   readonly encoding: Encoding;
@@ -142,9 +125,8 @@ export class Client {
   private retryTimer: Timer | undefined;
   private heartbeatTimer: ReturnType<typeof setInterval> | undefined;
 
-  /** Requests and notifies not yet answered (or not yet sent), in the order made. */
-  private readonly pending = new Map<number, Pending>();
-  private nextId = 1;
+  /** Requests, notifies and refreshes not yet answered (or not yet sent). */
+  private readonly requests: Requests;
 
   private readonly stateListeners = new Listeners<[StateEvent]>();
   private readonly kickListeners = new Listeners<[string]>();
@@ -174,6 +156,7 @@ export class Client {
       maxPending: options.maxPending ?? DEFAULT_MAX_PENDING,
       maxFrameBytes: options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES,
     };
+    this.requests = new Requests(this.options.maxPending);
     const reconnect = options.reconnect ?? true;
     this.reconnect = reconnect === false ? undefined : { ...DEFAULT_RECONNECT, ...(reconnect === true ? {} : reconnect) };
     this.closedPromise = new Promise((resolve) => {
@@ -280,6 +263,25 @@ export class Client {
     this.enqueue(route, body, false, undefined, () => {}, (error) => this.report(error));
   }
 
+  /**
+   * Hands the gate a fresh token for this session before the current one expires
+   * (the gate kicks a session whose token expired). Resolves when the gate accepts it;
+   * rejects with its code (401) and message when it refuses, and the session keeps
+   * the old one. Later handshakes (reconnects) use the accepted token. While not
+   * connected it only replaces the token the next handshake sends.
+   */
+  refresh(token: string, options?: RequestOptions): Promise<void> {
+    if (this._state === "closed") return Promise.reject(this.closedError());
+    if (this._state !== "open") {
+      this.options.token = token;
+      return Promise.resolve();
+    }
+    return new Promise((resolve, reject) => {
+      this.requests.addRefresh(token, options?.timeoutMs ?? this.options.requestTimeoutMs, resolve, reject);
+      this.send(this.codec.encode({ kind: "refresh", token }));
+    });
+  }
+
   /** Listens to pushes on `route`; returns the function that stops it. */
   on(route: string, listener: (body: Body) => void): () => void {
     let listeners = this.pushListeners.get(route);
@@ -341,59 +343,14 @@ export class Client {
     reject: (error: ShaddockError) => void,
   ): void {
     if (this._state === "closed") return reject(this.closedError(route));
-    if (this.pending.size >= this.options.maxPending) {
-      return reject(new ShaddockError(Status.TooManyRequests, `${this.pending.size} requests pending already`, true, route));
-    }
-    const id = this.nextId++;
-    let frame: Frame;
-    try {
-      frame = this.codec.encode({ kind: "request", id: answered ? id : 0, route, body });
-    } catch (error) {
-      return reject(
-        error instanceof ShaddockError ? error : new ShaddockError(Status.BadRequest, describe(error), true, route),
-      );
-    }
-    const ms = timeoutMs ?? this.options.requestTimeoutMs;
-    const timer = setTimeout(() => {
-      const entry = this.pending.get(id);
-      if (entry === undefined) return;
-      this.pending.delete(id);
-      const what = entry.sent ? `no answer within ${ms} ms` : `not connected within ${ms} ms`;
-      entry.reject(new ShaddockError(Status.Timeout, what, true, route));
-    }, ms);
-    const entry: Pending = { route, frame, answered, sent: false, timer, resolve, reject };
-    this.pending.set(id, entry);
-    if (this._state === "open") this.sendPending(id, entry);
+    const encode = (id: number) => this.codec.encode({ kind: "request", id, route, body });
+    const id = this.requests.add(route, answered, timeoutMs ?? this.options.requestTimeoutMs, encode, resolve, reject);
+    if (id !== undefined && this._state === "open") this.sendRequest(id);
   }
 
-  private sendPending(id: number, entry: Pending): void {
-    if (!this.send(entry.frame)) return;
-    entry.sent = true;
-    if (!entry.answered) {
-      clearTimeout(entry.timer);
-      this.pending.delete(id);
-      entry.resolve({ body: "" });
-    }
-  }
-
-  private answer(id: number, code: number, body: Body, message: string, timing: Timing | undefined): void {
-    const entry = this.pending.get(id);
-    // Gone already: answered after its local timeout.
-    if (entry === undefined || !entry.sent) return;
-    this.pending.delete(id);
-    clearTimeout(entry.timer);
-    if (code === Status.OK) entry.resolve(timing === undefined ? { body } : { body, timing });
-    else entry.reject(new ShaddockError(code, message || `status ${code}`, false, entry.route));
-  }
-
-  /** Fails requests already sent on a connection that is gone: their answers cannot come. */
-  private failSent(reason: string): void {
-    for (const [id, entry] of this.pending) {
-      if (!entry.sent) continue;
-      this.pending.delete(id);
-      clearTimeout(entry.timer);
-      entry.reject(new ShaddockError(Status.Unavailable, `connection lost: ${reason}`, true, entry.route));
-    }
+  private sendRequest(id: number): void {
+    const frame = this.requests.unsentFrame(id);
+    if (frame !== undefined && this.send(frame)) this.requests.sent(id);
   }
 
   // --- connection ---
@@ -464,8 +421,8 @@ export class Client {
     this.setState({ state: "open", url: this.url, sessionId: packet.sessionId });
     // A listener may have closed the client or dropped the socket.
     if (socket !== this.socket) return;
-    for (const [id, entry] of this.pending) {
-      if (!entry.sent) this.sendPending(id, entry);
+    for (const id of this.requests.unsent()) {
+      this.sendRequest(id);
       if (socket !== this.socket) return;
     }
   }
@@ -473,7 +430,7 @@ export class Client {
   private dispatch(socket: WebSocketLike, packet: Inbound): void {
     switch (packet.kind) {
       case "response":
-        return this.answer(packet.id, packet.code, packet.body, packet.message, packet.timing);
+        return this.requests.answer(packet.id, packet.code, packet.body, packet.message, packet.timing);
       case "push":
         this.pushListeners.get(packet.route)?.emit((error) => this.report(error), packet.body);
         return;
@@ -482,6 +439,12 @@ export class Client {
         this.kickReason = packet.reason;
         this.kickListeners.emit((error) => this.report(error), packet.reason);
         return;
+      case "refreshAck": {
+        const accepted = this.requests.refreshAcked(packet.code, packet.message);
+        if (accepted === false) return this.drop(socket, "bad frame from the gate: a refresh ack for no refresh", true);
+        if (accepted !== undefined) this.options.token = accepted;
+        return;
+      }
       case "heartbeat":
         return;
       case "handshakeAck":
@@ -536,7 +499,7 @@ export class Client {
     clearInterval(this.heartbeatTimer);
     this.acked = false;
     this._sessionId = undefined;
-    this.failSent(reason);
+    this.requests.failSent(`connection lost: ${reason}`);
     this.retry(reason, reconnectable);
   }
 
@@ -569,11 +532,7 @@ export class Client {
     this._closedReason = reason;
     this._sessionId = undefined;
     this._state = "closed";
-    for (const entry of this.pending.values()) {
-      clearTimeout(entry.timer);
-      entry.reject(new ShaddockError(Status.Unavailable, `client closed: ${reason}`, true, entry.route));
-    }
-    this.pending.clear();
+    this.requests.failAll(`client closed: ${reason}`);
     this.stateListeners.emit((error) => this.report(error), { state: "closed", reason });
     this.resolveClosed(reason);
   }

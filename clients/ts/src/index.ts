@@ -13,10 +13,10 @@ export {
   DEFAULT_REQUEST_TIMEOUT_MS,
   type ClientOptions,
   type ConnectionState,
-  type Reply,
   type RequestOptions,
   type StateEvent,
 } from "./client.js";
+export type { Reply } from "./requests.js";
 export { backoffDelay, DEFAULT_RECONNECT, type ReconnectOptions } from "./backoff.js";
 export { bodyBytes, bodyText, isJsonObject, type Body, type JsonObject, type JsonValue } from "./body.js";
 export type { Encoding, Timing } from "./codec/codec.js";

@@ -112,7 +112,7 @@ describe("a gate that does not answer", () => {
   });
   after(async () => {
     closeAll();
-    if (gate?.child.exitCode === null) gate.child.kill("SIGCONT");
+    if (gate?.child.exitCode === null) gate.resume();
     await gate?.stop();
   });
 
@@ -120,17 +120,24 @@ describe("a gate that does not answer", () => {
     const client = await open({ servers: gate.url, reconnect: false });
     assert.equal(bodyText(await client.request("echo.raw", "before")), "before");
     // A stopped process answers nothing: the request's own deadline must end it.
-    gate.child.kill("SIGSTOP");
+    // pause() resolves once the whole gate has stopped, not merely been signalled.
+    await gate.pause();
     let error: unknown;
+    let waited: number;
+    const sent = performance.now();
     try {
-      error = await rejection(client.request("echo.raw", "lost", { timeoutMs: 200 }));
+      // Bounded, so that a client whose local timeout never fires fails here rather than hanging.
+      error = await within("the request's local timeout", rejection(client.request("echo.raw", "lost", { timeoutMs: 200 })), 5_000);
     } finally {
-      gate.child.kill("SIGCONT");
+      waited = performance.now() - sent;
+      gate.resume();
     }
     assert.ok(error instanceof ShaddockError, String(error));
     assert.equal(error.code, Status.Timeout);
     assert.equal(error.local, true);
     assert.match(error.reason, /no answer within 200 ms/);
+    // Neither early nor long after its deadline (timers may fire a millisecond early).
+    assert.ok(waited >= 195 && waited < 2_000, `timed out after ${waited.toFixed(1)} ms`);
     // The late answer to the timed-out request is ignored; the next one is matched.
     assert.equal(bodyText(await client.request("echo.raw", "after")), "after");
   });

@@ -4,6 +4,7 @@
  * Readiness is read from its log, with a deadline; `stop()` ends exactly that child.
  */
 import { spawn, type ChildProcess } from "node:child_process";
+import { readdir, readFile } from "node:fs/promises";
 import { createServer } from "node:net";
 import { dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -15,6 +16,7 @@ export const SHADDOCK_BIN = process.env["SHADDOCK_BIN"] ?? resolve(PACKAGE_DIR, 
 
 const READY_TIMEOUT_MS = 30_000;
 const STOP_TIMEOUT_MS = 10_000;
+const PAUSE_TIMEOUT_MS = 5_000;
 
 export interface Gate {
   readonly port: number;
@@ -23,6 +25,15 @@ export interface Gate {
   readonly child: ChildProcess;
   /** Everything the gate logged so far. */
   log(): string;
+  /**
+   * SIGSTOP, resolved once every thread of the gate has stopped, so that nothing sent
+   * after it is answered until `resume()`. `kill(2)` returns before that: one thread
+   * takes the signal and then stops the others, and on a busy machine the rest go on
+   * serving for milliseconds, long enough to answer a request sent right after the kill.
+   */
+  pause(): Promise<void>;
+  /** SIGCONT after `pause()`. */
+  resume(): void;
   /** SIGTERM, then SIGKILL if it has not exited within the deadline; resolves when it has exited. */
   stop(): Promise<void>;
 }
@@ -88,7 +99,43 @@ export async function startGate(options: { gatePort?: number; args?: readonly st
     await stop();
     throw error;
   }
-  return { port: readyPort, url: `ws://127.0.0.1:${readyPort}/`, child, log: () => log, stop };
+  const pause = async () => {
+    const pid = child.pid;
+    if (pid === undefined || !child.kill("SIGSTOP")) throw new Error("cannot stop the gate: it is not running");
+    const deadline = Date.now() + PAUSE_TIMEOUT_MS;
+    for (;;) {
+      const states = await threadStates(pid);
+      if (/^[Tt]+$/.test(states)) return;
+      if (Date.now() > deadline) {
+        throw new Error(`gate ${pid} not stopped within ${PAUSE_TIMEOUT_MS} ms after SIGSTOP (thread states ${states})`);
+      }
+      await new Promise((resolve) => setTimeout(resolve, 1));
+    }
+  };
+  const resume = () => {
+    child.kill("SIGCONT");
+  };
+  return { port: readyPort, url: `ws://127.0.0.1:${readyPort}/`, child, log: () => log, stop, pause, resume };
+}
+
+/** The state letter (`R`, `S`, `T`...) of each thread of process `pid`, from Linux's /proc. */
+async function threadStates(pid: number): Promise<string> {
+  let tasks: string[];
+  try {
+    tasks = await readdir(`/proc/${pid}/task`);
+  } catch (error) {
+    throw new Error(`cannot read the threads of gate ${pid} (the tests that stop a gate need Linux's /proc): ${String(error)}`);
+  }
+  const states = await Promise.all(tasks.map(async (task) => {
+    try {
+      const stat = await readFile(`/proc/${pid}/task/${task}/stat`, "utf8");
+      // "pid (comm) S ...": comm may hold spaces and parentheses, the state follows the last ")".
+      return stat.charAt(stat.lastIndexOf(")") + 2);
+    } catch {
+      return ""; // the thread exited meanwhile
+    }
+  }));
+  return states.join("");
 }
 
 /** A port that was free a moment ago (for a gate that must come back on the same port). */

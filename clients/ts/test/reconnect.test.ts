@@ -82,8 +82,9 @@ test("requests in flight when the connection drops fail with 503", async () => {
   const { client } = recorded({ servers: gate.url, reconnect: false });
   client.connect();
   await within("open", client.ready());
-  // SIGKILL: the socket drops with no kick and no answer.
-  gate.child.kill("SIGSTOP");
+  // Stopped (wholly: pause() waits for every thread), the gate cannot answer the request;
+  // then SIGKILL: the socket drops with no kick and no answer.
+  await gate.pause();
   const inFlight = client.request("echo.raw", "lost", { timeoutMs: 30_000 });
   gate.child.kill("SIGKILL");
   const error = await within("the failure", rejection(inFlight));

@@ -36,12 +36,32 @@ impl RawClient {
         RawClient { ws }
     }
 
+    /// Opens the WebSocket from local address `from` (e.g. 127.0.0.2: all of 127/8 is
+    /// loopback on Linux), to tell clients apart by IP.
+    pub async fn connect_from(url: &str, from: std::net::IpAddr) -> RawClient {
+        let to: std::net::SocketAddr = url.trim_start_matches("ws://").parse().unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind((from, 0).into()).unwrap();
+        let stream = within(socket.connect(to)).await.unwrap();
+        let (ws, _) = within(tokio_tungstenite::client_async(
+            url,
+            MaybeTlsStream::Plain(stream),
+        ))
+        .await
+        .unwrap();
+        RawClient { ws }
+    }
+
     /// Opens the WebSocket and completes a binary handshake, which must be accepted.
     pub async fn handshaken(url: &str) -> RawClient {
-        let mut client = RawClient::connect(url).await;
-        let ack = client.handshake(Handshake::default()).await;
+        RawClient::connect(url).await.handshaken_now().await
+    }
+
+    /// Completes a binary handshake, which must be accepted.
+    pub async fn handshaken_now(mut self) -> RawClient {
+        let ack = self.handshake(Handshake::default()).await;
         assert_eq!(ack.code, proto::code::OK, "{ack:?}");
-        client
+        self
     }
 
     /// Sends `handshake` in a binary frame and returns the gate's answer.

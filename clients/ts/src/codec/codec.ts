@@ -26,7 +26,8 @@ export interface Timing {
 export type Outbound =
   | { kind: "handshake"; token: string; serverTiming: boolean; client: string; serial: boolean }
   | { kind: "heartbeat" }
-  | { kind: "request"; id: number; route: string; body: Body };
+  | { kind: "request"; id: number; route: string; body: Body }
+  | { kind: "refresh"; token: string };
 
 /** Packets a gate sends. */
 export type Inbound =
@@ -34,7 +35,8 @@ export type Inbound =
   | { kind: "heartbeat" }
   | { kind: "response"; id: number; code: number; body: Body; message: string; timing?: Timing }
   | { kind: "push"; route: string; body: Body }
-  | { kind: "kick"; reason: string };
+  | { kind: "kick"; reason: string }
+  | { kind: "refreshAck"; code: number; message: string };
 
 export interface Codec {
   readonly encoding: Encoding;
@@ -49,7 +51,7 @@ export interface Codec {
 }
 
 /** Packet kinds only a client sends: a gate sending one is broken. */
-export const CLIENT_ONLY_KINDS: readonly string[] = ["handshake", "request"];
+export const CLIENT_ONLY_KINDS: readonly string[] = ["handshake", "request", "refresh"];
 
 /** A message for a thrown value of unknown type. */
 export function describe(error: unknown): string {

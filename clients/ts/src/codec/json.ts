@@ -29,6 +29,8 @@ export const jsonCodec: Codec = {
         });
       case "heartbeat":
         return JSON.stringify({ heartbeat: {} });
+      case "refresh":
+        return JSON.stringify({ refresh: { token: packet.token } });
       case "request":
         return JSON.stringify({
           request: { id: packet.id, route: packet.route, body: requestBody(packet.body, packet.route) },
@@ -79,6 +81,8 @@ export const jsonCodec: Codec = {
         return { kind: "push", route: string(fields, "route"), body: body(fields) };
       case "kick":
         return { kind: "kick", reason: string(fields, "reason") };
+      case "refresh_ack":
+        return { kind: "refreshAck", code: uint(fields, "code"), message: string(fields, "message") };
       default:
         if (CLIENT_ONLY_KINDS.includes(kind)) {
           throw new ProtocolError(`packet not for a client: ${kind}`);

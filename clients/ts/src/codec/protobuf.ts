@@ -10,6 +10,7 @@ import {
   HandshakeSchema,
   HeartbeatSchema,
   PacketSchema,
+  RefreshSchema,
   RequestSchema,
   type Packet,
 } from "../gen/client_pb.js";
@@ -61,6 +62,8 @@ export const protobufCodec: Codec = {
         return { kind: "push", route: kind.value.route, body: kind.value.body };
       case "kick":
         return { kind: "kick", reason: kind.value.reason };
+      case "refreshAck":
+        return { kind: "refreshAck", code: kind.value.code, message: kind.value.message };
       case undefined:
         throw new ProtocolError("unknown packet kind");
       default:
@@ -98,6 +101,8 @@ function outbound(packet: Outbound): Packet["kind"] {
       };
     case "heartbeat":
       return { case: "heartbeat", value: create(HeartbeatSchema) };
+    case "refresh":
+      return { case: "refresh", value: create(RefreshSchema, { token: packet.token }) };
     case "request":
       if (isJsonObject(packet.body)) {
         throw new ShaddockError(Status.BadRequest, "a JSON object body needs a JSON session", true, packet.route);

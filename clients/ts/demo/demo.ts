@@ -1,0 +1,301 @@
+/**
+ * The demo page the gate serves at `/`: chat (log in, rooms, members, whispers) and an
+ * echo panel with live latency, over the SDK's public API only. It connects to the gate
+ * that served it (`ws(s)://<host>/`), or to `?gate=ws://host:port/` when the page is
+ * served from elsewhere; `?encoding=json` picks JSON frames. For a gate that checks
+ * signed player tokens, the token field's value goes in the handshake (and a new one
+ * refreshes an open session); log in with the token's name then.
+ */
+import {
+  chat,
+  Client,
+  echo,
+  ShaddockError,
+  type Chat,
+  type Echo,
+  type Encoding,
+  type StateEvent,
+} from "../src/index.js";
+import { drawHistogram, Latencies } from "./histogram.js";
+
+const params = new URLSearchParams(location.search);
+const gateUrl = params.get("gate") ?? `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/`;
+
+function $<T extends HTMLElement = HTMLElement>(id: string): T {
+  const el = document.getElementById(id);
+  if (el === null) throw new Error(`#${id} missing from the page`);
+  return el as T;
+}
+
+const ui = {
+  state: $("state"),
+  stateDetail: $("state-detail"),
+  encoding: $<HTMLSelectElement>("encoding"),
+  reconnect: $<HTMLButtonElement>("reconnect"),
+  token: $<HTMLInputElement>("token"),
+  kick: $("kick"),
+  error: $("error"),
+  me: $("me"),
+  name: $<HTMLInputElement>("name"),
+  room: $<HTMLInputElement>("room"),
+  rooms: $("rooms"),
+  log: $("log"),
+  text: $<HTMLInputElement>("text"),
+  whisperTo: $<HTMLInputElement>("whisper-to"),
+  whisperText: $<HTMLInputElement>("whisper-text"),
+  members: $("members"),
+  membersRoom: $("members-room"),
+  echoStart: $<HTMLButtonElement>("echo-start"),
+  echoStop: $<HTMLButtonElement>("echo-stop"),
+  echoStats: $("echo-stats"),
+  echoHist: $<HTMLCanvasElement>("echo-hist"),
+};
+
+let client: Client;
+let chatApi: Chat;
+let echoApi: Echo;
+/** Who this page logged in as, and the rooms it is in: restored after a reconnect. */
+let me: string | undefined;
+const rooms = new Set<string>();
+let current: string | undefined;
+
+function connect(encoding: Encoding): void {
+  client?.close("switching connection");
+  ui.kick.hidden = true;
+  ui.reconnect.hidden = true;
+  client = new Client({ servers: gateUrl, encoding, serial: true, clientName: "shaddock-demo", token: ui.token.value.trim() });
+  chatApi = chat(client);
+  echoApi = echo(client);
+  client.onState(onState);
+  client.onKick((reason) => {
+    ui.kick.textContent = `Kicked: ${reason}`;
+    ui.kick.dataset["reason"] = reason;
+    ui.kick.hidden = false;
+  });
+  client.onError((error) => showError(error));
+  chatApi.onMessage((m) => addLine({ kind: "msg", room: m.room, from: m.from, text: m.text }));
+  chatApi.onWhisper((m) => addLine({ kind: "whisper", room: "", from: m.from, text: m.text }));
+  chatApi.onJoined((e) => {
+    if (e.name !== me) addLine({ kind: "event", room: e.room, from: e.name, text: "joined" });
+    if (e.room === current) void refreshMembers();
+  });
+  chatApi.onLeft((e) => {
+    if (e.name !== me) addLine({ kind: "event", room: e.room, from: e.name, text: `left (${e.reason})` });
+    if (e.room === current) void refreshMembers();
+  });
+  client.connect();
+}
+
+function onState(event: StateEvent): void {
+  ui.state.textContent = event.state;
+  ui.state.dataset["state"] = event.state;
+  const parts: string[] = [];
+  if (event.url) parts.push(event.url);
+  if (event.attempt !== undefined && event.attempt > 1) parts.push(`attempt ${event.attempt}`);
+  if (event.delayMs) parts.push(`in ${event.delayMs} ms`);
+  if (event.reason) parts.push(`(${event.reason})`);
+  ui.stateDetail.textContent = parts.join(" ");
+  if (event.state === "open") void restore();
+  if (event.state === "closed") {
+    ui.reconnect.hidden = false;
+    stopEcho();
+  }
+}
+
+/** A session does not survive a reconnect: log in and join the rooms again. */
+async function restore(): Promise<void> {
+  if (me === undefined) return;
+  await run(async () => {
+    await chatApi.login(me!);
+    for (const room of rooms) await chatApi.join(room);
+    await refreshMembers();
+  });
+}
+
+async function run(action: () => Promise<void>): Promise<void> {
+  ui.error.textContent = "";
+  try {
+    await action();
+  } catch (error) {
+    showError(error);
+  }
+}
+
+function showError(error: unknown): void {
+  ui.error.textContent = error instanceof ShaddockError ? `${error.code}: ${error.reason}` : String(error);
+}
+
+interface Line {
+  kind: "msg" | "whisper" | "event";
+  room: string;
+  from: string;
+  text: string;
+}
+
+function addLine(line: Line): void {
+  const el = document.createElement("div");
+  el.className = `line ${line.kind}`;
+  Object.assign(el.dataset, { room: line.room, from: line.from, text: line.text });
+  if (line.room) {
+    const room = document.createElement("span");
+    room.className = "room";
+    room.textContent = `#${line.room}`;
+    el.append(room);
+  }
+  const says = line.kind === "whisper" ? `${line.from} whispers: ${line.text}` : `${line.from}${line.kind === "event" ? " " : ": "}${line.text}`;
+  el.append(says);
+  const atBottom = ui.log.scrollTop + ui.log.clientHeight >= ui.log.scrollHeight - 4;
+  ui.log.append(el);
+  if (atBottom) ui.log.scrollTop = ui.log.scrollHeight;
+}
+
+function renderRooms(): void {
+  ui.rooms.replaceChildren(
+    ...[...rooms].map((room) => {
+      const li = document.createElement("li");
+      li.dataset["room"] = room;
+      li.classList.toggle("current", room === current);
+      const select = document.createElement("button");
+      select.className = "select";
+      select.textContent = `#${room}`;
+      select.onclick = () => {
+        current = room;
+        renderRooms();
+        void refreshMembers();
+      };
+      const leave = document.createElement("button");
+      leave.className = "leave";
+      leave.textContent = "×";
+      leave.title = `leave ${room}`;
+      leave.onclick = () =>
+        void run(async () => {
+          await chatApi.leave(room);
+          rooms.delete(room);
+          if (current === room) current = [...rooms][0];
+          renderRooms();
+          await refreshMembers();
+        });
+      li.append(select, leave);
+      return li;
+    }),
+  );
+}
+
+async function refreshMembers(): Promise<void> {
+  ui.membersRoom.textContent = current ? `#${current}` : "";
+  const names = current ? await chatApi.members(current) : [];
+  ui.members.replaceChildren(
+    ...names.map((name) => {
+      const li = document.createElement("li");
+      li.textContent = name === me ? `${name} (you)` : name;
+      li.dataset["name"] = name;
+      return li;
+    }),
+  );
+}
+
+function onSubmit(id: string, action: () => Promise<void>): void {
+  $<HTMLFormElement>(id).addEventListener("submit", (event) => {
+    event.preventDefault();
+    void run(action);
+  });
+}
+
+onSubmit("login-form", async () => {
+  const name = ui.name.value.trim();
+  me = await chatApi.login(name);
+  ui.me.textContent = `as ${me}`;
+  for (const room of rooms) await chatApi.join(room);
+});
+
+onSubmit("join-form", async () => {
+  const room = ui.room.value.trim();
+  const joined = await chatApi.join(room);
+  rooms.add(joined.room);
+  current = joined.room;
+  ui.room.value = "";
+  renderRooms();
+  await refreshMembers();
+});
+
+onSubmit("say-form", async () => {
+  if (current === undefined) throw new Error("join a room first");
+  const text = ui.text.value;
+  ui.text.value = "";
+  await chatApi.say(current, text);
+});
+
+onSubmit("whisper-form", async () => {
+  const to = ui.whisperTo.value.trim();
+  const text = ui.whisperText.value;
+  ui.whisperText.value = "";
+  await chatApi.whisper(to, text);
+  addLine({ kind: "whisper", room: "", from: `you → ${to}`, text });
+});
+
+onSubmit("token-form", async () => {
+  // An open session takes a fresh token for the same player; otherwise connect with it.
+  delete ui.token.dataset["refreshed"];
+  if (client.state === "open") {
+    await client.refresh(ui.token.value.trim());
+    ui.token.dataset["refreshed"] = "yes";
+  } else {
+    connect(selectedEncoding());
+  }
+});
+
+// --- echo latency ---
+
+const latencies = new Latencies();
+let echoing = false;
+/** Pause between echo requests, so the demo measures latency, not saturation. */
+const ECHO_GAP_MS = 20;
+
+async function echoLoop(): Promise<void> {
+  const payload = new TextEncoder().encode("ping from the demo page");
+  while (echoing) {
+    const start = performance.now();
+    try {
+      await echoApi.echo(payload);
+      latencies.add(performance.now() - start);
+    } catch (error) {
+      showError(error);
+    }
+    await new Promise((resolve) => setTimeout(resolve, ECHO_GAP_MS));
+  }
+}
+
+function stopEcho(): void {
+  echoing = false;
+  ui.echoStart.disabled = false;
+  ui.echoStop.disabled = true;
+}
+
+ui.echoStart.onclick = () => {
+  echoing = true;
+  ui.echoStart.disabled = true;
+  ui.echoStop.disabled = false;
+  void echoLoop();
+};
+ui.echoStop.onclick = stopEcho;
+
+setInterval(() => {
+  if (latencies.total === 0) return;
+  const p50 = latencies.percentile(50);
+  const p99 = latencies.percentile(99);
+  ui.echoStats.textContent = `p50 ${p50.toFixed(2)} ms · p99 ${p99.toFixed(2)} ms · ${latencies.total} samples`;
+  ui.echoStats.dataset["p50"] = String(p50);
+  ui.echoStats.dataset["p99"] = String(p99);
+  drawHistogram(ui.echoHist, latencies);
+}, 250);
+
+// --- connection ---
+
+const initial: Encoding = params.get("encoding") === "json" ? "json" : "protobuf";
+ui.encoding.value = initial;
+function selectedEncoding(): Encoding {
+  return ui.encoding.value === "json" ? "json" : "protobuf";
+}
+ui.encoding.onchange = () => connect(selectedEncoding());
+ui.reconnect.onclick = () => connect(selectedEncoding());
+connect(initial);

@@ -1,0 +1,175 @@
+/**
+ * What the client awaits from the gate: requests by id (sent or still waiting for a
+ * connection, each with its own deadline) and token refreshes in send order (their
+ * acks carry no id). The client decides when to send; this table settles promises.
+ */
+import type { Body } from "./body.js";
+import type { Frame, Timing } from "./codec/codec.js";
+import { describe } from "./codec/codec.js";
+import { ShaddockError, Status } from "./errors.js";
+
+/** An answer with what came with it. */
+export interface Reply {
+  body: Body;
+  /** Present when the handshake asked for server timing. */
+  timing?: Timing;
+}
+
+type Timer = ReturnType<typeof setTimeout>;
+
+export interface Pending {
+  readonly route: string;
+  readonly frame: Frame;
+  /** False for a notify: sent, never answered. */
+  readonly answered: boolean;
+  sent: boolean;
+  readonly timer: Timer;
+  readonly resolve: (reply: Reply) => void;
+  readonly reject: (error: ShaddockError) => void;
+}
+
+interface Refreshing {
+  readonly token: string;
+  /** Timed out already: its ack, when it comes, is consumed and ignored. */
+  done: boolean;
+  readonly timer: Timer;
+  readonly resolve: () => void;
+  readonly reject: (error: ShaddockError) => void;
+}
+
+export class Requests {
+  /** In the order made, so requests waiting for a connection go out in that order. */
+  private readonly pending = new Map<number, Pending>();
+  private refreshes: Refreshing[] = [];
+  private nextId = 1;
+
+  constructor(private readonly max: number) {}
+
+  /**
+   * Registers a request (or a notify) whose frame `encode` makes from its wire id;
+   * returns its id, or undefined when it was rejected at once (too many pending, a
+   * body the encoding cannot carry).
+   */
+  add(
+    route: string,
+    answered: boolean,
+    timeoutMs: number,
+    encode: (wireId: number) => Frame,
+    resolve: (reply: Reply) => void,
+    reject: (error: ShaddockError) => void,
+  ): number | undefined {
+    if (this.pending.size >= this.max) {
+      reject(new ShaddockError(Status.TooManyRequests, `${this.pending.size} requests pending already`, true, route));
+      return undefined;
+    }
+    const id = this.nextId++;
+    let frame: Frame;
+    try {
+      frame = encode(answered ? id : 0);
+    } catch (error) {
+      reject(error instanceof ShaddockError ? error : new ShaddockError(Status.BadRequest, describe(error), true, route));
+      return undefined;
+    }
+    const timer = setTimeout(() => {
+      const entry = this.pending.get(id);
+      if (entry === undefined) return;
+      this.pending.delete(id);
+      const what = entry.sent ? `no answer within ${timeoutMs} ms` : `not connected within ${timeoutMs} ms`;
+      entry.reject(new ShaddockError(Status.Timeout, what, true, route));
+    }, timeoutMs);
+    this.pending.set(id, { route, frame, answered, sent: false, timer, resolve, reject });
+    return id;
+  }
+
+  /** The frame of request `id` if it still waits to be sent. */
+  unsentFrame(id: number): Frame | undefined {
+    const entry = this.pending.get(id);
+    return entry !== undefined && !entry.sent ? entry.frame : undefined;
+  }
+
+  /** Ids of the requests waiting for a connection, oldest first. */
+  unsent(): number[] {
+    return [...this.pending].filter(([, entry]) => !entry.sent).map(([id]) => id);
+  }
+
+  /** Request `id` went out; a notify is done then. */
+  sent(id: number): void {
+    const entry = this.pending.get(id);
+    if (entry === undefined) return;
+    entry.sent = true;
+    if (!entry.answered) {
+      this.pending.delete(id);
+      clearTimeout(entry.timer);
+      entry.resolve({ body: "" });
+    }
+  }
+
+  answer(id: number, code: number, body: Body, message: string, timing: Timing | undefined): void {
+    const entry = this.pending.get(id);
+    // Gone already: answered after its local timeout.
+    if (entry === undefined || !entry.sent) return;
+    this.pending.delete(id);
+    clearTimeout(entry.timer);
+    if (code === Status.OK) entry.resolve(timing === undefined ? { body } : { body, timing });
+    else entry.reject(new ShaddockError(code, message || `status ${code}`, false, entry.route));
+  }
+
+  addRefresh(token: string, timeoutMs: number, resolve: () => void, reject: (error: ShaddockError) => void): void {
+    const entry: Refreshing = {
+      token,
+      done: false,
+      timer: setTimeout(() => {
+        entry.done = true;
+        reject(new ShaddockError(Status.Timeout, `no refresh ack within ${timeoutMs} ms`, true));
+      }, timeoutMs),
+      resolve,
+      reject,
+    };
+    this.refreshes.push(entry);
+  }
+
+  /**
+   * Settles the oldest refresh with the gate's ack; returns its token when accepted,
+   * undefined otherwise, or false when no refresh was awaiting one (bad input).
+   */
+  refreshAcked(code: number, message: string): string | undefined | false {
+    const entry = this.refreshes.shift();
+    if (entry === undefined) return false;
+    clearTimeout(entry.timer);
+    if (entry.done) return undefined;
+    if (code !== Status.OK) {
+      entry.reject(new ShaddockError(code, message || `status ${code}`));
+      return undefined;
+    }
+    entry.resolve();
+    return entry.token;
+  }
+
+  /** Fails what was sent on a connection that is gone: its answers cannot come. */
+  failSent(message: string): void {
+    this.failRefreshes(message);
+    for (const [id, entry] of this.pending) {
+      if (!entry.sent) continue;
+      this.pending.delete(id);
+      clearTimeout(entry.timer);
+      entry.reject(new ShaddockError(Status.Unavailable, message, true, entry.route));
+    }
+  }
+
+  /** Fails everything: the client closed. */
+  failAll(message: string): void {
+    this.failRefreshes(message);
+    for (const entry of this.pending.values()) {
+      clearTimeout(entry.timer);
+      entry.reject(new ShaddockError(Status.Unavailable, message, true, entry.route));
+    }
+    this.pending.clear();
+  }
+
+  private failRefreshes(message: string): void {
+    for (const entry of this.refreshes.splice(0)) {
+      clearTimeout(entry.timer);
+      if (!entry.done) entry.reject(new ShaddockError(Status.Unavailable, message, true));
+    }
+  }
+}

@@ -1,0 +1,104 @@
+/**
+ * The demo page in real headless Chromium, loaded from the gate that serves it at `/`:
+ * two players chat in one room, a third login with a taken name shows the kick's reason,
+ * and after the gate restarts on its port the page reconnects and logs in by itself.
+ */
+import assert from "node:assert/strict";
+import type { Server } from "node:http";
+import { resolve } from "node:path";
+import { after, before, describe, test } from "node:test";
+import type { Browser } from "puppeteer-core";
+import { freePort, PACKAGE_DIR, startGate, type Gate } from "../gate.js";
+import { join, launchChromium, login, messages, openPage, say, waitForMembers, waitForMessages, waitForState } from "./page.js";
+import { serveStatic } from "./static-server.js";
+
+describe("the demo page in Chromium", { timeout: 120_000 }, () => {
+  let gate: Gate;
+  let port: number;
+  let browser: Browser;
+  let pageUrl: string;
+  let staticServer: Server | undefined;
+  const pageErrors: string[][] = [];
+
+  before(async () => {
+    browser = await launchChromium();
+    port = await freePort();
+    gate = await startGate({ gatePort: port });
+    if (process.env["SHADDOCK_DEMO_FROM"] === "static") {
+      const served = await serveStatic(resolve(PACKAGE_DIR, "../../gateway/web"));
+      staticServer = served.server;
+      pageUrl = `${served.url}?gate=${encodeURIComponent(gate.url)}`;
+    } else {
+      pageUrl = `http://127.0.0.1:${port}/`;
+      const response = await fetch(pageUrl).catch((error: unknown) => new Error(String(error)));
+      const html = response instanceof Error ? "" : await response.text();
+      if (!html.includes("<title>Shaddock demo</title>")) {
+        const said = response instanceof Error ? response.message : `status ${response.status}`;
+        throw new Error(`the gate at ${pageUrl} does not serve the demo page at / (${said}): this shaddock binary predates it`);
+      }
+    }
+  });
+
+  after(async () => {
+    await browser?.close();
+    staticServer?.close();
+    await gate?.stop();
+  });
+
+  async function open() {
+    const opened = await openPage(browser, pageUrl);
+    pageErrors.push(opened.errors);
+    return opened.page;
+  }
+
+  test("two players in one room see each other's messages in order", async () => {
+    const [ann, bob] = await Promise.all([open(), open()]);
+    await login(ann, "ann");
+    await login(bob, "bob");
+    await join(ann, "lobby");
+    await join(bob, "lobby");
+    await waitForMembers(ann, ["ann", "bob"]);
+    await waitForMembers(bob, ["ann", "bob"]);
+    await say(ann, "hello bob");
+    await say(bob, "hi ann");
+    await say(ann, "how are you?");
+    const want = ["ann: hello bob", "bob: hi ann", "ann: how are you?"];
+    // Each says after seeing its previous line answered, so both pages see one order.
+    assert.deepEqual(await waitForMessages(ann, 3), want);
+    assert.deepEqual(await waitForMessages(bob, 3), want);
+  });
+
+  test("a login with a taken name kicks the first page, which shows the reason", async () => {
+    const first = await open();
+    await login(first, "kim");
+    const second = await open();
+    await login(second, "kim");
+    await first.waitForSelector("#kick:not([hidden])", { timeout: 15_000 });
+    const reason = await first.$eval("#kick", (el) => (el as HTMLElement).dataset["reason"]);
+    assert.match(reason ?? "", /logged in elsewhere/);
+    await waitForState(first, "closed");
+    await waitForState(second, "open");
+  });
+
+  test("after the gate restarts on its port the page reconnects and rejoins by itself", async () => {
+    const page = await open();
+    await login(page, "ray");
+    await join(page, "hall");
+    await say(page, "before the restart");
+    await waitForMessages(page, 1);
+
+    await gate.stop();
+    await page.waitForFunction(() => document.getElementById("state")?.dataset["state"] !== "open", { timeout: 15_000 });
+    gate = await startGate({ gatePort: port });
+    await waitForState(page, "open", 30_000);
+    // Logged in and back in the room without a click: its members list shows it again.
+    await waitForMembers(page, ["ray"]);
+    await say(page, "after the restart");
+    assert.deepEqual(await waitForMessages(page, 2), ["ray: before the restart", "ray: after the restart"]);
+    assert.deepEqual(await messages(page), ["ray: before the restart", "ray: after the restart"]);
+  });
+
+  test("no page threw an error", () => {
+    assert.deepEqual(pageErrors.flat(), []);
+  });
+});

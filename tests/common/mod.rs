@@ -1,0 +1,18 @@
+//! What the root crate's process tests share: `shaddock up` started as a real process
+//! on free ports.
+
+use broker::testing::hostile::Limited;
+
+/// Starts `shaddock up` with every port free-picked, at most `nofile` open files, and
+/// `extra` flags; stopped when the returned handle drops.
+pub fn up(nofile: u64, extra: &[&str]) -> Limited {
+    let mut args = vec![
+        "up",
+        "--broker-port=0",
+        "--monitor-port=0",
+        "--gate-port=0",
+        "--metrics-port=0",
+    ];
+    args.extend_from_slice(extra);
+    Limited::spawn(nofile, env!("CARGO_BIN_EXE_shaddock").as_ref(), &args)
+}

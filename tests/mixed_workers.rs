@@ -1,0 +1,516 @@
+//! Workers in three languages in one queue group (docs/workers.md): a Rust echo worker
+//! (in-process, `services::Worker`), the TypeScript one (`workers/ts`, written with
+//! `@shaddock/worker`) and the Go one (`workers/go`), behind one gate, on our broker and
+//! on nats-server.
+//!
+//! - Each language's schema announcement works on its own: a gate that has heard from
+//!   no other echo worker serves JSON clients typed `echo.echo` bodies through a TS-only
+//!   (then a Go-only) group, whether the gate started before the worker (the worker's
+//!   announcement at start) or after it (the gate's ask).
+//! - The three together share the route: 3,000 requests from protobuf and JSON clients
+//!   are all answered 200 with their own bodies, and each worker served a share (the TS
+//!   and Go workers print their counts when they drain on SIGTERM; the Rust one counts
+//!   in the test).
+//!
+//! Prerequisites: Node 20 with `npm ci` run in `workers/ts` (the test runs `npm run
+//! build` there itself), Go (it runs `go build` in `workers/go`), and nats-server on
+//! PATH or in `$(go env GOPATH)/bin`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use futures::{StreamExt as _, stream};
+use gateway::sdk::{Client, ClientOptions};
+use gateway::{AnyToken, Gate, GateConfig};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use proto::Message as _;
+use proto::code;
+use proto::echo::{EchoRequest, EchoResponse};
+use services::{Context, HandlerError, Service, Worker, WorkerConfig};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::net::TcpListener;
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::time::timeout;
+use tokio_util::sync::CancellationToken;
+
+/// Any single wait: generous for a loaded two-core machine running debug builds.
+const WAIT: Duration = Duration::from_secs(20);
+/// Requests through the gate while all three workers serve.
+const REQUESTS: usize = 3_000;
+/// Clients sending them, half protobuf, half JSON.
+const CLIENTS: usize = 6;
+/// Requests each client keeps in flight (the gate allows 256 per session).
+const IN_FLIGHT: usize = 16;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_ts_and_go_workers_share_echo_on_our_broker() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("nats://{}", listener.local_addr().unwrap());
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let server = broker::Server::new(broker::Config::default());
+    tokio::spawn(async move { server.run(listener, shutdown).await });
+    mixed_workers(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_ts_and_go_workers_share_echo_on_nats_server() {
+    let server = NatsServer::start().await;
+    mixed_workers(&server.url).await;
+}
+
+async fn mixed_workers(url: &str) {
+    let built = built();
+    for language in [Language::TypeScript, Language::Go] {
+        announcement_alone(url, built, language).await;
+    }
+
+    let prefix = "shaddock";
+    let gate = TestGate::start(url, prefix).await;
+    let rust_served = Arc::new(AtomicUsize::new(0));
+    let rust = start_rust_worker(url, prefix, rust_served.clone()).await;
+    let ts = WorkerProcess::start(built, Language::TypeScript, url, prefix).await;
+    let go = WorkerProcess::start(built, Language::Go, url, prefix).await;
+    gate.typed_echo_learnt().await;
+    let gate = &gate;
+    let clients: Vec<(Client, bool)> = stream::iter(0..CLIENTS)
+        .then(|i| {
+            let json = i % 2 == 1;
+            async move { (gate.client(json).await, json) }
+        })
+        .collect()
+        .await;
+    let per_client = REQUESTS / CLIENTS;
+    let answered: usize = futures::future::join_all(clients.iter().enumerate().map(
+        |(c, (client, json))| async move {
+            stream::iter(0..per_client)
+                .map(|i| echo_once(client, *json, i % 2 == 0, format!("c{c}-r{i}")))
+                .buffer_unordered(IN_FLIGHT)
+                .count()
+                .await
+        },
+    ))
+    .await
+    .into_iter()
+    .sum();
+    assert_eq!(answered, REQUESTS);
+
+    let ts_served = ts.stop().await;
+    let go_served = go.stop().await;
+    rust.stop().await;
+    let rust_served = rust_served.load(Ordering::Relaxed);
+    let shares = [("rust", rust_served), ("ts", ts_served), ("go", go_served)];
+    eprintln!("shares of {REQUESTS} requests (and 1 warm-up): {shares:?}");
+    assert_eq!(
+        rust_served + ts_served + go_served,
+        REQUESTS + 1,
+        "every request was served exactly once: {shares:?}"
+    );
+    for (who, served) in shares {
+        // The bus picks a member of the group at random for each request: about a third each.
+        assert!(served >= REQUESTS / 10, "{who} served {served}: {shares:?}");
+    }
+}
+
+/// A gate that has heard from no echo worker but one of `language`'s serves JSON
+/// clients typed bodies through it: the gate started before the worker learns from the
+/// worker's announcement at start, the gate started after it from its ask.
+async fn announcement_alone(url: &str, built: &Built, language: Language) {
+    let prefix = format!("alone-{}", language.name());
+    let before = TestGate::start(url, &prefix).await;
+    let worker = WorkerProcess::start(built, language, url, &prefix).await;
+    let after = TestGate::start(url, &prefix).await;
+    let mut sent = 0;
+    for gate in [&before, &after] {
+        gate.typed_echo_learnt().await;
+        sent += 1;
+        for json in [false, true] {
+            let client = gate.client(json).await;
+            for typed in [true, false] {
+                echo_once(&client, json, typed, format!("{}-alone", language.name())).await;
+                sent += 1;
+            }
+        }
+    }
+    assert_eq!(
+        worker.stop().await,
+        sent,
+        "{language:?} served what was sent"
+    );
+}
+
+/// Sends one `echo.echo` (`typed`) or `echo.raw` carrying `text` and checks the answer.
+async fn echo_once(client: &Client, json: bool, typed: bool, text: String) {
+    let (route, body, want) = match (typed, json) {
+        (true, false) => {
+            let request = EchoRequest {
+                body: text.clone().into(),
+            };
+            ("echo.echo", request.encode_to_vec(), None)
+        }
+        (true, true) => {
+            let body = format!(r#"{{"body":"{}"}}"#, base64(text.as_bytes()));
+            ("echo.echo", body.clone().into_bytes(), Some(body))
+        }
+        (false, false) => ("echo.raw", text.clone().into_bytes(), Some(text.clone())),
+        (false, true) => (
+            "echo.raw",
+            format!("{text:?}").into_bytes(),
+            Some(text.clone()),
+        ),
+    };
+    let response = client.request(route, body).await.unwrap();
+    assert_eq!(response.code, code::OK, "{route} {text}: {response:?}");
+    match want {
+        Some(want) => assert_eq!(
+            String::from_utf8_lossy(&response.body),
+            want,
+            "{route} json={json}"
+        ),
+        None => {
+            let echoed = EchoResponse::decode(response.body).unwrap();
+            assert_eq!(&echoed.body[..], text.as_bytes());
+        }
+    }
+}
+
+/// A gate on the test's runtime, on 127.0.0.1:0; shut down when dropped.
+struct TestGate {
+    url: String,
+    shutdown: CancellationToken,
+}
+
+impl TestGate {
+    async fn start(nats_url: &str, prefix: &str) -> TestGate {
+        let nats = services::connect(
+            &[nats_url.to_owned()],
+            "mixed-workers-gate",
+            &Default::default(),
+        )
+        .await
+        .unwrap();
+        let config = GateConfig {
+            prefix: prefix.to_owned(),
+            ..GateConfig::default()
+        };
+        let gate = within(Gate::new(nats, config, Arc::new(AnyToken)))
+            .await
+            .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}", listener.local_addr().unwrap());
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        tokio::spawn(async move { gate.run(listener, token).await });
+        TestGate { url, shutdown }
+    }
+
+    async fn client(&self, json: bool) -> Client {
+        let options = ClientOptions {
+            json,
+            ..ClientOptions::default()
+        };
+        within(Client::connect(&self.url, options)).await.unwrap()
+    }
+
+    /// Sends JSON `echo.echo` requests until one is answered 200: the gate has learnt
+    /// the types. Only that one reaches a worker: until then the gate itself answers a
+    /// typed body for a route without types 400.
+    async fn typed_echo_learnt(&self) {
+        let client = self.client(true).await;
+        within(async {
+            loop {
+                let response = client
+                    .request("echo.echo", br#"{"body":"aGk="}"#)
+                    .await
+                    .unwrap();
+                if response.code == code::OK {
+                    assert_eq!(&response.body[..], br#"{"body":"aGk="}"#);
+                    return;
+                }
+                assert_eq!(response.code, code::BAD_REQUEST, "{response:?}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+    }
+}
+
+impl Drop for TestGate {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// The Rust echo worker, counting what it serves, on the test's runtime.
+struct RustWorker {
+    shutdown: CancellationToken,
+    run: tokio::task::JoinHandle<Result<(), services::WorkerError>>,
+}
+
+impl RustWorker {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        within(self.run).await.unwrap().unwrap();
+    }
+}
+
+async fn start_rust_worker(url: &str, prefix: &str, served: Arc<AtomicUsize>) -> RustWorker {
+    let raw_served = served.clone();
+    let service = Service::new("echo")
+        .descriptors(proto::DESCRIPTORS)
+        .method("echo", move |_ctx: &mut Context, request: EchoRequest| {
+            served.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, HandlerError>(EchoResponse { body: request.body })
+        })
+        .raw_method("raw", move |_ctx, body| {
+            raw_served.fetch_add(1, Ordering::Relaxed);
+            Ok(body)
+        });
+    let client = services::connect(&[url.to_owned()], "mixed-workers-rust", &Default::default())
+        .await
+        .unwrap();
+    let config = WorkerConfig {
+        prefix: prefix.to_owned(),
+        ..WorkerConfig::default()
+    };
+    let worker = within(Worker::subscribe(client, service, config))
+        .await
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(worker.run(shutdown.clone()));
+    RustWorker { shutdown, run }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Language {
+    TypeScript,
+    Go,
+}
+
+impl Language {
+    fn name(self) -> &'static str {
+        match self {
+            Language::TypeScript => "ts",
+            Language::Go => "go",
+        }
+    }
+}
+
+/// The TS and Go echo workers, built once per test run.
+struct Built {
+    node: PathBuf,
+    ts_echo: PathBuf,
+    go_echo: PathBuf,
+}
+
+fn built() -> &'static Built {
+    static BUILT: OnceLock<Built> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let ts = root.join("workers/ts");
+        assert!(
+            ts.join("node_modules").is_dir(),
+            "workers/ts has no node_modules: run `npm ci --prefix workers/ts` first"
+        );
+        run_build(&ts, "npm", &["run", "--silent", "build"]);
+        let go_echo = Path::new(env!("CARGO_TARGET_TMPDIR")).join("echo-go");
+        let out = go_echo.to_str().unwrap().to_owned();
+        run_build(&root.join("workers/go"), "go", &["build", "-o", &out, "."]);
+        Built {
+            node: PathBuf::from(std::env::var_os("NODE").unwrap_or("node".into())),
+            ts_echo: ts.join("dist/echo.js"),
+            go_echo,
+        }
+    })
+}
+
+fn run_build(dir: &Path, program: &str, args: &[&str]) {
+    let status = std::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run `{program}` (is it installed?): {e}"));
+    assert!(
+        status.success(),
+        "`{program} {}` in {} failed: {status}",
+        args.join(" "),
+        dir.display()
+    );
+}
+
+/// A TS or Go echo worker process: killed when dropped, unless stopped.
+struct WorkerProcess {
+    language: Language,
+    child: Child,
+    lines: watch::Receiver<Vec<String>>,
+}
+
+impl WorkerProcess {
+    /// Starts the worker and waits for its `Worker is ready` line.
+    async fn start(built: &Built, language: Language, url: &str, prefix: &str) -> WorkerProcess {
+        let mut command = match language {
+            Language::TypeScript => {
+                let mut c = Command::new(&built.node);
+                c.arg(&built.ts_echo);
+                c
+            }
+            Language::Go => Command::new(&built.go_echo),
+        };
+        let mut child = command
+            .args(["--nats", url, "--prefix", prefix])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the {language:?} echo worker: {e}"));
+        let (tx, lines) = watch::channel(Vec::new());
+        let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = stdout.next_line().await {
+                tx.send_modify(|lines| lines.push(line));
+            }
+        });
+        let mut worker = WorkerProcess {
+            language,
+            child,
+            lines,
+        };
+        worker.wait_for_line("Worker is ready").await;
+        worker
+    }
+
+    async fn wait_for_line(&mut self, needle: &str) -> String {
+        let language = self.language;
+        let waited = timeout(
+            WAIT,
+            self.lines
+                .wait_for(|lines| lines.iter().any(|l| l.contains(needle))),
+        )
+        .await
+        .is_ok_and(|seen| seen.is_ok());
+        let lines = self.lines.borrow().clone();
+        assert!(
+            waited,
+            "the {language:?} worker never printed {needle:?}; its output:\n{}",
+            lines.join("\n")
+        );
+        lines.into_iter().find(|l| l.contains(needle)).unwrap()
+    }
+
+    /// SIGTERM: the worker drains and reports; returns how many requests it served.
+    async fn stop(mut self) -> usize {
+        let pid = Pid::from_raw(self.child.id().expect("still running") as i32);
+        kill(pid, Signal::SIGTERM).unwrap();
+        let stopped = self.wait_for_line("Worker stopped: served=").await;
+        let status = within(self.child.wait()).await.unwrap();
+        assert!(status.success(), "{:?} worker: {status}", self.language);
+        let served = stopped.split("served=").nth(1).unwrap();
+        served
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("unreadable count in {stopped:?}"))
+    }
+}
+
+/// The real nats-server on a random port; killed when dropped.
+struct NatsServer {
+    url: String,
+    _child: Child,
+}
+
+impl NatsServer {
+    async fn start() -> NatsServer {
+        let mut child = Command::new(nats_server_path())
+            .args(["-a", "127.0.0.1", "-p", "-1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("cannot start nats-server");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut url = None;
+        within(async {
+            while let Some(line) = stderr.next_line().await.unwrap() {
+                if let Some((_, addr)) = line.split_once("Listening for client connections on ") {
+                    url = Some(format!("nats://{}", addr.trim()));
+                }
+                if line.contains("Server is ready") {
+                    return;
+                }
+            }
+            panic!("nats-server exited before it was ready");
+        })
+        .await;
+        // Keep draining its log so it never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = stderr.next_line().await {} });
+        NatsServer {
+            url: url.expect("nats-server logged no client port"),
+            _child: child,
+        }
+    }
+}
+
+/// nats-server on PATH, else in `$(go env GOPATH)/bin` (where scripts/test.sh puts it).
+fn nats_server_path() -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .map(|dir| dir.join("nats-server"))
+        .find(|candidate| candidate.is_file());
+    on_path.unwrap_or_else(|| {
+        let gopath = std::process::Command::new("go")
+            .args(["env", "GOPATH"])
+            .output()
+            .expect("nats-server is not on PATH and Go is not installed");
+        let gopath = String::from_utf8_lossy(&gopath.stdout);
+        let first = std::env::split_paths(gopath.trim())
+            .next()
+            .unwrap_or_default();
+        let candidate = first.join("bin/nats-server");
+        assert!(
+            candidate.is_file(),
+            "nats-server not found: `go install github.com/nats-io/nats-server/v2@latest`"
+        );
+        candidate
+    })
+}
+
+async fn within<F: Future>(future: F) -> F::Output {
+    timeout(WAIT, future).await.expect("timed out waiting")
+}
+
+/// Standard base64 with padding: how the proto3 JSON mapping writes `bytes`.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn base64_matches_the_standard_alphabet_with_padding() {
+    assert_eq!(base64(b"hi"), "aGk=");
+    assert_eq!(base64(b"c0-r1"), "YzAtcjE=");
+    assert_eq!(base64(b"abc"), "YWJj");
+    assert_eq!(base64(b"a"), "YQ==");
+}

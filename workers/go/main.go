@@ -1,0 +1,199 @@
+// Command echo serves Shaddock's echo service from Go, beside Rust and TypeScript
+// workers in the same queue group (the contract is docs/workers.md):
+//
+//	go run . --nats nats://127.0.0.1:4222 [--prefix shaddock] [--queue 1024]
+//
+// echo.echo answers an EchoRequest with an EchoResponse holding the same body; echo.raw
+// answers the body unchanged. It prints "Worker is ready" once it serves; on SIGTERM or
+// SIGINT it drains, prints "Worker stopped: served=N rejected=M" and exits.
+package main
+
+//go:generate buf generate
+
+import (
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protodesc"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/descriptorpb"
+
+	"shaddock.dev/workers/go/gen/echopb"
+	"shaddock.dev/workers/go/gen/rpcpb"
+)
+
+const service = "echo"
+
+// The counts printed at exit: requests answered by a handler, and refused with 503.
+var served, rejected atomic.Int64
+
+func main() {
+	urls := flag.String("nats", envOr("SHADDOCK_NATS", nats.DefaultURL), "NATS server URLs, comma-separated (env SHADDOCK_NATS)")
+	prefix := flag.String("prefix", envOr("SHADDOCK_PREFIX", "shaddock"), "subject prefix shared with the gates (env SHADDOCK_PREFIX)")
+	capacity := flag.Int("queue", 1024, "requests queued before the worker answers 503")
+	flag.Parse()
+	if *capacity < 1 {
+		log.Fatal("--queue must be at least 1")
+	}
+
+	nc, err := nats.Connect(*urls, nats.Name("shaddock-worker-echo-go"), nats.MaxReconnects(-1))
+	if err != nil {
+		log.Fatalf("connecting to NATS at %s: %v", *urls, err)
+	}
+	// Bounded: when full, a request is answered 503 at once instead of waiting where
+	// it could only time out.
+	queue := make(chan queued, *capacity)
+	overloaded := marshal(&rpcpb.RpcResponse{Code: 503, Message: fmt.Sprintf("service %q is overloaded: its queue of %d is full", service, *capacity)})
+	methodPrefix := *prefix + ".svc." + service + "."
+	sub, err := nc.QueueSubscribe(methodPrefix+">", service, func(m *nats.Msg) {
+		select {
+		case queue <- queued{m, time.Now()}:
+		default:
+			rejected.Add(1)
+			respond(m, overloaded)
+		}
+	})
+	if err != nil {
+		log.Fatalf("subscribing: %v", err)
+	}
+	closed := sub.StatusChanged(nats.SubscriptionClosed)
+
+	// The schema announcement: now, and whenever a gate asks.
+	announcement := marshal(schema())
+	announce := func(*nats.Msg) { _ = nc.Publish(*prefix+".schema.svc."+service, announcement) }
+	asks, err := nc.Subscribe(*prefix+".schema.ask", announce)
+	if err != nil {
+		log.Fatalf("subscribing: %v", err)
+	}
+	announce(nil)
+	if err := nc.Flush(); err != nil { // a round trip: the server has the subscriptions
+		log.Fatalf("flushing: %v", err)
+	}
+	fmt.Printf("Worker is ready: serving %s> in queue group %s\n", methodPrefix, service)
+
+	// One handler at a time, in arrival order, like the Rust and TypeScript workers.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for q := range queue {
+			handle(q, strings.TrimPrefix(q.msg.Subject, methodPrefix))
+		}
+	}()
+
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
+	fmt.Printf("%v: draining\n", <-signals)
+	// Drain: unsubscribe (new requests go to the group's other workers), take what the
+	// server already sent, answer everything taken, then close.
+	_ = asks.Unsubscribe()
+	if err := sub.Drain(); err != nil {
+		log.Printf("draining: %v", err)
+	} else {
+		<-closed // every message the server sent has been queued or refused
+	}
+	close(queue)
+	<-done
+	if err := nc.Drain(); err != nil {
+		log.Printf("closing: %v", err)
+	}
+	fmt.Printf("Worker stopped: served=%d rejected=%d\n", served.Load(), rejected.Load())
+}
+
+type queued struct {
+	msg      *nats.Msg
+	received time.Time
+}
+
+// handle answers one request with an RpcResponse on its reply subject.
+func handle(q queued, method string) {
+	started := time.Now()
+	var response *rpcpb.RpcResponse
+	request := &rpcpb.RpcRequest{}
+	if err := proto.Unmarshal(q.msg.Data, request); err != nil {
+		response = &rpcpb.RpcResponse{Code: 400, Message: "malformed RpcRequest: " + err.Error()}
+	} else {
+		response = call(method, request.GetBody())
+	}
+	response.QueueUs = micros(started.Sub(q.received))
+	response.HandlerUs = micros(time.Since(started))
+	served.Add(1)
+	respond(q.msg, marshal(response))
+}
+
+// call runs one method of the echo service.
+func call(method string, body []byte) *rpcpb.RpcResponse {
+	switch method {
+	case "echo":
+		request := &echopb.EchoRequest{}
+		if err := proto.Unmarshal(body, request); err != nil {
+			return &rpcpb.RpcResponse{Code: 400, Message: "bad request body: " + err.Error()}
+		}
+		return &rpcpb.RpcResponse{Code: 200, Body: marshal(&echopb.EchoResponse{Body: request.GetBody()})}
+	case "raw":
+		return &rpcpb.RpcResponse{Code: 200, Body: body}
+	default:
+		return &rpcpb.RpcResponse{Code: 404, Message: fmt.Sprintf("unknown method %q of service %q", method, service)}
+	}
+}
+
+// schema is what the gates need to give JSON clients typed bodies for echo.echo.
+func schema() *rpcpb.ServiceSchema {
+	request := (&echopb.EchoRequest{}).ProtoReflect().Descriptor()
+	response := (&echopb.EchoResponse{}).ProtoReflect().Descriptor()
+	return &rpcpb.ServiceSchema{
+		Service: service,
+		Methods: []*rpcpb.MethodSchema{{
+			Method:       "echo",
+			RequestType:  string(request.FullName()),
+			ResponseType: string(response.FullName()),
+		}},
+		Descriptors: marshal(&descriptorpb.FileDescriptorSet{File: filesOf(request.ParentFile())}),
+	}
+}
+
+// filesOf lists file and everything it imports, dependencies first.
+func filesOf(file protoreflect.FileDescriptor) []*descriptorpb.FileDescriptorProto {
+	var files []*descriptorpb.FileDescriptorProto
+	imports := file.Imports()
+	for i := 0; i < imports.Len(); i++ {
+		files = append(files, filesOf(imports.Get(i).FileDescriptor)...)
+	}
+	return append(files, protodesc.ToFileDescriptorProto(file))
+}
+
+func respond(m *nats.Msg, payload []byte) {
+	if m.Reply == "" { // a notify: handled, never answered
+		return
+	}
+	if err := m.Respond(payload); err != nil {
+		log.Printf("answering on %s: %v", m.Reply, err)
+	}
+}
+
+func marshal(m proto.Message) []byte {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		log.Fatalf("encoding %T: %v", m, err) // our own messages always encode
+	}
+	return b
+}
+
+func micros(d time.Duration) uint32 {
+	return uint32(min(max(d.Microseconds(), 0), 1<<32-1))
+}
+
+func envOr(name, fallback string) string {
+	if value := os.Getenv(name); value != "" {
+		return value
+	}
+	return fallback
+}

@@ -1,0 +1,162 @@
+/**
+ * What a handler sees of its request beyond the body (the session that asked) and what
+ * it asks for: effects on that session, and messages for players and other workers.
+ *
+ * Workers keep no session state: the gate sends the session with every request, and a
+ * handler changes it only through effects, which travel back in `RpcResponse.effects`
+ * and which the gate applies, in order, before it answers the client. Pushes, kicks of
+ * other players and a service's own messages are published by the worker right after
+ * the handler returns and before its answer, so what a handler pushed is on its way to
+ * every gate before its answer is.
+ */
+import { create } from "@bufbuild/protobuf";
+import type { Effect, ServerPush, Session, UserCommand } from "./gen/rpc_pb.js";
+import { EffectSchema, ServerPushSchema, SessionSchema, UserCommandSchema } from "./gen/rpc_pb.js";
+import { HandlerError } from "./errors.js";
+import { isValidName, isValidSubject } from "./subjects.js";
+
+/** A body: bytes, or text sent as UTF-8. */
+export type Body = Uint8Array | string;
+
+/** One message a handler asked to publish, not yet prefixed. */
+export type Outbound =
+  | { readonly kind: "group"; readonly group: string; readonly push: ServerPush }
+  | { readonly kind: "user"; readonly uid: string; readonly command: UserCommand }
+  | { readonly kind: "publish"; readonly subject: string; readonly payload: Uint8Array };
+
+const encoder = new TextEncoder();
+
+/** `body` as bytes. */
+export function bytesOf(body: Body): Uint8Array {
+  return typeof body === "string" ? encoder.encode(body) : body;
+}
+
+function check(what: string, name: string): void {
+  if (!isValidName(name)) {
+    // Names often come from a player's input: a 400, never a wider subject.
+    throw HandlerError.badRequest(`invalid ${what} ${JSON.stringify(name)}: use 1..=64 of [a-z0-9_-]`);
+  }
+}
+
+/** The session of one request, and everything its handler asks for. */
+export class Context {
+  /** The session as the gate sent it, with this handler's own changes applied. */
+  readonly session: Session;
+  /** Whether the request came from a client session (false for events and direct callers). */
+  readonly hasSession: boolean;
+  readonly #effects: Effect[] = [];
+  readonly #outbound: Outbound[] = [];
+  #reply: Uint8Array | undefined;
+
+  constructor(session?: Session) {
+    this.hasSession = session !== undefined;
+    this.session = session ?? create(SessionSchema);
+  }
+
+  /** The gate holding the session. */
+  get gate(): string {
+    return this.session.gate;
+  }
+
+  /** The session's id, unique within its gate. */
+  get sid(): bigint {
+    return this.session.sid;
+  }
+
+  /** The bound user id, or `undefined` before a handler bound one. */
+  get uid(): string | undefined {
+    return this.session.uid === "" ? undefined : this.session.uid;
+  }
+
+  /** One value of the session's data. */
+  data(key: string): string | undefined {
+    return this.session.data[key];
+  }
+
+  /** Binds the session to user `uid` (login): pushes for `uid` then reach it. */
+  bindUid(uid: string): void {
+    this.session.uid = uid;
+    this.#effect({ case: "bindUid", value: uid });
+  }
+
+  /** Stores `key = value` in the session; sent with every later request. */
+  setData(key: string, value: string): void {
+    this.session.data[key] = value;
+    this.#effect({ case: "setData", value: { $typeName: "shaddock.rpc.SetData", key, value } });
+  }
+
+  /** Removes `key` from the session's data. */
+  clearData(key: string): void {
+    delete this.session.data[key];
+    this.#effect({ case: "clearData", value: key });
+  }
+
+  /** Adds the session to `group`: it then receives what is pushed to the group. */
+  join(group: string): void {
+    this.#effect({ case: "join", value: group });
+  }
+
+  /** Removes the session from `group`. */
+  leave(group: string): void {
+    this.#effect({ case: "leave", value: group });
+  }
+
+  /** Closes this session after the answer, telling the client `reason`. */
+  kick(reason: string): void {
+    this.#effect({ case: "kick", value: reason });
+  }
+
+  /** Pushes `route` and `body` to every member of `group`, on every gate. */
+  broadcast(group: string, route: string, body: Body): void {
+    check("group", group);
+    const push = create(ServerPushSchema, { route, body: bytesOf(body) });
+    this.#outbound.push({ kind: "group", group, push });
+  }
+
+  /** Pushes `route` and `body` to player `uid` wherever it is bound (dropped when it is not). */
+  pushToUser(uid: string, route: string, body: Body): void {
+    check("uid", uid);
+    const push = create(ServerPushSchema, { route, body: bytesOf(body) });
+    const command = create(UserCommandSchema, { kind: { case: "push", value: push } });
+    this.#outbound.push({ kind: "user", uid, command });
+  }
+
+  /** Closes player `uid`'s session wherever it is, telling the client `reason`. */
+  kickUser(uid: string, reason: string): void {
+    check("uid", uid);
+    const command = create(UserCommandSchema, { kind: { case: "kick", value: reason } });
+    this.#outbound.push({ kind: "user", uid, command });
+  }
+
+  /** Publishes `payload` on `<prefix>.<subject>`, a subject of the service's own. */
+  publish(subject: string, payload: Body): void {
+    if (!isValidSubject(subject)) {
+      throw HandlerError.badRequest(`invalid subject ${JSON.stringify(subject)}`);
+    }
+    this.#outbound.push({ kind: "publish", subject, payload: bytesOf(payload) });
+  }
+
+  /** Answers the event being handled, when its sender asked for an answer. */
+  reply(body: Body): void {
+    this.#reply = bytesOf(body);
+  }
+
+  /** The effects asked for so far, in order. */
+  get effects(): readonly Effect[] {
+    return this.#effects;
+  }
+
+  /** The messages to publish asked for so far, in order. */
+  get outbound(): readonly Outbound[] {
+    return this.#outbound;
+  }
+
+  /** The answer to an event, if the handler gave one. */
+  get replyBody(): Uint8Array | undefined {
+    return this.#reply;
+  }
+
+  #effect(kind: Effect["kind"]): void {
+    this.#effects.push(create(EffectSchema, { kind }));
+  }
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env node
+/**
+ * The echo service as a worker process, written with `@shaddock/worker`:
+ *
+ *     node dist/echo.js --nats nats://127.0.0.1:4222 [--prefix shaddock] [--queue 1024]
+ *
+ * Prints `Worker is ready` once it serves. On SIGTERM or SIGINT it drains (stops taking
+ * requests, answers those it took), prints `Worker stopped: served=N rejected=M`, and
+ * exits 0.
+ */
+import { parseArgs } from "node:util";
+import { connect } from "@nats-io/transport-node";
+import { echoService } from "./services/echo.js";
+import { DEFAULT_PREFIX } from "./subjects.js";
+import { DEFAULT_QUEUE_CAPACITY, Worker } from "./worker.js";
+
+const USAGE = `usage: echo [--nats URL[,URL...]] [--prefix PREFIX] [--queue N]
+
+  --nats    NATS server URLs, comma-separated (env SHADDOCK_NATS; nats://127.0.0.1:4222)
+  --prefix  subject prefix shared with the gates (env SHADDOCK_PREFIX; ${DEFAULT_PREFIX})
+  --queue   requests queued before answering 503 (${DEFAULT_QUEUE_CAPACITY})`;
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      nats: { type: "string", default: process.env["SHADDOCK_NATS"] ?? "nats://127.0.0.1:4222" },
+      prefix: { type: "string", default: process.env["SHADDOCK_PREFIX"] ?? DEFAULT_PREFIX },
+      queue: { type: "string", default: String(DEFAULT_QUEUE_CAPACITY) },
+      help: { type: "boolean", short: "h", default: false },
+    },
+  });
+  if (values.help) {
+    console.log(USAGE);
+    return;
+  }
+  const queueCapacity = Number(values.queue);
+  if (!Number.isInteger(queueCapacity) || queueCapacity < 1) {
+    throw new Error(`--queue must be a positive integer, not ${JSON.stringify(values.queue)}`);
+  }
+  const nc = await connect({
+    servers: values.nats.split(","),
+    name: "shaddock-worker-echo-ts",
+    maxReconnectAttempts: -1,
+  });
+  const worker = await Worker.start(nc, echoService(), {
+    prefix: values.prefix,
+    queueCapacity,
+    onError: (error, where) => console.error(`warning: ${where}: ${String(error)}`),
+  });
+  console.log(`Worker is ready: serving ${worker.subject} in queue group echo`);
+
+  let stopping = false;
+  const stop = async (signal: string): Promise<void> => {
+    if (stopping) return;
+    stopping = true;
+    console.log(`${signal}: draining`);
+    await worker.drain();
+    await nc.drain();
+    const { served, rejected } = worker.stats;
+    console.log(`Worker stopped: served=${served} rejected=${rejected}`);
+  };
+  process.on("SIGTERM", () => void stop("SIGTERM"));
+  process.on("SIGINT", () => void stop("SIGINT"));
+  const closed = await nc.closed();
+  if (closed instanceof Error) throw closed;
+}
+
+main().catch((error: unknown) => {
+  console.error(`error: ${error instanceof Error ? error.message : String(error)}`);
+  process.exit(1);
+});

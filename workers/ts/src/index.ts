@@ -1,0 +1,14 @@
+/**
+ * `@shaddock/worker`: Shaddock services in TypeScript. A `Service` holds typed handlers
+ * by route; a `Worker` serves it on the bus beside workers in any other language (the
+ * contract is docs/workers.md).
+ */
+export { Context, bytesOf } from "./context.js";
+export type { Body, Outbound } from "./context.js";
+export { Code, HandlerError } from "./errors.js";
+export { Service, errorResponse } from "./service.js";
+export type { Awaitable, Delivery, EventHandled, EventHandler, Handled, RawHandler, TypedHandler } from "./service.js";
+export * from "./subjects.js";
+export { DEFAULT_FRAME_BUDGET, DEFAULT_QUEUE_CAPACITY, Worker } from "./worker.js";
+export type { WorkerOptions, WorkerStats } from "./worker.js";
+export * as rpc from "./gen/rpc_pb.js";

@@ -1,0 +1,277 @@
+/**
+ * A service: a name, handlers by method (typed with generated protobuf schemas, or raw
+ * bytes), the pushes it declares, and handlers for events on subjects of its choosing.
+ *
+ * A `Service` is plain data and functions with no I/O: `call` turns an `RpcRequest` for a
+ * method into an `RpcResponse` plus what to publish before it, so a service can be tested
+ * by calling it. The `Worker` decides when calls happen and where requests come from.
+ */
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
+import type { DescFile, DescMessage, MessageInitShape, MessageShape } from "@bufbuild/protobuf";
+import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
+import { Code, HandlerError } from "./errors.js";
+import { Context, bytesOf } from "./context.js";
+import type { Body, Outbound } from "./context.js";
+import type { RpcRequest, RpcResponse, ServiceSchema, SessionClosed } from "./gen/rpc_pb.js";
+import {
+  MethodSchemaSchema,
+  PushSchemaSchema,
+  RpcRequestSchema,
+  RpcResponseSchema,
+  ServiceSchemaSchema,
+  SessionClosedSchema,
+} from "./gen/rpc_pb.js";
+import { isValidName, isValidSubject } from "./subjects.js";
+
+/** What a handler may return: a value, or a promise of one. */
+export type Awaitable<T> = T | Promise<T>;
+
+/** A typed handler: the decoded request in, the response (or its init shape) out. */
+export type TypedHandler<Req extends DescMessage, Resp extends DescMessage> = (
+  ctx: Context,
+  request: MessageShape<Req>,
+) => Awaitable<MessageInitShape<Resp>>;
+
+/** A raw handler: the body's bytes in, the answer's bytes (or text) out. */
+export type RawHandler = (ctx: Context, body: Uint8Array) => Awaitable<Body>;
+
+/** An event handler: the message's payload, a context without a session. */
+export type EventHandler = (ctx: Context, payload: Uint8Array) => Awaitable<void>;
+
+/**
+ * Who gets an event: `"queue"`, one worker of the service (its queue group), or `"all"`,
+ * every worker.
+ */
+export type Delivery = "queue" | "all";
+
+/** What a request's handling produced: the answer, and what to publish first. */
+export interface Handled {
+  readonly response: RpcResponse;
+  /** Pushes and messages the handler asked for, in order; empty when it failed. */
+  readonly outbound: readonly Outbound[];
+}
+
+/** What an event's handling produced. */
+export interface EventHandled {
+  readonly ok: boolean;
+  readonly outbound: readonly Outbound[];
+  /** The answer, for an event whose sender asked for one. */
+  readonly reply: Uint8Array | undefined;
+}
+
+interface Method {
+  readonly call: (ctx: Context, body: Uint8Array) => Promise<Uint8Array>;
+  readonly types: { readonly request: DescMessage; readonly response: DescMessage } | undefined;
+}
+
+interface Event {
+  readonly subject: string;
+  readonly delivery: Delivery;
+  readonly handler: EventHandler;
+}
+
+/** An answer with a status and a message only. */
+export function errorResponse(code: number, message: string): RpcResponse {
+  return create(RpcResponseSchema, { code, message });
+}
+
+/**
+ * A named set of handlers.
+ *
+ * ```ts
+ * const echo = new Service("echo")
+ *   .method("echo", EchoRequestSchema, EchoResponseSchema, (_ctx, req) => ({ body: req.body }))
+ *   .rawMethod("raw", (_ctx, body) => body);
+ * ```
+ *
+ * Registration is setup code: it throws on a programming error (an invalid or duplicate
+ * name), never on anything a peer sends.
+ */
+export class Service {
+  readonly #methods = new Map<string, Method>();
+  readonly #events: Event[] = [];
+  readonly #pushes: { route: string; type: DescMessage }[] = [];
+
+  constructor(readonly name: string) {
+    if (!isValidName(name)) {
+      throw new Error(`invalid service name ${JSON.stringify(name)}: use 1..=64 of [a-z0-9_-]`);
+    }
+  }
+
+  /**
+   * Registers a typed handler: the body is decoded as `request` (a body that does not
+   * decode is answered 400 without calling the handler) and what it returns is encoded
+   * as `response`. Typed methods are announced to the gates, which then give JSON
+   * clients JSON bodies for them.
+   */
+  method<Req extends DescMessage, Resp extends DescMessage>(
+    name: string,
+    request: Req,
+    response: Resp,
+    handler: TypedHandler<Req, Resp>,
+  ): this {
+    return this.#add(name, { request, response }, async (ctx, body) => {
+      let decoded: MessageShape<Req>;
+      try {
+        decoded = fromBinary(request, body);
+      } catch (error) {
+        throw HandlerError.badRequest(`bad request body: ${messageOf(error)}`);
+      }
+      const answer = await handler(ctx, decoded);
+      return toBinary(response, create(response, answer));
+    });
+  }
+
+  /** Registers a handler of raw bytes: its bodies pass through the gates as they are. */
+  rawMethod(name: string, handler: RawHandler): this {
+    return this.#add(name, undefined, async (ctx, body) => bytesOf(await handler(ctx, body)));
+  }
+
+  /** Declares that pushes on `route` (`<service>.<name>`) carry a `type`, for JSON clients. */
+  push(route: string, type: DescMessage): this {
+    this.#pushes.push({ route, type });
+    return this;
+  }
+
+  /**
+   * Registers `handler` for messages on `<prefix>.<subject>`, delivered to one worker of
+   * the service (`"queue"`) or to every worker (`"all"`). Events share the request queue
+   * but are never rejected: the worker waits for room instead.
+   */
+  onEvent(subject: string, delivery: Delivery, handler: EventHandler): this {
+    if (!isValidSubject(subject)) {
+      throw new Error(`invalid event subject ${JSON.stringify(subject)}`);
+    }
+    if (this.#events.some((e) => e.subject === subject)) {
+      throw new Error(`event subject ${JSON.stringify(subject)} registered twice`);
+    }
+    this.#events.push({ subject, delivery, handler });
+    return this;
+  }
+
+  /** Handles the gates' `SessionClosed` events, one worker of the service per close. */
+  onSessionClosed(handler: (ctx: Context, closed: SessionClosed) => Awaitable<void>): this {
+    return this.onEvent("evt.session.closed", "queue", (ctx, payload) =>
+      handler(ctx, fromBinary(SessionClosedSchema, payload)),
+    );
+  }
+
+  /** The registered methods. */
+  get methods(): string[] {
+    return [...this.#methods.keys()];
+  }
+
+  /** The registered event subjects (under the prefix) and who gets them. */
+  get events(): readonly { readonly subject: string; readonly delivery: Delivery }[] {
+    return this.#events;
+  }
+
+  /**
+   * What workers announce to the gates: typed methods, pushes, and a FileDescriptorSet
+   * of their types' files (dependencies first); `undefined` when nothing is typed.
+   */
+  schema(): ServiceSchema | undefined {
+    const methods = [...this.#methods]
+      .flatMap(([method, m]) => (m.types ? [{ method, ...m.types }] : []))
+      .sort((a, b) => (a.method < b.method ? -1 : a.method > b.method ? 1 : 0));
+    if (methods.length === 0 && this.#pushes.length === 0) return undefined;
+    const types = [
+      ...methods.flatMap((m) => [m.request, m.response]),
+      ...this.#pushes.map((p) => p.type),
+    ];
+    return create(ServiceSchemaSchema, {
+      service: this.name,
+      methods: methods.map((m) =>
+        create(MethodSchemaSchema, {
+          method: m.method,
+          requestType: m.request.typeName,
+          responseType: m.response.typeName,
+        }),
+      ),
+      pushes: this.#pushes.map((p) =>
+        create(PushSchemaSchema, { route: p.route, messageType: p.type.typeName }),
+      ),
+      descriptors: toBinary(
+        FileDescriptorSetSchema,
+        create(FileDescriptorSetSchema, { file: filesOf(types).map((f) => f.proto) }),
+      ),
+    });
+  }
+
+  /**
+   * Answers `request` with `method`'s handler: 200 with the body and effects, the
+   * handler's `HandlerError` code and message, 404 for an unknown method, or 500 for
+   * anything else it threw. A failed handler's effects and pushes are dropped.
+   */
+  async call(method: string, request: RpcRequest): Promise<Handled> {
+    const entry = this.#methods.get(method);
+    if (entry === undefined) {
+      const message = `unknown method ${JSON.stringify(method)} of service ${JSON.stringify(this.name)}`;
+      return { response: errorResponse(Code.NOT_FOUND, message), outbound: [] };
+    }
+    const ctx = new Context(request.session);
+    try {
+      const body = await entry.call(ctx, request.body);
+      const response = create(RpcResponseSchema, { code: Code.OK, body, effects: [...ctx.effects] });
+      return { response, outbound: ctx.outbound };
+    } catch (error) {
+      if (error instanceof HandlerError) {
+        return { response: errorResponse(error.code, error.message), outbound: [] };
+      }
+      return { response: errorResponse(Code.HANDLER_ERROR, `internal error: ${messageOf(error)}`), outbound: [] };
+    }
+  }
+
+  /** Decodes an `RpcRequest` as it came off the bus and calls `method`; garbage is a 400. */
+  async callEncoded(method: string, payload: Uint8Array): Promise<Handled> {
+    let request: RpcRequest;
+    try {
+      request = fromBinary(RpcRequestSchema, payload);
+    } catch (error) {
+      return { response: errorResponse(Code.BAD_REQUEST, `malformed RpcRequest: ${messageOf(error)}`), outbound: [] };
+    }
+    return this.call(method, request);
+  }
+
+  /** Runs the handler of event `subject` (as registered); a failure publishes nothing. */
+  async event(subject: string, payload: Uint8Array): Promise<EventHandled> {
+    const event = this.#events.find((e) => e.subject === subject);
+    const ctx = new Context();
+    if (event === undefined) return { ok: false, outbound: [], reply: undefined };
+    try {
+      await event.handler(ctx, payload);
+      return { ok: true, outbound: ctx.outbound, reply: ctx.replyBody };
+    } catch {
+      return { ok: false, outbound: [], reply: undefined };
+    }
+  }
+
+  #add(name: string, types: Method["types"], call: Method["call"]): this {
+    if (!isValidName(name)) {
+      throw new Error(`invalid method name ${JSON.stringify(name)} in service ${this.name}: use 1..=64 of [a-z0-9_-]`);
+    }
+    if (this.#methods.has(name)) {
+      throw new Error(`method ${JSON.stringify(name)} registered twice in service ${this.name}`);
+    }
+    this.#methods.set(name, { call, types });
+    return this;
+  }
+}
+
+/** The files declaring `types`, with every file they import, dependencies first. */
+function filesOf(types: readonly DescMessage[]): DescFile[] {
+  const seen = new Set<string>();
+  const files: DescFile[] = [];
+  const visit = (file: DescFile): void => {
+    if (seen.has(file.proto.name)) return;
+    seen.add(file.proto.name);
+    file.dependencies.forEach(visit);
+    files.push(file);
+  };
+  types.forEach((t) => visit(t.file));
+  return files;
+}
+
+function messageOf(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}

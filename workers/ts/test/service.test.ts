@@ -1,0 +1,109 @@
+// The Service alone, without a bus: calls in, RpcResponses out.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
+import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
+import { Code, HandlerError, Service } from "../src/index.js";
+import { EchoRequestSchema, EchoResponseSchema } from "../src/gen/echo_pb.js";
+import { RpcRequestSchema, SessionSchema } from "../src/gen/rpc_pb.js";
+import { echoService } from "../src/services/echo.js";
+
+const text = new TextEncoder();
+
+function request(body: Uint8Array, uid = "") {
+  return create(RpcRequestSchema, {
+    route: "t.m",
+    body,
+    session: create(SessionSchema, { gate: "g1", sid: 7n, uid, data: { lang: "en" } }),
+  });
+}
+
+test("a typed method decodes the request and encodes the response", async () => {
+  const body = toBinary(EchoRequestSchema, create(EchoRequestSchema, { body: text.encode("ping") }));
+  const { response } = await echoService().call("echo", request(body));
+  assert.equal(response.code, Code.OK);
+  assert.deepEqual(fromBinary(EchoResponseSchema, response.body).body, text.encode("ping"));
+});
+
+test("a raw method answers its bytes unchanged", async () => {
+  const body = new Uint8Array([0xff, 0x00, 0x01]);
+  const { response } = await echoService().call("raw", request(body));
+  assert.equal(response.code, Code.OK);
+  assert.deepEqual(response.body, body);
+});
+
+test("an unknown method is 404 and a body that does not decode is 400", async () => {
+  assert.equal((await echoService().call("nope", request(new Uint8Array()))).response.code, Code.NOT_FOUND);
+  const bad = await echoService().call("echo", request(new Uint8Array([0x0a, 0x05, 0x01])));
+  assert.equal(bad.response.code, Code.BAD_REQUEST);
+  assert.match(bad.response.message, /bad request body/);
+  const garbage = await echoService().callEncoded("echo", new Uint8Array([0xff, 0xff]));
+  assert.equal(garbage.response.code, Code.BAD_REQUEST);
+});
+
+test("effects and pushes come back in order; a failed handler's are dropped", async () => {
+  const service = new Service("room")
+    .rawMethod("enter", (ctx) => {
+      assert.equal(ctx.data("lang"), "en");
+      ctx.bindUid("ann");
+      ctx.setData("room", "r1");
+      ctx.join("r1");
+      ctx.broadcast("r1", "room.entered", "ann");
+      ctx.pushToUser("bob", "room.hello", "hi");
+      ctx.kickUser("mallory", "banned");
+      assert.equal(ctx.uid, "ann");
+      return "ok";
+    })
+    .rawMethod("refuse", (ctx) => {
+      ctx.join("r1");
+      ctx.broadcast("r1", "room.entered", "x");
+      throw HandlerError.forbidden("not you");
+    })
+    .rawMethod("crash", () => {
+      throw new Error("boom");
+    })
+    .rawMethod("bad-group", (ctx) => {
+      ctx.broadcast("a.>", "room.x", "");
+      return "";
+    });
+  const ok = await service.call("enter", request(new Uint8Array()));
+  assert.equal(ok.response.code, 200);
+  assert.deepEqual(
+    ok.response.effects.map((e) => e.kind.case),
+    ["bindUid", "setData", "join"],
+  );
+  assert.deepEqual(
+    ok.outbound.map((o) => o.kind),
+    ["group", "user", "user"],
+  );
+  const refused = await service.call("refuse", request(new Uint8Array()));
+  assert.equal(refused.response.code, Code.FORBIDDEN);
+  assert.equal(refused.response.message, "not you");
+  assert.deepEqual([refused.response.effects.length, refused.outbound.length], [0, 0]);
+  const crashed = await service.call("crash", request(new Uint8Array()));
+  assert.equal(crashed.response.code, Code.HANDLER_ERROR);
+  assert.equal((await service.call("bad-group", request(new Uint8Array()))).response.code, Code.BAD_REQUEST);
+});
+
+test("the schema lists typed methods and carries their files' descriptors", () => {
+  const schema = echoService().schema();
+  assert.ok(schema);
+  assert.equal(schema.service, "echo");
+  assert.deepEqual(
+    schema.methods.map((m) => [m.method, m.requestType, m.responseType]),
+    [["echo", "shaddock.echo.EchoRequest", "shaddock.echo.EchoResponse"]],
+  );
+  const set = fromBinary(FileDescriptorSetSchema, schema.descriptors);
+  assert.deepEqual(
+    set.file.map((f) => f.name),
+    ["echo.proto"],
+  );
+  assert.equal(new Service("plain").rawMethod("raw", (_c, b) => b).schema(), undefined);
+});
+
+test("registration refuses bad and duplicate names", () => {
+  assert.throws(() => new Service("Echo"));
+  assert.throws(() => new Service("a.b"));
+  assert.throws(() => echoService().rawMethod("raw", (_c, b) => b));
+  assert.throws(() => echoService().rawMethod("x>", (_c, b) => b));
+});
