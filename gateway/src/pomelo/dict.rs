@@ -83,15 +83,13 @@ impl RouteDict {
             routes.push(route);
             codes.insert(pomelo.into(), routes.len() as u16);
         }
-        let mut entries: Vec<(&Arc<str>, &u16)> = codes.iter().collect();
-        entries.sort_by_key(|(_, code)| **code);
-        let json = serde_json::to_string(
-            &entries
-                .into_iter()
-                .map(|(route, code)| (route.to_string(), serde_json::Value::from(*code)))
-                .collect::<serde_json::Map<String, serde_json::Value>>(),
+        let json = serde_json::Value::Object(
+            codes
+                .iter()
+                .map(|(route, code)| (route.to_string(), (*code).into()))
+                .collect(),
         )
-        .unwrap_or_else(|_| "{}".into());
+        .to_string();
         *guard = Arc::new(Dict {
             routes,
             codes,
