@@ -131,4 +131,11 @@ export SHADDOCK_BIN="${PWD}/target/debug/shaddock"
 # broker's parser; real-client compatibility suites).
 # ---------------------------------------------------------------------------------------
 
+step "Pomelo clients (clients/pomelo-test): the npm pomelo-protocol codec against a real gate"
+(
+  cd clients/pomelo-test
+  run npm ci --no-audit --no-fund
+  run npm test
+)
+
 step "All checks passed"

@@ -9,6 +9,10 @@
 //!   the route's workers announced ([`crate::schema`]), and responses and pushes of
 //!   routes with known types go back as JSON values; everything else passes through as
 //!   a string.
+//! - [`Codec::Pomelo`]: pomelo packages ([`crate::pomelo`]), told apart by the first
+//!   frame's first byte (a handshake package's type, 1, which no protobuf `Packet` can
+//!   start with). Bodies are JSON, transcoded as for JSON sessions when the route's
+//!   types are known, else passed as they are.
 
 use std::sync::{Arc, OnceLock};
 
@@ -19,13 +23,15 @@ use proto::code;
 use proto::rpc::ServerPush;
 use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 
+use crate::pomelo::{PomeloCodec, PomeloPush, wire::PackageType};
 use crate::schema::{Schemas, json_to_protobuf, protobuf_to_json};
 
 /// How one session's frames are encoded: fixed by its first frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Codec {
     Protobuf,
     Json,
+    Pomelo(PomeloCodec),
 }
 
 /// What a data frame held.
@@ -35,35 +41,51 @@ pub(crate) enum Decoded {
     /// A request whose typed body cannot be transcoded: answer it with this 400 (unless
     /// it is a notify, id 0) and go on.
     BadBody(client::Response),
-    /// Not a packet at all: the session closes.
-    Invalid,
+    /// Not a packet at all: the session closes, telling the client why.
+    Invalid(&'static str),
+    /// A frame holding several packets (pomelo packages), in order; never nested.
+    Many(Vec<Decoded>),
 }
+
+/// Why our own protocol's frames are refused.
+const INVALID_PACKET: &str = "invalid packet";
 
 impl Codec {
     /// The codec a session's first frame speaks.
     pub fn of(first: &Message) -> Codec {
-        if matches!(first, Message::Text(_)) {
-            Codec::Json
-        } else {
-            Codec::Protobuf
+        match first {
+            Message::Text(_) => Codec::Json,
+            Message::Binary(b) if b.first() == Some(&(PackageType::Handshake as u8)) => {
+                Codec::Pomelo(PomeloCodec::default())
+            }
+            _ => Codec::Protobuf,
         }
     }
 
     /// Decodes a binary or text frame (control frames are the caller's).
-    pub fn decode(self, frame: &Message, schemas: &Schemas) -> Decoded {
+    pub fn decode(&mut self, frame: &Message, schemas: &Schemas) -> Decoded {
+        if let Codec::Pomelo(pomelo) = self {
+            return pomelo.decode(frame, schemas);
+        }
         let (mut packet, typed) = match frame {
             Message::Binary(b) => match Packet::decode(b.clone()) {
                 Ok(packet) => (packet, false),
-                Err(_) => return Decoded::Invalid,
+                Err(_) => return Decoded::Invalid(INVALID_PACKET),
             },
             Message::Text(t) => match proto::json::decode_typed(t.as_str()) {
                 Ok(decoded) => decoded,
-                Err(_) => return Decoded::Invalid,
+                Err(_) => return Decoded::Invalid(INVALID_PACKET),
             },
-            _ => return Decoded::Invalid,
+            _ => return Decoded::Invalid(INVALID_PACKET),
         };
         if typed && let Some(Kind::Request(req)) = &mut packet.kind {
-            match typed_body(req, schemas) {
+            let typed = request_body(&req.route, &req.body, schemas).unwrap_or_else(|| {
+                Err(format!(
+                    "route {} has no announced message types: send its body as a JSON string",
+                    req.route
+                ))
+            });
+            match typed {
                 Ok(body) => req.body = body,
                 Err(message) => {
                     return Decoded::BadBody(client::Response {
@@ -79,11 +101,13 @@ impl Codec {
     }
 
     /// A frame carrying `kind`, whose body (if any) is not transcoded.
-    pub fn encode(self, kind: Kind) -> Message {
-        let packet = Packet::new(kind);
+    pub fn encode(&self, kind: Kind) -> Message {
         match self {
-            Codec::Protobuf => Message::binary(packet.encode_to_vec()),
-            Codec::Json => Message::text(proto::json::encode(&packet).unwrap_or_default()),
+            Codec::Protobuf => Message::binary(Packet::new(kind).encode_to_vec()),
+            Codec::Json => {
+                Message::text(proto::json::encode(&Packet::new(kind)).unwrap_or_default())
+            }
+            Codec::Pomelo(pomelo) => pomelo.encode(kind),
         }
     }
 
@@ -91,59 +115,94 @@ impl Codec {
     /// route with known types carries its body as JSON; a body that is not the
     /// announced type is answered 500.
     pub fn encode_response(
-        self,
+        &self,
         mut resp: client::Response,
         route: &str,
         schemas: &Schemas,
     ) -> Message {
-        if self == Codec::Protobuf || resp.code != code::OK {
-            return self.encode(Kind::Response(resp));
-        }
-        let Some(types) = schemas.method(route) else {
-            return self.encode(Kind::Response(resp));
-        };
-        match protobuf_to_json(&types.response, &resp.body) {
-            Ok(json) => resp.body = Bytes::from(json),
-            Err(message) => {
-                resp.code = code::HANDLER_ERROR;
-                resp.message = format!("worker's answer: {message}");
-                resp.body = Bytes::new();
-                return self.encode(Kind::Response(resp));
+        match self {
+            Codec::Pomelo(pomelo) => pomelo.encode_response(resp, route, schemas),
+            Codec::Json if resp.code == code::OK && answer_as_json(&mut resp, route, schemas) => {
+                let packet = Packet::new(Kind::Response(resp));
+                Message::text(proto::json::encode_typed(&packet, true).unwrap_or_default())
             }
+            _ => self.encode(Kind::Response(resp)),
         }
-        let packet = Packet::new(Kind::Response(resp));
-        Message::text(proto::json::encode_typed(&packet, true).unwrap_or_default())
     }
 
     /// The frame of a push, made once per gate for each codec that needs it.
-    pub fn encode_push(self, push: &PushFrame, schemas: &Schemas) -> Message {
+    pub fn encode_push(&self, push: &PushFrame, schemas: &Schemas) -> Message {
         match self {
             Codec::Protobuf => Message::Binary(push.binary.clone()),
             Codec::Json => Message::Text(push.json(schemas)),
+            Codec::Pomelo(pomelo) => pomelo.push_frame(push.pomelo(schemas)),
+        }
+    }
+
+    /// The heartbeat interval the session keeps: pomelo tells clients whole seconds,
+    /// so its sessions keep the interval they were told.
+    pub fn heartbeat(&self, configured: std::time::Duration) -> std::time::Duration {
+        match self {
+            Codec::Pomelo(_) => {
+                let ms = configured.as_millis().try_into().unwrap_or(u32::MAX);
+                std::time::Duration::from_secs(crate::pomelo::heartbeat_secs(ms).into())
+            }
+            Codec::Protobuf | Codec::Json => configured,
         }
     }
 }
 
-/// A typed JSON request body as protobuf, by the route's announced request type.
-fn typed_body(req: &client::Request, schemas: &Schemas) -> Result<Bytes, String> {
-    let Some(types) = schemas.method(&req.route) else {
-        return Err(format!(
-            "route {} has no announced message types: send its body as a JSON string",
-            req.route
-        ));
-    };
-    json_to_protobuf(&types.request, &req.body)
-        .map(Bytes::from)
-        .map_err(|e| format!("bad request body: {e}"))
+/// A typed JSON request body as protobuf, by the route's announced request type;
+/// `None` when the route has none.
+pub(crate) fn request_body(
+    route: &str,
+    json: &[u8],
+    schemas: &Schemas,
+) -> Option<Result<Bytes, String>> {
+    let types = schemas.method(route)?;
+    Some(
+        json_to_protobuf(&types.request, json)
+            .map(Bytes::from)
+            .map_err(|e| format!("bad request body: {e}")),
+    )
 }
 
-/// A push encoded once for every local recipient, in both frame encodings; the JSON
-/// form is made only if some recipient speaks JSON.
+/// Turns a successful answer's body into JSON by the route's announced response type;
+/// false when the route has none. A body that is not the announced type makes the
+/// answer a 500.
+pub(crate) fn answer_as_json(resp: &mut client::Response, route: &str, schemas: &Schemas) -> bool {
+    let Some(types) = schemas.method(route) else {
+        return false;
+    };
+    match protobuf_to_json(&types.response, &resp.body) {
+        Ok(json) => {
+            resp.body = Bytes::from(json);
+            true
+        }
+        Err(message) => {
+            resp.code = code::HANDLER_ERROR;
+            resp.message = format!("worker's answer: {message}");
+            resp.body = Bytes::new();
+            false
+        }
+    }
+}
+
+/// A push body as JSON, when the push route's type is known and the body is one.
+pub(crate) fn push_as_json(push: &client::Push, schemas: &Schemas) -> Option<String> {
+    schemas
+        .push(&push.route)
+        .and_then(|t| protobuf_to_json(&t, &push.body).ok())
+}
+
+/// A push encoded once for every local recipient, in each protocol's frames; the JSON
+/// and pomelo forms are made only if some recipient speaks them.
 #[derive(Debug)]
 pub(crate) struct PushFrame {
     pub binary: Bytes,
     packet: Packet,
     json: OnceLock<Utf8Bytes>,
+    pomelo: OnceLock<PomeloPush>,
 }
 
 impl PushFrame {
@@ -156,6 +215,21 @@ impl PushFrame {
             binary: packet.encode_to_vec().into(),
             packet,
             json: OnceLock::new(),
+            pomelo: OnceLock::new(),
+        })
+    }
+
+    fn push(&self) -> Option<&client::Push> {
+        match &self.packet.kind {
+            Some(Kind::Push(push)) => Some(push),
+            _ => None,
+        }
+    }
+
+    fn pomelo(&self, schemas: &Schemas) -> &PomeloPush {
+        self.pomelo.get_or_init(|| {
+            let empty = client::Push::default();
+            PomeloPush::new(self.push().unwrap_or(&empty), schemas)
         })
     }
 
@@ -164,13 +238,10 @@ impl PushFrame {
     fn json(&self, schemas: &Schemas) -> Utf8Bytes {
         self.json
             .get_or_init(|| {
-                let Some(Kind::Push(push)) = &self.packet.kind else {
+                let Some(push) = self.push() else {
                     return Utf8Bytes::default();
                 };
-                let typed = schemas
-                    .push(&push.route)
-                    .and_then(|t| protobuf_to_json(&t, &push.body).ok());
-                match typed {
+                match push_as_json(push, schemas) {
                     Some(json) => {
                         let packet = Packet::new(Kind::Push(client::Push {
                             route: push.route.clone(),

@@ -12,6 +12,7 @@ mod forward;
 pub mod frame;
 mod gate;
 mod limits;
+pub mod pomelo;
 mod presence;
 pub mod route;
 mod router;

@@ -21,6 +21,8 @@ use proto::Message as _;
 use proto::rpc::ServiceSchema;
 use tokio_util::sync::CancellationToken;
 
+use crate::pomelo::RouteDict;
+
 /// A typed method's request and response types.
 #[derive(Debug, Clone)]
 pub(crate) struct MethodTypes {
@@ -53,9 +55,13 @@ pub(crate) enum SchemaError {
     MissingType { service: String, name: String },
 }
 
-/// Every service's announced types, by service name.
+/// Every service's announced types, by service name, and the pomelo route dictionary
+/// of their routes.
 #[derive(Default)]
-pub(crate) struct Schemas(DashMap<String, Arc<ServiceTypes>>);
+pub(crate) struct Schemas {
+    services: DashMap<String, Arc<ServiceTypes>>,
+    pub pomelo: RouteDict,
+}
 
 impl Schemas {
     /// Takes an announcement; returns the service it was for.
@@ -66,7 +72,7 @@ impl Schemas {
             return Err(SchemaError::Service(service));
         }
         if self
-            .0
+            .services
             .get(&service)
             .is_some_and(|known| known.announced == payload)
         {
@@ -95,26 +101,31 @@ impl Schemas {
         for p in schema.pushes {
             pushes.insert(p.route, find(&p.message_type)?);
         }
+        let mut names: Vec<&str> = methods.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        let mut push_routes: Vec<&str> = pushes.keys().map(String::as_str).collect();
+        push_routes.sort_unstable();
+        self.pomelo.add(&service, &names, &push_routes);
         let types = ServiceTypes {
             announced: payload,
             methods,
             pushes,
         };
-        self.0.insert(service.clone(), Arc::new(types));
+        self.services.insert(service.clone(), Arc::new(types));
         Ok(service)
     }
 
     /// The types of `route` (`service.method`), if its service announced it as typed.
     pub fn method(&self, route: &str) -> Option<MethodTypes> {
         let (service, method) = route.split_once('.')?;
-        self.0.get(service)?.methods.get(method).cloned()
+        self.services.get(service)?.methods.get(method).cloned()
     }
 
     /// The type of push route `route`, looked up under the service its first token
     /// names (`chat.message` under `chat`).
     pub fn push(&self, route: &str) -> Option<MessageDescriptor> {
         let (service, _) = route.split_once('.')?;
-        self.0.get(service)?.pushes.get(route).cloned()
+        self.services.get(service)?.pushes.get(route).cloned()
     }
 }
 
@@ -257,6 +268,6 @@ mod tests {
             Err(SchemaError::Service(_))
         ));
         assert!(schemas.method("chat.say").is_some());
-        assert_eq!(schemas.0.len(), 1);
+        assert_eq!(schemas.services.len(), 1);
     }
 }

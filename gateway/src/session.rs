@@ -151,7 +151,7 @@ pub(crate) async fn run<S: Io>(
             return;
         }
     };
-    let codec = Codec::of(&hello);
+    let mut codec = Codec::of(&hello);
     let handshake = match codec.decode(&hello, &gate.schemas) {
         Decoded::Packet(Packet {
             kind: Some(Kind::Handshake(h)),
@@ -275,13 +275,19 @@ fn instant_of(at: std::time::SystemTime) -> Instant {
     Instant::now() + left
 }
 
+/// Closes a session whose client sent what its protocol cannot mean.
+fn invalid(reason: &'static str) -> Closing {
+    metrics::counter!("gate_rejected_total", "reason" => "invalid_packet").increment(1);
+    Closing::new(CloseCode::Invalid, reason)
+}
+
 fn micros(d: Duration) -> u32 {
     d.as_micros().try_into().unwrap_or(u32::MAX)
 }
 
 impl<S: Io> Session<S> {
     async fn serve(&mut self, mut rx: mpsc::Receiver<ToSession>) -> Closing {
-        let heartbeat = self.gate.config.heartbeat;
+        let heartbeat = self.codec.heartbeat(self.gate.config.heartbeat);
         let silence = sleep_until(self.last_seen + 2 * heartbeat);
         tokio::pin!(silence);
         let expiry = sleep_until(Instant::now() + self.gate.config.request_timeout);
@@ -413,7 +419,20 @@ impl<S: Io> Session<S> {
             Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return Ok(()),
             Message::Binary(_) | Message::Text(_) => {}
         }
-        let packet = match self.codec.decode(&frame, &self.gate.schemas) {
+        match self.codec.decode(&frame, &self.gate.schemas) {
+            Decoded::Many(all) => {
+                for decoded in all {
+                    self.on_decoded(decoded, now).await?;
+                }
+                Ok(())
+            }
+            decoded => self.on_decoded(decoded, now).await,
+        }
+    }
+
+    /// Handles what one packet of a frame held.
+    async fn on_decoded(&mut self, decoded: Decoded, now: Instant) -> Result<(), Closing> {
+        let packet = match decoded {
             Decoded::Packet(packet) => packet,
             Decoded::BadBody(resp) => {
                 self.gate.rejected.body.increment(1);
@@ -422,10 +441,8 @@ impl<S: Io> Session<S> {
                 }
                 return Ok(());
             }
-            Decoded::Invalid => {
-                metrics::counter!("gate_rejected_total", "reason" => "invalid_packet").increment(1);
-                return Err(Closing::new(CloseCode::Invalid, "invalid packet"));
-            }
+            Decoded::Invalid(reason) => return Err(invalid(reason)),
+            Decoded::Many(_) => return Err(invalid("invalid packet")),
         };
         match packet.kind {
             Some(Kind::Request(req)) => {
@@ -453,10 +470,7 @@ impl<S: Io> Session<S> {
             }
             Some(Kind::Handshake(_)) => Err(Closing::new(CloseCode::Policy, "handshake repeated")),
             Some(_) => Err(Closing::new(CloseCode::Policy, "packet not for the gate")),
-            None => {
-                metrics::counter!("gate_rejected_total", "reason" => "invalid_packet").increment(1);
-                Err(Closing::new(CloseCode::Invalid, "invalid packet"))
-            }
+            None => Err(invalid("invalid packet")),
         }
     }
 

@@ -7,7 +7,8 @@
 //! - [`bus_rr`]: request-reply over NATS (BENCHMARKS.md B6), latency in an HDR histogram.
 //! - [`idle_conns`]: resident memory a server spends per idle NATS connection.
 //! - [`ws`]: open-loop WebSocket load through the gateway and its scenarios
-//!   (`concurrency`, `pomelo-a`, `pomelo-b`, `saturate`, `idle`, `limit`, `broadcast`).
+//!   (`concurrency`, `pomelo-a`, `pomelo-b`, `saturate`, `idle`, `limit`, `broadcast`,
+//!   `pomelo-compare`).
 
 pub mod bus_rr;
 pub mod duration;
@@ -39,6 +40,8 @@ pub enum Command {
     Limit(ws::scenario::LimitArgs),
     /// Room fan-out: one chat room, many members over the gates, one sender.
     Broadcast(ws::broadcast::BroadcastArgs),
+    /// One pomelo-protocol client against the gate and against a pomelo server.
+    PomeloCompare(ws::pomelo::PomeloCompareArgs),
 }
 
 /// Prints a tool's report on stdout: the JSON line when `json`, else the text. The
@@ -70,5 +73,6 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Idle(args) => ws::idle::idle(args).await,
         Command::Limit(args) => ws::scenario::limit(args).await,
         Command::Broadcast(args) => ws::broadcast::broadcast(args).await,
+        Command::PomeloCompare(args) => ws::pomelo::pomelo_compare(args).await,
     }
 }

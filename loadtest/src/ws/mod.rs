@@ -7,7 +7,7 @@
 //! - [`generator`]: N clients, one request per interval, recorded three ways.
 //! - [`hist`], [`stats`]: HDR histograms, per-client records and how they add up.
 //! - [`target`]: gates by URL, a launched topology, or the bare echo server.
-//! - [`scenario`], [`idle`], [`broadcast`]: the subcommands.
+//! - [`scenario`], [`idle`], [`broadcast`], [`pomelo`]: the subcommands.
 //! - [`report`], [`text`], [`html`]: the report, as JSON, terminal text and HTML.
 //! - [`procfs`]: RSS and CPU time of a process.
 
@@ -17,6 +17,7 @@ pub mod generator;
 pub mod hist;
 pub mod html;
 pub mod idle;
+pub mod pomelo;
 pub mod procfs;
 pub mod report;
 pub mod scenario;
