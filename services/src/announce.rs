@@ -68,7 +68,7 @@ impl Announcer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use broker::testing::{Bus, within};
+    use broker::testing::{Bus, round_trip, within};
 
     /// A worker announces at start and again when asked; a gate starting later learns it.
     async fn announces_at_start_and_when_asked(bus: Bus) {
@@ -78,10 +78,11 @@ mod tests {
             .subscribe(proto::schema::announcements("t"))
             .await
             .unwrap();
-        listener.flush().await.unwrap();
+        // The broker has both subscriptions before anything is published on them.
+        round_trip(&listener).await;
         let schema = crate::echo::service().schema().expect("echo announces");
         let announcer = Announcer::subscribe(&client, "t", &schema).await.unwrap();
-        client.flush().await.unwrap();
+        round_trip(&client).await;
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(announcer.run(shutdown.clone()));
         let first = within(heard.next()).await.unwrap();
