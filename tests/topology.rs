@@ -169,7 +169,10 @@ async fn with_tls_the_gate_serves_wss_with_a_throwaway_ca_removed_at_the_end() {
         .unwrap()
         .unwrap();
     assert_eq!(response.code, 200, "{response:?}");
-    assert_eq!(&EchoResponse::decode(response.body).unwrap().body[..], b"over tls");
+    assert_eq!(
+        &EchoResponse::decode(response.body).unwrap().body[..],
+        b"over tls"
+    );
     client.close().await;
     // The plain listener is still there beside it.
     echo_through(topology).await;

@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio_rustls::rustls::crypto::ring;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig};
 
 /// Why a certificate and key could not be used.
 #[derive(Debug, thiserror::Error)]

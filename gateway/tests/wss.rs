@@ -113,9 +113,12 @@ async fn a_client_trusting_the_ca_round_trips_over_wss_beside_a_plain_one() {
         tls: Some(tls_client_config(&ca_path).unwrap()),
         ..ClientOptions::default()
     };
-    let secure = within(Client::connect(&format!("wss://{}", gate.tls), options.clone()))
-        .await
-        .unwrap();
+    let secure = within(Client::connect(
+        &format!("wss://{}", gate.tls),
+        options.clone(),
+    ))
+    .await
+    .unwrap();
     // By name as well as by address: the certificate covers both.
     let by_name = format!("wss://localhost:{}/", gate.tls.port());
     let named = within(Client::connect(&by_name, options)).await.unwrap();
@@ -171,5 +174,8 @@ fn a_ca_file_without_certificates_is_refused() {
     let empty = files.path("empty.pem");
     std::fs::write(&empty, "no certificate here\n").unwrap();
     let error = tls_client_config(&empty).unwrap_err();
-    assert!(error.to_string().contains("holds no certificate"), "{error}");
+    assert!(
+        error.to_string().contains("holds no certificate"),
+        "{error}"
+    );
 }

@@ -43,7 +43,9 @@ impl Certs {
             key: dir.join("gate-key.pem"),
             dir,
         };
-        certs.write().context("making a throwaway CA and gate certificate")?;
+        certs
+            .write()
+            .context("making a throwaway CA and gate certificate")?;
         Ok(certs)
     }
 
@@ -54,8 +56,8 @@ impl Certs {
         write_file(&self.ca, ca.self_signed(&ca_key)?.pem().as_bytes())?;
         let issuer = Issuer::new(ca, ca_key);
         let key = KeyPair::generate()?;
-        let cert = CertificateParams::new(NAMES.map(String::from).to_vec())?
-            .signed_by(&key, &issuer)?;
+        let cert =
+            CertificateParams::new(NAMES.map(String::from).to_vec())?.signed_by(&key, &issuer)?;
         write_file(&self.cert, cert.pem().as_bytes())?;
         write_file(&self.key, key.serialize_pem().as_bytes())
     }

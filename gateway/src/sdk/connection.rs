@@ -135,7 +135,10 @@ async fn open(url: &str, options: &ClientOptions, config: WebSocketConfig) -> Re
         .host()
         .ok_or_else(|| SdkError::connect(format!("{url}: no host")))?;
     // An IPv6 literal comes bracketed; neither the resolver nor the server name wants it so.
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
     let port = uri
         .port_u16()
         .unwrap_or(if tls.is_some() { WSS_PORT } else { WS_PORT });
