@@ -167,6 +167,11 @@ impl TargetArgs {
         tls: bool,
     ) -> anyhow::Result<(Gates, Option<Topology>)> {
         if !self.url.is_empty() {
+            anyhow::ensure!(
+                self.tls_ca.is_some() || !self.url.iter().any(|u| u.starts_with("wss://")),
+                "wss:// URLs need --tls-ca FILE: the CA certificate (PEM) that signed the \
+                 gates' certificate"
+            );
             let tls = match &self.tls_ca {
                 Some(ca) => Some(tls_client_config(ca).context("--tls-ca")?),
                 None => None,
