@@ -615,13 +615,23 @@ async fn run_pair(
         let run = generator::run(spec, &limit_target(server, label)).await?;
         runs.push(RunReport::from_result(&run));
     }
-    let run = generator::run(spec, &gateway_target(gates, label)).await?;
-    let mut run = RunReport::from_result(&run);
-    if let Some(limit) = runs.first() {
-        run.compare_with_limit(limit);
-    }
+    let run = compared_run(spec, &gateway_target(gates, label), runs.first()).await?;
     runs.push(run);
     Ok(runs)
+}
+
+/// One run against `target`, compared with the `limit` run when there is one.
+async fn compared_run(
+    spec: &LoadSpec,
+    target: &Target,
+    limit: Option<&RunReport>,
+) -> anyhow::Result<RunReport> {
+    let run = generator::run(spec, target).await?;
+    let mut run = RunReport::from_result(&run);
+    if let Some(limit) = limit {
+        run.compare_with_limit(limit);
+    }
+    Ok(run)
 }
 
 /// `spec` again with JSON clients on the service's default route, against the gateway.
@@ -637,12 +647,12 @@ async fn json_run(
         payload: service.default_json_payload(),
         ..spec.clone()
     };
-    let run = generator::run(&json, &gateway_target(gates, &format!("{label}, JSON"))).await?;
-    let mut run = RunReport::from_result(&run);
-    if let Some(limit) = limit {
-        run.compare_with_limit(limit);
-    }
-    Ok(run)
+    compared_run(
+        &json,
+        &gateway_target(gates, &format!("{label}, JSON")),
+        limit,
+    )
+    .await
 }
 
 /// `spec` again over `wss://`, against the same gates' TLS listeners.
@@ -660,12 +670,7 @@ async fn tls_run(
         urls: gates.tls_urls.clone(),
         ..gateway_target(gates, &format!("{label}, wss"))
     };
-    let run = generator::run(spec, &target).await?;
-    let mut run = RunReport::from_result(&run);
-    if let Some(limit) = limit {
-        run.compare_with_limit(limit);
-    }
-    Ok(run)
+    compared_run(spec, &target, limit).await
 }
 
 /// Parses `--body-hex`.
