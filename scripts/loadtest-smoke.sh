@@ -61,6 +61,10 @@ scenario concurrency concurrency --clients 2,5 --duration 1s --with-limit "${sho
 # every JSON request is refused and the run reports 0 answers.
 scenario concurrency-json concurrency --service chat --clients 2 --duration 1s --json-beside \
   --with-limit "${short[@]}"
+# The same load over wss:// to the same gate, beside the plain run: the launched gate
+# serves TLS with a throwaway CA's certificate, and the SDK's clients must trust it.
+scenario concurrency-tls concurrency --clients 2 --duration 1s --tls-beside \
+  --with-limit "${short[@]}"
 scenario pomelo-a pomelo-a --count 1000 "${short[@]}"
 scenario pomelo-b pomelo-b --count 1000 "${short[@]}"
 scenario saturate saturate --clients 2 --start-rate 100 --max-rate 200 --factor 2 --scale-workers 1,2 \
@@ -74,4 +78,4 @@ if ((${#failed[@]})); then
   echo "load-test smoke failed: ${failed[*]}" >&2
   exit 1
 fi
-echo "load-test smoke passed: 8 scenarios"
+echo "load-test smoke passed: 9 scenarios"

@@ -194,6 +194,44 @@ async fn gate_and_workers_cross_a_tls_bus_with_a_password_on_our_broker() {
 }
 
 #[tokio::test]
+async fn with_tls_the_gate_serves_wss_with_a_throwaway_ca_removed_at_the_end() {
+    let topology = Topology::start(TopologySpec {
+        tls: true,
+        ..spec(BrokerSpec::Embedded)
+    })
+    .await
+    .unwrap();
+    let tls_urls = topology.gate_tls_urls();
+    assert_eq!(tls_urls.len(), 1);
+    assert!(tls_urls[0].starts_with("wss://127.0.0.1:"), "{tls_urls:?}");
+    let ca = topology.tls_ca().unwrap().to_owned();
+    let options = gateway::sdk::ClientOptions {
+        tls: Some(gateway::sdk::tls_client_config(&ca).unwrap()),
+        ..Default::default()
+    };
+    let client = timeout(WAIT, gateway::sdk::Client::connect(&tls_urls[0], options))
+        .await
+        .unwrap()
+        .unwrap();
+    let request = EchoRequest {
+        body: Bytes::from_static(b"over tls"),
+    };
+    let response = timeout(WAIT, client.request("echo.echo", request.encode_to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.code, 200, "{response:?}");
+    assert_eq!(
+        &EchoResponse::decode(response.body).unwrap().body[..],
+        b"over tls"
+    );
+    client.close().await;
+    // The plain listener is still there beside it.
+    echo_through(topology).await;
+    assert!(!ca.exists(), "{} outlived the topology", ca.display());
+}
+
+#[tokio::test]
 async fn a_worker_that_fails_to_start_fails_the_start_with_its_output() {
     let mut bad = spec(BrokerSpec::Embedded);
     bad.workers = vec![("no-such-service".to_owned(), 1)];

@@ -15,6 +15,7 @@ pub mod duration;
 pub mod idle_conns;
 pub mod latency;
 pub mod limit;
+pub mod tls;
 pub mod topology;
 pub mod ws;
 

@@ -18,6 +18,10 @@
 //! asynchronously; `Drop` does the same synchronously with shorter deadlines, so a
 //! scenario that returns early, fails or panics still leaves nothing behind.
 //!
+//! With [`TopologySpec::tls`] each gate also serves `wss://` on its own port, with a
+//! certificate from a throwaway CA made at launch ([`crate::tls::Certs`]); the PEM files
+//! live as long as the topology and are removed with it.
+//!
 //! Ctrl-C: children stay in the caller's process group, so a Ctrl-C at a terminal
 //! reaches them too and they stop on their own even if the caller dies at once. A
 //! scenario that wants the orderly teardown runs under [`Topology::run`] (its work
@@ -41,6 +45,8 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout, timeout_at};
+
+use crate::tls::Certs;
 
 /// How long a child has to log its readiness line. Generous: debug builds on a loaded
 /// two-core CI machine start slowly, and a healthy child reports far sooner.
@@ -96,6 +102,9 @@ pub struct TopologySpec {
     pub log_filter: String,
     pub ready_timeout: Duration,
     pub stop_timeout: Duration,
+    /// Gates also serve `wss://` (`--tls-listen 127.0.0.1:0`) with a certificate a
+    /// throwaway CA signed: see [`Topology::gate_tls_urls`] and [`Topology::tls_ca`].
+    pub tls: bool,
 }
 
 impl Default for TopologySpec {
@@ -111,6 +120,7 @@ impl Default for TopologySpec {
             log_filter: "info".to_owned(),
             ready_timeout: READY_TIMEOUT,
             stop_timeout: STOP_TIMEOUT,
+            tls: false,
         }
     }
 }
@@ -242,6 +252,8 @@ struct Proc {
     lines: Option<mpsc::Receiver<String>>,
     /// Where clients connect: the broker's NATS port, a gate's WebSocket port.
     listen: Option<SocketAddr>,
+    /// A gate's TLS WebSocket port, when it serves one.
+    tls_listen: Option<SocketAddr>,
     /// `http://ADDR/metrics` of a gate, a worker or the embedded broker.
     metrics: Option<String>,
     /// The broker's HTTP monitoring address.
@@ -253,6 +265,8 @@ const LISTEN_LINES: [&str; 2] = [
     "Listening for client connections on ",
     "Gate listening for WebSocket clients on ",
 ];
+/// Not a prefix of either line above, nor they of it: the three never mix up.
+const TLS_LISTEN_LINE: &str = "Gate listening for TLS WebSocket clients on ";
 const METRICS_LINE: &str = "Serving Prometheus metrics on ";
 const MONITOR_LINE: &str = "Starting http monitor on ";
 
@@ -307,6 +321,7 @@ impl Proc {
             tail,
             lines: Some(rx),
             listen: None,
+            tls_listen: None,
             metrics: None,
             monitor: None,
         })
@@ -353,6 +368,9 @@ impl Proc {
         let addr = |phrase| word_after(line, phrase).and_then(|w| w.parse::<SocketAddr>().ok());
         if let Some(a) = LISTEN_LINES.iter().find_map(|p| addr(p)) {
             self.listen = Some(a);
+        }
+        if let Some(a) = addr(TLS_LISTEN_LINE) {
+            self.tls_listen = Some(a);
         }
         if let Some(a) = addr(MONITOR_LINE) {
             self.monitor = Some(a);
@@ -452,6 +470,9 @@ pub struct Topology {
     procs: Vec<Proc>,
     nats: Vec<String>,
     stop_timeout: Duration,
+    /// The gates' certificate files; a field, so they are removed only after `Drop` has
+    /// stopped the gates that read them.
+    certs: Option<Certs>,
 }
 
 impl fmt::Debug for Topology {
@@ -473,6 +494,7 @@ impl Topology {
             procs: Vec::new(),
             nats: Vec::new(),
             stop_timeout: spec.stop_timeout,
+            certs: None,
         };
         match topology.start_all(&spec).await {
             Ok(()) => Ok(topology),
@@ -546,6 +568,20 @@ impl Topology {
                 args.extend(["--metrics-listen".to_owned(), "127.0.0.1:0".to_owned()]);
             }
         };
+        let tls_args = if spec.tls && spec.gates > 0 {
+            let certs = self.certs.insert(Certs::create()?);
+            let path = |p: &Path| p.display().to_string();
+            vec![
+                "--tls-listen".to_owned(),
+                "127.0.0.1:0".to_owned(),
+                "--tls-cert".to_owned(),
+                path(&certs.cert),
+                "--tls-key".to_owned(),
+                path(&certs.key),
+            ]
+        } else {
+            Vec::new()
+        };
         for n in 0..spec.gates {
             // Every load-test client connects from 127.0.0.1: one address, no per-IP cap.
             let mut args: Vec<String> = [
@@ -560,6 +596,7 @@ impl Topology {
             .map(String::from)
             .to_vec();
             metrics(&mut args);
+            args.extend(tls_args.iter().cloned());
             args.extend(spec.gate_args.iter().cloned());
             self.procs
                 .push(Proc::spawn(Role::Gate(n), bin, &args, &spec.log_filter)?);
@@ -592,6 +629,12 @@ impl Topology {
                     p.describe()
                 ));
             }
+            if matches!(p.role, Role::Gate(_)) && spec.tls && p.tls_listen.is_none() {
+                return Err(anyhow!(
+                    "{} never logged its TLS WebSocket address",
+                    p.describe()
+                ));
+            }
             Ok(())
         }))
         .await?;
@@ -605,6 +648,22 @@ impl Topology {
             .filter(|p| matches!(p.role, Role::Gate(_)))
             .filter_map(|p| p.listen.map(|a| format!("ws://{a}")))
             .collect()
+    }
+
+    /// `wss://127.0.0.1:PORT` of each gate, in gate order; empty unless the spec asked
+    /// for [`TopologySpec::tls`].
+    pub fn gate_tls_urls(&self) -> Vec<String> {
+        self.procs
+            .iter()
+            .filter(|p| matches!(p.role, Role::Gate(_)))
+            .filter_map(|p| p.tls_listen.map(|a| format!("wss://{a}")))
+            .collect()
+    }
+
+    /// The PEM file of the CA that signed the gates' certificate (with
+    /// [`TopologySpec::tls`]): what a `wss://` client trusts.
+    pub fn tls_ca(&self) -> Option<&Path> {
+        self.certs.as_ref().map(|c| c.ca.as_path())
     }
 
     /// The NATS URLs gates and workers were given, comma-separated.
@@ -795,6 +854,10 @@ mod tests {
         let gate = "[1] 2026/01/01 00:00:00.000000 [INF] Gate listening for WebSocket clients \
                     on 127.0.0.1:34555 \u{1b}[3mgate\u{1b}[0m=\"g1\"";
         assert_eq!(word_after(gate, LISTEN_LINES[1]), Some("127.0.0.1:34555"));
+        assert_eq!(word_after(gate, TLS_LISTEN_LINE), None);
+        let tls = "[INF] Gate listening for TLS WebSocket clients on 127.0.0.1:34556 gate=\"g1\"";
+        assert_eq!(word_after(tls, TLS_LISTEN_LINE), Some("127.0.0.1:34556"));
+        assert!(LISTEN_LINES.iter().all(|p| word_after(tls, p).is_none()));
         let metrics = "[1] [INF] Serving Prometheus metrics on http://127.0.0.1:4242/metrics";
         assert_eq!(
             word_after(metrics, METRICS_LINE),

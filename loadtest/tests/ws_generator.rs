@@ -37,6 +37,7 @@ fn target(url: String) -> Target {
         label: "test".into(),
         kind: "limit",
         urls: vec![url],
+        tls: None,
         watched: Vec::new(),
     }
 }

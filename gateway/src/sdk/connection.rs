@@ -13,18 +13,26 @@ use proto::client::{HandshakeAck, Push, packet::Kind};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
+use tokio_rustls::TlsConnector;
+use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::codec::{self, Incoming};
 use super::error::{ErrorKind, SdkError};
 use super::shared::{FIRST_EPOCH, Shared};
+use super::stream::Stream;
 use super::{Backoff, ClientOptions};
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+type Ws = WebSocketStream<Stream>;
+
+/// Ports a URL without one means, as browsers read them.
+const WS_PORT: u16 = 80;
+const WSS_PORT: u16 = 443;
 
 /// Most frames written before one flush, so a busy queue cannot delay the flush of
 /// what is already buffered indefinitely.
@@ -53,9 +61,7 @@ pub(crate) async fn connect(
             .read_buffer_size(8 * 1024)
             .max_message_size(Some(options.max_frame_bytes))
             .max_frame_size(Some(options.max_frame_bytes));
-        let (mut ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), true)
-            .await
-            .map_err(|e| SdkError::connect_io(url, e))?;
+        let mut ws = open(url, options, config).await?;
         let hello = codec::handshake(options);
         ws.send(codec::message(options.json, hello))
             .await
@@ -102,6 +108,61 @@ pub(crate) async fn connect(
             options.connect_timeout
         ))),
     }
+}
+
+/// Opens the socket (TCP, then TLS for `wss://` with [`ClientOptions::tls`]) and
+/// upgrades it to a WebSocket.
+async fn open(url: &str, options: &ClientOptions, config: WebSocketConfig) -> Result<Ws, SdkError> {
+    let request = url
+        .into_client_request()
+        .map_err(|e| SdkError::connect_io(url, e))?;
+    let uri = request.uri();
+    let tls = match uri.scheme_str() {
+        Some("ws") => None,
+        Some("wss") => Some(options.tls.clone().ok_or_else(|| {
+            SdkError::connect(format!(
+                "{url}: wss:// needs ClientOptions::tls (sdk::tls_client_config makes one \
+                 trusting a CA file)"
+            ))
+        })?),
+        _ => {
+            return Err(SdkError::connect(format!(
+                "{url}: not a ws:// or wss:// URL"
+            )));
+        }
+    };
+    let host = uri
+        .host()
+        .ok_or_else(|| SdkError::connect(format!("{url}: no host")))?;
+    // An IPv6 literal comes bracketed; neither the resolver nor the server name wants it so.
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let port = uri
+        .port_u16()
+        .unwrap_or(if tls.is_some() { WSS_PORT } else { WS_PORT });
+    let tcp = TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| SdkError::connect_io(url, e))?;
+    // The writer batches frames itself; Nagle would only delay the flush it asked for.
+    tcp.set_nodelay(true)
+        .map_err(|e| SdkError::connect_io(url, e))?;
+    let stream = match tls {
+        None => Stream::Plain(tcp),
+        Some(tls) => {
+            let name = ServerName::try_from(host).map_err(|e| SdkError::connect_io(url, e))?;
+            let tls = TlsConnector::from(tls)
+                .connect(name, tcp)
+                .await
+                .map_err(|e| SdkError::connect_io(&format!("{url}: TLS handshake"), e))?;
+            Stream::Tls(Box::new(tls))
+        }
+    };
+    let (ws, _) = tokio_tungstenite::client_async_with_config(request, stream, Some(config))
+        .await
+        .map_err(|e| SdkError::connect_io(url, e))?;
+    Ok(ws)
 }
 
 /// How one connection ended.

@@ -20,6 +20,20 @@
 //! on the pending table, no log line. The writer puts every queued frame into the
 //! socket's buffer before one flush, so a burst of requests costs one syscall.
 //!
+//! `wss://` URLs need [`ClientOptions::tls`], a rustls client configuration;
+//! [`tls_client_config`] makes one trusting the CA certificates in a PEM file:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use gateway::sdk::{Client, ClientOptions, tls_client_config};
+//! let options = ClientOptions {
+//!     tls: Some(tls_client_config("ca.pem".as_ref())?),
+//!     ..ClientOptions::default()
+//! };
+//! let client = Client::connect("wss://localhost:3443", options).await?;
+//! # Ok(()) }
+//! ```
+//!
 //! With [`ClientOptions::reconnect`], a dropped connection (not a kick, not
 //! [`Client::close`]) is re-established with exponential backoff and a new handshake.
 //! Requests in flight at the drop fail with [`ErrorKind::Closed`]; requests made while
@@ -29,6 +43,7 @@ mod codec;
 mod connection;
 mod error;
 mod shared;
+mod stream;
 #[cfg(test)]
 mod tests;
 
@@ -44,6 +59,11 @@ use tracing::Instrument;
 
 pub use error::{ErrorKind, SdkError};
 pub use proto::client::{Push, Response, Timing};
+/// The TLS library [`ClientOptions::tls`] is configured with (ring provider).
+pub use tokio_rustls::rustls;
+
+pub use crate::tls::TlsError;
+pub use crate::tls::client_config as tls_client_config;
 
 use connection::{Outgoing, Task};
 use shared::{Refused, Shared, State, Waiter};
@@ -110,6 +130,12 @@ pub struct ClientOptions {
     /// quoted string for a raw one (`"hello"`); response and push bodies come back as
     /// the gate sent them: a typed body's JSON text, or a string body's contents.
     pub json: bool,
+    /// The TLS configuration for `wss://` URLs (unused for `ws://`). There is no
+    /// default trust store: a `wss://` connect without it fails with
+    /// [`ErrorKind::Connect`]. [`tls_client_config`] makes one trusting a CA file; any
+    /// [`rustls::ClientConfig`] does (built with the ring provider, as this crate's
+    /// rustls has no other).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for ClientOptions {
@@ -126,6 +152,7 @@ impl Default for ClientOptions {
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             serial: false,
             json: false,
+            tls: None,
         }
     }
 }
@@ -163,7 +190,7 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// Connects to `url` (`ws://host:port/`), handshakes, and starts the connection
+    /// Connects to `url` (`ws://host:port/`, or `wss://` with [`ClientOptions::tls`]), handshakes, and starts the connection
     /// task. Fails with [`ErrorKind::Connect`], or [`ErrorKind::Handshake`] carrying the
     /// gate's code and message.
     pub async fn connect(url: &str, options: ClientOptions) -> Result<Client, SdkError> {

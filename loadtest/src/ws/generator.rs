@@ -100,6 +100,8 @@ pub struct Target {
     pub kind: &'static str,
     /// Clients are spread over these round-robin.
     pub urls: Vec<String>,
+    /// What clients trust for `wss://` URLs ([`ClientOptions::tls`]).
+    pub tls: Option<Arc<gateway::sdk::rustls::ClientConfig>>,
     /// Processes whose CPU use over the window is reported.
     pub watched: Vec<Watched>,
 }
@@ -128,7 +130,7 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
     if spec.clients == 0 || target.urls.is_empty() {
         bail!("a run needs at least one client and one URL");
     }
-    let (clients, connect_errors) = connect_all(spec, &target.urls).await;
+    let (clients, connect_errors) = connect_all(spec, target).await;
     let connected = clients.iter().filter(|c| c.is_some()).count();
     if connected == 0 {
         let why = connect_errors.keys().next().cloned().unwrap_or_default();
@@ -256,13 +258,15 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
 /// Opens the clients, client `i` at `i / clients` of the ramp, on URL `i mod urls`.
 async fn connect_all(
     spec: &LoadSpec,
-    urls: &[String],
+    target: &Target,
 ) -> (Vec<Option<Client>>, BTreeMap<String, u64>) {
+    let urls = &target.urls;
     let options = ClientOptions {
         server_timing: spec.server_timing,
         request_timeout: spec.timeout,
         json: spec.json,
         client: concat!("shaddock-loadtest/", env!("CARGO_PKG_VERSION")).to_owned(),
+        tls: target.tls.clone(),
         ..ClientOptions::default()
     };
     let began = Instant::now();

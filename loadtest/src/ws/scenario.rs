@@ -178,6 +178,13 @@ pub struct ConcurrencyArgs {
     /// costs, in one run. Not with --route or --body-hex.
     #[arg(long)]
     pub json_beside: bool,
+    /// Also run each client count over `wss://`, right after the plain run, against the
+    /// same gates: what TLS costs the gate, in one run. The launched gates serve TLS on a
+    /// second port with a certificate from a throwaway CA made at launch (removed at the
+    /// end), which the clients trust. Not with --url: for running gates, load their
+    /// `wss://` URLs with --url and --tls-ca instead.
+    #[arg(long, conflicts_with = "url")]
+    pub tls_beside: bool,
     #[command(flatten)]
     pub target: TargetArgs,
     #[command(flatten)]
@@ -267,7 +274,11 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let service = args.target.service;
-    let (gates, topology) = args.target.gates(1, 1).await?;
+    let (gates, topology) = if args.tls_beside {
+        args.target.gates_with_tls(1, 1).await?
+    } else {
+        args.target.gates(1, 1).await?
+    };
     let limit = args.load.with_limit.then(LimitServer::start).transpose()?;
     let work = async {
         let mut report = ScenarioReport::new("concurrency", gates.setup.clone());
@@ -275,16 +286,24 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
             let label = format!("{} clients", spec.clients);
             // One failed run (say, an overload nothing answers) must not lose the others.
             match run_pair(spec, &gates, limit.as_ref(), &label).await {
-                Ok(mut runs) => {
+                Ok(runs) => {
+                    // Compared with the same limit run as the protobuf one.
+                    let limit = runs.first().filter(|_| runs.len() > 1);
+                    let mut beside = Vec::new();
                     if args.json_beside {
-                        // Compared with the same limit run as the protobuf one.
-                        let limit = runs.first().filter(|_| runs.len() > 1);
                         match json_run(spec, service, &gates, limit, &label).await {
-                            Ok(run) => runs.push(run),
+                            Ok(run) => beside.push(run),
                             Err(e) => report.errors.push(format!("{label}, JSON: {e:#}")),
                         }
                     }
+                    if args.tls_beside {
+                        match tls_run(spec, &gates, limit, &label).await {
+                            Ok(run) => beside.push(run),
+                            Err(e) => report.errors.push(format!("{label}, wss: {e:#}")),
+                        }
+                    }
                     report.runs.extend(runs);
+                    report.runs.extend(beside);
                 }
                 Err(e) => report.errors.push(format!("{label}: {e:#}")),
             }
@@ -567,6 +586,7 @@ fn gateway_target(gates: &Gates, label: &str) -> Target {
         label: label.to_owned(),
         kind: "gateway",
         urls: gates.urls.clone(),
+        tls: gates.tls.clone(),
         watched: gates.watched.clone(),
     }
 }
@@ -576,6 +596,7 @@ fn limit_target(server: &LimitServer, label: &str) -> Target {
         label: label.to_owned(),
         kind: "limit",
         urls: vec![server.url().to_owned()],
+        tls: None,
         // The echo server's threads are in this process: its CPU is counted here.
         watched: vec![this_process("loadtest + echo server")],
     }
@@ -594,13 +615,23 @@ async fn run_pair(
         let run = generator::run(spec, &limit_target(server, label)).await?;
         runs.push(RunReport::from_result(&run));
     }
-    let run = generator::run(spec, &gateway_target(gates, label)).await?;
-    let mut run = RunReport::from_result(&run);
-    if let Some(limit) = runs.first() {
-        run.compare_with_limit(limit);
-    }
+    let run = compared_run(spec, &gateway_target(gates, label), runs.first()).await?;
     runs.push(run);
     Ok(runs)
+}
+
+/// One run against `target`, compared with the `limit` run when there is one.
+async fn compared_run(
+    spec: &LoadSpec,
+    target: &Target,
+    limit: Option<&RunReport>,
+) -> anyhow::Result<RunReport> {
+    let run = generator::run(spec, target).await?;
+    let mut run = RunReport::from_result(&run);
+    if let Some(limit) = limit {
+        run.compare_with_limit(limit);
+    }
+    Ok(run)
 }
 
 /// `spec` again with JSON clients on the service's default route, against the gateway.
@@ -616,12 +647,30 @@ async fn json_run(
         payload: service.default_json_payload(),
         ..spec.clone()
     };
-    let run = generator::run(&json, &gateway_target(gates, &format!("{label}, JSON"))).await?;
-    let mut run = RunReport::from_result(&run);
-    if let Some(limit) = limit {
-        run.compare_with_limit(limit);
-    }
-    Ok(run)
+    compared_run(
+        &json,
+        &gateway_target(gates, &format!("{label}, JSON")),
+        limit,
+    )
+    .await
+}
+
+/// `spec` again over `wss://`, against the same gates' TLS listeners.
+async fn tls_run(
+    spec: &LoadSpec,
+    gates: &Gates,
+    limit: Option<&RunReport>,
+    label: &str,
+) -> anyhow::Result<RunReport> {
+    ensure!(
+        !gates.tls_urls.is_empty(),
+        "the gates serve no wss:// (launched without TLS)"
+    );
+    let target = Target {
+        urls: gates.tls_urls.clone(),
+        ..gateway_target(gates, &format!("{label}, wss"))
+    };
+    compared_run(spec, &target, limit).await
 }
 
 /// Parses `--body-hex`.

@@ -4,8 +4,10 @@
 //! for the machine's physical limit.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context as _;
+use gateway::sdk::{rustls, tls_client_config};
 
 use tokio_util::sync::CancellationToken;
 
@@ -69,11 +71,16 @@ impl ServiceKind {
 /// Flags saying where the load goes.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TargetArgs {
-    /// Existing gate(s) to load, `ws://host:port`, comma-separated or repeated; clients
-    /// are spread over them round-robin. Without it the command launches its own
-    /// topology (broker, --gates gates, --workers workers) on loopback.
+    /// Existing gate(s) to load, `ws://host:port` (or `wss://` with --tls-ca),
+    /// comma-separated or repeated; clients are spread over them round-robin. Without it
+    /// the command launches its own topology (broker, --gates gates, --workers workers)
+    /// on loopback.
     #[arg(long, value_delimiter = ',')]
     pub url: Vec<String>,
+    /// PEM file of the CA that signed the --url gates' certificate: what `wss://` clients
+    /// trust (there are no system roots).
+    #[arg(long, value_name = "FILE", requires = "url")]
+    pub tls_ca: Option<PathBuf>,
     /// Gate processes to launch (the scenario's default when absent).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub gates: Option<u32>,
@@ -110,6 +117,10 @@ pub struct Gates {
     pub watched: Vec<Watched>,
     /// "1 gate + 2 echo workers + broker, launched on loopback" or the URLs.
     pub setup: String,
+    /// What `wss://` clients trust: from --tls-ca, or the launched gates' throwaway CA.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// `wss://` of each launched gate, when launched to serve TLS too.
+    pub tls_urls: Vec<String>,
 }
 
 /// The load generator's own process, always reported.
@@ -129,12 +140,49 @@ impl TargetArgs {
         gates: u32,
         workers: u32,
     ) -> anyhow::Result<(Gates, Option<Topology>)> {
+        self.launch(gates, workers, false).await
+    }
+
+    /// [`TargetArgs::gates`], and launched gates also serve `wss://` with a throwaway
+    /// certificate ([`Gates::tls_urls`], trusted by [`Gates::tls`]). Not for gates
+    /// given by URL: their certificate is not ours to make.
+    pub async fn gates_with_tls(
+        &self,
+        gates: u32,
+        workers: u32,
+    ) -> anyhow::Result<(Gates, Option<Topology>)> {
+        anyhow::ensure!(
+            self.url.is_empty(),
+            "serving wss:// beside ws:// needs gates this command launches (it makes their \
+             certificate); to load running gates over TLS, give their wss:// URLs to --url \
+             with --tls-ca"
+        );
+        self.launch(gates, workers, true).await
+    }
+
+    async fn launch(
+        &self,
+        gates: u32,
+        workers: u32,
+        tls: bool,
+    ) -> anyhow::Result<(Gates, Option<Topology>)> {
         if !self.url.is_empty() {
+            anyhow::ensure!(
+                self.tls_ca.is_some() || !self.url.iter().any(|u| u.starts_with("wss://")),
+                "wss:// URLs need --tls-ca FILE: the CA certificate (PEM) that signed the \
+                 gates' certificate"
+            );
+            let tls = match &self.tls_ca {
+                Some(ca) => Some(tls_client_config(ca).context("--tls-ca")?),
+                None => None,
+            };
             let gates = Gates {
                 urls: self.url.clone(),
                 gate_pids: Vec::new(),
                 watched: vec![this_process("loadtest")],
                 setup: format!("existing gate(s) {}", self.url.join(", ")),
+                tls,
+                tls_urls: Vec::new(),
             };
             return Ok((gates, None));
         }
@@ -147,6 +195,7 @@ impl TargetArgs {
             gate_args: self.gate_arg.clone(),
             worker_args: self.worker_arg.clone(),
             metrics: !self.no_metrics,
+            tls,
             ..TopologySpec::default()
         };
         if let Some(bin) = &self.bin {
@@ -167,15 +216,24 @@ impl TargetArgs {
             plural(gates),
             plural(workers)
         );
+        if tls {
+            setup.push_str(", serving ws:// and wss://");
+        }
         for arg in self.gate_arg.iter().chain(&self.worker_arg) {
             setup.push(' ');
             setup.push_str(arg);
         }
+        let tls = match topology.tls_ca() {
+            Some(ca) => Some(tls_client_config(ca).context("trusting the launched gates' CA")?),
+            None => None,
+        };
         let g = Gates {
             urls: topology.gate_urls(),
             gate_pids: topology.gate_pids(),
             watched,
             setup,
+            tls,
+            tls_urls: topology.gate_tls_urls(),
         };
         Ok((g, Some(topology)))
     }
