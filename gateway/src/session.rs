@@ -6,34 +6,37 @@
 //! socket, then flushed once.
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::Subject;
 use futures::{FutureExt, SinkExt, StreamExt};
-use proto::Message as _;
-use proto::client::{self, Packet, packet::Kind};
+use proto::client::{self, packet::Kind};
 use proto::code;
-use proto::rpc::{Effect, SessionClosed, effect};
 use rustc_hash::FxHashMap;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
-use tokio::time::{Instant, sleep_until, timeout};
+use tokio::time::{Instant, sleep_until};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use crate::admission::Ticket;
 use crate::codec::{Codec, Decoded};
 use crate::forward::{SessionWire, encode_request};
 use crate::gate::{GateShared, ToSession, WorkerReply};
 use crate::limits::TokenBucket;
-use crate::presence::BindError;
 use crate::route;
-use crate::upgrade;
+
+mod cache;
+mod effects;
+mod opening;
+
+use cache::Cache;
+
+use opening::TOKEN_EXPIRED;
+pub(crate) use opening::run;
 
 /// One owner reads and writes: the session never does both at once, so the socket is not
 /// split (a split puts a lock in front of every read and write).
@@ -56,34 +59,6 @@ struct Closing {
 impl Closing {
     const fn new(code: CloseCode, reason: &'static str) -> Self {
         Closing { code, reason }
-    }
-}
-
-/// What a session derives from a request's route and keeps for the next one with it,
-/// so that the hot path neither formats nor looks up a registry: a small list, searched
-/// in order, of at most [`MAX_CACHED`] entries; past that, values are made each time.
-struct Cache<K, V>(Vec<(K, V)>);
-
-/// Entries one session keeps in each [`Cache`].
-const MAX_CACHED: usize = 16;
-
-impl<K, V> Default for Cache<K, V> {
-    fn default() -> Self {
-        Cache(Vec::new())
-    }
-}
-
-impl<K, V: Clone> Cache<K, V> {
-    /// The value whose key `is` picks, or the one `make` makes (kept if there is room).
-    fn get(&mut self, is: impl Fn(&K) -> bool, make: impl FnOnce() -> (K, V)) -> V {
-        if let Some((_, v)) = self.0.iter().find(|(k, _)| is(k)) {
-            return v.clone();
-        }
-        let (k, v) = make();
-        if self.0.len() < MAX_CACHED {
-            self.0.push((k, v.clone()));
-        }
-        v
     }
 }
 
@@ -123,156 +98,12 @@ struct Session<S> {
     durations: Cache<(Arc<str>, u32), metrics::Histogram>,
 }
 
-/// Serves one connection from WebSocket upgrade to close; `_ticket` holds its place
-/// among the gate's connections until then.
-pub(crate) async fn run<S: Io>(
-    gate: Arc<GateShared>,
-    stream: S,
-    addr: SocketAddr,
-    _ticket: Ticket,
-) {
-    let mut ws = match upgrade::accept(stream, &gate.upgrade, gate.ws_config).await {
-        Ok(ws) => ws,
-        Err(e) => {
-            metrics::counter!("gate_upgrade_failed_total", "reason" => e.label()).increment(1);
-            tracing::debug!(%addr, error = %e, "no websocket upgrade");
-            return;
-        }
-    };
-    let hello = match timeout(gate.config.handshake_timeout, ws.next()).await {
-        Ok(Some(Ok(frame))) => frame,
-        Ok(_) => return,
-        Err(_) => {
-            close(
-                &mut ws,
-                Closing::new(CloseCode::Policy, "handshake timeout"),
-            )
-            .await;
-            return;
-        }
-    };
-    let mut codec = Codec::of(&hello);
-    let handshake = match codec.decode(&hello, &gate.schemas) {
-        Decoded::Packet(Packet {
-            kind: Some(Kind::Handshake(h)),
-        }) => h,
-        _ => {
-            close(
-                &mut ws,
-                Closing::new(CloseCode::Policy, "handshake required"),
-            )
-            .await;
-            return;
-        }
-    };
-    let sid = gate.next_sid();
-    let ack = |code: u32, message: &str| {
-        codec.encode(Kind::HandshakeAck(client::HandshakeAck {
-            code,
-            session_id: sid,
-            heartbeat_ms: gate
-                .config
-                .heartbeat
-                .as_millis()
-                .try_into()
-                .unwrap_or(u32::MAX),
-            message: message.into(),
-        }))
-    };
-    let identity = match gate.token_check.check(&handshake.token) {
-        Ok(identity) => identity,
-        Err(e) => {
-            metrics::counter!("gate_auth_failures_total", "reason" => e.reason()).increment(1);
-            let _ = ws.send(ack(code::UNAUTHORIZED, &e.to_string())).await;
-            close(&mut ws, Closing::new(CloseCode::Policy, "unauthorized")).await;
-            return;
-        }
-    };
-    // Room for every in-flight answer plus pushes: the router never blocks.
-    let (tx, rx) = mpsc::channel(gate.config.max_in_flight + gate.config.outbound_queue);
-    gate.sessions.insert(sid, tx);
-    let mut wire = SessionWire::new(&gate.id, sid);
-    let mut expires = None;
-    if let Some(identity) = identity {
-        // Bound before the ack: the first request already carries the player.
-        if let Err(e) = gate.bind(&identity.uid, sid).await {
-            gate.sessions.remove(&sid);
-            let _ = ws.send(ack(bind_refusal(&e), &e.to_string())).await;
-            close(&mut ws, Closing::new(CloseCode::Policy, "uid refused")).await;
-            return;
-        }
-        expires = identity.expires.map(instant_of);
-        wire.update(|s| {
-            s.uid = identity.uid;
-            s.claims = identity.claims;
-            s.authenticated = true;
-        });
-    }
-    if ws.send(ack(code::OK, "")).await.is_err() {
-        gate.sessions.remove(&sid);
-        let uid = &wire.get().uid;
-        if !uid.is_empty() {
-            gate.unbind(uid, sid);
-        }
-        return;
-    }
-    metrics::gauge!("gate_sessions").increment(1.0);
-    tracing::debug!(sid, %addr, "session open");
-    let mut session = Session {
-        bucket: TokenBucket::new(gate.config.rate, gate.config.burst),
-        gate: gate.clone(),
-        sid,
-        codec,
-        timing: handshake.server_timing,
-        serial: handshake.serial,
-        serial_pending: None,
-        serial_queue: VecDeque::new(),
-        wire,
-        expires,
-        reply_prefix: format!("{}.gw.{}.{sid}.", gate.config.prefix, gate.id),
-        routes: Cache::default(),
-        groups: Vec::new(),
-        ws,
-        pending: FxHashMap::default(),
-        deadlines: VecDeque::new(),
-        last_seen: Instant::now(),
-        durations: Cache::default(),
-    };
-    let closing = session.serve(rx).await;
-    gate.sessions.remove(&sid);
-    session.leave_everything().await;
-    metrics::gauge!("gate_sessions").decrement(1.0);
-    session.release(session.pending.len());
-    tracing::debug!(sid, reason = closing.reason, "session closed");
-    close(&mut session.ws, closing).await;
-}
-
 async fn close<S: Io>(ws: &mut Ws<S>, closing: Closing) {
     let frame = CloseFrame {
         code: closing.code,
         reason: closing.reason.into(),
     };
     let _ = ws.send(Message::Close(Some(frame))).await;
-}
-
-/// The kick reason, and close reason, of a session whose signed token expired.
-const TOKEN_EXPIRED: &str = "token expired";
-
-/// The handshake's answer when the token's player cannot be bound.
-fn bind_refusal(e: &BindError) -> u32 {
-    match e {
-        BindError::Taken => code::CONFLICT,
-        BindError::Invalid => code::UNAUTHORIZED,
-        BindError::Bus(_) => code::OVERLOADED,
-    }
-}
-
-/// A wall-clock instant (a token's `exp`) on the monotonic clock; one in the past is now.
-fn instant_of(at: std::time::SystemTime) -> Instant {
-    let left = at
-        .duration_since(std::time::SystemTime::now())
-        .unwrap_or_default();
-    Instant::now() + left
 }
 
 /// Closes a session whose client sent what its protocol cannot mean.
@@ -361,29 +192,6 @@ impl<S: Io> Session<S> {
                 break Closing::new(CloseCode::Away, "write failed");
             }
         }
-    }
-
-    /// Takes a fresh token for the session's player: its expiry and claims replace the
-    /// old ones. A refused token changes nothing; the old one still expires when due.
-    fn refresh(&mut self, token: &str) -> Result<(), String> {
-        let identity = match self.gate.token_check.check(token) {
-            Ok(Some(identity)) => identity,
-            Ok(None) => return Err("this gate takes no signed player tokens".into()),
-            Err(e) => {
-                metrics::counter!("gate_auth_failures_total", "reason" => e.reason()).increment(1);
-                return Err(e.to_string());
-            }
-        };
-        let session = self.wire.get();
-        if !session.authenticated || identity.uid != session.uid {
-            return Err(format!(
-                "token names {:?}, not this session's player",
-                identity.uid
-            ));
-        }
-        self.expires = identity.expires.map(instant_of);
-        self.wire.update(|s| s.claims = identity.claims);
-        Ok(())
     }
 
     /// Handles up to [`READ_BATCH`] more frames that are readable without waiting.
@@ -668,91 +476,6 @@ impl<S: Io> Session<S> {
         Some(Closing::new(CloseCode::Policy, "kicked"))
     }
 
-    /// Applies a handler's effects, in order, before its answer goes out. A bind the
-    /// gate cannot make turns the answer into an error and skips the effects after it.
-    /// Returns a kick's reason, acted on after the answer is sent.
-    async fn apply(&mut self, effects: Vec<Effect>, resp: &mut client::Response) -> Option<String> {
-        let mut kick = None;
-        for kind in effects.into_iter().filter_map(|e| e.kind) {
-            match kind {
-                effect::Kind::BindUid(uid) => {
-                    let session = self.wire.get();
-                    if session.authenticated && session.uid != uid {
-                        resp.code = code::FORBIDDEN;
-                        resp.message =
-                            format!("the player is {:?}, named by its signed token", session.uid);
-                        resp.body = Default::default();
-                        break;
-                    }
-                    if let Err(e) = self.gate.bind(&uid, self.sid).await {
-                        resp.code = match e {
-                            BindError::Taken => code::CONFLICT,
-                            BindError::Invalid => code::BAD_REQUEST,
-                            BindError::Bus(_) => code::OVERLOADED,
-                        };
-                        resp.message = e.to_string();
-                        resp.body = Default::default();
-                        break;
-                    }
-                    let mut old = uid;
-                    self.wire.update(|s| std::mem::swap(&mut s.uid, &mut old));
-                    if !old.is_empty() && old != self.wire.get().uid {
-                        self.gate.unbind(&old, self.sid);
-                    }
-                }
-                effect::Kind::SetData(d) => {
-                    self.wire.update(|s| {
-                        s.data.insert(d.key, d.value);
-                    });
-                }
-                effect::Kind::ClearData(key) => {
-                    self.wire.update(|s| {
-                        s.data.remove(&key);
-                    });
-                }
-                effect::Kind::Join(group) => {
-                    if route::check_token(&group).is_err() || self.groups.contains(&group) {
-                        continue;
-                    }
-                    if self.gate.join(&group, self.sid).await.is_ok() {
-                        self.groups.push(group);
-                    }
-                }
-                effect::Kind::Leave(group) => {
-                    if let Some(i) = self.groups.iter().position(|g| *g == group) {
-                        self.groups.swap_remove(i);
-                        self.gate.leave(&group, self.sid);
-                    }
-                }
-                effect::Kind::Kick(reason) => kick = Some(reason),
-            }
-        }
-        kick
-    }
-
-    /// On close: leaves every group, releases the uid, and tells services.
-    async fn leave_everything(&mut self) {
-        for group in &self.groups {
-            self.gate.leave(group, self.sid);
-        }
-        let uid = &self.wire.get().uid;
-        if !uid.is_empty() {
-            self.gate.unbind(uid, self.sid);
-        }
-        let event = SessionClosed {
-            gate: self.gate.id.clone(),
-            sid: self.sid,
-            uid: self.wire.get().uid.clone(),
-            groups: std::mem::take(&mut self.groups),
-        };
-        let subject = format!("{}.evt.session.closed", self.gate.config.prefix);
-        let _ = self
-            .gate
-            .nats
-            .publish(subject, event.encode_to_vec().into())
-            .await;
-    }
-
     /// Answers a forwarded request and records its round trip.
     async fn answer(
         &mut self,
@@ -859,36 +582,5 @@ impl<S: Io> Session<S> {
     /// Queues a packet towards the client; the caller's loop flushes.
     async fn send(&mut self, kind: Kind) {
         let _ = self.ws.feed(self.codec.encode(kind)).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_cache_keeps_at_most_its_limit_and_still_answers_past_it() {
-        let mut cache: Cache<u32, u32> = Cache::default();
-        let mut made = 0;
-        let mut get = |cache: &mut Cache<u32, u32>, key: u32| {
-            cache.get(
-                |k| *k == key,
-                || {
-                    made += 1;
-                    (key, key * 10)
-                },
-            )
-        };
-        for key in 0..MAX_CACHED as u32 {
-            assert_eq!(get(&mut cache, key), key * 10);
-        }
-        // Kept: asked again, nothing is made.
-        assert_eq!(get(&mut cache, 0), 0);
-        let over = MAX_CACHED as u32;
-        // Past the limit: answered, made each time, not kept.
-        assert_eq!(get(&mut cache, over), over * 10);
-        assert_eq!(get(&mut cache, over), over * 10);
-        assert_eq!(cache.0.len(), MAX_CACHED);
-        assert_eq!(made, MAX_CACHED + 2);
     }
 }

@@ -1,0 +1,103 @@
+//! What a handler's answer asks of the session (bind a uid, session data, groups, a
+//! kick), applied in order before the answer goes out; and leaving everything when the
+//! session ends.
+
+use proto::Message as _;
+use proto::client;
+use proto::code;
+use proto::rpc::{Effect, SessionClosed, effect};
+
+use super::{Io, Session};
+use crate::presence::BindError;
+use crate::route;
+
+impl<S: Io> Session<S> {
+    /// Applies a handler's effects, in order, before its answer goes out. A bind the
+    /// gate cannot make turns the answer into an error and skips the effects after it.
+    /// Returns a kick's reason, acted on after the answer is sent.
+    pub(super) async fn apply(
+        &mut self,
+        effects: Vec<Effect>,
+        resp: &mut client::Response,
+    ) -> Option<String> {
+        let mut kick = None;
+        for kind in effects.into_iter().filter_map(|e| e.kind) {
+            match kind {
+                effect::Kind::BindUid(uid) => {
+                    let session = self.wire.get();
+                    if session.authenticated && session.uid != uid {
+                        resp.code = code::FORBIDDEN;
+                        resp.message =
+                            format!("the player is {:?}, named by its signed token", session.uid);
+                        resp.body = Default::default();
+                        break;
+                    }
+                    if let Err(e) = self.gate.bind(&uid, self.sid).await {
+                        resp.code = match e {
+                            BindError::Taken => code::CONFLICT,
+                            BindError::Invalid => code::BAD_REQUEST,
+                            BindError::Bus(_) => code::OVERLOADED,
+                        };
+                        resp.message = e.to_string();
+                        resp.body = Default::default();
+                        break;
+                    }
+                    let mut old = uid;
+                    self.wire.update(|s| std::mem::swap(&mut s.uid, &mut old));
+                    if !old.is_empty() && old != self.wire.get().uid {
+                        self.gate.unbind(&old, self.sid);
+                    }
+                }
+                effect::Kind::SetData(d) => {
+                    self.wire.update(|s| {
+                        s.data.insert(d.key, d.value);
+                    });
+                }
+                effect::Kind::ClearData(key) => {
+                    self.wire.update(|s| {
+                        s.data.remove(&key);
+                    });
+                }
+                effect::Kind::Join(group) => {
+                    if route::check_token(&group).is_err() || self.groups.contains(&group) {
+                        continue;
+                    }
+                    if self.gate.join(&group, self.sid).await.is_ok() {
+                        self.groups.push(group);
+                    }
+                }
+                effect::Kind::Leave(group) => {
+                    if let Some(i) = self.groups.iter().position(|g| *g == group) {
+                        self.groups.swap_remove(i);
+                        self.gate.leave(&group, self.sid);
+                    }
+                }
+                effect::Kind::Kick(reason) => kick = Some(reason),
+            }
+        }
+        kick
+    }
+
+    /// On close: leaves every group, releases the uid, and tells services.
+    pub(super) async fn leave_everything(&mut self) {
+        for group in &self.groups {
+            self.gate.leave(group, self.sid);
+        }
+        let uid = &self.wire.get().uid;
+        if !uid.is_empty() {
+            self.gate.unbind(uid, self.sid);
+        }
+        let event = SessionClosed {
+            gate: self.gate.id.clone(),
+            sid: self.sid,
+            uid: self.wire.get().uid.clone(),
+            groups: std::mem::take(&mut self.groups),
+        };
+        let subject = format!("{}.evt.session.closed", self.gate.config.prefix);
+        let _ = self
+            .gate
+            .nats
+            .publish(subject, event.encode_to_vec().into())
+            .await;
+    }
+}

@@ -1,0 +1,193 @@
+//! A session's start: the HTTP upgrade, the first frame (which picks the codec), the
+//! token check and, for a signed player token, the bind of its player before the
+//! acknowledgement; and the token's later life (expiry, `Refresh`).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use futures::{SinkExt, StreamExt};
+use proto::client::{self, Packet, packet::Kind};
+use proto::code;
+use rustc_hash::FxHashMap;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, timeout};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+use super::{Cache, Closing, Io, Session, close};
+use crate::admission::Ticket;
+use crate::codec::{Codec, Decoded};
+use crate::forward::SessionWire;
+use crate::gate::GateShared;
+use crate::limits::TokenBucket;
+use crate::presence::BindError;
+use crate::upgrade;
+
+/// Serves one connection from WebSocket upgrade to close; `_ticket` holds its place
+/// among the gate's connections until then.
+pub(crate) async fn run<S: Io>(
+    gate: Arc<GateShared>,
+    stream: S,
+    addr: SocketAddr,
+    _ticket: Ticket,
+) {
+    let mut ws = match upgrade::accept(stream, &gate.upgrade, gate.ws_config).await {
+        Ok(ws) => ws,
+        Err(e) => {
+            metrics::counter!("gate_upgrade_failed_total", "reason" => e.label()).increment(1);
+            tracing::debug!(%addr, error = %e, "no websocket upgrade");
+            return;
+        }
+    };
+    let hello = match timeout(gate.config.handshake_timeout, ws.next()).await {
+        Ok(Some(Ok(frame))) => frame,
+        Ok(_) => return,
+        Err(_) => {
+            close(
+                &mut ws,
+                Closing::new(CloseCode::Policy, "handshake timeout"),
+            )
+            .await;
+            return;
+        }
+    };
+    let mut codec = Codec::of(&hello);
+    let handshake = match codec.decode(&hello, &gate.schemas) {
+        Decoded::Packet(Packet {
+            kind: Some(Kind::Handshake(h)),
+        }) => h,
+        _ => {
+            close(
+                &mut ws,
+                Closing::new(CloseCode::Policy, "handshake required"),
+            )
+            .await;
+            return;
+        }
+    };
+    let sid = gate.next_sid();
+    let ack = |code: u32, message: &str| {
+        codec.encode(Kind::HandshakeAck(client::HandshakeAck {
+            code,
+            session_id: sid,
+            heartbeat_ms: gate
+                .config
+                .heartbeat
+                .as_millis()
+                .try_into()
+                .unwrap_or(u32::MAX),
+            message: message.into(),
+        }))
+    };
+    let identity = match gate.token_check.check(&handshake.token) {
+        Ok(identity) => identity,
+        Err(e) => {
+            metrics::counter!("gate_auth_failures_total", "reason" => e.reason()).increment(1);
+            let _ = ws.send(ack(code::UNAUTHORIZED, &e.to_string())).await;
+            close(&mut ws, Closing::new(CloseCode::Policy, "unauthorized")).await;
+            return;
+        }
+    };
+    // Room for every in-flight answer plus pushes: the router never blocks.
+    let (tx, rx) = mpsc::channel(gate.config.max_in_flight + gate.config.outbound_queue);
+    gate.sessions.insert(sid, tx);
+    let mut wire = SessionWire::new(&gate.id, sid);
+    let mut expires = None;
+    if let Some(identity) = identity {
+        // Bound before the ack: the first request already carries the player.
+        if let Err(e) = gate.bind(&identity.uid, sid).await {
+            gate.sessions.remove(&sid);
+            let _ = ws.send(ack(bind_refusal(&e), &e.to_string())).await;
+            close(&mut ws, Closing::new(CloseCode::Policy, "uid refused")).await;
+            return;
+        }
+        expires = identity.expires.map(instant_of);
+        wire.update(|s| {
+            s.uid = identity.uid;
+            s.claims = identity.claims;
+            s.authenticated = true;
+        });
+    }
+    if ws.send(ack(code::OK, "")).await.is_err() {
+        gate.sessions.remove(&sid);
+        let uid = &wire.get().uid;
+        if !uid.is_empty() {
+            gate.unbind(uid, sid);
+        }
+        return;
+    }
+    metrics::gauge!("gate_sessions").increment(1.0);
+    tracing::debug!(sid, %addr, "session open");
+    let mut session = Session {
+        bucket: TokenBucket::new(gate.config.rate, gate.config.burst),
+        gate: gate.clone(),
+        sid,
+        codec,
+        timing: handshake.server_timing,
+        serial: handshake.serial,
+        serial_pending: None,
+        serial_queue: VecDeque::new(),
+        wire,
+        expires,
+        reply_prefix: format!("{}.gw.{}.{sid}.", gate.config.prefix, gate.id),
+        routes: Cache::default(),
+        groups: Vec::new(),
+        ws,
+        pending: FxHashMap::default(),
+        deadlines: VecDeque::new(),
+        last_seen: Instant::now(),
+        durations: Cache::default(),
+    };
+    let closing = session.serve(rx).await;
+    gate.sessions.remove(&sid);
+    session.leave_everything().await;
+    metrics::gauge!("gate_sessions").decrement(1.0);
+    session.release(session.pending.len());
+    tracing::debug!(sid, reason = closing.reason, "session closed");
+    close(&mut session.ws, closing).await;
+}
+
+/// The kick reason, and close reason, of a session whose signed token expired.
+pub(super) const TOKEN_EXPIRED: &str = "token expired";
+
+/// The handshake's answer when the token's player cannot be bound.
+fn bind_refusal(e: &BindError) -> u32 {
+    match e {
+        BindError::Taken => code::CONFLICT,
+        BindError::Invalid => code::UNAUTHORIZED,
+        BindError::Bus(_) => code::OVERLOADED,
+    }
+}
+
+/// A wall-clock instant (a token's `exp`) on the monotonic clock; one in the past is now.
+fn instant_of(at: std::time::SystemTime) -> Instant {
+    let left = at
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    Instant::now() + left
+}
+
+impl<S: Io> Session<S> {
+    /// Takes a fresh token for the session's player: its expiry and claims replace the
+    /// old ones. A refused token changes nothing; the old one still expires when due.
+    pub(super) fn refresh(&mut self, token: &str) -> Result<(), String> {
+        let identity = match self.gate.token_check.check(token) {
+            Ok(Some(identity)) => identity,
+            Ok(None) => return Err("this gate takes no signed player tokens".into()),
+            Err(e) => {
+                metrics::counter!("gate_auth_failures_total", "reason" => e.reason()).increment(1);
+                return Err(e.to_string());
+            }
+        };
+        let session = self.wire.get();
+        if !session.authenticated || identity.uid != session.uid {
+            return Err(format!(
+                "token names {:?}, not this session's player",
+                identity.uid
+            ));
+        }
+        self.expires = identity.expires.map(instant_of);
+        self.wire.update(|s| s.claims = identity.claims);
+        Ok(())
+    }
+}
