@@ -44,6 +44,10 @@ enum Command {
     },
 }
 
+/// How long `up` waits for its gate to learn its own workers' message types: an
+/// announcement crosses the local broker in well under a millisecond.
+const UP_SCHEMA_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 #[derive(Debug, clap::Args)]
 struct UpArgs {
     /// Port of the embedded broker for NATS clients (0 picks a free port).
@@ -181,6 +185,14 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     .await?;
     if let Some(tls) = gate.tls {
         roles::reload_tls_on_sighup(tls, shutdown.clone())?;
+    }
+    // Ready means every client can use every route: the gate has the local workers'
+    // message types (JSON bodies, the pomelo dictionary) before the first client comes.
+    let local = [services::echo::NAME, services::chat::NAME];
+    if !gate.gate.wait_for_schemas(&local, UP_SCHEMA_WAIT).await {
+        tracing::warn!(
+            "the gate has not heard the workers' message types yet; JSON and pomelo clients may miss them for a moment"
+        );
     }
     info!("Server is ready");
     tokio::select! {

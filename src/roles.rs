@@ -86,8 +86,9 @@ pub struct TlsArgs {
     pub tls_key: Option<PathBuf>,
 }
 
-/// A started gate: its task, and its TLS for reloads.
+/// A started gate: a handle, its task, and its TLS for reloads.
 pub struct StartedGate {
+    pub gate: Gate,
     pub task: JoinHandle<anyhow::Result<()>>,
     pub tls: Option<Tls>,
 }
@@ -131,8 +132,10 @@ pub async fn start_gate(
         }
         _ => None,
     };
-    let task = tokio::spawn(async move { gate.serve(listeners, shutdown).await.context("gate") });
-    Ok(StartedGate { task, tls })
+    let serving = gate.clone();
+    let task =
+        tokio::spawn(async move { serving.serve(listeners, shutdown).await.context("gate") });
+    Ok(StartedGate { gate, task, tls })
 }
 
 /// Reads the gate's certificate and key again at every SIGHUP, until `shutdown`: new

@@ -218,6 +218,16 @@ impl Gate {
         &self.0.id
     }
 
+    /// Waits until the workers of every service in `services` have announced their
+    /// message types to this gate, or `deadline` passes; returns whether they did. Until
+    /// then, JSON and pomelo clients of those services get their bodies as strings and
+    /// pomelo handshakes a dictionary without their routes.
+    pub async fn wait_for_schemas(&self, services: &[&str], deadline: Duration) -> bool {
+        tokio::time::timeout(deadline, self.0.schemas.wait_for(services))
+            .await
+            .is_ok()
+    }
+
     /// Sessions open now.
     pub fn session_count(&self) -> usize {
         self.0.sessions.len()

@@ -61,6 +61,8 @@ pub(crate) enum SchemaError {
 pub(crate) struct Schemas {
     services: DashMap<String, Arc<ServiceTypes>>,
     pub pomelo: RouteDict,
+    /// Bumped at every service learnt, for [`Schemas::wait_for`].
+    learnt: tokio::sync::watch::Sender<u64>,
 }
 
 impl Schemas {
@@ -112,7 +114,18 @@ impl Schemas {
             pushes,
         };
         self.services.insert(service.clone(), Arc::new(types));
+        self.learnt.send_modify(|n| *n += 1);
         Ok(service)
+    }
+
+    /// Waits until every service in `services` has announced its types.
+    pub async fn wait_for(&self, services: &[&str]) {
+        let mut learnt = self.learnt.subscribe();
+        while !services.iter().all(|s| self.services.contains_key(*s)) {
+            if learnt.changed().await.is_err() {
+                return;
+            }
+        }
     }
 
     /// The types of `route` (`service.method`), if its service announced it as typed.
@@ -225,6 +238,26 @@ mod tests {
         assert!(schemas.method("chat.login").is_none());
         assert!(schemas.method("echo.echo").is_none());
         assert!(schemas.push("chat.other").is_none());
+    }
+
+    #[tokio::test]
+    async fn waiting_for_services_ends_when_the_last_one_is_learnt() {
+        let schemas = Arc::new(Schemas::default());
+        let waiting = tokio::spawn({
+            let schemas = schemas.clone();
+            async move { schemas.wait_for(&["chat"]).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        schemas
+            .learn(Bytes::from(chat_schema().encode_to_vec()))
+            .unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("still waiting after the service was learnt")
+            .unwrap();
+        // Already known: no wait at all.
+        schemas.wait_for(&["chat"]).await;
     }
 
     #[test]
