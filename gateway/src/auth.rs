@@ -324,10 +324,13 @@ fn identity(mut claims: Map<String, Value>) -> Result<Identity, AuthError> {
         Some(Value::String(sub)) if !sub.is_empty() => sub,
         _ => return Err(AuthError::MissingSub),
     };
+    // Checked all the way: a signed token may carry any number, and one too far out to
+    // be a time (or a fraction) must neither panic nor expire at once; it never expires.
     let expires = claims
         .get("exp")
-        .and_then(Value::as_u64)
-        .map(|exp| SystemTime::UNIX_EPOCH + Duration::from_secs(exp));
+        .and_then(Value::as_f64)
+        .and_then(|exp| Duration::try_from_secs_f64(exp).ok())
+        .and_then(|exp| SystemTime::UNIX_EPOCH.checked_add(exp));
     let claims = claims
         .into_iter()
         .map(|(k, v)| match v {
@@ -356,7 +359,11 @@ mod tests {
     }
 
     fn secret_check(aud: Option<&str>, iss: Option<&str>) -> JwtCheck {
-        let dir = std::env::temp_dir().join(format!("jwt-{}-{}", std::process::id(), now()));
+        // One file per call: tests run in parallel, and a file rewritten while another
+        // test reads it reads empty.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("jwt-{}-{call}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("secret");
         std::fs::write(&path, "s3cret\n").unwrap();
@@ -453,6 +460,13 @@ mod tests {
             check.check(&format!("{header}.{body}.c2ln")),
             Err(AuthError::WrongAlgorithm(_))
         ));
+    }
+
+    #[test]
+    fn an_expiry_too_far_to_be_a_time_is_no_expiry() {
+        let check = secret_check(None, None);
+        let token = hs256(&json!({"sub": "ann", "exp": u64::MAX}), b"s3cret");
+        assert_eq!(check.check(&token).unwrap().unwrap().expires, None);
     }
 
     #[test]

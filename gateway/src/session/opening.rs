@@ -101,7 +101,7 @@ pub(crate) async fn run<S: Io>(
             close(&mut ws, Closing::new(CloseCode::Policy, "uid refused")).await;
             return;
         }
-        expires = identity.expires.map(instant_of);
+        expires = identity.expires.and_then(instant_of);
         wire.update(|s| {
             s.uid = identity.uid;
             s.claims = identity.claims;
@@ -159,12 +159,13 @@ fn bind_refusal(e: &BindError) -> u32 {
     }
 }
 
-/// A wall-clock instant (a token's `exp`) on the monotonic clock; one in the past is now.
-fn instant_of(at: std::time::SystemTime) -> Instant {
+/// A wall-clock instant (a token's `exp`) on the monotonic clock; one in the past is now,
+/// one beyond what the clock can hold is never (`None`).
+fn instant_of(at: std::time::SystemTime) -> Option<Instant> {
     let left = at
         .duration_since(std::time::SystemTime::now())
         .unwrap_or_default();
-    Instant::now() + left
+    Instant::now().checked_add(left)
 }
 
 impl<S: Io> Session<S> {
@@ -186,8 +187,27 @@ impl<S: Io> Session<S> {
                 identity.uid
             ));
         }
-        self.expires = identity.expires.map(instant_of);
+        self.expires = identity.expires.and_then(instant_of);
         self.wire.update(|s| s.claims = identity.claims);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+
+    #[test]
+    fn expiries_map_onto_the_monotonic_clock_without_overflow() {
+        let now = Instant::now();
+        let past = instant_of(SystemTime::now() - Duration::from_secs(60)).unwrap();
+        assert!(past >= now && past <= Instant::now());
+        let soon = instant_of(SystemTime::now() + Duration::from_secs(60)).unwrap();
+        assert!(soon > Instant::now() + Duration::from_secs(59));
+        // The latest time the wall clock can hold: no panic, and never sooner than soon.
+        let far = SystemTime::UNIX_EPOCH + Duration::from_secs(i64::MAX as u64);
+        assert!(instant_of(far).is_none_or(|at| at > soon));
     }
 }
