@@ -111,6 +111,9 @@ export class Client {
 
   private _state: ConnectionState = "idle";
   private _closedReason: string | undefined;
+  /** The gate's code when it refused the handshake (401 for a token): what `ready()`,
+   * `connect()` and later calls reject with, so a caller can tell auth from network. */
+  private refusedCode: number | undefined;
   private _sessionId: bigint | undefined;
   private socket: WebSocketLike | undefined;
   private urlIndex = 0;
@@ -410,6 +413,7 @@ export class Client {
     if (packet.code !== Status.OK) {
       // A refused token is refused again: only a server-side failure is worth retrying.
       const reason = `handshake refused: ${packet.code} ${packet.message}`.trim();
+      if (packet.code < 500) this.refusedCode = packet.code;
       return this.drop(socket, reason, packet.code >= 500);
     }
     clearTimeout(this.connectTimer);
@@ -543,7 +547,8 @@ export class Client {
   }
 
   private closedError(route?: string): ShaddockError {
-    return new ShaddockError(Status.Unavailable, `client closed: ${this._closedReason ?? ""}`, true, route);
+    const code = this.refusedCode ?? Status.Unavailable;
+    return new ShaddockError(code, `client closed: ${this._closedReason ?? ""}`, true, route);
   }
 
   private report(error: unknown): void {

@@ -164,7 +164,7 @@ describe("a gate with a token", () => {
       client.connect();
       const error = await rejection(within("refusal", client.ready()));
       assert.ok(error instanceof ShaddockError);
-      assert.equal(error.code, Status.Unavailable);
+      assert.equal(error.code, Status.Unauthorized);
       assert.match(await client.closed(), /handshake refused: 401/);
       assert.deepEqual(events.map((e) => e.state), ["connecting", "closed"]);
     });

@@ -62,12 +62,14 @@ describe("a gate checking signed player tokens", () => {
         const error = await rejection(within("refusal", client.ready()));
         assert.ok(error instanceof ShaddockError, String(error));
         assert.match(error.message, /handshake refused: 401 token signature does not verify/);
+        assert.equal(error.code, Status.Unauthorized, "the gate's code, to tell auth from network");
         assert.equal(await client.closed(), "handshake refused: 401 token signature does not verify");
         assert.deepEqual(events.map((e) => e.state), ["connecting", "closed"]);
         // connect() says the same to its caller.
         const refused = await rejection(open({ servers: gate.url, encoding, token: "not.a.jwt" }));
         assert.ok(refused instanceof ShaddockError, String(refused));
         assert.match(refused.message, /handshake refused: 401 token is not a JWT/);
+        assert.equal(refused.code, Status.Unauthorized);
       });
 
       test("a refresh with a bad token is refused with the gate's reason and the session goes on", async () => {

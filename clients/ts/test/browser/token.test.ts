@@ -1,37 +1,30 @@
 /**
  * The demo page against a gate that checks signed player tokens: without a token the
  * page shows the gate's refusal; with one typed into the token field it connects and
- * logs in as the token's player. The page is the committed build (gateway/web/, served
- * here): a gate binary embeds the copy it was built with, which may predate the field.
+ * logs in as the token's player. The page is the one the gate itself serves at `/`
+ * (the committed build in gateway/web/, embedded in the binary).
  */
 import assert from "node:assert/strict";
-import type { Server } from "node:http";
-import { resolve } from "node:path";
 import { after, before, describe, test } from "node:test";
 import type { Browser } from "puppeteer-core";
-import { PACKAGE_DIR, type Gate } from "../gate.js";
+import type { Gate } from "../gate.js";
 import { inSeconds, signToken, startJwtGate } from "../tokens.js";
 import { launchChromium, login, waitForState } from "./page.js";
-import { serveStatic } from "./static-server.js";
 
 const SECRET = `browser secret ${process.pid}`;
 
 describe("the demo page with a gate that needs a token", { timeout: 60_000 }, () => {
   let gate: Gate;
   let browser: Browser;
-  let server: Server;
   let pageUrl: string;
 
   before(async () => {
     browser = await launchChromium();
     gate = await startJwtGate(SECRET);
-    const served = await serveStatic(resolve(PACKAGE_DIR, "../../gateway/web"));
-    server = served.server;
-    pageUrl = `${served.url}?gate=${encodeURIComponent(gate.url)}`;
+    pageUrl = `http://127.0.0.1:${gate.port}/`;
   });
   after(async () => {
     await browser?.close();
-    server?.close();
     await gate?.stop();
   });
 
