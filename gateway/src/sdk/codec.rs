@@ -10,6 +10,7 @@
 use bytes::{Bytes, BytesMut};
 use proto::Message as _;
 use proto::client::{Handshake, Packet, packet::Kind};
+use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 
@@ -53,8 +54,26 @@ pub(crate) fn encode_request(
             .map_err(|e| SdkError::protocol(format!("a JSON session's body must be JSON: {e}")))?;
         Some(value)
     };
-    let frame = serde_json::json!({"request": {"id": id, "route": route, "body": body}});
-    Ok(Bytes::from(frame.to_string()))
+    // Written straight from borrowed parts: no intermediate `Value` tree per request.
+    let frame = JsonFrame {
+        request: JsonRequest { id, route, body },
+    };
+    serde_json::to_vec(&frame)
+        .map(Bytes::from)
+        .map_err(|e| SdkError::protocol(e.to_string()))
+}
+
+#[derive(Serialize)]
+struct JsonFrame<'a> {
+    request: JsonRequest<'a>,
+}
+
+#[derive(Serialize)]
+struct JsonRequest<'a> {
+    id: u64,
+    route: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body: Option<&'a RawValue>,
 }
 
 /// `Packet{request: Request{id, route, body}}`, in one allocation. Id 0 is a notify.
@@ -126,6 +145,20 @@ pub(crate) fn decode(message: Message) -> Result<Incoming, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_json_request_carries_its_body_as_a_json_value() {
+        let frame = encode_request(true, 7, "chat.say", br#"{"room":"a"}"#).unwrap();
+        assert_eq!(
+            &frame[..],
+            br#"{"request":{"id":7,"route":"chat.say","body":{"room":"a"}}}"#
+        );
+        let (_, typed) = proto::json::decode_typed(std::str::from_utf8(&frame).unwrap()).unwrap();
+        assert!(typed);
+        let empty = encode_request(true, 0, "echo.raw", b"").unwrap();
+        assert_eq!(&empty[..], br#"{"request":{"id":0,"route":"echo.raw"}}"#);
+        assert!(encode_request(true, 1, "echo.raw", b"not json").is_err());
+    }
     use proto::client::{Heartbeat, Request};
 
     fn prost_request(id: u64, route: &str, body: &[u8]) -> Vec<u8> {
