@@ -174,6 +174,9 @@ pub(crate) fn protobuf_to_json(message: &MessageDescriptor, body: &[u8]) -> Resu
     serde_json::to_string(&parsed).map_err(|e| e.to_string())
 }
 
+/// Refused announcements, one line a second at most.
+static REFUSED_LOG: net::LogLimiter = net::LogLimiter::per_second();
+
 /// Keeps `schemas` up to date from the announcements on `announcements` until `stopped`.
 pub(crate) async fn listen(
     schemas: &Schemas,
@@ -188,8 +191,12 @@ pub(crate) async fn listen(
         let Some(msg) = msg else { return };
         match schemas.learn(msg.payload) {
             Ok(service) => tracing::trace!(%service, "schema announced"),
-            // The bus is trusted: announcements come from workers, at start and per ask.
-            Err(error) => tracing::warn!(%error, "schema announcement refused"),
+            // Announcements repeat at every ask: a broken worker's would repeat its warning.
+            Err(error) => {
+                if let Some(tally) = REFUSED_LOG.check() {
+                    tracing::warn!(%error, "schema announcement refused{tally}");
+                }
+            }
         }
     }
 }

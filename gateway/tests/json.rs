@@ -330,7 +330,31 @@ async fn bad_announcements_do_not_break_the_gate(bus: Bus) {
         .publish(subject, lacking.encode_to_vec().into())
         .await
         .unwrap();
-    broker::testing::round_trip(&rogue).await;
+    // Then a good announcement of another service on the same connection: the gate
+    // reads announcements in order, so once it knows this one it has read the two bad
+    // ones before it.
+    let marker = proto::rpc::ServiceSchema {
+        service: "marker".into(),
+        methods: vec![proto::rpc::MethodSchema {
+            method: "x".into(),
+            request_type: "shaddock.chat.LoginRequest".into(),
+            response_type: "shaddock.chat.LoginResponse".into(),
+        }],
+        descriptors: bytes::Bytes::from_static(proto::DESCRIPTORS),
+        ..Default::default()
+    };
+    rogue
+        .publish(
+            proto::schema::announce_subject("shaddock", "marker"),
+            marker.encode_to_vec().into(),
+        )
+        .await
+        .unwrap();
+    let marked = ann.call_when_typed("marker.x", json!({"name": "m"})).await;
+    assert_eq!(
+        marked["code"], 404,
+        "typed, and no worker serves it: {marked}"
+    );
     // The gate keeps what it knew.
     let login = ann
         .call("chat.login", json!({"name": "ann"}), &mut none)
