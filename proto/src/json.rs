@@ -34,6 +34,14 @@ enum JsonPacket {
     Kick(Kick),
     Refresh(Refresh),
     RefreshAck(RefreshAck),
+    Drain(Drain),
+}
+
+#[derive(Serialize, Deserialize, Default)]
+#[serde(default)]
+struct Drain {
+    reason: String,
+    grace_ms: u32,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -221,6 +229,10 @@ pub fn decode_typed(frame: &str) -> Result<(Packet, bool), JsonError> {
             code: a.code,
             message: a.message,
         }),
+        JsonPacket::Drain(d) => Kind::Drain(client::Drain {
+            reason: d.reason,
+            grace_ms: d.grace_ms,
+        }),
     };
     Ok((Packet::new(kind), typed))
 }
@@ -276,6 +288,10 @@ pub fn encode_typed(packet: &Packet, typed: bool) -> Option<String> {
         Kind::RefreshAck(a) => JsonPacket::RefreshAck(RefreshAck {
             code: a.code,
             message: a.message.clone(),
+        }),
+        Kind::Drain(d) => JsonPacket::Drain(Drain {
+            reason: d.reason.clone(),
+            grace_ms: d.grace_ms,
         }),
     };
     serde_json::to_string(&json).ok()

@@ -15,6 +15,10 @@ use tokio_tungstenite::tungstenite::Message;
 use super::dict::Dict;
 use super::wire::{self, MessageKind, PackageType, Route, WireError};
 use crate::codec::{Decoded, answer_as_json, push_as_json, request_body};
+
+/// The route of the push that tells a pomelo client its gate is draining (see
+/// `docs/pomelo.md`): body `{"reason", "graceMs"}`.
+pub(crate) const DRAIN_ROUTE: &str = "sys.drain";
 use crate::schema::Schemas;
 
 /// The `serializer` a handshake answer names: bodies are JSON (no pomelo-protobuf).
@@ -142,6 +146,16 @@ impl PomeloCodec {
             }
             Kind::Response(resp) => response(&resp, false),
             Kind::Push(push) => message(MessageKind::Push, Route::Name(&push.route), &push.body),
+            // Pomelo has no such package: a push on a route of its own, which a client
+            // that knows it moves on and any other ignores.
+            Kind::Drain(drain) => {
+                let body = serde_json::json!({ "reason": drain.reason, "graceMs": drain.grace_ms });
+                message(
+                    MessageKind::Push,
+                    Route::Name(DRAIN_ROUTE),
+                    body.to_string().as_bytes(),
+                )
+            }
             // Client packets: a gate never sends them. Pomelo has no token refresh, so
             // no RefreshAck is ever asked of a pomelo session (an expiring token kicks).
             Kind::Handshake(_) | Kind::Request(_) | Kind::Refresh(_) | Kind::RefreshAck(_) => {

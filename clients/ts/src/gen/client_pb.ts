@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file client.proto.
  */
 export const file_client: GenFile = /*@__PURE__*/
-  fileDesc("CgxjbGllbnQucHJvdG8SD3NoYWRkb2NrLmNsaWVudCK1AwoGUGFja2V0Ei8KCWhhbmRzaGFrZRgBIAEoCzIaLnNoYWRkb2NrLmNsaWVudC5IYW5kc2hha2VIABI2Cg1oYW5kc2hha2VfYWNrGAIgASgLMh0uc2hhZGRvY2suY2xpZW50LkhhbmRzaGFrZUFja0gAEi8KCWhlYXJ0YmVhdBgDIAEoCzIaLnNoYWRkb2NrLmNsaWVudC5IZWFydGJlYXRIABIrCgdyZXF1ZXN0GAQgASgLMhguc2hhZGRvY2suY2xpZW50LlJlcXVlc3RIABItCghyZXNwb25zZRgFIAEoCzIZLnNoYWRkb2NrLmNsaWVudC5SZXNwb25zZUgAEiUKBHB1c2gYBiABKAsyFS5zaGFkZG9jay5jbGllbnQuUHVzaEgAEiUKBGtpY2sYByABKAsyFS5zaGFkZG9jay5jbGllbnQuS2lja0gAEisKB3JlZnJlc2gYCCABKAsyGC5zaGFkZG9jay5jbGllbnQuUmVmcmVzaEgAEjIKC3JlZnJlc2hfYWNrGAkgASgLMhsuc2hhZGRvY2suY2xpZW50LlJlZnJlc2hBY2tIAEIGCgRraW5kIlEKCUhhbmRzaGFrZRINCgV0b2tlbhgBIAEoCRIVCg1zZXJ2ZXJfdGltaW5nGAIgASgIEg4KBmNsaWVudBgDIAEoCRIOCgZzZXJpYWwYBCABKAgiVwoMSGFuZHNoYWtlQWNrEgwKBGNvZGUYASABKA0SEgoKc2Vzc2lvbl9pZBgCIAEoBBIUCgxoZWFydGJlYXRfbXMYAyABKA0SDwoHbWVzc2FnZRgEIAEoCSILCglIZWFydGJlYXQiMgoHUmVxdWVzdBIKCgJpZBgBIAEoBBINCgVyb3V0ZRgCIAEoCRIMCgRib2R5GAMgASgMImwKCFJlc3BvbnNlEgoKAmlkGAEgASgEEgwKBGNvZGUYAiABKA0SDAoEYm9keRgDIAEoDBIPCgdtZXNzYWdlGAQgASgJEicKBnRpbWluZxgFIAEoCzIXLnNoYWRkb2NrLmNsaWVudC5UaW1pbmciQAoGVGltaW5nEhAKCHRvdGFsX3VzGAEgASgNEhAKCHF1ZXVlX3VzGAIgASgNEhIKCmhhbmRsZXJfdXMYAyABKA0iIwoEUHVzaBINCgVyb3V0ZRgBIAEoCRIMCgRib2R5GAIgASgMIhYKBEtpY2sSDgoGcmVhc29uGAEgASgJIhgKB1JlZnJlc2gSDQoFdG9rZW4YASABKAkiKwoKUmVmcmVzaEFjaxIMCgRjb2RlGAEgASgNEg8KB21lc3NhZ2UYAiABKAliBnByb3RvMw");
+  fileDesc("CgxjbGllbnQucHJvdG8SD3NoYWRkb2NrLmNsaWVudCLeAwoGUGFja2V0Ei8KCWhhbmRzaGFrZRgBIAEoCzIaLnNoYWRkb2NrLmNsaWVudC5IYW5kc2hha2VIABI2Cg1oYW5kc2hha2VfYWNrGAIgASgLMh0uc2hhZGRvY2suY2xpZW50LkhhbmRzaGFrZUFja0gAEi8KCWhlYXJ0YmVhdBgDIAEoCzIaLnNoYWRkb2NrLmNsaWVudC5IZWFydGJlYXRIABIrCgdyZXF1ZXN0GAQgASgLMhguc2hhZGRvY2suY2xpZW50LlJlcXVlc3RIABItCghyZXNwb25zZRgFIAEoCzIZLnNoYWRkb2NrLmNsaWVudC5SZXNwb25zZUgAEiUKBHB1c2gYBiABKAsyFS5zaGFkZG9jay5jbGllbnQuUHVzaEgAEiUKBGtpY2sYByABKAsyFS5zaGFkZG9jay5jbGllbnQuS2lja0gAEisKB3JlZnJlc2gYCCABKAsyGC5zaGFkZG9jay5jbGllbnQuUmVmcmVzaEgAEjIKC3JlZnJlc2hfYWNrGAkgASgLMhsuc2hhZGRvY2suY2xpZW50LlJlZnJlc2hBY2tIABInCgVkcmFpbhgKIAEoCzIWLnNoYWRkb2NrLmNsaWVudC5EcmFpbkgAQgYKBGtpbmQiUQoJSGFuZHNoYWtlEg0KBXRva2VuGAEgASgJEhUKDXNlcnZlcl90aW1pbmcYAiABKAgSDgoGY2xpZW50GAMgASgJEg4KBnNlcmlhbBgEIAEoCCJXCgxIYW5kc2hha2VBY2sSDAoEY29kZRgBIAEoDRISCgpzZXNzaW9uX2lkGAIgASgEEhQKDGhlYXJ0YmVhdF9tcxgDIAEoDRIPCgdtZXNzYWdlGAQgASgJIgsKCUhlYXJ0YmVhdCIyCgdSZXF1ZXN0EgoKAmlkGAEgASgEEg0KBXJvdXRlGAIgASgJEgwKBGJvZHkYAyABKAwibAoIUmVzcG9uc2USCgoCaWQYASABKAQSDAoEY29kZRgCIAEoDRIMCgRib2R5GAMgASgMEg8KB21lc3NhZ2UYBCABKAkSJwoGdGltaW5nGAUgASgLMhcuc2hhZGRvY2suY2xpZW50LlRpbWluZyJACgZUaW1pbmcSEAoIdG90YWxfdXMYASABKA0SEAoIcXVldWVfdXMYAiABKA0SEgoKaGFuZGxlcl91cxgDIAEoDSIjCgRQdXNoEg0KBXJvdXRlGAEgASgJEgwKBGJvZHkYAiABKAwiFgoES2ljaxIOCgZyZWFzb24YASABKAkiGAoHUmVmcmVzaBINCgV0b2tlbhgBIAEoCSIrCgpSZWZyZXNoQWNrEgwKBGNvZGUYASABKA0SDwoHbWVzc2FnZRgCIAEoCSIpCgVEcmFpbhIOCgZyZWFzb24YASABKAkSEAoIZ3JhY2VfbXMYAiABKA1iBnByb3RvMw");
 
 /**
  * @generated from message shaddock.client.Packet
@@ -76,6 +76,12 @@ export type Packet = Message<"shaddock.client.Packet"> & {
      */
     value: RefreshAck;
     case: "refreshAck";
+  } | {
+    /**
+     * @generated from field: shaddock.client.Drain drain = 10;
+     */
+    value: Drain;
+    case: "drain";
   } | { case: undefined; value?: undefined };
 };
 
@@ -372,4 +378,32 @@ export type RefreshAck = Message<"shaddock.client.RefreshAck"> & {
  */
 export const RefreshAckSchema: GenMessage<RefreshAck> = /*@__PURE__*/
   messageDesc(file_client, 10);
+
+/**
+ * The gate is draining (it is being stopped or replaced): connect to another gate and
+ * move there. The session stays open: every request sent on it is still answered, the
+ * ones already forwarded by their workers, the rest at once with 503 and the message
+ * `gate draining` (never forwarded, so safe to send again elsewhere). The gate closes
+ * the session when the client leaves or, at the latest, after `grace_ms`.
+ *
+ * @generated from message shaddock.client.Drain
+ */
+export type Drain = Message<"shaddock.client.Drain"> & {
+  /**
+   * @generated from field: string reason = 1;
+   */
+  reason: string;
+
+  /**
+   * @generated from field: uint32 grace_ms = 2;
+   */
+  graceMs: number;
+};
+
+/**
+ * Describes the message shaddock.client.Drain.
+ * Use `create(DrainSchema)` to create a new message.
+ */
+export const DrainSchema: GenMessage<Drain> = /*@__PURE__*/
+  messageDesc(file_client, 11);
 
