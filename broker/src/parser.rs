@@ -10,6 +10,10 @@
 
 use memchr::memchr;
 
+pub mod server_ops;
+
+pub use server_ops::{ServerOp, parse_server};
+
 /// An operation a client sent. Slices borrow the read buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClientOp<'a> {
