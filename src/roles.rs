@@ -3,8 +3,10 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context as _;
+use gateway::bus::BusOptions;
 use gateway::tls::Tls;
 use gateway::{Gate, GateConfig, Listener};
 use services::{BusSecurity, Service, WorkerConfig};
@@ -93,6 +95,14 @@ pub struct StartedGate {
     pub tls: Option<Tls>,
 }
 
+/// The gate's own bus connection settings from the shared bus flags.
+fn gate_bus(nats: &[String], security: &BusSecurity) -> anyhow::Result<BusOptions> {
+    let mut bus = BusOptions::new(nats.iter().cloned());
+    bus.auth = security.credentials()?;
+    bus.tls = security.tls_config()?.map(Arc::new);
+    Ok(bus)
+}
+
 /// Connects to the bus, binds `listen` (and the TLS listener, if asked for), and serves
 /// a gate until `shutdown`.
 pub async fn start_gate(
@@ -103,9 +113,9 @@ pub async fn start_gate(
     tls: &TlsArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<StartedGate> {
-    let client = services::connect(nats, "shaddock-gate", security).await?;
+    let bus = gate_bus(nats, security)?;
     let token_check = gateway::auth::from_config(&config).context("the gate's token check")?;
-    let gate = Gate::new(client, config, token_check).await?;
+    let gate = Gate::new(bus, config, token_check).await?;
     let bind = |addr: SocketAddr| async move {
         TcpListener::bind(addr)
             .await

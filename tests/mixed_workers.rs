@@ -23,6 +23,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::{StreamExt as _, stream};
+use gateway::bus::BusOptions;
 use gateway::sdk::{Client, ClientOptions};
 use gateway::{AnyToken, Gate, GateConfig};
 use nix::sys::signal::{Signal, kill};
@@ -187,18 +188,12 @@ struct TestGate {
 
 impl TestGate {
     async fn start(nats_url: &str, prefix: &str) -> TestGate {
-        let nats = services::connect(
-            &[nats_url.to_owned()],
-            "mixed-workers-gate",
-            &Default::default(),
-        )
-        .await
-        .unwrap();
+        let options = BusOptions::new([nats_url]);
         let config = GateConfig {
             prefix: prefix.to_owned(),
             ..GateConfig::default()
         };
-        let gate = within(Gate::new(nats, config, Arc::new(AnyToken)))
+        let gate = within(Gate::new(options, config, Arc::new(AnyToken)))
             .await
             .unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -4,8 +4,8 @@
 //! An [`RpcRequest`](proto::rpc::RpcRequest) carries the session (gate id, sid, uid,
 //! data), which changes only on a bind or a data effect. Building the prost struct for
 //! every request cloned all of it; [`SessionWire`] keeps the session encoded instead, and
-//! [`encode_request`] writes the request's fields around it ([`crate::wire`]); the
-//! tests compare the bytes with prost's.
+//! [`Request`] writes the request's fields around it ([`crate::wire`]) straight into the
+//! bus connection's outbound buffer; the tests compare the bytes with prost's.
 
 use bytes::{Bytes, BytesMut};
 use proto::Message as _;
@@ -47,26 +47,31 @@ impl SessionWire {
     }
 }
 
-/// The encoded `RpcRequest { route, body, session, timing }`.
-pub(crate) fn encode_request(
-    route: &str,
-    body: &[u8],
-    session: &SessionWire,
-    timing: bool,
-) -> Bytes {
-    let session = &session.encoded;
-    let timing = u64::from(timing);
-    let len = wire::bytes_len(ROUTE, route.len())
-        + wire::bytes_len(BODY, body.len())
-        + wire::message_len(SESSION, session.len())
-        + wire::varint_len(TIMING, timing);
-    let mut buf = BytesMut::with_capacity(len);
-    wire::put_bytes(&mut buf, ROUTE, route.as_bytes());
-    wire::put_bytes(&mut buf, BODY, body);
-    wire::put_message(&mut buf, SESSION, session);
-    wire::put_varint(&mut buf, TIMING, timing);
-    debug_assert_eq!(buf.len(), len, "the length computed up front is exact");
-    buf.freeze()
+/// `RpcRequest { route, body, session, timing }`, to be written straight into the bus
+/// connection's outbound buffer: its exact length first, then its bytes.
+pub(crate) struct Request<'a> {
+    pub route: &'a str,
+    pub body: &'a [u8],
+    pub session: &'a SessionWire,
+    pub timing: bool,
+}
+
+impl Request<'_> {
+    /// The encoded length.
+    pub(crate) fn len(&self) -> usize {
+        wire::bytes_len(ROUTE, self.route.len())
+            + wire::bytes_len(BODY, self.body.len())
+            + wire::message_len(SESSION, self.session.encoded.len())
+            + wire::varint_len(TIMING, u64::from(self.timing))
+    }
+
+    /// Appends the encoding, [`Request::len`] bytes, to `buf`.
+    pub(crate) fn put(&self, buf: &mut BytesMut) {
+        wire::put_bytes(buf, ROUTE, self.route.as_bytes());
+        wire::put_bytes(buf, BODY, self.body);
+        wire::put_message(buf, SESSION, &self.session.encoded);
+        wire::put_varint(buf, TIMING, u64::from(self.timing));
+    }
 }
 
 #[cfg(test)]
@@ -103,7 +108,16 @@ mod tests {
                 _ => {}
             }
             for (route, body, timing) in cases {
-                let ours = encode_request(route, body, &wire, timing);
+                let request = Request {
+                    route,
+                    body,
+                    session: &wire,
+                    timing,
+                };
+                let mut ours = BytesMut::new();
+                request.put(&mut ours);
+                assert_eq!(ours.len(), request.len(), "the length computed up front is exact");
+                let ours = ours.freeze();
                 assert_eq!(
                     &ours[..],
                     by_prost(route, body, wire.get(), timing),

@@ -4,16 +4,17 @@
 //! Every gate has ONE wildcard subscription, `<prefix>.gw.<gate>.>`, for all its
 //! replies: a request's reply subject is `<prefix>.gw.<gate>.<sid>.<id>`, so a reply is
 //! routed by parsing its subject — no per-request subscription and no global pending
-//! map; each session keeps its own. The [`router`](crate::router) task reads it together
-//! with the group and player subscriptions, so a reply never overtakes a push that
-//! reached the gate before it.
+//! map; each session keeps its own. The gate's own [bus connection](crate::bus) has one
+//! reader for it and for the group and player subscriptions, which hands each message to
+//! its sessions in the order the server sent them, so a reply never overtakes a push
+//! that reached the gate before it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use async_nats::StatusCode;
+use bytes::Bytes;
 use dashmap::DashMap;
 use metrics::Counter;
 use net::{Acceptor, LogLimiter};
@@ -28,18 +29,20 @@ use tokio_util::task::TaskTracker;
 
 use crate::admission::{Admission, Refusal};
 use crate::auth::TokenCheck;
+use crate::bus::{self, Bus, BusOptions, Dispatch, Incoming, Reply, Target};
 use crate::codec::PushFrame;
 use crate::config::{GateConfig, WS_READ_BUFFER, WS_WRITE_BUFFER};
 use crate::presence::{Binding, Group};
-use crate::router::{self, HANDOVER_QUEUE, Handover};
 use crate::schema::{self, Schemas};
 use crate::session;
 use crate::tls::Tls;
 use crate::upgrade::{Origins, UpgradePolicy};
 
-/// What the router hands a session.
+/// What the bus reader hands a session.
 #[derive(Debug)]
 pub(crate) enum ToSession {
+    /// The gate's bus connection was lost: requests in flight will get no reply.
+    BusLost,
     /// A worker answered request `id`.
     Reply { id: u64, reply: WorkerReply },
     /// A push to the player or to a group it joined.
@@ -61,7 +64,12 @@ pub(crate) enum WorkerReply {
 pub(crate) struct GateShared {
     pub config: GateConfig,
     pub id: String,
-    pub nats: async_nats::Client,
+    pub bus: Arc<Bus>,
+    /// Whether the bus connection is up; [`Gate::new`] waits for the first.
+    bus_up: tokio::sync::watch::Sender<bool>,
+    /// Bind probes awaiting an answer, by the id in their reply subject (sid 0).
+    probes: std::sync::Mutex<rustc_hash::FxHashMap<u64, tokio::sync::oneshot::Sender<bool>>>,
+    next_probe: AtomicU64,
     pub sessions: DashMap<u64, mpsc::Sender<ToSession>>,
     /// Requests of all sessions awaiting workers, against `max_gate_in_flight`.
     pub in_flight: AtomicUsize,
@@ -77,13 +85,8 @@ pub(crate) struct GateShared {
     pub upgrade: UpgradePolicy,
     /// Cancelled when the gate starts shutting down: sessions drain and close.
     pub draining: CancellationToken,
-    /// Cancelled once the gate has shut down and its sessions are gone: the router
-    /// drops every subscription and ends.
-    pub stopped: CancellationToken,
-    /// New group and player subscriptions, on their way to the router.
-    pub handovers: mpsc::Sender<Handover>,
-    /// The router task, for [`Gate::run`] to wait for.
-    router: TaskTracker,
+    /// The bus connection's task, for [`Gate::run`] to wait for.
+    tasks: TaskTracker,
     pub rejected: Rejected,
     /// Connections held, from accept to close, against `max_sessions` and per IP.
     pub admission: Admission,
@@ -101,6 +104,7 @@ pub(crate) struct Rejected {
     pub gate_in_flight: Counter,
     pub bus: Counter,
     pub body: Counter,
+    pub draining: Counter,
 }
 
 impl Rejected {
@@ -115,6 +119,7 @@ impl Rejected {
             gate_in_flight: reason("gate_in_flight"),
             bus: reason("bus"),
             body: reason("body"),
+            draining: reason("draining"),
         }
     }
 }
@@ -141,10 +146,11 @@ impl std::fmt::Debug for Gate {
 }
 
 impl Gate {
-    /// Subscribes this gate's reply subject on `nats` and starts the router, which runs
-    /// until [`Gate::run`] returns.
+    /// Connects this gate to the bus (`bus`: servers, credentials, TLS), subscribing its
+    /// reply subject and the schema announcements; returns once the first connection is
+    /// up (retrying with backoff until then: wrap it in a timeout to bound the wait).
     pub async fn new(
-        nats: async_nats::Client,
+        bus: BusOptions,
         mut config: GateConfig,
         token_check: Arc<dyn TokenCheck>,
     ) -> anyhow::Result<Gate> {
@@ -153,15 +159,17 @@ impl Gate {
         }
         crate::route::check_token(&config.gate_id).context("invalid gate id")?;
         crate::route::check_token(&config.prefix).context("invalid subject prefix")?;
-        let replies = nats
-            .subscribe(format!("{}.gw.{}.>", config.prefix, config.gate_id))
-            .await
-            .context("subscribing the gate's reply subject")?;
-        let announcements = nats
-            .subscribe(proto::schema::announcements(&config.prefix))
-            .await
-            .context("subscribing the schema announcements")?;
-        let ask = proto::schema::ask_subject(&config.prefix);
+        anyhow::ensure!(
+            bus.dialer.is_some() || !bus.urls.is_empty(),
+            "no NATS URL given"
+        );
+        for url in &bus.urls {
+            if bus.dialer.is_none() {
+                bus::check_url(url).context("invalid NATS URL")?;
+            }
+        }
+        let bus = Bus::new(bus, format!("{}.gw.{}.>", config.prefix, config.gate_id));
+        bus.subscribe(proto::schema::announcements(&config.prefix), Target::Schemas);
         let admission = Admission::new(config.max_sessions, config.max_connections_per_ip);
         let ws_config = WebSocketConfig::default()
             .read_buffer_size(WS_READ_BUFFER)
@@ -175,11 +183,13 @@ impl Gate {
             pages: !config.no_web,
             origins: Origins::from_list(&config.allowed_origins),
         };
-        let (handovers, handed_over) = mpsc::channel(HANDOVER_QUEUE);
         let shared = Arc::new(GateShared {
             id: config.gate_id.clone(),
             config,
-            nats,
+            bus,
+            bus_up: tokio::sync::watch::Sender::new(false),
+            probes: Default::default(),
+            next_probe: AtomicU64::new(1),
             sessions: DashMap::new(),
             in_flight: AtomicUsize::new(0),
             groups: DashMap::new(),
@@ -189,28 +199,18 @@ impl Gate {
             ws_config,
             upgrade,
             draining: CancellationToken::new(),
-            stopped: CancellationToken::new(),
-            handovers,
-            router: TaskTracker::new(),
+            tasks: TaskTracker::new(),
             rejected: Rejected::new(),
             admission,
             next_sid: AtomicU64::new(1),
         });
-        shared
-            .router
-            .spawn(router::run(shared.clone(), replies, handed_over));
-        let listening = shared.clone();
-        shared.router.spawn(async move {
-            let stopped = listening.stopped.clone();
-            schema::listen(&listening.schemas, announcements, stopped).await;
-        });
-        shared.router.close();
-        // After the subscription: workers that started before this gate announce again.
-        shared
-            .nats
-            .publish(ask, bytes::Bytes::new())
+        let dispatch: Arc<dyn Dispatch> = shared.clone();
+        shared.tasks.spawn(bus::run(shared.bus.clone(), dispatch));
+        shared.tasks.close();
+        let mut up = shared.bus_up.subscribe();
+        up.wait_for(|up| *up)
             .await
-            .context("asking workers for their schemas")?;
+            .context("the gate stopped before its bus connection was up")?;
         Ok(Gate(shared))
     }
 
@@ -250,8 +250,8 @@ impl Gate {
 
     /// Serves WebSocket clients on `listener` until `shutdown` is cancelled; then stops
     /// accepting, lets sessions answer what is in flight (within the grace period), and
-    /// closes them with a reason. Once they are gone the router stops and every
-    /// subscription of the gate is dropped: a gate serves once.
+    /// closes them with a reason. Once they are gone the bus connection closes: a gate
+    /// serves once.
     pub async fn run(
         &self,
         listener: TcpListener,
@@ -290,8 +290,8 @@ impl Gate {
         sessions.close();
         sessions.wait().await;
         // Only now: draining sessions still wait for their replies.
-        self.0.stopped.cancel();
-        self.0.router.wait().await;
+        self.0.bus.stop();
+        self.0.tasks.wait().await;
         Ok(())
     }
 }
@@ -388,17 +388,59 @@ fn refuse(stream: TcpStream, addr: std::net::SocketAddr, refusal: Refusal) {
     let _ = stream.try_write(refusal.response());
 }
 
+impl Dispatch for GateShared {
+    fn deliver(&self, target: &Target, msg: Incoming<'_>) {
+        match target {
+            Target::Replies => self.route_reply(msg.subject, msg.status, msg.payload),
+            Target::Group(group) => self.deliver_to_group(group, msg.payload),
+            Target::User(uid) => self.deliver_to_user(uid, msg.payload, msg.reply),
+            Target::Schemas => schema::on_announcement(&self.schemas, msg.payload),
+        }
+    }
+
+    fn connected(&self) {
+        // Workers that started before this gate, or announced while it was away,
+        // announce again.
+        let ask = proto::schema::ask_subject(&self.config.prefix);
+        let _ = self.bus.publish_bytes(&ask, Reply::None, &[]);
+        self.bus_up.send_replace(true);
+    }
+
+    fn lost(&self) {
+        self.bus_up.send_replace(false);
+        for session in self.sessions.iter() {
+            // A full queue is a session behind on pushes; its requests time out (408).
+            let _ = session.try_send(ToSession::BusLost);
+        }
+    }
+}
+
+/// Bind probes: sid 0 of the reply subject is the gate's own.
+const PROBE_SID: u64 = 0;
+
 impl GateShared {
     /// Hands a reply to its session by the `<sid>.<id>` at the end of its subject.
-    pub(crate) fn route_reply(&self, msg: async_nats::Message) {
+    fn route_reply(&self, subject: &[u8], status: Option<u16>, payload: Bytes) {
         let skip = self.config.prefix.len() + ".gw.".len() + self.id.len() + 1;
-        let Some((sid, id)) = msg.subject.get(skip..).and_then(parse_sid_id) else {
+        let Some((sid, id)) = subject
+            .get(skip..)
+            .and_then(|tail| std::str::from_utf8(tail).ok())
+            .and_then(parse_sid_id)
+        else {
             return;
         };
-        let reply = if msg.status == Some(StatusCode::NO_RESPONDERS) {
+        let no_responders = status == Some(NO_RESPONDERS);
+        if sid == PROBE_SID {
+            let waiter = self.probes.lock().ok().and_then(|mut p| p.remove(&id));
+            if let Some(waiter) = waiter {
+                let _ = waiter.send(!no_responders);
+            }
+            return;
+        }
+        let reply = if no_responders {
             WorkerReply::NoResponders
         } else {
-            RpcResponse::decode(msg.payload).map_or(WorkerReply::Invalid, WorkerReply::Response)
+            RpcResponse::decode(payload).map_or(WorkerReply::Invalid, WorkerReply::Response)
         };
         // Sent under the map's read guard: no clone of the sender per reply.
         let Some(session) = self.sessions.get(&sid) else {
@@ -406,14 +448,36 @@ impl GateShared {
             return;
         };
         // The queue has room for max_in_flight answers plus outbound_queue pushes; it is
-        // full only when pushes flood a session that does not keep up. The router must
+        // full only when pushes flood a session that does not keep up. The reader must
         // not wait on one session, so the reply is dropped, counted, and the request is
         // answered 408 by its timeout.
         if session.try_send(ToSession::Reply { id, reply }).is_err() && !session.is_closed() {
             metrics::counter!("gate_replies_dropped_total").increment(1);
         }
     }
+
+    /// Asks `subject` whether anyone holds it: `true` when an answer comes within
+    /// `timeout`; no responders, silence or no bus mean no.
+    pub(crate) async fn probe(&self, subject: &str, payload: &[u8], timeout: Duration) -> bool {
+        let id = self.next_probe.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if let Ok(mut probes) = self.probes.lock() {
+            probes.insert(id, tx);
+        }
+        let prefix = format!("{}.gw.{}.{PROBE_SID}.", self.config.prefix, self.id);
+        let sent = self
+            .bus
+            .publish_bytes(subject, Reply::Request { prefix: &prefix, id }, payload);
+        let held = sent.is_ok() && matches!(tokio::time::timeout(timeout, rx).await, Ok(Ok(true)));
+        if let Ok(mut probes) = self.probes.lock() {
+            probes.remove(&id);
+        }
+        held
+    }
 }
+
+/// The status of a "no responders" answer.
+const NO_RESPONDERS: u16 = 503;
 
 fn parse_sid_id(tail: &str) -> Option<(u64, u64)> {
     let (sid, id) = tail.split_once('.')?;

@@ -6,6 +6,7 @@
 
 mod admission;
 pub mod auth;
+pub mod bus;
 mod codec;
 pub mod config;
 mod forward;
@@ -15,7 +16,6 @@ mod limits;
 pub mod pomelo;
 mod presence;
 pub mod route;
-mod router;
 mod schema;
 pub mod sdk;
 mod session;

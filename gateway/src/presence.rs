@@ -9,10 +9,11 @@
 //!   it is. Binding publishes a claim there, so a session holding `u` on another gate is
 //!   kicked (or, in refuse mode, the bind is refused when a holder answers a probe).
 //!
-//! Joining and binding subscribe here, then hand the subscription to the gate's
-//! [`router`](crate::router), which owns it from then on and calls
-//! [`GateShared::deliver_to_group`] and [`GateShared::deliver_to_user`] for what
-//! arrives; leaving and unbinding cancel its token, and the router drops it.
+//! Joining and binding subscribe on the gate's [bus connection](crate::bus), whose
+//! reader calls [`GateShared::deliver_to_group`] and [`GateShared::deliver_to_user`] for
+//! what arrives; leaving and unbinding unsubscribe. A subscription is queued towards the
+//! server before the join or bind is answered, on the connection the client's later
+//! requests go out on: the server has it before anything those requests cause.
 
 use std::sync::Arc;
 
@@ -21,23 +22,23 @@ use dashmap::mapref::entry::Entry;
 use proto::Message as _;
 use proto::rpc::{Claim, Probe, ServerPush, UserCommand, user_command};
 use rustc_hash::FxHashSet;
-use tokio_util::sync::CancellationToken;
 
+use crate::bus::{Reply, Target};
 use crate::codec::PushFrame;
 use crate::gate::{GateShared, ToSession};
-use crate::router::Target;
 
 /// A group with members on this gate.
 pub(crate) struct Group {
     members: FxHashSet<u64>,
-    /// Cancelling makes the router drop (unsubscribe) the subject.
-    stop: CancellationToken,
+    /// The bus subscription of the group's subject.
+    bus_sid: u64,
 }
 
 /// A player bound on this gate.
 pub(crate) struct Binding {
     pub sid: u64,
-    stop: CancellationToken,
+    /// The bus subscription of the player's subject.
+    bus_sid: u64,
 }
 
 /// How a bind of a uid that another session holds is settled.
@@ -71,41 +72,19 @@ impl GateShared {
     }
 
     /// Adds a session to a group, subscribing the group's subject if it is new here.
-    pub async fn join(self: &Arc<Self>, group: &str, sid: u64) -> anyhow::Result<()> {
-        if let Some(mut g) = self.groups.get_mut(group) {
-            g.members.insert(sid);
-            return Ok(());
-        }
-        // Subscribe before taking the entry: no map lock is held across an await.
-        let sub = self.nats.subscribe(self.group_subject(group)).await?;
-        // Out on the wire before the join is answered: a push sent after the answer finds it.
-        self.nats.flush().await?;
-        let stop = match self.groups.entry(group.to_owned()) {
-            // Another session joined meanwhile; its subscription serves both (ours is
-            // dropped, which unsubscribes it).
+    pub fn join(&self, group: &str, sid: u64) {
+        match self.groups.entry(group.to_owned()) {
             Entry::Occupied(mut e) => {
                 e.get_mut().members.insert(sid);
-                return Ok(());
             }
             Entry::Vacant(v) => {
-                let stop = CancellationToken::new();
+                let target = Target::Group(group.into());
+                let bus_sid = self.bus.subscribe(self.group_subject(group), target);
                 let mut members = FxHashSet::default();
                 members.insert(sid);
-                v.insert(Group {
-                    members,
-                    stop: stop.clone(),
-                });
-                stop
+                v.insert(Group { members, bus_sid });
             }
-        };
-        // Awaited before the join is answered, so the router has the subscription before
-        // any reply to a later request (see `hand_over`); outside the entry, as no map
-        // lock is ever held across an await.
-        if let Err(e) = self.hand_over(Target::Group(group.into()), sub, stop).await {
-            self.leave(group, sid);
-            return Err(e.into());
         }
-        Ok(())
     }
 
     /// Removes a session from a group, unsubscribing when it was the last one here.
@@ -115,7 +94,7 @@ impl GateShared {
             g.members.is_empty()
         });
         if let Some((_, g)) = emptied {
-            g.stop.cancel();
+            self.bus.unsubscribe(g.bus_sid);
         }
     }
 
@@ -144,53 +123,21 @@ impl GateShared {
             let probe = UserCommand {
                 kind: Some(user_command::Kind::Probe(Probe {})),
             };
-            let asked = tokio::time::timeout(
-                self.config.bind_probe_timeout,
-                self.nats
-                    .request(subject.clone(), probe.encode_to_vec().into()),
-            )
-            .await;
             // An answer means a holder; no responders or silence means the uid is free.
-            if let Ok(Ok(_)) = asked {
+            let timeout = self.config.bind_probe_timeout;
+            if self.probe(&subject, &probe.encode_to_vec(), timeout).await {
                 return Err(BindError::Taken);
             }
         }
         if let Some(old) = holder {
             self.kick_local(old, "logged in elsewhere");
         }
-        // Subscribed even when this gate holds the uid already: the holder may unbind
-        // (it is being kicked) before the entry below is taken, and the new binding
-        // must not be left without a subscription. A spare one is dropped at once.
-        let sub = self
-            .nats
-            .subscribe(subject.clone())
-            .await
-            .map_err(|e| BindError::Bus(e.to_string()))?;
-        // Out on the wire before the bind is answered: a push sent after the answer finds it.
-        self.nats
-            .flush()
-            .await
-            .map_err(|e| BindError::Bus(e.to_string()))?;
-        let stop = match self.users.entry(uid.to_owned()) {
+        match self.users.entry(uid.to_owned()) {
             // Already subscribed for this uid: the binding just changes hands.
-            Entry::Occupied(mut e) => {
-                e.get_mut().sid = sid;
-                None
-            }
+            Entry::Occupied(mut e) => e.get_mut().sid = sid,
             Entry::Vacant(v) => {
-                let stop = CancellationToken::new();
-                v.insert(Binding {
-                    sid,
-                    stop: stop.clone(),
-                });
-                Some(stop)
-            }
-        };
-        if let Some(stop) = stop {
-            // Before the claim and the answer, as for a join.
-            if let Err(e) = self.hand_over(Target::User(uid.into()), sub, stop).await {
-                self.unbind(uid, sid);
-                return Err(BindError::Bus(e.to_string()));
+                let bus_sid = self.bus.subscribe(subject.clone(), Target::User(uid.into()));
+                v.insert(Binding { sid, bus_sid });
             }
         }
         let claim = UserCommand {
@@ -199,9 +146,8 @@ impl GateShared {
                 sid,
             })),
         };
-        self.nats
-            .publish(subject, claim.encode_to_vec().into())
-            .await
+        self.bus
+            .publish_bytes(&subject, Reply::None, &claim.encode_to_vec())
             .map_err(|e| BindError::Bus(e.to_string()))
     }
 
@@ -209,7 +155,7 @@ impl GateShared {
     /// removes a newer session's binding.
     pub fn unbind(&self, uid: &str, sid: u64) {
         if let Some((_, b)) = self.users.remove_if(uid, |_, b| b.sid == sid) {
-            b.stop.cancel();
+            self.bus.unsubscribe(b.bus_sid);
         }
     }
 
@@ -231,38 +177,35 @@ impl GateShared {
     }
 
     /// Delivers a broadcast on `group`'s subject to the group's local members as they are
-    /// now, all sharing one encoded frame. `members` is the caller's scratch space.
-    pub(crate) fn deliver_to_group(
-        &self,
-        group: &str,
-        msg: async_nats::Message,
-        members: &mut Vec<u64>,
-    ) {
-        let Ok(push) = ServerPush::decode(msg.payload) else {
+    /// now, all sharing one encoded frame.
+    pub(crate) fn deliver_to_group(&self, group: &str, payload: Bytes) {
+        let Ok(push) = ServerPush::decode(payload) else {
             metrics::counter!("gate_invalid_pushes_total").increment(1);
             return;
         };
         let frame = PushFrame::new(push);
-        members.clear();
-        if let Some(g) = self.groups.get(group) {
-            members.extend(g.members.iter().copied());
-        }
-        let dropped = members
+        // Under the group's read guard: handing over never waits (`try_send`).
+        let Some(g) = self.groups.get(group) else {
+            return;
+        };
+        let dropped = g
+            .members
             .iter()
             .filter(|&&sid| !self.push_local(sid, &frame))
             .count();
+        drop(g);
         if dropped > 0 {
             metrics::counter!("gate_push_dropped_total").increment(dropped as u64);
         }
     }
 
     /// Acts on a command on `uid`'s subject for the session bound to it here.
-    pub(crate) fn deliver_to_user(&self, uid: &str, msg: async_nats::Message) {
+    pub(crate) fn deliver_to_user(&self, uid: &str, payload: Bytes, reply: Option<&[u8]>) {
         let Some(holder) = self.users.get(uid).map(|b| b.sid) else {
-            // Unbound just now: the router drops the subscription when it sees the stop.
+            // Unbound just now.
             return;
         };
-        let Ok(UserCommand { kind: Some(kind) }) = UserCommand::decode(msg.payload) else {
+        let Ok(UserCommand { kind: Some(kind) }) = UserCommand::decode(payload) else {
             metrics::counter!("gate_invalid_pushes_total").increment(1);
             return;
         };
@@ -280,12 +223,8 @@ impl GateShared {
                 }
             }
             user_command::Kind::Probe(_) => {
-                if let Some(reply) = msg.reply {
-                    // On a task of its own: the router never waits for the bus.
-                    let nats = self.nats.clone();
-                    tokio::spawn(async move {
-                        let _ = nats.publish(reply, Bytes::from_static(b"bound")).await;
-                    });
+                if let Some(reply) = reply.and_then(|r| std::str::from_utf8(r).ok()) {
+                    let _ = self.bus.publish_bytes(reply, Reply::None, b"bound");
                 }
             }
         }

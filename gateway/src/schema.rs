@@ -12,14 +12,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use async_nats::Subscriber;
 use bytes::Bytes;
 use dashmap::DashMap;
-use futures::StreamExt;
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 use proto::Message as _;
 use proto::rpc::ServiceSchema;
-use tokio_util::sync::CancellationToken;
 
 use crate::pomelo::RouteDict;
 
@@ -128,6 +125,13 @@ impl Schemas {
         }
     }
 
+    /// Whether `route`'s service has announced itself to this gate: some worker has
+    /// served it, so "no responders" for it is an outage (503), not an unknown route.
+    pub fn knows_service_of(&self, route: &str) -> bool {
+        let service = route.split_once('.').map_or(route, |(s, _)| s);
+        self.services.contains_key(service)
+    }
+
     /// The types of `route` (`service.method`), if its service announced it as typed.
     pub fn method(&self, route: &str) -> Option<MethodTypes> {
         let (service, method) = route.split_once('.')?;
@@ -177,25 +181,14 @@ pub(crate) fn protobuf_to_json(message: &MessageDescriptor, body: &[u8]) -> Resu
 /// Refused announcements, one line a second at most.
 static REFUSED_LOG: net::LogLimiter = net::LogLimiter::per_second();
 
-/// Keeps `schemas` up to date from the announcements on `announcements` until `stopped`.
-pub(crate) async fn listen(
-    schemas: &Schemas,
-    mut announcements: Subscriber,
-    stopped: CancellationToken,
-) {
-    loop {
-        let msg = tokio::select! {
-            msg = announcements.next() => msg,
-            () = stopped.cancelled() => return,
-        };
-        let Some(msg) = msg else { return };
-        match schemas.learn(msg.payload) {
-            Ok(service) => tracing::trace!(%service, "schema announced"),
-            // Announcements repeat at every ask: a broken worker's would repeat its warning.
-            Err(error) => {
-                if let Some(tally) = REFUSED_LOG.check() {
-                    tracing::warn!(%error, "schema announcement refused{tally}");
-                }
+/// Takes one announcement from the bus, logging (at most once a second) one refused.
+pub(crate) fn on_announcement(schemas: &Schemas, payload: Bytes) {
+    match schemas.learn(payload) {
+        Ok(service) => tracing::trace!(%service, "schema announced"),
+        // Announcements repeat at every ask: a broken worker's would repeat its warning.
+        Err(error) => {
+            if let Some(tally) = REFUSED_LOG.check() {
+                tracing::warn!(%error, "schema announcement refused{tally}");
             }
         }
     }

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use async_nats::Subject;
 use futures::{FutureExt, SinkExt, StreamExt};
 use proto::client::{self, packet::Kind};
 use proto::code;
@@ -23,8 +22,9 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
+use crate::bus::{BusError, Reply};
 use crate::codec::{Codec, Decoded};
-use crate::forward::{SessionWire, encode_request};
+use crate::forward::{Request, SessionWire};
 use crate::gate::{GateShared, ToSession, WorkerReply};
 use crate::limits::TokenBucket;
 use crate::route;
@@ -62,6 +62,18 @@ impl Closing {
     }
 }
 
+/// The gate is draining: requests are forwarded until `forward_until` (the first half
+/// of the grace), answered 503 `gate draining` after it (never forwarded, so a client
+/// may send them elsewhere), and the session closes at `ends`.
+#[derive(Clone, Copy)]
+struct Drain {
+    forward_until: Instant,
+    ends: Instant,
+}
+
+/// The message of a request the gate did not forward because it is draining.
+pub(crate) const GATE_DRAINING: &str = "gate draining";
+
 /// A request awaiting its worker.
 struct Pending {
     received: Instant,
@@ -86,7 +98,10 @@ struct Session<S> {
     /// `<prefix>.gw.<gate>.<sid>.`: a request's reply subject is this and its id.
     reply_prefix: String,
     /// Each route seen, as a label, and its publish subject.
-    routes: Cache<Arc<str>, (Arc<str>, Subject)>,
+    routes: Cache<Arc<str>, (Arc<str>, Arc<str>)>,
+    /// While the gate drains: until when requests are still forwarded, and when the
+    /// session closes.
+    drain: Option<Drain>,
     groups: Vec<String>,
     ws: Ws<S>,
     pending: FxHashMap<u64, Pending>,
@@ -132,6 +147,8 @@ impl<S: Io> Session<S> {
         tokio::pin!(drain);
         let token_expiry = sleep_until(self.expires.unwrap_or_else(Instant::now));
         tokio::pin!(token_expiry);
+        let drain_end = sleep_until(Instant::now());
+        tokio::pin!(drain_end);
         loop {
             if let Some(&(deadline, _)) = self.deadlines.front() {
                 expiry.as_mut().reset(deadline);
@@ -164,7 +181,12 @@ impl<S: Io> Session<S> {
                     }
                     silence.as_mut().reset(due);
                 }
-                () = &mut drain => break self.drain(&mut rx).await,
+                () = &mut drain, if self.drain.is_none() => {
+                    self.begin_drain().await;
+                    let ends = self.drain.map_or_else(Instant::now, |d| d.ends);
+                    drain_end.as_mut().reset(ends);
+                }
+                () = &mut drain_end, if self.drain.is_some() => break self.end_drain().await,
                 () = &mut token_expiry, if self.expires.is_some() => {
                     // Checked lazily, like the heartbeat: a Refresh only moves `expires`.
                     match self.expires {
@@ -382,6 +404,13 @@ impl<S: Io> Session<S> {
                 &self.gate.rejected.in_flight,
             );
         }
+        if self.drain.is_some_and(|d| received >= d.forward_until) {
+            return reject(
+                code::OVERLOADED,
+                GATE_DRAINING,
+                &self.gate.rejected.draining,
+            );
+        }
         if !self.bucket.take(received) {
             return reject(code::RATE_LIMITED, "rate limited", &self.gate.rejected.rate);
         }
@@ -397,28 +426,37 @@ impl<S: Io> Session<S> {
             |r| **r == *req.route,
             || {
                 let route: Arc<str> = req.route.as_str().into();
-                let subject = Subject::from(format!("{prefix}.svc.{route}"));
+                let subject: Arc<str> = format!("{prefix}.svc.{route}").into();
                 (route.clone(), (route, subject))
             },
         );
-        let payload = encode_request(&req.route, &req.body, &self.wire, self.timing);
-        let sent = if notify {
-            self.gate.nats.publish(subject, payload).await
-        } else {
-            // 20: the digits of the largest id.
-            let mut reply = String::with_capacity(self.reply_prefix.len() + 20);
-            reply.push_str(&self.reply_prefix);
-            reply.push_str(itoa::Buffer::new().format(req.id));
-            self.gate
-                .nats
-                .publish_with_reply(subject, reply, payload)
-                .await
+        let request = Request {
+            route: &req.route,
+            body: &req.body,
+            session: &self.wire,
+            timing: self.timing,
         };
-        if sent.is_err() {
+        let reply = if notify {
+            Reply::None
+        } else {
+            Reply::Request {
+                prefix: &self.reply_prefix,
+                id: req.id,
+            }
+        };
+        let sent = self
+            .gate
+            .bus
+            .publish(&subject, reply, request.len(), |buf| request.put(buf));
+        if let Err(e) = sent {
             if !notify {
                 self.release(1);
             }
-            return reject(code::OVERLOADED, "bus unavailable", &self.gate.rejected.bus);
+            let message = match e {
+                BusError::Disconnected => "bus unavailable",
+                BusError::Backlogged => "gate overloaded",
+            };
+            return reject(code::OVERLOADED, message, &self.gate.rejected.bus);
         }
         if !notify {
             self.pending.insert(req.id, Pending { received, route });
@@ -440,6 +478,10 @@ impl<S: Io> Session<S> {
                 self.send(Kind::Kick(client::Kick { reason })).await;
                 return Some(Closing::new(CloseCode::Policy, "kicked"));
             }
+            ToSession::BusLost => {
+                self.answer_all_pending("bus connection lost").await;
+                return None;
+            }
             ToSession::Reply { id, reply } => (id, reply),
         };
         let Some(pending) = self.pending.remove(&id) else {
@@ -459,6 +501,12 @@ impl<S: Io> Session<S> {
                 resp.message = r.message;
                 worker_time = (r.queue_us, r.handler_us);
                 kick = self.apply(r.effects, &mut resp).await;
+            }
+            // A service that announced itself here exists: none of its workers is
+            // reachable now (they are restarting, or the bus is), which is worth a retry.
+            WorkerReply::NoResponders if self.gate.schemas.knows_service_of(&pending.route) => {
+                resp.code = code::OVERLOADED;
+                resp.message = "no worker available now".into();
             }
             WorkerReply::NoResponders => {
                 resp.code = code::NOT_FOUND;
@@ -536,47 +584,58 @@ impl<S: Io> Session<S> {
         }
     }
 
-    /// Shutdown: stop reading, let in-flight requests finish within the grace period,
-    /// answer the rest 503, tell the client why it is being closed.
-    async fn drain(&mut self, rx: &mut mpsc::Receiver<ToSession>) -> Closing {
-        let grace = sleep_until(Instant::now() + self.gate.config.shutdown_grace);
-        tokio::pin!(grace);
-        // Requests the client sent but the gate held back are not forwarded any more.
+    /// The gate started draining: tell the client to move (before anything else goes
+    /// out), and keep serving it for the grace period.
+    async fn begin_drain(&mut self) {
+        let now = Instant::now();
+        let grace = self.gate.config.shutdown_grace;
+        self.drain = Some(Drain {
+            forward_until: now + grace / 2,
+            ends: now + grace,
+        });
+        let drain = client::Drain {
+            reason: "gate shutting down".into(),
+            grace_ms: grace.as_millis().try_into().unwrap_or(u32::MAX),
+        };
+        // Flushed with the rest of this turn, before anything else is read.
+        self.send(Kind::Drain(drain)).await;
+    }
+
+    /// The grace is over: whatever is still held is answered 503 and the session closes
+    /// with a kick saying why.
+    async fn end_drain(&mut self) -> Closing {
         for req in std::mem::take(&mut self.serial_queue) {
             let resp = client::Response {
                 id: req.id,
                 code: code::OVERLOADED,
-                message: "gate shutting down".into(),
+                message: GATE_DRAINING.into(),
                 ..Default::default()
             };
             self.send(Kind::Response(resp)).await;
         }
-        while !self.pending.is_empty() {
-            tokio::select! {
-                Some(msg) = rx.recv() => {
-                    if self.on_message(msg).await.is_some() {
-                        break;
-                    }
-                }
-                () = &mut grace => break,
-            }
-        }
-        let left: Vec<(u64, Pending)> = self.pending.drain().collect();
-        for (id, pending) in left {
-            let resp = client::Response {
-                id,
-                code: code::OVERLOADED,
-                message: "gate shutting down".into(),
-                ..Default::default()
-            };
-            self.answer(resp, &pending, (0, 0)).await;
-        }
+        self.answer_all_pending("gate shutting down").await;
         self.send(Kind::Kick(client::Kick {
             reason: "gate shutting down".into(),
         }))
         .await;
         let _ = self.ws.flush().await;
         Closing::new(CloseCode::Away, "gate shutting down")
+    }
+
+    /// Answers every forwarded request still awaiting its worker 503 with `message`:
+    /// no reply will come for it (the bus connection is gone, or the gate is).
+    async fn answer_all_pending(&mut self, message: &str) {
+        let left: Vec<(u64, Pending)> = self.pending.drain().collect();
+        for (id, pending) in left {
+            let resp = client::Response {
+                id,
+                code: code::OVERLOADED,
+                message: message.into(),
+                ..Default::default()
+            };
+            self.answer(resp, &pending, (0, 0)).await;
+            self.answered(id).await;
+        }
     }
 
     /// Queues a packet towards the client; the caller's loop flushes.

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use broker::testing::{Bus, DEADLINE, round_trip, within};
 use futures::future::join_all;
+use gateway::bus::BusOptions;
 use gateway::sdk::{Client, ClientOptions, Push, Pushes};
 use gateway::{AnyToken, Gate, GateConfig, UidConflict};
 use proto::Message;
@@ -116,8 +117,10 @@ impl Cluster {
     }
 
     async fn gate(&self, config: GateConfig) -> RunningGate {
-        let nats = within(async_nats::connect(self.bus.url())).await.unwrap();
-        let gate = Gate::new(nats, config, Arc::new(AnyToken)).await.unwrap();
+        let options = BusOptions::new([self.bus.url()]);
+        let gate = within(Gate::new(options, config, Arc::new(AnyToken)))
+            .await
+            .unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("ws://{}", listener.local_addr().unwrap());
         let shutdown = CancellationToken::new();

@@ -48,8 +48,9 @@ broker::on_both_buses!(
     refused_token_gets_401,
     silent_client_is_closed_with_heartbeat_missed,
     server_timing_covers_the_handler_time,
-    shutdown_answers_in_flight_requests_then_kicks,
+    shutdown_tells_clients_to_move_and_keeps_serving_them,
     shutdown_answers_503_after_the_grace_period,
+    late_in_the_grace_requests_are_not_forwarded,
     a_stopped_gate_unsubscribes_its_replies,
     text_frames_speak_json,
 );
@@ -559,10 +560,14 @@ async fn server_timing_covers_the_handler_time(bus: Bus) {
     assert_eq!(response.timing, None, "timing nobody asked for");
 }
 
-async fn shutdown_answers_in_flight_requests_then_kicks(bus: Bus) {
+async fn shutdown_tells_clients_to_move_and_keeps_serving_them(bus: Bus) {
     let mut holds = Holds::default();
     let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
-    let mut gate = TestGate::start(&bus, GateConfig::default()).await;
+    let _echo = echo_worker(&bus).await;
+    // A grace longer than the test's deadline: the gate must stop because its clients
+    // left, not because the grace ran out.
+    let grace = Duration::from_secs(60);
+    let mut gate = TestGate::start(&bus, gate_config(|c| c.shutdown_grace = grace)).await;
     let client = gate.client().await;
     let mut idle = gate.raw().await;
     let held = tokio::spawn({
@@ -572,22 +577,29 @@ async fn shutdown_answers_in_flight_requests_then_kicks(bus: Bus) {
     holds.started().await;
 
     gate.begin_shutdown();
-    // A session with nothing in flight is told why at once: the gate is draining.
-    let kick = idle.next_packet().await;
+    // Every session is told at once to move, with the reason and the grace it has.
+    let drain = idle.next_packet().await;
     assert!(
-        matches!(&kick.kind, Some(Kind::Kick(k)) if k.reason == "gate shutting down"),
-        "{kick:?}"
+        matches!(&drain.kind, Some(Kind::Drain(d)) if d.reason == "gate shutting down" && d.grace_ms == 60_000),
+        "{drain:?}"
     );
-    idle.expect_close(CLOSE_AWAY, "gate shutting down").await;
-    // The request in flight still gets its worker's answer, and then the kick.
+    // The session goes on: a request sent now is forwarded and answered.
+    idle.request(7, "echo.raw", "still here").await;
+    let answer = idle.next_packet().await;
+    assert!(
+        matches!(&answer.kind, Some(Kind::Response(r)) if r.id == 7 && r.code == code::OK),
+        "{answer:?}"
+    );
+    // The request in flight gets its worker's answer.
     holds.release("p");
     let response = within(held).await.unwrap().unwrap();
     assert_eq!(response.code, code::OK, "{response:?}");
-    assert_eq!(within(client.closed()).await, "gate shutting down");
-
-    gate.stopped().await;
+    // New connections are refused; once the clients have left, the gate stops.
     let late = Client::connect(&gate.url, ClientOptions::default()).await;
     assert_eq!(late.unwrap_err().kind(), &ErrorKind::Connect);
+    client.close().await;
+    drop(idle);
+    gate.stopped().await;
 }
 
 async fn a_stopped_gate_unsubscribes_its_replies(bus: Bus) {
@@ -666,4 +678,34 @@ async fn text_frames_speak_json(bus: Bus) {
     let response = json(raw.next_text().await);
     assert_eq!(response["response"]["id"], 2, "{response}");
     assert_eq!(response["response"]["code"], 400, "{response}");
+}
+
+async fn late_in_the_grace_requests_are_not_forwarded(bus: Bus) {
+    let handled = Arc::new(AtomicUsize::new(0));
+    let _echo = start_worker(bus.url(), counting_echo(handled.clone()), queue_of(8)).await;
+    let grace = Duration::from_millis(400);
+    let mut gate = TestGate::start(&bus, gate_config(|c| c.shutdown_grace = grace)).await;
+    let mut raw = gate.raw().await;
+    raw.request(1, "echo.raw", "before").await;
+    assert_eq!(raw.response().await.code, code::OK);
+    assert_eq!(handled.load(Ordering::SeqCst), 1);
+
+    gate.begin_shutdown();
+    let drain = raw.next_packet().await;
+    assert!(matches!(drain.kind, Some(Kind::Drain(_))), "{drain:?}");
+    // Past the first half of the grace the gate forwards nothing more: a request is
+    // answered at once, with the message that says it is safe to send elsewhere.
+    tokio::time::sleep(grace / 2 + Duration::from_millis(50)).await;
+    raw.request(2, "echo.raw", "late").await;
+    let late = raw.response().await;
+    assert_eq!((late.id, late.code), (2, code::OVERLOADED), "{late:?}");
+    assert_eq!(late.message, "gate draining");
+    assert_eq!(handled.load(Ordering::SeqCst), 1, "the late request was not forwarded");
+    // At the end of the grace the session is closed, with the reason.
+    let kick = raw.next_packet().await;
+    assert!(
+        matches!(&kick.kind, Some(Kind::Kick(k)) if k.reason == "gate shutting down"),
+        "{kick:?}"
+    );
+    gate.stopped().await;
 }

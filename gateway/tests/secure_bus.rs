@@ -12,6 +12,7 @@ use broker::testing::pki::Pki;
 use broker::testing::{EmbeddedServer, spawn_nats_server_with_config, temp_file};
 use broker::{Auth, Config};
 use common::{Bus, TestGate, start_worker_with, within};
+use gateway::bus::BusOptions;
 use gateway::{AnyToken, GateConfig};
 use proto::code;
 use services::{BusSecurity, WorkerConfig};
@@ -44,10 +45,10 @@ async fn echo_crosses(bus: &Bus, security: BusSecurity) {
         ..WorkerConfig::default()
     };
     let _worker = start_worker_with(services::echo::service(), config).await;
-    let nats = within(services::connect(&[url], "test-gate", &security))
-        .await
-        .unwrap();
-    let gate = TestGate::start_on(nats, GateConfig::default(), Arc::new(AnyToken)).await;
+    let mut options = BusOptions::new([url]);
+    options.auth = security.credentials().unwrap();
+    options.tls = security.tls_config().unwrap().map(Arc::new);
+    let gate = TestGate::start_on(options, GateConfig::default(), Arc::new(AnyToken)).await;
     let client = gate.client().await;
     let response = within(client.request("echo.raw", "over tls"))
         .await

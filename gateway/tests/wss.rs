@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::{Bus, echo_worker, within};
+use gateway::bus::BusOptions;
 use gateway::sdk::{Client, ClientOptions, ErrorKind, tls_client_config};
 use gateway::tls::Tls;
 use gateway::{AnyToken, Gate, GateConfig, Listener};
@@ -69,8 +70,8 @@ async fn gate(bus: &Bus, issuer: &Issuer<'static, KeyPair>, files: &mut Files) -
     std::fs::write(&cert, signed.pem()).unwrap();
     std::fs::write(&key, pair.serialize_pem()).unwrap();
 
-    let nats = within(async_nats::connect(bus.url())).await.unwrap();
-    let gate = within(Gate::new(nats, GateConfig::default(), Arc::new(AnyToken)))
+    let options = BusOptions::new([bus.url()]);
+    let gate = within(Gate::new(options, GateConfig::default(), Arc::new(AnyToken)))
         .await
         .unwrap();
     let plain = TcpListener::bind("127.0.0.1:0").await.unwrap();

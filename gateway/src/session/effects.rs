@@ -8,6 +8,7 @@ use proto::code;
 use proto::rpc::{Effect, SessionClosed, effect};
 
 use super::{Io, Session};
+use crate::bus::Reply;
 use crate::presence::BindError;
 use crate::route;
 
@@ -62,9 +63,8 @@ impl<S: Io> Session<S> {
                     if route::check_token(&group).is_err() || self.groups.contains(&group) {
                         continue;
                     }
-                    if self.gate.join(&group, self.sid).await.is_ok() {
-                        self.groups.push(group);
-                    }
+                    self.gate.join(&group, self.sid);
+                    self.groups.push(group);
                 }
                 effect::Kind::Leave(group) => {
                     if let Some(i) = self.groups.iter().position(|g| *g == group) {
@@ -96,8 +96,7 @@ impl<S: Io> Session<S> {
         let subject = format!("{}.evt.session.closed", self.gate.config.prefix);
         let _ = self
             .gate
-            .nats
-            .publish(subject, event.encode_to_vec().into())
-            .await;
+            .bus
+            .publish_bytes(&subject, Reply::None, &event.encode_to_vec());
     }
 }

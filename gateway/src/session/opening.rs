@@ -131,6 +131,7 @@ pub(crate) async fn run<S: Io>(
         expires,
         reply_prefix: format!("{}.gw.{}.{sid}.", gate.config.prefix, gate.id),
         routes: Cache::default(),
+        drain: None,
         groups: Vec::new(),
         ws,
         pending: FxHashMap::default(),

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
 
 pub use broker::testing::{Bus, DEADLINE, within};
+use gateway::bus::BusOptions;
 use gateway::sdk::{Client, ClientOptions};
 use gateway::{AnyToken, Gate, GateConfig, TokenCheck};
 use proto::code;
@@ -54,17 +55,16 @@ impl TestGate {
         config: GateConfig,
         tokens: Arc<dyn TokenCheck>,
     ) -> TestGate {
-        let nats = within(async_nats::connect(bus.url())).await.unwrap();
-        TestGate::start_on(nats, config, tokens).await
+        TestGate::start_on(BusOptions::new([bus.url()]), config, tokens).await
     }
 
-    /// A gate on a bus connection the test made (with credentials, over TLS...).
+    /// A gate on bus settings the test made (with credentials, over TLS...).
     pub async fn start_on(
-        nats: async_nats::Client,
+        bus: BusOptions,
         config: GateConfig,
         tokens: Arc<dyn TokenCheck>,
     ) -> TestGate {
-        let gate = within(Gate::new(nats, config, tokens)).await.unwrap();
+        let gate = within(Gate::new(bus, config, tokens)).await.unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();

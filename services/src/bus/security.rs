@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use async_nats::ConnectOptions;
+use net::BusCredentials;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
@@ -99,8 +100,30 @@ impl BusSecurity {
         Ok(options)
     }
 
+    /// The credentials, read from their files now, for clients other than async-nats
+    /// (the gate's own bus connection).
+    pub fn credentials(&self) -> anyhow::Result<BusCredentials> {
+        if let (Some(user), Some(password)) = (&self.nats_user, &self.nats_password) {
+            return Ok(BusCredentials::UserPassword {
+                user: user.clone(),
+                password: password.clone(),
+            });
+        }
+        if let Some(token) = &self.nats_token {
+            return Ok(BusCredentials::Token(token.clone()));
+        }
+        if let Some(path) = &self.nats_nkey {
+            return Ok(BusCredentials::NKey(read_seed(path)?));
+        }
+        if let Some(path) = &self.nats_creds {
+            let (jwt, seed) = read_creds(path)?;
+            return Ok(BusCredentials::Jwt { jwt, seed });
+        }
+        Ok(BusCredentials::None)
+    }
+
     /// The TLS client configuration, when TLS is wanted.
-    fn tls_config(&self) -> anyhow::Result<Option<ClientConfig>> {
+    pub fn tls_config(&self) -> anyhow::Result<Option<ClientConfig>> {
         if !(self.nats_tls || self.nats_ca.is_some() || self.nats_tls_cert.is_some()) {
             return Ok(None);
         }
@@ -148,6 +171,29 @@ impl BusSecurity {
         };
         Ok(Some(config))
     }
+}
+
+/// The JWT and the seed of a `.creds` file: each the first non-empty line after its
+/// `-----BEGIN ...-----` marker.
+fn read_creds(path: &Path) -> anyhow::Result<(String, String)> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading NATS credentials file {}", path.display()))?;
+    let after = |marker: &str| {
+        text.lines()
+            .skip_while(|l| !(l.contains("BEGIN") && l.contains(marker)))
+            .skip(1)
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .filter(|l| !l.starts_with("---"))
+            .map(str::to_owned)
+    };
+    let jwt = after("JWT")
+        .with_context(|| format!("no user JWT in NATS credentials file {}", path.display()))?;
+    let seed = after("SEED")
+        .with_context(|| format!("no NKey seed in NATS credentials file {}", path.display()))?;
+    nkeys::KeyPair::from_seed(&seed)
+        .with_context(|| format!("invalid NKey seed in {}", path.display()))?;
+    Ok((jwt, seed))
 }
 
 /// The certificates in a PEM file; none at all is an error too.

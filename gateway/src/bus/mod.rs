@@ -1,0 +1,263 @@
+//! The gate's own bus connection: one NATS client connection, spoken with the broker's
+//! protocol codec ([`broker::parser`]), built for the gate's request path.
+//!
+//! # Why the gate owns it
+//!
+//! Through a general client, a request crossed three tasks (session -> the client's
+//! connection task -> a router task -> session) and every crossing was a wake-up. Here:
+//!
+//! - **Out**: a session appends its `PUB` straight into one outbound buffer under a
+//!   short lock ([`Bus::publish`]); the connection's writer takes the whole buffer and
+//!   writes it with one call, so a burst of requests from many sessions is one syscall.
+//!   The buffer has a byte limit (`--max-bus-pending`): beyond it a request is refused
+//!   at once (503), never queued without bound.
+//! - **In**: one reader task parses what the server sends and hands each message to its
+//!   session's queue itself ([`Dispatch`]). Because one reader sees every `MSG` (replies,
+//!   group broadcasts, player commands) in the order the server sent them, nothing that
+//!   reached the gate before a reply can be overtaken by it: that order is the reading
+//!   order, with nothing to reconstruct.
+//!
+//! # Subscriptions and reconnects
+//!
+//! Every subscription is recorded with its sid and what its messages are for
+//! ([`Target`]). A connection starts by sending them all, before any publish can reach
+//! it; so a reconnect (after a lost connection, or a lame-duck notice from the server)
+//! resubscribes everything. Servers are tried in turn with jittered exponential backoff
+//! between rounds ([`backoff`]). While no connection is up, publishing fails at once
+//! (the session answers 503), and the [`Dispatch`] hears of every loss so that requests
+//! in flight on the lost connection are answered at once rather than time out.
+
+mod backoff;
+mod connect;
+mod options;
+mod outbound;
+mod run;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::{Bytes, BytesMut};
+use rustc_hash::FxHashMap;
+use tokio_util::sync::CancellationToken;
+
+pub use options::{BusOptions, Dialer, LocalStream};
+
+use outbound::Outbound;
+
+/// What a subscription's messages are for.
+#[derive(Debug, Clone)]
+pub(crate) enum Target {
+    /// `<prefix>.gw.<gate>.>`: replies to this gate's requests.
+    Replies,
+    /// `<prefix>.grp.<g>`: broadcasts to the group's local members.
+    Group(Arc<str>),
+    /// `<prefix>.user.<u>`: commands for the session bound to the player here.
+    User(Arc<str>),
+    /// Workers' schema announcements.
+    Schemas,
+}
+
+/// One message from the bus, as the reader hands it over. `subject` and `reply` borrow
+/// the read buffer; `payload` shares it.
+pub(crate) struct Incoming<'a> {
+    pub subject: &'a [u8],
+    pub reply: Option<&'a [u8]>,
+    /// The status of a header-only message (`503` for "no responders"), if any.
+    pub status: Option<u16>,
+    pub payload: Bytes,
+}
+
+/// Who the reader hands messages and connection changes to (the gate).
+pub(crate) trait Dispatch: Send + Sync + 'static {
+    /// A message for `target`, in the order the server sent it.
+    fn deliver(&self, target: &Target, msg: Incoming<'_>);
+    /// A connection is up and every subscription is on it.
+    fn connected(&self);
+    /// The connection was lost: what was published on it may never be answered.
+    fn lost(&self);
+}
+
+/// Why a publish was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum BusError {
+    #[error("bus unavailable")]
+    Disconnected,
+    #[error("bus backlogged")]
+    Backlogged,
+}
+
+/// A message's reply subject.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Reply<'a> {
+    None,
+    /// A request's: `prefix` then the decimal `id`, written without a temporary string.
+    Request { prefix: &'a str, id: u64 },
+}
+
+struct Sub {
+    subject: String,
+    target: Target,
+}
+
+/// The shared side of the bus connection: what sessions publish through and what the
+/// connection task reads from. Cheap to share behind an `Arc`.
+pub(crate) struct Bus {
+    options: BusOptions,
+    out: Outbound,
+    connected: AtomicBool,
+    subs: Mutex<FxHashMap<u64, Sub>>,
+    next_sid: AtomicU64,
+    /// Fires the connection task's shutdown: the gate has stopped.
+    stop: CancellationToken,
+}
+
+/// The sid of the reply wildcard, subscribed first by every gate: replies, the bulk of
+/// what a gate reads, are told apart without a map lookup.
+const REPLIES_SID: u64 = 1;
+
+impl Bus {
+    /// A bus for `options`, subscribed to `replies` (sid [`REPLIES_SID`]); nothing is
+    /// connected until [`Bus::run`].
+    pub(crate) fn new(options: BusOptions, replies: String) -> Arc<Bus> {
+        let mut subs = FxHashMap::default();
+        subs.insert(
+            REPLIES_SID,
+            Sub {
+                subject: replies,
+                target: Target::Replies,
+            },
+        );
+        Arc::new(Bus {
+            out: Outbound::new(options.max_pending),
+            options,
+            connected: AtomicBool::new(false),
+            subs: Mutex::new(subs),
+            next_sid: AtomicU64::new(REPLIES_SID + 1),
+            stop: CancellationToken::new(),
+        })
+    }
+
+    /// Whether a connection is up now.
+    pub(crate) fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
+    }
+
+    /// Appends `PUB subject [reply] len` and the payload `write` puts (exactly `len`
+    /// bytes) to the outbound buffer. Never waits: refused at once when no connection
+    /// is up or the buffer is over its limit.
+    pub(crate) fn publish(
+        &self,
+        subject: &str,
+        reply: Reply<'_>,
+        len: usize,
+        write: impl FnOnce(&mut BytesMut),
+    ) -> Result<(), BusError> {
+        if !self.is_connected() {
+            return Err(BusError::Disconnected);
+        }
+        self.out.push(|buf| {
+            buf.extend_from_slice(b"PUB ");
+            buf.extend_from_slice(subject.as_bytes());
+            match reply {
+                Reply::None => {}
+                Reply::Request { prefix, id } => {
+                    buf.extend_from_slice(b" ");
+                    buf.extend_from_slice(prefix.as_bytes());
+                    buf.extend_from_slice(itoa::Buffer::new().format(id).as_bytes());
+                }
+            }
+            buf.extend_from_slice(b" ");
+            buf.extend_from_slice(itoa::Buffer::new().format(len).as_bytes());
+            buf.extend_from_slice(b"\r\n");
+            let before = buf.len();
+            write(buf);
+            debug_assert_eq!(buf.len() - before, len, "the payload is the length announced");
+            buf.extend_from_slice(b"\r\n");
+        })
+    }
+
+    /// [`Bus::publish`] of a payload at hand.
+    pub(crate) fn publish_bytes(
+        &self,
+        subject: &str,
+        reply: Reply<'_>,
+        payload: &[u8],
+    ) -> Result<(), BusError> {
+        self.publish(subject, reply, payload.len(), |b| b.extend_from_slice(payload))
+    }
+
+    /// Subscribes `subject` for `target`; returns the sid to unsubscribe with. Recorded
+    /// first, so a connection made meanwhile subscribes it too; a `SUB` sent twice for
+    /// one sid is harmless (the server keeps one).
+    pub(crate) fn subscribe(&self, subject: String, target: Target) -> u64 {
+        let sid = self.next_sid.fetch_add(1, Ordering::Relaxed);
+        let line = sub_line(&subject, sid);
+        // Under the lock: a connection starting takes its snapshot of the subscriptions
+        // and empties the buffer under it too, so the line is in exactly one of them.
+        let mut subs = self.subs_lock();
+        subs.insert(sid, Sub { subject, target });
+        self.out.push_control(&line);
+        sid
+    }
+
+    /// Unsubscribes `sid`: its messages are dropped from now on, here and at the server.
+    pub(crate) fn unsubscribe(&self, sid: u64) {
+        let mut subs = self.subs_lock();
+        if subs.remove(&sid).is_some() {
+            let mut line = Vec::with_capacity(32);
+            line.extend_from_slice(b"UNSUB ");
+            line.extend_from_slice(itoa::Buffer::new().format(sid).as_bytes());
+            line.extend_from_slice(b"\r\n");
+            self.out.push_control(&line);
+        }
+    }
+
+    /// The target of `sid`, if it is still subscribed.
+    fn target(&self, sid: u64) -> Option<Target> {
+        if sid == REPLIES_SID {
+            return Some(Target::Replies);
+        }
+        self.subs_lock().get(&sid).map(|s| s.target.clone())
+    }
+
+    /// Every subscription's `SUB` line, for a new connection; with `fresh`, the outbound
+    /// buffer is emptied under the same lock (a connection after a loss: what was queued
+    /// for the lost one is void, and subscriptions queued there are in the lines).
+    fn sub_lines(&self, fresh: bool) -> BytesMut {
+        let subs = self.subs_lock();
+        if fresh {
+            self.out.clear();
+        }
+        let mut lines = BytesMut::new();
+        for (sid, sub) in subs.iter() {
+            lines.extend_from_slice(&sub_line(&sub.subject, *sid));
+        }
+        lines
+    }
+
+    fn subs_lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<u64, Sub>> {
+        self.subs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stops the connection task: the gate has shut down.
+    pub(crate) fn stop(&self) {
+        self.stop.cancel();
+    }
+}
+
+fn sub_line(subject: &str, sid: u64) -> Vec<u8> {
+    let mut line = Vec::with_capacity(subject.len() + 32);
+    line.extend_from_slice(b"SUB ");
+    line.extend_from_slice(subject.as_bytes());
+    line.extend_from_slice(b" ");
+    line.extend_from_slice(itoa::Buffer::new().format(sid).as_bytes());
+    line.extend_from_slice(b"\r\n");
+    line
+}
+
+pub(crate) use run::run;
+
+/// Checks a server URL the way a connection will read it.
+pub(crate) fn check_url(url: &str) -> anyhow::Result<()> {
+    options::parse_url(url).map(drop).map_err(anyhow::Error::msg)
+}

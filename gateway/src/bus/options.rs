@@ -1,0 +1,186 @@
+//! How the gate reaches its bus: servers, credentials, TLS, limits.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use net::BusCredentials;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::rustls::ClientConfig;
+
+/// A byte stream to a server: TCP, TLS over TCP, or an in-process connection.
+pub type LocalStream = Box<dyn BusIo>;
+
+/// What a bus connection runs on.
+pub trait BusIo: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> BusIo for T {}
+
+/// Opens a connection without the network (an embedded broker's in-process
+/// connection); used instead of the URLs when set.
+pub type Dialer = Arc<
+    dyn Fn() -> Pin<Box<dyn Future<Output = std::io::Result<LocalStream>> + Send>> + Send + Sync,
+>;
+
+/// Default for [`BusOptions::max_pending`]: bytes of requests waiting for the writer
+/// before the gate answers new ones 503. At ~200 bytes a request that is thousands of
+/// requests, far more than one write takes; reaching it means the bus (or the network
+/// to it) is not keeping up, and waiting longer only turns answers into timeouts.
+pub const DEFAULT_MAX_PENDING: usize = 4 * 1024 * 1024;
+/// Default for [`BusOptions::connect_timeout`]: TCP, TLS and the CONNECT round trip.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default for [`BusOptions::ping_interval`]: how often a quiet connection is checked;
+/// two unanswered pings in a row declare it dead.
+pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(5);
+/// Default for [`BusOptions::linger`]: after a server announces lame duck and the gate
+/// has moved to another, how long replies are still read from the old connection.
+pub const DEFAULT_LINGER: Duration = Duration::from_secs(5);
+/// The largest control line or INFO the gate reads from a server.
+pub(super) const MAX_CONTROL_LINE: usize = 64 * 1024;
+/// The largest message payload the gate accepts from a server (nats-server's maximum
+/// is 64 MiB).
+pub(super) const MAX_PAYLOAD: usize = 64 * 1024 * 1024;
+
+/// The gate's bus connection settings.
+#[derive(Clone)]
+pub struct BusOptions {
+    /// Servers, tried in turn: `nats://host:port`, `tls://host:port`, `host:port`; a
+    /// `user:password@` in one is used for it.
+    pub urls: Vec<String>,
+    /// The connection's name, as servers show it.
+    pub name: String,
+    pub auth: BusCredentials,
+    /// TLS, required when set (and a server that offers none is refused).
+    pub tls: Option<Arc<ClientConfig>>,
+    /// Used instead of `urls` when set.
+    pub dialer: Option<Dialer>,
+    pub max_pending: usize,
+    pub connect_timeout: Duration,
+    pub ping_interval: Duration,
+    pub linger: Duration,
+}
+
+impl fmt::Debug for BusOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BusOptions")
+            .field("urls", &self.urls)
+            .field("name", &self.name)
+            .field("auth", &self.auth)
+            .field("tls", &self.tls.is_some())
+            .field("in_process", &self.dialer.is_some())
+            .field("max_pending", &self.max_pending)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BusOptions {
+    /// Plain connections to `urls`, default limits.
+    pub fn new<S: Into<String>>(urls: impl IntoIterator<Item = S>) -> BusOptions {
+        BusOptions {
+            urls: urls.into_iter().map(Into::into).collect(),
+            name: "shaddock-gate".into(),
+            auth: BusCredentials::None,
+            tls: None,
+            dialer: None,
+            max_pending: DEFAULT_MAX_PENDING,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            ping_interval: DEFAULT_PING_INTERVAL,
+            linger: DEFAULT_LINGER,
+        }
+    }
+
+    /// Connections made by `dialer` (in-process), default limits.
+    pub fn in_process(dialer: Dialer) -> BusOptions {
+        BusOptions {
+            dialer: Some(dialer),
+            ..BusOptions::new(["in-process"])
+        }
+    }
+
+    /// How many servers there are to try.
+    pub(super) fn servers(&self) -> usize {
+        if self.dialer.is_some() { 1 } else { self.urls.len() }
+    }
+}
+
+/// One server of the list, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Server {
+    pub host: String,
+    pub port: u16,
+    /// `tls://`: TLS required for this one.
+    pub tls: bool,
+    pub user: Option<(String, String)>,
+}
+
+/// Parses `[nats|tls]://[user:password@]host[:port]`.
+pub(super) fn parse_url(url: &str) -> Result<Server, String> {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (scheme, rest),
+        None => ("nats", url),
+    };
+    let tls = match scheme {
+        "nats" => false,
+        "tls" => true,
+        other => return Err(format!("unsupported scheme {other:?} in NATS URL {url:?}")),
+    };
+    let rest = rest.trim_end_matches('/');
+    let (user, hostport) = match rest.rsplit_once('@') {
+        Some((info, hostport)) => {
+            let (u, p) = info.split_once(':').unwrap_or((info, ""));
+            (Some((u.to_owned(), p.to_owned())), hostport)
+        }
+        None => (None, rest),
+    };
+    let (host, port) = match hostport.rsplit_once(':') {
+        // An IPv6 literal without a port has colons inside its brackets.
+        Some((host, port)) if !port.ends_with(']') => {
+            let port = port
+                .parse()
+                .map_err(|_| format!("invalid port {port:?} in NATS URL {url:?}"))?;
+            (host, port)
+        }
+        _ => (hostport, 4222),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(format!("no host in NATS URL {url:?}"));
+    }
+    Ok(Server {
+        host: host.to_owned(),
+        port,
+        tls,
+        user,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_as_nats_clients_write_them() {
+        let s = parse_url("nats://127.0.0.1:4333").unwrap();
+        assert_eq!((s.host.as_str(), s.port, s.tls, s.user), ("127.0.0.1", 4333, false, None));
+        let s = parse_url("tls://u:p@bus.example:4443/").unwrap();
+        assert_eq!((s.host.as_str(), s.port, s.tls), ("bus.example", 4443, true));
+        assert_eq!(s.user, Some(("u".into(), "p".into())));
+        assert_eq!(parse_url("localhost").unwrap().port, 4222);
+        assert_eq!(parse_url("[::1]:5000").unwrap().host, "::1");
+        assert_eq!(parse_url("[::1]").unwrap().port, 4222);
+        assert!(parse_url("http://x:1").unwrap_err().contains("scheme"));
+        assert!(parse_url("nats://x:port").unwrap_err().contains("port"));
+        assert!(parse_url("nats://:4222").unwrap_err().contains("host"));
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug() {
+        let mut options = BusOptions::new(["nats://x"]);
+        options.auth = BusCredentials::UserPassword {
+            user: "u".into(),
+            password: "hunter2".into(),
+        };
+        assert!(!format!("{options:?}").contains("hunter2"));
+    }
+}

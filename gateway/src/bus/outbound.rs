@@ -1,0 +1,143 @@
+//! The outbound buffer: sessions append, the connection's writer takes it whole.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use bytes::BytesMut;
+use tokio::sync::Notify;
+
+use super::BusError;
+
+pub(super) struct Outbound {
+    state: Mutex<State>,
+    /// Woken when the buffer goes from empty to not empty (a permit is kept when the
+    /// writer is busy, so no wake-up is lost).
+    ready: Notify,
+    max_pending: usize,
+}
+
+struct State {
+    buf: BytesMut,
+    /// The writer allowed to take the buffer; a lame-duck switch moves it to the new
+    /// connection's writer and the old one stops.
+    writer: u64,
+}
+
+/// What a writer finds when it comes for the buffer.
+pub(super) enum Taken {
+    /// The caller's buffer now holds the bytes to write (its emptied self took their
+    /// place, so both keep their capacity).
+    Bytes,
+    /// Nothing queued: wait for [`Outbound::ready`].
+    Empty,
+    /// Another connection's writer owns the buffer now.
+    Replaced,
+}
+
+impl Outbound {
+    pub(super) fn new(max_pending: usize) -> Outbound {
+        Outbound {
+            state: Mutex::new(State {
+                buf: BytesMut::with_capacity(64 * 1024),
+                writer: 0,
+            }),
+            ready: Notify::new(),
+            max_pending,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Appends what `put` writes, unless `max_pending` bytes already wait: then the
+    /// caller is refused at once (the writer is behind; queueing more only adds delay).
+    pub(super) fn push(&self, put: impl FnOnce(&mut BytesMut)) -> Result<(), BusError> {
+        let mut state = self.lock();
+        if state.buf.len() >= self.max_pending {
+            return Err(BusError::Backlogged);
+        }
+        let was_empty = state.buf.is_empty();
+        put(&mut state.buf);
+        drop(state);
+        if was_empty {
+            self.ready.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Appends a protocol line (SUB, UNSUB, PING, PONG) whatever the backlog: they are
+    /// small and the connection depends on them.
+    pub(super) fn push_control(&self, line: &[u8]) {
+        let mut state = self.lock();
+        let was_empty = state.buf.is_empty();
+        state.buf.extend_from_slice(line);
+        drop(state);
+        if was_empty {
+            self.ready.notify_one();
+        }
+    }
+
+    /// Drops everything queued (the connection it was for is gone).
+    pub(super) fn clear(&self) {
+        self.lock().buf.clear();
+    }
+
+    /// Takes the buffer for `writer` into `into`, leaving `into`'s emptied buffer in
+    /// its place.
+    pub(super) fn take(&self, writer: u64, into: &mut BytesMut) -> Taken {
+        let mut state = self.lock();
+        if state.writer != writer {
+            return Taken::Replaced;
+        }
+        if state.buf.is_empty() {
+            return Taken::Empty;
+        }
+        into.clear();
+        std::mem::swap(&mut state.buf, into);
+        Taken::Bytes
+    }
+
+    /// Makes the next writer the buffer's owner; returns its number.
+    pub(super) fn next_writer(&self) -> u64 {
+        let mut state = self.lock();
+        state.writer += 1;
+        let writer = state.writer;
+        drop(state);
+        // The old writer may be waiting: it must see that it was replaced.
+        self.ready.notify_waiters();
+        writer
+    }
+
+    pub(super) async fn ready(&self) {
+        self.ready.notified().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_buffer_refuses_until_taken() {
+        let out = Outbound::new(8);
+        assert!(out.push(|b| b.extend_from_slice(b"0123456789")).is_ok());
+        assert_eq!(out.push(|b| b.extend_from_slice(b"x")), Err(BusError::Backlogged));
+        // Control lines still go.
+        out.push_control(b"PONG\r\n");
+        let mut taken = BytesMut::new();
+        assert!(matches!(out.take(0, &mut taken), Taken::Bytes));
+        assert_eq!(&taken[..], b"0123456789PONG\r\n");
+        assert!(out.push(|b| b.extend_from_slice(b"x")).is_ok());
+    }
+
+    #[test]
+    fn a_replaced_writer_takes_nothing() {
+        let out = Outbound::new(1024);
+        out.push_control(b"SUB a 1\r\n");
+        let new = out.next_writer();
+        let mut taken = BytesMut::new();
+        assert!(matches!(out.take(0, &mut taken), Taken::Replaced));
+        assert!(matches!(out.take(new, &mut taken), Taken::Bytes));
+        assert!(matches!(out.take(new, &mut taken), Taken::Empty));
+    }
+}

@@ -1,0 +1,375 @@
+//! The connection task: keeps one connection up (reconnecting with backoff, moving on
+//! lame duck), and per connection one task that writes the outbound buffer to it and
+//! reads what the server sends.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use broker::parser::{ServerOp, parse_server};
+use bytes::{Buf as _, BytesMut};
+use net::LogLimiter;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::mpsc;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+
+use super::connect::{Conn, Info, LIMITS, open};
+use super::options::LocalStream;
+use super::outbound::Taken;
+use super::{Bus, Dispatch, Incoming, Target, backoff};
+
+/// Read buffer room reserved before each read.
+const READ_CHUNK: usize = 64 * 1024;
+/// Pings a connection may leave unanswered before it is declared dead.
+const MAX_PINGS_OUT: u32 = 2;
+
+enum Event {
+    Lost { id: u64, error: String },
+    LameDuck { id: u64 },
+}
+
+/// A connection's task, as the run loop holds it.
+struct Current {
+    id: u64,
+    server: usize,
+    /// Set when the connection only lingers for replies (lame duck, replaced).
+    replies_only: Arc<AtomicBool>,
+    stop: CancellationToken,
+}
+
+static CONNECT_LOG: LogLimiter = LogLimiter::per_second();
+
+/// Keeps the gate connected until [`Bus::stop`].
+pub(crate) async fn run(bus: Arc<Bus>, dispatch: Arc<dyn Dispatch>) {
+    let servers = bus.options.servers().max(1);
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let mut next_server = fastrand::usize(..servers);
+    let mut next_id = 0u64;
+    let mut current: Option<Current> = None;
+    let mut failed_rounds = 0u32;
+    loop {
+        if current.is_none() {
+            match open_any(&bus, next_server, None).await {
+                Some(conn) => {
+                    failed_rounds = 0;
+                    next_id += 1;
+                    tracing::info!(server = %server_name(&bus, conn.server), server_id = %conn.info.server_id, "gate connected to the bus");
+                    current = Some(start(&bus, &dispatch, conn, next_id, true, &events_tx).await);
+                    bus.connected.store(true, Ordering::Release);
+                    dispatch.connected();
+                }
+                None => {
+                    failed_rounds += 1;
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff::delay(failed_rounds)) => continue,
+                        () = bus.stop.cancelled() => break,
+                    }
+                }
+            }
+        }
+        let event = tokio::select! {
+            () = bus.stop.cancelled() => break,
+            event = events.recv() => event,
+        };
+        let Some(cur) = current.as_ref() else { continue };
+        match event {
+            Some(Event::Lost { id, error }) if id == cur.id => {
+                tracing::warn!(server = %server_name(&bus, cur.server), %error, "gate lost its bus connection; reconnecting");
+                bus.connected.store(false, Ordering::Release);
+                next_server = (cur.server + 1) % servers;
+                current = None;
+                dispatch.lost();
+            }
+            Some(Event::LameDuck { id }) if id == cur.id => {
+                tracing::info!(server = %server_name(&bus, cur.server), "bus server entering lame duck mode; moving to another");
+                let Some(conn) = open_any(&bus, cur.server + 1, Some(cur.server)).await else {
+                    tracing::warn!("no other bus server answered; staying until this one closes");
+                    continue;
+                };
+                next_id += 1;
+                let old = current.take().expect("checked above");
+                // Replies to what was published on the old connection still come there.
+                old.replies_only.store(true, Ordering::Release);
+                let linger = bus.options.linger;
+                tokio::spawn(async move {
+                    tokio::time::sleep(linger).await;
+                    old.stop.cancel();
+                });
+                tracing::info!(server = %server_name(&bus, conn.server), "gate moved to another bus server");
+                current = Some(start(&bus, &dispatch, conn, next_id, false, &events_tx).await);
+            }
+            // A lingering connection ended, or news of one already replaced.
+            Some(_) | None => {}
+        }
+    }
+    bus.connected.store(false, Ordering::Release);
+    if let Some(cur) = current {
+        cur.stop.cancel();
+    }
+}
+
+fn server_name(bus: &Bus, index: usize) -> &str {
+    bus.options.urls.get(index).map_or("in-process", String::as_str)
+}
+
+/// One round over the servers from `first`, skipping `avoid`; the first that opens.
+async fn open_any(bus: &Bus, first: usize, avoid: Option<usize>) -> Option<Conn> {
+    let servers = bus.options.servers().max(1);
+    for i in 0..servers {
+        let index = (first + i) % servers;
+        if Some(index) == avoid {
+            continue;
+        }
+        match open(&bus.options, index).await {
+            Ok(conn) => return Some(conn),
+            Err(error) => {
+                if let Some(tally) = CONNECT_LOG.check() {
+                    tracing::warn!(%error, "gate cannot connect to the bus{tally}");
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Sends every subscription on `conn`, makes its writer the outbound buffer's owner, and
+/// spawns its task. `fresh`: a connection after a loss, whose buffer starts empty.
+async fn start(
+    bus: &Arc<Bus>,
+    dispatch: &Arc<dyn Dispatch>,
+    conn: Conn,
+    id: u64,
+    fresh: bool,
+    events: &mpsc::UnboundedSender<Event>,
+) -> Current {
+    let Conn {
+        stream,
+        leftover,
+        server,
+        ..
+    } = conn;
+    let (rd, mut wr) = tokio::io::split(stream);
+    let lines = bus.sub_lines(fresh);
+    let stop = CancellationToken::new();
+    let replies_only = Arc::new(AtomicBool::new(false));
+    let current = Current {
+        id,
+        server,
+        replies_only: replies_only.clone(),
+        stop: stop.clone(),
+    };
+    if let Err(e) = wr.write_all(&lines).await {
+        let _ = events.send(Event::Lost {
+            id,
+            error: e.to_string(),
+        });
+        return current;
+    }
+    let writer = bus.out.next_writer();
+    let pings_out = Arc::new(AtomicU32::new(0));
+    let reader = Reader {
+        bus: bus.clone(),
+        dispatch: dispatch.clone(),
+        replies_only,
+        pings_out: pings_out.clone(),
+        id,
+        events: events.clone(),
+        lame_duck_told: false,
+    };
+    let (bus, events) = (bus.clone(), events.clone());
+    tokio::spawn(async move {
+        let writing = write_loop(&bus, wr, writer, &pings_out);
+        let reading = reader.run(rd, leftover);
+        tokio::pin!(reading);
+        let outcome = tokio::select! {
+            () = stop.cancelled() => return,
+            r = &mut reading => r,
+            w = writing => match w {
+                // Replaced by a new connection: read the replies still owed, until the
+                // server closes this one or the linger ends.
+                Ok(()) => tokio::select! {
+                    () = stop.cancelled() => return,
+                    r = reading => r,
+                },
+                Err(e) => Err(e),
+            },
+        };
+        let error = outcome.err().unwrap_or_else(|| "closed by the server".into());
+        let _ = events.send(Event::Lost { id, error });
+    });
+    current
+}
+
+/// Writes the outbound buffer whenever it has bytes, and pings when it has been idle;
+/// returns `Ok` when another connection's writer takes over.
+async fn write_loop(
+    bus: &Bus,
+    mut wr: WriteHalf<LocalStream>,
+    writer: u64,
+    pings_out: &AtomicU32,
+) -> Result<(), String> {
+    let mut chunk = BytesMut::with_capacity(READ_CHUNK);
+    let mut ping = tokio::time::interval(bus.options.ping_interval);
+    ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    ping.tick().await;
+    loop {
+        match bus.out.take(writer, &mut chunk) {
+            Taken::Replaced => return Ok(()),
+            Taken::Bytes => {
+                wr.write_all(&chunk).await.map_err(|e| e.to_string())?;
+                continue;
+            }
+            Taken::Empty => {}
+        }
+        tokio::select! {
+            () = bus.out.ready() => {}
+            _ = ping.tick() => {
+                if pings_out.fetch_add(1, Ordering::Relaxed) >= MAX_PINGS_OUT {
+                    return Err("the server stopped answering pings".into());
+                }
+                bus.out.push_control(b"PING\r\n");
+            }
+        }
+    }
+}
+
+struct Reader {
+    bus: Arc<Bus>,
+    dispatch: Arc<dyn Dispatch>,
+    replies_only: Arc<AtomicBool>,
+    pings_out: Arc<AtomicU32>,
+    id: u64,
+    events: mpsc::UnboundedSender<Event>,
+    lame_duck_told: bool,
+}
+
+/// Where a message's parts sit in the read buffer.
+struct MsgAt {
+    sid: u64,
+    subject: (usize, usize),
+    reply: Option<(usize, usize)>,
+    status: Option<u16>,
+    payload: (usize, usize),
+}
+
+impl Reader {
+    /// Reads until the connection ends; `Ok` when the server closed it.
+    async fn run(mut self, mut rd: ReadHalf<LocalStream>, mut buf: BytesMut) -> Result<(), String> {
+        loop {
+            self.drain(&mut buf)?;
+            if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+                buf.reserve(READ_CHUNK);
+            }
+            if rd.read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Handles every whole op at the front of `buf`.
+    fn drain(&mut self, buf: &mut BytesMut) -> Result<(), String> {
+        loop {
+            let base = buf.as_ptr() as usize;
+            let at = |s: &[u8]| {
+                let start = s.as_ptr() as usize - base;
+                (start, start + s.len())
+            };
+            let (msg, used) = match parse_server(buf, &LIMITS) {
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(format!("unreadable op from the server: {e}")),
+                Ok(Some((op, used))) => match op {
+                    ServerOp::Msg {
+                        subject,
+                        sid,
+                        reply,
+                        headers,
+                        payload,
+                    } => {
+                        let msg = MsgAt {
+                            sid,
+                            subject: at(subject),
+                            reply: reply.map(at),
+                            status: headers.and_then(status),
+                            payload: at(payload),
+                        };
+                        (Some(msg), used)
+                    }
+                    other => {
+                        self.control(other);
+                        (None, used)
+                    }
+                },
+            };
+            match msg {
+                None => buf.advance(used),
+                Some(msg) => {
+                    let frame = buf.split_to(used).freeze();
+                    self.deliver(&frame, msg);
+                }
+            }
+        }
+    }
+
+    fn control(&mut self, op: ServerOp<'_>) {
+        match op {
+            ServerOp::Ping => {
+                if !self.replies_only.load(Ordering::Acquire) {
+                    self.bus.out.push_control(b"PONG\r\n");
+                }
+            }
+            ServerOp::Pong => self.pings_out.store(0, Ordering::Relaxed),
+            ServerOp::Info(json) => {
+                let ldm = Info::parse(json).is_ok_and(|info| info.ldm);
+                if ldm && !self.lame_duck_told {
+                    self.lame_duck_told = true;
+                    let _ = self.events.send(Event::LameDuck { id: self.id });
+                }
+            }
+            ServerOp::Err(text) => {
+                static ERR_LOG: LogLimiter = LogLimiter::per_second();
+                if let Some(tally) = ERR_LOG.check() {
+                    tracing::warn!(error = %String::from_utf8_lossy(text), "bus server error{tally}");
+                }
+            }
+            ServerOp::Ok | ServerOp::Msg { .. } => {}
+        }
+    }
+
+    fn deliver(&self, frame: &bytes::Bytes, msg: MsgAt) {
+        let Some(target) = self.bus.target(msg.sid) else {
+            // Unsubscribed meanwhile.
+            return;
+        };
+        if self.replies_only.load(Ordering::Acquire) && !matches!(target, Target::Replies) {
+            // The new connection delivers these; taking them here too would double them.
+            return;
+        }
+        let incoming = Incoming {
+            subject: &frame[msg.subject.0..msg.subject.1],
+            reply: msg.reply.map(|(a, b)| &frame[a..b]),
+            status: msg.status,
+            payload: frame.slice(msg.payload.0..msg.payload.1),
+        };
+        self.dispatch.deliver(&target, incoming);
+    }
+}
+
+/// The status of `NATS/1.0 503 ...` headers.
+fn status(headers: &[u8]) -> Option<u16> {
+    let rest = headers.strip_prefix(b"NATS/1.0 ")?;
+    let digits = rest.get(..3)?;
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status;
+
+    #[test]
+    fn status_of_headers() {
+        assert_eq!(status(b"NATS/1.0 503\r\n\r\n"), Some(503));
+        assert_eq!(status(b"NATS/1.0 408 Request Timeout\r\n\r\n"), Some(408));
+        assert_eq!(status(b"NATS/1.0\r\nX: y\r\n\r\n"), None);
+        assert_eq!(status(b"junk"), None);
+    }
+}
