@@ -59,6 +59,9 @@ pub struct BusOptions {
     pub connect_timeout: Duration,
     pub ping_interval: Duration,
     pub linger: Duration,
+    /// Start from a random server of the list (as NATS clients do, so a fleet of gates
+    /// spreads over the servers); off, the first is tried first.
+    pub randomize: bool,
 }
 
 impl fmt::Debug for BusOptions {
@@ -87,6 +90,7 @@ impl BusOptions {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             ping_interval: DEFAULT_PING_INTERVAL,
             linger: DEFAULT_LINGER,
+            randomize: true,
         }
     }
 

@@ -43,7 +43,11 @@ static CONNECT_LOG: LogLimiter = LogLimiter::per_second();
 pub(crate) async fn run(bus: Arc<Bus>, dispatch: Arc<dyn Dispatch>) {
     let servers = bus.options.servers().max(1);
     let (events_tx, mut events) = mpsc::unbounded_channel();
-    let mut next_server = fastrand::usize(..servers);
+    let mut next_server = if bus.options.randomize {
+        fastrand::usize(..servers)
+    } else {
+        0
+    };
     let mut next_id = 0u64;
     let mut current: Option<Current> = None;
     let mut failed_rounds = 0u32;

@@ -157,7 +157,12 @@ pub async fn start_worker_with(service: Service, config: WorkerConfig) -> TestWo
 
 /// The built-in echo service as one worker on `bus`.
 pub async fn echo_worker(bus: &Bus) -> TestWorker {
-    start_worker(bus.url(), services::echo::service(), FrameConfig::default()).await
+    echo_worker_on(bus.url()).await
+}
+
+/// The echo service's worker on the bus at `url`.
+pub async fn echo_worker_on(url: &str) -> TestWorker {
+    start_worker(url, services::echo::service(), FrameConfig::default()).await
 }
 
 /// Frame limits with a queue of `queue_capacity`.

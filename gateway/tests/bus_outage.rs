@@ -1,0 +1,206 @@
+//! The gate's own bus connection through outages: a broker restart, a connection lost
+//! with requests in flight, a server in lame duck mode. Real brokers over sockets.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use broker::testing::{DEADLINE, spawn_nats_server_with_config, within};
+use broker::{Config, Server};
+use common::{Holds, TestGate, echo_worker_on, gate_config, queue_of, start_worker};
+use gateway::bus::BusOptions;
+use gateway::sdk::{Client, ClientOptions};
+use gateway::{AnyToken, GateConfig};
+use proto::code;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Our broker on a fixed address, restartable there.
+struct Restartable {
+    addr: SocketAddr,
+    stop: Option<CancellationToken>,
+}
+
+impl Restartable {
+    async fn start() -> Restartable {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut broker = Restartable { addr, stop: None };
+        broker.serve(listener);
+        broker
+    }
+
+    fn url(&self) -> String {
+        format!("nats://{}", self.addr)
+    }
+
+    fn serve(&mut self, listener: TcpListener) {
+        let stop = CancellationToken::new();
+        let server = Server::new(Config::default());
+        let run = stop.clone();
+        tokio::spawn(async move { server.run(listener, run).await });
+        self.stop = Some(stop);
+    }
+
+    fn kill(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            stop.cancel();
+        }
+    }
+
+    async fn restart(&mut self) {
+        // The old listener is closed once its task has seen the stop: retry the bind.
+        let listener = within(async {
+            loop {
+                match TcpListener::bind(self.addr).await {
+                    Ok(listener) => return listener,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                }
+            }
+        })
+        .await;
+        self.serve(listener);
+    }
+}
+
+impl Drop for Restartable {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Requests `echo.raw` until `done` says stop; every code seen, in order.
+async fn codes_until(client: &Client, mut done: impl FnMut(u32) -> bool) -> Vec<u32> {
+    within(async {
+        let mut codes = Vec::new();
+        loop {
+            let code = client.request("echo.raw", "x").await.map_or(0, |r| r.code);
+            codes.push(code);
+            if done(code) {
+                return codes;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_answers_503_never_404_and_recovers() {
+    let mut broker = Restartable::start().await;
+    let _echo = echo_worker_on(&broker.url()).await;
+    let gate = TestGate::start_on(
+        BusOptions::new([broker.url()]),
+        GateConfig::default(),
+        Arc::new(AnyToken),
+    )
+    .await;
+    let client = gate.client().await;
+    assert_eq!(client.request("echo.raw", "x").await.unwrap().code, code::OK);
+
+    broker.kill();
+    // While the bus is away, and while the echo worker has not subscribed again after
+    // it is back, the route that exists answers 503: never 404, never a timeout.
+    let down = codes_until(&client, |c| c == code::OVERLOADED).await;
+    broker.restart().await;
+    let back = codes_until(&client, |c| c == code::OK).await;
+    for code in down.iter().chain(&back) {
+        assert!(
+            *code == code::OK || *code == code::OVERLOADED,
+            "only 200 and 503 through a restart, saw {code}: {down:?} then {back:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_flight_on_a_lost_connection_are_answered_at_once() {
+    let mut broker = Restartable::start().await;
+    let mut holds = Holds::default();
+    let _park = start_worker(&broker.url(), holds.service("park", "p"), queue_of(8)).await;
+    // A request timeout far beyond the test's deadline: a 408 could not arrive in time.
+    let config = gate_config(|c| c.request_timeout = DEADLINE * 6);
+    let gate = TestGate::start_on(BusOptions::new([broker.url()]), config, Arc::new(AnyToken)).await;
+    let options = ClientOptions {
+        request_timeout: DEADLINE * 6,
+        ..ClientOptions::default()
+    };
+    let client = gate.client_with(options).await;
+    let held = tokio::spawn({
+        let client = client.clone();
+        async move { client.request("park.hold", "").await }
+    });
+    holds.started().await;
+    broker.kill();
+    let answer = within(held).await.unwrap().unwrap();
+    assert_eq!(answer.code, code::OVERLOADED, "{answer:?}");
+    assert_eq!(answer.message, "bus connection lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_no_worker_ever_served_stays_404() {
+    let broker = Restartable::start().await;
+    let _echo = echo_worker_on(&broker.url()).await;
+    let gate = TestGate::start_on(
+        BusOptions::new([broker.url()]),
+        GateConfig::default(),
+        Arc::new(AnyToken),
+    )
+    .await;
+    let client = gate.client().await;
+    let answer = client.request("nowhere.at_all", "x").await.unwrap();
+    assert_eq!(answer.code, code::NOT_FOUND, "{answer:?}");
+}
+
+/// A free port, for a cluster's route listeners, which nats-server cannot pick itself.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_in_lame_duck_mode_loses_nothing() {
+    let (route_a, route_b) = (free_port(), free_port());
+    let node = |own: u16, other: u16| {
+        format!(
+            "listen: 127.0.0.1:-1\nlame_duck_grace_period: 500ms\nlame_duck_duration: 30s\n\
+             cluster {{ name: ldm, listen: 127.0.0.1:{own}, routes: [nats-route://127.0.0.1:{other}] }}\n"
+        )
+    };
+    let a = spawn_nats_server_with_config(&node(route_a, route_b));
+    let b = spawn_nats_server_with_config(&node(route_b, route_a));
+    // The worker on B, the gate on A first: the gate's server goes away.
+    let _echo = echo_worker_on(&b.url).await;
+    let mut options = BusOptions::new([a.url.clone(), b.url.clone()]);
+    options.randomize = false;
+    let gate = TestGate::start_on(options, GateConfig::default(), Arc::new(AnyToken)).await;
+    let client = gate.client().await;
+    // Once the route is up, requests cross it.
+    codes_until(&client, |c| c == code::OK).await;
+
+    let steady = tokio::spawn({
+        let client = client.clone();
+        async move {
+            let mut codes = Vec::new();
+            for _ in 0..1500 {
+                codes.push(client.request("echo.raw", "x").await.map_or(0, |r| r.code));
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            codes
+        }
+    });
+    let signalled = std::process::Command::new(broker::testing::nats_server_path())
+        .args(["--signal", &format!("ldm={}", a.pid())])
+        .status()
+        .unwrap();
+    assert!(signalled.success());
+    let codes = within(steady).await.unwrap();
+    let failed: Vec<&u32> = codes.iter().filter(|c| **c != code::OK).collect();
+    assert!(failed.is_empty(), "{} of {} failed: {failed:?}", failed.len(), codes.len());
+    // Served from B now; A closes its clients over its lame-duck duration.
+    assert_eq!(client.request("echo.raw", "x").await.unwrap().code, code::OK);
+}
