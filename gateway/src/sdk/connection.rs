@@ -13,7 +13,7 @@ use tracing::debug;
 
 use super::ClientOptions;
 use super::codec::{self, Incoming};
-use super::error::SdkError;
+use super::error::{ErrorKind, SdkError};
 use super::stream::Stream;
 
 pub(crate) type Ws = WebSocketStream<Stream>;
@@ -30,7 +30,8 @@ pub(crate) struct Dialed {
 }
 
 /// Tries `count` of `urls` in turn, starting at index `first` and wrapping around, each
-/// once; the first that handshakes wins. Fails with the last attempt's error.
+/// once; the first that handshakes wins. Fails with the last attempt's error, or at once
+/// when a gate refuses the handshake with a 4xx (the others would refuse that token too).
 pub(crate) async fn connect_in_turn(
     urls: &[String],
     first: usize,
@@ -42,6 +43,9 @@ pub(crate) async fn connect_in_turn(
         let url_index = (first + step) % urls.len();
         match connect(&urls[url_index], options).await {
             Ok((ws, ack)) => return Ok(Dialed { url_index, ws, ack }),
+            Err(e) if matches!(e.kind(), ErrorKind::Handshake { code: 400..=499 }) => {
+                return Err(e);
+            }
             Err(e) => {
                 debug!(url = urls[url_index], error = %e, "gate did not answer");
                 last = e;

@@ -6,7 +6,7 @@ use tokio::net::TcpListener;
 
 use super::fake_gate::{Control, Event, fake_gate, fake_gate_from};
 use super::{closed_reason, options, reconnecting, within};
-use crate::sdk::Client;
+use crate::sdk::{Client, ClientOptions, ErrorKind};
 
 /// A URL where nothing listens.
 async fn dead_url() -> String {
@@ -29,6 +29,15 @@ async fn connect_any_takes_the_first_gate_that_answers() {
         .await
         .unwrap();
     assert_eq!(client.session_id(), 1);
+    // A refused token is not tried on the other gates: they would refuse it too.
+    let bad = ClientOptions {
+        token: "bad".into(),
+        ..options()
+    };
+    let e = Client::connect_any(&[&gate.url, &dead], bad)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Handshake { code: 401 });
     let none: [&str; 0] = [];
     let e = Client::connect_any(&none, options()).await.unwrap_err();
     assert_eq!(e.detail(), "no gate URL given");
