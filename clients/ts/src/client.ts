@@ -8,6 +8,14 @@
  * gate (a frame that does not decode, a packet a client does not expect, a typed push
  * that is not its message) drops the connection with the reason; it never throws out of
  * a WebSocket handler.
+ *
+ * A gate that drains (it is being stopped) says so with a `drain` packet; the client
+ * then dials the other gates in turn, starting after this one, while the old connection
+ * keeps serving. Once one handshakes, requests go there; the old connection *retires*:
+ * it stays open until every request sent on it is answered, then closes. A request the
+ * draining gate refused without forwarding it (503 `gate draining`) is sent again on the
+ * new connection. If no other gate answers, the client stays until the draining gate
+ * closes, then reconnects as after any drop (its kick included).
  */
 import { create } from "@bufbuild/protobuf";
 import type { DescMessage, MessageInitShape, MessageShape } from "@bufbuild/protobuf";
@@ -17,14 +25,15 @@ import type { Codec, Encoding, Frame, Inbound } from "./codec/codec.js";
 import { describe } from "./codec/codec.js";
 import { jsonCodec } from "./codec/json.js";
 import { protobufCodec } from "./codec/protobuf.js";
+import { dial, readFrame, type DialOptions, type Handshaken } from "./dial.js";
 import { ShaddockError, Status } from "./errors.js";
 import { Listeners } from "./listeners.js";
 import { Requests, type Reply } from "./requests.js";
 import type { Method, PushRoute } from "./typed.js";
 import {
-  closeReason,
-  frameOf,
+  closeSaid,
   platformWebSocket,
+  shut,
   type CloseEventLike,
   type MessageEventLike,
   type WebSocketConstructor,
@@ -47,7 +56,7 @@ export const STABLE_SESSION_MS = 5_000;
 const CLOSE_GOING_AWAY = 1001;
 
 export interface ClientOptions {
-  /** Gate URLs (`ws://host:port/`); reconnects go to the next one in turn. */
+  /** Gate URLs (`ws://host:port/`); reconnects, and moves off a draining gate, go to the next one in turn. */
   servers: string | readonly string[];
   /** Binary frames with protobuf (default) or text frames with JSON. */
   encoding?: Encoding;
@@ -93,13 +102,26 @@ export interface StateEvent {
   attempt?: number;
   /** Connecting or reconnecting: how long the client waits before this attempt (ms). */
   delayMs?: number;
-  /** Reconnecting or closed: why the previous connection or attempt ended. */
+  /** Reconnecting or closed: why the previous connection or attempt ended. Open after a move: `moved: ` and the drain's reason. */
   reason?: string;
   /** Open: the gate's session id. */
   sessionId?: bigint;
 }
 
 type Timer = ReturnType<typeof setTimeout>;
+
+/** One handshaken connection: the current one, or one retiring after a move. */
+interface Conn {
+  readonly socket: WebSocketLike;
+  /** Numbers the connection (from 1): requests remember the one they went out on. */
+  readonly id: number;
+  lastHeard: number;
+  heartbeat: ReturnType<typeof setInterval> | undefined;
+  /** The gate's kick, for the close that follows it. */
+  kickReason: string | undefined;
+  /** The gate said it is draining. */
+  drained: boolean;
+}
 
 export class Client {
   readonly encoding: Encoding;
@@ -115,18 +137,21 @@ export class Client {
    * `connect()` and later calls reject with, so a caller can tell auth from network. */
   private refusedCode: number | undefined;
   private _sessionId: bigint | undefined;
-  private socket: WebSocketLike | undefined;
+  private current: Conn | undefined;
+  /** Connections moved away from, still answering what was sent on them, by id. */
+  private readonly retiring = new Map<number, Conn>();
+  private conns = 0;
+  private _moves = 0;
   private urlIndex = 0;
   /** Failed attempts (and short-lived sessions) since the last stable session. */
   private failures = 0;
   private openedAt = 0;
   private everOpen = false;
-  private acked = false;
-  private kickReason: string | undefined;
-  private lastHeard = 0;
-  private connectTimer: Timer | undefined;
+  /** Abandons the dial under way: connecting or reconnecting. */
+  private dialing: (() => void) | undefined;
+  /** Abandons the move under way: dialing the other gates after a drain. */
+  private moving: (() => void) | undefined;
   private retryTimer: Timer | undefined;
-  private heartbeatTimer: ReturnType<typeof setInterval> | undefined;
 
   /** Requests, notifies and refreshes not yet answered (or not yet sent). */
   private readonly requests: Requests;
@@ -159,7 +184,7 @@ export class Client {
       maxPending: options.maxPending ?? DEFAULT_MAX_PENDING,
       maxFrameBytes: options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES,
     };
-    this.requests = new Requests(this.options.maxPending);
+    this.requests = new Requests(this.options.maxPending, (conn) => this.retireIfDone(conn));
     const reconnect = options.reconnect ?? true;
     this.reconnect = reconnect === false ? undefined : { ...DEFAULT_RECONNECT, ...(reconnect === true ? {} : reconnect) };
     this.closedPromise = new Promise((resolve) => {
@@ -192,6 +217,11 @@ export class Client {
   /** The gate of the current (or next) connection. */
   get url(): string {
     return this.urls[this.urlIndex]!;
+  }
+
+  /** Moves so far: a gate drained and the client went to another one (a new session, like a reconnect). */
+  get moves(): number {
+    return this._moves;
   }
 
   /** Why the client closed, once it has. */
@@ -302,7 +332,7 @@ export class Client {
       try {
         message = this.codec.decodeMessage(push.schema, body);
       } catch (error) {
-        if (this.socket !== undefined) this.drop(this.socket, `bad ${push.route} push from the gate: ${describe(error)}`, true);
+        if (this.current !== undefined) this.drop(this.current, `bad ${push.route} push from the gate: ${describe(error)}`, true);
         return;
       }
       listener(message);
@@ -326,12 +356,6 @@ export class Client {
 
   /** Closes for good: pending requests fail with 503, no reconnect. */
   close(reason: string = CLOSED_BY_CLIENT): void {
-    if (this._state === "closed") return;
-    const socket = this.socket;
-    if (socket !== undefined) {
-      this.socket = undefined;
-      shut(socket, reason);
-    }
     this.finish(reason);
   }
 
@@ -352,159 +376,192 @@ export class Client {
   }
 
   private sendRequest(id: number): void {
+    const conn = this.current;
     const frame = this.requests.unsentFrame(id);
-    if (frame !== undefined && this.send(frame)) this.requests.sent(id);
+    if (conn !== undefined && frame !== undefined && this.send(frame)) this.requests.sent(id, conn.id);
   }
 
   // --- connection ---
 
-  private open(): void {
-    const url = this.url;
-    let socket: WebSocketLike;
-    try {
-      socket = new this.WebSocketClass(url);
-      socket.binaryType = "arraybuffer";
-    } catch (error) {
-      this.retry(`cannot open ${url}: ${describe(error)}`, true);
-      return;
-    }
-    this.socket = socket;
-    this.acked = false;
-    this.kickReason = undefined;
-    this.connectTimer = setTimeout(
-      () => this.drop(socket, `no handshake ack from ${url} within ${this.options.connectTimeoutMs} ms`, true),
-      this.options.connectTimeoutMs,
-    );
-    socket.onopen = () => {
-      if (socket !== this.socket) return;
-      const { token, serverTiming, clientName, serial } = this.options;
-      this.send(this.codec.encode({ kind: "handshake", token, serverTiming, client: clientName, serial }));
+  private dialOptions(): DialOptions {
+    return {
+      WebSocket: this.WebSocketClass,
+      codec: this.codec,
+      // Read when the socket opens: a refresh meanwhile changes the token.
+      hello: () => {
+        const { token, serverTiming, clientName, serial } = this.options;
+        return this.codec.encode({ kind: "handshake", token, serverTiming, client: clientName, serial });
+      },
+      timeoutMs: this.options.connectTimeoutMs,
+      maxFrameBytes: this.options.maxFrameBytes,
     };
-    socket.onmessage = (event: MessageEventLike) => this.onFrame(socket, event);
-    socket.onclose = (event: CloseEventLike) => this.onClose(socket, event);
-    // A close event follows every error event, with what is known; it is handled there.
-    socket.onerror = () => {};
   }
 
-  private onFrame(socket: WebSocketLike, event: MessageEventLike): void {
-    if (socket !== this.socket) return;
-    this.lastHeard = Date.now();
-    const frame = frameOf(event);
-    if (frame === undefined) return this.drop(socket, "a frame of unknown type from the gate", true);
-    const size = typeof frame === "string" ? frame.length : frame.byteLength;
-    if (size > this.options.maxFrameBytes) {
-      return this.drop(socket, `a frame of ${size} bytes from the gate, over ${this.options.maxFrameBytes}`, true);
-    }
-    let packet: Inbound;
-    try {
-      packet = this.codec.decode(frame);
-    } catch (error) {
-      return this.drop(socket, `bad frame from the gate: ${describe(error)}`, true);
-    }
-    if (!this.acked) this.onHandshake(socket, packet);
-    else this.dispatch(socket, packet);
+  private open(): void {
+    this.dialing = dial(this.url, this.dialOptions(), (result) => {
+      this.dialing = undefined;
+      if ("reason" in result) {
+        if (result.refusedCode !== undefined) this.refusedCode = result.refusedCode;
+        return this.retry(result.reason, result.retry);
+      }
+      this.opened(result);
+    });
   }
 
-  private onHandshake(socket: WebSocketLike, packet: Inbound): void {
-    if (packet.kind === "heartbeat") return;
-    if (packet.kind !== "handshakeAck") {
-      return this.drop(socket, `bad frame from the gate: expected a handshake ack, got ${packet.kind}`, true);
-    }
-    if (packet.code !== Status.OK) {
-      // A refused token is refused again: only a server-side failure is worth retrying.
-      const reason = `handshake refused: ${packet.code} ${packet.message}`.trim();
-      if (packet.code < 500) this.refusedCode = packet.code;
-      return this.drop(socket, reason, packet.code >= 500);
-    }
-    clearTimeout(this.connectTimer);
-    this.acked = true;
+  /** A handshaken socket becomes the current connection; `reason` says why when it is a move. */
+  private opened(handshaken: Handshaken, reason?: string): void {
+    const conn: Conn = {
+      socket: handshaken.socket,
+      id: ++this.conns,
+      lastHeard: Date.now(),
+      heartbeat: undefined,
+      kickReason: undefined,
+      drained: false,
+    };
+    this.current = conn;
+    conn.socket.onmessage = (event: MessageEventLike) => this.onFrame(conn, event);
+    conn.socket.onclose = (event: CloseEventLike) => this.onClose(conn, event);
+    conn.socket.onerror = () => {};
     this.everOpen = true;
     this.openedAt = Date.now();
-    this._sessionId = packet.sessionId;
-    this.startHeartbeat(socket, packet.heartbeatMs);
-    this.setState({ state: "open", url: this.url, sessionId: packet.sessionId });
+    this._sessionId = handshaken.sessionId;
+    conn.heartbeat = this.startHeartbeat(conn, handshaken.heartbeatMs);
+    this.setState({ state: "open", url: this.url, sessionId: handshaken.sessionId, ...(reason !== undefined && { reason }) });
     // A listener may have closed the client or dropped the socket.
-    if (socket !== this.socket) return;
     for (const id of this.requests.unsent()) {
+      if (conn !== this.current) return;
       this.sendRequest(id);
-      if (socket !== this.socket) return;
     }
   }
 
-  private dispatch(socket: WebSocketLike, packet: Inbound): void {
+  private onFrame(conn: Conn, event: MessageEventLike): void {
+    conn.lastHeard = Date.now();
+    const packet = readFrame(event, this.codec, this.options.maxFrameBytes);
+    if (typeof packet === "string") return this.drop(conn, packet, true);
+    this.dispatch(conn, packet);
+  }
+
+  private dispatch(conn: Conn, packet: Inbound): void {
     switch (packet.kind) {
-      case "response":
-        return this.requests.answer(packet.id, packet.code, packet.body, packet.message, packet.timing);
+      case "response": {
+        const refused = this.requests.answer(packet.id, packet.code, packet.body, packet.message, packet.timing);
+        // Refused by a retiring gate: send it again at once on the current one. Refused
+        // by the current gate: it goes out when the move (or a reconnect) opens the next.
+        if (refused && conn !== this.current && this._state === "open") this.sendRequest(packet.id);
+        return;
+      }
       case "push":
         this.pushListeners.get(packet.route)?.emit((error) => this.report(error), packet.body);
         return;
       case "kick":
         // The gate closes the session next; the close decides whether to reconnect.
-        this.kickReason = packet.reason;
-        this.kickListeners.emit((error) => this.report(error), packet.reason);
+        conn.kickReason = packet.reason;
+        if (conn === this.current) this.kickListeners.emit((error) => this.report(error), packet.reason);
         return;
       case "refreshAck": {
         const accepted = this.requests.refreshAcked(packet.code, packet.message);
-        if (accepted === false) return this.drop(socket, "bad frame from the gate: a refresh ack for no refresh", true);
+        if (accepted === false) return this.drop(conn, "bad frame from the gate: a refresh ack for no refresh", true);
         if (accepted !== undefined) this.options.token = accepted;
         return;
       }
+      case "drain":
+        if (conn === this.current && !conn.drained) {
+          conn.drained = true;
+          this.move(conn, packet.reason);
+        }
+        return;
       case "heartbeat":
         return;
       case "handshakeAck":
-        return this.drop(socket, "bad frame from the gate: a second handshake ack", true);
+        return this.drop(conn, "bad frame from the gate: a second handshake ack", true);
     }
   }
 
-  private startHeartbeat(socket: WebSocketLike, heartbeatMs: number): void {
-    if (heartbeatMs <= 0) return;
+  /** Dials the other gates in turn, starting after the draining one; the first that handshakes takes over. */
+  private move(from: Conn, reason: string): void {
+    const others = this.urls.length - 1;
+    const start = this.urlIndex;
+    const attempt = (step: number): void => {
+      this.moving = undefined;
+      // None answered: stay on the draining gate until it closes.
+      if (step > others) return;
+      const index = (start + step) % this.urls.length;
+      this.moving = dial(this.urls[index]!, this.dialOptions(), (result) => {
+        if ("reason" in result) return attempt(step + 1);
+        this.moving = undefined;
+        this.retiring.set(from.id, from);
+        this.urlIndex = index;
+        this._moves++;
+        this.opened(result, `moved: ${reason}`);
+        this.retireIfDone(from.id);
+      });
+    };
+    attempt(1);
+  }
+
+  /** Closes retiring connection `id` once nothing waits on it. */
+  private retireIfDone(id: number): void {
+    const conn = this.retiring.get(id);
+    if (conn === undefined || this.requests.pendingOn(id) > 0) return;
+    this.retiring.delete(id);
+    this.release(conn, "moved to another gate");
+  }
+
+  private startHeartbeat(conn: Conn, heartbeatMs: number): ReturnType<typeof setInterval> | undefined {
+    if (heartbeatMs <= 0) return undefined;
     // Half the gate's interval: the gate closes after two silent intervals. The gate
     // answers every heartbeat, so two intervals without a frame mean it is gone.
-    this.heartbeatTimer = setInterval(() => {
-      if (Date.now() - this.lastHeard > 2 * heartbeatMs) {
-        this.drop(socket, `no frame from the gate in ${2 * heartbeatMs} ms`, true);
+    return setInterval(() => {
+      if (Date.now() - conn.lastHeard > 2 * heartbeatMs) {
+        this.drop(conn, `no frame from the gate in ${2 * heartbeatMs} ms`, true);
       } else {
-        this.send(this.codec.encode({ kind: "heartbeat" }));
+        this.send(this.codec.encode({ kind: "heartbeat" }), conn);
       }
     }, heartbeatMs / 2);
   }
 
-  private onClose(socket: WebSocketLike, event: CloseEventLike): void {
-    if (socket !== this.socket) return;
-    const said = event.reason ? `: ${event.reason}` : ` (code ${event.code})`;
-    if (this.kickReason !== undefined) {
+  private onClose(conn: Conn, event: CloseEventLike): void {
+    if (conn.kickReason !== undefined) {
       // A kick ends the session for good, unless the gate itself is going away
-      // (shutting down): then the client moves to another gate.
-      return this.drop(socket, this.kickReason, event.code === CLOSE_GOING_AWAY);
+      // (shutting down, or draining): then the client moves to another gate.
+      return this.drop(conn, conn.kickReason, event.code === CLOSE_GOING_AWAY || conn.drained);
     }
-    const reason = this.acked ? `the gate closed the connection${said}` : `could not connect to ${this.url}${said}`;
-    this.drop(socket, reason, true);
+    this.drop(conn, `the gate closed the connection${closeSaid(event)}`, true);
   }
 
-  /** Sends a frame on the open socket; false (and the connection dropped) when it cannot. */
-  private send(frame: Frame): boolean {
-    const socket = this.socket;
-    if (socket === undefined) return false;
+  /** Sends a frame on `conn` (the current connection by default); false (and the connection dropped) when it cannot. */
+  private send(frame: Frame, conn: Conn | undefined = this.current): boolean {
+    if (conn === undefined) return false;
     try {
-      socket.send(frame);
+      conn.socket.send(frame);
       return true;
     } catch (error) {
-      this.drop(socket, `send failed: ${describe(error)}`, true);
+      this.drop(conn, `send failed: ${describe(error)}`, true);
       return false;
     }
   }
 
-  /** Ends `socket` (if still current) for `reason`; reconnects when allowed and configured. */
-  private drop(socket: WebSocketLike, reason: string, reconnectable: boolean): void {
-    if (socket !== this.socket) return;
-    this.socket = undefined;
-    shut(socket, reason);
-    clearTimeout(this.connectTimer);
-    clearInterval(this.heartbeatTimer);
-    this.acked = false;
+  /**
+   * Ends `conn` for `reason`. A retiring connection just goes (failing what still
+   * waited on it); the current one reconnects when allowed and configured.
+   */
+  private drop(conn: Conn, reason: string, reconnectable: boolean): void {
+    if (this.retiring.delete(conn.id)) return this.release(conn, reason);
+    if (conn !== this.current) return;
+    this.current = undefined;
+    this.moving?.();
+    this.moving = undefined;
     this._sessionId = undefined;
-    this.requests.failSent(`connection lost: ${reason}`);
+    this.release(conn, reason);
+    this.requests.failRefreshes(`connection lost: ${reason}`);
     this.retry(reason, reconnectable);
+  }
+
+  /** Closes a connection that is no longer current or retiring; what was sent on it fails. */
+  private release(conn: Conn, reason: string): void {
+    shut(conn.socket, reason);
+    clearInterval(conn.heartbeat);
+    this.requests.failSent(conn.id, `connection lost: ${reason}`);
   }
 
   private retry(reason: string, reconnectable: boolean): void {
@@ -530,9 +587,17 @@ export class Client {
 
   private finish(reason: string): void {
     if (this._state === "closed") return;
-    clearTimeout(this.connectTimer);
     clearTimeout(this.retryTimer);
-    clearInterval(this.heartbeatTimer);
+    this.dialing?.();
+    this.moving?.();
+    this.dialing = this.moving = undefined;
+    for (const conn of [this.current, ...this.retiring.values()]) {
+      if (conn === undefined) continue;
+      shut(conn.socket, reason);
+      clearInterval(conn.heartbeat);
+    }
+    this.current = undefined;
+    this.retiring.clear();
     this._closedReason = reason;
     this._sessionId = undefined;
     this._state = "closed";
@@ -554,21 +619,6 @@ export class Client {
   private report(error: unknown): void {
     if (this.errorListeners.size > 0) this.errorListeners.emit(() => {}, error);
     else console.error("shaddock client:", error);
-  }
-}
-
-/** Detaches a socket's handlers and closes it, whatever state it is in. */
-function shut(socket: WebSocketLike, reason: string): void {
-  socket.onopen = null;
-  socket.onmessage = null;
-  socket.onclose = null;
-  // Not null: `ws` throws an error event nobody listens to (closing a socket that is
-  // still connecting emits one).
-  socket.onerror = () => {};
-  try {
-    socket.close(1000, closeReason(reason));
-  } catch {
-    // Already closed, or still connecting in an implementation that refuses: nothing to do.
   }
 }
 

@@ -25,6 +25,12 @@ export const Status = {
 
 export type StatusCode = (typeof Status)[keyof typeof Status];
 
+/**
+ * The message of a draining gate's 503 for a request it did not forward: safe to send
+ * again on another gate, which the client does itself.
+ */
+export const DRAINING_MESSAGE = "gate draining";
+
 /** A request that did not succeed: the gate's or worker's code and message, or the client's own. */
 export class ShaddockError extends Error {
   override readonly name = "ShaddockError";

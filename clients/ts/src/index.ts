@@ -20,7 +20,7 @@ export type { Reply } from "./requests.js";
 export { backoffDelay, DEFAULT_RECONNECT, type ReconnectOptions } from "./backoff.js";
 export { bodyBytes, bodyText, isJsonObject, type Body, type JsonObject, type JsonValue } from "./body.js";
 export type { Encoding, Timing } from "./codec/codec.js";
-export { ShaddockError, Status, type StatusCode } from "./errors.js";
+export { DRAINING_MESSAGE, ShaddockError, Status, type StatusCode } from "./errors.js";
 export { method, pushRoute, type Method, type PushRoute } from "./typed.js";
 export type { WebSocketConstructor, WebSocketLike } from "./websocket.js";
 export { Chat, chat, chatPushes, chatRoutes } from "./services/chat.js";

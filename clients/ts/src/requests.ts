@@ -2,11 +2,13 @@
  * What the client awaits from the gate: requests by id (sent or still waiting for a
  * connection, each with its own deadline) and token refreshes in send order (their
  * acks carry no id). The client decides when to send; this table settles promises.
+ * Each sent request remembers the connection it went out on (the client numbers them
+ * from 1), so a connection retiring after a move knows when nothing waits on it.
  */
 import type { Body } from "./body.js";
 import type { Frame, Timing } from "./codec/codec.js";
 import { describe } from "./codec/codec.js";
-import { ShaddockError, Status } from "./errors.js";
+import { DRAINING_MESSAGE, ShaddockError, Status } from "./errors.js";
 
 /** An answer with what came with it. */
 export interface Reply {
@@ -22,7 +24,8 @@ export interface Pending {
   readonly frame: Frame;
   /** False for a notify: sent, never answered. */
   readonly answered: boolean;
-  sent: boolean;
+  /** The connection it went out on; 0 while it waits for one. */
+  sentOn: number;
   readonly timer: Timer;
   readonly resolve: (reply: Reply) => void;
   readonly reject: (error: ShaddockError) => void;
@@ -43,7 +46,15 @@ export class Requests {
   private refreshes: Refreshing[] = [];
   private nextId = 1;
 
-  constructor(private readonly max: number) {}
+  /**
+   * @param max requests pending at most
+   * @param settled called when a request sent on connection `conn` stops waiting on it
+   *   (answered, timed out, or refused by a draining gate to be sent again elsewhere)
+   */
+  constructor(
+    private readonly max: number,
+    private readonly settled: (conn: number) => void,
+  ) {}
 
   /**
    * Registers a request (or a notify) whose frame `encode` makes from its wire id;
@@ -74,29 +85,37 @@ export class Requests {
       const entry = this.pending.get(id);
       if (entry === undefined) return;
       this.pending.delete(id);
-      const what = entry.sent ? `no answer within ${timeoutMs} ms` : `not connected within ${timeoutMs} ms`;
+      const what = entry.sentOn !== 0 ? `no answer within ${timeoutMs} ms` : `not connected within ${timeoutMs} ms`;
       entry.reject(new ShaddockError(Status.Timeout, what, true, route));
+      if (entry.sentOn !== 0) this.settled(entry.sentOn);
     }, timeoutMs);
-    this.pending.set(id, { route, frame, answered, sent: false, timer, resolve, reject });
+    this.pending.set(id, { route, frame, answered, sentOn: 0, timer, resolve, reject });
     return id;
   }
 
   /** The frame of request `id` if it still waits to be sent. */
   unsentFrame(id: number): Frame | undefined {
     const entry = this.pending.get(id);
-    return entry !== undefined && !entry.sent ? entry.frame : undefined;
+    return entry !== undefined && entry.sentOn === 0 ? entry.frame : undefined;
   }
 
   /** Ids of the requests waiting for a connection, oldest first. */
   unsent(): number[] {
-    return [...this.pending].filter(([, entry]) => !entry.sent).map(([id]) => id);
+    return [...this.pending].filter(([, entry]) => entry.sentOn === 0).map(([id]) => id);
   }
 
-  /** Request `id` went out; a notify is done then. */
-  sent(id: number): void {
+  /** Requests sent on connection `conn` and not yet answered. */
+  pendingOn(conn: number): number {
+    let count = 0;
+    for (const entry of this.pending.values()) if (entry.sentOn === conn) count++;
+    return count;
+  }
+
+  /** Request `id` went out on connection `conn`; a notify is done then. */
+  sent(id: number, conn: number): void {
     const entry = this.pending.get(id);
     if (entry === undefined) return;
-    entry.sent = true;
+    entry.sentOn = conn;
     if (!entry.answered) {
       this.pending.delete(id);
       clearTimeout(entry.timer);
@@ -104,14 +123,27 @@ export class Requests {
     }
   }
 
-  answer(id: number, code: number, body: Body, message: string, timing: Timing | undefined): void {
+  /**
+   * Settles request `id` with the gate's answer; returns true when a draining gate
+   * refused it without forwarding it (503 `gate draining`): then it waits to be sent
+   * again, on another connection, within its own deadline.
+   */
+  answer(id: number, code: number, body: Body, message: string, timing: Timing | undefined): boolean {
     const entry = this.pending.get(id);
     // Gone already: answered after its local timeout.
-    if (entry === undefined || !entry.sent) return;
-    this.pending.delete(id);
-    clearTimeout(entry.timer);
-    if (code === Status.OK) entry.resolve(timing === undefined ? { body } : { body, timing });
-    else entry.reject(new ShaddockError(code, message || `status ${code}`, false, entry.route));
+    if (entry === undefined || entry.sentOn === 0) return false;
+    const conn = entry.sentOn;
+    const refused = code === Status.Unavailable && message === DRAINING_MESSAGE;
+    if (refused) {
+      entry.sentOn = 0;
+    } else {
+      this.pending.delete(id);
+      clearTimeout(entry.timer);
+      if (code === Status.OK) entry.resolve(timing === undefined ? { body } : { body, timing });
+      else entry.reject(new ShaddockError(code, message || `status ${code}`, false, entry.route));
+    }
+    this.settled(conn);
+    return refused;
   }
 
   addRefresh(token: string, timeoutMs: number, resolve: () => void, reject: (error: ShaddockError) => void): void {
@@ -145,11 +177,10 @@ export class Requests {
     return entry.token;
   }
 
-  /** Fails what was sent on a connection that is gone: its answers cannot come. */
-  failSent(message: string): void {
-    this.failRefreshes(message);
+  /** Fails what was sent on connection `conn`, which is gone: its answers cannot come. */
+  failSent(conn: number, message: string): void {
     for (const [id, entry] of this.pending) {
-      if (!entry.sent) continue;
+      if (entry.sentOn !== conn) continue;
       this.pending.delete(id);
       clearTimeout(entry.timer);
       entry.reject(new ShaddockError(Status.Unavailable, message, true, entry.route));
@@ -166,7 +197,8 @@ export class Requests {
     this.pending.clear();
   }
 
-  private failRefreshes(message: string): void {
+  /** Fails the refreshes awaiting an ack: the connection they went out on is gone. */
+  failRefreshes(message: string): void {
     for (const entry of this.refreshes.splice(0)) {
       clearTimeout(entry.timer);
       if (!entry.done) entry.reject(new ShaddockError(Status.Unavailable, message, true));

@@ -53,3 +53,23 @@ export function closeReason(reason: string): string {
   while (new TextEncoder().encode(out).length > 123) out = out.slice(0, -1);
   return out;
 }
+
+/** What a close event says, for a reason: `: why` when the peer gave one, else its code. */
+export function closeSaid(event: CloseEventLike): string {
+  return event.reason ? `: ${event.reason}` : ` (code ${event.code})`;
+}
+
+/** Detaches a socket's handlers and closes it, whatever state it is in. */
+export function shut(socket: WebSocketLike, reason: string): void {
+  socket.onopen = null;
+  socket.onmessage = null;
+  socket.onclose = null;
+  // Not null: `ws` throws an error event nobody listens to (closing a socket that is
+  // still connecting emits one).
+  socket.onerror = () => {};
+  try {
+    socket.close(1000, closeReason(reason));
+  } catch {
+    // Already closed, or still connecting in an implementation that refuses: nothing to do.
+  }
+}

@@ -1,54 +1,58 @@
-//! The connection task: the one owner of the socket. It reads frames and routes them
-//! (responses to their waiters, pushes to the push queue), writes queued frames in
-//! batches with one flush each, sends heartbeats, and reconnects with backoff when the
-//! connection drops.
+//! Dialing a gate: TCP, TLS for `wss://`, the WebSocket upgrade and the handshake,
+//! within the connect timeout; and dialing one of several gates in turn.
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use bytes::Bytes;
-use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
-use proto::client::{HandshakeAck, Push, packet::Kind};
+use proto::client::{HandshakeAck, packet::Kind};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
-use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::debug;
 
+use super::ClientOptions;
 use super::codec::{self, Incoming};
 use super::error::{ErrorKind, SdkError};
-use super::shared::{FIRST_EPOCH, Shared};
 use super::stream::Stream;
-use super::{Backoff, ClientOptions};
 
-type Ws = WebSocketStream<Stream>;
+pub(crate) type Ws = WebSocketStream<Stream>;
 
 /// Ports a URL without one means, as browsers read them.
 const WS_PORT: u16 = 80;
 const WSS_PORT: u16 = 443;
 
-/// Most frames written before one flush, so a busy queue cannot delay the flush of
-/// what is already buffered indefinitely.
-const MAX_BATCH: usize = 256;
-/// How long a closing client waits for its close frame to go out.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
-/// Floor for the reconnect delay, so a zero `Backoff::initial` cannot spin.
-const MIN_BACKOFF: Duration = Duration::from_millis(1);
+/// A handshaken connection and the index of the URL it went to.
+pub(crate) struct Dialed {
+    pub(crate) url_index: usize,
+    pub(crate) ws: Ws,
+    pub(crate) ack: HandshakeAck,
+}
 
-/// The reason given to requests after [`super::Client::close`].
-pub(crate) const CLOSED_BY_CLIENT: &str = "closed by client";
-
-/// A frame for the writer, tagged with the epoch its request registered under.
-pub(crate) struct Outgoing {
-    pub(crate) epoch: u64,
-    pub(crate) frame: Bytes,
+/// Tries `count` of `urls` in turn, starting at index `first` and wrapping around, each
+/// once; the first that handshakes wins. Fails with the last attempt's error, or at once
+/// when a gate refuses the handshake with a 4xx (the others would refuse that token too).
+pub(crate) async fn connect_in_turn(
+    urls: &[String],
+    first: usize,
+    count: usize,
+    options: &ClientOptions,
+) -> Result<Dialed, SdkError> {
+    let mut last = SdkError::connect("no gate URL given");
+    for step in 0..count.min(urls.len()) {
+        let url_index = (first + step) % urls.len();
+        match connect(&urls[url_index], options).await {
+            Ok((ws, ack)) => return Ok(Dialed { url_index, ws, ack }),
+            Err(e) if matches!(e.kind(), ErrorKind::Handshake { code: 400..=499 }) => {
+                return Err(e);
+            }
+            Err(e) => {
+                debug!(url = urls[url_index], error = %e, "gate did not answer");
+                last = e;
+            }
+        }
+    }
+    Err(last)
 }
 
 /// Opens the WebSocket and handshakes, within `connect_timeout`.
@@ -163,216 +167,4 @@ async fn open(url: &str, options: &ClientOptions, config: WebSocketConfig) -> Re
         .await
         .map_err(|e| SdkError::connect_io(url, e))?;
     Ok(ws)
-}
-
-/// How one connection ended.
-enum Exit {
-    /// The client closed (or every handle was dropped).
-    Closed,
-    /// The gate kicked this session; the reason is the kick's. No reconnect.
-    Kicked(String),
-    /// The socket broke or the gate closed it: reconnect if configured.
-    Lost(String),
-}
-
-pub(crate) struct Task {
-    pub(crate) url: String,
-    pub(crate) options: ClientOptions,
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) outgoing: mpsc::Receiver<Outgoing>,
-    pub(crate) pushes: mpsc::Sender<Push>,
-    pub(crate) cancel: CancellationToken,
-}
-
-/// Closes the shared state however the task ends, panics included, so no request
-/// waits for a task that is gone.
-struct FinishOnDrop(Arc<Shared>);
-
-impl Drop for FinishOnDrop {
-    fn drop(&mut self) {
-        self.0.finish("connection task ended");
-    }
-}
-
-impl Task {
-    pub(crate) async fn run(mut self, ws: Ws, ack: HandshakeAck) {
-        let _finish = FinishOnDrop(self.shared.clone());
-        let reason = self.serve_all(ws, ack).await;
-        debug!(%reason, "connection closed");
-        self.shared.finish(&reason);
-    }
-
-    /// Serves connections until one ends for good; returns why.
-    async fn serve_all(&mut self, mut ws: Ws, mut ack: HandshakeAck) -> String {
-        let mut epoch = FIRST_EPOCH;
-        loop {
-            match self.serve(ws, epoch, &ack).await {
-                Exit::Closed => return CLOSED_BY_CLIENT.to_owned(),
-                Exit::Kicked(reason) => return reason,
-                Exit::Lost(reason) => {
-                    let Some(backoff) = self.options.reconnect else {
-                        return reason;
-                    };
-                    debug!(%reason, "connection lost; reconnecting");
-                    epoch = self.shared.lose(&reason);
-                    (ws, ack) = match self.reconnect(backoff).await {
-                        Ok(connected) => connected,
-                        Err(reason) => return reason,
-                    };
-                    debug!(session_id = ack.session_id, "reconnected");
-                    self.shared.up(epoch, ack.session_id);
-                }
-            }
-        }
-    }
-
-    /// Runs one connection until it ends.
-    async fn serve(&mut self, ws: Ws, epoch: u64, ack: &HandshakeAck) -> Exit {
-        // Half the gate's interval: the gate closes after two missed intervals, so this
-        // leaves room for a busy scheduler.
-        let heartbeat = (ack.heartbeat_ms > 0)
-            .then(|| Duration::from_millis(u64::from(ack.heartbeat_ms)) / 2)
-            .map(|period| {
-                let mut interval = tokio::time::interval_at(Instant::now() + period, period);
-                interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
-                interval
-            });
-        let (mut sink, mut stream) = ws.split();
-        let exit = tokio::select! {
-            biased;
-            () = self.cancel.cancelled() => Exit::Closed,
-            exit = read_loop(&mut stream, &self.shared, &self.pushes) => exit,
-            exit = write_loop(&mut sink, &mut self.outgoing, epoch, heartbeat, self.options.json) => exit,
-        };
-        if !matches!(exit, Exit::Lost(_)) {
-            // Tell the gate we are going; it may already be gone, which is fine.
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, sink.close()).await;
-        }
-        exit
-    }
-
-    /// Reconnects with exponential backoff and equal jitter, until it succeeds, the
-    /// client closes, or the gate refuses the handshake with a 4xx (a refused token will
-    /// not be accepted on the next try).
-    async fn reconnect(&self, backoff: Backoff) -> Result<(Ws, HandshakeAck), String> {
-        let max = backoff.max.max(MIN_BACKOFF);
-        let mut delay = backoff.initial.clamp(MIN_BACKOFF, max);
-        loop {
-            // Equal jitter: half fixed, half random, so a fleet of clients dropped at
-            // once does not come back in lockstep.
-            let half = delay / 2;
-            let pause = half + half.mul_f64(fastrand::f64());
-            tokio::select! {
-                biased;
-                () = self.cancel.cancelled() => return Err(CLOSED_BY_CLIENT.to_owned()),
-                () = tokio::time::sleep(pause) => {}
-            }
-            let attempt = tokio::select! {
-                biased;
-                () = self.cancel.cancelled() => return Err(CLOSED_BY_CLIENT.to_owned()),
-                attempt = connect(&self.url, &self.options) => attempt,
-            };
-            match attempt {
-                Ok(connected) => return Ok(connected),
-                Err(e) => {
-                    if let ErrorKind::Handshake { code: 400..=499 } = e.kind() {
-                        return Err(e.to_string());
-                    }
-                    debug!(error = %e, "reconnect failed");
-                }
-            }
-            delay = delay.saturating_mul(2).min(max);
-        }
-    }
-}
-
-/// Reads frames until the connection ends: responses to their waiters, pushes to the
-/// push queue, a kick ends it.
-async fn read_loop(
-    stream: &mut SplitStream<Ws>,
-    shared: &Shared,
-    pushes: &mpsc::Sender<Push>,
-) -> Exit {
-    loop {
-        let message = match stream.next().await {
-            Some(Ok(message)) => message,
-            Some(Err(e)) => return Exit::Lost(format!("read failed: {e}")),
-            None => return Exit::Lost("the gate closed the connection".to_owned()),
-        };
-        let packet = match codec::decode(message) {
-            Ok(Incoming::Packet(packet)) => packet,
-            Ok(Incoming::Close(reason)) => {
-                return Exit::Lost(format!("the gate closed the connection: {reason}"));
-            }
-            Ok(Incoming::Control) => continue,
-            // A gate that sends garbage cannot be trusted with the rest of the stream.
-            Err(e) => return Exit::Lost(format!("protocol error: {e}")),
-        };
-        match packet.kind {
-            Some(Kind::Response(response)) => shared.complete(response),
-            Some(Kind::Push(push)) => match pushes.try_send(push) {
-                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    if shared.push_dropped() {
-                        warn!("push queue full: dropping pushes (see Client::pushes_dropped)");
-                    }
-                }
-            },
-            Some(Kind::Kick(kick)) => return Exit::Kicked(kick.reason),
-            // Heartbeats need no answer; anything else is not for a client: ignore.
-            _ => {}
-        }
-    }
-}
-
-/// Writes queued frames: everything already queued (up to [`MAX_BATCH`]) goes into the
-/// socket's buffer, then one flush. Frames from an older epoch are dropped: their
-/// callers were already failed when that connection was lost.
-async fn write_loop(
-    sink: &mut SplitSink<Ws, Message>,
-    outgoing: &mut mpsc::Receiver<Outgoing>,
-    epoch: u64,
-    mut heartbeat: Option<Interval>,
-    json: bool,
-) -> Exit {
-    loop {
-        let first = tokio::select! {
-            out = outgoing.recv() => match out {
-                Some(out) => out,
-                // Every handle is gone.
-                None => return Exit::Closed,
-            },
-            () = tick(&mut heartbeat) => Outgoing { epoch, frame: codec::heartbeat(json) },
-        };
-        let mut next = Some(first);
-        let mut written = 0;
-        while let Some(out) = next {
-            if out.epoch == epoch {
-                if let Err(e) = sink.feed(codec::message(json, out.frame)).await {
-                    return Exit::Lost(format!("write failed: {e}"));
-                }
-                written += 1;
-            }
-            next = if written < MAX_BATCH {
-                outgoing.try_recv().ok()
-            } else {
-                None
-            };
-        }
-        if written == 0 {
-            continue;
-        }
-        if let Err(e) = sink.flush().await {
-            return Exit::Lost(format!("write failed: {e}"));
-        }
-    }
-}
-
-async fn tick(interval: &mut Option<Interval>) {
-    match interval {
-        Some(interval) => {
-            interval.tick().await;
-        }
-        None => std::future::pending().await,
-    }
 }

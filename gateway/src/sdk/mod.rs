@@ -38,12 +38,33 @@
 //! [`Client::close`]) is re-established with exponential backoff and a new handshake.
 //! Requests in flight at the drop fail with [`ErrorKind::Closed`]; requests made while
 //! reconnecting wait for the new connection, within their timeout.
+//!
+//! **Several gates.** [`Client::connect_any`] takes a list of gate URLs: it connects to
+//! the first that answers, and each reconnection attempt goes to the next URL in turn.
+//!
+//! **Drains.** A gate being stopped or replaced sends a `Drain` packet. The client then
+//! dials the other URLs in turn, starting after the draining gate's, with the same
+//! options and token, and moves to the first that handshakes ([`Client::moves`] counts
+//! moves), losing nothing: requests made from then on go to the new gate; requests
+//! already sent finish on the old one, whose socket stays open until the last of them
+//! is answered; a request the draining gate refused without forwarding it (503
+//! `gate draining`, [`DRAINING_MESSAGE`]) is sent again on the new gate within its own
+//! timeout and never reaches the caller. Pushes from both gates arrive on the same
+//! [`Client::pushes`] stream meanwhile. If no other gate answers, the client stays on
+//! the draining one until it closes, then reconnects as after any drop (its closing kick
+//! included).
+//!
+//! A move, like a reconnection, starts a new session: the gate's session state (the
+//! player bound by a login, the rooms joined) stays behind. When [`Client::session_id`]
+//! changes ([`Client::reconnects`] or [`Client::moves`] grew), log in and join again.
 
 mod codec;
 mod connection;
 mod error;
+mod link;
 mod shared;
 mod stream;
+mod task;
 #[cfg(test)]
 mod tests;
 
@@ -65,8 +86,8 @@ pub use tokio_rustls::rustls;
 pub use crate::tls::TlsError;
 pub use crate::tls::client_config as tls_client_config;
 
-use connection::{Outgoing, Task};
 use shared::{Refused, Shared, State, Waiter};
+use task::{Outgoing, Task};
 
 /// Default for [`ClientOptions::request_timeout`]: longer than the gate's own request
 /// timeout, so a slow handler normally shows up as a 408 response, not a client timeout.
@@ -192,25 +213,43 @@ impl std::fmt::Debug for Client {
 impl Client {
     /// Connects to `url` (`ws://host:port/`, or `wss://` with [`ClientOptions::tls`]), handshakes, and starts the connection
     /// task. Fails with [`ErrorKind::Connect`], or [`ErrorKind::Handshake`] carrying the
-    /// gate's code and message.
+    /// gate's code and message. The client has this one gate: reconnections go back to
+    /// it, and a drain cannot move it ([`Client::connect_any`] can).
     pub async fn connect(url: &str, options: ClientOptions) -> Result<Client, SdkError> {
-        let (ws, ack) = connection::connect(url, &options).await?;
-        let shared = Arc::new(Shared::new(ack.session_id));
+        Client::connect_any(&[url], options).await
+    }
+
+    /// Connects to the first of `urls` that handshakes, trying them in order, each once.
+    /// All of them are the client's gates: a reconnection tries the next one after the
+    /// gate it lost, and a gate's drain moves the client to the next one that answers
+    /// (see the module docs). Fails with the last gate's error, or [`ErrorKind::Connect`]
+    /// for an empty list.
+    pub async fn connect_any<S: AsRef<str>>(
+        urls: &[S],
+        options: ClientOptions,
+    ) -> Result<Client, SdkError> {
+        let urls: Arc<[String]> = urls.iter().map(|u| u.as_ref().to_owned()).collect();
+        let dialed = connection::connect_in_turn(&urls, 0, urls.len(), &options).await?;
+        let shared = Arc::new(Shared::new(dialed.ack.session_id));
         let (outgoing_tx, outgoing_rx) = mpsc::channel(options.queue_capacity.max(1));
         let (push_tx, push_rx) = mpsc::channel(options.push_capacity.max(1));
         let cancel = CancellationToken::new();
         let request_timeout = options.request_timeout;
         let json = options.json;
-        let span = tracing::debug_span!("sdk", url, session_id = ack.session_id);
+        let span = tracing::debug_span!(
+            "sdk",
+            url = urls[dialed.url_index],
+            session_id = dialed.ack.session_id
+        );
         let task = Task {
-            url: url.to_owned(),
-            options,
+            urls,
+            options: Arc::new(options),
             shared: shared.clone(),
             outgoing: outgoing_rx,
             pushes: push_tx,
             cancel: cancel.clone(),
         };
-        tokio::spawn(task.run(ws, ack).instrument(span));
+        tokio::spawn(task.run(dialed).instrument(span));
         Ok(Client {
             inner: Arc::new(Inner {
                 shared,
@@ -246,23 +285,33 @@ impl Client {
             .unwrap_or_else(|_| Err(SdkError::timeout()))
     }
 
+    /// Registers, sends and awaits one request. A draining gate's refusal (never
+    /// forwarded) is sent again on the connection the client moves to.
     async fn exchange(&self, id: u64, frame: bytes::Bytes) -> Result<Response, SdkError> {
-        let (waiter, answer) = oneshot::channel();
-        let epoch = self.register(id, waiter).await?;
-        // From here until the answer, a timeout or a dropped future forgets the waiter.
-        let mut guard = Forget {
-            shared: &self.inner.shared,
-            id,
-            armed: true,
-        };
-        self.send(epoch, frame).await?;
-        let result = answer.await;
-        // Answered (or failed by the task): the waiter is already out of the table.
-        guard.armed = false;
-        match result {
-            Ok(result) => result,
-            // The waiter was dropped unanswered: only when the task is gone.
-            Err(_) => Err(self.inner.shared.closed_error()),
+        // The first connection the request may go on: after a refusal, a later one.
+        let mut from_epoch = 0;
+        loop {
+            let (waiter, answer) = oneshot::channel();
+            let epoch = self.register(id, waiter, from_epoch).await?;
+            // From here until the answer, a timeout or a dropped future forgets the
+            // waiter.
+            let mut guard = Forget {
+                shared: &self.inner.shared,
+                id,
+                armed: true,
+            };
+            self.send(epoch, frame.clone()).await?;
+            let result = answer.await;
+            // Answered (or failed by the task): the waiter is already out of the table.
+            guard.armed = false;
+            match result {
+                Ok(Ok(response)) if refused_by_draining_gate(&response) => {
+                    from_epoch = epoch + 1;
+                }
+                Ok(result) => return result,
+                // The waiter was dropped unanswered: only when the task is gone.
+                Err(_) => return Err(self.inner.shared.closed_error()),
+            }
         }
     }
 
@@ -305,6 +354,11 @@ impl Client {
         self.inner.shared.reconnects()
     }
 
+    /// Moves so far: a gate drained and the client went to another one.
+    pub fn moves(&self) -> u64 {
+        self.inner.shared.moves()
+    }
+
     /// Whether the client is closed for good (closed, kicked, or lost without
     /// reconnect).
     pub fn is_closed(&self) -> bool {
@@ -324,7 +378,7 @@ impl Client {
                 _ => None,
             });
         // The state's sender lives as long as `self`, so `wait_for` cannot fail.
-        closed.unwrap_or_else(|| connection::CLOSED_BY_CLIENT.to_owned())
+        closed.unwrap_or_else(|| task::CLOSED_BY_CLIENT.to_owned())
     }
 
     /// Closes the connection: pending and later requests fail with
@@ -335,12 +389,17 @@ impl Client {
         self.closed().await;
     }
 
-    /// Registers a waiter under the current connection's epoch, waiting for a
-    /// reconnection if one is under way.
-    async fn register(&self, id: u64, mut waiter: Waiter) -> Result<u64, SdkError> {
+    /// Registers a waiter under the current connection's epoch, once that is at least
+    /// `from_epoch`, waiting for a reconnection or a move if one is under way.
+    async fn register(
+        &self,
+        id: u64,
+        mut waiter: Waiter,
+        from_epoch: u64,
+    ) -> Result<u64, SdkError> {
         let shared = &self.inner.shared;
         // Fast path: connected, no subscription needed.
-        let current = current_epoch(&shared.state().borrow())?;
+        let current = current_epoch(&shared.state().borrow(), from_epoch)?;
         if let Some(epoch) = current {
             match shared.insert(epoch, id, waiter) {
                 Ok(()) => return Ok(epoch),
@@ -350,7 +409,7 @@ impl Client {
         }
         let mut state = shared.state().subscribe();
         loop {
-            let current = current_epoch(&state.borrow_and_update())?;
+            let current = current_epoch(&state.borrow_and_update(), from_epoch)?;
             if let Some(epoch) = current {
                 match shared.insert(epoch, id, waiter) {
                     Ok(()) => return Ok(epoch),
@@ -367,12 +426,12 @@ impl Client {
     /// The current epoch, after waiting for a reconnection if one is under way.
     async fn wait_up(&self) -> Result<u64, SdkError> {
         let shared = &self.inner.shared;
-        if let Some(epoch) = current_epoch(&shared.state().borrow())? {
+        if let Some(epoch) = current_epoch(&shared.state().borrow(), 0)? {
             return Ok(epoch);
         }
         let mut state = shared.state().subscribe();
         loop {
-            if let Some(epoch) = current_epoch(&state.borrow_and_update())? {
+            if let Some(epoch) = current_epoch(&state.borrow_and_update(), 0)? {
                 return Ok(epoch);
             }
             if state.changed().await.is_err() {
@@ -396,13 +455,24 @@ impl Client {
     }
 }
 
-/// `Some(epoch)` when up, `None` while reconnecting, the close reason when closed.
-fn current_epoch(state: &State) -> Result<Option<u64>, SdkError> {
+/// `Some(epoch)` when up at `from_epoch` or later, `None` while reconnecting (or not yet
+/// moved on), the close reason when closed.
+fn current_epoch(state: &State, from_epoch: u64) -> Result<Option<u64>, SdkError> {
     match state {
-        State::Up { epoch } => Ok(Some(*epoch)),
-        State::Reconnecting => Ok(None),
+        State::Up { epoch } if *epoch >= from_epoch => Ok(Some(*epoch)),
+        State::Up { .. } | State::Reconnecting => Ok(None),
         State::Closed { reason } => Err(SdkError::closed(reason.clone())),
     }
+}
+
+/// The code and message of a draining gate's answer to a request it did not forward:
+/// safe to send again on another gate.
+pub const DRAINING_CODE: u32 = proto::code::OVERLOADED;
+/// See [`DRAINING_CODE`].
+pub const DRAINING_MESSAGE: &str = "gate draining";
+
+fn refused_by_draining_gate(response: &Response) -> bool {
+    response.code == DRAINING_CODE && response.message == DRAINING_MESSAGE
 }
 
 /// Removes a request's waiter if the request is abandoned (timeout, dropped future)

@@ -8,6 +8,12 @@
 //! the writer of the next connection drops frames tagged with an old epoch instead of
 //! sending requests whose callers were already told `Closed`.
 //!
+//! **Moves.** When the gate drains, the client moves to another gate without failing
+//! anything: the new connection gets the next epoch, and the waiters of the old one stay
+//! in the table, counted as *retiring* under their epoch, until their answers arrive on
+//! the old socket. The connection task closes that socket once its count is zero
+//! ([`Shared::retired`] wakes it).
+//!
 //! The table is a plain mutex: each request takes it twice (insert, then the reader's
 //! remove), never across an `.await`, and only this connection's callers contend on it.
 
@@ -16,7 +22,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use proto::client::Response;
 use rustc_hash::FxHashMap;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{Notify, oneshot, watch};
 
 use super::error::SdkError;
 
@@ -44,7 +50,24 @@ pub(crate) enum Refused {
 struct Table {
     epoch: u64,
     closed: Option<String>,
-    waiters: FxHashMap<u64, Waiter>,
+    /// Each waiter under the epoch it registered in.
+    waiters: FxHashMap<u64, (u64, Waiter)>,
+    /// Connections moved away from but still open: their epoch and how many of the
+    /// waiters are theirs. Empty except during a move.
+    retiring: FxHashMap<u64, usize>,
+}
+
+impl Table {
+    /// Takes request `id`'s waiter out, counting it off its retiring connection.
+    fn take(&mut self, id: u64) -> Option<Waiter> {
+        let (epoch, waiter) = self.waiters.remove(&id)?;
+        if epoch != self.epoch
+            && let Some(count) = self.retiring.get_mut(&epoch)
+        {
+            *count = count.saturating_sub(1);
+        }
+        Some(waiter)
+    }
 }
 
 pub(crate) struct Shared {
@@ -53,6 +76,9 @@ pub(crate) struct Shared {
     session_id: AtomicU64,
     pushes_dropped: AtomicU64,
     reconnects: AtomicU64,
+    moves: AtomicU64,
+    /// Woken when a retiring connection's last waiter is answered or forgotten.
+    retired: Notify,
 }
 
 /// The first connection's epoch.
@@ -65,11 +91,14 @@ impl Shared {
                 epoch: FIRST_EPOCH,
                 closed: None,
                 waiters: FxHashMap::default(),
+                retiring: FxHashMap::default(),
             }),
             state: watch::Sender::new(State::Up { epoch: FIRST_EPOCH }),
             session_id: AtomicU64::new(session_id),
             pushes_dropped: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
+            moves: AtomicU64::new(0),
+            retired: Notify::new(),
         }
     }
 
@@ -92,22 +121,86 @@ impl Shared {
         if table.epoch != epoch {
             return Err(Refused::Stale(waiter));
         }
-        table.waiters.insert(id, waiter);
+        table.waiters.insert(id, (epoch, waiter));
         Ok(())
     }
 
     /// Forgets request `id` (its caller timed out or went away).
     pub(crate) fn remove(&self, id: u64) {
-        self.table().waiters.remove(&id);
+        self.take(id);
     }
 
     /// Hands a response to its waiter. A response nobody waits for (timed out, or an
     /// id the client never sent) is dropped.
     pub(crate) fn complete(&self, response: Response) {
-        let waiter = self.table().waiters.remove(&response.id);
-        if let Some(waiter) = waiter {
+        if let Some(waiter) = self.take(response.id) {
             // The caller may have given up since; that is its business.
             let _ = waiter.send(Ok(response));
+        }
+    }
+
+    fn take(&self, id: u64) -> Option<Waiter> {
+        let mut table = self.table();
+        let retiring = table.retiring.len();
+        let waiter = table.take(id);
+        // Only during a move: wake the task when a retiring connection has nothing left.
+        if retiring > 0 && table.retiring.values().any(|&count| count == 0) {
+            self.retired.notify_one();
+        }
+        waiter
+    }
+
+    /// The client moved to a new connection: requests register under the next epoch
+    /// from now on, while the current one's waiters stay, retiring. Returns the new
+    /// epoch.
+    pub(crate) fn moved(&self, session_id: u64) -> u64 {
+        let epoch = {
+            let mut table = self.table();
+            let old = table.epoch;
+            let pending = table.waiters.values().filter(|(e, _)| *e == old).count();
+            table.retiring.insert(old, pending);
+            table.epoch += 1;
+            table.epoch
+        };
+        self.session_id.store(session_id, Ordering::Relaxed);
+        self.moves.fetch_add(1, Ordering::Relaxed);
+        self.state.send_replace(State::Up { epoch });
+        self.retired.notify_one();
+        epoch
+    }
+
+    /// Waits until a retiring connection may have nothing left (check with
+    /// [`Shared::retiring_done`]).
+    pub(crate) async fn retired(&self) {
+        self.retired.notified().await;
+    }
+
+    /// Whether retiring connection `epoch` has no waiter left.
+    pub(crate) fn retiring_done(&self, epoch: u64) -> bool {
+        self.table()
+            .retiring
+            .get(&epoch)
+            .is_none_or(|&count| count == 0)
+    }
+
+    /// Retiring connection `epoch` is gone: fail what still waits on it (`reason`) and
+    /// stop counting it.
+    pub(crate) fn retire(&self, epoch: u64, reason: &str) {
+        let waiters: Vec<Waiter> = {
+            let mut table = self.table();
+            table.retiring.remove(&epoch);
+            let ids: Vec<u64> = table
+                .waiters
+                .iter()
+                .filter(|(_, (e, _))| *e == epoch)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| table.waiters.remove(&id).map(|(_, w)| w))
+                .collect()
+        };
+        for waiter in waiters {
+            let _ = waiter.send(Err(SdkError::closed(reason)));
         }
     }
 
@@ -117,6 +210,7 @@ impl Shared {
         let (epoch, waiters) = {
             let mut table = self.table();
             table.epoch += 1;
+            table.retiring.clear();
             (table.epoch, std::mem::take(&mut table.waiters))
         };
         fail_all(waiters, reason);
@@ -140,6 +234,7 @@ impl Shared {
             }
             table.closed = Some(reason.to_owned());
             table.epoch += 1;
+            table.retiring.clear();
             std::mem::take(&mut table.waiters)
         };
         fail_all(waiters, reason);
@@ -171,14 +266,18 @@ impl Shared {
         self.reconnects.load(Ordering::Relaxed)
     }
 
+    pub(crate) fn moves(&self) -> u64 {
+        self.moves.load(Ordering::Relaxed)
+    }
+
     #[cfg(test)]
     pub(crate) fn pending(&self) -> usize {
         self.table().waiters.len()
     }
 }
 
-fn fail_all(waiters: FxHashMap<u64, Waiter>, reason: &str) {
-    for (_, waiter) in waiters {
+fn fail_all(waiters: FxHashMap<u64, (u64, Waiter)>, reason: &str) {
+    for (_, (_, waiter)) in waiters {
         let _ = waiter.send(Err(SdkError::closed(reason)));
     }
 }

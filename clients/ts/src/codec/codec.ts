@@ -36,7 +36,8 @@ export type Inbound =
   | { kind: "response"; id: number; code: number; body: Body; message: string; timing?: Timing }
   | { kind: "push"; route: string; body: Body }
   | { kind: "kick"; reason: string }
-  | { kind: "refreshAck"; code: number; message: string };
+  | { kind: "refreshAck"; code: number; message: string }
+  | { kind: "drain"; reason: string; graceMs: number };
 
 export interface Codec {
   readonly encoding: Encoding;

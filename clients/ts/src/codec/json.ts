@@ -83,6 +83,8 @@ export const jsonCodec: Codec = {
         return { kind: "kick", reason: string(fields, "reason") };
       case "refresh_ack":
         return { kind: "refreshAck", code: uint(fields, "code"), message: string(fields, "message") };
+      case "drain":
+        return { kind: "drain", reason: string(fields, "reason"), graceMs: uint(fields, "grace_ms") };
       default:
         if (CLIENT_ONLY_KINDS.includes(kind)) {
           throw new ProtocolError(`packet not for a client: ${kind}`);

@@ -64,6 +64,8 @@ export const protobufCodec: Codec = {
         return { kind: "kick", reason: kind.value.reason };
       case "refreshAck":
         return { kind: "refreshAck", code: kind.value.code, message: kind.value.message };
+      case "drain":
+        return { kind: "drain", reason: kind.value.reason, graceMs: kind.value.graceMs };
       case undefined:
         throw new ProtocolError("unknown packet kind");
       default:

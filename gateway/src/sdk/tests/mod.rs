@@ -1,177 +1,20 @@
-//! The SDK against a fake gate: a tokio-tungstenite server on port 0 that speaks just
-//! enough of the protocol, with routes that make it misbehave on demand.
-//!
-//! Fake routes: `echo.echo` echoes; `echo.reverse` holds requests until it has
-//! [`REVERSE_BATCH`] and answers them newest first; `echo.slow` never answers;
-//! `echo.fail` answers 500; `echo.json` answers in a text frame; `push.me` pushes the
-//! body on `chat.msg`, then echoes; `kick.me` kicks with the body as the reason;
-//! `drop.me` drops the TCP connection without a word. Notifies (id 0) are reported as
-//! events and answered with a stray response, which the client must ignore.
+//! The SDK against a fake gate ([`fake_gate`]).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+mod drain;
+mod fake_gate;
+
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::{SinkExt, StreamExt, future::join_all};
-use proto::Message as _;
-use proto::client::{HandshakeAck, Heartbeat, Kick, Packet, Request, packet::Kind};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::Message;
+use futures::future::join_all;
+use tokio::net::TcpListener;
 
 use super::*;
+use fake_gate::{Event, REVERSE_BATCH, fake_gate};
 
-const REVERSE_BATCH: usize = 16;
 /// A deadline for conditions the tests wait on: generous, never slept.
 const DEADLINE: Duration = Duration::from_secs(10);
-
-#[derive(Debug, PartialEq)]
-enum Event {
-    Notify { route: String, body: Bytes },
-    Heartbeat { session: u64 },
-}
-
-struct FakeGate {
-    url: String,
-    events: mpsc::Receiver<Event>,
-    connections: Arc<AtomicU64>,
-    accept: tokio::task::JoinHandle<()>,
-}
-
-impl FakeGate {
-    /// Closes the listening socket: reconnections are refused from now on.
-    async fn stop_accepting(&mut self) {
-        self.accept.abort();
-        let _ = (&mut self.accept).await;
-    }
-}
-
-async fn fake_gate(heartbeat_ms: u32) -> FakeGate {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("ws://{}/", listener.local_addr().unwrap());
-    let (events, rx) = mpsc::channel(1024);
-    let connections = Arc::new(AtomicU64::new(0));
-    let count = connections.clone();
-    let accept = tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let session = count.fetch_add(1, Ordering::SeqCst) + 1;
-            tokio::spawn(serve(stream, session, heartbeat_ms, events.clone()));
-        }
-    });
-    FakeGate {
-        url,
-        events: rx,
-        connections,
-        accept,
-    }
-}
-
-fn frame(kind: Kind) -> Message {
-    Message::Binary(Packet::new(kind).encode_to_vec().into())
-}
-
-fn response(id: u64, code: u32, body: Bytes) -> Kind {
-    Kind::Response(Response {
-        id,
-        code,
-        body,
-        ..Response::default()
-    })
-}
-
-async fn serve(stream: TcpStream, session: u64, heartbeat_ms: u32, events: mpsc::Sender<Event>) {
-    let mut ws = tokio_tungstenite::accept_async(stream).await.unwrap();
-    let Some(Ok(Message::Binary(hello))) = ws.next().await else {
-        return;
-    };
-    let Some(Kind::Handshake(hello)) = Packet::decode(hello).unwrap().kind else {
-        panic!("first frame is not a handshake");
-    };
-    let refused = hello.token == "bad";
-    let ack = HandshakeAck {
-        code: if refused { 401 } else { 200 },
-        session_id: session,
-        heartbeat_ms,
-        message: if refused {
-            "bad token".into()
-        } else {
-            String::new()
-        },
-    };
-    ws.send(frame(Kind::HandshakeAck(ack))).await.unwrap();
-    if refused {
-        let _ = ws.close(None).await;
-        return;
-    }
-    // The gate may heartbeat too; the client ignores it.
-    ws.send(frame(Kind::Heartbeat(Heartbeat {}))).await.unwrap();
-    let mut held: Vec<Request> = Vec::new();
-    while let Some(Ok(message)) = ws.next().await {
-        let Message::Binary(bytes) = message else {
-            continue;
-        };
-        let request = match Packet::decode(bytes).unwrap().kind {
-            Some(Kind::Heartbeat(_)) => {
-                let _ = events.try_send(Event::Heartbeat { session });
-                continue;
-            }
-            Some(Kind::Request(request)) => request,
-            other => panic!("unexpected packet {other:?}"),
-        };
-        let Request { id, route, body } = request.clone();
-        if id == 0 {
-            let _ = events.try_send(Event::Notify { route, body });
-            ws.send(frame(response(0, 200, Bytes::from_static(b"stray"))))
-                .await
-                .unwrap();
-            continue;
-        }
-        match route.as_str() {
-            "echo.echo" => ws.send(frame(response(id, 200, body))).await.unwrap(),
-            "echo.reverse" => {
-                held.push(request);
-                if held.len() == REVERSE_BATCH {
-                    for r in held.drain(..).rev() {
-                        ws.feed(frame(response(r.id, 200, r.body))).await.unwrap();
-                    }
-                    ws.flush().await.unwrap();
-                }
-            }
-            "echo.slow" => {}
-            "echo.fail" => {
-                let failed = Response {
-                    id,
-                    code: 500,
-                    message: "boom".into(),
-                    ..Response::default()
-                };
-                ws.send(frame(Kind::Response(failed))).await.unwrap();
-            }
-            "echo.json" => {
-                let packet = Packet::new(response(id, 200, body));
-                let text = proto::json::encode(&packet).unwrap();
-                ws.send(Message::text(text)).await.unwrap();
-            }
-            "push.me" => {
-                let push = Push {
-                    route: "chat.msg".into(),
-                    body: body.clone(),
-                };
-                ws.send(frame(Kind::Push(push))).await.unwrap();
-                ws.send(frame(response(id, 200, body))).await.unwrap();
-            }
-            "kick.me" => {
-                let reason = String::from_utf8(body.to_vec()).unwrap();
-                ws.send(frame(Kind::Kick(Kick { reason }))).await.unwrap();
-                let _ = ws.close(None).await;
-                return;
-            }
-            "drop.me" => return,
-            other => panic!("the fake gate has no route {other}"),
-        }
-    }
-}
 
 fn options() -> ClientOptions {
     ClientOptions {
