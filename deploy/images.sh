@@ -55,7 +55,7 @@ nats_server_bin="${nats_server_bin:-$(command -v nats-server || true)}"
 [[ -x "${nats_server_bin}" ]] || { echo "error: no nats-server (PATH or --nats-server-bin)" >&2; exit 1; }
 if [[ -z "${suite}" ]]; then
   # shellcheck source=/dev/null
-  suite="$(. /etc/os-release 2>/dev/null && [[ "${ID:-}" == debian ]] && echo "${VERSION_CODENAME:-}" || true)"
+  suite="$(if . /etc/os-release 2>/dev/null && [[ "${ID:-}" == debian ]]; then echo "${VERSION_CODENAME:-}"; fi)"
   suite="${suite:-bookworm}"
 fi
 base_image="${BASE_REPO}:${suite}"
@@ -106,7 +106,8 @@ build_base() {
 build() {
   local start=${SECONDS} image="$1" dockerfile="$2" context="$3" target=()
   [[ $# -ge 4 ]] && target=(--target "$4")
-  docker build -q -f "${dockerfile}" "${target[@]}" --build-arg "BASE_IMAGE=${base_image}" \
+  # No network in the build: everything it needs is in the context or the base.
+  docker build -q --network none -f "${dockerfile}" "${target[@]}" --build-arg "BASE_IMAGE=${base_image}" \
     -t "${image}" "${context}" >/dev/null
   elapsed "${image}" "${start}"
 }

@@ -1,3 +1,5 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2034 # engine_pid and engine_why_not are read by the caller
 # A Docker engine for deploy/test.sh (sourced, not run). engine_start uses the engine
 # DOCKER_HOST (or /var/run/docker.sock) names when one answers; otherwise it starts a
 # dockerd of its own, records its pid, and engine_stop stops exactly that process.
@@ -18,6 +20,7 @@ ENGINE_STOP_TIMEOUT_S="${SHADDOCK_DOCKER_STOP_TIMEOUT_S:-30}"
 ENGINE_PACKAGES=(docker.io docker-compose debootstrap)
 
 engine_pid=""
+# Why engine_start found no engine.
 engine_why_not=""
 
 # The Debian docker client (BuildKit without the buildx plugin), else any.
