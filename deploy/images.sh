@@ -26,7 +26,7 @@ EOF
 }
 
 BASE_REPO=shaddock-base
-CACHE_DIR_DEFAULT=/var/cache/shaddock-deploy
+CACHE_DIR_DEFAULT="${SHADDOCK_DEPLOY_CACHE_DIR:-/var/cache/shaddock-deploy}"
 MIRROR=${SHADDOCK_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # The same defaults as deploy/compose.yaml's image names.
 SHADDOCK_IMAGE=${SHADDOCK_IMAGE:-shaddock:latest}

@@ -16,8 +16,6 @@ ENGINE_RUN_DIR="${SHADDOCK_DOCKER_RUN_DIR:-/run/shaddock-docker}"
 # How long dockerd may take to answer, and to exit on SIGTERM (it stops its containers).
 ENGINE_START_TIMEOUT_S="${SHADDOCK_DOCKER_START_TIMEOUT_S:-60}"
 ENGINE_STOP_TIMEOUT_S="${SHADDOCK_DOCKER_STOP_TIMEOUT_S:-30}"
-# Debian's packages for the engine, compose, and the base image.
-ENGINE_PACKAGES=(docker.io docker-compose debootstrap)
 
 engine_pid=""
 # Why engine_start found no engine.
@@ -27,24 +25,39 @@ engine_why_not=""
 DOCKER="${DOCKER:-$(command -v /usr/bin/docker || command -v docker || true)}"
 export DOCKER
 docker() { "${DOCKER}" "$@"; }
+# Compose v1 (Debian 12's docker-compose) or v2 (the docker plugin); both read
+# deploy/compose.yaml.
+compose_cmd() {
+  if command -v docker-compose >/dev/null 2>&1; then
+    docker-compose "$@"
+  else
+    docker compose "$@"
+  fi
+}
 
-# Installs what is missing; false (with engine_why_not) when it cannot.
+# Installs the Debian packages of the given commands that are missing; false (with
+# engine_why_not) when it cannot.
 engine_packages() {
-  local missing=()
-  command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
-  command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
-  command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+  local missing=() cmd
+  declare -A package=([dockerd]=docker.io [docker-compose]=docker-compose [debootstrap]=debootstrap)
+  for cmd in "$@"; do
+    command -v "${cmd}" >/dev/null 2>&1 || missing+=("${package[${cmd}]}")
+  done
   [[ ${#missing[@]} -eq 0 ]] && return 0
   if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-    engine_why_not="missing ${missing[*]}, and no apt-get as root to install ${ENGINE_PACKAGES[*]}"
+    engine_why_not="missing ${missing[*]}, and no apt-get as root to install them"
     return 1
   fi
-  echo "installing ${ENGINE_PACKAGES[*]} (Debian's packages)"
+  echo "installing ${missing[*]} (Debian's packages)"
+  local log
+  log="$(mktemp)"
   if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    --no-install-recommends "${ENGINE_PACKAGES[@]}"; } >"${ENGINE_RUN_DIR}.apt.log" 2>&1; then
-    engine_why_not="apt-get install ${ENGINE_PACKAGES[*]} failed: $(tail -3 "${ENGINE_RUN_DIR}.apt.log")"
+    --no-install-recommends "${missing[@]}"; } >"${log}" 2>&1; then
+    engine_why_not="apt-get install ${missing[*]} failed: $(tail -3 "${log}")"
+    rm -f "${log}"
     return 1
   fi
+  rm -f "${log}"
   DOCKER="$(command -v /usr/bin/docker || command -v docker)"
 }
 
@@ -53,13 +66,18 @@ engine_answers() { docker info >/dev/null 2>&1; }
 # Sets DOCKER_HOST to an engine that answers; false (with engine_why_not) when none can
 # be had here.
 engine_start() {
+  # Compose (Debian's docker-compose, unless `docker compose` works) and debootstrap,
+  # for the base image, whichever engine runs.
+  local tools=(debootstrap)
+  docker compose version >/dev/null 2>&1 || tools+=(docker-compose)
   if [[ -n "${DOCKER_HOST:-}" ]] || [[ -S /var/run/docker.sock ]]; then
     if engine_answers; then
+      engine_packages "${tools[@]}" || return 1
       echo "engine: the running one at ${DOCKER_HOST:-/var/run/docker.sock} (left running)"
       return 0
     fi
   fi
-  engine_packages || return 1
+  engine_packages dockerd "${tools[@]}" || return 1
   if [[ "$(id -u)" != 0 ]]; then
     engine_why_not="dockerd needs root"
     return 1
