@@ -58,7 +58,7 @@ else
 fi
 
 if command -v shellcheck >/dev/null 2>&1; then
-  shellcheck -x ../scripts/cluster.sh check.sh test.sh images.sh test/engine.sh
+  (cd .. && shellcheck -x scripts/cluster.sh deploy/check.sh deploy/test.sh deploy/images.sh deploy/test/engine.sh)
   ok "shellcheck scripts/cluster.sh and deploy's scripts"
 else
   skip "shellcheck (not installed)"
