@@ -78,6 +78,11 @@ teardown() {
     compose down --remove-orphans --timeout 20 >"${work}/down.log" 2>&1 \
       || { echo "compose down failed:"; cat "${work}/down.log"; }
   fi
+  if [[ -n "${engine_pid}" ]]; then
+    # Our own engine: drop the images this run's rebuilds left untagged, so the kept data
+    # root holds one set.
+    docker image prune -f >/dev/null
+  fi
   engine_stop
   rm -rf "${work}"
   local outcome=passed
@@ -90,7 +95,13 @@ trap teardown EXIT
 trap 'exit 130' INT TERM
 
 phase "offline: deploy/nats-exporter tests, Kubernetes files"
-(cd deploy/nats-exporter && go vet ./... && go test ./... && test -z "$(gofmt -l .)")
+(
+  cd deploy/nats-exporter
+  go vet ./...
+  go test ./...
+  unformatted="$(gofmt -l .)"
+  [[ -z "${unformatted}" ]] || { echo "FAIL  gofmt would change: ${unformatted}" >&2; exit 1; }
+)
 if command -v kubectl >/dev/null 2>&1; then
   kubectl kustomize deploy/k8s >"${work}/k8s.yaml"
 else
