@@ -138,4 +138,10 @@ step "Pomelo clients (clients/pomelo-test): the npm pomelo-protocol codec agains
   run npm test
 )
 
+# Deployment: deploy/ for real (issue #18). Needs the debug `shaddock` built above, the
+# TypeScript SDK built above, and nats-server. On a machine where no Docker engine can be
+# started it runs its offline checks, then says so and skips the fleet.
+step "Deployment (deploy/test.sh): images without a registry, the compose fleet under Docker, Kubernetes files"
+run deploy/test.sh --shaddock-bin target/debug/shaddock --skip-without-engine
+
 step "All checks passed"

@@ -1,0 +1,3 @@
+module shaddock/deploy/nats-exporter
+
+go 1.22
