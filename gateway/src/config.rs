@@ -55,6 +55,11 @@ pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Frames queued towards one client (answers and pushes) before it counts as too slow
 /// and is closed; bounded so a client that stops reading cannot grow the gate.
+/// Default for `--max-bus-pending`: bytes of requests waiting for the bus connection's
+/// writer. At ~200 bytes a request that is thousands of requests, far more than one
+/// write takes; reaching it means the bus (or the network to it) is not keeping up, and
+/// waiting longer only turns answers into timeouts.
+pub const DEFAULT_MAX_BUS_PENDING: usize = 4 * 1024 * 1024;
 pub const DEFAULT_OUTBOUND_QUEUE: usize = 1024;
 /// WebSocket read buffer per session; small, so idle sessions stay cheap.
 pub const WS_READ_BUFFER: usize = 4 * 1024;
@@ -122,6 +127,10 @@ pub struct GateConfig {
     /// Milliseconds shutdown waits for in-flight requests.
     #[arg(long = "shutdown-grace-ms", env = "SHADDOCK_SHUTDOWN_GRACE_MS", value_parser = parse_ms, default_value = "5000")]
     pub shutdown_grace: Duration,
+    /// Bytes of requests waiting for the bus connection's writer before new ones are
+    /// answered 503 at once.
+    #[arg(long, env = "SHADDOCK_MAX_BUS_PENDING", default_value_t = DEFAULT_MAX_BUS_PENDING)]
+    pub max_bus_pending: usize,
     /// Frames queued towards one client before it is closed as too slow.
     #[arg(long, env = "SHADDOCK_OUTBOUND_QUEUE", default_value_t = DEFAULT_OUTBOUND_QUEUE)]
     pub outbound_queue: usize,
@@ -187,6 +196,7 @@ impl Default for GateConfig {
             heartbeat: DEFAULT_HEARTBEAT,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             outbound_queue: DEFAULT_OUTBOUND_QUEUE,
+            max_bus_pending: DEFAULT_MAX_BUS_PENDING,
             token: String::new(),
             jwt_secret_file: None,
             jwt_public_key: Vec::new(),

@@ -116,7 +116,11 @@ mod tests {
                 };
                 let mut ours = BytesMut::new();
                 request.put(&mut ours);
-                assert_eq!(ours.len(), request.len(), "the length computed up front is exact");
+                assert_eq!(
+                    ours.len(),
+                    request.len(),
+                    "the length computed up front is exact"
+                );
                 let ours = ours.freeze();
                 assert_eq!(
                     &ours[..],

@@ -168,8 +168,12 @@ impl Gate {
                 bus::check_url(url).context("invalid NATS URL")?;
             }
         }
-        let bus = Bus::new(bus, format!("{}.gw.{}.>", config.prefix, config.gate_id));
-        bus.subscribe(proto::schema::announcements(&config.prefix), Target::Schemas);
+        let replies = format!("{}.gw.{}.>", config.prefix, config.gate_id);
+        let bus = Bus::new(bus, replies, config.max_bus_pending);
+        bus.subscribe(
+            proto::schema::announcements(&config.prefix),
+            Target::Schemas,
+        );
         let admission = Admission::new(config.max_sessions, config.max_connections_per_ip);
         let ws_config = WebSocketConfig::default()
             .read_buffer_size(WS_READ_BUFFER)
@@ -465,9 +469,14 @@ impl GateShared {
             probes.insert(id, tx);
         }
         let prefix = format!("{}.gw.{}.{PROBE_SID}.", self.config.prefix, self.id);
-        let sent = self
-            .bus
-            .publish_bytes(subject, Reply::Request { prefix: &prefix, id }, payload);
+        let sent = self.bus.publish_bytes(
+            subject,
+            Reply::Request {
+                prefix: &prefix,
+                id,
+            },
+            payload,
+        );
         let held = sent.is_ok() && matches!(tokio::time::timeout(timeout, rx).await, Ok(Ok(true)));
         if let Ok(mut probes) = self.probes.lock() {
             probes.remove(&id);

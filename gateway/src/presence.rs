@@ -136,7 +136,9 @@ impl GateShared {
             // Already subscribed for this uid: the binding just changes hands.
             Entry::Occupied(mut e) => e.get_mut().sid = sid,
             Entry::Vacant(v) => {
-                let bus_sid = self.bus.subscribe(subject.clone(), Target::User(uid.into()));
+                let bus_sid = self
+                    .bus
+                    .subscribe(subject.clone(), Target::User(uid.into()));
                 v.insert(Binding { sid, bus_sid });
             }
         }

@@ -71,9 +71,6 @@ struct Drain {
     ends: Instant,
 }
 
-/// The message of a request the gate did not forward because it is draining.
-pub(crate) const GATE_DRAINING: &str = "gate draining";
-
 /// A request awaiting its worker.
 struct Pending {
     received: Instant,
@@ -407,7 +404,7 @@ impl<S: Io> Session<S> {
         if self.drain.is_some_and(|d| received >= d.forward_until) {
             return reject(
                 code::OVERLOADED,
-                GATE_DRAINING,
+                code::GATE_DRAINING,
                 &self.gate.rejected.draining,
             );
         }
@@ -608,7 +605,7 @@ impl<S: Io> Session<S> {
             let resp = client::Response {
                 id: req.id,
                 code: code::OVERLOADED,
-                message: GATE_DRAINING.into(),
+                message: code::GATE_DRAINING.into(),
                 ..Default::default()
             };
             self.send(Kind::Response(resp)).await;

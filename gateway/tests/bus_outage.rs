@@ -98,7 +98,10 @@ async fn a_broker_restart_answers_503_never_404_and_recovers() {
     )
     .await;
     let client = gate.client().await;
-    assert_eq!(client.request("echo.raw", "x").await.unwrap().code, code::OK);
+    assert_eq!(
+        client.request("echo.raw", "x").await.unwrap().code,
+        code::OK
+    );
 
     broker.kill();
     // While the bus is away, and while the echo worker has not subscribed again after
@@ -121,7 +124,8 @@ async fn requests_in_flight_on_a_lost_connection_are_answered_at_once() {
     let _park = start_worker(&broker.url(), holds.service("park", "p"), queue_of(8)).await;
     // A request timeout far beyond the test's deadline: a 408 could not arrive in time.
     let config = gate_config(|c| c.request_timeout = DEADLINE * 6);
-    let gate = TestGate::start_on(BusOptions::new([broker.url()]), config, Arc::new(AnyToken)).await;
+    let gate =
+        TestGate::start_on(BusOptions::new([broker.url()]), config, Arc::new(AnyToken)).await;
     let options = ClientOptions {
         request_timeout: DEADLINE * 6,
         ..ClientOptions::default()
@@ -200,7 +204,15 @@ async fn a_server_in_lame_duck_mode_loses_nothing() {
     assert!(signalled.success());
     let codes = within(steady).await.unwrap();
     let failed: Vec<&u32> = codes.iter().filter(|c| **c != code::OK).collect();
-    assert!(failed.is_empty(), "{} of {} failed: {failed:?}", failed.len(), codes.len());
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {failed:?}",
+        failed.len(),
+        codes.len()
+    );
     // Served from B now; A closes its clients over its lame-duck duration.
-    assert_eq!(client.request("echo.raw", "x").await.unwrap().code, code::OK);
+    assert_eq!(
+        client.request("echo.raw", "x").await.unwrap().code,
+        code::OK
+    );
 }

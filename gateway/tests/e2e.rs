@@ -56,7 +56,6 @@ broker::on_both_buses!(
 );
 
 /// WebSocket close codes the gate uses.
-const CLOSE_AWAY: u16 = 1001;
 const CLOSE_INVALID: u16 = 1007;
 const CLOSE_POLICY: u16 = 1008;
 const CLOSE_SIZE: u16 = 1009;
@@ -700,7 +699,11 @@ async fn late_in_the_grace_requests_are_not_forwarded(bus: Bus) {
     let late = raw.response().await;
     assert_eq!((late.id, late.code), (2, code::OVERLOADED), "{late:?}");
     assert_eq!(late.message, "gate draining");
-    assert_eq!(handled.load(Ordering::SeqCst), 1, "the late request was not forwarded");
+    assert_eq!(
+        handled.load(Ordering::SeqCst),
+        1,
+        "the late request was not forwarded"
+    );
     // At the end of the grace the session is closed, with the reason.
     let kick = raw.next_packet().await;
     assert!(

@@ -353,7 +353,10 @@ async fn bad_announcements_do_not_break_the_gate(bus: Bus) {
     let marked = ann.call_when_typed("marker.x", json!({"name": "m"})).await;
     // Typed, and announced, so the route exists: no worker reachable now is an outage
     // (503, worth a retry), not an unknown route (404).
-    assert_eq!(marked["code"], 503, "announced, and no worker serves it: {marked}");
+    assert_eq!(
+        marked["code"], 503,
+        "announced, and no worker serves it: {marked}"
+    );
     // The gate keeps what it knew.
     let login = ann
         .call("chat.login", json!({"name": "ann"}), &mut none)

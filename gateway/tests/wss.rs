@@ -71,9 +71,13 @@ async fn gate(bus: &Bus, issuer: &Issuer<'static, KeyPair>, files: &mut Files) -
     std::fs::write(&key, pair.serialize_pem()).unwrap();
 
     let options = BusOptions::new([bus.url()]);
-    let gate = within(Gate::new(options, GateConfig::default(), Arc::new(AnyToken)))
-        .await
-        .unwrap();
+    let gate = within(Gate::new(
+        options,
+        GateConfig::default(),
+        Arc::new(AnyToken),
+    ))
+    .await
+    .unwrap();
     let plain = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let tls = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (plain_addr, tls_addr) = (plain.local_addr().unwrap(), tls.local_addr().unwrap());

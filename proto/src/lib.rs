@@ -71,6 +71,10 @@ pub mod code {
     pub const RATE_LIMITED: u32 = 429;
     pub const HANDLER_ERROR: u32 = 500;
     pub const OVERLOADED: u32 = 503;
+
+    /// The message of a draining gate's 503 to a request it did not forward: safe to
+    /// send again on another gate.
+    pub const GATE_DRAINING: &str = "gate draining";
 }
 
 impl client::Packet {

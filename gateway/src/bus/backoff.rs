@@ -24,11 +24,20 @@ mod tests {
     fn grows_then_caps_and_jitters() {
         for _ in 0..200 {
             let first = delay(1);
-            assert!(first >= RECONNECT_MIN / 2 && first < RECONNECT_MIN, "{first:?}");
+            assert!(
+                first >= RECONNECT_MIN / 2 && first < RECONNECT_MIN,
+                "{first:?}"
+            );
             let third = delay(3);
-            assert!(third >= RECONNECT_MIN * 2 && third < RECONNECT_MIN * 4, "{third:?}");
+            assert!(
+                third >= RECONNECT_MIN * 2 && third < RECONNECT_MIN * 4,
+                "{third:?}"
+            );
             let late = delay(1000);
-            assert!(late >= RECONNECT_MAX / 2 && late < RECONNECT_MAX, "{late:?}");
+            assert!(
+                late >= RECONNECT_MAX / 2 && late < RECONNECT_MAX,
+                "{late:?}"
+            );
         }
         let spread: std::collections::HashSet<Duration> = (0..50).map(|_| delay(5)).collect();
         assert!(spread.len() > 10, "jittered, not fixed");

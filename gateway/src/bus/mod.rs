@@ -91,7 +91,10 @@ pub(crate) enum BusError {
 pub(crate) enum Reply<'a> {
     None,
     /// A request's: `prefix` then the decimal `id`, written without a temporary string.
-    Request { prefix: &'a str, id: u64 },
+    Request {
+        prefix: &'a str,
+        id: u64,
+    },
 }
 
 struct Sub {
@@ -116,9 +119,9 @@ pub(crate) struct Bus {
 const REPLIES_SID: u64 = 1;
 
 impl Bus {
-    /// A bus for `options`, subscribed to `replies` (sid [`REPLIES_SID`]); nothing is
-    /// connected until [`Bus::run`].
-    pub(crate) fn new(options: BusOptions, replies: String) -> Arc<Bus> {
+    /// A bus for `options`, subscribed to `replies` (sid [`REPLIES_SID`]), holding at
+    /// most `max_pending` bytes for its writer; nothing is connected until [`run`].
+    pub(crate) fn new(options: BusOptions, replies: String, max_pending: usize) -> Arc<Bus> {
         let mut subs = FxHashMap::default();
         subs.insert(
             REPLIES_SID,
@@ -128,7 +131,7 @@ impl Bus {
             },
         );
         Arc::new(Bus {
-            out: Outbound::new(options.max_pending),
+            out: Outbound::new(max_pending),
             options,
             connected: AtomicBool::new(false),
             subs: Mutex::new(subs),
@@ -171,7 +174,11 @@ impl Bus {
             buf.extend_from_slice(b"\r\n");
             let before = buf.len();
             write(buf);
-            debug_assert_eq!(buf.len() - before, len, "the payload is the length announced");
+            debug_assert_eq!(
+                buf.len() - before,
+                len,
+                "the payload is the length announced"
+            );
             buf.extend_from_slice(b"\r\n");
         })
     }
@@ -183,7 +190,9 @@ impl Bus {
         reply: Reply<'_>,
         payload: &[u8],
     ) -> Result<(), BusError> {
-        self.publish(subject, reply, payload.len(), |b| b.extend_from_slice(payload))
+        self.publish(subject, reply, payload.len(), |b| {
+            b.extend_from_slice(payload)
+        })
     }
 
     /// Subscribes `subject` for `target`; returns the sid to unsubscribe with. Recorded
@@ -259,5 +268,7 @@ pub(crate) use run::run;
 
 /// Checks a server URL the way a connection will read it.
 pub(crate) fn check_url(url: &str) -> anyhow::Result<()> {
-    options::parse_url(url).map(drop).map_err(anyhow::Error::msg)
+    options::parse_url(url)
+        .map(drop)
+        .map_err(anyhow::Error::msg)
 }

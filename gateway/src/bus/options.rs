@@ -23,11 +23,6 @@ pub type Dialer = Arc<
     dyn Fn() -> Pin<Box<dyn Future<Output = std::io::Result<LocalStream>> + Send>> + Send + Sync,
 >;
 
-/// Default for [`BusOptions::max_pending`]: bytes of requests waiting for the writer
-/// before the gate answers new ones 503. At ~200 bytes a request that is thousands of
-/// requests, far more than one write takes; reaching it means the bus (or the network
-/// to it) is not keeping up, and waiting longer only turns answers into timeouts.
-pub const DEFAULT_MAX_PENDING: usize = 4 * 1024 * 1024;
 /// Default for [`BusOptions::connect_timeout`]: TCP, TLS and the CONNECT round trip.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default for [`BusOptions::ping_interval`]: how often a quiet connection is checked;
@@ -55,7 +50,6 @@ pub struct BusOptions {
     pub tls: Option<Arc<ClientConfig>>,
     /// Used instead of `urls` when set.
     pub dialer: Option<Dialer>,
-    pub max_pending: usize,
     pub connect_timeout: Duration,
     pub ping_interval: Duration,
     pub linger: Duration,
@@ -72,7 +66,6 @@ impl fmt::Debug for BusOptions {
             .field("auth", &self.auth)
             .field("tls", &self.tls.is_some())
             .field("in_process", &self.dialer.is_some())
-            .field("max_pending", &self.max_pending)
             .finish_non_exhaustive()
     }
 }
@@ -86,7 +79,6 @@ impl BusOptions {
             auth: BusCredentials::None,
             tls: None,
             dialer: None,
-            max_pending: DEFAULT_MAX_PENDING,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             ping_interval: DEFAULT_PING_INTERVAL,
             linger: DEFAULT_LINGER,
@@ -104,7 +96,11 @@ impl BusOptions {
 
     /// How many servers there are to try.
     pub(super) fn servers(&self) -> usize {
-        if self.dialer.is_some() { 1 } else { self.urls.len() }
+        if self.dialer.is_some() {
+            1
+        } else {
+            self.urls.len()
+        }
     }
 }
 
@@ -166,9 +162,15 @@ mod tests {
     #[test]
     fn urls_parse_as_nats_clients_write_them() {
         let s = parse_url("nats://127.0.0.1:4333").unwrap();
-        assert_eq!((s.host.as_str(), s.port, s.tls, s.user), ("127.0.0.1", 4333, false, None));
+        assert_eq!(
+            (s.host.as_str(), s.port, s.tls, s.user),
+            ("127.0.0.1", 4333, false, None)
+        );
         let s = parse_url("tls://u:p@bus.example:4443/").unwrap();
-        assert_eq!((s.host.as_str(), s.port, s.tls), ("bus.example", 4443, true));
+        assert_eq!(
+            (s.host.as_str(), s.port, s.tls),
+            ("bus.example", 4443, true)
+        );
         assert_eq!(s.user, Some(("u".into(), "p".into())));
         assert_eq!(parse_url("localhost").unwrap().port, 4222);
         assert_eq!(parse_url("[::1]:5000").unwrap().host, "::1");

@@ -121,7 +121,10 @@ mod tests {
     fn a_full_buffer_refuses_until_taken() {
         let out = Outbound::new(8);
         assert!(out.push(|b| b.extend_from_slice(b"0123456789")).is_ok());
-        assert_eq!(out.push(|b| b.extend_from_slice(b"x")), Err(BusError::Backlogged));
+        assert_eq!(
+            out.push(|b| b.extend_from_slice(b"x")),
+            Err(BusError::Backlogged)
+        );
         // Control lines still go.
         out.push_control(b"PONG\r\n");
         let mut taken = BytesMut::new();

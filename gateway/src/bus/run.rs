@@ -75,7 +75,9 @@ pub(crate) async fn run(bus: Arc<Bus>, dispatch: Arc<dyn Dispatch>) {
             () = bus.stop.cancelled() => break,
             event = events.recv() => event,
         };
-        let Some(cur) = current.as_ref() else { continue };
+        let Some(cur) = current.as_ref() else {
+            continue;
+        };
         match event {
             Some(Event::Lost { id, error }) if id == cur.id => {
                 tracing::warn!(server = %server_name(&bus, cur.server), %error, "gate lost its bus connection; reconnecting");
@@ -113,7 +115,10 @@ pub(crate) async fn run(bus: Arc<Bus>, dispatch: Arc<dyn Dispatch>) {
 }
 
 fn server_name(bus: &Bus, index: usize) -> &str {
-    bus.options.urls.get(index).map_or("in-process", String::as_str)
+    bus.options
+        .urls
+        .get(index)
+        .map_or("in-process", String::as_str)
 }
 
 /// One round over the servers from `first`, skipping `avoid`; the first that opens.
@@ -198,7 +203,9 @@ async fn start(
                 Err(e) => Err(e),
             },
         };
-        let error = outcome.err().unwrap_or_else(|| "closed by the server".into());
+        let error = outcome
+            .err()
+            .unwrap_or_else(|| "closed by the server".into());
         let _ = events.send(Event::Lost { id, error });
     });
     current

@@ -469,7 +469,7 @@ fn current_epoch(state: &State, from_epoch: u64) -> Result<Option<u64>, SdkError
 /// safe to send again on another gate.
 pub const DRAINING_CODE: u32 = proto::code::OVERLOADED;
 /// See [`DRAINING_CODE`].
-pub const DRAINING_MESSAGE: &str = "gate draining";
+pub const DRAINING_MESSAGE: &str = proto::code::GATE_DRAINING;
 
 fn refused_by_draining_gate(response: &Response) -> bool {
     response.code == DRAINING_CODE && response.message == DRAINING_MESSAGE
