@@ -10,6 +10,7 @@ pub mod cli;
 mod client;
 pub mod conf_file;
 pub mod config;
+mod lame_duck;
 pub mod monitor;
 pub mod parser;
 mod server;
