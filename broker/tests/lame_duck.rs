@@ -139,11 +139,9 @@ async fn close_times(server: &ExternalServer, n: usize) -> Vec<Duration> {
         waits.push(tokio::spawn(async move {
             let info = client.read_info().await;
             assert_eq!(info["ldm"], true);
-            loop {
-                match client.read().await {
-                    Read::Closed => return told.elapsed(),
-                    Read::Line(line) => panic!("unexpected {line:?} in lame duck mode"),
-                }
+            match client.read().await {
+                Read::Closed => told.elapsed(),
+                Read::Line(line) => panic!("unexpected {line:?} in lame duck mode"),
             }
         }));
     }
