@@ -93,7 +93,7 @@ pub struct Config {
     pub lame_duck_duration: Duration,
     /// Lame duck mode's wait between telling clients and closing the first.
     pub lame_duck_grace_period: Duration,
-    /// Each direction's buffer of an in-process connection (at least 1).
+    /// Each direction's buffer of an in-process connection; 0 counts as 1.
     pub in_process_buffer: usize,
 }
 

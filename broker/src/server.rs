@@ -219,7 +219,9 @@ impl Server {
     /// own). Once the server stopped taking clients (lame duck mode or shutdown), the
     /// stream is closed before INFO: reading it gives end-of-file at once.
     pub fn connect_in_process(&self) -> DuplexStream {
-        let (client_end, server_end) = tokio::io::duplex(self.0.config.in_process_buffer);
+        // An empty pipe could never carry a byte: 0 counts as 1.
+        let buffer = self.0.config.in_process_buffer.max(1);
+        let (client_end, server_end) = tokio::io::duplex(buffer);
         let shared = self.0.clone();
         self.0
             .tasks

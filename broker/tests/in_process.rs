@@ -144,23 +144,26 @@ async fn headers_cross_from_in_process_to_tcp() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_byte_pipe_carries_messages_larger_than_itself() {
-    let bus = EmbeddedServer::start(Config {
-        in_process_buffer: 1,
-        ..Config::default()
-    })
-    .await;
-    let tcp = async_nats::connect(&bus.url).await.unwrap();
-    let mut sub = tcp.subscribe("to.tcp").await.unwrap();
-    round_trip(&tcp).await;
-    let (mut conn, _) = in_process(&bus.server, CONNECT).await;
-    conn.send("SUB to.inproc 1\r\n").await;
-    conn.ping_pong().await;
-    let big = "x".repeat(10_000);
-    conn.send(&format!("PUB to.tcp {}\r\n{big}\r\n", big.len()))
+    // 0 is taken as 1: the smallest pipe that can carry anything.
+    for in_process_buffer in [1, 0] {
+        let bus = EmbeddedServer::start(Config {
+            in_process_buffer,
+            ..Config::default()
+        })
         .await;
-    assert_eq!(within(sub.next()).await.unwrap().payload, big.as_bytes());
-    tcp.publish("to.inproc", big.clone().into()).await.unwrap();
-    assert_eq!(read_msg(&mut conn).await.1, big.as_bytes());
+        let tcp = async_nats::connect(&bus.url).await.unwrap();
+        let mut sub = tcp.subscribe("to.tcp").await.unwrap();
+        round_trip(&tcp).await;
+        let (mut conn, _) = in_process(&bus.server, CONNECT).await;
+        conn.send("SUB to.inproc 1\r\n").await;
+        conn.ping_pong().await;
+        let big = "x".repeat(10_000);
+        conn.send(&format!("PUB to.tcp {}\r\n{big}\r\n", big.len()))
+            .await;
+        assert_eq!(within(sub.next()).await.unwrap().payload, big.as_bytes());
+        tcp.publish("to.inproc", big.clone().into()).await.unwrap();
+        assert_eq!(read_msg(&mut conn).await.1, big.as_bytes());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
