@@ -6,7 +6,8 @@
 //! `Server is ready`: with the same flags and lines they can start this broker instead.
 //! A nats-server-style config file (`-c`, see [`crate::conf_file`]) supplies settings
 //! too; command-line flags (and their `SHADDOCK_BROKER_*` environment fallbacks)
-//! override it.
+//! override it. SIGUSR2 (or `--signal ldm=PID` from another invocation) puts the broker in
+//! lame duck mode ([`Server::lame_duck`]), after which it exits 0.
 //!
 //! [`run`] is the whole binary. The pieces it is made of ([`Broker`],
 //! [`ShutdownSignals`], [`init_logging`]) are public so that `shaddock up` can run the

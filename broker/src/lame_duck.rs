@@ -79,7 +79,7 @@ pub(crate) async fn run(server: &Shared, clients: Vec<Arc<ClientShared>>) {
     tokio::time::sleep(grace).await;
     let plan = ClosePlan::new(clients.len(), duration.saturating_sub(grace));
     info!(
-        "Closing existing clients: {} every {:?}",
+        "Closing existing clients, {} at a time, {:?} apart",
         plan.batch, plan.interval
     );
     let start = Instant::now();
