@@ -125,7 +125,7 @@ mod against_ours {
 }
 
 /// Connects `n` protocol 1 clients, signals lame duck mode with our `--signal`, and
-/// returns, per client, how long after its lame duck INFO it was closed.
+/// returns when each client was closed, from the first lame duck INFO's arrival, in order.
 async fn close_times(server: &ExternalServer, n: usize) -> Vec<Duration> {
     let mut clients = Vec::new();
     for _ in 0..n {
@@ -133,22 +133,27 @@ async fn close_times(server: &ExternalServer, n: usize) -> Vec<Duration> {
     }
     let out = signal_with(ours(), &format!("ldm={}", server.pid()));
     assert!(out.status.success(), "--signal ldm: {out:?}");
-    let told = Instant::now();
     let mut waits = Vec::new();
     for mut client in clients {
         waits.push(tokio::spawn(async move {
             let info = client.read_info().await;
+            let told = Instant::now();
             assert_eq!(info["ldm"], true);
             match client.read().await {
-                Read::Closed => told.elapsed(),
+                Read::Closed => (told, Instant::now()),
                 Read::Line(line) => panic!("unexpected {line:?} in lame duck mode"),
             }
         }));
     }
-    let mut times = Vec::new();
+    let mut stamps = Vec::new();
     for wait in waits {
-        times.push(wait.await.unwrap());
+        stamps.push(wait.await.unwrap());
     }
+    let first_told = stamps.iter().map(|(told, _)| *told).min().unwrap();
+    let mut times: Vec<Duration> = stamps
+        .iter()
+        .map(|(_, closed)| *closed - first_told)
+        .collect();
     times.sort();
     times
 }
