@@ -6,13 +6,15 @@
 //! `Server is ready`: with the same flags and lines they can start this broker instead.
 //! A nats-server-style config file (`-c`, see [`crate::conf_file`]) supplies settings
 //! too; command-line flags (and their `SHADDOCK_BROKER_*` environment fallbacks)
-//! override it.
+//! override it. SIGUSR2 (or `--signal ldm=PID` from another invocation) puts the broker in
+//! lame duck mode ([`Server::lame_duck`]), after which it exits 0.
 //!
 //! [`run`] is the whole binary. The pieces it is made of ([`Broker`],
 //! [`ShutdownSignals`], [`init_logging`]) are public so that `shaddock up` can run the
 //! broker next to the other roles in one process.
 
 mod logging;
+mod send_signal;
 mod signals;
 
 use std::future::Future;
@@ -35,6 +37,7 @@ use crate::{Auth, Config, Server, Tls, monitor};
 
 pub use logging::init_logging;
 pub use signals::ShutdownSignals;
+use signals::{BrokerSignals, Trapped};
 
 /// Address clients connect to unless told otherwise (all interfaces, like nats-server).
 pub const DEFAULT_HOST: &str = "0.0.0.0";
@@ -219,6 +222,34 @@ pub struct BrokerArgs {
     #[arg(long = "tls_timeout", value_name = "DURATION", value_parser = parse_duration)]
     #[arg(env = "SHADDOCK_BROKER_TLS_TIMEOUT")]
     pub tls_timeout: Option<Duration>,
+
+    /// How long lame duck mode (SIGUSR2, or --signal ldm=PID) lasts, from telling clients
+    /// to closing the last of them; 0 closes them all after the grace period (default: 2m).
+    #[arg(
+        long = "lame-duck-duration",
+        visible_alias = "lame_duck_duration",
+        value_name = "DURATION",
+        value_parser = parse_duration
+    )]
+    #[arg(env = "SHADDOCK_BROKER_LAME_DUCK_DURATION")]
+    pub lame_duck_duration: Option<Duration>,
+
+    /// How long lame duck mode waits after telling clients before it closes the first;
+    /// shorter than the duration unless that is 0 (default: 10s).
+    #[arg(
+        long = "lame-duck-grace-period",
+        visible_alias = "lame_duck_grace_period",
+        value_name = "DURATION",
+        value_parser = parse_duration
+    )]
+    #[arg(env = "SHADDOCK_BROKER_LAME_DUCK_GRACE_PERIOD")]
+    pub lame_duck_grace_period: Option<Duration>,
+
+    /// Send a signal to a running broker (or nats-server) and exit: ldm (lame duck
+    /// mode), quit (stop), term (stop, unless in lame duck mode) or stop (kill), each
+    /// `=PID` or `=PIDFILE`.
+    #[arg(long, visible_alias = "sl", value_name = "SIGNAL=PID")]
+    pub signal: Option<String>,
 }
 
 /// What the flags and the config file add up to: where to listen, what to write, and
@@ -300,6 +331,12 @@ impl BrokerArgs {
             auth_timeout: (self.auth_timeout.or(file.authorization.timeout))
                 .unwrap_or(defaults.auth_timeout),
             tls: self.tls_over(file.tls)?,
+            lame_duck_duration: (self.lame_duck_duration.or(file.lame_duck_duration))
+                .unwrap_or(defaults.lame_duck_duration),
+            lame_duck_grace_period: (self.lame_duck_grace_period)
+                .or(file.lame_duck_grace_period)
+                .unwrap_or(defaults.lame_duck_grace_period),
+            in_process_buffer: defaults.in_process_buffer,
         };
         validate(&config)?;
         let trace = self.trace > 0 || file.trace.unwrap_or(false);
@@ -406,6 +443,15 @@ fn validate(config: &Config) -> anyhow::Result<()> {
             bail!("{name} must be longer than zero");
         }
     }
+    if !config.lame_duck_duration.is_zero()
+        && config.lame_duck_grace_period >= config.lame_duck_duration
+    {
+        bail!(
+            "lame_duck_grace_period ({:?}) must be shorter than lame_duck_duration ({:?})",
+            config.lame_duck_grace_period,
+            config.lame_duck_duration
+        );
+    }
     if config.max_payload > config.max_pending {
         bail!(
             "max_payload ({}) cannot be higher than max_pending ({}): \
@@ -417,15 +463,37 @@ fn validate(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the broker until SIGINT/SIGTERM: the whole `broker` binary.
+/// Runs the broker until SIGINT/SIGTERM, or until lame duck mode (SIGUSR2) closed its
+/// last client: the whole `broker` binary. With `--signal`, signals another broker
+/// instead and returns.
 pub async fn run(args: BrokerArgs) -> anyhow::Result<()> {
+    if let Some(signal) = &args.signal {
+        return send_signal::send(signal);
+    }
     let settings = args.resolve()?;
     init_logging(settings.log_file.as_deref(), settings.log_level)?;
-    let mut signals = ShutdownSignals::install()?;
+    let mut signals = BrokerSignals::install()?;
     let shutdown = CancellationToken::new();
     let broker = Broker::start(&settings, shutdown.clone()).await?;
     info!("Server is ready");
-    signals.wait(&shutdown).await;
+    loop {
+        let trapped = tokio::select! {
+            trapped = signals.next() => trapped,
+            () = shutdown.cancelled() => break,
+        };
+        match trapped {
+            Trapped::LameDuck if broker.server.in_lame_duck() => {
+                info!("Already in lame duck mode");
+            }
+            Trapped::LameDuck => broker.server.lame_duck(),
+            // As in nats-server: SIGTERM does not cut lame duck mode short (a supervisor
+            // sends it right after `--signal ldm`); SIGINT does.
+            Trapped::Terminate if broker.server.in_lame_duck() => {
+                info!("Lame duck mode in progress: not stopping (SIGINT stops at once)");
+            }
+            Trapped::Terminate | Trapped::Interrupt => break,
+        }
+    }
     info!("Initiating Shutdown...");
     shutdown.cancel();
     let result = broker.stop().await;
@@ -436,6 +504,7 @@ pub async fn run(args: BrokerArgs) -> anyhow::Result<()> {
 /// A started broker: its listeners are bound, its tasks run until the shutdown token is
 /// cancelled, and its pid/ports files exist until it is dropped.
 pub struct Broker {
+    server: Server,
     client_addr: SocketAddr,
     monitor_addr: Option<SocketAddr>,
     tasks: JoinSet<anyhow::Result<()>>,
@@ -502,15 +571,26 @@ impl Broker {
                 info!("Client certificates are verified against the CA");
             }
         }
-        let token = shutdown.clone();
-        let serve = async move { server.run(listener, token).await };
+        let (run_server, token) = (server.clone(), shutdown.clone());
+        let serve = async move {
+            let result = run_server.run(listener, token.clone()).await;
+            // The server also ends on its own, after lame duck mode: the process with it.
+            token.cancel();
+            result
+        };
         tasks.spawn(supervise("broker", serve, shutdown));
         Ok(Broker {
+            server,
             client_addr,
             monitor_addr,
             tasks,
             _files: files,
         })
+    }
+
+    /// The running server: for in-process connections and lame duck mode.
+    pub fn server(&self) -> &Server {
+        &self.server
     }
 
     /// Where clients connect (the real port when 0 was asked for).

@@ -15,7 +15,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use net::LogLimiter;
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Deserialize;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until, timeout};
@@ -84,7 +84,10 @@ pub(crate) enum Delivery {
 /// The part of a client other connections see.
 pub(crate) struct ClientShared {
     pub cid: u64,
+    /// The peer's address; [`IN_PROCESS_ADDR`] for an in-process connection.
     pub addr: SocketAddr,
+    /// Served over an in-process pipe, not a socket: its INFO never asks for TLS.
+    pub in_process: bool,
     pub started: SystemTime,
     pub close: CancellationToken,
     pub subs: Mutex<FxHashMap<Bytes, Arc<Subscription>>>,
@@ -92,6 +95,8 @@ pub(crate) struct ClientShared {
     pub in_msgs: AtomicU64,
     pub in_bytes: AtomicU64,
     headers: AtomicBool,
+    /// CONNECT said protocol 1: the client takes INFO updates (lame duck mode's).
+    async_info: AtomicBool,
     pings_out: AtomicU32,
     out: Mutex<Outbound>,
     wake: Notify,
@@ -119,12 +124,14 @@ impl ClientShared {
     pub fn new(
         cid: u64,
         addr: SocketAddr,
+        in_process: bool,
         max_pending: usize,
         flow_control_pending: usize,
     ) -> Self {
         ClientShared {
             cid,
             addr,
+            in_process,
             started: SystemTime::now(),
             close: CancellationToken::new(),
             subs: Mutex::default(),
@@ -132,6 +139,7 @@ impl ClientShared {
             in_msgs: AtomicU64::new(0),
             in_bytes: AtomicU64::new(0),
             headers: AtomicBool::new(false),
+            async_info: AtomicBool::new(false),
             pings_out: AtomicU32::new(0),
             out: Mutex::default(),
             wake: Notify::new(),
@@ -141,6 +149,11 @@ impl ClientShared {
             max_pending,
             flow_control_pending,
         }
+    }
+
+    /// Whether the client said (in CONNECT) that it takes INFO updates after the first.
+    pub fn takes_async_info(&self) -> bool {
+        self.async_info.load(Ordering::Relaxed)
     }
 
     /// Outbound bytes not yet written, and messages and bytes delivered so far.
@@ -356,12 +369,63 @@ struct Conn {
     cache_reported: u64,
 }
 
-/// Serves one accepted connection until it closes: sends INFO, upgrades to TLS when the
-/// server requires it, then runs the reader and the writer.
-pub(crate) async fn serve(
+/// The address an in-process connection reports (INFO's `client_ip`, `/connz`): it has
+/// no peer address.
+pub(crate) const IN_PROCESS_ADDR: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0);
+
+/// A byte stream a client is served over: a TCP connection, or an in-process pipe.
+pub(crate) trait Transport: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// An in-process pipe: never upgraded to TLS, and no peer address.
+    const IN_PROCESS: bool;
+
+    /// Serves the connection, INFO already written, until it closes.
+    fn serve_after_info(
+        self,
+        server: Arc<Shared>,
+        me: Arc<ClientShared>,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+impl Transport for TcpStream {
+    const IN_PROCESS: bool = false;
+
+    /// Upgrades to TLS when the server requires it. Plaintext keeps tokio's lock-free
+    /// halves; TLS needs `split`, which shares the stream between the halves. Each is its
+    /// own monomorphised copy of `run`, so the message path has no dynamic dispatch
+    /// either way.
+    async fn serve_after_info(self, server: Arc<Shared>, me: Arc<ClientShared>) {
+        match server.config.tls.clone() {
+            None => {
+                let (rd, wr) = self.into_split();
+                run(server, me, rd, wr).await;
+            }
+            Some(tls) => match tls.accept(self, me.addr, &server.tls_failures).await {
+                Some(stream) => {
+                    let (rd, wr) = tokio::io::split(stream);
+                    run(server, me, rd, wr).await;
+                }
+                None => server.remove_client(&me),
+            },
+        }
+    }
+}
+
+impl Transport for DuplexStream {
+    const IN_PROCESS: bool = true;
+
+    async fn serve_after_info(self, server: Arc<Shared>, me: Arc<ClientShared>) {
+        let (rd, wr) = tokio::io::split(self);
+        run(server, me, rd, wr).await;
+    }
+}
+
+/// Serves one accepted connection until it closes: sends INFO, then hands the stream to
+/// its transport, which runs the reader and the writer.
+pub(crate) async fn serve<S: Transport>(
     server: Arc<Shared>,
     me: Arc<ClientShared>,
-    mut stream: TcpStream,
+    mut stream: S,
     info: Vec<u8>,
 ) {
     // INFO goes out at once, not after the writer task's first turn: under a heavy
@@ -370,22 +434,7 @@ pub(crate) async fn serve(
         server.remove_client(&me);
         return;
     }
-    // Plaintext keeps tokio's lock-free halves; TLS needs `split`, which shares the
-    // stream between the halves. Each is its own monomorphised copy of `run`, so the
-    // message path has no dynamic dispatch either way.
-    match server.config.tls.clone() {
-        None => {
-            let (rd, wr) = stream.into_split();
-            run(server, me, rd, wr).await;
-        }
-        Some(tls) => match tls.accept(stream, me.addr, &server.tls_failures).await {
-            Some(stream) => {
-                let (rd, wr) = tokio::io::split(stream);
-                run(server, me, rd, wr).await;
-            }
-            None => server.remove_client(&me),
-        },
-    }
+    stream.serve_after_info(server, me).await;
 }
 
 /// The reader's loop, on the calling task, with the writer on a task of its own.
@@ -552,6 +601,9 @@ impl Conn {
             return Err(Close::WithErr("Authorization Violation"));
         }
         self.me.headers.store(opts.headers, Ordering::Relaxed);
+        self.me
+            .async_info
+            .store(opts.protocol >= 1, Ordering::Relaxed);
         *lock(&self.me.meta) = ClientMeta {
             name: opts.name.clone().unwrap_or_default(),
             lang: opts.lang.clone().unwrap_or_default(),

@@ -41,6 +41,8 @@ pub struct FileConfig {
     pub authorization: Authorization,
     /// The `tls { ... }` block; its presence turns TLS on, as in nats-server.
     pub tls: Option<TlsBlock>,
+    pub lame_duck_duration: Option<Duration>,
+    pub lame_duck_grace_period: Option<Duration>,
     pub log_file: Option<PathBuf>,
     pub pid_file: Option<PathBuf>,
     pub ports_file_dir: Option<PathBuf>,
@@ -248,6 +250,12 @@ fn apply(config: &mut FileConfig, entry: Entry) -> Result<(), ConfError> {
         "ping_interval" => config.ping_interval = Some(entry.convert(parse_duration)?),
         "ping_max" => config.ping_max = Some(entry.convert(parse_count)?),
         "write_deadline" => config.write_deadline = Some(entry.convert(parse_duration)?),
+        "lame_duck_duration" => {
+            config.lame_duck_duration = Some(entry.convert(parse_duration)?);
+        }
+        "lame_duck_grace_period" => {
+            config.lame_duck_grace_period = Some(entry.convert(parse_duration)?);
+        }
         "logfile" | "log_file" => config.log_file = Some(entry.string()?.into()),
         "pid_file" => config.pid_file = Some(entry.string()?.into()),
         "ports_file_dir" => config.ports_file_dir = Some(entry.string()?.into()),

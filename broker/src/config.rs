@@ -38,6 +38,18 @@ pub const DEFAULT_AUTH_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a client has to start and finish its TLS handshake after INFO (nats-server's
 /// default): a peer that never starts holds a connection slot until then.
 pub const DEFAULT_TLS_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long lame duck mode lasts from its start to the last client closed (nats-server's
+/// default): the grace period, then the clients closed evenly over the rest.
+pub const DEFAULT_LAME_DUCK_DURATION: Duration = Duration::from_secs(120);
+/// How long lame duck mode waits after telling clients (`"ldm":true`) before it closes
+/// the first of them (nats-server's default): time for the other servers of a fleet to
+/// enter lame duck too, so clients do not move from one to the next.
+pub const DEFAULT_LAME_DUCK_GRACE_PERIOD: Duration = Duration::from_secs(10);
+/// Bytes an in-process connection buffers in each direction (see
+/// [`Server::connect_in_process`](crate::Server::connect_in_process)): a side that writes
+/// more than this before the other reads waits, as on a full socket. The size of one
+/// writer turn, so a busy subscriber's batch goes across in one copy.
+pub const DEFAULT_IN_PROCESS_BUFFER: usize = 256 * 1024;
 
 /// Who may connect.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -76,6 +88,13 @@ pub struct Config {
     pub auth_timeout: Duration,
     /// Serve TLS: INFO says `tls_required` and the client upgrades (see [`crate::tls`]).
     pub tls: Option<Tls>,
+    /// Lame duck mode's whole length; 0 closes every client at once after the grace
+    /// period. Must be longer than the grace period unless it is 0.
+    pub lame_duck_duration: Duration,
+    /// Lame duck mode's wait between telling clients and closing the first.
+    pub lame_duck_grace_period: Duration,
+    /// Each direction's buffer of an in-process connection; 0 counts as 1.
+    pub in_process_buffer: usize,
 }
 
 impl Default for Config {
@@ -95,6 +114,9 @@ impl Default for Config {
             auth: Auth::None,
             auth_timeout: DEFAULT_AUTH_TIMEOUT,
             tls: None,
+            lame_duck_duration: DEFAULT_LAME_DUCK_DURATION,
+            lame_duck_grace_period: DEFAULT_LAME_DUCK_GRACE_PERIOD,
+            in_process_buffer: DEFAULT_IN_PROCESS_BUFFER,
         }
     }
 }

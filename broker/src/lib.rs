@@ -5,11 +5,48 @@
 //! message); publishers append to each subscriber's outbound buffer, and each
 //! connection's writer flushes once per batch. Subject matching goes through a trie
 //! with a per-connection match cache invalidated by a generation counter.
+//!
+//! # In-process connections
+//!
+//! A program that runs the broker and its own NATS client in one process can connect
+//! without TCP: [`Server::connect_in_process`] returns a [`tokio::io::DuplexStream`]
+//! (AsyncRead + AsyncWrite) that the server serves exactly like an accepted socket. The
+//! client speaks the NATS protocol over it: it reads INFO, sends CONNECT, then PUB, HPUB,
+//! SUB, UNSUB and PING as usual, in the same subject space and queue groups as TCP
+//! clients.
+//!
+//! ```no_run
+//! # async fn demo(server: broker::Server) -> std::io::Result<()> {
+//! use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+//!
+//! let mut conn = BufReader::new(server.connect_in_process());
+//! let mut info = String::new();
+//! conn.read_line(&mut info).await?; // INFO {...}
+//! conn.write_all(b"CONNECT {\"verbose\":false,\"protocol\":1}\r\nPING\r\n").await?;
+//! let mut pong = String::new();
+//! conn.read_line(&mut pong).await?; // PONG
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Authentication applies as on TCP (CONNECT carries the credentials when
+//! [`Config::auth`] asks for them); TLS does not, since the bytes never leave the
+//! process. Each direction buffers [`Config::in_process_buffer`] bytes
+//! ([`config::DEFAULT_IN_PROCESS_BUFFER`] by default); a client that stops reading is cut
+//! as a slow consumer like any other.
+//!
+//! # Lame duck mode
+//!
+//! [`Server::lame_duck`] (SIGUSR2 in the `broker` binary, see [`cli`]) stops accepting,
+//! sends each client its INFO again with `"ldm":true`, waits
+//! [`Config::lame_duck_grace_period`], closes the clients spread over the rest of
+//! [`Config::lame_duck_duration`], and then [`Server::run`] returns.
 
 pub mod cli;
 mod client;
 pub mod conf_file;
 pub mod config;
+mod lame_duck;
 pub mod monitor;
 pub mod parser;
 mod server;

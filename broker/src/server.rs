@@ -2,19 +2,19 @@
 //! keeps the totals that monitoring reports.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Instant, SystemTime};
 
 use net::{AcceptStats, Acceptor, LogLimiter};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
-use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncWriteExt, DuplexStream};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::client::{self, ClientShared, Subscription};
+use crate::client::{self, ClientShared, IN_PROCESS_ADDR, Subscription, Transport};
 use crate::config::Config;
 use crate::sublist::SubjectIndex;
 use crate::tls::HandshakeFailures;
@@ -68,6 +68,14 @@ pub(crate) struct Shared {
     /// Failed accepts by kind, for `/metrics`.
     pub accept_errors: Arc<AcceptStats>,
     pub tls_failures: HandshakeFailures,
+    /// Cancelled once lame duck mode is asked for (see [`Server::lame_duck`]).
+    pub lame_duck: CancellationToken,
+    /// Set, under the `clients` lock, once the server takes no more clients (lame duck
+    /// or shutdown): a connection still on its way in is refused rather than missed by
+    /// the close that follows.
+    refusing: AtomicBool,
+    /// Every connection's task, TCP and in-process, so shutdown can wait for them.
+    tasks: TaskTracker,
     next_cid: AtomicU64,
 }
 
@@ -107,6 +115,9 @@ struct Info<'a> {
     /// ... and present a certificate signed by the server's CA.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     tls_verify: bool,
+    /// Lame duck mode: the server is going away, reconnect elsewhere.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    ldm: bool,
 }
 
 impl Server {
@@ -125,6 +136,9 @@ impl Server {
             listen: OnceLock::new(),
             accept_errors: Arc::default(),
             tls_failures: HandshakeFailures::default(),
+            lame_duck: CancellationToken::new(),
+            refusing: AtomicBool::new(false),
+            tasks: TaskTracker::new(),
             next_cid: AtomicU64::new(1),
         }))
     }
@@ -135,7 +149,8 @@ impl Server {
     }
 
     /// Serves clients on `listener` until `shutdown` is cancelled, then closes every
-    /// connection (flushing what each has queued) and returns.
+    /// connection (flushing what each has queued) and returns. Lame duck mode (see
+    /// [`Server::lame_duck`]) also ends it, once its last client is closed.
     pub async fn run(
         &self,
         listener: TcpListener,
@@ -146,38 +161,91 @@ impl Server {
         // Out of file descriptors and the like: keep serving those we have, pausing
         // accepts instead of spinning on them.
         let mut listener = Acceptor::with_stats(listener, "broker", self.0.accept_errors.clone());
-        let tracker = TaskTracker::new();
         loop {
             let (stream, addr) = tokio::select! {
                 a = listener.accept() => a,
                 () = shutdown.cancelled() => break,
+                () = self.0.lame_duck.cancelled() => break,
             };
+            let _ = stream.set_nodelay(true);
             let shared = self.0.clone();
-            tracker.spawn(async move { shared.accept(stream, addr).await });
+            self.0
+                .tasks
+                .spawn(async move { shared.accept(stream, addr).await });
         }
-        let clients: Vec<_> = lock(&self.0.clients).values().cloned().collect();
-        for client in clients {
+        // Closing the listener: new clients are refused from here on.
+        drop(listener);
+        let clients = self.0.stop_accepting();
+        if self.0.lame_duck.is_cancelled() && !shutdown.is_cancelled() {
+            tokio::select! {
+                () = crate::lame_duck::run(&self.0, clients) => {}
+                () = shutdown.cancelled() => {}
+            }
+        }
+        for client in self.0.clients() {
             client.close.cancel();
         }
-        tracker.close();
-        tracker.wait().await;
+        self.0.tasks.close();
+        self.0.tasks.wait().await;
         Ok(())
+    }
+
+    /// Enters lame duck mode, the way nats-server does on SIGUSR2: [`Server::run`] stops
+    /// accepting, sends every connected client an INFO with `"ldm":true`, waits the
+    /// grace period, closes the clients spread over the rest of the lame duck duration,
+    /// and returns. Asking again while it runs changes nothing.
+    pub fn lame_duck(&self) {
+        self.0.lame_duck.cancel();
+    }
+
+    /// Whether lame duck mode was asked for.
+    pub fn in_lame_duck(&self) -> bool {
+        self.0.lame_duck.is_cancelled()
+    }
+
+    /// Connects a client from inside this process, without TCP: the returned stream is
+    /// served exactly like an accepted TCP connection (INFO first, then CONNECT, PUB,
+    /// HPUB, SUB, UNSUB, PING, queue groups, headers, no_responders, and every limit
+    /// of [`Config`]), over an in-memory pipe that buffers
+    /// [`Config::in_process_buffer`] bytes each way.
+    ///
+    /// Authentication applies as for TCP: with [`Config::auth`] set, CONNECT must carry
+    /// the credentials. TLS does not: the bytes never leave the process, so the INFO of
+    /// an in-process connection never asks for it, whatever [`Config::tls`] says. The
+    /// connection counts against `max_connections`, shows in `/connz` with address
+    /// `0.0.0.0:0`, and is closed by lame duck mode and shutdown like any other.
+    ///
+    /// Must be called within a tokio runtime (the connection is served on a task of its
+    /// own). Once the server stopped taking clients (lame duck mode or shutdown), the
+    /// stream is closed before INFO: reading it gives end-of-file at once.
+    pub fn connect_in_process(&self) -> DuplexStream {
+        // An empty pipe could never carry a byte: 0 counts as 1.
+        let buffer = self.0.config.in_process_buffer.max(1);
+        let (client_end, server_end) = tokio::io::duplex(buffer);
+        let shared = self.0.clone();
+        self.0
+            .tasks
+            .spawn(async move { shared.accept(server_end, IN_PROCESS_ADDR).await });
+        client_end
     }
 }
 
 impl Shared {
-    async fn accept(self: Arc<Self>, mut stream: TcpStream, addr: SocketAddr) {
-        let _ = stream.set_nodelay(true);
+    async fn accept<S: Transport>(self: Arc<Self>, mut stream: S, addr: SocketAddr) {
         let cid = self.next_cid.fetch_add(1, Ordering::Relaxed);
-        let info = self.info_line(cid, addr);
         let client = {
             let mut clients = lock(&self.clients);
+            if self.refusing.load(Ordering::Relaxed) {
+                tracing::debug!(%addr, "connection refused: the server takes no more clients");
+                return;
+            }
             if clients.len() >= self.config.max_connections {
                 None
             } else {
                 let client = Arc::new(ClientShared::new(
                     cid,
                     addr,
+                    S::IN_PROCESS,
                     self.config.max_pending,
                     self.config
                         .flow_control_pending
@@ -191,6 +259,7 @@ impl Shared {
             if let Some(tally) = FULL_LOG.check() {
                 tracing::warn!(%addr, "maximum connections exceeded{tally}");
             }
+            let info = self.info_line(cid, addr, S::IN_PROCESS, false);
             let _ = stream.write_all(&info).await;
             let _ = stream
                 .write_all(b"-ERR 'maximum connections exceeded'\r\n")
@@ -198,13 +267,23 @@ impl Shared {
             return;
         };
         self.stats.total_connections.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(cid, %addr, "client connected");
+        tracing::debug!(cid, %addr, in_process = S::IN_PROCESS, "client connected");
+        let info = self.info_line(cid, addr, S::IN_PROCESS, false);
         client::serve(self.clone(), client, stream, info).await;
         tracing::debug!(cid, "client closed");
     }
 
-    fn info_line(&self, client_id: u64, addr: SocketAddr) -> Vec<u8> {
+    /// Takes no more clients from now on; returns those connected.
+    fn stop_accepting(&self) -> Vec<Arc<ClientShared>> {
+        let clients = lock(&self.clients);
+        self.refusing.store(true, Ordering::Relaxed);
+        clients.values().cloned().collect()
+    }
+
+    /// The INFO line a client gets on connect; with `ldm`, the one lame duck mode sends.
+    pub fn info_line(&self, cid: u64, addr: SocketAddr, in_process: bool, ldm: bool) -> Vec<u8> {
         let listen = self.listen.get().copied();
+        let tls = self.config.tls.as_ref().filter(|_| !in_process);
         let info = Info {
             server_id: &self.id,
             server_name: &self.name,
@@ -215,11 +294,12 @@ impl Shared {
             port: listen.map_or(0, |a| a.port()),
             headers: true,
             max_payload: self.config.max_payload,
-            client_id,
+            client_id: cid,
             client_ip: addr.ip().to_string(),
             auth_required: self.config.auth.required(),
-            tls_required: self.config.tls.is_some(),
-            tls_verify: self.config.tls.as_ref().is_some_and(|tls| tls.verify()),
+            tls_required: tls.is_some(),
+            tls_verify: tls.is_some_and(|tls| tls.verify()),
+            ldm,
         };
         let mut line = b"INFO ".to_vec();
         // Serialising plain fields cannot fail.

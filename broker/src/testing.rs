@@ -19,7 +19,7 @@
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -188,6 +188,8 @@ pub struct ExternalServer {
     pub addr: SocketAddr,
     pub url: String,
     child: Child,
+    /// The server's log lines after `Server is ready`, until it closes stderr.
+    log: mpsc::Receiver<String>,
     /// Files to remove once the server is gone (its config file).
     temp_files: Vec<PathBuf>,
 }
@@ -201,6 +203,35 @@ impl ExternalServer {
     /// The server's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Waits, up to [`DEADLINE`], for a log line containing `needle` (skipping those
+    /// before it) and returns it.
+    pub fn wait_for_log(&self, needle: &str) -> String {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.log.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no log line with {needle:?} ({e:?})"),
+            }
+        }
+    }
+
+    /// Waits, up to [`DEADLINE`], for the server to exit on its own (it closes its log
+    /// when it does) and returns how it exited.
+    pub fn wait_for_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.log.recv_timeout(left) {
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(mpsc::RecvTimeoutError::Timeout) => panic!("the server did not exit"),
+            }
+        }
+        self.child.wait().unwrap()
     }
 }
 
@@ -232,7 +263,7 @@ pub fn spawn_server_binary(path: &Path, extra_args: &[&str]) -> ExternalServer {
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines() {
             let Ok(line) = line else { break };
-            // Nobody listens once the server is up; keep draining regardless.
+            // Kept for `wait_for_log`; a dropped server no longer listens.
             let _ = tx.send(line);
         }
     });
@@ -241,6 +272,7 @@ pub fn spawn_server_binary(path: &Path, extra_args: &[&str]) -> ExternalServer {
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         url: String::new(),
         child,
+        log: rx,
         temp_files: Vec::new(),
     };
     let deadline = Instant::now() + DEADLINE;
@@ -248,7 +280,7 @@ pub fn spawn_server_binary(path: &Path, extra_args: &[&str]) -> ExternalServer {
     let mut addr = None;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let line = match rx.recv_timeout(left) {
+        let line = match server.log.recv_timeout(left) {
             Ok(line) => line,
             Err(e) => panic!(
                 "{} did not become ready ({e:?}); its log:\n{}",

@@ -1,9 +1,32 @@
 //! Signal handling for the binaries: the only place the process reacts to SIGINT and
-//! SIGTERM, turning them into a cancelled shutdown token (libraries never see signals).
+//! SIGTERM (a cancelled shutdown token) and, in the broker, to SIGUSR2 (lame duck mode).
+//! Libraries never see signals.
 
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
+
+/// A signal the process reacts to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trapped {
+    /// SIGINT: stop.
+    Interrupt,
+    /// SIGTERM: stop (the broker finishes lame duck mode first).
+    Terminate,
+    /// SIGUSR2: the broker enters lame duck mode.
+    LameDuck,
+}
+
+impl Trapped {
+    /// The name nats-server logs for it.
+    fn name(self) -> &'static str {
+        match self {
+            Trapped::Interrupt => "interrupt",
+            Trapped::Terminate => "terminated",
+            Trapped::LameDuck => "user defined signal 2",
+        }
+    }
+}
 
 /// SIGINT and SIGTERM, registered up front: a harness may send SIGTERM right after
 /// `Server is ready`, and the default action would skip the cleanup.
@@ -32,25 +55,60 @@ impl ShutdownSignals {
     /// failed.
     pub async fn wait(&mut self, shutdown: &CancellationToken) {
         tokio::select! {
-            name = self.next() => info!("Trapped \"{name}\" signal"),
+            trapped = self.next() => log(trapped),
             () = shutdown.cancelled() => {}
         }
     }
 
     #[cfg(unix)]
-    async fn next(&mut self) -> &'static str {
+    async fn next(&mut self) -> Trapped {
         tokio::select! {
-            _ = self.interrupt.recv() => "interrupt",
-            _ = self.terminate.recv() => "terminated",
+            _ = self.interrupt.recv() => Trapped::Interrupt,
+            _ = self.terminate.recv() => Trapped::Terminate,
         }
     }
 
     #[cfg(not(unix))]
-    async fn next(&mut self) -> &'static str {
+    async fn next(&mut self) -> Trapped {
         if tokio::signal::ctrl_c().await.is_err() {
             // Without a handler there is no signal to wait for; only `shutdown` remains.
             std::future::pending::<()>().await;
         }
-        "interrupt"
+        Trapped::Interrupt
     }
+}
+
+/// The broker's signals: the shutdown ones and SIGUSR2, all registered up front.
+pub struct BrokerSignals {
+    shutdown: ShutdownSignals,
+    #[cfg(unix)]
+    user2: tokio::signal::unix::Signal,
+}
+
+impl BrokerSignals {
+    pub fn install() -> anyhow::Result<Self> {
+        Ok(BrokerSignals {
+            shutdown: ShutdownSignals::install()?,
+            #[cfg(unix)]
+            user2: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())
+                .context("installing SIGUSR2 handler")?,
+        })
+    }
+
+    /// The next signal, logged as nats-server logs it.
+    pub async fn next(&mut self) -> Trapped {
+        #[cfg(unix)]
+        let trapped = tokio::select! {
+            trapped = self.shutdown.next() => trapped,
+            _ = self.user2.recv() => Trapped::LameDuck,
+        };
+        #[cfg(not(unix))]
+        let trapped = self.shutdown.next().await;
+        log(trapped);
+        trapped
+    }
+}
+
+fn log(trapped: Trapped) {
+    info!("Trapped \"{}\" signal", trapped.name());
 }

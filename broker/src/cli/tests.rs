@@ -368,4 +368,60 @@ fn defaults_stated_in_help_match_the_config() {
     assert_eq!(config.max_pings_out, 2);
     assert_eq!(config.write_deadline, Duration::from_secs(10));
     assert_eq!(config.auth_timeout, Duration::from_secs(2));
+    assert_eq!(config.lame_duck_duration, Duration::from_secs(120));
+    assert_eq!(config.lame_duck_grace_period, Duration::from_secs(10));
+}
+
+#[test]
+fn lame_duck_timings_from_flags_over_the_file() {
+    let defaults = settings(&[]).config;
+    assert_eq!(defaults.lame_duck_duration, Duration::from_secs(120));
+    assert_eq!(defaults.lame_duck_grace_period, Duration::from_secs(10));
+    let file = FileConfig {
+        lame_duck_duration: Some(Duration::from_secs(60)),
+        lame_duck_grace_period: Some(Duration::from_secs(5)),
+        ..FileConfig::default()
+    };
+    let from_file = args(&[]).merge(file.clone()).unwrap().config;
+    assert_eq!(from_file.lame_duck_duration, Duration::from_secs(60));
+    assert_eq!(from_file.lame_duck_grace_period, Duration::from_secs(5));
+    let flags = [
+        "--lame-duck-duration",
+        "1s",
+        "--lame_duck_grace_period",
+        "200ms",
+    ];
+    let from_flags = args(&flags).merge(file).unwrap().config;
+    assert_eq!(from_flags.lame_duck_duration, Duration::from_secs(1));
+    assert_eq!(
+        from_flags.lame_duck_grace_period,
+        Duration::from_millis(200)
+    );
+}
+
+#[test]
+fn a_grace_period_must_end_before_the_lame_duck_duration() {
+    let file = FileConfig::default;
+    let equal = [
+        "--lame-duck-duration",
+        "1s",
+        "--lame-duck-grace-period",
+        "1s",
+    ];
+    let error = resolve_error(&equal, file());
+    assert!(error.contains("lame_duck_grace_period"), "{error}");
+    // Just shorter is fine, and a zero duration (close at once) takes any grace period.
+    settings(&[
+        "--lame-duck-duration",
+        "1s",
+        "--lame-duck-grace-period",
+        "999ms",
+    ]);
+    settings(&[
+        "--lame-duck-duration",
+        "0",
+        "--lame-duck-grace-period",
+        "5s",
+    ]);
+    settings(&["--lame-duck-duration", "0", "--lame-duck-grace-period", "0"]);
 }

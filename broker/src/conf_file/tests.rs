@@ -164,6 +164,12 @@ fn duration_keys() {
         parse_ok("ping_interval: 30").ping_interval,
         Some(Duration::from_secs(30))
     );
+    let lame_duck = parse_ok("lame_duck_duration: \"30s\"\nlame_duck_grace_period: \"500ms\"");
+    assert_eq!(lame_duck.lame_duck_duration, Some(Duration::from_secs(30)));
+    assert_eq!(
+        lame_duck.lame_duck_grace_period,
+        Some(Duration::from_millis(500))
+    );
 }
 
 #[test]

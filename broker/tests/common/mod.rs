@@ -1,4 +1,4 @@
-//! Raw NATS protocol over TCP for the protocol tests: write bytes, read lines, with
+//! Raw NATS protocol over TCP (or any byte stream) for the protocol tests: write bytes, read lines, with
 //! [`DEADLINE`] on every read. Starting servers is the shared harness's job
 //! (`broker::testing`, feature `testing`).
 
@@ -8,14 +8,16 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use broker::testing::DEADLINE;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader as TokioBufReader};
+use tokio::io::{
+    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt,
+    BufReader as TokioBufReader,
+};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 /// A raw NATS protocol connection: write bytes, read lines, with [`DEADLINE`] on reads.
 pub struct Conn {
-    reader: TokioBufReader<OwnedReadHalf>,
-    writer: OwnedWriteHalf,
+    reader: TokioBufReader<Box<dyn AsyncRead + Send + Unpin>>,
+    writer: Box<dyn AsyncWrite + Send + Unpin>,
     /// Answer the server's own PINGs and hide them from the test (on by default), so a
     /// check that runs past the server's first PING is not thrown off by it.
     pub auto_pong: bool,
@@ -35,10 +37,15 @@ impl Conn {
 
     pub fn from_stream(stream: TcpStream) -> Conn {
         stream.set_nodelay(true).unwrap();
-        let (read, writer) = stream.into_split();
+        Conn::from_io(stream)
+    }
+
+    /// Over any byte stream, e.g. an in-process connection.
+    pub fn from_io<S: AsyncRead + AsyncWrite + Send + 'static>(stream: S) -> Conn {
+        let (read, writer) = tokio::io::split(stream);
         Conn {
-            reader: TokioBufReader::new(read),
-            writer,
+            reader: TokioBufReader::new(Box::new(read)),
+            writer: Box::new(writer),
             auto_pong: true,
         }
     }
