@@ -9,10 +9,12 @@ mod telemetry;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use broker::cli::{BrokerArgs, ShutdownSignals, init_logging};
 use clap::{Parser, Subcommand};
 use gateway::GateConfig;
+use gateway::bus::{BusOptions, Dialer, LocalStream};
 use services::{BusSecurity, FrameConfig, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -112,15 +114,9 @@ async fn gate(args: GateArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_listen {
         telemetry::serve_metrics(addr, shutdown.clone()).await?;
     }
-    let started = roles::start_gate(
-        args.listen,
-        &args.nats,
-        &args.security,
-        args.gate,
-        &args.tls,
-        shutdown.clone(),
-    )
-    .await?;
+    let bus = roles::gate_bus(&args.nats, &args.security)?;
+    let started =
+        roles::start_gate(args.listen, bus, args.gate, &args.tls, shutdown.clone()).await?;
     if let Some(tls) = started.tls {
         roles::reload_tls_on_sighup(tls, shutdown.clone())?;
     }
@@ -174,10 +170,17 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     let echo =
         roles::start_worker(ServiceName::Echo, worker_config.clone(), shutdown.clone()).await?;
     let chat = roles::start_worker(ServiceName::Chat, worker_config, shutdown.clone()).await?;
+    // The gate, the hot part of the path, reaches the broker in process: no loopback
+    // TCP, no kernel between them. (The workers' NATS client, async-nats, has no
+    // in-process transport: they use loopback TCP.)
+    let server = broker.server().clone();
+    let dialer: Dialer = Arc::new(move || {
+        let stream: LocalStream = Box::new(server.connect_in_process());
+        Box::pin(std::future::ready(Ok(stream)))
+    });
     let gate = roles::start_gate(
         SocketAddr::from((any, args.gate_port)),
-        &nats,
-        &BusSecurity::default(),
+        BusOptions::in_process(dialer),
         args.gate,
         &args.tls,
         shutdown.clone(),

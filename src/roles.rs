@@ -96,7 +96,7 @@ pub struct StartedGate {
 }
 
 /// The gate's own bus connection settings from the shared bus flags.
-fn gate_bus(nats: &[String], security: &BusSecurity) -> anyhow::Result<BusOptions> {
+pub fn gate_bus(nats: &[String], security: &BusSecurity) -> anyhow::Result<BusOptions> {
     let mut bus = BusOptions::new(nats.iter().cloned());
     bus.auth = security.credentials()?;
     bus.tls = security.tls_config()?.map(Arc::new);
@@ -107,13 +107,11 @@ fn gate_bus(nats: &[String], security: &BusSecurity) -> anyhow::Result<BusOption
 /// a gate until `shutdown`.
 pub async fn start_gate(
     listen: SocketAddr,
-    nats: &[String],
-    security: &BusSecurity,
+    bus: BusOptions,
     config: GateConfig,
     tls: &TlsArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<StartedGate> {
-    let bus = gate_bus(nats, security)?;
     let token_check = gateway::auth::from_config(&config).context("the gate's token check")?;
     let gate = Gate::new(bus, config, token_check).await?;
     let bind = |addr: SocketAddr| async move {
