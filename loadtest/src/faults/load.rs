@@ -11,9 +11,10 @@
 //! so it is at most one send interval longer than the outage the client really had.
 //!
 //! A client the gate closed for good (a kick: the SDK does not reconnect after one) is
-//! replaced by a new one, as a game would reconnect, made by [`connect_client`] and
-//! retried every [`RECONNECT_RETRY`] until it connects; its requests due meanwhile go to
-//! the closed client and come back cut. The report counts such closings and why.
+//! replaced by a new one, as a game would reconnect, made by [`connect_client`] for the
+//! next gate of the list (and the next, every [`RECONNECT_RETRY`], until one connects);
+//! its requests due meanwhile go to the closed client and come back cut. The report
+//! counts such closings and why.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -49,17 +50,19 @@ pub struct LoadConfig {
 }
 
 /// Connects client `index` of the run, reconnecting by itself with the SDK's default
-/// backoff, to one of `gates` (round-robin).
+/// backoff, to one of `gates`: round-robin by `index`, and its `attempt`-th connection
+/// (from 0) to the gate after that many more.
 ///
 /// The one place the load's clients are made: to move to the SDK's gate list (a client
 /// given every gate, moving to another on `Drain`), change only this function.
 pub async fn connect_client(
     gates: &[String],
     index: usize,
+    attempt: usize,
     timeout: Duration,
 ) -> anyhow::Result<Client> {
     let url = gates
-        .get(index % gates.len().max(1))
+        .get((index + attempt) % gates.len().max(1))
         .context("no gate to connect to")?;
     let options = ClientOptions {
         request_timeout: timeout,
@@ -145,7 +148,7 @@ pub async fn start(
     clock: Arc<PhaseClock>,
     phases: usize,
 ) -> anyhow::Result<JoinSet<ClientRecord>> {
-    let connects = (0..config.clients).map(|i| connect_client(gates, i, config.timeout));
+    let connects = (0..config.clients).map(|i| connect_client(gates, i, 0, config.timeout));
     let clients = futures::future::try_join_all(connects).await?;
     let gates: Arc<[String]> = Arc::from(gates);
     let start = Instant::now() + LEAD;
@@ -252,13 +255,16 @@ impl Driver {
     }
 }
 
-/// A new client in place of one closed for good, retried until it connects.
+/// A new client in place of one closed for good: on the next gate, then the one after,
+/// until one connects.
 async fn replace(gates: Arc<[String]>, index: usize, timeout: Duration) -> Client {
+    let mut attempt = 1;
     loop {
-        match connect_client(&gates, index, timeout).await {
+        match connect_client(&gates, index, attempt, timeout).await {
             Ok(client) => return client,
             Err(e) => {
                 tracing::debug!("replacing client {index}: {e:#}");
+                attempt += 1;
                 tokio::time::sleep(RECONNECT_RETRY).await;
             }
         }

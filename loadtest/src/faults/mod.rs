@@ -2,7 +2,8 @@
 //! load (issue #15). The fleet is a bus (one `shaddock broker`, or 3 nats-server nodes
 //! routed into a cluster: `--bus`), 2 gates and 3 echo workers, each its own process.
 //! N clients send `echo.raw` at a steady rate through the gates for the whole run, while
-//! the phases, each `--phase` long, do one thing to the fleet at their start:
+//! the phases do one thing each to the fleet at their start, then run `--phase` longer
+//! under the same load:
 //!
 //! 1. baseline: nothing;
 //! 2. add a worker;
@@ -35,7 +36,7 @@ use crate::ws::procfs::CpuSample;
 use crate::ws::scenario::OutputArgs;
 use fleet::{Fleet, FleetSpec};
 use load::{LoadConfig, PhaseClock};
-use phases::{Limits, PHASES, Window};
+use phases::{Limits, PHASES, Struck, Window};
 use report::{FaultsReport, PhaseReport, PhaseRun};
 
 pub use phases::Bus;
@@ -58,8 +59,8 @@ pub struct FaultsArgs {
     /// Requests per second of each client (open loop).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub rate: u32,
-    /// Length of each phase (its fault happens at its start; a fault that takes longer
-    /// makes its phase longer).
+    /// How long each phase runs after its fault is done (the fault itself, a drain or a
+    /// restart, takes what it takes at the phase's start).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub phase: Duration,
     /// The clients' request timeout.
@@ -75,6 +76,10 @@ pub struct FaultsArgs {
     /// Longest stretch without any 200 a restarted broker may cost.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub max_bus_gap: Duration,
+    /// Requests sent up to this long after a SIGKILL may still reach the killed process
+    /// (the bus notices its connection closed a moment later): they count as held by it.
+    #[arg(long, default_value = "10ms", value_parser = parse_duration)]
+    pub held_slack: Duration,
     /// Gates at the start (a drained one is replaced).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub gates: u32,
@@ -148,7 +153,7 @@ async fn run_phases(args: &FaultsArgs, fleet: &mut Fleet) -> anyhow::Result<Faul
             eprintln!("phase {}: {}", index + 1, fault.name());
         }
         let acted = fleet.act(fault).await;
-        tokio::time::sleep_until((start + args.phase).into()).await;
+        tokio::time::sleep(args.phase).await;
         let checked = fleet.check();
         let (events, fault_at) = match acted {
             Ok(action) => (action.events, action.fault_at),
@@ -194,12 +199,16 @@ async fn run_phases(args: &FaultsArgs, fleet: &mut Fleet) -> anyhow::Result<Faul
         .map(|(r, &fault_at)| Window {
             start: r.start,
             end: r.end,
-            fault_at,
+            fault: fault_at.map(|at| Struck {
+                at,
+                held_until: at + args.held_slack,
+            }),
         })
         .collect();
     let limits = Limits {
         fast_503: args.fast_503,
         max_bus_gap: args.max_bus_gap,
+        held_slack: args.held_slack,
     };
     let tallies = phases::tally(&records, &windows);
     report.phases = runs
