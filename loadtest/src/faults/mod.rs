@@ -17,7 +17,7 @@
 //! connection closed under it), timed out, or lost (no outcome at all by the end, plus
 //! `--drain-timeout`). The report gives that per phase with the clients' reconnection
 //! gaps and the longest stretch without any 200, and checks it against what the issue
-//! expects of the phase ([`phases::Expectation`]); `--check` makes a missed expectation
+//! expects of the phase (`phases::Expectation`); `--check` makes a missed expectation
 //! the command's failure.
 
 mod fleet;

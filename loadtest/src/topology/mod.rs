@@ -18,6 +18,11 @@
 //! asynchronously; `Drop` does the same synchronously with shorter deadlines, so a
 //! scenario that returns early, fails or panics still leaves nothing behind.
 //!
+//! The bus is `shaddock broker`, one `nats-server`, or a cluster of them routed to each
+//! other ([`BrokerSpec::NatsCluster`], see `cluster.rs`). A running topology can be
+//! changed: workers and gates added, one process stopped by a chosen signal, a bus node
+//! started again on its ports ([`change`]).
+//!
 //! With [`TopologySpec::tls`] each gate also serves `wss://` on its own port, with a
 //! certificate from a throwaway CA made at launch ([`crate::tls::Certs`]); the PEM files
 //! live as long as the topology and are removed with it.
@@ -83,7 +88,7 @@ pub enum BrokerSpec {
     /// Start a real `nats-server` (found on `PATH` or in `$(go env GOPATH)/bin`).
     NatsServer,
     /// Start a cluster of this many `nats-server` nodes, routed to each other
-    /// ([`cluster`]); gates and workers get every node's URL.
+    /// (`cluster.rs`); gates and workers get every node's URL.
     NatsCluster(usize),
 }
 
