@@ -9,9 +9,11 @@
 //! - [`ws`]: open-loop WebSocket load through the gateway and its scenarios
 //!   (`concurrency`, `pomelo-a`, `pomelo-b`, `saturate`, `idle`, `limit`, `broadcast`,
 //!   `pomelo-compare`).
+//! - [`faults`]: steady load through the gates while the fleet changes phase by phase.
 
 pub mod bus_rr;
 pub mod duration;
+pub mod faults;
 pub mod idle_conns;
 pub mod latency;
 pub mod limit;
@@ -43,6 +45,9 @@ pub enum Command {
     Broadcast(ws::broadcast::BroadcastArgs),
     /// One pomelo-protocol client against the gate and against a pomelo server.
     PomeloCompare(ws::pomelo::PomeloCompareArgs),
+    /// Steady load while the fleet changes (worker added, drained, killed; gate
+    /// drained; bus node restarted): per phase, what the clients saw.
+    Faults(faults::FaultsArgs),
 }
 
 /// Prints a tool's report on stdout: the JSON line when `json`, else the text. The
@@ -75,5 +80,6 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Limit(args) => ws::scenario::limit(args).await,
         Command::Broadcast(args) => ws::broadcast::broadcast(args).await,
         Command::PomeloCompare(args) => ws::pomelo::pomelo_compare(args).await,
+        Command::Faults(args) => faults::faults(args).await,
     }
 }

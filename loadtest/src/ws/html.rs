@@ -15,14 +15,14 @@ const TOP: f64 = 28.0;
 const BOTTOM: f64 = 40.0;
 
 /// One line on a chart.
-struct Series<'a> {
-    name: &'a str,
-    color: &'a str,
-    points: Vec<(f64, f64)>,
+pub(crate) struct Series<'a> {
+    pub name: &'a str,
+    pub color: &'a str,
+    pub points: Vec<(f64, f64)>,
 }
 
 /// How the x axis is labelled.
-enum XAxis {
+pub(crate) enum XAxis {
     /// Plain numbers ("s" after them).
     Seconds,
     /// Nines of a percentile curve: 0 → 0%, 2 → 99%, 3 → 99.9%.
@@ -100,7 +100,7 @@ pub fn render_html(report: &ScenarioReport) -> String {
     out
 }
 
-const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}\
+pub(crate) const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}\
 table{border-collapse:collapse;margin:1em 0;font-size:12px}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}\
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}td{white-space:nowrap}.meta{color:#555}\
 svg{display:block;margin:0.5em 0}.charts{display:flex;flex-wrap:wrap;gap:1em}";
@@ -115,7 +115,7 @@ fn summary_table(out: &mut String, runs: &[RunReport]) {
 }
 
 /// A table with a header row of `columns` and one row per item of `rows`.
-fn table<const N: usize>(
+pub(crate) fn table<const N: usize>(
     out: &mut String,
     columns: &[&str; N],
     rows: impl Iterator<Item = [String; N]>,
@@ -226,7 +226,7 @@ fn run_section(out: &mut String, r: &RunReport) {
 }
 
 /// An SVG line chart; an empty chart says "no data".
-fn line_chart(title: &str, series: &[Series], x_axis: &XAxis) -> String {
+pub(crate) fn line_chart(title: &str, series: &[Series], x_axis: &XAxis) -> String {
     let mut svg = String::new();
     let _ = write!(
         svg,
@@ -376,7 +376,7 @@ fn nines_label(n: u32) -> String {
 }
 
 /// Escapes text for HTML and SVG.
-fn esc(text: &str) -> String {
+pub(crate) fn esc(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

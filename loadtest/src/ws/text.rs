@@ -176,7 +176,7 @@ fn errors_text(r: &RunReport) -> String {
 
 /// A markdown table: a header row of `columns` and one row per item of `rows` (the
 /// HTML report's `table` in markdown).
-fn markdown_table<const N: usize>(
+pub(crate) fn markdown_table<const N: usize>(
     columns: &[&str; N],
     rows: impl Iterator<Item = [String; N]>,
 ) -> String {

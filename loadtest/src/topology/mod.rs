@@ -18,6 +18,11 @@
 //! asynchronously; `Drop` does the same synchronously with shorter deadlines, so a
 //! scenario that returns early, fails or panics still leaves nothing behind.
 //!
+//! The bus is `shaddock broker`, one `nats-server`, or a cluster of them routed to each
+//! other ([`BrokerSpec::NatsCluster`], see `cluster.rs`). A running topology can be
+//! changed: workers and gates added, one process stopped by a chosen signal, a bus node
+//! started again on its ports ([`change`]).
+//!
 //! With [`TopologySpec::tls`] each gate also serves `wss://` on its own port, with a
 //! certificate from a throwaway CA made at launch ([`crate::tls::Certs`]); the PEM files
 //! live as long as the topology and are removed with it.
@@ -28,7 +33,7 @@
 //! races Ctrl-C and any child dying, then everything is shut down) or, to hold a
 //! topology open for manual testing, [`Topology::run_until_ctrl_c`].
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::ffi::OsStr;
 use std::fmt;
@@ -47,6 +52,11 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout, timeout_at};
 
 use crate::tls::Certs;
+
+pub mod change;
+mod cluster;
+
+pub use change::Stopped;
 
 /// How long a child has to log its readiness line. Generous: debug builds on a loaded
 /// two-core CI machine start slowly, and a healthy child reports far sooner.
@@ -77,6 +87,9 @@ pub enum BrokerSpec {
     Urls(Vec<String>),
     /// Start a real `nats-server` (found on `PATH` or in `$(go env GOPATH)/bin`).
     NatsServer,
+    /// Start a cluster of this many `nats-server` nodes, routed to each other
+    /// (`cluster.rs`); gates and workers get every node's URL.
+    NatsCluster(usize),
 }
 
 /// What to start. [`Default`] is one gate and one echo worker on the embedded broker.
@@ -178,6 +191,8 @@ pub async fn find_nats_server() -> Option<PathBuf> {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Role {
     Broker,
+    /// The n-th node of a nats-server cluster ([`BrokerSpec::NatsCluster`]), from 0.
+    Node(usize),
     /// The n-th gate, from 0.
     Gate(usize),
     /// The n-th worker of a service, from 0.
@@ -193,7 +208,7 @@ impl Role {
         match self {
             Role::Gate(_) => 0,
             Role::Worker { .. } => 1,
-            Role::Broker => 2,
+            Role::Broker | Role::Node(_) => 2,
         }
     }
 }
@@ -202,6 +217,7 @@ impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Role::Broker => f.write_str("broker"),
+            Role::Node(n) => write!(f, "nats-{n}"),
             Role::Gate(n) => write!(f, "gate-{n}"),
             Role::Worker { service, index } => write!(f, "worker-{service}-{index}"),
         }
@@ -258,6 +274,8 @@ struct Proc {
     metrics: Option<String>,
     /// The broker's HTTP monitoring address.
     monitor: Option<SocketAddr>,
+    /// A cluster node's route address.
+    route: Option<SocketAddr>,
 }
 
 /// Log lines that carry an address, and where each goes.
@@ -269,6 +287,8 @@ const LISTEN_LINES: [&str; 2] = [
 const TLS_LISTEN_LINE: &str = "Gate listening for TLS WebSocket clients on ";
 const METRICS_LINE: &str = "Serving Prometheus metrics on ";
 const MONITOR_LINE: &str = "Starting http monitor on ";
+/// A nats-server cluster node's route port; logged after `Server is ready`.
+const ROUTE_LINE: &str = "Listening for route connections on ";
 
 /// The first whitespace-separated word after `phrase` in `line`.
 fn word_after<'a>(line: &'a str, phrase: &str) -> Option<&'a str> {
@@ -324,19 +344,32 @@ impl Proc {
             tls_listen: None,
             metrics: None,
             monitor: None,
+            route: None,
         })
     }
 
     /// Reads the child's output until the line that ends with `ready`, noting the
     /// addresses logged before it.
     async fn wait_ready(&mut self, ready: &str, deadline: Instant) -> anyhow::Result<()> {
+        self.wait_line(ready, |line| line.trim_end().ends_with(ready), deadline)
+            .await
+    }
+
+    /// Reads the child's output until a line for which `found` holds (`what` names it in
+    /// errors), noting the addresses logged before it and in it. Then only drains.
+    async fn wait_line(
+        &mut self,
+        what: &str,
+        found: impl Fn(&str) -> bool,
+        deadline: Instant,
+    ) -> anyhow::Result<()> {
         let Some(mut lines) = self.lines.take() else {
             return Ok(());
         };
         loop {
             match timeout_at(deadline, lines.recv()).await {
                 Err(_) => bail!(
-                    "{} (pid {}) did not log {ready:?} in time; its last output:\n{}",
+                    "{} (pid {}) did not log {what:?} in time; its last output:\n{}",
                     self.role,
                     self.pid,
                     render(&self.tail)
@@ -356,7 +389,7 @@ impl Proc {
                 }
                 Ok(Some(line)) => {
                     self.scan(&line);
-                    if line.trim_end().ends_with(ready) {
+                    if found(&line) {
                         return Ok(());
                     }
                 }
@@ -374,6 +407,9 @@ impl Proc {
         }
         if let Some(a) = addr(MONITOR_LINE) {
             self.monitor = Some(a);
+        }
+        if let Some(a) = addr(ROUTE_LINE) {
+            self.route = Some(a);
         }
         if let Some(url) = word_after(line, METRICS_LINE) {
             self.metrics = Some(url.to_owned());
@@ -469,7 +505,17 @@ enum Stop<T> {
 pub struct Topology {
     procs: Vec<Proc>,
     nats: Vec<String>,
-    stop_timeout: Duration,
+    /// What it was started with; a process started later (a worker added, a gate or a
+    /// bus node replaced: [`change`]) is started the same way.
+    spec: TopologySpec,
+    /// The bus processes this topology runs, in node order, with the ports they took.
+    bus: Vec<cluster::BusNode>,
+    /// Gates started so far: the next gate's index.
+    gates_started: usize,
+    /// Workers started so far per service: the next worker's index.
+    workers_started: HashMap<String, usize>,
+    /// `--tls-listen` and the certificate flags every gate gets, when serving TLS.
+    tls_args: Vec<String>,
     /// The gates' certificate files; a field, so they are removed only after `Drop` has
     /// stopped the gates that read them.
     certs: Option<Certs>,
@@ -493,10 +539,14 @@ impl Topology {
         let mut topology = Topology {
             procs: Vec::new(),
             nats: Vec::new(),
-            stop_timeout: spec.stop_timeout,
+            spec,
+            bus: Vec::new(),
+            gates_started: 0,
+            workers_started: HashMap::new(),
+            tls_args: Vec::new(),
             certs: None,
         };
-        match topology.start_all(&spec).await {
+        match topology.start_all().await {
             Ok(()) => Ok(topology),
             Err(e) => {
                 // Async teardown here, so a failed start does not block in Drop.
@@ -506,7 +556,8 @@ impl Topology {
         }
     }
 
-    async fn start_all(&mut self, spec: &TopologySpec) -> anyhow::Result<()> {
+    async fn start_all(&mut self) -> anyhow::Result<()> {
+        let spec = self.spec.clone();
         let needs_shaddock = spec.gates > 0
             || spec.workers.iter().any(|(_, n)| *n > 0)
             || spec.broker == BrokerSpec::Embedded;
@@ -517,106 +568,100 @@ impl Topology {
                 bin.display()
             );
         }
-        let mut broker_args: Vec<String> =
-            ["-a", "127.0.0.1", "-p", "-1"].map(String::from).to_vec();
-        if spec.metrics {
-            broker_args.extend(["-m".to_owned(), "-1".to_owned()]);
-        }
-        let broker = match &spec.broker {
+        let deadline = Instant::now() + spec.ready_timeout;
+        match &spec.broker {
             BrokerSpec::Urls(urls) => {
                 if urls.is_empty() {
                     bail!("BrokerSpec::Urls needs at least one NATS URL");
                 }
                 self.nats = urls.clone();
-                None
             }
-            BrokerSpec::Embedded => {
-                let mut args = vec!["broker".to_owned()];
-                args.extend(broker_args);
-                Some((bin.clone(), args))
-            }
-            BrokerSpec::NatsServer => {
-                let found = find_nats_server().await.context(
-                    "nats-server not found on PATH nor in $(go env GOPATH)/bin \
-                     (go install github.com/nats-io/nats-server/v2@latest)",
-                )?;
-                Some((found, broker_args))
-            }
-        };
-        let deadline = Instant::now() + spec.ready_timeout;
-        if let Some((program, args)) = broker {
-            self.procs.push(Proc::spawn(
-                Role::Broker,
-                &program,
-                &args,
-                &spec.log_filter,
-            )?);
-            let broker = self.procs.last_mut().context("broker missing")?;
-            broker.wait_ready("Server is ready", deadline).await?;
-            let addr = broker.listen.with_context(|| {
-                format!("{} never logged its client address", broker.describe())
-            })?;
-            self.nats = vec![format!("nats://{addr}")];
-            // Only our broker serves Prometheus text on its monitoring port.
-            if spec.broker == BrokerSpec::Embedded {
-                broker.metrics = broker.monitor.map(|a| format!("http://{a}/metrics"));
-            }
+            _ => self.start_bus(deadline).await?,
         }
-        let nats = self.nats.join(",");
-        let metrics = |args: &mut Vec<String>| {
-            if spec.metrics {
-                args.extend(["--metrics-listen".to_owned(), "127.0.0.1:0".to_owned()]);
-            }
-        };
-        let tls_args = if spec.tls && spec.gates > 0 {
+        if spec.tls && spec.gates > 0 {
             let certs = self.certs.insert(Certs::create()?);
             let path = |p: &Path| p.display().to_string();
-            vec![
+            self.tls_args = vec![
                 "--tls-listen".to_owned(),
                 "127.0.0.1:0".to_owned(),
                 "--tls-cert".to_owned(),
                 path(&certs.cert),
                 "--tls-key".to_owned(),
                 path(&certs.key),
-            ]
-        } else {
-            Vec::new()
-        };
-        for n in 0..spec.gates {
-            // Every load-test client connects from 127.0.0.1: one address, no per-IP cap.
-            let mut args: Vec<String> = [
-                "gate",
-                "--listen",
-                "127.0.0.1:0",
-                "--nats",
-                &nats,
-                "--max-connections-per-ip",
-                "0",
-            ]
-            .map(String::from)
-            .to_vec();
-            metrics(&mut args);
-            args.extend(tls_args.iter().cloned());
-            args.extend(spec.gate_args.iter().cloned());
-            self.procs
-                .push(Proc::spawn(Role::Gate(n), bin, &args, &spec.log_filter)?);
+            ];
+        }
+        let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
+        for _ in 0..spec.gates {
+            self.spawn_gate(any_port)?;
         }
         for (service, count) in &spec.workers {
-            for index in 0..*count {
-                let mut args: Vec<String> = ["worker", "--service", service, "--nats", &nats]
-                    .map(String::from)
-                    .to_vec();
-                metrics(&mut args);
-                args.extend(spec.worker_args.iter().cloned());
-                let role = Role::Worker {
-                    service: service.clone(),
-                    index,
-                };
-                self.procs
-                    .push(Proc::spawn(role, bin, &args, &spec.log_filter)?);
+            for _ in 0..*count {
+                self.spawn_worker(service)?;
             }
         }
-        let starting = self.procs.iter_mut().filter(|p| p.role != Role::Broker);
+        self.wait_started(deadline).await
+    }
+
+    /// `--metrics-listen 127.0.0.1:0` when the spec serves metrics.
+    fn metrics_args(&self) -> Vec<String> {
+        if self.spec.metrics {
+            vec!["--metrics-listen".to_owned(), "127.0.0.1:0".to_owned()]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Starts the next gate, listening on `listen`; [`Topology::wait_started`] waits for it.
+    fn spawn_gate(&mut self, listen: SocketAddr) -> anyhow::Result<Role> {
+        let nats = self.nats_url();
+        let listen = listen.to_string();
+        // Every load-test client connects from 127.0.0.1: one address, no per-IP cap.
+        let mut args: Vec<String> = [
+            "gate",
+            "--listen",
+            &listen,
+            "--nats",
+            &nats,
+            "--max-connections-per-ip",
+            "0",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(self.metrics_args());
+        args.extend(self.tls_args.iter().cloned());
+        args.extend(self.spec.gate_args.iter().cloned());
+        let role = Role::Gate(self.gates_started);
+        self.gates_started += 1;
+        let bin = &self.spec.shaddock_bin;
+        let proc = Proc::spawn(role.clone(), bin, &args, &self.spec.log_filter)?;
+        self.procs.push(proc);
+        Ok(role)
+    }
+
+    /// Starts the next worker of `service`; [`Topology::wait_started`] waits for it.
+    fn spawn_worker(&mut self, service: &str) -> anyhow::Result<Role> {
+        let nats = self.nats_url();
+        let mut args: Vec<String> = ["worker", "--service", service, "--nats", &nats]
+            .map(String::from)
+            .to_vec();
+        args.extend(self.metrics_args());
+        args.extend(self.spec.worker_args.iter().cloned());
+        let started = self.workers_started.entry(service.to_owned()).or_default();
+        let role = Role::Worker {
+            service: service.to_owned(),
+            index: *started,
+        };
+        *started += 1;
+        let bin = &self.spec.shaddock_bin;
+        let proc = Proc::spawn(role.clone(), bin, &args, &self.spec.log_filter)?;
+        self.procs.push(proc);
+        Ok(role)
+    }
+
+    /// Waits until every gate and worker started so far has logged that it is ready.
+    async fn wait_started(&mut self, deadline: Instant) -> anyhow::Result<()> {
+        let tls = self.spec.tls;
+        let starting = self.procs.iter_mut().filter(|p| p.role.stage() < 2);
         futures::future::try_join_all(starting.map(|p| async move {
             let ready = match p.role {
                 Role::Gate(_) => "Gate is ready",
@@ -629,7 +674,7 @@ impl Topology {
                     p.describe()
                 ));
             }
-            if matches!(p.role, Role::Gate(_)) && spec.tls && p.tls_listen.is_none() {
+            if matches!(p.role, Role::Gate(_)) && tls && p.tls_listen.is_none() {
                 return Err(anyhow!(
                     "{} never logged its TLS WebSocket address",
                     p.describe()
@@ -708,11 +753,12 @@ impl Topology {
             .collect()
     }
 
-    /// The started broker's HTTP monitoring (`/varz`, `/connz`, ...), when metrics are on.
+    /// The started broker's HTTP monitoring (`/varz`, `/connz`, ...), when metrics are on;
+    /// of a cluster, the first running node's.
     pub fn monitor_url(&self) -> Option<String> {
         self.procs
             .iter()
-            .find(|p| p.role == Role::Broker)
+            .find(|p| p.role.stage() == 2)
             .and_then(|p| p.monitor)
             .map(|addr| format!("http://{addr}"))
     }
@@ -803,7 +849,7 @@ impl Topology {
             for p in &mut group {
                 p.signal(Signal::SIGTERM);
             }
-            let deadline = Instant::now() + self.stop_timeout;
+            let deadline = Instant::now() + self.spec.stop_timeout;
             let stops = group.into_iter().map(|p| async move {
                 let stopped = p.stop(deadline).await;
                 (p.describe(), stopped)

@@ -1,0 +1,269 @@
+//! The bus a topology runs: one `shaddock broker`, one `nats-server`, or a cluster of
+//! `nats-server` nodes routed to each other; and starting one of them again on the ports
+//! it had (a restarted bus node, as a fleet restarts one).
+//!
+//! Cluster nodes bind port 0 for clients and routes alike. Node 0 starts first; each
+//! later node is given the route addresses of the nodes before it (`--routes`), and the
+//! cluster's gossip completes the mesh. The cluster is ready when every node's
+//! monitoring `/routez` lists a route to each other node. A node started again takes
+//! its old client and route ports, and routes to the others' route ports.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context as _, bail};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::{BrokerSpec, Proc, ROUTE_LINE, Role, Topology, find_nats_server};
+
+/// The cluster name every node is given (`--cluster_name`).
+const CLUSTER_NAME: &str = "shaddock-loadtest";
+/// How often readiness of the routes is polled.
+const ROUTES_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+/// Largest `/routez` answer read (a few routes' JSON is a few KiB).
+const MAX_MONITOR_BYTES: u64 = 1 << 20;
+
+/// One bus process: what runs it and the ports it took.
+#[derive(Debug, Clone)]
+pub(super) struct BusNode {
+    role: Role,
+    program: PathBuf,
+    /// `shaddock broker` (which takes the `broker` subcommand first).
+    shaddock: bool,
+    client: SocketAddr,
+    /// A cluster node's route address.
+    route: Option<SocketAddr>,
+}
+
+impl Topology {
+    /// Starts the bus the spec asks for (not [`BrokerSpec::Urls`]) and sets the URLs
+    /// gates and workers get.
+    pub(super) async fn start_bus(&mut self, deadline: Instant) -> anyhow::Result<()> {
+        let (shaddock, nodes) = match self.spec.broker {
+            BrokerSpec::Embedded => (true, 1),
+            BrokerSpec::NatsServer => (false, 1),
+            BrokerSpec::NatsCluster(n) if n >= 2 => (false, n),
+            BrokerSpec::NatsCluster(n) => {
+                bail!("a nats-server cluster needs 2 nodes or more, not {n}")
+            }
+            BrokerSpec::Urls(_) => bail!("BrokerSpec::Urls starts no bus"),
+        };
+        let program = if shaddock {
+            self.spec.shaddock_bin.clone()
+        } else {
+            find_nats_server().await.context(
+                "nats-server not found on PATH nor in $(go env GOPATH)/bin \
+                 (go install github.com/nats-io/nats-server/v2@latest)",
+            )?
+        };
+        let cluster = nodes > 1;
+        for n in 0..nodes {
+            let role = if cluster { Role::Node(n) } else { Role::Broker };
+            let node = BusNode {
+                role,
+                program: program.clone(),
+                shaddock,
+                client: SocketAddr::from(([127, 0, 0, 1], 0)),
+                route: cluster.then(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+            };
+            let started = self.start_node(node, deadline).await?;
+            self.bus.push(started);
+        }
+        if cluster {
+            for n in 0..nodes {
+                self.await_routes(n, deadline).await?;
+            }
+        }
+        self.nats = self
+            .bus
+            .iter()
+            .map(|b| format!("nats://{}", b.client))
+            .collect();
+        Ok(())
+    }
+
+    /// The bus nodes' roles, in node order: `[Broker]`, or `[Node(0), Node(1), ...]`.
+    pub fn bus_roles(&self) -> Vec<Role> {
+        self.bus.iter().map(|b| b.role.clone()).collect()
+    }
+
+    /// Starts bus node `index` again on the ports it had, after it was stopped
+    /// ([`Topology::stop_one`]), and waits until it is ready (for a cluster node: routed
+    /// to every other node again).
+    pub async fn restart_bus_node(&mut self, index: usize) -> anyhow::Result<()> {
+        let node = self
+            .bus
+            .get(index)
+            .cloned()
+            .with_context(|| format!("no bus node {index}"))?;
+        if self.procs.iter().any(|p| p.role == node.role) {
+            bail!("{} is still running: stop it first", node.role);
+        }
+        let deadline = Instant::now() + self.spec.ready_timeout;
+        self.start_node(node, deadline).await?;
+        if self.bus.len() > 1 {
+            self.await_routes(index, deadline).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts one bus process with `node`'s ports (port 0: any) and waits for it to
+    /// listen; returns `node` with the ports it took.
+    async fn start_node(
+        &mut self,
+        mut node: BusNode,
+        deadline: Instant,
+    ) -> anyhow::Result<BusNode> {
+        let port = |a: SocketAddr| match a.port() {
+            0 => "-1".to_owned(),
+            p => p.to_string(),
+        };
+        let mut args: Vec<String> = Vec::new();
+        if node.shaddock {
+            args.push("broker".to_owned());
+        }
+        args.extend([
+            "-a".to_owned(),
+            "127.0.0.1".to_owned(),
+            "-p".to_owned(),
+            port(node.client),
+        ]);
+        // A cluster needs the monitoring port for its readiness (`/routez`).
+        if self.spec.metrics || node.route.is_some() {
+            args.extend(["-m".to_owned(), "-1".to_owned()]);
+        }
+        if let Some(route) = node.route {
+            let others: Vec<String> = self
+                .bus
+                .iter()
+                .filter(|b| b.role != node.role)
+                .filter_map(|b| b.route.map(|r| format!("nats://{r}")))
+                .collect();
+            args.extend([
+                "--cluster_name".to_owned(),
+                CLUSTER_NAME.to_owned(),
+                "--cluster".to_owned(),
+                format!("nats://127.0.0.1:{}", port(route)),
+            ]);
+            if !others.is_empty() {
+                args.extend(["--routes".to_owned(), others.join(",")]);
+            }
+        }
+        let mut proc = Proc::spawn(
+            node.role.clone(),
+            &node.program,
+            &args,
+            &self.spec.log_filter,
+        )?;
+        let waited = if node.route.is_some() {
+            // Logged after "Server is ready": the route port is known only then.
+            proc.wait_line(ROUTE_LINE, |line| line.contains(ROUTE_LINE), deadline)
+                .await
+        } else {
+            proc.wait_ready("Server is ready", deadline).await
+        };
+        let pushed = self.procs.len();
+        self.procs.push(proc);
+        waited?;
+        let proc = &mut self.procs[pushed];
+        node.client = proc
+            .listen
+            .with_context(|| format!("{} never logged its client address", proc.describe()))?;
+        if node.route.is_some() {
+            node.route =
+                Some(proc.route.with_context(|| {
+                    format!("{} never logged its route address", proc.describe())
+                })?);
+        }
+        // Only our broker serves Prometheus text on its monitoring port.
+        if node.shaddock {
+            proc.metrics = proc.monitor.map(|a| format!("http://{a}/metrics"));
+        }
+        Ok(node)
+    }
+
+    /// Waits until cluster node `index` has a route to every other node.
+    async fn await_routes(&self, index: usize, deadline: Instant) -> anyhow::Result<()> {
+        let role = &self.bus[index].role;
+        let proc = self
+            .procs
+            .iter()
+            .find(|p| &p.role == role)
+            .with_context(|| format!("{role} is not running"))?;
+        let monitor = proc
+            .monitor
+            .with_context(|| format!("{} never logged its monitoring address", proc.describe()))?;
+        let want = self.bus.len() - 1;
+        loop {
+            let seen = match http_get(monitor, "/routez").await {
+                Ok(body) => distinct_routes(&body),
+                Err(_) => 0,
+            };
+            if seen >= want {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "{} has routes to {seen} of the {want} other cluster nodes after the ready timeout",
+                    proc.describe()
+                );
+            }
+            tokio::time::sleep(ROUTES_POLL).await;
+        }
+    }
+}
+
+/// Other nodes a `/routez` answer lists (nats-server opens a pool of routes to each).
+fn distinct_routes(routez: &str) -> usize {
+    let Ok(json) = serde_json::from_str::<serde_json::Value>(routez) else {
+        return 0;
+    };
+    let routes = json["routes"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    routes
+        .iter()
+        .filter_map(|r| r["remote_id"].as_str())
+        .collect::<HashSet<_>>()
+        .len()
+}
+
+/// The body of `GET path` from an HTTP server on loopback (HTTP/1.0: the server closes
+/// after the answer, so the body is the rest of the stream).
+async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+    let mut stream = TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut answer = Vec::new();
+    stream
+        .take(MAX_MONITOR_BYTES)
+        .read_to_end(&mut answer)
+        .await?;
+    let answer = String::from_utf8_lossy(&answer);
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .context("an HTTP answer without a body")?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
+    }
+    Ok(body.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_count_each_other_node_once() {
+        let routez = r#"{"num_routes":4,"routes":[{"rid":1,"remote_id":"A"},{"rid":2,"remote_id":"A"},
+            {"rid":3,"remote_id":"B"},{"rid":4,"remote_id":"B"}]}"#;
+        assert_eq!(distinct_routes(routez), 2);
+        assert_eq!(distinct_routes(r#"{"num_routes":0,"routes":null}"#), 0);
+        assert_eq!(distinct_routes("not json"), 0);
+    }
+}
