@@ -61,18 +61,24 @@ pub async fn connect_client(
     attempt: usize,
     timeout: Duration,
 ) -> anyhow::Result<Client> {
-    let url = gates
-        .get((index + attempt) % gates.len().max(1))
-        .context("no gate to connect to")?;
+    anyhow::ensure!(!gates.is_empty(), "no gate to connect to");
+    // Every gate, starting from this client's: the SDK moves along the list when its
+    // gate drains, and reconnects along it when its gate is lost.
+    let first = (index + attempt) % gates.len();
+    let urls: Vec<String> = gates[first..]
+        .iter()
+        .chain(&gates[..first])
+        .cloned()
+        .collect();
     let options = ClientOptions {
         request_timeout: timeout,
         reconnect: Some(Backoff::default()),
         client: format!("loadtest-faults-{index}"),
         ..ClientOptions::default()
     };
-    Client::connect(url, options)
+    Client::connect_any(&urls, options)
         .await
-        .with_context(|| format!("client {index} connecting to {url}"))
+        .with_context(|| format!("client {index} connecting to {}", urls[0]))
 }
 
 /// Which phase is current: requests are stamped with it when sent. Past the last phase,

@@ -25,6 +25,36 @@ const CLUSTER_NAME: &str = "shaddock-loadtest";
 const ROUTES_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 /// Largest `/routez` answer read (a few routes' JSON is a few KiB).
 const MAX_MONITOR_BYTES: u64 = 1 << 20;
+/// What every cluster node is configured with for lame duck mode, which nats-server has
+/// no flags for: a grace period short enough for a restart phase (its default is 10 s),
+/// and the shortest duration it accepts (30 s; it closes clients at most 1 s apart, so
+/// a node with a few clients is gone a few seconds after the grace).
+const NODE_CONF: &str = "lame_duck_grace_period: 1s\nlame_duck_duration: 30s\n";
+
+/// The config file of the cluster's nodes; removed when dropped.
+pub(super) struct NodeConf {
+    path: PathBuf,
+}
+
+impl NodeConf {
+    fn create() -> anyhow::Result<NodeConf> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let path = std::env::temp_dir().join(format!(
+            "shaddock-loadtest-node-{}-{nanos}.conf",
+            std::process::id()
+        ));
+        std::fs::write(&path, NODE_CONF).with_context(|| format!("writing {}", path.display()))?;
+        Ok(NodeConf { path })
+    }
+}
+
+impl Drop for NodeConf {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
 
 /// One bus process: what runs it and the ports it took.
 #[derive(Debug, Clone)]
@@ -136,6 +166,12 @@ impl Topology {
             args.extend(["-m".to_owned(), "-1".to_owned()]);
         }
         if let Some(route) = node.route {
+            if self.node_conf.is_none() {
+                self.node_conf = Some(NodeConf::create()?);
+            }
+            if let Some(conf) = &self.node_conf {
+                args.extend(["-c".to_owned(), conf.path.display().to_string()]);
+            }
             let others: Vec<String> = self
                 .bus
                 .iter()

@@ -519,6 +519,8 @@ pub struct Topology {
     /// The gates' certificate files; a field, so they are removed only after `Drop` has
     /// stopped the gates that read them.
     certs: Option<Certs>,
+    /// The cluster nodes' config file, when the bus is a cluster.
+    node_conf: Option<cluster::NodeConf>,
 }
 
 impl fmt::Debug for Topology {
@@ -545,6 +547,7 @@ impl Topology {
             workers_started: HashMap::new(),
             tls_args: Vec::new(),
             certs: None,
+            node_conf: None,
         };
         match topology.start_all().await {
             Ok(()) => Ok(topology),
