@@ -273,3 +273,25 @@ async fn run_serves_the_scenario_then_stops_everything() {
         assert!(gone(pid), "{role} (pid {pid}) outlived run");
     }
 }
+
+#[tokio::test]
+async fn one_process_runs_shaddock_up_and_its_gate_answers() {
+    let spec = TopologySpec {
+        one_process: true,
+        ..spec(BrokerSpec::Embedded)
+    };
+    let mut topology = Topology::start(spec).await.unwrap();
+    let pids = topology.pids();
+    let roles: Vec<&Role> = pids.iter().map(|(role, _)| role).collect();
+    assert_eq!(roles, [&Role::Up], "one process, nothing else");
+    let urls = topology.gate_urls();
+    assert_eq!(urls.len(), 1, "{urls:?}");
+    assert_eq!(topology.gate_pids(), [pids[0].1]);
+    let response = echo_once(&urls[0], b"in one process").await;
+    assert_eq!((response.id, response.code), (1, 200), "{response:?}");
+    timeout(WAIT, topology.shutdown())
+        .await
+        .expect("shutdown took too long")
+        .expect("up stopped on SIGTERM");
+    assert!(gone(pids[0].1));
+}

@@ -118,6 +118,10 @@ pub struct TopologySpec {
     /// Gates also serve `wss://` (`--tls-listen 127.0.0.1:0`) with a certificate a
     /// throwaway CA signed: see [`Topology::gate_tls_urls`] and [`Topology::tls_ca`].
     pub tls: bool,
+    /// Run everything in one `shaddock up` process instead: the embedded broker, one gate
+    /// (reaching the broker in process) and one echo and one chat worker; `broker`,
+    /// `gates`, `workers` and `worker_args` are then not used.
+    pub one_process: bool,
 }
 
 impl Default for TopologySpec {
@@ -133,6 +137,7 @@ impl Default for TopologySpec {
             log_filter: "info".to_owned(),
             ready_timeout: READY_TIMEOUT,
             stop_timeout: STOP_TIMEOUT,
+            one_process: false,
             tls: false,
         }
     }
@@ -195,6 +200,8 @@ pub enum Role {
     Node(usize),
     /// The n-th gate, from 0.
     Gate(usize),
+    /// `shaddock up`: broker, gate and workers in one process ([`TopologySpec::one_process`]).
+    Up,
     /// The n-th worker of a service, from 0.
     Worker {
         service: String,
@@ -206,7 +213,7 @@ impl Role {
     /// Teardown order: the lower stops first.
     fn stage(&self) -> u8 {
         match self {
-            Role::Gate(_) => 0,
+            Role::Gate(_) | Role::Up => 0,
             Role::Worker { .. } => 1,
             Role::Broker | Role::Node(_) => 2,
         }
@@ -217,6 +224,7 @@ impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Role::Broker => f.write_str("broker"),
+            Role::Up => f.write_str("up"),
             Role::Node(n) => write!(f, "nats-{n}"),
             Role::Gate(n) => write!(f, "gate-{n}"),
             Role::Worker { service, index } => write!(f, "worker-{service}-{index}"),
@@ -572,6 +580,9 @@ impl Topology {
             );
         }
         let deadline = Instant::now() + spec.ready_timeout;
+        if spec.one_process {
+            return self.start_up(deadline).await;
+        }
         match &spec.broker {
             BrokerSpec::Urls(urls) => {
                 if urls.is_empty() {
@@ -582,16 +593,7 @@ impl Topology {
             _ => self.start_bus(deadline).await?,
         }
         if spec.tls && spec.gates > 0 {
-            let certs = self.certs.insert(Certs::create()?);
-            let path = |p: &Path| p.display().to_string();
-            self.tls_args = vec![
-                "--tls-listen".to_owned(),
-                "127.0.0.1:0".to_owned(),
-                "--tls-cert".to_owned(),
-                path(&certs.cert),
-                "--tls-key".to_owned(),
-                path(&certs.key),
-            ];
+            self.make_tls_args()?;
         }
         let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
         for _ in 0..spec.gates {
@@ -603,6 +605,50 @@ impl Topology {
             }
         }
         self.wait_started(deadline).await
+    }
+
+    /// Makes the throwaway CA and the gates' `--tls-*` flags.
+    fn make_tls_args(&mut self) -> anyhow::Result<()> {
+        let certs = self.certs.insert(Certs::create()?);
+        let path = |p: &Path| p.display().to_string();
+        self.tls_args = vec![
+            "--tls-listen".to_owned(),
+            "127.0.0.1:0".to_owned(),
+            "--tls-cert".to_owned(),
+            path(&certs.cert),
+            "--tls-key".to_owned(),
+            path(&certs.key),
+        ];
+        Ok(())
+    }
+
+    /// Starts `shaddock up` on free ports and waits until it is ready.
+    async fn start_up(&mut self, deadline: Instant) -> anyhow::Result<()> {
+        let mut args: Vec<String> = [
+            "up",
+            "--broker-port=0",
+            "--monitor-port=0",
+            "--gate-port=0",
+            "--metrics-port=0",
+            // Every load-test client connects from 127.0.0.1: one address, no per-IP cap.
+            "--max-connections-per-ip=0",
+        ]
+        .map(String::from)
+        .to_vec();
+        if self.spec.tls {
+            self.make_tls_args()?;
+            args.extend(self.tls_args.iter().cloned());
+        }
+        args.extend(self.spec.gate_args.iter().cloned());
+        let bin = &self.spec.shaddock_bin;
+        let mut proc = Proc::spawn(Role::Up, bin, &args, &self.spec.log_filter)?;
+        let ready = proc.wait_ready("Server is ready", deadline).await;
+        self.procs.push(proc);
+        ready?;
+        if self.gate_urls().is_empty() {
+            bail!("shaddock up never logged its gate's WebSocket address");
+        }
+        Ok(())
     }
 
     /// `--metrics-listen 127.0.0.1:0` when the spec serves metrics.
@@ -693,7 +739,7 @@ impl Topology {
     pub fn gate_urls(&self) -> Vec<String> {
         self.procs
             .iter()
-            .filter(|p| matches!(p.role, Role::Gate(_)))
+            .filter(|p| matches!(p.role, Role::Gate(_) | Role::Up))
             .filter_map(|p| p.listen.map(|a| format!("ws://{a}")))
             .collect()
     }
@@ -733,7 +779,7 @@ impl Topology {
     pub fn gate_pids(&self) -> Vec<u32> {
         self.procs
             .iter()
-            .filter(|p| matches!(p.role, Role::Gate(_)))
+            .filter(|p| matches!(p.role, Role::Gate(_) | Role::Up))
             .map(|p| p.pid)
             .collect()
     }

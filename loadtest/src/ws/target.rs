@@ -68,6 +68,16 @@ impl ServiceKind {
     }
 }
 
+/// How a launched topology runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum TopologyKind {
+    /// A broker, gates and workers, each a process.
+    #[default]
+    Separate,
+    /// One `shaddock up` process.
+    OneProcess,
+}
+
 /// Flags saying where the load goes.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TargetArgs {
@@ -81,6 +91,11 @@ pub struct TargetArgs {
     /// trust (there are no system roots).
     #[arg(long, value_name = "FILE", requires = "url")]
     pub tls_ca: Option<PathBuf>,
+    /// How the launched topology runs: each role its own process, or everything in one
+    /// `shaddock up` (the gate reaches the embedded broker in process; one echo and one
+    /// chat worker; --gates, --workers and --worker-arg do not apply).
+    #[arg(long, value_enum, default_value_t, conflicts_with_all = ["url", "gates", "workers", "worker_arg"])]
+    pub topology: TopologyKind,
     /// Gate processes to launch (the scenario's default when absent).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub gates: Option<u32>,
@@ -196,6 +211,7 @@ impl TargetArgs {
             worker_args: self.worker_arg.clone(),
             metrics: !self.no_metrics,
             tls,
+            one_process: self.topology == TopologyKind::OneProcess,
             ..TopologySpec::default()
         };
         if let Some(bin) = &self.bin {
@@ -211,11 +227,15 @@ impl TargetArgs {
                 .into_iter()
                 .map(|(name, pid)| Watched { name, pid }),
         );
-        let mut setup = format!(
-            "{gates} gate{} + {workers} {service} worker{} + broker, launched on loopback",
-            plural(gates),
-            plural(workers)
-        );
+        let mut setup = if self.topology == TopologyKind::OneProcess {
+            "one process (shaddock up: broker, gate in process, echo and chat workers), launched on loopback".to_owned()
+        } else {
+            format!(
+                "{gates} gate{} + {workers} {service} worker{} + broker, launched on loopback",
+                plural(gates),
+                plural(workers)
+            )
+        };
         if tls {
             setup.push_str(", serving ws:// and wss://");
         }
