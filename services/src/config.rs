@@ -27,6 +27,16 @@ pub const DEFAULT_OVERRUN_PAUSE: Duration = Duration::from_millis(1);
 /// Interval of a service's tick callback: 20 Hz, a common server tick for action games.
 pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_millis(50);
 
+/// Messages a draining subscription still accepts after asking the bus to stop routing
+/// to it (see [`crate::drain`]): far above what the server can have routed to it during
+/// one round trip, so nothing on the wire is left over, and small enough that a busy
+/// worker uses it up in milliseconds.
+pub const DEFAULT_DRAIN_ALLOWANCE: u64 = 64;
+
+/// How long a draining subscription waits for its allowance to be used up before it
+/// unsubscribes outright (a quiet subscription may never use it up).
+pub const DEFAULT_DRAIN_WINDOW: Duration = Duration::from_millis(500);
+
 /// Subject prefix shared by gates and workers (`<prefix>.svc.<service>.<method>`).
 pub const DEFAULT_PREFIX: &str = "shaddock";
 
@@ -54,6 +64,33 @@ pub struct FrameConfig {
     /// (e.g. 50ms for 20 Hz).
     #[arg(long, env = "SHADDOCK_TICK_INTERVAL", default_value = "50ms", value_parser = parse_duration)]
     pub tick_interval: Duration,
+
+    #[command(flatten)]
+    pub drain: DrainConfig,
+}
+
+/// How a worker leaves its queue groups at shutdown (see [`crate::drain`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
+pub struct DrainConfig {
+    /// Messages a draining subscription still takes after asking the bus to stop
+    /// routing to it; the bus stops after exactly that many, so nothing already on the
+    /// wire is lost. 0 unsubscribes outright.
+    #[arg(long, env = "SHADDOCK_DRAIN_ALLOWANCE", default_value_t = DEFAULT_DRAIN_ALLOWANCE)]
+    pub drain_allowance: u64,
+
+    /// How long a draining subscription waits for its allowance to be used up before it
+    /// unsubscribes outright (e.g. 500ms, 2s).
+    #[arg(long, env = "SHADDOCK_DRAIN_WINDOW", default_value = "500ms", value_parser = parse_duration)]
+    pub drain_window: Duration,
+}
+
+impl Default for DrainConfig {
+    fn default() -> Self {
+        DrainConfig {
+            drain_allowance: DEFAULT_DRAIN_ALLOWANCE,
+            drain_window: DEFAULT_DRAIN_WINDOW,
+        }
+    }
 }
 
 impl Default for FrameConfig {
@@ -63,6 +100,7 @@ impl Default for FrameConfig {
             max_cost: DEFAULT_MAX_COST,
             overrun_pause: DEFAULT_OVERRUN_PAUSE,
             tick_interval: DEFAULT_TICK_INTERVAL,
+            drain: DrainConfig::default(),
         }
     }
 }
@@ -196,6 +234,10 @@ mod tests {
             "250us",
             "--tick-interval",
             "2s",
+            "--drain-allowance",
+            "0",
+            "--drain-window",
+            "1s",
         ])
         .unwrap();
         let worker = cli.worker;
@@ -208,6 +250,10 @@ mod tests {
                 max_cost: 3,
                 overrun_pause: Duration::from_micros(250),
                 tick_interval: Duration::from_secs(2),
+                drain: DrainConfig {
+                    drain_allowance: 0,
+                    drain_window: Duration::from_secs(1),
+                },
             }
         );
         assert_eq!(worker.validate(), Ok(()));

@@ -32,6 +32,7 @@ pub mod bus;
 pub mod chat;
 pub mod config;
 pub mod context;
+pub mod drain;
 pub mod echo;
 pub mod frame_loop;
 pub mod metrics;
@@ -40,7 +41,7 @@ pub mod service;
 pub mod worker;
 
 pub use bus::{BusSecurity, connect};
-pub use config::{FrameConfig, WorkerConfig};
+pub use config::{DrainConfig, FrameConfig, WorkerConfig};
 pub use context::Context;
 pub use push::{Outbound, PushError, Pusher};
 pub use service::{Delivery, HandlerError, Service, Tick};

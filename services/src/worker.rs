@@ -79,7 +79,8 @@ use tracing::Instrument;
 
 use crate::announce::Announcer;
 use crate::bus::{method_of, service_subject};
-use crate::config::{ConfigError, WorkerConfig};
+use crate::config::{ConfigError, DrainConfig, WorkerConfig};
+use crate::drain::{self, Drained, Draining};
 use crate::frame_loop::{self, FrameLoop, Incoming};
 use crate::push::Pusher;
 use crate::service::{Delivery, Service};
@@ -123,6 +124,9 @@ pub struct Worker {
     snapshot: Option<Bytes>,
     /// The schema announcement, when the service has descriptors.
     announcer: Option<Announcer>,
+    /// The client's count of connections made when the worker subscribed (see
+    /// [`crate::drain`]).
+    connects: u64,
 }
 
 /// A service's snapshot subject, subscribed after the start's snapshot was fetched.
@@ -155,6 +159,7 @@ impl Worker {
         config: WorkerConfig,
     ) -> Result<Worker, WorkerError> {
         config.validate()?;
+        let connects = client.statistics().connects.load(Ordering::Relaxed);
         let pusher = Pusher::new(client.clone(), config.prefix.clone())?;
         let sync_subject = service.start_sync_subject().map(str::to_owned);
         let mut events = Vec::new();
@@ -212,6 +217,7 @@ impl Worker {
             sync,
             snapshot,
             announcer,
+            connects,
         })
     }
 
@@ -243,10 +249,12 @@ impl Worker {
             sync,
             snapshot,
             announcer,
+            connects,
         } = self;
         let client = pusher.client().clone();
         let name = service.name().to_owned();
         let frames = config.frames;
+        let drain_config = frames.drain;
         let (intake, queue) = frame_loop::queue(&name, frames.queue_capacity, pusher.clone());
         let frame_loop = FrameLoop::new(service, frames, queue, pusher);
         let mut stopped = spawn_loop_thread(&name, frame_loop)?;
@@ -262,7 +270,13 @@ impl Worker {
         // `>` stands for the method: what follows `<prefix>.svc.<service>.`.
         let method_prefix = subject.trim_end_matches('>').to_owned();
         let resync = sync.map(|sync| Resync::new(&client, &name, &config.prefix, sync, &shutdown));
-        let input = inputs(subscriber, events, resync, shutdown, method_prefix);
+        let leaving = Leaving {
+            stats: client.statistics(),
+            connects,
+            config: drain_config,
+            shutdown,
+        };
+        let input = inputs(subscriber, events, resync, leaving, method_prefix);
         tokio::select! {
             () = intake.feed(input) => {}
             // The loop ends only after the intake does, unless something broke.
@@ -508,10 +522,9 @@ impl Resync {
 
     fn listen(&mut self, subscriber: Subscriber) {
         self.stop = self.shutdown.child_token();
-        self.stream = Some(event_stream(
-            subscriber,
+        self.stream = Some(to_events(
+            until_left(subscriber, self.stop.clone()),
             self.subject.clone(),
-            Some(self.stop.clone()),
         ));
     }
 
@@ -566,27 +579,69 @@ impl Resync {
     }
 }
 
+/// What the worker's subscriptions need to leave their queue groups at shutdown.
+struct Leaving {
+    stats: Arc<Statistics>,
+    connects: u64,
+    config: DrainConfig,
+    shutdown: CancellationToken,
+}
+
+impl Leaving {
+    /// `subscriber`'s messages until it has left its group after shutdown (see
+    /// [`crate::drain`]); `done` is told how that went.
+    fn drain(
+        &self,
+        subscriber: Subscriber,
+        done: impl FnOnce(Drained) + Send + 'static,
+    ) -> Boxed<async_nats::Message> {
+        let draining = Draining {
+            subscriber,
+            stats: self.stats.clone(),
+            connects: self.connects,
+            config: self.config,
+        };
+        drain::until_drained(draining, self.shutdown.clone(), done).boxed()
+    }
+}
+
 fn inputs(
     requests: Subscriber,
     events: Vec<EventSubscription>,
     resync: Option<Resync>,
-    shutdown: CancellationToken,
+    leaving: Leaving,
     method_prefix: String,
 ) -> impl Stream<Item = Incoming<Subject>> {
     let mut all = SelectAll::new();
     let mut queue = SelectAll::new();
     for event in events {
-        match event.delivery {
-            Delivery::All => all.push(event_stream(event.subscriber, event.subject, None)),
-            Delivery::Queue => queue.push(event_stream(
-                event.subscriber,
-                event.subject,
-                Some(shutdown.clone()),
-            )),
+        let EventSubscription {
+            subject,
+            delivery,
+            subscriber,
+        } = event;
+        match delivery {
+            // Kept until dropped.
+            Delivery::All => all.push(to_events(subscriber, subject)),
+            Delivery::Queue => {
+                let logged = subject.clone();
+                let drained = leaving.drain(subscriber, move |drained| {
+                    tracing::debug!(subject = %logged, after_drain = drained.after_drain, left = ?drained.left, "event subscription drained");
+                });
+                queue.push(to_events(drained, subject));
+            }
         }
     }
+    let requests = leaving.drain(requests, |drained| {
+        tracing::info!(
+            after_drain = drained.after_drain,
+            left = ?drained.left,
+            "worker drained: {} requests arrived after draining started",
+            drained.after_drain
+        );
+    });
     let inputs = Inputs {
-        requests: until_drained(requests, shutdown, Some("worker draining")).boxed(),
+        requests,
         requests_done: false,
         method_prefix,
         all,
@@ -600,33 +655,28 @@ fn inputs(
     })
 }
 
-/// An event subscription's messages as the loop's input; drained when `drain` fires
-/// (see [`until_drained`]), or, without one, kept until dropped.
-fn event_stream(
-    subscriber: Subscriber,
+/// Messages on an event subject as the loop's input.
+fn to_events(
+    messages: impl Stream<Item = async_nats::Message> + Send + 'static,
     subject: String,
-    drain: Option<CancellationToken>,
 ) -> Boxed<Incoming<Subject>> {
-    let to_incoming =
-        move |m: async_nats::Message| Incoming::event(subject.clone(), m.payload, m.reply);
-    match drain {
-        Some(drain) => until_drained(subscriber, drain, None)
-            .map(to_incoming)
-            .boxed(),
-        None => subscriber.map(to_incoming).boxed(),
-    }
+    messages
+        .map(move |m| Incoming::event(subject.clone(), m.payload, m.reply))
+        .boxed()
 }
 
-/// A subscription's messages until `shutdown`; then it drains: unsubscribes, yields what
-/// had already arrived, and ends. `log` is said at info when draining starts.
-fn until_drained(
+/// The snapshot subject's messages until `stop`; then it leaves the subject outright
+/// (`Subscriber::drain`: async-nats forgets it one I/O turn after the UNSUB), yields
+/// what had already arrived, and ends. Used to step aside while asking a peer for a
+/// snapshot, so the request, sent after the UNSUB on the same connection, never comes
+/// back to this worker; a sync request lost in that instant is asked again by its peer.
+fn until_left(
     subscriber: Subscriber,
-    shutdown: CancellationToken,
-    log: Option<&'static str>,
+    stop: CancellationToken,
 ) -> impl Stream<Item = async_nats::Message> {
     // Kept across messages, so it registers with the token once instead of per message;
     // `None` once draining.
-    let stop = Some(Box::pin(shutdown.cancelled_owned()));
+    let stop = Some(Box::pin(stop.cancelled_owned()));
     stream::unfold(
         (subscriber, stop),
         move |(mut subscriber, stop)| async move {
@@ -634,9 +684,6 @@ fn until_drained(
                 tokio::select! {
                     message = subscriber.next() => return Some((message?, (subscriber, Some(stop)))),
                     () = &mut stop => {
-                        if let Some(log) = log {
-                            tracing::info!("{log}");
-                        }
                         if let Err(error) = subscriber.drain().await {
                             // The client is closed: nothing more will arrive, nor leave.
                             tracing::warn!(%error, "cannot drain a subscription");

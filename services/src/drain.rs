@@ -1,0 +1,224 @@
+//! Leaving a queue group at shutdown without losing what the bus already sent.
+//!
+//! # Why not `Subscriber::drain`
+//!
+//! A draining worker unsubscribes so the bus routes new requests to the other members
+//! of the group; what the server had already routed to it is still on the wire. nats.go
+//! keeps the subscription until a PING after the UNSUB comes back, so those messages
+//! are delivered. async-nats 0.51 does not: its `drain` and `unsubscribe` forget the
+//! subscription on the connection's next turn, one I/O turn after the UNSUB left, and
+//! messages that arrive for it after that are dropped without a trace. Under load that
+//! is a request or two per drain, answered 408 by the gate after its timeout.
+//!
+//! # Leaving by count
+//!
+//! NATS has a lossless way out, the auto-unsubscribe `UNSUB <sid> <max>`: the server
+//! removes the subscription once it has delivered `max` messages to it in all (at once
+//! if it already has), and async-nats keeps the subscription until it has received
+//! `max`. Both count the same messages, so both stop on the same one, and every message
+//! the server sent is taken. At shutdown a subscription therefore asks to leave after
+//! `taken + allowance` messages, `taken` being what it has received so far and
+//! `allowance` ([`DrainConfig::drain_allowance`]) covering what the server routed to it
+//! meanwhile (if more than that were already on the way, the surplus would be lost, so
+//! the allowance is set far above what one round trip carries). The server goes on
+//! routing to it until the allowance is used up, then stops, exactly.
+//!
+//! Under steady load the allowance is used up within milliseconds. A subscription that
+//! receives little (a quiet service, an event subject) might never use it up, so after
+//! [`DrainConfig::drain_window`] it unsubscribes outright: at that rate a message on
+//! the wire at that very instant is unlikely, and the alternative, waiting, would hold
+//! the shutdown for ever.
+//!
+//! # On a cluster
+//!
+//! Interest crosses routes asynchronously: another server may route a request to this
+//! worker's server after the subscription is gone there. nats-server then hands it to
+//! a member on another server (a routed queue message whose local member is gone goes
+//! back over a route), so nothing is lost in that window either; `tests/worker_drain.rs`
+//! checks it on a three-node cluster.
+//!
+//! # After a reconnect
+//!
+//! async-nats counts a subscription's messages from its start, the server from the
+//! latest SUB, which a reconnect sends again: once the connection has been re-made the
+//! two counts no longer match, and leaving by count would stop the client before the
+//! server. Such a subscription leaves outright (the reconnect itself lost whatever was
+//! on the wire, so this adds little), with a warning.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use async_nats::{Message, Statistics, Subscriber};
+use futures::{FutureExt as _, Stream, StreamExt as _, stream};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::DrainConfig;
+
+/// How a drained subscription ended, for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Left {
+    /// The server delivered exactly the allowance, and the client took it all.
+    ByCount,
+    /// The allowance was not used up within the window: unsubscribed outright.
+    AfterWindow,
+    /// The connection was re-made since the subscription: unsubscribed outright.
+    Reconnected,
+}
+
+/// What a drained subscription reports when its stream ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Drained {
+    /// Messages taken after draining started (those waiting then included).
+    pub after_drain: u64,
+    /// `None` when the subscription ended before draining (the client closed).
+    pub left: Option<Left>,
+}
+
+/// One subscription with what draining it needs.
+pub(crate) struct Draining {
+    pub subscriber: Subscriber,
+    pub stats: Arc<Statistics>,
+    /// The client's count of connections made when the subscription was made.
+    pub connects: u64,
+    pub config: DrainConfig,
+}
+
+/// True when the client's count and the server's count of the subscription's messages
+/// still agree: no connection was made since it was subscribed, other than the first
+/// one (a subscription made before the first connection is sent with it).
+fn counts_agree(connects_then: u64, connects_now: u64) -> bool {
+    connects_now == connects_then || (connects_then == 0 && connects_now == 1)
+}
+
+struct State {
+    draining: Draining,
+    /// `None` once draining started.
+    stop: Option<std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
+    taken: u64,
+    ready: VecDeque<Message>,
+    /// When draining: messages since it started, and the deadline of the window.
+    after_drain: u64,
+    window: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    left: Option<Left>,
+    done: Option<Box<dyn FnOnce(Drained) + Send>>,
+}
+
+/// The subscription's messages until `shutdown`, then until it has left the group as
+/// the module docs say; `done` is told how it went when the stream ends.
+pub(crate) fn until_drained(
+    draining: Draining,
+    shutdown: CancellationToken,
+    done: impl FnOnce(Drained) + Send + 'static,
+) -> impl Stream<Item = Message> + Send {
+    let state = State {
+        draining,
+        stop: Some(Box::pin(shutdown.cancelled_owned())),
+        taken: 0,
+        ready: VecDeque::new(),
+        after_drain: 0,
+        window: None,
+        left: None,
+        done: Some(Box::new(done)),
+    };
+    stream::unfold(state, |mut state| async move {
+        let message = state.next().await;
+        match message {
+            Some(message) => Some((message, state)),
+            None => {
+                if let Some(done) = state.done.take() {
+                    done(Drained {
+                        after_drain: state.after_drain,
+                        left: state.left,
+                    });
+                }
+                None
+            }
+        }
+    })
+}
+
+impl State {
+    async fn next(&mut self) -> Option<Message> {
+        if let Some(stop) = self.stop.as_mut() {
+            tokio::select! {
+                message = self.draining.subscriber.next() => {
+                    let message = message?;
+                    self.taken += 1;
+                    return Some(message);
+                }
+                () = stop => {
+                    self.stop = None;
+                    self.start_draining().await;
+                }
+            }
+        }
+        if let Some(message) = self.ready.pop_front() {
+            self.after_drain += 1;
+            return Some(message);
+        }
+        loop {
+            let Some(window) = self.window.as_mut() else {
+                // Left outright: what is still buffered, then the end.
+                let message = self.draining.subscriber.next().await?;
+                self.after_drain += 1;
+                return Some(message);
+            };
+            tokio::select! {
+                message = self.draining.subscriber.next() => {
+                    let Some(message) = message else {
+                        // The client removed it on the last message of the allowance.
+                        self.left.get_or_insert(Left::ByCount);
+                        return None;
+                    };
+                    self.after_drain += 1;
+                    return Some(message);
+                }
+                () = window => {
+                    self.window = None;
+                    self.left = Some(Left::AfterWindow);
+                    tracing::debug!(
+                        window = ?self.draining.config.drain_window,
+                        "the drain allowance was not used up in time: unsubscribing outright"
+                    );
+                    self.unsubscribe().await;
+                }
+            }
+        }
+    }
+
+    /// Takes what is waiting, then asks the server to stop after the allowance, or,
+    /// when the counts no longer agree, unsubscribes outright.
+    async fn start_draining(&mut self) {
+        while let Some(Some(message)) = self.draining.subscriber.next().now_or_never() {
+            self.taken += 1;
+            self.ready.push_back(message);
+        }
+        let connects = self.draining.stats.connects.load(Ordering::Relaxed);
+        if !counts_agree(self.draining.connects, connects) {
+            tracing::warn!(
+                "reconnected since subscribing: unsubscribing outright (a message on the wire now would be lost)"
+            );
+            self.left = Some(Left::Reconnected);
+            self.unsubscribe().await;
+            return;
+        }
+        let max = self.taken + self.draining.config.drain_allowance;
+        if let Err(error) = self.draining.subscriber.unsubscribe_after(max).await {
+            // The client is closed: nothing more will arrive.
+            tracing::warn!(%error, "cannot unsubscribe");
+            self.left = Some(Left::AfterWindow);
+            self.draining.subscriber.unsubscribe().await.ok();
+            return;
+        }
+        self.window = Some(Box::pin(tokio::time::sleep(
+            self.draining.config.drain_window,
+        )));
+    }
+
+    async fn unsubscribe(&mut self) {
+        if let Err(error) = self.draining.subscriber.unsubscribe().await {
+            tracing::warn!(%error, "cannot unsubscribe");
+        }
+    }
+}

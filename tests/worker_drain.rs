@@ -1,0 +1,198 @@
+//! A worker that gets SIGTERM under steady load loses nothing (issue #15): clients keep
+//! sending `echo.raw` through gates while, round after round, one of three echo workers
+//! is stopped and replaced; every request is answered 200, no client times out, each
+//! stopped worker exits 0 having answered requests that reached it after it started
+//! draining, and it left its queue group by count (the lossless way, see
+//! `services::drain`).
+//!
+//! On a three-node nats-server cluster with routes (gates on two nodes, one worker on
+//! each node, so requests cross routes while interest is withdrawn) and on our broker.
+//! Everything is a real process: nats-server, `shaddock broker`, `shaddock gate`,
+//! `shaddock worker`.
+
+#[path = "common/fleet.rs"]
+mod fleet;
+
+use std::time::Duration;
+
+use fleet::{LameDuck, NatsCluster, Process, WAIT, echo_worker, gate};
+use gateway::sdk::{Client, ClientOptions};
+use nix::sys::signal::Signal;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Clients sending, spread over the gates.
+const CLIENTS: usize = 20;
+/// Each client's pace: one request per interval (100 requests a second).
+const INTERVAL: Duration = Duration::from_millis(5);
+/// Workers stopped (and replaced), one after another, per test.
+const ROUNDS: usize = 6;
+/// Load before each stop, so the victim is busy when it gets SIGTERM.
+const LOAD_BEFORE_STOP: Duration = Duration::from_millis(300);
+/// The gate's own timeout: a request lost on the bus comes back 408 after this.
+const GATE_TIMEOUT_MS: &str = "1500";
+
+/// What the clients got.
+#[derive(Debug, Default)]
+struct Tally {
+    ok: usize,
+    /// Every answer but 200, and every client error (a timeout), described.
+    failed: Vec<String>,
+}
+
+/// `CLIENTS` clients sending `echo.raw` at a steady pace through `gates` until `stop`;
+/// then every outstanding request is awaited.
+async fn load(gates: Vec<String>, stop: CancellationToken) -> Tally {
+    let mut clients = JoinSet::new();
+    for c in 0..CLIENTS {
+        let url = gates[c % gates.len()].clone();
+        let stop = stop.clone();
+        clients.spawn(async move {
+            let options = ClientOptions {
+                request_timeout: Duration::from_secs(5),
+                ..ClientOptions::default()
+            };
+            let client = Client::connect(&url, options).await.unwrap();
+            let mut requests = JoinSet::new();
+            let mut pace = tokio::time::interval(INTERVAL);
+            let mut n = 0u64;
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    _ = pace.tick() => {}
+                }
+                let client = client.clone();
+                let body = format!("c{c}-{n}");
+                n += 1;
+                requests.spawn(async move {
+                    match client.request("echo.raw", body.as_bytes()).await {
+                        Ok(r) if r.code == 200 && r.body == body.as_bytes() => Ok(()),
+                        Ok(r) => Err(format!("{body}: {} {}", r.code, r.message)),
+                        Err(e) => Err(format!("{body}: {e}")),
+                    }
+                });
+            }
+            let mut tally = Tally::default();
+            while let Some(done) = requests.join_next().await {
+                match done.unwrap() {
+                    Ok(()) => tally.ok += 1,
+                    Err(e) => tally.failed.push(e),
+                }
+            }
+            client.close().await;
+            tally
+        });
+    }
+    let mut all = Tally::default();
+    while let Some(tally) = clients.join_next().await {
+        let tally = tally.unwrap();
+        all.ok += tally.ok;
+        all.failed.extend(tally.failed);
+    }
+    all
+}
+
+/// Runs the load while `ROUNDS` times a worker is stopped with SIGTERM and replaced by a
+/// new one on the same URLs (`workers[i]` connects to `urls[i]`); returns the stopped
+/// workers' logs after checking each exited 0.
+async fn drain_under_load(gates: Vec<String>, urls: Vec<String>) -> Vec<String> {
+    let mut workers = Vec::new();
+    for (i, url) in urls.iter().enumerate() {
+        workers.push(echo_worker(&format!("worker-{i}"), std::slice::from_ref(url), &[]).await);
+    }
+    let stop = CancellationToken::new();
+    let clients = tokio::spawn(load(gates, stop.clone()));
+    let mut logs = Vec::new();
+    for round in 0..ROUNDS {
+        tokio::time::sleep(LOAD_BEFORE_STOP).await;
+        // The last worker first: on the cluster it shares no node with a gate, so every
+        // request it gets crosses a route.
+        let i = urls.len() - 1 - round % urls.len();
+        let replacement = echo_worker(
+            &format!("worker-{i}-r{round}"),
+            std::slice::from_ref(&urls[i]),
+            &[],
+        )
+        .await;
+        let mut victim: Process = std::mem::replace(&mut workers[i], replacement);
+        victim.signal(Signal::SIGTERM);
+        let status = victim.exit().await;
+        assert!(
+            status.success(),
+            "{} exited {status}:\n{}",
+            victim.name,
+            victim.log()
+        );
+        logs.push(victim.log());
+    }
+    tokio::time::sleep(LOAD_BEFORE_STOP).await;
+    stop.cancel();
+    let tally = tokio::time::timeout(WAIT, clients).await.unwrap().unwrap();
+    eprintln!(
+        "{} requests answered 200, {} not: {:?}",
+        tally.ok,
+        tally.failed.len(),
+        tally.failed
+    );
+    assert!(
+        tally.failed.is_empty(),
+        "lost or refused: {:?}",
+        tally.failed
+    );
+    assert!(tally.ok > 0);
+    logs
+}
+
+/// Each stopped worker answered requests that reached it after draining started, and
+/// left its queue group by count.
+fn assert_drained_by_count(logs: &[String]) {
+    for log in logs {
+        let line = log
+            .lines()
+            .find(|l| l.contains("worker drained"))
+            .unwrap_or_else(|| panic!("no drain report in:\n{log}"));
+        eprintln!("{line}");
+        let after: u64 = line
+            .split("after_drain=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count in {line:?}"));
+        assert!(after > 0, "answered nothing while draining: {line}");
+        assert!(line.contains("left=Some(ByCount)"), "{line}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_worker_loses_nothing_on_a_nats_server_cluster() {
+    let cluster = NatsCluster::start(3, &LameDuck { grace: WAIT }).await;
+    let urls = cluster.urls();
+    let timeout = ["--request-timeout-ms", GATE_TIMEOUT_MS];
+    let (_g0, gate0) = gate("gate-0", &urls[0], &timeout).await;
+    let (_g1, gate1) = gate("gate-1", &urls[1], &timeout).await;
+    let logs = drain_under_load(vec![gate0, gate1], urls).await;
+    assert_drained_by_count(&logs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_worker_loses_nothing_on_our_broker() {
+    let mut broker = Process::spawn(
+        "broker",
+        env!("CARGO_BIN_EXE_shaddock").as_ref(),
+        &["broker", "-a", "127.0.0.1", "-p", "-1"],
+        &[("RUST_LOG", "info")],
+    );
+    let listening = broker.line("Listening for client connections on ").await;
+    let addr = listening
+        .rsplit("client connections on ")
+        .next()
+        .unwrap()
+        .trim()
+        .to_owned();
+    broker.line("Server is ready").await;
+    let url = format!("nats://{addr}");
+    let timeout = ["--request-timeout-ms", GATE_TIMEOUT_MS];
+    let (_gate, gate_url) = gate("gate", &url, &timeout).await;
+    let logs = drain_under_load(vec![gate_url], vec![url; 3]).await;
+    assert_drained_by_count(&logs);
+}
