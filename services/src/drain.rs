@@ -42,14 +42,18 @@
 //! async-nats counts a subscription's messages from its start, the server from the
 //! latest SUB, which a reconnect sends again: once the connection has been re-made the
 //! two counts no longer match, and leaving by count would stop the client before the
-//! server. Such a subscription leaves outright (the reconnect itself lost whatever was
-//! on the wire, so this adds little), with a warning.
+//! server. So the first message after a reconnect renews the subscription: a fresh one
+//! (whose counts start together) is subscribed, then the old one unsubscribed outright,
+//! its waiting messages still taken. A message on the wire to the old one in that
+//! instant is lost, as the reconnect itself lost whatever was on the wire; later drains
+//! are lossless again. A subscription that reached shutdown still renewed-less (no
+//! message since the reconnect, or the renewal failed) leaves outright, with a warning.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use async_nats::{Message, Statistics, Subscriber};
+use async_nats::{Client, Message, Statistics, Subscriber};
 use futures::{FutureExt as _, Stream, StreamExt as _, stream};
 use tokio_util::sync::CancellationToken;
 
@@ -75,9 +79,12 @@ pub(crate) struct Drained {
     pub left: Option<Left>,
 }
 
-/// One subscription with what draining it needs.
+/// One queue subscription with what draining (and renewing) it needs.
 pub(crate) struct Draining {
     pub subscriber: Subscriber,
+    pub client: Client,
+    pub subject: String,
+    pub group: String,
     pub stats: Arc<Statistics>,
     /// The client's count of connections made when the subscription was made.
     pub connects: u64,
@@ -96,6 +103,10 @@ struct State {
     /// `None` once draining started.
     stop: Option<std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
     taken: u64,
+    /// The client's count of connections when the renewal was last tried.
+    checked: u64,
+    /// Messages of a renewed subscription's predecessor, not yet handed on.
+    retired: VecDeque<Message>,
     ready: VecDeque<Message>,
     /// When draining: messages since it started, and the deadline of the window.
     after_drain: u64,
@@ -111,10 +122,13 @@ pub(crate) fn until_drained(
     shutdown: CancellationToken,
     done: impl FnOnce(Drained) + Send + 'static,
 ) -> impl Stream<Item = Message> + Send {
+    let checked = draining.connects;
     let state = State {
         draining,
         stop: Some(Box::pin(shutdown.cancelled_owned())),
         taken: 0,
+        checked,
+        retired: VecDeque::new(),
         ready: VecDeque::new(),
         after_drain: 0,
         window: None,
@@ -140,11 +154,15 @@ pub(crate) fn until_drained(
 
 impl State {
     async fn next(&mut self) -> Option<Message> {
+        if let Some(message) = self.retired.pop_front() {
+            return Some(message);
+        }
         if let Some(stop) = self.stop.as_mut() {
             tokio::select! {
                 message = self.draining.subscriber.next() => {
                     let message = message?;
                     self.taken += 1;
+                    self.renew_if_reconnected().await;
                     return Some(message);
                 }
                 () = stop => {
@@ -214,6 +232,38 @@ impl State {
         self.window = Some(Box::pin(tokio::time::sleep(
             self.draining.config.drain_window,
         )));
+    }
+
+    /// After a reconnect, swaps the subscription for a fresh one (see the module docs).
+    async fn renew_if_reconnected(&mut self) {
+        let connects = self.draining.stats.connects.load(Ordering::Relaxed);
+        if connects == self.checked || counts_agree(self.draining.connects, connects) {
+            return;
+        }
+        self.checked = connects;
+        let fresh = self
+            .draining
+            .client
+            .queue_subscribe(self.draining.subject.clone(), self.draining.group.clone())
+            .await;
+        let fresh = match fresh {
+            Ok(fresh) => fresh,
+            Err(error) => {
+                tracing::warn!(subject = %self.draining.subject, %error, "cannot renew the subscription after a reconnect: its drain will not be lossless");
+                return;
+            }
+        };
+        let mut old = std::mem::replace(&mut self.draining.subscriber, fresh);
+        self.draining.connects = connects;
+        self.taken = 0;
+        if let Err(error) = old.unsubscribe().await {
+            tracing::warn!(%error, "cannot unsubscribe");
+        }
+        // Closed: what it holds, then the end, without waiting.
+        while let Some(Some(message)) = old.next().now_or_never() {
+            self.retired.push_back(message);
+        }
+        tracing::info!(subject = %self.draining.subject, "reconnected: subscription renewed");
     }
 
     async fn unsubscribe(&mut self) {

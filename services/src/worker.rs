@@ -78,7 +78,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::announce::Announcer;
-use crate::bus::{method_of, service_subject};
+use crate::bus::{self, LameDuck, method_of, service_subject};
 use crate::config::{ConfigError, DrainConfig, WorkerConfig};
 use crate::drain::{self, Drained, Draining};
 use crate::frame_loop::{self, FrameLoop, Incoming};
@@ -262,6 +262,15 @@ impl Worker {
         if let Some(announcer) = announcer {
             tokio::spawn(announcer.run(shutdown.clone()));
         }
+        if let Some(signal) = bus::lame_duck(&client) {
+            let servers = config.nats.len();
+            tokio::spawn(move_on_lame_duck(
+                client.clone(),
+                signal,
+                servers,
+                shutdown.clone(),
+            ));
+        }
         if let Some(snapshot) = snapshot {
             // First in the queue: the loop restores before anything else.
             intake.offer(Incoming::snapshot(snapshot)).await;
@@ -271,12 +280,15 @@ impl Worker {
         let method_prefix = subject.trim_end_matches('>').to_owned();
         let resync = sync.map(|sync| Resync::new(&client, &name, &config.prefix, sync, &shutdown));
         let leaving = Leaving {
+            client: client.clone(),
+            group: name.clone(),
             stats: client.statistics(),
             connects,
             config: drain_config,
             shutdown,
+            prefix: config.prefix.clone(),
         };
-        let input = inputs(subscriber, events, resync, leaving, method_prefix);
+        let input = inputs(subscriber, subject, events, resync, leaving, method_prefix);
         tokio::select! {
             () = intake.feed(input) => {}
             // The loop ends only after the intake does, unless something broke.
@@ -289,6 +301,32 @@ impl Worker {
         client.flush().await?;
         tracing::info!("worker stopped");
         Ok(())
+    }
+}
+
+/// Until `shutdown`: each time the server enters lame duck mode, moves to another of the
+/// `servers` URLs (see "Lame duck" in the module docs).
+async fn move_on_lame_duck(
+    client: Client,
+    signal: Arc<LameDuck>,
+    servers: usize,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = signal.notified() => {}
+        }
+        if servers < 2 {
+            tracing::warn!(
+                "the NATS server is going away and it is the only one given: serving until it closes the connection, then reconnecting"
+            );
+            continue;
+        }
+        tracing::warn!("the NATS server is going away: moving to another server");
+        if let Err(error) = client.force_reconnect().await {
+            tracing::warn!(%error, "cannot reconnect");
+        }
     }
 }
 
@@ -581,10 +619,14 @@ impl Resync {
 
 /// What the worker's subscriptions need to leave their queue groups at shutdown.
 struct Leaving {
+    client: Client,
+    /// The service's queue group.
+    group: String,
     stats: Arc<Statistics>,
     connects: u64,
     config: DrainConfig,
     shutdown: CancellationToken,
+    prefix: String,
 }
 
 impl Leaving {
@@ -593,10 +635,14 @@ impl Leaving {
     fn drain(
         &self,
         subscriber: Subscriber,
+        subject: String,
         done: impl FnOnce(Drained) + Send + 'static,
     ) -> Boxed<async_nats::Message> {
         let draining = Draining {
             subscriber,
+            client: self.client.clone(),
+            subject,
+            group: self.group.clone(),
             stats: self.stats.clone(),
             connects: self.connects,
             config: self.config,
@@ -607,6 +653,7 @@ impl Leaving {
 
 fn inputs(
     requests: Subscriber,
+    subject: String,
     events: Vec<EventSubscription>,
     resync: Option<Resync>,
     leaving: Leaving,
@@ -625,14 +672,15 @@ fn inputs(
             Delivery::All => all.push(to_events(subscriber, subject)),
             Delivery::Queue => {
                 let logged = subject.clone();
-                let drained = leaving.drain(subscriber, move |drained| {
+                let full = format!("{}.{subject}", leaving.prefix);
+                let drained = leaving.drain(subscriber, full, move |drained| {
                     tracing::debug!(subject = %logged, after_drain = drained.after_drain, left = ?drained.left, "event subscription drained");
                 });
                 queue.push(to_events(drained, subject));
             }
         }
     }
-    let requests = leaving.drain(requests, |drained| {
+    let requests = leaving.drain(requests, subject, |drained| {
         tracing::info!(
             after_drain = drained.after_drain,
             left = ?drained.left,

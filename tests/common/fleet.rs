@@ -78,7 +78,12 @@ impl Process {
 
     /// The next line containing `text`, within [`WAIT`]; panics with the log otherwise.
     pub async fn line(&mut self, text: &str) -> String {
-        let found = timeout(WAIT, async {
+        self.line_within(text, WAIT).await
+    }
+
+    /// The next line containing `text`, within `wait`; panics with the log otherwise.
+    pub async fn line_within(&mut self, text: &str, wait: Duration) -> String {
+        let found = timeout(wait, async {
             while let Some(line) = self.lines.recv().await {
                 if line.contains(text) {
                     return Some(line);
@@ -140,7 +145,7 @@ impl Drop for Process {
 }
 
 /// The first whitespace-separated word after `phrase` in `line`.
-fn word_after<'a>(line: &'a str, phrase: &str) -> &'a str {
+pub fn word_after<'a>(line: &'a str, phrase: &str) -> &'a str {
     let (_, rest) = line
         .split_once(phrase)
         .unwrap_or_else(|| panic!("no {phrase:?} in {line:?}"));
