@@ -274,7 +274,6 @@ async fn a_worker_moves_off_a_server_in_lame_duck_mode() {
         .process
         .line("Entering lame duck mode")
         .await;
-    moving.line("moving to another server").await;
     let moved = connected_port(
         &moving
             .line_within("connected successfully", LAME_DUCK_GRACE / 2)

@@ -272,3 +272,166 @@ impl State {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use broker::testing::{Bus, round_trip, within};
+    use bytes::Bytes;
+    use futures::StreamExt as _;
+    use tokio::sync::oneshot;
+
+    use super::*;
+
+    #[test]
+    fn counts_agree_until_a_connection_is_made_again() {
+        assert!(counts_agree(1, 1));
+        // Subscribed before the first connection: sent with it.
+        assert!(counts_agree(0, 1));
+        assert!(!counts_agree(0, 2));
+        assert!(!counts_agree(1, 2));
+    }
+
+    async fn client(bus: &Bus) -> Client {
+        crate::connect(&[bus.url().to_owned()], "drain-test", &Default::default())
+            .await
+            .unwrap()
+    }
+
+    /// A queue subscription of group `g` on `subject`, drained per `config` when
+    /// `shutdown` fires; its messages go to a channel, its report to the receiver.
+    async fn draining(
+        client: &Client,
+        subject: &str,
+        config: DrainConfig,
+        shutdown: &CancellationToken,
+    ) -> (
+        std::pin::Pin<Box<dyn Stream<Item = Message> + Send>>,
+        oneshot::Receiver<Drained>,
+    ) {
+        let subscriber = client
+            .queue_subscribe(subject.to_owned(), "g".to_owned())
+            .await
+            .unwrap();
+        let draining = Draining {
+            subscriber,
+            client: client.clone(),
+            subject: subject.to_owned(),
+            group: "g".to_owned(),
+            stats: client.statistics(),
+            connects: client.statistics().connects.load(Ordering::Relaxed),
+            config,
+        };
+        let (tx, rx) = oneshot::channel();
+        let stream = until_drained(draining, shutdown.clone(), move |d| {
+            let _ = tx.send(d);
+        });
+        (Box::pin(stream), rx)
+    }
+
+    /// With another member in the group, a drained subscription takes exactly its
+    /// allowance of what is published after draining started, and the other member
+    /// the rest: nothing is lost, nothing taken twice.
+    async fn leaves_after_exactly_the_allowance(bus: Bus) {
+        const ALLOWANCE: u64 = 5;
+        const SENT: usize = 200;
+        let leaving = client(&bus).await;
+        let staying = client(&bus).await;
+        let publisher = client(&bus).await;
+        let shutdown = CancellationToken::new();
+        let config = DrainConfig {
+            drain_allowance: ALLOWANCE,
+            drain_window: Duration::from_secs(60),
+        };
+        let (mut left, report) = draining(&leaving, "drain.t", config, &shutdown).await;
+        let mut other = staying
+            .queue_subscribe("drain.t", "g".to_owned())
+            .await
+            .unwrap();
+        round_trip(&leaving).await;
+        round_trip(&staying).await;
+        shutdown.cancel();
+        // Polled once (outside tokio's cooperative budget, which the test may have
+        // spent), the stream starts draining; nothing has arrived, so it does not
+        // return. A round trip later the server has the UNSUB.
+        assert!(
+            tokio::task::unconstrained(left.next())
+                .now_or_never()
+                .is_none()
+        );
+        round_trip(&leaving).await;
+        for i in 0..SENT {
+            publisher
+                .publish("drain.t", Bytes::from(i.to_string()))
+                .await
+                .unwrap();
+        }
+        round_trip(&publisher).await;
+        let left: Vec<Message> = within(left.collect()).await;
+        let report = within(report).await.unwrap();
+        assert_eq!(
+            report,
+            Drained {
+                after_drain: ALLOWANCE,
+                left: Some(Left::ByCount)
+            },
+            "{}",
+            bus.name()
+        );
+        assert_eq!(left.len() as u64, ALLOWANCE);
+        let mut rest = 0;
+        while rest + left.len() < SENT {
+            within(other.next()).await.unwrap();
+            rest += 1;
+        }
+        round_trip(&staying).await;
+        assert!(
+            other.next().now_or_never().is_none(),
+            "a message was delivered twice"
+        );
+    }
+
+    /// A quiet subscription that never uses its allowance leaves outright once the
+    /// window has passed, and not before.
+    async fn a_quiet_subscription_leaves_after_the_window(bus: Bus) {
+        const WINDOW: Duration = Duration::from_millis(200);
+        let leaving = client(&bus).await;
+        let shutdown = CancellationToken::new();
+        let config = DrainConfig {
+            drain_allowance: 5,
+            drain_window: WINDOW,
+        };
+        let (left, report) = draining(&leaving, "drain.q", config, &shutdown).await;
+        round_trip(&leaving).await;
+        let started = Instant::now();
+        shutdown.cancel();
+        assert!(within(left.collect::<Vec<_>>()).await.is_empty());
+        assert!(started.elapsed() >= WINDOW, "{:?}", started.elapsed());
+        let report = within(report).await.unwrap();
+        assert_eq!(report.left, Some(Left::AfterWindow));
+        assert_eq!(report.after_drain, 0);
+    }
+
+    /// An allowance of 0 leaves at once, by count.
+    async fn no_allowance_leaves_at_once(bus: Bus) {
+        let leaving = client(&bus).await;
+        let shutdown = CancellationToken::new();
+        let config = DrainConfig {
+            drain_allowance: 0,
+            drain_window: Duration::from_secs(60),
+        };
+        let (left, report) = draining(&leaving, "drain.z", config, &shutdown).await;
+        round_trip(&leaving).await;
+        shutdown.cancel();
+        assert!(within(left.collect::<Vec<_>>()).await.is_empty());
+        let report = within(report).await.unwrap();
+        assert_eq!(report.left, Some(Left::ByCount));
+    }
+
+    broker::on_both_buses!(
+        leaves_after_exactly_the_allowance,
+        a_quiet_subscription_leaves_after_the_window,
+        no_allowance_leaves_at_once,
+    );
+}
