@@ -23,9 +23,11 @@
 //!
 //! Modules: [`service`] (registration, dispatch, why handlers are synchronous, cost
 //! units), [`context`] (session and effects), [`frame_loop`] (frames, budget, pause,
-//! tick, overload), [`worker`] (the bus side, threads, order, shutdown), [`bus`] (subjects,
-//! connecting), [`push`] (pushes and kicks on the bus), [`config`] (limits and flags),
-//! [`metrics`] (metric names), and the services [`echo`] and [`chat`].
+//! tick, overload), [`worker`] (the bus side, threads, order, shutdown, lame duck),
+//! [`drain`] (leaving a queue group without losing messages), [`bus`] (subjects,
+//! connecting, reconnect backoff), [`push`] (pushes and kicks on the bus), [`config`]
+//! (limits and flags), [`metrics`] (metric names), and the services [`echo`] and
+//! [`chat`].
 
 mod announce;
 pub mod bus;

@@ -53,14 +53,26 @@
 //!
 //! # Shutdown
 //!
-//! When `shutdown` fires the worker drains its request subscription and those of its
-//! [`Delivery::Queue`] events: it unsubscribes, so the bus sends new requests (and events,
-//! such as a session's close) to the other workers of the group, and still takes what the
-//! broker had already sent. It then finishes everything it took, flushes the answers and
-//! pushes, and returns. (async-nats drops the subscription one I/O turn after sending the UNSUB, so a
-//! request still on the wire at that instant is lost and the gate answers it 408; that
-//! window is microseconds wide.) Bounding the drain's length is the caller's business:
-//! it is at most a full queue of handler time.
+//! When `shutdown` fires the worker leaves its request subscription and those of its
+//! [`Delivery::Queue`] events *by count* ([`crate::drain`]): the bus stops routing to it
+//! after a fixed allowance of further messages, every one of which it takes, so nothing
+//! the bus had already routed to it is lost (async-nats' own `drain` drops what arrives
+//! one I/O turn after the UNSUB). A quiet subscription that does not use its allowance
+//! within the drain window unsubscribes outright. The worker then finishes everything
+//! it took, flushes the answers and pushes, logs `worker drained: N requests arrived
+//! after draining started`, and returns. [`Delivery::All`] events are taken until the
+//! requests end. Bounding the drain's length is the caller's business: it is at most
+//! the drain window plus a full queue of handler time.
+//!
+//! # Lame duck
+//!
+//! A worker whose server enters lame duck mode (see [`crate::bus::reconnect`]) moves to
+//! another server of its `--nats` list at once, while its own still runs: it asks
+//! async-nats to reconnect, which picks another server (the one in lame duck no longer
+//! accepts) and subscribes everything there. A request on the wire at that instant is
+//! lost, as with any reconnect; the queue subscriptions are then renewed so later
+//! drains stay lossless ([`crate::drain`]). With a single URL there is nowhere to go:
+//! the worker serves until the server closes the connection, then reconnects.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
