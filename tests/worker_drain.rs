@@ -238,7 +238,9 @@ async fn echo_once(gate: &str) {
 /// Two workers, one of them (`moving`) given every server's URL. When its server enters
 /// lame duck mode it reconnects to another one within half the grace period. Then
 /// requests keep being answered by it alone: the other worker is stopped under load
-/// (and drains losslessly) and everything is still answered 200.
+/// (and drains losslessly) and everything is still answered 200. Last, the moved worker
+/// is stopped under load too (a replacement started first), and leaves by count: the
+/// move did not cost it its lossless drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_moves_off_a_server_in_lame_duck_mode() {
     let _one_at_a_time = SERIAL.lock().await;
@@ -304,7 +306,12 @@ async fn a_worker_moves_off_a_server_in_lame_duck_mode() {
     assert!(staying.exit().await.success(), "{}", staying.log());
     // The moved worker alone now.
     tokio::time::sleep(LOAD_BEFORE_STOP).await;
+    // Its own drain is lossless too: its subscriptions were renewed after the move.
+    let _replacement = echo_worker("replacement", std::slice::from_ref(other), &[]).await;
+    moving.signal(Signal::SIGTERM);
+    assert!(moving.exit().await.success(), "{}", moving.log());
+    tokio::time::sleep(LOAD_BEFORE_STOP).await;
     stop.cancel();
     assert_all_answered(clients).await;
-    assert_drained_by_count(&[staying.log()]);
+    assert_drained_by_count(&[staying.log(), moving.log()]);
 }
