@@ -33,6 +33,10 @@ pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_millis(50);
 /// worker uses it up in milliseconds.
 pub const DEFAULT_DRAIN_ALLOWANCE: u64 = 64;
 
+/// The largest drain allowance accepted: nats-server reads an UNSUB count of at most
+/// nine digits, and the count sent is the subscription's messages so far plus this.
+pub const MAX_DRAIN_ALLOWANCE: u64 = 1_000_000;
+
 /// How long a draining subscription waits for its allowance to be used up before it
 /// unsubscribes outright (a quiet subscription may never use it up).
 pub const DEFAULT_DRAIN_WINDOW: Duration = Duration::from_millis(500);
@@ -74,7 +78,7 @@ pub struct FrameConfig {
 pub struct DrainConfig {
     /// Messages a draining subscription still takes after asking the bus to stop
     /// routing to it; the bus stops after exactly that many, so nothing already on the
-    /// wire is lost. 0 unsubscribes outright.
+    /// wire is lost. 0 unsubscribes outright; at most 1000000.
     #[arg(long, env = "SHADDOCK_DRAIN_ALLOWANCE", default_value_t = DEFAULT_DRAIN_ALLOWANCE)]
     pub drain_allowance: u64,
 
@@ -116,6 +120,12 @@ impl FrameConfig {
         }
         if self.tick_interval.is_zero() {
             return Err(ConfigError::Zero("tick interval"));
+        }
+        if self.drain.drain_allowance > MAX_DRAIN_ALLOWANCE {
+            return Err(ConfigError::TooLarge(
+                "drain allowance",
+                MAX_DRAIN_ALLOWANCE,
+            ));
         }
         Ok(())
     }
@@ -172,6 +182,8 @@ impl WorkerConfig {
 pub enum ConfigError {
     #[error("{0} must be greater than zero")]
     Zero(&'static str),
+    #[error("{0} must be at most {1}")]
+    TooLarge(&'static str, u64),
     #[error("invalid subject prefix {0:?}: use dot-separated tokens of [a-z0-9_-]")]
     Prefix(String),
 }
@@ -272,6 +284,17 @@ mod tests {
         let mut config = WorkerConfig::default();
         config.frames.max_cost = 0;
         assert_eq!(config.validate(), Err(ConfigError::Zero("max cost")));
+        let mut config = WorkerConfig::default();
+        config.frames.drain.drain_allowance = MAX_DRAIN_ALLOWANCE;
+        assert_eq!(config.validate(), Ok(()));
+        config.frames.drain.drain_allowance = MAX_DRAIN_ALLOWANCE + 1;
+        assert_eq!(
+            config.validate(),
+            Err(ConfigError::TooLarge(
+                "drain allowance",
+                MAX_DRAIN_ALLOWANCE
+            ))
+        );
         let config = WorkerConfig {
             prefix: "a.>".into(),
             ..WorkerConfig::default()

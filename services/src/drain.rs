@@ -29,6 +29,11 @@
 //! the wire at that very instant is unlikely, and the alternative, waiting, would hold
 //! the shutdown for ever.
 //!
+//! nats-server reads a count of at most nine digits: a subscription that has taken
+//! close to a billion messages sends one it cannot read, and the server then removes
+//! it at once, while the client keeps it until the window has passed, still taking
+//! whatever was on the wire; it is reported as having left after the window.
+//!
 //! # On a cluster
 //!
 //! Interest crosses routes asynchronously: another server may route a request to this
@@ -221,7 +226,9 @@ impl State {
             self.unsubscribe().await;
             return;
         }
-        let max = self.taken + self.draining.config.drain_allowance;
+        let max = self
+            .taken
+            .saturating_add(self.draining.config.drain_allowance);
         if let Err(error) = self.draining.subscriber.unsubscribe_after(max).await {
             // The client is closed: nothing more will arrive.
             tracing::warn!(%error, "cannot unsubscribe");
