@@ -21,7 +21,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use async_nats::{Client, ConnectOptions, Event, ServerAddr};
 
-pub use reconnect::{Backoff, LameDuck, lame_duck};
+pub use reconnect::{Backoff, Signals, signals};
 pub use security::BusSecurity;
 
 /// The subject a service's workers subscribe: every method of `service`.
@@ -48,8 +48,8 @@ pub(crate) fn method_of<'a>(subject: &'a str, method_prefix: &str) -> &'a str {
 /// The first connection is retried in the background: a worker may start before its
 /// broker (compose, Kubernetes), and subscriptions made meanwhile take effect once it
 /// connects. Reconnects are unlimited, [`Backoff::default`] apart, and subscribe
-/// everything again. A server's lame-duck notice raises the connection's [`LameDuck`]
-/// ([`lame_duck`]). Only unparsable URLs and unreadable credential or certificate files
+/// everything again. A server's lame-duck notice and each connection made raise the
+/// connection's [`Signals`] ([`signals`]). Only unparsable URLs and unreadable credential or certificate files
 /// fail here.
 pub async fn connect(
     urls: &[String],
@@ -75,7 +75,7 @@ pub async fn connect_with(
         .collect::<anyhow::Result<Vec<_>>>()?;
     anyhow::ensure!(!addrs.is_empty(), "no NATS URL given");
     let options = security.apply(ConnectOptions::new()).await?;
-    let signal = Arc::new(LameDuck::default());
+    let signal = Arc::new(Signals::default());
     let raised = signal.clone();
     let client = options
         .name(name)
@@ -83,9 +83,7 @@ pub async fn connect_with(
         .max_reconnects(None)
         .reconnect_delay_callback(move |attempt| backoff.random_delay(attempt))
         .event_callback(move |event| {
-            if matches!(event, Event::LameDuckMode) {
-                raised.raise();
-            }
+            raised.raise(&event);
             async move { log_event(event) }
         })
         .connect(addrs)

@@ -90,7 +90,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::announce::Announcer;
-use crate::bus::{self, LameDuck, method_of, service_subject};
+use crate::bus::{self, Signals, method_of, service_subject};
 use crate::config::{ConfigError, DrainConfig, WorkerConfig};
 use crate::drain::{self, Drained, Draining};
 use crate::frame_loop::{self, FrameLoop, Incoming};
@@ -271,14 +271,15 @@ impl Worker {
         let frame_loop = FrameLoop::new(service, frames, queue, pusher);
         let mut stopped = spawn_loop_thread(&name, frame_loop)?;
         tracing::info!(%subject, "worker serving");
+        let signals = bus::signals(&client);
         if let Some(announcer) = announcer {
-            tokio::spawn(announcer.run(shutdown.clone()));
+            tokio::spawn(announcer.run(signals.clone(), shutdown.clone()));
         }
-        if let Some(signal) = bus::lame_duck(&client) {
+        if let Some(signals) = signals {
             let servers = config.nats.len();
             tokio::spawn(move_on_lame_duck(
                 client.clone(),
-                signal,
+                signals,
                 servers,
                 shutdown.clone(),
             ));
@@ -320,14 +321,14 @@ impl Worker {
 /// `servers` URLs (see "Lame duck" in the module docs).
 async fn move_on_lame_duck(
     client: Client,
-    signal: Arc<LameDuck>,
+    signals: Arc<Signals>,
     servers: usize,
     shutdown: CancellationToken,
 ) {
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
-            () = signal.notified() => {}
+            () = signals.lame_duck() => {}
         }
         if servers < 2 {
             tracing::warn!(

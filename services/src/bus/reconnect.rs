@@ -16,14 +16,15 @@
 //!
 //! A server entering lame duck mode (nats-server `--signal ldm`, before an upgrade)
 //! tells its clients with an INFO, stops accepting, and after a grace period closes them
-//! one by one. async-nats reports it as an event; [`LameDuck`] turns that event into
-//! something a worker can wait on ([`lame_duck`]), so it can move to another server of
-//! its list while its own still runs (see [`crate::worker`]).
+//! one by one. async-nats reports it as an event; [`Signals`] turns that event, and each
+//! connection made, into something a worker can wait on ([`signals`]), so it can move to
+//! another server of its list while its own still runs, and announce its schema again
+//! after a reconnect (see [`crate::worker`]).
 
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use async_nats::{Client, Statistics};
+use async_nats::{Client, Event, Statistics};
 use tokio::sync::Notify;
 
 /// The most the first reconnect attempt waits (it waits at least half of it).
@@ -66,38 +67,52 @@ impl Backoff {
     }
 }
 
-/// Raised when a connection's server enters lame duck mode.
+/// What a connection's events raise: its server entering lame duck mode, and a
+/// connection made (the first one included). One raised while nobody waited is kept for
+/// the next wait.
 #[derive(Debug, Default)]
-pub struct LameDuck(Notify);
+pub struct Signals {
+    lame_duck: Notify,
+    connected: Notify,
+}
 
-impl LameDuck {
+impl Signals {
     /// Called from the connection's event callback.
-    pub(crate) fn raise(&self) {
-        self.0.notify_one();
+    pub(crate) fn raise(&self, event: &Event) {
+        match event {
+            Event::LameDuckMode => self.lame_duck.notify_one(),
+            Event::Connected => self.connected.notify_one(),
+            _ => {}
+        }
     }
 
-    /// Waits for the next lame-duck notice (one raised while nobody waited is kept).
-    pub async fn notified(&self) {
-        self.0.notified().await;
+    /// Waits for the next lame-duck notice.
+    pub async fn lame_duck(&self) {
+        self.lame_duck.notified().await;
+    }
+
+    /// Waits for the next connection made.
+    pub async fn connected(&self) {
+        self.connected.notified().await;
     }
 }
 
-/// The lame-duck signal of every connection [`super::connect`] made, by the client's
+/// The signals of every connection [`super::connect`] made, by the client's
 /// statistics (shared by all clones of one client, and by nothing else). The callback
 /// that raises it holds only the signal, never the client: a client kept by its own
 /// callback would never close.
-type Registry = Vec<(Weak<Statistics>, Arc<LameDuck>)>;
+type Registry = Vec<(Weak<Statistics>, Arc<Signals>)>;
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 
 /// Remembers `signal` as `client`'s, forgetting the entries of clients that are gone.
-pub(crate) fn register(client: &Client, signal: Arc<LameDuck>) {
+pub(crate) fn register(client: &Client, signal: Arc<Signals>) {
     let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
     registry.retain(|(stats, _)| stats.strong_count() > 0);
     registry.push((Arc::downgrade(&client.statistics()), signal));
 }
 
-/// The lame-duck signal of `client`, when [`super::connect`] made it.
-pub fn lame_duck(client: &Client) -> Option<Arc<LameDuck>> {
+/// The signals of `client`, when [`super::connect`] made it.
+pub fn signals(client: &Client) -> Option<Arc<Signals>> {
     let stats = client.statistics();
     let registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
     registry
@@ -157,10 +172,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_raised_notice_is_kept_until_waited_for() {
-        let signal = LameDuck::default();
-        signal.raise();
-        tokio::time::timeout(Duration::from_secs(1), signal.notified())
+        let signals = Signals::default();
+        signals.raise(&Event::LameDuckMode);
+        signals.raise(&Event::Connected);
+        let wait = Duration::from_secs(1);
+        tokio::time::timeout(wait, signals.lame_duck())
             .await
-            .expect("the notice raised before waiting was lost");
+            .expect("the lame-duck notice raised before waiting was lost");
+        tokio::time::timeout(wait, signals.connected())
+            .await
+            .expect("the connection raised before waiting was lost");
     }
 }
