@@ -2,10 +2,13 @@
 //! (`rpc::ServiceSchema`), so gates can give JSON clients typed bodies without being
 //! rebuilt for a new service.
 //!
-//! The worker publishes its schema once it serves, and again whenever anything
-//! publishes on the ask subject: a gate that starts after the workers asks once it
-//! listens. Every worker of a service announces the same schema; the gates keep the
+//! The worker publishes its schema once it serves, again whenever anything publishes
+//! on the ask subject (a gate that starts after the workers asks once it listens), and
+//! again after each reconnect (a gate that started while the worker was away asked
+//! without it). Every worker of a service announces the same schema; the gates keep the
 //! latest per service, so repeats cost nothing but the message.
+
+use std::sync::Arc;
 
 use async_nats::{Client, Subscriber};
 use bytes::Bytes;
@@ -14,6 +17,7 @@ use proto::Message as _;
 use proto::rpc::ServiceSchema;
 use tokio_util::sync::CancellationToken;
 
+use crate::bus::Signals;
 use crate::worker::WorkerError;
 
 /// A worker's announcement, subscribed to the ask subject.
@@ -48,8 +52,13 @@ impl Announcer {
         })
     }
 
-    /// Announces now and on every ask, until `shutdown`.
-    pub(crate) async fn run(mut self, shutdown: CancellationToken) {
+    /// Announces now, on every ask, and after every connection `signals` reports,
+    /// until `shutdown`.
+    pub(crate) async fn run(mut self, signals: Option<Arc<Signals>>, shutdown: CancellationToken) {
+        let connected = async |signals: &Option<Arc<Signals>>| match signals {
+            Some(signals) => signals.connected().await,
+            None => std::future::pending().await,
+        };
         loop {
             // A lost announcement is repeated at the next ask; the bus being away is
             // the connection's business, reported there.
@@ -59,6 +68,7 @@ impl Announcer {
                 .await;
             tokio::select! {
                 ask = self.asks.next() => if ask.is_none() { return },
+                () = connected(&signals) => {}
                 () = shutdown.cancelled() => return,
             }
         }
@@ -69,6 +79,7 @@ impl Announcer {
 mod tests {
     use super::*;
     use broker::testing::{Bus, round_trip, within};
+    use futures::FutureExt as _;
 
     /// A worker announces at start and again when asked; a gate starting later learns it.
     async fn announces_at_start_and_when_asked(bus: Bus) {
@@ -84,7 +95,7 @@ mod tests {
         let announcer = Announcer::subscribe(&client, "t", &schema).await.unwrap();
         round_trip(&client).await;
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(announcer.run(shutdown.clone()));
+        let task = tokio::spawn(announcer.run(None, shutdown.clone()));
         let first = within(heard.next()).await.unwrap();
         assert_eq!(first.subject.as_str(), "t.schema.svc.echo");
         assert_eq!(ServiceSchema::decode(first.payload).unwrap(), schema);
@@ -98,5 +109,39 @@ mod tests {
         within(task).await.unwrap();
     }
 
-    broker::on_both_buses!(announces_at_start_and_when_asked);
+    /// After a reconnect the worker announces again, unasked: a gate that started while
+    /// it was away asked without it.
+    async fn announces_again_after_a_reconnect(bus: Bus) {
+        let client = crate::connect(&[bus.url().to_owned()], "t", &Default::default())
+            .await
+            .unwrap();
+        let listener = async_nats::connect(bus.url()).await.unwrap();
+        let mut heard = listener
+            .subscribe(proto::schema::announcements("t"))
+            .await
+            .unwrap();
+        round_trip(&listener).await;
+        let schema = crate::echo::service().schema().expect("echo announces");
+        let announcer = Announcer::subscribe(&client, "t", &schema).await.unwrap();
+        round_trip(&client).await;
+        let signals = crate::bus::signals(&client).expect("connect registers its signals");
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(announcer.run(Some(signals), shutdown.clone()));
+        within(heard.next()).await.unwrap();
+        // The first connection's notice may bring one more; a round trip after it, none
+        // is left.
+        round_trip(&client).await;
+        round_trip(&listener).await;
+        while heard.next().now_or_never().flatten().is_some() {}
+        client.force_reconnect().await.unwrap();
+        let again = within(heard.next()).await.unwrap();
+        assert_eq!(ServiceSchema::decode(again.payload).unwrap(), schema);
+        shutdown.cancel();
+        within(task).await.unwrap();
+    }
+
+    broker::on_both_buses!(
+        announces_at_start_and_when_asked,
+        announces_again_after_a_reconnect
+    );
 }

@@ -10,13 +10,18 @@
 //! subjects) is in [`crate::push`]; answers and pushes both leave through
 //! [`crate::Pusher`], one connection, so they keep their order.
 //!
-//! Credentials and TLS for the connection are [`BusSecurity`] ([`security`]).
+//! Credentials and TLS for the connection are [`BusSecurity`] ([`security`]); the
+//! backoff between reconnect attempts and the lame-duck signal are in [`reconnect`].
 
+pub mod reconnect;
 pub mod security;
+
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use async_nats::{Client, ConnectOptions, Event, ServerAddr};
 
+pub use reconnect::{Backoff, Signals, signals};
 pub use security::BusSecurity;
 
 /// The subject a service's workers subscribe: every method of `service`.
@@ -42,12 +47,24 @@ pub(crate) fn method_of<'a>(subject: &'a str, method_prefix: &str) -> &'a str {
 ///
 /// The first connection is retried in the background: a worker may start before its
 /// broker (compose, Kubernetes), and subscriptions made meanwhile take effect once it
-/// connects. Reconnects are unlimited. Only unparsable URLs and unreadable credential or
-/// certificate files fail here.
+/// connects. Reconnects are unlimited, [`Backoff::default`] apart, and subscribe
+/// everything again. A server's lame-duck notice and each connection made raise the
+/// connection's [`Signals`] ([`signals`]). Only unparsable URLs and unreadable credential or certificate files
+/// fail here.
 pub async fn connect(
     urls: &[String],
     name: &str,
     security: &BusSecurity,
+) -> anyhow::Result<Client> {
+    connect_with(urls, name, security, Backoff::default()).await
+}
+
+/// [`connect`] with reconnect attempts `backoff` apart.
+pub async fn connect_with(
+    urls: &[String],
+    name: &str,
+    security: &BusSecurity,
+    backoff: Backoff,
 ) -> anyhow::Result<Client> {
     let addrs = urls
         .iter()
@@ -58,14 +75,21 @@ pub async fn connect(
         .collect::<anyhow::Result<Vec<_>>>()?;
     anyhow::ensure!(!addrs.is_empty(), "no NATS URL given");
     let options = security.apply(ConnectOptions::new()).await?;
+    let signal = Arc::new(Signals::default());
+    let raised = signal.clone();
     let client = options
         .name(name)
         .retry_on_initial_connect()
         .max_reconnects(None)
-        .event_callback(|event| async move { log_event(event) })
+        .reconnect_delay_callback(move |attempt| backoff.random_delay(attempt))
+        .event_callback(move |event| {
+            raised.raise(&event);
+            async move { log_event(event) }
+        })
         .connect(addrs)
         .await
         .with_context(|| format!("connecting to NATS at {}", urls.join(",")))?;
+    reconnect::register(&client, signal);
     Ok(client)
 }
 

@@ -27,6 +27,20 @@ pub const DEFAULT_OVERRUN_PAUSE: Duration = Duration::from_millis(1);
 /// Interval of a service's tick callback: 20 Hz, a common server tick for action games.
 pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_millis(50);
 
+/// Messages a draining subscription still accepts after asking the bus to stop routing
+/// to it (see [`crate::drain`]): far above what the server can have routed to it during
+/// one round trip, so nothing on the wire is left over, and small enough that a busy
+/// worker uses it up in milliseconds.
+pub const DEFAULT_DRAIN_ALLOWANCE: u64 = 64;
+
+/// The largest drain allowance accepted: nats-server reads an UNSUB count of at most
+/// nine digits, and the count sent is the subscription's messages so far plus this.
+pub const MAX_DRAIN_ALLOWANCE: u64 = 1_000_000;
+
+/// How long a draining subscription waits for its allowance to be used up before it
+/// unsubscribes outright (a quiet subscription may never use it up).
+pub const DEFAULT_DRAIN_WINDOW: Duration = Duration::from_millis(500);
+
 /// Subject prefix shared by gates and workers (`<prefix>.svc.<service>.<method>`).
 pub const DEFAULT_PREFIX: &str = "shaddock";
 
@@ -54,6 +68,33 @@ pub struct FrameConfig {
     /// (e.g. 50ms for 20 Hz).
     #[arg(long, env = "SHADDOCK_TICK_INTERVAL", default_value = "50ms", value_parser = parse_duration)]
     pub tick_interval: Duration,
+
+    #[command(flatten)]
+    pub drain: DrainConfig,
+}
+
+/// How a worker leaves its queue groups at shutdown (see [`crate::drain`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
+pub struct DrainConfig {
+    /// Messages a draining subscription still takes after asking the bus to stop
+    /// routing to it; the bus stops after exactly that many, so nothing already on the
+    /// wire is lost. 0 unsubscribes outright; at most 1000000.
+    #[arg(long, env = "SHADDOCK_DRAIN_ALLOWANCE", default_value_t = DEFAULT_DRAIN_ALLOWANCE)]
+    pub drain_allowance: u64,
+
+    /// How long a draining subscription waits for its allowance to be used up before it
+    /// unsubscribes outright (e.g. 500ms, 2s).
+    #[arg(long, env = "SHADDOCK_DRAIN_WINDOW", default_value = "500ms", value_parser = parse_duration)]
+    pub drain_window: Duration,
+}
+
+impl Default for DrainConfig {
+    fn default() -> Self {
+        DrainConfig {
+            drain_allowance: DEFAULT_DRAIN_ALLOWANCE,
+            drain_window: DEFAULT_DRAIN_WINDOW,
+        }
+    }
 }
 
 impl Default for FrameConfig {
@@ -63,6 +104,7 @@ impl Default for FrameConfig {
             max_cost: DEFAULT_MAX_COST,
             overrun_pause: DEFAULT_OVERRUN_PAUSE,
             tick_interval: DEFAULT_TICK_INTERVAL,
+            drain: DrainConfig::default(),
         }
     }
 }
@@ -78,6 +120,12 @@ impl FrameConfig {
         }
         if self.tick_interval.is_zero() {
             return Err(ConfigError::Zero("tick interval"));
+        }
+        if self.drain.drain_allowance > MAX_DRAIN_ALLOWANCE {
+            return Err(ConfigError::TooLarge(
+                "drain allowance",
+                MAX_DRAIN_ALLOWANCE,
+            ));
         }
         Ok(())
     }
@@ -134,6 +182,8 @@ impl WorkerConfig {
 pub enum ConfigError {
     #[error("{0} must be greater than zero")]
     Zero(&'static str),
+    #[error("{0} must be at most {1}")]
+    TooLarge(&'static str, u64),
     #[error("invalid subject prefix {0:?}: use dot-separated tokens of [a-z0-9_-]")]
     Prefix(String),
 }
@@ -196,6 +246,10 @@ mod tests {
             "250us",
             "--tick-interval",
             "2s",
+            "--drain-allowance",
+            "0",
+            "--drain-window",
+            "1s",
         ])
         .unwrap();
         let worker = cli.worker;
@@ -208,6 +262,10 @@ mod tests {
                 max_cost: 3,
                 overrun_pause: Duration::from_micros(250),
                 tick_interval: Duration::from_secs(2),
+                drain: DrainConfig {
+                    drain_allowance: 0,
+                    drain_window: Duration::from_secs(1),
+                },
             }
         );
         assert_eq!(worker.validate(), Ok(()));
@@ -226,6 +284,17 @@ mod tests {
         let mut config = WorkerConfig::default();
         config.frames.max_cost = 0;
         assert_eq!(config.validate(), Err(ConfigError::Zero("max cost")));
+        let mut config = WorkerConfig::default();
+        config.frames.drain.drain_allowance = MAX_DRAIN_ALLOWANCE;
+        assert_eq!(config.validate(), Ok(()));
+        config.frames.drain.drain_allowance = MAX_DRAIN_ALLOWANCE + 1;
+        assert_eq!(
+            config.validate(),
+            Err(ConfigError::TooLarge(
+                "drain allowance",
+                MAX_DRAIN_ALLOWANCE
+            ))
+        );
         let config = WorkerConfig {
             prefix: "a.>".into(),
             ..WorkerConfig::default()

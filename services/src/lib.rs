@@ -23,15 +23,18 @@
 //!
 //! Modules: [`service`] (registration, dispatch, why handlers are synchronous, cost
 //! units), [`context`] (session and effects), [`frame_loop`] (frames, budget, pause,
-//! tick, overload), [`worker`] (the bus side, threads, order, shutdown), [`bus`] (subjects,
-//! connecting), [`push`] (pushes and kicks on the bus), [`config`] (limits and flags),
-//! [`metrics`] (metric names), and the services [`echo`] and [`chat`].
+//! tick, overload), [`worker`] (the bus side, threads, order, shutdown, lame duck),
+//! [`drain`] (leaving a queue group without losing messages), [`bus`] (subjects,
+//! connecting, reconnect backoff), [`push`] (pushes and kicks on the bus), [`config`]
+//! (limits and flags), [`metrics`] (metric names), and the services [`echo`] and
+//! [`chat`].
 
 mod announce;
 pub mod bus;
 pub mod chat;
 pub mod config;
 pub mod context;
+pub mod drain;
 pub mod echo;
 pub mod frame_loop;
 pub mod metrics;
@@ -40,7 +43,7 @@ pub mod service;
 pub mod worker;
 
 pub use bus::{BusSecurity, connect};
-pub use config::{FrameConfig, WorkerConfig};
+pub use config::{DrainConfig, FrameConfig, WorkerConfig};
 pub use context::Context;
 pub use push::{Outbound, PushError, Pusher};
 pub use service::{Delivery, HandlerError, Service, Tick};

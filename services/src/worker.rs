@@ -53,14 +53,26 @@
 //!
 //! # Shutdown
 //!
-//! When `shutdown` fires the worker drains its request subscription and those of its
-//! [`Delivery::Queue`] events: it unsubscribes, so the bus sends new requests (and events,
-//! such as a session's close) to the other workers of the group, and still takes what the
-//! broker had already sent. It then finishes everything it took, flushes the answers and
-//! pushes, and returns. (async-nats drops the subscription one I/O turn after sending the UNSUB, so a
-//! request still on the wire at that instant is lost and the gate answers it 408; that
-//! window is microseconds wide.) Bounding the drain's length is the caller's business:
-//! it is at most a full queue of handler time.
+//! When `shutdown` fires the worker leaves its request subscription and those of its
+//! [`Delivery::Queue`] events *by count* ([`crate::drain`]): the bus stops routing to it
+//! after a fixed allowance of further messages, every one of which it takes, so nothing
+//! the bus had already routed to it is lost (async-nats' own `drain` drops what arrives
+//! one I/O turn after the UNSUB). A quiet subscription that does not use its allowance
+//! within the drain window unsubscribes outright. The worker then finishes everything
+//! it took, flushes the answers and pushes, logs `worker drained: N requests arrived
+//! after draining started`, and returns. [`Delivery::All`] events are taken until the
+//! requests end. Bounding the drain's length is the caller's business: it is at most
+//! the drain window plus a full queue of handler time.
+//!
+//! # Lame duck
+//!
+//! A worker whose server enters lame duck mode (see [`crate::bus::reconnect`]) moves to
+//! another server of its `--nats` list at once, while its own still runs: it asks
+//! async-nats to reconnect, which picks another server (the one in lame duck no longer
+//! accepts) and subscribes everything there. A request on the wire at that instant is
+//! lost, as with any reconnect; the queue subscriptions are then renewed so later
+//! drains stay lossless ([`crate::drain`]). With a single URL there is nowhere to go:
+//! the worker serves until the server closes the connection, then reconnects.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -78,8 +90,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::announce::Announcer;
-use crate::bus::{method_of, service_subject};
-use crate::config::{ConfigError, WorkerConfig};
+use crate::bus::{self, Signals, method_of, service_subject};
+use crate::config::{ConfigError, DrainConfig, WorkerConfig};
+use crate::drain::{self, Drained, Draining};
 use crate::frame_loop::{self, FrameLoop, Incoming};
 use crate::push::Pusher;
 use crate::service::{Delivery, Service};
@@ -123,6 +136,9 @@ pub struct Worker {
     snapshot: Option<Bytes>,
     /// The schema announcement, when the service has descriptors.
     announcer: Option<Announcer>,
+    /// The client's count of connections made when the worker subscribed (see
+    /// [`crate::drain`]).
+    connects: u64,
 }
 
 /// A service's snapshot subject, subscribed after the start's snapshot was fetched.
@@ -155,6 +171,7 @@ impl Worker {
         config: WorkerConfig,
     ) -> Result<Worker, WorkerError> {
         config.validate()?;
+        let connects = client.statistics().connects.load(Ordering::Relaxed);
         let pusher = Pusher::new(client.clone(), config.prefix.clone())?;
         let sync_subject = service.start_sync_subject().map(str::to_owned);
         let mut events = Vec::new();
@@ -212,6 +229,7 @@ impl Worker {
             sync,
             snapshot,
             announcer,
+            connects,
         })
     }
 
@@ -243,16 +261,28 @@ impl Worker {
             sync,
             snapshot,
             announcer,
+            connects,
         } = self;
         let client = pusher.client().clone();
         let name = service.name().to_owned();
         let frames = config.frames;
+        let drain_config = frames.drain;
         let (intake, queue) = frame_loop::queue(&name, frames.queue_capacity, pusher.clone());
         let frame_loop = FrameLoop::new(service, frames, queue, pusher);
         let mut stopped = spawn_loop_thread(&name, frame_loop)?;
         tracing::info!(%subject, "worker serving");
+        let signals = bus::signals(&client);
         if let Some(announcer) = announcer {
-            tokio::spawn(announcer.run(shutdown.clone()));
+            tokio::spawn(announcer.run(signals.clone(), shutdown.clone()));
+        }
+        if let Some(signals) = signals {
+            let servers = config.nats.len();
+            tokio::spawn(move_on_lame_duck(
+                client.clone(),
+                signals,
+                servers,
+                shutdown.clone(),
+            ));
         }
         if let Some(snapshot) = snapshot {
             // First in the queue: the loop restores before anything else.
@@ -262,7 +292,16 @@ impl Worker {
         // `>` stands for the method: what follows `<prefix>.svc.<service>.`.
         let method_prefix = subject.trim_end_matches('>').to_owned();
         let resync = sync.map(|sync| Resync::new(&client, &name, &config.prefix, sync, &shutdown));
-        let input = inputs(subscriber, events, resync, shutdown, method_prefix);
+        let leaving = Leaving {
+            client: client.clone(),
+            group: name.clone(),
+            stats: client.statistics(),
+            connects,
+            config: drain_config,
+            shutdown,
+            prefix: config.prefix.clone(),
+        };
+        let input = inputs(subscriber, subject, events, resync, leaving, method_prefix);
         tokio::select! {
             () = intake.feed(input) => {}
             // The loop ends only after the intake does, unless something broke.
@@ -275,6 +314,32 @@ impl Worker {
         client.flush().await?;
         tracing::info!("worker stopped");
         Ok(())
+    }
+}
+
+/// Until `shutdown`: each time the server enters lame duck mode, moves to another of the
+/// `servers` URLs (see "Lame duck" in the module docs).
+async fn move_on_lame_duck(
+    client: Client,
+    signals: Arc<Signals>,
+    servers: usize,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = signals.lame_duck() => {}
+        }
+        if servers < 2 {
+            tracing::warn!(
+                "the NATS server is going away and it is the only one given: serving until it closes the connection, then reconnecting"
+            );
+            continue;
+        }
+        tracing::warn!("the NATS server is going away: moving to another server");
+        if let Err(error) = client.force_reconnect().await {
+            tracing::warn!(%error, "cannot reconnect");
+        }
     }
 }
 
@@ -508,10 +573,9 @@ impl Resync {
 
     fn listen(&mut self, subscriber: Subscriber) {
         self.stop = self.shutdown.child_token();
-        self.stream = Some(event_stream(
-            subscriber,
+        self.stream = Some(to_events(
+            until_left(subscriber, self.stop.clone()),
             self.subject.clone(),
-            Some(self.stop.clone()),
         ));
     }
 
@@ -566,27 +630,79 @@ impl Resync {
     }
 }
 
+/// What the worker's subscriptions need to leave their queue groups at shutdown.
+struct Leaving {
+    client: Client,
+    /// The service's queue group.
+    group: String,
+    stats: Arc<Statistics>,
+    connects: u64,
+    config: DrainConfig,
+    shutdown: CancellationToken,
+    prefix: String,
+}
+
+impl Leaving {
+    /// `subscriber`'s messages until it has left its group after shutdown (see
+    /// [`crate::drain`]); `done` is told how that went.
+    fn drain(
+        &self,
+        subscriber: Subscriber,
+        subject: String,
+        done: impl FnOnce(Drained) + Send + 'static,
+    ) -> Boxed<async_nats::Message> {
+        let draining = Draining {
+            subscriber,
+            client: self.client.clone(),
+            subject,
+            group: self.group.clone(),
+            stats: self.stats.clone(),
+            connects: self.connects,
+            config: self.config,
+        };
+        drain::until_drained(draining, self.shutdown.clone(), done).boxed()
+    }
+}
+
 fn inputs(
     requests: Subscriber,
+    subject: String,
     events: Vec<EventSubscription>,
     resync: Option<Resync>,
-    shutdown: CancellationToken,
+    leaving: Leaving,
     method_prefix: String,
 ) -> impl Stream<Item = Incoming<Subject>> {
     let mut all = SelectAll::new();
     let mut queue = SelectAll::new();
     for event in events {
-        match event.delivery {
-            Delivery::All => all.push(event_stream(event.subscriber, event.subject, None)),
-            Delivery::Queue => queue.push(event_stream(
-                event.subscriber,
-                event.subject,
-                Some(shutdown.clone()),
-            )),
+        let EventSubscription {
+            subject,
+            delivery,
+            subscriber,
+        } = event;
+        match delivery {
+            // Kept until dropped.
+            Delivery::All => all.push(to_events(subscriber, subject)),
+            Delivery::Queue => {
+                let logged = subject.clone();
+                let full = format!("{}.{subject}", leaving.prefix);
+                let drained = leaving.drain(subscriber, full, move |drained| {
+                    tracing::debug!(subject = %logged, after_drain = drained.after_drain, left = ?drained.left, "event subscription drained");
+                });
+                queue.push(to_events(drained, subject));
+            }
         }
     }
+    let requests = leaving.drain(requests, subject, |drained| {
+        tracing::info!(
+            after_drain = drained.after_drain,
+            left = ?drained.left,
+            "worker drained: {} requests arrived after draining started",
+            drained.after_drain
+        );
+    });
     let inputs = Inputs {
-        requests: until_drained(requests, shutdown, Some("worker draining")).boxed(),
+        requests,
         requests_done: false,
         method_prefix,
         all,
@@ -600,33 +716,28 @@ fn inputs(
     })
 }
 
-/// An event subscription's messages as the loop's input; drained when `drain` fires
-/// (see [`until_drained`]), or, without one, kept until dropped.
-fn event_stream(
-    subscriber: Subscriber,
+/// Messages on an event subject as the loop's input.
+fn to_events(
+    messages: impl Stream<Item = async_nats::Message> + Send + 'static,
     subject: String,
-    drain: Option<CancellationToken>,
 ) -> Boxed<Incoming<Subject>> {
-    let to_incoming =
-        move |m: async_nats::Message| Incoming::event(subject.clone(), m.payload, m.reply);
-    match drain {
-        Some(drain) => until_drained(subscriber, drain, None)
-            .map(to_incoming)
-            .boxed(),
-        None => subscriber.map(to_incoming).boxed(),
-    }
+    messages
+        .map(move |m| Incoming::event(subject.clone(), m.payload, m.reply))
+        .boxed()
 }
 
-/// A subscription's messages until `shutdown`; then it drains: unsubscribes, yields what
-/// had already arrived, and ends. `log` is said at info when draining starts.
-fn until_drained(
+/// The snapshot subject's messages until `stop`; then it leaves the subject outright
+/// (`Subscriber::drain`: async-nats forgets it one I/O turn after the UNSUB), yields
+/// what had already arrived, and ends. Used to step aside while asking a peer for a
+/// snapshot, so the request, sent after the UNSUB on the same connection, never comes
+/// back to this worker; a sync request lost in that instant is asked again by its peer.
+fn until_left(
     subscriber: Subscriber,
-    shutdown: CancellationToken,
-    log: Option<&'static str>,
+    stop: CancellationToken,
 ) -> impl Stream<Item = async_nats::Message> {
     // Kept across messages, so it registers with the token once instead of per message;
     // `None` once draining.
-    let stop = Some(Box::pin(shutdown.cancelled_owned()));
+    let stop = Some(Box::pin(stop.cancelled_owned()));
     stream::unfold(
         (subscriber, stop),
         move |(mut subscriber, stop)| async move {
@@ -634,9 +745,6 @@ fn until_drained(
                 tokio::select! {
                     message = subscriber.next() => return Some((message?, (subscriber, Some(stop)))),
                     () = &mut stop => {
-                        if let Some(log) = log {
-                            tracing::info!("{log}");
-                        }
                         if let Err(error) = subscriber.drain().await {
                             // The client is closed: nothing more will arrive, nor leave.
                             tracing::warn!(%error, "cannot drain a subscription");

@@ -25,6 +25,7 @@ fn config(capacity: usize, max_cost: u32) -> FrameConfig {
         max_cost,
         overrun_pause: MS,
         tick_interval: 10 * MS,
+        ..FrameConfig::default()
     }
 }
 

@@ -1,0 +1,317 @@
+//! A worker that gets SIGTERM under steady load loses nothing (issue #15): clients keep
+//! sending `echo.raw` through gates while, round after round, one of three echo workers
+//! is stopped and replaced; every request is answered 200, no client times out, each
+//! stopped worker exits 0 having answered requests that reached it after it started
+//! draining, and it left its queue group by count (the lossless way, see
+//! `services::drain`).
+//!
+//! On a three-node nats-server cluster with routes (gates on two nodes, one worker on
+//! each node, so requests cross routes while interest is withdrawn) and on our broker.
+//! Everything is a real process: nats-server, `shaddock broker`, `shaddock gate`,
+//! `shaddock worker`.
+//!
+//! Lame duck: a worker given the three servers' URLs moves off the one it is connected
+//! to as soon as that server enters lame duck mode (SIGUSR2, as `nats-server --signal
+//! ldm` sends), well within the server's grace period, while requests keep being
+//! answered.
+
+#[path = "common/fleet.rs"]
+mod fleet;
+
+use std::time::Duration;
+
+use fleet::{LameDuck, NatsCluster, Process, WAIT, echo_worker, gate, word_after};
+use gateway::sdk::{Client, ClientOptions};
+use nix::sys::signal::Signal;
+use tokio::sync::Mutex;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Clients sending, spread over the gates.
+const CLIENTS: usize = 20;
+/// Each client's pace: one request per interval (100 requests a second).
+const INTERVAL: Duration = Duration::from_millis(5);
+/// Workers stopped (and replaced), one after another, per test.
+const ROUNDS: usize = 6;
+/// Load before each stop, so the victim is busy when it gets SIGTERM.
+const LOAD_BEFORE_STOP: Duration = Duration::from_millis(300);
+/// The gate's own timeout: a request lost on the bus comes back 408 after this.
+const GATE_TIMEOUT_MS: &str = "1500";
+
+/// The tests load the machine (three servers, a gate, workers, thousands of requests a
+/// second): they run one at a time, or each would measure the others.
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+/// What the clients got.
+#[derive(Debug, Default)]
+struct Tally {
+    ok: usize,
+    /// Every answer but 200, and every client error (a timeout), described.
+    failed: Vec<String>,
+}
+
+/// `count` clients sending `echo.raw` at a steady pace through `gates` until `stop`;
+/// then every outstanding request is awaited.
+async fn load(gates: Vec<String>, count: usize, stop: CancellationToken) -> Tally {
+    let mut clients = JoinSet::new();
+    for c in 0..count {
+        let url = gates[c % gates.len()].clone();
+        let stop = stop.clone();
+        clients.spawn(async move {
+            let options = ClientOptions {
+                request_timeout: Duration::from_secs(5),
+                ..ClientOptions::default()
+            };
+            let client = Client::connect(&url, options).await.unwrap();
+            let mut requests = JoinSet::new();
+            let mut pace = tokio::time::interval(INTERVAL);
+            let mut n = 0u64;
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    _ = pace.tick() => {}
+                }
+                let client = client.clone();
+                let body = format!("c{c}-{n}");
+                n += 1;
+                requests.spawn(async move {
+                    match client.request("echo.raw", body.as_bytes()).await {
+                        Ok(r) if r.code == 200 && r.body == body.as_bytes() => Ok(()),
+                        Ok(r) => Err(format!("{body}: {} {}", r.code, r.message)),
+                        Err(e) => Err(format!("{body}: {e}")),
+                    }
+                });
+            }
+            let mut tally = Tally::default();
+            while let Some(done) = requests.join_next().await {
+                match done.unwrap() {
+                    Ok(()) => tally.ok += 1,
+                    Err(e) => tally.failed.push(e),
+                }
+            }
+            client.close().await;
+            tally
+        });
+    }
+    let mut all = Tally::default();
+    while let Some(tally) = clients.join_next().await {
+        let tally = tally.unwrap();
+        all.ok += tally.ok;
+        all.failed.extend(tally.failed);
+    }
+    all
+}
+
+/// Runs the load while `ROUNDS` times a worker is stopped with SIGTERM and replaced by a
+/// new one on the same URLs (`workers[i]` connects to `urls[i]`); returns the stopped
+/// workers' logs after checking each exited 0.
+async fn drain_under_load(gates: Vec<String>, urls: Vec<String>) -> Vec<String> {
+    let mut workers = Vec::new();
+    for (i, url) in urls.iter().enumerate() {
+        workers.push(echo_worker(&format!("worker-{i}"), std::slice::from_ref(url), &[]).await);
+    }
+    let stop = CancellationToken::new();
+    let clients = tokio::spawn(load(gates, CLIENTS, stop.clone()));
+    let mut logs = Vec::new();
+    for round in 0..ROUNDS {
+        tokio::time::sleep(LOAD_BEFORE_STOP).await;
+        // The last worker first: on the cluster it shares no node with a gate, so every
+        // request it gets crosses a route.
+        let i = urls.len() - 1 - round % urls.len();
+        let replacement = echo_worker(
+            &format!("worker-{i}-r{round}"),
+            std::slice::from_ref(&urls[i]),
+            &[],
+        )
+        .await;
+        let mut victim: Process = std::mem::replace(&mut workers[i], replacement);
+        victim.signal(Signal::SIGTERM);
+        let status = victim.exit().await;
+        assert!(
+            status.success(),
+            "{} exited {status}:\n{}",
+            victim.name,
+            victim.log()
+        );
+        logs.push(victim.log());
+    }
+    tokio::time::sleep(LOAD_BEFORE_STOP).await;
+    stop.cancel();
+    assert_all_answered(clients).await;
+    logs
+}
+
+/// Awaits the load and checks every request was answered 200.
+async fn assert_all_answered(clients: tokio::task::JoinHandle<Tally>) {
+    let tally = tokio::time::timeout(WAIT, clients).await.unwrap().unwrap();
+    eprintln!(
+        "{} requests answered 200, {} not: {:?}",
+        tally.ok,
+        tally.failed.len(),
+        tally.failed
+    );
+    assert!(
+        tally.failed.is_empty(),
+        "lost or refused: {:?}",
+        tally.failed
+    );
+    assert!(tally.ok > 0);
+}
+
+/// Each stopped worker answered requests that reached it after draining started, and
+/// left its queue group by count.
+fn assert_drained_by_count(logs: &[String]) {
+    for log in logs {
+        let line = log
+            .lines()
+            .find(|l| l.contains("worker drained"))
+            .unwrap_or_else(|| panic!("no drain report in:\n{log}"));
+        eprintln!("{line}");
+        let after: u64 = line
+            .split("after_drain=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count in {line:?}"));
+        assert!(after > 0, "answered nothing while draining: {line}");
+        assert!(line.contains("left=Some(ByCount)"), "{line}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_worker_loses_nothing_on_a_nats_server_cluster() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = NatsCluster::start(3, &LameDuck { grace: WAIT }).await;
+    let urls = cluster.urls();
+    let timeout = ["--request-timeout-ms", GATE_TIMEOUT_MS];
+    let (_g0, gate0) = gate("gate-0", &urls[0], &timeout).await;
+    let (_g1, gate1) = gate("gate-1", &urls[1], &timeout).await;
+    let logs = drain_under_load(vec![gate0, gate1], urls).await;
+    assert_drained_by_count(&logs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_worker_loses_nothing_on_our_broker() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let mut broker = Process::spawn(
+        "broker",
+        env!("CARGO_BIN_EXE_shaddock").as_ref(),
+        &["broker", "-a", "127.0.0.1", "-p", "-1"],
+        &[("RUST_LOG", "info")],
+    );
+    let listening = broker.line("Listening for client connections on ").await;
+    let addr = listening
+        .rsplit("client connections on ")
+        .next()
+        .unwrap()
+        .trim()
+        .to_owned();
+    broker.line("Server is ready").await;
+    let url = format!("nats://{addr}");
+    let timeout = ["--request-timeout-ms", GATE_TIMEOUT_MS];
+    let (_gate, gate_url) = gate("gate", &url, &timeout).await;
+    let logs = drain_under_load(vec![gate_url], vec![url; 3]).await;
+    assert_drained_by_count(&logs);
+}
+
+/// The lame-duck grace period of the cluster's nodes: a worker that only waited to be
+/// closed would still be connected when half of it has passed.
+const LAME_DUCK_GRACE: Duration = Duration::from_secs(10);
+/// Clients sending once the worker has moved.
+const LAME_DUCK_CLIENTS: usize = 4;
+
+/// The port of the server a worker log line says it connected to.
+fn connected_port(line: &str) -> String {
+    word_after(line, "server=").to_owned()
+}
+
+/// One `echo.raw` through `gate`, answered 200.
+async fn echo_once(gate: &str) {
+    let client = Client::connect(gate, ClientOptions::default())
+        .await
+        .unwrap();
+    let response = client.request("echo.raw", b"once").await.unwrap();
+    assert_eq!(response.code, 200, "{response:?}");
+    client.close().await;
+}
+
+/// Two workers, one of them (`moving`) given every server's URL. When its server enters
+/// lame duck mode it reconnects to another one within half the grace period. Then
+/// requests keep being answered by it alone: the other worker is stopped under load
+/// (and drains losslessly) and everything is still answered 200. Last, the moved worker
+/// is stopped under load too (a replacement started first), and leaves by count: the
+/// move did not cost it its lossless drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_moves_off_a_server_in_lame_duck_mode() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let mut cluster = NatsCluster::start(
+        3,
+        &LameDuck {
+            grace: LAME_DUCK_GRACE,
+        },
+    )
+    .await;
+    let urls = cluster.urls();
+    let mut moving = echo_worker("moving-worker", &urls, &[]).await;
+    // Logged (and read past) before it was ready.
+    let log = moving.log();
+    let first = connected_port(
+        log.lines()
+            .find(|l| l.contains("connected successfully"))
+            .expect("no connection logged"),
+    );
+    let on = urls
+        .iter()
+        .position(|u| u.ends_with(&format!(":{first}")))
+        .unwrap_or_else(|| panic!("connected to {first}, none of {urls:?}"));
+    // The other worker and the gate on the other nodes: only the moving worker's
+    // server goes away.
+    let other = &urls[(on + 1) % urls.len()];
+    let mut staying = echo_worker("staying-worker", std::slice::from_ref(other), &[]).await;
+    let timeout = ["--request-timeout-ms", GATE_TIMEOUT_MS];
+    let (_gate, gate_url) = gate("gate", &urls[(on + 2) % urls.len()], &timeout).await;
+
+    cluster.nodes[on].process.signal(Signal::SIGUSR2);
+    cluster.nodes[on]
+        .process
+        .line("Entering lame duck mode")
+        .await;
+    let moved = connected_port(
+        &moving
+            .line_within("connected successfully", LAME_DUCK_GRACE / 2)
+            .await,
+    );
+    assert_ne!(moved, first, "reconnected to the server in lame duck mode");
+    assert!(urls.iter().any(|u| u.ends_with(&format!(":{moved}"))));
+
+    // One request at a time until one reaches the moved worker, which renews its
+    // subscription on it (see services::drain): with one request in flight, none can
+    // be on the wire to the old one.
+    let renewed = tokio::time::timeout(WAIT, async {
+        while !moving.log().contains("subscription renewed") {
+            echo_once(&gate_url).await;
+        }
+    })
+    .await;
+    assert!(
+        renewed.is_ok(),
+        "the moved worker got no request:\n{}",
+        moving.log()
+    );
+
+    let stop = CancellationToken::new();
+    let clients = tokio::spawn(load(vec![gate_url], LAME_DUCK_CLIENTS, stop.clone()));
+    tokio::time::sleep(LOAD_BEFORE_STOP).await;
+    staying.signal(Signal::SIGTERM);
+    assert!(staying.exit().await.success(), "{}", staying.log());
+    // The moved worker alone now.
+    tokio::time::sleep(LOAD_BEFORE_STOP).await;
+    // Its own drain is lossless too: its subscriptions were renewed after the move.
+    let _replacement = echo_worker("replacement", std::slice::from_ref(other), &[]).await;
+    moving.signal(Signal::SIGTERM);
+    assert!(moving.exit().await.success(), "{}", moving.log());
+    tokio::time::sleep(LOAD_BEFORE_STOP).await;
+    stop.cancel();
+    assert_all_answered(clients).await;
+    assert_drained_by_count(&[staying.log(), moving.log()]);
+}
