@@ -229,10 +229,13 @@ impl Bus {
         self.subs_lock().get(&sid).map(|s| s.target.clone())
     }
 
-    /// Every subscription's `SUB` line, for a new connection; with `fresh`, the outbound
-    /// buffer is emptied under the same lock (a connection after a loss: what was queued
-    /// for the lost one is void, and subscriptions queued there are in the lines).
-    fn sub_lines(&self, fresh: bool) -> BytesMut {
+    /// Hands the outbound buffer to a new connection's writer; returns every
+    /// subscription's `SUB` line, to be written on the new connection before that
+    /// writer starts, and the writer's number. Under the subscriptions' lock, so a
+    /// subscription is either in the lines or queued in the buffer after this, never
+    /// lost in between. With `fresh` (a connection after a loss) the buffer is emptied
+    /// first: what was queued for the lost connection is void.
+    fn take_over(&self, fresh: bool) -> (BytesMut, u64) {
         let subs = self.subs_lock();
         if fresh {
             self.out.clear();
@@ -241,7 +244,7 @@ impl Bus {
         for (sid, sub) in subs.iter() {
             lines.extend_from_slice(&sub_line(&sub.subject, *sid));
         }
-        lines
+        (lines, self.out.next_writer())
     }
 
     fn subs_lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<u64, Sub>> {

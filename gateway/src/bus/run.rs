@@ -158,7 +158,7 @@ async fn start(
         ..
     } = conn;
     let (rd, mut wr) = tokio::io::split(stream);
-    let lines = bus.sub_lines(fresh);
+    let (lines, writer) = bus.take_over(fresh);
     let stop = CancellationToken::new();
     let replies_only = Arc::new(AtomicBool::new(false));
     let current = Current {
@@ -174,7 +174,6 @@ async fn start(
         });
         return current;
     }
-    let writer = bus.out.next_writer();
     let pings_out = Arc::new(AtomicU32::new(0));
     let reader = Reader {
         bus: bus.clone(),
