@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures::{SinkExt as _, StreamExt as _};
 use loadtest::ws::clock::ClockKind;
-use loadtest::ws::generator::{self, HARD_MARGIN, Length, LoadSpec, Target};
+use loadtest::ws::generator::{self, DriverKind, HARD_MARGIN, Length, LoadSpec, Target};
 use loadtest::ws::schedule::Payload;
 use proto::Message as _;
 use proto::client::{HandshakeAck, Packet, packet::Kind};
@@ -28,6 +28,7 @@ fn spec(clients: usize, count: u64, clock: ClockKind) -> LoadSpec {
         server_timing: true,
         clock,
         phases: 2,
+        driver: DriverKind::Lean,
         progress: false,
     }
 }
