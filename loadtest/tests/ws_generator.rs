@@ -279,7 +279,11 @@ async fn answers_after_the_timeout_are_timeouts_not_answers() {
     let run = generator::run(&spec, &target(url)).await.expect("run");
     let t = &run.totals;
     assert_eq!(t.sent, 60);
-    assert_eq!(t.timeouts, 60, "every request timed out: {t:?}");
+    assert_eq!(
+        t.timeouts, 60,
+        "every request timed out: {} unanswered, {} answered",
+        t.unanswered, t.answered
+    );
     assert_eq!((t.ok, t.answered, t.unanswered), (0, 0, 0));
     assert!(t.latency.from_schedule.is_empty());
 }
