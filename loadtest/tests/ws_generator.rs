@@ -152,11 +152,11 @@ async fn a_server_nobody_can_reach_is_an_error() {
 #[derive(Debug, Clone, Copy)]
 enum Script {
     /// Answers the first `n` (each after a push), then closes the WebSocket.
-    AnswerThenClose(u64),
+    CloseAfter(u64),
     /// Answers the first `n`, then kicks the session.
-    AnswerThenKick(u64),
+    KickAfter(u64),
     /// Answers every request, each `delay` after it arrived.
-    AnswerLate(Duration),
+    Late(Duration),
 }
 
 fn response(id: u64) -> Message {
@@ -214,7 +214,7 @@ async fn scripted_session(stream: tokio::net::TcpStream, script: Script) {
             continue;
         };
         match script {
-            Script::AnswerThenClose(n) | Script::AnswerThenKick(n) if answered < n => {
+            Script::CloseAfter(n) | Script::KickAfter(n) if answered < n => {
                 let push = Packet::new(Kind::Push(Push {
                     route: "test.push".into(),
                     body: Default::default(),
@@ -223,18 +223,18 @@ async fn scripted_session(stream: tokio::net::TcpStream, script: Script) {
                 let _ = tx.send(response(request.id));
                 answered += 1;
             }
-            Script::AnswerThenClose(_) => {
+            Script::CloseAfter(_) => {
                 let _ = tx.send(Message::Close(None));
                 return;
             }
-            Script::AnswerThenKick(_) => {
+            Script::KickAfter(_) => {
                 let kick = Packet::new(Kind::Kick(Kick {
                     reason: "test over".into(),
                 }));
                 let _ = tx.send(Message::binary(kick.encode_to_vec()));
                 return;
             }
-            Script::AnswerLate(delay) => {
+            Script::Late(delay) => {
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
@@ -248,8 +248,8 @@ async fn scripted_session(stream: tokio::net::TcpStream, script: Script) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_close_or_kick_mid_run_fails_what_is_left_at_once() {
     for (script, kind) in [
-        (Script::AnswerThenClose(10), "closed"),
-        (Script::AnswerThenKick(10), "kicked"),
+        (Script::CloseAfter(10), "closed"),
+        (Script::KickAfter(10), "kicked"),
     ] {
         let url = scripted_server(script).await;
         let mut spec = spec(2, 40, ClockKind::Tokio);
@@ -273,7 +273,7 @@ async fn a_close_or_kick_mid_run_fails_what_is_left_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_after_the_timeout_are_timeouts_not_answers() {
-    let url = scripted_server(Script::AnswerLate(Duration::from_millis(400))).await;
+    let url = scripted_server(Script::Late(Duration::from_millis(400))).await;
     let mut spec = spec(2, 30, ClockKind::Tokio);
     spec.timeout = Duration::from_millis(150);
     let run = generator::run(&spec, &target(url)).await.expect("run");

@@ -16,7 +16,7 @@ use super::report::{
 };
 use super::schedule::Payload;
 use super::target::{
-    Gates, LimitServer, ServiceKind, TargetArgs, plural, this_process, with_topology,
+    Gates, LimitServer, ServiceKind, TargetArgs, echo_threads, plural, this_process, with_topology,
 };
 use super::text::render_text;
 use crate::duration::parse_duration;
@@ -604,8 +604,8 @@ fn limit_target(server: &LimitServer, label: &str) -> Target {
         kind: "limit",
         urls: vec![server.url().to_owned()],
         tls: None,
-        // The echo server's threads are in this process: its CPU is counted here.
-        watched: vec![this_process("loadtest + echo server")],
+        // The echo server's threads are in this process: told apart by their name.
+        watched: vec![this_process("loadtest"), echo_threads("echo server")],
     }
 }
 
