@@ -87,6 +87,17 @@ async fn every_scheduled_request_is_sent_and_answered() {
     shutdown.cancel();
 }
 
+/// The handshake ack of the test servers.
+fn ack() -> Message {
+    let ack = Packet::new(Kind::HandshakeAck(HandshakeAck {
+        code: 200,
+        session_id: 1,
+        heartbeat_ms: 10_000,
+        message: String::new(),
+    }));
+    Message::binary(ack.encode_to_vec())
+}
+
 /// Handshakes, then reads and drops every frame: no request is ever answered.
 async fn silent_server() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -98,13 +109,7 @@ async fn silent_server() -> String {
                     return;
                 };
                 let _hello = ws.next().await;
-                let ack = Packet::new(Kind::HandshakeAck(HandshakeAck {
-                    code: 200,
-                    session_id: 1,
-                    heartbeat_ms: 10_000,
-                    message: String::new(),
-                }));
-                if ws.send(Message::binary(ack.encode_to_vec())).await.is_err() {
+                if ws.send(ack()).await.is_err() {
                     return;
                 }
                 while let Some(Ok(_)) = ws.next().await {}
@@ -187,14 +192,8 @@ async fn scripted_session(stream: tokio::net::TcpStream, script: Script) {
     };
     let (mut sink, mut stream) = ws.split();
     let _hello = stream.next().await;
-    let ack = Packet::new(Kind::HandshakeAck(HandshakeAck {
-        code: 200,
-        session_id: 1,
-        heartbeat_ms: 10_000,
-        message: String::new(),
-    }));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Message>();
-    let _ = tx.send(Message::binary(ack.encode_to_vec()));
+    let _ = tx.send(ack());
     tokio::spawn(async move {
         while let Some(frame) = rx.recv().await {
             if sink.send(frame).await.is_err() {

@@ -155,7 +155,7 @@ pub(super) async fn drive(conn: Conn, run: ClientRun) -> Tally {
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
         interval
     });
-    let mut link = Link::new(conn, &route);
+    let mut link = Link::new(Some(conn.ws), conn.json, &route);
     // Set to the oldest waiting request's deadline or earlier whenever one waits.
     let expiry = tokio::time::sleep_until(hard_deadline.into());
     tokio::pin!(expiry);
@@ -234,11 +234,11 @@ struct Link {
 }
 
 impl Link {
-    fn new(conn: Conn, route: &str) -> Self {
+    fn new(ws: Option<Ws>, json: bool, route: &str) -> Self {
         Link {
-            ws: Some(conn.ws),
+            ws,
             ended: None,
-            json: conn.json,
+            json,
             outbox: VecDeque::new(),
             unflushed: false,
             in_flight: InFlight::default(),
@@ -448,25 +448,9 @@ mod tests {
     use super::*;
     use crate::ws::schedule::Body;
 
-    fn link(json: bool, route: &str) -> Link {
-        Link {
-            ws: None,
-            ended: None,
-            json,
-            outbox: VecDeque::new(),
-            unflushed: false,
-            in_flight: InFlight::default(),
-            request: Request {
-                id: 0,
-                route: route.to_owned(),
-                body: bytes::Bytes::new(),
-            },
-        }
-    }
-
     #[test]
     fn a_binary_request_is_the_protobuf_packet() {
-        let mut link = link(false, "echo.raw");
+        let mut link = Link::new(None, false, "echo.raw");
         let Message::Binary(frame) = link.encode(43, RequestBody::Hello(Body::hello(42))) else {
             panic!("not binary")
         };
@@ -484,7 +468,7 @@ mod tests {
 
     #[test]
     fn a_json_request_carries_a_json_body_as_its_value_and_other_bodies_as_text() {
-        let mut link = link(true, "chat.members");
+        let mut link = Link::new(None, true, "chat.members");
         let typed = RequestBody::Fixed(bytes::Bytes::from_static(br#"{"room":"a"}"#));
         let Message::Text(frame) = link.encode(1, typed) else {
             panic!("not text")
