@@ -1,6 +1,6 @@
 //! WebSocket load through the gateway (BENCHMARKS.md "Gateway end to end"): an
-//! open-loop generator on the Rust client SDK, the scenarios run with it, and their
-//! reports.
+//! open-loop generator (each client one task owning its WebSocket, or on the Rust client
+//! SDK for `wss://` and `--driver sdk`), the scenarios run with it, and their reports.
 //!
 //! - [`schedule`]: absolute send times, warm-up and measured slots, the request body.
 //! - [`clock`]: what wakes a client when a slot is due (hrtimer thread or tokio timers).
