@@ -19,6 +19,11 @@
 //!   ignores pushes, drains and heartbeats from the server, and answers pings (the
 //!   WebSocket library queues the pong; the next flush sends it).
 //!
+//! Frames the socket cannot take yet wait in the task's outbox, with no cap of their
+//! own (the SDK caps its queue at `queue_capacity` and makes requests wait within their
+//! timeout): a server that stops reading grows it by one small frame per slot until the
+//! run ends, which bounds it (the run's slots are bounded by `MAX_WINDOW`).
+//!
 //! A close, a kick, a broken socket or a frame it cannot decode ends the connection:
 //! the requests in flight fail then (`closed`, `kicked`, `protocol`), and every slot
 //! due afterwards fails the same way when it comes due, so the run still counts what
