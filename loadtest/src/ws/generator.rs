@@ -7,43 +7,38 @@
 //! by itself at the latest at a hard deadline: the last slot + request timeout +
 //! [`HARD_MARGIN`]; anything still in flight then is reported as unanswered.
 //!
-//! Each client is one task that owns its SDK handle, a `FuturesUnordered` of its requests
-//! in flight, and its own statistics: no spawn and no lock per request. A request's send
-//! time is taken when its future is first polled, just before the SDK encodes and queues
-//! the frame; the SDK then writes it with the other queued frames in one flush.
+//! Each client is one task with its own books ([`Books`]): no spawn and no lock per
+//! request. What speaks to the server is the client's driver ([`DriverKind`]): the lean
+//! one ([`super::lean`]: the task owns its WebSocket, the default) or the SDK client
+//! ([`super::sdk_driver`]: for `wss://`, and to measure the SDK).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use futures::StreamExt as _;
-use futures::stream::FuturesUnordered;
-use gateway::sdk::{Client, ClientOptions, ErrorKind, Response, SdkError};
+use gateway::sdk::{Client, ClientOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::task::JoinSet;
 
+use super::books::{Books, Progress, Tally};
 use super::clock::{ClockKind, Metronome, Pacer, phase_groups};
 use super::hist::Summary;
 use super::procfs::{CpuSample, CpuUse, Watched};
-use super::schedule::{Payload, Plan, RequestBody, Schedule, Stop, phase_offset, times};
-use super::stats::{
-    Answer, ClientStats, Outcome, Recorded, Recorder, ServerTiming, SharedRecorded, rate,
-};
+use super::schedule::{Payload, Plan, Schedule, Stop, phase_offset, times};
+use super::stats::{ClientStats, Recorded, Recorder, SharedRecorded, rate};
+use super::{lean, sdk_driver};
 
 /// Time between deciding the start and the first slot, so every task is ready for it.
 const LEAD: Duration = Duration::from_millis(20);
 /// Slack after the last request's timeout before a run gives up on it.
 pub const HARD_MARGIN: Duration = Duration::from_secs(1);
-/// Completions a client counts locally before publishing them to the progress bar.
-const PROGRESS_BATCH: u64 = 64;
 /// How often the progress bar redraws.
 const PROGRESS_TICK: Duration = Duration::from_millis(200);
 /// Most distinct connect errors kept for the report.
 const MAX_CONNECT_ERRORS: usize = 8;
 /// How long closing the clients may take at the end.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time an overloaded runtime gets on top of that before the run is declared stuck.
 const GIVE_UP_SLACK: Duration = Duration::from_secs(5);
 
@@ -53,6 +48,28 @@ pub enum Length {
     Duration(Duration),
     /// Requests per client.
     Count(u64),
+}
+
+/// What speaks the client protocol for each client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DriverKind {
+    /// One task per client owning its WebSocket (`ws://` only; `wss://` uses the SDK).
+    #[default]
+    Lean,
+    /// The Rust client SDK (`gateway::sdk::Client`), as a game would use it.
+    Sdk,
+}
+
+impl DriverKind {
+    /// The driver used for `urls`: the lean one speaks `ws://` only, so any other URL
+    /// makes the run use the SDK.
+    pub fn resolve(self, urls: &[String]) -> DriverKind {
+        match self {
+            DriverKind::Lean if urls.iter().all(|u| u.starts_with("ws://")) => DriverKind::Lean,
+            _ => DriverKind::Sdk,
+        }
+    }
 }
 
 /// Everything that defines the load.
@@ -74,6 +91,7 @@ pub struct LoadSpec {
     pub clock: ClockKind,
     /// Phase groups the clients are spread over within one interval.
     pub phases: u32,
+    pub driver: DriverKind,
     pub progress: bool,
 }
 
@@ -130,7 +148,8 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
     if spec.clients == 0 || target.urls.is_empty() {
         bail!("a run needs at least one client and one URL");
     }
-    let (clients, connect_errors) = connect_all(spec, target).await;
+    let driver = spec.driver.resolve(&target.urls);
+    let (clients, connect_errors) = connect_all(spec, driver, target).await;
     let connected = clients.iter().filter(|c| c.is_some()).count();
     if connected == 0 {
         let why = connect_errors.keys().next().cloned().unwrap_or_default();
@@ -175,23 +194,23 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
     let route: Arc<str> = Arc::from(spec.route.as_str());
     let payload = Arc::new(spec.payload.clone());
     let mut tasks = JoinSet::new();
-    for (i, (client, plan)) in clients.into_iter().zip(plans).enumerate() {
-        let Some(client) = client else { continue };
+    for (i, (conn, plan)) in clients.into_iter().zip(plans).enumerate() {
+        let Some(conn) = conn else { continue };
         let pacer = match &metronome {
             Some(m) => m.pacer(i % schedules.len()),
             None => Pacer::tokio(),
         };
-        let driver = Driver {
-            client,
+        let recorder = Recorder::new(recorded.clone(), window_start, i, spec.clients);
+        let run = ClientRun {
             plan,
             pacer,
             route: route.clone(),
             payload: payload.clone(),
+            timeout: spec.timeout,
             hard_deadline,
-            progress: progress.clone(),
-            recorder: Recorder::new(recorded.clone(), window_start, i, spec.clients),
+            books: Books::new(plan, progress.clone(), recorder),
         };
-        tasks.spawn(async move { (i, driver.drive().await) });
+        tasks.spawn(async move { (i, conn.drive(run).await) });
     }
 
     let cpu = sample_cpu_over_window(&target.watched, window_start, window_end);
@@ -241,6 +260,7 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
         target: target.clone(),
         spec: LoadSpec {
             clock,
+            driver,
             ..spec.clone()
         },
         phases,
@@ -255,11 +275,57 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
     })
 }
 
+/// What one client's driver is given, whichever driver it is.
+pub(super) struct ClientRun {
+    pub plan: Plan,
+    pub pacer: Pacer,
+    pub route: Arc<str>,
+    pub payload: Arc<Payload>,
+    /// Client-side request timeout.
+    pub timeout: Duration,
+    pub hard_deadline: Instant,
+    pub books: Books,
+}
+
+/// One client's connection, by driver.
+enum Conn {
+    /// Boxed: it holds the WebSocket itself, the SDK handle is a pointer.
+    Lean(Box<lean::Conn>),
+    Sdk(Client),
+}
+
+impl Conn {
+    async fn connect(
+        url: &str,
+        driver: DriverKind,
+        options: ClientOptions,
+    ) -> Result<Conn, String> {
+        match driver {
+            DriverKind::Lean => lean::Conn::connect(url, &options)
+                .await
+                .map(|c| Conn::Lean(Box::new(c)))
+                .map_err(|e| format!("{e:#}")),
+            DriverKind::Sdk => Client::connect(url, options)
+                .await
+                .map(Conn::Sdk)
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    async fn drive(self, run: ClientRun) -> Tally {
+        match self {
+            Conn::Lean(conn) => lean::drive(*conn, run).await,
+            Conn::Sdk(client) => sdk_driver::drive(client, run).await,
+        }
+    }
+}
+
 /// Opens the clients, client `i` at `i / clients` of the ramp, on URL `i mod urls`.
 async fn connect_all(
     spec: &LoadSpec,
+    driver: DriverKind,
     target: &Target,
-) -> (Vec<Option<Client>>, BTreeMap<String, u64>) {
+) -> (Vec<Option<Conn>>, BTreeMap<String, u64>) {
     let urls = &target.urls;
     let options = ClientOptions {
         server_timing: spec.server_timing,
@@ -277,15 +343,15 @@ async fn connect_all(
         let at = began + spec.ramp.mul_f64(i as f64 / spec.clients as f64);
         set.spawn(async move {
             tokio::time::sleep_until(at.into()).await;
-            (i, Client::connect(&url, options).await)
+            (i, Conn::connect(&url, driver, options).await)
         });
     }
-    let mut clients: Vec<Option<Client>> = vec![None; spec.clients];
+    let mut clients: Vec<Option<Conn>> = (0..spec.clients).map(|_| None).collect();
     let mut errors = BTreeMap::new();
     while let Some(joined) = set.join_next().await {
         match joined {
             Ok((i, Ok(client))) => clients[i] = Some(client),
-            Ok((_, Err(e))) => note_error(&mut errors, e.to_string()),
+            Ok((_, Err(e))) => note_error(&mut errors, e),
             Err(e) => note_error(&mut errors, format!("connect task: {e}")),
         }
     }
@@ -317,199 +383,6 @@ fn sample_cpu_over_window(
         tokio::time::sleep_until(window_end.into()).await;
         before.until(&CpuSample::take(&watched))
     })
-}
-
-/// One client's loop.
-struct Driver {
-    client: Client,
-    plan: Plan,
-    pacer: Pacer,
-    route: Arc<str>,
-    payload: Arc<Payload>,
-    hard_deadline: Instant,
-    progress: Arc<Progress>,
-    recorder: Recorder,
-}
-
-/// What a client counts itself: its requests, and its answers for its own rate.
-#[derive(Debug, Clone, Copy, Default)]
-struct Tally {
-    /// Measured requests sent, and those that ended (answered, timed out, failed).
-    sent: u64,
-    ended: u64,
-    ok: u64,
-    last_answer: Option<Instant>,
-}
-
-impl Tally {
-    fn end(&mut self, outcome: &Outcome) {
-        self.ended += 1;
-        if let Answer::Response { code, .. } = outcome.answer {
-            self.last_answer = Some(
-                self.last_answer
-                    .map_or(outcome.received, |l| l.max(outcome.received)),
-            );
-            if code == proto::code::OK {
-                self.ok += 1;
-            }
-        }
-    }
-}
-
-impl Driver {
-    async fn drive(self) -> Tally {
-        let Driver {
-            client,
-            plan,
-            mut pacer,
-            route,
-            payload,
-            hard_deadline,
-            progress,
-            mut recorder,
-        } = self;
-        let mut tally = Tally::default();
-        let mut counts = LocalCounts::default();
-        let mut in_flight = FuturesUnordered::new();
-        let mut next = 0u64;
-        let hard = tokio::time::sleep_until(hard_deadline.into());
-        tokio::pin!(hard);
-        loop {
-            // Checked here, not only by the `hard` branch: under overload an answer is
-            // always ready and a biased select would never reach that branch.
-            if (next >= plan.end && in_flight.is_empty()) || Instant::now() >= hard_deadline {
-                break;
-            }
-            tokio::select! {
-                // Due slots first: they come once per interval, so they cannot starve the
-                // answers, while a stream of answers could starve them.
-                biased;
-                due = pacer.wait_due(&plan.schedule, next), if next < plan.end => {
-                    let due = due.min(plan.end);
-                    for slot in next..due {
-                        if plan.is_measured(slot) {
-                            tally.sent += 1;
-                        }
-                        let at = plan.schedule.at(slot);
-                        in_flight.push(request(&client, &route, payload.body(slot), slot, at));
-                    }
-                    counts.sent(due - next, &progress);
-                    next = due;
-                }
-                Some((slot, outcome)) = in_flight.next() => {
-                    counts.done(&outcome.answer, &progress);
-                    if plan.is_measured(slot) {
-                        tally.end(&outcome);
-                        recorder.record(outcome);
-                    }
-                }
-                () = &mut hard => break,
-            }
-        }
-        counts.flush(&progress);
-        recorder.finish(tally.sent, tally.sent.saturating_sub(tally.ended));
-        // The requests still in flight borrow the client: abandon them before closing.
-        drop(in_flight);
-        let _ = tokio::time::timeout(CLOSE_TIMEOUT, client.close()).await;
-        tally
-    }
-}
-
-/// One request, timed.
-async fn request(
-    client: &Client,
-    route: &str,
-    body: RequestBody,
-    slot: u64,
-    scheduled: Instant,
-) -> (u64, Outcome) {
-    let sent = Instant::now();
-    let result = client.request(route, body).await;
-    let received = Instant::now();
-    let outcome = Outcome {
-        scheduled,
-        sent,
-        received,
-        answer: answer_of(result),
-    };
-    (slot, outcome)
-}
-
-fn answer_of(result: Result<Response, SdkError>) -> Answer {
-    match result {
-        Ok(r) => Answer::Response {
-            code: r.code,
-            timing: r.timing.map(|t| ServerTiming {
-                total_us: t.total_us,
-                queue_us: t.queue_us,
-                handler_us: t.handler_us,
-            }),
-            message: r.message,
-        },
-        Err(e) => match e.kind() {
-            ErrorKind::Timeout => Answer::Timeout,
-            ErrorKind::Closed { .. } => Answer::Failed("closed"),
-            ErrorKind::Protocol => Answer::Failed("protocol"),
-            ErrorKind::Connect => Answer::Failed("connect"),
-            ErrorKind::Handshake { .. } => Answer::Failed("handshake"),
-        },
-    }
-}
-
-/// Live counts for the progress bar (warm-up included).
-#[derive(Debug, Default)]
-struct Progress {
-    sent: AtomicU64,
-    ok: AtomicU64,
-    failed: AtomicU64,
-}
-
-impl Progress {
-    fn draw(&self, bar: &ProgressBar, start: Instant) {
-        let elapsed = Instant::now().saturating_duration_since(start);
-        bar.set_position(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
-        bar.set_message(format!(
-            "sent {} ok {} failed {}",
-            self.sent.load(Ordering::Relaxed),
-            self.ok.load(Ordering::Relaxed),
-            self.failed.load(Ordering::Relaxed),
-        ));
-    }
-}
-
-/// A client's counts not yet published, so the shared atomics are touched once per
-/// [`PROGRESS_BATCH`] requests instead of once per request.
-#[derive(Debug, Default)]
-struct LocalCounts {
-    sent: u64,
-    ok: u64,
-    failed: u64,
-}
-
-impl LocalCounts {
-    fn sent(&mut self, n: u64, progress: &Progress) {
-        self.sent += n;
-        if self.sent >= PROGRESS_BATCH {
-            self.flush(progress);
-        }
-    }
-
-    fn done(&mut self, answer: &Answer, progress: &Progress) {
-        match answer {
-            Answer::Response { code: 200, .. } => self.ok += 1,
-            _ => self.failed += 1,
-        }
-        if self.ok + self.failed >= PROGRESS_BATCH {
-            self.flush(progress);
-        }
-    }
-
-    fn flush(&mut self, progress: &Progress) {
-        progress.sent.fetch_add(self.sent, Ordering::Relaxed);
-        progress.ok.fetch_add(self.ok, Ordering::Relaxed);
-        progress.failed.fetch_add(self.failed, Ordering::Relaxed);
-        *self = LocalCounts::default();
-    }
 }
 
 /// A bar over the run's time (warm-up to last slot) on stderr; hidden when stderr is

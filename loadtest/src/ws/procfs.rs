@@ -1,6 +1,7 @@
 //! What `/proc` says about a process: resident memory (`VmRSS` in `/proc/<pid>/status`)
-//! and CPU time used (`utime + stime` in `/proc/<pid>/stat`). Linux only; a process that
-//! cannot be read yields `None` and its figures are left out of the report.
+//! and CPU time used (`utime + stime` in `/proc/<pid>/stat`, or summed over the chosen
+//! threads in `/proc/<pid>/task/*/stat`). Linux only; a process that cannot be read
+//! yields `None` and its figures are left out of the report.
 
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,27 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     parse_cpu_ticks(&stat).map(|ticks| Duration::from_millis(ticks * 1000 / USER_HZ))
 }
 
+/// CPU time (user + system) the threads of `pid` chosen by `threads` have used so far.
+/// A thread that ended takes its time with it: only threads that live through a run
+/// are measured right this way (the bare echo's and the generator's do).
+fn threads_cpu_time(pid: u32, threads: &Threads) -> Option<Duration> {
+    let mut ticks = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        // A thread may end while the folder is read: it is then left out.
+        let Ok(task) = task else { continue };
+        let Ok(name) = std::fs::read_to_string(task.path().join("comm")) else {
+            continue;
+        };
+        if !threads.counts(name.trim_end()) {
+            continue;
+        }
+        if let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) {
+            ticks += parse_cpu_ticks(&stat)?;
+        }
+    }
+    Some(Duration::from_millis(ticks * 1000 / USER_HZ))
+}
+
 fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     // The command name (field 2) may contain spaces and parentheses: fields after it
     // start behind the last ')'. utime and stime are fields 14 and 15.
@@ -42,11 +64,43 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
-/// A process whose CPU use a run reports.
+/// A process (or some of its threads) whose CPU use a run reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Watched {
     pub name: String,
     pub pid: u32,
+    pub threads: Threads,
+}
+
+/// Which threads of a process count, by name (`/proc/<pid>/task/<tid>/comm`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Threads {
+    #[default]
+    All,
+    /// Those whose name starts with this.
+    Named(&'static str),
+    /// Those whose name does not start with this.
+    Others(&'static str),
+}
+
+impl Threads {
+    fn counts(&self, name: &str) -> bool {
+        match self {
+            Threads::All => true,
+            Threads::Named(prefix) => name.starts_with(prefix),
+            Threads::Others(prefix) => !name.starts_with(prefix),
+        }
+    }
+}
+
+impl Watched {
+    /// CPU time used so far by what this watches.
+    fn cpu_time(&self) -> Option<Duration> {
+        match self.threads {
+            Threads::All => cpu_time(self.pid),
+            ref some => threads_cpu_time(self.pid, some),
+        }
+    }
 }
 
 /// CPU used by one process over a measured window.
@@ -115,10 +169,7 @@ impl CpuSample {
     pub fn take(watched: &[Watched]) -> Self {
         CpuSample {
             at: Instant::now(),
-            times: watched
-                .iter()
-                .map(|w| (w.clone(), cpu_time(w.pid)))
-                .collect(),
+            times: watched.iter().map(|w| (w.clone(), w.cpu_time())).collect(),
             machine: machine_time(),
         }
     }
@@ -188,6 +239,7 @@ mod tests {
         let watched = [Watched {
             name: "self".into(),
             pid: me,
+            threads: Threads::All,
         }];
         let a = CpuSample::take(&watched);
         let b = CpuSample::take(&watched);
@@ -195,6 +247,49 @@ mod tests {
         assert_eq!(used.len(), 4, "self, machine, others, steal");
         assert!(used[0].cpu_seconds >= 0.0);
         assert_eq!(used[1].name, MACHINE);
+    }
+
+    #[test]
+    fn threads_count_by_name() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        // A thread that spins until told to stop, then stays (a thread that ended takes
+        // its time with it).
+        let stop = Arc::new(AtomicBool::new(false));
+        let spinning = stop.clone();
+        let spinner = std::thread::Builder::new()
+            .name("procfs-spin".into())
+            .spawn(move || {
+                while !spinning.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+                std::thread::park();
+            })
+            .expect("thread");
+        let watch = |threads| Watched {
+            name: "self".into(),
+            pid: std::process::id(),
+            threads,
+        };
+        let time = |threads| watch(threads).cpu_time().expect("readable");
+        // 100 ms of its CPU (ten ticks of /proc's clock), however busy the machine is.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while time(Threads::Named("procfs-spin")) < Duration::from_millis(100) {
+            assert!(
+                Instant::now() < deadline,
+                "the spinner's time was never seen"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let spin = time(Threads::Named("procfs-spin"));
+        let rest = time(Threads::Others("procfs-spin"));
+        let all = time(Threads::All);
+        assert!(spin >= Duration::from_millis(100));
+        assert_eq!(time(Threads::Named("no-such-thread")), Duration::ZERO);
+        // The two parts do not overlap: together at most the whole process.
+        assert!(spin + rest <= all, "{spin:?} + {rest:?} > {all:?}");
+        spinner.thread().unpark();
     }
 
     #[test]

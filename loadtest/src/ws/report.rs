@@ -108,6 +108,8 @@ pub struct RunReport {
     pub count: Option<u64>,
     pub clock: String,
     pub phases: u32,
+    /// What spoke to the server: `lean` or `sdk` ([`super::generator::DriverKind`]).
+    pub driver: String,
     pub warmup_s: f64,
     pub window_s: f64,
     /// Window start until the later of its end and the last answer.
@@ -393,6 +395,7 @@ impl RunReport {
             },
             clock: format!("{:?}", r.spec.clock).to_lowercase(),
             phases: r.phases,
+            driver: format!("{:?}", r.spec.driver).to_lowercase(),
             warmup_s: r.spec.warmup.as_secs_f64(),
             window_s: r.spec.window().as_secs_f64(),
             elapsed_s: r.elapsed.as_secs_f64(),
@@ -585,6 +588,7 @@ pub(crate) mod tests {
             count: None,
             clock: "thread".into(),
             phases: 4,
+            driver: "lean".into(),
             warmup_s: 1.0,
             window_s: 10.0,
             elapsed_s: 10.002,

@@ -9,14 +9,14 @@ use std::time::Duration;
 use anyhow::{Context as _, bail, ensure};
 
 use super::clock::ClockKind;
-use super::generator::{self, Length, LoadSpec, Target};
+use super::generator::{self, DriverKind, Length, LoadSpec, Target};
 use super::html::render_html;
 use super::report::{
     Fraction, RunReport, SaturateReport, SaturateStep, ScenarioReport, WorkerScaling,
 };
 use super::schedule::Payload;
 use super::target::{
-    Gates, LimitServer, ServiceKind, TargetArgs, plural, this_process, with_topology,
+    Gates, LimitServer, ServiceKind, TargetArgs, echo_threads, plural, this_process, with_topology,
 };
 use super::text::render_text;
 use crate::duration::parse_duration;
@@ -90,6 +90,12 @@ pub struct LoadArgs {
     /// (smoother arrivals, but each extra phase costs client and server wake-ups).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub phases: u32,
+    /// What speaks to the server for each client: `lean` (one task per client owning
+    /// its WebSocket; `ws://` only, `wss://` runs fall back to the SDK) or `sdk` (the
+    /// Rust client SDK, as a game uses it; costs the generator more CPU per request).
+    /// See docs/benchmarks.md, "Load generator cost".
+    #[arg(long, value_enum, default_value_t)]
+    pub driver: DriverKind,
     /// Do not ask the gate for server timing (no latency split in the report).
     #[arg(long)]
     pub no_server_timing: bool,
@@ -153,6 +159,7 @@ impl LoadArgs {
             server_timing: !self.no_server_timing,
             clock: self.clock,
             phases: self.phases,
+            driver: self.driver,
             progress: !self.output.quiet,
         };
         ensure!(
@@ -597,8 +604,8 @@ fn limit_target(server: &LimitServer, label: &str) -> Target {
         kind: "limit",
         urls: vec![server.url().to_owned()],
         tls: None,
-        // The echo server's threads are in this process: its CPU is counted here.
-        watched: vec![this_process("loadtest + echo server")],
+        // The echo server's threads are in this process: told apart by their name.
+        watched: vec![this_process("loadtest"), echo_threads("echo server")],
     }
 }
 

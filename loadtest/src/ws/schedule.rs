@@ -122,6 +122,12 @@ impl Plan {
     pub fn is_measured(&self, slot: u64) -> bool {
         (self.first_measured..self.end).contains(&slot)
     }
+
+    /// How many of `slots` are measured.
+    pub fn measured_in(&self, slots: std::ops::Range<u64>) -> u64 {
+        let from = slots.start.max(self.first_measured);
+        slots.end.min(self.end).saturating_sub(from)
+    }
 }
 
 /// Largest body [`Body::hello`] writes.
@@ -255,6 +261,11 @@ mod tests {
         assert!(!plan.is_measured(99));
         assert!(plan.is_measured(100) && plan.is_measured(1099));
         assert!(!plan.is_measured(1100));
+        assert_eq!(plan.measured_in(0..100), 0);
+        assert_eq!(plan.measured_in(90..110), 10);
+        assert_eq!(plan.measured_in(1095..1200), 5);
+        assert_eq!(plan.measured_in(0..2000), 1000);
+        assert_eq!(plan.measured_in(1200..1300), 0);
 
         let plan = Plan::new(s, t0 + 100 * MS, Stop::Count(10_000));
         assert_eq!((plan.first_measured, plan.end), (100, 10_100));

@@ -22,6 +22,16 @@ pub struct ServerTiming {
     pub handler_us: u32,
 }
 
+impl From<proto::client::Timing> for ServerTiming {
+    fn from(t: proto::client::Timing) -> Self {
+        ServerTiming {
+            total_us: t.total_us,
+            queue_us: t.queue_us,
+            handler_us: t.handler_us,
+        }
+    }
+}
+
 /// How a request ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Answer {
@@ -33,7 +43,7 @@ pub enum Answer {
     },
     /// No answer within the request timeout (client side).
     Timeout,
-    /// Any other SDK error, by kind (`closed`, `protocol`, ...).
+    /// Any other failure, by kind (`closed`, `kicked`, `protocol`, ...).
     Failed(&'static str),
 }
 

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use proto::Message as _;
 
-use super::procfs::Watched;
+use super::procfs::{Threads, Watched};
 use super::schedule::Payload;
 use crate::topology::{Topology, TopologySpec};
 
@@ -138,13 +138,28 @@ pub struct Gates {
     pub tls_urls: Vec<String>,
 }
 
-/// The load generator's own process, always reported.
+/// The load generator: this process but for the bare echo server's threads, always
+/// reported.
 pub fn this_process(name: &str) -> Watched {
     Watched {
         name: name.to_owned(),
         pid: std::process::id(),
+        threads: Threads::Others(ECHO_THREADS),
     }
 }
+
+/// The bare echo server's threads in this process.
+pub fn echo_threads(name: &str) -> Watched {
+    Watched {
+        name: name.to_owned(),
+        pid: std::process::id(),
+        threads: Threads::Named(ECHO_THREADS),
+    }
+}
+
+/// What the bare echo server's threads are named (and only they): its CPU is told
+/// apart from the generator's in the same process by this.
+const ECHO_THREADS: &str = "limit-echo";
 
 impl TargetArgs {
     /// The scenario's gates: the given URLs, or a launched topology with `gates` and
@@ -221,12 +236,11 @@ impl TargetArgs {
             format!("launching {gates} gate(s) and {workers} {service} worker(s)")
         })?;
         let mut watched = vec![this_process("loadtest")];
-        watched.extend(
-            topology
-                .processes()
-                .into_iter()
-                .map(|(name, pid)| Watched { name, pid }),
-        );
+        watched.extend(topology.processes().into_iter().map(|(name, pid)| Watched {
+            name,
+            pid,
+            threads: Threads::All,
+        }));
         let mut setup = if self.topology == TopologyKind::OneProcess {
             "one process (shaddock up: broker, gate in process, echo and chat workers), launched on loopback".to_owned()
         } else {
@@ -301,14 +315,14 @@ impl LimitServer {
         let addr = listener.local_addr()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(limit_threads())
-            .thread_name("limit-echo")
+            .thread_name(ECHO_THREADS)
             .enable_all()
             .build()
             .context("starting the echo server's runtime")?;
         let stop = CancellationToken::new();
         let stopped = stop.clone();
         std::thread::Builder::new()
-            .name("limit-echo-main".into())
+            .name(format!("{ECHO_THREADS}-main"))
             .spawn(move || {
                 runtime.block_on(async move {
                     let listener = match tokio::net::TcpListener::from_std(listener) {

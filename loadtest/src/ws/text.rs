@@ -53,7 +53,7 @@ fn render_run(out: &mut String, r: &RunReport) {
         out,
         "## {} [{}]\n\
          load      {} clients ({} connected) × 1 {} per {:.0} µs = {} req/s offered; {}, \
-         warm-up {:.1} s; clock {} ({} phases)",
+         warm-up {:.1} s; clock {} ({} phases); driver {}",
         r.label,
         r.target,
         r.clients,
@@ -65,6 +65,7 @@ fn render_run(out: &mut String, r: &RunReport) {
         r.warmup_s,
         r.clock,
         r.phases,
+        r.driver,
     );
     let _ = writeln!(
         out,

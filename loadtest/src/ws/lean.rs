@@ -1,0 +1,493 @@
+//! The lean client driver: one task per client that owns its WebSocket and speaks the
+//! client protocol itself, for `ws://` gates and the bare echo server.
+//!
+//! The SDK's client ([`gateway::sdk::Client`]) serves a game: any number of callers,
+//! each awaiting its own answer. Per request that costs a oneshot, two critical sections
+//! on the pending table, a hand-over through a channel to the connection task and a
+//! wake-up of the caller per answer, all of it CPU taken from the servers measured on
+//! the same two cores. A load-test client has one caller that knows every request it
+//! made, so here one task does everything, with no channel and no other task:
+//!
+//! - on each tick it encodes the requests now due (request id = slot + 1), puts them in
+//!   the WebSocket's write buffer and flushes once;
+//! - it reads every frame the socket holds and matches each response's id with the
+//!   send time kept in a ring indexed by slot ([`InFlight`]), so a request's latency is
+//!   still measured from its scheduled send time;
+//! - a timer set to the oldest waiting request's deadline (and moved only when it
+//!   fires) turns requests past the request timeout into timeouts;
+//! - it sends a `Heartbeat` every half of the `heartbeat_ms` the handshake ack gave,
+//!   ignores pushes, drains and heartbeats from the server, and answers pings (the
+//!   WebSocket library queues the pong; the next flush sends it).
+//!
+//! Frames the socket cannot take yet wait in the task's outbox, with no cap of their
+//! own (the SDK caps its queue at `queue_capacity` and makes requests wait within their
+//! timeout): a server that stops reading grows it by one small frame per slot until the
+//! run ends, which bounds it (the run's slots are bounded by `MAX_WINDOW`).
+//!
+//! A close, a kick, a broken socket or a frame it cannot decode ends the connection:
+//! the requests in flight fail then (`closed`, `kicked`, `protocol`), and every slot
+//! due afterwards fails the same way when it comes due, so the run still counts what
+//! it offered and ends on schedule. There is no reconnect, as with the SDK client the
+//! generator used before.
+//!
+//! Protobuf (binary frames) and JSON (text frames: the request body is sent as its JSON
+//! value, as the SDK does for typed routes, or as a string when it is not JSON) are
+//! both spoken. `wss://` is not: for TLS the generator uses the SDK
+//! ([`super::generator::DriverKind::resolve`]).
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow, bail, ensure};
+use futures::{SinkExt as _, StreamExt as _};
+use gateway::sdk::ClientOptions;
+use proto::Message as _;
+use proto::client::{Handshake, Heartbeat, Packet, Request, packet::Kind};
+use tokio::net::TcpStream;
+use tokio::time::{Interval, MissedTickBehavior, Sleep};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use super::books::{Books, Tally};
+use super::generator::{CLOSE_TIMEOUT, ClientRun};
+use super::inflight::InFlight;
+use super::schedule::{Payload, Plan, RequestBody};
+use super::stats::{Answer, Outcome};
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// The WebSocket's read buffer: what the SDK client reads with.
+const READ_BUFFER: usize = 8 * 1024;
+
+/// Why the connection ended, as the requests it cut are counted.
+const CLOSED: &str = "closed";
+const KICKED: &str = "kicked";
+const PROTOCOL: &str = "protocol";
+
+/// A connection that has handshaken, ready to drive.
+#[derive(Debug)]
+pub struct Conn {
+    ws: Ws,
+    json: bool,
+    /// How often to send a heartbeat: half the gate's interval, as the SDK does.
+    heartbeat: Option<Duration>,
+}
+
+impl Conn {
+    /// Opens a WebSocket to `url` (`ws://` only) and handshakes with `options` (token,
+    /// server timing, client name, serial, JSON), all within `options.connect_timeout`.
+    pub async fn connect(url: &str, options: &ClientOptions) -> anyhow::Result<Conn> {
+        ensure!(
+            url.starts_with("ws://"),
+            "{url}: the lean driver speaks ws:// only (wss:// goes through the SDK)"
+        );
+        let config = WebSocketConfig::default()
+            .read_buffer_size(READ_BUFFER)
+            .max_message_size(Some(options.max_frame_bytes))
+            .max_frame_size(Some(options.max_frame_bytes));
+        let hello = Packet::new(Kind::Handshake(Handshake {
+            token: options.token.clone(),
+            server_timing: options.server_timing,
+            client: options.client.clone(),
+            serial: options.serial,
+        }));
+        let opening = async {
+            let (mut ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), true)
+                .await
+                .with_context(|| url.to_owned())?;
+            ws.send(gateway::frame::encode(&hello, options.json))
+                .await
+                .context("sending the handshake")?;
+            loop {
+                let frame = ws
+                    .next()
+                    .await
+                    .ok_or_else(|| anyhow!("the server closed before the handshake ack"))?
+                    .context("awaiting the handshake ack")?;
+                if let Message::Close(close) = &frame {
+                    let reason = close.as_ref().map(|c| c.reason.as_str()).unwrap_or("");
+                    bail!("the server closed before the handshake ack: {reason}");
+                }
+                if !(frame.is_binary() || frame.is_text()) {
+                    continue;
+                }
+                match gateway::frame::decode(&frame).and_then(|p| p.kind) {
+                    Some(Kind::HandshakeAck(ack)) if ack.code == proto::code::OK => {
+                        let heartbeat = (ack.heartbeat_ms > 0)
+                            .then(|| Duration::from_millis(u64::from(ack.heartbeat_ms)) / 2);
+                        return Ok(Conn {
+                            ws,
+                            json: options.json,
+                            heartbeat,
+                        });
+                    }
+                    Some(Kind::HandshakeAck(ack)) => {
+                        bail!("handshake refused: {} {}", ack.code, ack.message)
+                    }
+                    Some(Kind::Heartbeat(_)) => {}
+                    other => bail!("expected a handshake ack, got {other:?}"),
+                }
+            }
+        };
+        tokio::time::timeout(options.connect_timeout, opening)
+            .await
+            .map_err(|_| {
+                anyhow!(
+                    "{url}: no handshake ack within {:?}",
+                    options.connect_timeout
+                )
+            })?
+    }
+}
+
+/// Runs one client until its last request ended or the hard deadline passed.
+pub(super) async fn drive(conn: Conn, run: ClientRun) -> Tally {
+    let ClientRun {
+        plan,
+        mut pacer,
+        route,
+        payload,
+        timeout,
+        hard_deadline,
+        mut books,
+    } = run;
+    let mut heartbeat = conn.heartbeat.map(|period| {
+        let mut interval = tokio::time::interval_at((Instant::now() + period).into(), period);
+        interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        interval
+    });
+    let mut link = Link::new(Some(conn.ws), conn.json, &route);
+    // Set to the oldest waiting request's deadline or earlier whenever one waits.
+    let expiry = tokio::time::sleep_until(hard_deadline.into());
+    tokio::pin!(expiry);
+    let mut armed = false;
+    let hard = tokio::time::sleep_until(hard_deadline.into());
+    tokio::pin!(hard);
+    let mut next = 0u64;
+    loop {
+        // Checked here, not only by the `hard` branch: under overload a frame is always
+        // ready and a biased select would never reach that branch.
+        if (next >= plan.end && link.in_flight.is_empty()) || Instant::now() >= hard_deadline {
+            break;
+        }
+        tokio::select! {
+            // Due slots first: they come once per interval, so they cannot starve the
+            // answers, while a stream of answers could starve them.
+            biased;
+            due = pacer.wait_due(&plan.schedule, next), if next < plan.end => {
+                let due = due.min(plan.end);
+                link.send(next..due, &plan, &payload, &mut books);
+                next = due;
+                if !armed {
+                    armed = arm(expiry.as_mut(), &link.in_flight, timeout);
+                }
+            }
+            why = std::future::poll_fn(|cx| link.poll_io(cx, &plan, &mut books)), if link.is_open() => {
+                link.cut(why, &plan, &mut books);
+            }
+            () = &mut expiry, if armed => {
+                link.expire(timeout, &plan, &mut books);
+                armed = arm(expiry.as_mut(), &link.in_flight, timeout);
+            }
+            () = tick(&mut heartbeat), if link.is_open() => link.heartbeat(),
+            () = &mut hard => break,
+        }
+    }
+    let tally = books.finish();
+    link.close().await;
+    tally
+}
+
+/// Sets `expiry` to the oldest waiting request's deadline; false when none waits.
+fn arm(expiry: Pin<&mut Sleep>, in_flight: &InFlight, timeout: Duration) -> bool {
+    match in_flight.oldest() {
+        Some((_, sent)) => {
+            expiry.reset((sent + timeout).into());
+            true
+        }
+        None => false,
+    }
+}
+
+async fn tick(interval: &mut Option<Interval>) {
+    match interval {
+        Some(interval) => {
+            interval.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// One client's side of its connection.
+struct Link {
+    /// `None` once the connection ended.
+    ws: Option<Ws>,
+    /// Why it ended: every later slot fails the same way.
+    ended: Option<&'static str>,
+    json: bool,
+    /// Frames not yet in the WebSocket's buffer (it was still writing out older ones).
+    outbox: VecDeque<Message>,
+    /// Frames in the WebSocket's buffer since the last completed flush.
+    unflushed: bool,
+    in_flight: InFlight,
+    /// The request packet, reused: only its id and body change.
+    request: Request,
+}
+
+impl Link {
+    fn new(ws: Option<Ws>, json: bool, route: &str) -> Self {
+        Link {
+            ws,
+            ended: None,
+            json,
+            outbox: VecDeque::new(),
+            unflushed: false,
+            in_flight: InFlight::default(),
+            request: Request {
+                id: 0,
+                route: route.to_owned(),
+                body: bytes::Bytes::new(),
+            },
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        self.ws.is_some()
+    }
+
+    /// Sends slots `slots`, or fails them at once when the connection is gone.
+    fn send(&mut self, slots: Range<u64>, plan: &Plan, payload: &Payload, books: &mut Books) {
+        let now = Instant::now();
+        books.sent(slots.clone());
+        if let Some(why) = self.ended {
+            for slot in slots {
+                let outcome = Outcome {
+                    scheduled: plan.schedule.at(slot),
+                    sent: now,
+                    received: now,
+                    answer: Answer::Failed(why),
+                };
+                books.end(slot, outcome);
+            }
+            return;
+        }
+        for slot in slots {
+            let frame = self.encode(slot + 1, payload.body(slot));
+            self.outbox.push_back(frame);
+            self.in_flight.push(slot, now);
+        }
+    }
+
+    /// `Packet{request: Request{id, route, body}}` in the session's encoding.
+    fn encode(&mut self, id: u64, body: RequestBody) -> Message {
+        self.request.id = id;
+        self.request.body = match body {
+            RequestBody::Hello(hello) => bytes::Bytes::copy_from_slice(hello.as_ref()),
+            RequestBody::Fixed(bytes) => bytes,
+        };
+        let packet = Packet::new(Kind::Request(std::mem::take(&mut self.request)));
+        let frame = if self.json {
+            // A body that is JSON goes as that value, anything else as a string.
+            Message::text(proto::json::encode_typed(&packet, true).unwrap_or_default())
+        } else {
+            Message::binary(packet.encode_to_vec())
+        };
+        if let Some(Kind::Request(request)) = packet.kind {
+            self.request = request;
+        }
+        frame
+    }
+
+    fn heartbeat(&mut self) {
+        let packet = Packet::new(Kind::Heartbeat(Heartbeat {}));
+        self.outbox
+            .push_back(gateway::frame::encode(&packet, self.json));
+    }
+
+    /// Writes the outbox and flushes, then handles every frame the socket holds.
+    /// Ready with the reason when the connection ended.
+    fn poll_io(
+        &mut self,
+        cx: &mut Context<'_>,
+        plan: &Plan,
+        books: &mut Books,
+    ) -> Poll<&'static str> {
+        let Some(ws) = self.ws.as_mut() else {
+            return Poll::Ready(CLOSED);
+        };
+        loop {
+            while !self.outbox.is_empty() {
+                match ws.poll_ready_unpin(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(_)) => return Poll::Ready(CLOSED),
+                    Poll::Pending => break,
+                }
+                if let Some(frame) = self.outbox.pop_front()
+                    && ws.start_send_unpin(frame).is_err()
+                {
+                    return Poll::Ready(CLOSED);
+                }
+                self.unflushed = true;
+            }
+            if self.unflushed {
+                match ws.poll_flush_unpin(cx) {
+                    Poll::Ready(Ok(())) => self.unflushed = false,
+                    Poll::Ready(Err(_)) => return Poll::Ready(CLOSED),
+                    Poll::Pending => {}
+                }
+            }
+            loop {
+                let frame = match ws.poll_next_unpin(cx) {
+                    Poll::Ready(Some(Ok(frame))) => frame,
+                    Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(CLOSED),
+                    Poll::Pending => return Poll::Pending,
+                };
+                match on_frame(frame, &mut self.in_flight, plan, books) {
+                    Ok(Handled::Done) => {}
+                    // A ping's pong waits in the WebSocket's buffer: flush it.
+                    Ok(Handled::Pong) => {
+                        self.unflushed = true;
+                        break;
+                    }
+                    Err(why) => return Poll::Ready(why),
+                }
+            }
+        }
+    }
+
+    /// The connection ended: the requests in flight fail with `why`.
+    fn cut(&mut self, why: &'static str, plan: &Plan, books: &mut Books) {
+        self.ws = None;
+        self.ended = Some(why);
+        self.outbox.clear();
+        let now = Instant::now();
+        for (slot, sent) in self.in_flight.drain() {
+            let outcome = Outcome {
+                scheduled: plan.schedule.at(slot),
+                sent,
+                received: now,
+                answer: Answer::Failed(why),
+            };
+            books.end(slot, outcome);
+        }
+    }
+
+    /// Requests waiting `timeout` or longer become timeouts.
+    fn expire(&mut self, timeout: Duration, plan: &Plan, books: &mut Books) {
+        let now = Instant::now();
+        while let Some((slot, sent)) = self.in_flight.pop_expired(now, timeout) {
+            let outcome = Outcome {
+                scheduled: plan.schedule.at(slot),
+                sent,
+                received: now,
+                answer: Answer::Timeout,
+            };
+            books.end(slot, outcome);
+        }
+    }
+
+    /// Says goodbye to the server, if it is still there.
+    async fn close(self) {
+        if let Some(mut ws) = self.ws {
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, ws.close(None)).await;
+        }
+    }
+}
+
+/// What a frame needed.
+enum Handled {
+    Done,
+    /// A ping: the pong is queued and needs a flush.
+    Pong,
+}
+
+/// One frame from the server: a response ends its request; a kick, a close or a frame
+/// that does not decode ends the connection.
+fn on_frame(
+    frame: Message,
+    in_flight: &mut InFlight,
+    plan: &Plan,
+    books: &mut Books,
+) -> Result<Handled, &'static str> {
+    match frame {
+        Message::Binary(_) | Message::Text(_) => {}
+        Message::Close(_) => return Err(CLOSED),
+        Message::Ping(_) => return Ok(Handled::Pong),
+        Message::Pong(_) | Message::Frame(_) => return Ok(Handled::Done),
+    }
+    let received = Instant::now();
+    match gateway::frame::decode(&frame).and_then(|p| p.kind) {
+        Some(Kind::Response(response)) => {
+            // Id 0 is never sent; an id not in flight was answered or timed out already.
+            let Some(slot) = response.id.checked_sub(1) else {
+                return Ok(Handled::Done);
+            };
+            if let Some(sent) = in_flight.take(slot) {
+                let outcome = Outcome {
+                    scheduled: plan.schedule.at(slot),
+                    sent,
+                    received,
+                    answer: Answer::Response {
+                        code: response.code,
+                        timing: response.timing.map(Into::into),
+                        message: response.message,
+                    },
+                };
+                books.end(slot, outcome);
+            }
+        }
+        Some(Kind::Kick(_)) => return Err(KICKED),
+        None => return Err(PROTOCOL),
+        // Pushes, heartbeats, drains: nothing the load waits for.
+        Some(_) => {}
+    }
+    Ok(Handled::Done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ws::schedule::Body;
+
+    #[test]
+    fn a_binary_request_is_the_protobuf_packet() {
+        let mut link = Link::new(None, false, "echo.raw");
+        let Message::Binary(frame) = link.encode(43, RequestBody::Hello(Body::hello(42))) else {
+            panic!("not binary")
+        };
+        let packet = Packet::decode(frame).expect("protobuf");
+        let Some(Kind::Request(request)) = packet.kind else {
+            panic!("not a request")
+        };
+        assert_eq!(
+            (request.id, request.route.as_str(), &request.body[..]),
+            (43, "echo.raw", &b"Hello World #0042"[..])
+        );
+        // The template keeps its route for the next request.
+        assert_eq!(link.request.route, "echo.raw");
+    }
+
+    #[test]
+    fn a_json_request_carries_a_json_body_as_its_value_and_other_bodies_as_text() {
+        let mut link = Link::new(None, true, "chat.members");
+        let typed = RequestBody::Fixed(bytes::Bytes::from_static(br#"{"room":"a"}"#));
+        let Message::Text(frame) = link.encode(1, typed) else {
+            panic!("not text")
+        };
+        assert_eq!(
+            frame.as_str(),
+            r#"{"request":{"id":1,"route":"chat.members","body":{"room":"a"}}}"#
+        );
+        let Message::Text(frame) = link.encode(2, RequestBody::Hello(Body::hello(7))) else {
+            panic!("not text")
+        };
+        assert_eq!(
+            frame.as_str(),
+            r#"{"request":{"id":2,"route":"chat.members","body":"Hello World #0007"}}"#
+        );
+    }
+}
