@@ -82,17 +82,48 @@ pub async fn connect_client(
 }
 
 /// Which phase is current: requests are stamped with it when sent. Past the last phase,
-/// clients stop sending and wait for their outstanding answers.
+/// clients stop sending and wait for their outstanding answers. It also counts each
+/// phase's requests still awaiting their outcome, so that the next fault waits for
+/// them ([`PhaseClock::settled`]) instead of striking requests of the phase before.
 #[derive(Debug, Default)]
-pub struct PhaseClock(AtomicUsize);
+pub struct PhaseClock {
+    current: AtomicUsize,
+    /// By phase; grown on first use of a phase.
+    pending: std::sync::Mutex<Vec<usize>>,
+}
 
 impl PhaseClock {
     pub fn set(&self, phase: usize) {
-        self.0.store(phase, Ordering::Release);
+        self.current.store(phase, Ordering::Release);
     }
 
     pub fn current(&self) -> usize {
-        self.0.load(Ordering::Acquire)
+        self.current.load(Ordering::Acquire)
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn sent(&self, phase: usize) {
+        let mut pending = self.pending();
+        if pending.len() <= phase {
+            pending.resize(phase + 1, 0);
+        }
+        pending[phase] += 1;
+    }
+
+    fn ended(&self, phase: usize) {
+        if let Some(n) = self.pending().get_mut(phase) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// Whether every request sent in `phase` has its outcome.
+    pub fn settled(&self, phase: usize) -> bool {
+        self.pending().get(phase).is_none_or(|n| *n == 0)
     }
 }
 
@@ -220,6 +251,7 @@ impl Driver {
                             break;
                         };
                         *sent += 1;
+                        self.clock.sent(phase);
                         in_flight.push(request(
                             self.client.clone(),
                             route.clone(),
@@ -230,6 +262,7 @@ impl Driver {
                     next = due;
                 }
                 Some(outcome) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.clock.ended(outcome.phase);
                     let now = self.clock.current().min(self.phases - 1);
                     gaps.see(&outcome, self.client.reconnects(), now);
                     let cut = outcome.answer == Answer::Cut;
@@ -353,6 +386,23 @@ impl GapTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_phase_is_settled_once_every_request_sent_in_it_ended() {
+        let clock = PhaseClock::default();
+        assert!(clock.settled(0), "nothing sent yet");
+        clock.sent(0);
+        clock.sent(0);
+        clock.sent(1);
+        assert!(!clock.settled(0));
+        clock.ended(0);
+        assert!(!clock.settled(0));
+        clock.ended(0);
+        assert!(clock.settled(0));
+        assert!(!clock.settled(1), "the next phase counts apart");
+        clock.ended(3);
+        assert!(clock.settled(3), "an unknown phase has nothing pending");
+    }
 
     fn outcome(done: Instant, answer: Answer) -> Outcome {
         Outcome {

@@ -101,6 +101,11 @@ pub struct FaultsArgs {
     pub output: OutputArgs,
 }
 
+/// The longest a phase's fault waits for the requests of the phase before to end.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often that is looked at.
+const SETTLE_POLL: Duration = Duration::from_millis(1);
+
 /// Runs the scenario: launches the fleet, runs the phases under load, reports.
 pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
     let spec = FleetSpec {
@@ -148,6 +153,14 @@ async fn run_phases(args: &FaultsArgs, fleet: &mut Fleet) -> anyhow::Result<Faul
     for (index, fault) in PHASES.into_iter().enumerate() {
         let start = Instant::now();
         clock.set(index);
+        // The phase before ends when its requests have: a fault does not strike them
+        // (they would count against the phase before, which did nothing to them).
+        if let Some(before) = index.checked_sub(1) {
+            let settle = Instant::now() + SETTLE_TIMEOUT;
+            while !clock.settled(before) && Instant::now() < settle {
+                tokio::time::sleep(SETTLE_POLL).await;
+            }
+        }
         let cpu = CpuSample::take(&[]);
         if !args.output.quiet {
             eprintln!("phase {}: {}", index + 1, fault.name());
