@@ -11,7 +11,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use broker::cli::{BrokerArgs, ShutdownSignals, init_logging};
+use broker::cli::{BrokerArgs, BrokerSignals, ShutdownSignals, Trapped, init_logging};
 use clap::{Parser, Subcommand};
 use gateway::GateConfig;
 use gateway::bus::{BusOptions, Dialer, LocalStream};
@@ -152,7 +152,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     };
     let settings = broker_args.resolve()?;
     init_logging(None, settings.log_level)?;
-    let mut signals = ShutdownSignals::install()?;
+    let mut signals = BrokerSignals::install()?;
     let broker_shutdown = CancellationToken::new();
     let shutdown = CancellationToken::new();
     // Starting the broker raises and logs the open-file limit, for every role here.
@@ -199,7 +199,15 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     }
     info!("Server is ready");
     tokio::select! {
-        () = signals.wait(&shutdown) => {}
+        trapped = signals.next() => {
+            info!("Trapped \"{}\" signal", trapped.name());
+            // Lame duck would move clients to another server, and this process is the
+            // only one: SIGUSR2 (`--signal ldm`) stops it gracefully, as SIGTERM does.
+            if trapped == Trapped::LameDuck {
+                info!("lame duck asked for: no other server to move to here; stopping gracefully");
+            }
+        }
+        () = shutdown.cancelled() => {}
         () = broker_shutdown.cancelled() => {}
     }
     info!("Initiating Shutdown...");

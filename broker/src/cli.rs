@@ -36,8 +36,7 @@ use crate::config::DEFAULT_TLS_TIMEOUT;
 use crate::{Auth, Config, Server, Tls, monitor};
 
 pub use logging::init_logging;
-pub use signals::ShutdownSignals;
-use signals::{BrokerSignals, Trapped};
+pub use signals::{BrokerSignals, ShutdownSignals, Trapped};
 
 /// Address clients connect to unless told otherwise (all interfaces, like nats-server).
 pub const DEFAULT_HOST: &str = "0.0.0.0";

@@ -19,7 +19,7 @@ pub enum Trapped {
 
 impl Trapped {
     /// The name nats-server logs for it.
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Trapped::Interrupt => "interrupt",
             Trapped::Terminate => "terminated",
