@@ -223,13 +223,20 @@ async fn lame_duck_mode_tells_closes_and_refuses_in_process_clients() {
         ..Config::default()
     })
     .await;
-    let (mut client, connect_info) = in_process(&bus.server, CONNECT).await;
+    let (mut client, mut connect_info) = in_process(&bus.server, CONNECT).await;
     bus.server.lame_duck();
     let mut ldm_info = client.read_info().await;
     assert_eq!(
         ldm_info.as_object_mut().unwrap().remove("ldm"),
         Some(true.into())
     );
+    // An in-process client can connect before the server's run loop has recorded the
+    // listener's address: its first INFO may then say 0.0.0.0:0. The rest is the same.
+    for info in [&mut ldm_info, &mut connect_info] {
+        let info = info.as_object_mut().unwrap();
+        info.remove("host");
+        info.remove("port");
+    }
     assert_eq!(ldm_info, connect_info);
     // Lame duck mode has begun: no new client, in-process either.
     let mut late = Conn::from_io(bus.server.connect_in_process());
