@@ -318,7 +318,8 @@ impl<'a> Iterator for Args<'a> {
 mod tests {
     use super::*;
 
-    const LIMITS: Limits = Limits {
+    /// Small limits, for the tests here and in `server_ops`.
+    pub(super) const LIMITS: Limits = Limits {
         max_control_line: 64,
         max_payload: 16,
     };

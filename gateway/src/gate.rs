@@ -103,6 +103,7 @@ pub(crate) struct Rejected {
     pub rate: Counter,
     pub gate_in_flight: Counter,
     pub bus: Counter,
+    pub bus_backlog: Counter,
     pub body: Counter,
     pub draining: Counter,
 }
@@ -118,6 +119,7 @@ impl Rejected {
             rate: reason("rate"),
             gate_in_flight: reason("gate_in_flight"),
             bus: reason("bus"),
+            bus_backlog: reason("bus_backlog"),
             body: reason("body"),
             draining: reason("draining"),
         }

@@ -449,11 +449,11 @@ impl<S: Io> Session<S> {
             if !notify {
                 self.release(1);
             }
-            let message = match e {
-                BusError::Disconnected => "bus unavailable",
-                BusError::Backlogged => "gate overloaded",
+            let (message, reason) = match e {
+                BusError::Disconnected => ("bus unavailable", &self.gate.rejected.bus),
+                BusError::Backlogged => ("gate overloaded", &self.gate.rejected.bus_backlog),
             };
-            return reject(code::OVERLOADED, message, &self.gate.rejected.bus);
+            return reject(code::OVERLOADED, message, reason);
         }
         if !notify {
             self.pending.insert(req.id, Pending { received, route });

@@ -36,6 +36,11 @@ impl Restartable {
         format!("nats://{}", self.addr)
     }
 
+    /// A gate on this broker, accepting any token.
+    async fn gate(&self, config: GateConfig) -> TestGate {
+        TestGate::start_on(BusOptions::new([self.url()]), config, Arc::new(AnyToken)).await
+    }
+
     fn serve(&mut self, listener: TcpListener) {
         let stop = CancellationToken::new();
         let server = Server::new(Config::default());
@@ -91,12 +96,7 @@ async fn codes_until(client: &Client, mut done: impl FnMut(u32) -> bool) -> Vec<
 async fn a_broker_restart_answers_503_never_404_and_recovers() {
     let mut broker = Restartable::start().await;
     let _echo = echo_worker_on(&broker.url()).await;
-    let gate = TestGate::start_on(
-        BusOptions::new([broker.url()]),
-        GateConfig::default(),
-        Arc::new(AnyToken),
-    )
-    .await;
+    let gate = broker.gate(GateConfig::default()).await;
     let client = gate.client().await;
     assert_eq!(
         client.request("echo.raw", "x").await.unwrap().code,
@@ -124,8 +124,7 @@ async fn requests_in_flight_on_a_lost_connection_are_answered_at_once() {
     let _park = start_worker(&broker.url(), holds.service("park", "p"), queue_of(8)).await;
     // A request timeout far beyond the test's deadline: a 408 could not arrive in time.
     let config = gate_config(|c| c.request_timeout = DEADLINE * 6);
-    let gate =
-        TestGate::start_on(BusOptions::new([broker.url()]), config, Arc::new(AnyToken)).await;
+    let gate = broker.gate(config).await;
     let options = ClientOptions {
         request_timeout: DEADLINE * 6,
         ..ClientOptions::default()
@@ -146,12 +145,7 @@ async fn requests_in_flight_on_a_lost_connection_are_answered_at_once() {
 async fn a_route_no_worker_ever_served_stays_404() {
     let broker = Restartable::start().await;
     let _echo = echo_worker_on(&broker.url()).await;
-    let gate = TestGate::start_on(
-        BusOptions::new([broker.url()]),
-        GateConfig::default(),
-        Arc::new(AnyToken),
-    )
-    .await;
+    let gate = broker.gate(GateConfig::default()).await;
     let client = gate.client().await;
     let answer = client.request("nowhere.at_all", "x").await.unwrap();
     assert_eq!(answer.code, code::NOT_FOUND, "{answer:?}");

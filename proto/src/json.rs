@@ -302,6 +302,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn drain_round_trips_through_json() {
+        let drain = Packet::new(Kind::Drain(client::Drain {
+            reason: "gate shutting down".into(),
+            grace_ms: 5000,
+        }));
+        let text = encode(&drain).unwrap();
+        assert_eq!(
+            text,
+            r#"{"drain":{"reason":"gate shutting down","grace_ms":5000}}"#
+        );
+        assert_eq!(decode(&text).unwrap(), drain);
+    }
+
+    #[test]
     fn request_round_trips_through_json() {
         let p = decode(r#"{"request":{"id":7,"route":"echo.echo","body":"hi"}}"#).unwrap();
         let Some(Kind::Request(r)) = &p.kind else {

@@ -127,11 +127,7 @@ fn parse_msg<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const LIMITS: Limits = Limits {
-        max_control_line: 64,
-        max_payload: 16,
-    };
+    use crate::parser::tests::LIMITS;
 
     fn one(input: &[u8]) -> Result<Option<(ServerOp<'_>, usize)>, ParseError> {
         parse_server(input, &LIMITS)

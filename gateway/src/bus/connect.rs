@@ -19,6 +19,10 @@ pub(super) const LIMITS: Limits = Limits {
     max_payload: MAX_PAYLOAD,
 };
 
+/// The handshake's read buffer at first (an INFO is a few hundred bytes; it grows up to
+/// the control-line limit if a server sends more).
+const HANDSHAKE_BUFFER: usize = 4096;
+
 /// What a server says of itself in INFO (the fields the gate uses).
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
@@ -71,7 +75,7 @@ async fn handshake(options: &BusOptions, index: usize) -> Result<Conn, String> {
             (Box::new(tcp) as LocalStream, Some(server))
         }
     };
-    let mut buf = BytesMut::with_capacity(4096);
+    let mut buf = BytesMut::with_capacity(HANDSHAKE_BUFFER);
     let info = read_info(&mut stream, &mut buf).await?;
     let wants_tls = options.tls.is_some() || server.as_ref().is_some_and(|s| s.tls);
     if let Some(server) = &server

@@ -7,6 +7,9 @@ use tokio::sync::Notify;
 
 use super::BusError;
 
+/// The buffer's starting room: a batch of a few hundred requests without growing.
+const START_CAPACITY: usize = 64 * 1024;
+
 pub(super) struct Outbound {
     state: Mutex<State>,
     /// Woken when the buffer goes from empty to not empty (a permit is kept when the
@@ -37,7 +40,7 @@ impl Outbound {
     pub(super) fn new(max_pending: usize) -> Outbound {
         Outbound {
             state: Mutex::new(State {
-                buf: BytesMut::with_capacity(64 * 1024),
+                buf: BytesMut::with_capacity(START_CAPACITY),
                 writer: 0,
             }),
             ready: Notify::new(),

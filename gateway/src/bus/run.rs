@@ -42,6 +42,9 @@ static CONNECT_LOG: LogLimiter = LogLimiter::per_second();
 /// Keeps the gate connected until [`Bus::stop`].
 pub(crate) async fn run(bus: Arc<Bus>, dispatch: Arc<dyn Dispatch>) {
     let servers = bus.options.servers().max(1);
+    // Unbounded, yet bounded by construction: a connection sends at most one `LameDuck`
+    // (`lame_duck_told`) and one `Lost`, and there are at most the current connection
+    // and those lingering after a lame-duck move.
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let mut next_server = if bus.options.randomize {
         fastrand::usize(..servers)

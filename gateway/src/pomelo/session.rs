@@ -486,6 +486,23 @@ mod tests {
     }
 
     #[test]
+    fn a_drain_is_a_push_on_its_own_route() {
+        let codec = PomeloCodec::default();
+        let drain = codec.encode(Kind::Drain(client::Drain {
+            reason: "gate shutting down".into(),
+            grace_ms: 5000,
+        }));
+        assert_eq!(
+            drain,
+            data(
+                MessageKind::Push,
+                Route::Name(DRAIN_ROUTE),
+                br#"{"graceMs":5000,"reason":"gate shutting down"}"#
+            )
+        );
+    }
+
+    #[test]
     fn pushes_go_by_code_only_to_sessions_whose_dictionary_has_it() {
         let schemas = Schemas::default();
         let old = acked(&schemas);
