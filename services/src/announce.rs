@@ -81,16 +81,22 @@ mod tests {
     use broker::testing::{Bus, round_trip, within};
     use futures::FutureExt as _;
 
-    /// A worker announces at start and again when asked; a gate starting later learns it.
-    async fn announces_at_start_and_when_asked(bus: Bus) {
-        let client = async_nats::connect(bus.url()).await.unwrap();
+    /// A client subscribed to prefix `t`'s announcements, the broker holding the
+    /// subscription before anything is published on it.
+    async fn listen(bus: &Bus) -> (async_nats::Client, async_nats::Subscriber) {
         let listener = async_nats::connect(bus.url()).await.unwrap();
-        let mut heard = listener
+        let heard = listener
             .subscribe(proto::schema::announcements("t"))
             .await
             .unwrap();
-        // The broker has both subscriptions before anything is published on them.
         round_trip(&listener).await;
+        (listener, heard)
+    }
+
+    /// A worker announces at start and again when asked; a gate starting later learns it.
+    async fn announces_at_start_and_when_asked(bus: Bus) {
+        let client = async_nats::connect(bus.url()).await.unwrap();
+        let (listener, mut heard) = listen(&bus).await;
         let schema = crate::echo::service().schema().expect("echo announces");
         let announcer = Announcer::subscribe(&client, "t", &schema).await.unwrap();
         round_trip(&client).await;
@@ -115,12 +121,7 @@ mod tests {
         let client = crate::connect(&[bus.url().to_owned()], "t", &Default::default())
             .await
             .unwrap();
-        let listener = async_nats::connect(bus.url()).await.unwrap();
-        let mut heard = listener
-            .subscribe(proto::schema::announcements("t"))
-            .await
-            .unwrap();
-        round_trip(&listener).await;
+        let (listener, mut heard) = listen(&bus).await;
         let schema = crate::echo::service().schema().expect("echo announces");
         let announcer = Announcer::subscribe(&client, "t", &schema).await.unwrap();
         round_trip(&client).await;
