@@ -166,6 +166,8 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         prefix: args.gate.prefix.clone(),
         security: BusSecurity::default(),
         frames: args.frames,
+        // One broker: nowhere to move to.
+        ..WorkerConfig::default()
     };
     let echo =
         roles::start_worker(ServiceName::Echo, worker_config.clone(), shutdown.clone()).await?;

@@ -66,6 +66,41 @@ pub async fn connect_with(
     security: &BusSecurity,
     backoff: Backoff,
 ) -> anyhow::Result<Client> {
+    open(urls, name, security, backoff, First::InBackground).await
+}
+
+/// Connects to one of `urls` before returning, trying each once, or fails: a worker
+/// moving off a server in lame duck mode wants a connection elsewhere now, not one
+/// retried for ever in the background. Later reconnects are [`connect`]'s.
+pub(crate) async fn connect_now(
+    urls: &[String],
+    name: &str,
+    security: &BusSecurity,
+) -> anyhow::Result<Client> {
+    open(urls, name, security, Backoff::default(), First::Now).await
+}
+
+/// How the first connection is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum First {
+    /// Retried in the background until it succeeds; the client is returned at once.
+    InBackground,
+    /// Each server tried once before returning.
+    Now,
+}
+
+/// The name of a worker's connections to the bus, shown by the server's monitoring.
+pub fn worker_connection_name(service: &str) -> String {
+    format!("shaddock-worker-{service}")
+}
+
+async fn open(
+    urls: &[String],
+    name: &str,
+    security: &BusSecurity,
+    backoff: Backoff,
+    first: First,
+) -> anyhow::Result<Client> {
     let addrs = urls
         .iter()
         .map(|url| {
@@ -77,9 +112,12 @@ pub async fn connect_with(
     let options = security.apply(ConnectOptions::new()).await?;
     let signal = Arc::new(Signals::default());
     let raised = signal.clone();
+    let options = match first {
+        First::InBackground => options.retry_on_initial_connect(),
+        First::Now => options,
+    };
     let client = options
         .name(name)
-        .retry_on_initial_connect()
         .max_reconnects(None)
         .reconnect_delay_callback(move |attempt| backoff.random_delay(attempt))
         .event_callback(move |event| {

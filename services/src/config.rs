@@ -44,6 +44,10 @@ pub const DEFAULT_DRAIN_WINDOW: Duration = Duration::from_millis(500);
 /// Subject prefix shared by gates and workers (`<prefix>.svc.<service>.<method>`).
 pub const DEFAULT_PREFIX: &str = "shaddock";
 
+/// How long a worker whose server enters lame duck mode tries to move its inputs to
+/// another server (see "Lame duck" in [`crate::worker`]).
+pub const DEFAULT_MOVE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Where the bus is when nothing says otherwise: a local nats-server or embedded broker.
 pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 
@@ -152,6 +156,12 @@ pub struct WorkerConfig {
     #[command(flatten)]
     pub security: BusSecurity,
 
+    /// How long a worker whose server enters lame duck mode tries to connect to another
+    /// server and have its subscriptions seen there; past it, it stays until the server
+    /// closes the connection, then reconnects (e.g. 5s).
+    #[arg(long, env = "SHADDOCK_MOVE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub move_timeout: Duration,
+
     #[command(flatten)]
     pub frames: FrameConfig,
 }
@@ -162,6 +172,7 @@ impl Default for WorkerConfig {
             nats: vec![DEFAULT_NATS_URL.to_owned()],
             prefix: DEFAULT_PREFIX.to_owned(),
             security: BusSecurity::default(),
+            move_timeout: DEFAULT_MOVE_TIMEOUT,
             frames: FrameConfig::default(),
         }
     }
@@ -172,6 +183,9 @@ impl WorkerConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !is_valid_prefix(&self.prefix) {
             return Err(ConfigError::Prefix(self.prefix.clone()));
+        }
+        if self.move_timeout.is_zero() {
+            return Err(ConfigError::Zero("move timeout"));
         }
         self.frames.validate()
     }
@@ -250,11 +264,14 @@ mod tests {
             "0",
             "--drain-window",
             "1s",
+            "--move-timeout",
+            "1ms",
         ])
         .unwrap();
         let worker = cli.worker;
         assert_eq!(worker.nats, ["nats://a:4222", "nats://b:4222"]);
         assert_eq!(worker.prefix, "prod.shaddock");
+        assert_eq!(worker.move_timeout, Duration::from_millis(1));
         assert_eq!(
             worker.frames,
             FrameConfig {
@@ -295,6 +312,11 @@ mod tests {
                 MAX_DRAIN_ALLOWANCE
             ))
         );
+        let config = WorkerConfig {
+            move_timeout: Duration::ZERO,
+            ..WorkerConfig::default()
+        };
+        assert_eq!(config.validate(), Err(ConfigError::Zero("move timeout")));
         let config = WorkerConfig {
             prefix: "a.>".into(),
             ..WorkerConfig::default()

@@ -66,36 +66,47 @@
 //!
 //! # Lame duck
 //!
-//! A worker whose server enters lame duck mode (see [`crate::bus::reconnect`]) moves to
-//! another server of its `--nats` list at once, while its own still runs: it asks
-//! async-nats to reconnect, which picks another server (the one in lame duck no longer
-//! accepts) and subscribes everything there. A request on the wire at that instant is
-//! lost, as with any reconnect; the queue subscriptions are then renewed so later
-//! drains stay lossless ([`crate::drain`]). With a single URL there is nowhere to go:
-//! the worker serves until the server closes the connection, then reconnects.
+//! A worker whose inputs' server enters lame duck mode (see [`crate::bus::reconnect`])
+//! moves them to another server while its own still runs, make before break
+//! ([`hop`]): it connects to another server of its `--nats` list or of those the
+//! connection learnt of, makes its queue subscriptions there, waits until the old
+//! server knows of them (a probe published through the old server reaches the new
+//! connection), and only then leaves the old subscriptions by count, as at shutdown, so
+//! nothing on the wire is lost and the group is never without this member. Its `All`
+//! events and the snapshot subject move too (those have no lossless hand-over; a
+//! service with a snapshot asks a peer again, as after a reconnect). Answers and pushes
+//! keep leaving through the worker's own connection (the pusher's); once the old
+//! subscriptions have ended, that connection, when it is the one on the server going
+//! away, is made again elsewhere (what it holds is written first), and otherwise the
+//! old inputs' connection is closed. A lame duck notice on the pusher's connection
+//! while the inputs are elsewhere makes it again at once. With no other server known
+//! there is nowhere to go: the worker serves until the server closes the connection,
+//! then reconnects. A move that cannot be made within `--move-timeout` is given up, with
+//! a warning, in the same way.
 
-use std::collections::VecDeque;
-use std::pin::Pin;
-use std::sync::Arc;
+mod hop;
+mod inputs;
+mod resync;
+
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::client::RequestErrorKind;
-use async_nats::{Client, Statistics, Subject, Subscriber};
+use async_nats::{Client, Subscriber};
 use bytes::Bytes;
-use futures::stream::SelectAll;
-use futures::{FutureExt, Stream, StreamExt, stream};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::announce::Announcer;
-use crate::bus::{self, Signals, method_of, service_subject};
-use crate::config::{ConfigError, DrainConfig, WorkerConfig};
-use crate::drain::{self, Drained, Draining};
+use crate::bus::{self, service_subject};
+use crate::config::{ConfigError, WorkerConfig};
 use crate::frame_loop::{self, FrameLoop, Incoming};
 use crate::push::Pusher;
 use crate::service::{Delivery, Service};
+use hop::{Mover, Target};
+use inputs::{Subjects, Subscribed, inputs};
+use resync::Resync;
 
 /// How long a starting worker waits for a peer's snapshot, per attempt. A peer answers
 /// from its loop, behind whatever it has queued, so this allows for a busy one.
@@ -271,37 +282,47 @@ impl Worker {
         let frame_loop = FrameLoop::new(service, frames, queue, pusher);
         let mut stopped = spawn_loop_thread(&name, frame_loop)?;
         tracing::info!(%subject, "worker serving");
-        let signals = bus::signals(&client);
         if let Some(announcer) = announcer {
-            tokio::spawn(announcer.run(signals.clone(), shutdown.clone()));
-        }
-        if let Some(signals) = signals {
-            let servers = config.nats.len();
-            tokio::spawn(move_on_lame_duck(
-                client.clone(),
-                signals,
-                servers,
-                shutdown.clone(),
-            ));
+            tokio::spawn(announcer.run(bus::signals(&client), shutdown.clone()));
         }
         if let Some(snapshot) = snapshot {
             // First in the queue: the loop restores before anything else.
             intake.offer(Incoming::snapshot(snapshot)).await;
         }
 
-        // `>` stands for the method: what follows `<prefix>.svc.<service>.`.
-        let method_prefix = subject.trim_end_matches('>').to_owned();
         let resync = sync.map(|sync| Resync::new(&client, &name, &config.prefix, sync, &shutdown));
-        let leaving = Leaving {
-            client: client.clone(),
+        let (queue_events, all_events) =
+            events
+                .iter()
+                .fold((Vec::new(), Vec::new()), |(mut queue, mut all), event| {
+                    match event.delivery {
+                        Delivery::Queue => queue.push(event.subject.clone()),
+                        Delivery::All => all.push(event.subject.clone()),
+                    }
+                    (queue, all)
+                });
+        let subjects = Subjects {
+            requests: subject,
             group: name.clone(),
-            stats: client.statistics(),
-            connects,
-            config: drain_config,
-            shutdown,
             prefix: config.prefix.clone(),
+            queue_events,
+            all_events,
         };
-        let input = inputs(subscriber, subject, events, resync, leaving, method_prefix);
+        let target = Target {
+            urls: config.nats.clone(),
+            name: bus::worker_connection_name(&name),
+            security: config.security.clone(),
+            timeout: config.move_timeout,
+        };
+        let mover = Mover::new(target, subjects.clone(), client.clone());
+        let subscribed = Subscribed {
+            client: client.clone(),
+            connects,
+            requests: subscriber,
+            events,
+            resync,
+        };
+        let input = inputs(subscribed, subjects, mover, drain_config, shutdown);
         tokio::select! {
             () = intake.feed(input) => {}
             // The loop ends only after the intake does, unless something broke.
@@ -314,32 +335,6 @@ impl Worker {
         client.flush().await?;
         tracing::info!("worker stopped");
         Ok(())
-    }
-}
-
-/// Until `shutdown`: each time the server enters lame duck mode, moves to another of the
-/// `servers` URLs (see "Lame duck" in the module docs).
-async fn move_on_lame_duck(
-    client: Client,
-    signals: Arc<Signals>,
-    servers: usize,
-    shutdown: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = signals.lame_duck() => {}
-        }
-        if servers < 2 {
-            tracing::warn!(
-                "the NATS server is going away and it is the only one given: serving until it closes the connection, then reconnecting"
-            );
-            continue;
-        }
-        tracing::warn!("the NATS server is going away: moving to another server");
-        if let Err(error) = client.force_reconnect().await {
-            tracing::warn!(%error, "cannot reconnect");
-        }
     }
 }
 
@@ -432,329 +427,4 @@ fn spawn_loop_thread(
             let _ = done_tx.send(result);
         })?;
     Ok(done_rx)
-}
-
-type Boxed<T> = Pin<Box<dyn Stream<Item = T> + Send>>;
-
-/// The worker's subscriptions merged into one stream, in the order of the module docs.
-/// When `shutdown` fires, the request subscription and those of [`Delivery::Queue`]
-/// events drain (unsubscribe, so the bus sends new ones to the other workers of the
-/// group, and keep what already arrived); the stream ends once that is all delivered.
-/// [`Delivery::All`] events are taken along until the requests end, then dropped: the
-/// other workers get them anyway.
-struct Inputs {
-    requests: Boxed<async_nats::Message>,
-    requests_done: bool,
-    method_prefix: String,
-    /// Events every worker gets, and events one worker gets.
-    all: SelectAll<Boxed<Incoming<Subject>>>,
-    queue: SelectAll<Boxed<Incoming<Subject>>>,
-    /// The snapshot subject (a queue event), when the service has one.
-    resync: Option<Resync>,
-    /// Taken from the channels, not yet handed on.
-    ready: VecDeque<Incoming<Subject>>,
-}
-
-impl Inputs {
-    async fn next(&mut self) -> Option<Incoming<Subject>> {
-        loop {
-            if let Some(incoming) = self.ready.pop_front() {
-                return Some(incoming);
-            }
-            let serving = !self.requests_done;
-            tokio::select! {
-                biased;
-                Some(event) = self.all.next(), if serving => self.ready.push_back(event),
-                Some(event) = self.queue.next() => {
-                    self.take_waiting_all();
-                    self.ready.push_back(event);
-                }
-                Some(event) = Resync::next(&mut self.resync) => {
-                    self.take_waiting_all();
-                    self.ready.push_back(event);
-                }
-                message = self.requests.next(), if serving => match message {
-                    Some(message) => {
-                        self.resync_if_reconnected().await;
-                        self.take_request(message);
-                    }
-                    None => self.requests_done = true,
-                },
-                // Requests drained, and every queue event stream drained too.
-                else => return None,
-            }
-        }
-    }
-
-    /// Queues a request behind every event that reached the worker before it.
-    fn take_request(&mut self, message: async_nats::Message) {
-        self.take_waiting_all();
-        while let Some(Some(event)) = self.queue.next().now_or_never() {
-            self.take_waiting_all();
-            self.ready.push_back(event);
-        }
-        let method = method_of(&message.subject, &self.method_prefix);
-        self.ready
-            .push_back(Incoming::new(method, message.payload, message.reply));
-    }
-
-    /// Takes the `All` events already waiting, without waiting for more.
-    fn take_waiting_all(&mut self) {
-        while let Some(Some(event)) = self.all.next().now_or_never() {
-            self.ready.push_back(event);
-        }
-    }
-
-    /// After a reconnect, queues a peer's snapshot ahead of the next request (see
-    /// "Reconnecting" in the module docs).
-    async fn resync_if_reconnected(&mut self) {
-        let Some(resync) = self.resync.as_mut() else {
-            return;
-        };
-        let connects = resync.stats.connects.load(Ordering::Relaxed);
-        if connects == resync.connects {
-            return;
-        }
-        resync.connects = connects;
-        tracing::info!(subject = %resync.prefixed, "reconnected to the bus: asking a peer for the state");
-        // Sync requests that reached this worker before it left the subject are answered
-        // as usual, from its loop.
-        let (left, snapshot) = resync.ask_again().await;
-        self.ready.extend(left);
-        if let Some(snapshot) = snapshot {
-            self.ready.push_back(Incoming::snapshot(snapshot));
-        }
-    }
-}
-
-/// The snapshot subject's subscription, and what asking again after a reconnect takes.
-struct Resync {
-    client: Client,
-    stats: Arc<Statistics>,
-    /// The client's count of connections made (the first one included) when the worker
-    /// last asked for a snapshot: a higher count means it reconnected since.
-    connects: u64,
-    /// As the service registered it, the prefix, and the two together.
-    subject: String,
-    prefix: String,
-    prefixed: String,
-    /// The service's queue group.
-    group: String,
-    /// The subscription's messages; `None` after it could not be made again. `stop` drains
-    /// it, at shutdown (a child of `shutdown`) or to leave the subject.
-    stream: Option<Boxed<Incoming<Subject>>>,
-    stop: CancellationToken,
-    shutdown: CancellationToken,
-}
-
-impl Resync {
-    fn new(
-        client: &Client,
-        group: &str,
-        prefix: &str,
-        sync: SyncSubscription,
-        shutdown: &CancellationToken,
-    ) -> Self {
-        let mut resync = Resync {
-            client: client.clone(),
-            stats: client.statistics(),
-            connects: sync.connects,
-            subject: sync.events.subject,
-            prefix: prefix.to_owned(),
-            prefixed: sync.prefixed,
-            group: group.to_owned(),
-            stream: None,
-            stop: shutdown.child_token(),
-            shutdown: shutdown.clone(),
-        };
-        resync.listen(sync.events.subscriber);
-        resync
-    }
-
-    fn listen(&mut self, subscriber: Subscriber) {
-        self.stop = self.shutdown.child_token();
-        self.stream = Some(to_events(
-            until_left(subscriber, self.stop.clone()),
-            self.subject.clone(),
-        ));
-    }
-
-    /// The next sync request, or `None` when there is no subscription (or none any more:
-    /// a drained one is dropped, never polled again).
-    async fn next(resync: &mut Option<Resync>) -> Option<Incoming<Subject>> {
-        let resync = resync.as_mut()?;
-        let request = resync.stream.as_mut()?.next().await;
-        if request.is_none() {
-            resync.stream = None;
-        }
-        request
-    }
-
-    /// Leaves the subject (returning the requests that had already arrived), asks a peer,
-    /// and subscribes again.
-    async fn ask_again(&mut self) -> (Vec<Incoming<Subject>>, Option<Bytes>) {
-        let mut left = Vec::new();
-        if let Some(mut stream) = self.stream.take() {
-            self.stop.cancel();
-            let drained = async {
-                while let Some(request) = stream.next().await {
-                    left.push(request);
-                }
-            };
-            if tokio::time::timeout(SYNC_TIMEOUT, drained).await.is_err() {
-                tracing::warn!(subject = %self.prefixed, "the old subscription did not drain in time; dropping it");
-            }
-        }
-        let snapshot = match fetch_snapshot(&self.client, &self.prefixed).await {
-            Ok(snapshot) => snapshot,
-            Err(error) => {
-                tracing::warn!(%error, "keeping this worker's state, which may miss changes made while it was away");
-                None
-            }
-        };
-        let subscribed = subscribe_event(
-            &self.client,
-            &self.prefix,
-            &self.group,
-            &self.subject,
-            Delivery::Queue,
-        )
-        .await;
-        match subscribed {
-            Ok(events) => self.listen(events.subscriber),
-            Err(error) => {
-                tracing::warn!(subject = %self.prefixed, %error, "cannot subscribe again: peers starting later ask the others");
-            }
-        }
-        (left, snapshot)
-    }
-}
-
-/// What the worker's subscriptions need to leave their queue groups at shutdown.
-struct Leaving {
-    client: Client,
-    /// The service's queue group.
-    group: String,
-    stats: Arc<Statistics>,
-    connects: u64,
-    config: DrainConfig,
-    shutdown: CancellationToken,
-    prefix: String,
-}
-
-impl Leaving {
-    /// `subscriber`'s messages until it has left its group after shutdown (see
-    /// [`crate::drain`]); `done` is told how that went.
-    fn drain(
-        &self,
-        subscriber: Subscriber,
-        subject: String,
-        done: impl FnOnce(Drained) + Send + 'static,
-    ) -> Boxed<async_nats::Message> {
-        let draining = Draining {
-            subscriber,
-            client: self.client.clone(),
-            subject,
-            group: self.group.clone(),
-            stats: self.stats.clone(),
-            connects: self.connects,
-            config: self.config,
-        };
-        drain::until_drained(draining, self.shutdown.clone(), done).boxed()
-    }
-}
-
-fn inputs(
-    requests: Subscriber,
-    subject: String,
-    events: Vec<EventSubscription>,
-    resync: Option<Resync>,
-    leaving: Leaving,
-    method_prefix: String,
-) -> impl Stream<Item = Incoming<Subject>> {
-    let mut all = SelectAll::new();
-    let mut queue = SelectAll::new();
-    for event in events {
-        let EventSubscription {
-            subject,
-            delivery,
-            subscriber,
-        } = event;
-        match delivery {
-            // Kept until dropped.
-            Delivery::All => all.push(to_events(subscriber, subject)),
-            Delivery::Queue => {
-                let logged = subject.clone();
-                let full = format!("{}.{subject}", leaving.prefix);
-                let drained = leaving.drain(subscriber, full, move |drained| {
-                    tracing::debug!(subject = %logged, after_drain = drained.after_drain, left = ?drained.left, "event subscription drained");
-                });
-                queue.push(to_events(drained, subject));
-            }
-        }
-    }
-    let requests = leaving.drain(requests, subject, |drained| {
-        tracing::info!(
-            after_drain = drained.after_drain,
-            left = ?drained.left,
-            "worker drained: {} requests arrived after draining started",
-            drained.after_drain
-        );
-    });
-    let inputs = Inputs {
-        requests,
-        requests_done: false,
-        method_prefix,
-        all,
-        queue,
-        resync,
-        ready: VecDeque::new(),
-    };
-    stream::unfold(inputs, |mut inputs| async move {
-        let incoming = inputs.next().await?;
-        Some((incoming, inputs))
-    })
-}
-
-/// Messages on an event subject as the loop's input.
-fn to_events(
-    messages: impl Stream<Item = async_nats::Message> + Send + 'static,
-    subject: String,
-) -> Boxed<Incoming<Subject>> {
-    messages
-        .map(move |m| Incoming::event(subject.clone(), m.payload, m.reply))
-        .boxed()
-}
-
-/// The snapshot subject's messages until `stop`; then it leaves the subject outright
-/// (`Subscriber::drain`: async-nats forgets it one I/O turn after the UNSUB), yields
-/// what had already arrived, and ends. Used to step aside while asking a peer for a
-/// snapshot, so the request, sent after the UNSUB on the same connection, never comes
-/// back to this worker; a sync request lost in that instant is asked again by its peer.
-fn until_left(
-    subscriber: Subscriber,
-    stop: CancellationToken,
-) -> impl Stream<Item = async_nats::Message> {
-    // Kept across messages, so it registers with the token once instead of per message;
-    // `None` once draining.
-    let stop = Some(Box::pin(stop.cancelled_owned()));
-    stream::unfold(
-        (subscriber, stop),
-        move |(mut subscriber, stop)| async move {
-            if let Some(mut stop) = stop {
-                tokio::select! {
-                    message = subscriber.next() => return Some((message?, (subscriber, Some(stop)))),
-                    () = &mut stop => {
-                        if let Err(error) = subscriber.drain().await {
-                            // The client is closed: nothing more will arrive, nor leave.
-                            tracing::warn!(%error, "cannot drain a subscription");
-                            return None;
-                        }
-                    }
-                }
-            }
-            let message = subscriber.next().await?;
-            Some((message, (subscriber, None)))
-        },
-    )
 }
