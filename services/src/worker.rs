@@ -696,6 +696,7 @@ fn inputs(
     let requests = leaving.drain(requests, subject, |drained| {
         tracing::info!(
             after_drain = drained.after_drain,
+            allowance = drained.allowance,
             left = ?drained.left,
             "worker drained: {} requests arrived after draining started",
             drained.after_drain
