@@ -27,10 +27,11 @@ pub const DEFAULT_OVERRUN_PAUSE: Duration = Duration::from_millis(1);
 /// Interval of a service's tick callback: 20 Hz, a common server tick for action games.
 pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_millis(50);
 
-/// Messages a draining subscription still accepts after asking the bus to stop routing
-/// to it (see [`crate::drain`]): far above what the server can have routed to it during
-/// one round trip, so nothing on the wire is left over, and small enough that a busy
-/// worker uses it up in milliseconds.
+/// The most messages a draining subscription still accepts after asking the bus to stop
+/// routing to it (see [`crate::drain`]; a quieter subscription asks for what its recent
+/// rate brings in a quarter of the drain window): far above what the server can have
+/// routed to it during one round trip, so nothing on the wire is left over, and small
+/// enough that a busy worker uses it up in milliseconds.
 pub const DEFAULT_DRAIN_ALLOWANCE: u64 = 64;
 
 /// The largest drain allowance accepted: nats-server reads an UNSUB count of at most
@@ -38,7 +39,8 @@ pub const DEFAULT_DRAIN_ALLOWANCE: u64 = 64;
 pub const MAX_DRAIN_ALLOWANCE: u64 = 1_000_000;
 
 /// How long a draining subscription waits for its allowance to be used up before it
-/// unsubscribes outright (a quiet subscription may never use it up).
+/// unsubscribes outright (a quiet subscription may never use it up); also the span its
+/// recent arrival rate is measured over.
 pub const DEFAULT_DRAIN_WINDOW: Duration = Duration::from_millis(500);
 
 /// Subject prefix shared by gates and workers (`<prefix>.svc.<service>.<method>`).
@@ -80,14 +82,17 @@ pub struct FrameConfig {
 /// How a worker leaves its queue groups at shutdown (see [`crate::drain`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
 pub struct DrainConfig {
-    /// Messages a draining subscription still takes after asking the bus to stop
-    /// routing to it; the bus stops after exactly that many, so nothing already on the
-    /// wire is lost. 0 unsubscribes outright; at most 1000000.
+    /// The most messages a draining subscription still takes after asking the bus to
+    /// stop routing to it. Each subscription asks for what its recent rate brings in a
+    /// quarter of --drain-window (at least 1, at most this), and the bus stops after
+    /// exactly that many, so nothing already on the wire is lost. 0 unsubscribes
+    /// outright; at most 1000000.
     #[arg(long, env = "SHADDOCK_DRAIN_ALLOWANCE", default_value_t = DEFAULT_DRAIN_ALLOWANCE)]
     pub drain_allowance: u64,
 
     /// How long a draining subscription waits for its allowance to be used up before it
-    /// unsubscribes outright (e.g. 500ms, 2s).
+    /// unsubscribes outright, and the span its recent rate is measured over (e.g. 500ms,
+    /// 2s).
     #[arg(long, env = "SHADDOCK_DRAIN_WINDOW", default_value = "500ms", value_parser = parse_duration)]
     pub drain_window: Duration,
 }

@@ -18,16 +18,52 @@
 //! `max`. Both count the same messages, so both stop on the same one, and every message
 //! the server sent is taken. At shutdown a subscription therefore asks to leave after
 //! `taken + allowance` messages, `taken` being what it has received so far and
-//! `allowance` ([`DrainConfig::drain_allowance`]) covering what the server routed to it
-//! meanwhile (if more than that were already on the way, the surplus would be lost, so
-//! the allowance is set far above what one round trip carries). The server goes on
-//! routing to it until the allowance is used up, then stops, exactly.
+//! `allowance` covering what the server routed to it meanwhile (if more than that were
+//! already on the way, the surplus would be lost, so the allowance is set far above what
+//! one round trip carries). The server goes on routing to it until the allowance is used
+//! up, then stops, exactly.
 //!
-//! Under steady load the allowance is used up within milliseconds. A subscription that
-//! receives little (a quiet service, an event subject) might never use it up, so after
-//! [`DrainConfig::drain_window`] it unsubscribes outright: at that rate a message on
-//! the wire at that very instant is unlikely, and the alternative, waiting, would hold
-//! the shutdown for ever.
+//! A subscription that does not use up its allowance within
+//! [`DrainConfig::drain_window`] unsubscribes outright: waiting longer could hold the
+//! shutdown for ever, and a message on the wire at that very instant is lost. The
+//! allowance is sized so that this happens only when the subscription's rate has fallen
+//! to where such a message is improbable.
+//!
+//! # The allowance
+//!
+//! A fixed allowance cannot be both far above a round trip's worth and used up within
+//! the window at every load: 64 is a few milliseconds of a busy worker, but at 50
+//! requests a second it takes over a second, longer than the window, so every drain at
+//! a light load left outright, and now and then lost the request on the wire (answered
+//! 408 by the gate). So the allowance follows the subscription's own recent arrival
+//! rate λ, measured over the last one to two windows (`drain/arrivals.rs` describes the
+//! estimator): it is what λ brings in a quarter of the window W
+//! (`ALLOWANCES_PER_WINDOW`), `clamp(λ·W / 4, 1, drain_allowance)`.
+//! [`DrainConfig::drain_allowance`] is thus the most a subscription takes; configured
+//! as 0, it leaves at once (still by count).
+//!
+//! - **Used up in time, at any load.** At a steady rate the allowance comes in about a
+//!   quarter of the window; the rest of the window absorbs a rate that slows down or
+//!   fluctuates.
+//! - **Far above what is on the wire.** What the server routes to the subscription
+//!   between the client's count of `taken` and the server reading the UNSUB is about one
+//!   round trip τ of arrivals, λ·τ. The allowance λ·W/4 is W/(4τ) round trips' worth at
+//!   any rate below the cap: 125 with the default 500 ms window and a 1 ms round trip.
+//!   Above it (λ·W/4 over `drain_allowance`) the allowance is the configured most, as
+//!   it always was.
+//! - **An allowance of 1** is for rates under 8 messages a window (16 a second with the
+//!   default window), and for a subscription that received nothing recently. One
+//!   message on the wire is covered; a loss needs two within one round trip, with
+//!   Poisson arrivals a chance of about (λ·τ)²/2: about 10⁻⁴ per drain at 16 a second
+//!   and a 1 ms round trip, less at lower rates.
+//! - **An allowance that does not come** within the window (a quiet subscription, or
+//!   one whose load stopped just before the drain) means leaving outright, and a loss
+//!   then needs an arrival within one round trip of that instant. At an allowance of 1
+//!   that is no arrival for a window, then one: about λ·τ·e^(−λ·W), at most τ/(e·W)
+//!   (at λ = 1/W), under 10⁻³ per drain with the default window and a 1 ms round trip.
+//!
+//! Messages are counted as they are taken from the subscription (those waiting at drain
+//! start included): for a consumer that keeps up, as they arrive.
 //!
 //! nats-server reads a count of at most nine digits: a subscription that has taken
 //! close to a billion messages sends one it cannot read, and the server then removes
@@ -57,12 +93,17 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use async_nats::{Client, Message, Statistics, Subscriber};
 use futures::{FutureExt as _, Stream, StreamExt as _, stream};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::DrainConfig;
+
+mod arrivals;
+
+use arrivals::{Arrivals, allowance};
 
 /// How a drained subscription ended, for the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +121,9 @@ pub(crate) enum Left {
 pub(crate) struct Drained {
     /// Messages taken after draining started (those waiting then included).
     pub after_drain: u64,
+    /// The allowance asked for (see the module docs); 0 when none was (the subscription
+    /// left outright, or ended before draining).
+    pub allowance: u64,
     /// `None` when the subscription ended before draining (the client closed).
     pub left: Option<Left>,
 }
@@ -108,6 +152,10 @@ struct State {
     /// `None` once draining started.
     stop: Option<std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
     taken: u64,
+    /// The recent arrival rate, which sets the allowance.
+    arrivals: Arrivals,
+    /// The allowance asked for at drain start.
+    allowance: u64,
     /// The client's count of connections when the renewal was last tried.
     checked: u64,
     /// Messages of a renewed subscription's predecessor, not yet handed on.
@@ -132,6 +180,8 @@ pub(crate) fn until_drained(
         draining,
         stop: Some(Box::pin(shutdown.cancelled_owned())),
         taken: 0,
+        arrivals: Arrivals::new(Instant::now()),
+        allowance: 0,
         checked,
         retired: VecDeque::new(),
         ready: VecDeque::new(),
@@ -148,6 +198,7 @@ pub(crate) fn until_drained(
                 if let Some(done) = state.done.take() {
                     done(Drained {
                         after_drain: state.after_drain,
+                        allowance: state.allowance,
                         left: state.left,
                     });
                 }
@@ -166,7 +217,7 @@ impl State {
             tokio::select! {
                 message = self.draining.subscriber.next() => {
                     let message = message?;
-                    self.taken += 1;
+                    self.took();
                     self.renew_if_reconnected().await;
                     return Some(message);
                 }
@@ -202,6 +253,7 @@ impl State {
                     self.left = Some(Left::AfterWindow);
                     tracing::debug!(
                         window = ?self.draining.config.drain_window,
+                        allowance = self.allowance,
                         "the drain allowance was not used up in time: unsubscribing outright"
                     );
                     self.unsubscribe().await;
@@ -214,7 +266,7 @@ impl State {
     /// when the counts no longer agree, unsubscribes outright.
     async fn start_draining(&mut self) {
         while let Some(Some(message)) = self.draining.subscriber.next().now_or_never() {
-            self.taken += 1;
+            self.took();
             self.ready.push_back(message);
         }
         let connects = self.draining.stats.connects.load(Ordering::Relaxed);
@@ -226,9 +278,12 @@ impl State {
             self.unsubscribe().await;
             return;
         }
-        let max = self
-            .taken
-            .saturating_add(self.draining.config.drain_allowance);
+        let config = self.draining.config;
+        let expected = self
+            .arrivals
+            .expected_in_window(Instant::now(), config.drain_window);
+        let allowance = allowance(expected, config.drain_allowance);
+        let max = self.taken.saturating_add(allowance);
         if let Err(error) = self.draining.subscriber.unsubscribe_after(max).await {
             // The client is closed: nothing more will arrive.
             tracing::warn!(%error, "cannot unsubscribe");
@@ -236,9 +291,15 @@ impl State {
             self.draining.subscriber.unsubscribe().await.ok();
             return;
         }
-        self.window = Some(Box::pin(tokio::time::sleep(
-            self.draining.config.drain_window,
-        )));
+        self.allowance = allowance;
+        self.window = Some(Box::pin(tokio::time::sleep(config.drain_window)));
+    }
+
+    /// Counts a message taken from the subscription before draining.
+    fn took(&mut self) {
+        self.taken += 1;
+        self.arrivals
+            .record(Instant::now(), self.draining.config.drain_window);
     }
 
     /// After a reconnect, swaps the subscription for a fresh one (see the module docs).
@@ -337,12 +398,14 @@ mod tests {
         (Box::pin(stream), rx)
     }
 
-    /// With another member in the group, a drained subscription takes exactly its
-    /// allowance of what is published after draining started, and the other member
-    /// the rest: nothing is lost, nothing taken twice.
+    /// With another member in the group, a busy drained subscription takes exactly its
+    /// allowance (the configured most) of what is published after draining started, and
+    /// the other member the rest: nothing is lost, nothing taken twice.
     async fn leaves_after_exactly_the_allowance(bus: Bus) {
         const ALLOWANCE: u64 = 5;
         const SENT: usize = 200;
+        /// Taken in a few milliseconds before draining: a rate far above the cap.
+        const BUSY: usize = 10;
         let leaving = client(&bus).await;
         let staying = client(&bus).await;
         let publisher = client(&bus).await;
@@ -352,6 +415,16 @@ mod tests {
             drain_window: Duration::from_secs(60),
         };
         let (mut left, report) = draining(&leaving, "drain.t", config, &shutdown).await;
+        round_trip(&leaving).await;
+        for i in 0..BUSY {
+            publisher
+                .publish("drain.t", Bytes::from(i.to_string()))
+                .await
+                .unwrap();
+        }
+        for _ in 0..BUSY {
+            within(left.next()).await.unwrap();
+        }
         let mut other = staying
             .queue_subscribe("drain.t", "g".to_owned())
             .await
@@ -381,6 +454,7 @@ mod tests {
             report,
             Drained {
                 after_drain: ALLOWANCE,
+                allowance: ALLOWANCE,
                 left: Some(Left::ByCount)
             },
             "{}",
@@ -418,6 +492,8 @@ mod tests {
         let report = within(report).await.unwrap();
         assert_eq!(report.left, Some(Left::AfterWindow));
         assert_eq!(report.after_drain, 0);
+        // Nothing received recently: one message, which did not come.
+        assert_eq!(report.allowance, 1);
     }
 
     /// An allowance of 0 leaves at once, by count.
@@ -434,10 +510,91 @@ mod tests {
         assert!(within(left.collect::<Vec<_>>()).await.is_empty());
         let report = within(report).await.unwrap();
         assert_eq!(report.left, Some(Left::ByCount));
+        assert_eq!(report.allowance, 0);
+    }
+
+    /// At a light steady load (one request every 20 ms over two members, about 25 a
+    /// second for the one leaving), a drained subscription still leaves by count within
+    /// the window, with an allowance scaled down to its rate: every message published
+    /// before and during the drain is taken by exactly one member.
+    async fn a_lightly_loaded_subscription_leaves_by_count(bus: Bus) {
+        const PERIOD: Duration = Duration::from_millis(20);
+        const LOADED_FOR: Duration = Duration::from_secs(1);
+        let leaving = client(&bus).await;
+        let staying = client(&bus).await;
+        let publisher = client(&bus).await;
+        let shutdown = CancellationToken::new();
+        let config = DrainConfig::default();
+        let (left, report) = draining(&leaving, "drain.l", config, &shutdown).await;
+        let mut other = staying
+            .queue_subscribe("drain.l", "g".to_owned())
+            .await
+            .unwrap();
+        round_trip(&leaving).await;
+        round_trip(&staying).await;
+        let taker = tokio::spawn(left.collect::<Vec<Message>>());
+        let stop_publishing = CancellationToken::new();
+        let publishing = tokio::spawn({
+            let stop = stop_publishing.clone();
+            async move {
+                let mut tick = tokio::time::interval(PERIOD);
+                let mut sent = 0_usize;
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => break,
+                        _ = tick.tick() => {
+                            publisher.publish("drain.l", Bytes::from(sent.to_string())).await.unwrap();
+                            sent += 1;
+                        }
+                    }
+                }
+                round_trip(&publisher).await;
+                sent
+            }
+        });
+        // The load runs for a while before the drain (the rate it is measured at), then
+        // through it.
+        tokio::time::sleep(LOADED_FOR).await;
+        shutdown.cancel();
+        let report = within(report).await.unwrap();
+        stop_publishing.cancel();
+        let sent = within(publishing).await.unwrap();
+        let left = within(taker).await.unwrap();
+        assert_eq!(
+            report.left,
+            Some(Left::ByCount),
+            "{}: {report:?}",
+            bus.name()
+        );
+        assert!(
+            (1..config.drain_allowance).contains(&report.allowance)
+                && report.after_drain >= report.allowance,
+            "{}: {report:?}",
+            bus.name()
+        );
+        let mut taken: Vec<usize> = left.iter().map(index).collect();
+        while taken.len() < sent {
+            taken.push(index(&within(other.next()).await.unwrap()));
+        }
+        round_trip(&staying).await;
+        assert!(
+            other.next().now_or_never().is_none(),
+            "a message was delivered twice"
+        );
+        taken.sort_unstable();
+        assert_eq!(taken, (0..sent).collect::<Vec<_>>(), "{}", bus.name());
+    }
+
+    fn index(message: &Message) -> usize {
+        std::str::from_utf8(&message.payload)
+            .unwrap()
+            .parse()
+            .unwrap()
     }
 
     broker::on_both_buses!(
         leaves_after_exactly_the_allowance,
+        a_lightly_loaded_subscription_leaves_by_count,
         a_quiet_subscription_leaves_after_the_window,
         no_allowance_leaves_at_once,
     );

@@ -55,7 +55,8 @@
 //!
 //! When `shutdown` fires the worker leaves its request subscription and those of its
 //! [`Delivery::Queue`] events *by count* ([`crate::drain`]): the bus stops routing to it
-//! after a fixed allowance of further messages, every one of which it takes, so nothing
+//! after an allowance of further messages (sized from the subscription's recent rate, at
+//! most `--drain-allowance`), every one of which it takes, so nothing
 //! the bus had already routed to it is lost (async-nats' own `drain` drops what arrives
 //! one I/O turn after the UNSUB). A quiet subscription that does not use its allowance
 //! within the drain window unsubscribes outright. The worker then finishes everything

@@ -248,11 +248,15 @@ impl Inputs {
             subscriber,
             self.subjects.requests.clone(),
             |drained, moved| {
-                let Drained { after_drain, left } = drained;
+                let Drained {
+                    after_drain,
+                    allowance,
+                    left,
+                } = drained;
                 if moved {
-                    tracing::info!(after_drain, ?left, "left the server in lame duck mode: {after_drain} requests arrived there after leaving started");
+                    tracing::info!(after_drain, allowance, ?left, "left the server in lame duck mode: {after_drain} requests arrived there after leaving started");
                 } else {
-                    tracing::info!(after_drain, ?left, "worker drained: {after_drain} requests arrived after draining started");
+                    tracing::info!(after_drain, allowance, ?left, "worker drained: {after_drain} requests arrived after draining started");
                 }
             },
         );
