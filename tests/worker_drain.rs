@@ -286,3 +286,77 @@ async fn workers_move_off_a_server_in_lame_duck_mode_losing_nothing() {
 fn port_of(url: &str) -> &str {
     url.rsplit(':').next().unwrap_or_default()
 }
+
+/// `--move-timeout` bounds a move: the only other server the worker knows accepts
+/// connections but never says a word, so after the timeout, and not before, the worker
+/// gives the move up with a warning and goes on serving from the server in lame duck
+/// mode, which has not closed it yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_not_made_within_the_move_timeout_is_given_up() {
+    const MOVE_TIMEOUT: Duration = Duration::from_millis(300);
+    let _one_at_a_time = SERIAL.lock().await;
+    let mut cluster = NatsCluster::start(
+        1,
+        &LameDuck {
+            grace: LAME_DUCK_GRACE,
+        },
+    )
+    .await;
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("nats://{}", silent.local_addr().unwrap());
+    let holding = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((connection, _)) = silent.accept().await {
+            held.push(connection);
+        }
+    });
+    let server = cluster.urls()[0].clone();
+    let timeout = ["--request-timeout-ms", GATE_TIMEOUT_MS];
+    let (_gate, gate_url) = gate("gate", &server, &timeout).await;
+    let mut worker = echo_worker(
+        "worker",
+        &[server, silent_url],
+        &["--move-timeout", "300ms"],
+    )
+    .await;
+    echo_once(&gate_url).await;
+
+    cluster.nodes[0].process.signal(Signal::SIGUSR2);
+    cluster.nodes[0]
+        .process
+        .line("Entering lame duck mode")
+        .await;
+    let notice = worker.line("the NATS server is going away").await;
+    let gave_up = worker.line("cannot move").await;
+    let took = logged_at(&gave_up) - logged_at(&notice);
+    assert!(gave_up.contains("in time"), "{gave_up}");
+    assert!(took >= MOVE_TIMEOUT, "gave up after {took:?}");
+    assert!(took < LAME_DUCK_GRACE / 2, "gave up after {took:?}");
+    // Still serving from where it was.
+    echo_once(&gate_url).await;
+    holding.abort();
+}
+
+/// One `echo.raw` through `gate`, answered 200.
+async fn echo_once(gate: &str) {
+    let client = Client::connect(gate, ClientOptions::default())
+        .await
+        .unwrap();
+    let response = client.request("echo.raw", b"once").await.unwrap();
+    assert_eq!(response.code, 200, "{response:?}");
+    client.close().await;
+}
+
+/// When a process logged `line` (`[pid] YYYY/MM/DD HH:MM:SS.micros ...`), from midnight.
+fn logged_at(line: &str) -> Duration {
+    let time = line
+        .split_whitespace()
+        .nth(2)
+        .unwrap_or_else(|| panic!("no time in {line:?}"));
+    let (hms, micros) = time.split_once('.').expect("a time with microseconds");
+    let seconds = hms
+        .split(':')
+        .map(|part| part.parse::<u64>().expect("a number"))
+        .fold(0, |total, part| total * 60 + part);
+    Duration::from_secs(seconds) + Duration::from_micros(micros.parse().expect("microseconds"))
+}
