@@ -3,6 +3,8 @@
 //! lines (never by sleeping), signalled and reaped by its own pid, and killed when its
 //! handle drops, so a failing test leaves nothing behind.
 
+#![allow(dead_code)] // each test file uses a different part of the harness
+
 use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -270,8 +272,13 @@ impl NatsCluster {
 /// `shaddock worker --service echo --nats URLS` with `extra` flags, ready (its
 /// subscriptions are at its server).
 pub async fn echo_worker(name: &str, urls: &[String], extra: &[&str]) -> Process {
+    worker(name, "echo", urls, extra).await
+}
+
+/// `shaddock worker --service SERVICE --nats URLS` with `extra` flags, ready.
+pub async fn worker(name: &str, service: &str, urls: &[String], extra: &[&str]) -> Process {
     let nats = urls.join(",");
-    let mut args = vec!["worker", "--service", "echo", "--nats", &nats];
+    let mut args = vec!["worker", "--service", service, "--nats", &nats];
     args.extend_from_slice(extra);
     let mut process = Process::spawn(
         name,

@@ -36,7 +36,7 @@ use crate::ws::procfs::CpuSample;
 use crate::ws::scenario::OutputArgs;
 use fleet::{Fleet, FleetSpec};
 use load::{LoadConfig, PhaseClock};
-use phases::{Fault, Limits, PHASES, Struck, Window};
+use phases::{Limits, PHASES, Struck, Window};
 use report::{FaultsReport, PhaseReport, PhaseRun};
 
 pub use phases::Bus;
@@ -97,12 +97,6 @@ pub struct FaultsArgs {
     /// still says, per phase, what was expected and what was seen.
     #[arg(long)]
     pub check: bool,
-    /// A phase whose miss is a known, documented gap: reported as missed, but it does
-    /// not fail `--check` (repeatable). CI names the cluster's lame-duck restart this
-    /// way until workers move between servers without loss (docs/benchmarks.md,
-    /// "Faults under load").
-    #[arg(long, value_enum, requires = "check")]
-    pub known_gap: Vec<Fault>,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -262,19 +256,16 @@ fn finish(report: &FaultsReport, args: &FaultsArgs) -> anyhow::Result<()> {
         bail!("the run stopped early: {}", report.errors.join("; "));
     }
     if args.check && !report.passed {
-        let (known, missed): (Vec<&PhaseReport>, Vec<&PhaseReport>) = report
+        let missed: Vec<&str> = report
             .phases
             .iter()
             .filter(|p| !p.passed())
-            .partition(|p| args.known_gap.contains(&p.fault));
-        let names =
-            |phases: &[&PhaseReport]| phases.iter().map(|p| p.name).collect::<Vec<_>>().join(", ");
-        if !known.is_empty() {
-            eprintln!("missed, a known gap (--known-gap): {}", names(&known));
-        }
-        if !missed.is_empty() {
-            bail!("phases that missed their expectation: {}", names(&missed));
-        }
+            .map(|p| p.name)
+            .collect();
+        bail!(
+            "phases that missed their expectation: {}",
+            missed.join(", ")
+        );
     }
     Ok(())
 }

@@ -21,7 +21,7 @@ pub enum Bus {
 }
 
 /// What a phase does to the fleet at its start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Fault {
     /// Nothing: the load alone.

@@ -1,0 +1,298 @@
+//! Workers whose server enters lame duck mode (SIGUSR2, as `nats-server --signal ldm`
+//! sends) move to another server make before break (`services/src/worker/hop.rs`), well
+//! within the server's grace period: under steady load no request is lost or refused
+//! meanwhile, a chat worker's room state stays whole, and a move that cannot be made in
+//! time is given up. Everything is a real process: a three-node nats-server cluster
+//! with routes, `shaddock gate`, `shaddock worker`.
+
+#[path = "common/fleet.rs"]
+mod fleet;
+#[path = "common/load.rs"]
+mod load;
+
+use std::time::Duration;
+
+use fleet::{LameDuck, NatsCluster, WAIT, echo_worker, gate, word_after, worker};
+use gateway::sdk::{Client, ClientOptions};
+use load::{
+    CLIENTS, GATE_TIMEOUT_MS, LOAD_BEFORE_STOP, assert_all_answered, assert_drained_by_count, load,
+};
+use nix::sys::signal::Signal;
+use proto::Message as _;
+use proto::chat::{
+    ChatMessage, JoinRequest, JoinResponse, LoginRequest, LoginResponse, MembersRequest,
+    MembersResponse, SayRequest, SayResponse,
+};
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+/// The tests load the machine: they run one at a time, or each would measure the
+/// others.
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+/// The lame-duck grace period of the cluster's nodes: a worker that only waited to be
+/// closed would still be connected when half of it has passed.
+const LAME_DUCK_GRACE: Duration = Duration::from_secs(10);
+
+/// What a worker logged when its inputs left a server in lame duck mode.
+const LEFT_LAME_DUCK: &str = "left the server in lame duck mode";
+
+/// Two workers on the one node that enters lame duck mode, each given only that node's
+/// URL (they learn the others from it), a gate on another node, clients sending all
+/// along. Each worker moves its inputs to another node, make before break, well within
+/// half the grace period, leaving the old node by count: every request is answered 200,
+/// none lost on the wire and none refused for want of a worker. Then one of them is
+/// stopped under load on its new node: the move did not cost it its lossless drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_move_off_a_server_in_lame_duck_mode_losing_nothing() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let mut cluster = NatsCluster::start(
+        3,
+        &LameDuck {
+            grace: LAME_DUCK_GRACE,
+        },
+    )
+    .await;
+    let urls = cluster.urls();
+    let going = std::slice::from_ref(&urls[0]);
+    let mut workers = vec![
+        echo_worker("moving-0", going, &[]).await,
+        echo_worker("moving-1", going, &[]).await,
+    ];
+    let timeout = ["--request-timeout-ms", GATE_TIMEOUT_MS];
+    let (_gate, gate_url) = gate("gate", &urls[1], &timeout).await;
+    let stop = CancellationToken::new();
+    let clients = tokio::spawn(load(vec![gate_url], CLIENTS, stop.clone()));
+    tokio::time::sleep(LOAD_BEFORE_STOP).await;
+
+    cluster.nodes[0].process.signal(Signal::SIGUSR2);
+    cluster.nodes[0]
+        .process
+        .line("Entering lame duck mode")
+        .await;
+    for worker in &mut workers {
+        let left = worker
+            .line_within(LEFT_LAME_DUCK, LAME_DUCK_GRACE / 2)
+            .await;
+        eprintln!("{}: {left}", worker.name);
+        assert!(left.contains("left=Some(ByCount)"), "{left}");
+        let moved = worker.log();
+        let to = moved
+            .lines()
+            .find(|l| l.contains("moved to another NATS server"))
+            .expect("no move logged");
+        assert_ne!(
+            word_after(to, " to="),
+            port_of(&urls[0]),
+            "moved to the server in lame duck mode: {to}"
+        );
+    }
+    // Served from the new nodes alone for a while.
+    tokio::time::sleep(LOAD_BEFORE_STOP).await;
+    let _replacement = echo_worker("replacement", std::slice::from_ref(&urls[2]), &[]).await;
+    let mut stopped = workers.remove(0);
+    stopped.signal(Signal::SIGTERM);
+    assert!(stopped.exit().await.success(), "{}", stopped.log());
+    tokio::time::sleep(LOAD_BEFORE_STOP).await;
+    stop.cancel();
+    assert_all_answered(clients).await;
+    assert_drained_by_count(&[stopped.log()]);
+}
+
+/// The port of a `nats://host:port` URL.
+fn port_of(url: &str) -> &str {
+    url.rsplit(':').next().unwrap_or_default()
+}
+
+/// `--move-timeout` bounds a move: the only other server the worker knows accepts
+/// connections but never says a word, so after the timeout, and not before, the worker
+/// gives the move up with a warning and goes on serving from the server in lame duck
+/// mode, which has not closed it yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_not_made_within_the_move_timeout_is_given_up() {
+    const MOVE_TIMEOUT: Duration = Duration::from_millis(300);
+    let _one_at_a_time = SERIAL.lock().await;
+    let mut cluster = NatsCluster::start(
+        1,
+        &LameDuck {
+            grace: LAME_DUCK_GRACE,
+        },
+    )
+    .await;
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("nats://{}", silent.local_addr().unwrap());
+    let holding = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((connection, _)) = silent.accept().await {
+            held.push(connection);
+        }
+    });
+    let server = cluster.urls()[0].clone();
+    let timeout = ["--request-timeout-ms", GATE_TIMEOUT_MS];
+    let (_gate, gate_url) = gate("gate", &server, &timeout).await;
+    let mut worker = echo_worker(
+        "worker",
+        &[server, silent_url],
+        &["--move-timeout", "300ms"],
+    )
+    .await;
+    echo_once(&gate_url).await;
+
+    cluster.nodes[0].process.signal(Signal::SIGUSR2);
+    cluster.nodes[0]
+        .process
+        .line("Entering lame duck mode")
+        .await;
+    let notice = worker.line("the NATS server is going away").await;
+    let gave_up = worker.line("cannot move").await;
+    let took = logged_at(&gave_up) - logged_at(&notice);
+    assert!(gave_up.contains("in time"), "{gave_up}");
+    assert!(took >= MOVE_TIMEOUT, "gave up after {took:?}");
+    assert!(took < LAME_DUCK_GRACE / 2, "gave up after {took:?}");
+    // Still serving from where it was.
+    echo_once(&gate_url).await;
+    holding.abort();
+}
+
+/// One `echo.raw` through `gate`, answered 200.
+async fn echo_once(gate: &str) {
+    let client = Client::connect(gate, ClientOptions::default())
+        .await
+        .unwrap();
+    let response = client.request("echo.raw", b"once").await.unwrap();
+    assert_eq!(response.code, 200, "{response:?}");
+    client.close().await;
+}
+
+/// When a process logged `line` (`[pid] YYYY/MM/DD HH:MM:SS.micros ...`), from midnight.
+fn logged_at(line: &str) -> Duration {
+    let time = line
+        .split_whitespace()
+        .nth(2)
+        .unwrap_or_else(|| panic!("no time in {line:?}"));
+    let (hms, micros) = time.split_once('.').expect("a time with microseconds");
+    let seconds = hms
+        .split(':')
+        .map(|part| part.parse::<u64>().expect("a number"))
+        .fold(0, |total, part| total * 60 + part);
+    Duration::from_secs(seconds) + Duration::from_micros(micros.parse().expect("microseconds"))
+}
+
+/// Two chat workers on the node that enters lame duck mode, players in a room through a
+/// gate on another node. Both workers move, their room state with them (the `All`
+/// events of replication move, and each asks the other for a snapshot): afterwards a
+/// player who joins is seen by both workers (every members request, whichever worker
+/// answers it, lists all three), and a message said in the room reaches the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_workers_move_with_their_rooms() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let mut cluster = NatsCluster::start(
+        3,
+        &LameDuck {
+            grace: LAME_DUCK_GRACE,
+        },
+    )
+    .await;
+    let urls = cluster.urls();
+    let going = std::slice::from_ref(&urls[0]);
+    let mut workers = vec![
+        worker("chat-0", "chat", going, &[]).await,
+        worker("chat-1", "chat", going, &[]).await,
+    ];
+    let (_gate, gate_url) = gate("gate", &urls[1], &[]).await;
+    let alice = Player::login(&gate_url, "alice").await;
+    let mut bob = Player::login(&gate_url, "bob").await;
+    alice.join("hall").await;
+    bob.join("hall").await;
+
+    cluster.nodes[0].process.signal(Signal::SIGUSR2);
+    for worker in &mut workers {
+        worker
+            .line_within("moved to another NATS server", LAME_DUCK_GRACE / 2)
+            .await;
+        worker.line("asking a peer for the state").await;
+    }
+    let carol = Player::login(&gate_url, "carol").await;
+    let mut everyone = carol.join("hall").await;
+    everyone.sort();
+    assert_eq!(everyone, ["alice", "bob", "carol"]);
+    // The queue group spreads these over both workers.
+    for _ in 0..10 {
+        let mut members = bob.members("hall").await;
+        members.sort();
+        assert_eq!(members, everyone);
+    }
+    let _: SayResponse = alice
+        .call(
+            "chat.say",
+            SayRequest {
+                room: "hall".into(),
+                text: "after the move".into(),
+            },
+        )
+        .await;
+    loop {
+        let push = tokio::time::timeout(WAIT, bob.pushes.recv())
+            .await
+            .expect("no message in time")
+            .expect("bob's pushes ended");
+        if push.route == "chat.message" {
+            let message = ChatMessage::decode(push.body).unwrap();
+            assert_eq!(
+                (message.from.as_str(), message.text.as_str()),
+                ("alice", "after the move")
+            );
+            break;
+        }
+    }
+}
+
+/// A chat player through the SDK.
+struct Player {
+    client: Client,
+    pushes: gateway::sdk::Pushes,
+}
+
+impl Player {
+    async fn login(gate: &str, name: &str) -> Player {
+        let client = Client::connect(gate, ClientOptions::default())
+            .await
+            .unwrap();
+        let pushes = client.pushes().unwrap();
+        let player = Player { client, pushes };
+        let answer: LoginResponse = player
+            .call("chat.login", LoginRequest { name: name.into() })
+            .await;
+        assert_eq!(answer.name, name);
+        player
+    }
+
+    async fn join(&self, room: &str) -> Vec<String> {
+        let answer: JoinResponse = self
+            .call("chat.join", JoinRequest { room: room.into() })
+            .await;
+        answer.members
+    }
+
+    async fn members(&self, room: &str) -> Vec<String> {
+        let answer: MembersResponse = self
+            .call("chat.members", MembersRequest { room: room.into() })
+            .await;
+        answer.members
+    }
+
+    /// `route` answered 200, decoded.
+    async fn call<R: proto::Message + Default>(
+        &self,
+        route: &str,
+        request: impl proto::Message,
+    ) -> R {
+        let response = self
+            .client
+            .request(route, request.encode_to_vec())
+            .await
+            .unwrap_or_else(|e| panic!("{route}: {e}"));
+        assert_eq!(response.code, 200, "{route}: {response:?}");
+        R::decode(response.body).unwrap()
+    }
+}
