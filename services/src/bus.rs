@@ -17,6 +17,7 @@ pub mod reconnect;
 pub mod security;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::{Client, ConnectOptions, Event, ServerAddr};
@@ -112,6 +113,7 @@ async fn open(
     let options = security.apply(ConnectOptions::new()).await?;
     let signal = Arc::new(Signals::default());
     let raised = signal.clone();
+    let hurried = signal.clone();
     let options = match first {
         First::InBackground => options.retry_on_initial_connect(),
         First::Now => options,
@@ -119,7 +121,13 @@ async fn open(
     let client = options
         .name(name)
         .max_reconnects(None)
-        .reconnect_delay_callback(move |attempt| backoff.random_delay(attempt))
+        .reconnect_delay_callback(move |attempt| {
+            if hurried.take_hurried_attempt() {
+                Duration::ZERO
+            } else {
+                backoff.random_delay(attempt)
+            }
+        })
         .event_callback(move |event| {
             raised.raise(&event);
             async move { log_event(event) }

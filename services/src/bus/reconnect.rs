@@ -21,11 +21,16 @@
 //! another server of its list while its own still runs, and announce its schema again
 //! after a reconnect (see [`crate::worker`]).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use async_nats::{Client, Event, Statistics};
 use tokio::sync::Notify;
+
+/// Reconnect attempts made without delay after [`Signals::hurry`]: enough to try every
+/// server of a small cluster once, the one going away included.
+pub const HURRIED_ATTEMPTS: usize = 4;
 
 /// The most the first reconnect attempt waits (it waits at least half of it).
 pub const RECONNECT_DELAY_MIN: Duration = Duration::from_millis(100);
@@ -74,6 +79,8 @@ impl Backoff {
 pub struct Signals {
     lame_duck: Notify,
     connected: Notify,
+    /// Reconnect attempts still to be made without the backoff's delay.
+    hurried: AtomicUsize,
 }
 
 impl Signals {
@@ -81,9 +88,29 @@ impl Signals {
     pub(crate) fn raise(&self, event: &Event) {
         match event {
             Event::LameDuckMode => self.lame_duck.notify_one(),
-            Event::Connected => self.connected.notify_one(),
+            Event::Connected => {
+                self.hurried.store(0, Ordering::Relaxed);
+                self.connected.notify_one();
+            }
             _ => {}
         }
+    }
+
+    /// Makes the next [`HURRIED_ATTEMPTS`] reconnect attempts, until one connects, without
+    /// the backoff's delay: a worker moving a connection off a server in lame duck mode
+    /// reconnects it at once, since the answers it carries wait meanwhile. Bounded, so a
+    /// fleet whose servers are all down still backs off.
+    pub fn hurry(&self) {
+        self.hurried.store(HURRIED_ATTEMPTS, Ordering::Relaxed);
+    }
+
+    /// True (and one fewer left) when the next attempt is a hurried one.
+    pub(crate) fn take_hurried_attempt(&self) -> bool {
+        self.hurried
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok()
     }
 
     /// Waits for the next lame-duck notice.
@@ -168,6 +195,27 @@ mod tests {
             let distinct: std::collections::HashSet<_> = delays.iter().collect();
             assert!(distinct.len() > 100, "attempt {attempt}: too little jitter");
         }
+    }
+
+    #[test]
+    fn a_hurry_skips_the_delay_of_a_bounded_number_of_attempts_until_connected() {
+        let signals = Signals::default();
+        assert!(!signals.take_hurried_attempt());
+        signals.hurry();
+        for _ in 0..HURRIED_ATTEMPTS {
+            assert!(signals.take_hurried_attempt());
+        }
+        assert!(
+            !signals.take_hurried_attempt(),
+            "more than {HURRIED_ATTEMPTS}"
+        );
+        signals.hurry();
+        assert!(signals.take_hurried_attempt());
+        signals.raise(&Event::Connected);
+        assert!(
+            !signals.take_hurried_attempt(),
+            "still hurried once connected"
+        );
     }
 
     #[tokio::test]

@@ -159,7 +159,15 @@ async fn until<T>(slot: &mut Option<Waiting<T>>) -> T {
     }
 }
 
+/// Makes `client`'s connection again elsewhere at once: what it holds is written first,
+/// and the reconnect skips the backoff's delay (the answers it carries wait meanwhile).
 async fn reconnect(client: &Client) {
+    if let Err(error) = client.flush().await {
+        tracing::debug!(%error, "flushing before reconnecting");
+    }
+    if let Some(signals) = bus::signals(client) {
+        signals.hurry();
+    }
     if let Err(error) = client.force_reconnect().await {
         tracing::warn!(%error, "cannot reconnect");
     }
