@@ -12,7 +12,7 @@ mod load;
 
 use std::time::Duration;
 
-use fleet::{LameDuck, NatsCluster, WAIT, echo_worker, gate, word_after, worker};
+use fleet::{LameDuck, NatsCluster, Process, WAIT, echo_worker, gate, word_after, worker};
 use gateway::sdk::{Client, ClientOptions};
 use load::{
     CLIENTS, GATE_TIMEOUT_MS, LOAD_BEFORE_STOP, assert_all_answered, assert_drained_by_count, load,
@@ -46,19 +46,7 @@ const LEFT_LAME_DUCK: &str = "left the server in lame duck mode";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_move_off_a_server_in_lame_duck_mode_losing_nothing() {
     let _one_at_a_time = SERIAL.lock().await;
-    let mut cluster = NatsCluster::start(
-        3,
-        &LameDuck {
-            grace: LAME_DUCK_GRACE,
-        },
-    )
-    .await;
-    let urls = cluster.urls();
-    let going = std::slice::from_ref(&urls[0]);
-    let mut workers = vec![
-        echo_worker("moving-0", going, &[]).await,
-        echo_worker("moving-1", going, &[]).await,
-    ];
+    let (mut cluster, urls, mut workers) = two_workers_on_the_first_node("echo").await;
     let timeout = ["--request-timeout-ms", GATE_TIMEOUT_MS];
     let (_gate, gate_url) = gate("gate", &urls[1], &timeout).await;
     let stop = CancellationToken::new();
@@ -97,6 +85,25 @@ async fn workers_move_off_a_server_in_lame_duck_mode_losing_nothing() {
     stop.cancel();
     assert_all_answered(clients).await;
     assert_drained_by_count(&[stopped.log()]);
+}
+
+/// A three-node cluster, its URLs, and two `service` workers given only the first
+/// node's URL: both sit on it.
+async fn two_workers_on_the_first_node(service: &str) -> (NatsCluster, Vec<String>, Vec<Process>) {
+    let cluster = NatsCluster::start(
+        3,
+        &LameDuck {
+            grace: LAME_DUCK_GRACE,
+        },
+    )
+    .await;
+    let urls = cluster.urls();
+    let first = std::slice::from_ref(&urls[0]);
+    let mut workers = Vec::new();
+    for i in 0..2 {
+        workers.push(worker(&format!("{service}-{i}"), service, first, &[]).await);
+    }
+    (cluster, urls, workers)
 }
 
 /// The port of a `nats://host:port` URL.
@@ -186,19 +193,7 @@ fn logged_at(line: &str) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_workers_move_with_their_rooms() {
     let _one_at_a_time = SERIAL.lock().await;
-    let mut cluster = NatsCluster::start(
-        3,
-        &LameDuck {
-            grace: LAME_DUCK_GRACE,
-        },
-    )
-    .await;
-    let urls = cluster.urls();
-    let going = std::slice::from_ref(&urls[0]);
-    let mut workers = vec![
-        worker("chat-0", "chat", going, &[]).await,
-        worker("chat-1", "chat", going, &[]).await,
-    ];
+    let (mut cluster, urls, mut workers) = two_workers_on_the_first_node("chat").await;
     let (_gate, gate_url) = gate("gate", &urls[1], &[]).await;
     let alice = Player::login(&gate_url, "alice").await;
     let mut bob = Player::login(&gate_url, "bob").await;
