@@ -46,7 +46,8 @@ const LEFT_LAME_DUCK: &str = "left the server in lame duck mode";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_move_off_a_server_in_lame_duck_mode_losing_nothing() {
     let _one_at_a_time = SERIAL.lock().await;
-    let (mut cluster, urls, mut workers) = two_workers_on_the_first_node("echo").await;
+    let (mut cluster, urls, mut workers) =
+        two_workers_on_the_first_node("echo", LAME_DUCK_GRACE).await;
     let timeout = ["--request-timeout-ms", GATE_TIMEOUT_MS];
     let (_gate, gate_url) = gate("gate", &urls[1], &timeout).await;
     let stop = CancellationToken::new();
@@ -87,16 +88,13 @@ async fn workers_move_off_a_server_in_lame_duck_mode_losing_nothing() {
     assert_drained_by_count(&[stopped.log()]);
 }
 
-/// A three-node cluster, its URLs, and two `service` workers given only the first
-/// node's URL: both sit on it.
-async fn two_workers_on_the_first_node(service: &str) -> (NatsCluster, Vec<String>, Vec<Process>) {
-    let cluster = NatsCluster::start(
-        3,
-        &LameDuck {
-            grace: LAME_DUCK_GRACE,
-        },
-    )
-    .await;
+/// A three-node cluster whose nodes have lame duck grace period `grace`, its URLs, and
+/// two `service` workers given only the first node's URL: both sit on it.
+async fn two_workers_on_the_first_node(
+    service: &str,
+    grace: Duration,
+) -> (NatsCluster, Vec<String>, Vec<Process>) {
+    let cluster = NatsCluster::start(3, &LameDuck { grace }).await;
     let urls = cluster.urls();
     let first = std::slice::from_ref(&urls[0]);
     let mut workers = Vec::new();
@@ -109,6 +107,40 @@ async fn two_workers_on_the_first_node(service: &str) -> (NatsCluster, Vec<Strin
 /// The port of a `nats://host:port` URL.
 fn port_of(url: &str) -> &str {
     url.rsplit(':').next().unwrap_or_default()
+}
+
+/// The first two steps of a rolling upgrade under load: the workers' node enters lame
+/// duck mode and goes, then the node they moved to (theirs, or their answering
+/// connection's) goes too. Each node exits soon after its grace period, so nothing
+/// stayed on it to be closed, and every request is still answered 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_follow_two_nodes_going_one_after_the_other() {
+    /// Short: each node's exit is waited for, and it comes only after the grace.
+    const GRACE: Duration = Duration::from_secs(1);
+    let _one_at_a_time = SERIAL.lock().await;
+    let (mut cluster, urls, workers) = two_workers_on_the_first_node("echo", GRACE).await;
+    let timeout = ["--request-timeout-ms", GATE_TIMEOUT_MS];
+    let (_gate, gate_url) = gate("gate", &urls[2], &timeout).await;
+    let stop = CancellationToken::new();
+    let clients = tokio::spawn(load(vec![gate_url], CLIENTS, stop.clone()));
+    tokio::time::sleep(LOAD_BEFORE_STOP).await;
+    for node in &mut cluster.nodes[..2] {
+        node.process.signal(Signal::SIGUSR2);
+        let status = node.process.exit().await;
+        assert!(status.success(), "{status}:\n{}", node.process.log());
+        tokio::time::sleep(LOAD_BEFORE_STOP).await;
+    }
+    stop.cancel();
+    assert_all_answered(clients).await;
+    for worker in &workers {
+        let log = worker.log();
+        let moves: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("moved to another NATS server") || l.contains("going away"))
+            .collect();
+        eprintln!("{}:\n{}", worker.name, moves.join("\n"));
+        assert!(log.contains("moved to another NATS server"), "{log}");
+    }
 }
 
 /// `--move-timeout` bounds a move: the only other server the worker knows accepts
@@ -193,7 +225,8 @@ fn logged_at(line: &str) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_workers_move_with_their_rooms() {
     let _one_at_a_time = SERIAL.lock().await;
-    let (mut cluster, urls, mut workers) = two_workers_on_the_first_node("chat").await;
+    let (mut cluster, urls, mut workers) =
+        two_workers_on_the_first_node("chat", LAME_DUCK_GRACE).await;
     let (_gate, gate_url) = gate("gate", &urls[1], &[]).await;
     let alice = Player::login(&gate_url, "alice").await;
     let mut bob = Player::login(&gate_url, "bob").await;

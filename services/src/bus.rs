@@ -70,9 +70,10 @@ pub async fn connect_with(
     open(urls, name, security, backoff, First::InBackground).await
 }
 
-/// Connects to one of `urls` before returning, trying each once, or fails: a worker
-/// moving off a server in lame duck mode wants a connection elsewhere now, not one
-/// retried for ever in the background. Later reconnects are [`connect`]'s.
+/// Connects to one of `urls` before returning, trying each once (the first few without
+/// the backoff's delay, see [`Signals::hurry`]), or fails: a worker moving off a server
+/// in lame duck mode wants a connection elsewhere now, not one retried for ever in the
+/// background. Later reconnects are [`connect`]'s.
 pub(crate) async fn connect_now(
     urls: &[String],
     name: &str,
@@ -112,6 +113,10 @@ async fn open(
     anyhow::ensure!(!addrs.is_empty(), "no NATS URL given");
     let options = security.apply(ConnectOptions::new()).await?;
     let signal = Arc::new(Signals::default());
+    if first == First::Now {
+        // Wanted now: no backoff before the first attempts.
+        signal.hurry();
+    }
     let raised = signal.clone();
     let hurried = signal.clone();
     let options = match first {
