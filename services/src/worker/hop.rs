@@ -115,7 +115,8 @@ impl Mover {
                 () = until(output_notice) => {
                     *output_notice = notice(output);
                     tracing::warn!("the NATS server of the worker's answers is going away: reconnecting");
-                    reconnect(output).await;
+                    // A task of its own: this future may be dropped at any await.
+                    tokio::spawn(reconnect(output.clone()));
                 }
             }
         }
@@ -133,7 +134,7 @@ impl Mover {
         tokio::spawn(async move {
             while gone.recv().await.is_some() {}
             if old_is_output {
-                reconnect(&old).await;
+                reconnect(old).await;
             } else if let Err(error) = old.drain().await {
                 tracing::debug!(%error, "closing the connection left");
             }
@@ -161,11 +162,11 @@ async fn until<T>(slot: &mut Option<Waiting<T>>) -> T {
 
 /// Makes `client`'s connection again elsewhere at once: what it holds is written first,
 /// and the reconnect skips the backoff's delay (the answers it carries wait meanwhile).
-async fn reconnect(client: &Client) {
+async fn reconnect(client: Client) {
     if let Err(error) = client.flush().await {
         tracing::debug!(%error, "flushing before reconnecting");
     }
-    if let Some(signals) = bus::signals(client) {
+    if let Some(signals) = bus::signals(&client) {
         signals.hurry();
     }
     if let Err(error) = client.force_reconnect().await {
