@@ -163,9 +163,9 @@ impl Inputs {
     }
 
     /// Switches the inputs to the connection a move made (see "Lame duck" in
-    /// [`super`]): its queue subscriptions join the streams, the old ones drain by
-    /// count, the `All` events and the snapshot subject move, and once the old
-    /// subscriptions have all ended the old connection is let go.
+    /// [`super`]): its queue subscriptions join the streams, the `All` events and the
+    /// snapshot subject move, the old queue subscriptions drain by count, and once they
+    /// have all ended the old connection is let go.
     async fn arrive(&mut self, arrival: Arrival) {
         let Arrival {
             client,
@@ -179,8 +179,6 @@ impl Inputs {
         for (subject, subscriber) in queue {
             self.add_queue_event(subject, subscriber);
         }
-        old.moved.store(true, Ordering::Relaxed);
-        old.leave.cancel();
         // `All` events are not counted: there is no lossless hand-over for them. Those
         // already here are queued, the old subscriptions dropped (UNSUB), new ones made;
         // what is published meanwhile is missed, as across a reconnect, and the snapshot
@@ -206,6 +204,10 @@ impl Inputs {
             let asked = resync.moved_to(&client).await;
             self.take_resync(asked);
         }
+        // The old subscriptions leave last: the snapshot above may have taken a while,
+        // during which they were not read, and their drain window starts now.
+        old.moved.store(true, Ordering::Relaxed);
+        old.leave.cancel();
         let Inbound {
             client,
             alive,
