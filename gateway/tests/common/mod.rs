@@ -6,10 +6,13 @@
 //!
 //! [`raw`] is a WebSocket client without the SDK's manners, for bad input and exact
 //! frame order; [`proxy`] puts a worker's bus connection behind a TCP hop the test can
-//! cut, which is how a worker dies abruptly.
+//! cut, which is how a worker dies abruptly. [`jwt`] makes NATS operator/account/user
+//! JWTs and `.creds` files; [`logs`] lets a test wait for a line the gate logs.
 
 #![allow(dead_code)] // not every test uses every helper
 
+pub mod jwt;
+pub mod logs;
 pub mod proxy;
 pub mod raw;
 
