@@ -9,6 +9,9 @@
 //! for a moment, which is refused too, and then drains it): the tests hold it to an
 //! upper bound computed from the buffers, never to an exact count.
 //!
+//! `write_timeout` bounds how long the gate waits on such a server: past it the
+//! connection is declared dead and the gate moves to the next server of its list.
+//!
 //! The stalled server is written here (a real socket, a real NATS handshake); the gate
 //! and its client are the real ones. The test binary installs a metrics recorder, hence
 //! a file of its own.
@@ -19,7 +22,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{DEADLINE, TestGate, gate_config, within};
+use broker::testing::Bus;
+use common::{DEADLINE, TestGate, echo_worker, gate_config, within};
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt as _, StreamExt as _};
@@ -96,9 +100,11 @@ impl StalledBus {
     /// A gate on this server, holding at most `max_bus_pending` bytes for its writer.
     async fn gate(&self, max_bus_pending: usize) -> TestGate {
         let mut options = BusOptions::new([self.url.clone()]);
-        // The server never answers a ping; pinged less often than the test lasts, the
-        // connection stays up (and its buffer full) throughout.
+        // The server never answers a ping, nor takes a write; pinged less often, and
+        // writes bounded longer, than the test lasts, the connection stays up (and its
+        // buffer full) throughout.
         options.ping_interval = DEADLINE * 6;
+        options.write_timeout = DEADLINE * 6;
         let config = gate_config(|c| {
             c.max_bus_pending = max_bus_pending;
             c.request_timeout = REQUEST_TIMEOUT;
@@ -370,4 +376,48 @@ async fn below_the_limit_the_same_stalled_bus_gives_only_timeouts() {
     );
     assert_refused_or_timed_out(&answers);
     assert_eq!(bus.accepted(), 1, "the gate kept its one connection");
+}
+
+/// A gate given a stalled server first and a real broker (with an echo worker) second:
+/// once a write has waited `write_timeout`, the gate declares the stalled connection
+/// dead and moves to the broker, where the same client's requests are answered 200.
+/// Without the bound it would wait on the stalled server for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_leaves_a_server_that_stops_reading_after_its_write_timeout() {
+    const WRITE_TIMEOUT: Duration = Duration::from_millis(300);
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let stalled = StalledBus::start();
+    let broker = Bus::embedded().await;
+    let _worker = echo_worker(&broker).await;
+    let mut options = BusOptions::new([stalled.url.clone(), broker.url().to_owned()]);
+    options.randomize = false;
+    options.ping_interval = DEADLINE * 6;
+    options.write_timeout = WRITE_TIMEOUT;
+    let config = gate_config(|c| c.request_timeout = REQUEST_TIMEOUT);
+    let gate = TestGate::start_on(options, config, Arc::new(AnyToken)).await;
+    let client = gate.client().await;
+    assert_eq!(
+        stalled.accepted(),
+        1,
+        "the gate starts on the stalled server"
+    );
+    // Enough to block the gate's writer: more than every buffer on the way holds.
+    let flood = Flood::send(&client, flood_size(&stalled), false).await;
+    drop(flood);
+    let moved = within(async {
+        loop {
+            let answer = client.request("echo.raw", "after").await.unwrap();
+            if answer.code == code::OK {
+                return answer;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(&moved.body[..], b"after");
+    assert_eq!(
+        stalled.accepted(),
+        1,
+        "the gate went back to the stalled server"
+    );
 }

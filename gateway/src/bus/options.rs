@@ -28,6 +28,12 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default for [`BusOptions::ping_interval`]: how often a quiet connection is checked;
 /// two unanswered pings in a row declare it dead.
 pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(5);
+/// Default for [`BusOptions::write_timeout`]: how long one write to a server may take
+/// before the connection is declared dead. A server that stops reading (frozen,
+/// SIGSTOPped, wedged) keeps its socket open and its kernel acknowledging until the
+/// buffers fill; without a bound the gate would wait on it for ever, refusing every
+/// request with 503 `gate overloaded` once its own buffer is full, and never move.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default for [`BusOptions::linger`]: after a server announces lame duck and the gate
 /// has moved to another, how long replies are still read from the old connection.
 pub const DEFAULT_LINGER: Duration = Duration::from_secs(5);
@@ -52,6 +58,7 @@ pub struct BusOptions {
     pub dialer: Option<Dialer>,
     pub connect_timeout: Duration,
     pub ping_interval: Duration,
+    pub write_timeout: Duration,
     pub linger: Duration,
     /// Start from a random server of the list (as NATS clients do, so a fleet of gates
     /// spreads over the servers); off, the first is tried first.
@@ -81,6 +88,7 @@ impl BusOptions {
             dialer: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             ping_interval: DEFAULT_PING_INTERVAL,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
             linger: DEFAULT_LINGER,
             randomize: true,
         }

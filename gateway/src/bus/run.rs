@@ -170,11 +170,8 @@ async fn start(
         replies_only: replies_only.clone(),
         stop: stop.clone(),
     };
-    if let Err(e) = wr.write_all(&lines).await {
-        let _ = events.send(Event::Lost {
-            id,
-            error: e.to_string(),
-        });
+    if let Err(error) = write(bus, &mut wr, &lines).await {
+        let _ = events.send(Event::Lost { id, error });
         return current;
     }
     let pings_out = Arc::new(AtomicU32::new(0));
@@ -229,7 +226,7 @@ async fn write_loop(
         match bus.out.take(writer, &mut chunk) {
             Taken::Replaced => return Ok(()),
             Taken::Bytes => {
-                wr.write_all(&chunk).await.map_err(|e| e.to_string())?;
+                write(bus, &mut wr, &chunk).await?;
                 continue;
             }
             Taken::Empty => {}
@@ -243,6 +240,19 @@ async fn write_loop(
                 bus.out.push_control(b"PING\r\n");
             }
         }
+    }
+}
+
+/// Writes all of `bytes` within the bus's write timeout; a server that has not taken
+/// them by then has stopped reading, and the connection is dead.
+async fn write(bus: &Bus, wr: &mut WriteHalf<LocalStream>, bytes: &[u8]) -> Result<(), String> {
+    let timeout = bus.options.write_timeout;
+    match tokio::time::timeout(timeout, wr.write_all(bytes)).await {
+        Ok(written) => written.map_err(|e| e.to_string()),
+        Err(_) => Err(format!(
+            "the server did not take {} bytes within {timeout:?}: it stopped reading",
+            bytes.len()
+        )),
     }
 }
 
