@@ -114,7 +114,7 @@ async fn gate(args: GateArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_listen {
         telemetry::serve_metrics(addr, shutdown.clone()).await?;
     }
-    let bus = roles::gate_bus(&args.nats, &args.security)?;
+    let bus = roles::gate_bus(&args.nats, &args.security, args.bus_timings)?;
     let started =
         roles::start_gate(args.listen, bus, args.gate, &args.tls, shutdown.clone()).await?;
     if let Some(tls) = started.tls {

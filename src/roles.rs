@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use gateway::bus::BusOptions;
+use gateway::bus::{BusOptions, BusTimings};
 use gateway::tls::Tls;
 use gateway::{Gate, GateConfig, Listener};
 use services::{BusSecurity, Service, WorkerConfig};
@@ -36,6 +36,8 @@ pub struct GateArgs {
     pub nats: Vec<String>,
     #[command(flatten)]
     pub security: BusSecurity,
+    #[command(flatten)]
+    pub bus_timings: BusTimings,
     /// Serve Prometheus metrics on this address (off when absent).
     #[arg(long, env = "SHADDOCK_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
@@ -96,8 +98,13 @@ pub struct StartedGate {
 }
 
 /// The gate's own bus connection settings from the shared bus flags.
-pub fn gate_bus(nats: &[String], security: &BusSecurity) -> anyhow::Result<BusOptions> {
+pub fn gate_bus(
+    nats: &[String],
+    security: &BusSecurity,
+    timings: BusTimings,
+) -> anyhow::Result<BusOptions> {
     let mut bus = BusOptions::new(nats.iter().cloned());
+    timings.apply(&mut bus);
     bus.auth = security.credentials()?;
     bus.tls = security.tls_config()?.map(Arc::new);
     Ok(bus)

@@ -169,7 +169,7 @@ pub struct GateConfig {
     pub serial_routes: Vec<String>,
 }
 
-fn parse_ms(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_ms(s: &str) -> Result<Duration, String> {
     s.parse::<u64>()
         .map(Duration::from_millis)
         .map_err(|e| format!("not a number of milliseconds: {e}"))

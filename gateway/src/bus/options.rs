@@ -65,6 +65,58 @@ pub struct BusOptions {
     pub randomize: bool,
 }
 
+/// The bus connection's timings as gate flags (`shaddock gate`); a library user sets
+/// the fields of [`BusOptions`] instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
+pub struct BusTimings {
+    /// How long opening a bus connection may take: TCP, TLS and the CONNECT round trip.
+    #[arg(long = "bus-connect-timeout-ms", env = "SHADDOCK_BUS_CONNECT_TIMEOUT_MS", value_parser = parse_positive_ms, default_value = "2000")]
+    pub connect_timeout: Duration,
+    /// How often a quiet bus connection is pinged; two unanswered pings in a row declare
+    /// it dead.
+    #[arg(long = "bus-ping-interval-ms", env = "SHADDOCK_BUS_PING_INTERVAL_MS", value_parser = parse_positive_ms, default_value = "5000")]
+    pub ping_interval: Duration,
+    /// How long one write to the bus may wait for the server to take it before the
+    /// connection is declared dead (a server that stopped reading).
+    #[arg(long = "bus-write-timeout-ms", env = "SHADDOCK_BUS_WRITE_TIMEOUT_MS", value_parser = parse_positive_ms, default_value = "5000")]
+    pub write_timeout: Duration,
+    /// After moving off a server in lame duck mode, how long replies are still read from
+    /// it (0: not at all).
+    #[arg(long = "bus-linger-ms", env = "SHADDOCK_BUS_LINGER_MS", value_parser = crate::config::parse_ms, default_value = "5000")]
+    pub linger: Duration,
+}
+
+impl Default for BusTimings {
+    fn default() -> Self {
+        BusTimings {
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            ping_interval: DEFAULT_PING_INTERVAL,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
+            linger: DEFAULT_LINGER,
+        }
+    }
+}
+
+impl BusTimings {
+    /// Sets these timings on `options`.
+    pub fn apply(self, options: &mut BusOptions) {
+        options.connect_timeout = self.connect_timeout;
+        options.ping_interval = self.ping_interval;
+        options.write_timeout = self.write_timeout;
+        options.linger = self.linger;
+    }
+}
+
+/// A number of milliseconds above zero: a zero timeout or ping interval would leave the
+/// connection nothing to work with.
+fn parse_positive_ms(s: &str) -> Result<Duration, String> {
+    let duration = crate::config::parse_ms(s)?;
+    if duration.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(duration)
+}
+
 impl fmt::Debug for BusOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BusOptions")
@@ -80,16 +132,22 @@ impl fmt::Debug for BusOptions {
 impl BusOptions {
     /// Plain connections to `urls`, default limits.
     pub fn new<S: Into<String>>(urls: impl IntoIterator<Item = S>) -> BusOptions {
+        let BusTimings {
+            connect_timeout,
+            ping_interval,
+            write_timeout,
+            linger,
+        } = BusTimings::default();
         BusOptions {
             urls: urls.into_iter().map(Into::into).collect(),
             name: "shaddock-gate".into(),
             auth: BusCredentials::None,
             tls: None,
             dialer: None,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            ping_interval: DEFAULT_PING_INTERVAL,
-            write_timeout: DEFAULT_WRITE_TIMEOUT,
-            linger: DEFAULT_LINGER,
+            connect_timeout,
+            ping_interval,
+            write_timeout,
+            linger,
             randomize: true,
         }
     }
@@ -196,5 +254,56 @@ mod tests {
             password: "hunter2".into(),
         };
         assert!(!format!("{options:?}").contains("hunter2"));
+    }
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        timings: BusTimings,
+    }
+
+    #[test]
+    fn timing_flags_default_to_the_options_and_set_them() {
+        use clap::Parser as _;
+        let defaults = Cli::try_parse_from(["gate"]).unwrap().timings;
+        assert_eq!(defaults, BusTimings::default());
+        let set = Cli::try_parse_from([
+            "gate",
+            "--bus-connect-timeout-ms",
+            "1",
+            "--bus-ping-interval-ms",
+            "2",
+            "--bus-write-timeout-ms",
+            "3",
+            "--bus-linger-ms",
+            "0",
+        ])
+        .unwrap()
+        .timings;
+        let mut options = BusOptions::new(["nats://x"]);
+        set.apply(&mut options);
+        let ms = Duration::from_millis;
+        assert_eq!(
+            (
+                options.connect_timeout,
+                options.ping_interval,
+                options.write_timeout,
+                options.linger
+            ),
+            (ms(1), ms(2), ms(3), ms(0))
+        );
+        // Zero would leave nothing to work with (a zero ping interval would not even
+        // start); only the linger may be zero.
+        for flag in [
+            "--bus-connect-timeout-ms",
+            "--bus-ping-interval-ms",
+            "--bus-write-timeout-ms",
+        ] {
+            let refused = Cli::try_parse_from(["gate", flag, "0"]).unwrap_err();
+            assert!(
+                refused.to_string().contains("greater than zero"),
+                "{flag}: {refused}"
+            );
+        }
     }
 }
