@@ -7,7 +7,7 @@
 //! not once per message. One write syscall then carries everything that piled up.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
@@ -104,6 +104,10 @@ pub(crate) struct ClientShared {
     drained: Notify,
     /// Bytes written to the socket so far: a waiting publisher's sign of progress.
     written: AtomicU64,
+    /// Bytes the writer has taken from `out` and not yet written: still pending, as
+    /// monitoring reports it (a writer blocked on a client that stopped reading holds
+    /// its whole backlog here while `out` is empty).
+    writing: AtomicUsize,
     /// A publisher waited a whole stall window without progress: publishers stop
     /// waiting for this client until its writer makes progress again.
     stalled: AtomicBool,
@@ -145,6 +149,7 @@ impl ClientShared {
             wake: Notify::new(),
             drained: Notify::new(),
             written: AtomicU64::new(0),
+            writing: AtomicUsize::new(0),
             stalled: AtomicBool::new(false),
             max_pending,
             flow_control_pending,
@@ -156,10 +161,12 @@ impl ClientShared {
         self.async_info.load(Ordering::Relaxed)
     }
 
-    /// Outbound bytes not yet written, and messages and bytes delivered so far.
+    /// Outbound bytes not yet written (queued, or taken by the writer and not yet
+    /// written), and messages and bytes delivered so far.
     pub fn out_stats(&self) -> (usize, u64, u64) {
         let out = lock(&self.out);
-        (out.buf.len(), out.msgs, out.bytes)
+        let pending = out.buf.len() + self.writing.load(Ordering::Relaxed);
+        (pending, out.msgs, out.bytes)
     }
 
     /// Lets the writer run: it flushes whatever the buffer holds.
@@ -820,6 +827,7 @@ async fn write_in_turns<W: AsyncWrite + Unpin>(
             return Ok(Err(e));
         }
         me.written.fetch_add(turn.len() as u64, Ordering::Relaxed);
+        me.writing.fetch_sub(turn.len(), Ordering::Relaxed);
         me.stalled.store(false, Ordering::Relaxed);
         me.drained.notify_waiters();
     }
@@ -856,6 +864,8 @@ async fn write_loop<W: AsyncWrite + Unpin>(me: Arc<ClientShared>, mut wr: W, ser
         {
             let mut out = lock(&me.out);
             std::mem::swap(&mut out.buf, &mut spare);
+            // Under the lock, so a reader of both never sees the bytes in neither.
+            me.writing.store(spare.len(), Ordering::Relaxed);
             if closing {
                 out.closed = true;
             }
@@ -895,6 +905,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(me: Arc<ClientShared>, mut wr: W, ser
         let mut out = lock(&me.out);
         out.closed = true;
         out.buf = BytesMut::new();
+        me.writing.store(0, Ordering::Relaxed);
     }
     let _ = wr.shutdown().await;
 }
