@@ -69,7 +69,7 @@
 //!
 //! A worker whose inputs' server enters lame duck mode (see [`crate::bus::reconnect`])
 //! moves them to another server while its own still runs, make before break
-//! ([`hop`]): it connects to another server of its `--nats` list or of those the
+//! (`worker/hop.rs`): it connects to another server of its `--nats` list or of those the
 //! connection learnt of, makes its queue subscriptions there, waits until the old
 //! server knows of them (a probe published through the old server reaches the new
 //! connection), and only then leaves the old subscriptions by count, as at shutdown, so
