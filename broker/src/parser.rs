@@ -91,18 +91,9 @@ pub fn parse<'a>(
     buf: &'a [u8],
     limits: &Limits,
 ) -> Result<Option<(ClientOp<'a>, usize)>, ParseError> {
-    let Some(nl) = memchr(b'\n', buf) else {
-        return if buf.len() > limits.max_control_line + 1 {
-            Err(ParseError::MaxControlLine)
-        } else {
-            Ok(None)
-        };
+    let Some((line, after_line)) = control_line(buf, limits)? else {
+        return Ok(None);
     };
-    let line = buf[..nl].strip_suffix(b"\r").unwrap_or(&buf[..nl]);
-    if line.len() > limits.max_control_line {
-        return Err(ParseError::MaxControlLine);
-    }
-    let after_line = nl + 1;
     let (verb, rest) = split_verb(line);
 
     // PING, PONG and +OK ignore anything after the verb, as nats-server does.
@@ -162,6 +153,40 @@ pub fn parse<'a>(
     }
 }
 
+/// The control line at the front of `buf` (without its CRLF) and where what follows it
+/// starts, or `None` while its newline has not arrived. A line longer than the limit is
+/// an error even before its newline arrives, so a peer cannot make us buffer without
+/// bound by never sending one.
+fn control_line<'a>(
+    buf: &'a [u8],
+    limits: &Limits,
+) -> Result<Option<(&'a [u8], usize)>, ParseError> {
+    let Some(nl) = memchr(b'\n', buf) else {
+        return if buf.len() > limits.max_control_line + 1 {
+            Err(ParseError::MaxControlLine)
+        } else {
+            Ok(None)
+        };
+    };
+    let line = buf[..nl].strip_suffix(b"\r").unwrap_or(&buf[..nl]);
+    if line.len() > limits.max_control_line {
+        return Err(ParseError::MaxControlLine);
+    }
+    Ok(Some((line, nl + 1)))
+}
+
+/// The header and total sizes of an `HPUB`/`HMSG`: the total checked against the
+/// payload limit, the header no larger than the total.
+fn header_sizes(hdr: &[u8], total: &[u8], limits: &Limits) -> Result<(usize, usize), ParseError> {
+    let hdr = parse_size(hdr)?;
+    let total = payload_size(total, limits)?;
+    if hdr > total as u64 {
+        return Err(ParseError::Malformed);
+    }
+    // No larger than `total`, which is a usize.
+    Ok((hdr as usize, total))
+}
+
 fn parse_pub<'a>(
     buf: &'a [u8],
     start: usize,
@@ -204,13 +229,7 @@ fn parse_hpub<'a>(
         (Some(s), Some(r), Some(h), Some(t), None) => (s, Some(r), h, t),
         _ => return Err(ParseError::Malformed),
     };
-    let hdr = parse_size(hdr)?;
-    let total = payload_size(total, limits)?;
-    if hdr > total as u64 {
-        return Err(ParseError::Malformed);
-    }
-    // No larger than `total`, which is a usize.
-    let hdr = hdr as usize;
+    let (hdr, total) = header_sizes(hdr, total, limits)?;
     Ok(take_payload(buf, start, total)?.map(|(all, used)| {
         let (headers, payload) = all.split_at(hdr);
         let op = ClientOp::Pub {

@@ -4,10 +4,9 @@
 //!
 //! Like [`parse`](super::parse) it is pure and cancel-safe, and borrows the buffer.
 
-use memchr::memchr;
-
 use super::{
-    Args, Limits, ParseError, parse_size, payload_size, split_verb, starts_with_ci, take_payload,
+    Args, Limits, ParseError, control_line, header_sizes, parse_size, payload_size, split_verb,
+    starts_with_ci, take_payload,
 };
 
 /// An operation a server sent. Slices borrow the read buffer.
@@ -37,18 +36,9 @@ pub fn parse_server<'a>(
     buf: &'a [u8],
     limits: &Limits,
 ) -> Result<Option<(ServerOp<'a>, usize)>, ParseError> {
-    let Some(nl) = memchr(b'\n', buf) else {
-        return if buf.len() > limits.max_control_line + 1 {
-            Err(ParseError::MaxControlLine)
-        } else {
-            Ok(None)
-        };
+    let Some((line, after_line)) = control_line(buf, limits)? else {
+        return Ok(None);
     };
-    let line = buf[..nl].strip_suffix(b"\r").unwrap_or(&buf[..nl]);
-    if line.len() > limits.max_control_line {
-        return Err(ParseError::MaxControlLine);
-    }
-    let after_line = nl + 1;
     let (verb, rest) = split_verb(line);
     if verb.eq_ignore_ascii_case(b"MSG") || verb.eq_ignore_ascii_case(b"HMSG") {
         let rest = rest.ok_or(ParseError::Malformed)?;
@@ -94,16 +84,13 @@ fn parse_msg<'a>(
         _ => return Err(ParseError::Malformed),
     };
     let sid = parse_size(sid)?;
-    let total = payload_size(sizes[sizes.len() - 1], limits)?;
-    let hdr = if with_headers {
-        let hdr = parse_size(sizes[0])?;
-        if hdr > total as u64 {
-            return Err(ParseError::Malformed);
+    let (hdr, total) = match sizes {
+        [hdr, total] => {
+            let (hdr, total) = header_sizes(hdr, total, limits)?;
+            (Some(hdr), total)
         }
-        // No larger than `total`, which is a usize.
-        Some(hdr as usize)
-    } else {
-        None
+        [total] => (None, payload_size(total, limits)?),
+        _ => return Err(ParseError::Malformed),
     };
     Ok(take_payload(buf, start, total)?.map(|(all, used)| {
         let (headers, payload) = match hdr {
