@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::net::TcpListener;
 
-use super::fake_gate::{Control, Event, fake_gate, fake_gate_from};
+use super::fake_gate::{Control, Event, FakeGate, fake_gate, fake_gate_from};
 use super::{closed_reason, options, reconnecting, within};
 use crate::sdk::{Client, ClientOptions, ErrorKind};
 
@@ -12,6 +12,32 @@ use crate::sdk::{Client, ClientOptions, ErrorKind};
 async fn dead_url() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     format!("ws://{}/", listener.local_addr().unwrap())
+}
+
+/// Gates A (sessions from 1) and B (from 100), and a client given both, on A.
+async fn two_gates(options: ClientOptions) -> (FakeGate, FakeGate, Client) {
+    let a = fake_gate(0).await;
+    let b = fake_gate_from(0, 100).await;
+    let client = Client::connect_any(&[&a.url, &b.url], options)
+        .await
+        .unwrap();
+    (a, b, client)
+}
+
+/// A request that `a` holds unanswered (as if forwarded), once `a` has it.
+async fn hold_on(
+    a: &mut FakeGate,
+    client: &Client,
+) -> tokio::task::JoinHandle<Result<crate::sdk::Response, crate::sdk::SdkError>> {
+    let held = {
+        let client = client.clone();
+        tokio::spawn(async move { client.request("hold.me", b"old").await })
+    };
+    assert_eq!(
+        within(a.events.recv()).await,
+        Some(Event::Held { session: 1 })
+    );
+    held
 }
 
 fn refused(session: u64, route: &str) -> Option<Event> {
@@ -45,22 +71,11 @@ async fn connect_any_takes_the_first_gate_that_answers() {
 
 #[tokio::test]
 async fn a_drain_moves_the_client_to_the_next_gate_and_loses_nothing() {
-    let mut a = fake_gate(0).await;
-    let b = fake_gate_from(0, 100).await;
-    let client = Client::connect_any(&[&a.url, &b.url], options())
-        .await
-        .unwrap();
+    let (mut a, b, client) = two_gates(options()).await;
     assert_eq!(client.session_id(), 1);
     let mut pushes = client.pushes().unwrap();
     // Sent before the drain and held by A as if forwarded: it must finish on A.
-    let held = {
-        let client = client.clone();
-        tokio::spawn(async move { client.request("hold.me", b"old").await })
-    };
-    assert_eq!(
-        within(a.events.recv()).await,
-        Some(Event::Held { session: 1 })
-    );
+    let held = hold_on(&mut a, &client).await;
     // B accepts but does not acknowledge yet, so the move cannot finish: the next
     // request still goes to A, which refuses it without forwarding.
     b.admit(false);
@@ -101,19 +116,8 @@ async fn a_drain_moves_the_client_to_the_next_gate_and_loses_nothing() {
 
 #[tokio::test]
 async fn requests_left_on_a_retiring_gate_fail_when_it_closes() {
-    let mut a = fake_gate(0).await;
-    let b = fake_gate_from(0, 100).await;
-    let client = Client::connect_any(&[&a.url, &b.url], options())
-        .await
-        .unwrap();
-    let held = {
-        let client = client.clone();
-        tokio::spawn(async move { client.request("hold.me", b"old").await })
-    };
-    assert_eq!(
-        within(a.events.recv()).await,
-        Some(Event::Held { session: 1 })
-    );
+    let (mut a, _b, client) = two_gates(options()).await;
+    let held = hold_on(&mut a, &client).await;
     client.request("drain.me", b"going").await.unwrap();
     // A request after the drain lands on B (at once, or after A refused it).
     client.request("echo.echo", b"new").await.unwrap();
@@ -153,11 +157,7 @@ async fn with_no_other_gate_the_client_stays_then_reconnects_after_the_kick() {
 
 #[tokio::test]
 async fn a_reconnection_goes_to_the_next_gate() {
-    let mut a = fake_gate(0).await;
-    let b = fake_gate_from(0, 100).await;
-    let client = Client::connect_any(&[&a.url, &b.url], reconnecting())
-        .await
-        .unwrap();
+    let (mut a, _b, client) = two_gates(reconnecting()).await;
     a.stop_accepting().await;
     client.request("drop.me", b"").await.unwrap_err();
     let r = client.request("echo.echo", b"on b").await.unwrap();
