@@ -15,7 +15,7 @@ mod fleet;
 #[path = "common/load.rs"]
 mod load;
 
-use fleet::{LameDuck, NatsCluster, Process, WAIT, echo_worker, gate};
+use fleet::{LameDuck, NatsCluster, Process, WAIT, echo_worker, gate, shaddock};
 use load::{
     CLIENTS, GATE_TIMEOUT_MS, LOAD_BEFORE_STOP, assert_all_answered, assert_drained_by_count, load,
 };
@@ -84,12 +84,7 @@ async fn a_stopped_worker_loses_nothing_on_a_nats_server_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_worker_loses_nothing_on_our_broker() {
     let _one_at_a_time = SERIAL.lock().await;
-    let mut broker = Process::spawn(
-        "broker",
-        env!("CARGO_BIN_EXE_shaddock").as_ref(),
-        &["broker", "-a", "127.0.0.1", "-p", "-1"],
-        &[("RUST_LOG", "info")],
-    );
+    let mut broker = shaddock("broker", &["broker", "-a", "127.0.0.1", "-p", "-1"], &[]);
     let listening = broker.line("Listening for client connections on ").await;
     let addr = listening
         .rsplit("client connections on ")

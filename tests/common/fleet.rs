@@ -269,6 +269,17 @@ impl NatsCluster {
     }
 }
 
+/// `shaddock ARGS EXTRA`, logging at info.
+pub fn shaddock(name: &str, args: &[&str], extra: &[&str]) -> Process {
+    let args: Vec<&str> = args.iter().chain(extra).copied().collect();
+    Process::spawn(
+        name,
+        env!("CARGO_BIN_EXE_shaddock").as_ref(),
+        &args,
+        &[("RUST_LOG", "info")],
+    )
+}
+
 /// `shaddock worker --service echo --nats URLS` with `extra` flags, ready (its
 /// subscriptions are at its server).
 pub async fn echo_worker(name: &str, urls: &[String], extra: &[&str]) -> Process {
@@ -278,13 +289,10 @@ pub async fn echo_worker(name: &str, urls: &[String], extra: &[&str]) -> Process
 /// `shaddock worker --service SERVICE --nats URLS` with `extra` flags, ready.
 pub async fn worker(name: &str, service: &str, urls: &[String], extra: &[&str]) -> Process {
     let nats = urls.join(",");
-    let mut args = vec!["worker", "--service", service, "--nats", &nats];
-    args.extend_from_slice(extra);
-    let mut process = Process::spawn(
+    let mut process = shaddock(
         name,
-        env!("CARGO_BIN_EXE_shaddock").as_ref(),
-        &args,
-        &[("RUST_LOG", "info")],
+        &["worker", "--service", service, "--nats", &nats],
+        extra,
     );
     process.line("Worker is ready").await;
     process
@@ -293,13 +301,10 @@ pub async fn worker(name: &str, service: &str, urls: &[String], extra: &[&str]) 
 /// `shaddock gate --listen 127.0.0.1:0 --nats URL` with `extra` flags, ready; returns it
 /// and its `ws://` URL.
 pub async fn gate(name: &str, url: &str, extra: &[&str]) -> (Process, String) {
-    let mut args = vec!["gate", "--listen", "127.0.0.1:0", "--nats", url];
-    args.extend_from_slice(extra);
-    let mut process = Process::spawn(
+    let mut process = shaddock(
         name,
-        env!("CARGO_BIN_EXE_shaddock").as_ref(),
-        &args,
-        &[("RUST_LOG", "info")],
+        &["gate", "--listen", "127.0.0.1:0", "--nats", url],
+        extra,
     );
     let listening = process
         .line("Gate listening for WebSocket clients on ")

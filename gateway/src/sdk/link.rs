@@ -117,8 +117,11 @@ impl Link {
 }
 
 /// Reads frames until the connection ends: responses to their waiters, pushes to the
-/// push queue, a drain and the end to the connection task.
+/// push queue, a drain and the end to the connection task. Each link sends at most two
+/// events (its gate's first drain, and its end), which is what bounds the task's event
+/// channel: a gate repeating its drain is told nothing new.
 async fn read_loop(mut stream: SplitStream<Ws>, epoch: u64, routes: Routes) {
+    let mut drain_told = false;
     let exit = loop {
         let message = match stream.next().await {
             Some(Ok(message)) => message,
@@ -145,7 +148,7 @@ async fn read_loop(mut stream: SplitStream<Ws>, epoch: u64, routes: Routes) {
                 }
             },
             Some(Kind::Kick(kick)) => break Exit::Kicked(kick.reason),
-            Some(Kind::Drain(drain)) => {
+            Some(Kind::Drain(drain)) if !std::mem::replace(&mut drain_told, true) => {
                 let _ = routes.events.send((
                     epoch,
                     Event::Drain {

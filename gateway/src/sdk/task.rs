@@ -139,6 +139,8 @@ impl Task {
     /// Runs one connection, and those it moves to, until the current one ends. Returns
     /// how, and the index of the URL it was on.
     async fn serve(&mut self, dialed: Dialed, epoch: u64) -> (Exit, usize) {
+        // Unbounded, yet bounded by construction: each link sends at most two events
+        // (see `link::read_loop`), and links are the current one and those retiring.
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let routes = Routes {
             shared: self.shared.clone(),
