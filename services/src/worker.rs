@@ -292,22 +292,19 @@ impl Worker {
         }
 
         let resync = sync.map(|sync| Resync::new(&client, &name, &config.prefix, sync, &shutdown));
-        let (queue_events, all_events) =
+        let subjects_of = |delivery: Delivery| {
             events
                 .iter()
-                .fold((Vec::new(), Vec::new()), |(mut queue, mut all), event| {
-                    match event.delivery {
-                        Delivery::Queue => queue.push(event.subject.clone()),
-                        Delivery::All => all.push(event.subject.clone()),
-                    }
-                    (queue, all)
-                });
+                .filter(|event| event.delivery == delivery)
+                .map(|event| event.subject.clone())
+                .collect()
+        };
         let subjects = Subjects {
             requests: subject,
             group: name.clone(),
             prefix: config.prefix.clone(),
-            queue_events,
-            all_events,
+            queue_events: subjects_of(Delivery::Queue),
+            all_events: subjects_of(Delivery::All),
         };
         let target = Target {
             urls: config.nats.clone(),
@@ -315,7 +312,7 @@ impl Worker {
             security: config.security.clone(),
             timeout: config.move_timeout,
         };
-        let mover = Mover::new(target, subjects.clone(), client.clone());
+        let mover = Mover::new(target, client.clone());
         let subscribed = Subscribed {
             client: client.clone(),
             connects,

@@ -51,7 +51,6 @@ type Waiting<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// for lame duck notices, and makes the moves.
 pub(super) struct Mover {
     target: Arc<Target>,
-    subjects: Subjects,
     /// The pusher's connection: answers and pushes leave through it.
     output: Client,
     /// A lame duck notice on the inputs' connection.
@@ -64,11 +63,10 @@ pub(super) struct Mover {
 
 impl Mover {
     /// A mover for inputs read from `output`, the worker's own connection.
-    pub(super) fn new(target: Target, subjects: Subjects, output: Client) -> Self {
+    pub(super) fn new(target: Target, output: Client) -> Self {
         let input_notice = notice(&output);
         Mover {
             target: Arc::new(target),
-            subjects,
             output,
             input_notice,
             output_notice: None,
@@ -81,16 +79,20 @@ impl Mover {
         self.pending.is_some()
     }
 
-    /// The next move made, the inputs being read from `inbound`. Notices are acted on
+    /// The next move made, the inputs (`subjects`) being read from `inbound`. Notices are acted on
     /// only while not `stopping` (at shutdown the subscriptions drain where they are);
     /// a move under way is finished either way, so no subscription it made is left
     /// unread. Cancel safe: everything under way is kept in `self`.
-    pub(super) async fn next(&mut self, inbound: &Client, stopping: bool) -> Arrival {
+    pub(super) async fn next(
+        &mut self,
+        inbound: &Client,
+        subjects: &Subjects,
+        stopping: bool,
+    ) -> Arrival {
         loop {
             let idle = self.pending.is_none();
             let Mover {
                 target,
-                subjects,
                 output,
                 input_notice,
                 output_notice,

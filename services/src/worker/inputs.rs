@@ -125,7 +125,7 @@ impl Inputs {
                     }
                     self.take_request(message);
                 }
-                arrival = self.mover.next(&self.inbound.client, stopping), if serving => {
+                arrival = self.mover.next(&self.inbound.client, &self.subjects, stopping), if serving => {
                     self.arrive(arrival).await;
                 }
                 // Requests drained, and every queue event stream drained too.
