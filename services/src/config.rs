@@ -38,6 +38,22 @@ pub const DEFAULT_DRAIN_ALLOWANCE: u64 = 64;
 /// nine digits, and the count sent is the subscription's messages so far plus this.
 pub const MAX_DRAIN_ALLOWANCE: u64 = 1_000_000;
 
+/// The fewest messages a queue subscription is granted ahead, its lease (see "The
+/// lease" in [`crate::drain`]; a busier one is granted what its rate brings in a quarter
+/// of the drain window). A successor is subscribed when half is used; a worker whose
+/// reading falls behind by more than half of it is out of its group for a moment.
+pub const DEFAULT_QUEUE_LEASE: u64 = 1024;
+
+/// The smallest lease accepted. A lease is granted by an UNSUB sent right behind the
+/// SUB; a server that routed more than the lease to the new subscription between the
+/// two would send messages the client drops, so the lease must be far above what
+/// arrives in that instant, even in a flood.
+pub const MIN_QUEUE_LEASE: u64 = 64;
+
+/// The largest lease granted (and configured): each successor counts from 0, so the
+/// counts an UNSUB carries stay far within the nine digits nats-server reads.
+pub const MAX_QUEUE_LEASE: u64 = 1_000_000;
+
 /// How long a draining subscription waits for its allowance to be used up before it
 /// unsubscribes outright (a quiet subscription may never use it up); also the span its
 /// recent arrival rate is measured over.
@@ -95,6 +111,14 @@ pub struct DrainConfig {
     /// 2s).
     #[arg(long, env = "SHADDOCK_DRAIN_WINDOW", default_value = "500ms", value_parser = parse_duration)]
     pub drain_window: Duration,
+
+    /// The fewest messages each queue subscription is granted (its lease): the bus stops
+    /// routing to a subscription after its lease, and the worker subscribes a successor
+    /// when half is used, which keeps a drain lossless across reconnects. A busier
+    /// subscription is granted what its rate brings in a quarter of --drain-window. 64
+    /// to 1000000.
+    #[arg(long, env = "SHADDOCK_QUEUE_LEASE", default_value_t = DEFAULT_QUEUE_LEASE)]
+    pub queue_lease: u64,
 }
 
 impl Default for DrainConfig {
@@ -102,6 +126,7 @@ impl Default for DrainConfig {
         DrainConfig {
             drain_allowance: DEFAULT_DRAIN_ALLOWANCE,
             drain_window: DEFAULT_DRAIN_WINDOW,
+            queue_lease: DEFAULT_QUEUE_LEASE,
         }
     }
 }
@@ -135,6 +160,12 @@ impl FrameConfig {
                 "drain allowance",
                 MAX_DRAIN_ALLOWANCE,
             ));
+        }
+        if self.drain.queue_lease < MIN_QUEUE_LEASE {
+            return Err(ConfigError::TooSmall("queue lease", MIN_QUEUE_LEASE));
+        }
+        if self.drain.queue_lease > MAX_QUEUE_LEASE {
+            return Err(ConfigError::TooLarge("queue lease", MAX_QUEUE_LEASE));
         }
         Ok(())
     }
@@ -203,6 +234,8 @@ pub enum ConfigError {
     Zero(&'static str),
     #[error("{0} must be at most {1}")]
     TooLarge(&'static str, u64),
+    #[error("{0} must be at least {1}")]
+    TooSmall(&'static str, u64),
     #[error("invalid subject prefix {0:?}: use dot-separated tokens of [a-z0-9_-]")]
     Prefix(String),
 }
@@ -269,6 +302,8 @@ mod tests {
             "0",
             "--drain-window",
             "1s",
+            "--queue-lease",
+            "64",
             "--move-timeout",
             "1ms",
         ])
@@ -287,6 +322,7 @@ mod tests {
                 drain: DrainConfig {
                     drain_allowance: 0,
                     drain_window: Duration::from_secs(1),
+                    queue_lease: 64,
                 },
             }
         );
@@ -316,6 +352,21 @@ mod tests {
                 "drain allowance",
                 MAX_DRAIN_ALLOWANCE
             ))
+        );
+        let mut config = WorkerConfig::default();
+        config.frames.drain.queue_lease = MIN_QUEUE_LEASE;
+        assert_eq!(config.validate(), Ok(()));
+        config.frames.drain.queue_lease = MIN_QUEUE_LEASE - 1;
+        assert_eq!(
+            config.validate(),
+            Err(ConfigError::TooSmall("queue lease", MIN_QUEUE_LEASE))
+        );
+        config.frames.drain.queue_lease = MAX_QUEUE_LEASE;
+        assert_eq!(config.validate(), Ok(()));
+        config.frames.drain.queue_lease = MAX_QUEUE_LEASE + 1;
+        assert_eq!(
+            config.validate(),
+            Err(ConfigError::TooLarge("queue lease", MAX_QUEUE_LEASE))
         );
         let config = WorkerConfig {
             move_timeout: Duration::ZERO,

@@ -65,10 +65,9 @@
 //! Messages are counted as they are taken from the subscription (those waiting at drain
 //! start included): for a consumer that keeps up, as they arrive.
 //!
-//! nats-server reads a count of at most nine digits: a subscription that has taken
-//! close to a billion messages sends one it cannot read, and the server then removes
-//! it at once, while the client keeps it until the window has passed, still taking
-//! whatever was on the wire; it is reported as having left after the window.
+//! Counts start again with each subscription of a lease (below), and a lease is at most
+//! a million messages: the count an UNSUB carries stays far within the nine digits
+//! nats-server reads.
 //!
 //! # On a cluster
 //!
@@ -78,42 +77,78 @@
 //! back over a route), so nothing is lost in that window either; `tests/worker_drain.rs`
 //! checks it on a three-node cluster.
 //!
-//! # After a reconnect
+//! # The lease
 //!
-//! async-nats counts a subscription's messages from its start, the server from the
-//! latest SUB, which a reconnect sends again: once the connection has been re-made the
-//! two counts no longer match, and leaving by count would stop the client before the
-//! server. So the first message after a reconnect renews the subscription: a fresh one
-//! (whose counts start together) is subscribed, then the old one unsubscribed outright,
-//! its waiting messages still taken. A message on the wire to the old one in that
-//! instant is lost, as the reconnect itself lost whatever was on the wire; later drains
-//! are lossless again. A subscription that reached shutdown still renewed-less (no
-//! message since the reconnect, or the renewal failed) leaves outright, with a warning.
+//! Leaving by count needs the two counts to agree, and a reconnect breaks them for any
+//! count asked afterwards: async-nats counts a subscription's messages from its start,
+//! the server from the latest SUB, which a reconnect sends again. What async-nats does
+//! carry across a reconnect is a limit already set: right after the SUB it sends `UNSUB
+//! <sid> <max - delivered>`, so the server's remaining count is the client's. Every
+//! queue subscription therefore holds a limit from the moment it is made, its lease, and
+//! is never left without one:
+//!
+//! - **Granted at once.** The subscription a stream is made with is granted its lease
+//!   on the first poll (the worker polls at once); a successor right behind its SUB.
+//!   The lease is what the recent rate brings in a quarter of the drain window, at least
+//!   [`DrainConfig::queue_lease`] (1024), at most a million.
+//! - **Renewed make before break.** Once half its lease is taken, a successor is
+//!   subscribed (same subject, same group) and the old one retires: it is never asked
+//!   anything again, so it runs out its lease and both sides stop on the same message.
+//!   Nothing is ever unsubscribed outright while the worker serves.
+//! - **After a reconnect** the first message subscribes a successor the same way: the
+//!   old subscription's lease still agrees, so it runs out without a loss. (The
+//!   previous design unsubscribed it outright, which under load lost what was on the
+//!   wire to it: thousands of messages in a test flood, and the likeliest cause of the
+//!   one request a broker restart in `loadtest faults` now and then cost.)
+//! - **At the drain** each subscription whose counts agree is asked to stop after the
+//!   allowance (unless its lease ends sooner). One made before a reconnect and not yet
+//!   run out cannot be asked: it runs out its lease, or leaves outright after the
+//!   window. A drain soon after a reconnect, at a light load, is thus the one case left
+//!   where a message on the wire at that instant can be lost.
+//!
+//! What it costs and where it stops:
+//!
+//! - **One SUB and one UNSUB per lease**: at 20,000 messages a second and the default
+//!   window, leases of 2,500, a successor every 1,250 to 2,500 messages, at most 16 a
+//!   second.
+//! - **A reader far behind.** The successor is made when half the lease has been
+//!   *taken*; a reader behind by more than that lets the lease run out first. The
+//!   worker is then out of the group for a moment (the server routes to the other
+//!   members; with none, a requester gets "no responders", which the gate answers 503)
+//!   and subscribes anew. Nothing is lost; the log says so at debug level.
+//! - **The grant is an UNSUB right behind the SUB.** Were the server to route more than
+//!   the lease to the new subscription between the two, the client would drop the
+//!   surplus; hence a floor far above what arrives in that instant, and at least
+//!   [`crate::config::MIN_QUEUE_LEASE`] configured.
+//! - **Order.** While a successor and its predecessor both deliver, their messages come
+//!   through two channels, taken oldest subscription first: two messages close together
+//!   may be taken out of order. With more than one worker in a group no order across
+//!   messages held anyway.
 
 use std::collections::VecDeque;
+use std::future::poll_fn;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use async_nats::{Client, Message, Statistics, Subscriber};
-use futures::{FutureExt as _, Stream, StreamExt as _, stream};
+use futures::{Stream, StreamExt as _, stream};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::DrainConfig;
 
 mod arrivals;
 
-use arrivals::{Arrivals, allowance};
+use arrivals::{Arrivals, allowance, lease};
 
 /// How a drained subscription ended, for the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Left {
-    /// The server delivered exactly the allowance, and the client took it all.
+    /// The server delivered exactly what was asked, and the client took it all.
     ByCount,
-    /// The allowance was not used up within the window: unsubscribed outright.
+    /// Something asked was not used up within the window: unsubscribed outright.
     AfterWindow,
-    /// The connection was re-made since the subscription: unsubscribed outright.
-    Reconnected,
 }
 
 /// What a drained subscription reports when its stream ends.
@@ -122,7 +157,7 @@ pub(crate) struct Drained {
     /// Messages taken after draining started (those waiting then included).
     pub after_drain: u64,
     /// The allowance asked for (see the module docs); 0 when none was (the subscription
-    /// left outright, or ended before draining).
+    /// could not be asked, or ended before draining).
     pub allowance: u64,
     /// `None` when the subscription ended before draining (the client closed).
     pub left: Option<Left>,
@@ -147,19 +182,52 @@ fn counts_agree(connects_then: u64, connects_now: u64) -> bool {
     connects_now == connects_then || (connects_then == 0 && connects_now == 1)
 }
 
+/// One subscription of the group, and the count it ends at.
+struct Lease {
+    subscriber: Subscriber,
+    /// The client's count of connections when it was subscribed.
+    connects: u64,
+    /// Messages taken from it.
+    taken: u64,
+    /// The count it ends at, as both sides know it; `None` before it was first granted
+    /// (or when it could not be: see [`State::grant_first`]).
+    ends_at: Option<u64>,
+    /// The length of the lease it was granted.
+    granted: u64,
+    /// Left to run out (or to end at the drain): no longer extended.
+    retiring: bool,
+}
+
+impl Lease {
+    fn new(subscriber: Subscriber, connects: u64) -> Self {
+        Lease {
+            subscriber,
+            connects,
+            taken: 0,
+            ends_at: None,
+            granted: 0,
+            retiring: false,
+        }
+    }
+}
+
 struct State {
-    draining: Draining,
+    client: Client,
+    subject: String,
+    group: String,
+    stats: Arc<Statistics>,
+    config: DrainConfig,
+    /// The subscriptions still delivering, the oldest first; at most one not retiring
+    /// (the current one, last).
+    leases: Vec<Lease>,
+    /// False until the first lease was granted.
+    first_granted: bool,
     /// `None` once draining started.
     stop: Option<std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
-    taken: u64,
-    /// The recent arrival rate, which sets the allowance.
+    /// The recent arrival rate, which sets the allowance and the lease.
     arrivals: Arrivals,
     /// The allowance asked for at drain start.
     allowance: u64,
-    /// The client's count of connections when the renewal was last tried.
-    checked: u64,
-    /// Messages of a renewed subscription's predecessor, not yet handed on.
-    retired: VecDeque<Message>,
     ready: VecDeque<Message>,
     /// When draining: messages since it started, and the deadline of the window.
     after_drain: u64,
@@ -175,15 +243,26 @@ pub(crate) fn until_drained(
     shutdown: CancellationToken,
     done: impl FnOnce(Drained) + Send + 'static,
 ) -> impl Stream<Item = Message> + Send {
-    let checked = draining.connects;
+    let Draining {
+        subscriber,
+        client,
+        subject,
+        group,
+        stats,
+        connects,
+        config,
+    } = draining;
     let state = State {
-        draining,
+        client,
+        subject,
+        group,
+        stats,
+        config,
+        leases: vec![Lease::new(subscriber, connects)],
+        first_granted: false,
         stop: Some(Box::pin(shutdown.cancelled_owned())),
-        taken: 0,
         arrivals: Arrivals::new(Instant::now()),
         allowance: 0,
-        checked,
-        retired: VecDeque::new(),
         ready: VecDeque::new(),
         after_drain: 0,
         window: None,
@@ -208,18 +287,53 @@ pub(crate) fn until_drained(
     })
 }
 
+/// The next message of any lease, the oldest polled first, with the lease's index;
+/// leases that have ended are removed. `None` once there are none.
+fn poll_leases(leases: &mut Vec<Lease>, cx: &mut Context<'_>) -> Poll<Option<(usize, Message)>> {
+    let mut i = 0;
+    while i < leases.len() {
+        match leases[i].subscriber.poll_next_unpin(cx) {
+            Poll::Ready(Some(message)) => return Poll::Ready(Some((i, message))),
+            Poll::Ready(None) => {
+                leases.remove(i);
+            }
+            Poll::Pending => i += 1,
+        }
+    }
+    if leases.is_empty() {
+        Poll::Ready(None)
+    } else {
+        Poll::Pending
+    }
+}
+
 impl State {
     async fn next(&mut self) -> Option<Message> {
-        if let Some(message) = self.retired.pop_front() {
-            return Some(message);
+        if !self.first_granted {
+            self.first_granted = true;
+            self.grant_first().await;
         }
-        if let Some(stop) = self.stop.as_mut() {
+        while self.stop.is_some() {
+            if !self.leases.iter().any(|l| !l.retiring) {
+                // Its reader fell behind by more than half the lease: the server has
+                // routed to the group's other members since, and now to this one again.
+                tracing::debug!(subject = %self.subject, "the subscription used up its lease before its successor was made: subscribing anew");
+                if !self.renew().await {
+                    // The client is closed: what the old ones hold, then the end.
+                    break;
+                }
+            }
+            let Some(stop) = self.stop.as_mut() else {
+                break;
+            };
             tokio::select! {
-                message = self.draining.subscriber.next() => {
-                    let message = message?;
-                    self.took();
-                    self.renew_if_reconnected().await;
-                    return Some(message);
+                taken = poll_fn(|cx| poll_leases(&mut self.leases, cx)) => {
+                    // `None`: every lease ended; the loop subscribes again.
+                    if let Some((i, message)) = taken {
+                        self.took(i);
+                        self.tend().await;
+                        return Some(message);
+                    }
                 }
                 () = stop => {
                     self.stop = None;
@@ -233,15 +347,15 @@ impl State {
         }
         loop {
             let Some(window) = self.window.as_mut() else {
-                // Left outright: what is still buffered, then the end.
-                let message = self.draining.subscriber.next().await?;
+                // Left outright (or never asked): what is still buffered, then the end.
+                let (_, message) = poll_fn(|cx| poll_leases(&mut self.leases, cx)).await?;
                 self.after_drain += 1;
                 return Some(message);
             };
             tokio::select! {
-                message = self.draining.subscriber.next() => {
-                    let Some(message) = message else {
-                        // The client removed it on the last message of the allowance.
+                taken = poll_fn(|cx| poll_leases(&mut self.leases, cx)) => {
+                    let Some((_, message)) = taken else {
+                        // The client removed each on the last message asked of it.
                         self.left.get_or_insert(Left::ByCount);
                         return None;
                     };
@@ -252,92 +366,151 @@ impl State {
                     self.window = None;
                     self.left = Some(Left::AfterWindow);
                     tracing::debug!(
-                        window = ?self.draining.config.drain_window,
+                        window = ?self.config.drain_window,
                         allowance = self.allowance,
-                        "the drain allowance was not used up in time: unsubscribing outright"
+                        "what was asked was not used up in time: unsubscribing outright"
                     );
-                    self.unsubscribe().await;
+                    for lease in &mut self.leases {
+                        unsubscribe(&mut lease.subscriber).await;
+                    }
                 }
             }
         }
     }
 
-    /// Takes what is waiting, then asks the server to stop after the allowance, or,
-    /// when the counts no longer agree, unsubscribes outright.
-    async fn start_draining(&mut self) {
-        while let Some(Some(message)) = self.draining.subscriber.next().now_or_never() {
-            self.took();
-            self.ready.push_back(message);
-        }
-        let connects = self.draining.stats.connects.load(Ordering::Relaxed);
-        if !counts_agree(self.draining.connects, connects) {
-            tracing::warn!(
-                "reconnected since subscribing: unsubscribing outright (a message on the wire now would be lost)"
-            );
-            self.left = Some(Left::Reconnected);
-            self.unsubscribe().await;
+    /// Grants the subscription it was made with its first lease; when a connection was
+    /// made since it was subscribed, the counts may differ and it cannot be granted one:
+    /// it retires unleased (it is unsubscribed outright at the drain) and a fresh one
+    /// takes over.
+    async fn grant_first(&mut self) {
+        let connects = self.stats.connects.load(Ordering::Relaxed);
+        let Some(first) = self.leases.first_mut() else {
+            return;
+        };
+        if !counts_agree(first.connects, connects) {
+            first.retiring = true;
+            self.renew().await;
             return;
         }
-        let config = self.draining.config;
-        let expected = self
-            .arrivals
-            .expected_in_window(Instant::now(), config.drain_window);
-        let allowance = allowance(expected, config.drain_allowance);
-        let max = self.taken.saturating_add(allowance);
-        if let Err(error) = self.draining.subscriber.unsubscribe_after(max).await {
-            // The client is closed: nothing more will arrive.
-            tracing::warn!(%error, "cannot unsubscribe");
-            self.left = Some(Left::AfterWindow);
-            self.draining.subscriber.unsubscribe().await.ok();
-            return;
-        }
-        self.allowance = allowance;
-        self.window = Some(Box::pin(tokio::time::sleep(config.drain_window)));
+        ask(first, lease_now(&self.arrivals, &self.config)).await;
     }
 
-    /// Counts a message taken from the subscription before draining.
-    fn took(&mut self) {
-        self.taken += 1;
+    /// Counts a message taken from lease `i` before draining.
+    fn took(&mut self, i: usize) {
+        self.leases[i].taken += 1;
         self.arrivals
-            .record(Instant::now(), self.draining.config.drain_window);
+            .record(Instant::now(), self.config.drain_window);
     }
 
-    /// After a reconnect, swaps the subscription for a fresh one (see the module docs).
-    async fn renew_if_reconnected(&mut self) {
-        let connects = self.draining.stats.connects.load(Ordering::Relaxed);
-        if connects == self.checked || counts_agree(self.draining.connects, connects) {
+    /// After a message: once half of the current lease is used, or when a connection
+    /// was made since it was subscribed, a fresh subscription takes over and the current
+    /// one retires (see "The lease").
+    async fn tend(&mut self) {
+        let connects = self.stats.connects.load(Ordering::Relaxed);
+        let Some(current) = self.leases.iter_mut().find(|l| !l.retiring) else {
             return;
+        };
+        if counts_agree(current.connects, connects) {
+            let Some(ends_at) = current.ends_at else {
+                return;
+            };
+            if ends_at.saturating_sub(current.taken) > current.granted / 2 {
+                return;
+            }
+        } else {
+            tracing::info!(subject = %self.subject, "reconnected: subscribing anew, the old subscription runs out its lease");
         }
-        self.checked = connects;
+        current.retiring = true;
+        self.renew().await;
+    }
+
+    /// Subscribes a fresh member of the group (the current one), granted a lease at
+    /// once; false when the client is closed.
+    async fn renew(&mut self) -> bool {
+        let connects = self.stats.connects.load(Ordering::Relaxed);
         let fresh = self
-            .draining
             .client
-            .queue_subscribe(self.draining.subject.clone(), self.draining.group.clone())
+            .queue_subscribe(self.subject.clone(), self.group.clone())
             .await;
         let fresh = match fresh {
             Ok(fresh) => fresh,
             Err(error) => {
-                tracing::warn!(subject = %self.draining.subject, %error, "cannot renew the subscription after a reconnect: its drain will not be lossless");
-                return;
+                tracing::warn!(subject = %self.subject, %error, "cannot subscribe anew");
+                return false;
             }
         };
-        let mut old = std::mem::replace(&mut self.draining.subscriber, fresh);
-        self.draining.connects = connects;
-        self.taken = 0;
-        if let Err(error) = old.unsubscribe().await {
-            tracing::warn!(%error, "cannot unsubscribe");
-        }
-        // Closed: what it holds, then the end, without waiting.
-        while let Some(Some(message)) = old.next().now_or_never() {
-            self.retired.push_back(message);
-        }
-        tracing::info!(subject = %self.draining.subject, "reconnected: subscription renewed");
+        let mut lease = Lease::new(fresh, connects);
+        let length = lease_now(&self.arrivals, &self.config);
+        ask(&mut lease, length).await;
+        self.leases.push(lease);
+        true
     }
 
-    async fn unsubscribe(&mut self) {
-        if let Err(error) = self.draining.subscriber.unsubscribe().await {
-            tracing::warn!(%error, "cannot unsubscribe");
+    /// Takes what is waiting, then asks the server to stop each subscription whose
+    /// counts agree after the allowance (unless its lease ends sooner); the others run
+    /// out their leases (see "The lease").
+    async fn start_draining(&mut self) {
+        // Polled once each (outside tokio's cooperative budget, which would hide some):
+        // what is waiting, until nothing is.
+        while let Poll::Ready(Some((i, message))) =
+            tokio::task::unconstrained(poll_fn(|cx| Poll::Ready(poll_leases(&mut self.leases, cx))))
+                .await
+        {
+            self.took(i);
+            self.ready.push_back(message);
         }
+        let config = self.config;
+        let expected = self
+            .arrivals
+            .expected_in_window(Instant::now(), config.drain_window);
+        let allowance = allowance(expected, config.drain_allowance);
+        let connects = self.stats.connects.load(Ordering::Relaxed);
+        for lease in &mut self.leases {
+            if !counts_agree(lease.connects, connects) {
+                tracing::debug!(subject = %self.subject, "reconnected since subscribing: the subscription runs out its lease");
+                continue;
+            }
+            let max = lease.taken.saturating_add(allowance);
+            if lease.ends_at.is_some_and(|ends_at| ends_at <= max) {
+                continue;
+            }
+            if let Err(error) = lease.subscriber.unsubscribe_after(max).await {
+                // The client is closed: nothing more will arrive.
+                tracing::warn!(%error, "cannot unsubscribe");
+                continue;
+            }
+            lease.ends_at = Some(max);
+            self.allowance = allowance;
+        }
+
+        self.window = Some(Box::pin(tokio::time::sleep(config.drain_window)));
+    }
+}
+
+/// The lease a subscription is granted now.
+fn lease_now(arrivals: &Arrivals, config: &DrainConfig) -> u64 {
+    lease(
+        arrivals.expected_in_window(Instant::now(), config.drain_window),
+        config.queue_lease,
+    )
+}
+
+/// Grants `lease` its lease: both sides end it `length` messages after those taken.
+async fn ask(lease: &mut Lease, length: u64) {
+    let ends_at = lease.taken.saturating_add(length);
+    match lease.subscriber.unsubscribe_after(ends_at).await {
+        Ok(()) => {
+            lease.ends_at = Some(ends_at);
+            lease.granted = length;
+        }
+        // The client is closed: nothing more will arrive.
+        Err(error) => tracing::warn!(%error, "cannot grant the subscription its lease"),
+    }
+}
+
+async fn unsubscribe(subscriber: &mut Subscriber) {
+    if let Err(error) = subscriber.unsubscribe().await {
+        tracing::warn!(%error, "cannot unsubscribe");
     }
 }
 
@@ -347,7 +520,7 @@ mod tests {
 
     use broker::testing::{Bus, round_trip, within};
     use bytes::Bytes;
-    use futures::StreamExt as _;
+    use futures::{FutureExt as _, StreamExt as _};
     use tokio::sync::oneshot;
 
     use super::*;
@@ -413,6 +586,7 @@ mod tests {
         let config = DrainConfig {
             drain_allowance: ALLOWANCE,
             drain_window: Duration::from_secs(60),
+            ..DrainConfig::default()
         };
         let (mut left, report) = draining(&leaving, "drain.t", config, &shutdown).await;
         round_trip(&leaving).await;
@@ -482,6 +656,7 @@ mod tests {
         let config = DrainConfig {
             drain_allowance: 5,
             drain_window: WINDOW,
+            ..DrainConfig::default()
         };
         let (left, report) = draining(&leaving, "drain.q", config, &shutdown).await;
         round_trip(&leaving).await;
@@ -503,6 +678,7 @@ mod tests {
         let config = DrainConfig {
             drain_allowance: 0,
             drain_window: Duration::from_secs(60),
+            ..DrainConfig::default()
         };
         let (left, report) = draining(&leaving, "drain.z", config, &shutdown).await;
         round_trip(&leaving).await;
@@ -585,6 +761,145 @@ mod tests {
         assert_eq!(taken, (0..sent).collect::<Vec<_>>(), "{}", bus.name());
     }
 
+    /// A reconnect and then a busy load: the subscription is made anew after the
+    /// reconnect (see "The lease"), and every message published once the connection is
+    /// back, during that and through a drain, is taken by exactly one member.
+    async fn a_reconnect_loses_nothing_after_it(bus: Bus) {
+        const SENT: usize = 20_000;
+        const BURST: usize = 100;
+        const DRAIN_BURST: usize = 10;
+        const DURING_DRAIN: usize = 1_000;
+        let leaving = client(&bus).await;
+        let staying = client(&bus).await;
+        let publisher = client(&bus).await;
+        let shutdown = CancellationToken::new();
+        let config = DrainConfig::default();
+        let (mut left, report) = draining(&leaving, "drain.r", config, &shutdown).await;
+        let mut other = staying
+            .queue_subscribe("drain.r", "g".to_owned())
+            .await
+            .unwrap();
+        // Polled once: the first lease is granted before the reconnect.
+        assert!(
+            tokio::task::unconstrained(left.next())
+                .now_or_never()
+                .is_none()
+        );
+        let taker = tokio::spawn(left.collect::<Vec<Message>>());
+        let connects = leaving.statistics().connects.load(Ordering::Relaxed);
+        leaving.force_reconnect().await.unwrap();
+        within(async {
+            while leaving.statistics().connects.load(Ordering::Relaxed) == connects {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        round_trip(&leaving).await;
+        round_trip(&staying).await;
+        // Bursts, each through the server before the next: a load its readers keep up
+        // with (a reader far behind is out of its group for a moment, see "The lease").
+        for start in (0..SENT).step_by(BURST) {
+            for i in start..start + BURST {
+                publisher
+                    .publish("drain.r", Bytes::from(i.to_string()))
+                    .await
+                    .unwrap();
+            }
+            round_trip(&publisher).await;
+        }
+        shutdown.cancel();
+        // Small bursts while it drains: never more on the wire than its allowance.
+        for start in (SENT..SENT + DURING_DRAIN).step_by(DRAIN_BURST) {
+            for i in start..start + DRAIN_BURST {
+                publisher
+                    .publish("drain.r", Bytes::from(i.to_string()))
+                    .await
+                    .unwrap();
+            }
+            round_trip(&publisher).await;
+        }
+        let report = within(report).await.unwrap();
+        let left = within(taker).await.unwrap();
+        let mut taken: Vec<usize> = left.iter().map(index).collect();
+        while taken.len() < SENT + DURING_DRAIN {
+            match tokio::time::timeout(Duration::from_secs(2), other.next()).await {
+                Ok(Some(message)) => taken.push(index(&message)),
+                _ => break,
+            }
+        }
+        taken.sort_unstable();
+        taken.dedup();
+        assert_eq!(
+            taken.len(),
+            SENT + DURING_DRAIN,
+            "{}: {} lost ({} taken by the one leaving, {report:?})",
+            bus.name(),
+            SENT + DURING_DRAIN - taken.len(),
+            left.len()
+        );
+        // The old subscription ran out its lease under the load, and the one made after
+        // the reconnect left by count.
+        assert_eq!(report.left, Some(Left::ByCount), "{}", bus.name());
+    }
+
+    /// At the smallest lease, under bursts of a quarter of it, a subscription is
+    /// renewed again and again (a successor every half lease), stays a member of its
+    /// group, and nothing is lost or taken twice.
+    async fn renewed_at_the_smallest_lease(bus: Bus) {
+        const BURST: usize = (crate::config::MIN_QUEUE_LEASE / 4) as usize;
+        const SENT: usize = 4_000;
+        let leaving = client(&bus).await;
+        let staying = client(&bus).await;
+        let publisher = client(&bus).await;
+        let shutdown = CancellationToken::new();
+        let config = DrainConfig {
+            queue_lease: crate::config::MIN_QUEUE_LEASE,
+            ..DrainConfig::default()
+        };
+        let (left, report) = draining(&leaving, "drain.s", config, &shutdown).await;
+        let mut other = staying
+            .queue_subscribe("drain.s", "g".to_owned())
+            .await
+            .unwrap();
+        round_trip(&staying).await;
+        let taker = tokio::spawn(left.collect::<Vec<Message>>());
+        for start in (0..SENT).step_by(BURST) {
+            for i in start..start + BURST {
+                publisher
+                    .publish("drain.s", Bytes::from(i.to_string()))
+                    .await
+                    .unwrap();
+            }
+            round_trip(&publisher).await;
+            round_trip(&leaving).await;
+        }
+        shutdown.cancel();
+        let report = within(report).await.unwrap();
+        let by_leaving: Vec<usize> = within(taker).await.unwrap().iter().map(index).collect();
+        let mut taken = by_leaving.clone();
+        while taken.len() < SENT {
+            match tokio::time::timeout(Duration::from_secs(2), other.next()).await {
+                Ok(Some(message)) => taken.push(index(&message)),
+                _ => break,
+            }
+        }
+        round_trip(&staying).await;
+        assert!(
+            other.next().now_or_never().is_none(),
+            "a message was delivered twice"
+        );
+        taken.sort_unstable();
+        assert_eq!(taken, (0..SENT).collect::<Vec<_>>(), "{}", bus.name());
+        // Far more than one lease taken, and still taking in the second half.
+        let late = by_leaving.iter().filter(|&&i| i >= SENT / 2).count();
+        assert!(
+            by_leaving.len() as u64 > 4 * crate::config::MIN_QUEUE_LEASE && late > 0,
+            "{}: {} taken, {late} in the second half, {report:?}",
+            bus.name(),
+            by_leaving.len()
+        );
+    }
+
     fn index(message: &Message) -> usize {
         std::str::from_utf8(&message.payload)
             .unwrap()
@@ -595,6 +910,8 @@ mod tests {
     broker::on_both_buses!(
         leaves_after_exactly_the_allowance,
         a_lightly_loaded_subscription_leaves_by_count,
+        a_reconnect_loses_nothing_after_it,
+        renewed_at_the_smallest_lease,
         a_quiet_subscription_leaves_after_the_window,
         no_allowance_leaves_at_once,
     );

@@ -16,6 +16,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::config::MAX_QUEUE_LEASE;
+
 /// How many allowances the recent rate is expected to bring within one drain window:
 /// the allowance is used up, by count, in about a quarter of the window, leaving three
 /// quarters for a rate that slowed down (see the parent module's docs for the margin).
@@ -30,6 +32,14 @@ pub(crate) fn allowance(expected_in_window: u64, most: u64) -> u64 {
         return 0;
     }
     (expected_in_window / ALLOWANCES_PER_WINDOW).clamp(1, most)
+}
+
+/// The lease a subscription is granted (see the parent module's docs, "The lease"):
+/// what its recent rate brings in a [`ALLOWANCES_PER_WINDOW`]th of the window, at least
+/// `least` (the configured [`crate::config::DrainConfig::queue_lease`]) and at most
+/// [`MAX_QUEUE_LEASE`].
+pub(crate) fn lease(expected_in_window: u64, least: u64) -> u64 {
+    (expected_in_window / ALLOWANCES_PER_WINDOW).clamp(least, MAX_QUEUE_LEASE.max(least))
 }
 
 /// The two buckets of the estimator (see the module docs).
@@ -109,6 +119,15 @@ mod tests {
         // An allowance of 0 configured: leave at once, whatever the rate.
         assert_eq!(allowance(0, 0), 0);
         assert_eq!(allowance(u64::MAX, 0), 0);
+    }
+
+    #[test]
+    fn lease_at_its_edges() {
+        assert_eq!(lease(0, 1024), 1024);
+        assert_eq!(lease(1024 * ALLOWANCES_PER_WINDOW, 1024), 1024);
+        assert_eq!(lease(1025 * ALLOWANCES_PER_WINDOW, 1024), 1025);
+        assert_eq!(lease(u64::MAX, 1024), MAX_QUEUE_LEASE);
+        assert_eq!(lease(0, MAX_QUEUE_LEASE), MAX_QUEUE_LEASE);
     }
 
     /// `count` messages `gap` apart, the first `gap` after `start`; and the last one's time.
