@@ -278,11 +278,28 @@ impl ClientShared {
 impl Subscription {
     /// Counts a delivery against UNSUB's max. Returns whether this message may be sent
     /// and whether it is the last one (so the subscription must be removed).
+    ///
+    /// An UNSUB with a max can come while other connections deliver (see
+    /// [`Client::unsubscribe`]): the count only moves by compare-and-swap below a max it
+    /// has seen, and the UNSUB stores its max before it reads the count (all SeqCst), so
+    /// the subscription never gets more than its max, which is what the client counts
+    /// on: a message beyond it would be dropped by the client. A delivery that read no
+    /// max yet may take the last one without knowing it is the last; the next delivery
+    /// finds the max reached and removes the subscription then.
     fn take_one(&self) -> (bool, bool) {
-        let n = self.delivered.fetch_add(1, Ordering::Relaxed) + 1;
-        match self.max.load(Ordering::Relaxed) {
-            0 => (true, false),
-            max => (n <= max, n == max),
+        let mut n = self.delivered.load(Ordering::SeqCst);
+        loop {
+            let max = self.max.load(Ordering::SeqCst);
+            if max != 0 && n >= max {
+                return (false, false);
+            }
+            match self
+                .delivered
+                .compare_exchange_weak(n, n + 1, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return (true, max != 0 && n + 1 == max),
+                Err(now) => n = now,
+            }
         }
     }
 }
@@ -657,8 +674,12 @@ impl Conn {
             return;
         };
         match max {
-            Some(max) if max > sub.delivered.load(Ordering::Relaxed) => {
-                sub.max.store(max, Ordering::Relaxed)
+            // Stored before the count is read: see `Subscription::take_one`.
+            Some(max) if max > 0 => {
+                sub.max.store(max, Ordering::SeqCst);
+                if sub.delivered.load(Ordering::SeqCst) >= max {
+                    self.server.remove_sub(&sub);
+                }
             }
             _ => self.server.remove_sub(&sub),
         }
@@ -711,6 +732,8 @@ impl Conn {
         }
         let (allowed, last) = sub.take_one();
         if !allowed {
+            // Its max was reached: removed already, or now (see `take_one`).
+            self.server.remove_sub(sub);
             return false;
         }
         if last {

@@ -309,9 +309,17 @@ impl Shared {
     }
 
     /// Drops a subscription from the index and from its client.
+    /// Removes `sub`, unless it is gone already (a sid the client subscribed again is
+    /// another subscription, and stays).
     pub fn remove_sub(&self, sub: &Arc<Subscription>) {
+        {
+            let mut subs = lock(&sub.client.subs);
+            if !subs.get(&sub.sid).is_some_and(|s| Arc::ptr_eq(s, sub)) {
+                return;
+            }
+            subs.remove(&sub.sid);
+        }
         self.index.remove(&sub.subject, sub.queue.as_ref(), sub);
-        lock(&sub.client.subs).remove(&sub.sid);
     }
 
     /// Forgets a closed client and everything it subscribed to.

@@ -177,6 +177,8 @@ against_both! {
     unsub_unknown_sid_is_ignored => Setup::default();
     unsub_with_max_ends_after_max_messages => Setup::default();
     unsub_with_max_already_reached_ends_at_once => Setup::default();
+    unsub_with_max_zero_ends_at_once => Setup::default();
+    a_queue_member_at_its_max_leaves_the_rest_to_the_others => Setup::default();
     echo_false_skips_own_messages => Setup::default();
     no_responders_sends_exact_503 => Setup::default();
     no_responders_needs_the_client_to_ask => Setup::default();
@@ -567,6 +569,52 @@ async fn unsub_with_max_already_reached_ends_at_once(addr: SocketAddr) {
     conn.send("UNSUB 1 2\r\n").await;
     conn.send(&pubs("foo", 1)).await;
     conn.ping_pong().await;
+}
+
+async fn unsub_with_max_zero_ends_at_once(addr: SocketAddr) {
+    let mut conn = Conn::quiet(addr).await;
+    conn.send("SUB foo 1\r\nUNSUB 1 0\r\n").await;
+    conn.send(&pubs("foo", 1)).await;
+    conn.ping_pong().await;
+}
+
+/// The `MSG` lines that arrive before the answer to a PING.
+async fn msgs_before_pong(conn: &mut Conn) -> usize {
+    conn.send("PING\r\n").await;
+    let mut msgs = 0;
+    loop {
+        let line = conn.line().await;
+        if line == "PONG" {
+            return msgs;
+        }
+        if line.starts_with("MSG ") {
+            msgs += 1;
+        }
+    }
+}
+
+/// A queue member whose max is reached takes no more: the group's other member gets
+/// the rest, and nothing is delivered twice or dropped.
+async fn a_queue_member_at_its_max_leaves_the_rest_to_the_others(addr: SocketAddr) {
+    const MAX: usize = 3;
+    const SENT: usize = 40;
+    let mut capped = Conn::quiet(addr).await;
+    let mut other = Conn::quiet(addr).await;
+    capped
+        .send(&format!("SUB foo q 1\r\nUNSUB 1 {MAX}\r\n"))
+        .await;
+    capped.ping_pong().await;
+    other.send("SUB foo q 1\r\n").await;
+    other.ping_pong().await;
+    let mut publisher = Conn::quiet(addr).await;
+    publisher.send(&pubs("foo", SENT)).await;
+    publisher.ping_pong().await;
+    let to_capped = msgs_before_pong(&mut capped).await;
+    let to_other = msgs_before_pong(&mut other).await;
+    // Members are picked at random: fewer than 3 of 40 for the capped one has a chance
+    // under one in a billion.
+    assert_eq!(to_capped, MAX);
+    assert_eq!(to_other, SENT - MAX);
 }
 
 // ---- Echo and no-responders ----
