@@ -115,7 +115,8 @@
 //!   *taken*; a reader behind by more than that lets the lease run out first. The
 //!   worker is then out of the group for a moment (the server routes to the other
 //!   members; with none, a requester gets "no responders", which the gate answers 503)
-//!   and subscribes anew. Nothing is lost; the log says so at debug level.
+//!   until the reader, catching up, reaches the half and subscribes the successor.
+//!   Nothing is lost.
 //! - **The grant is an UNSUB right behind the SUB.** Were the server to route more than
 //!   the lease to the new subscription between the two, the client would drop the
 //!   surplus; hence a floor far above what arrives in that instant, and at least
@@ -189,11 +190,10 @@ struct Lease {
     connects: u64,
     /// Messages taken from it.
     taken: u64,
-    /// The count it ends at, as both sides know it; `None` before it was first granted
-    /// (or when it could not be: see [`State::grant_first`]).
+    /// The count it ends at, as both sides know it: its lease (granted before anything
+    /// was taken from it), or less once draining. `None` before it was granted one (or
+    /// when it could not be: see [`State::grant_first`]).
     ends_at: Option<u64>,
-    /// The length of the lease it was granted.
-    granted: u64,
     /// Left to run out (or to end at the drain): no longer extended.
     retiring: bool,
 }
@@ -205,7 +205,6 @@ impl Lease {
             connects,
             taken: 0,
             ends_at: None,
-            granted: 0,
             retiring: false,
         }
     }
@@ -314,14 +313,11 @@ impl State {
             self.grant_first().await;
         }
         while self.stop.is_some() {
-            if !self.leases.iter().any(|l| !l.retiring) {
-                // Its reader fell behind by more than half the lease: the server has
-                // routed to the group's other members since, and now to this one again.
-                tracing::debug!(subject = %self.subject, "the subscription used up its lease before its successor was made: subscribing anew");
-                if !self.renew().await {
-                    // The client is closed: what the old ones hold, then the end.
-                    break;
-                }
+            // A successor is made before a lease can end (at half of it), so no current
+            // subscription means the last one could not be made: the client is closing.
+            if !self.leases.iter().any(|l| !l.retiring) && !self.renew().await {
+                // What the old ones hold, then the end.
+                break;
             }
             let Some(stop) = self.stop.as_mut() else {
                 break;
@@ -392,7 +388,7 @@ impl State {
             self.renew().await;
             return;
         }
-        ask(first, lease_now(&self.arrivals, &self.config)).await;
+        grant(first, lease_now(&self.arrivals, &self.config)).await;
     }
 
     /// Counts a message taken from lease `i` before draining.
@@ -414,7 +410,7 @@ impl State {
             let Some(ends_at) = current.ends_at else {
                 return;
             };
-            if ends_at.saturating_sub(current.taken) > current.granted / 2 {
+            if current.taken.saturating_mul(2) < ends_at {
                 return;
             }
         } else {
@@ -440,8 +436,7 @@ impl State {
             }
         };
         let mut lease = Lease::new(fresh, connects);
-        let length = lease_now(&self.arrivals, &self.config);
-        ask(&mut lease, length).await;
+        grant(&mut lease, lease_now(&self.arrivals, &self.config)).await;
         self.leases.push(lease);
         true
     }
@@ -495,14 +490,11 @@ fn lease_now(arrivals: &Arrivals, config: &DrainConfig) -> u64 {
     )
 }
 
-/// Grants `lease` its lease: both sides end it `length` messages after those taken.
-async fn ask(lease: &mut Lease, length: u64) {
-    let ends_at = lease.taken.saturating_add(length);
-    match lease.subscriber.unsubscribe_after(ends_at).await {
-        Ok(()) => {
-            lease.ends_at = Some(ends_at);
-            lease.granted = length;
-        }
+/// Grants `lease`, from which nothing was taken yet, its lease: both sides end it after
+/// `length` messages.
+async fn grant(lease: &mut Lease, length: u64) {
+    match lease.subscriber.unsubscribe_after(length).await {
+        Ok(()) => lease.ends_at = Some(length),
         // The client is closed: nothing more will arrive.
         Err(error) => tracing::warn!(%error, "cannot grant the subscription its lease"),
     }
@@ -571,6 +563,66 @@ mod tests {
         (Box::pin(stream), rx)
     }
 
+    /// Polls `stream` once, outside tokio's cooperative budget (which the test may have
+    /// spent), and expects nothing: the first lease is granted, or the drain starts.
+    fn poll_once(stream: &mut (impl Stream<Item = Message> + Unpin)) {
+        assert!(
+            tokio::task::unconstrained(stream.next())
+                .now_or_never()
+                .is_none()
+        );
+    }
+
+    /// Publishes the index of each of `range` on `subject`, `burst` at a time, each burst
+    /// through the server before the next: a load the readers keep up with.
+    async fn publish_in_bursts(
+        publisher: &Client,
+        subject: &str,
+        range: std::ops::Range<usize>,
+        burst: usize,
+    ) {
+        for start in range.clone().step_by(burst) {
+            for i in start..(start + burst).min(range.end) {
+                publisher
+                    .publish(subject.to_owned(), Bytes::from(i.to_string()))
+                    .await
+                    .unwrap();
+            }
+            round_trip(publisher).await;
+        }
+    }
+
+    /// Fails unless the indices in `taken` and those `other` (a member of the group on
+    /// `staying`) takes make up `0..sent`, each exactly once.
+    async fn each_taken_once(
+        bus: &Bus,
+        mut taken: Vec<usize>,
+        other: &mut Subscriber,
+        staying: &Client,
+        sent: usize,
+    ) {
+        while taken.len() < sent {
+            match tokio::time::timeout(Duration::from_secs(2), other.next()).await {
+                Ok(Some(message)) => taken.push(index(&message)),
+                _ => break,
+            }
+        }
+        round_trip(staying).await;
+        while let Some(Some(message)) = other.next().now_or_never() {
+            taken.push(index(&message));
+        }
+        taken.sort_unstable();
+        let mut once = taken.clone();
+        once.dedup();
+        let lost = (0..sent).filter(|i| once.binary_search(i).is_err()).count();
+        assert!(
+            lost == 0 && once.len() == taken.len(),
+            "{}: {lost} lost, {} taken twice",
+            bus.name(),
+            taken.len() - once.len()
+        );
+    }
+
     /// With another member in the group, a busy drained subscription takes exactly its
     /// allowance (the configured most) of what is published after draining started, and
     /// the other member the rest: nothing is lost, nothing taken twice.
@@ -606,22 +658,11 @@ mod tests {
         round_trip(&leaving).await;
         round_trip(&staying).await;
         shutdown.cancel();
-        // Polled once (outside tokio's cooperative budget, which the test may have
-        // spent), the stream starts draining; nothing has arrived, so it does not
-        // return. A round trip later the server has the UNSUB.
-        assert!(
-            tokio::task::unconstrained(left.next())
-                .now_or_never()
-                .is_none()
-        );
+        // Polled once, the stream starts draining; a round trip later the server has the
+        // UNSUB.
+        poll_once(&mut left);
         round_trip(&leaving).await;
-        for i in 0..SENT {
-            publisher
-                .publish("drain.t", Bytes::from(i.to_string()))
-                .await
-                .unwrap();
-        }
-        round_trip(&publisher).await;
+        publish_in_bursts(&publisher, "drain.t", 0..SENT, SENT).await;
         let left: Vec<Message> = within(left.collect()).await;
         let report = within(report).await.unwrap();
         assert_eq!(
@@ -635,16 +676,8 @@ mod tests {
             bus.name()
         );
         assert_eq!(left.len() as u64, ALLOWANCE);
-        let mut rest = 0;
-        while rest + left.len() < SENT {
-            within(other.next()).await.unwrap();
-            rest += 1;
-        }
-        round_trip(&staying).await;
-        assert!(
-            other.next().now_or_never().is_none(),
-            "a message was delivered twice"
-        );
+        let taken = left.iter().map(index).collect();
+        each_taken_once(&bus, taken, &mut other, &staying, SENT).await;
     }
 
     /// A quiet subscription that never uses its allowance leaves outright once the
@@ -748,17 +781,8 @@ mod tests {
             "{}: {report:?}",
             bus.name()
         );
-        let mut taken: Vec<usize> = left.iter().map(index).collect();
-        while taken.len() < sent {
-            taken.push(index(&within(other.next()).await.unwrap()));
-        }
-        round_trip(&staying).await;
-        assert!(
-            other.next().now_or_never().is_none(),
-            "a message was delivered twice"
-        );
-        taken.sort_unstable();
-        assert_eq!(taken, (0..sent).collect::<Vec<_>>(), "{}", bus.name());
+        let taken = left.iter().map(index).collect();
+        each_taken_once(&bus, taken, &mut other, &staying, sent).await;
     }
 
     /// A reconnect and then a busy load: the subscription is made anew after the
@@ -779,67 +803,122 @@ mod tests {
             .queue_subscribe("drain.r", "g".to_owned())
             .await
             .unwrap();
-        // Polled once: the first lease is granted before the reconnect.
-        assert!(
-            tokio::task::unconstrained(left.next())
-                .now_or_never()
-                .is_none()
-        );
+        // The first lease is granted before the reconnect.
+        poll_once(&mut left);
         let taker = tokio::spawn(left.collect::<Vec<Message>>());
-        let connects = leaving.statistics().connects.load(Ordering::Relaxed);
-        leaving.force_reconnect().await.unwrap();
+        reconnect(&leaving).await;
+        round_trip(&staying).await;
+        publish_in_bursts(&publisher, "drain.r", 0..SENT, BURST).await;
+        shutdown.cancel();
+        // Small bursts while it drains: never more on the wire than its allowance.
+        publish_in_bursts(
+            &publisher,
+            "drain.r",
+            SENT..SENT + DURING_DRAIN,
+            DRAIN_BURST,
+        )
+        .await;
+        let report = within(report).await.unwrap();
+        let taken = within(taker).await.unwrap().iter().map(index).collect();
+        each_taken_once(&bus, taken, &mut other, &staying, SENT + DURING_DRAIN).await;
+        // The old subscription ran out its lease under the load, and the one made after
+        // the reconnect left by count.
+        assert_eq!(report.left, Some(Left::ByCount), "{}", bus.name());
+    }
+
+    /// Makes `client`'s connection again, and waits until it is back.
+    async fn reconnect(client: &Client) {
+        let connects = client.statistics().connects.load(Ordering::Relaxed);
+        client.force_reconnect().await.unwrap();
         within(async {
-            while leaving.statistics().connects.load(Ordering::Relaxed) == connects {
+            while client.statistics().connects.load(Ordering::Relaxed) == connects {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         })
         .await;
+        round_trip(client).await;
+    }
+
+    /// A subscription whose stream is first polled after a reconnect cannot be granted a
+    /// lease (the counts may differ): a fresh one takes over at once, the old one keeps
+    /// taking what reaches it, and at the drain it leaves outright after the window. At a
+    /// load that stopped before then, nothing is lost.
+    async fn subscribed_before_a_reconnect_polled_after_it(bus: Bus) {
+        const SENT: usize = 2_000;
+        const WINDOW: Duration = Duration::from_millis(300);
+        let leaving = client(&bus).await;
+        let staying = client(&bus).await;
+        let publisher = client(&bus).await;
+        let shutdown = CancellationToken::new();
+        let config = DrainConfig {
+            drain_window: WINDOW,
+            ..DrainConfig::default()
+        };
+        let (mut left, report) = draining(&leaving, "drain.b", config, &shutdown).await;
+        let mut other = staying
+            .queue_subscribe("drain.b", "g".to_owned())
+            .await
+            .unwrap();
+        reconnect(&leaving).await;
+        poll_once(&mut left);
         round_trip(&leaving).await;
         round_trip(&staying).await;
-        // Bursts, each through the server before the next: a load its readers keep up
-        // with (a reader far behind is out of its group for a moment, see "The lease").
-        for start in (0..SENT).step_by(BURST) {
-            for i in start..start + BURST {
-                publisher
-                    .publish("drain.r", Bytes::from(i.to_string()))
-                    .await
-                    .unwrap();
-            }
-            round_trip(&publisher).await;
-        }
+        let taker = tokio::spawn(left.collect::<Vec<Message>>());
+        publish_in_bursts(&publisher, "drain.b", 0..SENT, 50).await;
+        round_trip(&leaving).await;
         shutdown.cancel();
-        // Small bursts while it drains: never more on the wire than its allowance.
-        for start in (SENT..SENT + DURING_DRAIN).step_by(DRAIN_BURST) {
-            for i in start..start + DRAIN_BURST {
-                publisher
-                    .publish("drain.r", Bytes::from(i.to_string()))
-                    .await
-                    .unwrap();
-            }
-            round_trip(&publisher).await;
-        }
         let report = within(report).await.unwrap();
-        let left = within(taker).await.unwrap();
-        let mut taken: Vec<usize> = left.iter().map(index).collect();
-        while taken.len() < SENT + DURING_DRAIN {
-            match tokio::time::timeout(Duration::from_secs(2), other.next()).await {
-                Ok(Some(message)) => taken.push(index(&message)),
-                _ => break,
-            }
+        let taken: Vec<usize> = within(taker).await.unwrap().iter().map(index).collect();
+        assert!(!taken.is_empty(), "{}", bus.name());
+        each_taken_once(&bus, taken, &mut other, &staying, SENT).await;
+        assert_eq!(report.left, Some(Left::AfterWindow), "{}", bus.name());
+    }
+
+    /// A reader that falls behind lets its lease run out on the server before it makes
+    /// the successor: the group's other member takes the rest meanwhile; once the
+    /// reader catches up it subscribes the successor and is a member again. Nothing is
+    /// lost or taken twice.
+    async fn a_reader_behind_its_lease_catches_up(bus: Bus) {
+        const LEASE: u64 = crate::config::MIN_QUEUE_LEASE;
+        const BEHIND: usize = 400;
+        const AFTER: usize = 400;
+        let leaving = client(&bus).await;
+        let staying = client(&bus).await;
+        let publisher = client(&bus).await;
+        let shutdown = CancellationToken::new();
+        let config = DrainConfig {
+            queue_lease: LEASE,
+            ..DrainConfig::default()
+        };
+        let (mut left, report) = draining(&leaving, "drain.c", config, &shutdown).await;
+        let mut other = staying
+            .queue_subscribe("drain.c", "g".to_owned())
+            .await
+            .unwrap();
+        poll_once(&mut left);
+        round_trip(&leaving).await;
+        round_trip(&staying).await;
+        // Not read meanwhile: the server stops routing to it after its lease.
+        publish_in_bursts(&publisher, "drain.c", 0..BEHIND, 10).await;
+        round_trip(&leaving).await;
+        let mut taken = Vec::new();
+        for _ in 0..LEASE {
+            taken.push(index(&within(left.next()).await.unwrap()));
         }
-        taken.sort_unstable();
-        taken.dedup();
-        assert_eq!(
-            taken.len(),
-            SENT + DURING_DRAIN,
-            "{}: {} lost ({} taken by the one leaving, {report:?})",
-            bus.name(),
-            SENT + DURING_DRAIN - taken.len(),
-            left.len()
+        poll_once(&mut left);
+        round_trip(&leaving).await;
+        let taker = tokio::spawn(left.collect::<Vec<Message>>());
+        publish_in_bursts(&publisher, "drain.c", BEHIND..BEHIND + AFTER, 10).await;
+        shutdown.cancel();
+        within(report).await.unwrap();
+        let rest: Vec<usize> = within(taker).await.unwrap().iter().map(index).collect();
+        assert!(
+            rest.iter().any(|&i| i >= BEHIND),
+            "{}: not a member again",
+            bus.name()
         );
-        // The old subscription ran out its lease under the load, and the one made after
-        // the reconnect left by count.
-        assert_eq!(report.left, Some(Left::ByCount), "{}", bus.name());
+        taken.extend(rest);
+        each_taken_once(&bus, taken, &mut other, &staying, BEHIND + AFTER).await;
     }
 
     /// At the smallest lease, under bursts of a quarter of it, a subscription is
@@ -863,33 +942,11 @@ mod tests {
             .unwrap();
         round_trip(&staying).await;
         let taker = tokio::spawn(left.collect::<Vec<Message>>());
-        for start in (0..SENT).step_by(BURST) {
-            for i in start..start + BURST {
-                publisher
-                    .publish("drain.s", Bytes::from(i.to_string()))
-                    .await
-                    .unwrap();
-            }
-            round_trip(&publisher).await;
-            round_trip(&leaving).await;
-        }
+        publish_in_bursts(&publisher, "drain.s", 0..SENT, BURST).await;
         shutdown.cancel();
         let report = within(report).await.unwrap();
         let by_leaving: Vec<usize> = within(taker).await.unwrap().iter().map(index).collect();
-        let mut taken = by_leaving.clone();
-        while taken.len() < SENT {
-            match tokio::time::timeout(Duration::from_secs(2), other.next()).await {
-                Ok(Some(message)) => taken.push(index(&message)),
-                _ => break,
-            }
-        }
-        round_trip(&staying).await;
-        assert!(
-            other.next().now_or_never().is_none(),
-            "a message was delivered twice"
-        );
-        taken.sort_unstable();
-        assert_eq!(taken, (0..SENT).collect::<Vec<_>>(), "{}", bus.name());
+        each_taken_once(&bus, by_leaving.clone(), &mut other, &staying, SENT).await;
         // Far more than one lease taken, and still taking in the second half.
         let late = by_leaving.iter().filter(|&&i| i >= SENT / 2).count();
         assert!(
@@ -912,6 +969,8 @@ mod tests {
         a_lightly_loaded_subscription_leaves_by_count,
         a_reconnect_loses_nothing_after_it,
         renewed_at_the_smallest_lease,
+        subscribed_before_a_reconnect_polled_after_it,
+        a_reader_behind_its_lease_catches_up,
         a_quiet_subscription_leaves_after_the_window,
         no_allowance_leaves_at_once,
     );

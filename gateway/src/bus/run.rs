@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::task::Poll;
 
 use broker::parser::{ServerOp, parse_server};
 use bytes::{Buf as _, BytesMut};
@@ -244,10 +245,16 @@ async fn write_loop(
 }
 
 /// Writes all of `bytes` within the bus's write timeout; a server that has not taken
-/// them by then has stopped reading, and the connection is dead.
+/// them by then has stopped reading, and the connection is dead. The timer is armed only
+/// when the first attempt leaves something unwritten: most writes go into the socket
+/// buffer at once, and cost no timer.
 async fn write(bus: &Bus, wr: &mut WriteHalf<LocalStream>, bytes: &[u8]) -> Result<(), String> {
+    let mut write = std::pin::pin!(wr.write_all(bytes));
+    if let Poll::Ready(written) = futures::poll!(write.as_mut()) {
+        return written.map_err(|e| e.to_string());
+    }
     let timeout = bus.options.write_timeout;
-    match tokio::time::timeout(timeout, wr.write_all(bytes)).await {
+    match tokio::time::timeout(timeout, write).await {
         Ok(written) => written.map_err(|e| e.to_string()),
         Err(_) => Err(format!(
             "the server did not take {} bytes within {timeout:?}: it stopped reading",
