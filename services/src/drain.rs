@@ -563,6 +563,40 @@ mod tests {
         (Box::pin(stream), rx)
     }
 
+    /// A queue group `g` on `subject` of two members: `left`, drained per `config` when
+    /// `shutdown` fires (its report to `report`), on `leaving`, and `other`, on
+    /// `staying`; and a `publisher`.
+    struct Group {
+        leaving: Client,
+        staying: Client,
+        publisher: Client,
+        shutdown: CancellationToken,
+        left: std::pin::Pin<Box<dyn Stream<Item = Message> + Send>>,
+        report: oneshot::Receiver<Drained>,
+        other: Subscriber,
+    }
+
+    async fn group(bus: &Bus, subject: &str, config: DrainConfig) -> Group {
+        let leaving = client(bus).await;
+        let staying = client(bus).await;
+        let publisher = client(bus).await;
+        let shutdown = CancellationToken::new();
+        let (left, report) = draining(&leaving, subject, config, &shutdown).await;
+        let other = staying
+            .queue_subscribe(subject.to_owned(), "g".to_owned())
+            .await
+            .unwrap();
+        Group {
+            leaving,
+            staying,
+            publisher,
+            shutdown,
+            left,
+            report,
+            other,
+        }
+    }
+
     /// Polls `stream` once, outside tokio's cooperative budget (which the test may have
     /// spent), and expects nothing: the first lease is granted, or the drain starts.
     fn poll_once(stream: &mut (impl Stream<Item = Message> + Unpin)) {
@@ -729,16 +763,16 @@ mod tests {
     async fn a_lightly_loaded_subscription_leaves_by_count(bus: Bus) {
         const PERIOD: Duration = Duration::from_millis(20);
         const LOADED_FOR: Duration = Duration::from_secs(1);
-        let leaving = client(&bus).await;
-        let staying = client(&bus).await;
-        let publisher = client(&bus).await;
-        let shutdown = CancellationToken::new();
         let config = DrainConfig::default();
-        let (left, report) = draining(&leaving, "drain.l", config, &shutdown).await;
-        let mut other = staying
-            .queue_subscribe("drain.l", "g".to_owned())
-            .await
-            .unwrap();
+        let Group {
+            leaving,
+            staying,
+            publisher,
+            shutdown,
+            left,
+            report,
+            mut other,
+        } = group(&bus, "drain.l", config).await;
         round_trip(&leaving).await;
         round_trip(&staying).await;
         let taker = tokio::spawn(left.collect::<Vec<Message>>());
@@ -793,16 +827,16 @@ mod tests {
         const BURST: usize = 100;
         const DRAIN_BURST: usize = 10;
         const DURING_DRAIN: usize = 1_000;
-        let leaving = client(&bus).await;
-        let staying = client(&bus).await;
-        let publisher = client(&bus).await;
-        let shutdown = CancellationToken::new();
         let config = DrainConfig::default();
-        let (mut left, report) = draining(&leaving, "drain.r", config, &shutdown).await;
-        let mut other = staying
-            .queue_subscribe("drain.r", "g".to_owned())
-            .await
-            .unwrap();
+        let Group {
+            leaving,
+            staying,
+            publisher,
+            shutdown,
+            mut left,
+            report,
+            mut other,
+        } = group(&bus, "drain.r", config).await;
         // The first lease is granted before the reconnect.
         poll_once(&mut left);
         let taker = tokio::spawn(left.collect::<Vec<Message>>());
@@ -846,19 +880,19 @@ mod tests {
     async fn subscribed_before_a_reconnect_polled_after_it(bus: Bus) {
         const SENT: usize = 2_000;
         const WINDOW: Duration = Duration::from_millis(300);
-        let leaving = client(&bus).await;
-        let staying = client(&bus).await;
-        let publisher = client(&bus).await;
-        let shutdown = CancellationToken::new();
         let config = DrainConfig {
             drain_window: WINDOW,
             ..DrainConfig::default()
         };
-        let (mut left, report) = draining(&leaving, "drain.b", config, &shutdown).await;
-        let mut other = staying
-            .queue_subscribe("drain.b", "g".to_owned())
-            .await
-            .unwrap();
+        let Group {
+            leaving,
+            staying,
+            publisher,
+            shutdown,
+            mut left,
+            report,
+            mut other,
+        } = group(&bus, "drain.b", config).await;
         reconnect(&leaving).await;
         poll_once(&mut left);
         round_trip(&leaving).await;
@@ -882,19 +916,19 @@ mod tests {
         const LEASE: u64 = crate::config::MIN_QUEUE_LEASE;
         const BEHIND: usize = 400;
         const AFTER: usize = 400;
-        let leaving = client(&bus).await;
-        let staying = client(&bus).await;
-        let publisher = client(&bus).await;
-        let shutdown = CancellationToken::new();
         let config = DrainConfig {
             queue_lease: LEASE,
             ..DrainConfig::default()
         };
-        let (mut left, report) = draining(&leaving, "drain.c", config, &shutdown).await;
-        let mut other = staying
-            .queue_subscribe("drain.c", "g".to_owned())
-            .await
-            .unwrap();
+        let Group {
+            leaving,
+            staying,
+            publisher,
+            shutdown,
+            mut left,
+            report,
+            mut other,
+        } = group(&bus, "drain.c", config).await;
         poll_once(&mut left);
         round_trip(&leaving).await;
         round_trip(&staying).await;
@@ -927,19 +961,19 @@ mod tests {
     async fn renewed_at_the_smallest_lease(bus: Bus) {
         const BURST: usize = (crate::config::MIN_QUEUE_LEASE / 4) as usize;
         const SENT: usize = 4_000;
-        let leaving = client(&bus).await;
-        let staying = client(&bus).await;
-        let publisher = client(&bus).await;
-        let shutdown = CancellationToken::new();
         let config = DrainConfig {
             queue_lease: crate::config::MIN_QUEUE_LEASE,
             ..DrainConfig::default()
         };
-        let (left, report) = draining(&leaving, "drain.s", config, &shutdown).await;
-        let mut other = staying
-            .queue_subscribe("drain.s", "g".to_owned())
-            .await
-            .unwrap();
+        let Group {
+            leaving,
+            staying,
+            publisher,
+            shutdown,
+            left,
+            report,
+            mut other,
+        } = group(&bus, "drain.s", config).await;
         round_trip(&staying).await;
         let taker = tokio::spawn(left.collect::<Vec<Message>>());
         publish_in_bursts(&publisher, "drain.s", 0..SENT, BURST).await;
