@@ -966,7 +966,7 @@ mod tests {
             ..DrainConfig::default()
         };
         let Group {
-            leaving,
+            leaving: _leaving,
             staying,
             publisher,
             shutdown,
