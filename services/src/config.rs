@@ -44,6 +44,11 @@ pub const MAX_DRAIN_ALLOWANCE: u64 = 1_000_000;
 /// reading falls behind by more than half of it is out of its group for a moment.
 pub const DEFAULT_QUEUE_LEASE: u64 = 1024;
 
+/// A worker's leases are at least this many times its queue capacity: half a lease is
+/// then never less than what the queue holds, so a burst the worker can queue does not
+/// outrun the lease before the successor is made ("Bursts" in [`crate::drain`]).
+pub const LEASE_PER_QUEUED: u64 = 2;
+
 /// The smallest lease accepted. A lease is granted by an UNSUB sent right behind the
 /// SUB; a server that routed more than the lease to the new subscription between the
 /// two would send messages the client drops, so the lease must be far above what
@@ -114,9 +119,10 @@ pub struct DrainConfig {
 
     /// The fewest messages each queue subscription is granted (its lease): the bus stops
     /// routing to a subscription after its lease, and the worker subscribes a successor
-    /// when half is used, which keeps a drain lossless across reconnects. A busier
-    /// subscription is granted what its rate brings in a quarter of --drain-window. 64
-    /// to 1000000.
+    /// when half has been delivered, which keeps a drain lossless across reconnects. The
+    /// worker raises it to twice --queue-capacity, so a burst its queue can hold never
+    /// outruns it; a busier subscription is granted what its rate brings in a quarter of
+    /// --drain-window. 64 to 1000000.
     #[arg(long, env = "SHADDOCK_QUEUE_LEASE", default_value_t = DEFAULT_QUEUE_LEASE)]
     pub queue_lease: u64,
 }
@@ -144,6 +150,18 @@ impl Default for FrameConfig {
 }
 
 impl FrameConfig {
+    /// The drain settings of the worker's queue subscriptions: the configured least lease,
+    /// raised to [`LEASE_PER_QUEUED`] times the queue capacity (at most
+    /// [`MAX_QUEUE_LEASE`]).
+    pub fn subscription_drain(&self) -> DrainConfig {
+        let queued = u64::try_from(self.queue_capacity).unwrap_or(u64::MAX);
+        let floor = queued.saturating_mul(LEASE_PER_QUEUED).min(MAX_QUEUE_LEASE);
+        DrainConfig {
+            queue_lease: self.drain.queue_lease.max(floor),
+            ..self.drain
+        }
+    }
+
     /// Checks the limits the loop cannot run with.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.queue_capacity == 0 {
@@ -378,5 +396,26 @@ mod tests {
             ..WorkerConfig::default()
         };
         assert!(matches!(config.validate(), Err(ConfigError::Prefix(_))));
+    }
+
+    #[test]
+    fn the_lease_covers_twice_the_queue_up_to_the_largest() {
+        let mut frames = FrameConfig::default();
+        assert_eq!(
+            frames.subscription_drain().queue_lease,
+            2 * DEFAULT_QUEUE_CAPACITY as u64
+        );
+        // A configured lease above the floor stays; the rest of the settings too.
+        frames.drain.queue_lease = 100_000;
+        frames.drain.drain_allowance = 7;
+        let drain = frames.subscription_drain();
+        assert_eq!((drain.queue_lease, drain.drain_allowance), (100_000, 7));
+        // A small queue leaves the configured lease as it is.
+        frames.queue_capacity = 1;
+        frames.drain.queue_lease = MIN_QUEUE_LEASE;
+        assert_eq!(frames.subscription_drain().queue_lease, MIN_QUEUE_LEASE);
+        // A huge queue is capped at the largest lease.
+        frames.queue_capacity = usize::MAX;
+        assert_eq!(frames.subscription_drain().queue_lease, MAX_QUEUE_LEASE);
     }
 }

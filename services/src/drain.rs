@@ -69,6 +69,32 @@
 //! a million messages: the count an UNSUB carries stays far within the nine digits
 //! nats-server reads.
 //!
+//! # Bursts
+//!
+//! Games send on the tick: two thousand players' requests can reach a worker within a
+//! millisecond, far faster than a successor's SUB can reach the server. The server
+//! counts a message as delivered when it routes it, not when the worker reads it, so
+//! what matters is what the lease still holds when a burst lands:
+//!
+//! - **Renewed on what was delivered.** Each time the stream is polled it takes
+//!   everything the leases' channels already hold (`take_delivered`), so a lease's count
+//!   is what the bus has delivered to the client, not what the handler loop has taken
+//!   so far, and the successor is made as soon as half has arrived.
+//! - **A lease covers what the worker can queue.** The worker grants at least twice its
+//!   queue capacity ([`crate::config::LEASE_PER_QUEUED`],
+//!   [`crate::config::FrameConfig::subscription_drain`]): half a lease, the least left
+//!   when the successor is due, is then never less than a burst the worker could
+//!   accept. A larger burst is more than the worker queues; its surplus is answered 503
+//!   `overloaded` by the worker (or, should it outrun the lease, "no responders" by the
+//!   bus): either way a refusal the client retries, and the rate-sized lease grows with
+//!   a load that stays.
+//! - **Visible when it happens anyway.** A lease seen to run out while it was the
+//!   current one (its successor not yet made) is a lapse: counted in
+//!   `worker_queue_lease_lapses_total{service}`, reported in the drain's log line, and
+//!   logged at warn at most every ten seconds. A lapse the reader only sees after the
+//!   successor exists (the server ran the lease out while the SUB was on its way) is
+//!   not seen; the floor above is what keeps that away.
+//!
 //! # On a cluster
 //!
 //! Interest crosses routes asynchronously: another server may route a request to this
@@ -112,11 +138,11 @@
 //!   window, leases of 2,500, a successor every 1,250 to 2,500 messages, at most 16 a
 //!   second.
 //! - **A reader far behind.** The successor is made when half the lease has been
-//!   *taken*; a reader behind by more than that lets the lease run out first. The
-//!   worker is then out of the group for a moment (the server routes to the other
-//!   members; with none, a requester gets "no responders", which the gate answers 503)
-//!   until the reader, catching up, reaches the half and subscribes the successor.
-//!   Nothing is lost.
+//!   delivered (below); a reader that does not read at all lets the lease run out
+//!   first. The worker is then out of the group for a moment (the server routes to the
+//!   other members; with none, a requester gets "no responders", which the gate answers
+//!   503) until the reader, catching up, subscribes the successor. Nothing is lost, and
+//!   the lapse is counted (below).
 //! - **The grant is an UNSUB right behind the SUB.** Were the server to route more than
 //!   the lease to the new subscription between the two, the client would drop the
 //!   surplus; hence a floor far above what arrives in that instant, and at least
@@ -160,6 +186,9 @@ pub(crate) struct Drained {
     /// The allowance asked for (see the module docs); 0 when none was (the subscription
     /// could not be asked, or ended before draining).
     pub allowance: u64,
+    /// Leases that ran out while current, before their successor was made (see
+    /// "Bursts" in the module docs): moments the worker was out of its group.
+    pub lapses: u64,
     /// `None` when the subscription ended before draining (the client closed).
     pub left: Option<Left>,
 }
@@ -210,6 +239,19 @@ impl Lease {
     }
 }
 
+/// How often, at most, lapses are logged (each is counted).
+const LAPSE_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Leases that ran out while current: counted, and logged at most every
+/// [`LAPSE_LOG_INTERVAL`].
+struct Lapses {
+    counter: metrics::Counter,
+    logged: Option<Instant>,
+    /// Lapses since the last log line.
+    unlogged: u64,
+    total: u64,
+}
+
 struct State {
     client: Client,
     subject: String,
@@ -225,6 +267,9 @@ struct State {
     stop: Option<std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
     /// The recent arrival rate, which sets the allowance and the lease.
     arrivals: Arrivals,
+    /// Set when the current lease ran out before its successor was made.
+    lapsed: bool,
+    lapses: Lapses,
     /// The allowance asked for at drain start.
     allowance: u64,
     ready: VecDeque<Message>,
@@ -251,6 +296,12 @@ pub(crate) fn until_drained(
         connects,
         config,
     } = draining;
+    let lapses = Lapses {
+        counter: metrics::counter!(crate::metrics::LEASE_LAPSES_TOTAL, "service" => group.clone()),
+        logged: None,
+        unlogged: 0,
+        total: 0,
+    };
     let state = State {
         client,
         subject,
@@ -261,6 +312,8 @@ pub(crate) fn until_drained(
         first_granted: false,
         stop: Some(Box::pin(shutdown.cancelled_owned())),
         arrivals: Arrivals::new(Instant::now()),
+        lapsed: false,
+        lapses,
         allowance: 0,
         ready: VecDeque::new(),
         after_drain: 0,
@@ -277,6 +330,7 @@ pub(crate) fn until_drained(
                     done(Drained {
                         after_drain: state.after_drain,
                         allowance: state.allowance,
+                        lapses: state.lapses.total,
                         left: state.left,
                     });
                 }
@@ -287,14 +341,19 @@ pub(crate) fn until_drained(
 }
 
 /// The next message of any lease, the oldest polled first, with the lease's index;
-/// leases that have ended are removed. `None` once there are none.
-fn poll_leases(leases: &mut Vec<Lease>, cx: &mut Context<'_>) -> Poll<Option<(usize, Message)>> {
+/// leases that have ended are removed, and `lapsed` is set when one of them was the
+/// current one (no successor was made before it ran out). `None` once there are none.
+fn poll_leases(
+    leases: &mut Vec<Lease>,
+    lapsed: &mut bool,
+    cx: &mut Context<'_>,
+) -> Poll<Option<(usize, Message)>> {
     let mut i = 0;
     while i < leases.len() {
         match leases[i].subscriber.poll_next_unpin(cx) {
             Poll::Ready(Some(message)) => return Poll::Ready(Some((i, message))),
             Poll::Ready(None) => {
-                leases.remove(i);
+                *lapsed |= !leases.remove(i).retiring;
             }
             Poll::Pending => i += 1,
         }
@@ -313,23 +372,29 @@ impl State {
             self.grant_first().await;
         }
         while self.stop.is_some() {
-            // A successor is made before a lease can end (at half of it), so no current
-            // subscription means the last one could not be made: the client is closing.
+            // A successor is made before a lease can end (at half of it), unless a burst
+            // delivered the rest first (a lapse, counted): no current subscription then
+            // means the last one could not be made, and the client is closing.
             if !self.leases.iter().any(|l| !l.retiring) && !self.renew().await {
                 // What the old ones hold, then the end.
                 break;
+            }
+            if let Some(message) = self.ready.pop_front() {
+                return Some(message);
             }
             let Some(stop) = self.stop.as_mut() else {
                 break;
             };
             tokio::select! {
-                taken = poll_fn(|cx| poll_leases(&mut self.leases, cx)) => {
+                taken = poll_fn(|cx| poll_leases(&mut self.leases, &mut self.lapsed, cx)) => {
                     // `None`: every lease ended; the loop subscribes again.
                     if let Some((i, message)) = taken {
                         self.took(i);
+                        self.ready.push_back(message);
+                        self.take_delivered().await;
                         self.tend().await;
-                        return Some(message);
                     }
+                    self.note_lapse();
                 }
                 () = stop => {
                     self.stop = None;
@@ -341,15 +406,18 @@ impl State {
             self.after_drain += 1;
             return Some(message);
         }
+        // Leases end by count from here on: not a lapse.
+        let mut ended = false;
         loop {
             let Some(window) = self.window.as_mut() else {
                 // Left outright (or never asked): what is still buffered, then the end.
-                let (_, message) = poll_fn(|cx| poll_leases(&mut self.leases, cx)).await?;
+                let (_, message) =
+                    poll_fn(|cx| poll_leases(&mut self.leases, &mut ended, cx)).await?;
                 self.after_drain += 1;
                 return Some(message);
             };
             tokio::select! {
-                taken = poll_fn(|cx| poll_leases(&mut self.leases, cx)) => {
+                taken = poll_fn(|cx| poll_leases(&mut self.leases, &mut ended, cx)) => {
                     let Some((_, message)) = taken else {
                         // The client removed each on the last message asked of it.
                         self.left.get_or_insert(Left::ByCount);
@@ -372,6 +440,47 @@ impl State {
                 }
             }
         }
+    }
+
+    /// Takes everything the leases already hold, without waiting: the count a lease is
+    /// renewed on is then what the bus has delivered, not what the reader has taken so
+    /// far (see "Bursts" in the module docs). Polled outside tokio's cooperative budget,
+    /// which would hide some.
+    async fn take_delivered(&mut self) {
+        while let Poll::Ready(Some((i, message))) = tokio::task::unconstrained(poll_fn(|cx| {
+            Poll::Ready(poll_leases(&mut self.leases, &mut self.lapsed, cx))
+        }))
+        .await
+        {
+            self.took(i);
+            self.ready.push_back(message);
+        }
+    }
+
+    /// Counts (and now and then logs) a lease that ran out while it was the current one:
+    /// the worker was out of its group from then until its successor was subscribed.
+    fn note_lapse(&mut self) {
+        if !std::mem::take(&mut self.lapsed) {
+            return;
+        }
+        self.lapses.counter.increment(1);
+        self.lapses.unlogged += 1;
+        self.lapses.total += 1;
+        let now = Instant::now();
+        if self
+            .lapses
+            .logged
+            .is_some_and(|at| now.duration_since(at) < LAPSE_LOG_INTERVAL)
+        {
+            return;
+        }
+        tracing::warn!(
+            subject = %self.subject,
+            lapses = self.lapses.unlogged,
+            "a queue subscription's lease ran out before its successor was subscribed: the worker was out of its group for a moment (a burst larger than half the lease; see --queue-lease)"
+        );
+        self.lapses.logged = Some(now);
+        self.lapses.unlogged = 0;
     }
 
     /// Grants the subscription it was made with its first lease; when a connection was
@@ -445,15 +554,8 @@ impl State {
     /// counts agree after the allowance (unless its lease ends sooner); the others run
     /// out their leases (see "The lease").
     async fn start_draining(&mut self) {
-        // Polled once each (outside tokio's cooperative budget, which would hide some):
-        // what is waiting, until nothing is.
-        while let Poll::Ready(Some((i, message))) =
-            tokio::task::unconstrained(poll_fn(|cx| Poll::Ready(poll_leases(&mut self.leases, cx))))
-                .await
-        {
-            self.took(i);
-            self.ready.push_back(message);
-        }
+        self.take_delivered().await;
+        self.note_lapse();
         let config = self.config;
         let expected = self
             .arrivals
@@ -704,6 +806,7 @@ mod tests {
             Drained {
                 after_drain: ALLOWANCE,
                 allowance: ALLOWANCE,
+                lapses: 0,
                 left: Some(Left::ByCount)
             },
             "{}",
@@ -944,7 +1047,9 @@ mod tests {
         let taker = tokio::spawn(left.collect::<Vec<Message>>());
         publish_in_bursts(&publisher, "drain.c", BEHIND..BEHIND + AFTER, 10).await;
         shutdown.cancel();
-        within(report).await.unwrap();
+        let report = within(report).await.unwrap();
+        // Seen and counted: the lease ran out before its successor was made.
+        assert_eq!(report.lapses, 1, "{}: {report:?}", bus.name());
         let rest: Vec<usize> = within(taker).await.unwrap().iter().map(index).collect();
         assert!(
             rest.iter().any(|&i| i >= BEHIND),
@@ -984,7 +1089,9 @@ mod tests {
         // Far more than one lease taken, and still taking in the second half.
         let late = by_leaving.iter().filter(|&&i| i >= SENT / 2).count();
         assert!(
-            by_leaving.len() as u64 > 4 * crate::config::MIN_QUEUE_LEASE && late > 0,
+            by_leaving.len() as u64 > 4 * crate::config::MIN_QUEUE_LEASE
+                && late > 0
+                && report.lapses == 0,
             "{}: {} taken, {late} in the second half, {report:?}",
             bus.name(),
             by_leaving.len()

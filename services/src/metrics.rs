@@ -25,6 +25,9 @@ pub const REPLY_ERRORS_TOTAL: &str = "worker_reply_errors_total";
 pub const PUBLISH_ERRORS_TOTAL: &str = "worker_publish_errors_total";
 /// Events (messages on a service's event subjects) handled, by outcome (`ok`, `error`).
 pub const EVENTS_TOTAL: &str = "worker_events_total";
+/// Queue subscriptions whose lease ran out before their successor was subscribed: the
+/// worker was out of its group for a moment (`crate::drain`, "Bursts").
+pub const LEASE_LAPSES_TOTAL: &str = "worker_queue_lease_lapses_total";
 
 /// Registers help text and units with the installed recorder (the Prometheus exporter
 /// prints them). Call once at startup, after installing it.
@@ -62,6 +65,10 @@ pub fn describe() {
         "Pushes and service messages that could not be handed to the bus client"
     );
     metrics::describe_counter!(EVENTS_TOTAL, "Events handled, by outcome");
+    metrics::describe_counter!(
+        LEASE_LAPSES_TOTAL,
+        "Queue subscriptions whose lease ran out before their successor was subscribed"
+    );
 }
 
 /// Handles for the frame loop.

@@ -278,7 +278,7 @@ impl Worker {
         let client = pusher.client().clone();
         let name = service.name().to_owned();
         let frames = config.frames;
-        let drain_config = frames.drain;
+        let drain_config = frames.subscription_drain();
         let (intake, queue) = frame_loop::queue(&name, frames.queue_capacity, pusher.clone());
         let frame_loop = FrameLoop::new(service, frames, queue, pusher);
         let mut stopped = spawn_loop_thread(&name, frame_loop)?;

@@ -7,9 +7,11 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use common::{Bus, BusExt, Requester, blocking_service, call, rpc, within};
+use futures::StreamExt;
 use proto::Message;
 use proto::code;
 use proto::echo::{EchoRequest, EchoResponse};
+use proto::rpc::RpcResponse;
 use proto::rpc::effect;
 use services::{Context, FrameConfig, HandlerError, Service, WorkerConfig, echo};
 use tokio::sync::mpsc;
@@ -25,6 +27,7 @@ broker::on_both_buses!(
     three_workers_in_the_group_all_get_a_share,
     full_queue_gives_fast_503s,
     shutdown_answers_what_was_taken_then_unsubscribes,
+    bursts_of_ten_leases_keep_the_only_worker_in_its_group,
 );
 
 fn config(queue_capacity: usize) -> WorkerConfig {
@@ -235,4 +238,56 @@ async fn shutdown_answers_what_was_taken_then_unsubscribes(bus: Bus) {
         async_nats::RequestErrorKind::NoResponders,
         "{error}"
     );
+}
+
+/// Games send on the tick: bursts of ten times the configured lease (the fewest a queue
+/// subscription is granted), all published at once, at the only worker of the service.
+/// Each burst fits the worker's queue, so every request is answered 200: the worker
+/// never drops out of its own group (which the bus would answer "no responders"). The
+/// burst is held below `queue_capacity`, as the worker's lease covers what it can queue.
+async fn bursts_of_ten_leases_keep_the_only_worker_in_its_group(bus: Bus) {
+    const LEASE: u64 = services::config::MIN_QUEUE_LEASE;
+    const BURST: usize = 10 * LEASE as usize;
+    const BURSTS: usize = 10;
+    let mut config = config(BURST);
+    config.frames.drain.queue_lease = LEASE;
+    let worker = bus.worker(echo::service(), config).await;
+    let client = bus.client().await;
+    let inbox = client.new_inbox();
+    let mut replies = client.subscribe(format!("{inbox}.*")).await.unwrap();
+    within(client.flush()).await.unwrap();
+    let payload = rpc("echo.raw", "tick");
+    for burst in 0..BURSTS {
+        for n in 0..BURST {
+            client
+                .publish_with_reply(
+                    "shaddock.svc.echo.raw",
+                    format!("{inbox}.{n}"),
+                    payload.clone(),
+                )
+                .await
+                .unwrap();
+        }
+        within(client.flush()).await.unwrap();
+        let mut answered = vec![false; BURST];
+        let mut no_responders = 0;
+        for _ in 0..BURST {
+            let message = within(replies.next()).await.unwrap();
+            let n: usize = message.subject.rsplit('.').next().unwrap().parse().unwrap();
+            if message.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+                no_responders += 1;
+                continue;
+            }
+            assert_eq!(RpcResponse::decode(message.payload).unwrap().code, code::OK);
+            answered[n] = true;
+        }
+        assert_eq!(
+            no_responders,
+            0,
+            "{}: burst {burst}: the worker left its group for a moment",
+            bus.name()
+        );
+        assert!(answered.iter().all(|a| *a));
+    }
+    worker.stop().await;
 }

@@ -253,12 +253,13 @@ impl Inputs {
                 let Drained {
                     after_drain,
                     allowance,
+                    lapses,
                     left,
                 } = drained;
                 if moved {
-                    tracing::info!(after_drain, allowance, ?left, "left the server in lame duck mode: {after_drain} requests arrived there after leaving started");
+                    tracing::info!(after_drain, allowance, lapses, ?left, "left the server in lame duck mode: {after_drain} requests arrived there after leaving started");
                 } else {
-                    tracing::info!(after_drain, allowance, ?left, "worker drained: {after_drain} requests arrived after draining started");
+                    tracing::info!(after_drain, allowance, lapses, ?left, "worker drained: {after_drain} requests arrived after draining started");
                 }
             },
         );
