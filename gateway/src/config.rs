@@ -61,6 +61,19 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// waiting longer only turns answers into timeouts.
 pub const DEFAULT_MAX_BUS_PENDING: usize = 4 * 1024 * 1024;
 pub const DEFAULT_OUTBOUND_QUEUE: usize = 1024;
+/// How long a session's socket may take nothing of what is queued for it before the
+/// session is closed as too slow. A game client reads continuously; one that has taken
+/// nothing for seconds has stopped, or its link has, and everything sent meanwhile only
+/// piles up in the gate.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Slots of the gate's in-flight budget kept for light sessions (fewer than
+/// [`DEFAULT_LIGHT_IN_FLIGHT`] requests in flight): heavier sessions are refused 503
+/// before they reach them, so a handful of sessions flooding requests cannot take the
+/// whole budget from everyone else. A quarter of the default budget.
+pub const DEFAULT_GATE_RESERVE: usize = 512;
+/// Requests in flight under which a session counts as light and may use the gate's
+/// reserve. A game client rarely has more than a few requests out at once.
+pub const DEFAULT_LIGHT_IN_FLIGHT: usize = 4;
 /// WebSocket read buffer per session; small, so idle sessions stay cheap.
 pub const WS_READ_BUFFER: usize = 4 * 1024;
 /// Bytes tungstenite collects before writing; flushes write everything anyway.
@@ -134,6 +147,18 @@ pub struct GateConfig {
     /// Frames queued towards one client before it is closed as too slow.
     #[arg(long, env = "SHADDOCK_OUTBOUND_QUEUE", default_value_t = DEFAULT_OUTBOUND_QUEUE)]
     pub outbound_queue: usize,
+    /// Milliseconds a session's socket may take nothing of what is queued for it before
+    /// the session is closed as too slow (also the most a close frame is waited for).
+    #[arg(long = "write-timeout-ms", env = "SHADDOCK_WRITE_TIMEOUT_MS", value_parser = parse_positive_ms, default_value = "5000")]
+    pub write_timeout: Duration,
+    /// Slots of --max-gate-in-flight only light sessions (fewer than
+    /// --light-in-flight requests in flight) may take: heavier ones are answered 503
+    /// before them. 0 keeps none.
+    #[arg(long, env = "SHADDOCK_GATE_RESERVE", default_value_t = DEFAULT_GATE_RESERVE)]
+    pub gate_reserve: usize,
+    /// Requests in flight under which a session may use the --gate-reserve.
+    #[arg(long, env = "SHADDOCK_LIGHT_IN_FLIGHT", default_value_t = DEFAULT_LIGHT_IN_FLIGHT)]
+    pub light_in_flight: usize,
     /// A token every handshake must carry; empty accepts any (see `TokenCheck`). Not
     /// with the --jwt-* flags.
     #[arg(long, env = "SHADDOCK_TOKEN", default_value = "")]
@@ -175,6 +200,15 @@ pub(crate) fn parse_ms(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("not a number of milliseconds: {e}"))
 }
 
+/// A number of milliseconds above zero: a zero timeout would leave nothing to work with.
+pub(crate) fn parse_positive_ms(s: &str) -> Result<Duration, String> {
+    let duration = parse_ms(s)?;
+    if duration.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(duration)
+}
+
 impl Default for GateConfig {
     fn default() -> Self {
         GateConfig {
@@ -196,6 +230,9 @@ impl Default for GateConfig {
             heartbeat: DEFAULT_HEARTBEAT,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             outbound_queue: DEFAULT_OUTBOUND_QUEUE,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
+            gate_reserve: DEFAULT_GATE_RESERVE,
+            light_in_flight: DEFAULT_LIGHT_IN_FLIGHT,
             max_bus_pending: DEFAULT_MAX_BUS_PENDING,
             token: String::new(),
             jwt_secret_file: None,

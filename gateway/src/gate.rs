@@ -21,7 +21,6 @@ use net::{Acceptor, LogLimiter};
 use proto::Message as _;
 use proto::rpc::RpcResponse;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::sync::CancellationToken;
@@ -30,35 +29,13 @@ use tokio_util::task::TaskTracker;
 use crate::admission::{Admission, Refusal};
 use crate::auth::TokenCheck;
 use crate::bus::{self, Bus, BusOptions, Dispatch, Incoming, Reply, Target};
-use crate::codec::PushFrame;
 use crate::config::{GateConfig, WS_READ_BUFFER, WS_WRITE_BUFFER};
 use crate::presence::{Binding, Group};
 use crate::schema::{self, Schemas};
 use crate::session;
+use crate::session::inbox::{SessionTx, ToSession, WorkerReply};
 use crate::tls::Tls;
 use crate::upgrade::{Origins, UpgradePolicy};
-
-/// What the bus reader hands a session.
-#[derive(Debug)]
-pub(crate) enum ToSession {
-    /// The gate's bus connection was lost: requests in flight will get no reply.
-    BusLost,
-    /// A worker answered request `id`.
-    Reply { id: u64, reply: WorkerReply },
-    /// A push to the player or to a group it joined.
-    Push(Arc<PushFrame>),
-    /// Close the session with this reason.
-    Kick(String),
-}
-
-#[derive(Debug)]
-pub(crate) enum WorkerReply {
-    Response(RpcResponse),
-    /// The bus found no worker for the route.
-    NoResponders,
-    /// The worker's answer did not decode.
-    Invalid,
-}
 
 /// State all sessions of one gate share.
 pub(crate) struct GateShared {
@@ -70,7 +47,7 @@ pub(crate) struct GateShared {
     /// Bind probes awaiting an answer, by the id in their reply subject (sid 0).
     probes: std::sync::Mutex<rustc_hash::FxHashMap<u64, tokio::sync::oneshot::Sender<bool>>>,
     next_probe: AtomicU64,
-    pub sessions: DashMap<u64, mpsc::Sender<ToSession>>,
+    pub sessions: DashMap<u64, SessionTx>,
     /// Requests of all sessions awaiting workers, against `max_gate_in_flight`.
     pub in_flight: AtomicUsize,
     /// Groups with members on this gate, by name.
@@ -237,6 +214,12 @@ impl Gate {
     /// Sessions open now.
     pub fn session_count(&self) -> usize {
         self.0.sessions.len()
+    }
+
+    /// Requests of all sessions awaiting their workers now (against
+    /// `--max-gate-in-flight`).
+    pub fn in_flight(&self) -> usize {
+        self.0.in_flight.load(Ordering::Relaxed)
     }
 
     /// Connections held now: sessions and connections still upgrading or handshaking.
@@ -415,8 +398,8 @@ impl Dispatch for GateShared {
     fn lost(&self) {
         self.bus_up.send_replace(false);
         for session in self.sessions.iter() {
-            // A full queue is a session behind on pushes; its requests time out (408).
-            let _ = session.try_send(ToSession::BusLost);
+            // A full queue is a session behind on pushes: it closes as too slow.
+            session.offer(ToSession::BusLost);
         }
     }
 }
@@ -455,9 +438,9 @@ impl GateShared {
         };
         // The queue has room for max_in_flight answers plus outbound_queue pushes; it is
         // full only when pushes flood a session that does not keep up. The reader must
-        // not wait on one session, so the reply is dropped, counted, and the request is
-        // answered 408 by its timeout.
-        if session.try_send(ToSession::Reply { id, reply }).is_err() && !session.is_closed() {
+        // not wait on one session: the reply is dropped and counted, and the session
+        // closes as too slow.
+        if !session.offer(ToSession::Reply { id, reply }) && !session.is_closed() {
             metrics::counter!("gate_replies_dropped_total").increment(1);
         }
     }

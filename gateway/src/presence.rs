@@ -25,7 +25,8 @@ use rustc_hash::FxHashSet;
 
 use crate::bus::{Reply, Target};
 use crate::codec::PushFrame;
-use crate::gate::{GateShared, ToSession};
+use crate::gate::GateShared;
+use crate::session::inbox::ToSession;
 
 /// A group with members on this gate.
 pub(crate) struct Group {
@@ -163,9 +164,9 @@ impl GateShared {
 
     fn kick_local(&self, sid: u64, reason: &str) {
         if let Some(tx) = self.sessions.get(&sid) {
-            if tx.try_send(ToSession::Kick(reason.into())).is_err() && !tx.is_closed() {
-                // A session whose queue is full of pushes misses the kick; counted so it
-                // shows, rather than blocking the router on one session.
+            if !tx.offer(ToSession::Kick(reason.into())) && !tx.is_closed() {
+                // A session whose queue is full of pushes misses the kick, and closes
+                // as too slow instead; counted so it shows.
                 metrics::counter!("gate_kicks_dropped_total").increment(1);
             }
         }
@@ -173,7 +174,7 @@ impl GateShared {
 
     fn push_local(&self, sid: u64, frame: &Arc<PushFrame>) -> bool {
         match self.sessions.get(&sid) {
-            Some(tx) => tx.try_send(ToSession::Push(frame.clone())).is_ok(),
+            Some(tx) => tx.offer(ToSession::Push(frame.clone())),
             None => false,
         }
     }

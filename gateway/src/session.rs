@@ -2,8 +2,12 @@
 //! answers them when replies (or timeouts) come, and enforces the per-session limits.
 //!
 //! A request always gets an answer: the worker's, or the gate's own 400, 404, 408, 429
-//! or 503. Frames towards the client are coalesced: everything ready is fed to the
-//! socket, then flushed once.
+//! or 503. Frames towards the client go through a bounded [`outbox::Outbox`] that the
+//! loop writes as the socket takes them and never awaits: a client that stops reading
+//! cannot stop the session's timers (heartbeat, request timeouts, token expiry, drain),
+//! and one whose socket takes nothing for `--write-timeout-ms`, or whose queue fills,
+//! is closed as too slow ("Slow clients" in docs/gateway.md). Everything ready is
+//! written together and flushed once.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -14,8 +18,9 @@ use futures::{FutureExt, SinkExt, StreamExt};
 use proto::client::{self, packet::Kind};
 use proto::code;
 use rustc_hash::FxHashMap;
+use std::future::poll_fn;
+use std::task::Poll;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
@@ -25,15 +30,19 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use crate::bus::{BusError, Reply};
 use crate::codec::{Codec, Decoded};
 use crate::forward::{Request, SessionWire};
-use crate::gate::{GateShared, ToSession, WorkerReply};
+use crate::gate::GateShared;
 use crate::limits::TokenBucket;
 use crate::route;
 
 mod cache;
 mod effects;
+pub(crate) mod inbox;
 mod opening;
+mod outbox;
 
 use cache::Cache;
+use inbox::{Inbox, ToSession, WorkerReply};
+use outbox::Outbox;
 
 use opening::TOKEN_EXPIRED;
 pub(crate) use opening::run;
@@ -101,6 +110,10 @@ struct Session<S> {
     drain: Option<Drain>,
     groups: Vec<String>,
     ws: Ws<S>,
+    /// Frames waiting for the socket.
+    outbox: Outbox,
+    /// The outbox was full: the session closes as too slow.
+    overflow: bool,
     pending: FxHashMap<u64, Pending>,
     /// (deadline, id) in deadline order: every request has the same timeout.
     deadlines: VecDeque<(Instant, u64)>,
@@ -110,12 +123,33 @@ struct Session<S> {
     durations: Cache<(Arc<str>, u32), metrics::Histogram>,
 }
 
-async fn close<S: Io>(ws: &mut Ws<S>, closing: Closing) {
+/// Sends the close frame saying why, waiting at most `wait` for the socket to take it
+/// (and what was queued before it): a client that stops reading must not hold the
+/// session's task, or its socket, for longer.
+async fn close<S: Io>(ws: &mut Ws<S>, closing: Closing, wait: Duration) {
     let frame = CloseFrame {
         code: closing.code,
         reason: closing.reason.into(),
     };
-    let _ = ws.send(Message::Close(Some(frame))).await;
+    let _ = tokio::time::timeout(wait, ws.send(Message::Close(Some(frame)))).await;
+}
+
+/// Closes a session whose client does not take what is sent to it.
+const fn too_slow() -> Closing {
+    Closing::new(CloseCode::Policy, TOO_SLOW)
+}
+
+/// The close reason of a session closed as too slow.
+pub(crate) const TOO_SLOW: &str = "too slow";
+
+/// Closes a connection whose client sent a frame WebSocket itself refuses.
+fn frame_error(e: &tokio_tungstenite::tungstenite::Error) -> Closing {
+    use tokio_tungstenite::tungstenite::Error as WsError;
+    if let WsError::Capacity(_) = e {
+        metrics::counter!("gate_rejected_total", "reason" => "frame_size").increment(1);
+        return Closing::new(CloseCode::Size, "frame too large");
+    }
+    Closing::new(CloseCode::Protocol, "websocket error")
 }
 
 /// Closes a session whose client sent what its protocol cannot mean.
@@ -129,8 +163,9 @@ fn micros(d: Duration) -> u32 {
 }
 
 impl<S: Io> Session<S> {
-    async fn serve(&mut self, mut rx: mpsc::Receiver<ToSession>) -> Closing {
+    async fn serve(&mut self, inbox: &mut Inbox) -> Closing {
         let heartbeat = self.codec.heartbeat(self.gate.config.heartbeat);
+        let write_timeout = self.gate.config.write_timeout;
         let silence = sleep_until(self.last_seen + 2 * heartbeat);
         tokio::pin!(silence);
         let expiry = sleep_until(Instant::now() + self.gate.config.request_timeout);
@@ -142,34 +177,61 @@ impl<S: Io> Session<S> {
         let draining = self.gate.draining.child_token();
         let drain = draining.cancelled();
         tokio::pin!(drain);
+        let overflowed = inbox.overflowed();
+        tokio::pin!(overflowed);
         let token_expiry = sleep_until(self.expires.unwrap_or_else(Instant::now));
         tokio::pin!(token_expiry);
         let drain_end = sleep_until(Instant::now());
         tokio::pin!(drain_end);
+        // Armed while output waits; checked lazily, like the heartbeat.
+        let write_deadline = sleep_until(Instant::now());
+        tokio::pin!(write_deadline);
+        let mut write_armed = false;
         loop {
             if let Some(&(deadline, _)) = self.deadlines.front() {
                 expiry.as_mut().reset(deadline);
             }
+            match self.outbox.waiting_since() {
+                Some(since) if !write_armed => {
+                    write_deadline.as_mut().reset(since + write_timeout);
+                    write_armed = true;
+                }
+                None => write_armed = false,
+                Some(_) => {}
+            }
             tokio::select! {
-                frame = self.ws.next() => {
+                frame = poll_fn(|cx| self.poll_socket(cx)) => {
+                    let Some(frame) = frame else {
+                        break Closing::new(CloseCode::Away, "write failed");
+                    };
                     // One reading of the clock for the frames read together.
                     let now = Instant::now();
-                    if let Err(closing) = self.on_frame(frame, now).await {
+                    if let Err(closing) = self.on_frame(frame, now) {
                         break closing;
                     }
                     // Coalesce: frames the socket already holds are answered with the
                     // same flush, so a client that is ahead of the gate (or a gate
                     // shedding load) costs one write per batch, not one per frame.
-                    if let Err(closing) = self.on_ready_frames(now).await {
+                    if let Err(closing) = self.on_ready_frames(now) {
                         break closing;
                     }
                 }
-                Some(msg) = rx.recv() => {
+                Some(msg) = inbox.rx.recv() => {
                     if let Some(closing) = self.on_message(msg).await {
                         break closing;
                     }
                 }
-                () = &mut expiry, if !self.deadlines.is_empty() => self.expire().await,
+                () = &mut overflowed => break too_slow(),
+                () = &mut write_deadline, if write_armed => {
+                    match self.outbox.waiting_since() {
+                        Some(since) if since + write_timeout <= Instant::now() => {
+                            break too_slow();
+                        }
+                        Some(since) => write_deadline.as_mut().reset(since + write_timeout),
+                        None => write_armed = false,
+                    }
+                }
+                () = &mut expiry, if !self.deadlines.is_empty() => self.expire(),
                 () = &mut silence => {
                     // Checked lazily so a busy client costs no timer reset per frame.
                     let due = self.last_seen + 2 * heartbeat;
@@ -179,18 +241,17 @@ impl<S: Io> Session<S> {
                     silence.as_mut().reset(due);
                 }
                 () = &mut drain, if self.drain.is_none() => {
-                    self.begin_drain().await;
+                    self.begin_drain();
                     let ends = self.drain.map_or_else(Instant::now, |d| d.ends);
                     drain_end.as_mut().reset(ends);
                 }
-                () = &mut drain_end, if self.drain.is_some() => break self.end_drain().await,
+                () = &mut drain_end, if self.drain.is_some() => break self.end_drain(),
                 () = &mut token_expiry, if self.expires.is_some() => {
                     // Checked lazily, like the heartbeat: a Refresh only moves `expires`.
                     match self.expires {
                         Some(due) if due > Instant::now() => token_expiry.as_mut().reset(due),
                         _ => {
-                            self.send(Kind::Kick(client::Kick { reason: TOKEN_EXPIRED.into() })).await;
-                            let _ = self.ws.flush().await;
+                            self.send(Kind::Kick(client::Kick { reason: TOKEN_EXPIRED.into() }));
                             break Closing::new(CloseCode::Policy, TOKEN_EXPIRED);
                         }
                     }
@@ -198,7 +259,7 @@ impl<S: Io> Session<S> {
             }
             // Coalesce: everything else already waiting goes out with the same flush.
             let mut kicked = None;
-            while let Ok(msg) = rx.try_recv() {
+            while let Ok(msg) = inbox.rx.try_recv() {
                 kicked = self.on_message(msg).await;
                 if kicked.is_some() {
                     break;
@@ -207,64 +268,110 @@ impl<S: Io> Session<S> {
             if let Some(closing) = kicked {
                 break closing;
             }
-            if self.ws.flush().await.is_err() {
+            if self.overflow {
+                break too_slow();
+            }
+            // Written now, not on the next turn: polled once with this task's context,
+            // so a socket that is full wakes it when it takes more.
+            if let Poll::Ready(Err(_)) =
+                poll_fn(|cx| Poll::Ready(self.outbox.poll_write(&mut self.ws, cx))).await
+            {
                 break Closing::new(CloseCode::Away, "write failed");
             }
         }
     }
 
+    /// Writes what the socket takes, then reads: the next frame, or `None` when writing
+    /// failed. Pending while neither can go on.
+    fn poll_socket(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Option<Result<Message, tokio_tungstenite::tungstenite::Error>>>> {
+        if let Poll::Ready(Err(_)) = self.outbox.poll_write(&mut self.ws, cx) {
+            return Poll::Ready(None);
+        }
+        self.ws.poll_next_unpin(cx).map(Some)
+    }
+
+    /// The session ends: what is queued goes out, then the close frame, within the
+    /// write deadline; a session closed as too slow gets one try at the close frame and
+    /// no more. Pushes it never got are counted as dropped.
+    async fn finish(&mut self, closing: Closing, inbox: &mut Inbox) {
+        let wait = if closing.reason == TOO_SLOW {
+            Duration::ZERO
+        } else {
+            self.gate.config.write_timeout
+        };
+        let flushed =
+            tokio::time::timeout(wait, poll_fn(|cx| self.outbox.poll_write(&mut self.ws, cx)))
+                .await;
+        let dropped = self.outbox.queued_pushes() + inbox.queued_pushes();
+        if dropped > 0 {
+            metrics::counter!("gate_push_dropped_total").increment(dropped as u64);
+        }
+        let wait = if matches!(flushed, Ok(Ok(()))) {
+            wait
+        } else {
+            Duration::ZERO
+        };
+        close(&mut self.ws, closing, wait).await;
+    }
+
     /// Handles up to [`READ_BATCH`] more frames that are readable without waiting.
-    async fn on_ready_frames(&mut self, now: Instant) -> Result<(), Closing> {
+    fn on_ready_frames(&mut self, now: Instant) -> Result<(), Closing> {
         for _ in 0..READ_BATCH {
             let Some(frame) = self.ws.next().now_or_never() else {
                 break;
             };
-            self.on_frame(frame, now).await?;
+            self.on_frame(frame, now)?;
         }
         Ok(())
     }
 
     /// Handles one frame read at `now`.
-    async fn on_frame(
+    fn on_frame(
         &mut self,
         frame: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>,
         now: Instant,
     ) -> Result<(), Closing> {
-        use tokio_tungstenite::tungstenite::Error as WsError;
         let frame = match frame {
             None => return Err(Closing::new(CloseCode::Normal, "client closed")),
-            Some(Err(WsError::Capacity(_))) => {
-                metrics::counter!("gate_rejected_total", "reason" => "frame_size").increment(1);
-                return Err(Closing::new(CloseCode::Size, "frame too large"));
-            }
-            Some(Err(_)) => return Err(Closing::new(CloseCode::Protocol, "websocket error")),
+            Some(Err(e)) => return Err(frame_error(&e)),
             Some(Ok(frame)) => frame,
         };
         self.last_seen = now;
         match frame {
             Message::Close(_) => return Err(Closing::new(CloseCode::Normal, "client closed")),
-            Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return Ok(()),
+            Message::Ping(_) => {
+                // WebSocket answers a ping itself; a flood still counts against the
+                // session's rate, like heartbeats and requests.
+                if !self.bucket.take(now) {
+                    self.gate.rejected.rate.increment(1);
+                }
+                return Ok(());
+            }
+            Message::Pong(_) | Message::Frame(_) => return Ok(()),
             Message::Binary(_) | Message::Text(_) => {}
         }
         match self.codec.decode(&frame, &self.gate.schemas) {
             Decoded::Many(all) => {
                 for decoded in all {
-                    self.on_decoded(decoded, now).await?;
+                    self.on_decoded(decoded, now)?;
                 }
                 Ok(())
             }
-            decoded => self.on_decoded(decoded, now).await,
+            decoded => self.on_decoded(decoded, now),
         }
     }
 
     /// Handles what one packet of a frame held.
-    async fn on_decoded(&mut self, decoded: Decoded, now: Instant) -> Result<(), Closing> {
+    fn on_decoded(&mut self, decoded: Decoded, now: Instant) -> Result<(), Closing> {
         let packet = match decoded {
             Decoded::Packet(packet) => packet,
             Decoded::BadBody(resp) => {
                 self.gate.rejected.body.increment(1);
                 if resp.id != 0 {
-                    self.send(Kind::Response(resp)).await;
+                    self.send(Kind::Response(resp));
                 }
                 return Ok(());
             }
@@ -275,15 +382,21 @@ impl<S: Io> Session<S> {
             Some(Kind::Request(req)) => {
                 if req.id != 0 && self.is_serial(&req) {
                     if self.serial_pending.is_some() {
-                        return self.queue_serial(req).await;
+                        return self.queue_serial(req);
                     }
                     self.serial_pending = Some(req.id);
                 }
-                self.forward(req, now).await;
+                self.forward(req, now);
                 Ok(())
             }
             Some(Kind::Heartbeat(_)) => {
-                self.send(Kind::Heartbeat(client::Heartbeat {})).await;
+                // Over the session's rate a heartbeat is not answered (the session is
+                // alive all the same: it just sent a frame).
+                if self.bucket.take(now) {
+                    self.send(Kind::Heartbeat(client::Heartbeat {}));
+                } else {
+                    self.gate.rejected.rate.increment(1);
+                }
                 Ok(())
             }
             Some(Kind::Refresh(refresh)) => {
@@ -291,8 +404,7 @@ impl<S: Io> Session<S> {
                     Ok(()) => (code::OK, String::new()),
                     Err(message) => (code::UNAUTHORIZED, message),
                 };
-                self.send(Kind::RefreshAck(client::RefreshAck { code, message }))
-                    .await;
+                self.send(Kind::RefreshAck(client::RefreshAck { code, message }));
                 Ok(())
             }
             Some(Kind::Handshake(_)) => Err(Closing::new(CloseCode::Policy, "handshake repeated")),
@@ -301,10 +413,21 @@ impl<S: Io> Session<S> {
         }
     }
 
-    /// Takes a slot of the gate-wide in-flight budget, if one is free.
+    /// Takes a slot of the gate-wide in-flight budget, if one is free to this session:
+    /// the last `--gate-reserve` slots are kept for light sessions (fewer than
+    /// `--light-in-flight` requests in flight), so a few sessions flooding requests
+    /// cannot take the whole budget from everyone else.
     fn admit(&self) -> bool {
+        let config = &self.gate.config;
+        let limit = if self.pending.len() < config.light_in_flight {
+            config.max_gate_in_flight
+        } else {
+            config
+                .max_gate_in_flight
+                .saturating_sub(config.gate_reserve)
+        };
         let taken = self.gate.in_flight.fetch_add(1, Ordering::Relaxed);
-        if taken < self.gate.config.max_gate_in_flight {
+        if taken < limit {
             return true;
         }
         self.gate.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -323,7 +446,7 @@ impl<S: Io> Session<S> {
     }
 
     /// Holds a serial request until the one before it is answered.
-    async fn queue_serial(&mut self, req: client::Request) -> Result<(), Closing> {
+    fn queue_serial(&mut self, req: client::Request) -> Result<(), Closing> {
         if self.pending.len() + self.serial_queue.len() >= self.gate.config.max_in_flight {
             self.gate.rejected.in_flight.increment(1);
             let resp = client::Response {
@@ -332,7 +455,7 @@ impl<S: Io> Session<S> {
                 message: "too many requests in flight".into(),
                 ..Default::default()
             };
-            self.send(Kind::Response(resp)).await;
+            self.send(Kind::Response(resp));
         } else {
             self.serial_queue.push_back(req);
         }
@@ -340,16 +463,16 @@ impl<S: Io> Session<S> {
     }
 
     /// Forwards a request, or answers it at once when the gate refuses it.
-    async fn forward(&mut self, req: client::Request, received: Instant) {
+    fn forward(&mut self, req: client::Request, received: Instant) {
         let id = req.id;
-        if let Some(resp) = self.on_request(req, received).await {
-            self.send(Kind::Response(resp)).await;
-            self.answered(id).await;
+        if let Some(resp) = self.on_request(req, received) {
+            self.send(Kind::Response(resp));
+            self.answered(id);
         }
     }
 
     /// Called once request `id` has its answer: lets the next serial request go.
-    async fn answered(&mut self, id: u64) {
+    fn answered(&mut self, id: u64) {
         if self.serial_pending != Some(id) {
             return;
         }
@@ -361,19 +484,15 @@ impl<S: Io> Session<S> {
             };
             let next_id = next.id;
             self.serial_pending = Some(next_id);
-            if let Some(resp) = self.on_request(next, Instant::now()).await {
-                self.send(Kind::Response(resp)).await;
+            if let Some(resp) = self.on_request(next, Instant::now()) {
+                self.send(Kind::Response(resp));
                 self.serial_pending = None;
             }
         }
     }
 
     /// Forwards a request; returns the answer when the gate answers it itself.
-    async fn on_request(
-        &mut self,
-        req: client::Request,
-        received: Instant,
-    ) -> Option<client::Response> {
+    fn on_request(&mut self, req: client::Request, received: Instant) -> Option<client::Response> {
         let notify = req.id == 0;
         let reject = |code: u32, message: &str, reason: &metrics::Counter| {
             reason.increment(1);
@@ -468,15 +587,15 @@ impl<S: Io> Session<S> {
         let (id, reply) = match msg {
             ToSession::Push(frame) => {
                 let msg = self.codec.encode_push(&frame, &self.gate.schemas);
-                let _ = self.ws.feed(msg).await;
+                self.put(msg, true);
                 return None;
             }
             ToSession::Kick(reason) => {
-                self.send(Kind::Kick(client::Kick { reason })).await;
+                self.send(Kind::Kick(client::Kick { reason }));
                 return Some(Closing::new(CloseCode::Policy, "kicked"));
             }
             ToSession::BusLost => {
-                self.answer_all_pending("bus connection lost").await;
+                self.answer_all_pending("bus connection lost");
                 return None;
             }
             ToSession::Reply { id, reply } => (id, reply),
@@ -514,15 +633,15 @@ impl<S: Io> Session<S> {
                 resp.message = "worker sent an invalid response".into();
             }
         }
-        self.answer(resp, &pending, worker_time).await;
-        self.answered(id).await;
+        self.answer(resp, &pending, worker_time);
+        self.answered(id);
         let reason = kick?;
-        self.send(Kind::Kick(client::Kick { reason })).await;
+        self.send(Kind::Kick(client::Kick { reason }));
         Some(Closing::new(CloseCode::Policy, "kicked"))
     }
 
     /// Answers a forwarded request and records its round trip.
-    async fn answer(
+    fn answer(
         &mut self,
         mut resp: client::Response,
         pending: &Pending,
@@ -556,11 +675,11 @@ impl<S: Io> Session<S> {
         let frame = self
             .codec
             .encode_response(resp, &pending.route, &self.gate.schemas);
-        let _ = self.ws.feed(frame).await;
+        self.put(frame, false);
     }
 
     /// Answers 408 for every request whose deadline passed.
-    async fn expire(&mut self) {
+    fn expire(&mut self) {
         let now = Instant::now();
         while let Some(&(deadline, id)) = self.deadlines.front() {
             if deadline > now {
@@ -575,15 +694,15 @@ impl<S: Io> Session<S> {
                     message: "no answer in time".into(),
                     ..Default::default()
                 };
-                self.answer(resp, &pending, (0, 0)).await;
-                self.answered(id).await;
+                self.answer(resp, &pending, (0, 0));
+                self.answered(id);
             }
         }
     }
 
     /// The gate started draining: tell the client to move (before anything else goes
     /// out), and keep serving it for the grace period.
-    async fn begin_drain(&mut self) {
+    fn begin_drain(&mut self) {
         let now = Instant::now();
         let grace = self.gate.config.shutdown_grace;
         self.drain = Some(Drain {
@@ -595,12 +714,12 @@ impl<S: Io> Session<S> {
             grace_ms: grace.as_millis().try_into().unwrap_or(u32::MAX),
         };
         // Flushed with the rest of this turn, before anything else is read.
-        self.send(Kind::Drain(drain)).await;
+        self.send(Kind::Drain(drain));
     }
 
     /// The grace is over: whatever is still held is answered 503 and the session closes
     /// with a kick saying why.
-    async fn end_drain(&mut self) -> Closing {
+    fn end_drain(&mut self) -> Closing {
         for req in std::mem::take(&mut self.serial_queue) {
             let resp = client::Response {
                 id: req.id,
@@ -608,20 +727,18 @@ impl<S: Io> Session<S> {
                 message: code::GATE_DRAINING.into(),
                 ..Default::default()
             };
-            self.send(Kind::Response(resp)).await;
+            self.send(Kind::Response(resp));
         }
-        self.answer_all_pending("gate shutting down").await;
+        self.answer_all_pending("gate shutting down");
         self.send(Kind::Kick(client::Kick {
             reason: "gate shutting down".into(),
-        }))
-        .await;
-        let _ = self.ws.flush().await;
+        }));
         Closing::new(CloseCode::Away, "gate shutting down")
     }
 
     /// Answers every forwarded request still awaiting its worker 503 with `message`:
     /// no reply will come for it (the bus connection is gone, or the gate is).
-    async fn answer_all_pending(&mut self, message: &str) {
+    fn answer_all_pending(&mut self, message: &str) {
         let left: Vec<(u64, Pending)> = self.pending.drain().collect();
         for (id, pending) in left {
             let resp = client::Response {
@@ -630,13 +747,25 @@ impl<S: Io> Session<S> {
                 message: message.into(),
                 ..Default::default()
             };
-            self.answer(resp, &pending, (0, 0)).await;
-            self.answered(id).await;
+            self.answer(resp, &pending, (0, 0));
+            self.answered(id);
         }
     }
 
-    /// Queues a packet towards the client; the caller's loop flushes.
-    async fn send(&mut self, kind: Kind) {
-        let _ = self.ws.feed(self.codec.encode(kind)).await;
+    /// Queues a packet towards the client; the caller's loop writes it.
+    fn send(&mut self, kind: Kind) {
+        let frame = self.codec.encode(kind);
+        self.put(frame, false);
+    }
+
+    /// Queues a frame towards the client; a full outbox closes the session as too slow
+    /// at the end of the turn (nothing is dropped from a session that stays open).
+    fn put(&mut self, frame: Message, push: bool) {
+        if self.outbox.put(frame, push).is_err() {
+            self.overflow = true;
+            if push {
+                metrics::counter!("gate_push_dropped_total").increment(1);
+            }
+        }
     }
 }

@@ -70,15 +70,15 @@ pub struct BusOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
 pub struct BusTimings {
     /// How long opening a bus connection may take: TCP, TLS and the CONNECT round trip.
-    #[arg(long = "bus-connect-timeout-ms", env = "SHADDOCK_BUS_CONNECT_TIMEOUT_MS", value_parser = parse_positive_ms, default_value = "2000")]
+    #[arg(long = "bus-connect-timeout-ms", env = "SHADDOCK_BUS_CONNECT_TIMEOUT_MS", value_parser = crate::config::parse_positive_ms, default_value = "2000")]
     pub connect_timeout: Duration,
     /// How often a quiet bus connection is pinged; two unanswered pings in a row declare
     /// it dead.
-    #[arg(long = "bus-ping-interval-ms", env = "SHADDOCK_BUS_PING_INTERVAL_MS", value_parser = parse_positive_ms, default_value = "5000")]
+    #[arg(long = "bus-ping-interval-ms", env = "SHADDOCK_BUS_PING_INTERVAL_MS", value_parser = crate::config::parse_positive_ms, default_value = "5000")]
     pub ping_interval: Duration,
     /// How long one write to the bus may wait for the server to take it before the
     /// connection is declared dead (a server that stopped reading).
-    #[arg(long = "bus-write-timeout-ms", env = "SHADDOCK_BUS_WRITE_TIMEOUT_MS", value_parser = parse_positive_ms, default_value = "5000")]
+    #[arg(long = "bus-write-timeout-ms", env = "SHADDOCK_BUS_WRITE_TIMEOUT_MS", value_parser = crate::config::parse_positive_ms, default_value = "5000")]
     pub write_timeout: Duration,
     /// After moving off a server in lame duck mode, how long replies are still read from
     /// it (0: not at all).
@@ -105,16 +105,6 @@ impl BusTimings {
         options.write_timeout = self.write_timeout;
         options.linger = self.linger;
     }
-}
-
-/// A number of milliseconds above zero: a zero timeout or ping interval would leave the
-/// connection nothing to work with.
-fn parse_positive_ms(s: &str) -> Result<Duration, String> {
-    let duration = crate::config::parse_ms(s)?;
-    if duration.is_zero() {
-        return Err("must be greater than zero".into());
-    }
-    Ok(duration)
 }
 
 impl fmt::Debug for BusOptions {

@@ -10,11 +10,11 @@ use futures::{SinkExt, StreamExt};
 use proto::client::{self, Packet, packet::Kind};
 use proto::code;
 use rustc_hash::FxHashMap;
-use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use super::{Cache, Closing, Io, Session, close};
+use super::outbox::Outbox;
+use super::{Cache, Closing, Io, Session, close, frame_error, inbox};
 use crate::admission::Ticket;
 use crate::codec::{Codec, Decoded};
 use crate::forward::SessionWire;
@@ -39,13 +39,21 @@ pub(crate) async fn run<S: Io>(
             return;
         }
     };
+    // Every refusal from here on is a close frame saying why, sent within the write
+    // deadline.
+    let wait = gate.config.write_timeout;
     let hello = match timeout(gate.config.handshake_timeout, ws.next()).await {
         Ok(Some(Ok(frame))) => frame,
-        Ok(_) => return,
+        Ok(Some(Err(e))) => {
+            close(&mut ws, frame_error(&e), wait).await;
+            return;
+        }
+        Ok(None) => return,
         Err(_) => {
             close(
                 &mut ws,
                 Closing::new(CloseCode::Policy, "handshake timeout"),
+                wait,
             )
             .await;
             return;
@@ -60,6 +68,7 @@ pub(crate) async fn run<S: Io>(
             close(
                 &mut ws,
                 Closing::new(CloseCode::Policy, "handshake required"),
+                wait,
             )
             .await;
             return;
@@ -83,13 +92,19 @@ pub(crate) async fn run<S: Io>(
         Ok(identity) => identity,
         Err(e) => {
             metrics::counter!("gate_auth_failures_total", "reason" => e.reason()).increment(1);
-            let _ = ws.send(ack(code::UNAUTHORIZED, &e.to_string())).await;
-            close(&mut ws, Closing::new(CloseCode::Policy, "unauthorized")).await;
+            let _ = timeout(wait, ws.send(ack(code::UNAUTHORIZED, &e.to_string()))).await;
+            close(
+                &mut ws,
+                Closing::new(CloseCode::Policy, "unauthorized"),
+                wait,
+            )
+            .await;
             return;
         }
     };
-    // Room for every in-flight answer plus pushes: the router never blocks.
-    let (tx, rx) = mpsc::channel(gate.config.max_in_flight + gate.config.outbound_queue);
+    // Room for every in-flight answer plus pushes: the router never blocks, and a queue
+    // that fills anyway closes the session as too slow.
+    let (tx, mut inbox) = inbox::channel(gate.config.max_in_flight + gate.config.outbound_queue);
     gate.sessions.insert(sid, tx);
     let mut wire = SessionWire::new(&gate.id, sid);
     let mut expires = None;
@@ -97,8 +112,13 @@ pub(crate) async fn run<S: Io>(
         // Bound before the ack: the first request already carries the player.
         if let Err(e) = gate.bind(&identity.uid, sid).await {
             gate.sessions.remove(&sid);
-            let _ = ws.send(ack(bind_refusal(&e), &e.to_string())).await;
-            close(&mut ws, Closing::new(CloseCode::Policy, "uid refused")).await;
+            let _ = timeout(wait, ws.send(ack(bind_refusal(&e), &e.to_string()))).await;
+            close(
+                &mut ws,
+                Closing::new(CloseCode::Policy, "uid refused"),
+                wait,
+            )
+            .await;
             return;
         }
         expires = identity.expires.and_then(instant_of);
@@ -108,7 +128,7 @@ pub(crate) async fn run<S: Io>(
             s.authenticated = true;
         });
     }
-    if ws.send(ack(code::OK, "")).await.is_err() {
+    if !matches!(timeout(wait, ws.send(ack(code::OK, ""))).await, Ok(Ok(()))) {
         gate.sessions.remove(&sid);
         let uid = &wire.get().uid;
         if !uid.is_empty() {
@@ -134,18 +154,22 @@ pub(crate) async fn run<S: Io>(
         drain: None,
         groups: Vec::new(),
         ws,
+        outbox: Outbox::new(gate.config.outbound_queue),
+        overflow: false,
         pending: FxHashMap::default(),
         deadlines: VecDeque::new(),
         last_seen: Instant::now(),
         durations: Cache::default(),
     };
-    let closing = session.serve(rx).await;
+    let closing = session.serve(&mut inbox).await;
+    // Everything it holds is given back before the client is told.
     gate.sessions.remove(&sid);
     session.leave_everything().await;
     metrics::gauge!("gate_sessions").decrement(1.0);
     session.release(session.pending.len());
     tracing::debug!(sid, reason = closing.reason, "session closed");
-    close(&mut session.ws, closing).await;
+    metrics::counter!("gate_sessions_closed_total", "reason" => closing.reason).increment(1);
+    session.finish(closing, &mut inbox).await;
 }
 
 /// The kick reason, and close reason, of a session whose signed token expired.

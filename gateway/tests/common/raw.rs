@@ -52,6 +52,23 @@ impl RawClient {
         RawClient { ws }
     }
 
+    /// Opens the WebSocket over a socket whose receive buffer is as small as the kernel
+    /// allows, and completes a binary handshake: a client that stops reading then fills
+    /// up after a few kilobytes rather than megabytes.
+    pub async fn handshaken_small_window(url: &str) -> RawClient {
+        let to: std::net::SocketAddr = url.trim_start_matches("ws://").parse().unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let stream = within(socket.connect(to)).await.unwrap();
+        let (ws, _) = within(tokio_tungstenite::client_async(
+            url,
+            MaybeTlsStream::Plain(stream),
+        ))
+        .await
+        .unwrap();
+        RawClient { ws }.handshaken_now().await
+    }
+
     /// Opens the WebSocket and completes a binary handshake, which must be accepted.
     pub async fn handshaken(url: &str) -> RawClient {
         RawClient::connect(url).await.handshaken_now().await
