@@ -61,6 +61,11 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// waiting longer only turns answers into timeouts.
 pub const DEFAULT_MAX_BUS_PENDING: usize = 4 * 1024 * 1024;
 pub const DEFAULT_OUTBOUND_QUEUE: usize = 1024;
+/// Bytes of frames waiting for one client's socket before it counts as too slow and is
+/// closed (as Centrifugo's client queue): with the frame count alone, a client that
+/// stops reading could hold a thousand 64 KiB answers. A game client with a megabyte
+/// unread is not keeping up.
+pub const DEFAULT_OUTBOUND_BYTES: usize = 1024 * 1024;
 /// How long a session's socket may take nothing of what is queued for it before the
 /// session is closed as too slow. A game client reads continuously; one that has taken
 /// nothing for seconds has stopped, or its link has, and everything sent meanwhile only
@@ -147,9 +152,12 @@ pub struct GateConfig {
     /// Frames queued towards one client before it is closed as too slow.
     #[arg(long, env = "SHADDOCK_OUTBOUND_QUEUE", default_value_t = DEFAULT_OUTBOUND_QUEUE)]
     pub outbound_queue: usize,
+    /// Bytes of frames waiting for one client before it is closed as too slow.
+    #[arg(long, env = "SHADDOCK_OUTBOUND_BYTES", default_value_t = DEFAULT_OUTBOUND_BYTES)]
+    pub outbound_bytes: usize,
     /// Milliseconds a session's socket may take nothing of what is queued for it before
     /// the session is closed as too slow (also the most a close frame is waited for).
-    #[arg(long = "write-timeout-ms", env = "SHADDOCK_WRITE_TIMEOUT_MS", value_parser = parse_positive_ms, default_value = "5000")]
+    #[arg(id = "client_write_timeout", long = "write-timeout-ms", env = "SHADDOCK_WRITE_TIMEOUT_MS", value_parser = parse_positive_ms, default_value = "5000")]
     pub write_timeout: Duration,
     /// Slots of --max-gate-in-flight only light sessions (fewer than
     /// --light-in-flight requests in flight) may take: heavier ones are answered 503
@@ -230,6 +238,7 @@ impl Default for GateConfig {
             heartbeat: DEFAULT_HEARTBEAT,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             outbound_queue: DEFAULT_OUTBOUND_QUEUE,
+            outbound_bytes: DEFAULT_OUTBOUND_BYTES,
             write_timeout: DEFAULT_WRITE_TIMEOUT,
             gate_reserve: DEFAULT_GATE_RESERVE,
             light_in_flight: DEFAULT_LIGHT_IN_FLIGHT,
@@ -243,5 +252,46 @@ impl Default for GateConfig {
             bind_probe_timeout: DEFAULT_BIND_PROBE_TIMEOUT,
             serial_routes: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        gate: GateConfig,
+    }
+
+    #[test]
+    fn slow_client_flags_default_and_refuse_a_zero_write_timeout() {
+        let gate = Cli::try_parse_from(["gate"]).unwrap().gate;
+        assert_eq!(
+            (
+                gate.write_timeout,
+                gate.outbound_queue,
+                gate.gate_reserve,
+                gate.light_in_flight
+            ),
+            (
+                DEFAULT_WRITE_TIMEOUT,
+                DEFAULT_OUTBOUND_QUEUE,
+                DEFAULT_GATE_RESERVE,
+                DEFAULT_LIGHT_IN_FLIGHT
+            )
+        );
+        let gate = Cli::try_parse_from(["gate", "--write-timeout-ms", "1", "--gate-reserve", "0"])
+            .unwrap()
+            .gate;
+        assert_eq!(gate.write_timeout, Duration::from_millis(1));
+        assert_eq!(gate.gate_reserve, 0);
+        let refused = Cli::try_parse_from(["gate", "--write-timeout-ms", "0"]).unwrap_err();
+        assert!(
+            refused.to_string().contains("greater than zero"),
+            "{refused}"
+        );
     }
 }

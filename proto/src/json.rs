@@ -373,4 +373,17 @@ mod tests {
         assert!(decode("not json").is_err());
         assert!(decode(r#"{"request":{"id":-1}}"#).is_err());
     }
+
+    /// docs/protocol.md: an unknown field of a known kind is ignored, as binary protobuf
+    /// ignores it (a newer client, an older gate); an unknown kind is not.
+    #[test]
+    fn unknown_fields_of_a_known_kind_are_ignored() {
+        let p =
+            decode(r#"{"request":{"id":7,"route":"echo.raw","added_later":[1,{"x":2}]}}"#).unwrap();
+        let Some(Kind::Request(request)) = p.kind else {
+            panic!("{p:?}");
+        };
+        assert_eq!((request.id, request.route.as_str()), (7, "echo.raw"));
+        assert!(decode(r#"{"request":{"id":7},"heartbeat":{}}"#).is_err());
+    }
 }

@@ -154,7 +154,7 @@ pub(crate) async fn run<S: Io>(
         drain: None,
         groups: Vec::new(),
         ws,
-        outbox: Outbox::new(gate.config.outbound_queue),
+        outbox: Outbox::new(gate.config.outbound_queue, gate.config.outbound_bytes),
         overflow: false,
         pending: FxHashMap::default(),
         deadlines: VecDeque::new(),

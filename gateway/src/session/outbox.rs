@@ -16,10 +16,14 @@ struct Outgoing {
     push: bool,
 }
 
-/// Frames towards the client, at most `capacity` waiting (see the module docs).
+/// Frames towards the client, at most `capacity` of them and `max_bytes` of payload
+/// waiting (see the module docs).
 pub(super) struct Outbox {
     frames: VecDeque<Outgoing>,
     capacity: usize,
+    max_bytes: usize,
+    /// Payload bytes of `frames`.
+    bytes: usize,
     /// Frames handed to the socket's writer and not yet flushed.
     unflushed: bool,
     /// Since when the socket has taken nothing while output waits; `None` when
@@ -32,21 +36,28 @@ pub(super) struct Outbox {
 pub(super) struct Full;
 
 impl Outbox {
-    pub(super) fn new(capacity: usize) -> Self {
+    pub(super) fn new(capacity: usize, max_bytes: usize) -> Self {
         Outbox {
             frames: VecDeque::new(),
             capacity: capacity.max(1),
+            max_bytes,
+            bytes: 0,
             unflushed: false,
             waiting_since: None,
         }
     }
 
-    /// Queues `frame` (a push when `push`); `Full` when `capacity` frames already wait.
+    /// Queues `frame` (a push when `push`); `Full` when `capacity` frames already wait,
+    /// or it would take the payload waiting past `max_bytes` (a frame is always taken
+    /// into an empty outbox: the frame size limit is elsewhere).
     pub(super) fn put(&mut self, frame: Message, push: bool) -> Result<(), Full> {
-        if self.frames.len() >= self.capacity {
+        let len = frame.len();
+        let over = !self.frames.is_empty() && self.bytes + len > self.max_bytes;
+        if self.frames.len() >= self.capacity || over {
             return Err(Full);
         }
         self.waiting_since.get_or_insert_with(Instant::now);
+        self.bytes += len;
         self.frames.push_back(Outgoing { frame, push });
         Ok(())
     }
@@ -83,6 +94,7 @@ impl Outbox {
                 let Some(next) = self.frames.pop_front() else {
                     continue;
                 };
+                self.bytes -= next.frame.len();
                 if let Err(e) = ws.start_send_unpin(next.frame) {
                     break Poll::Ready(Err(e));
                 }
@@ -160,7 +172,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn frames_wait_in_order_until_the_socket_takes_them_and_the_wait_is_timed() {
-        let mut outbox = Outbox::new(3);
+        let mut outbox = Outbox::new(3, usize::MAX);
         let mut socket = Socket::default();
         assert!(outbox.waiting_since().is_none());
         let start = Instant::now();
@@ -193,5 +205,25 @@ mod tests {
             .collect();
         assert_eq!(written, ["0", "1", "2"]);
         assert_eq!(outbox.queued_pushes(), 0);
+    }
+
+    #[test]
+    fn the_payload_waiting_is_bounded_too() {
+        let mut outbox = Outbox::new(100, 10);
+        // Alone, a frame past the bound is taken: the frame limit is elsewhere.
+        outbox.put(Message::binary(vec![0; 12]), false).unwrap();
+        assert_eq!(outbox.put(Message::binary(vec![0; 1]), false), Err(Full));
+        let mut socket = Socket {
+            room: 1,
+            ..Socket::default()
+        };
+        assert!(matches!(
+            poll(&mut outbox, &mut socket),
+            Poll::Ready(Ok(()))
+        ));
+        // Written: room again, up to the bound exactly.
+        outbox.put(Message::binary(vec![0; 6]), false).unwrap();
+        outbox.put(Message::binary(vec![0; 4]), true).unwrap();
+        assert_eq!(outbox.put(Message::binary(vec![0; 1]), true), Err(Full));
     }
 }

@@ -1,0 +1,107 @@
+//! What clients that stop reading cost a running gate, in memory (docs/benchmarks.md,
+//! "Slow clients"): the gate process's RSS before, at the peak of, and after an attack
+//! of sessions that send and never read, and of a heartbeat flood.
+//!
+//! ```sh
+//! cargo run --release -p shaddock-gateway --example slow_readers -- ws://127.0.0.1:3250 <gate pid> [sessions]
+//! ```
+//!
+//! Each attacking session opens a socket with the smallest receive buffer the kernel
+//! allows, pipelines 256 `echo.raw` requests of 16 KiB and reads nothing; one more
+//! session sends 20,000 heartbeats and reads nothing. The gate should close them all as
+//! too slow (or they are dropped after 20 s), and its RSS come back near where it was.
+
+use std::time::{Duration, Instant};
+
+use futures::SinkExt as _;
+use proto::Message as _;
+use proto::client::{Handshake, Heartbeat, Packet, Request, packet::Kind};
+use tokio::net::TcpSocket;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream, client_async};
+
+type Ws = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Requests each attacking session pipelines.
+const REQUESTS: u64 = 256;
+/// Bytes of each request's body (and of its echo).
+const BODY: usize = 16 * 1024;
+/// Heartbeats of the flooding session.
+const HEARTBEATS: usize = 20_000;
+/// How long the attackers are kept before they are dropped, closed or not.
+const HOLD: Duration = Duration::from_secs(20);
+
+/// The resident set of process `pid`, in KiB.
+fn rss_kib(pid: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A handshaken session over a socket with a small receive window.
+async fn session(url: &str) -> anyhow::Result<Ws> {
+    let addr: std::net::SocketAddr = url.trim_start_matches("ws://").parse()?;
+    let socket = TcpSocket::new_v4()?;
+    socket.set_recv_buffer_size(4096)?;
+    let stream = socket.connect(addr).await?;
+    let (mut ws, _) = client_async(url, MaybeTlsStream::Plain(stream)).await?;
+    send(&mut ws, Kind::Handshake(Handshake::default())).await?;
+    Ok(ws)
+}
+
+async fn send(ws: &mut Ws, kind: Kind) -> anyhow::Result<()> {
+    ws.feed(Message::binary(Packet::new(kind).encode_to_vec()))
+        .await?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (Some(url), Some(pid)) = (args.first(), args.get(1)) else {
+        anyhow::bail!("usage: slow_readers WS_URL GATE_PID [SESSIONS]");
+    };
+    let sessions: usize = args.get(2).map_or(Ok(100), |s| s.parse())?;
+    let baseline = rss_kib(pid);
+    let body = "x".repeat(BODY);
+    let mut attackers = Vec::new();
+    for _ in 0..sessions {
+        let mut ws = session(url).await?;
+        for id in 1..=REQUESTS {
+            let request = Request {
+                id,
+                route: "echo.raw".into(),
+                body: body.clone().into(),
+            };
+            send(&mut ws, Kind::Request(request)).await?;
+        }
+        ws.flush().await?;
+        attackers.push(ws);
+    }
+    let mut flooder = session(url).await?;
+    for _ in 0..HEARTBEATS {
+        send(&mut flooder, Kind::Heartbeat(Heartbeat {})).await?;
+    }
+    flooder.flush().await?;
+    attackers.push(flooder);
+    let started = Instant::now();
+    let mut peak = baseline;
+    while started.elapsed() < HOLD {
+        peak = peak.max(rss_kib(pid));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(attackers);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = rss_kib(pid);
+    println!(
+        "gate RSS: baseline {:.1} MiB, peak {:.1} MiB, after {:.1} MiB ({sessions} sessions × {REQUESTS} requests of {} KiB never read, {HEARTBEATS} heartbeats never read)",
+        baseline as f64 / 1024.0,
+        peak as f64 / 1024.0,
+        after as f64 / 1024.0,
+        BODY / 1024
+    );
+    Ok(())
+}
