@@ -30,6 +30,7 @@ use crate::admission::{Admission, Refusal};
 use crate::auth::TokenCheck;
 use crate::bus::{self, Bus, BusOptions, Dispatch, Incoming, Reply, Target};
 use crate::config::{GateConfig, WS_READ_BUFFER, WS_WRITE_BUFFER};
+use crate::labels::RouteLabels;
 use crate::presence::{Binding, Group};
 use crate::schema::{self, Schemas};
 use crate::session;
@@ -57,6 +58,8 @@ pub(crate) struct GateShared {
     pub token_check: Arc<dyn TokenCheck>,
     /// Message types the workers announced, for JSON sessions' typed bodies.
     pub schemas: Schemas,
+    /// The routes the request metrics name (bounded: a client picks the route).
+    pub route_labels: RouteLabels,
     pub ws_config: WebSocketConfig,
     /// What a new connection's HTTP request may be and ask for.
     pub upgrade: UpgradePolicy,
@@ -179,6 +182,7 @@ impl Gate {
             users: DashMap::new(),
             token_check,
             schemas: Schemas::default(),
+            route_labels: RouteLabels::default(),
             ws_config,
             upgrade,
             draining: CancellationToken::new(),

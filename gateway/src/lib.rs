@@ -12,6 +12,7 @@ pub mod config;
 mod forward;
 pub mod frame;
 mod gate;
+mod labels;
 mod limits;
 pub mod pomelo;
 mod presence;

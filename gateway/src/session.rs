@@ -31,6 +31,7 @@ use crate::bus::{BusError, Reply};
 use crate::codec::{Codec, Decoded};
 use crate::forward::{Request, SessionWire};
 use crate::gate::GateShared;
+use crate::labels::MAX_ROUTE_LABELS;
 use crate::limits::TokenBucket;
 use crate::route;
 
@@ -649,18 +650,21 @@ impl<S: Io> Session<S> {
     ) {
         let elapsed = pending.received.elapsed();
         self.release(1);
-        // Only routes some worker serves become labels: a client cannot mint series.
+        // A client cannot mint series: a route nobody serves is `unknown`, and past
+        // MAX_ROUTE_LABELS distinct routes the rest are `other` (see `labels`).
         let route: &str = if resp.code == code::NOT_FOUND {
             "unknown"
         } else {
             &pending.route
         };
         let code = resp.code;
+        let labels = &self.gate.route_labels;
         self.durations
             .get(
                 |(r, c)| **r == *route && *c == code,
                 || {
-                    let h = metrics::histogram!("gate_request_duration_seconds", "route" => route.to_owned(), "code" => code.to_string());
+                    let label = labels.label(route, MAX_ROUTE_LABELS);
+                    let h = metrics::histogram!("gate_request_duration_seconds", "route" => label, "code" => code.to_string());
                     ((route.into(), code), h)
                 },
             )

@@ -158,7 +158,9 @@ async fn a_session_that_never_reads_frees_its_slots_on_time_and_is_cut_at_its_wr
         gate_config(|c| {
             c.request_timeout = REQUEST_TIMEOUT;
             c.write_timeout = WRITE_TIMEOUT;
+            // The write deadline, not the queue's bounds, is what this test cuts at.
             c.outbound_queue = 100_000;
+            c.outbound_bytes = 1 << 30;
         }),
     )
     .await;
