@@ -23,8 +23,8 @@ use proto::chat::{Member, SessionRef, Snapshot, StateChange, state_change};
 /// somewhere for as long as a worker's queue takes to drain, which the gate bounds with
 /// its request timeout (5 s by default); a minute is a wide margin.
 pub const TOMBSTONE_TTL: Duration = Duration::from_secs(60);
-/// Closed sessions remembered at most: bounds the memory a burst of disconnects takes.
-/// Past it the oldest are forgotten early.
+/// Closed sessions remembered at most: bounds the memory a burst of disconnects takes
+/// (about 40 bytes a tombstone: 2.6 MB). Past it the oldest are forgotten early.
 pub const MAX_TOMBSTONES: usize = 65_536;
 
 /// A session, as the gates name it.
