@@ -8,17 +8,10 @@ use std::time::Instant;
 
 use proto::chat::{SessionRef, StateChange, state_change};
 use services::chat::{MAX_TOMBSTONES, Rooms};
-use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 #[global_allocator]
 static ALLOCATOR: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
-
-fn live_bytes() -> isize {
-    // A reallocation's difference is in these two already (and again in
-    // `bytes_reallocated`).
-    let s = ALLOCATOR.stats();
-    s.bytes_allocated as isize - s.bytes_deallocated as isize
-}
 
 /// The most a tombstone may take, queue and set together.
 const MAX_BYTES_PER_TOMBSTONE: isize = 48;
@@ -37,12 +30,17 @@ fn tombstones_are_small_and_a_churn_at_the_bound_holds_no_more() {
     let now = Instant::now();
     let gates = ["gate-7f3a9c21", "gate-0b44e1d8"];
     let mut rooms = Rooms::default();
-    let before = live_bytes();
+    let region = Region::new(ALLOCATOR);
+    // What `region` saw allocated and not freed (a reallocation's difference is in both).
+    let held = || {
+        let change = region.change();
+        change.bytes_allocated as isize - change.bytes_deallocated as isize
+    };
     let bound = MAX_TOMBSTONES as u64;
     for sid in 0..bound {
         rooms.apply(closed(gates[(sid % 2) as usize], sid), now);
     }
-    let full = live_bytes() - before;
+    let full = held();
     assert!(
         full <= MAX_BYTES_PER_TOMBSTONE * MAX_TOMBSTONES as isize,
         "{MAX_TOMBSTONES} tombstones hold {full} bytes, {} each",
@@ -52,7 +50,7 @@ fn tombstones_are_small_and_a_churn_at_the_bound_holds_no_more() {
     for sid in bound..4 * bound {
         rooms.apply(closed(gates[(sid % 2) as usize], sid), now);
     }
-    let churned = live_bytes() - before;
+    let churned = held();
     assert!(
         churned <= full + full / 8,
         "at the bound, {} more closes took {full} bytes to {churned}",
