@@ -3,8 +3,8 @@
 //! (The broker serves its own figures on its monitoring port.)
 //!
 //! The recorder keeps every histogram sample recorded since it last drained them into
-//! their buckets: 8 bytes a sample, three per request in a worker and one in a gate.
-//! It drains them when `/metrics` is scraped and on upkeep, which `install_recorder`
+//! their buckets: about 16 bytes a sample on the heap, two per request in a worker (plus
+//! one per frame) and one in a gate. It drains them when `/metrics` is scraped and on upkeep, which `install_recorder`
 //! leaves to the caller; without it, a process nobody scrapes grew by every request it
 //! ever served (issue #34). So upkeep runs every [`UPKEEP_INTERVAL`], scraped or not,
 //! and the samples held are at most that interval's worth.
@@ -30,7 +30,7 @@ const LATENCY_BUCKETS: [f64; 17] = [
 
 /// How often the recorder drains histogram samples into their buckets: what it holds
 /// between two drains is what the process records in this time (at 100,000 requests a
-/// second, 2.4 MB in a worker). A drain costs a bucket search per sample, paid anyway.
+/// second, about 5 MB in a worker). A drain costs a bucket search per sample, paid anyway.
 pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Installs the process-wide recorder and serves it on `addr` until `shutdown`.
