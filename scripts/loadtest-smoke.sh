@@ -77,6 +77,9 @@ scenario saturate saturate --clients 2 --start-rate 100 --max-rate 200 --factor 
 scenario idle idle --sessions 50 --quiet
 scenario limit limit --clients 2,5 --duration 1s "${short[@]}"
 scenario broadcast broadcast --members 20 --messages 10
+# Sessions opened and closed, each with an echo and a chat login and join: every
+# process's RSS read before, after the warm-up and at the end (issue #34).
+scenario churn churn --sessions 400 --warmup 200 --samples 1 --concurrency 50 --mix echo,chat
 # Every fault phase for 1.5 s under a light load, on our broker and on a 3-node
 # nats-server cluster. The gates keep their 5 s request timeout (a shorter one turns a
 # slow answer on a busy machine into a 408), inside the clients' 8 s, so a killed
@@ -90,4 +93,4 @@ if ((${#failed[@]})); then
   echo "load-test smoke failed: ${failed[*]}" >&2
   exit 1
 fi
-echo "load-test smoke passed: 11 scenarios"
+echo "load-test smoke passed: 12 scenarios"

@@ -8,7 +8,7 @@
 //! - [`idle_conns`]: resident memory a server spends per idle NATS connection.
 //! - [`ws`]: open-loop WebSocket load through the gateway and its scenarios
 //!   (`concurrency`, `pomelo-a`, `pomelo-b`, `saturate`, `idle`, `limit`, `broadcast`,
-//!   `pomelo-compare`).
+//!   `pomelo-compare`, `churn`).
 //! - [`faults`]: steady load through the gates while the fleet changes phase by phase.
 
 pub mod bus_rr;
@@ -45,6 +45,9 @@ pub enum Command {
     Broadcast(ws::broadcast::BroadcastArgs),
     /// One pomelo-protocol client against the gate and against a pomelo server.
     PomeloCompare(ws::pomelo::PomeloCompareArgs),
+    /// Sessions opened and closed, each doing a mix of requests: what each closed
+    /// session leaves behind in each process's RSS.
+    Churn(ws::churn::ChurnArgs),
     /// Steady load while the fleet changes (worker added, drained, killed; gate
     /// drained; bus node restarted): per phase, what the clients saw.
     Faults(faults::FaultsArgs),
@@ -80,6 +83,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Limit(args) => ws::scenario::limit(args).await,
         Command::Broadcast(args) => ws::broadcast::broadcast(args).await,
         Command::PomeloCompare(args) => ws::pomelo::pomelo_compare(args).await,
+        Command::Churn(args) => ws::churn::churn(args).await,
         Command::Faults(args) => faults::faults(args).await,
     }
 }

@@ -206,14 +206,23 @@ async fn member(url: &str, name: String, serial: bool) -> anyhow::Result<Client>
     let client = Client::connect(url, options)
         .await
         .with_context(|| format!("connecting {url}"))?;
+    login_and_join(&client, name, ROOM).await?;
+    Ok(client)
+}
+
+/// Logs `client` in to chat as `name` and joins `room`; fails unless both answer 200.
+pub(crate) async fn login_and_join(
+    client: &Client,
+    name: String,
+    room: &str,
+) -> anyhow::Result<()> {
     expect_ok(
         client
             .request("chat.login", LoginRequest { name }.encode_to_vec())
             .await?,
     )?;
-    let join = JoinRequest { room: ROOM.into() };
-    expect_ok(client.request("chat.join", join.encode_to_vec()).await?)?;
-    Ok(client)
+    let join = JoinRequest { room: room.into() };
+    expect_ok(client.request("chat.join", join.encode_to_vec()).await?)
 }
 
 async fn say(sender: &Client, text: &str) -> anyhow::Result<()> {
@@ -224,7 +233,7 @@ async fn say(sender: &Client, text: &str) -> anyhow::Result<()> {
     expect_ok(sender.request("chat.say", say.encode_to_vec()).await?)
 }
 
-fn expect_ok(response: Response) -> anyhow::Result<()> {
+pub(crate) fn expect_ok(response: Response) -> anyhow::Result<()> {
     if response.code != proto::code::OK {
         bail!("answered {}: {}", response.code, response.message);
     }

@@ -9,12 +9,13 @@
 //!   each client; [`books`]: each client's counts, whichever driver.
 //! - [`hist`], [`stats`]: HDR histograms, per-client records and how they add up.
 //! - [`target`]: gates by URL, a launched topology, or the bare echo server.
-//! - [`scenario`], [`idle`], [`broadcast`], [`pomelo`]: the subcommands.
+//! - [`scenario`], [`idle`], [`broadcast`], [`pomelo`], [`churn`]: the subcommands.
 //! - [`report`], [`text`], [`html`]: the report, as JSON, terminal text and HTML.
 //! - [`procfs`]: RSS and CPU time of a process.
 
 pub mod books;
 pub mod broadcast;
+pub mod churn;
 pub mod clock;
 pub mod generator;
 pub mod hist;

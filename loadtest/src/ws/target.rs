@@ -170,7 +170,18 @@ impl TargetArgs {
         gates: u32,
         workers: u32,
     ) -> anyhow::Result<(Gates, Option<Topology>)> {
-        self.launch(gates, workers, false).await
+        self.launch(gates, workers, &[self.service], false).await
+    }
+
+    /// [`TargetArgs::gates`] with `workers` workers of each of `services` (instead of
+    /// `--service`'s), for scenarios whose sessions use several.
+    pub async fn gates_for(
+        &self,
+        gates: u32,
+        workers: u32,
+        services: &[ServiceKind],
+    ) -> anyhow::Result<(Gates, Option<Topology>)> {
+        self.launch(gates, workers, services, false).await
     }
 
     /// [`TargetArgs::gates`], and launched gates also serve `wss://` with a throwaway
@@ -187,13 +198,14 @@ impl TargetArgs {
              certificate); to load running gates over TLS, give their wss:// URLs to --url \
              with --tls-ca"
         );
-        self.launch(gates, workers, true).await
+        self.launch(gates, workers, &[self.service], true).await
     }
 
     async fn launch(
         &self,
         gates: u32,
         workers: u32,
+        services: &[ServiceKind],
         tls: bool,
     ) -> anyhow::Result<(Gates, Option<Topology>)> {
         if !self.url.is_empty() {
@@ -218,10 +230,18 @@ impl TargetArgs {
         }
         let gates = self.gates.unwrap_or(gates);
         let workers = self.workers.unwrap_or(workers);
-        let service = self.service.name();
+        let names: Vec<&str> = services.iter().map(|s| s.name()).collect();
+        let fleet = names
+            .iter()
+            .map(|name| format!("{workers} {name} worker{}", plural(workers)))
+            .collect::<Vec<_>>()
+            .join(" + ");
         let mut spec = TopologySpec {
             gates: gates as usize,
-            workers: vec![(service.to_owned(), workers as usize)],
+            workers: names
+                .iter()
+                .map(|name| ((*name).to_owned(), workers as usize))
+                .collect(),
             gate_args: self.gate_arg.clone(),
             worker_args: self.worker_arg.clone(),
             metrics: !self.no_metrics,
@@ -232,9 +252,9 @@ impl TargetArgs {
         if let Some(bin) = &self.bin {
             spec.shaddock_bin = bin.clone();
         }
-        let topology = Topology::start(spec).await.with_context(|| {
-            format!("launching {gates} gate(s) and {workers} {service} worker(s)")
-        })?;
+        let topology = Topology::start(spec)
+            .await
+            .with_context(|| format!("launching {gates} gate(s) and {fleet}"))?;
         let mut watched = vec![this_process("loadtest")];
         watched.extend(topology.processes().into_iter().map(|(name, pid)| Watched {
             name,
@@ -245,9 +265,8 @@ impl TargetArgs {
             "one process (shaddock up: broker, gate in process, echo and chat workers), launched on loopback".to_owned()
         } else {
             format!(
-                "{gates} gate{} + {workers} {service} worker{} + broker, launched on loopback",
-                plural(gates),
-                plural(workers)
+                "{gates} gate{} + {fleet} + broker, launched on loopback",
+                plural(gates)
             )
         };
         if tls {

@@ -14,7 +14,7 @@
 //! closed session is remembered (a tombstone) for [`TOMBSTONE_TTL`], and a join for a
 //! tombstoned session is ignored, by every replica alike.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use proto::chat::{Member, SessionRef, Snapshot, StateChange, state_change};
@@ -23,8 +23,8 @@ use proto::chat::{Member, SessionRef, Snapshot, StateChange, state_change};
 /// somewhere for as long as a worker's queue takes to drain, which the gate bounds with
 /// its request timeout (5 s by default); a minute is a wide margin.
 pub const TOMBSTONE_TTL: Duration = Duration::from_secs(60);
-/// Closed sessions remembered at most: bounds the memory a burst of disconnects takes.
-/// Past it the oldest are forgotten early.
+/// Closed sessions remembered at most: bounds the memory a burst of disconnects takes
+/// (about 44 bytes a tombstone: 2.9 MB). Past it the oldest are forgotten early.
 pub const MAX_TOMBSTONES: usize = 65_536;
 
 /// A session, as the gates name it.
@@ -176,7 +176,7 @@ impl Rooms {
             .closed
             .live(now)
             .map(|key| SessionRef {
-                gate: key.gate.clone(),
+                gate: key.gate,
                 sid: key.sid,
             })
             .collect();
@@ -199,46 +199,102 @@ impl Rooms {
     }
 }
 
-/// Recently closed sessions, forgotten after [`TOMBSTONE_TTL`] or when more than
-/// [`MAX_TOMBSTONES`] are held.
+/// Recently closed sessions, forgotten after [`TOMBSTONE_TTL`], or the oldest first when
+/// another comes while [`MAX_TOMBSTONES`] are held.
+///
+/// Every replica holds one for each logged-in session closed in the last minute: at a
+/// thousand sessions closed a second, sixty thousand. So they are kept small, by gate
+/// (a gate's id is stored once, not in every tombstone): a sid and its closing instant
+/// in the gate's queue, and the sid in the gate's set, about 44 bytes a tombstone where
+/// a key with its own gate string, in a queue and a hash set, took 140 (issue #34).
 #[derive(Debug, Default)]
 struct Tombstones {
-    order: VecDeque<(Instant, SessionKey)>,
-    set: HashSet<SessionKey>,
+    /// By gate id; ordered, so snapshots list tombstones in the same order everywhere.
+    gates: BTreeMap<String, GateTombstones>,
+    /// Tombstones held, over all gates.
+    len: usize,
+}
+
+/// One gate's closed sessions.
+#[derive(Debug, Default)]
+struct GateTombstones {
+    /// In the order they were closed, with when.
+    order: VecDeque<(Instant, u64)>,
+    /// A B-tree rather than a hash set: under a steady churn at the bound (one in, one
+    /// out), a hash table's deleted slots make it rehash into twice the room, where a
+    /// B-tree frees the nodes it empties.
+    sids: BTreeSet<u64>,
 }
 
 impl Tombstones {
     fn insert(&mut self, key: SessionKey, now: Instant) {
-        self.expire(now);
-        if self.set.insert(key.clone()) {
-            self.order.push_back((now, key));
+        if self.contains(&key, now) {
+            return;
         }
-        while self.order.len() > MAX_TOMBSTONES {
-            if let Some((_, old)) = self.order.pop_front() {
-                self.set.remove(&old);
-            }
+        // Room first, so no queue ever holds more than the bound (nor doubles past it).
+        while self.len >= MAX_TOMBSTONES {
+            self.forget_oldest();
         }
+        let gate = self.gates.entry(key.gate).or_default();
+        gate.sids.insert(key.sid);
+        gate.order.push_back((now, key.sid));
+        self.len += 1;
     }
 
     fn contains(&mut self, key: &SessionKey, now: Instant) -> bool {
         self.expire(now);
-        self.set.contains(key)
+        self.gates
+            .get(&key.gate)
+            .is_some_and(|gate| gate.sids.contains(&key.sid))
     }
 
-    fn live(&self, now: Instant) -> impl Iterator<Item = &SessionKey> {
-        self.order
-            .iter()
-            .filter(move |(at, _)| now.saturating_duration_since(*at) < TOMBSTONE_TTL)
-            .map(|(_, key)| key)
+    fn live(&self, now: Instant) -> impl Iterator<Item = SessionKey> + '_ {
+        self.gates.iter().flat_map(move |(gate, tombstones)| {
+            tombstones
+                .order
+                .iter()
+                .filter(move |(at, _)| now.saturating_duration_since(*at) < TOMBSTONE_TTL)
+                .map(|&(_, sid)| SessionKey {
+                    gate: gate.clone(),
+                    sid,
+                })
+        })
     }
 
     fn expire(&mut self, now: Instant) {
-        while let Some((at, _)) = self.order.front() {
-            if now.saturating_duration_since(*at) < TOMBSTONE_TTL {
-                break;
+        let mut expired = 0;
+        self.gates.retain(|_, gate| {
+            while let Some(&(at, sid)) = gate.order.front() {
+                if now.saturating_duration_since(at) < TOMBSTONE_TTL {
+                    break;
+                }
+                gate.order.pop_front();
+                gate.sids.remove(&sid);
+                expired += 1;
             }
-            if let Some((_, old)) = self.order.pop_front() {
-                self.set.remove(&old);
+            !gate.order.is_empty()
+        });
+        self.len -= expired;
+    }
+
+    /// Forgets the tombstone held longest, whichever gate's it is.
+    fn forget_oldest(&mut self) {
+        let oldest = self
+            .gates
+            .iter()
+            .filter_map(|(id, gate)| Some((gate.order.front()?.0, id)))
+            .min()
+            .map(|(_, id)| id.clone());
+        let Some(id) = oldest else {
+            return;
+        };
+        if let Some(gate) = self.gates.get_mut(&id) {
+            if let Some((_, sid)) = gate.order.pop_front() {
+                gate.sids.remove(&sid);
+                self.len -= 1;
+            }
+            if gate.order.is_empty() {
+                self.gates.remove(&id);
             }
         }
     }
@@ -419,10 +475,26 @@ mod tests {
         for sid in 0..(MAX_TOMBSTONES as u64 + 10) {
             t.insert(key("g", sid), now);
         }
-        assert_eq!(t.order.len(), MAX_TOMBSTONES);
-        assert_eq!(t.set.len(), MAX_TOMBSTONES);
+        assert_eq!(t.len, MAX_TOMBSTONES);
+        assert_eq!(t.gates["g"].sids.len(), MAX_TOMBSTONES);
         assert!(!t.contains(&key("g", 0), now));
+        assert!(t.contains(&key("g", 20), now));
         assert!(!t.contains(&key("g", 20), now + TOMBSTONE_TTL));
-        assert!(t.set.is_empty());
+        assert!(t.gates.is_empty());
+        assert_eq!(t.len, 0);
+    }
+
+    #[test]
+    fn past_the_bound_the_oldest_tombstone_goes_whichever_its_gate() {
+        let now = Instant::now();
+        let mut t = Tombstones::default();
+        t.insert(key("g2", 1), now);
+        for sid in 0..MAX_TOMBSTONES as u64 {
+            t.insert(key("g1", sid), now + Duration::from_millis(1));
+        }
+        assert_eq!(t.len, MAX_TOMBSTONES);
+        assert!(!t.contains(&key("g2", 1), now));
+        assert!(t.contains(&key("g1", 0), now));
+        assert!(!t.gates.contains_key("g2"), "an emptied gate is dropped");
     }
 }

@@ -1,0 +1,455 @@
+//! `churn`: what each closed session leaves behind, in each process (issue #34).
+//!
+//! Opens and closes `--sessions` sessions, `--concurrency` at a time (and at most
+//! `--rate` started per second), each doing the `--mix` between its handshake and its
+//! close: `echo` (one `echo.raw`), `chat` (`chat.login` under a name of its own, then
+//! `chat.join` of one of `--rooms` rooms). It reads every launched process's `VmRSS`
+//! before the first session, after `--warmup` sessions, at `--samples` points between,
+//! and after the last; each reading is taken with no session open (new sessions wait
+//! until those in progress have closed), so it counts what closed sessions left, not
+//! sessions still open. A server that keeps nothing per closed session levels off after
+//! the warm-up (allocator pools, maps at their high-water capacity, caches full); one
+//! that leaks grows by the same bytes for every session: the report's
+//! `bytes_per_session`, the growth after the warm-up over the sessions after it.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use gateway::sdk::{Client, ClientOptions};
+use serde::Serialize;
+use tokio::task::JoinSet;
+
+use super::broadcast::{expect_ok, login_and_join};
+use super::procfs::rss_bytes;
+use super::target::{Gates, ServiceKind, TargetArgs, with_topology};
+use crate::duration::parse_duration;
+
+/// What a session does between its handshake and its close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Step {
+    /// One `echo.raw` request.
+    Echo,
+    /// `chat.login` under a name no other session uses, then `chat.join` of a room.
+    Chat,
+}
+
+impl Step {
+    fn service(self) -> ServiceKind {
+        match self {
+            Step::Echo => ServiceKind::Echo,
+            Step::Chat => ServiceKind::Chat,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        self.service().name()
+    }
+}
+
+/// Flags of `shaddock loadtest churn`.
+#[derive(Debug, clap::Args)]
+pub struct ChurnArgs {
+    /// Sessions to open and close in all.
+    #[arg(long, default_value_t = 20_000,
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub sessions: u64,
+    /// Sessions in progress at once.
+    #[arg(long, default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub concurrency: u64,
+    /// Sessions started per second at most; 0: as fast as --concurrency allows.
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+    /// What each session does, comma-separated, in order: `echo` (one `echo.raw`),
+    /// `chat` (`chat.login`, then `chat.join`). A launched topology runs one worker of
+    /// each service the mix uses (--service does not apply).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "echo")]
+    pub mix: Vec<Step>,
+    /// Rooms the chat sessions spread over (session i joins room i mod N).
+    #[arg(long, default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub rooms: u64,
+    /// Sessions before the after-warm-up reading, from which growth is counted.
+    #[arg(long, default_value_t = 10_000)]
+    pub warmup: u64,
+    /// Readings between the warm-up and the end, evenly spaced by sessions.
+    #[arg(long, default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(0..=1000))]
+    pub samples: u64,
+    /// How long a session's handshake and each of its requests may take.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// A process to read besides the launched ones, `NAME=PID`, repeatable (with --url,
+    /// the gate and workers given by pid).
+    #[arg(long, value_name = "NAME=PID", value_parser = parse_named_pid)]
+    pub pid: Vec<(String, u32)>,
+    /// Fail when a process grew by more than this many KiB after the warm-up.
+    #[arg(long, value_name = "KIB")]
+    pub max_growth_kib: Option<u64>,
+    /// Also write the report as JSON to this file (`-`: JSON on stdout instead of the
+    /// text report).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub target: TargetArgs,
+}
+
+fn parse_named_pid(text: &str) -> Result<(String, u32), String> {
+    let (name, pid) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not NAME=PID"))?;
+    let pid = pid.parse().map_err(|e| format!("pid {pid:?}: {e}"))?;
+    Ok((name.to_owned(), pid))
+}
+
+/// One process's resident memory over a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessRss {
+    pub name: String,
+    pub pid: u32,
+    /// Before the first session.
+    pub first: u64,
+    /// After the warm-up's sessions closed.
+    pub after_warmup: u64,
+    /// After the last session closed.
+    pub last: u64,
+    /// `last - after_warmup` (negative when memory went back to the system).
+    pub growth_after_warmup: i64,
+    /// The growth after the warm-up over the sessions after it.
+    pub bytes_per_session: f64,
+}
+
+/// One reading: every process's RSS once `sessions` had closed.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    pub sessions: u64,
+    pub elapsed_s: f64,
+    /// In the order of [`ChurnReport::processes`].
+    pub rss: Vec<u64>,
+}
+
+/// What one churn run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChurnReport {
+    pub scenario: &'static str,
+    pub setup: String,
+    pub mix: Vec<&'static str>,
+    pub sessions: u64,
+    pub concurrency: u64,
+    pub rate: u64,
+    pub warmup: u64,
+    /// Sessions that did all their steps.
+    pub ok: u64,
+    pub failed: u64,
+    pub first_error: Option<String>,
+    pub elapsed_s: f64,
+    pub sessions_per_s: f64,
+    pub processes: Vec<ProcessRss>,
+    pub samples: Vec<Sample>,
+}
+
+/// Runs the scenario: 1 gate and one worker per service of the mix unless told otherwise.
+pub async fn churn(mut args: ChurnArgs) -> anyhow::Result<()> {
+    let steps: BTreeSet<Step> = args.mix.iter().copied().collect();
+    ensure!(!steps.is_empty(), "--mix needs at least one step");
+    ensure!(
+        args.warmup < args.sessions,
+        "--warmup ({}) must be below --sessions ({})",
+        args.warmup,
+        args.sessions
+    );
+    let services: Vec<ServiceKind> = steps.iter().map(|s| s.service()).collect();
+    let (gates, topology) = args.target.gates_for(1, 1, &services).await?;
+    let json = args.json.take();
+    let max_growth = args.max_growth_kib;
+    let report = with_topology(topology, run(&args, &gates)).await?;
+    let text = render_text(&report);
+    match json.as_deref() {
+        Some(path) if path == std::path::Path::new("-") => {
+            println!("{}", serde_json::to_string(&report)?);
+        }
+        Some(path) => {
+            print!("{text}");
+            std::fs::write(path, serde_json::to_string_pretty(&report)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        None => print!("{text}"),
+    }
+    if report.ok == 0 {
+        bail!(
+            "no session did its steps: {}",
+            report.first_error.unwrap_or_default()
+        );
+    }
+    if let Some(kib) = max_growth {
+        let over: Vec<String> = report
+            .processes
+            .iter()
+            .filter(|p| p.growth_after_warmup > (kib * 1024) as i64)
+            .map(|p| format!("{} grew {} KiB", p.name, p.growth_after_warmup / 1024))
+            .collect();
+        ensure!(
+            over.is_empty(),
+            "after the warm-up, more than {kib} KiB: {}",
+            over.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The processes read: the launched ones (not this one) and those given by --pid.
+fn processes(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<Vec<(String, u32)>> {
+    let own = std::process::id();
+    let mut all: Vec<(String, u32)> = gates
+        .watched
+        .iter()
+        .filter(|w| w.pid != own)
+        .map(|w| (w.name.clone(), w.pid))
+        .collect();
+    all.extend(args.pid.iter().cloned());
+    ensure!(
+        !all.is_empty(),
+        "no process to read: launch a topology (no --url) or name them with --pid NAME=PID"
+    );
+    Ok(all)
+}
+
+fn read_all(processes: &[(String, u32)]) -> anyhow::Result<Vec<u64>> {
+    processes
+        .iter()
+        .map(|(name, pid)| rss_bytes(*pid).with_context(|| format!("reading VmRSS of {name}")))
+        .collect()
+}
+
+/// Where the readings fall: after the warm-up, `samples` between, and the end.
+fn reading_points(sessions: u64, warmup: u64, samples: u64) -> Vec<u64> {
+    let mut points = vec![warmup];
+    let span = sessions - warmup;
+    for k in 1..=samples {
+        points.push(warmup + span * k / (samples + 1));
+    }
+    points.push(sessions);
+    points.dedup();
+    points
+}
+
+async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
+    let processes = processes(args, gates)?;
+    let urls = gates.urls.clone();
+    ensure!(!urls.is_empty(), "no gate URL");
+    let options = ClientOptions {
+        request_timeout: args.timeout,
+        connect_timeout: args.timeout,
+        tls: gates.tls.clone(),
+        ..ClientOptions::default()
+    };
+    // Names of this run's players: another run on the same gates must not take them.
+    let run_tag = format!("{:x}", std::process::id());
+    let began = Instant::now();
+    let mut samples = vec![Sample {
+        sessions: 0,
+        elapsed_s: 0.0,
+        rss: read_all(&processes)?,
+    }];
+    let mut pace = (args.rate > 0).then(|| {
+        let mut pace = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate as f64));
+        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        pace
+    });
+    let concurrency = usize::try_from(args.concurrency)?;
+    let (mut ok, mut failed, mut first_error) = (0u64, 0u64, None);
+    let mut running = JoinSet::new();
+    let mut started = 0u64;
+    for point in reading_points(args.sessions, args.warmup, args.samples) {
+        while started < point || !running.is_empty() {
+            if started < point && running.len() < concurrency {
+                if let Some(pace) = pace.as_mut() {
+                    pace.tick().await;
+                }
+                let url = urls[(started % urls.len() as u64) as usize].clone();
+                let session = Churned {
+                    url,
+                    options: options.clone(),
+                    mix: args.mix.clone(),
+                    name: format!("churn-{run_tag}-{started}"),
+                    room: format!("churn-{}", started % args.rooms),
+                };
+                running.spawn(session.run());
+                started += 1;
+                continue;
+            }
+            match running.join_next().await {
+                Some(Ok(Ok(()))) => ok += 1,
+                Some(Ok(Err(e))) => {
+                    failed += 1;
+                    first_error.get_or_insert_with(|| format!("{e:#}"));
+                }
+                Some(Err(e)) => {
+                    failed += 1;
+                    first_error.get_or_insert_with(|| e.to_string());
+                }
+                None => {}
+            }
+        }
+        samples.push(Sample {
+            sessions: point,
+            elapsed_s: began.elapsed().as_secs_f64(),
+            rss: read_all(&processes)?,
+        });
+        tracing::info!("churn: {point} of {} sessions closed", args.sessions);
+    }
+    let elapsed_s = began.elapsed().as_secs_f64();
+    let at_warmup = samples
+        .iter()
+        .position(|s| s.sessions == args.warmup)
+        .unwrap_or(0);
+    let last = samples.len() - 1;
+    let after = (args.sessions - args.warmup) as f64;
+    let processes = processes
+        .iter()
+        .enumerate()
+        .map(|(i, (name, pid))| {
+            let (after_warmup, end) = (samples[at_warmup].rss[i], samples[last].rss[i]);
+            let growth = end as i64 - after_warmup as i64;
+            ProcessRss {
+                name: name.clone(),
+                pid: *pid,
+                first: samples[0].rss[i],
+                after_warmup,
+                last: end,
+                growth_after_warmup: growth,
+                bytes_per_session: growth as f64 / after,
+            }
+        })
+        .collect();
+    Ok(ChurnReport {
+        scenario: "churn",
+        setup: gates.setup.clone(),
+        mix: args.mix.iter().map(|s| s.name()).collect(),
+        sessions: args.sessions,
+        concurrency: args.concurrency,
+        rate: args.rate,
+        warmup: args.warmup,
+        ok,
+        failed,
+        first_error,
+        elapsed_s,
+        sessions_per_s: args.sessions as f64 / elapsed_s,
+        processes,
+        samples,
+    })
+}
+
+/// One session of the churn, from handshake to close.
+struct Churned {
+    url: String,
+    options: ClientOptions,
+    mix: Vec<Step>,
+    name: String,
+    room: String,
+}
+
+impl Churned {
+    async fn run(self) -> anyhow::Result<()> {
+        let client = Client::connect(&self.url, self.options)
+            .await
+            .with_context(|| format!("connecting {}", self.url))?;
+        let mut done = Ok(());
+        for step in &self.mix {
+            done = match step {
+                Step::Echo => match client.request("echo.raw", b"churn").await {
+                    Ok(response) => expect_ok(response),
+                    Err(e) => Err(e.into()),
+                },
+                Step::Chat => login_and_join(&client, self.name.clone(), &self.room).await,
+            };
+            if done.is_err() {
+                break;
+            }
+        }
+        client.close().await;
+        done
+    }
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// The report as terminal text.
+pub fn render_text(r: &ChurnReport) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "churn: {}", r.setup);
+    let _ = writeln!(
+        out,
+        "{} sessions ({} ok, {} failed), mix {}, {} at once{}, in {:.1} s ({:.0} sessions/s)",
+        r.sessions,
+        r.ok,
+        r.failed,
+        r.mix.join("+"),
+        r.concurrency,
+        if r.rate > 0 {
+            format!(", at most {}/s", r.rate)
+        } else {
+            String::new()
+        },
+        r.elapsed_s,
+        r.sessions_per_s
+    );
+    if let Some(e) = &r.first_error {
+        let _ = writeln!(out, "first error: {e}");
+    }
+    let _ = writeln!(
+        out,
+        "| process | RSS first | after {} sessions | last | growth after warm-up | bytes/session |",
+        r.warmup
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    for p in &r.processes {
+        let _ = writeln!(
+            out,
+            "| {} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:+.0} KiB | {:.1} |",
+            p.name,
+            mib(p.first),
+            mib(p.after_warmup),
+            mib(p.last),
+            p.growth_after_warmup as f64 / 1024.0,
+            p.bytes_per_session
+        );
+    }
+    let names: Vec<&str> = r.processes.iter().map(|p| p.name.as_str()).collect();
+    let _ = writeln!(out, "RSS (MiB) by sessions closed: {}", names.join("  "));
+    for s in &r.samples {
+        let rss: Vec<String> = s.rss.iter().map(|&b| format!("{:.1}", mib(b))).collect();
+        let _ = writeln!(
+            out,
+            "  {:>9} at {:>7.1} s: {}",
+            s.sessions,
+            s.elapsed_s,
+            rss.join("  ")
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readings_start_at_the_warmup_and_end_at_the_last_session() {
+        assert_eq!(reading_points(100, 20, 3), vec![20, 40, 60, 80, 100]);
+        assert_eq!(reading_points(10, 9, 4), vec![9, 10]);
+        assert_eq!(reading_points(10, 0, 0), vec![0, 10]);
+    }
+
+    #[test]
+    fn named_pids_parse() {
+        assert_eq!(parse_named_pid("gate=12"), Ok(("gate".into(), 12)));
+        assert!(parse_named_pid("gate").is_err());
+        assert!(parse_named_pid("gate=x").is_err());
+    }
+}
