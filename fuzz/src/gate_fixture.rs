@@ -79,9 +79,21 @@ fn announcement(service: &str, methods: &[(&str, &str, &str)], pushes: &[(&str, 
 
 /// The typed methods of the chat service, as its workers announce them.
 const CHAT_METHODS: [(&str, &str, &str); 3] = [
-    ("login", "shaddock.chat.LoginRequest", "shaddock.chat.LoginResponse"),
-    ("join", "shaddock.chat.JoinRequest", "shaddock.chat.JoinResponse"),
-    ("say", "shaddock.chat.SayRequest", "shaddock.chat.SayResponse"),
+    (
+        "login",
+        "shaddock.chat.LoginRequest",
+        "shaddock.chat.LoginResponse",
+    ),
+    (
+        "join",
+        "shaddock.chat.JoinRequest",
+        "shaddock.chat.JoinResponse",
+    ),
+    (
+        "say",
+        "shaddock.chat.SayRequest",
+        "shaddock.chat.SayResponse",
+    ),
 ];
 
 /// Whether the gate of [`typed_session`] transcodes bodies of `route`.

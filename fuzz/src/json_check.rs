@@ -44,7 +44,10 @@ pub fn check(input: &[u8], session: &mut Session, meter: Meter) {
 fn check_typed(session: &mut Session, request: &client::Request, decoded: Decoded) {
     match decoded {
         Decoded::BadBody(response) => {
-            assert_eq!((response.id, response.code), (request.id, code::BAD_REQUEST));
+            assert_eq!(
+                (response.id, response.code),
+                (request.id, code::BAD_REQUEST)
+            );
             assert!(!response.message.is_empty(), "a 400 without a reason");
         }
         Decoded::Packet(Packet {
@@ -82,7 +85,12 @@ fn mirror(session: &mut Session, request: &client::Request) {
     let Some(Kind::Response(response)) = packet.kind else {
         panic!("the answer is not a response: {answer}");
     };
-    assert_eq!(response.code, code::OK, "the answer failed: {}", response.message);
+    assert_eq!(
+        response.code,
+        code::OK,
+        "the answer failed: {}",
+        response.message
+    );
     assert!(typed, "a typed route answered with a text body");
     let again = format!(
         r#"{{"request":{{"id":{},"route":"{}","body":{}}}}}"#,

@@ -124,7 +124,10 @@ fn check_messages(frame: &Bytes) {
         };
         let encoded = wire::encode_message(&message);
         assert!(encoded.len() <= wire::HEADER_LEN + package.body.len());
-        assert_eq!(wire::parse_message(&encoded[wire::HEADER_LEN..]), Ok(message));
+        assert_eq!(
+            wire::parse_message(&encoded[wire::HEADER_LEN..]),
+            Ok(message)
+        );
     }
 }
 
@@ -238,7 +241,9 @@ fn dictionary(session: &Session) -> HashMap<u16, String> {
     };
     let json: serde_json::Value =
         serde_json::from_slice(&answer[wire::HEADER_LEN..]).expect("the answer is JSON");
-    let dict = json["sys"]["dict"].as_object().expect("the answer has a dict");
+    let dict = json["sys"]["dict"]
+        .as_object()
+        .expect("the answer has a dict");
     dict.iter()
         .map(|(route, code)| {
             let code = code.as_u64().and_then(|c| u16::try_from(c).ok());

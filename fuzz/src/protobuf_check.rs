@@ -48,7 +48,11 @@ fn round_trip(session: &mut Session, packet: Packet) {
     let Message::Binary(bytes) = &encoded else {
         panic!("a protobuf session sent a non-binary frame: {encoded:?}");
     };
-    assert_eq!(bytes[..], packet.encode_to_vec()[..], "not prost's encoding");
+    assert_eq!(
+        bytes[..],
+        packet.encode_to_vec()[..],
+        "not prost's encoding"
+    );
     assert_eq!(
         session.decode(&encoded),
         Decoded::Packet(packet),

@@ -57,18 +57,31 @@ pub fn read_head(stream: &[u8], cap: usize, chunk: usize) -> Outcome {
         if !matches!(result, Ok(None)) || len == stream.len() {
             return result;
         }
-        assert!(len <= cap, "still reading with {len} bytes buffered, cap {cap}");
+        assert!(
+            len <= cap,
+            "still reading with {len} bytes buffered, cap {cap}"
+        );
         let room = (cap + 1 - len).min(chunk);
         len = (len + room).min(stream.len());
     }
 }
 
 fn check_accepted(stream: &[u8], cap: usize, head: &Head, len: usize) {
-    assert!(len <= cap, "a {len}-byte head accepted under a cap of {cap}");
+    assert!(
+        len <= cap,
+        "a {len}-byte head accepted under a cap of {cap}"
+    );
     assert!(len <= stream.len());
     let exact = parse_head(&stream[..len], cap);
-    assert_eq!(exact.as_ref().map(|o| o.as_ref().map(|(h, n)| (h, *n))), Ok(Some((head, len))));
-    assert_eq!(parse_head(&stream[..len - 1], cap), Ok(None), "complete one byte short");
+    assert_eq!(
+        exact.as_ref().map(|o| o.as_ref().map(|(h, n)| (h, *n))),
+        Ok(Some((head, len)))
+    );
+    assert_eq!(
+        parse_head(&stream[..len - 1], cap),
+        Ok(None),
+        "complete one byte short"
+    );
     match head {
         Head::WebSocket { key, origin } => {
             assert!(!key.is_empty(), "an empty key");

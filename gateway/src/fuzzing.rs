@@ -4,10 +4,10 @@
 //! here decides anything; it only hands a session's codec and a gate's schemas to a
 //! caller that has no gate.
 
-use bytes::Bytes;
-use proto::client::{self, Packet, packet::Kind};
 use crate::codec::{self, Codec};
 use crate::schema::Schemas;
+use bytes::Bytes;
+use proto::client::{self, Packet, packet::Kind};
 
 pub use crate::pomelo::wire;
 pub use crate::upgrade::{HeadError, MAX_HEADERS, Request as Head, parse_head};
