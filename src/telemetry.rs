@@ -8,7 +8,6 @@ use anyhow::Context as _;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use net::Acceptor;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -19,10 +18,12 @@ const LATENCY_BUCKETS: [f64; 17] = [
     1.0, 2.5, 5.0, 10.0,
 ];
 
-/// Installs the process-wide recorder and serves it on `addr` until `shutdown`.
+/// Installs the process-wide recorder and serves it on `addr` (with `backlog`) until
+/// `shutdown`.
 /// Returns the bound address (the real port when 0 was asked for).
 pub async fn serve_metrics(
     addr: SocketAddr,
+    backlog: net::Backlog,
     shutdown: CancellationToken,
 ) -> anyhow::Result<SocketAddr> {
     let handle = PrometheusBuilder::new()
@@ -31,7 +32,7 @@ pub async fn serve_metrics(
         .install_recorder()
         .context("installing the metrics recorder")?;
     services::metrics::describe();
-    let listener = TcpListener::bind(addr)
+    let listener = net::listen(addr, backlog)
         .await
         .with_context(|| format!("binding metrics on {addr}"))?;
     let bound = listener.local_addr()?;
