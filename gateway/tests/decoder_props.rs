@@ -19,8 +19,7 @@ mod protobuf_check;
 #[path = "../../fuzz/src/upgrade_check.rs"]
 mod upgrade_check;
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-
+use broker::testing::damage::{damage, replayable};
 use bytes::Bytes;
 use fastrand::Rng;
 use gateway::fuzzing::wire::{self, MessageKind, PackageType, Route};
@@ -32,14 +31,6 @@ use proto::client::{self, Packet, packet::Kind};
 fn meter(f: &mut dyn FnMut()) -> usize {
     let info = allocation_counter::measure(f);
     usize::try_from(info.bytes_max).unwrap_or(usize::MAX)
-}
-
-/// Runs `check` on `input`, and if it panics, fails naming the case and the input so
-/// the failure can be replayed (and added to the fuzz seeds).
-fn replayable(case: usize, input: &[u8], check: impl FnOnce()) {
-    if catch_unwind(AssertUnwindSafe(check)).is_err() {
-        panic!("case {case} failed on input b\"{}\"", input.escape_ascii());
-    }
 }
 
 /// Fragments that damaged input is spliced with, so that mutations often stay close to
@@ -191,26 +182,7 @@ impl Gen {
 
     /// `bytes` damaged by a few byte-level edits.
     fn mutate(&mut self, mut bytes: Vec<u8>) -> Vec<u8> {
-        for _ in 0..self.rng.usize(1..=4) {
-            let at = self.rng.usize(..=bytes.len());
-            match self.rng.u8(..6) {
-                0 if at < bytes.len() => bytes[at] ^= 1 << self.rng.u8(..8),
-                1 => bytes.insert(at, self.rng.u8(..)),
-                2 if at < bytes.len() => {
-                    bytes.remove(at);
-                }
-                3 => bytes.truncate(at),
-                4 => {
-                    let end = self.rng.usize(at..=bytes.len().min(at + 16));
-                    let copy = bytes[at..end].to_vec();
-                    bytes.splice(at..at, copy);
-                }
-                _ => {
-                    let fragment = FRAGMENTS[self.rng.usize(..FRAGMENTS.len())];
-                    bytes.splice(at..at, fragment.iter().copied());
-                }
-            }
-        }
+        damage(&mut self.rng, &mut bytes, &FRAGMENTS, |rng| rng.u8(..));
         bytes
     }
 
