@@ -1,9 +1,10 @@
 //! The pomelo wire format and the gate's pomelo codec as executable checks, shared by
 //! the fuzz target `pomelo` and `gateway/tests/decoder_props.rs`.
 //!
-//! Wire level: a stream of packages parses the same however it is split into reads,
-//! every strict prefix of a package is "need more" (or the header's own error), and
-//! packages and messages re-encode to what parses back the same. Codec level: each
+//! Wire level: packages are what an independent reading of their headers says, a
+//! stream of them parses the same however it is split into reads, a package cut inside
+//! its header or one byte short is "need more", and packages and messages re-encode to
+//! what parses back the same. Codec level: each
 //! package of a frame becomes the event its type and the handshake state call for,
 //! routes by code resolve through the dictionary the handshake answer told the client,
 //! compressed bodies are refused unread, and the heap held stays linear in the frame.
@@ -58,10 +59,47 @@ pub fn check(input: &[u8], session: &mut Session, meter: Meter) {
     state.expect(session, &frame, decoded);
 }
 
+/// The packages of a frame by an independent reading of the header rules: a type of 1
+/// to 5, a big-endian 3-byte length, then that many bytes. Yields each package's type
+/// and body, or the error that ends the frame.
+fn reference_packages(bytes: &[u8]) -> Result<Vec<(u8, &[u8])>, wire::WireError> {
+    let mut packages = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        // The header is read whole or not at all.
+        if rest.len() < 4 {
+            return Err(wire::WireError::Truncated);
+        }
+        if !(1..=5).contains(&rest[0]) {
+            return Err(wire::WireError::PackageType);
+        }
+        let len = (usize::from(rest[1]) << 16) + (usize::from(rest[2]) << 8) + usize::from(rest[3]);
+        let Some(body) = rest.get(4..4 + len) else {
+            return Err(wire::WireError::Truncated);
+        };
+        packages.push((rest[0], body));
+        rest = &rest[4 + len..];
+    }
+    Ok(packages)
+}
+
 /// Feeds `bytes` to a growing buffer `chunk` bytes at a time, parsing packages as a TCP
-/// reader would; the packages and the end must be those of the whole frame at once.
+/// reader would; the packages and the end must be those of the whole frame at once,
+/// and those the header rules give.
 fn check_stream(bytes: &Bytes, chunk: usize) {
     let whole = wire::parse_packages(bytes.clone(), wire::MAX_BODY_LEN);
+    let reference = reference_packages(bytes);
+    match (&whole, &reference) {
+        (Ok(got), Ok(want)) => {
+            let got: Vec<(u8, &[u8])> = got.iter().map(|p| (p.kind as u8, &p.body[..])).collect();
+            assert_eq!(&got, want, "packages otherwise than their headers say");
+        }
+        (got, want) => assert_eq!(
+            got.as_ref().err(),
+            want.as_ref().err(),
+            "the frame's end otherwise than its headers say"
+        ),
+    }
     let mut buf = BytesMut::new();
     let mut packages = Vec::new();
     let mut error = None;
