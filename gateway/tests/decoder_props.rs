@@ -229,10 +229,16 @@ impl Gen {
             .collect();
         let mut head = format!("GET /{path} HTTP/1.1\r\nHost: gate\r\n");
         if self.rng.u8(..4) != 0 {
+            // Now and then a key that is blank, which must be refused.
+            let key = match self.rng.u8(..8) {
+                0 => "",
+                1 => " \t",
+                _ => "dGhlIHNhbXBsZSBub25jZQ==",
+            };
             head.push_str("Upgrade: websocket\r\nConnection: keep-alive, Upgrade\r\n");
-            head.push_str(
-                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n",
-            );
+            head.push_str(&format!(
+                "Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            ));
         }
         if self.rng.bool() {
             head.push_str("Origin:  https://game.example \r\n");
