@@ -4,10 +4,11 @@
 //! Wire level: packages are what an independent reading of their headers says, a
 //! stream of them parses the same however it is split into reads, a package cut inside
 //! its header or one byte short is "need more", and packages and messages re-encode to
-//! what parses back the same. Codec level: each
-//! package of a frame becomes the event its type and the handshake state call for,
-//! routes by code resolve through the dictionary the handshake answer told the client,
-//! compressed bodies are refused unread, and the heap held stays linear in the frame.
+//! what parses back the same. Codec level: each package of a frame becomes the event
+//! its type and the handshake state call for (a handshake's token and client type are
+//! its JSON's `user.token` and `sys.type`), routes by code resolve through the
+//! dictionary the handshake answer told the client, compressed bodies are refused
+//! unread, and the heap held stays linear in the frame.
 
 use std::collections::HashMap;
 
@@ -206,13 +207,30 @@ impl State {
     fn package(&mut self, session: &Session, package: &wire::Package, event: Decoded) {
         let heartbeat = Decoded::Packet(Packet::new(Kind::Heartbeat(client::Heartbeat {})));
         match package.kind {
-            PackageType::Handshake => match event {
-                Decoded::Packet(Packet {
-                    kind: Some(Kind::Handshake(_)),
-                }) => self.dict = dictionary(session),
-                Decoded::Invalid(reason) => assert_eq!(reason, "handshake is not JSON"),
-                other => panic!("a handshake decoded as {other:?}"),
-            },
+            PackageType::Handshake => {
+                // `{sys: {type}, user: {token}}`; an empty body is an empty object.
+                let json = match &package.body[..] {
+                    [] => Ok(serde_json::Value::Object(Default::default())),
+                    body => serde_json::from_slice::<serde_json::Value>(body),
+                };
+                let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+                match (json, event) {
+                    (
+                        Ok(json),
+                        Decoded::Packet(Packet {
+                            kind: Some(Kind::Handshake(hello)),
+                        }),
+                    ) => {
+                        assert_eq!(hello.token, text(&json["user"]["token"]));
+                        assert_eq!(hello.client, text(&json["sys"]["type"]));
+                        self.dict = dictionary(session);
+                    }
+                    (Err(_), Decoded::Invalid(reason)) => {
+                        assert_eq!(reason, "handshake is not JSON");
+                    }
+                    (json, other) => panic!("handshake {json:?} decoded as {other:?}"),
+                }
+            }
             PackageType::HandshakeAck => {
                 self.acked = true;
                 assert_eq!(event, heartbeat);
