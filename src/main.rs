@@ -76,6 +76,9 @@ struct UpArgs {
     tls: TlsArgs,
 
     #[command(flatten)]
+    backlog: net::BacklogArg,
+
+    #[command(flatten)]
     gate: GateConfig,
 
     #[command(flatten)]
@@ -111,12 +114,20 @@ async fn gate(args: GateArgs) -> anyhow::Result<()> {
     net::nofile::raise_and_log();
     let mut signals = ShutdownSignals::install()?;
     let shutdown = CancellationToken::new();
+    let backlog = args.backlog.listen_backlog;
     if let Some(addr) = args.metrics_listen {
-        telemetry::serve_metrics(addr, shutdown.clone()).await?;
+        telemetry::serve_metrics(addr, backlog, shutdown.clone()).await?;
     }
     let bus = roles::gate_bus(&args.nats, &args.security, args.bus_timings)?;
-    let started =
-        roles::start_gate(args.listen, bus, args.gate, &args.tls, shutdown.clone()).await?;
+    let started = roles::start_gate(
+        args.listen,
+        bus,
+        args.gate,
+        &args.tls,
+        backlog,
+        shutdown.clone(),
+    )
+    .await?;
     if let Some(tls) = started.tls {
         roles::reload_tls_on_sighup(tls, shutdown.clone())?;
     }
@@ -132,7 +143,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let mut signals = ShutdownSignals::install()?;
     let shutdown = CancellationToken::new();
     if let Some(addr) = args.metrics_listen {
-        telemetry::serve_metrics(addr, shutdown.clone()).await?;
+        telemetry::serve_metrics(addr, args.backlog.listen_backlog, shutdown.clone()).await?;
     }
     let task = roles::start_worker(args.service, args.config, shutdown.clone()).await?;
     info!("Worker is ready");
@@ -148,6 +159,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     let broker_args = BrokerArgs {
         port: Some(args.broker_port.into()),
         http_port: Some(args.monitor_port.into()),
+        backlog: args.backlog,
         ..BrokerArgs::default()
     };
     let settings = broker_args.resolve()?;
@@ -159,7 +171,9 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     let broker = broker::cli::Broker::start(&settings, broker_shutdown.clone()).await?;
     let nats = vec![format!("nats://127.0.0.1:{}", broker.client_addr().port())];
     let any = Ipv4Addr::UNSPECIFIED;
-    telemetry::serve_metrics(SocketAddr::from((any, args.metrics_port)), shutdown.clone()).await?;
+    let backlog = args.backlog.listen_backlog;
+    let metrics_addr = SocketAddr::from((any, args.metrics_port));
+    telemetry::serve_metrics(metrics_addr, backlog, shutdown.clone()).await?;
     // The embedded broker is local and open: nothing to authenticate or encrypt.
     let worker_config = WorkerConfig {
         nats: nats.clone(),
@@ -185,6 +199,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         BusOptions::in_process(dialer),
         args.gate,
         &args.tls,
+        backlog,
         shutdown.clone(),
     )
     .await?;
@@ -229,5 +244,25 @@ mod tests {
     #[test]
     fn command_line_definition_is_consistent() {
         super::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_listening_role_takes_a_listen_backlog_and_refuses_0() {
+        use clap::Parser as _;
+        for role in ["up", "broker", "gate", "worker"] {
+            let worker_service = ["--service", "echo"];
+            let extra: &[&str] = if role == "worker" {
+                &worker_service
+            } else {
+                &[]
+            };
+            let parse = |backlog: &str| {
+                let argv = ["shaddock", role, "--listen-backlog", backlog];
+                super::Cli::try_parse_from(argv.iter().chain(extra))
+            };
+            assert!(parse("2048").is_ok(), "{role}: {:?}", parse("2048").err());
+            let zero = parse("0").expect_err(role).to_string();
+            assert!(zero.contains("at least 1"), "{role}: {zero}");
+        }
     }
 }

@@ -10,7 +10,6 @@ use gateway::bus::{BusOptions, BusTimings};
 use gateway::tls::Tls;
 use gateway::{Gate, GateConfig, Listener};
 use services::{BusSecurity, Service, WorkerConfig};
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -44,6 +43,8 @@ pub struct GateArgs {
     #[command(flatten)]
     pub tls: TlsArgs,
     #[command(flatten)]
+    pub backlog: net::BacklogArg,
+    #[command(flatten)]
     pub gate: GateConfig,
 }
 
@@ -72,6 +73,8 @@ pub struct WorkerArgs {
     /// Serve Prometheus metrics on this address (off when absent).
     #[arg(long, env = "SHADDOCK_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    #[command(flatten)]
+    pub backlog: net::BacklogArg,
     #[command(flatten)]
     pub config: WorkerConfig,
 }
@@ -110,19 +113,20 @@ pub fn gate_bus(
     Ok(bus)
 }
 
-/// Connects to the bus, binds `listen` (and the TLS listener, if asked for), and serves
-/// a gate until `shutdown`.
+/// Connects to the bus, binds `listen` (and the TLS listener, if asked for) with
+/// `backlog`, and serves a gate until `shutdown`.
 pub async fn start_gate(
     listen: SocketAddr,
     bus: BusOptions,
     config: GateConfig,
     tls: &TlsArgs,
+    backlog: net::Backlog,
     shutdown: CancellationToken,
 ) -> anyhow::Result<StartedGate> {
     let token_check = gateway::auth::from_config(&config).context("the gate's token check")?;
     let gate = Gate::new(bus, config, token_check).await?;
     let bind = |addr: SocketAddr| async move {
-        TcpListener::bind(addr)
+        net::listen(addr, backlog)
             .await
             .with_context(|| format!("binding the gate on {addr}"))
     };

@@ -17,7 +17,6 @@ use anyhow::Context as _;
 use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use net::Acceptor;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -33,10 +32,12 @@ const LATENCY_BUCKETS: [f64; 17] = [
 /// second, about 5 MB in a worker). A drain costs a bucket search per sample, paid anyway.
 pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Installs the process-wide recorder and serves it on `addr` until `shutdown`.
+/// Installs the process-wide recorder and serves it on `addr` (with `backlog`) until
+/// `shutdown`.
 /// Returns the bound address (the real port when 0 was asked for).
 pub async fn serve_metrics(
     addr: SocketAddr,
+    backlog: net::Backlog,
     shutdown: CancellationToken,
 ) -> anyhow::Result<SocketAddr> {
     let handle = PrometheusBuilder::new()
@@ -46,7 +47,7 @@ pub async fn serve_metrics(
         .context("installing the metrics recorder")?;
     services::metrics::describe();
     tokio::spawn(upkeep(handle.clone()));
-    let listener = TcpListener::bind(addr)
+    let listener = net::listen(addr, backlog)
         .await
         .with_context(|| format!("binding metrics on {addr}"))?;
     let bound = listener.local_addr()?;
@@ -101,9 +102,13 @@ mod tests {
     #[tokio::test]
     async fn histogram_samples_are_freed_without_a_scrape() {
         let shutdown = CancellationToken::new();
-        serve_metrics(SocketAddr::from(([127, 0, 0, 1], 0)), shutdown.clone())
-            .await
-            .unwrap();
+        serve_metrics(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            net::Backlog::default(),
+            shutdown.clone(),
+        )
+        .await
+        .unwrap();
         let histogram = metrics::histogram!("test_seconds");
         histogram.record(0.001);
         let before = live_bytes();

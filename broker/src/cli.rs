@@ -24,7 +24,6 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::ArgAction;
-use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Level, error, info, warn};
@@ -249,6 +248,9 @@ pub struct BrokerArgs {
     /// `=PID` or `=PIDFILE`.
     #[arg(long, visible_alias = "sl", value_name = "SIGNAL=PID")]
     pub signal: Option<String>,
+
+    #[command(flatten)]
+    pub backlog: net::BacklogArg,
 }
 
 /// What the flags and the config file add up to: where to listen, what to write, and
@@ -265,6 +267,8 @@ pub struct Settings {
     pub ports_file_dir: Option<PathBuf>,
     /// Set by -D/-V (or `debug`/`trace` in the file); otherwise `RUST_LOG` or info.
     pub log_level: Option<Level>,
+    /// The backlog of the client and monitoring listeners.
+    pub listen_backlog: net::Backlog,
     pub config: Config,
 }
 
@@ -353,6 +357,7 @@ impl BrokerArgs {
             pid_file: self.pid.clone().or(file.pid_file),
             ports_file_dir: self.ports_file_dir.clone().or(file.ports_file_dir),
             log_level,
+            listen_backlog: self.backlog.listen_backlog,
             config,
         })
     }
@@ -516,12 +521,13 @@ impl Broker {
     /// is up. If a task fails it cancels `shutdown`, so the process stops as a whole
     /// instead of running half of itself.
     pub async fn start(settings: &Settings, shutdown: CancellationToken) -> anyhow::Result<Broker> {
-        let listener = bind(&settings.host, settings.port).await?;
+        let backlog = settings.listen_backlog;
+        let listener = bind(&settings.host, settings.port, backlog).await?;
         let client_addr = listener
             .local_addr()
             .context("reading the client address")?;
         let monitor_listener = match &settings.monitor {
-            Some((host, port)) => Some(bind(host, *port).await?),
+            Some((host, port)) => Some(bind(host, *port, backlog).await?),
             None => None,
         };
         let monitor_addr = match &monitor_listener {
@@ -641,10 +647,14 @@ async fn supervise(
     result
 }
 
-async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {
+async fn bind(
+    host: &str,
+    port: u16,
+    backlog: net::Backlog,
+) -> anyhow::Result<tokio::net::TcpListener> {
     // Accept `[::1]` as written in URLs as well as the bare `::1` the socket API wants.
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    TcpListener::bind((host, port))
+    net::listen((host, port), backlog)
         .await
         .with_context(|| format!("binding {host} port {port}"))
 }

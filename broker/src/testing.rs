@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Config, Server};
 
+pub mod damage;
 pub mod hostile;
 pub mod pki;
 

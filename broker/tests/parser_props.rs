@@ -10,13 +10,13 @@
 #[path = "../../fuzz/src/parser_check.rs"]
 mod parser_check;
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use broker::config::{DEFAULT_MAX_CONTROL_LINE, DEFAULT_MAX_PAYLOAD};
 use broker::parser::Limits;
+use broker::testing::damage::{damage, replayable};
 use fastrand::Rng;
 use parser_check::{End, OwnedOp, check_stream, cuts_for, feed_in_chunks, limits_from_byte};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -281,26 +281,7 @@ impl Gen {
     /// A valid stream damaged by a few byte-level edits.
     fn mutated(&mut self) -> Vec<u8> {
         let (mut bytes, _) = self.stream(6);
-        for _ in 0..self.rng.usize(1..=4) {
-            let at = self.rng.usize(..=bytes.len());
-            match self.rng.u8(..6) {
-                0 if at < bytes.len() => bytes[at] ^= 1 << self.rng.u8(..8),
-                1 => bytes.insert(at, self.interesting_byte()),
-                2 if at < bytes.len() => {
-                    bytes.remove(at);
-                }
-                3 => bytes.truncate(at),
-                4 => {
-                    let end = self.rng.usize(at..=bytes.len().min(at + 16));
-                    let copy = bytes[at..end].to_vec();
-                    bytes.splice(at..at, copy);
-                }
-                _ => {
-                    let fragment = FRAGMENTS[self.rng.usize(..FRAGMENTS.len())];
-                    bytes.splice(at..at, fragment.iter().copied());
-                }
-            }
-        }
+        damage(&mut self.rng, &mut bytes, &FRAGMENTS, interesting_byte);
         bytes
     }
 
@@ -318,12 +299,7 @@ impl Gen {
     }
 
     fn interesting_byte(&mut self) -> u8 {
-        const SPECIAL: &[u8] = b" \t\r\n0123456789.*>";
-        if self.rng.bool() {
-            SPECIAL[self.rng.usize(..SPECIAL.len())]
-        } else {
-            self.rng.u8(..)
-        }
+        interesting_byte(&mut self.rng)
     }
 
     /// A few ascending cut points inside `len` bytes.
@@ -336,11 +312,13 @@ impl Gen {
     }
 }
 
-/// Runs `check` on `input`, and if it panics, fails naming the case and the input so
-/// the failure can be replayed (and added to the fuzz seeds).
-fn replayable(case: usize, input: &[u8], check: impl FnOnce()) {
-    if catch_unwind(AssertUnwindSafe(check)).is_err() {
-        panic!("case {case} failed on input b\"{}\"", input.escape_ascii());
+/// A byte the parser treats specially half the time, any byte otherwise.
+fn interesting_byte(rng: &mut Rng) -> u8 {
+    const SPECIAL: &[u8] = b" \t\r\n0123456789.*>";
+    if rng.bool() {
+        SPECIAL[rng.usize(..SPECIAL.len())]
+    } else {
+        rng.u8(..)
     }
 }
 

@@ -11,6 +11,8 @@ mod codec;
 pub mod config;
 mod forward;
 pub mod frame;
+#[doc(hidden)]
+pub mod fuzzing;
 mod gate;
 mod labels;
 mod limits;

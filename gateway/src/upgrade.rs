@@ -71,14 +71,18 @@ impl HeadError {
 /// Parses the request head at the start of `buf`: `Ok(None)` while it is incomplete
 /// and still within `max_bytes`; otherwise the request and the head's length (what
 /// follows is the client's first WebSocket bytes).
+///
+/// Only the first `max_bytes` are read: past them the head is too large whatever they
+/// hold, so the answer cannot depend on whether the read that crossed the cap brought
+/// one byte more or a thousand (it once did: 431 or 400, by how the client's bytes
+/// were split into segments).
 pub fn parse_head(buf: &[u8], max_bytes: usize) -> Result<Option<(Request, usize)>, HeadError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
-    let len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(len)) if len <= max_bytes => len,
-        Ok(httparse::Status::Complete(_)) | Err(httparse::Error::TooManyHeaders) => {
-            return Err(HeadError::TooLarge);
-        }
+    let within = &buf[..buf.len().min(max_bytes)];
+    let len = match req.parse(within) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
         Ok(httparse::Status::Partial) if buf.len() >= max_bytes => {
             return Err(HeadError::TooLarge);
         }
@@ -361,6 +365,27 @@ mod tests {
         let many: String = (0..=MAX_HEADERS).map(|i| format!("X-{i}: 1\r\n")).collect();
         let many = format!("GET / HTTP/1.1\r\n{many}\r\n");
         assert_eq!(parse_head(many.as_bytes(), MAX), Err(HeadError::TooLarge));
+    }
+
+    #[test]
+    fn bytes_past_the_cap_never_change_the_answer() {
+        // Found by the `upgrade` fuzz target: a head still incomplete at the cap, whose
+        // next byte is not HTTP, was 431 when a read ended at the cap and 400 when one
+        // ran past it.
+        let line = "GET / HTTP/1.1\r\n";
+        let pad = format!("X-Pad: {}\r\n", "a".repeat(128 - line.len() - 9));
+        let head = format!("{line}{pad}(bad: 1\r\n\r\n");
+        let cap = line.len() + pad.len();
+        assert_eq!(cap, 128);
+        for end in cap..=head.len() {
+            assert_eq!(
+                parse_head(&head.as_bytes()[..end], cap),
+                Err(HeadError::TooLarge),
+                "with {end} bytes read"
+            );
+        }
+        // Under a larger cap the same bytes are what they are: not HTTP.
+        assert_eq!(parse_head(head.as_bytes(), MAX), Err(HeadError::BadRequest));
     }
 
     #[test]

@@ -425,3 +425,15 @@ fn a_grace_period_must_end_before_the_lame_duck_duration() {
     ]);
     settings(&["--lame-duck-duration", "0", "--lame-duck-grace-period", "0"]);
 }
+
+#[test]
+fn the_listen_backlog_defaults_to_1024_and_refuses_0() {
+    assert_eq!(
+        settings(&[]).listen_backlog.get(),
+        net::DEFAULT_LISTEN_BACKLOG
+    );
+    let set = settings(&["--listen-backlog", "4096"]);
+    assert_eq!(set.listen_backlog.get(), 4096);
+    let zero = Cli::try_parse_from(["broker", "--listen-backlog", "0"]).unwrap_err();
+    assert!(zero.to_string().contains("at least 1"), "{zero}");
+}
