@@ -39,9 +39,23 @@ impl RawClient {
     /// Opens the WebSocket from local address `from` (e.g. 127.0.0.2: all of 127/8 is
     /// loopback on Linux), to tell clients apart by IP.
     pub async fn connect_from(url: &str, from: std::net::IpAddr) -> RawClient {
-        let to: std::net::SocketAddr = url.trim_start_matches("ws://").parse().unwrap();
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket.bind((from, 0).into()).unwrap();
+        RawClient::over(url, socket).await
+    }
+
+    /// Opens the WebSocket over a socket whose receive buffer is as small as the kernel
+    /// allows, and completes a binary handshake: a client that stops reading then fills
+    /// up after a few kilobytes rather than megabytes.
+    pub async fn handshaken_small_window(url: &str) -> RawClient {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        RawClient::over(url, socket).await.handshaken_now().await
+    }
+
+    /// Opens the WebSocket to `url` (`ws://` and an address) over `socket`.
+    async fn over(url: &str, socket: tokio::net::TcpSocket) -> RawClient {
+        let to: std::net::SocketAddr = url.trim_start_matches("ws://").parse().unwrap();
         let stream = within(socket.connect(to)).await.unwrap();
         let (ws, _) = within(tokio_tungstenite::client_async(
             url,
@@ -50,23 +64,6 @@ impl RawClient {
         .await
         .unwrap();
         RawClient { ws }
-    }
-
-    /// Opens the WebSocket over a socket whose receive buffer is as small as the kernel
-    /// allows, and completes a binary handshake: a client that stops reading then fills
-    /// up after a few kilobytes rather than megabytes.
-    pub async fn handshaken_small_window(url: &str) -> RawClient {
-        let to: std::net::SocketAddr = url.trim_start_matches("ws://").parse().unwrap();
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(4096).unwrap();
-        let stream = within(socket.connect(to)).await.unwrap();
-        let (ws, _) = within(tokio_tungstenite::client_async(
-            url,
-            MaybeTlsStream::Plain(stream),
-        ))
-        .await
-        .unwrap();
-        RawClient { ws }.handshaken_now().await
     }
 
     /// Opens the WebSocket and completes a binary handshake, which must be accepted.
