@@ -28,7 +28,7 @@ broker::on_both_buses!(
 );
 
 /// Pushes of this many bytes fill a slow client's window after a handful.
-const PUSH_BYTES: usize = 256;
+const PUSH_BYTES: usize = 512;
 
 /// A room service: `join` puts the session in group `r`; `flood` with body `from,count`
 /// broadcasts pushes `from..from + count` to it on route `room.msg`, each body its
@@ -90,13 +90,16 @@ async fn sessions_come_down_to(gate: &TestGate, sessions: usize, limit: Duration
 async fn a_member_that_stops_reading_misses_nothing_until_it_is_closed_as_too_slow(bus: Bus) {
     const FLOODS: usize = 20;
     const PER_FLOOD: usize = 1_000;
-    const WRITE_TIMEOUT: Duration = Duration::from_millis(500);
+    const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
     let _room = start_worker(bus.url(), room(), FrameConfig::default()).await;
     let gate = TestGate::start(
         &bus,
         gate_config(|c| {
             c.write_timeout = WRITE_TIMEOUT;
-            c.outbound_queue = 4 * PER_FLOOD;
+            // Room for the whole flood: the reading member, however late its task runs,
+            // is never too slow, and the slow one is cut by the write timeout.
+            c.outbound_queue = FLOODS * PER_FLOOD;
+            c.outbound_bytes = 1 << 30;
         }),
     )
     .await;
@@ -149,7 +152,7 @@ async fn a_session_that_never_reads_frees_its_slots_on_time_and_is_cut_at_its_wr
 ) {
     const HELD: u64 = 10;
     const REQUEST_TIMEOUT: Duration = Duration::from_millis(300);
-    const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
+    const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
     let _echo = echo_worker(&bus).await;
     let mut holds = Holds::default();
     let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(64)).await;
@@ -165,12 +168,13 @@ async fn a_session_that_never_reads_frees_its_slots_on_time_and_is_cut_at_its_wr
     )
     .await;
     let mut client = RawClient::handshaken_small_window(&gate.url).await;
+    // The earliest the socket can have stopped taking: before the first answer.
+    let stalled = Instant::now();
     // Answers of 32 KiB fill its window and the gate's socket buffer.
     let body = "x".repeat(32 * 1024);
     for id in 1..=200 {
         client.request(id, "echo.raw", &body).await;
     }
-    let stalled = Instant::now();
     for id in 1_000..1_000 + HELD {
         client.request(id, "park.hold", "").await;
     }
@@ -191,7 +195,11 @@ async fn a_session_that_never_reads_frees_its_slots_on_time_and_is_cut_at_its_wr
     assert!(stalled.elapsed() < WRITE_TIMEOUT, "{:?}", stalled.elapsed());
     assert_eq!(gate.gate.session_count(), 1, "cut before its write timeout");
     sessions_come_down_to(&gate, 0, WRITE_TIMEOUT + Duration::from_secs(2)).await;
-    assert!(stalled.elapsed() >= WRITE_TIMEOUT - Duration::from_millis(500));
+    assert!(
+        stalled.elapsed() >= WRITE_TIMEOUT,
+        "{:?}",
+        stalled.elapsed()
+    );
     holds.release("p");
 }
 
@@ -243,12 +251,13 @@ async fn heartbeats_and_pings_are_refused_past_the_rate() {
             other => panic!("{other:?}"),
         }
     };
-    // The burst, and at most one token refilled meanwhile.
-    assert!((BURST..=BURST + 1).contains(&heartbeats), "{heartbeats}");
+    // The burst, and the few tokens refilled meanwhile (one a second): far from all.
+    assert!((BURST..2 * BURST).contains(&heartbeats), "{heartbeats}");
     assert_eq!(response.code, code::RATE_LIMITED);
 
     let mut client = gate.raw().await;
-    for _ in 0..BURST + 1 {
+    // Five past the burst: the request after them is refused unless five seconds pass.
+    for _ in 0..BURST + 5 {
         client
             .send(tokio_tungstenite::tungstenite::Message::Ping(Bytes::new()))
             .await;
