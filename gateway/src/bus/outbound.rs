@@ -10,6 +10,11 @@ use super::BusError;
 /// The buffer's starting room: a batch of a few hundred requests without growing.
 const START_CAPACITY: usize = 64 * 1024;
 
+/// A spare buffer with more room than this, handed back while the batch being taken is
+/// no bigger than [`START_CAPACITY`], is replaced by a fresh one: the two buffers would
+/// otherwise keep a burst's room (up to `--max-bus-pending` each) for the process's life.
+const SHRINK_ABOVE: usize = 4 * START_CAPACITY;
+
 pub(super) struct Outbound {
     state: Mutex<State>,
     /// Woken when the buffer goes from empty to not empty (a permit is kept when the
@@ -96,6 +101,9 @@ impl Outbound {
             return Taken::Empty;
         }
         into.clear();
+        if into.capacity() > SHRINK_ABOVE && state.buf.len() <= START_CAPACITY {
+            *into = BytesMut::with_capacity(START_CAPACITY);
+        }
         std::mem::swap(&mut state.buf, into);
         Taken::Bytes
     }
@@ -134,6 +142,26 @@ mod tests {
         assert!(matches!(out.take(0, &mut taken), Taken::Bytes));
         assert_eq!(&taken[..], b"0123456789PONG\r\n");
         assert!(out.push(|b| b.extend_from_slice(b"x")).is_ok());
+    }
+
+    #[test]
+    fn a_burst_s_room_is_given_back_once_batches_are_small_again() {
+        let out = Outbound::new(8 * 1024 * 1024);
+        let mut taken = BytesMut::new();
+        let burst = vec![b'x'; 2 * 1024 * 1024];
+        for _ in 0..2 {
+            out.push(|b| b.extend_from_slice(&burst)).unwrap();
+            assert!(matches!(out.take(0, &mut taken), Taken::Bytes));
+        }
+        // Both buffers carried the burst.
+        assert!(taken.capacity() >= burst.len());
+        for _ in 0..2 {
+            out.push(|b| b.extend_from_slice(b"PING\r\n")).unwrap();
+            assert!(matches!(out.take(0, &mut taken), Taken::Bytes));
+            assert_eq!(&taken[..], b"PING\r\n");
+        }
+        assert!(taken.capacity() <= SHRINK_ABOVE, "{}", taken.capacity());
+        assert!(out.lock().buf.capacity() <= SHRINK_ABOVE);
     }
 
     #[test]
