@@ -31,7 +31,6 @@ use crate::bus::{BusError, Reply};
 use crate::codec::{Codec, Decoded};
 use crate::forward::{Request, SessionWire};
 use crate::gate::GateShared;
-use crate::labels::MAX_ROUTE_LABELS;
 use crate::limits::TokenBucket;
 use crate::route;
 
@@ -141,7 +140,7 @@ const fn too_slow() -> Closing {
 }
 
 /// The close reason of a session closed as too slow.
-pub(crate) const TOO_SLOW: &str = "too slow";
+const TOO_SLOW: &str = "too slow";
 
 /// Closes a connection whose client sent a frame WebSocket itself refuses.
 fn frame_error(e: &tokio_tungstenite::tungstenite::Error) -> Closing {
@@ -663,7 +662,7 @@ impl<S: Io> Session<S> {
             .get(
                 |(r, c)| **r == *route && *c == code,
                 || {
-                    let label = labels.label(route, MAX_ROUTE_LABELS);
+                    let label = labels.label(route);
                     let h = metrics::histogram!("gate_request_duration_seconds", "route" => label, "code" => code.to_string());
                     ((route.into(), code), h)
                 },

@@ -477,7 +477,7 @@ impl State {
         tracing::warn!(
             subject = %self.subject,
             lapses = self.lapses.unlogged,
-            "a queue subscription's lease ran out before its successor was subscribed: the worker was out of its group for a moment (a burst larger than half the lease; see --queue-lease)"
+            "a queue subscription's lease ran out before its successor was subscribed: the worker was out of its group for a moment (a burst larger than half the lease, or a reader that stopped; see --queue-lease and --queue-capacity)"
         );
         self.lapses.logged = Some(now);
         self.lapses.unlogged = 0;

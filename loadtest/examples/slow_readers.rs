@@ -3,7 +3,7 @@
 //! of sessions that send and never read, and of a heartbeat flood.
 //!
 //! ```sh
-//! cargo run --release -p shaddock-gateway --example slow_readers -- ws://127.0.0.1:3250 <gate pid> [sessions]
+//! cargo run --release -p shaddock-loadtest --example slow_readers -- ws://127.0.0.1:3250 <gate pid> [sessions]
 //! ```
 //!
 //! Each attacking session opens a socket with the smallest receive buffer the kernel
@@ -14,6 +14,7 @@
 use std::time::{Duration, Instant};
 
 use futures::SinkExt as _;
+use loadtest::ws::procfs::rss_bytes;
 use proto::Message as _;
 use proto::client::{Handshake, Heartbeat, Packet, Request, packet::Kind};
 use tokio::net::TcpSocket;
@@ -31,14 +32,9 @@ const HEARTBEATS: usize = 20_000;
 /// How long the attackers are kept before they are dropped, closed or not.
 const HOLD: Duration = Duration::from_secs(20);
 
-/// The resident set of process `pid`, in KiB.
-fn rss_kib(pid: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
+/// The resident set of process `pid` in MiB (0 when it cannot be read).
+fn rss_mib(pid: u32) -> f64 {
+    rss_bytes(pid).unwrap_or(0) as f64 / (1024.0 * 1024.0)
 }
 
 /// A handshaken session over a socket with a small receive window.
@@ -64,8 +60,9 @@ async fn main() -> anyhow::Result<()> {
     let (Some(url), Some(pid)) = (args.first(), args.get(1)) else {
         anyhow::bail!("usage: slow_readers WS_URL GATE_PID [SESSIONS]");
     };
+    let pid: u32 = pid.parse()?;
     let sessions: usize = args.get(2).map_or(Ok(100), |s| s.parse())?;
-    let baseline = rss_kib(pid);
+    let baseline = rss_mib(pid);
     let body = "x".repeat(BODY);
     let mut attackers = Vec::new();
     for _ in 0..sessions {
@@ -90,17 +87,14 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let mut peak = baseline;
     while started.elapsed() < HOLD {
-        peak = peak.max(rss_kib(pid));
+        peak = peak.max(rss_mib(pid));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop(attackers);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = rss_kib(pid);
+    let after = rss_mib(pid);
     println!(
-        "gate RSS: baseline {:.1} MiB, peak {:.1} MiB, after {:.1} MiB ({sessions} sessions × {REQUESTS} requests of {} KiB never read, {HEARTBEATS} heartbeats never read)",
-        baseline as f64 / 1024.0,
-        peak as f64 / 1024.0,
-        after as f64 / 1024.0,
+        "gate RSS: baseline {baseline:.1} MiB, peak {peak:.1} MiB, after {after:.1} MiB ({sessions} sessions × {REQUESTS} requests of {} KiB never read, {HEARTBEATS} heartbeats never read)",
         BODY / 1024
     );
     Ok(())
