@@ -5,16 +5,18 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use proto::client::{self, Packet, packet::Kind};
 use proto::code;
 use rustc_hash::FxHashMap;
 use tokio::time::{Instant, timeout};
+use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use super::outbox::Outbox;
-use super::{Cache, Closing, Io, Session, close, frame_error, inbox};
+use super::{Cache, Closing, Io, Session, Ws, close, frame_error, inbox};
 use crate::admission::Ticket;
 use crate::codec::{Codec, Decoded};
 use crate::forward::SessionWire;
@@ -92,13 +94,8 @@ pub(crate) async fn run<S: Io>(
         Ok(identity) => identity,
         Err(e) => {
             metrics::counter!("gate_auth_failures_total", "reason" => e.reason()).increment(1);
-            let _ = timeout(wait, ws.send(ack(code::UNAUTHORIZED, &e.to_string()))).await;
-            close(
-                &mut ws,
-                Closing::new(CloseCode::Policy, "unauthorized"),
-                wait,
-            )
-            .await;
+            let answer = ack(code::UNAUTHORIZED, &e.to_string());
+            refuse(&mut ws, answer, "unauthorized", wait).await;
             return;
         }
     };
@@ -112,13 +109,8 @@ pub(crate) async fn run<S: Io>(
         // Bound before the ack: the first request already carries the player.
         if let Err(e) = gate.bind(&identity.uid, sid).await {
             gate.sessions.remove(&sid);
-            let _ = timeout(wait, ws.send(ack(bind_refusal(&e), &e.to_string()))).await;
-            close(
-                &mut ws,
-                Closing::new(CloseCode::Policy, "uid refused"),
-                wait,
-            )
-            .await;
+            let answer = ack(bind_refusal(&e), &e.to_string());
+            refuse(&mut ws, answer, "uid refused", wait).await;
             return;
         }
         expires = identity.expires.and_then(instant_of);
@@ -170,6 +162,12 @@ pub(crate) async fn run<S: Io>(
     tracing::debug!(sid, reason = closing.reason, "session closed");
     metrics::counter!("gate_sessions_closed_total", "reason" => closing.reason).increment(1);
     session.finish(closing, &mut inbox).await;
+}
+
+/// Refuses a handshake: its answer, then a close saying why, each within `wait`.
+async fn refuse<S: Io>(ws: &mut Ws<S>, answer: Message, reason: &'static str, wait: Duration) {
+    let _ = timeout(wait, ws.send(answer)).await;
+    close(ws, Closing::new(CloseCode::Policy, reason), wait).await;
 }
 
 /// The kick reason, and close reason, of a session whose signed token expired.
