@@ -30,11 +30,11 @@ use crate::admission::{Admission, Refusal};
 use crate::auth::TokenCheck;
 use crate::bus::{self, Bus, BusOptions, Dispatch, Incoming, Reply, Target};
 use crate::config::{GateConfig, WS_READ_BUFFER, WS_WRITE_BUFFER};
+use crate::inbox::{SessionTx, ToSession, WorkerReply};
 use crate::labels::RouteLabels;
 use crate::presence::{Binding, Group};
 use crate::schema::{self, Schemas};
 use crate::session;
-use crate::session::inbox::{SessionTx, ToSession, WorkerReply};
 use crate::tls::Tls;
 use crate::upgrade::{Origins, UpgradePolicy};
 

@@ -14,6 +14,7 @@ pub mod frame;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gate;
+mod inbox;
 mod labels;
 mod limits;
 pub mod pomelo;

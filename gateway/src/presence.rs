@@ -26,7 +26,7 @@ use rustc_hash::FxHashSet;
 use crate::bus::{Reply, Target};
 use crate::codec::PushFrame;
 use crate::gate::GateShared;
-use crate::session::inbox::ToSession;
+use crate::inbox::ToSession;
 
 /// A group with members on this gate.
 pub(crate) struct Group {

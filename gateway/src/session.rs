@@ -36,12 +36,11 @@ use crate::route;
 
 mod cache;
 mod effects;
-pub(crate) mod inbox;
 mod opening;
 mod outbox;
 
+use crate::inbox::{Inbox, ToSession, WorkerReply};
 use cache::Cache;
-use inbox::{Inbox, ToSession, WorkerReply};
 use outbox::Outbox;
 
 use opening::TOKEN_EXPIRED;

@@ -16,11 +16,12 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use super::outbox::Outbox;
-use super::{Cache, Closing, Io, Session, Ws, close, frame_error, inbox};
+use super::{Cache, Closing, Io, Session, Ws, close, frame_error};
 use crate::admission::Ticket;
 use crate::codec::{Codec, Decoded};
 use crate::forward::SessionWire;
 use crate::gate::GateShared;
+use crate::inbox;
 use crate::limits::TokenBucket;
 use crate::presence::BindError;
 use crate::upgrade;
