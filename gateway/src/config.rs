@@ -4,8 +4,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::presence::UidConflict;
-
 /// Subject prefix shared by gates and workers, so several deployments can share a bus.
 pub const DEFAULT_PREFIX: &str = "shaddock";
 /// Port a gate listens on for WebSockets (pomelo's connector default).
@@ -253,6 +251,16 @@ impl Default for GateConfig {
             serial_routes: Vec::new(),
         }
     }
+}
+
+/// How a bind of a uid that another session holds is settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum UidConflict {
+    /// The new session wins; the old one is kicked wherever it is.
+    #[default]
+    Kick,
+    /// The new bind is refused (409) while another session holds the uid.
+    Refuse,
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use crate::schema::Schemas;
 use bytes::Bytes;
 use proto::client::{self, Packet, packet::Kind};
 
-pub use crate::pomelo::wire;
+pub use crate::codec::pomelo::wire;
 pub use crate::upgrade::{HeadError, MAX_HEADERS, Request as Head, parse_head};
 pub use tokio_tungstenite::tungstenite::Message;
 

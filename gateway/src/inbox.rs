@@ -59,25 +59,28 @@ pub(crate) fn channel(capacity: usize) -> (SessionTx, Inbox) {
     )
 }
 
+/// Why a message did not reach its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The session has ended (or never was).
+    Gone,
+    /// Its queue was full: the message is dropped and the session closes as too slow.
+    Full,
+}
+
 impl SessionTx {
-    /// Queues `msg` without waiting. False when the session is gone, or when its queue
-    /// is full: the message is then dropped (the caller counts it) and the session is
-    /// told to close as too slow, so nothing is ever dropped from a session that stays
-    /// open.
-    pub(crate) fn offer(&self, msg: ToSession) -> bool {
+    /// Queues `msg` without waiting. A full queue drops it (the caller counts it) and
+    /// tells the session to close as too slow, so nothing is ever dropped from a
+    /// session that stays open.
+    pub(crate) fn offer(&self, msg: ToSession) -> Result<(), Refused> {
         match self.tx.try_send(msg) {
-            Ok(()) => true,
+            Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => {
                 self.overflowed.cancel();
-                false
+                Err(Refused::Full)
             }
-            Err(TrySendError::Closed(_)) => false,
+            Err(TrySendError::Closed(_)) => Err(Refused::Gone),
         }
-    }
-
-    /// True once the session has ended.
-    pub(crate) fn is_closed(&self) -> bool {
-        self.tx.is_closed()
     }
 }
 
@@ -108,14 +111,14 @@ mod tests {
         let (tx, mut inbox) = channel(2);
         let overflowed = inbox.overflowed();
         tokio::pin!(overflowed);
-        assert!(tx.offer(ToSession::BusLost));
-        assert!(tx.offer(ToSession::Kick("a".into())));
+        assert_eq!(tx.offer(ToSession::BusLost), Ok(()));
+        assert_eq!(tx.offer(ToSession::Kick("a".into())), Ok(()));
         assert!(overflowed.as_mut().now_or_never().is_none());
         // The third does not fit: dropped, and the session is told.
-        assert!(!tx.offer(ToSession::BusLost));
+        assert_eq!(tx.offer(ToSession::BusLost), Err(Refused::Full));
         assert!(overflowed.now_or_never().is_some());
         assert_eq!(inbox.queued_pushes(), 0);
         drop(inbox);
-        assert!(tx.is_closed() && !tx.offer(ToSession::BusLost));
+        assert_eq!(tx.offer(ToSession::BusLost), Err(Refused::Gone));
     }
 }

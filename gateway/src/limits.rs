@@ -1,4 +1,7 @@
-//! Per-session rate limiting.
+//! Rate and in-flight limits: a session's token bucket, and the gate-wide budget of
+//! requests awaiting workers that every session draws from.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::time::Instant;
 
@@ -40,6 +43,57 @@ impl TokenBucket {
     }
 }
 
+/// The gate-wide budget of requests awaiting workers (`--max-gate-in-flight`). The last
+/// `reserve` slots (`--gate-reserve`) go only to light sessions, those with fewer than
+/// `light` requests in flight (`--light-in-flight`): a few sessions flooding requests
+/// cannot take the whole budget from everyone else.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    taken: AtomicUsize,
+    max: usize,
+    reserve: usize,
+    light: usize,
+}
+
+impl InFlight {
+    pub(crate) fn new(max: usize, reserve: usize, light: usize) -> Self {
+        InFlight {
+            taken: AtomicUsize::new(0),
+            max,
+            reserve,
+            light,
+        }
+    }
+
+    /// Takes a slot for a session that has `own` requests in flight already, if one is
+    /// free to it.
+    pub(crate) fn take(&self, own: usize) -> bool {
+        let limit = if own < self.light {
+            self.max
+        } else {
+            self.max.saturating_sub(self.reserve)
+        };
+        let taken = self.taken.fetch_add(1, Ordering::Relaxed);
+        if taken < limit {
+            return true;
+        }
+        self.taken.fetch_sub(1, Ordering::Relaxed);
+        false
+    }
+
+    /// Gives back `n` slots.
+    pub(crate) fn give_back(&self, n: usize) {
+        if n > 0 {
+            self.taken.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Slots taken now.
+    pub(crate) fn taken(&self) -> usize {
+        self.taken.load(Ordering::Relaxed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,5 +121,21 @@ mod tests {
     fn zero_rate_is_unlimited() {
         let mut b = TokenBucket::new(0, 1);
         assert!((0..1000).all(|_| b.take(Instant::now())));
+    }
+
+    #[test]
+    fn the_reserve_is_kept_for_light_sessions() {
+        let budget = InFlight::new(4, 2, 1);
+        // A heavy session (1 in flight already) gets the first max - reserve slots.
+        assert!(budget.take(1) && budget.take(1));
+        assert!(!budget.take(1));
+        // A light one (none in flight) still gets the reserve, and no more.
+        assert!(budget.take(0) && budget.take(0));
+        assert!(!budget.take(0));
+        assert_eq!(budget.taken(), 4);
+        budget.give_back(3);
+        assert_eq!(budget.taken(), 1);
+        assert!(budget.take(1));
+        assert!(!budget.take(1));
     }
 }

@@ -10,46 +10,58 @@
 //!   kicked (or, in refuse mode, the bind is refused when a holder answers a probe).
 //!
 //! Joining and binding subscribe on the gate's [bus connection](crate::bus), whose
-//! reader calls [`GateShared::deliver_to_group`] and [`GateShared::deliver_to_user`] for
+//! reader calls [`Presence::deliver_to_group`] and [`Presence::deliver_to_user`] for
 //! what arrives; leaving and unbinding unsubscribe. A subscription is queued towards the
 //! server before the join or bind is answered, on the connection the client's later
 //! requests go out on: the server has it before anything those requests cause.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use bytes::Bytes;
+use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use proto::Message as _;
 use proto::rpc::{Claim, Probe, ServerPush, UserCommand, user_command};
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
+use tokio::sync::oneshot;
 
-use crate::bus::{Reply, Target};
+use crate::bus::{Bus, Reply, Target};
 use crate::codec::PushFrame;
-use crate::gate::GateShared;
-use crate::inbox::ToSession;
+use crate::config::{GateConfig, UidConflict};
+use crate::inbox::{Refused, ToSession};
+use crate::sessions::{GATE_SID, Sessions};
+
+/// The groups and players of one gate's sessions, and the subscriptions that hold them.
+pub(crate) struct Presence {
+    bus: Arc<Bus>,
+    sessions: Arc<Sessions>,
+    prefix: String,
+    gate: String,
+    uid_conflict: UidConflict,
+    probe_timeout: Duration,
+    /// Groups with members on this gate, by name.
+    groups: DashMap<String, Group>,
+    /// Players bound on this gate, by uid.
+    users: DashMap<String, Binding>,
+    /// Bind probes awaiting an answer, by the id in their reply subject (sid 0).
+    probes: Mutex<FxHashMap<u64, oneshot::Sender<bool>>>,
+    next_probe: AtomicU64,
+}
 
 /// A group with members on this gate.
-pub(crate) struct Group {
+struct Group {
     members: FxHashSet<u64>,
     /// The bus subscription of the group's subject.
     bus_sid: u64,
 }
 
 /// A player bound on this gate.
-pub(crate) struct Binding {
-    pub sid: u64,
+struct Binding {
+    sid: u64,
     /// The bus subscription of the player's subject.
     bus_sid: u64,
-}
-
-/// How a bind of a uid that another session holds is settled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum UidConflict {
-    /// The new session wins; the old one is kicked wherever it is.
-    #[default]
-    Kick,
-    /// The new bind is refused (409) while another session holds the uid.
-    Refuse,
 }
 
 /// Why a bind failed.
@@ -63,17 +75,33 @@ pub(crate) enum BindError {
     Bus(String),
 }
 
-impl GateShared {
-    fn group_subject(&self, group: &str) -> String {
-        format!("{}.grp.{group}", self.config.prefix)
+impl Presence {
+    /// The presence of gate `config.gate_id`'s sessions on `bus`.
+    pub(crate) fn new(config: &GateConfig, bus: Arc<Bus>, sessions: Arc<Sessions>) -> Self {
+        Presence {
+            bus,
+            sessions,
+            prefix: config.prefix.clone(),
+            gate: config.gate_id.clone(),
+            uid_conflict: config.uid_conflict,
+            probe_timeout: config.bind_probe_timeout,
+            groups: DashMap::new(),
+            users: DashMap::new(),
+            probes: Mutex::default(),
+            next_probe: AtomicU64::new(1),
+        }
     }
 
-    pub fn user_subject(&self, uid: &str) -> String {
-        format!("{}.user.{uid}", self.config.prefix)
+    fn group_subject(&self, group: &str) -> String {
+        format!("{}.grp.{group}", self.prefix)
+    }
+
+    fn user_subject(&self, uid: &str) -> String {
+        format!("{}.user.{uid}", self.prefix)
     }
 
     /// Adds a session to a group, subscribing the group's subject if it is new here.
-    pub fn join(&self, group: &str, sid: u64) {
+    pub(crate) fn join(&self, group: &str, sid: u64) {
         match self.groups.entry(group.to_owned()) {
             Entry::Occupied(mut e) => {
                 e.get_mut().members.insert(sid);
@@ -89,7 +117,7 @@ impl GateShared {
     }
 
     /// Removes a session from a group, unsubscribing when it was the last one here.
-    pub fn leave(&self, group: &str, sid: u64) {
+    pub(crate) fn leave(&self, group: &str, sid: u64) {
         let emptied = self.groups.remove_if_mut(group, |_, g| {
             g.members.remove(&sid);
             g.members.is_empty()
@@ -100,24 +128,24 @@ impl GateShared {
     }
 
     /// Groups with local members now.
-    pub fn group_count(&self) -> usize {
+    pub(crate) fn group_count(&self) -> usize {
         self.groups.len()
     }
 
     /// Players bound on this gate now.
-    pub fn user_count(&self) -> usize {
+    pub(crate) fn user_count(&self) -> usize {
         self.users.len()
     }
 
     /// Binds `uid` to session `sid` on this gate, enforcing one session per uid.
-    pub async fn bind(self: &Arc<Self>, uid: &str, sid: u64) -> Result<(), BindError> {
+    pub(crate) async fn bind(&self, uid: &str, sid: u64) -> Result<(), BindError> {
         crate::route::check_token(uid).map_err(|_| BindError::Invalid)?;
         let subject = self.user_subject(uid);
         let holder = self.users.get(uid).map(|b| b.sid);
         if holder == Some(sid) {
             return Ok(());
         }
-        if self.config.uid_conflict == UidConflict::Refuse {
+        if self.uid_conflict == UidConflict::Refuse {
             if holder.is_some() {
                 return Err(BindError::Taken);
             }
@@ -125,8 +153,7 @@ impl GateShared {
                 kind: Some(user_command::Kind::Probe(Probe {})),
             };
             // An answer means a holder; no responders or silence means the uid is free.
-            let timeout = self.config.bind_probe_timeout;
-            if self.probe(&subject, &probe.encode_to_vec(), timeout).await {
+            if self.probe(&subject, &probe.encode_to_vec()).await {
                 return Err(BindError::Taken);
             }
         }
@@ -145,7 +172,7 @@ impl GateShared {
         }
         let claim = UserCommand {
             kind: Some(user_command::Kind::Claim(Claim {
-                gate: self.id.clone(),
+                gate: self.gate.clone(),
                 sid,
             })),
         };
@@ -156,27 +183,24 @@ impl GateShared {
 
     /// Drops `uid`'s binding if `sid` still holds it: a stale session closing never
     /// removes a newer session's binding.
-    pub fn unbind(&self, uid: &str, sid: u64) {
+    pub(crate) fn unbind(&self, uid: &str, sid: u64) {
         if let Some((_, b)) = self.users.remove_if(uid, |_, b| b.sid == sid) {
             self.bus.unsubscribe(b.bus_sid);
         }
     }
 
     fn kick_local(&self, sid: u64, reason: &str) {
-        if let Some(tx) = self.sessions.get(&sid) {
-            if !tx.offer(ToSession::Kick(reason.into())) && !tx.is_closed() {
-                // A session whose queue is full of pushes misses the kick, and closes
-                // as too slow instead; counted so it shows.
-                metrics::counter!("gate_kicks_dropped_total").increment(1);
-            }
+        if let Err(Refused::Full) = self.sessions.offer(sid, ToSession::Kick(reason.into())) {
+            // A session whose queue is full of pushes misses the kick, and closes as too
+            // slow instead; counted so it shows.
+            metrics::counter!("gate_kicks_dropped_total").increment(1);
         }
     }
 
     fn push_local(&self, sid: u64, frame: &Arc<PushFrame>) -> bool {
-        match self.sessions.get(&sid) {
-            Some(tx) => tx.offer(ToSession::Push(frame.clone())),
-            None => false,
-        }
+        self.sessions
+            .offer(sid, ToSession::Push(frame.clone()))
+            .is_ok()
     }
 
     /// Delivers a broadcast on `group`'s subject to the group's local members as they are
@@ -220,7 +244,7 @@ impl GateShared {
             }
             user_command::Kind::Kick(reason) => self.kick_local(holder, &reason),
             user_command::Kind::Claim(claim) => {
-                if claim.gate != self.id || claim.sid != holder {
+                if claim.gate != self.gate || claim.sid != holder {
                     self.kick_local(holder, "logged in elsewhere");
                     self.unbind(uid, holder);
                 }
@@ -231,5 +255,37 @@ impl GateShared {
                 }
             }
         }
+    }
+
+    /// Asks `subject` whether anyone holds it: `true` when an answer comes within the
+    /// probe timeout; no responders, silence or no bus mean no.
+    async fn probe(&self, subject: &str, payload: &[u8]) -> bool {
+        let id = self.next_probe.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.probes_lock().insert(id, tx);
+        let prefix = format!("{}.gw.{}.{GATE_SID}.", self.prefix, self.gate);
+        let sent = self.bus.publish_bytes(
+            subject,
+            Reply::Request {
+                prefix: &prefix,
+                id,
+            },
+            payload,
+        );
+        let timeout = self.probe_timeout;
+        let held = sent.is_ok() && matches!(tokio::time::timeout(timeout, rx).await, Ok(Ok(true)));
+        self.probes_lock().remove(&id);
+        held
+    }
+
+    /// The answer to bind probe `id` came back: `held` unless it was "no responders".
+    pub(crate) fn answer_probe(&self, id: u64, held: bool) {
+        if let Some(waiter) = self.probes_lock().remove(&id) {
+            let _ = waiter.send(held);
+        }
+    }
+
+    fn probes_lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<u64, oneshot::Sender<bool>>> {
+        self.probes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -33,7 +33,7 @@ impl<S: Io> Session<S> {
                         resp.body = Default::default();
                         break;
                     }
-                    if let Err(e) = self.gate.bind(&uid, self.sid).await {
+                    if let Err(e) = self.gate.presence.bind(&uid, self.sid).await {
                         resp.code = match e {
                             BindError::Taken => code::CONFLICT,
                             BindError::Invalid => code::BAD_REQUEST,
@@ -46,7 +46,7 @@ impl<S: Io> Session<S> {
                     let mut old = uid;
                     self.wire.update(|s| std::mem::swap(&mut s.uid, &mut old));
                     if !old.is_empty() && old != self.wire.get().uid {
-                        self.gate.unbind(&old, self.sid);
+                        self.gate.presence.unbind(&old, self.sid);
                     }
                 }
                 effect::Kind::SetData(d) => {
@@ -63,13 +63,13 @@ impl<S: Io> Session<S> {
                     if route::check_token(&group).is_err() || self.groups.contains(&group) {
                         continue;
                     }
-                    self.gate.join(&group, self.sid);
+                    self.gate.presence.join(&group, self.sid);
                     self.groups.push(group);
                 }
                 effect::Kind::Leave(group) => {
                     if let Some(i) = self.groups.iter().position(|g| *g == group) {
                         self.groups.swap_remove(i);
-                        self.gate.leave(&group, self.sid);
+                        self.gate.presence.leave(&group, self.sid);
                     }
                 }
                 effect::Kind::Kick(reason) => kick = Some(reason),
@@ -81,14 +81,14 @@ impl<S: Io> Session<S> {
     /// On close: leaves every group, releases the uid, and tells services.
     pub(super) async fn leave_everything(&mut self) {
         for group in &self.groups {
-            self.gate.leave(group, self.sid);
+            self.gate.presence.leave(group, self.sid);
         }
         let uid = &self.wire.get().uid;
         if !uid.is_empty() {
-            self.gate.unbind(uid, self.sid);
+            self.gate.presence.unbind(uid, self.sid);
         }
         let event = SessionClosed {
-            gate: self.gate.id.clone(),
+            gate: self.gate.config.gate_id.clone(),
             sid: self.sid,
             uid: self.wire.get().uid.clone(),
             groups: std::mem::take(&mut self.groups),

@@ -16,11 +16,10 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use super::outbox::Outbox;
-use super::{Cache, Closing, Io, Session, Ws, close, frame_error};
+use super::{Cache, Closing, Context, Io, Session, Ws, close, frame_error};
 use crate::admission::Ticket;
 use crate::codec::{Codec, Decoded};
 use crate::forward::SessionWire;
-use crate::gate::GateShared;
 use crate::inbox;
 use crate::limits::TokenBucket;
 use crate::presence::BindError;
@@ -28,12 +27,7 @@ use crate::upgrade;
 
 /// Serves one connection from WebSocket upgrade to close; `_ticket` holds its place
 /// among the gate's connections until then.
-pub(crate) async fn run<S: Io>(
-    gate: Arc<GateShared>,
-    stream: S,
-    addr: SocketAddr,
-    _ticket: Ticket,
-) {
+pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, _ticket: Ticket) {
     let mut ws = match upgrade::accept(stream, &gate.upgrade, gate.ws_config).await {
         Ok(ws) => ws,
         Err(e) => {
@@ -77,7 +71,7 @@ pub(crate) async fn run<S: Io>(
             return;
         }
     };
-    let sid = gate.next_sid();
+    let sid = gate.sessions.next_sid();
     let ack = |code: u32, message: &str| {
         codec.encode(Kind::HandshakeAck(client::HandshakeAck {
             code,
@@ -104,12 +98,12 @@ pub(crate) async fn run<S: Io>(
     // that fills anyway closes the session as too slow.
     let (tx, mut inbox) = inbox::channel(gate.config.max_in_flight + gate.config.outbound_queue);
     gate.sessions.insert(sid, tx);
-    let mut wire = SessionWire::new(&gate.id, sid);
+    let mut wire = SessionWire::new(&gate.config.gate_id, sid);
     let mut expires = None;
     if let Some(identity) = identity {
         // Bound before the ack: the first request already carries the player.
-        if let Err(e) = gate.bind(&identity.uid, sid).await {
-            gate.sessions.remove(&sid);
+        if let Err(e) = gate.presence.bind(&identity.uid, sid).await {
+            gate.sessions.remove(sid);
             let answer = ack(bind_refusal(&e), &e.to_string());
             refuse(&mut ws, answer, "uid refused", wait).await;
             return;
@@ -122,10 +116,10 @@ pub(crate) async fn run<S: Io>(
         });
     }
     if !matches!(timeout(wait, ws.send(ack(code::OK, ""))).await, Ok(Ok(()))) {
-        gate.sessions.remove(&sid);
+        gate.sessions.remove(sid);
         let uid = &wire.get().uid;
         if !uid.is_empty() {
-            gate.unbind(uid, sid);
+            gate.presence.unbind(uid, sid);
         }
         return;
     }
@@ -142,7 +136,7 @@ pub(crate) async fn run<S: Io>(
         serial_queue: VecDeque::new(),
         wire,
         expires,
-        reply_prefix: format!("{}.gw.{}.{sid}.", gate.config.prefix, gate.id),
+        reply_prefix: format!("{}.gw.{}.{sid}.", gate.config.prefix, gate.config.gate_id),
         routes: Cache::default(),
         drain: None,
         groups: Vec::new(),
@@ -156,10 +150,10 @@ pub(crate) async fn run<S: Io>(
     };
     let closing = session.serve(&mut inbox).await;
     // Everything it holds is given back before the client is told.
-    gate.sessions.remove(&sid);
+    gate.sessions.remove(sid);
     session.leave_everything().await;
     metrics::gauge!("gate_sessions").decrement(1.0);
-    session.release(session.pending.len());
+    gate.in_flight.give_back(session.pending.len());
     tracing::debug!(sid, reason = closing.reason, "session closed");
     metrics::counter!("gate_sessions_closed_total", "reason" => closing.reason).increment(1);
     session.finish(closing, &mut inbox).await;

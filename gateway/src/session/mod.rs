@@ -9,17 +9,23 @@
 //! is closed as too slow ("Slow clients" in docs/gateway.md). Everything ready is
 //! written together and flushed once.
 
+mod cache;
+mod context;
+mod effects;
+mod opening;
+mod outbox;
+mod requests;
+
 use std::collections::VecDeque;
+use std::future::poll_fn;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::Duration;
 
 use futures::{FutureExt, SinkExt, StreamExt};
 use proto::client::{self, packet::Kind};
 use proto::code;
 use rustc_hash::FxHashMap;
-use std::future::poll_fn;
-use std::task::Poll;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, sleep_until};
 use tokio_tungstenite::WebSocketStream;
@@ -27,22 +33,14 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use crate::bus::{BusError, Reply};
 use crate::codec::{Codec, Decoded};
-use crate::forward::{Request, SessionWire};
-use crate::gate::GateShared;
-use crate::limits::TokenBucket;
-use crate::route;
-
-mod cache;
-mod effects;
-mod opening;
-mod outbox;
-
+use crate::forward::SessionWire;
 use crate::inbox::{Inbox, ToSession, WorkerReply};
+use crate::limits::TokenBucket;
 use cache::Cache;
 use outbox::Outbox;
 
+pub(crate) use context::Context;
 use opening::TOKEN_EXPIRED;
 pub(crate) use opening::run;
 
@@ -86,7 +84,8 @@ struct Pending {
 }
 
 struct Session<S> {
-    gate: Arc<GateShared>,
+    /// The gate, as a session sees it.
+    gate: Arc<Context>,
     sid: u64,
     /// The protocol the client spoke in its handshake.
     codec: Codec,
@@ -155,10 +154,6 @@ fn frame_error(e: &tokio_tungstenite::tungstenite::Error) -> Closing {
 fn invalid(reason: &'static str) -> Closing {
     metrics::counter!("gate_rejected_total", "reason" => "invalid_packet").increment(1);
     Closing::new(CloseCode::Invalid, reason)
-}
-
-fn micros(d: Duration) -> u32 {
-    d.as_micros().try_into().unwrap_or(u32::MAX)
 }
 
 impl<S: Io> Session<S> {
@@ -412,175 +407,6 @@ impl<S: Io> Session<S> {
         }
     }
 
-    /// Takes a slot of the gate-wide in-flight budget, if one is free to this session:
-    /// the last `--gate-reserve` slots are kept for light sessions (fewer than
-    /// `--light-in-flight` requests in flight), so a few sessions flooding requests
-    /// cannot take the whole budget from everyone else.
-    fn admit(&self) -> bool {
-        let config = &self.gate.config;
-        let limit = if self.pending.len() < config.light_in_flight {
-            config.max_gate_in_flight
-        } else {
-            config
-                .max_gate_in_flight
-                .saturating_sub(config.gate_reserve)
-        };
-        let taken = self.gate.in_flight.fetch_add(1, Ordering::Relaxed);
-        if taken < limit {
-            return true;
-        }
-        self.gate.in_flight.fetch_sub(1, Ordering::Relaxed);
-        false
-    }
-
-    /// Returns `n` slots of the gate-wide in-flight budget.
-    fn release(&self, n: usize) {
-        if n > 0 {
-            self.gate.in_flight.fetch_sub(n, Ordering::Relaxed);
-        }
-    }
-
-    fn is_serial(&self, req: &client::Request) -> bool {
-        self.serial || self.gate.config.serial_routes.contains(&req.route)
-    }
-
-    /// Holds a serial request until the one before it is answered.
-    fn queue_serial(&mut self, req: client::Request) -> Result<(), Closing> {
-        if self.pending.len() + self.serial_queue.len() >= self.gate.config.max_in_flight {
-            self.gate.rejected.in_flight.increment(1);
-            let resp = client::Response {
-                id: req.id,
-                code: code::RATE_LIMITED,
-                message: "too many requests in flight".into(),
-                ..Default::default()
-            };
-            self.send(Kind::Response(resp));
-        } else {
-            self.serial_queue.push_back(req);
-        }
-        Ok(())
-    }
-
-    /// Forwards a request, or answers it at once when the gate refuses it.
-    fn forward(&mut self, req: client::Request, received: Instant) {
-        let id = req.id;
-        if let Some(resp) = self.on_request(req, received) {
-            self.send(Kind::Response(resp));
-            self.answered(id);
-        }
-    }
-
-    /// Called once request `id` has its answer: lets the next serial request go.
-    fn answered(&mut self, id: u64) {
-        if self.serial_pending != Some(id) {
-            return;
-        }
-        self.serial_pending = None;
-        // A queued request the gate refuses at once is answered here, and the next goes.
-        while self.serial_pending.is_none() {
-            let Some(next) = self.serial_queue.pop_front() else {
-                break;
-            };
-            let next_id = next.id;
-            self.serial_pending = Some(next_id);
-            if let Some(resp) = self.on_request(next, Instant::now()) {
-                self.send(Kind::Response(resp));
-                self.serial_pending = None;
-            }
-        }
-    }
-
-    /// Forwards a request; returns the answer when the gate answers it itself.
-    fn on_request(&mut self, req: client::Request, received: Instant) -> Option<client::Response> {
-        let notify = req.id == 0;
-        let reject = |code: u32, message: &str, reason: &metrics::Counter| {
-            reason.increment(1);
-            (!notify).then(|| client::Response {
-                id: req.id,
-                code,
-                message: message.into(),
-                ..Default::default()
-            })
-        };
-        if let Err(e) = route::parse(&req.route) {
-            return reject(code::BAD_REQUEST, &e.to_string(), &self.gate.rejected.route);
-        }
-        if !notify && self.pending.contains_key(&req.id) {
-            return reject(
-                code::BAD_REQUEST,
-                "request id already in flight",
-                &self.gate.rejected.duplicate_id,
-            );
-        }
-        if !notify && self.pending.len() >= self.gate.config.max_in_flight {
-            return reject(
-                code::RATE_LIMITED,
-                "too many requests in flight",
-                &self.gate.rejected.in_flight,
-            );
-        }
-        if self.drain.is_some_and(|d| received >= d.forward_until) {
-            return reject(
-                code::OVERLOADED,
-                code::GATE_DRAINING,
-                &self.gate.rejected.draining,
-            );
-        }
-        if !self.bucket.take(received) {
-            return reject(code::RATE_LIMITED, "rate limited", &self.gate.rejected.rate);
-        }
-        if !notify && !self.admit() {
-            return reject(
-                code::OVERLOADED,
-                "gate overloaded",
-                &self.gate.rejected.gate_in_flight,
-            );
-        }
-        let prefix = &self.gate.config.prefix;
-        let (route, subject) = self.routes.get(
-            |r| **r == *req.route,
-            || {
-                let route: Arc<str> = req.route.as_str().into();
-                let subject: Arc<str> = format!("{prefix}.svc.{route}").into();
-                (route.clone(), (route, subject))
-            },
-        );
-        let request = Request {
-            route: &req.route,
-            body: &req.body,
-            session: &self.wire,
-            timing: self.timing,
-        };
-        let reply = if notify {
-            Reply::None
-        } else {
-            Reply::Request {
-                prefix: &self.reply_prefix,
-                id: req.id,
-            }
-        };
-        let sent = self
-            .gate
-            .bus
-            .publish(&subject, reply, request.len(), |buf| request.put(buf));
-        if let Err(e) = sent {
-            if !notify {
-                self.release(1);
-            }
-            let (message, reason) = match e {
-                BusError::Disconnected => ("bus unavailable", &self.gate.rejected.bus),
-                BusError::Backlogged => ("gate overloaded", &self.gate.rejected.bus_backlog),
-            };
-            return reject(code::OVERLOADED, message, reason);
-        }
-        if !notify {
-            self.pending.insert(req.id, Pending { received, route });
-            self.deadlines
-                .push_back((received + self.gate.config.request_timeout, req.id));
-        }
-        None
-    }
-
     /// Handles what the bus sent this session; `Some` when the session must close.
     async fn on_message(&mut self, msg: ToSession) -> Option<Closing> {
         let (id, reply) = match msg {
@@ -639,69 +465,6 @@ impl<S: Io> Session<S> {
         Some(Closing::new(CloseCode::Policy, "kicked"))
     }
 
-    /// Answers a forwarded request and records its round trip.
-    fn answer(
-        &mut self,
-        mut resp: client::Response,
-        pending: &Pending,
-        (queue_us, handler_us): (u32, u32),
-    ) {
-        let elapsed = pending.received.elapsed();
-        self.release(1);
-        // A client cannot mint series: a route nobody serves is `unknown`, and past
-        // MAX_ROUTE_LABELS distinct routes the rest are `other` (see `labels`).
-        let route: &str = if resp.code == code::NOT_FOUND {
-            "unknown"
-        } else {
-            &pending.route
-        };
-        let code = resp.code;
-        let labels = &self.gate.route_labels;
-        self.durations
-            .get(
-                |(r, c)| **r == *route && *c == code,
-                || {
-                    let label = labels.label(route);
-                    let h = metrics::histogram!("gate_request_duration_seconds", "route" => label, "code" => code.to_string());
-                    ((route.into(), code), h)
-                },
-            )
-            .record(elapsed.as_secs_f64());
-        if self.timing {
-            resp.timing = Some(client::Timing {
-                total_us: micros(elapsed),
-                queue_us,
-                handler_us,
-            });
-        }
-        let frame = self
-            .codec
-            .encode_response(resp, &pending.route, &self.gate.schemas);
-        self.put(frame, false);
-    }
-
-    /// Answers 408 for every request whose deadline passed.
-    fn expire(&mut self) {
-        let now = Instant::now();
-        while let Some(&(deadline, id)) = self.deadlines.front() {
-            if deadline > now {
-                break;
-            }
-            self.deadlines.pop_front();
-            if let Some(pending) = self.pending.remove(&id) {
-                metrics::counter!("gate_timeouts_total").increment(1);
-                let resp = client::Response {
-                    id,
-                    code: code::TIMEOUT,
-                    message: "no answer in time".into(),
-                    ..Default::default()
-                };
-                self.answer(resp, &pending, (0, 0));
-                self.answered(id);
-            }
-        }
-    }
-
     /// The gate started draining: tell the client to move (before anything else goes
     /// out), and keep serving it for the grace period.
     fn begin_drain(&mut self) {
@@ -736,22 +499,6 @@ impl<S: Io> Session<S> {
             reason: "gate shutting down".into(),
         }));
         Closing::new(CloseCode::Away, "gate shutting down")
-    }
-
-    /// Answers every forwarded request still awaiting its worker 503 with `message`:
-    /// no reply will come for it (the bus connection is gone, or the gate is).
-    fn answer_all_pending(&mut self, message: &str) {
-        let left: Vec<(u64, Pending)> = self.pending.drain().collect();
-        for (id, pending) in left {
-            let resp = client::Response {
-                id,
-                code: code::OVERLOADED,
-                message: message.into(),
-                ..Default::default()
-            };
-            self.answer(resp, &pending, (0, 0));
-            self.answered(id);
-        }
     }
 
     /// Queues a packet towards the client; the caller's loop writes it.

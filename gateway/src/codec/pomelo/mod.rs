@@ -3,14 +3,11 @@
 //!
 //! - [`wire`]: packages and messages as bytes, pure (public: the load test's pomelo
 //!   client speaks it too).
-//! - `dict`: the gate's route dictionary, built from the workers' announcements.
 //! - `session`: one session's side of it, as the codec the session core calls: the
 //!   handshake answer with the dictionary, the handshake-ack step, routes by string or
 //!   code, JSON bodies, responses with the error flag, pushes and kicks.
 
-mod dict;
 mod session;
 pub mod wire;
 
-pub(crate) use dict::RouteDict;
 pub(crate) use session::{PomeloCodec, PomeloPush, heartbeat_secs};

@@ -18,7 +18,9 @@ use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 use proto::Message as _;
 use proto::rpc::ServiceSchema;
 
-use crate::pomelo::RouteDict;
+mod dict;
+
+pub(crate) use dict::{Dict, RouteDict};
 
 /// A typed method's request and response types.
 #[derive(Debug, Clone)]

@@ -14,6 +14,8 @@
 //!   start with). Bodies are JSON, transcoded as for JSON sessions when the route's
 //!   types are known, else passed as they are.
 
+pub mod pomelo;
+
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -23,8 +25,8 @@ use proto::code;
 use proto::rpc::ServerPush;
 use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 
-use crate::pomelo::{PomeloCodec, PomeloPush, wire::PackageType};
 use crate::schema::{Schemas, json_to_protobuf, protobuf_to_json};
+use pomelo::{PomeloCodec, PomeloPush, wire::PackageType};
 
 /// How one session's frames are encoded: fixed by its first frame.
 #[derive(Debug)]
@@ -145,7 +147,7 @@ impl Codec {
         match self {
             Codec::Pomelo(_) => {
                 let ms = configured.as_millis().try_into().unwrap_or(u32::MAX);
-                std::time::Duration::from_secs(crate::pomelo::heartbeat_secs(ms).into())
+                std::time::Duration::from_secs(pomelo::heartbeat_secs(ms).into())
             }
             Codec::Protobuf | Codec::Json => configured,
         }

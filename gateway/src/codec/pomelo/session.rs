@@ -12,14 +12,13 @@ use proto::code;
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message;
 
-use super::dict::Dict;
 use super::wire::{self, MessageKind, PackageType, Route, WireError};
 use crate::codec::{Decoded, answer_as_json, push_as_json, request_body};
 
 /// The route of the push that tells a pomelo client its gate is draining (see
 /// `docs/pomelo.md`): body `{"reason", "graceMs"}`.
 pub(crate) const DRAIN_ROUTE: &str = "sys.drain";
-use crate::schema::Schemas;
+use crate::schema::{Dict, Schemas};
 
 /// The `serializer` a handshake answer names: bodies are JSON (no pomelo-protobuf).
 const SERIALIZER: &str = "json";

@@ -1,0 +1,124 @@
+//! The bus reader's side of the gate: each message that arrives goes to the sessions it
+//! is for (a reply by the `<sid>.<id>` at the end of its subject, a broadcast to a
+//! group's members, a command to a bound player), and each connection change to every
+//! session.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use proto::Message as _;
+use proto::rpc::RpcResponse;
+use tokio::sync::watch;
+
+use crate::bus::{Bus, Dispatch, Incoming, Reply, Target};
+use crate::inbox::{Refused, ToSession, WorkerReply};
+use crate::presence::Presence;
+use crate::schema::{self, Schemas};
+use crate::session::Context;
+use crate::sessions::{GATE_SID, Sessions};
+
+/// The status of a "no responders" answer.
+const NO_RESPONDERS: u16 = 503;
+
+pub(super) struct Router {
+    prefix: String,
+    /// The length of `<prefix>.gw.<gate>.`, the head of every reply subject.
+    reply_head: usize,
+    bus: Arc<Bus>,
+    sessions: Arc<Sessions>,
+    presence: Arc<Presence>,
+    schemas: Arc<Schemas>,
+    /// Whether the bus connection is up; [`Gate::new`](super::Gate::new) waits for the
+    /// first.
+    bus_up: watch::Sender<bool>,
+}
+
+impl Router {
+    pub(super) fn new(cx: &Context) -> Self {
+        let config = &cx.config;
+        Router {
+            prefix: config.prefix.clone(),
+            reply_head: config.prefix.len() + ".gw.".len() + config.gate_id.len() + 1,
+            bus: cx.bus.clone(),
+            sessions: cx.sessions.clone(),
+            presence: cx.presence.clone(),
+            schemas: cx.schemas.clone(),
+            bus_up: watch::Sender::new(false),
+        }
+    }
+
+    /// Whether the bus connection is up, from now on.
+    pub(super) fn watch_bus(&self) -> watch::Receiver<bool> {
+        self.bus_up.subscribe()
+    }
+
+    /// Hands a reply to its session by the `<sid>.<id>` at the end of its subject.
+    fn route_reply(&self, subject: &[u8], status: Option<u16>, payload: Bytes) {
+        let Some((sid, id)) = subject
+            .get(self.reply_head..)
+            .and_then(|tail| std::str::from_utf8(tail).ok())
+            .and_then(parse_sid_id)
+        else {
+            return;
+        };
+        let no_responders = status == Some(NO_RESPONDERS);
+        if sid == GATE_SID {
+            self.presence.answer_probe(id, !no_responders);
+            return;
+        }
+        let reply = if no_responders {
+            WorkerReply::NoResponders
+        } else {
+            RpcResponse::decode(payload).map_or(WorkerReply::Invalid, WorkerReply::Response)
+        };
+        // The queue has room for max_in_flight answers plus outbound_queue pushes; it is
+        // full only when pushes flood a session that does not keep up. The reader must
+        // not wait on one session: the reply is dropped and counted, and the session
+        // closes as too slow. A session gone meanwhile needs no answer.
+        if let Err(Refused::Full) = self.sessions.offer(sid, ToSession::Reply { id, reply }) {
+            metrics::counter!("gate_replies_dropped_total").increment(1);
+        }
+    }
+}
+
+impl Dispatch for Router {
+    fn deliver(&self, target: &Target, msg: Incoming<'_>) {
+        match target {
+            Target::Replies => self.route_reply(msg.subject, msg.status, msg.payload),
+            Target::Group(group) => self.presence.deliver_to_group(group, msg.payload),
+            Target::User(uid) => self.presence.deliver_to_user(uid, msg.payload, msg.reply),
+            Target::Schemas => schema::on_announcement(&self.schemas, msg.payload),
+        }
+    }
+
+    fn connected(&self) {
+        // Workers that started before this gate, or announced while it was away,
+        // announce again.
+        let ask = proto::schema::ask_subject(&self.prefix);
+        let _ = self.bus.publish_bytes(&ask, Reply::None, &[]);
+        self.bus_up.send_replace(true);
+    }
+
+    fn lost(&self) {
+        self.bus_up.send_replace(false);
+        self.sessions.offer_all(|| ToSession::BusLost);
+    }
+}
+
+fn parse_sid_id(tail: &str) -> Option<(u64, u64)> {
+    let (sid, id) = tail.split_once('.')?;
+    Some((sid.parse().ok()?, id.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reply_subject_tail_parses() {
+        assert_eq!(parse_sid_id("12.7"), Some((12, 7)));
+        assert_eq!(parse_sid_id("12"), None);
+        assert_eq!(parse_sid_id("x.7"), None);
+        assert_eq!(parse_sid_id("1.2.3"), None);
+    }
+}

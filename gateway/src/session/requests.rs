@@ -1,0 +1,242 @@
+//! A session's requests: the checks that refuse one at once (route, duplicate id,
+//! in-flight limits, drain, rate, the gate-wide budget), forwarding the rest to the bus,
+//! serial routes one at a time, and answering each exactly once: with the worker's reply,
+//! a 408 at its deadline, or a 503 when no reply can come.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proto::client::{self, packet::Kind};
+use proto::code;
+use tokio::time::Instant;
+
+use super::{Closing, Io, Pending, Session};
+use crate::bus::{BusError, Reply};
+use crate::forward::Request;
+use crate::route;
+
+fn micros(d: Duration) -> u32 {
+    d.as_micros().try_into().unwrap_or(u32::MAX)
+}
+
+impl<S: Io> Session<S> {
+    pub(super) fn is_serial(&self, req: &client::Request) -> bool {
+        self.serial || self.gate.config.serial_routes.contains(&req.route)
+    }
+
+    /// Holds a serial request until the one before it is answered.
+    pub(super) fn queue_serial(&mut self, req: client::Request) -> Result<(), Closing> {
+        if self.pending.len() + self.serial_queue.len() >= self.gate.config.max_in_flight {
+            self.gate.rejected.in_flight.increment(1);
+            let resp = client::Response {
+                id: req.id,
+                code: code::RATE_LIMITED,
+                message: "too many requests in flight".into(),
+                ..Default::default()
+            };
+            self.send(Kind::Response(resp));
+        } else {
+            self.serial_queue.push_back(req);
+        }
+        Ok(())
+    }
+
+    /// Forwards a request, or answers it at once when the gate refuses it.
+    pub(super) fn forward(&mut self, req: client::Request, received: Instant) {
+        let id = req.id;
+        if let Some(resp) = self.on_request(req, received) {
+            self.send(Kind::Response(resp));
+            self.answered(id);
+        }
+    }
+
+    /// Called once request `id` has its answer: lets the next serial request go.
+    pub(super) fn answered(&mut self, id: u64) {
+        if self.serial_pending != Some(id) {
+            return;
+        }
+        self.serial_pending = None;
+        // A queued request the gate refuses at once is answered here, and the next goes.
+        while self.serial_pending.is_none() {
+            let Some(next) = self.serial_queue.pop_front() else {
+                break;
+            };
+            let next_id = next.id;
+            self.serial_pending = Some(next_id);
+            if let Some(resp) = self.on_request(next, Instant::now()) {
+                self.send(Kind::Response(resp));
+                self.serial_pending = None;
+            }
+        }
+    }
+
+    /// Forwards a request; returns the answer when the gate answers it itself.
+    fn on_request(&mut self, req: client::Request, received: Instant) -> Option<client::Response> {
+        let notify = req.id == 0;
+        let reject = |code: u32, message: &str, reason: &metrics::Counter| {
+            reason.increment(1);
+            (!notify).then(|| client::Response {
+                id: req.id,
+                code,
+                message: message.into(),
+                ..Default::default()
+            })
+        };
+        if let Err(e) = route::parse(&req.route) {
+            return reject(code::BAD_REQUEST, &e.to_string(), &self.gate.rejected.route);
+        }
+        if !notify && self.pending.contains_key(&req.id) {
+            return reject(
+                code::BAD_REQUEST,
+                "request id already in flight",
+                &self.gate.rejected.duplicate_id,
+            );
+        }
+        if !notify && self.pending.len() >= self.gate.config.max_in_flight {
+            return reject(
+                code::RATE_LIMITED,
+                "too many requests in flight",
+                &self.gate.rejected.in_flight,
+            );
+        }
+        if self.drain.is_some_and(|d| received >= d.forward_until) {
+            return reject(
+                code::OVERLOADED,
+                code::GATE_DRAINING,
+                &self.gate.rejected.draining,
+            );
+        }
+        if !self.bucket.take(received) {
+            return reject(code::RATE_LIMITED, "rate limited", &self.gate.rejected.rate);
+        }
+        if !notify && !self.gate.in_flight.take(self.pending.len()) {
+            return reject(
+                code::OVERLOADED,
+                "gate overloaded",
+                &self.gate.rejected.gate_in_flight,
+            );
+        }
+        let prefix = &self.gate.config.prefix;
+        let (route, subject) = self.routes.get(
+            |r| **r == *req.route,
+            || {
+                let route: Arc<str> = req.route.as_str().into();
+                let subject: Arc<str> = format!("{prefix}.svc.{route}").into();
+                (route.clone(), (route, subject))
+            },
+        );
+        let request = Request {
+            route: &req.route,
+            body: &req.body,
+            session: &self.wire,
+            timing: self.timing,
+        };
+        let reply = if notify {
+            Reply::None
+        } else {
+            Reply::Request {
+                prefix: &self.reply_prefix,
+                id: req.id,
+            }
+        };
+        let sent = self
+            .gate
+            .bus
+            .publish(&subject, reply, request.len(), |buf| request.put(buf));
+        if let Err(e) = sent {
+            if !notify {
+                self.gate.in_flight.give_back(1);
+            }
+            let (message, reason) = match e {
+                BusError::Disconnected => ("bus unavailable", &self.gate.rejected.bus),
+                BusError::Backlogged => ("gate overloaded", &self.gate.rejected.bus_backlog),
+            };
+            return reject(code::OVERLOADED, message, reason);
+        }
+        if !notify {
+            self.pending.insert(req.id, Pending { received, route });
+            self.deadlines
+                .push_back((received + self.gate.config.request_timeout, req.id));
+        }
+        None
+    }
+
+    /// Answers a forwarded request and records its round trip.
+    pub(super) fn answer(
+        &mut self,
+        mut resp: client::Response,
+        pending: &Pending,
+        (queue_us, handler_us): (u32, u32),
+    ) {
+        let elapsed = pending.received.elapsed();
+        self.gate.in_flight.give_back(1);
+        // A client cannot mint series: a route nobody serves is `unknown`, and past
+        // MAX_ROUTE_LABELS distinct routes the rest are `other` (see `labels`).
+        let route: &str = if resp.code == code::NOT_FOUND {
+            "unknown"
+        } else {
+            &pending.route
+        };
+        let code = resp.code;
+        let labels = &self.gate.route_labels;
+        self.durations
+            .get(
+                |(r, c)| **r == *route && *c == code,
+                || {
+                    let label = labels.label(route);
+                    let h = metrics::histogram!("gate_request_duration_seconds", "route" => label, "code" => code.to_string());
+                    ((route.into(), code), h)
+                },
+            )
+            .record(elapsed.as_secs_f64());
+        if self.timing {
+            resp.timing = Some(client::Timing {
+                total_us: micros(elapsed),
+                queue_us,
+                handler_us,
+            });
+        }
+        let frame = self
+            .codec
+            .encode_response(resp, &pending.route, &self.gate.schemas);
+        self.put(frame, false);
+    }
+
+    /// Answers 408 for every request whose deadline passed.
+    pub(super) fn expire(&mut self) {
+        let now = Instant::now();
+        while let Some(&(deadline, id)) = self.deadlines.front() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_front();
+            if let Some(pending) = self.pending.remove(&id) {
+                metrics::counter!("gate_timeouts_total").increment(1);
+                let resp = client::Response {
+                    id,
+                    code: code::TIMEOUT,
+                    message: "no answer in time".into(),
+                    ..Default::default()
+                };
+                self.answer(resp, &pending, (0, 0));
+                self.answered(id);
+            }
+        }
+    }
+
+    /// Answers every forwarded request still awaiting its worker 503 with `message`:
+    /// no reply will come for it (the bus connection is gone, or the gate is).
+    pub(super) fn answer_all_pending(&mut self, message: &str) {
+        let left: Vec<(u64, Pending)> = self.pending.drain().collect();
+        for (id, pending) in left {
+            let resp = client::Response {
+                id,
+                code: code::OVERLOADED,
+                message: message.into(),
+                ..Default::default()
+            };
+            self.answer(resp, &pending, (0, 0));
+            self.answered(id);
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! The sessions open on this gate, by sid: where the bus reader hands each session its
+//! replies, pushes and kicks. A session registers its queue once its handshake is
+//! accepted and is removed before it gives back what it holds.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dashmap::DashMap;
+
+use crate::inbox::{Refused, SessionTx, ToSession};
+
+/// The sid a session never has: sid 0 of a reply subject is the gate's own (bind
+/// probes), so sessions count from 1.
+pub(crate) const GATE_SID: u64 = 0;
+
+#[derive(Debug)]
+pub(crate) struct Sessions {
+    queues: DashMap<u64, SessionTx>,
+    next_sid: AtomicU64,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions {
+            queues: DashMap::new(),
+            next_sid: AtomicU64::new(GATE_SID + 1),
+        }
+    }
+}
+
+impl Sessions {
+    /// A sid no session of this gate has had.
+    pub(crate) fn next_sid(&self) -> u64 {
+        self.next_sid.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn insert(&self, sid: u64, tx: SessionTx) {
+        self.queues.insert(sid, tx);
+    }
+
+    pub(crate) fn remove(&self, sid: u64) {
+        self.queues.remove(&sid);
+    }
+
+    /// Sessions open now.
+    pub(crate) fn len(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// Queues `msg` for session `sid` without waiting (under the map's read guard: no
+    /// clone of the sender per message). See [`SessionTx::offer`].
+    pub(crate) fn offer(&self, sid: u64, msg: ToSession) -> Result<(), Refused> {
+        match self.queues.get(&sid) {
+            Some(tx) => tx.offer(msg),
+            None => Err(Refused::Gone),
+        }
+    }
+
+    /// Offers every open session the message `make` builds for it.
+    pub(crate) fn offer_all(&self, make: impl Fn() -> ToSession) {
+        for tx in self.queues.iter() {
+            // A full queue is a session behind on pushes: it closes as too slow.
+            let _ = tx.offer(make());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inbox;
+
+    #[test]
+    fn offers_reach_registered_sessions_only() {
+        let sessions = Sessions::default();
+        let sid = sessions.next_sid();
+        assert_ne!(sid, GATE_SID);
+        assert_eq!(sessions.offer(sid, ToSession::BusLost), Err(Refused::Gone));
+        let (tx, mut rx) = inbox::channel(1);
+        sessions.insert(sid, tx);
+        assert_eq!(sessions.len(), 1);
+        assert_eq!(sessions.offer(sid, ToSession::BusLost), Ok(()));
+        assert_eq!(sessions.offer(sid, ToSession::BusLost), Err(Refused::Full));
+        assert!(matches!(rx.rx.try_recv(), Ok(ToSession::BusLost)));
+        sessions.offer_all(|| ToSession::Kick("bye".into()));
+        assert!(matches!(rx.rx.try_recv(), Ok(ToSession::Kick(r)) if r == "bye"));
+        sessions.remove(sid);
+        assert_eq!(sessions.len(), 0);
+        assert_eq!(sessions.offer(sid, ToSession::BusLost), Err(Refused::Gone));
+    }
+}
