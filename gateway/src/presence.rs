@@ -289,3 +289,142 @@ impl Presence {
         self.probes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inbox::{self, Inbox};
+
+    fn presence(change: impl FnOnce(&mut GateConfig)) -> (Presence, Arc<Bus>, Arc<Sessions>) {
+        let mut config = GateConfig {
+            gate_id: "g1".into(),
+            ..GateConfig::default()
+        };
+        change(&mut config);
+        let bus = Bus::detached(1 << 20);
+        let sessions = Arc::new(Sessions::default());
+        let presence = Presence::new(&config, bus.clone(), sessions.clone());
+        (presence, bus, sessions)
+    }
+
+    fn session(sessions: &Sessions, capacity: usize) -> (u64, Inbox) {
+        let sid = sessions.next_sid();
+        let (tx, inbox) = inbox::channel(capacity);
+        sessions.insert(sid, tx);
+        (sid, inbox)
+    }
+
+    fn push(route: &str) -> Bytes {
+        ServerPush {
+            route: route.into(),
+            body: Default::default(),
+        }
+        .encode_to_vec()
+        .into()
+    }
+
+    fn pushes(inbox: &mut Inbox) -> Vec<String> {
+        let mut routes = vec![];
+        while let Ok(msg) = inbox.rx.try_recv() {
+            if let ToSession::Push(frame) = msg {
+                let packet = proto::client::Packet::decode(frame.binary.clone()).unwrap();
+                if let Some(proto::client::packet::Kind::Push(p)) = packet.kind {
+                    routes.push(p.route);
+                }
+            }
+        }
+        routes
+    }
+
+    #[test]
+    fn a_group_is_subscribed_by_its_first_local_member_and_unsubscribed_by_its_last() {
+        let (presence, bus, sessions) = presence(|_| {});
+        let (a, mut inbox_a) = session(&sessions, 8);
+        let (b, mut inbox_b) = session(&sessions, 8);
+        presence.join("room", a);
+        presence.join("room", b);
+        let subs = bus.written_now();
+        assert_eq!(subs.matches("SUB shaddock.grp.room ").count(), 1, "{subs}");
+        presence.deliver_to_group("room", push("chat.message"));
+        assert_eq!(pushes(&mut inbox_a), ["chat.message"]);
+        assert_eq!(pushes(&mut inbox_b), ["chat.message"]);
+        presence.leave("room", a);
+        assert_eq!(bus.written_now(), "", "a member is left");
+        presence.deliver_to_group("room", push("chat.message"));
+        assert!(pushes(&mut inbox_a).is_empty());
+        assert_eq!(pushes(&mut inbox_b), ["chat.message"]);
+        presence.leave("room", b);
+        assert!(bus.written_now().starts_with("UNSUB "));
+        assert_eq!(presence.group_count(), 0);
+    }
+
+    #[test]
+    fn a_member_whose_queue_is_full_misses_the_push_and_is_told_to_close_others_get_it() {
+        let (presence, _bus, sessions) = presence(|_| {});
+        let (slow, mut slow_inbox) = session(&sessions, 1);
+        let (fine, mut fine_inbox) = session(&sessions, 8);
+        presence.join("room", slow);
+        presence.join("room", fine);
+        presence.deliver_to_group("room", push("one"));
+        presence.deliver_to_group("room", push("two"));
+        assert_eq!(pushes(&mut fine_inbox), ["one", "two"]);
+        assert_eq!(pushes(&mut slow_inbox), ["one"]);
+        let overflowed = slow_inbox.overflowed();
+        assert!(futures::FutureExt::now_or_never(overflowed).is_some());
+    }
+
+    #[tokio::test]
+    async fn binding_a_held_uid_kicks_the_holder_and_a_stale_unbind_keeps_the_new_one() {
+        let (presence, bus, sessions) = presence(|_| {});
+        let (first, mut first_inbox) = session(&sessions, 8);
+        let (second, _second_inbox) = session(&sessions, 8);
+        presence.bind("ada", first).await.unwrap();
+        let written = bus.written_now();
+        assert_eq!(written.matches("SUB shaddock.user.ada ").count(), 1);
+        // The claim tells other gates' holders to go.
+        assert!(written.contains("PUB shaddock.user.ada "), "{written}");
+        presence.bind("ada", second).await.unwrap();
+        assert!(matches!(
+            first_inbox.rx.try_recv(),
+            Ok(ToSession::Kick(reason)) if reason == "logged in elsewhere"
+        ));
+        assert!(
+            !bus.written_now().contains("SUB "),
+            "one subscription per uid"
+        );
+        presence.unbind("ada", first);
+        assert_eq!(presence.user_count(), 1);
+        presence.unbind("ada", second);
+        assert_eq!(presence.user_count(), 0);
+        assert!(bus.written_now().starts_with("UNSUB "));
+        assert_eq!(
+            presence.bind("not a token", first).await,
+            Err(BindError::Invalid)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_refuse_mode_a_held_uid_is_refused_and_a_silent_probe_means_free() {
+        let (presence, bus, sessions) = presence(|c| c.uid_conflict = UidConflict::Refuse);
+        let (first, _a) = session(&sessions, 8);
+        let (second, _b) = session(&sessions, 8);
+        // Nobody answers the probe: after its timeout the uid is free.
+        presence.bind("ada", first).await.unwrap();
+        assert!(
+            bus.written_now()
+                .contains("PUB shaddock.user.ada shaddock.gw.g1.0.1 ")
+        );
+        assert_eq!(
+            presence.bind("ada", second).await,
+            Err(BindError::Taken),
+            "held here"
+        );
+        // A holder elsewhere answers the probe.
+        let (third, _c) = session(&sessions, 8);
+        let probe = presence.bind("bob", third);
+        tokio::pin!(probe);
+        assert!(futures::FutureExt::now_or_never(probe.as_mut()).is_none());
+        presence.answer_probe(2, true);
+        assert_eq!(probe.await, Err(BindError::Taken));
+    }
+}

@@ -269,6 +269,37 @@ fn sub_line(subject: &str, sid: u64) -> Vec<u8> {
 
 pub(crate) use run::run;
 
+/// A bus with no server behind it, for unit tests of what publishes and subscribes.
+#[cfg(test)]
+impl Bus {
+    /// Up as if connected; what is published stays queued for [`Bus::written`].
+    pub(crate) fn detached(max_pending: usize) -> Arc<Bus> {
+        let options = BusOptions::new(Vec::<String>::new());
+        let bus = Bus::new(options, "test.gw.>".into(), max_pending);
+        bus.connected.store(true, Ordering::Release);
+        bus
+    }
+
+    /// Waits until something is queued, then takes all of it: the protocol lines a
+    /// server would read, in order.
+    pub(crate) async fn written(&self) -> String {
+        loop {
+            let now = self.written_now();
+            if !now.is_empty() {
+                return now;
+            }
+            self.out.ready().await;
+        }
+    }
+
+    /// Takes whatever is queued now (maybe nothing).
+    pub(crate) fn written_now(&self) -> String {
+        let mut buf = BytesMut::new();
+        let _ = self.out.take(self.out.next_writer(), &mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
 /// Checks a server URL the way a connection will read it.
 pub(crate) fn check_url(url: &str) -> anyhow::Result<()> {
     options::parse_url(url)

@@ -259,3 +259,107 @@ impl PushFrame {
             .clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packet(kind: Kind) -> Message {
+        Message::binary(Packet::new(kind).encode_to_vec())
+    }
+
+    fn request(id: u64, body: &[u8]) -> Kind {
+        Kind::Request(client::Request {
+            id,
+            route: "echo.echo".into(),
+            body: body.to_vec().into(),
+        })
+    }
+
+    #[test]
+    fn the_first_frame_picks_the_codec() {
+        assert!(matches!(Codec::of(&Message::text("{}")), Codec::Json));
+        let pomelo = Message::binary(vec![PackageType::Handshake as u8, 0, 0, 2]);
+        assert!(matches!(Codec::of(&pomelo), Codec::Pomelo(_)));
+        assert!(matches!(
+            Codec::of(&packet(request(1, b""))),
+            Codec::Protobuf
+        ));
+    }
+
+    #[test]
+    fn protobuf_bodies_pass_through_and_what_is_no_packet_is_invalid() {
+        let schemas = Schemas::default();
+        let mut codec = Codec::Protobuf;
+        let Decoded::Packet(p) = codec.decode(&packet(request(4, b"\x00\xff")), &schemas) else {
+            panic!("not a packet");
+        };
+        assert_eq!(p.kind, Some(request(4, b"\x00\xff")));
+        let garbage = Message::binary(vec![0xff; 9]);
+        assert!(matches!(
+            codec.decode(&garbage, &schemas),
+            Decoded::Invalid(INVALID_PACKET)
+        ));
+        let answer = codec.encode(Kind::Heartbeat(client::Heartbeat {}));
+        let Message::Binary(bytes) = answer else {
+            panic!("a binary frame");
+        };
+        assert_eq!(
+            Packet::decode(bytes).unwrap().kind,
+            Some(Kind::Heartbeat(client::Heartbeat {}))
+        );
+    }
+
+    #[test]
+    fn json_takes_string_bodies_as_they_are_and_typed_ones_only_for_announced_routes() {
+        let schemas = Schemas::default();
+        let mut codec = Codec::Json;
+        let text = r#"{"request":{"id":3,"route":"echo.echo","body":"hi"}}"#;
+        let Decoded::Packet(p) = codec.decode(&Message::text(text), &schemas) else {
+            panic!("not a packet");
+        };
+        assert_eq!(p.kind, Some(request(3, b"hi")));
+        // A JSON value as body needs the route's types, which nobody announced.
+        let typed = r#"{"request":{"id":5,"route":"echo.echo","body":{"body":"aGk="}}}"#;
+        let Decoded::BadBody(resp) = codec.decode(&Message::text(typed), &schemas) else {
+            panic!("not refused");
+        };
+        assert_eq!((resp.id, resp.code), (5, code::BAD_REQUEST));
+        assert!(
+            resp.message.contains("no announced message types"),
+            "{}",
+            resp.message
+        );
+        assert!(matches!(
+            codec.decode(&Message::text("[1,2"), &schemas),
+            Decoded::Invalid(INVALID_PACKET)
+        ));
+        let Message::Text(answer) = codec.encode(Kind::Heartbeat(client::Heartbeat {})) else {
+            panic!("a text frame");
+        };
+        assert_eq!(answer.as_str(), r#"{"heartbeat":{}}"#);
+    }
+
+    #[test]
+    fn a_push_is_encoded_once_per_codec_and_shared() {
+        let schemas = Schemas::default();
+        let frame = PushFrame::new(ServerPush {
+            route: "chat.message".into(),
+            body: b"x".to_vec().into(),
+        });
+        let Message::Binary(a) = Codec::Protobuf.encode_push(&frame, &schemas) else {
+            panic!("binary");
+        };
+        let Message::Binary(b) = Codec::Protobuf.encode_push(&frame, &schemas) else {
+            panic!("binary");
+        };
+        assert_eq!(a.as_ptr(), b.as_ptr(), "the same bytes, not a copy");
+        let Message::Text(json) = Codec::Json.encode_push(&frame, &schemas) else {
+            panic!("text");
+        };
+        assert!(
+            json.as_str().contains(r#""route":"chat.message""#),
+            "{json}"
+        );
+    }
+}

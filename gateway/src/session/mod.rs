@@ -15,6 +15,8 @@ mod effects;
 mod opening;
 mod outbox;
 mod requests;
+#[cfg(test)]
+mod tests;
 
 use std::collections::VecDeque;
 use std::future::poll_fn;

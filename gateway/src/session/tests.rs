@@ -1,0 +1,366 @@
+//! The session core's rules, without a server or a socket: a session runs over an
+//! in-memory stream (`tokio::io::duplex`, the WebSocket upgrade included) on a bus no
+//! server is behind ([`Bus::detached`]): what it publishes is read from the bus's
+//! buffer, and what workers answer is handed to its queue as the gate's bus reader
+//! would. Time is paused where deadlines matter, so they pass at once.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use proto::Message as _;
+use proto::client::{self, Packet, packet::Kind};
+use proto::code;
+use proto::rpc::{RpcRequest, RpcResponse, ServerPush};
+use tokio::io::DuplexStream;
+use tokio::task::JoinHandle;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+use super::{Context, run};
+use crate::admission::Admission;
+use crate::auth::AnyToken;
+use crate::bus::Bus;
+use crate::codec::PushFrame;
+use crate::config::GateConfig;
+use crate::inbox::{ToSession, WorkerReply};
+use crate::schema::Schemas;
+
+/// How long a test waits for what must come; far beyond what any of it takes.
+const WAIT: Duration = Duration::from_secs(10);
+
+fn gate(change: impl FnOnce(&mut GateConfig)) -> Arc<Context> {
+    let mut config = GateConfig {
+        gate_id: "g1".into(),
+        ..GateConfig::default()
+    };
+    change(&mut config);
+    let bus = Bus::detached(1 << 20);
+    let schemas = Arc::new(Schemas::default());
+    Arc::new(Context::new(config, bus, schemas, Arc::new(AnyToken)))
+}
+
+/// A client of one session, and the session's task.
+struct Client {
+    ws: WebSocketStream<DuplexStream>,
+    sid: u64,
+    task: JoinHandle<()>,
+}
+
+/// Opens a session on `cx` over an in-memory stream and does the handshake.
+async fn connect(cx: &Arc<Context>, handshake: client::Handshake) -> Client {
+    let (near, far) = tokio::io::duplex(16 * 1024);
+    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let ticket = Admission::new(1, 1).admit(ip).expect("a free place");
+    let task = tokio::spawn(run(cx.clone(), far, SocketAddr::new(ip, 1), ticket));
+    let (mut ws, _) = tokio_tungstenite::client_async("ws://gate/", near)
+        .await
+        .expect("upgrade");
+    send(&mut ws, Kind::Handshake(handshake)).await;
+    let Kind::HandshakeAck(ack) = next(&mut ws).await else {
+        panic!("no handshake ack");
+    };
+    assert_eq!(ack.code, code::OK, "{}", ack.message);
+    Client {
+        ws,
+        sid: ack.session_id,
+        task,
+    }
+}
+
+async fn send(ws: &mut WebSocketStream<DuplexStream>, kind: Kind) {
+    let frame = Message::binary(Packet::new(kind).encode_to_vec());
+    ws.send(frame).await.expect("send");
+}
+
+async fn request(client: &mut Client, id: u64, route: &str) {
+    let req = client::Request {
+        id,
+        route: route.into(),
+        body: b"hi".to_vec().into(),
+    };
+    send(&mut client.ws, Kind::Request(req)).await;
+}
+
+/// The next packet the gate sent.
+async fn next(ws: &mut WebSocketStream<DuplexStream>) -> Kind {
+    let frame = tokio::time::timeout(WAIT, ws.next())
+        .await
+        .expect("a frame in time")
+        .expect("the session is open")
+        .expect("a frame");
+    let Message::Binary(bytes) = frame else {
+        panic!("not a packet: {frame:?}");
+    };
+    Packet::decode(bytes)
+        .expect("a packet")
+        .kind
+        .expect("a kind")
+}
+
+async fn response(client: &mut Client) -> client::Response {
+    match next(&mut client.ws).await {
+        Kind::Response(resp) => resp,
+        other => panic!("not a response: {other:?}"),
+    }
+}
+
+/// The requests a bus buffer holds, by subject and reply subject.
+fn published(written: &str) -> Vec<(String, String, RpcRequest)> {
+    let mut out = Vec::new();
+    let mut rest = written;
+    while let Some(at) = rest.find("PUB ") {
+        let (line, tail) = rest[at + 4..].split_once("\r\n").expect("a whole line");
+        let parts: Vec<&str> = line.split(' ').collect();
+        let (subject, reply, len) = match parts[..] {
+            [subject, reply, len] => (subject, reply, len),
+            _ => panic!("not a request: {line}"),
+        };
+        let len: usize = len.parse().expect("a length");
+        let req = RpcRequest::decode(&tail.as_bytes()[..len]).expect("an RpcRequest");
+        out.push((subject.to_owned(), reply.to_owned(), req));
+        rest = &tail[len..];
+    }
+    out
+}
+
+fn answer(cx: &Context, sid: u64, id: u64, code: u32, body: &[u8]) {
+    let resp = RpcResponse {
+        code,
+        body: body.to_vec().into(),
+        ..Default::default()
+    };
+    let reply = WorkerReply::Response(resp);
+    cx.sessions
+        .offer(sid, ToSession::Reply { id, reply })
+        .expect("the session's queue takes it");
+}
+
+#[tokio::test]
+async fn a_request_goes_to_its_route_s_subject_with_the_session_and_its_answer_comes_back() {
+    let cx = gate(|_| {});
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    request(&mut client, 7, "echo.echo").await;
+    let sent = published(&cx.bus.written().await);
+    let [(subject, reply, req)] = &sent[..] else {
+        panic!("one request: {sent:?}");
+    };
+    assert_eq!(subject, "shaddock.svc.echo.echo");
+    assert_eq!(reply, &format!("shaddock.gw.g1.{}.7", client.sid));
+    assert_eq!(
+        (req.route.as_str(), &req.body[..]),
+        ("echo.echo", &b"hi"[..])
+    );
+    let session = req.session.as_ref().expect("the session rides along");
+    assert_eq!((session.gate.as_str(), session.sid), ("g1", client.sid));
+    assert_eq!(cx.in_flight.taken(), 1);
+
+    answer(&cx, client.sid, 7, code::OK, b"hi back");
+    let resp = response(&mut client).await;
+    assert_eq!(
+        (resp.id, resp.code, &resp.body[..]),
+        (7, code::OK, &b"hi back"[..])
+    );
+    assert_eq!(cx.in_flight.taken(), 0, "the slot is given back");
+}
+
+#[tokio::test]
+async fn requests_the_gate_refuses_are_answered_at_once_and_never_published() {
+    let cx = gate(|c| c.max_in_flight = 1);
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    request(&mut client, 1, "echo.echo").await;
+    // The same id again, then one over the session's in-flight limit, then a bad route.
+    request(&mut client, 1, "echo.echo").await;
+    let resp = response(&mut client).await;
+    assert_eq!((resp.id, resp.code), (1, code::BAD_REQUEST));
+    assert_eq!(resp.message, "request id already in flight");
+    request(&mut client, 2, "echo.echo").await;
+    let resp = response(&mut client).await;
+    assert_eq!((resp.id, resp.code), (2, code::RATE_LIMITED));
+    request(&mut client, 3, "no-dot").await;
+    let resp = response(&mut client).await;
+    assert_eq!((resp.id, resp.code), (3, code::BAD_REQUEST));
+    assert_eq!(
+        published(&cx.bus.written_now()).len(),
+        1,
+        "only the first went out"
+    );
+}
+
+#[tokio::test]
+async fn the_gate_wide_budget_refuses_with_503_when_it_is_spent() {
+    let cx = gate(|c| {
+        c.max_gate_in_flight = 1;
+        c.gate_reserve = 0;
+    });
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    request(&mut client, 1, "echo.echo").await;
+    request(&mut client, 2, "echo.echo").await;
+    let resp = response(&mut client).await;
+    assert_eq!((resp.id, resp.code), (2, code::OVERLOADED));
+    assert_eq!(resp.message, "gate overloaded");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_no_worker_answers_gets_408_at_its_deadline_and_a_late_answer_is_dropped() {
+    let cx = gate(|c| c.request_timeout = Duration::from_secs(2));
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    let start = tokio::time::Instant::now();
+    request(&mut client, 5, "echo.echo").await;
+    let resp = response(&mut client).await;
+    assert_eq!((resp.id, resp.code), (5, code::TIMEOUT));
+    assert!(start.elapsed() >= Duration::from_secs(2));
+    assert_eq!(cx.in_flight.taken(), 0);
+    // The worker's answer after the 408 is not a second answer.
+    answer(&cx, client.sid, 5, code::OK, b"late");
+    send(&mut client.ws, Kind::Heartbeat(client::Heartbeat {})).await;
+    assert!(matches!(next(&mut client.ws).await, Kind::Heartbeat(_)));
+}
+
+#[tokio::test]
+async fn no_responders_is_404_for_an_unknown_service_and_a_lost_bus_answers_everything_503() {
+    let cx = gate(|_| {});
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    request(&mut client, 1, "nobody.home").await;
+    request(&mut client, 2, "echo.echo").await;
+    request(&mut client, 3, "echo.echo").await;
+    assert_eq!(published(&cx.bus.written().await).len(), 3);
+    let reply = WorkerReply::NoResponders;
+    cx.sessions
+        .offer(client.sid, ToSession::Reply { id: 1, reply })
+        .unwrap();
+    let resp = response(&mut client).await;
+    assert_eq!((resp.id, resp.code), (1, code::NOT_FOUND));
+    cx.sessions.offer(client.sid, ToSession::BusLost).unwrap();
+    let mut ids = vec![];
+    for _ in 0..2 {
+        let resp = response(&mut client).await;
+        assert_eq!(resp.code, code::OVERLOADED);
+        assert_eq!(resp.message, "bus connection lost");
+        ids.push(resp.id);
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, [2, 3]);
+    assert_eq!(cx.in_flight.taken(), 0);
+}
+
+#[tokio::test]
+async fn a_serial_session_s_next_request_goes_out_only_once_the_one_before_is_answered() {
+    let cx = gate(|_| {});
+    let handshake = client::Handshake {
+        serial: true,
+        ..Default::default()
+    };
+    let mut client = connect(&cx, handshake).await;
+    request(&mut client, 1, "echo.echo").await;
+    request(&mut client, 2, "echo.echo").await;
+    let first = published(&cx.bus.written().await);
+    assert_eq!(first.len(), 1, "the second waits: {first:?}");
+    assert!(first[0].1.ends_with(".1"));
+    answer(&cx, client.sid, 1, code::OK, b"");
+    assert_eq!(response(&mut client).await.id, 1);
+    let second = published(&cx.bus.written().await);
+    assert_eq!(second.len(), 1);
+    assert!(second[0].1.ends_with(".2"));
+}
+
+#[tokio::test]
+async fn a_kick_is_sent_and_the_session_closes_giving_back_what_it_held() {
+    let cx = gate(|_| {});
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    request(&mut client, 1, "echo.echo").await;
+    cx.bus.written().await;
+    assert_eq!((cx.sessions.len(), cx.in_flight.taken()), (1, 1));
+    cx.sessions
+        .offer(client.sid, ToSession::Kick("bye".into()))
+        .unwrap();
+    let Kind::Kick(kick) = next(&mut client.ws).await else {
+        panic!("no kick");
+    };
+    assert_eq!(kick.reason, "bye");
+    let closed = tokio::time::timeout(WAIT, client.ws.next()).await.unwrap();
+    let Some(Ok(Message::Close(Some(frame)))) = closed else {
+        panic!("no close frame: {closed:?}");
+    };
+    assert_eq!(frame.code, CloseCode::Policy);
+    tokio::time::timeout(WAIT, client.task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((cx.sessions.len(), cx.in_flight.taken()), (0, 0));
+    // Services hear that the session closed.
+    assert!(cx.bus.written_now().contains("shaddock.evt.session.closed"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_stops_reading_is_closed_as_too_slow_at_the_write_deadline() {
+    let cx = gate(|c| {
+        c.write_timeout = Duration::from_secs(1);
+        c.heartbeat = Duration::from_secs(3600);
+    });
+    let client = connect(&cx, client::Handshake::default()).await;
+    let push = PushFrame::new(ServerPush {
+        route: "chat.message".into(),
+        body: vec![7; 4096].into(),
+    });
+    // More than the in-memory stream holds: the session's writes stop being taken.
+    let start = tokio::time::Instant::now();
+    for _ in 0..16 {
+        cx.sessions
+            .offer(client.sid, ToSession::Push(push.clone()))
+            .unwrap();
+        tokio::task::yield_now().await;
+    }
+    tokio::time::timeout(WAIT, client.task)
+        .await
+        .expect("the session ends")
+        .unwrap();
+    assert!(
+        start.elapsed() >= Duration::from_secs(1),
+        "not before the deadline"
+    );
+    assert_eq!(cx.sessions.len(), 0);
+    drop(client.ws);
+}
+
+#[tokio::test]
+async fn a_full_queue_closes_the_session_rather_than_drop_what_it_sends() {
+    let cx = gate(|c| {
+        c.max_in_flight = 1;
+        c.outbound_queue = 1;
+    });
+    let client = connect(&cx, client::Handshake::default()).await;
+    let push = PushFrame::new(ServerPush {
+        route: "chat.message".into(),
+        body: vec![1; 8].into(),
+    });
+    // The queue holds max_in_flight + outbound_queue messages; offered faster than the
+    // session takes them, one is refused and the session is told to close.
+    let refused = (0..64)
+        .map(|_| cx.sessions.offer(client.sid, ToSession::Push(push.clone())))
+        .any(|r| r.is_err());
+    assert!(refused);
+    tokio::time::timeout(WAIT, client.task)
+        .await
+        .expect("the session ends")
+        .unwrap();
+    assert_eq!(cx.sessions.len(), 0);
+}
+
+#[tokio::test]
+async fn heartbeats_are_answered_within_the_rate_and_the_rate_refuses_requests_with_429() {
+    let cx = gate(|c| {
+        c.rate = 1;
+        c.burst = 2;
+    });
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    send(&mut client.ws, Kind::Heartbeat(client::Heartbeat {})).await;
+    assert!(matches!(next(&mut client.ws).await, Kind::Heartbeat(_)));
+    request(&mut client, 1, "echo.echo").await;
+    request(&mut client, 2, "echo.echo").await;
+    let resp = response(&mut client).await;
+    assert_eq!((resp.id, resp.code), (2, code::RATE_LIMITED));
+    assert_eq!(published(&cx.bus.written_now()).len(), 1);
+}
