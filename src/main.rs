@@ -87,10 +87,11 @@ struct UpArgs {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let result = match Cli::parse().command {
-        Command::Up(args) => up(*args).await,
+    let (args, deprecated) = renamed_flags(std::env::args_os().collect());
+    let result = match Cli::parse_from(args).command {
+        Command::Up(args) => up(*args, &deprecated).await,
         Command::Broker(args) => broker::cli::run(*args).await,
-        Command::Gate(args) => gate(*args).await,
+        Command::Gate(args) => gate(*args, &deprecated).await,
         Command::Worker(args) => worker(*args).await,
         Command::Loadtest { command } => run_loadtest(*command).await,
     };
@@ -104,13 +105,37 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The gate's old `--<name>-ms` flags (and `SHADDOCK_<NAME>_MS` variables) in the one
+/// duration grammar, for the subcommands that run a gate; and a notice for each used.
+fn renamed_flags(args: Vec<std::ffi::OsString>) -> (Vec<std::ffi::OsString>, Vec<String>) {
+    let gate_flags = gateway::config::MS_FLAGS;
+    let names: Vec<&str> = match args.get(1).and_then(|a| a.to_str()) {
+        Some("up") => gate_flags.to_vec(),
+        Some("gate") => [gate_flags, gateway::bus::MS_FLAGS].concat(),
+        _ => return (args, Vec::new()),
+    };
+    let flags = net::duration::MsFlags {
+        names: &names,
+        env_prefix: "SHADDOCK_",
+    };
+    flags.rewrite(args, |var| std::env::var(var).ok())
+}
+
+/// Logs each deprecated flag used, once, now that logging is up.
+fn warn_deprecated(notices: &[String]) {
+    for notice in notices {
+        tracing::warn!("{notice}");
+    }
+}
+
 async fn run_loadtest(command: loadtest::Command) -> anyhow::Result<()> {
     init_logging(None, None)?;
     loadtest::run(command).await
 }
 
-async fn gate(args: GateArgs) -> anyhow::Result<()> {
+async fn gate(args: GateArgs, deprecated: &[String]) -> anyhow::Result<()> {
     init_logging(None, None)?;
+    warn_deprecated(deprecated);
     net::nofile::raise_and_log();
     let mut signals = ShutdownSignals::install()?;
     let shutdown = CancellationToken::new();
@@ -155,7 +180,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
 /// Starts every role against the embedded broker, all sharing one shutdown token, and
 /// stops them together on SIGINT/SIGTERM. Gate and workers stop first, so in-flight
 /// requests are answered while the broker still runs.
-async fn up(args: UpArgs) -> anyhow::Result<()> {
+async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     let broker_args = BrokerArgs {
         port: Some(args.broker_port.into()),
         http_port: Some(args.monitor_port.into()),
@@ -164,6 +189,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     };
     let settings = broker_args.resolve()?;
     init_logging(None, settings.log_level)?;
+    warn_deprecated(deprecated);
     let mut signals = BrokerSignals::install()?;
     let broker_shutdown = CancellationToken::new();
     let shutdown = CancellationToken::new();

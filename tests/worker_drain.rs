@@ -17,7 +17,7 @@ mod load;
 
 use fleet::{LameDuck, NatsCluster, Process, WAIT, echo_worker, gate, shaddock};
 use load::{
-    CLIENTS, GATE_TIMEOUT_MS, LOAD_BEFORE_STOP, assert_all_answered, assert_drained_by_count, load,
+    CLIENTS, GATE_TIMEOUT, LOAD_BEFORE_STOP, assert_all_answered, assert_drained_by_count, load,
 };
 use nix::sys::signal::Signal;
 use tokio::sync::Mutex;
@@ -74,7 +74,7 @@ async fn a_stopped_worker_loses_nothing_on_a_nats_server_cluster() {
     let _one_at_a_time = SERIAL.lock().await;
     let cluster = NatsCluster::start(3, &LameDuck { grace: WAIT }).await;
     let urls = cluster.urls();
-    let timeout = ["--request-timeout-ms", GATE_TIMEOUT_MS];
+    let timeout = ["--request-timeout", GATE_TIMEOUT];
     let (_g0, gate0) = gate("gate-0", &urls[0], &timeout).await;
     let (_g1, gate1) = gate("gate-1", &urls[1], &timeout).await;
     let logs = drain_under_load(vec![gate0, gate1], urls).await;
@@ -94,7 +94,7 @@ async fn a_stopped_worker_loses_nothing_on_our_broker() {
         .to_owned();
     broker.line("Server is ready").await;
     let url = format!("nats://{addr}");
-    let timeout = ["--request-timeout-ms", GATE_TIMEOUT_MS];
+    let timeout = ["--request-timeout", GATE_TIMEOUT];
     let (_gate, gate_url) = gate("gate", &url, &timeout).await;
     let logs = drain_under_load(vec![gate_url], vec![url; 3]).await;
     assert_drained_by_count(&logs);

@@ -15,7 +15,7 @@ use std::time::Duration;
 use fleet::{LameDuck, NatsCluster, Process, WAIT, echo_worker, gate, word_after, worker};
 use gateway::sdk::{Client, ClientOptions};
 use load::{
-    CLIENTS, GATE_TIMEOUT_MS, LOAD_BEFORE_STOP, assert_all_answered, assert_drained_by_count, load,
+    CLIENTS, GATE_TIMEOUT, LOAD_BEFORE_STOP, assert_all_answered, assert_drained_by_count, load,
 };
 use nix::sys::signal::Signal;
 use proto::Message as _;
@@ -48,7 +48,7 @@ async fn workers_move_off_a_server_in_lame_duck_mode_losing_nothing() {
     let _one_at_a_time = SERIAL.lock().await;
     let (mut cluster, urls, mut workers) =
         two_workers_on_the_first_node("echo", LAME_DUCK_GRACE).await;
-    let timeout = ["--request-timeout-ms", GATE_TIMEOUT_MS];
+    let timeout = ["--request-timeout", GATE_TIMEOUT];
     let (_gate, gate_url) = gate("gate", &urls[1], &timeout).await;
     let stop = CancellationToken::new();
     let clients = tokio::spawn(load(vec![gate_url], CLIENTS, stop.clone()));
@@ -119,7 +119,7 @@ async fn workers_follow_two_nodes_going_one_after_the_other() {
     const GRACE: Duration = Duration::from_secs(1);
     let _one_at_a_time = SERIAL.lock().await;
     let (mut cluster, urls, workers) = two_workers_on_the_first_node("echo", GRACE).await;
-    let timeout = ["--request-timeout-ms", GATE_TIMEOUT_MS];
+    let timeout = ["--request-timeout", GATE_TIMEOUT];
     let (_gate, gate_url) = gate("gate", &urls[2], &timeout).await;
     let stop = CancellationToken::new();
     let clients = tokio::spawn(load(vec![gate_url], CLIENTS, stop.clone()));
@@ -167,7 +167,7 @@ async fn a_move_not_made_within_the_move_timeout_is_given_up() {
         }
     });
     let server = cluster.urls()[0].clone();
-    let timeout = ["--request-timeout-ms", GATE_TIMEOUT_MS];
+    let timeout = ["--request-timeout", GATE_TIMEOUT];
     let (_gate, gate_url) = gate("gate", &server, &timeout).await;
     let mut worker = echo_worker(
         "worker",

@@ -24,13 +24,12 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::ArgAction;
+use net::duration::parse_nats;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Level, error, info, warn};
 
-use crate::conf_file::{
-    self, FileConfig, TlsBlock, parse_duration, parse_port, parse_server_name, parse_size,
-};
+use crate::conf_file::{self, FileConfig, TlsBlock, parse_port, parse_server_name, parse_size};
 use crate::config::DEFAULT_TLS_TIMEOUT;
 use crate::{Auth, Config, Server, Tls, monitor};
 
@@ -163,7 +162,7 @@ pub struct BrokerArgs {
 
     /// How long publishers wait for a backlogged client that makes no progress before
     /// they go on without it (default: 250ms).
-    #[arg(long = "stall_window", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long = "stall_window", value_name = "DURATION", value_parser = parse_nats)]
     #[arg(env = "SHADDOCK_BROKER_STALL_WINDOW")]
     pub stall_window: Option<Duration>,
 
@@ -173,7 +172,7 @@ pub struct BrokerArgs {
     pub max_subscriptions: Option<usize>,
 
     /// How often idle clients are PINGed: seconds, or a duration like 2m (default: 2m).
-    #[arg(long = "ping_interval", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long = "ping_interval", value_name = "DURATION", value_parser = parse_nats)]
     #[arg(env = "SHADDOCK_BROKER_PING_INTERVAL")]
     pub ping_interval: Option<Duration>,
 
@@ -183,13 +182,13 @@ pub struct BrokerArgs {
 
     /// How long a write to a client may block before it counts as a slow consumer:
     /// seconds, or a duration like 10s (default: 10s).
-    #[arg(long = "write_deadline", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long = "write_deadline", value_name = "DURATION", value_parser = parse_nats)]
     #[arg(env = "SHADDOCK_BROKER_WRITE_DEADLINE")]
     pub write_deadline: Option<Duration>,
 
     /// How long a client has to authenticate when auth is on: seconds, or a duration
     /// like 500ms (default: 2s).
-    #[arg(long = "auth_timeout", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long = "auth_timeout", value_name = "DURATION", value_parser = parse_nats)]
     #[arg(env = "SHADDOCK_BROKER_AUTH_TIMEOUT")]
     pub auth_timeout: Option<Duration>,
 
@@ -217,7 +216,7 @@ pub struct BrokerArgs {
 
     /// How long a client has to complete its TLS handshake after INFO: seconds, or a
     /// duration like 500ms (default: 2s).
-    #[arg(long = "tls_timeout", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long = "tls_timeout", value_name = "DURATION", value_parser = parse_nats)]
     #[arg(env = "SHADDOCK_BROKER_TLS_TIMEOUT")]
     pub tls_timeout: Option<Duration>,
 
@@ -227,7 +226,7 @@ pub struct BrokerArgs {
         long = "lame-duck-duration",
         visible_alias = "lame_duck_duration",
         value_name = "DURATION",
-        value_parser = parse_duration
+        value_parser = parse_nats
     )]
     #[arg(env = "SHADDOCK_BROKER_LAME_DUCK_DURATION")]
     pub lame_duck_duration: Option<Duration>,
@@ -238,7 +237,7 @@ pub struct BrokerArgs {
         long = "lame-duck-grace-period",
         visible_alias = "lame_duck_grace_period",
         value_name = "DURATION",
-        value_parser = parse_duration
+        value_parser = parse_nats
     )]
     #[arg(env = "SHADDOCK_BROKER_LAME_DUCK_GRACE_PERIOD")]
     pub lame_duck_grace_period: Option<Duration>,

@@ -16,6 +16,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use net::duration::parse_nats;
+
 /// Every setting a config file may hold; `None` means "not in the file".
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FileConfig {
@@ -137,43 +139,6 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("`{text}` is too large"))
 }
 
-/// Parses a duration: plain seconds (`10`, `0.5`) or a Go-style duration (`"2m"`,
-/// `"1m30s"`, `"500ms"`), which is what nats-server accepts.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let invalid = || format!("`{text}` is not a duration (expected e.g. 10, \"10s\" or \"2m\")");
-    if let Ok(seconds) = text.parse::<f64>() {
-        return Duration::try_from_secs_f64(seconds).map_err(|_| invalid());
-    }
-    let mut rest = text;
-    let mut seconds = 0.0_f64;
-    while !rest.is_empty() {
-        let number_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(invalid)?;
-        let number: f64 = rest[..number_len].parse().map_err(|_| invalid())?;
-        rest = &rest[number_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let unit_seconds = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(invalid()),
-        };
-        rest = &rest[unit_len..];
-        seconds += number * unit_seconds;
-    }
-    if text.is_empty() {
-        return Err(invalid());
-    }
-    Duration::try_from_secs_f64(seconds).map_err(|_| invalid())
-}
-
 /// One `key value` pair as written, before its key is interpreted.
 #[derive(Debug)]
 struct Entry {
@@ -243,18 +208,18 @@ fn apply(config: &mut FileConfig, entry: Entry) -> Result<(), ConfError> {
         "flow_control_pending" => {
             config.flow_control_pending = Some(entry.convert(parse_size)?);
         }
-        "stall_window" => config.stall_window = Some(entry.convert(parse_duration)?),
+        "stall_window" => config.stall_window = Some(entry.convert(parse_nats)?),
         "max_subscriptions" | "max_subs" => {
             config.max_subscriptions = Some(entry.convert(parse_count)?);
         }
-        "ping_interval" => config.ping_interval = Some(entry.convert(parse_duration)?),
+        "ping_interval" => config.ping_interval = Some(entry.convert(parse_nats)?),
         "ping_max" => config.ping_max = Some(entry.convert(parse_count)?),
-        "write_deadline" => config.write_deadline = Some(entry.convert(parse_duration)?),
+        "write_deadline" => config.write_deadline = Some(entry.convert(parse_nats)?),
         "lame_duck_duration" => {
-            config.lame_duck_duration = Some(entry.convert(parse_duration)?);
+            config.lame_duck_duration = Some(entry.convert(parse_nats)?);
         }
         "lame_duck_grace_period" => {
-            config.lame_duck_grace_period = Some(entry.convert(parse_duration)?);
+            config.lame_duck_grace_period = Some(entry.convert(parse_nats)?);
         }
         "logfile" | "log_file" => config.log_file = Some(entry.string()?.into()),
         "pid_file" => config.pid_file = Some(entry.string()?.into()),
@@ -286,7 +251,7 @@ fn apply_authorization(auth: &mut Authorization, block: Entry) -> Result<(), Con
             "user" | "username" => auth.user = Some(entry.string()?),
             "password" | "pass" => auth.password = Some(entry.string()?),
             "token" => auth.token = Some(entry.string()?),
-            "timeout" => auth.timeout = Some(entry.convert(parse_duration)?),
+            "timeout" => auth.timeout = Some(entry.convert(parse_nats)?),
             _ => {
                 let key = format!("authorization.{}", entry.key);
                 return Err(entry.error(ErrorKind::UnknownKey(key)));
@@ -303,7 +268,7 @@ fn apply_tls(tls: &mut TlsBlock, block: Entry) -> Result<(), ConfError> {
             "key_file" => tls.key_file = Some(entry.string()?.into()),
             "ca_file" => tls.ca_file = Some(entry.string()?.into()),
             "verify" => tls.verify = Some(entry.convert(parse_bool)?),
-            "timeout" => tls.timeout = Some(entry.convert(parse_duration)?),
+            "timeout" => tls.timeout = Some(entry.convert(parse_nats)?),
             _ => {
                 let key = format!("tls.{}", entry.key);
                 return Err(entry.error(ErrorKind::UnknownKey(key)));

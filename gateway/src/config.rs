@@ -105,8 +105,8 @@ pub struct GateConfig {
     /// Connections one IP address may hold at once, 0 for no limit (more are answered 429).
     #[arg(long, env = "SHADDOCK_MAX_CONNECTIONS_PER_IP", default_value_t = DEFAULT_MAX_CONNECTIONS_PER_IP)]
     pub max_connections_per_ip: usize,
-    /// Milliseconds a new connection has to send its HTTP upgrade request.
-    #[arg(long = "upgrade-timeout-ms", env = "SHADDOCK_UPGRADE_TIMEOUT_MS", value_parser = parse_ms, default_value = "5000")]
+    /// How long a new connection has to send its HTTP upgrade request.
+    #[arg(long = "upgrade-timeout", env = "SHADDOCK_UPGRADE_TIMEOUT", value_parser = net::duration::parse, default_value = "5s")]
     pub upgrade_timeout: Duration,
     /// Largest HTTP upgrade request head, in bytes (larger ones are answered 431).
     #[arg(long, env = "SHADDOCK_MAX_UPGRADE_BYTES", default_value_t = DEFAULT_MAX_UPGRADE_BYTES)]
@@ -131,17 +131,17 @@ pub struct GateConfig {
     /// Requests a session may send in a burst above the rate.
     #[arg(long, env = "SHADDOCK_BURST", default_value_t = DEFAULT_BURST)]
     pub burst: u32,
-    /// Milliseconds to wait for a worker before answering 408.
-    #[arg(long = "request-timeout-ms", env = "SHADDOCK_REQUEST_TIMEOUT_MS", value_parser = parse_ms, default_value = "5000")]
+    /// How long to wait for a worker before answering 408.
+    #[arg(long = "request-timeout", env = "SHADDOCK_REQUEST_TIMEOUT", value_parser = net::duration::parse, default_value = "5s")]
     pub request_timeout: Duration,
-    /// Milliseconds an upgraded connection has to finish the Shaddock handshake.
-    #[arg(long = "handshake-timeout-ms", env = "SHADDOCK_HANDSHAKE_TIMEOUT_MS", value_parser = parse_ms, default_value = "5000")]
+    /// How long an upgraded connection has to finish the Shaddock handshake.
+    #[arg(long = "handshake-timeout", env = "SHADDOCK_HANDSHAKE_TIMEOUT", value_parser = net::duration::parse, default_value = "5s")]
     pub handshake_timeout: Duration,
-    /// Heartbeat interval in milliseconds; two silent intervals close a session.
-    #[arg(long = "heartbeat-ms", env = "SHADDOCK_HEARTBEAT_MS", value_parser = parse_ms, default_value = "10000")]
+    /// Heartbeat interval; two silent intervals close a session.
+    #[arg(long = "heartbeat", env = "SHADDOCK_HEARTBEAT", value_parser = net::duration::parse, default_value = "10s")]
     pub heartbeat: Duration,
-    /// Milliseconds shutdown waits for in-flight requests.
-    #[arg(long = "shutdown-grace-ms", env = "SHADDOCK_SHUTDOWN_GRACE_MS", value_parser = parse_ms, default_value = "5000")]
+    /// How long shutdown waits for in-flight requests.
+    #[arg(long = "shutdown-grace", env = "SHADDOCK_SHUTDOWN_GRACE", value_parser = net::duration::parse, default_value = "5s")]
     pub shutdown_grace: Duration,
     /// Bytes of requests waiting for the bus connection's writer before new ones are
     /// answered 503 at once.
@@ -153,9 +153,9 @@ pub struct GateConfig {
     /// Bytes of frames waiting for one client before it is closed as too slow.
     #[arg(long, env = "SHADDOCK_OUTBOUND_BYTES", default_value_t = DEFAULT_OUTBOUND_BYTES)]
     pub outbound_bytes: usize,
-    /// Milliseconds a session's socket may take nothing of what is queued for it before
+    /// How long a session's socket may take nothing of what is queued for it before
     /// the session is closed as too slow (also the most a close frame is waited for).
-    #[arg(id = "client_write_timeout", long = "write-timeout-ms", env = "SHADDOCK_WRITE_TIMEOUT_MS", value_parser = parse_positive_ms, default_value = "5000")]
+    #[arg(id = "client_write_timeout", long = "write-timeout", env = "SHADDOCK_WRITE_TIMEOUT", value_parser = net::duration::parse_positive, default_value = "5s")]
     pub write_timeout: Duration,
     /// Slots of --max-gate-in-flight only light sessions (fewer than
     /// --light-in-flight requests in flight) may take: heavier ones are answered 503
@@ -191,8 +191,8 @@ pub struct GateConfig {
         default_value = "kick"
     )]
     pub uid_conflict: UidConflict,
-    /// Milliseconds a refusing bind waits for another gate's holder to answer.
-    #[arg(long = "bind-probe-timeout-ms", env = "SHADDOCK_BIND_PROBE_TIMEOUT_MS", value_parser = parse_ms, default_value = "200")]
+    /// How long a refusing bind waits for another gate's holder to answer.
+    #[arg(long = "bind-probe-timeout", env = "SHADDOCK_BIND_PROBE_TIMEOUT", value_parser = net::duration::parse, default_value = "200ms")]
     pub bind_probe_timeout: Duration,
     /// Routes whose requests a session sends strictly one after another (comma-separated),
     /// e.g. chat.say so a room sees each sender's messages in order.
@@ -200,20 +200,17 @@ pub struct GateConfig {
     pub serial_routes: Vec<String>,
 }
 
-pub(crate) fn parse_ms(s: &str) -> Result<Duration, String> {
-    s.parse::<u64>()
-        .map(Duration::from_millis)
-        .map_err(|e| format!("not a number of milliseconds: {e}"))
-}
-
-/// A number of milliseconds above zero: a zero timeout would leave nothing to work with.
-pub(crate) fn parse_positive_ms(s: &str) -> Result<Duration, String> {
-    let duration = parse_ms(s)?;
-    if duration.is_zero() {
-        return Err("must be greater than zero".into());
-    }
-    Ok(duration)
-}
+/// The gate's duration flags that once took bare milliseconds as `--<name>-ms`; those
+/// names still work, deprecated ([`net::duration::MsFlags`]).
+pub const MS_FLAGS: &[&str] = &[
+    "upgrade-timeout",
+    "request-timeout",
+    "handshake-timeout",
+    "heartbeat",
+    "shutdown-grace",
+    "write-timeout",
+    "bind-probe-timeout",
+];
 
 impl Default for GateConfig {
     fn default() -> Self {
@@ -291,12 +288,12 @@ mod tests {
                 DEFAULT_LIGHT_IN_FLIGHT
             )
         );
-        let gate = Cli::try_parse_from(["gate", "--write-timeout-ms", "1", "--gate-reserve", "0"])
+        let gate = Cli::try_parse_from(["gate", "--write-timeout", "1ms", "--gate-reserve", "0"])
             .unwrap()
             .gate;
         assert_eq!(gate.write_timeout, Duration::from_millis(1));
         assert_eq!(gate.gate_reserve, 0);
-        let refused = Cli::try_parse_from(["gate", "--write-timeout-ms", "0"]).unwrap_err();
+        let refused = Cli::try_parse_from(["gate", "--write-timeout", "0"]).unwrap_err();
         assert!(
             refused.to_string().contains("greater than zero"),
             "{refused}"

@@ -2,11 +2,13 @@
 //! that holds a reconnect storm ([`listen`]), an accept loop that backs off instead of
 //! spinning when descriptors run out ([`accept`]), log lines a peer can trigger written
 //! at most once a second per kind ([`log_limit`]), and the open-file limit raised and
-//! logged at start ([`nofile`]); and the credentials a process presents to its bus
-//! ([`credentials`]).
+//! logged at start ([`nofile`]); the credentials a process presents to its bus
+//! ([`credentials`]); and the one way durations are written on every command line and
+//! config ([`duration`]).
 
 pub mod accept;
 pub mod credentials;
+pub mod duration;
 pub mod listen;
 pub mod log_limit;
 pub mod nofile;

@@ -16,7 +16,7 @@ pub const INTERVAL: Duration = Duration::from_millis(5);
 /// Load before a fault, so the processes are busy when it strikes.
 pub const LOAD_BEFORE_STOP: Duration = Duration::from_millis(300);
 /// The gate's own timeout: a request lost on the bus comes back 408 after this.
-pub const GATE_TIMEOUT_MS: &str = "1500";
+pub const GATE_TIMEOUT: &str = "1500ms";
 
 /// What the clients got.
 #[derive(Debug, Default)]

@@ -40,7 +40,7 @@ use bytes::{Bytes, BytesMut};
 use rustc_hash::FxHashMap;
 use tokio_util::sync::CancellationToken;
 
-pub use options::{BusOptions, BusTimings, Dialer, LocalStream};
+pub use options::{BusOptions, BusTimings, Dialer, LocalStream, MS_FLAGS};
 
 use outbound::Outbound;
 

@@ -70,21 +70,30 @@ pub struct BusOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
 pub struct BusTimings {
     /// How long opening a bus connection may take: TCP, TLS and the CONNECT round trip.
-    #[arg(long = "bus-connect-timeout-ms", env = "SHADDOCK_BUS_CONNECT_TIMEOUT_MS", value_parser = crate::config::parse_positive_ms, default_value = "2000")]
+    #[arg(long = "bus-connect-timeout", env = "SHADDOCK_BUS_CONNECT_TIMEOUT", value_parser = net::duration::parse_positive, default_value = "2s")]
     pub connect_timeout: Duration,
     /// How often a quiet bus connection is pinged; two unanswered pings in a row declare
     /// it dead.
-    #[arg(long = "bus-ping-interval-ms", env = "SHADDOCK_BUS_PING_INTERVAL_MS", value_parser = crate::config::parse_positive_ms, default_value = "5000")]
+    #[arg(long = "bus-ping-interval", env = "SHADDOCK_BUS_PING_INTERVAL", value_parser = net::duration::parse_positive, default_value = "5s")]
     pub ping_interval: Duration,
     /// How long one write to the bus may wait for the server to take it before the
     /// connection is declared dead (a server that stopped reading).
-    #[arg(long = "bus-write-timeout-ms", env = "SHADDOCK_BUS_WRITE_TIMEOUT_MS", value_parser = crate::config::parse_positive_ms, default_value = "5000")]
+    #[arg(long = "bus-write-timeout", env = "SHADDOCK_BUS_WRITE_TIMEOUT", value_parser = net::duration::parse_positive, default_value = "5s")]
     pub write_timeout: Duration,
     /// After moving off a server in lame duck mode, how long replies are still read from
     /// it (0: not at all).
-    #[arg(long = "bus-linger-ms", env = "SHADDOCK_BUS_LINGER_MS", value_parser = crate::config::parse_ms, default_value = "5000")]
+    #[arg(long = "bus-linger", env = "SHADDOCK_BUS_LINGER", value_parser = net::duration::parse, default_value = "5s")]
     pub linger: Duration,
 }
+
+/// The bus flags that once took bare milliseconds as `--<name>-ms`; those names still
+/// work, deprecated ([`net::duration::MsFlags`]).
+pub const MS_FLAGS: &[&str] = &[
+    "bus-connect-timeout",
+    "bus-ping-interval",
+    "bus-write-timeout",
+    "bus-linger",
+];
 
 impl Default for BusTimings {
     fn default() -> Self {
@@ -259,13 +268,13 @@ mod tests {
         assert_eq!(defaults, BusTimings::default());
         let set = Cli::try_parse_from([
             "gate",
-            "--bus-connect-timeout-ms",
-            "1",
-            "--bus-ping-interval-ms",
-            "2",
-            "--bus-write-timeout-ms",
-            "3",
-            "--bus-linger-ms",
+            "--bus-connect-timeout",
+            "1ms",
+            "--bus-ping-interval",
+            "2ms",
+            "--bus-write-timeout",
+            "3ms",
+            "--bus-linger",
             "0",
         ])
         .unwrap()
@@ -285,9 +294,9 @@ mod tests {
         // Zero would leave nothing to work with (a zero ping interval would not even
         // start); only the linger may be zero.
         for flag in [
-            "--bus-connect-timeout-ms",
-            "--bus-ping-interval-ms",
-            "--bus-write-timeout-ms",
+            "--bus-connect-timeout",
+            "--bus-ping-interval",
+            "--bus-write-timeout",
         ] {
             let refused = Cli::try_parse_from(["gate", flag, "0"]).unwrap_err();
             assert!(
