@@ -78,6 +78,9 @@ run cargo fmt --all -- --check
 step "Lint"
 run cargo clippy --workspace --all-targets -- -D warnings
 
+step "Layers: no import cycles between modules (docs/layers.md)"
+run python3 scripts/check-layers.py gateway
+
 step "Workers in other languages: TypeScript (workers/ts) and Go (workers/go)"
 # The mixed-language test in `cargo test` below runs these workers beside a Rust one.
 # From inside the package: `npm ci --prefix` leaves out buf's platform binary.
