@@ -19,13 +19,17 @@ use std::time::{Duration, Instant};
 
 use proto::chat::{Member, SessionRef, Snapshot, StateChange, state_change};
 
-/// How long a closed session is remembered. A join for it can only still be queued
-/// somewhere for as long as a worker's queue takes to drain, which the gate bounds with
-/// its request timeout (5 s by default); a minute is a wide margin.
-pub const TOMBSTONE_TTL: Duration = Duration::from_secs(60);
+/// How long a closed session is remembered. A join for it can only still be waiting if
+/// it sat in a worker's queue past the close: the gate gives up on a request after its
+/// request timeout (5 s by default), so a worker that far behind is already failing its
+/// clients. Three request timeouts is the margin. Longer costs memory under churn: a
+/// replica holds a tombstone for every logged-in session closed within the TTL (at 1,000
+/// closes a second, 15,000 of them, 0.7 MB).
+pub const TOMBSTONE_TTL: Duration = Duration::from_secs(15);
 /// Closed sessions remembered at most: bounds the memory a burst of disconnects takes
-/// (about 44 bytes a tombstone: 2.9 MB). Past it the oldest are forgotten early.
-pub const MAX_TOMBSTONES: usize = 65_536;
+/// (about 44 bytes a tombstone: 0.7 MB). Past it the oldest are forgotten early, which
+/// still leaves a TTL's worth up to about 1,100 closes a second per replica.
+pub const MAX_TOMBSTONES: usize = 16_384;
 
 /// A session, as the gates name it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
