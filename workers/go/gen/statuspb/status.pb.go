@@ -70,10 +70,10 @@ const (
 	// type. Do not retry: report it.
 	Status_STATUS_HANDLER_ERROR Status = 500
 	// Gate or worker: not now. `gate overloaded` (the gate's in-flight budget is taken),
-	// `no worker available now` (the service exists but none of its workers is reachable),
-	// `bus unavailable`, `gate draining` (never forwarded), the worker's queue is full, or
-	// it is shutting down. Retry with backoff, or on another gate; `gate draining` at once
-	// on the next gate.
+	// `no worker available now` (the service exists, none of its workers is reachable:
+	// restarting, or the bus is), `bus unavailable`, `gate draining` (never forwarded), the
+	// worker's queue is full, or it is shutting down. Retry with backoff, or on another
+	// gate; `gate draining` at once on the next gate.
 	Status_STATUS_UNAVAILABLE Status = 503
 )
 
