@@ -66,7 +66,7 @@ pub mod status {
 }
 
 /// The [`status::Status`] codes as the `u32` the `code` fields carry, under the names
-/// the gate and the services use.
+/// the gate and the services use (429 and 503 keep theirs: `RATE_LIMITED`, `OVERLOADED`).
 pub mod code {
     use crate::status::Status;
 
@@ -105,7 +105,7 @@ pub mod code {
                 HANDLER_ERROR,
                 OVERLOADED,
             ];
-            // Status codes have three digits, so this meets every value of the enum.
+            // Status codes have three digits, so this covers every value of the enum.
             let statuses: Vec<u32> = (0..1000)
                 .filter_map(|n| Status::try_from(n).ok())
                 .filter(|&s| s != Status::Unspecified)
