@@ -5,6 +5,7 @@
 //! - [`rpc`]: the envelope between a gate and a worker, carried over the bus.
 //! - [`echo`]: the echo service's messages.
 //! - [`chat`]: the chat service's messages, and what its workers tell each other.
+//! - [`status`]: the status codes of every answer ([`code`] has them as `u32`).
 //!
 //! Binary WebSocket frames carry a `Packet` as protobuf; text frames carry the same
 //! packet as JSON (see [`json`]), for browsers and debugging.
@@ -58,23 +59,61 @@ pub mod schema {
     }
 }
 
-/// Status codes, with HTTP's meanings.
+/// The status codes of every answer, generated from `proto/status.proto`: its comments
+/// say who sends each one and whether a client retries it.
+pub mod status {
+    include!(concat!(env!("OUT_DIR"), "/shaddock.status.rs"));
+}
+
+/// The [`status::Status`] codes as the `u32` the `code` fields carry, under the names
+/// the gate and the services use (429 and 503 keep theirs: `RATE_LIMITED`, `OVERLOADED`).
 pub mod code {
-    pub const OK: u32 = 200;
-    pub const BAD_REQUEST: u32 = 400;
-    pub const UNAUTHORIZED: u32 = 401;
-    pub const FORBIDDEN: u32 = 403;
-    pub const NOT_FOUND: u32 = 404;
-    pub const TIMEOUT: u32 = 408;
-    pub const CONFLICT: u32 = 409;
-    pub const TOO_LARGE: u32 = 413;
-    pub const RATE_LIMITED: u32 = 429;
-    pub const HANDLER_ERROR: u32 = 500;
-    pub const OVERLOADED: u32 = 503;
+    use crate::status::Status;
+
+    pub const OK: u32 = Status::Ok as u32;
+    pub const BAD_REQUEST: u32 = Status::BadRequest as u32;
+    pub const UNAUTHORIZED: u32 = Status::Unauthorized as u32;
+    pub const FORBIDDEN: u32 = Status::Forbidden as u32;
+    pub const NOT_FOUND: u32 = Status::NotFound as u32;
+    pub const TIMEOUT: u32 = Status::Timeout as u32;
+    pub const CONFLICT: u32 = Status::Conflict as u32;
+    pub const TOO_LARGE: u32 = Status::TooLarge as u32;
+    pub const RATE_LIMITED: u32 = Status::TooManyRequests as u32;
+    pub const HANDLER_ERROR: u32 = Status::HandlerError as u32;
+    pub const OVERLOADED: u32 = Status::Unavailable as u32;
 
     /// The message of a draining gate's 503 to a request it did not forward: safe to
     /// send again on another gate.
     pub const GATE_DRAINING: &str = "gate draining";
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn every_status_but_unspecified_has_its_constant() {
+            let constants = [
+                OK,
+                BAD_REQUEST,
+                UNAUTHORIZED,
+                FORBIDDEN,
+                NOT_FOUND,
+                TIMEOUT,
+                CONFLICT,
+                TOO_LARGE,
+                RATE_LIMITED,
+                HANDLER_ERROR,
+                OVERLOADED,
+            ];
+            // Status codes have three digits, so this covers every value of the enum.
+            let statuses: Vec<u32> = (0..1000)
+                .filter_map(|n| Status::try_from(n).ok())
+                .filter(|&s| s != Status::Unspecified)
+                .map(|s| s as u32)
+                .collect();
+            assert_eq!(statuses, constants);
+        }
+    }
 }
 
 impl client::Packet {

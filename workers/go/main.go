@@ -29,6 +29,7 @@ import (
 
 	"shaddock.dev/workers/go/gen/echopb"
 	"shaddock.dev/workers/go/gen/rpcpb"
+	"shaddock.dev/workers/go/gen/statuspb"
 )
 
 const service = "echo"
@@ -52,7 +53,7 @@ func main() {
 	// Bounded: when full, a request is answered 503 at once instead of waiting where
 	// it could only time out.
 	queue := make(chan queued, *capacity)
-	overloaded := marshal(&rpcpb.RpcResponse{Code: 503, Message: fmt.Sprintf("service %q is overloaded: its queue of %d is full", service, *capacity)})
+	overloaded := marshal(&rpcpb.RpcResponse{Code: uint32(statuspb.Status_STATUS_UNAVAILABLE), Message: fmt.Sprintf("service %q is overloaded: its queue of %d is full", service, *capacity)})
 	methodPrefix := *prefix + ".svc." + service + "."
 	sub, err := nc.QueueSubscribe(methodPrefix+">", service, func(m *nats.Msg) {
 		select {
@@ -119,7 +120,7 @@ func handle(q queued, method string) {
 	var response *rpcpb.RpcResponse
 	request := &rpcpb.RpcRequest{}
 	if err := proto.Unmarshal(q.msg.Data, request); err != nil {
-		response = &rpcpb.RpcResponse{Code: 400, Message: "malformed RpcRequest: " + err.Error()}
+		response = &rpcpb.RpcResponse{Code: uint32(statuspb.Status_STATUS_BAD_REQUEST), Message: "malformed RpcRequest: " + err.Error()}
 	} else {
 		response = call(method, request.GetBody())
 	}
@@ -135,13 +136,13 @@ func call(method string, body []byte) *rpcpb.RpcResponse {
 	case "echo":
 		request := &echopb.EchoRequest{}
 		if err := proto.Unmarshal(body, request); err != nil {
-			return &rpcpb.RpcResponse{Code: 400, Message: "bad request body: " + err.Error()}
+			return &rpcpb.RpcResponse{Code: uint32(statuspb.Status_STATUS_BAD_REQUEST), Message: "bad request body: " + err.Error()}
 		}
-		return &rpcpb.RpcResponse{Code: 200, Body: marshal(&echopb.EchoResponse{Body: request.GetBody()})}
+		return &rpcpb.RpcResponse{Code: uint32(statuspb.Status_STATUS_OK), Body: marshal(&echopb.EchoResponse{Body: request.GetBody()})}
 	case "raw":
-		return &rpcpb.RpcResponse{Code: 200, Body: body}
+		return &rpcpb.RpcResponse{Code: uint32(statuspb.Status_STATUS_OK), Body: body}
 	default:
-		return &rpcpb.RpcResponse{Code: 404, Message: fmt.Sprintf("unknown method %q of service %q", method, service)}
+		return &rpcpb.RpcResponse{Code: uint32(statuspb.Status_STATUS_NOT_FOUND), Message: fmt.Sprintf("unknown method %q of service %q", method, service)}
 	}
 }
 

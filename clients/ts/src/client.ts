@@ -26,7 +26,8 @@ import { describe } from "./codec/codec.js";
 import { jsonCodec } from "./codec/json.js";
 import { protobufCodec } from "./codec/protobuf.js";
 import { dial, readFrame, type DialOptions, type Handshaken } from "./dial.js";
-import { ShaddockError, Status } from "./errors.js";
+import { ShaddockError } from "./errors.js";
+import { Status } from "./gen/status_pb.js";
 import { Listeners } from "./listeners.js";
 import { Requests, type Reply } from "./requests.js";
 import type { Method, PushRoute } from "./typed.js";
@@ -246,7 +247,7 @@ export class Client {
           ? undefined
           : setTimeout(() => {
               off();
-              reject(new ShaddockError(Status.Timeout, `not connected within ${timeoutMs} ms`, true));
+              reject(new ShaddockError(Status.TIMEOUT, `not connected within ${timeoutMs} ms`, true));
             }, timeoutMs);
       const off = this.onState((event) => {
         if (event.state !== "open" && event.state !== "closed") return;
@@ -284,7 +285,7 @@ export class Client {
     try {
       return this.codec.decodeMessage(method.output, reply.body);
     } catch (error) {
-      throw new ShaddockError(Status.HandlerError, `the answer did not decode: ${describe(error)}`, true, method.route);
+      throw new ShaddockError(Status.HANDLER_ERROR, `the answer did not decode: ${describe(error)}`, true, method.route);
     }
   }
 
@@ -612,7 +613,7 @@ export class Client {
   }
 
   private closedError(route?: string): ShaddockError {
-    const code = this.refusedCode ?? Status.Unavailable;
+    const code = this.refusedCode ?? Status.UNAVAILABLE;
     return new ShaddockError(code, `client closed: ${this._closedReason ?? ""}`, true, route);
   }
 

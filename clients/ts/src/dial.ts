@@ -5,7 +5,7 @@
  */
 import type { Codec, Frame, Inbound } from "./codec/codec.js";
 import { describe } from "./codec/codec.js";
-import { Status } from "./errors.js";
+import { Status } from "./gen/status_pb.js";
 import {
   closeSaid,
   frameOf,

@@ -1,29 +1,13 @@
 /**
- * Status codes and the one error type the SDK rejects with.
+ * The one error type the SDK rejects with.
  *
- * Codes follow the gate's (HTTP's meaning, see docs/gateway.md). Errors the client makes
+ * Its codes are the gate's: `Status`, generated from proto/proto/status.proto (HTTP's
+ * meanings; each value says who sends it and whether to retry). Errors the client makes
  * itself use the same codes, so a caller switches on one number either way:
  * 408 for a local timeout, 503 when the connection is lost or the client is closed,
  * 429 when too many requests are pending, 400 for a body the session cannot carry and
  * 500 for an answer whose body does not decode.
  */
-
-/** The status codes a gate or a worker answers with. */
-export const Status = {
-  OK: 200,
-  BadRequest: 400,
-  Unauthorized: 401,
-  Forbidden: 403,
-  NotFound: 404,
-  Timeout: 408,
-  Conflict: 409,
-  TooLarge: 413,
-  TooManyRequests: 429,
-  HandlerError: 500,
-  Unavailable: 503,
-} as const;
-
-export type StatusCode = (typeof Status)[keyof typeof Status];
 
 /**
  * The message of a draining gate's 503 for a request it did not forward: safe to send

@@ -8,7 +8,8 @@
 import type { Body } from "./body.js";
 import type { Frame, Timing } from "./codec/codec.js";
 import { describe } from "./codec/codec.js";
-import { DRAINING_MESSAGE, ShaddockError, Status } from "./errors.js";
+import { DRAINING_MESSAGE, ShaddockError } from "./errors.js";
+import { Status } from "./gen/status_pb.js";
 
 /** An answer with what came with it. */
 export interface Reply {
@@ -70,7 +71,7 @@ export class Requests {
     reject: (error: ShaddockError) => void,
   ): number | undefined {
     if (this.pending.size >= this.max) {
-      reject(new ShaddockError(Status.TooManyRequests, `${this.pending.size} requests pending already`, true, route));
+      reject(new ShaddockError(Status.TOO_MANY_REQUESTS, `${this.pending.size} requests pending already`, true, route));
       return undefined;
     }
     const id = this.nextId++;
@@ -78,7 +79,7 @@ export class Requests {
     try {
       frame = encode(answered ? id : 0);
     } catch (error) {
-      reject(error instanceof ShaddockError ? error : new ShaddockError(Status.BadRequest, describe(error), true, route));
+      reject(error instanceof ShaddockError ? error : new ShaddockError(Status.BAD_REQUEST, describe(error), true, route));
       return undefined;
     }
     const timer = setTimeout(() => {
@@ -86,7 +87,7 @@ export class Requests {
       if (entry === undefined) return;
       this.pending.delete(id);
       const what = entry.sentOn !== 0 ? `no answer within ${timeoutMs} ms` : `not connected within ${timeoutMs} ms`;
-      entry.reject(new ShaddockError(Status.Timeout, what, true, route));
+      entry.reject(new ShaddockError(Status.TIMEOUT, what, true, route));
       if (entry.sentOn !== 0) this.settled(entry.sentOn);
     }, timeoutMs);
     this.pending.set(id, { route, frame, answered, sentOn: 0, timer, resolve, reject });
@@ -133,7 +134,7 @@ export class Requests {
     // Gone already: answered after its local timeout.
     if (entry === undefined || entry.sentOn === 0) return false;
     const conn = entry.sentOn;
-    const refused = code === Status.Unavailable && message === DRAINING_MESSAGE;
+    const refused = code === Status.UNAVAILABLE && message === DRAINING_MESSAGE;
     if (refused) {
       entry.sentOn = 0;
     } else {
@@ -152,7 +153,7 @@ export class Requests {
       done: false,
       timer: setTimeout(() => {
         entry.done = true;
-        reject(new ShaddockError(Status.Timeout, `no refresh ack within ${timeoutMs} ms`, true));
+        reject(new ShaddockError(Status.TIMEOUT, `no refresh ack within ${timeoutMs} ms`, true));
       }, timeoutMs),
       resolve,
       reject,
@@ -183,7 +184,7 @@ export class Requests {
       if (entry.sentOn !== conn) continue;
       this.pending.delete(id);
       clearTimeout(entry.timer);
-      entry.reject(new ShaddockError(Status.Unavailable, message, true, entry.route));
+      entry.reject(new ShaddockError(Status.UNAVAILABLE, message, true, entry.route));
     }
   }
 
@@ -192,7 +193,7 @@ export class Requests {
     this.failRefreshes(message);
     for (const entry of this.pending.values()) {
       clearTimeout(entry.timer);
-      entry.reject(new ShaddockError(Status.Unavailable, message, true, entry.route));
+      entry.reject(new ShaddockError(Status.UNAVAILABLE, message, true, entry.route));
     }
     this.pending.clear();
   }
@@ -201,7 +202,7 @@ export class Requests {
   failRefreshes(message: string): void {
     for (const entry of this.refreshes.splice(0)) {
       clearTimeout(entry.timer);
-      if (!entry.done) entry.reject(new ShaddockError(Status.Unavailable, message, true));
+      if (!entry.done) entry.reject(new ShaddockError(Status.UNAVAILABLE, message, true));
     }
   }
 }

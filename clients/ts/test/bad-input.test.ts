@@ -111,7 +111,7 @@ test("a request the server never answers times out locally with 408", async () =
   await within("open", client.ready());
   const error = await rejection(client.request("echo.raw", "anyone?", { timeoutMs: 50 }));
   assert.ok(error instanceof ShaddockError);
-  assert.equal(error.code, Status.Timeout);
+  assert.equal(error.code, Status.TIMEOUT);
   assert.equal(error.local, true);
   assert.equal(client.state, "open");
 });

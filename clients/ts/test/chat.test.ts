@@ -124,7 +124,7 @@ for (const encoding of ["protobuf", "json"] as const) {
       const a = await player(encoding, unique("ann"));
       const error = await rejection(a.say(unique("room"), "hello?"));
       assert.ok(error instanceof ShaddockError);
-      assert.equal(error.code, Status.Forbidden);
+      assert.equal(error.code, Status.FORBIDDEN);
       assert.equal(error.local, false);
     });
 

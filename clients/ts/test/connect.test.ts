@@ -70,13 +70,13 @@ describe("against a gate", () => {
         const client = await open({ servers: gate.url, encoding });
         const error = await rejection(client.request("nosuch.route", "x"));
         assert.ok(error instanceof ShaddockError);
-        assert.equal(error.code, Status.NotFound);
+        assert.equal(error.code, Status.NOT_FOUND);
         assert.equal(error.local, false);
         assert.equal(error.route, "nosuch.route");
         assert.ok(error.reason.length > 0);
         const invalid = await rejection(client.request("Not A Route", "x"));
         assert.ok(invalid instanceof ShaddockError);
-        assert.equal(invalid.code, Status.BadRequest);
+        assert.equal(invalid.code, Status.BAD_REQUEST);
       });
 
       test("a notify is forwarded and never answered", async () => {
@@ -92,7 +92,7 @@ describe("against a gate", () => {
     const client = await open({ servers: gate.url });
     const error = await rejection(client.request("echo.raw", { not: "bytes" }));
     assert.ok(error instanceof ShaddockError);
-    assert.equal(error.code, Status.BadRequest);
+    assert.equal(error.code, Status.BAD_REQUEST);
     assert.equal(error.local, true);
   });
 
@@ -101,7 +101,7 @@ describe("against a gate", () => {
     client.close();
     const error = await rejection(client.request("echo.raw", "late"));
     assert.ok(error instanceof ShaddockError);
-    assert.equal(error.code, Status.Unavailable);
+    assert.equal(error.code, Status.UNAVAILABLE);
   });
 });
 
@@ -133,7 +133,7 @@ describe("a gate that does not answer", () => {
       gate.resume();
     }
     assert.ok(error instanceof ShaddockError, String(error));
-    assert.equal(error.code, Status.Timeout);
+    assert.equal(error.code, Status.TIMEOUT);
     assert.equal(error.local, true);
     assert.match(error.reason, /no answer within 200 ms/);
     // Neither early nor long after its deadline (timers may fire a millisecond early).
@@ -164,7 +164,7 @@ describe("a gate with a token", () => {
       client.connect();
       const error = await rejection(within("refusal", client.ready()));
       assert.ok(error instanceof ShaddockError);
-      assert.equal(error.code, Status.Unauthorized);
+      assert.equal(error.code, Status.UNAUTHORIZED);
       assert.match(await client.closed(), /handshake refused: 401/);
       assert.deepEqual(events.map((e) => e.state), ["connecting", "closed"]);
     });

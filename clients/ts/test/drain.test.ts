@@ -74,7 +74,7 @@ test("a retiring gate that closes fails what still waits on it; the client stays
   a.kick("gate shutting down", 1001);
   const error = await within("the held request", rejection(held));
   assert.ok(error instanceof ShaddockError, String(error));
-  assert.equal(error.code, Status.Unavailable);
+  assert.equal(error.code, Status.UNAVAILABLE);
   assert.equal(error.reason, "connection lost: gate shutting down");
   // The retiring gate's kick is not the client's: no kick event, still open on B.
   assert.deepEqual(kicks, []);

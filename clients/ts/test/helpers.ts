@@ -72,8 +72,8 @@ export function typedJsonUnsupported(url: string): Promise<string | false> {
         return false;
       } catch (error) {
         if (error instanceof ShaddockError && (
-          (error.code === Status.BadRequest && /decode/i.test(error.reason)) ||
-          (error.code === Status.Unavailable && /invalid packet/i.test(error.reason)))) {
+          (error.code === Status.BAD_REQUEST && /decode/i.test(error.reason)) ||
+          (error.code === Status.UNAVAILABLE && /invalid packet/i.test(error.reason)))) {
           return `this gate does not transcode typed JSON bodies (${error.message})`;
         }
         throw error;

@@ -49,7 +49,7 @@ describe("a gate checking signed player tokens", () => {
         assert.equal(await chat(client).login(name), name);
         const error = await rejection(chat(client).login(player("someone-else")));
         assert.ok(error instanceof ShaddockError, String(error));
-        assert.equal(error.code, Status.Forbidden);
+        assert.equal(error.code, Status.FORBIDDEN);
       });
 
       test("a token with a bad signature is refused with the gate's 401 message, no retry", async () => {
@@ -62,14 +62,14 @@ describe("a gate checking signed player tokens", () => {
         const error = await rejection(within("refusal", client.ready()));
         assert.ok(error instanceof ShaddockError, String(error));
         assert.match(error.message, /handshake refused: 401 token signature does not verify/);
-        assert.equal(error.code, Status.Unauthorized, "the gate's code, to tell auth from network");
+        assert.equal(error.code, Status.UNAUTHORIZED, "the gate's code, to tell auth from network");
         assert.equal(await client.closed(), "handshake refused: 401 token signature does not verify");
         assert.deepEqual(events.map((e) => e.state), ["connecting", "closed"]);
         // connect() says the same to its caller.
         const refused = await rejection(open({ servers: gate.url, encoding, token: "not.a.jwt" }));
         assert.ok(refused instanceof ShaddockError, String(refused));
         assert.match(refused.message, /handshake refused: 401 token is not a JWT/);
-        assert.equal(refused.code, Status.Unauthorized);
+        assert.equal(refused.code, Status.UNAUTHORIZED);
       });
 
       test("a refresh with a bad token is refused with the gate's reason and the session goes on", async () => {
@@ -77,13 +77,13 @@ describe("a gate checking signed player tokens", () => {
         const client = await open({ servers: gate.url, encoding, token: sign({ sub: name, exp: inSeconds(600) }) });
         const forged = await rejection(within("forged", client.refresh(sign({ sub: name, exp: inSeconds(600) }, "wrong secret"))));
         assert.ok(forged instanceof ShaddockError, String(forged));
-        assert.equal(forged.code, Status.Unauthorized);
+        assert.equal(forged.code, Status.UNAUTHORIZED);
         assert.equal(forged.local, false);
         assert.equal(forged.reason, "token signature does not verify");
         // A valid token of another player does not move this session to them.
         const other = await rejection(within("another player's", client.refresh(sign({ sub: player("other"), exp: inSeconds(600) }))));
         assert.ok(other instanceof ShaddockError, String(other));
-        assert.equal(other.code, Status.Unauthorized);
+        assert.equal(other.code, Status.UNAUTHORIZED);
         assert.match(other.reason, /not this session's player/);
         assert.equal(bodyText(await client.request("echo.raw", "still here")), "still here");
       });
@@ -108,7 +108,7 @@ describe("a gate checking signed player tokens", () => {
         assert.equal(events.at(-1)?.reason, "token expired");
         const late = await rejection(client.request("echo.raw", "after expiry"));
         assert.ok(late instanceof ShaddockError, String(late));
-        assert.equal(late.code, Status.Unavailable);
+        assert.equal(late.code, Status.UNAVAILABLE);
       });
 
       test(`a session refreshed before expiry outlives its first token (${encoding})`, async () => {

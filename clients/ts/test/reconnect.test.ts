@@ -88,7 +88,7 @@ test("requests in flight when the connection drops fail with 503", async () => {
   gate.child.kill("SIGKILL");
   const error = await within("the failure", rejection(inFlight));
   assert.ok(error instanceof ShaddockError, String(error));
-  assert.equal(error.code, Status.Unavailable);
+  assert.equal(error.code, Status.UNAVAILABLE);
   assert.equal(error.local, true);
   assert.equal(client.state, "closed");
   assert.match(client.closedReason ?? "", /closed/);

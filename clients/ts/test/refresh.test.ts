@@ -51,7 +51,7 @@ for (const encoding of ["protobuf", "json"] as Encoding[]) {
     await within("accepted", client.refresh("good-2"));
     const error = await within("refused", rejection(client.refresh("forged")));
     assert.ok(error instanceof ShaddockError);
-    assert.equal(error.code, Status.Unauthorized);
+    assert.equal(error.code, Status.UNAUTHORIZED);
     assert.equal(error.reason, "token refused: bad signature");
     assert.equal(error.local, false);
     // Acks are matched in order: two at once each get their own.

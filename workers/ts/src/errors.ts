@@ -1,19 +1,8 @@
 /**
- * Status codes a worker answers with (HTTP's meanings, as the gates use them), and the
- * error a handler throws to answer with one.
+ * The error a handler throws to answer with a status code: `Status`, generated from
+ * proto/proto/status.proto (HTTP's meanings, as the gates use them), or any other.
  */
-
-/** The codes of `RpcResponse.code` a worker uses. */
-export const Code = {
-  OK: 200,
-  BAD_REQUEST: 400,
-  UNAUTHORIZED: 401,
-  FORBIDDEN: 403,
-  NOT_FOUND: 404,
-  CONFLICT: 409,
-  HANDLER_ERROR: 500,
-  OVERLOADED: 503,
-} as const;
+import { Status } from "./gen/status_pb.js";
 
 /**
  * Thrown by a handler to answer with `code` and `message` instead of a body. Anything
@@ -32,11 +21,11 @@ export class HandlerError extends Error {
 
   /** 400: the request is malformed. */
   static badRequest(message: string): HandlerError {
-    return new HandlerError(Code.BAD_REQUEST, message);
+    return new HandlerError(Status.BAD_REQUEST, message);
   }
 
   /** 403: the session may not do this. */
   static forbidden(message: string): HandlerError {
-    return new HandlerError(Code.FORBIDDEN, message);
+    return new HandlerError(Status.FORBIDDEN, message);
   }
 }

@@ -5,7 +5,8 @@
  */
 export { Context, bytesOf } from "./context.js";
 export type { Body, Outbound } from "./context.js";
-export { Code, HandlerError } from "./errors.js";
+export { HandlerError } from "./errors.js";
+export { Status } from "./gen/status_pb.js";
 export { Service, errorResponse } from "./service.js";
 export type { Awaitable, Delivery, EventHandled, EventHandler, Handled, RawHandler, TypedHandler } from "./service.js";
 export * from "./subjects.js";

@@ -9,7 +9,7 @@
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import type { DescFile, DescMessage, MessageInitShape, MessageShape } from "@bufbuild/protobuf";
 import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
-import { Code, HandlerError } from "./errors.js";
+import { HandlerError } from "./errors.js";
 import { Context, bytesOf } from "./context.js";
 import type { Body, Outbound } from "./context.js";
 import type { RpcRequest, RpcResponse, ServiceSchema, SessionClosed } from "./gen/rpc_pb.js";
@@ -21,6 +21,7 @@ import {
   ServiceSchemaSchema,
   SessionClosedSchema,
 } from "./gen/rpc_pb.js";
+import { Status } from "./gen/status_pb.js";
 import { isValidName, isValidSubject } from "./subjects.js";
 
 /** What a handler may return: a value, or a promise of one. */
@@ -207,18 +208,18 @@ export class Service {
     const entry = this.#methods.get(method);
     if (entry === undefined) {
       const message = `unknown method ${JSON.stringify(method)} of service ${JSON.stringify(this.name)}`;
-      return { response: errorResponse(Code.NOT_FOUND, message), outbound: [] };
+      return { response: errorResponse(Status.NOT_FOUND, message), outbound: [] };
     }
     const ctx = new Context(request.session);
     try {
       const body = await entry.call(ctx, request.body);
-      const response = create(RpcResponseSchema, { code: Code.OK, body, effects: [...ctx.effects] });
+      const response = create(RpcResponseSchema, { code: Status.OK, body, effects: [...ctx.effects] });
       return { response, outbound: ctx.outbound };
     } catch (error) {
       if (error instanceof HandlerError) {
         return { response: errorResponse(error.code, error.message), outbound: [] };
       }
-      return { response: errorResponse(Code.HANDLER_ERROR, `internal error: ${messageOf(error)}`), outbound: [] };
+      return { response: errorResponse(Status.HANDLER_ERROR, `internal error: ${messageOf(error)}`), outbound: [] };
     }
   }
 
@@ -228,7 +229,7 @@ export class Service {
     try {
       request = fromBinary(RpcRequestSchema, payload);
     } catch (error) {
-      return { response: errorResponse(Code.BAD_REQUEST, `malformed RpcRequest: ${messageOf(error)}`), outbound: [] };
+      return { response: errorResponse(Status.BAD_REQUEST, `malformed RpcRequest: ${messageOf(error)}`), outbound: [] };
     }
     return this.call(method, request);
   }

@@ -27,9 +27,9 @@
 import { toBinary } from "@bufbuild/protobuf";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { Outbound } from "./context.js";
-import { Code } from "./errors.js";
 import type { RpcResponse } from "./gen/rpc_pb.js";
 import { RpcResponseSchema, ServerPushSchema, ServiceSchemaSchema, UserCommandSchema } from "./gen/rpc_pb.js";
+import { Status } from "./gen/status_pb.js";
 import type { Service } from "./service.js";
 import { errorResponse } from "./service.js";
 import {
@@ -110,7 +110,7 @@ export class Worker {
     this.#onError = options.onError ?? (() => {});
     this.#overloaded = encode(
       errorResponse(
-        Code.OVERLOADED,
+        Status.UNAVAILABLE,
         `service ${JSON.stringify(service.name)} is overloaded: its queue of ${this.#capacity} is full`,
       ),
     );

@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
-import { Code, HandlerError, Service } from "../src/index.js";
+import { HandlerError, Service, Status } from "../src/index.js";
 import { EchoRequestSchema, EchoResponseSchema } from "../src/gen/echo_pb.js";
 import { RpcRequestSchema, SessionSchema } from "../src/gen/rpc_pb.js";
 import { echoService } from "../src/services/echo.js";
@@ -21,24 +21,24 @@ function request(body: Uint8Array, uid = "") {
 test("a typed method decodes the request and encodes the response", async () => {
   const body = toBinary(EchoRequestSchema, create(EchoRequestSchema, { body: text.encode("ping") }));
   const { response } = await echoService().call("echo", request(body));
-  assert.equal(response.code, Code.OK);
+  assert.equal(response.code, Status.OK);
   assert.deepEqual(fromBinary(EchoResponseSchema, response.body).body, text.encode("ping"));
 });
 
 test("a raw method answers its bytes unchanged", async () => {
   const body = new Uint8Array([0xff, 0x00, 0x01]);
   const { response } = await echoService().call("raw", request(body));
-  assert.equal(response.code, Code.OK);
+  assert.equal(response.code, Status.OK);
   assert.deepEqual(response.body, body);
 });
 
 test("an unknown method is 404 and a body that does not decode is 400", async () => {
-  assert.equal((await echoService().call("nope", request(new Uint8Array()))).response.code, Code.NOT_FOUND);
+  assert.equal((await echoService().call("nope", request(new Uint8Array()))).response.code, Status.NOT_FOUND);
   const bad = await echoService().call("echo", request(new Uint8Array([0x0a, 0x05, 0x01])));
-  assert.equal(bad.response.code, Code.BAD_REQUEST);
+  assert.equal(bad.response.code, Status.BAD_REQUEST);
   assert.match(bad.response.message, /bad request body/);
   const garbage = await echoService().callEncoded("echo", new Uint8Array([0xff, 0xff]));
-  assert.equal(garbage.response.code, Code.BAD_REQUEST);
+  assert.equal(garbage.response.code, Status.BAD_REQUEST);
 });
 
 test("effects and pushes come back in order; a failed handler's are dropped", async () => {
@@ -77,12 +77,12 @@ test("effects and pushes come back in order; a failed handler's are dropped", as
     ["group", "user", "user"],
   );
   const refused = await service.call("refuse", request(new Uint8Array()));
-  assert.equal(refused.response.code, Code.FORBIDDEN);
+  assert.equal(refused.response.code, Status.FORBIDDEN);
   assert.equal(refused.response.message, "not you");
   assert.deepEqual([refused.response.effects.length, refused.outbound.length], [0, 0]);
   const crashed = await service.call("crash", request(new Uint8Array()));
-  assert.equal(crashed.response.code, Code.HANDLER_ERROR);
-  assert.equal((await service.call("bad-group", request(new Uint8Array()))).response.code, Code.BAD_REQUEST);
+  assert.equal(crashed.response.code, Status.HANDLER_ERROR);
+  assert.equal((await service.call("bad-group", request(new Uint8Array()))).response.code, Status.BAD_REQUEST);
 });
 
 test("the schema lists typed methods and carries their files' descriptors", () => {

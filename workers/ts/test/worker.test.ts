@@ -5,7 +5,7 @@ import { after, before, test } from "node:test";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { Code, Service, Worker } from "../src/index.js";
+import { Service, Status, Worker } from "../src/index.js";
 import { EchoRequestSchema, EchoResponseSchema } from "../src/gen/echo_pb.js";
 import type { RpcResponse } from "../src/gen/rpc_pb.js";
 import {
@@ -52,13 +52,13 @@ test("serves typed and raw methods, 404 for unknown ones, with timings", async (
   const worker = await Worker.start(nc, echoService(), { prefix: "a" });
   const body = toBinary(EchoRequestSchema, create(EchoRequestSchema, { body: text.encode("hi") }));
   const echoed = await call(client, "a", "echo.echo", body, true);
-  assert.equal(echoed.code, Code.OK);
+  assert.equal(echoed.code, Status.OK);
   assert.deepEqual(Buffer.from(fromBinary(EchoResponseSchema, echoed.body).body), Buffer.from("hi"));
   assert.ok(echoed.queueUs >= 0 && echoed.handlerUs >= 0);
   const raw = await call(client, "a", "echo.raw", text.encode("as is"));
-  assert.deepEqual([raw.code, Buffer.from(raw.body)], [Code.OK, Buffer.from("as is")]);
+  assert.deepEqual([raw.code, Buffer.from(raw.body)], [Status.OK, Buffer.from("as is")]);
   const unknown = await call(client, "a", "echo.nope", new Uint8Array());
-  assert.equal(unknown.code, Code.NOT_FOUND);
+  assert.equal(unknown.code, Status.NOT_FOUND);
   assert.deepEqual(worker.stats, { served: 3, rejected: 0, events: 0 });
   await worker.drain();
 });
@@ -100,7 +100,7 @@ test("a full queue is answered 503 at once, and what was queued is still served"
   const refused = await Promise.race([Promise.all(rest.slice(2)), new Promise((r) => setTimeout(r, DEADLINE_MS))]);
   assert.ok(Array.isArray(refused), "the refusals did not come at once");
   for (const response of refused as RpcResponse[]) {
-    assert.equal(response.code, Code.OVERLOADED);
+    assert.equal(response.code, Status.UNAVAILABLE);
     assert.match(response.message, /overloaded/);
   }
   held.open();

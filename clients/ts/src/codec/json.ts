@@ -7,7 +7,8 @@
 import { create, fromJson, toJson } from "@bufbuild/protobuf";
 import type { DescMessage, JsonObject, JsonValue, MessageShape } from "@bufbuild/protobuf";
 import { isJsonObject, type Body } from "../body.js";
-import { ProtocolError, ShaddockError, Status } from "../errors.js";
+import { ProtocolError, ShaddockError } from "../errors.js";
+import { Status } from "../gen/status_pb.js";
 import { CLIENT_ONLY_KINDS, describe, type Codec, type Frame, type Inbound, type Outbound, type Timing } from "./codec.js";
 
 /** Rejects bytes that are not UTF-8: a JSON session carries text, never a lossy copy. */
@@ -97,7 +98,7 @@ export const jsonCodec: Codec = {
     const json = toJson(schema, message);
     if (!isObject(json)) {
       // Only well-known wrapper types map to non-objects; no route uses them as bodies.
-      throw new ShaddockError(Status.BadRequest, `${schema.typeName} has no JSON object form`, true);
+      throw new ShaddockError(Status.BAD_REQUEST, `${schema.typeName} has no JSON object form`, true);
     }
     return json;
   },
@@ -120,7 +121,7 @@ function requestBody(body: Body, route: string): JsonValue {
   try {
     return strictUtf8.decode(body);
   } catch {
-    throw new ShaddockError(Status.BadRequest, "a JSON session carries text bodies; these bytes are not UTF-8", true, route);
+    throw new ShaddockError(Status.BAD_REQUEST, "a JSON session carries text bodies; these bytes are not UTF-8", true, route);
   }
 }
 

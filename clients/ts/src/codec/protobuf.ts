@@ -5,7 +5,7 @@
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import type { DescMessage, MessageShape } from "@bufbuild/protobuf";
 import { bodyBytes, isJsonObject, type Body } from "../body.js";
-import { ProtocolError, ShaddockError, Status } from "../errors.js";
+import { ProtocolError, ShaddockError } from "../errors.js";
 import {
   HandshakeSchema,
   HeartbeatSchema,
@@ -14,6 +14,7 @@ import {
   RequestSchema,
   type Packet,
 } from "../gen/client_pb.js";
+import { Status } from "../gen/status_pb.js";
 import { CLIENT_ONLY_KINDS, describe, type Codec, type Frame, type Inbound, type Outbound } from "./codec.js";
 
 export const protobufCodec: Codec = {
@@ -107,7 +108,7 @@ function outbound(packet: Outbound): Packet["kind"] {
       return { case: "refresh", value: create(RefreshSchema, { token: packet.token }) };
     case "request":
       if (isJsonObject(packet.body)) {
-        throw new ShaddockError(Status.BadRequest, "a JSON object body needs a JSON session", true, packet.route);
+        throw new ShaddockError(Status.BAD_REQUEST, "a JSON object body needs a JSON session", true, packet.route);
       }
       return {
         case: "request",

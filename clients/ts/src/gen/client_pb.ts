@@ -222,7 +222,7 @@ export type Response = Message<"shaddock.client.Response"> & {
   id: bigint;
 
   /**
-   * HTTP-like: 200, 400, 404, 408, 413, 429, 500, 503.
+   * A shaddock.status.Status (status.proto says who sends each and whether to retry).
    *
    * @generated from field: uint32 code = 2;
    */

@@ -182,13 +182,14 @@ func (x *RpcRequest) GetTiming() bool {
 }
 
 type RpcResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Code          uint32                 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
-	Body          []byte                 `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
-	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
-	Effects       []*Effect              `protobuf:"bytes,4,rep,name=effects,proto3" json:"effects,omitempty"`
-	QueueUs       uint32                 `protobuf:"varint,5,opt,name=queue_us,json=queueUs,proto3" json:"queue_us,omitempty"`
-	HandlerUs     uint32                 `protobuf:"varint,6,opt,name=handler_us,json=handlerUs,proto3" json:"handler_us,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A shaddock.status.Status (status.proto); 200 when handled.
+	Code          uint32    `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Body          []byte    `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
+	Message       string    `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	Effects       []*Effect `protobuf:"bytes,4,rep,name=effects,proto3" json:"effects,omitempty"`
+	QueueUs       uint32    `protobuf:"varint,5,opt,name=queue_us,json=queueUs,proto3" json:"queue_us,omitempty"`
+	HandlerUs     uint32    `protobuf:"varint,6,opt,name=handler_us,json=handlerUs,proto3" json:"handler_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }

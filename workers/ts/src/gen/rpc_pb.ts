@@ -104,6 +104,8 @@ export const RpcRequestSchema: GenMessage<RpcRequest> = /*@__PURE__*/
  */
 export type RpcResponse = Message<"shaddock.rpc.RpcResponse"> & {
   /**
+   * A shaddock.status.Status (status.proto); 200 when handled.
+   *
    * @generated from field: uint32 code = 1;
    */
   code: number;
