@@ -13,8 +13,8 @@
 //! Credentials and TLS for the connection are [`BusSecurity`] ([`security`]); the
 //! backoff between reconnect attempts and the lame-duck signal are in [`reconnect`].
 
-pub mod reconnect;
-pub mod security;
+mod reconnect;
+mod security;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,11 +28,6 @@ pub use security::BusSecurity;
 /// The subject a service's workers subscribe: every method of `service`.
 pub fn service_subject(prefix: &str, service: &str) -> String {
     format!("{prefix}.svc.{service}.>")
-}
-
-/// The subject a request for `service.method` is published to.
-pub fn method_subject(prefix: &str, service: &str, method: &str) -> String {
-    format!("{prefix}.svc.{service}.{method}")
 }
 
 /// The method a request on `subject` is for: what follows `<prefix>.svc.<service>.`
@@ -57,17 +52,7 @@ pub async fn connect(
     name: &str,
     security: &BusSecurity,
 ) -> anyhow::Result<Client> {
-    connect_with(urls, name, security, Backoff::default()).await
-}
-
-/// [`connect`] with reconnect attempts `backoff` apart.
-pub async fn connect_with(
-    urls: &[String],
-    name: &str,
-    security: &BusSecurity,
-    backoff: Backoff,
-) -> anyhow::Result<Client> {
-    open(urls, name, security, backoff, First::InBackground).await
+    open(urls, name, security, First::InBackground).await
 }
 
 /// Connects to one of `urls` before returning, trying each once (the first few without
@@ -79,7 +64,7 @@ pub(crate) async fn connect_now(
     name: &str,
     security: &BusSecurity,
 ) -> anyhow::Result<Client> {
-    open(urls, name, security, Backoff::default(), First::Now).await
+    open(urls, name, security, First::Now).await
 }
 
 /// How the first connection is made.
@@ -100,9 +85,9 @@ async fn open(
     urls: &[String],
     name: &str,
     security: &BusSecurity,
-    backoff: Backoff,
     first: First,
 ) -> anyhow::Result<Client> {
+    let backoff = Backoff::default();
     let addrs = urls
         .iter()
         .map(|url| {
@@ -166,10 +151,6 @@ mod tests {
     #[test]
     fn subjects_follow_the_protocol() {
         assert_eq!(service_subject("shaddock", "chat"), "shaddock.svc.chat.>");
-        assert_eq!(
-            method_subject("shaddock", "chat", "send"),
-            "shaddock.svc.chat.send"
-        );
     }
 
     #[test]

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::bus::BusSecurity;
-use crate::service::is_valid_name;
+use crate::names::is_valid_subject;
 
 /// Requests a worker holds before answering 503. Beyond a few frames of work a queued
 /// request would wait longer than a client's patience; answering "overloaded" at once lets
@@ -235,7 +235,7 @@ impl Default for WorkerConfig {
 impl WorkerConfig {
     /// Checks the prefix and the frame loop's limits.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !is_valid_prefix(&self.prefix) {
+        if !is_valid_subject(&self.prefix) {
             return Err(ConfigError::Prefix(self.prefix.clone()));
         }
         if self.move_timeout.is_zero() {
@@ -256,11 +256,6 @@ pub enum ConfigError {
     TooSmall(&'static str, u64),
     #[error("invalid subject prefix {0:?}: use dot-separated tokens of [a-z0-9_-]")]
     Prefix(String),
-}
-
-/// A prefix is one or more name tokens joined by dots (`shaddock`, `prod.shaddock`).
-pub(crate) fn is_valid_prefix(prefix: &str) -> bool {
-    prefix.split('.').all(is_valid_name)
 }
 
 /// Parses a duration written as a whole number and a unit: `500us`, `1ms`, `2s`.

@@ -15,7 +15,8 @@ use bytes::Bytes;
 use proto::echo::{EchoRequest, EchoResponse};
 
 use crate::context::Context;
-use crate::service::{HandlerError, Service};
+use crate::handler_error::HandlerError;
+use crate::service::Service;
 
 /// The service's name: its subject token and queue group.
 pub const NAME: &str = "echo";

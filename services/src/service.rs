@@ -62,17 +62,12 @@ use proto::{Message, Name};
 use tokio::time::{Duration, Instant};
 
 use crate::context::{Context, Parts};
-
-mod error;
+use crate::handler_error::HandlerError;
+use crate::names::{MAX_NAME_LEN, is_valid_subject, is_valid_token};
 use crate::push::Outbound;
-pub use error::HandlerError;
 
 /// Cost of a method that declares none.
 pub const DEFAULT_COST: u32 = 1;
-
-/// Longest service or method name. Names become NATS subject tokens and metric labels;
-/// the gate bounds routes the same way.
-pub const MAX_NAME_LEN: usize = 64;
 
 /// One firing of a service's tick callback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,11 +166,11 @@ impl Service {
     ///
     /// # Panics
     ///
-    /// If `name` is not a valid token (see [`is_valid_name`]).
+    /// If `name` is not a valid token (see [`crate::names`]).
     pub fn new(name: impl Into<String>) -> Service {
         let name = name.into();
         assert!(
-            is_valid_name(&name),
+            is_valid_token(&name),
             "invalid service name {name:?}: use 1..={MAX_NAME_LEN} of [a-z0-9_-]"
         );
         Service {
@@ -272,7 +267,7 @@ impl Service {
         F: FnMut(&mut Context, Bytes) -> Result<Bytes, HandlerError> + Send + 'static,
     {
         assert!(
-            is_valid_name(name),
+            is_valid_token(name),
             "invalid method name {name:?} in service {}: use 1..={MAX_NAME_LEN} of [a-z0-9_-]",
             self.name
         );
@@ -569,22 +564,6 @@ impl fmt::Debug for Service {
             .field("start_sync", &self.start_sync_subject())
             .finish()
     }
-}
-
-/// Whether `name` may name a service or method: 1 to [`MAX_NAME_LEN`] bytes of
-/// `[a-z0-9_-]`, the same rule the gate applies to each token of a route, since a name
-/// becomes a NATS subject token (no `.`, `*`, `>` or spaces).
-pub fn is_valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_NAME_LEN
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
-}
-
-/// Whether `subject` is one or more dot-separated names (see [`is_valid_name`]).
-pub fn is_valid_subject(subject: &str) -> bool {
-    subject.split('.').all(is_valid_name)
 }
 
 /// A response carrying only a status and a message.

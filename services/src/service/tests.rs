@@ -168,23 +168,6 @@ fn handlers_may_keep_state() {
 }
 
 #[test]
-fn names_are_subject_tokens() {
-    assert!(is_valid_name("chat"));
-    assert!(is_valid_name("get_room-2"));
-    for bad in [
-        "",
-        "Chat",
-        "a.b",
-        "*",
-        ">",
-        "a b",
-        &"x".repeat(MAX_NAME_LEN + 1),
-    ] {
-        assert!(!is_valid_name(bad), "{bad:?}");
-    }
-}
-
-#[test]
 #[should_panic(expected = "registered twice")]
 fn duplicate_method_panics() {
     let _ = Service::new("s")
