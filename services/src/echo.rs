@@ -39,7 +39,7 @@ pub fn service() -> Service {
             burn(work_of(&body)?);
             Ok(body)
         })
-        .cost(WORK_COST)
+        .cost("work", WORK_COST)
 }
 
 /// The work an `echo.work` body asks for.

@@ -45,9 +45,9 @@
 //!
 //! # Cost units
 //!
-//! Each method declares a cost, 1 unit by default (see [`Service::cost`]). A unit is "one
-//! typical small request", about 10 µs of handler CPU; a method that does ten times the
-//! work declares 10. The frame loop's budget `max_cost` is in the same units, so it bounds
+//! Each method costs 1 unit unless [`Service::cost`] names it with another. A unit is
+//! "one typical small request", about 10 µs of handler CPU; a method that does ten times
+//! the work declares 10. The frame loop's budget `max_cost` is in the same units, so it bounds
 //! a frame's length without measuring time, which keeps the loop deterministic (and its
 //! tests exact).
 
@@ -88,7 +88,8 @@ type EventHandler = Box<dyn FnMut(&mut Context, Bytes) -> Result<(), HandlerErro
 
 struct Method {
     handler: RawHandler,
-    cost: u32,
+    /// Set by [`Service::cost`]; [`DEFAULT_COST`] when `None`.
+    cost: Option<u32>,
     /// Full protobuf names of a typed method's request and response: announced to the
     /// gates, which transcode JSON clients' bodies with them.
     types: Option<(String, String)>,
@@ -144,16 +145,17 @@ pub struct EventHandled {
 ///         Ok::<_, HandlerError>(EchoResponse { body: req.body })
 ///     })
 ///     .raw_method("raw", |_ctx, body| Ok(body))
-///     .cost(2);
+///     .cost("raw", 2);
 /// assert_eq!(service.cost_of("raw"), 2);
+/// assert_eq!(service.cost_of("echo"), 1);
 /// ```
 ///
 /// Registration is setup code: the builder panics on a programming error (an invalid or
-/// duplicate name, a zero cost), as a router does, never on anything a peer sends.
+/// duplicate name, a cost for a method not registered, a zero cost), as a router does,
+/// never on anything a peer sends.
 pub struct Service {
     name: String,
     methods: HashMap<String, Method>,
-    last_method: Option<String>,
     tick: Option<TickHandler>,
     events: Vec<Event>,
     start_sync: Option<StartSync>,
@@ -176,7 +178,6 @@ impl Service {
         Service {
             name,
             methods: HashMap::new(),
-            last_method: None,
             tick: None,
             events: Vec::new(),
             start_sync: None,
@@ -273,7 +274,7 @@ impl Service {
         );
         let method = Method {
             handler: Box::new(handler),
-            cost: DEFAULT_COST,
+            cost: None,
             types: None,
         };
         let previous = self.methods.insert(name.to_owned(), method);
@@ -282,24 +283,29 @@ impl Service {
             "method {name:?} registered twice in service {}",
             self.name
         );
-        self.last_method = Some(name.to_owned());
         self
     }
 
-    /// Sets the cost, in units, of the method registered last (see the module docs).
+    /// Sets the cost of `method`, in units (see the module docs): what one call of it
+    /// spends of a frame's budget. A method whose cost is not set costs [`DEFAULT_COST`].
     ///
     /// # Panics
     ///
-    /// If no method is registered yet, or `cost` is 0 (a free handler would let a frame
-    /// run without bound).
-    pub fn cost(mut self, cost: u32) -> Service {
-        assert!(cost > 0, "a method's cost must be at least 1 unit");
-        let method = self
-            .last_method
-            .as_ref()
-            .and_then(|name| self.methods.get_mut(name))
-            .expect("Service::cost follows the method it applies to");
-        method.cost = cost;
+    /// If `method` is not registered (register it first), its cost is already set, or
+    /// `units` is 0 (a free handler would let a frame run without bound).
+    pub fn cost(mut self, method: &str, units: u32) -> Service {
+        assert!(units > 0, "a method's cost must be at least 1 unit");
+        let Some(entry) = self.methods.get_mut(method) else {
+            panic!(
+                "cost for method {method:?}, not registered in service {}: register it first",
+                self.name
+            );
+        };
+        assert!(
+            entry.cost.replace(units).is_none(),
+            "cost of method {method:?} in service {} set twice",
+            self.name
+        );
         self
     }
 
@@ -396,7 +402,10 @@ impl Service {
     /// The cost of calling `method`; [`DEFAULT_COST`] for an unknown method, whose 404
     /// still takes a turn.
     pub fn cost_of(&self, method: &str) -> u32 {
-        self.methods.get(method).map_or(DEFAULT_COST, |m| m.cost)
+        self.methods
+            .get(method)
+            .and_then(|m| m.cost)
+            .unwrap_or(DEFAULT_COST)
     }
 
     /// Whether a tick callback is registered.
@@ -554,7 +563,7 @@ impl From<RpcResponse> for Handled {
 
 impl fmt::Debug for Service {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut methods: Vec<_> = self.methods.iter().map(|(n, m)| (n, m.cost)).collect();
+        let mut methods: Vec<_> = self.methods.keys().map(|n| (n, self.cost_of(n))).collect();
         methods.sort();
         f.debug_struct("Service")
             .field("name", &self.name)

@@ -120,7 +120,7 @@ fn service(log: &Log) -> Service {
                 log.lock().unwrap().push((id, Instant::now()));
                 Ok(body)
             })
-            .cost(cost);
+            .cost(name, cost);
     }
     service
 }
