@@ -43,10 +43,10 @@ pub(crate) fn method_of<'a>(subject: &'a str, method_prefix: &str) -> &'a str {
 ///
 /// The first connection is retried in the background: a worker may start before its
 /// broker (compose, Kubernetes), and subscriptions made meanwhile take effect once it
-/// connects. Reconnects are unlimited, [`Backoff::default`] apart, and subscribe
-/// everything again. A server's lame-duck notice and each connection made raise the
-/// connection's [`Signals`] ([`signals`]). Only unparsable URLs and unreadable credential or certificate files
-/// fail here.
+/// connects. Reconnects are unlimited, with jittered exponential backoff between
+/// attempts (docs/workers.md, "Reconnecting and lame duck"), and subscribe everything
+/// again; the worker also learns of each connection made and of a server's lame-duck
+/// notice. Only unparsable URLs and unreadable credential or certificate files fail here.
 pub async fn connect(
     urls: &[String],
     name: &str,

@@ -21,7 +21,7 @@
 //! # Workers share no secrets
 //!
 //! Any worker answers any request: every worker holds a replica of the membership
-//! ([`rooms`]). The worker that handles a join, a leave or a close publishes the change
+//! ([`Rooms`]). The worker that handles a join, a leave or a close publishes the change
 //! on `<prefix>.chat.state` before it answers; every worker (itself included, when the
 //! change comes back from the bus) applies it in its loop. A starting worker gets a
 //! snapshot from a running one on `<prefix>.chat.sync` before it takes requests, and a

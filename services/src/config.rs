@@ -16,7 +16,7 @@ use crate::names::is_valid_subject;
 pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
 
 /// Cost units a frame may spend before it yields. At ~10 µs per unit (see
-/// [`crate::service`]) this is a ~5 ms frame: long enough to amortise the pause, short
+/// [`Service::cost`](crate::Service::cost)) this is a ~5 ms frame: long enough to amortise the pause, short
 /// enough that a 50 ms tick is never late by more than one frame.
 pub const DEFAULT_MAX_COST: u32 = 500;
 
@@ -28,7 +28,7 @@ pub const DEFAULT_OVERRUN_PAUSE: Duration = Duration::from_millis(1);
 pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_millis(50);
 
 /// The most messages a draining subscription still accepts after asking the bus to stop
-/// routing to it (see [`crate::drain`]; a quieter subscription asks for what its recent
+/// routing to it (docs/workers.md, "Draining on shutdown"; a quieter subscription asks for what its recent
 /// rate brings in a quarter of the drain window): far above what the server can have
 /// routed to it during one round trip, so nothing on the wire is left over, and small
 /// enough that a busy worker uses it up in milliseconds.
@@ -38,15 +38,15 @@ pub const DEFAULT_DRAIN_ALLOWANCE: u64 = 64;
 /// nine digits, and the count sent is the subscription's messages so far plus this.
 pub const MAX_DRAIN_ALLOWANCE: u64 = 1_000_000;
 
-/// The fewest messages a queue subscription is granted ahead, its lease (see "The
-/// lease" in [`crate::drain`]; a busier one is granted what its rate brings in a quarter
+/// The fewest messages a queue subscription is granted ahead, its lease ("Leases" in
+/// docs/workers.md; a busier one is granted what its rate brings in a quarter
 /// of the drain window). A successor is subscribed when half is used; a worker whose
 /// reading falls behind by more than half of it is out of its group for a moment.
 pub const DEFAULT_QUEUE_LEASE: u64 = 1024;
 
 /// A worker's leases are at least this many times its queue capacity: half a lease is
 /// then never less than what the queue holds, so a burst the worker can queue does not
-/// outrun the lease before the successor is made ("Bursts" in [`crate::drain`]).
+/// outrun the lease before the successor is made ("Bursts" in docs/workers.md).
 pub const LEASE_PER_QUEUED: u64 = 2;
 
 /// The smallest lease accepted. A lease is granted by an UNSUB sent right behind the
@@ -68,7 +68,7 @@ pub const DEFAULT_DRAIN_WINDOW: Duration = Duration::from_millis(500);
 pub const DEFAULT_PREFIX: &str = "shaddock";
 
 /// How long a worker whose server enters lame duck mode tries to move its inputs to
-/// another server (see "Lame duck" in [`crate::worker`]).
+/// another server (docs/workers.md, "Reconnecting and lame duck").
 pub const DEFAULT_MOVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where the bus is when nothing says otherwise: a local nats-server or embedded broker.
@@ -100,7 +100,7 @@ pub struct FrameConfig {
     pub drain: DrainConfig,
 }
 
-/// How a worker leaves its queue groups at shutdown (see [`crate::drain`]).
+/// How a worker leaves its queue groups at shutdown (docs/workers.md, "Draining on shutdown").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
 pub struct DrainConfig {
     /// The most messages a draining subscription still takes after asking the bus to

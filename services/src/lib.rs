@@ -46,5 +46,5 @@ pub use context::Context;
 pub use handler_error::HandlerError;
 pub use metrics::describe as describe_metrics;
 pub use push::{Outbound, PushError, Pusher};
-pub use service::{Delivery, EventHandled, Handled, Service, Tick};
+pub use service::{DEFAULT_COST, Delivery, EventHandled, Handled, Service, Tick};
 pub use worker::{Worker, WorkerError, run};

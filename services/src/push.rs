@@ -31,8 +31,8 @@ use crate::names::{MAX_NAME_LEN, is_valid_subject, is_valid_token};
 /// Why a push was not published.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PushError {
-    /// A group, uid or subject token is not one lowercase `[a-z0-9_-]` token of at most
-    /// [`MAX_NAME_LEN`] bytes.
+    /// A group, uid or subject token is not one subject token: 1 to 64 bytes of
+    /// `[a-z0-9_-]`.
     #[error("invalid {what} {name:?}: use 1..={MAX_NAME_LEN} of [a-z0-9_-]")]
     InvalidName { what: &'static str, name: String },
     /// The bus client would not take the message (it is closed).
