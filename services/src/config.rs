@@ -16,8 +16,8 @@ use crate::names::is_valid_subject;
 pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
 
 /// Cost units a frame may spend before it yields. At ~10 µs per unit (see
-/// [`Service::cost`](crate::Service::cost)) this is a ~5 ms frame: long enough to amortise the pause, short
-/// enough that a 50 ms tick is never late by more than one frame.
+/// [`Service::cost`](crate::Service::cost)) this is a ~5 ms frame: long enough to amortise
+/// the pause, short enough that a 50 ms tick is never late by more than one frame.
 pub const DEFAULT_MAX_COST: u32 = 500;
 
 /// Pause after a frame that ran out of budget with work still queued, so the loop's timers
@@ -28,8 +28,8 @@ pub const DEFAULT_OVERRUN_PAUSE: Duration = Duration::from_millis(1);
 pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_millis(50);
 
 /// The most messages a draining subscription still accepts after asking the bus to stop
-/// routing to it (docs/workers.md, "Draining on shutdown"; a quieter subscription asks for what its recent
-/// rate brings in a quarter of the drain window): far above what the server can have
+/// routing to it (docs/workers.md, "Draining on shutdown"; a quieter subscription asks
+/// for what its recent rate brings in a quarter of the drain window): far above what the server can have
 /// routed to it during one round trip, so nothing on the wire is left over, and small
 /// enough that a busy worker uses it up in milliseconds.
 pub const DEFAULT_DRAIN_ALLOWANCE: u64 = 64;
@@ -100,7 +100,8 @@ pub struct FrameConfig {
     pub drain: DrainConfig,
 }
 
-/// How a worker leaves its queue groups at shutdown (docs/workers.md, "Draining on shutdown").
+/// How a worker leaves its queue groups at shutdown (docs/workers.md, "Draining on
+/// shutdown").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
 pub struct DrainConfig {
     /// The most messages a draining subscription still takes after asking the bus to

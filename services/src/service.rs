@@ -113,7 +113,8 @@ pub struct EventHandled {
 ///
 /// # Why handlers are synchronous
 ///
-/// A handler is `FnMut(&mut Context, Req) -> Result<Resp, HandlerError>`, not an `async fn`:
+/// A handler is `FnMut(&mut Context, Req) -> Result<Resp, HandlerError>`, not an
+/// `async fn`:
 ///
 /// - **The frame budget means something.** A frame runs handlers until it has spent
 ///   `max_cost` units; that bounds how long the loop goes without looking at its tick and

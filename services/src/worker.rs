@@ -69,7 +69,8 @@ impl Worker {
     /// flushes, so the SUB is on the wire when this returns. async-nats' flush does not
     /// wait for the broker's PONG: a request published on another connection in that
     /// same instant may still miss this worker (no responders); one that follows any
-    /// round trip through the broker will not. The order, and why, are in the `subscribe` part of this module.
+    /// round trip through the broker will not. The order, and why, are in this module's
+    /// `subscribe` part.
     pub async fn subscribe(
         client: Client,
         service: Service,
@@ -149,9 +150,9 @@ impl Worker {
         self.pusher.clone()
     }
 
-    /// Serves requests until `shutdown` fires, then drains: leaves its groups without losing what
-    /// the bus already routed to it, and answers everything it took (docs/workers.md,
-    /// "Draining on shutdown").
+    /// Serves requests until `shutdown` fires, then drains: leaves its groups without
+    /// losing what the bus already routed to it, and answers everything it took
+    /// (docs/workers.md, "Draining on shutdown").
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
         let span = tracing::info_span!("worker", service = %self.service.name());
         self.serve(shutdown).instrument(span).await
