@@ -183,7 +183,7 @@ pub async fn start_worker(
     shutdown: CancellationToken,
 ) -> anyhow::Result<JoinHandle<anyhow::Result<()>>> {
     let service = service.build();
-    let name = services::bus::worker_connection_name(service.name());
+    let name = services::worker_connection_name(service.name());
     let client = services::connect(&config.nats, &name, &config.security).await?;
     let worker = services::Worker::subscribe(client, service, config).await?;
     info!("Worker subscribed on {}", worker.subject());

@@ -45,7 +45,7 @@ pub async fn serve_metrics(
         .context("setting histogram buckets")?
         .install_recorder()
         .context("installing the metrics recorder")?;
-    services::metrics::describe();
+    services::describe_metrics();
     tokio::spawn(upkeep(handle.clone()));
     let listener = net::listen(addr, backlog)
         .await

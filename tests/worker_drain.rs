@@ -3,7 +3,7 @@
 //! is stopped and replaced; every request is answered 200, no client times out, each
 //! stopped worker exits 0 having answered requests that reached it after it started
 //! draining, and it left its queue group by count (the lossless way, see
-//! `services::drain`).
+//! `services/src/drain.rs`).
 //!
 //! On a three-node nats-server cluster with routes (gates on two nodes, one worker on
 //! each node, so requests cross routes while interest is withdrawn) and on our broker.

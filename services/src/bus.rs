@@ -13,8 +13,8 @@
 //! Credentials and TLS for the connection are [`BusSecurity`] ([`security`]); the
 //! backoff between reconnect attempts and the lame-duck signal are in [`reconnect`].
 
-pub mod reconnect;
-pub mod security;
+mod reconnect;
+mod security;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,11 +30,6 @@ pub fn service_subject(prefix: &str, service: &str) -> String {
     format!("{prefix}.svc.{service}.>")
 }
 
-/// The subject a request for `service.method` is published to.
-pub fn method_subject(prefix: &str, service: &str, method: &str) -> String {
-    format!("{prefix}.svc.{service}.{method}")
-}
-
 /// The method a request on `subject` is for: what follows `<prefix>.svc.<service>.`
 /// (`method_prefix`). Anything else, a subject with extra tokens included, names no
 /// registered method and is answered 404.
@@ -48,26 +43,16 @@ pub(crate) fn method_of<'a>(subject: &'a str, method_prefix: &str) -> &'a str {
 ///
 /// The first connection is retried in the background: a worker may start before its
 /// broker (compose, Kubernetes), and subscriptions made meanwhile take effect once it
-/// connects. Reconnects are unlimited, [`Backoff::default`] apart, and subscribe
-/// everything again. A server's lame-duck notice and each connection made raise the
-/// connection's [`Signals`] ([`signals`]). Only unparsable URLs and unreadable credential or certificate files
-/// fail here.
+/// connects. Reconnects are unlimited, with jittered exponential backoff between
+/// attempts (docs/workers.md, "Reconnecting and lame duck"), and subscribe everything
+/// again; the worker also learns of each connection made and of a server's lame-duck
+/// notice. Only unparsable URLs and unreadable credential or certificate files fail here.
 pub async fn connect(
     urls: &[String],
     name: &str,
     security: &BusSecurity,
 ) -> anyhow::Result<Client> {
-    connect_with(urls, name, security, Backoff::default()).await
-}
-
-/// [`connect`] with reconnect attempts `backoff` apart.
-pub async fn connect_with(
-    urls: &[String],
-    name: &str,
-    security: &BusSecurity,
-    backoff: Backoff,
-) -> anyhow::Result<Client> {
-    open(urls, name, security, backoff, First::InBackground).await
+    open(urls, name, security, First::InBackground).await
 }
 
 /// Connects to one of `urls` before returning, trying each once (the first few without
@@ -79,7 +64,7 @@ pub(crate) async fn connect_now(
     name: &str,
     security: &BusSecurity,
 ) -> anyhow::Result<Client> {
-    open(urls, name, security, Backoff::default(), First::Now).await
+    open(urls, name, security, First::Now).await
 }
 
 /// How the first connection is made.
@@ -100,9 +85,9 @@ async fn open(
     urls: &[String],
     name: &str,
     security: &BusSecurity,
-    backoff: Backoff,
     first: First,
 ) -> anyhow::Result<Client> {
+    let backoff = Backoff::default();
     let addrs = urls
         .iter()
         .map(|url| {
@@ -166,10 +151,6 @@ mod tests {
     #[test]
     fn subjects_follow_the_protocol() {
         assert_eq!(service_subject("shaddock", "chat"), "shaddock.svc.chat.>");
-        assert_eq!(
-            method_subject("shaddock", "chat", "send"),
-            "shaddock.svc.chat.send"
-        );
     }
 
     #[test]

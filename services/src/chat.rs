@@ -21,7 +21,7 @@
 //! # Workers share no secrets
 //!
 //! Any worker answers any request: every worker holds a replica of the membership
-//! ([`rooms`]). The worker that handles a join, a leave or a close publishes the change
+//! ([`Rooms`]). The worker that handles a join, a leave or a close publishes the change
 //! on `<prefix>.chat.state` before it answers; every worker (itself included, when the
 //! change comes back from the bus) applies it in its loop. A starting worker gets a
 //! snapshot from a running one on `<prefix>.chat.sync` before it takes requests, and a
@@ -46,7 +46,9 @@ use proto::rpc::SessionClosed;
 pub use rooms::{MAX_TOMBSTONES, Rooms, SessionKey, TOMBSTONE_TTL};
 
 use crate::context::Context;
-use crate::service::{Delivery, HandlerError, Service, is_valid_name};
+use crate::handler_error::HandlerError;
+use crate::names::is_valid_token;
+use crate::service::{Delivery, Service};
 
 /// The service's name: its routes' first token and its queue group.
 pub const NAME: &str = "chat";
@@ -154,7 +156,7 @@ pub fn group_of(room: &str) -> String {
 }
 
 fn check_name(name: &str) -> Result<(), HandlerError> {
-    if is_valid_name(name) && name.len() <= MAX_PLAYER_NAME {
+    if is_valid_token(name) && name.len() <= MAX_PLAYER_NAME {
         Ok(())
     } else {
         Err(HandlerError::bad_request(format!(
@@ -164,7 +166,7 @@ fn check_name(name: &str) -> Result<(), HandlerError> {
 }
 
 fn check_room(room: &str) -> Result<(), HandlerError> {
-    if is_valid_name(room) && room.len() <= MAX_ROOM_NAME {
+    if is_valid_token(room) && room.len() <= MAX_ROOM_NAME {
         Ok(())
     } else {
         Err(HandlerError::bad_request(format!(

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::bus::BusSecurity;
-use crate::service::is_valid_name;
+use crate::names::is_valid_subject;
 
 /// Requests a worker holds before answering 503. Beyond a few frames of work a queued
 /// request would wait longer than a client's patience; answering "overloaded" at once lets
@@ -16,8 +16,8 @@ use crate::service::is_valid_name;
 pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
 
 /// Cost units a frame may spend before it yields. At ~10 µs per unit (see
-/// [`crate::service`]) this is a ~5 ms frame: long enough to amortise the pause, short
-/// enough that a 50 ms tick is never late by more than one frame.
+/// [`Service::cost`](crate::Service::cost)) this is a ~5 ms frame: long enough to amortise
+/// the pause, short enough that a 50 ms tick is never late by more than one frame.
 pub const DEFAULT_MAX_COST: u32 = 500;
 
 /// Pause after a frame that ran out of budget with work still queued, so the loop's timers
@@ -28,8 +28,8 @@ pub const DEFAULT_OVERRUN_PAUSE: Duration = Duration::from_millis(1);
 pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_millis(50);
 
 /// The most messages a draining subscription still accepts after asking the bus to stop
-/// routing to it (see [`crate::drain`]; a quieter subscription asks for what its recent
-/// rate brings in a quarter of the drain window): far above what the server can have
+/// routing to it (docs/workers.md, "Draining on shutdown"; a quieter subscription asks
+/// for what its recent rate brings in a quarter of the drain window): far above what the server can have
 /// routed to it during one round trip, so nothing on the wire is left over, and small
 /// enough that a busy worker uses it up in milliseconds.
 pub const DEFAULT_DRAIN_ALLOWANCE: u64 = 64;
@@ -38,15 +38,15 @@ pub const DEFAULT_DRAIN_ALLOWANCE: u64 = 64;
 /// nine digits, and the count sent is the subscription's messages so far plus this.
 pub const MAX_DRAIN_ALLOWANCE: u64 = 1_000_000;
 
-/// The fewest messages a queue subscription is granted ahead, its lease (see "The
-/// lease" in [`crate::drain`]; a busier one is granted what its rate brings in a quarter
+/// The fewest messages a queue subscription is granted ahead, its lease ("Leases" in
+/// docs/workers.md; a busier one is granted what its rate brings in a quarter
 /// of the drain window). A successor is subscribed when half is used; a worker whose
 /// reading falls behind by more than half of it is out of its group for a moment.
 pub const DEFAULT_QUEUE_LEASE: u64 = 1024;
 
 /// A worker's leases are at least this many times its queue capacity: half a lease is
 /// then never less than what the queue holds, so a burst the worker can queue does not
-/// outrun the lease before the successor is made ("Bursts" in [`crate::drain`]).
+/// outrun the lease before the successor is made ("Bursts" in docs/workers.md).
 pub const LEASE_PER_QUEUED: u64 = 2;
 
 /// The smallest lease accepted. A lease is granted by an UNSUB sent right behind the
@@ -68,7 +68,7 @@ pub const DEFAULT_DRAIN_WINDOW: Duration = Duration::from_millis(500);
 pub const DEFAULT_PREFIX: &str = "shaddock";
 
 /// How long a worker whose server enters lame duck mode tries to move its inputs to
-/// another server (see "Lame duck" in [`crate::worker`]).
+/// another server (docs/workers.md, "Reconnecting and lame duck").
 pub const DEFAULT_MOVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where the bus is when nothing says otherwise: a local nats-server or embedded broker.
@@ -100,7 +100,8 @@ pub struct FrameConfig {
     pub drain: DrainConfig,
 }
 
-/// How a worker leaves its queue groups at shutdown (see [`crate::drain`]).
+/// How a worker leaves its queue groups at shutdown (docs/workers.md, "Draining on
+/// shutdown").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
 pub struct DrainConfig {
     /// The most messages a draining subscription still takes after asking the bus to
@@ -235,7 +236,7 @@ impl Default for WorkerConfig {
 impl WorkerConfig {
     /// Checks the prefix and the frame loop's limits.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !is_valid_prefix(&self.prefix) {
+        if !is_valid_subject(&self.prefix) {
             return Err(ConfigError::Prefix(self.prefix.clone()));
         }
         if self.move_timeout.is_zero() {
@@ -256,11 +257,6 @@ pub enum ConfigError {
     TooSmall(&'static str, u64),
     #[error("invalid subject prefix {0:?}: use dot-separated tokens of [a-z0-9_-]")]
     Prefix(String),
-}
-
-/// A prefix is one or more name tokens joined by dots (`shaddock`, `prod.shaddock`).
-pub(crate) fn is_valid_prefix(prefix: &str) -> bool {
-    prefix.split('.').all(is_valid_name)
 }
 
 /// Parses a duration written as a whole number and a unit: `500us`, `1ms`, `2s`.

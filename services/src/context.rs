@@ -1,25 +1,5 @@
 //! What a handler sees of the request beyond its body: the session that asked, and the
-//! effects the handler wants applied to that session.
-//!
-//! Workers keep no session state: the gate sends the session with every request, and a
-//! handler changes it only by asking, through effects that travel back in
-//! `RpcResponse.effects`. The gate applies them, in order, before it answers the client,
-//! so the client never sees an answer whose side effects are not yet in place.
-//!
-//! The setters also update the context's own copy of the session, so a handler that binds
-//! a uid and then reads [`Context::uid`] sees the new value, as it will on its next request.
-//!
-//! A handler also reaches players beyond its own session: [`Context::broadcast`] to a
-//! group, [`Context::push_to_user`] and [`Context::kick_user`] to a player on any gate,
-//! [`Context::publish`] on a subject of the service's own. These are collected too, and
-//! the worker publishes them, in order, right after the handler returns and before its
-//! answer: so when the answer reaches a gate, what the handler pushed through the same
-//! worker is already on its way to every gate (a sender's own broadcast is published
-//! before its answer). A handler that fails publishes nothing.
-//!
-//! Ticks and events (see [`crate::Service::on_tick`], [`crate::Service::on_event`]) get a
-//! context without a session: their pushes are published the same way, while session
-//! effects have no session to act on and are dropped with a warning.
+//! effects and pushes the handler asks for (see [`Context`]).
 
 use bytes::Bytes;
 use proto::rpc::{Effect, SetData, effect};
@@ -27,10 +7,27 @@ use proto::rpc::{RpcRequest, Session};
 
 use crate::push::{Outbound, PushError};
 
-/// The session of one request and the effects its handler asks for.
+/// The session of one request, and the effects and pushes its handler asks for.
 ///
 /// Built by the framework for each call; handlers get `&mut Context`. Tests of a handler
 /// can build one with [`Context::new`].
+///
+/// Workers keep no session state: the gate sends the session with every request, and a
+/// handler changes it only by asking, through effects that travel back in
+/// `RpcResponse.effects`. The gate applies them, in order, before it answers the client,
+/// so the client never sees an answer whose side effects are not yet in place. The
+/// setters also update the context's own copy of the session, so a handler that binds a
+/// uid and then reads [`Context::uid`] sees the new value.
+///
+/// A handler reaches players beyond its own session with [`Context::broadcast`],
+/// [`Context::push_to_user`], [`Context::kick_user`] and [`Context::publish`]. These are
+/// published, in order, right after the handler returns and before its answer, so a
+/// sender's own broadcast reaches its gate before the answer does. A handler that fails
+/// publishes nothing.
+///
+/// Ticks and events get a context without a session: their pushes are published the
+/// same way, while session effects have no session to act on and are dropped with a
+/// warning.
 #[derive(Debug, Clone, Default)]
 pub struct Context {
     session: Session,
@@ -42,7 +39,7 @@ pub struct Context {
 
 /// What a handler asked for, taken apart: see [`Context::into_parts`].
 #[derive(Debug, Clone, Default)]
-pub struct Parts {
+pub(crate) struct Parts {
     /// Effects on the session, for the response.
     pub effects: Vec<Effect>,
     /// Messages to publish before the response, in order.
@@ -65,7 +62,7 @@ impl Context {
     }
 
     /// The context of `request` (its session), leaving the body to the handler.
-    pub fn for_request(request: &mut RpcRequest) -> Context {
+    pub(crate) fn for_request(request: &mut RpcRequest) -> Context {
         Context::new(request.session.take())
     }
 
@@ -219,7 +216,7 @@ impl Context {
     }
 
     /// Consumes the context, yielding everything the handler asked for.
-    pub fn into_parts(self) -> Parts {
+    pub(crate) fn into_parts(self) -> Parts {
         Parts {
             effects: self.effects,
             outbound: self.outbound,

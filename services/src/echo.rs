@@ -15,7 +15,8 @@ use bytes::Bytes;
 use proto::echo::{EchoRequest, EchoResponse};
 
 use crate::context::Context;
-use crate::service::{HandlerError, Service};
+use crate::handler_error::HandlerError;
+use crate::service::Service;
 
 /// The service's name: its subject token and queue group.
 pub const NAME: &str = "echo";
@@ -38,7 +39,7 @@ pub fn service() -> Service {
             burn(work_of(&body)?);
             Ok(body)
         })
-        .cost(WORK_COST)
+        .cost("work", WORK_COST)
 }
 
 /// The work an `echo.work` body asks for.

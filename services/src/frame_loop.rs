@@ -125,51 +125,6 @@ pub trait ReplySink: Clone + Send + Sync + 'static {
     fn publish(&self, outbound: Outbound) -> impl Future<Output = ()> + Send;
 }
 
-/// Everything a loop sends, for a channel sink.
-#[derive(Debug, Clone)]
-pub enum Sent<T> {
-    Response(T, RpcResponse),
-    Answer(T, Bytes),
-    Publish(Outbound),
-}
-
-/// A channel as a sink that sees everything, in the order the loop sent it.
-impl<T: Send + 'static> ReplySink for mpsc::Sender<Sent<T>> {
-    type To = T;
-
-    async fn send(&self, to: T, response: RpcResponse) {
-        // The receiver is gone only when its owner stopped listening on purpose.
-        let _ = mpsc::Sender::send(self, Sent::Response(to, response)).await;
-    }
-
-    async fn answer(&self, to: T, body: Bytes) {
-        let _ = mpsc::Sender::send(self, Sent::Answer(to, body)).await;
-    }
-
-    async fn publish(&self, outbound: Outbound) {
-        let _ = mpsc::Sender::send(self, Sent::Publish(outbound)).await;
-    }
-}
-
-/// A channel as a sink of answers only: each arrives as `(to, response)`. For running a
-/// service without the bus when nothing it does pushes; a push or an event's answer has
-/// nowhere to go, and is logged at warn and dropped.
-impl<T: Send + 'static> ReplySink for mpsc::Sender<(T, RpcResponse)> {
-    type To = T;
-
-    async fn send(&self, to: T, response: RpcResponse) {
-        let _ = mpsc::Sender::send(self, (to, response)).await;
-    }
-
-    async fn answer(&self, _to: T, _body: Bytes) {
-        tracing::warn!("an answers-only sink dropped an event's answer");
-    }
-
-    async fn publish(&self, outbound: Outbound) {
-        tracing::warn!(?outbound, "an answers-only sink dropped a push");
-    }
-}
-
 /// The loop's end of the bounded queue, made by [`queue`].
 #[derive(Debug)]
 pub struct Queue<R>(mpsc::Receiver<Incoming<R>>);
@@ -415,23 +370,6 @@ async fn publish<O: ReplySink>(output: &O, outbound: Vec<Outbound>) {
     for message in outbound {
         output.publish(message).await;
     }
-}
-
-/// Runs `service` over `input` until the input ends and every request it yielded is
-/// answered: the intake on a spawned task, the loop on the caller's. Returns the service.
-pub async fn run<S, O>(service: Service, config: FrameConfig, input: S, output: O) -> Service
-where
-    S: Stream<Item = Incoming<O::To>> + Send + 'static,
-    O: ReplySink,
-{
-    let (intake, queue) = queue(service.name(), config.queue_capacity, output.clone());
-    let feeding = tokio::spawn(intake.feed(input));
-    let service = FrameLoop::new(service, config, queue, output).run().await;
-    // The loop ends only after the intake is dropped, so this is already done.
-    if let Err(e) = feeding.await {
-        tracing::error!(service = service.name(), error = %e, "intake task failed");
-    }
-    service
 }
 
 /// The tick schedule: a fixed-rate interval if the service has a tick callback, else a

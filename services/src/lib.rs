@@ -1,50 +1,50 @@
 //! Shaddock's worker framework and built-in services.
 //!
 //! A game team writes a [`Service`]: typed handlers by method, each with a cost, and
-//! optionally a tick callback. [`worker::run`] serves it on the bus: it subscribes the
-//! service's subjects in the service's queue group (so every worker process of a service
-//! shares its load), feeds a bounded queue, and runs the handlers in a frame-limited loop
-//! ([`frame_loop`]) that answers 503 when the queue is full. Handlers see the session
+//! optionally a tick callback and event handlers. A [`Worker`] serves it on the bus: it
+//! subscribes the service's subjects in the service's queue group (so every worker
+//! process of a service shares its load), feeds a bounded queue, and runs the handlers in
+//! a frame-limited loop that answers 503 when the queue is full. Handlers see the session
 //! through a [`Context`] and change it through effects the gate applies; they reach other
-//! players through pushes ([`push`]: to a group, to a player, kicks), from a handler via
-//! the context or from anywhere via a [`Pusher`]. A service may also handle events,
-//! messages on subjects of its choosing, in the same loop ([`Service::on_event`]).
+//! players through pushes, from a handler via the context or from anywhere via a
+//! [`Pusher`]. A handler fails with a [`HandlerError`], answered with its status code.
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
-//! use services::{WorkerConfig, echo, worker};
+//! use services::{WorkerConfig, echo};
 //! use tokio_util::sync::CancellationToken;
 //!
 //! let config = WorkerConfig::default();
 //! let client = services::connect(&config.nats, "shaddock-worker-echo", &config.security).await?;
-//! worker::run(client, echo::service(), config, CancellationToken::new()).await
+//! services::run(client, echo::service(), config, CancellationToken::new()).await
 //! # }
 //! ```
 //!
-//! Modules: [`service`] (registration, dispatch, why handlers are synchronous, cost
-//! units), [`context`] (session and effects), [`frame_loop`] (frames, budget, pause,
-//! tick, overload), [`worker`] (the bus side, threads, order, shutdown, lame duck),
-//! [`drain`] (leaving a queue group without losing messages), [`bus`] (subjects,
-//! connecting, reconnect backoff), [`push`] (pushes and kicks on the bus), [`config`]
-//! (limits and flags), [`metrics`] (metric names), and the services [`echo`] and
-//! [`chat`].
+//! The modules read bottom-up: leaves (`names`, [`config`], `metrics`, `handler_error`),
+//! parts (`bus`, `push`, `context`, `drain`), the service registry (`service`), the
+//! frame loop (`frame_loop`), and `worker`, which assembles them; [`echo`] and [`chat`]
+//! are services written with it. docs/workers.md is the protocol and
+//! the operator's guide.
 
-mod announce;
-pub mod bus;
+mod bus;
 pub mod chat;
 pub mod config;
-pub mod context;
-pub mod drain;
+mod context;
+mod drain;
 pub mod echo;
-pub mod frame_loop;
-pub mod metrics;
-pub mod push;
-pub mod service;
-pub mod worker;
+mod frame_loop;
+mod handler_error;
+mod metrics;
+mod names;
+mod push;
+mod service;
+mod worker;
 
-pub use bus::{BusSecurity, connect};
-pub use config::{DrainConfig, FrameConfig, WorkerConfig};
+pub use bus::{BusSecurity, connect, worker_connection_name};
+pub use config::{ConfigError, DrainConfig, FrameConfig, WorkerConfig};
 pub use context::Context;
+pub use handler_error::HandlerError;
+pub use metrics::describe as describe_metrics;
 pub use push::{Outbound, PushError, Pusher};
-pub use service::{Delivery, HandlerError, Service, Tick};
-pub use worker::{Worker, WorkerError};
+pub use service::{DEFAULT_COST, Delivery, EventHandled, Handled, Service, Tick};
+pub use worker::{Worker, WorkerError, run};

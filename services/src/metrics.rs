@@ -26,7 +26,7 @@ pub const PUBLISH_ERRORS_TOTAL: &str = "worker_publish_errors_total";
 /// Events (messages on a service's event subjects) handled, by outcome (`ok`, `error`).
 pub const EVENTS_TOTAL: &str = "worker_events_total";
 /// Queue subscriptions whose lease ran out before their successor was subscribed: the
-/// worker was out of its group for a moment (`crate::drain`, "Bursts").
+/// worker was out of its group for a moment (docs/workers.md, "Bursts").
 pub const LEASE_LAPSES_TOTAL: &str = "worker_queue_lease_lapses_total";
 
 /// Registers help text and units with the installed recorder (the Prometheus exporter

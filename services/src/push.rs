@@ -8,36 +8,31 @@
 //!   service's replication, `<prefix>.chat.state`).
 //!
 //! Inside a handler these are asked for through the [`Context`](crate::Context) and
-//! published by the worker right after the handler returns, before its answer (see
-//! [`crate::frame_loop`]). Anywhere else (a task of the service's own, a timer, a tool)
-//! a [`Pusher`] publishes them directly.
+//! published by the worker right after the handler returns, before its answer; anywhere
+//! else (a task of the service's own, a timer, a tool) a [`Pusher`] publishes them.
 //!
-//! Group and user names become subject tokens, so each must be one token of lowercase
-//! `[a-z0-9_-]`, at most [`MAX_NAME_LEN`] bytes: the rule the gate applies to a route's
-//! tokens. Anything else is refused with [`PushError::InvalidName`] before it reaches the
-//! bus, so a name taken from a player's input can never widen a subject (`*`, `>`) or
-//! address another subject (`.`).
+//! Group and user names become subject tokens: anything but one valid token (see
+//! [`crate::names`]) is refused with [`PushError::InvalidName`] before it reaches the bus.
 //!
 //! Delivery is at most once, like everything on core NATS: a push to a player who is
 //! not connected, or to a group without members, is dropped by the bus without a word.
 
 use std::sync::Arc;
 
-use async_nats::{Client, Subject};
+use async_nats::Client;
 use bytes::Bytes;
 use proto::Message as _;
-use proto::rpc::{RpcResponse, ServerPush, UserCommand, user_command};
+use proto::rpc::{ServerPush, UserCommand, user_command};
 
-use crate::config::{ConfigError, is_valid_prefix};
-use crate::frame_loop::ReplySink;
-use crate::metrics::{PUBLISH_ERRORS_TOTAL, REPLY_ERRORS_TOTAL};
-use crate::service::{HandlerError, MAX_NAME_LEN, is_valid_name};
+use crate::config::ConfigError;
+use crate::handler_error::HandlerError;
+use crate::names::{MAX_NAME_LEN, is_valid_subject, is_valid_token};
 
 /// Why a push was not published.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PushError {
-    /// A group, uid or subject token is not one lowercase `[a-z0-9_-]` token of at most
-    /// [`MAX_NAME_LEN`] bytes.
+    /// A group, uid or subject token is not one subject token: 1 to 64 bytes of
+    /// `[a-z0-9_-]`.
     #[error("invalid {what} {name:?}: use 1..={MAX_NAME_LEN} of [a-z0-9_-]")]
     InvalidName { what: &'static str, name: String },
     /// The bus client would not take the message (it is closed).
@@ -58,7 +53,7 @@ impl From<PushError> for HandlerError {
 }
 
 fn check(what: &'static str, name: &str) -> Result<(), PushError> {
-    if is_valid_name(name) {
+    if is_valid_token(name) {
         Ok(())
     } else {
         Err(PushError::InvalidName {
@@ -128,7 +123,7 @@ impl Outbound {
     /// `payload` on `<prefix>.<subject>`, where `subject` is one or more dot-separated
     /// tokens (`chat.state`).
     pub fn publish(subject: &str, payload: impl Into<Bytes>) -> Result<Outbound, PushError> {
-        if !subject.split('.').all(is_valid_name) {
+        if !is_valid_subject(subject) {
             return Err(PushError::InvalidName {
                 what: "subject",
                 name: subject.to_owned(),
@@ -190,7 +185,7 @@ impl Pusher {
     /// A pusher publishing with `client` under `prefix` (the gates' `--prefix`).
     pub fn new(client: Client, prefix: impl Into<String>) -> Result<Pusher, ConfigError> {
         let prefix = prefix.into();
-        if !is_valid_prefix(&prefix) {
+        if !is_valid_subject(&prefix) {
             return Err(ConfigError::Prefix(prefix));
         }
         Ok(Pusher {
@@ -254,36 +249,6 @@ impl Pusher {
             .publish(subject, outbound.payload())
             .await
             .map_err(|e| PushError::Bus(e.to_string()))
-    }
-}
-
-/// The worker's output: answers go out as protobuf `RpcResponse`s on the request's reply
-/// subject, pushes on their subjects, all through one connection, so they leave (and
-/// reach each gate) in the order the loop produced them.
-impl ReplySink for Pusher {
-    type To = Subject;
-
-    async fn send(&self, to: Subject, response: RpcResponse) {
-        let payload = response.encode_to_vec().into();
-        if let Err(error) = self.client.publish(to, payload).await {
-            // Only when the client is closing; counted, and logged below info.
-            metrics::counter!(REPLY_ERRORS_TOTAL).increment(1);
-            tracing::debug!(%error, "cannot publish a reply");
-        }
-    }
-
-    async fn answer(&self, to: Subject, body: Bytes) {
-        if let Err(error) = self.client.publish(to, body).await {
-            metrics::counter!(REPLY_ERRORS_TOTAL).increment(1);
-            tracing::debug!(%error, "cannot publish an event's answer");
-        }
-    }
-
-    async fn publish(&self, outbound: Outbound) {
-        if let Err(error) = Pusher::send(self, outbound).await {
-            metrics::counter!(PUBLISH_ERRORS_TOTAL).increment(1);
-            tracing::debug!(%error, "cannot publish a push");
-        }
     }
 }
 

@@ -5,51 +5,6 @@
 //! `RpcRequest` for a method into an `RpcResponse`. The frame loop decides *when* calls
 //! happen; the worker decides where requests come from. So a service can be unit-tested
 //! by calling it, and the same service runs behind the bus or in-process.
-//!
-//! # Why handlers are synchronous
-//!
-//! A handler is `FnMut(&mut Context, Req) -> Result<Resp, HandlerError>`, not an `async fn`:
-//!
-//! - **The frame budget means something.** A frame runs handlers until it has spent
-//!   `max_cost` units; that bounds how long the loop goes without looking at its tick and
-//!   its queue only if each handler runs to completion when called. An `await` inside a
-//!   handler would either hold the frame open for as long as the I/O takes (everything
-//!   queued behind it waits) or, if handlers were spawned, escape the budget and the queue
-//!   bound altogether.
-//! - **Game state without locks or races.** All handlers and the tick of a service run on
-//!   one thread, one at a time, in arrival order, like a game's main loop. A handler may
-//!   own its state (`FnMut`); state shared between methods and the tick lives behind an
-//!   `Arc<Mutex<_>>` that is never contended and never held across an `await`.
-//! - **Determinism.** Handlers see requests in order and never interleave, so the same
-//!   inputs give the same state: what replays and tests of game logic need.
-//!
-//! The cost is that a handler must not block on I/O. Work that needs the network or a
-//! database belongs in a task the handler starts (answering when it can) or in another
-//! service; the frame loop runs on its own thread (see [`crate::worker`]), so even a slow
-//! handler never stalls the process's network I/O, only its own service.
-//!
-//! # Events
-//!
-//! [`Service::on_event`] subscribes a subject under the prefix, either in the service's
-//! queue group ([`Delivery::Queue`]: one worker of the service handles each message, e.g.
-//! the gates' `evt.session.closed`) or plainly ([`Delivery::All`]: every worker sees
-//! every message, e.g. state its workers replicate). Events go through the same queue and
-//! the same loop as requests, so a handler's state needs no lock against them. Order:
-//! messages of one subject are handled in the order the bus delivered them; and when an
-//! event and a request reach the worker in that order, the event is handled first
-//! (`All` events before `Queue` events before requests, see [`crate::worker`]).
-//!
-//! [`Service::on_start_sync`] lets a worker that starts while others already run ask one
-//! of them for the state they share before it takes requests, and again after it
-//! reconnects to the bus.
-//!
-//! # Cost units
-//!
-//! Each method declares a cost, 1 unit by default (see [`Service::cost`]). A unit is "one
-//! typical small request", about 10 µs of handler CPU; a method that does ten times the
-//! work declares 10. The frame loop's budget `max_cost` is in the same units, so it bounds
-//! a frame's length without measuring time, which keeps the loop deterministic (and its
-//! tests exact).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -62,17 +17,12 @@ use proto::{Message, Name};
 use tokio::time::{Duration, Instant};
 
 use crate::context::{Context, Parts};
-
-mod error;
+use crate::handler_error::HandlerError;
+use crate::names::{MAX_NAME_LEN, is_valid_subject, is_valid_token};
 use crate::push::Outbound;
-pub use error::HandlerError;
 
 /// Cost of a method that declares none.
 pub const DEFAULT_COST: u32 = 1;
-
-/// Longest service or method name. Names become NATS subject tokens and metric labels;
-/// the gate bounds routes the same way.
-pub const MAX_NAME_LEN: usize = 64;
 
 /// One firing of a service's tick callback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +43,8 @@ type EventHandler = Box<dyn FnMut(&mut Context, Bytes) -> Result<(), HandlerErro
 
 struct Method {
     handler: RawHandler,
-    cost: u32,
+    /// Set by [`Service::cost`]; [`DEFAULT_COST`] when `None`.
+    cost: Option<u32>,
     /// Full protobuf names of a typed method's request and response: announced to the
     /// gates, which transcode JSON clients' bodies with them.
     types: Option<(String, String)>,
@@ -138,7 +89,9 @@ pub struct EventHandled {
     pub reply: Option<Bytes>,
 }
 
-/// A named set of handlers, one per method, plus an optional tick callback.
+/// A named set of handlers, one per method, plus an optional tick callback and event
+/// handlers. Plain data plus closures, with no I/O: a service is unit-tested by
+/// [calling](Service::call) it.
 ///
 /// ```
 /// use proto::echo::{EchoRequest, EchoResponse};
@@ -149,16 +102,55 @@ pub struct EventHandled {
 ///         Ok::<_, HandlerError>(EchoResponse { body: req.body })
 ///     })
 ///     .raw_method("raw", |_ctx, body| Ok(body))
-///     .cost(2);
+///     .cost("raw", 2);
 /// assert_eq!(service.cost_of("raw"), 2);
+/// assert_eq!(service.cost_of("echo"), 1);
 /// ```
 ///
 /// Registration is setup code: the builder panics on a programming error (an invalid or
-/// duplicate name, a zero cost), as a router does, never on anything a peer sends.
+/// duplicate name, a cost for a method not registered, a zero cost), as a router does,
+/// never on anything a peer sends.
+///
+/// # Why handlers are synchronous
+///
+/// A handler is `FnMut(&mut Context, Req) -> Result<Resp, HandlerError>`, not an
+/// `async fn`:
+///
+/// - **The frame budget means something.** A frame runs handlers until it has spent
+///   `max_cost` units; that bounds how long the loop goes without looking at its tick and
+///   its queue only if each handler runs to completion when called.
+/// - **Game state without locks or races.** All handlers and the tick of a service run on
+///   one thread, one at a time, in arrival order, like a game's main loop. A handler may
+///   own its state (`FnMut`); state shared between methods and the tick lives behind an
+///   `Arc<Mutex<_>>` that is never contended and never held across an `await`.
+/// - **Determinism.** Handlers see requests in order and never interleave, so the same
+///   inputs give the same state: what replays and tests of game logic need.
+///
+/// So a handler must not block on I/O: work that needs the network or a database belongs
+/// in a task the handler starts or in another service. The loop runs on a thread of its
+/// own, so a slow handler delays only its own service, never the process's network I/O.
+///
+/// # Costs
+///
+/// Each method costs 1 unit unless [`Service::cost`] names it with another. A unit is
+/// "one typical small request", about 10 µs of handler CPU; a method that does ten times
+/// the work declares 10. The frame budget is in the same units, so it bounds a frame's
+/// length without measuring time, which keeps the loop deterministic.
+///
+/// # Events
+///
+/// [`Service::on_event`] subscribes a subject under the prefix, in the service's queue
+/// group ([`Delivery::Queue`]: one worker handles each message, e.g. the gates'
+/// `evt.session.closed`) or plainly ([`Delivery::All`]: every worker sees every message,
+/// e.g. state its workers replicate). Events share the queue and the loop with requests,
+/// so a handler's state needs no lock against them. Messages of one subject are handled
+/// in the order the bus delivered them, and an event that reached the worker before a
+/// request is handled first (`All` events before `Queue` events before requests).
+/// [`Service::on_start_sync`] lets a starting worker ask a running peer for the state
+/// they share before it takes requests, and again after a reconnect.
 pub struct Service {
     name: String,
     methods: HashMap<String, Method>,
-    last_method: Option<String>,
     tick: Option<TickHandler>,
     events: Vec<Event>,
     start_sync: Option<StartSync>,
@@ -171,17 +163,16 @@ impl Service {
     ///
     /// # Panics
     ///
-    /// If `name` is not a valid token (see [`is_valid_name`]).
+    /// If `name` is not one subject token: 1 to 64 bytes of `[a-z0-9_-]`.
     pub fn new(name: impl Into<String>) -> Service {
         let name = name.into();
         assert!(
-            is_valid_name(&name),
+            is_valid_token(&name),
             "invalid service name {name:?}: use 1..={MAX_NAME_LEN} of [a-z0-9_-]"
         );
         Service {
             name,
             methods: HashMap::new(),
-            last_method: None,
             tick: None,
             events: Vec::new(),
             start_sync: None,
@@ -236,7 +227,7 @@ impl Service {
 
     /// What workers announce to the gates: the typed methods, the pushes and the
     /// descriptors; `None` when no descriptors were given.
-    pub fn schema(&self) -> Option<ServiceSchema> {
+    pub(crate) fn schema(&self) -> Option<ServiceSchema> {
         if self.descriptors.is_empty() {
             return None;
         }
@@ -272,13 +263,13 @@ impl Service {
         F: FnMut(&mut Context, Bytes) -> Result<Bytes, HandlerError> + Send + 'static,
     {
         assert!(
-            is_valid_name(name),
+            is_valid_token(name),
             "invalid method name {name:?} in service {}: use 1..={MAX_NAME_LEN} of [a-z0-9_-]",
             self.name
         );
         let method = Method {
             handler: Box::new(handler),
-            cost: DEFAULT_COST,
+            cost: None,
             types: None,
         };
         let previous = self.methods.insert(name.to_owned(), method);
@@ -287,24 +278,29 @@ impl Service {
             "method {name:?} registered twice in service {}",
             self.name
         );
-        self.last_method = Some(name.to_owned());
         self
     }
 
-    /// Sets the cost, in units, of the method registered last (see the module docs).
+    /// Sets the cost of `method`, in units (see "Costs" above): what one call of it
+    /// spends of a frame's budget. A method whose cost is not set costs [`DEFAULT_COST`].
     ///
     /// # Panics
     ///
-    /// If no method is registered yet, or `cost` is 0 (a free handler would let a frame
-    /// run without bound).
-    pub fn cost(mut self, cost: u32) -> Service {
-        assert!(cost > 0, "a method's cost must be at least 1 unit");
-        let method = self
-            .last_method
-            .as_ref()
-            .and_then(|name| self.methods.get_mut(name))
-            .expect("Service::cost follows the method it applies to");
-        method.cost = cost;
+    /// If `method` is not registered (register it first), its cost is already set, or
+    /// `units` is 0 (a free handler would let a frame run without bound).
+    pub fn cost(mut self, method: &str, units: u32) -> Service {
+        assert!(units > 0, "a method's cost must be at least 1 unit");
+        let Some(entry) = self.methods.get_mut(method) else {
+            panic!(
+                "cost for method {method:?}, not registered in service {}: register it first",
+                self.name
+            );
+        };
+        assert!(
+            entry.cost.replace(units).is_none(),
+            "cost of method {method:?} in service {} set twice",
+            self.name
+        );
         self
     }
 
@@ -321,7 +317,7 @@ impl Service {
 
     /// Registers `handler` for the messages on `<prefix>.<subject>` (dot-separated
     /// tokens, e.g. `evt.session.closed`), delivered to one worker of the service or to
-    /// all of them (see [`Delivery`] and the module docs). The handler gets the payload
+    /// all of them (see [`Delivery`] and "Events" above). The handler gets the payload
     /// and a context without a session; what it pushes is published when it returns,
     /// and [`Context::reply`] answers a sender that asked for an answer. An error is
     /// logged and counted: there is nobody to answer it to. Each event costs
@@ -363,8 +359,7 @@ impl Service {
     ///
     /// A worker back from a lost bus connection asks again, before its next request, and
     /// hands that snapshot to `restore` too: `restore` must *replace* the state, so that
-    /// what the worker missed while away (a member who left) goes with it (see
-    /// "Reconnecting" in [`crate::worker`]).
+    /// what the worker missed while away (a member who left) goes with it.
     ///
     /// # Panics
     ///
@@ -401,21 +396,24 @@ impl Service {
     /// The cost of calling `method`; [`DEFAULT_COST`] for an unknown method, whose 404
     /// still takes a turn.
     pub fn cost_of(&self, method: &str) -> u32 {
-        self.methods.get(method).map_or(DEFAULT_COST, |m| m.cost)
+        self.methods
+            .get(method)
+            .and_then(|m| m.cost)
+            .unwrap_or(DEFAULT_COST)
     }
 
     /// Whether a tick callback is registered.
-    pub fn has_tick(&self) -> bool {
+    pub(crate) fn has_tick(&self) -> bool {
         self.tick.is_some()
     }
 
     /// The registered event subjects (under the prefix) and who gets them.
-    pub fn events(&self) -> impl Iterator<Item = (&str, Delivery)> {
+    pub(crate) fn events(&self) -> impl Iterator<Item = (&str, Delivery)> {
         self.events.iter().map(|e| (e.subject.as_str(), e.delivery))
     }
 
     /// The subject a starting worker asks for a snapshot on, if any.
-    pub fn start_sync_subject(&self) -> Option<&str> {
+    pub(crate) fn start_sync_subject(&self) -> Option<&str> {
         self.start_sync.as_ref().map(|s| s.subject.as_str())
     }
 
@@ -464,7 +462,7 @@ impl Service {
 
     /// Decodes an `RpcRequest` from `payload` (as it came off the bus) and calls `method`;
     /// a payload that is not an `RpcRequest` is answered 400.
-    pub fn call_encoded(&mut self, method: &str, payload: Bytes) -> Handled {
+    pub(crate) fn call_encoded(&mut self, method: &str, payload: Bytes) -> Handled {
         match RpcRequest::decode(payload) {
             Ok(request) => self.call(method, request),
             Err(e) => {
@@ -559,7 +557,7 @@ impl From<RpcResponse> for Handled {
 
 impl fmt::Debug for Service {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut methods: Vec<_> = self.methods.iter().map(|(n, m)| (n, m.cost)).collect();
+        let mut methods: Vec<_> = self.methods.keys().map(|n| (n, self.cost_of(n))).collect();
         methods.sort();
         f.debug_struct("Service")
             .field("name", &self.name)
@@ -571,24 +569,8 @@ impl fmt::Debug for Service {
     }
 }
 
-/// Whether `name` may name a service or method: 1 to [`MAX_NAME_LEN`] bytes of
-/// `[a-z0-9_-]`, the same rule the gate applies to each token of a route, since a name
-/// becomes a NATS subject token (no `.`, `*`, `>` or spaces).
-pub fn is_valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_NAME_LEN
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
-}
-
-/// Whether `subject` is one or more dot-separated names (see [`is_valid_name`]).
-pub fn is_valid_subject(subject: &str) -> bool {
-    subject.split('.').all(is_valid_name)
-}
-
 /// A response carrying only a status and a message.
-pub fn error_response(code: u32, message: impl Into<String>) -> RpcResponse {
+pub(crate) fn error_response(code: u32, message: impl Into<String>) -> RpcResponse {
     RpcResponse {
         code,
         message: message.into(),

@@ -191,7 +191,7 @@ impl Rooms {
     /// snapshot lists for a session that closed meanwhile stays out. Whatever this
     /// replica held goes, so a worker back from a lost connection also forgets the
     /// leaves and closes it missed; a change it applied before the snapshot reached the
-    /// peer first, so the snapshot holds it (see `services::worker`, "Reconnecting").
+    /// peer first, so the snapshot holds it (see `worker/resync.rs`).
     pub fn restore(&mut self, snapshot: Snapshot, now: Instant) {
         *self = Rooms::default();
         for closed in snapshot.closed {

@@ -1,5 +1,5 @@
 //! A subscription's recent arrival rate, and the drain allowance it sets (the reasons
-//! are in the [parent module](super)'s docs, "The allowance").
+//! are in docs/workers.md, "Draining on shutdown").
 //!
 //! # The estimator
 //!
@@ -20,7 +20,7 @@ use crate::config::MAX_QUEUE_LEASE;
 
 /// How many allowances the recent rate is expected to bring within one drain window:
 /// the allowance is used up, by count, in about a quarter of the window, leaving three
-/// quarters for a rate that slowed down (see the parent module's docs for the margin).
+/// quarters for a rate that slowed down (docs/workers.md has the margin this leaves).
 pub(crate) const ALLOWANCES_PER_WINDOW: u64 = 4;
 
 /// The allowance a subscription asks for at drain start: what its recent rate brings in
@@ -34,7 +34,7 @@ pub(crate) fn allowance(expected_in_window: u64, most: u64) -> u64 {
     (expected_in_window / ALLOWANCES_PER_WINDOW).clamp(1, most)
 }
 
-/// The lease a subscription is granted (see the parent module's docs, "The lease"):
+/// The lease a subscription is granted (see the [parent module](super)):
 /// what its recent rate brings in a [`ALLOWANCES_PER_WINDOW`]th of the window, at least
 /// `least` (the configured [`crate::config::DrainConfig::queue_lease`]) and at most
 /// [`MAX_QUEUE_LEASE`].

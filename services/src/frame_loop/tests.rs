@@ -14,6 +14,64 @@ use tokio::time::{Duration, Instant};
 use super::*;
 use crate::service::Service;
 
+/// Everything a loop sends, for a channel sink.
+#[derive(Debug, Clone)]
+enum Sent<T> {
+    Response(T, RpcResponse),
+    Answer(T, Bytes),
+    Publish(Outbound),
+}
+
+/// A channel as a sink that sees everything, in the order the loop sent it.
+impl<T: Send + 'static> ReplySink for mpsc::Sender<Sent<T>> {
+    type To = T;
+
+    async fn send(&self, to: T, response: RpcResponse) {
+        // The receiver is gone only when its owner stopped listening on purpose.
+        let _ = mpsc::Sender::send(self, Sent::Response(to, response)).await;
+    }
+
+    async fn answer(&self, to: T, body: Bytes) {
+        let _ = mpsc::Sender::send(self, Sent::Answer(to, body)).await;
+    }
+
+    async fn publish(&self, outbound: Outbound) {
+        let _ = mpsc::Sender::send(self, Sent::Publish(outbound)).await;
+    }
+}
+
+/// A channel as a sink of answers only: each arrives as `(to, response)`. For running a
+/// service without the bus when nothing it does pushes; a push or an event's answer has
+/// nowhere to go, and is logged at warn and dropped.
+impl<T: Send + 'static> ReplySink for mpsc::Sender<(T, RpcResponse)> {
+    type To = T;
+
+    async fn send(&self, to: T, response: RpcResponse) {
+        let _ = mpsc::Sender::send(self, (to, response)).await;
+    }
+
+    async fn answer(&self, _to: T, _body: Bytes) {
+        tracing::warn!("an answers-only sink dropped an event's answer");
+    }
+
+    async fn publish(&self, outbound: Outbound) {
+        tracing::warn!(?outbound, "an answers-only sink dropped a push");
+    }
+}
+
+/// Runs `service` over `input` as the worker does: the intake feeding it on a task, the
+/// loop on the caller's, until the input ends and everything it yielded is answered.
+async fn run<S>(service: Service, config: FrameConfig, input: S, output: Out)
+where
+    S: Stream<Item = Incoming<u32>> + Send + 'static,
+{
+    let (intake, queue) = queue(service.name(), config.queue_capacity, output.clone());
+    let feeding = tokio::spawn(intake.feed(input));
+    FrameLoop::new(service, config, queue, output).run().await;
+    // The loop ends only after the intake is dropped, so this is already done.
+    feeding.await.unwrap();
+}
+
 const MS: Duration = Duration::from_millis(1);
 
 type Out = mpsc::Sender<(u32, RpcResponse)>;
@@ -62,7 +120,7 @@ fn service(log: &Log) -> Service {
                 log.lock().unwrap().push((id, Instant::now()));
                 Ok(body)
             })
-            .cost(cost);
+            .cost(name, cost);
     }
     service
 }
@@ -383,7 +441,7 @@ fn pushing_service() -> Service {
         })
 }
 
-use crate::service::HandlerError;
+use crate::handler_error::HandlerError;
 
 #[tokio::test(start_paused = true)]
 async fn pushes_go_out_before_the_answer_and_not_at_all_on_failure() {

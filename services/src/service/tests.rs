@@ -145,14 +145,29 @@ fn encoded_call_round_trips() {
 }
 
 #[test]
-fn cost_applies_to_the_last_method_and_defaults_to_one() {
+fn cost_applies_to_the_method_it_names_and_defaults_to_one() {
     let service = Service::new("s")
-        .raw_method("cheap", |_, b| Ok(b))
         .raw_method("dear", |_, b| Ok(b))
-        .cost(5);
+        .raw_method("cheap", |_, b| Ok(b))
+        .cost("dear", 5);
     assert_eq!(service.cost_of("cheap"), 1);
     assert_eq!(service.cost_of("dear"), 5);
     assert_eq!(service.cost_of("unknown"), DEFAULT_COST);
+}
+
+#[test]
+#[should_panic(expected = "register it first")]
+fn cost_of_an_unregistered_method_panics() {
+    let _ = Service::new("s").cost("m", 2).raw_method("m", |_, b| Ok(b));
+}
+
+#[test]
+#[should_panic(expected = "set twice")]
+fn cost_set_twice_panics() {
+    let _ = Service::new("s")
+        .raw_method("m", |_, b| Ok(b))
+        .cost("m", 2)
+        .cost("m", 3);
 }
 
 #[test]
@@ -165,23 +180,6 @@ fn handlers_may_keep_state() {
     service.call("count", request(Bytes::new()));
     let response = service.call("count", request(Bytes::new())).response;
     assert_eq!(response.body, Bytes::from_static(b"2"));
-}
-
-#[test]
-fn names_are_subject_tokens() {
-    assert!(is_valid_name("chat"));
-    assert!(is_valid_name("get_room-2"));
-    for bad in [
-        "",
-        "Chat",
-        "a.b",
-        "*",
-        ">",
-        "a b",
-        &"x".repeat(MAX_NAME_LEN + 1),
-    ] {
-        assert!(!is_valid_name(bad), "{bad:?}");
-    }
 }
 
 #[test]
@@ -201,7 +199,7 @@ fn dotted_method_panics() {
 #[test]
 #[should_panic(expected = "at least 1")]
 fn zero_cost_panics() {
-    let _ = Service::new("s").raw_method("m", |_, b| Ok(b)).cost(0);
+    let _ = Service::new("s").raw_method("m", |_, b| Ok(b)).cost("m", 0);
 }
 
 #[test]

@@ -1,9 +1,12 @@
-//! Moving a worker's inputs off a server in lame duck mode, make before break ("Lame
-//! duck" in [`super`]): a connection to another server is made and the queue
-//! subscriptions made on it, then the old server is shown to know them (a probe
-//! published through it reaches the new connection, and interest crosses a route in
-//! order), and only then do the old subscriptions leave by count; once they have ended,
-//! the old connection is let go.
+//! Moving a worker's inputs off a server in lame duck mode, make before break: a
+//! connection to another server (of `--nats`, or one the connection learnt of) is made
+//! and the queue subscriptions made on it, then the old server is shown to know them (a
+//! probe published through it reaches the new connection, and interest crosses a route
+//! in order), and only then do the old subscriptions leave by count, as at shutdown; once
+//! they have ended, the old connection is let go. `All` events and the snapshot subject
+//! move too, without a lossless hand-over. Answers keep leaving through the worker's own
+//! connection, made again elsewhere when it is on the server going away. The steps, and
+//! what an operator sees, are in docs/workers.md ("Reconnecting and lame duck").
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,7 +20,7 @@ use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::inputs::Subjects;
+use super::subscribe::Subjects;
 use crate::bus::{self, BusSecurity};
 
 /// How often the probe is published through the old server until the new connection

@@ -1,9 +1,15 @@
-//! The worker's input: its subscriptions merged into one stream in the order of
-//! "Order" in [`super`], drained at shutdown, and moved to another connection when
-//! their server enters lame duck mode ("Lame duck" in [`super`], [`super::hop`]).
+//! The worker's input: its subscriptions merged into one stream, drained at shutdown,
+//! and moved to another connection when their server enters lame duck mode
+//! ([`super::hop`]).
+//!
+//! All subscriptions share one connection, whose reader hands each message to its
+//! subscription's channel in the order the broker sent them. What arrived first is
+//! queued first where it matters: before a request, every event already waiting; before
+//! a [`Delivery::Queue`] event, every [`Delivery::All`] event. So a change that a peer
+//! published before answering a client is applied before that client's next request,
+//! whichever worker gets it.
 
 use std::collections::VecDeque;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -15,27 +21,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::hop::{Arrival, Mover};
 use super::resync::Resync;
-use super::{EventSubscription, subscribe_event};
+use super::subscribe::{Boxed, EventSubscription, Subjects, subscribe_event, to_events};
 use crate::bus::method_of;
 use crate::config::DrainConfig;
 use crate::drain::{self, Drained, Draining};
 use crate::frame_loop::Incoming;
 use crate::service::Delivery;
-
-pub(super) type Boxed<T> = Pin<Box<dyn Stream<Item = T> + Send>>;
-
-/// What the worker subscribes, to subscribe it again on another connection.
-#[derive(Debug, Clone)]
-pub(super) struct Subjects {
-    /// `<prefix>.svc.<service>.>`.
-    pub requests: String,
-    /// The service's queue group.
-    pub group: String,
-    pub prefix: String,
-    /// Event subjects as the service registered them (without the prefix).
-    pub queue_events: Vec<String>,
-    pub all_events: Vec<String>,
-}
 
 /// The connection the inputs are read from, and what leaving it takes.
 struct Inbound {
@@ -163,7 +154,7 @@ impl Inputs {
     }
 
     /// Switches the inputs to the connection a move made (see "Lame duck" in
-    /// [`super`]): its queue subscriptions join the streams, the `All` events and the
+    /// [`super::hop`]): its queue subscriptions join the streams, the `All` events and the
     /// snapshot subject move, the old queue subscriptions drain by count, and once they
     /// have all ended the old connection is let go.
     async fn arrive(&mut self, arrival: Arrival) {
@@ -334,14 +325,4 @@ pub(super) fn inputs(
         let incoming = inputs.next().await?;
         Some((incoming, inputs))
     })
-}
-
-/// Messages on an event subject as the loop's input.
-pub(super) fn to_events(
-    messages: impl Stream<Item = async_nats::Message> + Send + 'static,
-    subject: String,
-) -> Boxed<Incoming<Subject>> {
-    messages
-        .map(move |m| Incoming::event(subject.clone(), m.payload, m.reply))
-        .boxed()
 }

@@ -1,6 +1,16 @@
-//! The snapshot subject: served from the loop, left and asked again after the worker's
-//! inputs were cut off (a reconnect) or moved to another connection (lame duck), as
-//! "Reconnecting" in [`super`] explains.
+//! The snapshot subject after the start: served from the loop, left and asked again
+//! after the worker's inputs were cut off (a reconnect) or moved (lame duck).
+//!
+//! A worker whose connection dropped missed what was published while it was away (core
+//! NATS is at most once), and async-nats resubscribes without a word. So before it queues
+//! the first request after a reconnect, a worker of a service with a snapshot leaves its
+//! own subscription of the snapshot subject (so the request, sent after the UNSUB on the
+//! same connection, goes to a peer, never to its own waiting loop), asks, queues the
+//! snapshot, and subscribes again. The snapshot *replaces* the state, which is safe:
+//! every change the worker took before asking reached the broker before the request, so
+//! the peer's snapshot holds it, and every change after is taken after the snapshot. No
+//! peer keeps the worker's own state; a peer that does not answer in time keeps it too,
+//! with a warning, until the next reconnect.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -10,8 +20,9 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt, stream};
 use tokio_util::sync::CancellationToken;
 
-use super::inputs::{Boxed, to_events};
-use super::{SYNC_TIMEOUT, SyncSubscription, fetch_snapshot, subscribe_event};
+use super::subscribe::{
+    Boxed, SYNC_TIMEOUT, SyncSubscription, fetch_snapshot, subscribe_event, to_events,
+};
 use crate::frame_loop::Incoming;
 use crate::service::Delivery;
 
@@ -92,7 +103,7 @@ impl Resync {
         Some(self.ask_again().await)
     }
 
-    /// The worker's inputs moved to `client` (see "Lame duck" in [`super`]): the events
+    /// The worker's inputs moved to `client` (see [`super::hop`]): the events
     /// taken on the old connection and those on the new one may overlap or miss some, as
     /// across a reconnect, so the subject moves too and a peer is asked again through it.
     pub(super) async fn moved_to(

@@ -17,8 +17,8 @@ use proto::Message as _;
 use proto::rpc::ServiceSchema;
 use tokio_util::sync::CancellationToken;
 
+use super::error::WorkerError;
 use crate::bus::Signals;
-use crate::worker::WorkerError;
 
 /// A worker's announcement, subscribed to the ask subject.
 pub(crate) struct Announcer {

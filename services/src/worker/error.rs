@@ -1,0 +1,23 @@
+//! Why a worker could not start or did not stop cleanly.
+
+use crate::config::ConfigError;
+
+/// Why a worker could not start or did not stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot subscribe to {subject}: {source}")]
+    Subscribe {
+        subject: String,
+        source: async_nats::SubscribeError,
+    },
+    #[error("cannot flush to the bus: {0}")]
+    Flush(#[from] async_nats::client::FlushError),
+    #[error("no peer answered a snapshot request on {0} (see Service::on_start_sync)")]
+    Sync(String),
+    #[error("cannot start the frame loop thread: {0}")]
+    Thread(#[from] std::io::Error),
+    #[error("the frame loop of service {0:?} stopped unexpectedly")]
+    LoopStopped(String),
+}
