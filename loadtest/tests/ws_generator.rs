@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures::{SinkExt as _, StreamExt as _};
 use loadtest::ws::clock::ClockKind;
-use loadtest::ws::generator::{self, DriverKind, HARD_MARGIN, Length, LoadSpec, Target};
+use loadtest::ws::generator::{self, HARD_MARGIN, Length, LoadSpec, Target};
 use loadtest::ws::schedule::Payload;
 use loadtest::ws::target::LimitServer;
 use proto::Message as _;
@@ -29,8 +29,6 @@ fn spec(clients: usize, count: u64, clock: ClockKind) -> LoadSpec {
         json: false,
         server_timing: true,
         clock,
-        phases: 2,
-        driver: DriverKind::Lean,
         progress: false,
     }
 }
@@ -56,20 +54,10 @@ async fn echo_server() -> (String, CancellationToken) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_scheduled_request_is_sent_and_answered() {
     let (url, shutdown) = echo_server().await;
-    let runs = [
-        (ClockKind::Thread, DriverKind::Lean),
-        (ClockKind::Tokio, DriverKind::Lean),
-        (ClockKind::Thread, DriverKind::Sdk),
-    ];
-    for (clock, driver) in runs {
-        let spec = LoadSpec {
-            driver,
-            ..spec(3, 50, clock)
-        };
-        let run = generator::run(&spec, &target(url.clone()))
+    for clock in [ClockKind::Thread, ClockKind::Tokio] {
+        let run = generator::run(&spec(3, 50, clock), &target(url.clone()))
             .await
             .expect("run");
-        assert_eq!(run.spec.driver, driver);
         let t = &run.totals;
         assert_eq!(run.connected, 3);
         assert_eq!(t.sent, 150, "{clock:?}: 3 clients x 50 measured");
@@ -329,7 +317,6 @@ async fn json_clients_are_answered_in_json() {
     spec.json = true;
     spec.payload = Payload::Fixed(bytes::Bytes::from_static(br#"{"room":"a"}"#));
     let run = generator::run(&spec, &target(url)).await.expect("run");
-    assert_eq!(run.spec.driver, DriverKind::Lean);
     assert_eq!((run.totals.sent, run.totals.ok), (40, 40));
     assert_eq!(
         run.totals.server.total.len(),

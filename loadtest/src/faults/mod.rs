@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 
 use crate::duration::parse_duration;
-use crate::ws::procfs::CpuSample;
-use crate::ws::scenario::OutputArgs;
+use crate::proc::CpuSample;
+use crate::report::OutputArgs;
 use fleet::{Fleet, FleetSpec};
 use load::{LoadConfig, PhaseClock};
 use phases::{Limits, PHASES, Struck, Window};
@@ -237,21 +237,7 @@ async fn run_phases(args: &FaultsArgs, fleet: &mut Fleet) -> anyhow::Result<Faul
 /// Prints the report, writes the requested files; with `--check`, fails when a phase
 /// missed its expectation. A run stopped by an error always fails.
 fn finish(report: &FaultsReport, args: &FaultsArgs) -> anyhow::Result<()> {
-    let output = &args.output;
-    let json_on_stdout = output.json.as_deref() == Some(std::path::Path::new("-"));
-    if json_on_stdout {
-        println!("{}", serde_json::to_string(report)?);
-    } else {
-        print!("{}", report.text());
-    }
-    if let Some(path) = output.json.as_ref().filter(|_| !json_on_stdout) {
-        let json = serde_json::to_string_pretty(report)?;
-        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(path) = &output.html {
-        std::fs::write(path, report.html())
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+    args.output.write(report, &report.doc())?;
     if !report.errors.is_empty() {
         bail!("the run stopped early: {}", report.errors.join("; "));
     }

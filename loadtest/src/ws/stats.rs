@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::hist::{Hist, Summary};
+use crate::hist::{Hist, Summary};
 
 /// Seconds of timeline kept; later seconds still count in the totals.
 pub const MAX_TIMELINE_SECONDS: usize = 3_600;

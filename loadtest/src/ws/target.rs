@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 
 use proto::Message as _;
 
-use super::procfs::{Threads, Watched};
 use super::schedule::Payload;
+use crate::proc::{Threads, Watched};
 use crate::topology::{Topology, TopologySpec};
 
 /// Services a launched topology can run.
