@@ -63,9 +63,9 @@ fn svg(chart: &Chart) -> String {
     );
     let all = || chart.series.iter().flat_map(|s| s.1.iter());
     if all().next().is_none() {
-        let _ = write!(
+        let _ = writeln!(
             svg,
-            "<text x=\"{}\" y=\"{}\">no data</text></svg>\n",
+            "<text x=\"{}\" y=\"{}\">no data</text></svg>",
             WIDTH / 2.0,
             HEIGHT / 2.0
         );

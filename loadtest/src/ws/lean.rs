@@ -32,7 +32,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use super::books::{Books, Tally};
 use super::clock::Pacer;
 use super::inflight::InFlight;
-use super::schedule::{Payload, Plan, RequestBody};
+use super::schedule::{Payload, Plan};
 use super::stats::{Answer, Outcome};
 
 /// The byte stream under the WebSocket: TCP, or TLS over it for `wss://`.
@@ -304,12 +304,9 @@ impl Link {
     }
 
     /// `Packet{request: Request{id, route, body}}` in the session's encoding.
-    fn encode(&mut self, id: u64, body: RequestBody) -> Message {
+    fn encode(&mut self, id: u64, body: bytes::Bytes) -> Message {
         self.request.id = id;
-        self.request.body = match body {
-            RequestBody::Hello(hello) => bytes::Bytes::copy_from_slice(hello.as_ref()),
-            RequestBody::Fixed(bytes) => bytes,
-        };
+        self.request.body = body;
         let packet = Packet::new(Kind::Request(std::mem::take(&mut self.request)));
         let frame = if self.json {
             // A body that is JSON goes as that value, anything else as a string, as the
@@ -473,13 +470,12 @@ fn on_frame(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ws::schedule::Body;
     use proto::Message as _;
 
     #[test]
     fn a_binary_request_is_the_protobuf_packet() {
         let mut link = Link::new(None, false, "echo.raw");
-        let Message::Binary(frame) = link.encode(43, RequestBody::Hello(Body::hello(42))) else {
+        let Message::Binary(frame) = link.encode(43, Payload::Hello.body(42)) else {
             panic!("not binary")
         };
         let packet = Packet::decode(frame).expect("protobuf");
@@ -497,7 +493,7 @@ mod tests {
     #[test]
     fn a_json_request_carries_a_json_body_as_its_value_and_other_bodies_as_text() {
         let mut link = Link::new(None, true, "chat.members");
-        let typed = RequestBody::Fixed(bytes::Bytes::from_static(br#"{"room":"a"}"#));
+        let typed = bytes::Bytes::from_static(br#"{"room":"a"}"#);
         let Message::Text(frame) = link.encode(1, typed) else {
             panic!("not text")
         };
@@ -505,7 +501,7 @@ mod tests {
             frame.as_str(),
             r#"{"request":{"id":1,"route":"chat.members","body":{"room":"a"}}}"#
         );
-        let Message::Text(frame) = link.encode(2, RequestBody::Hello(Body::hello(7))) else {
+        let Message::Text(frame) = link.encode(2, Payload::Hello.body(7)) else {
             panic!("not text")
         };
         assert_eq!(
