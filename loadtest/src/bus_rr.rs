@@ -362,20 +362,4 @@ mod tests {
         );
         assert_eq!(e.total(), 4);
     }
-
-    #[test]
-    fn rate_of_an_empty_run_is_zero() {
-        let report = Report {
-            requesters: 1,
-            responders: 1,
-            size: 16,
-            warmup: Duration::ZERO,
-            elapsed: Duration::ZERO,
-            latency: Summary::default(),
-            errors: Errors::default(),
-            responder_errors: 0,
-        };
-        assert_eq!(report.requests_per_second(), 0.0);
-        assert_eq!(report.to_json()["requests"], 0);
-    }
 }

@@ -188,13 +188,6 @@ mod tests {
     }
 
     #[test]
-    fn url_scheme_is_stripped() {
-        assert_eq!(host_port("nats://127.0.0.1:4222"), "127.0.0.1:4222");
-        assert_eq!(host_port("nats://127.0.0.1:4222/"), "127.0.0.1:4222");
-        assert_eq!(host_port("127.0.0.1:4222"), "127.0.0.1:4222");
-    }
-
-    #[test]
     fn bytes_per_conn_divides_the_delta() {
         let r = Report {
             conns: 1000,

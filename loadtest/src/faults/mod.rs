@@ -34,7 +34,7 @@ use anyhow::{Context as _, bail};
 use crate::duration::parse_duration;
 use crate::proc::CpuSample;
 use crate::report::OutputArgs;
-use fleet::{Fleet, FleetSpec};
+use crate::topology::Topology;
 use load::{LoadConfig, PhaseClock};
 use phases::{Limits, PHASES, Struck, Window};
 use report::{FaultsReport, PhaseReport, PhaseRun};
@@ -108,14 +108,7 @@ const SETTLE_POLL: Duration = Duration::from_millis(1);
 
 /// Runs the scenario: launches the fleet, runs the phases under load, reports.
 pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
-    let spec = FleetSpec {
-        bus: args.bus,
-        gates: args.gates as usize,
-        workers: args.workers as usize,
-        gate_args: args.gate_arg.clone(),
-        shaddock_bin: args.bin.clone(),
-    };
-    let mut fleet = Fleet::start(&spec).await?;
+    let mut fleet = fleet::start(&args).await?;
     let outcome = run_phases(&args, &mut fleet).await;
     let stopped = fleet.shutdown().await;
     let report = outcome?;
@@ -124,8 +117,8 @@ pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
 }
 
 /// The load and the phases, on a running fleet.
-async fn run_phases(args: &FaultsArgs, fleet: &mut Fleet) -> anyhow::Result<FaultsReport> {
-    let mut report = FaultsReport::now(args.bus, fleet.describe());
+async fn run_phases(args: &FaultsArgs, fleet: &mut Topology) -> anyhow::Result<FaultsReport> {
+    let mut report = FaultsReport::now(args.bus, fleet::describe(fleet));
     let config = Arc::new(LoadConfig {
         clients: args.clients as usize,
         interval: Duration::from_secs(1) / args.rate,
@@ -165,7 +158,7 @@ async fn run_phases(args: &FaultsArgs, fleet: &mut Fleet) -> anyhow::Result<Faul
         if !args.output.quiet {
             eprintln!("phase {}: {}", index + 1, fault.name());
         }
-        let acted = fleet.act(fault).await;
+        let acted = fleet::act(fleet, fault).await;
         tokio::time::sleep(args.phase).await;
         let checked = fleet.check();
         let (events, fault_at) = match acted {

@@ -153,7 +153,7 @@ pub async fn churn(args: ChurnArgs) -> anyhow::Result<()> {
         args.sessions
     );
     let services: Vec<ServiceKind> = steps.iter().map(|s| s.service()).collect();
-    let (gates, topology) = args.target.gates_for(1, 1, &services).await?;
+    let (gates, topology) = args.target.launch(1, 1, &services, false).await?;
     let report = with_topology(topology, run(&args, &gates)).await?;
     args.output.write(&report, &report.doc())?;
     if report.ok == 0 {

@@ -238,11 +238,9 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let service = args.target.service;
-    let (gates, topology) = if args.tls_beside {
-        args.target.gates_with_tls(1, 1).await?
-    } else {
-        args.target.gates(1, 1).await?
-    };
+    let (gates, topology) = (args.target)
+        .launch(1, 1, &[service], args.tls_beside)
+        .await?;
     let limit = args.load.with_limit.then(LimitServer::start).transpose()?;
     let work = async {
         let mut report = ScenarioReport::new("concurrency", gates.setup.clone());

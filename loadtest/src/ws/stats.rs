@@ -378,21 +378,6 @@ mod tests {
     }
 
     #[test]
-    fn rate_charges_late_answers() {
-        let t0 = Instant::now();
-        let end = t0 + Duration::from_secs(10);
-        assert_eq!(
-            rate(10_000, t0, end, Some(t0 + Duration::from_secs(5))),
-            1000.0
-        );
-        assert_eq!(
-            rate(10_000, t0, end, Some(t0 + Duration::from_secs(20))),
-            500.0
-        );
-        assert_eq!(rate(10, t0, t0, None), 0.0);
-    }
-
-    #[test]
     fn recorders_share_one_record_and_timeline() {
         let t0 = Instant::now();
         let shared = SharedRecorded::default();

@@ -173,41 +173,21 @@ impl TargetArgs {
         self.launch(gates, workers, &[self.service], false).await
     }
 
-    /// [`TargetArgs::gates`] with `workers` workers of each of `services` (instead of
-    /// `--service`'s), for scenarios whose sessions use several.
-    pub async fn gates_for(
-        &self,
-        gates: u32,
-        workers: u32,
-        services: &[ServiceKind],
-    ) -> anyhow::Result<(Gates, Option<Topology>)> {
-        self.launch(gates, workers, services, false).await
-    }
-
-    /// [`TargetArgs::gates`], and launched gates also serve `wss://` with a throwaway
-    /// certificate ([`Gates::tls_urls`], trusted by [`Gates::tls`]). Not for gates
-    /// given by URL: their certificate is not ours to make.
-    pub async fn gates_with_tls(
-        &self,
-        gates: u32,
-        workers: u32,
-    ) -> anyhow::Result<(Gates, Option<Topology>)> {
-        anyhow::ensure!(
-            self.url.is_empty(),
-            "serving wss:// beside ws:// needs gates this command launches (it makes their \
-             certificate); to load running gates over TLS, give their wss:// URLs to --url \
-             with --tls-ca"
-        );
-        self.launch(gates, workers, &[self.service], true).await
-    }
-
-    async fn launch(
+    /// Like [`TargetArgs::gates`] for a launched topology running a worker of each of
+    /// `services`, whose gates also serve `wss://` when `tls`.
+    pub async fn launch(
         &self,
         gates: u32,
         workers: u32,
         services: &[ServiceKind],
         tls: bool,
     ) -> anyhow::Result<(Gates, Option<Topology>)> {
+        anyhow::ensure!(
+            !tls || self.url.is_empty(),
+            "serving wss:// beside ws:// needs gates this command launches (it makes their \
+             certificate); to load running gates over TLS, give their wss:// URLs to --url \
+             with --tls-ca"
+        );
         if !self.url.is_empty() {
             anyhow::ensure!(
                 self.tls_ca.is_some() || !self.url.iter().any(|u| u.starts_with("wss://")),
