@@ -124,7 +124,6 @@ pub async fn act(topology: &mut Topology, fault: Fault) -> anyhow::Result<Action
 }
 
 /// The first running process of a kind.
-
 fn first(topology: &Topology, kind: impl Fn(&Role) -> bool) -> anyhow::Result<Role> {
     topology
         .running(kind)
