@@ -241,33 +241,55 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
     let (gates, topology) = (args.target)
         .launch(1, 1, &[service], args.tls_beside)
         .await?;
+    ensure!(
+        !args.tls_beside || !gates.tls_urls.is_empty(),
+        "the gates serve no wss://"
+    );
     let limit = args.load.with_limit.then(LimitServer::start).transpose()?;
     let work = async {
         let mut report = ScenarioReport::new("concurrency", gates.setup.clone());
         for spec in &specs {
             let label = format!("{} clients", spec.clients);
+            // The same load on the bare echo first; every gateway run is compared with it.
+            let limit_run = match &limit {
+                Some(server) => match generator::run(spec, &limit_target(server, &label)).await {
+                    Ok(run) => Some(RunReport::from_result(&run)),
+                    Err(e) => {
+                        report.errors.push(format!("{label}, limit: {e:#}"));
+                        continue;
+                    }
+                },
+                None => None,
+            };
+            let json = LoadSpec {
+                json: true,
+                payload: service.default_json_payload(),
+                ..spec.clone()
+            };
+            let mut runs = vec![(label.clone(), spec, &gates.urls)];
+            if args.json_beside {
+                runs.push((format!("{label}, JSON"), &json, &gates.urls));
+            }
+            if args.tls_beside {
+                runs.push((format!("{label}, wss"), spec, &gates.tls_urls));
+            }
+            report.runs.extend(limit_run.clone());
             // One failed run (say, an overload nothing answers) must not lose the others.
-            match run_pair(spec, &gates, limit.as_ref(), &label).await {
-                Ok(runs) => {
-                    // Compared with the same limit run as the protobuf one.
-                    let limit = runs.first().filter(|_| runs.len() > 1);
-                    let mut beside = Vec::new();
-                    if args.json_beside {
-                        match json_run(spec, service, &gates, limit, &label).await {
-                            Ok(run) => beside.push(run),
-                            Err(e) => report.errors.push(format!("{label}, JSON: {e:#}")),
+            for (name, spec, urls) in runs {
+                let target = Target {
+                    urls: urls.clone(),
+                    ..gateway_target(&gates, &name)
+                };
+                match generator::run(spec, &target).await {
+                    Ok(run) => {
+                        let mut run = RunReport::from_result(&run);
+                        if let Some(limit) = &limit_run {
+                            run.compare_with_limit(limit);
                         }
+                        report.runs.push(run);
                     }
-                    if args.tls_beside {
-                        match tls_run(spec, &gates, limit, &label).await {
-                            Ok(run) => beside.push(run),
-                            Err(e) => report.errors.push(format!("{label}, wss: {e:#}")),
-                        }
-                    }
-                    report.runs.extend(runs);
-                    report.runs.extend(beside);
+                    Err(e) => report.errors.push(format!("{name}: {e:#}")),
                 }
-                Err(e) => report.errors.push(format!("{label}: {e:#}")),
             }
         }
         Ok(report)
@@ -528,77 +550,6 @@ fn limit_target(server: &LimitServer, label: &str) -> Target {
         // The echo server's threads are in this process: told apart by their name.
         watched: vec![this_process("loadtest"), echo_threads("echo server")],
     }
-}
-
-/// The same load on the bare echo server first (when there is one), then on the gates;
-/// the gateway run is compared with the limit run.
-async fn run_pair(
-    spec: &LoadSpec,
-    gates: &Gates,
-    limit: Option<&LimitServer>,
-    label: &str,
-) -> anyhow::Result<Vec<RunReport>> {
-    let mut runs = Vec::new();
-    if let Some(server) = limit {
-        let run = generator::run(spec, &limit_target(server, label)).await?;
-        runs.push(RunReport::from_result(&run));
-    }
-    let run = compared_run(spec, &gateway_target(gates, label), runs.first()).await?;
-    runs.push(run);
-    Ok(runs)
-}
-
-/// One run against `target`, compared with the `limit` run when there is one.
-async fn compared_run(
-    spec: &LoadSpec,
-    target: &Target,
-    limit: Option<&RunReport>,
-) -> anyhow::Result<RunReport> {
-    let run = generator::run(spec, target).await?;
-    let mut run = RunReport::from_result(&run);
-    if let Some(limit) = limit {
-        run.compare_with_limit(limit);
-    }
-    Ok(run)
-}
-
-/// `spec` again with JSON clients on the service's default route, against the gateway.
-async fn json_run(
-    spec: &LoadSpec,
-    service: ServiceKind,
-    gates: &Gates,
-    limit: Option<&RunReport>,
-    label: &str,
-) -> anyhow::Result<RunReport> {
-    let json = LoadSpec {
-        json: true,
-        payload: service.default_json_payload(),
-        ..spec.clone()
-    };
-    compared_run(
-        &json,
-        &gateway_target(gates, &format!("{label}, JSON")),
-        limit,
-    )
-    .await
-}
-
-/// `spec` again over `wss://`, against the same gates' TLS listeners.
-async fn tls_run(
-    spec: &LoadSpec,
-    gates: &Gates,
-    limit: Option<&RunReport>,
-    label: &str,
-) -> anyhow::Result<RunReport> {
-    ensure!(
-        !gates.tls_urls.is_empty(),
-        "the gates serve no wss:// (launched without TLS)"
-    );
-    let target = Target {
-        urls: gates.tls_urls.clone(),
-        ..gateway_target(gates, &format!("{label}, wss"))
-    };
-    compared_run(spec, &target, limit).await
 }
 
 /// Parses `--body-hex`.
