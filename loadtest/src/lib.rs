@@ -4,7 +4,7 @@
 //! panicking, and prints one human-readable report (or one JSON line with `--json`) on
 //! stdout so `scripts/bench-broker.sh` can parse it. Progress goes to `tracing` (stderr).
 //!
-//! Layers, each importing only those above it in this list: the leaves [`duration`],
+//! Layers, each importing only those before it in this list: the leaves [`duration`],
 //! [`hist`], [`proc`], [`report`] and [`tls`]; the parts [`limit`] (the bare echo
 //! server) and [`topology`] (the launcher); the scenarios [`bus_rr`] and [`idle_conns`]
 //! (NATS), [`ws`] (WebSocket load through the gateway) and [`faults`] (which reuses the

@@ -205,7 +205,7 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
         .iter()
         .map(|t| t.map_or(0.0, |t| rate(t.ok, window_start, window_end, t.last_answer)))
         .collect();
-    // Every driver has ended and dropped its recorder: this is the last handle.
+    // Every client has ended and dropped its recorder: this is the last handle.
     let Recorded {
         stats: totals,
         timeline,

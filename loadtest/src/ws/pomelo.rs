@@ -142,7 +142,7 @@ async fn run(
     let cpu_before = CpuSample::take(&[]);
     let mut tasks = JoinSet::new();
     for (i, ws) in sockets.into_iter().enumerate() {
-        // Clients spread evenly over one interval, as the generator's phases.
+        // Clients spread evenly over one interval: the pomelo comparison's load.
         let offset = args.interval * u32::try_from(i).unwrap_or(0) / clients as u32;
         let load = Load {
             start: start + offset,
