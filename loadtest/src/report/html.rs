@@ -15,7 +15,7 @@ const COLORS: [&str; 4] = ["#d62728", "#1f77b4", "#2ca02c", "#7f7f7f"];
 const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}\
 table{border-collapse:collapse;margin:1em 0;font-size:12px}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}\
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}td{white-space:nowrap}.meta{color:#555}\
-svg{display:inline-block;margin:0.5em 1em 0.5em 0}";
+svg{display:inline-block;margin:0.5em 0.5em 0.5em 0}";
 
 pub fn render(doc: &Doc) -> String {
     let title = esc(&doc.title);
@@ -82,9 +82,10 @@ fn svg(chart: &Chart) -> String {
     while y <= y_max + y_step / 2.0 {
         let _ = write!(
             svg,
-            "<line x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{0:.1}\" stroke=\"#e5e5e5\"/>\
+            "<line x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#e5e5e5\"/>\
              <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
             WIDTH - RIGHT,
+            sy(y),
             sy(y),
             LEFT - 6.0,
             sy(y) + 4.0,

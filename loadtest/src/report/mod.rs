@@ -282,6 +282,17 @@ mod tests {
         assert_eq!(page.matches("<svg").count(), 2);
         assert!(page.contains("<polyline") && page.contains("99%") && page.contains("no data"));
         assert!(!page.contains("<script"), "no script");
+        // Grid lines and legend marks are horizontal.
+        let attr = |line: &str, name: &str| {
+            line.split(name)
+                .nth(1)?
+                .split('"')
+                .nth(1)
+                .map(str::to_owned)
+        };
+        for line in page.split("<line ").skip(1) {
+            assert_eq!(attr(line, " y1="), attr(line, " y2="), "{line}");
+        }
     }
 
     #[test]
