@@ -21,7 +21,7 @@ use super::books::{Books, Progress, Tally};
 use super::clock::{ClockKind, Metronome, Pacer};
 use super::lean::{CLOSE_TIMEOUT, ClientRun, Conn};
 use super::schedule::{Payload, Plan, Schedule, Stop, times};
-use super::stats::{ClientStats, Recorded, Recorder, SharedRecorded, rate};
+use super::stats::{ClientStats, Recorded, Recorder, SharedRecorded, rate, seconds};
 use crate::hist::Summary;
 use crate::proc::{CpuSample, CpuUse, Watched};
 
@@ -215,7 +215,7 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
         .unwrap_or_else(PoisonError::into_inner);
     let achieved_rps = rate(totals.ok, window_start, window_end, totals.last_answer);
     let end = totals.last_answer.map_or(window_end, |l| l.max(window_end));
-    let timeline = timeline.seconds().collect();
+    let timeline = seconds(&timeline);
     Ok(RunResult {
         target: target.clone(),
         spec: LoadSpec {
