@@ -86,30 +86,9 @@ fn ack() -> Message {
     Message::binary(ack.encode_to_vec())
 }
 
-/// Handshakes, then reads and drops every frame: no request is ever answered.
-async fn silent_server() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("ws://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
-                    return;
-                };
-                let _hello = ws.next().await;
-                if ws.send(ack()).await.is_err() {
-                    return;
-                }
-                while let Some(Ok(_)) = ws.next().await {}
-            });
-        }
-    });
-    url
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_keeps_sending_without_answers_and_stops_by_itself() {
-    let url = silent_server().await;
+    let url = scripted_server(Script::Silent).await;
     let mut spec = spec(2, 40, ClockKind::Thread);
     spec.timeout = Duration::from_millis(300);
     let began = Instant::now();
@@ -150,6 +129,8 @@ enum Script {
     KickAfter(u64),
     /// Answers every request, each `delay` after it arrived.
     Late(Duration),
+    /// Answers nothing.
+    Silent,
 }
 
 fn response(id: u64) -> Message {
@@ -221,6 +202,7 @@ async fn scripted_session(stream: tokio::net::TcpStream, script: Script) {
                 let _ = tx.send(Message::binary(kick.encode_to_vec()));
                 return;
             }
+            Script::Silent => {}
             Script::Late(delay) => {
                 let tx = tx.clone();
                 tokio::spawn(async move {
