@@ -115,11 +115,6 @@ pub struct TargetArgs {
     /// when it is `shaddock`, else `shaddock` beside it).
     #[arg(long)]
     pub bin: Option<PathBuf>,
-    /// Launch the broker, gates and workers without their metrics endpoints (no
-    /// Prometheus recorder in gates and workers), to measure what the metrics cost. By
-    /// default they serve metrics, as a deployment does.
-    #[arg(long)]
-    pub no_metrics: bool,
 }
 
 /// Where the load of a scenario goes.
@@ -224,7 +219,6 @@ impl TargetArgs {
                 .collect(),
             gate_args: self.gate_arg.clone(),
             worker_args: self.worker_arg.clone(),
-            metrics: !self.no_metrics,
             tls,
             one_process: self.topology == TopologyKind::OneProcess,
             ..TopologySpec::default()
