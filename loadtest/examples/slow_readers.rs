@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use futures::SinkExt as _;
-use loadtest::ws::procfs::rss_bytes;
+use loadtest::proc::rss_bytes;
 use proto::Message as _;
 use proto::client::{Handshake, Heartbeat, Packet, Request, packet::Kind};
 use tokio::net::TcpSocket;

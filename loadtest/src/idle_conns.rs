@@ -84,13 +84,18 @@ impl Report {
 /// Runs the measurement and prints its report on stdout.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let report = measure(&args).await?;
-    crate::print_report(&report.to_json(), || report.to_text(), args.json)
+    let out = if args.json {
+        report.to_json().to_string()
+    } else {
+        report.to_text()
+    };
+    crate::report::print_stdout(&(out + "\n"))
 }
 
 /// Runs the measurement and returns its report; connections close when it returns.
 pub async fn measure(args: &Args) -> anyhow::Result<Report> {
     let addr = host_port(&args.url);
-    let rss_before = read_rss(args.pid).await?;
+    let rss_before = read_rss(args.pid)?;
     let mut conns = Vec::with_capacity(usize::try_from(args.conns).unwrap_or(0));
     // Sequential on purpose: the server sees one new connection at a time, as idle
     // clients trickling in would look, and 1,000 loopback handshakes take well under a
@@ -102,7 +107,7 @@ pub async fn measure(args: &Args) -> anyhow::Result<Report> {
             .with_context(|| format!("connection {i} to {addr}"))?;
         conns.push(conn);
     }
-    let rss_after = read_rss(args.pid).await?;
+    let rss_after = read_rss(args.pid)?;
     tracing::info!(conns = conns.len(), rss_before, rss_after, "measured");
     drop(conns);
     Ok(Report {
@@ -158,41 +163,14 @@ fn handshake_done(received: &[u8]) -> anyhow::Result<bool> {
 }
 
 /// Resident set size of `pid` in bytes, from `VmRSS` in `/proc/<pid>/status`.
-async fn read_rss(pid: u32) -> anyhow::Result<u64> {
-    let path = format!("/proc/{pid}/status");
-    let status = tokio::fs::read_to_string(&path)
-        .await
-        .with_context(|| format!("reading {path} (is {pid} a running process?)"))?;
-    parse_vm_rss(&status).with_context(|| format!("no VmRSS line in {path}"))
-}
-
-/// Extracts `VmRSS:   1234 kB` as bytes.
-fn parse_vm_rss(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let mut fields = line["VmRSS:".len()..].split_whitespace();
-    let value: u64 = fields.next()?.parse().ok()?;
-    match fields.next() {
-        Some("kB") => value.checked_mul(1024),
-        _ => None,
-    }
+fn read_rss(pid: u32) -> anyhow::Result<u64> {
+    crate::proc::rss_bytes(pid)
+        .with_context(|| format!("reading the RSS of pid {pid} (is it running?)"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn vm_rss_is_read_in_bytes() {
-        let status = "Name:\tnats-server\nVmPeak:\t 1000 kB\nVmRSS:\t   12345 kB\nThreads:\t8\n";
-        assert_eq!(parse_vm_rss(status), Some(12345 * 1024));
-    }
-
-    #[test]
-    fn vm_rss_missing_or_odd_is_none() {
-        assert_eq!(parse_vm_rss("Name:\tkthreadd\n"), None);
-        assert_eq!(parse_vm_rss("VmRSS:\t12 MB\n"), None);
-        assert_eq!(parse_vm_rss("VmRSS:\tlots kB\n"), None);
-    }
 
     #[test]
     fn handshake_waits_for_a_whole_pong_line() {
@@ -207,13 +185,6 @@ mod tests {
     fn handshake_error_is_reported() {
         let err = handshake_done(b"INFO {}\r\n-ERR 'Authorization Violation'\r\n").unwrap_err();
         assert!(err.to_string().contains("Authorization"), "{err}");
-    }
-
-    #[test]
-    fn url_scheme_is_stripped() {
-        assert_eq!(host_port("nats://127.0.0.1:4222"), "127.0.0.1:4222");
-        assert_eq!(host_port("nats://127.0.0.1:4222/"), "127.0.0.1:4222");
-        assert_eq!(host_port("127.0.0.1:4222"), "127.0.0.1:4222");
     }
 
     #[test]

@@ -4,19 +4,20 @@
 //! panicking, and prints one human-readable report (or one JSON line with `--json`) on
 //! stdout so `scripts/bench-broker.sh` can parse it. Progress goes to `tracing` (stderr).
 //!
-//! - [`bus_rr`]: request-reply over NATS (BENCHMARKS.md B6), latency in an HDR histogram.
-//! - [`idle_conns`]: resident memory a server spends per idle NATS connection.
-//! - [`ws`]: open-loop WebSocket load through the gateway and its scenarios
-//!   (`concurrency`, `pomelo-a`, `pomelo-b`, `saturate`, `idle`, `limit`, `broadcast`,
-//!   `pomelo-compare`, `churn`).
-//! - [`faults`]: steady load through the gates while the fleet changes phase by phase.
+//! Layers, each importing only those before it in this list: the leaves [`duration`],
+//! [`hist`], [`proc`], [`report`] and [`tls`]; the parts [`limit`] (the bare echo
+//! server) and [`topology`] (the launcher); the scenarios [`bus_rr`] and [`idle_conns`]
+//! (NATS), [`ws`] (WebSocket load through the gateway) and [`faults`] (which reuses the
+//! WebSocket pacing). `python3 scripts/check-layers.py loadtest` checks for cycles.
 
 pub mod bus_rr;
 pub mod duration;
 pub mod faults;
+pub mod hist;
 pub mod idle_conns;
-pub mod latency;
 pub mod limit;
+pub mod proc;
+pub mod report;
 pub mod tls;
 pub mod topology;
 pub mod ws;
@@ -31,10 +32,6 @@ pub enum Command {
     /// Open-loop WebSocket load through the gateway, one run per client count
     /// (BENCHMARKS.md "Gateway end to end").
     Concurrency(ws::scenario::ConcurrencyArgs),
-    /// Pomelo scenario A: 1 gate + 1 echo worker, 2 clients × 10,000 requests at 1 ms.
-    PomeloA(ws::scenario::PomeloArgs),
-    /// Pomelo scenario B: 4 gates + 1 echo worker, 4 clients, one per gate.
-    PomeloB(ws::scenario::PomeloArgs),
     /// Raise the per-client rate to the highest whose p99 stays under a target.
     Saturate(ws::scenario::SaturateArgs),
     /// Resident memory a gate spends per idle WebSocket session.
@@ -53,31 +50,12 @@ pub enum Command {
     Faults(faults::FaultsArgs),
 }
 
-/// Prints a tool's report on stdout: the JSON line when `json`, else the text. The
-/// report is the tool's output, not a log line, hence stdout.
-pub fn print_report(
-    json_report: &serde_json::Value,
-    text: impl FnOnce() -> String,
-    json: bool,
-) -> anyhow::Result<()> {
-    use anyhow::Context as _;
-    use std::io::Write as _;
-    let out = if json {
-        json_report.to_string()
-    } else {
-        text()
-    };
-    writeln!(std::io::stdout().lock(), "{out}").context("writing the report")
-}
-
 /// Runs one load-test subcommand.
 pub async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::BusRr(args) => bus_rr::run(args).await,
         Command::IdleConns(args) => idle_conns::run(args).await,
         Command::Concurrency(args) => ws::scenario::concurrency(args).await,
-        Command::PomeloA(args) => ws::scenario::pomelo_a(args).await,
-        Command::PomeloB(args) => ws::scenario::pomelo_b(args).await,
         Command::Saturate(args) => ws::scenario::saturate(args).await,
         Command::Idle(args) => ws::idle::idle(args).await,
         Command::Limit(args) => ws::scenario::limit(args).await,

@@ -341,36 +341,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn pipelined_requests_are_all_answered_in_order() {
-        let (addr, shutdown, task) = start().await;
-        let mut ws = connect(addr).await;
-        let handshake = client::Handshake {
-            server_timing: true,
-            ..Default::default()
-        };
-        send(&mut ws, Kind::Handshake(handshake)).await;
-        recv_kind(&mut ws).await;
-        // More than one batch, all sent before any answer is read.
-        for id in 1..=(3 * MAX_BATCH as u64) {
-            ws.feed(Message::binary(
-                Packet::new(request(id, b"x")).encode_to_vec(),
-            ))
-            .await
-            .unwrap();
-        }
-        ws.flush().await.unwrap();
-        for id in 1..=(3 * MAX_BATCH as u64) {
-            let Kind::Response(resp) = recv_kind(&mut ws).await else {
-                panic!("no response")
-            };
-            assert_eq!((resp.id, resp.code), (id, 200));
-            assert!(resp.timing.is_some(), "server timing was asked for");
-        }
-        shutdown.cancel();
-        timeout(WAIT, task).await.unwrap().unwrap().unwrap();
-    }
-
-    #[tokio::test]
     async fn text_session_is_answered_in_json() {
         let (addr, shutdown, task) = start().await;
         let mut ws = connect(addr).await;
@@ -392,19 +362,6 @@ mod tests {
             panic!("not a response: {packet:?}")
         };
         assert_eq!((resp.id, resp.code, &resp.body[..]), (3, 200, &b"hi"[..]));
-        shutdown.cancel();
-        timeout(WAIT, task).await.unwrap().unwrap().unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_request_before_the_handshake_is_refused() {
-        let (addr, shutdown, task) = start().await;
-        let mut ws = connect(addr).await;
-        send(&mut ws, request(1, b"early")).await;
-        let Message::Close(Some(frame)) = recv(&mut ws).await else {
-            panic!("not closed")
-        };
-        assert_eq!(frame.reason.as_str(), "handshake required");
         shutdown.cancel();
         timeout(WAIT, task).await.unwrap().unwrap().unwrap();
     }

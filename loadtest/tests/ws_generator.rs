@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures::{SinkExt as _, StreamExt as _};
 use loadtest::ws::clock::ClockKind;
-use loadtest::ws::generator::{self, DriverKind, HARD_MARGIN, Length, LoadSpec, Target};
+use loadtest::ws::generator::{self, HARD_MARGIN, Length, LoadSpec, Target};
 use loadtest::ws::schedule::Payload;
 use loadtest::ws::target::LimitServer;
 use proto::Message as _;
@@ -29,8 +29,6 @@ fn spec(clients: usize, count: u64, clock: ClockKind) -> LoadSpec {
         json: false,
         server_timing: true,
         clock,
-        phases: 2,
-        driver: DriverKind::Lean,
         progress: false,
     }
 }
@@ -56,20 +54,10 @@ async fn echo_server() -> (String, CancellationToken) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_scheduled_request_is_sent_and_answered() {
     let (url, shutdown) = echo_server().await;
-    let runs = [
-        (ClockKind::Thread, DriverKind::Lean),
-        (ClockKind::Tokio, DriverKind::Lean),
-        (ClockKind::Thread, DriverKind::Sdk),
-    ];
-    for (clock, driver) in runs {
-        let spec = LoadSpec {
-            driver,
-            ..spec(3, 50, clock)
-        };
-        let run = generator::run(&spec, &target(url.clone()))
+    for clock in [ClockKind::Thread, ClockKind::Tokio] {
+        let run = generator::run(&spec(3, 50, clock), &target(url.clone()))
             .await
             .expect("run");
-        assert_eq!(run.spec.driver, driver);
         let t = &run.totals;
         assert_eq!(run.connected, 3);
         assert_eq!(t.sent, 150, "{clock:?}: 3 clients x 50 measured");
@@ -98,30 +86,9 @@ fn ack() -> Message {
     Message::binary(ack.encode_to_vec())
 }
 
-/// Handshakes, then reads and drops every frame: no request is ever answered.
-async fn silent_server() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("ws://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
-                    return;
-                };
-                let _hello = ws.next().await;
-                if ws.send(ack()).await.is_err() {
-                    return;
-                }
-                while let Some(Ok(_)) = ws.next().await {}
-            });
-        }
-    });
-    url
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_keeps_sending_without_answers_and_stops_by_itself() {
-    let url = silent_server().await;
+    let url = scripted_server(Script::Silent).await;
     let mut spec = spec(2, 40, ClockKind::Thread);
     spec.timeout = Duration::from_millis(300);
     let began = Instant::now();
@@ -162,6 +129,8 @@ enum Script {
     KickAfter(u64),
     /// Answers every request, each `delay` after it arrived.
     Late(Duration),
+    /// Answers nothing.
+    Silent,
 }
 
 fn response(id: u64) -> Message {
@@ -233,6 +202,7 @@ async fn scripted_session(stream: tokio::net::TcpStream, script: Script) {
                 let _ = tx.send(Message::binary(kick.encode_to_vec()));
                 return;
             }
+            Script::Silent => {}
             Script::Late(delay) => {
                 let tx = tx.clone();
                 tokio::spawn(async move {
@@ -329,7 +299,6 @@ async fn json_clients_are_answered_in_json() {
     spec.json = true;
     spec.payload = Payload::Fixed(bytes::Bytes::from_static(br#"{"room":"a"}"#));
     let run = generator::run(&spec, &target(url)).await.expect("run");
-    assert_eq!(run.spec.driver, DriverKind::Lean);
     assert_eq!((run.totals.sent, run.totals.ok), (40, 40));
     assert_eq!(
         run.totals.server.total.len(),

@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 
 use crate::duration::parse_duration;
-use crate::ws::procfs::CpuSample;
-use crate::ws::scenario::OutputArgs;
-use fleet::{Fleet, FleetSpec};
+use crate::proc::CpuSample;
+use crate::report::OutputArgs;
+use crate::topology::Topology;
 use load::{LoadConfig, PhaseClock};
 use phases::{Limits, PHASES, Struck, Window};
 use report::{FaultsReport, PhaseReport, PhaseRun};
@@ -108,14 +108,7 @@ const SETTLE_POLL: Duration = Duration::from_millis(1);
 
 /// Runs the scenario: launches the fleet, runs the phases under load, reports.
 pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
-    let spec = FleetSpec {
-        bus: args.bus,
-        gates: args.gates as usize,
-        workers: args.workers as usize,
-        gate_args: args.gate_arg.clone(),
-        shaddock_bin: args.bin.clone(),
-    };
-    let mut fleet = Fleet::start(&spec).await?;
+    let mut fleet = fleet::start(&args).await?;
     let outcome = run_phases(&args, &mut fleet).await;
     let stopped = fleet.shutdown().await;
     let report = outcome?;
@@ -124,8 +117,8 @@ pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
 }
 
 /// The load and the phases, on a running fleet.
-async fn run_phases(args: &FaultsArgs, fleet: &mut Fleet) -> anyhow::Result<FaultsReport> {
-    let mut report = FaultsReport::now(args.bus, fleet.describe());
+async fn run_phases(args: &FaultsArgs, fleet: &mut Topology) -> anyhow::Result<FaultsReport> {
+    let mut report = FaultsReport::now(args.bus, fleet::describe(fleet));
     let config = Arc::new(LoadConfig {
         clients: args.clients as usize,
         interval: Duration::from_secs(1) / args.rate,
@@ -165,7 +158,7 @@ async fn run_phases(args: &FaultsArgs, fleet: &mut Fleet) -> anyhow::Result<Faul
         if !args.output.quiet {
             eprintln!("phase {}: {}", index + 1, fault.name());
         }
-        let acted = fleet.act(fault).await;
+        let acted = fleet::act(fleet, fault).await;
         tokio::time::sleep(args.phase).await;
         let checked = fleet.check();
         let (events, fault_at) = match acted {
@@ -237,21 +230,7 @@ async fn run_phases(args: &FaultsArgs, fleet: &mut Fleet) -> anyhow::Result<Faul
 /// Prints the report, writes the requested files; with `--check`, fails when a phase
 /// missed its expectation. A run stopped by an error always fails.
 fn finish(report: &FaultsReport, args: &FaultsArgs) -> anyhow::Result<()> {
-    let output = &args.output;
-    let json_on_stdout = output.json.as_deref() == Some(std::path::Path::new("-"));
-    if json_on_stdout {
-        println!("{}", serde_json::to_string(report)?);
-    } else {
-        print!("{}", report.text());
-    }
-    if let Some(path) = output.json.as_ref().filter(|_| !json_on_stdout) {
-        let json = serde_json::to_string_pretty(report)?;
-        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(path) = &output.html {
-        std::fs::write(path, report.html())
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+    args.output.write(report, &report.doc())?;
     if !report.errors.is_empty() {
         bail!("the run stopped early: {}", report.errors.join("; "));
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::load::{Answer, ClientRecord, Gap, Outcome};
-use crate::ws::hist::Hist;
+use crate::hist::Hist;
 
 /// The bus the topology runs on (`--bus`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]

@@ -1,7 +1,5 @@
 //! The report of `loadtest faults`: per phase, what was sent, how it ended, the clients'
-//! reconnection gaps, and what was expected against what was seen; as a table on
-//! stdout, JSON (`--json`) and a page (`--html`, in the style of the other scenarios'
-//! pages, [`crate::ws::html`]).
+//! reconnection gaps, and what was expected against what was seen.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -11,10 +9,8 @@ use serde::Serialize;
 
 use super::load::{Answer, ClientRecord};
 use super::phases::{Bus, Expectation, Fault, Limits, Tally};
-use crate::ws::html::{STYLE, Series, XAxis, esc, line_chart, table};
-use crate::ws::procfs::{CpuUse, MACHINE, STEAL};
-use crate::ws::report::{Machine, utc_now};
-use crate::ws::text::markdown_table;
+use crate::proc::{CpuUse, MACHINE, STEAL};
+use crate::report::{Doc, Meta, Table, XAxis};
 
 /// Width of one point of the answers-over-time chart.
 const TIMELINE_BUCKET: Duration = Duration::from_millis(100);
@@ -23,9 +19,8 @@ const TIMELINE_BUCKET: Duration = Duration::from_millis(100);
 #[derive(Debug, Clone, Serialize)]
 pub struct FaultsReport {
     pub scenario: &'static str,
-    pub date: String,
-    pub machine: Machine,
-    pub command: String,
+    #[serde(flatten)]
+    pub meta: Meta,
     pub bus: Bus,
     /// The processes at the start, by name and pid.
     pub setup: String,
@@ -37,8 +32,6 @@ pub struct FaultsReport {
     /// Answers per 100 ms over the run: [seconds from the start, 200s, other codes,
     /// cut + timed out + failed], by the time they ended.
     pub timeline: Vec<[f64; 4]>,
-    /// Phase starts, seconds from the run's start.
-    pub phase_starts_s: Vec<f64>,
     /// What stopped the run early, if anything did.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
@@ -212,9 +205,7 @@ impl FaultsReport {
     pub fn now(bus: Bus, setup: String) -> Self {
         FaultsReport {
             scenario: "faults",
-            date: utc_now(),
-            machine: Machine::this(),
-            command: std::env::args().collect::<Vec<_>>().join(" "),
+            meta: Meta::now(),
             bus,
             setup,
             clients: 0,
@@ -223,173 +214,96 @@ impl FaultsReport {
             client_timeout_ms: 0,
             phases: Vec::new(),
             timeline: Vec::new(),
-            phase_starts_s: Vec::new(),
             errors: Vec::new(),
             passed: false,
         }
     }
 
-    fn bus_name(&self) -> &'static str {
-        match self.bus {
+    pub fn doc(&self) -> Doc {
+        let bus = match self.bus {
             Bus::Shaddock => "shaddock broker",
             Bus::NatsCluster => "3-node nats-server cluster",
-        }
-    }
-
-    fn title(&self) -> String {
-        format!("faults on the {}", self.bus_name())
-    }
-
-    fn meta(&self) -> String {
-        let m = &self.machine;
-        format!(
-            "{} · {} CPUs ({}), {} GiB, Linux {} · {} clients × {} req/s of {}, client timeout {} ms",
-            self.date,
-            m.cpus,
-            m.cpu_model,
-            m.memory_gib,
-            m.kernel,
-            self.clients,
-            self.rps_per_client,
-            self.route,
-            self.client_timeout_ms
-        )
-    }
-
-    /// The terminal report.
-    pub fn text(&self) -> String {
-        let mut out = format!(
-            "{}\n{}\n{}\nprocesses: {}\n\n",
-            self.title(),
-            self.meta(),
-            self.command,
-            self.setup
-        );
-        let rows = self.phases.iter().map(row);
-        out.push_str(&markdown_table(&COLUMNS, rows));
-        out.push('\n');
+        };
+        let mut doc = Doc::new(format!("faults on the {bus}"), self.meta.clone());
+        doc.lines(vec![
+            format!(
+                "{} clients × {} req/s of {}, client timeout {} ms",
+                self.clients, self.rps_per_client, self.route, self.client_timeout_ms
+            ),
+            format!("processes: {}", self.setup),
+            "each request counts in the phase it was sent in; times in ms; a gap is a client's \
+             time from its last answer before a lost connection to its first after"
+                .to_owned(),
+        ]);
+        let mut table = Table::new(&[
+            "phase",
+            "sent",
+            "answered by code",
+            "cut",
+            "timed out",
+            "lost",
+            "reconnects",
+            "gap max",
+            "gap p99",
+            "no 200 for",
+            "p99",
+            "steal %",
+            "expectation",
+        ]);
+        table.rows = self.phases.iter().map(row).collect();
+        doc.table(table);
         for p in &self.phases {
-            let verdict = if p.passed() { "met" } else { "MISSED" };
-            let _ = writeln!(out, "{} [{verdict}]", p.name);
-            for e in &p.events {
-                let _ = writeln!(out, "  did:      {e}");
-            }
-            let _ = writeln!(out, "  expected: {}", p.expected);
-            let _ = writeln!(out, "  seen:     {}", p.seen);
-            for (reason, n) in &p.reasons {
-                let _ = writeln!(out, "            {n} × {reason}");
-            }
-            for m in &p.misses {
-                let _ = writeln!(out, "  missed:   {m}");
-            }
+            doc.heading(format!(
+                "{} [{}]",
+                p.name,
+                if p.passed() { "met" } else { "MISSED" }
+            ));
+            let mut lines: Vec<String> =
+                p.events.iter().map(|e| format!("did:      {e}")).collect();
+            lines.push(format!("expected: {}", p.expected));
+            lines.push(format!("seen:     {}", p.seen));
+            lines.extend(
+                p.reasons
+                    .iter()
+                    .map(|(reason, n)| format!("          {n} × {reason}")),
+            );
+            lines.extend(p.misses.iter().map(|m| format!("missed:   {m}")));
+            doc.lines(lines);
         }
-        for e in &self.errors {
-            let _ = writeln!(out, "error: {e}");
-        }
+        let series = |i: usize| self.timeline.iter().map(|p| (p[0], p[i])).collect();
+        doc.chart(
+            "Answers per second, by when they ended",
+            XAxis::Seconds,
+            vec![
+                ("200/s", series(1)),
+                ("other codes/s", series(2)),
+                ("cut, timed out, failed/s", series(3)),
+            ],
+        );
+        let mut end: Vec<String> = self.errors.iter().map(|e| format!("error: {e}")).collect();
         let missed: Vec<&str> = self
             .phases
             .iter()
             .filter(|p| !p.passed())
             .map(|p| p.name)
             .collect();
-        if missed.is_empty() && self.errors.is_empty() {
-            out.push_str("every phase met its expectation\n");
+        end.push(if missed.is_empty() && self.errors.is_empty() {
+            "every phase met its expectation".to_owned()
         } else {
-            let _ = writeln!(
-                out,
+            format!(
                 "phases that missed their expectation: {}",
                 missed.join(", ")
-            );
-        }
-        out
-    }
-
-    /// The page.
-    pub fn html(&self) -> String {
-        let title = self.title();
-        let mut out = format!(
-            "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\n\
-             <style>{STYLE}</style></head><body>\n<h1>{t}</h1>\n<p class=\"meta\">{}<br><code>{}</code><br>{}</p>\n",
-            esc(&self.meta()),
-            esc(&self.command),
-            esc(&self.setup),
-            t = esc(&title),
-        );
-        table(&mut out, &COLUMNS, self.phases.iter().map(row));
-        out.push_str("<p>Each request counts in the phase it was sent in. Times in ms; a gap is a client's time from its last answer before a lost connection to its first after.</p>\n");
-        for p in &self.phases {
-            let verdict = if p.passed() { "met" } else { "missed" };
-            let _ = write!(
-                out,
-                "<h2>{} <small>[{verdict}]</small></h2>\n<ul>",
-                esc(p.name)
-            );
-            for e in &p.events {
-                let _ = write!(out, "<li>{}</li>", esc(e));
-            }
-            let _ = write!(
-                out,
-                "<li>expected: {}</li><li>seen: {}</li>",
-                esc(&p.expected),
-                esc(&p.seen)
-            );
-            for (reason, n) in &p.reasons {
-                let _ = write!(out, "<li>{n} × {}</li>", esc(reason));
-            }
-            for m in &p.misses {
-                let _ = write!(out, "<li><b>missed: {}</b></li>", esc(m));
-            }
-            out.push_str("</ul>\n");
-        }
-        for e in &self.errors {
-            let _ = writeln!(out, "<p><b>Error:</b> {}</p>", esc(e));
-        }
-        let series = |name, color, i: usize| Series {
-            name,
-            color,
-            points: self.timeline.iter().map(|p| (p[0], p[i])).collect(),
-        };
-        let lines = [
-            series("200/s", "#2ca02c", 1),
-            series("other codes/s", "#ff7f0e", 2),
-            series("cut, timed out, failed/s", "#d62728", 3),
-        ];
-        let starts: Vec<String> = self
-            .phases
-            .iter()
-            .map(|p| format!("{} at {:.1} s", p.name, p.started_s))
-            .collect();
-        out.push_str(&line_chart(
-            "Answers per second, by when they ended",
-            &lines,
-            &XAxis::Seconds,
-        ));
-        let _ = writeln!(out, "<p>Phases: {}.</p>", esc(&starts.join(", ")));
-        out.push_str("</body></html>\n");
-        out
+            )
+        });
+        doc.lines(end);
+        doc
     }
 }
 
-const COLUMNS: [&str; 13] = [
-    "phase",
-    "sent",
-    "answered by code",
-    "cut",
-    "timed out",
-    "lost",
-    "reconnects",
-    "gap max",
-    "gap p99",
-    "no 200 for",
-    "p99",
-    "steal %",
-    "expectation",
-];
-
-fn row(p: &PhaseReport) -> [String; COLUMNS.len()] {
+fn row(p: &PhaseReport) -> Vec<String> {
     let codes: Vec<String> = p.answered.iter().map(|(c, n)| format!("{c}:{n}")).collect();
     let failed: u64 = p.failed.values().sum();
-    [
+    vec![
         p.name.to_owned(),
         p.sent.to_string(),
         codes.join(" "),

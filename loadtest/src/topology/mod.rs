@@ -1,40 +1,17 @@
-//! Launches a Shaddock topology as separate processes on loopback: a broker, G gates
-//! and W workers, each its own `shaddock` process, the way a fleet runs them. Load tests
-//! and benchmarks measure this (not one process with every role in it), so the bus hop,
-//! the syscalls and the scheduling between roles are real.
+//! Launches a Shaddock topology as separate processes on loopback: a broker (or
+//! nats-server nodes, `cluster.rs`), G gates and W workers, each its own `shaddock`
+//! process, the way a fleet runs them, so the bus hop and the scheduling between roles
+//! are real. A running topology can be changed ([`change`]).
 //!
-//! Every child binds port 0 and is trusted only once it has logged its readiness line
-//! (`Server is ready`, `Gate is ready`, `Worker is ready`) on stderr within a deadline:
-//! the addresses it really bound are read from the lines before it, so nothing sleeps
-//! and nothing guesses a port. A child that exits before it is ready fails
-//! [`Topology::start`] with the tail of its output. Each child's stderr is drained for
-//! the whole of its life (to `tracing` at debug level, and into a short tail kept for
-//! error messages) so a chatty child never blocks on a full pipe.
-//!
-//! Teardown stops exactly the processes this topology started, by pid, in dependency
-//! order: gates first (they drain in-flight requests while workers still answer), then
-//! workers (while the broker still runs, so they unsubscribe cleanly), then the broker.
-//! Each gets SIGTERM, a deadline, then SIGKILL. [`Topology::shutdown`] does it
-//! asynchronously; `Drop` does the same synchronously with shorter deadlines, so a
-//! scenario that returns early, fails or panics still leaves nothing behind.
-//!
-//! The bus is `shaddock broker`, one `nats-server`, or a cluster of them routed to each
-//! other ([`BrokerSpec::NatsCluster`], see `cluster.rs`). A running topology can be
-//! changed: workers and gates added, one process stopped by a chosen signal, a bus node
-//! started again on its ports ([`change`]).
-//!
-//! With [`TopologySpec::tls`] each gate also serves `wss://` on its own port, with a
-//! certificate from a throwaway CA made at launch ([`crate::tls::Certs`]); the PEM files
-//! live as long as the topology and are removed with it.
-//!
-//! Ctrl-C: children stay in the caller's process group, so a Ctrl-C at a terminal
-//! reaches them too and they stop on their own even if the caller dies at once. A
-//! scenario that wants the orderly teardown runs under [`Topology::run`] (its work
-//! races Ctrl-C and any child dying, then everything is shut down) or, to hold a
-//! topology open for manual testing, [`Topology::run_until_ctrl_c`].
+//! Every child binds port 0 and is trusted only once it has logged its readiness line on
+//! stderr within a deadline; the addresses it bound are read from the lines before it, so
+//! nothing sleeps and nothing guesses a port. Each child's stderr is drained for its whole
+//! life (a short tail is kept for error messages), so a chatty child never blocks.
+//! Teardown stops exactly the processes started here, by pid, gates first (they drain
+//! while workers still answer), then workers, then the bus: SIGTERM, a deadline, SIGKILL.
+//! `Drop` does the same synchronously, so a scenario that fails still leaves nothing.
 
 use std::collections::{HashMap, VecDeque};
-use std::convert::Infallible;
 use std::ffi::OsStr;
 use std::fmt;
 use std::net::SocketAddr;
@@ -502,13 +479,6 @@ async fn drain(
     }
 }
 
-/// How [`Topology::serve`] ended.
-enum Stop<T> {
-    Done(T),
-    CtrlC,
-    Failed(anyhow::Error),
-}
-
 /// A running topology. Stops every process it started on [`Topology::shutdown`] or drop.
 pub struct Topology {
     procs: Vec<Proc>,
@@ -802,16 +772,6 @@ impl Topology {
             .collect()
     }
 
-    /// The started broker's HTTP monitoring (`/varz`, `/connz`, ...), when metrics are on;
-    /// of a cluster, the first running node's.
-    pub fn monitor_url(&self) -> Option<String> {
-        self.procs
-            .iter()
-            .find(|p| p.role.stage() == 2)
-            .and_then(|p| p.monitor)
-            .map(|addr| format!("http://{addr}"))
-    }
-
     /// Fails when a started process has exited (crashed, or was killed from outside).
     pub fn check(&mut self) -> anyhow::Result<()> {
         for p in &mut self.procs {
@@ -845,42 +805,21 @@ impl Topology {
         futures::future::select_all(waits).await.0
     }
 
-    /// Waits for `work`, Ctrl-C, or a started process exiting, whichever comes first.
-    async fn serve<F: Future>(&mut self, work: F) -> Stop<F::Output> {
-        tokio::select! {
-            output = work => Stop::Done(output),
-            signal = tokio::signal::ctrl_c() => match signal {
-                Ok(()) => Stop::CtrlC,
-                Err(e) => Stop::Failed(anyhow!(e).context("listening for Ctrl-C")),
-            },
-            exited = self.first_exit() => Stop::Failed(exited),
-        }
-    }
-
     /// Runs `work` (a scenario) while the topology serves, then shuts everything down.
     /// Stops early, with an error, on Ctrl-C or when a started process exits.
     pub async fn run<F: Future>(mut self, work: F) -> anyhow::Result<F::Output> {
-        let stop = self.serve(work).await;
-        let stopped = self.shutdown().await;
-        let output = match stop {
-            Stop::Done(output) => output,
-            Stop::CtrlC => bail!("interrupted by Ctrl-C"),
-            Stop::Failed(e) => return Err(e),
+        let stop = tokio::select! {
+            output = work => Ok(output),
+            signal = tokio::signal::ctrl_c() => Err(match signal {
+                Ok(()) => anyhow!("interrupted by Ctrl-C"),
+                Err(e) => anyhow!(e).context("listening for Ctrl-C"),
+            }),
+            exited = self.first_exit() => Err(exited),
         };
+        let stopped = self.shutdown().await;
+        let output = stop?;
         stopped?;
         Ok(output)
-    }
-
-    /// Serves until Ctrl-C, then shuts everything down. A started process exiting
-    /// first is an error (after the rest are stopped too).
-    pub async fn run_until_ctrl_c(mut self) -> anyhow::Result<()> {
-        let stop = self.serve(std::future::pending::<Infallible>()).await;
-        let stopped = self.shutdown().await;
-        match stop {
-            Stop::Done(never) => match never {},
-            Stop::CtrlC => stopped,
-            Stop::Failed(e) => Err(e),
-        }
     }
 
     /// Stops every started process: gates, then workers, then the broker; each stage

@@ -1,6 +1,6 @@
-//! A client's bookkeeping during a run, whichever driver speaks to the server: what it
-//! sent and what ended, for its own rate ([`Tally`]), the shared progress counts
-//! (published in batches) and the run's record ([`Recorder`]).
+//! A client's bookkeeping during a run: what it sent and what ended, for its own rate
+//! ([`Tally`]), the shared progress counts (published in batches) and the run's record
+//! ([`Recorder`]).
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -21,6 +21,7 @@ use proto::chat::{JoinRequest, LoginRequest, SayRequest};
 use tokio::sync::Notify;
 
 use super::target::{ServiceKind, TargetArgs, with_topology};
+use crate::report::{Doc, Meta, OutputArgs};
 
 /// How long to wait for the last deliveries before reporting what arrived.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -50,16 +51,17 @@ pub struct BroadcastArgs {
     /// particular order, so pushes to a member coalesce.
     #[arg(long)]
     pub unordered: bool,
-    /// Write the result as one JSON object to this file (`-` for stdout).
-    #[arg(long)]
-    pub json: Option<String>,
     #[command(flatten)]
     pub target: TargetArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// What one broadcast run measured.
 #[derive(Debug, serde::Serialize)]
 pub struct BroadcastReport {
+    #[serde(flatten)]
+    pub meta: Meta,
     pub setup: String,
     pub members: usize,
     pub gates: usize,
@@ -82,26 +84,23 @@ pub async fn broadcast(mut args: BroadcastArgs) -> anyhow::Result<()> {
     args.target.service = ServiceKind::Chat;
     let (gates, topology) = args.target.gates(2, 1).await?;
     let report = with_topology(topology, measure(&args, &gates.urls, gates.setup.clone())).await?;
-    let text = format!(
-        "# broadcast — {}\n{} messages × {} members on {} gate(s): {} of {} deliveries in {:.2} s\n\
-         {:.0} deliveries/s, {:.0} messages/s; {} dropped by full client queues",
-        report.setup,
-        report.messages,
-        report.members,
-        report.gates,
-        report.deliveries,
-        report.expected,
-        report.elapsed_s,
-        report.deliveries_per_s,
-        report.messages_per_s,
-        report.dropped,
-    );
-    let json = serde_json::to_value(&report)?;
-    if let Some(path) = args.json.as_deref().filter(|p| *p != "-") {
-        std::fs::write(path, serde_json::to_vec_pretty(&json)?)
-            .with_context(|| format!("writing {path}"))?;
-    }
-    crate::print_report(&json, || text, args.json.as_deref() == Some("-"))?;
+    let mut doc = Doc::new(format!("broadcast — {}", report.setup), report.meta.clone());
+    doc.lines(vec![
+        format!(
+            "{} messages × {} members on {} gate(s): {} of {} deliveries in {:.2} s",
+            report.messages,
+            report.members,
+            report.gates,
+            report.deliveries,
+            report.expected,
+            report.elapsed_s
+        ),
+        format!(
+            "{:.0} deliveries/s, {:.0} messages/s; {} dropped by full client queues",
+            report.deliveries_per_s, report.messages_per_s, report.dropped
+        ),
+    ]);
+    args.output.write(&report, &doc)?;
     if report.deliveries < report.expected {
         bail!("{} deliveries missing", report.expected - report.deliveries);
     }
@@ -183,6 +182,7 @@ async fn measure(
     let elapsed = started.elapsed().as_secs_f64();
     let deliveries = received.load(Ordering::Relaxed);
     Ok(BroadcastReport {
+        meta: Meta::now(),
         setup,
         members: args.members,
         gates: urls.len(),

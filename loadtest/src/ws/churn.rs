@@ -1,19 +1,10 @@
-//! `churn`: what each closed session leaves behind, in each process (issue #34).
-//!
-//! Opens and closes `--sessions` sessions, `--concurrency` at a time (and at most
-//! `--rate` started per second), each doing the `--mix` between its handshake and its
-//! close: `echo` (one `echo.raw`), `chat` (`chat.login` under a name of its own, then
-//! `chat.join` of one of `--rooms` rooms). It reads every launched process's `VmRSS`
-//! before the first session, after `--warmup` sessions, at `--samples` points between,
-//! and after the last; each reading is taken with no session open (new sessions wait
-//! until those in progress have closed), so it counts what closed sessions left, not
-//! sessions still open. A server that keeps nothing per closed session levels off after
-//! the warm-up (allocator pools, maps at their high-water capacity, caches full); one
-//! that leaks grows by the same bytes for every session: the report's
-//! `bytes_per_session`, the growth after the warm-up over the sessions after it.
+//! `churn`: what each closed session leaves behind, in each process (issue #34;
+//! docs/benchmarks.md "Session churn"). Every RSS reading is taken with no session open,
+//! so it counts what closed sessions left: a server that keeps nothing per closed
+//! session levels off after the warm-up, one that leaks grows by the same bytes for
+//! every session (`bytes_per_session`).
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
@@ -22,9 +13,10 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 
 use super::broadcast::{expect_ok, login_and_join};
-use super::procfs::rss_bytes;
 use super::target::{Gates, ServiceKind, TargetArgs, with_topology};
 use crate::duration::parse_duration;
+use crate::proc::rss_bytes;
+use crate::report::{Doc, Meta, OutputArgs, Table};
 
 /// What a session does between its handshake and its close.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -88,12 +80,10 @@ pub struct ChurnArgs {
     /// Fail when a process grew by more than this many KiB after the warm-up.
     #[arg(long, value_name = "KIB")]
     pub max_growth_kib: Option<u64>,
-    /// Also write the report as JSON to this file (`-`: JSON on stdout instead of the
-    /// text report).
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
     #[command(flatten)]
     pub target: TargetArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 fn parse_named_pid(text: &str) -> Result<(String, u32), String> {
@@ -134,6 +124,8 @@ pub struct Sample {
 #[derive(Debug, Clone, Serialize)]
 pub struct ChurnReport {
     pub scenario: &'static str,
+    #[serde(flatten)]
+    pub meta: Meta,
     pub setup: String,
     pub mix: Vec<&'static str>,
     pub sessions: u64,
@@ -151,7 +143,7 @@ pub struct ChurnReport {
 }
 
 /// Runs the scenario: 1 gate and one worker per service of the mix unless told otherwise.
-pub async fn churn(mut args: ChurnArgs) -> anyhow::Result<()> {
+pub async fn churn(args: ChurnArgs) -> anyhow::Result<()> {
     let steps: BTreeSet<Step> = args.mix.iter().copied().collect();
     ensure!(!steps.is_empty(), "--mix needs at least one step");
     ensure!(
@@ -161,29 +153,16 @@ pub async fn churn(mut args: ChurnArgs) -> anyhow::Result<()> {
         args.sessions
     );
     let services: Vec<ServiceKind> = steps.iter().map(|s| s.service()).collect();
-    let (gates, topology) = args.target.gates_for(1, 1, &services).await?;
-    let json = args.json.take();
-    let max_growth = args.max_growth_kib;
+    let (gates, topology) = args.target.launch(1, 1, &services, false).await?;
     let report = with_topology(topology, run(&args, &gates)).await?;
-    let text = render_text(&report);
-    match json.as_deref() {
-        Some(path) if path == std::path::Path::new("-") => {
-            println!("{}", serde_json::to_string(&report)?);
-        }
-        Some(path) => {
-            print!("{text}");
-            std::fs::write(path, serde_json::to_string_pretty(&report)?)
-                .with_context(|| format!("writing {}", path.display()))?;
-        }
-        None => print!("{text}"),
-    }
+    args.output.write(&report, &report.doc())?;
     if report.ok == 0 {
         bail!(
             "no session did its steps: {}",
             report.first_error.unwrap_or_default()
         );
     }
-    if let Some(kib) = max_growth {
+    if let Some(kib) = args.max_growth_kib {
         let over: Vec<String> = report
             .processes
             .iter()
@@ -326,6 +305,7 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
         .collect();
     Ok(ChurnReport {
         scenario: "churn",
+        meta: Meta::now(),
         setup: gates.setup.clone(),
         mix: args.mix.iter().map(|s| s.name()).collect(),
         sessions: args.sessions,
@@ -378,61 +358,64 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
-/// The report as terminal text.
-pub fn render_text(r: &ChurnReport) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let _ = writeln!(out, "churn: {}", r.setup);
-    let _ = writeln!(
-        out,
-        "{} sessions ({} ok, {} failed), mix {}, {} at once{}, in {:.1} s ({:.0} sessions/s)",
-        r.sessions,
-        r.ok,
-        r.failed,
-        r.mix.join("+"),
-        r.concurrency,
-        if r.rate > 0 {
-            format!(", at most {}/s", r.rate)
+impl ChurnReport {
+    fn doc(&self) -> Doc {
+        let mut doc = Doc::new(format!("churn — {}", self.setup), self.meta.clone());
+        let rate = if self.rate > 0 {
+            format!(", at most {}/s", self.rate)
         } else {
             String::new()
-        },
-        r.elapsed_s,
-        r.sessions_per_s
-    );
-    if let Some(e) = &r.first_error {
-        let _ = writeln!(out, "first error: {e}");
+        };
+        let mut lines = vec![format!(
+            "{} sessions ({} ok, {} failed), mix {}, {} at once{rate}, in {:.1} s ({:.0} sessions/s)",
+            self.sessions,
+            self.ok,
+            self.failed,
+            self.mix.join("+"),
+            self.concurrency,
+            self.elapsed_s,
+            self.sessions_per_s
+        )];
+        lines.extend(self.first_error.iter().map(|e| format!("first error: {e}")));
+        doc.lines(lines);
+        let after = format!("after {} sessions", self.warmup);
+        let mut table = Table::new(&[
+            "process",
+            "RSS first",
+            &after,
+            "last",
+            "growth after warm-up",
+            "bytes/session",
+        ]);
+        table.rows = self
+            .processes
+            .iter()
+            .map(|p| {
+                vec![
+                    p.name.clone(),
+                    format!("{:.1} MiB", mib(p.first)),
+                    format!("{:.1} MiB", mib(p.after_warmup)),
+                    format!("{:.1} MiB", mib(p.last)),
+                    format!("{:+.0} KiB", p.growth_after_warmup as f64 / 1024.0),
+                    format!("{:.1}", p.bytes_per_session),
+                ]
+            })
+            .collect();
+        doc.table(table);
+        doc.heading("RSS (MiB) by sessions closed");
+        let mut columns = vec!["sessions closed".to_owned(), "s".to_owned()];
+        columns.extend(self.processes.iter().map(|p| p.name.clone()));
+        let rows = self.samples.iter().map(|s| {
+            let mut row = vec![s.sessions.to_string(), format!("{:.1}", s.elapsed_s)];
+            row.extend(s.rss.iter().map(|&b| format!("{:.1}", mib(b))));
+            row
+        });
+        doc.table(Table {
+            columns,
+            rows: rows.collect(),
+        });
+        doc
     }
-    let _ = writeln!(
-        out,
-        "| process | RSS first | after {} sessions | last | growth after warm-up | bytes/session |",
-        r.warmup
-    );
-    let _ = writeln!(out, "|---|---|---|---|---|---|");
-    for p in &r.processes {
-        let _ = writeln!(
-            out,
-            "| {} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:+.0} KiB | {:.1} |",
-            p.name,
-            mib(p.first),
-            mib(p.after_warmup),
-            mib(p.last),
-            p.growth_after_warmup as f64 / 1024.0,
-            p.bytes_per_session
-        );
-    }
-    let names: Vec<&str> = r.processes.iter().map(|p| p.name.as_str()).collect();
-    let _ = writeln!(out, "RSS (MiB) by sessions closed: {}", names.join("  "));
-    for s in &r.samples {
-        let rss: Vec<String> = s.rss.iter().map(|&b| format!("{:.1}", mib(b))).collect();
-        let _ = writeln!(
-            out,
-            "  {:>9} at {:>7.1} s: {}",
-            s.sessions,
-            s.elapsed_s,
-            rss.join("  ")
-        );
-    }
-    out
 }
 
 #[cfg(test)]

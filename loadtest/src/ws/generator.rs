@@ -1,33 +1,29 @@
-//! The open-loop WebSocket load generator: N SDK clients, each sending one request per
+//! The open-loop WebSocket load generator: N clients, each sending one request per
 //! interval on an absolute schedule whether or not earlier answers came back.
 //!
 //! A run has four phases: connect (clients spread over `ramp`), warm-up (sent, not
 //! recorded), the measured window (a duration, or a count of requests per client), and
-//! the drain (answers to the window's requests, up to the request timeout). The run ends
-//! by itself at the latest at a hard deadline: the last slot + request timeout +
-//! [`HARD_MARGIN`]; anything still in flight then is reported as unanswered.
-//!
-//! Each client is one task with its own books ([`Books`]): no spawn and no lock per
-//! request. What speaks to the server is the client's driver ([`DriverKind`]): the lean
-//! one ([`super::lean`]: the task owns its WebSocket, the default) or the SDK client
-//! ([`super::sdk_driver`]: for `wss://`, and to measure the SDK).
+//! the drain (answers to the window's requests, up to the request timeout). It ends by
+//! itself at the latest at a hard deadline: the last slot + request timeout +
+//! [`HARD_MARGIN`]; anything still in flight then is reported as unanswered. Each client
+//! is one task with its own books: no spawn and no lock per request.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use gateway::sdk::{Client, ClientOptions};
+use gateway::sdk::ClientOptions;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::task::JoinSet;
 
 use super::books::{Books, Progress, Tally};
-use super::clock::{ClockKind, Metronome, Pacer, phase_groups};
-use super::hist::Summary;
-use super::procfs::{CpuSample, CpuUse, Watched};
-use super::schedule::{Payload, Plan, Schedule, Stop, phase_offset, times};
-use super::stats::{ClientStats, Recorded, Recorder, SharedRecorded, rate};
-use super::{lean, sdk_driver};
+use super::clock::{ClockKind, Metronome, Pacer};
+use super::lean::{CLOSE_TIMEOUT, ClientRun, Conn};
+use super::schedule::{Payload, Plan, Schedule, Stop, times};
+use super::stats::{ClientStats, Recorded, Recorder, SharedRecorded, rate, seconds};
+use crate::hist::Summary;
+use crate::proc::{CpuSample, CpuUse, Watched};
 
 /// Time between deciding the start and the first slot, so every task is ready for it.
 const LEAD: Duration = Duration::from_millis(20);
@@ -37,8 +33,6 @@ pub const HARD_MARGIN: Duration = Duration::from_secs(1);
 const PROGRESS_TICK: Duration = Duration::from_millis(200);
 /// Most distinct connect errors kept for the report.
 const MAX_CONNECT_ERRORS: usize = 8;
-/// How long closing the clients may take at the end.
-pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time an overloaded runtime gets on top of that before the run is declared stuck.
 const GIVE_UP_SLACK: Duration = Duration::from_secs(5);
 
@@ -48,28 +42,6 @@ pub enum Length {
     Duration(Duration),
     /// Requests per client.
     Count(u64),
-}
-
-/// What speaks the client protocol for each client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DriverKind {
-    /// One task per client owning its WebSocket (`ws://` only; `wss://` uses the SDK).
-    #[default]
-    Lean,
-    /// The Rust client SDK (`gateway::sdk::Client`), as a game would use it.
-    Sdk,
-}
-
-impl DriverKind {
-    /// The driver used for `urls`: the lean one speaks `ws://` only, so any other URL
-    /// makes the run use the SDK.
-    pub fn resolve(self, urls: &[String]) -> DriverKind {
-        match self {
-            DriverKind::Lean if urls.iter().all(|u| u.starts_with("ws://")) => DriverKind::Lean,
-            _ => DriverKind::Sdk,
-        }
-    }
 }
 
 /// Everything that defines the load.
@@ -89,9 +61,6 @@ pub struct LoadSpec {
     pub json: bool,
     pub server_timing: bool,
     pub clock: ClockKind,
-    /// Phase groups the clients are spread over within one interval.
-    pub phases: u32,
-    pub driver: DriverKind,
     pub progress: bool,
 }
 
@@ -129,7 +98,6 @@ pub struct Target {
 pub struct RunResult {
     pub target: Target,
     pub spec: LoadSpec,
-    pub phases: u32,
     pub connected: usize,
     pub connect_errors: BTreeMap<String, u64>,
     pub totals: ClientStats,
@@ -148,8 +116,7 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
     if spec.clients == 0 || target.urls.is_empty() {
         bail!("a run needs at least one client and one URL");
     }
-    let driver = spec.driver.resolve(&target.urls);
-    let (clients, connect_errors) = connect_all(spec, driver, target).await;
+    let (clients, connect_errors) = connect_all(spec, target).await;
     let connected = clients.iter().filter(|c| c.is_some()).count();
     if connected == 0 {
         let why = connect_errors.keys().next().cloned().unwrap_or_default();
@@ -160,15 +127,8 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
     }
 
     let start = Instant::now() + LEAD;
-    let phases = phase_groups(spec.interval, spec.phases);
-    let schedules: Vec<Schedule> = (0..phases)
-        .map(|g| {
-            Schedule::new(
-                start + phase_offset(spec.interval, g, phases),
-                spec.interval,
-            )
-        })
-        .collect();
+    // Every client due at the same instant each interval, as a game's tick sends.
+    let schedule = Schedule::new(start, spec.interval);
     let window_start = start + spec.warmup;
     let window_end = window_start + spec.window();
     let stop = match spec.length {
@@ -176,7 +136,7 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
         Length::Count(n) => Stop::Count(n),
     };
     let plans: Vec<Plan> = (0..spec.clients)
-        .map(|i| Plan::new(schedules[i % schedules.len()], window_start, stop))
+        .map(|_| Plan::new(schedule, window_start, stop))
         .collect();
     let last_due = plans.iter().map(Plan::last_due).max().unwrap_or(start);
     let hard_deadline = last_due + spec.timeout + HARD_MARGIN;
@@ -184,7 +144,7 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
     let metronome = match clock {
         ClockKind::Thread | ClockKind::Auto => {
             let end = plans.iter().map(|p| p.end).max().unwrap_or(0);
-            Some(Metronome::start(schedules.clone(), end)?)
+            Some(Metronome::start(schedule, end)?)
         }
         ClockKind::Tokio => None,
     };
@@ -197,7 +157,7 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
     for (i, (conn, plan)) in clients.into_iter().zip(plans).enumerate() {
         let Some(conn) = conn else { continue };
         let pacer = match &metronome {
-            Some(m) => m.pacer(i % schedules.len()),
+            Some(m) => m.pacer(),
             None => Pacer::tokio(),
         };
         let recorder = Recorder::new(recorded.clone(), window_start, i, spec.clients);
@@ -210,7 +170,7 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
             hard_deadline,
             books: Books::new(plan, progress.clone(), recorder),
         };
-        tasks.spawn(async move { (i, conn.drive(run).await) });
+        tasks.spawn(async move { (i, super::lean::drive(conn, run).await) });
     }
 
     let cpu = sample_cpu_over_window(&target.watched, window_start, window_end);
@@ -245,7 +205,7 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
         .iter()
         .map(|t| t.map_or(0.0, |t| rate(t.ok, window_start, window_end, t.last_answer)))
         .collect();
-    // Every driver has ended and dropped its recorder: this is the last handle.
+    // Every client has ended and dropped its recorder: this is the last handle.
     let Recorded {
         stats: totals,
         timeline,
@@ -255,15 +215,13 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
         .unwrap_or_else(PoisonError::into_inner);
     let achieved_rps = rate(totals.ok, window_start, window_end, totals.last_answer);
     let end = totals.last_answer.map_or(window_end, |l| l.max(window_end));
-    let timeline = timeline.seconds().collect();
+    let timeline = seconds(&timeline);
     Ok(RunResult {
         target: target.clone(),
         spec: LoadSpec {
             clock,
-            driver,
             ..spec.clone()
         },
-        phases,
         connected,
         connect_errors,
         totals,
@@ -275,55 +233,9 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
     })
 }
 
-/// What one client's driver is given, whichever driver it is.
-pub(super) struct ClientRun {
-    pub plan: Plan,
-    pub pacer: Pacer,
-    pub route: Arc<str>,
-    pub payload: Arc<Payload>,
-    /// Client-side request timeout.
-    pub timeout: Duration,
-    pub hard_deadline: Instant,
-    pub books: Books,
-}
-
-/// One client's connection, by driver.
-enum Conn {
-    /// Boxed: it holds the WebSocket itself, the SDK handle is a pointer.
-    Lean(Box<lean::Conn>),
-    Sdk(Client),
-}
-
-impl Conn {
-    async fn connect(
-        url: &str,
-        driver: DriverKind,
-        options: ClientOptions,
-    ) -> Result<Conn, String> {
-        match driver {
-            DriverKind::Lean => lean::Conn::connect(url, &options)
-                .await
-                .map(|c| Conn::Lean(Box::new(c)))
-                .map_err(|e| format!("{e:#}")),
-            DriverKind::Sdk => Client::connect(url, options)
-                .await
-                .map(Conn::Sdk)
-                .map_err(|e| e.to_string()),
-        }
-    }
-
-    async fn drive(self, run: ClientRun) -> Tally {
-        match self {
-            Conn::Lean(conn) => lean::drive(*conn, run).await,
-            Conn::Sdk(client) => sdk_driver::drive(client, run).await,
-        }
-    }
-}
-
 /// Opens the clients, client `i` at `i / clients` of the ramp, on URL `i mod urls`.
 async fn connect_all(
     spec: &LoadSpec,
-    driver: DriverKind,
     target: &Target,
 ) -> (Vec<Option<Conn>>, BTreeMap<String, u64>) {
     let urls = &target.urls;
@@ -343,7 +255,12 @@ async fn connect_all(
         let at = began + spec.ramp.mul_f64(i as f64 / spec.clients as f64);
         set.spawn(async move {
             tokio::time::sleep_until(at.into()).await;
-            (i, Conn::connect(&url, driver, options).await)
+            (
+                i,
+                Conn::connect(&url, &options)
+                    .await
+                    .map_err(|e| format!("{e:#}")),
+            )
         });
     }
     let mut clients: Vec<Option<Conn>> = (0..spec.clients).map(|_| None).collect();

@@ -13,10 +13,10 @@ use gateway::sdk::{Client, ClientOptions};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::procfs::rss_bytes;
 use super::report::{IdleReport, ScenarioReport};
-use super::scenario::{OutputArgs, finish};
 use super::target::{Gates, TargetArgs, with_topology};
+use crate::proc::rss_bytes;
+use crate::report::OutputArgs;
 
 /// Most sessions one run opens: each is a file descriptor here and in the gate.
 pub const MAX_SESSIONS: usize = 50_000;
@@ -45,7 +45,7 @@ pub struct IdleArgs {
 pub async fn idle(args: IdleArgs) -> anyhow::Result<()> {
     let (gates, topology) = args.target.gates(1, 1).await?;
     let (report, first_error) = with_topology(topology, measure(&args, &gates)).await?;
-    finish(&report, &args.output)?;
+    report.finish(&args.output)?;
     let Some(idle) = &report.idle else {
         bail!("no idle report");
     };

@@ -1,4 +1,4 @@
-//! The lean driver's requests in flight: a ring of send times indexed by slot.
+//! A client's requests in flight: a ring of send times indexed by slot.
 //!
 //! A client sends its slots in order, so the slots in flight are a window
 //! `first..first + len` of consecutive numbers, some of them already answered. The ring
@@ -19,7 +19,7 @@ pub struct InFlight {
 
 impl InFlight {
     /// Slot `slot` was sent at `sent`. Slots come in increasing order; a gap (never
-    /// made by the driver) is held as answered slots.
+    /// made by the client) is held as answered slots.
     pub fn push(&mut self, slot: u64, sent: Instant) {
         if self.sent.is_empty() {
             self.first = slot;

@@ -1,75 +1,68 @@
-//! The lean client driver: one task per client that owns its WebSocket and speaks the
-//! client protocol itself, for `ws://` gates and the bare echo server.
+//! The load generator's client: one task per client that owns its WebSocket and speaks
+//! the client protocol itself (docs/benchmarks.md, "How the load is generated"). The
+//! SDK's client serves a game, any number of callers each awaiting an answer, at a cost
+//! per request (a oneshot, a channel hop, a wake-up) taken from the servers measured on
+//! the same cores; a load-test client has one caller that knows every request it made.
 //!
-//! The SDK's client ([`gateway::sdk::Client`]) serves a game: any number of callers,
-//! each awaiting its own answer. Per request that costs a oneshot, two critical sections
-//! on the pending table, a hand-over through a channel to the connection task and a
-//! wake-up of the caller per answer, all of it CPU taken from the servers measured on
-//! the same two cores. A load-test client has one caller that knows every request it
-//! made, so here one task does everything, with no channel and no other task:
-//!
-//! - on each tick it encodes the requests now due (request id = slot + 1), puts them in
-//!   the WebSocket's write buffer and flushes once;
-//! - it reads every frame the socket holds and matches each response's id with the
-//!   send time kept in a ring indexed by slot ([`InFlight`]), so a request's latency is
-//!   still measured from its scheduled send time;
-//! - a timer set to the oldest waiting request's deadline (and moved only when it
-//!   fires) turns requests past the request timeout into timeouts;
-//! - it sends a `Heartbeat` every half of the `heartbeat_ms` the handshake ack gave,
-//!   ignores pushes, drains and heartbeats from the server, and answers pings (the
-//!   WebSocket library queues the pong; the next flush sends it).
-//!
-//! Frames the socket cannot take yet wait in the task's outbox, with no cap of their
-//! own (the SDK caps its queue at `queue_capacity` and makes requests wait within their
-//! timeout): a server that stops reading grows it by one small frame per slot until the
-//! run ends, which bounds it (the run's slots are bounded by `MAX_WINDOW`).
-//!
-//! A close, a kick, a broken socket or a frame it cannot decode ends the connection:
-//! the requests in flight fail then (`closed`, `kicked`, `protocol`), and every slot
-//! due afterwards fails the same way when it comes due, so the run still counts what
-//! it offered and ends on schedule. There is no reconnect, as with the SDK client the
-//! generator used before.
-//!
-//! Protobuf (binary frames) and JSON (text frames: the request body is sent as its JSON
-//! value, as the SDK does for typed routes, or as a string when it is not JSON) are
-//! both spoken. `wss://` is not: for TLS the generator uses the SDK
-//! ([`super::generator::DriverKind::resolve`]).
+//! A close, a kick, a broken socket or an undecodable frame ends the connection: its
+//! requests in flight fail then and every later slot as it comes due, so a run still
+//! counts what it offered and ends on schedule (no reconnect). The outbox has no cap of
+//! its own: the run's slots bound it.
 
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, anyhow, bail, ensure};
+use anyhow::{Context as _, anyhow, bail};
 use futures::{SinkExt as _, StreamExt as _};
 use gateway::sdk::ClientOptions;
-use proto::Message as _;
+use gateway::sdk::rustls::pki_types::ServerName;
 use proto::client::{Handshake, Heartbeat, Packet, Request, packet::Kind};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::{Interval, MissedTickBehavior, Sleep};
+use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use super::books::{Books, Tally};
-use super::generator::{CLOSE_TIMEOUT, ClientRun};
+use super::clock::Pacer;
 use super::inflight::InFlight;
-use super::schedule::{Payload, Plan, RequestBody};
+use super::schedule::{Payload, Plan};
 use super::stats::{Answer, Outcome};
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+/// The byte stream under the WebSocket: TCP, or TLS over it for `wss://`.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+type Ws = WebSocketStream<Box<dyn Stream>>;
 
 /// The WebSocket's read buffer: what the SDK client reads with.
 const READ_BUFFER: usize = 8 * 1024;
+/// How long closing a client may take at the end.
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Why the connection ended, as the requests it cut are counted.
 const CLOSED: &str = "closed";
 const KICKED: &str = "kicked";
 const PROTOCOL: &str = "protocol";
 
+/// What one client's task is given.
+pub struct ClientRun {
+    pub plan: Plan,
+    pub pacer: Pacer,
+    pub route: Arc<str>,
+    pub payload: Arc<Payload>,
+    /// Client-side request timeout.
+    pub timeout: Duration,
+    pub hard_deadline: Instant,
+    pub books: Books,
+}
+
 /// A connection that has handshaken, ready to drive.
-#[derive(Debug)]
 pub struct Conn {
     ws: Ws,
     json: bool,
@@ -78,60 +71,12 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Opens a WebSocket to `url` (`ws://` only) and handshakes with `options` (token,
-    /// server timing, client name, serial, JSON), all within `options.connect_timeout`.
+    /// Opens a WebSocket to `url` (`wss://` trusting `options.tls`) and handshakes with
+    /// `options`, all within `options.connect_timeout`.
     pub async fn connect(url: &str, options: &ClientOptions) -> anyhow::Result<Conn> {
-        ensure!(
-            url.starts_with("ws://"),
-            "{url}: the lean driver speaks ws:// only (wss:// goes through the SDK)"
-        );
-        let config = WebSocketConfig::default()
-            .read_buffer_size(READ_BUFFER)
-            .max_message_size(Some(options.max_frame_bytes))
-            .max_frame_size(Some(options.max_frame_bytes));
-        let hello = Packet::new(Kind::Handshake(Handshake {
-            token: options.token.clone(),
-            server_timing: options.server_timing,
-            client: options.client.clone(),
-            serial: options.serial,
-        }));
         let opening = async {
-            let (mut ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), true)
-                .await
-                .with_context(|| url.to_owned())?;
-            ws.send(gateway::frame::encode(&hello, options.json))
-                .await
-                .context("sending the handshake")?;
-            loop {
-                let frame = ws
-                    .next()
-                    .await
-                    .ok_or_else(|| anyhow!("the server closed before the handshake ack"))?
-                    .context("awaiting the handshake ack")?;
-                if let Message::Close(close) = &frame {
-                    let reason = close.as_ref().map(|c| c.reason.as_str()).unwrap_or("");
-                    bail!("the server closed before the handshake ack: {reason}");
-                }
-                if !(frame.is_binary() || frame.is_text()) {
-                    continue;
-                }
-                match gateway::frame::decode(&frame).and_then(|p| p.kind) {
-                    Some(Kind::HandshakeAck(ack)) if ack.code == proto::code::OK => {
-                        let heartbeat = (ack.heartbeat_ms > 0)
-                            .then(|| Duration::from_millis(u64::from(ack.heartbeat_ms)) / 2);
-                        return Ok(Conn {
-                            ws,
-                            json: options.json,
-                            heartbeat,
-                        });
-                    }
-                    Some(Kind::HandshakeAck(ack)) => {
-                        bail!("handshake refused: {} {}", ack.code, ack.message)
-                    }
-                    Some(Kind::Heartbeat(_)) => {}
-                    other => bail!("expected a handshake ack, got {other:?}"),
-                }
-            }
+            let ws = open(url, options).await.with_context(|| url.to_owned())?;
+            handshake(ws, options).await
         };
         tokio::time::timeout(options.connect_timeout, opening)
             .await
@@ -144,8 +89,84 @@ impl Conn {
     }
 }
 
+async fn open(url: &str, options: &ClientOptions) -> anyhow::Result<Ws> {
+    let request = url.into_client_request()?;
+    let uri = request.uri();
+    let tls = uri.scheme_str() == Some("wss");
+    let host = uri
+        .host()
+        .context("no host")?
+        .trim_matches(['[', ']'])
+        .to_owned();
+    let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+    let tcp = TcpStream::connect((host.as_str(), port)).await?;
+    tcp.set_nodelay(true)?;
+    let stream: Box<dyn Stream> = if tls {
+        let config = options
+            .tls
+            .clone()
+            .context("wss:// needs a TLS configuration")?;
+        let name = ServerName::try_from(host)?;
+        Box::new(
+            tokio_rustls::TlsConnector::from(config)
+                .connect(name, tcp)
+                .await?,
+        )
+    } else {
+        Box::new(tcp)
+    };
+    let config = WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER)
+        .max_message_size(Some(options.max_frame_bytes))
+        .max_frame_size(Some(options.max_frame_bytes));
+    let (ws, _) =
+        tokio_tungstenite::client_async_with_config(request, stream, Some(config)).await?;
+    Ok(ws)
+}
+
+async fn handshake(mut ws: Ws, options: &ClientOptions) -> anyhow::Result<Conn> {
+    let hello = Packet::new(Kind::Handshake(Handshake {
+        token: options.token.clone(),
+        server_timing: options.server_timing,
+        client: options.client.clone(),
+        serial: options.serial,
+    }));
+    ws.send(gateway::frame::encode(&hello, options.json))
+        .await
+        .context("sending the handshake")?;
+    loop {
+        let frame = ws
+            .next()
+            .await
+            .ok_or_else(|| anyhow!("the server closed before the handshake ack"))?
+            .context("awaiting the handshake ack")?;
+        if let Message::Close(close) = &frame {
+            let reason = close.as_ref().map(|c| c.reason.as_str()).unwrap_or("");
+            bail!("the server closed before the handshake ack: {reason}");
+        }
+        match gateway::frame::decode(&frame).and_then(|p| p.kind) {
+            Some(Kind::HandshakeAck(ack)) if ack.code == proto::code::OK => {
+                let heartbeat = (ack.heartbeat_ms > 0)
+                    .then(|| Duration::from_millis(u64::from(ack.heartbeat_ms)) / 2);
+                return Ok(Conn {
+                    ws,
+                    json: options.json,
+                    heartbeat,
+                });
+            }
+            Some(Kind::HandshakeAck(ack)) => {
+                bail!("handshake refused: {} {}", ack.code, ack.message)
+            }
+            // Control frames, and heartbeats before the ack.
+            None if !(frame.is_binary() || frame.is_text()) => {}
+            Some(Kind::Heartbeat(_)) => {}
+            other => bail!("expected a handshake ack, got {other:?}"),
+        }
+    }
+}
+
 /// Runs one client until its last request ended or the hard deadline passed.
-pub(super) async fn drive(conn: Conn, run: ClientRun) -> Tally {
+pub async fn drive(conn: Conn, run: ClientRun) -> Tally {
     let ClientRun {
         plan,
         mut pacer,
@@ -283,18 +304,16 @@ impl Link {
     }
 
     /// `Packet{request: Request{id, route, body}}` in the session's encoding.
-    fn encode(&mut self, id: u64, body: RequestBody) -> Message {
+    fn encode(&mut self, id: u64, body: bytes::Bytes) -> Message {
         self.request.id = id;
-        self.request.body = match body {
-            RequestBody::Hello(hello) => bytes::Bytes::copy_from_slice(hello.as_ref()),
-            RequestBody::Fixed(bytes) => bytes,
-        };
+        self.request.body = body;
         let packet = Packet::new(Kind::Request(std::mem::take(&mut self.request)));
         let frame = if self.json {
-            // A body that is JSON goes as that value, anything else as a string.
+            // A body that is JSON goes as that value, anything else as a string, as the
+            // SDK sends typed bodies: gateway::frame sends bodies as strings only.
             Message::text(proto::json::encode_typed(&packet, true).unwrap_or_default())
         } else {
-            Message::binary(packet.encode_to_vec())
+            gateway::frame::encode(&packet, false)
         };
         if let Some(Kind::Request(request)) = packet.kind {
             self.request = request;
@@ -451,12 +470,12 @@ fn on_frame(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ws::schedule::Body;
+    use proto::Message as _;
 
     #[test]
     fn a_binary_request_is_the_protobuf_packet() {
         let mut link = Link::new(None, false, "echo.raw");
-        let Message::Binary(frame) = link.encode(43, RequestBody::Hello(Body::hello(42))) else {
+        let Message::Binary(frame) = link.encode(43, Payload::Hello.body(42)) else {
             panic!("not binary")
         };
         let packet = Packet::decode(frame).expect("protobuf");
@@ -474,7 +493,7 @@ mod tests {
     #[test]
     fn a_json_request_carries_a_json_body_as_its_value_and_other_bodies_as_text() {
         let mut link = Link::new(None, true, "chat.members");
-        let typed = RequestBody::Fixed(bytes::Bytes::from_static(br#"{"room":"a"}"#));
+        let typed = bytes::Bytes::from_static(br#"{"room":"a"}"#);
         let Message::Text(frame) = link.encode(1, typed) else {
             panic!("not text")
         };
@@ -482,7 +501,7 @@ mod tests {
             frame.as_str(),
             r#"{"request":{"id":1,"route":"chat.members","body":{"room":"a"}}}"#
         );
-        let Message::Text(frame) = link.encode(2, RequestBody::Hello(Body::hello(7))) else {
+        let Message::Text(frame) = link.encode(2, Payload::Hello.body(7)) else {
             panic!("not text")
         };
         assert_eq!(

@@ -18,12 +18,12 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_tungstenite::tungstenite::Message;
 
-use super::hist::Hist;
-use super::procfs::{CpuSample, STEAL};
-use super::report::Machine;
 use super::scenario::{MAX_CLIENTS, MIN_INTERVAL};
 use super::target::{TargetArgs, with_topology};
 use crate::duration::parse_duration;
+use crate::hist::Hist;
+use crate::proc::{CpuSample, STEAL};
+use crate::report::{Doc, Meta, Table, print_stdout};
 
 /// How long connecting and the pomelo handshake may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -117,9 +117,7 @@ pub async fn pomelo_compare(args: PomeloCompareArgs) -> anyhow::Result<()> {
         Ok(outcomes)
     };
     let outcomes = with_topology(topology, work).await?;
-    // The report is the tool's output, not a log line, hence stdout.
-    use std::io::Write as _;
-    writeln!(std::io::stdout().lock(), "{}", render(&args, &outcomes)).context("writing the report")
+    print_stdout(&render(&args, &outcomes).text())
 }
 
 /// One load: `clients` clients against `url`.
@@ -144,7 +142,7 @@ async fn run(
     let cpu_before = CpuSample::take(&[]);
     let mut tasks = JoinSet::new();
     for (i, ws) in sockets.into_iter().enumerate() {
-        // Clients spread evenly over one interval, as the generator's phases.
+        // Clients spread evenly over one interval: the pomelo comparison's load.
         let offset = args.interval * u32::try_from(i).unwrap_or(0) / clients as u32;
         let load = Load {
             start: start + offset,
@@ -314,46 +312,42 @@ fn is_error(body: &[u8]) -> bool {
         .is_some_and(|code| code != 200)
 }
 
-fn render(args: &PomeloCompareArgs, outcomes: &[Outcome]) -> String {
-    use std::fmt::Write as _;
-    let machine = Machine::this();
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "pomelo-compare: route {}, body {}, {} requests per client at {:?} (+{:?} warm-up)\nmachine: {} × {}, kernel {}\n",
-        args.route,
-        args.body,
-        args.count,
-        args.interval,
-        args.warmup,
-        machine.cpus,
-        machine.cpu_model,
-        machine.kernel
+fn render(args: &PomeloCompareArgs, outcomes: &[Outcome]) -> Doc {
+    let title = format!(
+        "pomelo-compare: route {}, body {}, {} requests per client at {:?} (+{:?} warm-up)",
+        args.route, args.body, args.count, args.interval, args.warmup
     );
-    let _ = writeln!(
-        out,
-        "| target | clients | answered req/s | min per conn/s | p50 | p99 | errors | unanswered | steal |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-    );
+    let mut doc = Doc::new(title, Meta::now());
+    let mut table = Table::new(&[
+        "target",
+        "clients",
+        "answered req/s",
+        "min per conn/s",
+        "p50",
+        "p99",
+        "errors",
+        "unanswered",
+        "steal",
+    ]);
+    let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1e3);
     for o in outcomes {
-        let rate = o.answered as f64 / o.elapsed.as_secs_f64();
-        let min = o.per_conn.iter().copied().fold(f64::INFINITY, f64::min);
-        let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1e3);
-        let _ = writeln!(
-            out,
-            "| {} | {}/{} | {:.0} | {:.0} | {} | {} | {} | {} | {} |",
-            o.target,
-            o.connected,
-            o.clients,
-            rate,
-            if min.is_finite() { min } else { 0.0 },
+        table.rows.push(vec![
+            o.target.clone(),
+            format!("{}/{}", o.connected, o.clients),
+            format!("{:.0}", o.answered as f64 / o.elapsed.as_secs_f64()),
+            format!(
+                "{:.0}",
+                o.per_conn.iter().copied().reduce(f64::min).unwrap_or(0.0)
+            ),
             ms(o.latency.at(0.5)),
             ms(o.latency.at(0.99)),
-            o.errors,
-            o.sent.saturating_sub(o.answered + o.errors),
+            o.errors.to_string(),
+            o.sent.saturating_sub(o.answered + o.errors).to_string(),
             o.steal_percent.map_or("-".into(), |s| format!("{s:.1} %")),
-        );
+        ]);
     }
-    out
+    doc.table(table);
+    doc
 }
 
 #[cfg(test)]

@@ -1,24 +1,21 @@
-//! The reports of the WebSocket scenarios: one serialisable [`ScenarioReport`] per
-//! command (the `--json` file), rendered as a terminal report on stdout
-//! ([`super::text`]) and, with `--html`, as a page ([`super::html`]).
+//! What the WebSocket scenarios measured: one serialisable [`ScenarioReport`] per command
+//! (the `--json` data), and the [`Doc`] its text and page are rendered from.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use super::generator::{Length, RunResult};
-use super::hist::Summary;
-use super::procfs::{CpuUse, STEAL};
+use crate::hist::Summary;
+use crate::proc::{CpuUse, STEAL};
+use crate::report::{Doc, Meta, OutputArgs, Table, XAxis, ms, thousands};
 
 /// Everything one `shaddock loadtest <scenario>` command measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScenarioReport {
     pub scenario: String,
-    /// UTC, when the report was made.
-    pub date: String,
-    pub machine: Machine,
-    /// The command line that produced it.
-    pub command: String,
+    #[serde(flatten)]
+    pub meta: Meta,
     /// What the load went to: "1 gate + 2 echo workers (launched)" or the URLs.
     pub setup: String,
     pub runs: Vec<RunReport>,
@@ -29,67 +26,6 @@ pub struct ScenarioReport {
     /// Runs that failed outright (the others are still reported).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
-}
-
-impl ScenarioReport {
-    pub fn new(scenario: &str, setup: String) -> Self {
-        ScenarioReport {
-            scenario: scenario.to_owned(),
-            date: utc_now(),
-            machine: Machine::this(),
-            command: std::env::args().collect::<Vec<_>>().join(" "),
-            setup,
-            runs: Vec::new(),
-            saturate: None,
-            idle: None,
-            errors: Vec::new(),
-        }
-    }
-
-    /// Runs with no successful answer at all: the smoke test fails on these.
-    pub fn failed_runs(&self) -> Vec<&str> {
-        self.runs
-            .iter()
-            .filter(|r| r.ok == 0)
-            .map(|r| r.label.as_str())
-            .collect()
-    }
-}
-
-/// The machine a report was measured on.
-#[derive(Debug, Clone, Serialize)]
-pub struct Machine {
-    pub cpus: usize,
-    pub cpu_model: String,
-    pub memory_gib: f64,
-    pub kernel: String,
-}
-
-impl Machine {
-    pub fn this() -> Self {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let cpu_model = cpuinfo
-            .lines()
-            .find(|l| l.starts_with("model name"))
-            .and_then(|l| l.split_once(':'))
-            .map(|(_, m)| m.trim().to_owned())
-            .unwrap_or_default();
-        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        let mem_kib: f64 = meminfo
-            .lines()
-            .find(|l| l.starts_with("MemTotal:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        Machine {
-            cpus: std::thread::available_parallelism().map_or(0, usize::from),
-            cpu_model,
-            memory_gib: (mem_kib / 1024.0 / 1024.0 * 10.0).round() / 10.0,
-            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .map(|s| s.trim().to_owned())
-                .unwrap_or_default(),
-        }
-    }
 }
 
 /// One load against one target.
@@ -107,9 +43,6 @@ pub struct RunReport {
     /// Requests per client in the window, when the run was given a count.
     pub count: Option<u64>,
     pub clock: String,
-    pub phases: u32,
-    /// What spoke to the server: `lean` or `sdk` ([`super::generator::DriverKind`]).
-    pub driver: String,
     pub warmup_s: f64,
     pub window_s: f64,
     /// Window start until the later of its end and the last answer.
@@ -121,19 +54,20 @@ pub struct RunReport {
     pub per_conn: PerConn,
     pub timeouts: u64,
     pub unanswered: u64,
-    /// Answers other than 200, by code.
+    /// Answers other than 200 by code, and the first message of each.
     pub errors_by_code: BTreeMap<u32, u64>,
     pub error_messages: BTreeMap<u32, String>,
-    /// SDK errors other than timeouts (closed, protocol), by kind.
+    /// Requests cut by the connection ending (closed, kicked, protocol), by kind.
     pub failures: BTreeMap<String, u64>,
     pub latency: Latencies,
     /// Present when the server sent timing.
     pub server: Option<ServerReport>,
     /// The bare echo server under the same load, when measured in the same command.
     pub limit: Option<LimitComparison>,
-    /// CPU over the measured window, per process (100% = one core).
+    /// CPU over the measured window, per process (100 % = one core).
     pub cpu: Vec<CpuUse>,
     pub timeline: Vec<SecondReport>,
+    /// Percentile curves as `[nines, µs]` points.
     pub curves: Curves,
 }
 
@@ -154,7 +88,7 @@ pub struct Latencies {
 /// Where the time went (server timing): the parts add up to the latency from send.
 #[derive(Debug, Clone, Serialize)]
 pub struct ServerReport {
-    /// Client SDK + WebSocket both ways: from-send latency minus the gate's total.
+    /// Client + WebSocket both ways: from-send latency minus the gate's total.
     pub client_ws: Summary,
     /// Gate + bus both ways: total - queue - handler.
     pub gate_bus: Summary,
@@ -183,30 +117,38 @@ pub struct SecondReport {
     pub max_us: f64,
 }
 
-/// Percentile curves as `[nines, µs]` points.
 #[derive(Debug, Clone, Serialize)]
 pub struct Curves {
-    pub from_schedule: Vec<[f64; 2]>,
-    pub from_send: Vec<[f64; 2]>,
-    pub lag: Vec<[f64; 2]>,
+    pub from_schedule: Vec<(f64, f64)>,
+    pub from_send: Vec<(f64, f64)>,
+    pub lag: Vec<(f64, f64)>,
 }
 
-/// `saturate`: the steps tried and the best one.
-#[derive(Debug, Clone, Serialize)]
+/// `saturate`: the steps tried and the best one per target.
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct SaturateReport {
     pub p99_target_us: f64,
     pub clients: usize,
     pub steps: Vec<SaturateStep>,
-    /// The highest total req/s whose step met the target, per target (`gateway`,
-    /// `limit`).
     pub best: BTreeMap<String, SaturateStep>,
     /// Best gateway ÷ best limit, when both ran.
     pub fraction_of_limit: Option<Fraction>,
-    /// Targets that passed every rate up to their maximum (`--max-rate`, or
-    /// `--limit-max-rate` for the limit): their best is a lower bound.
+    /// Targets that passed every rate up to their maximum: their best is a lower bound.
     pub at_max_rate: Vec<String>,
-    /// With `--scale-workers`: the best rate per worker count, in the order searched.
+    /// With `--scale-workers`: the target searched per worker count, in order.
     pub scaling: Vec<WorkerScaling>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SaturateStep {
+    pub target: String,
+    pub per_client_rps: f64,
+    pub offered_rps: f64,
+    pub achieved_rps: f64,
+    pub p99_from_schedule_us: f64,
+    pub lost: u64,
+    pub errors: u64,
+    pub passed: bool,
 }
 
 /// The gateway's saturation point as a fraction of the bare echo's, and how far to trust
@@ -221,18 +163,16 @@ pub struct Fraction {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Relation {
-    /// Both searches found the rate where the target was missed.
     Exact,
-    /// The limit's figure is a lower bound, so the true fraction is lower.
+    /// The limit's figure is a lower bound: the true fraction is lower.
     AtMost,
-    /// The gateway's figure is a lower bound, so the true fraction is higher.
+    /// The gateway's figure is a lower bound: the true fraction is higher.
     AtLeast,
-    /// Both figures are lower bounds: the ratio says nothing.
+    /// Both are lower bounds: the ratio says nothing.
     Unknown,
 }
 
 impl Fraction {
-    /// `gateway ÷ limit`, from each best's rate and whether it is a lower bound.
     pub fn of(gateway: f64, gateway_bound: bool, limit: f64, limit_bound: bool) -> Fraction {
         let relation = match (gateway_bound, limit_bound) {
             (false, false) => Relation::Exact,
@@ -246,8 +186,6 @@ impl Fraction {
         }
     }
 
-    /// One sentence for the text and HTML reports, e.g. "gateway saturation = 18.1% of
-    /// the bare-echo limit".
     pub fn sentence(&self) -> String {
         let percent = self.value * 100.0;
         match self.relation {
@@ -268,69 +206,10 @@ impl Fraction {
     }
 }
 
-/// One worker count of a `saturate --scale-workers` search: its steps, best step and
-/// bound are those of `target` in the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkerScaling {
     pub workers: u32,
     pub target: String,
-}
-
-/// Columns of the worker-scaling table, text and HTML alike.
-pub const SCALING_COLUMNS: [&str; 4] = [
-    "workers",
-    "saturation req/s",
-    "change from the row above",
-    "change from the first",
-];
-
-impl SaturateReport {
-    /// The worker-scaling table's rows, in [`SCALING_COLUMNS`] order: how far each
-    /// worker count moved the saturation point.
-    pub fn scaling_rows(&self) -> Vec<[String; SCALING_COLUMNS.len()]> {
-        let best_rps = |s: &WorkerScaling| self.best.get(&s.target).map(|b| b.achieved_rps);
-        let first = self.scaling.first().and_then(best_rps);
-        let mut previous = None;
-        let mut rows = Vec::with_capacity(self.scaling.len());
-        for s in &self.scaling {
-            let rps = best_rps(s);
-            let best = match rps {
-                Some(rps) if self.at_max_rate.contains(&s.target) => {
-                    format!("≥ {}", thousands(rps))
-                }
-                Some(rps) => thousands(rps),
-                None => "none met the target".to_owned(),
-            };
-            rows.push([
-                s.workers.to_string(),
-                best,
-                change(previous, rps),
-                change(first, rps),
-            ]);
-            previous = rps;
-        }
-        rows
-    }
-}
-
-/// `+12.3 %` from `from` to `to`; `—` when either is missing.
-fn change(from: Option<f64>, to: Option<f64>) -> String {
-    match (from, to) {
-        (Some(from), Some(to)) if from > 0.0 => format!("{:+.1} %", (to / from - 1.0) * 100.0),
-        _ => "—".to_owned(),
-    }
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct SaturateStep {
-    pub target: String,
-    pub per_client_rps: f64,
-    pub offered_rps: f64,
-    pub achieved_rps: f64,
-    pub p99_from_schedule_us: f64,
-    pub lost: u64,
-    pub errors: u64,
-    pub passed: bool,
 }
 
 /// `idle`: resident memory per idle session.
@@ -352,22 +231,19 @@ pub struct IdleReport {
 impl RunReport {
     pub fn from_result(r: &RunResult) -> Self {
         let t = &r.totals;
-        let per_conn = if r.per_conn.is_empty() {
-            PerConn::default()
-        } else {
-            let n = r.per_conn.len() as f64;
-            PerConn {
-                min: r.per_conn.iter().copied().fold(f64::INFINITY, f64::min),
-                avg: r.per_conn.iter().sum::<f64>() / n,
-                max: r.per_conn.iter().copied().fold(0.0, f64::max),
-            }
+        let n = r.per_conn.len().max(1) as f64;
+        let per_conn = PerConn {
+            min: r.per_conn.iter().copied().reduce(f64::min).unwrap_or(0.0),
+            avg: r.per_conn.iter().sum::<f64>() / n,
+            max: r.per_conn.iter().copied().fold(0.0, f64::max),
         };
-        let server = (!t.server.total.is_empty()).then(|| ServerReport {
-            client_ws: t.server.client_ws.summary(),
-            gate_bus: t.server.gate_bus.summary(),
-            queue: t.server.queue.summary(),
-            handler: t.server.handler.summary(),
-            total: t.server.total.summary(),
+        let s = &t.server;
+        let server = (!s.total.is_empty()).then(|| ServerReport {
+            client_ws: s.client_ws.summary(),
+            gate_bus: s.gate_bus.summary(),
+            queue: s.queue.summary(),
+            handler: s.handler.summary(),
+            total: s.total.summary(),
         });
         let timeline = r
             .timeline
@@ -380,6 +256,7 @@ impl RunReport {
                 max_us: s.max_us,
             })
             .collect();
+        let l = &t.latency;
         RunReport {
             label: r.target.label.clone(),
             target: r.target.kind.to_owned(),
@@ -394,8 +271,6 @@ impl RunReport {
                 Length::Duration(_) => None,
             },
             clock: format!("{:?}", r.spec.clock).to_lowercase(),
-            phases: r.phases,
-            driver: format!("{:?}", r.spec.driver).to_lowercase(),
             warmup_s: r.spec.warmup.as_secs_f64(),
             window_s: r.spec.window().as_secs_f64(),
             elapsed_s: r.elapsed.as_secs_f64(),
@@ -414,18 +289,18 @@ impl RunReport {
                 .map(|(k, v)| ((*k).to_owned(), *v))
                 .collect(),
             latency: Latencies {
-                from_schedule: t.latency.from_schedule.summary(),
-                from_send: t.latency.from_send.summary(),
-                lag: t.latency.lag.summary(),
+                from_schedule: l.from_schedule.summary(),
+                from_send: l.from_send.summary(),
+                lag: l.lag.summary(),
             },
             server,
             limit: None,
             cpu: r.cpu.clone(),
             timeline,
             curves: Curves {
-                from_schedule: t.latency.from_schedule.curve(),
-                from_send: t.latency.from_send.curve(),
-                lag: t.latency.lag.curve(),
+                from_schedule: l.from_schedule.curve(),
+                from_send: l.from_send.curve(),
+                lag: l.lag.curve(),
             },
         }
     }
@@ -443,49 +318,155 @@ impl RunReport {
         });
     }
 
-    /// Answers other than 200 plus requests that got no answer.
-    pub fn errors(&self) -> u64 {
-        self.errors_by_code.values().sum::<u64>()
-            + self.failures.values().sum::<u64>()
-            + self.timeouts
-            + self.unanswered
-    }
-}
-
-/// The columns of the summary table, one row per run: the markdown report's last table
-/// (pasteable into docs/benchmarks.md) and the HTML report's first.
-pub const SUMMARY_COLUMNS: [&str; 16] = [
-    "run",
-    "target",
-    "clients",
-    "offered req/s",
-    "achieved req/s",
-    "per conn min / avg / max",
-    "p50",
-    "p90",
-    "p99",
-    "p99.9",
-    "max (ms, from schedule)",
-    "p99 from send",
-    "lag p99",
-    "timeouts",
-    "errors",
-    "% of limit",
-];
-
-impl RunReport {
-    /// Microseconds of `c`'s CPU per request sent in the measured window (answered,
-    /// refused or lost alike): what one request costs that process, so runs at
-    /// different rates, and the full path against the bare echo, compare directly.
-    /// `None` for the steal, which no request spent.
-    pub fn cpu_us_per_request(&self, c: &CpuUse) -> Option<f64> {
-        (self.sent > 0 && c.name != STEAL).then(|| c.cpu_seconds * 1e6 / self.sent as f64)
+    /// Requests that got no answer: timeouts, cut, still in flight at the end.
+    pub fn lost(&self) -> u64 {
+        self.timeouts + self.unanswered + self.failures.values().sum::<u64>()
     }
 
-    /// This run's cells of the summary table, in [`SUMMARY_COLUMNS`] order.
-    pub fn summary_cells(&self) -> [String; SUMMARY_COLUMNS.len()] {
+    fn section(&self, doc: &mut Doc) {
+        doc.heading(format!("{} [{}]", self.label, self.target));
+        let length = match self.count {
+            Some(n) => format!("{} requests per client", thousands(n as f64)),
+            None => format!("{:.1} s window", self.window_s),
+        };
+        let mut errors: Vec<String> = self
+            .errors_by_code
+            .iter()
+            .map(
+                |(code, n)| match self.error_messages.get(code).filter(|m| !m.is_empty()) {
+                    Some(m) => format!("{code} × {n} ({m})"),
+                    None => format!("{code} × {n}"),
+                },
+            )
+            .chain(self.failures.iter().map(|(k, n)| format!("{k} × {n}")))
+            .collect();
+        if errors.is_empty() {
+            errors.push("no error answers".to_owned());
+        }
+        let mut lines = vec![
+            format!(
+                "load      {} clients ({} connected) × 1 {} per {:.0} µs = {} req/s offered; {length}, \
+                 warm-up {:.1} s; clock {}",
+                self.clients,
+                self.connected,
+                self.route,
+                self.interval_us,
+                thousands(self.offered_rps),
+                self.warmup_s,
+                self.clock
+            ),
+            format!(
+                "achieved  {} req/s ({} ok of {} sent in {:.2} s); per connection min {:.1} / avg {:.1} / max {:.1}",
+                thousands(self.achieved_rps),
+                thousands(self.ok as f64),
+                thousands(self.sent as f64),
+                self.elapsed_s,
+                self.per_conn.min,
+                self.per_conn.avg,
+                self.per_conn.max
+            ),
+            format!(
+                "errors    timeouts {}, unanswered {}, {}",
+                self.timeouts,
+                self.unanswered,
+                errors.join(", ")
+            ),
+        ];
+        lines.extend(
+            self.connect_errors
+                .iter()
+                .map(|(e, n)| format!("connect   {n} × {e}")),
+        );
+        if let Some(c) = &self.limit {
+            lines.push(format!(
+                "limit     bare echo, same load: {} req/s, p99 {} ms from schedule → this run reaches {:.1}%",
+                thousands(c.limit_rps),
+                ms(c.limit_p99_from_schedule_us),
+                c.fraction * 100.0
+            ));
+        }
+        if !self.cpu.is_empty() {
+            let cpu: Vec<String> = self
+                .cpu
+                .iter()
+                .map(|c| {
+                    match (self.sent > 0 && c.name != STEAL)
+                        .then(|| c.cpu_seconds * 1e6 / self.sent as f64)
+                    {
+                        Some(us) => format!("{} {:.0}% {:.1} µs", c.name, c.percent, us),
+                        None => format!("{} {:.0}%", c.name, c.percent),
+                    }
+                })
+                .collect();
+            lines.push(format!(
+                "cpu       {} (100% = one core; µs of CPU per request sent)",
+                cpu.join(", ")
+            ));
+        }
+        doc.lines(lines);
+        let mut table = Table::new(&["latency (ms)", "avg", "p50", "p90", "p99", "p99.9", "max"]);
+        let l = &self.latency;
+        let mut rows = vec![
+            ("from schedule", &l.from_schedule),
+            ("from send", &l.from_send),
+            ("schedule lag", &l.lag),
+        ];
+        if let Some(s) = &self.server {
+            rows.extend([
+                ("client + ws", &s.client_ws),
+                ("gate + bus", &s.gate_bus),
+                ("queue", &s.queue),
+                ("handler", &s.handler),
+                ("server total", &s.total),
+            ]);
+        }
+        table.rows = rows
+            .into_iter()
+            .map(|(name, s)| {
+                let figures = [s.mean_us, s.p50_us, s.p90_us, s.p99_us, s.p999_us, s.max_us];
+                std::iter::once(name.to_owned())
+                    .chain(figures.map(ms))
+                    .collect()
+            })
+            .collect();
+        doc.table(table);
+        let per_second = |f: fn(&SecondReport) -> f64| {
+            self.timeline
+                .iter()
+                .map(|s| (s.second as f64, f(s)))
+                .collect()
+        };
+        doc.chart(
+            "Latency from schedule, per second (ms)",
+            XAxis::Seconds,
+            vec![
+                ("p50", per_second(|s| s.p50_us / 1e3)),
+                ("p99", per_second(|s| s.p99_us / 1e3)),
+            ],
+        );
+        doc.chart(
+            "Answers per second",
+            XAxis::Seconds,
+            vec![("answers/s", per_second(|s| s.answers as f64))],
+        );
+        let to_ms = |c: &[(f64, f64)]| c.iter().map(|p| (p.0, p.1 / 1e3)).collect();
+        let c = &self.curves;
+        doc.chart(
+            "Latency distribution (ms by percentile)",
+            XAxis::Nines,
+            vec![
+                ("from schedule", to_ms(&c.from_schedule)),
+                ("from send", to_ms(&c.from_send)),
+                ("schedule lag", to_ms(&c.lag)),
+            ],
+        );
+    }
+
+    /// This run's row of the summary table.
+    fn summary_row(&self) -> Vec<String> {
         let s = &self.latency.from_schedule;
-        [
+        let errors = self.errors_by_code.values().sum::<u64>() + self.lost() - self.timeouts;
+        vec![
             self.label.clone(),
             self.target.clone(),
             self.clients.to_string(),
@@ -503,186 +484,199 @@ impl RunReport {
             ms(self.latency.from_send.p99_us),
             ms(self.latency.lag.p99_us),
             self.timeouts.to_string(),
-            (self.errors() - self.timeouts).to_string(),
+            errors.to_string(),
             self.limit
                 .map_or_else(|| "—".to_owned(), |c| format!("{:.1}%", c.fraction * 100.0)),
         ]
     }
 }
 
-/// Milliseconds with three decimals from microseconds.
-pub fn ms(us: f64) -> String {
-    format!("{:.3}", us / 1000.0)
-}
-
-/// A rounded number with thin thousands separators: 99,990.
-pub fn thousands(x: f64) -> String {
-    let negative = x < 0.0;
-    let digits = format!("{:.0}", x.abs());
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
+impl ScenarioReport {
+    pub fn new(scenario: &str, setup: String) -> Self {
+        ScenarioReport {
+            scenario: scenario.to_owned(),
+            meta: Meta::now(),
+            setup,
+            runs: Vec::new(),
+            saturate: None,
+            idle: None,
+            errors: Vec::new(),
         }
-        out.push(c);
     }
-    if negative { format!("-{out}") } else { out }
+
+    pub fn doc(&self) -> Doc {
+        let mut doc = Doc::new(
+            format!("{} — {}", self.scenario, self.setup),
+            self.meta.clone(),
+        );
+        for run in &self.runs {
+            run.section(&mut doc);
+        }
+        if !self.runs.is_empty() {
+            doc.heading("summary (latency in ms, from the schedule unless marked)");
+            let mut table = Table::new(&[
+                "run",
+                "target",
+                "clients",
+                "offered req/s",
+                "achieved req/s",
+                "per conn min / avg / max",
+                "p50",
+                "p90",
+                "p99",
+                "p99.9",
+                "max (ms, from schedule)",
+                "p99 from send",
+                "lag p99",
+                "timeouts",
+                "errors",
+                "% of limit",
+            ]);
+            table.rows = self.runs.iter().map(RunReport::summary_row).collect();
+            doc.table(table);
+        }
+        if let Some(s) = &self.saturate {
+            s.section(&mut doc);
+        }
+        if let Some(i) = &self.idle {
+            doc.heading(format!("idle sessions on {} (pid {})", i.url, i.pid));
+            doc.lines(vec![
+                format!(
+                    "opened {} of {} in {:.2} s ({} failed), {} still open at the second reading",
+                    i.opened, i.sessions, i.open_seconds, i.failed, i.alive_after
+                ),
+                format!(
+                    "RSS {} KiB → {} KiB: {} bytes per session",
+                    i.rss_before / 1024,
+                    i.rss_after / 1024,
+                    thousands(i.bytes_per_session)
+                ),
+            ]);
+        }
+        doc.lines(self.errors.iter().map(|e| format!("FAILED: {e}")).collect());
+        doc
+    }
+
+    /// Prints and writes the report, then fails if a run failed or had no success.
+    pub fn finish(&self, output: &OutputArgs) -> anyhow::Result<()> {
+        output.write(self, &self.doc())?;
+        anyhow::ensure!(
+            self.errors.is_empty(),
+            "{} run(s) failed: {}",
+            self.errors.len(),
+            self.errors.join("; ")
+        );
+        let failed: Vec<&str> = self
+            .runs
+            .iter()
+            .filter(|r| r.ok == 0)
+            .map(|r| r.label.as_str())
+            .collect();
+        anyhow::ensure!(
+            failed.is_empty(),
+            "no successful answer in: {}",
+            failed.join(", ")
+        );
+        Ok(())
+    }
 }
 
-/// Now as `YYYY-MM-DD HH:MM:SS UTC`, without a date crate: days since the epoch to a
-/// civil date (Howard Hinnant's algorithm).
-pub fn utc_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    utc_text(secs)
-}
-
-fn utc_text(secs: u64) -> String {
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+impl SaturateReport {
+    fn section(&self, doc: &mut Doc) {
+        doc.heading(format!(
+            "saturation search: {} clients, p99 from schedule ≤ {} ms, no lost requests",
+            self.clients,
+            ms(self.p99_target_us)
+        ));
+        let mut steps = Table::new(&[
+            "target",
+            "per client req/s",
+            "offered req/s",
+            "achieved req/s",
+            "p99 (ms)",
+            "lost",
+            "errors",
+            "within target",
+        ]);
+        steps.rows = self
+            .steps
+            .iter()
+            .map(|s| {
+                vec![
+                    s.target.clone(),
+                    thousands(s.per_client_rps),
+                    thousands(s.offered_rps),
+                    thousands(s.achieved_rps),
+                    ms(s.p99_from_schedule_us),
+                    s.lost.to_string(),
+                    s.errors.to_string(),
+                    if s.passed { "yes" } else { "no" }.to_owned(),
+                ]
+            })
+            .collect();
+        doc.table(steps);
+        let mut lines: Vec<String> = self
+            .best
+            .iter()
+            .map(|(target, best)| {
+                let bound = if self.at_max_rate.contains(target) {
+                    " — every rate it tried passed: a lower bound"
+                } else {
+                    ""
+                };
+                format!(
+                    "best {target}: {} req/s ({} per client, p99 {} ms){bound}",
+                    thousands(best.achieved_rps),
+                    thousands(best.per_client_rps),
+                    ms(best.p99_from_schedule_us)
+                )
+            })
+            .collect();
+        lines.extend(self.fraction_of_limit.map(|f| f.sentence()));
+        doc.lines(lines);
+        if self.scaling.is_empty() {
+            return;
+        }
+        doc.heading("adding workers");
+        let mut table = Table::new(&[
+            "workers",
+            "saturation req/s",
+            "change from the row above",
+            "change from the first",
+        ]);
+        let best = |s: &WorkerScaling| self.best.get(&s.target).map(|b| b.achieved_rps);
+        let change = |from: Option<f64>, to: Option<f64>| match (from, to) {
+            (Some(from), Some(to)) if from > 0.0 => format!("{:+.1} %", (to / from - 1.0) * 100.0),
+            _ => "—".to_owned(),
+        };
+        let first = self.scaling.first().and_then(best);
+        let mut previous = None;
+        for s in &self.scaling {
+            let rps = best(s);
+            let bound = if self.at_max_rate.contains(&s.target) {
+                "≥ "
+            } else {
+                ""
+            };
+            let shown = rps.map_or_else(
+                || "none met the target".to_owned(),
+                |r| format!("{bound}{}", thousands(r)),
+            );
+            table.rows.push(vec![
+                s.workers.to_string(),
+                shown,
+                change(previous, rps),
+                change(first, rps),
+            ]);
+            previous = rps;
+        }
+        doc.table(table);
+    }
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    fn summary(p50: f64, p99: f64) -> Summary {
-        Summary {
-            count: 1000,
-            mean_us: p50,
-            p50_us: p50,
-            p90_us: p50,
-            p99_us: p99,
-            p999_us: p99,
-            max_us: p99 * 2.0,
-        }
-    }
-
-    /// A made-up run for rendering tests.
-    pub(crate) fn sample_run(label: &str, target: &str, achieved: f64) -> RunReport {
-        RunReport {
-            label: label.into(),
-            target: target.into(),
-            urls: vec!["ws://127.0.0.1:1/".into()],
-            route: "echo.raw".into(),
-            clients: 50,
-            connected: 50,
-            connect_errors: BTreeMap::new(),
-            interval_us: 1000.0,
-            count: None,
-            clock: "thread".into(),
-            phases: 4,
-            driver: "lean".into(),
-            warmup_s: 1.0,
-            window_s: 10.0,
-            elapsed_s: 10.002,
-            offered_rps: 50_000.0,
-            sent: 500_000,
-            ok: 499_990,
-            achieved_rps: achieved,
-            per_conn: PerConn {
-                min: 998.5,
-                avg: 999.9,
-                max: 1000.0,
-            },
-            timeouts: 0,
-            unanswered: 0,
-            errors_by_code: BTreeMap::from([(503, 10)]),
-            error_messages: BTreeMap::from([(503, "queue full".to_owned())]),
-            failures: BTreeMap::new(),
-            latency: Latencies {
-                from_schedule: summary(800.0, 2_500.0),
-                from_send: summary(700.0, 2_000.0),
-                lag: summary(60.0, 400.0),
-            },
-            server: Some(ServerReport {
-                client_ws: summary(300.0, 900.0),
-                gate_bus: summary(200.0, 500.0),
-                queue: summary(50.0, 300.0),
-                handler: summary(2.0, 5.0),
-                total: summary(260.0, 800.0),
-            }),
-            limit: None,
-            cpu: vec![CpuUse {
-                name: "gate".into(),
-                pid: 7,
-                cpu_seconds: 9.0,
-                percent: 90.0,
-            }],
-            timeline: (0..10)
-                .map(|s| SecondReport {
-                    second: s,
-                    answers: 50_000,
-                    p50_us: 800.0,
-                    p99_us: 2_000.0 + s as f64 * 100.0,
-                    max_us: 3_000.0,
-                })
-                .collect(),
-            curves: Curves {
-                from_schedule: vec![[0.0, 100.0], [1.0, 900.0], [2.0, 2_500.0], [3.0, 4_000.0]],
-                from_send: vec![[0.0, 90.0], [2.0, 2_000.0]],
-                lag: vec![[0.0, 1.0], [2.0, 400.0]],
-            },
-        }
-    }
-
-    #[test]
-    fn json_report_round_trips_the_key_figures() {
-        let mut report = ScenarioReport::new("pomelo-a", "1 gate + 1 echo".into());
-        report.runs.push(sample_run("pomelo A", "gateway", 1_999.0));
-        let json = serde_json::to_value(&report).expect("serialisable");
-        assert_eq!(json["runs"][0]["achieved_rps"], 1_999.0);
-        assert_eq!(
-            json["runs"][0]["latency"]["from_schedule"]["p99_us"],
-            2_500.0
-        );
-        assert_eq!(json["runs"][0]["errors_by_code"]["503"], 10);
-        assert_eq!(json["runs"][0]["server"]["gate_bus"]["p50_us"], 200.0);
-        assert!(json.get("saturate").is_none());
-    }
-
-    #[test]
-    fn a_run_without_successes_is_a_failure() {
-        let mut report = ScenarioReport::new("x", String::new());
-        let mut run = sample_run("dead", "gateway", 0.0);
-        run.ok = 0;
-        report.runs.push(sample_run("fine", "gateway", 1.0));
-        report.runs.push(run);
-        assert_eq!(report.failed_runs(), vec!["dead"]);
-    }
-
-    #[test]
-    fn numbers_are_grouped() {
-        assert_eq!(thousands(0.0), "0");
-        assert_eq!(thousands(999.4), "999");
-        assert_eq!(thousands(99_990.0), "99,990");
-        assert_eq!(thousands(1_234_567.0), "1,234,567");
-        assert_eq!(thousands(-1_500.0), "-1,500");
-        assert_eq!(ms(2_500.0), "2.500");
-    }
-
-    #[test]
-    fn utc_dates() {
-        assert_eq!(utc_text(0), "1970-01-01 00:00:00 UTC");
-        assert_eq!(utc_text(951_782_400), "2000-02-29 00:00:00 UTC");
-        assert_eq!(utc_text(1_795_000_000), "2026-11-18 11:06:40 UTC");
-    }
 
     #[test]
     fn a_fraction_says_which_side_a_lower_bound_leaves_it() {
@@ -691,16 +685,49 @@ pub(crate) mod tests {
         assert_eq!(relation(false, true), Relation::AtMost);
         assert_eq!(relation(true, false), Relation::AtLeast);
         assert_eq!(relation(true, true), Relation::Unknown);
-        assert_eq!(Fraction::of(1.0, false, 4.0, false).value, 0.25);
         assert_eq!(
             Fraction::of(1.0, false, 4.0, false).sentence(),
             "gateway saturation = 25.0% of the bare-echo limit"
         );
+    }
+
+    #[test]
+    fn worker_scaling_rows_show_the_change_and_lower_bounds() {
+        let step = |target: &str, rps| SaturateStep {
+            target: target.into(),
+            per_client_rps: rps / 50.0,
+            offered_rps: rps,
+            achieved_rps: rps,
+            p99_from_schedule_us: 1000.0,
+            lost: 0,
+            errors: 0,
+            passed: true,
+        };
+        let report = SaturateReport {
+            best: BTreeMap::from([
+                ("w1".into(), step("w1", 10_000.0)),
+                ("w2".into(), step("w2", 15_000.0)),
+            ]),
+            at_max_rate: vec!["w2".into()],
+            scaling: vec![
+                WorkerScaling {
+                    workers: 1,
+                    target: "w1".into(),
+                },
+                WorkerScaling {
+                    workers: 2,
+                    target: "w2".into(),
+                },
+            ],
+            ..SaturateReport::default()
+        };
+        let mut doc = Doc::new(String::new(), Meta::now());
+        report.section(&mut doc);
+        let text = doc.text();
         assert!(
-            Fraction::of(1.0, true, 4.0, false)
-                .sentence()
-                .starts_with("gateway saturation ≥ 25.0%")
+            text.contains("| 2 | ≥ 15,000 | +50.0 % | +50.0 % |"),
+            "{text}"
         );
-        assert!(!Fraction::of(1.0, true, 4.0, true).sentence().contains('='));
+        assert!(text.contains("| 1 | 10,000 | — | +0.0 % |"), "{text}");
     }
 }

@@ -3,14 +3,12 @@
 //! [`ScenarioReport`], prints it, optionally writes it as JSON and HTML, and fails when a
 //! run had no successful answer at all.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{bail, ensure};
 
 use super::clock::ClockKind;
-use super::generator::{self, DriverKind, Length, LoadSpec, Target};
-use super::html::render_html;
+use super::generator::{self, Length, LoadSpec, Target};
 use super::report::{
     Fraction, RunReport, SaturateReport, SaturateStep, ScenarioReport, WorkerScaling,
 };
@@ -18,8 +16,8 @@ use super::schedule::Payload;
 use super::target::{
     Gates, LimitServer, ServiceKind, TargetArgs, echo_threads, plural, this_process, with_topology,
 };
-use super::text::render_text;
 use crate::duration::parse_duration;
+use crate::report::OutputArgs;
 
 /// Most clients one run opens: each is a socket and a task here and a session on a gate.
 pub const MAX_CLIENTS: usize = 10_000;
@@ -30,25 +28,8 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(3_600);
 
 /// Default measured window of the duration-based scenarios.
 const DEFAULT_DURATION: Duration = Duration::from_secs(10);
-/// Requests per client in the pomelo scenarios, as in the seed's report.
-const POMELO_COUNT: u64 = 10_000;
 /// A step must achieve this share of its offered rate to pass in `saturate`.
 const SATURATE_MIN_ACHIEVED: f64 = 0.95;
-
-/// Where the report goes.
-#[derive(Debug, Clone, clap::Args)]
-pub struct OutputArgs {
-    /// Also write the report as JSON to this file (`-`: JSON on stdout instead of the
-    /// text report).
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-    /// Also write the report as a self-contained HTML page with charts.
-    #[arg(long, value_name = "FILE")]
-    pub html: Option<PathBuf>,
-    /// No progress bar on stderr.
-    #[arg(long)]
-    pub quiet: bool,
-}
 
 /// The load every request-sending scenario shares.
 #[derive(Debug, Clone, clap::Args)]
@@ -86,16 +67,6 @@ pub struct LoadArgs {
     /// docs/benchmarks.md.
     #[arg(long, value_enum, default_value_t)]
     pub clock: ClockKind,
-    /// Clients are spread over this many evenly spaced send times within one interval
-    /// (smoother arrivals, but each extra phase costs client and server wake-ups).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub phases: u32,
-    /// What speaks to the server for each client: `lean` (one task per client owning
-    /// its WebSocket; `ws://` only, `wss://` runs fall back to the SDK) or `sdk` (the
-    /// Rust client SDK, as a game uses it; costs the generator more CPU per request).
-    /// See docs/benchmarks.md, "Load generator cost".
-    #[arg(long, value_enum, default_value_t)]
-    pub driver: DriverKind,
     /// Do not ask the gate for server timing (no latency split in the report).
     #[arg(long)]
     pub no_server_timing: bool,
@@ -158,8 +129,6 @@ impl LoadArgs {
             json: false,
             server_timing: !self.no_server_timing,
             clock: self.clock,
-            phases: self.phases,
-            driver: self.driver,
             progress: !self.output.quiet,
         };
         ensure!(
@@ -192,18 +161,6 @@ pub struct ConcurrencyArgs {
     /// `wss://` URLs with --url and --tls-ca instead.
     #[arg(long, conflicts_with = "url")]
     pub tls_beside: bool,
-    #[command(flatten)]
-    pub target: TargetArgs,
-    #[command(flatten)]
-    pub load: LoadArgs,
-}
-
-/// `pomelo-a` / `pomelo-b`: the seed's pomelo comparison.
-#[derive(Debug, clap::Args)]
-pub struct PomeloArgs {
-    /// Clients (scenario A: 2, B: 4, one per gate).
-    #[arg(long)]
-    pub clients: Option<usize>,
     #[command(flatten)]
     pub target: TargetArgs,
     #[command(flatten)]
@@ -281,74 +238,64 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let service = args.target.service;
-    let (gates, topology) = if args.tls_beside {
-        args.target.gates_with_tls(1, 1).await?
-    } else {
-        args.target.gates(1, 1).await?
-    };
+    let (gates, topology) = (args.target)
+        .launch(1, 1, &[service], args.tls_beside)
+        .await?;
+    ensure!(
+        !args.tls_beside || !gates.tls_urls.is_empty(),
+        "the gates serve no wss://"
+    );
     let limit = args.load.with_limit.then(LimitServer::start).transpose()?;
     let work = async {
         let mut report = ScenarioReport::new("concurrency", gates.setup.clone());
         for spec in &specs {
             let label = format!("{} clients", spec.clients);
+            // The same load on the bare echo first; every gateway run is compared with it.
+            let limit_run = match &limit {
+                Some(server) => match generator::run(spec, &limit_target(server, &label)).await {
+                    Ok(run) => Some(RunReport::from_result(&run)),
+                    Err(e) => {
+                        report.errors.push(format!("{label}, limit: {e:#}"));
+                        continue;
+                    }
+                },
+                None => None,
+            };
+            let json = LoadSpec {
+                json: true,
+                payload: service.default_json_payload(),
+                ..spec.clone()
+            };
+            let mut runs = vec![(label.clone(), spec, &gates.urls)];
+            if args.json_beside {
+                runs.push((format!("{label}, JSON"), &json, &gates.urls));
+            }
+            if args.tls_beside {
+                runs.push((format!("{label}, wss"), spec, &gates.tls_urls));
+            }
+            report.runs.extend(limit_run.clone());
             // One failed run (say, an overload nothing answers) must not lose the others.
-            match run_pair(spec, &gates, limit.as_ref(), &label).await {
-                Ok(runs) => {
-                    // Compared with the same limit run as the protobuf one.
-                    let limit = runs.first().filter(|_| runs.len() > 1);
-                    let mut beside = Vec::new();
-                    if args.json_beside {
-                        match json_run(spec, service, &gates, limit, &label).await {
-                            Ok(run) => beside.push(run),
-                            Err(e) => report.errors.push(format!("{label}, JSON: {e:#}")),
+            for (name, spec, urls) in runs {
+                let target = Target {
+                    urls: urls.clone(),
+                    ..gateway_target(&gates, &name)
+                };
+                match generator::run(spec, &target).await {
+                    Ok(run) => {
+                        let mut run = RunReport::from_result(&run);
+                        if let Some(limit) = &limit_run {
+                            run.compare_with_limit(limit);
                         }
+                        report.runs.push(run);
                     }
-                    if args.tls_beside {
-                        match tls_run(spec, &gates, limit, &label).await {
-                            Ok(run) => beside.push(run),
-                            Err(e) => report.errors.push(format!("{label}, wss: {e:#}")),
-                        }
-                    }
-                    report.runs.extend(runs);
-                    report.runs.extend(beside);
+                    Err(e) => report.errors.push(format!("{name}: {e:#}")),
                 }
-                Err(e) => report.errors.push(format!("{label}: {e:#}")),
             }
         }
         Ok(report)
     };
     let report = with_topology(topology, work).await?;
-    finish(&report, &args.load.output)
-}
-
-pub async fn pomelo_a(args: PomeloArgs) -> anyhow::Result<()> {
-    pomelo(args, "pomelo-a", "pomelo A", 1, 2).await
-}
-
-pub async fn pomelo_b(args: PomeloArgs) -> anyhow::Result<()> {
-    pomelo(args, "pomelo-b", "pomelo B", 4, 4).await
-}
-
-async fn pomelo(
-    args: PomeloArgs,
-    scenario: &str,
-    label: &str,
-    gates: u32,
-    clients: usize,
-) -> anyhow::Result<()> {
-    let clients = args.clients.unwrap_or(clients);
-    let spec = args
-        .load
-        .spec(clients, Length::Count(POMELO_COUNT), args.target.service)?;
-    let (gates, topology) = args.target.gates(gates, 1).await?;
-    let limit = args.load.with_limit.then(LimitServer::start).transpose()?;
-    let work = async {
-        let mut report = ScenarioReport::new(scenario, gates.setup.clone());
-        report.runs = run_pair(&spec, &gates, limit.as_ref(), label).await?;
-        Ok(report)
-    };
-    let report = with_topology(topology, work).await?;
-    finish(&report, &args.load.output)
+    report.finish(&args.load.output)
 }
 
 pub async fn limit(args: LimitArgs) -> anyhow::Result<()> {
@@ -369,7 +316,7 @@ pub async fn limit(args: LimitArgs) -> anyhow::Result<()> {
             Err(e) => report.errors.push(format!("{label}: {e:#}")),
         }
     }
-    finish(&report, &args.load.output)
+    report.finish(&args.load.output)
 }
 
 pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
@@ -388,11 +335,7 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
     let mut sat = SaturateReport {
         p99_target_us: args.p99_target.as_secs_f64() * 1e6,
         clients: args.clients,
-        steps: Vec::new(),
-        best: Default::default(),
-        fraction_of_limit: None,
-        at_max_rate: Vec::new(),
-        scaling: Vec::new(),
+        ..SaturateReport::default()
     };
     if let Some(server) = args.load.with_limit.then(LimitServer::start).transpose()? {
         search_into(
@@ -451,7 +394,7 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
         sat.fraction_of_limit = Some(Fraction::of(gateway, gateway_bound, limit, limit_bound));
     }
     report.saturate = Some(sat);
-    finish(&report, &args.load.output)?;
+    report.finish(&args.load.output)?;
     if !missing.is_empty() {
         bail!(
             "no step met the target for {}, not even {} req/s per client",
@@ -568,7 +511,7 @@ async fn saturate_step(
     let name = std::mem::take(&mut target.label);
     target.label = format!("{name} at {per_client_rps:.0}/s per client");
     let run = RunReport::from_result(&generator::run(&spec, &target).await?);
-    let lost = run.timeouts + run.unanswered + run.failures.values().sum::<u64>();
+    let lost = run.lost();
     let errors = run.errors_by_code.values().sum::<u64>();
     let p99 = run.latency.from_schedule.p99_us;
     let passed = p99 <= args.p99_target.as_secs_f64() * 1e6
@@ -609,77 +552,6 @@ fn limit_target(server: &LimitServer, label: &str) -> Target {
     }
 }
 
-/// The same load on the bare echo server first (when there is one), then on the gates;
-/// the gateway run is compared with the limit run.
-async fn run_pair(
-    spec: &LoadSpec,
-    gates: &Gates,
-    limit: Option<&LimitServer>,
-    label: &str,
-) -> anyhow::Result<Vec<RunReport>> {
-    let mut runs = Vec::new();
-    if let Some(server) = limit {
-        let run = generator::run(spec, &limit_target(server, label)).await?;
-        runs.push(RunReport::from_result(&run));
-    }
-    let run = compared_run(spec, &gateway_target(gates, label), runs.first()).await?;
-    runs.push(run);
-    Ok(runs)
-}
-
-/// One run against `target`, compared with the `limit` run when there is one.
-async fn compared_run(
-    spec: &LoadSpec,
-    target: &Target,
-    limit: Option<&RunReport>,
-) -> anyhow::Result<RunReport> {
-    let run = generator::run(spec, target).await?;
-    let mut run = RunReport::from_result(&run);
-    if let Some(limit) = limit {
-        run.compare_with_limit(limit);
-    }
-    Ok(run)
-}
-
-/// `spec` again with JSON clients on the service's default route, against the gateway.
-async fn json_run(
-    spec: &LoadSpec,
-    service: ServiceKind,
-    gates: &Gates,
-    limit: Option<&RunReport>,
-    label: &str,
-) -> anyhow::Result<RunReport> {
-    let json = LoadSpec {
-        json: true,
-        payload: service.default_json_payload(),
-        ..spec.clone()
-    };
-    compared_run(
-        &json,
-        &gateway_target(gates, &format!("{label}, JSON")),
-        limit,
-    )
-    .await
-}
-
-/// `spec` again over `wss://`, against the same gates' TLS listeners.
-async fn tls_run(
-    spec: &LoadSpec,
-    gates: &Gates,
-    limit: Option<&RunReport>,
-    label: &str,
-) -> anyhow::Result<RunReport> {
-    ensure!(
-        !gates.tls_urls.is_empty(),
-        "the gates serve no wss:// (launched without TLS)"
-    );
-    let target = Target {
-        urls: gates.tls_urls.clone(),
-        ..gateway_target(gates, &format!("{label}, wss"))
-    };
-    compared_run(spec, &target, limit).await
-}
-
 /// Parses `--body-hex`.
 fn parse_hex(text: &str) -> Result<bytes::Bytes, String> {
     let text = text.trim();
@@ -695,36 +567,6 @@ fn parse_hex(text: &str) -> Result<bytes::Bytes, String> {
         })
         .collect::<Result<Vec<u8>, String>>()
         .map(bytes::Bytes::from)
-}
-
-/// Prints the report, writes the requested files, and fails if a run had no success.
-pub fn finish(report: &ScenarioReport, output: &OutputArgs) -> anyhow::Result<()> {
-    let json_on_stdout = output.json.as_deref() == Some(std::path::Path::new("-"));
-    if json_on_stdout {
-        println!("{}", serde_json::to_string(report)?);
-    } else {
-        print!("{}", render_text(report));
-    }
-    if let Some(path) = output.json.as_ref().filter(|_| !json_on_stdout) {
-        let json = serde_json::to_string_pretty(report)?;
-        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(path) = &output.html {
-        std::fs::write(path, render_html(report))
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if !report.errors.is_empty() {
-        bail!(
-            "{} run(s) failed: {}",
-            report.errors.len(),
-            report.errors.join("; ")
-        );
-    }
-    let failed = report.failed_runs();
-    if !failed.is_empty() {
-        bail!("no successful answer in: {}", failed.join(", "));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

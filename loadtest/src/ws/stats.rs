@@ -1,18 +1,18 @@
-//! What each client records during a run, and how the clients' records add up.
-//!
-//! Every client batches its outcomes in a [`Recorder`], which records them a batch at a
-//! time into the run's one [`Recorded`]: the totals, the histograms and the per-second
-//! timeline. What each connection needs on its own (its answers, for its rate) it
-//! counts itself.
+//! What the clients record during a run, and how their records add up: every client
+//! batches its outcomes in a [`Recorder`], which records a batch at a time into the run's
+//! one [`Recorded`] (totals, histograms, per-second timeline).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::hist::{Hist, Summary};
+use crate::hist::{Hist, Summary};
 
 /// Seconds of timeline kept; later seconds still count in the totals.
 pub const MAX_TIMELINE_SECONDS: usize = 3_600;
+/// Outcomes a client records before taking the shared lock.
+const BATCH: usize = 256;
+const OK: u32 = proto::code::OK;
 
 /// The server's own account of a request, from `Response.timing`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -24,10 +24,11 @@ pub struct ServerTiming {
 
 impl From<proto::client::Timing> for ServerTiming {
     fn from(t: proto::client::Timing) -> Self {
+        let (total_us, queue_us, handler_us) = (t.total_us, t.queue_us, t.handler_us);
         ServerTiming {
-            total_us: t.total_us,
-            queue_us: t.queue_us,
-            handler_us: t.handler_us,
+            total_us,
+            queue_us,
+            handler_us,
         }
     }
 }
@@ -43,7 +44,7 @@ pub enum Answer {
     },
     /// No answer within the request timeout (client side).
     Timeout,
-    /// Any other failure, by kind (`closed`, `kicked`, `protocol`, ...).
+    /// The connection ended under it (`closed`, `kicked`, `protocol`).
     Failed(&'static str),
 }
 
@@ -59,12 +60,10 @@ pub struct Outcome {
 /// The latency of answered requests, three ways.
 #[derive(Debug, Clone, Default)]
 pub struct Latency {
-    /// Answer minus scheduled send time: what a player waiting on the schedule sees, so
-    /// a stall of the client or the server is never hidden.
+    /// Answer minus scheduled send time: a stall of client or server is never hidden.
     pub from_schedule: Hist,
-    /// Answer minus the moment the request was handed to the SDK.
     pub from_send: Hist,
-    /// Handed to the SDK minus scheduled: the load generator's own lateness.
+    /// Sent minus scheduled: the load generator's own lateness.
     pub lag: Hist,
 }
 
@@ -73,36 +72,29 @@ pub struct Latency {
 pub struct ServerSplit {
     /// Gate receive to gate answer.
     pub total: Hist,
-    /// Waiting in the worker's queue.
     pub queue: Hist,
-    /// Inside the handler.
     pub handler: Hist,
     /// total - queue - handler: the gate's own work and the bus both ways.
     pub gate_bus: Hist,
-    /// from-send latency - total: the client SDK and the WebSocket both ways.
+    /// From-send latency - total: the client and the WebSocket both ways.
     pub client_ws: Hist,
 }
 
-/// One client's record of the measured part of a run.
+/// The record of the measured part of a run.
 #[derive(Debug, Clone, Default)]
 pub struct ClientStats {
-    /// Measured requests handed to the SDK.
     pub sent: u64,
     /// Answered 200.
     pub ok: u64,
     /// Answered with any code.
     pub answered: u64,
-    /// Client-side timeouts (no answer within the request timeout).
     pub timeouts: u64,
     /// Still in flight when the run's hard deadline passed.
     pub unanswered: u64,
-    /// Answers other than 200, by code.
+    /// Answers other than 200 by code, and the first message seen for each.
     pub codes: BTreeMap<u32, u64>,
-    /// The first message seen for each code in `codes`.
     pub messages: BTreeMap<u32, String>,
-    /// SDK errors other than timeouts, by kind.
     pub failures: BTreeMap<&'static str, u64>,
-    /// When the last measured answer arrived.
     pub last_answer: Option<Instant>,
     pub latency: Latency,
     pub server: ServerSplit,
@@ -116,68 +108,57 @@ impl ClientStats {
         self.latency
             .lag
             .record(o.sent.saturating_duration_since(o.scheduled));
-        match &o.answer {
+        let (code, timing, message) = match &o.answer {
             Answer::Response {
                 code,
                 timing,
                 message,
-            } => {
-                self.answered += 1;
-                if *code == OK {
-                    self.ok += 1;
-                } else {
-                    *self.codes.entry(*code).or_default() += 1;
-                    if !self.messages.contains_key(code) {
-                        self.messages.insert(*code, message.clone());
-                    }
-                }
-                let from_send = o.received.saturating_duration_since(o.sent);
-                self.latency
-                    .from_schedule
-                    .record(o.received.saturating_duration_since(o.scheduled));
-                self.latency.from_send.record(from_send);
-                if let Some(t) = timing {
-                    self.record_timing(*t, from_send);
-                }
-                self.last_answer = Some(self.last_answer.map_or(o.received, |l| l.max(o.received)));
-                let second = o.received.saturating_duration_since(window_start).as_secs();
-                if let Ok(second) = usize::try_from(second)
-                    && second < MAX_TIMELINE_SECONDS
-                {
-                    if self.answers_per_second.len() <= second {
-                        self.answers_per_second.resize(second + 1, 0);
-                    }
-                    self.answers_per_second[second] += 1;
-                }
+            } => (*code, timing, message),
+            Answer::Timeout => return self.timeouts += 1,
+            Answer::Failed(kind) => return *self.failures.entry(kind).or_default() += 1,
+        };
+        self.answered += 1;
+        if code == OK {
+            self.ok += 1;
+        } else {
+            *self.codes.entry(code).or_default() += 1;
+            self.messages.entry(code).or_insert_with(|| message.clone());
+        }
+        let from_send = o.received.saturating_duration_since(o.sent);
+        self.latency
+            .from_schedule
+            .record(o.received.saturating_duration_since(o.scheduled));
+        self.latency.from_send.record(from_send);
+        if let Some(t) = timing {
+            let s = &mut self.server;
+            let (total, queue, handler) = (
+                u64::from(t.total_us),
+                u64::from(t.queue_us),
+                u64::from(t.handler_us),
+            );
+            s.total.record_us(total);
+            s.queue.record_us(queue);
+            s.handler.record_us(handler);
+            s.gate_bus
+                .record_us(total.saturating_sub(queue).saturating_sub(handler));
+            s.client_ws
+                .record(from_send.saturating_sub(Duration::from_micros(total)));
+        }
+        self.last_answer = Some(self.last_answer.map_or(o.received, |l| l.max(o.received)));
+        let second = o.received.saturating_duration_since(window_start).as_secs() as usize;
+        if second < MAX_TIMELINE_SECONDS {
+            if self.answers_per_second.len() <= second {
+                self.answers_per_second.resize(second + 1, 0);
             }
-            Answer::Timeout => self.timeouts += 1,
-            Answer::Failed(kind) => *self.failures.entry(kind).or_default() += 1,
+            self.answers_per_second[second] += 1;
         }
     }
 
-    fn record_timing(&mut self, t: ServerTiming, from_send: Duration) {
-        let s = &mut self.server;
-        let (total, queue, handler) = (
-            u64::from(t.total_us),
-            u64::from(t.queue_us),
-            u64::from(t.handler_us),
-        );
-        s.total.record_us(total);
-        s.queue.record_us(queue);
-        s.handler.record_us(handler);
-        s.gate_bus
-            .record_us(total.saturating_sub(queue).saturating_sub(handler));
-        s.client_ws
-            .record(from_send.saturating_sub(Duration::from_micros(total)));
-    }
-
-    /// Requests that got no answer: client timeouts, SDK errors, still in flight.
+    /// Requests that got no answer: timeouts, cut by the connection, still in flight.
     pub fn lost(&self) -> u64 {
         self.timeouts + self.unanswered + self.failures.values().sum::<u64>()
     }
 }
-
-const OK: u32 = proto::code::OK;
 
 /// Achieved rate: answers ÷ the time from the window's start until the later of its
 /// end and the last answer, so a server that answers late is charged for it.
@@ -187,53 +168,21 @@ pub fn rate(ok: u64, window_start: Instant, window_end: Instant, last: Option<In
     if secs <= 0.0 { 0.0 } else { ok as f64 / secs }
 }
 
-/// Latency from the schedule, per second of the measured window ([`Hist::coarse`]: 1%
-/// is plenty for a chart).
-#[derive(Debug, Default)]
-pub struct Timeline {
-    seconds: Vec<Hist>,
-}
-
-impl Timeline {
-    /// Records the latency of a request scheduled `second`s into the window.
-    fn record(&mut self, second: usize, latency: Duration) {
-        if second >= MAX_TIMELINE_SECONDS {
-            return;
-        }
-        if self.seconds.len() <= second {
-            self.seconds.resize_with(second + 1, Hist::coarse);
-        }
-        self.seconds[second].record(latency);
-    }
-
-    /// Per second (by scheduled send time): the count and the latency summary.
-    pub fn seconds(&self) -> impl Iterator<Item = (usize, Summary)> + '_ {
-        self.seconds
-            .iter()
-            .enumerate()
-            .map(|(s, h)| (s, h.summary()))
-    }
-}
-
-/// What all clients of a run recorded: one set of histograms for the run.
+/// What all clients of a run recorded: one set of histograms for the run, and the
+/// latency from the schedule per second of the window ([`Hist::coarse`]).
 #[derive(Debug, Default)]
 pub struct Recorded {
     pub stats: ClientStats,
-    pub timeline: Timeline,
+    pub timeline: Vec<Hist>,
 }
 
 /// A handle the clients share.
 pub type SharedRecorded = Arc<Mutex<Recorded>>;
 
-/// A client's recorder: outcomes are kept in a small batch and recorded into the run's
-/// one [`Recorded`] a batch at a time. A set of histograms per client made every record
-/// a cache miss (hundreds of clients × 220 KB each) and cost the generator ~10 % of its
-/// CPU; one shared set stays in cache, and the lock is taken once per batch.
-///
-/// Clients run in lockstep (same schedule, same rate), so equal batches would fill at
-/// the same instant and every client would queue on the lock at once, a stall of the
-/// whole generator every few hundred requests. Client `i`'s first batch is cut short
-/// by a different amount, which spreads the flushes over the batch period for good.
+/// A client's recorder. A set of histograms per client made every record a cache miss
+/// (~10 % of the generator's CPU); one shared set stays in cache, locked once a batch.
+/// Clients in lockstep would fill equal batches at the same instant and queue on the
+/// lock together, so client `i`'s first batch is cut short by its own amount.
 #[derive(Debug)]
 pub struct Recorder {
     shared: SharedRecorded,
@@ -243,9 +192,6 @@ pub struct Recorder {
     flush_at: usize,
 }
 
-/// Outcomes a client records before taking the shared lock.
-const BATCH: usize = 256;
-
 impl Recorder {
     /// The recorder of client `client` of `clients`.
     pub fn new(
@@ -254,11 +200,12 @@ impl Recorder {
         client: usize,
         clients: usize,
     ) -> Self {
+        let flush_at = BATCH - client % clients.max(1) * BATCH / clients.max(1);
         Recorder {
             shared,
             window_start,
             batch: Vec::with_capacity(BATCH),
-            flush_at: BATCH - client % clients.max(1) * BATCH / clients.max(1),
+            flush_at,
         }
     }
 
@@ -270,8 +217,7 @@ impl Recorder {
         }
     }
 
-    /// Records what is left, and the client's own counts: measured requests sent, and
-    /// those still unanswered at the end.
+    /// Records what is left, and the client's measured requests sent and unanswered.
     pub fn finish(mut self, sent: u64, unanswered: u64) {
         self.flush();
         let mut shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
@@ -288,11 +234,15 @@ impl Recorder {
         let Recorded { stats, timeline } = &mut *shared;
         for o in self.batch.drain(..) {
             stats.record(self.window_start, &o);
-            if matches!(o.answer, Answer::Response { .. }) {
-                let elapsed = o.scheduled.saturating_duration_since(self.window_start);
-                if let Ok(second) = usize::try_from(elapsed.as_secs()) {
-                    timeline.record(second, o.received.saturating_duration_since(o.scheduled));
+            let second = o
+                .scheduled
+                .saturating_duration_since(self.window_start)
+                .as_secs() as usize;
+            if matches!(o.answer, Answer::Response { .. }) && second < MAX_TIMELINE_SECONDS {
+                if timeline.len() <= second {
+                    timeline.resize_with(second + 1, Hist::coarse);
                 }
+                timeline[second].record(o.received.saturating_duration_since(o.scheduled));
             }
         }
     }
@@ -302,6 +252,11 @@ impl Drop for Recorder {
     fn drop(&mut self) {
         self.flush();
     }
+}
+
+/// Per second of the window (by scheduled send time): the latency summary.
+pub fn seconds(timeline: &[Hist]) -> Vec<(usize, Summary)> {
+    timeline.iter().map(Hist::summary).enumerate().collect()
 }
 
 #[cfg(test)]
@@ -378,21 +333,6 @@ mod tests {
     }
 
     #[test]
-    fn rate_charges_late_answers() {
-        let t0 = Instant::now();
-        let end = t0 + Duration::from_secs(10);
-        assert_eq!(
-            rate(10_000, t0, end, Some(t0 + Duration::from_secs(5))),
-            1000.0
-        );
-        assert_eq!(
-            rate(10_000, t0, end, Some(t0 + Duration::from_secs(20))),
-            500.0
-        );
-        assert_eq!(rate(10, t0, t0, None), 0.0);
-    }
-
-    #[test]
     fn recorders_share_one_record_and_timeline() {
         let t0 = Instant::now();
         let shared = SharedRecorded::default();
@@ -421,7 +361,7 @@ mod tests {
         assert_eq!((s.ok, s.answered, s.timeouts), (3, 4, 1));
         assert_eq!(s.latency.lag.len(), 5);
         assert_eq!(s.latency.from_send.len(), 4);
-        let seconds: Vec<_> = recorded.timeline.seconds().collect();
+        let seconds = seconds(&recorded.timeline);
         assert_eq!(seconds.len(), 2);
         assert_eq!(seconds[0].1.count, 3);
         // Coarse histograms: within 1%.

@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 
 use proto::Message as _;
 
-use super::procfs::{Threads, Watched};
 use super::schedule::Payload;
+use crate::proc::{Threads, Watched};
 use crate::topology::{Topology, TopologySpec};
 
 /// Services a launched topology can run.
@@ -115,11 +115,6 @@ pub struct TargetArgs {
     /// when it is `shaddock`, else `shaddock` beside it).
     #[arg(long)]
     pub bin: Option<PathBuf>,
-    /// Launch the broker, gates and workers without their metrics endpoints (no
-    /// Prometheus recorder in gates and workers), to measure what the metrics cost. By
-    /// default they serve metrics, as a deployment does.
-    #[arg(long)]
-    pub no_metrics: bool,
 }
 
 /// Where the load of a scenario goes.
@@ -173,41 +168,21 @@ impl TargetArgs {
         self.launch(gates, workers, &[self.service], false).await
     }
 
-    /// [`TargetArgs::gates`] with `workers` workers of each of `services` (instead of
-    /// `--service`'s), for scenarios whose sessions use several.
-    pub async fn gates_for(
-        &self,
-        gates: u32,
-        workers: u32,
-        services: &[ServiceKind],
-    ) -> anyhow::Result<(Gates, Option<Topology>)> {
-        self.launch(gates, workers, services, false).await
-    }
-
-    /// [`TargetArgs::gates`], and launched gates also serve `wss://` with a throwaway
-    /// certificate ([`Gates::tls_urls`], trusted by [`Gates::tls`]). Not for gates
-    /// given by URL: their certificate is not ours to make.
-    pub async fn gates_with_tls(
-        &self,
-        gates: u32,
-        workers: u32,
-    ) -> anyhow::Result<(Gates, Option<Topology>)> {
-        anyhow::ensure!(
-            self.url.is_empty(),
-            "serving wss:// beside ws:// needs gates this command launches (it makes their \
-             certificate); to load running gates over TLS, give their wss:// URLs to --url \
-             with --tls-ca"
-        );
-        self.launch(gates, workers, &[self.service], true).await
-    }
-
-    async fn launch(
+    /// Like [`TargetArgs::gates`] for a launched topology running a worker of each of
+    /// `services`, whose gates also serve `wss://` when `tls`.
+    pub async fn launch(
         &self,
         gates: u32,
         workers: u32,
         services: &[ServiceKind],
         tls: bool,
     ) -> anyhow::Result<(Gates, Option<Topology>)> {
+        anyhow::ensure!(
+            !tls || self.url.is_empty(),
+            "serving wss:// beside ws:// needs gates this command launches (it makes their \
+             certificate); to load running gates over TLS, give their wss:// URLs to --url \
+             with --tls-ca"
+        );
         if !self.url.is_empty() {
             anyhow::ensure!(
                 self.tls_ca.is_some() || !self.url.iter().any(|u| u.starts_with("wss://")),
@@ -244,7 +219,6 @@ impl TargetArgs {
                 .collect(),
             gate_args: self.gate_arg.clone(),
             worker_args: self.worker_arg.clone(),
-            metrics: !self.no_metrics,
             tls,
             one_process: self.topology == TopologyKind::OneProcess,
             ..TopologySpec::default()

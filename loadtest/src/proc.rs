@@ -1,0 +1,177 @@
+//! What `/proc` says about a process, read with the `procfs` crate: resident memory, and
+//! CPU time over a window for chosen processes (or some of their threads, by name), the
+//! whole machine and the hypervisor's steal. A process that cannot be read is left out.
+
+use std::time::{Duration, Instant};
+
+use procfs::CurrentSI as _;
+use procfs::process::Process;
+use serde::Serialize;
+
+/// The pseudo-process names of the machine-wide figures.
+pub const MACHINE: &str = "machine";
+pub const OTHERS: &str = "others";
+pub const STEAL: &str = "steal";
+
+/// Resident set size of `pid` in bytes.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let kib = Process::new(i32::try_from(pid).ok()?)
+        .ok()?
+        .status()
+        .ok()?
+        .vmrss?;
+    kib.checked_mul(1024)
+}
+
+fn ticks(t: u64) -> Duration {
+    Duration::from_secs_f64(t as f64 / procfs::ticks_per_second() as f64)
+}
+
+/// A process (or some of its threads) whose CPU use a run reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Watched {
+    pub name: String,
+    pub pid: u32,
+    pub threads: Threads,
+}
+
+/// Which threads of a process count, by name: the bare echo server runs in the load
+/// tester's own process, on threads of its own name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threads {
+    All,
+    /// Those whose name starts with this.
+    Named(&'static str),
+    /// Those whose name does not start with this.
+    Others(&'static str),
+}
+
+impl Watched {
+    pub fn all(name: &str, pid: u32) -> Self {
+        Watched {
+            name: name.to_owned(),
+            pid,
+            threads: Threads::All,
+        }
+    }
+
+    /// CPU time (user + system) used so far. A thread that ended took its time with it:
+    /// only threads that live through a run are measured right (the echo's and ours do).
+    fn cpu_time(&self) -> Option<Duration> {
+        let process = Process::new(i32::try_from(self.pid).ok()?).ok()?;
+        let used = |s: procfs::process::Stat| s.utime + s.stime;
+        let keep = |comm: &str| match self.threads {
+            Threads::All => true,
+            Threads::Named(p) => comm.starts_with(p),
+            Threads::Others(p) => !comm.starts_with(p),
+        };
+        let total = match self.threads {
+            Threads::All => used(process.stat().ok()?),
+            _ => process
+                .tasks()
+                .ok()?
+                .flatten()
+                .filter_map(|task| task.stat().ok())
+                .filter(|s| keep(&s.comm))
+                .map(used)
+                .sum(),
+        };
+        Some(ticks(total))
+    }
+}
+
+/// CPU used by one process over a measured window.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CpuUse {
+    pub name: String,
+    pub pid: u32,
+    pub cpu_seconds: f64,
+    /// Of one core: 200 % is both cores of a 2-core machine.
+    pub percent: f64,
+}
+
+/// CPU times of some processes and of the machine at one instant.
+#[derive(Debug, Clone)]
+pub struct CpuSample {
+    at: Instant,
+    times: Vec<(Watched, Option<Duration>)>,
+    /// Busy (user, nice, system, irq, softirq: every process, including those this one
+    /// cannot see) and steal: time the hypervisor gave this VM's CPUs to someone else.
+    machine: Option<(Duration, Duration)>,
+}
+
+impl CpuSample {
+    pub fn take(watched: &[Watched]) -> Self {
+        let machine = procfs::KernelStats::current().ok().map(|k| {
+            let t = k.total;
+            let busy = t.user + t.nice + t.system + t.irq.unwrap_or(0) + t.softirq.unwrap_or(0);
+            (ticks(busy), ticks(t.steal.unwrap_or(0)))
+        });
+        CpuSample {
+            at: Instant::now(),
+            times: watched.iter().map(|w| (w.clone(), w.cpu_time())).collect(),
+            machine,
+        }
+    }
+
+    /// CPU use from `self` to `later`: each process, then the machine, what the watched
+    /// processes do not account for ("others": a noisy neighbour in this VM) and steal
+    /// (a noisy neighbour outside it).
+    pub fn until(&self, later: &CpuSample) -> Vec<CpuUse> {
+        let wall = later.at.saturating_duration_since(self.at).as_secs_f64();
+        let entry = |name: &str, pid, used: Duration| CpuUse {
+            name: name.to_owned(),
+            pid,
+            cpu_seconds: used.as_secs_f64(),
+            percent: if wall > 0.0 {
+                (used.as_secs_f64() / wall * 1000.0).round() / 10.0
+            } else {
+                0.0
+            },
+        };
+        let mut uses: Vec<CpuUse> = self
+            .times
+            .iter()
+            .zip(&later.times)
+            .filter_map(|((w, before), (_, after))| {
+                Some(entry(
+                    &w.name,
+                    w.pid,
+                    after.as_ref()?.saturating_sub((*before)?),
+                ))
+            })
+            .collect();
+        if let (Some((busy0, steal0)), Some((busy1, steal1))) = (self.machine, later.machine) {
+            let machine = busy1.saturating_sub(busy0);
+            let ours = Duration::from_secs_f64(uses.iter().map(|u| u.cpu_seconds).sum());
+            uses.push(entry(MACHINE, 0, machine));
+            uses.push(entry(OTHERS, 0, machine.saturating_sub(ours)));
+            uses.push(entry(STEAL, 0, steal1.saturating_sub(steal0)));
+        }
+        uses
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_readable_and_its_threads_split_by_name() {
+        let me = std::process::id();
+        assert!(rss_bytes(me).is_some_and(|b| b > 0));
+        let watch = |threads| Watched {
+            name: "self".into(),
+            pid: me,
+            threads,
+        };
+        let time = |threads| watch(threads).cpu_time().expect("readable");
+        assert_eq!(time(Threads::Named("no-such-thread")), Duration::ZERO);
+        let a = CpuSample::take(&[watch(Threads::All)]);
+        let used = a.until(&CpuSample::take(&[watch(Threads::All)]));
+        let names: Vec<&str> = used.iter().map(|u| u.name.as_str()).collect();
+        assert_eq!(names, ["self", MACHINE, OTHERS, STEAL]);
+        // Ticks are read at once, so the parts never exceed the whole.
+        assert!(time(Threads::Others("no-such-thread")) <= time(Threads::All));
+    }
+}

@@ -1,0 +1,307 @@
+//! One report model for every scenario: a [`Doc`] of headings, lines, tables and charts,
+//! rendered as terminal text ([`text`], tables in markdown to paste into
+//! docs/benchmarks.md) and as a self-contained HTML page ([`html`], charts in inline
+//! SVG). The JSON (`--json`) is the scenario's own data, serialised as it is.
+
+mod html;
+mod text;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+/// A report, whatever the scenario.
+#[derive(Debug, Clone)]
+pub struct Doc {
+    pub title: String,
+    pub meta: Meta,
+    pub blocks: Vec<Block>,
+}
+
+#[derive(Debug, Clone)]
+pub enum Block {
+    Heading(String),
+    /// One line each (a paragraph in HTML).
+    Lines(Vec<String>),
+    Table(Table),
+    /// Drawn in HTML only.
+    Chart(Chart),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(columns: &[&str]) -> Self {
+        let columns = columns.iter().map(|c| (*c).to_owned()).collect();
+        Table {
+            columns,
+            rows: Vec::new(),
+        }
+    }
+}
+
+/// Lines over a shared x axis.
+#[derive(Debug, Clone)]
+pub struct Chart {
+    pub title: String,
+    pub x: XAxis,
+    pub series: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XAxis {
+    Seconds,
+    /// Nines of a percentile curve: 2 is p99.
+    Nines,
+}
+
+impl Doc {
+    pub fn new(title: String, meta: Meta) -> Self {
+        Doc {
+            title,
+            meta,
+            blocks: Vec::new(),
+        }
+    }
+
+    pub fn heading(&mut self, text: impl Into<String>) {
+        self.blocks.push(Block::Heading(text.into()));
+    }
+
+    pub fn lines(&mut self, lines: Vec<String>) {
+        if !lines.is_empty() {
+            self.blocks.push(Block::Lines(lines));
+        }
+    }
+
+    pub fn table(&mut self, table: Table) {
+        self.blocks.push(Block::Table(table));
+    }
+
+    pub fn chart(&mut self, title: &str, x: XAxis, series: Vec<(&str, Vec<(f64, f64)>)>) {
+        let series = series.into_iter().map(|(n, p)| (n.to_owned(), p)).collect();
+        self.blocks.push(Block::Chart(Chart {
+            title: title.to_owned(),
+            x,
+            series,
+        }));
+    }
+
+    pub fn text(&self) -> String {
+        text::render(self)
+    }
+
+    pub fn html(&self) -> String {
+        html::render(self)
+    }
+}
+
+/// When, where and how a report was made.
+#[derive(Debug, Clone, Serialize)]
+pub struct Meta {
+    /// UTC.
+    pub date: String,
+    pub machine: Machine,
+    /// The command line.
+    pub command: String,
+}
+
+impl Meta {
+    pub fn now() -> Self {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Meta {
+            date: utc_text(secs),
+            machine: Machine::this(),
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+        }
+    }
+
+    pub fn line(&self) -> String {
+        let m = &self.machine;
+        format!(
+            "{} | {} CPUs ({}), {} GiB, Linux {}",
+            self.date, m.cpus, m.cpu_model, m.memory_gib, m.kernel
+        )
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub memory_gib: f64,
+    pub kernel: String,
+}
+
+impl Machine {
+    fn this() -> Self {
+        let read = |path| std::fs::read_to_string(path).unwrap_or_default();
+        let field = |text: &str, key: &str| {
+            let line = text.lines().find(|l| l.starts_with(key))?;
+            Some(
+                line[key.len()..]
+                    .trim_start_matches([' ', '\t', ':'])
+                    .to_owned(),
+            )
+        };
+        let mem_kib: f64 = field(&read("/proc/meminfo"), "MemTotal")
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0.0);
+        Machine {
+            cpus: std::thread::available_parallelism().map_or(0, usize::from),
+            cpu_model: field(&read("/proc/cpuinfo"), "model name").unwrap_or_default(),
+            memory_gib: (mem_kib / 1024.0 / 1024.0 * 10.0).round() / 10.0,
+            kernel: read("/proc/sys/kernel/osrelease").trim().to_owned(),
+        }
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC` from Unix seconds: days to a civil date by Howard Hinnant's
+/// algorithm, so no date crate for one line.
+fn utc_text(secs: u64) -> String {
+    let z = i64::try_from(secs / 86_400).unwrap_or(0) + 719_468;
+    let (era, doe) = (z.div_euclid(146_097), z.rem_euclid(146_097));
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let rem = secs % 86_400;
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Where a report goes, for every scenario.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OutputArgs {
+    /// Also write the report as JSON to this file (`-`: JSON on stdout instead of the
+    /// text report).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Also write the report as a self-contained HTML page with charts.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// No progress bar on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl OutputArgs {
+    /// Prints the report (text, or JSON with `--json -`) on stdout, the report being the
+    /// tool's output and not a log line, and writes the files asked for.
+    pub fn write(&self, data: &impl Serialize, doc: &Doc) -> anyhow::Result<()> {
+        let stdout_json = self.json.as_deref() == Some(Path::new("-"));
+        let out = if stdout_json {
+            serde_json::to_string(data)? + "\n"
+        } else {
+            doc.text()
+        };
+        print_stdout(&out)?;
+        if let Some(path) = self.json.as_ref().filter(|_| !stdout_json) {
+            write_file(path, &serde_json::to_string_pretty(data)?)?;
+        }
+        if let Some(path) = &self.html {
+            write_file(path, &doc.html())?;
+        }
+        Ok(())
+    }
+}
+
+pub fn print_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    std::io::stdout()
+        .lock()
+        .write_all(text.as_bytes())
+        .context("writing the report")
+}
+
+fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// A rounded number with thousands separators: 99,990.
+pub fn thousands(x: f64) -> String {
+    let digits = format!("{:.0}", x.abs());
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if x < -0.5 { format!("-{out}") } else { out }
+}
+
+/// Milliseconds with three decimals, from microseconds.
+pub fn ms(us: f64) -> String {
+    format!("{:.3}", us / 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample() -> Doc {
+        let mut doc = Doc::new("concurrency <a&b>".into(), Meta::now());
+        doc.heading("50 clients [gateway]");
+        doc.lines(vec!["achieved 49,990 req/s".into()]);
+        let mut table = Table::new(&["run", "p99"]);
+        table.rows.push(vec!["50 clients".into(), "2.500".into()]);
+        doc.table(table);
+        let curve = vec![(0.0, 0.1), (1.0, 0.9), (2.0, 2.5)];
+        doc.chart("Latency (ms)", XAxis::Nines, vec![("from schedule", curve)]);
+        doc.chart("Empty", XAxis::Seconds, vec![]);
+        doc
+    }
+
+    #[test]
+    fn text_has_the_lines_and_a_markdown_table_but_no_chart() {
+        let text = sample().text();
+        assert!(text.starts_with("# concurrency <a&b>\n"), "{text}");
+        assert!(text.contains("## 50 clients [gateway]\nachieved 49,990 req/s\n"));
+        assert!(text.contains("| run | p99 |\n|---|---|\n| 50 clients | 2.500 |\n"));
+        assert!(!text.contains("Latency (ms)"));
+    }
+
+    #[test]
+    fn html_is_self_contained_and_escaped() {
+        let page = sample().html();
+        assert!(page.contains("<h1>concurrency &lt;a&amp;b&gt;</h1>"));
+        assert_eq!(page.matches("<svg").count(), 2);
+        assert!(page.contains("<polyline") && page.contains("99%") && page.contains("no data"));
+        assert!(!page.contains("<script"), "no script");
+        // Grid lines and legend marks are horizontal.
+        let attr = |line: &str, name: &str| {
+            line.split(name)
+                .nth(1)?
+                .split('"')
+                .nth(1)
+                .map(str::to_owned)
+        };
+        for line in page.split("<line ").skip(1) {
+            assert_eq!(attr(line, " y1="), attr(line, " y2="), "{line}");
+        }
+    }
+
+    #[test]
+    fn numbers_dates() {
+        assert_eq!(thousands(999.4), "999");
+        assert_eq!(thousands(1_234_567.0), "1,234,567");
+        assert_eq!(thousands(-1_500.0), "-1,500");
+        assert_eq!(ms(2_500.0), "2.500");
+        assert_eq!(utc_text(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc_text(1_795_000_000), "2026-11-18 11:06:40 UTC");
+    }
+}
