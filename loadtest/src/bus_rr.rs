@@ -27,7 +27,6 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::task::JoinSet;
 
-use crate::duration::parse_duration;
 use crate::hist::{Hist, Summary};
 use crate::report::{ms, print_stdout};
 
@@ -67,14 +66,14 @@ pub struct Args {
     #[arg(long, default_value_t = 16)]
     pub size: usize,
     /// Measured time, after the warm-up (`5s`, `500ms`, or bare seconds).
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = net::duration::parse)]
     pub duration: Duration,
     /// Time to run before recording starts, so connection setup, allocator growth and
     /// the client's lazy inbox subscription are not in the figures.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = net::duration::parse)]
     pub warmup: Duration,
     /// Per-request timeout; a request past it counts as a timeout error.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = net::duration::parse)]
     pub timeout: Duration,
     /// Subject the responders serve.
     #[arg(long, default_value = "shaddock.loadtest.rr")]

@@ -4,14 +4,13 @@
 //! panicking, and prints one human-readable report (or one JSON line with `--json`) on
 //! stdout so `scripts/bench-broker.sh` can parse it. Progress goes to `tracing` (stderr).
 //!
-//! Layers, each importing only those before it in this list: the leaves [`duration`],
+//! Layers, each importing only those before it in this list: the leaves
 //! [`hist`], [`proc`], [`report`] and [`tls`]; the parts [`limit`] (the bare echo
 //! server) and [`topology`] (the launcher); the scenarios [`bus_rr`] and [`idle_conns`]
 //! (NATS), [`ws`] (WebSocket load through the gateway) and [`faults`] (which reuses the
 //! WebSocket pacing). `python3 scripts/check-layers.py loadtest` checks for cycles.
 
 pub mod bus_rr;
-pub mod duration;
 pub mod faults;
 pub mod hist;
 pub mod idle_conns;

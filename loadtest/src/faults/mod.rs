@@ -31,7 +31,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
-use crate::duration::parse_duration;
 use crate::proc::CpuSample;
 use crate::report::OutputArgs;
 use crate::topology::Topology;
@@ -61,24 +60,24 @@ pub struct FaultsArgs {
     pub rate: u32,
     /// How long each phase runs after its fault is done (the fault itself, a drain or a
     /// restart, takes what it takes at the phase's start).
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = net::duration::parse)]
     pub phase: Duration,
     /// The clients' request timeout.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = net::duration::parse)]
     pub timeout: Duration,
     /// After sending stopped and the last request's timeout, how long an outstanding
     /// request may still take before it counts as lost.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = net::duration::parse)]
     pub drain_timeout: Duration,
     /// A 503 slower than this breaks the restarted broker's expectation ("fast 503s").
-    #[arg(long = "fast-503", default_value = "500ms", value_parser = parse_duration)]
+    #[arg(long = "fast-503", default_value = "500ms", value_parser = net::duration::parse)]
     pub fast_503: Duration,
     /// Longest stretch without any 200 a restarted broker may cost.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = net::duration::parse)]
     pub max_bus_gap: Duration,
     /// Requests sent up to this long after a SIGKILL may still reach the killed process
     /// (the bus notices its connection closed a moment later): they count as held by it.
-    #[arg(long, default_value = "10ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "10ms", value_parser = net::duration::parse)]
     pub held_slack: Duration,
     /// Gates at the start (a drained one is replaced).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]

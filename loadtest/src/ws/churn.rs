@@ -14,7 +14,6 @@ use tokio::task::JoinSet;
 
 use super::broadcast::{expect_ok, login_and_join};
 use super::target::{Gates, ServiceKind, TargetArgs, with_topology};
-use crate::duration::parse_duration;
 use crate::proc::rss_bytes;
 use crate::report::{Doc, Meta, OutputArgs, Table};
 
@@ -71,7 +70,7 @@ pub struct ChurnArgs {
           value_parser = clap::value_parser!(u64).range(0..=1000))]
     pub samples: u64,
     /// How long a session's handshake and each of its requests may take.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = net::duration::parse)]
     pub timeout: Duration,
     /// A process to read besides the launched ones, `NAME=PID`, repeatable (with --url,
     /// the gate and workers given by pid).

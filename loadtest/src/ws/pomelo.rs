@@ -20,7 +20,6 @@ use tokio_tungstenite::tungstenite::Message;
 
 use super::scenario::{MAX_CLIENTS, MIN_INTERVAL};
 use super::target::{TargetArgs, with_topology};
-use crate::duration::parse_duration;
 use crate::hist::Hist;
 use crate::proc::{CpuSample, STEAL};
 use crate::report::{Doc, Meta, Table, print_stdout};
@@ -48,16 +47,16 @@ pub struct PomeloCompareArgs {
     #[arg(long, default_value = r#"{"msg":"Hello World"}"#)]
     pub body: String,
     /// Time between one client's requests.
-    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "1ms", value_parser = net::duration::parse)]
     pub interval: Duration,
     /// Requests per client in the measured window (the seed: 10,000).
     #[arg(long, default_value_t = 10_000)]
     pub count: u64,
     /// Sent before the window, not recorded.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = net::duration::parse)]
     pub warmup: Duration,
     /// How long after the window's last request answers are still awaited.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = net::duration::parse)]
     pub timeout: Duration,
     #[command(flatten)]
     pub target: TargetArgs,

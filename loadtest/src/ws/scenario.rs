@@ -16,7 +16,6 @@ use super::schedule::Payload;
 use super::target::{
     Gates, LimitServer, ServiceKind, TargetArgs, echo_threads, plural, this_process, with_topology,
 };
-use crate::duration::parse_duration;
 use crate::report::OutputArgs;
 
 /// Most clients one run opens: each is a socket and a task here and a session on a gate.
@@ -36,23 +35,23 @@ const SATURATE_MIN_ACHIEVED: f64 = 0.95;
 pub struct LoadArgs {
     /// Time between two requests of one client (open loop: sent on schedule whether or
     /// not earlier answers came back).
-    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "1ms", value_parser = net::duration::parse)]
     pub interval: Duration,
     /// Measured window (after the warm-up); the scenario's default when neither this
     /// nor --count is given.
-    #[arg(long, value_parser = parse_duration, conflicts_with = "count")]
+    #[arg(long, value_parser = net::duration::parse, conflicts_with = "count")]
     pub duration: Option<Duration>,
     /// Measured requests per client, instead of a duration.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub count: Option<u64>,
     /// Sent but not recorded, before the measured window.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = net::duration::parse)]
     pub warmup: Duration,
     /// Connections are opened spread over this long, before any request.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = net::duration::parse)]
     pub ramp: Duration,
     /// A request with no answer after this long counts as a timeout.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = net::duration::parse)]
     pub timeout: Duration,
     /// Route of every request. Default: `echo.raw` with a 16-32 byte body
     /// "Hello World #<seq>"; with `--service chat`, `chat.members` of room
@@ -184,7 +183,7 @@ pub struct SaturateArgs {
     #[arg(long, default_value_t = 50)]
     pub clients: usize,
     /// Highest acceptable p99 latency from the schedule.
-    #[arg(long, default_value = "5ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "5ms", value_parser = net::duration::parse)]
     pub p99_target: Duration,
     /// First per-client rate tried (requests per second).
     #[arg(long, default_value_t = 200.0)]
@@ -206,7 +205,7 @@ pub struct SaturateArgs {
     #[arg(long, default_value_t = 2)]
     pub refine: u32,
     /// Measured window of each step.
-    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    #[arg(long, default_value = "3s", value_parser = net::duration::parse)]
     pub step: Duration,
     /// A step that misses the target is run again up to this many times before its
     /// rate counts as too high (0: one miss ends the climb).
