@@ -48,9 +48,7 @@ pub mod conf_file;
 pub mod config;
 mod lame_duck;
 pub mod monitor;
-pub mod parser;
 mod server;
-pub mod subject;
 pub mod sublist;
 #[cfg(feature = "testing")]
 pub mod testing;
