@@ -25,18 +25,15 @@ pub mod chat {
     include!(concat!(env!("OUT_DIR"), "/shaddock.chat.rs"));
 }
 
+pub mod frame;
 pub mod json;
+pub mod wire;
 
 pub use prost::{DecodeError, Message, Name};
 
 /// The encoded `FileDescriptorSet` of every `.proto` file above: what the built-in
 /// services announce so gates can transcode their bodies to and from JSON.
 pub const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));
-
-/// prost's wire-format primitives, for code that writes a message by hand.
-pub mod wire {
-    pub use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
-}
 
 /// Subjects of the schema announcement (see `rpc::ServiceSchema`), shared by workers,
 /// which announce, and gates, which listen and ask.

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use gateway::sdk::{Client, ClientOptions};
+use sdk::{Client, ClientOptions};
 use serde::Serialize;
 use tokio::task::JoinSet;
 

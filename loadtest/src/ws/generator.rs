@@ -17,8 +17,8 @@ use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use gateway::sdk::{Client, ClientOptions};
 use indicatif::{ProgressBar, ProgressStyle};
+use sdk::{Client, ClientOptions};
 use tokio::task::JoinSet;
 
 use super::books::{Books, Progress, Tally};
@@ -57,7 +57,7 @@ pub enum DriverKind {
     /// One task per client owning its WebSocket (`ws://` only; `wss://` uses the SDK).
     #[default]
     Lean,
-    /// The Rust client SDK (`gateway::sdk::Client`), as a game would use it.
+    /// The Rust client SDK (`sdk::Client`), as a game would use it.
     Sdk,
 }
 
@@ -119,7 +119,7 @@ pub struct Target {
     /// Clients are spread over these round-robin.
     pub urls: Vec<String>,
     /// What clients trust for `wss://` URLs ([`ClientOptions::tls`]).
-    pub tls: Option<Arc<gateway::sdk::rustls::ClientConfig>>,
+    pub tls: Option<Arc<sdk::rustls::ClientConfig>>,
     /// Processes whose CPU use over the window is reported.
     pub watched: Vec<Watched>,
 }

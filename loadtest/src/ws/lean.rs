@@ -1,7 +1,7 @@
 //! The lean client driver: one task per client that owns its WebSocket and speaks the
 //! client protocol itself, for `ws://` gates and the bare echo server.
 //!
-//! The SDK's client ([`gateway::sdk::Client`]) serves a game: any number of callers,
+//! The SDK's client ([`sdk::Client`]) serves a game: any number of callers,
 //! each awaiting its own answer. Per request that costs a oneshot, two critical sections
 //! on the pending table, a hand-over through a channel to the connection task and a
 //! wake-up of the caller per answer, all of it CPU taken from the servers measured on
@@ -43,9 +43,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail, ensure};
 use futures::{SinkExt as _, StreamExt as _};
-use gateway::sdk::ClientOptions;
 use proto::Message as _;
 use proto::client::{Handshake, Heartbeat, Packet, Request, packet::Kind};
+use sdk::ClientOptions;
 use tokio::net::TcpStream;
 use tokio::time::{Interval, MissedTickBehavior, Sleep};
 use tokio_tungstenite::tungstenite::Message;
@@ -99,7 +99,7 @@ impl Conn {
             let (mut ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), true)
                 .await
                 .with_context(|| url.to_owned())?;
-            ws.send(gateway::frame::encode(&hello, options.json))
+            ws.send(sdk::frame::encode(&hello, options.json))
                 .await
                 .context("sending the handshake")?;
             loop {
@@ -115,7 +115,7 @@ impl Conn {
                 if !(frame.is_binary() || frame.is_text()) {
                     continue;
                 }
-                match gateway::frame::decode(&frame).and_then(|p| p.kind) {
+                match sdk::frame::decode(&frame).and_then(|p| p.kind) {
                     Some(Kind::HandshakeAck(ack)) if ack.code == proto::code::OK => {
                         let heartbeat = (ack.heartbeat_ms > 0)
                             .then(|| Duration::from_millis(u64::from(ack.heartbeat_ms)) / 2);
@@ -305,7 +305,7 @@ impl Link {
     fn heartbeat(&mut self) {
         let packet = Packet::new(Kind::Heartbeat(Heartbeat {}));
         self.outbox
-            .push_back(gateway::frame::encode(&packet, self.json));
+            .push_back(sdk::frame::encode(&packet, self.json));
     }
 
     /// Writes the outbox and flushes, then handles every frame the socket holds.
@@ -420,7 +420,7 @@ fn on_frame(
         Message::Pong(_) | Message::Frame(_) => return Ok(Handled::Done),
     }
     let received = Instant::now();
-    match gateway::frame::decode(&frame).and_then(|p| p.kind) {
+    match sdk::frame::decode(&frame).and_then(|p| p.kind) {
         Some(Kind::Response(response)) => {
             // Id 0 is never sent; an id not in flight was answered or timed out already.
             let Some(slot) = response.id.checked_sub(1) else {

@@ -1,5 +1,5 @@
 //! The SDK client driver: each client is one task that owns its SDK handle
-//! ([`gateway::sdk::Client`]) and a `FuturesUnordered` of its requests in flight. A
+//! ([`sdk::Client`]) and a `FuturesUnordered` of its requests in flight. A
 //! request's send time is taken when its future is first polled, just before the SDK
 //! encodes and queues the frame; the SDK's connection task then writes it with the
 //! other queued frames in one flush. Used for `wss://` (the lean driver speaks `ws://`
@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
-use gateway::sdk::{Client, ErrorKind, Response, SdkError};
+use sdk::{Client, ErrorKind, Response, SdkError};
 
 use super::books::Tally;
 use super::generator::{CLOSE_TIMEOUT, ClientRun};
