@@ -7,7 +7,9 @@
 //! - [`chat`]: the chat service's messages, and what its workers tell each other.
 //!
 //! Binary WebSocket frames carry a `Packet` as protobuf; text frames carry the same
-//! packet as JSON (see [`json`]), for browsers and debugging.
+//! packet as JSON (see [`json`]), for browsers and debugging. [`frame`] is the one
+//! encoder and decoder of those frames, shared by the gate and the Rust SDK; [`wire`]
+//! writes protobuf fields by hand for the hot paths.
 
 pub mod client {
     include!(concat!(env!("OUT_DIR"), "/shaddock.client.rs"));
