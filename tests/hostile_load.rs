@@ -7,7 +7,7 @@ mod common;
 
 use broker::testing::hostile::flood;
 use broker::testing::within;
-use gateway::sdk::{Client, ClientOptions};
+use sdk::{Client, ClientOptions};
 
 /// Descriptors `shaddock up` may hold: a few dozen for the broker, the workers and the
 /// gate's own listeners and bus connection, the rest for WebSocket clients.

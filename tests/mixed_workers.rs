@@ -24,13 +24,13 @@ use std::time::Duration;
 
 use futures::{StreamExt as _, stream};
 use gateway::bus::BusOptions;
-use gateway::sdk::{Client, ClientOptions};
 use gateway::{AnyToken, Gate, GateConfig};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use proto::Message as _;
 use proto::code;
 use proto::echo::{EchoRequest, EchoResponse};
+use sdk::{Client, ClientOptions};
 use services::{Context, HandlerError, Service, Worker, WorkerConfig};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::net::TcpListener;

@@ -205,11 +205,11 @@ async fn with_tls_the_gate_serves_wss_with_a_throwaway_ca_removed_at_the_end() {
     assert_eq!(tls_urls.len(), 1);
     assert!(tls_urls[0].starts_with("wss://127.0.0.1:"), "{tls_urls:?}");
     let ca = topology.tls_ca().unwrap().to_owned();
-    let options = gateway::sdk::ClientOptions {
-        tls: Some(gateway::sdk::tls_client_config(&ca).unwrap()),
+    let options = sdk::ClientOptions {
+        tls: Some(sdk::tls_client_config(&ca).unwrap()),
         ..Default::default()
     };
-    let client = timeout(WAIT, gateway::sdk::Client::connect(&tls_urls[0], options))
+    let client = timeout(WAIT, sdk::Client::connect(&tls_urls[0], options))
         .await
         .unwrap()
         .unwrap();

@@ -13,7 +13,6 @@ mod load;
 use std::time::Duration;
 
 use fleet::{LameDuck, NatsCluster, Process, WAIT, echo_worker, gate, word_after, worker};
-use gateway::sdk::{Client, ClientOptions};
 use load::{
     CLIENTS, GATE_TIMEOUT, LOAD_BEFORE_STOP, assert_all_answered, assert_drained_by_count, load,
 };
@@ -23,6 +22,7 @@ use proto::chat::{
     ChatMessage, JoinRequest, JoinResponse, LoginRequest, LoginResponse, MembersRequest,
     MembersResponse, SayRequest, SayResponse,
 };
+use sdk::{Client, ClientOptions};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -278,7 +278,7 @@ async fn chat_workers_move_with_their_rooms() {
 /// A chat player through the SDK.
 struct Player {
     client: Client,
-    pushes: gateway::sdk::Pushes,
+    pushes: sdk::Pushes,
 }
 
 impl Player {

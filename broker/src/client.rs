@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use nats_wire::subject;
+use nats_wire::{ClientOp, Limits, ParseError};
 use net::LogLimiter;
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Deserialize;
@@ -22,9 +24,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Auth, FIRST_PING_INTERVAL};
-use crate::parser::{self, ClientOp, Limits, ParseError};
 use crate::server::Shared;
-use crate::subject;
 use crate::sublist::{MATCH_CACHE_CAPACITY, MatchCache};
 
 /// Smallest read buffer; an idle connection holds no more than this.
@@ -518,7 +518,7 @@ where
         }
         let mut used = 0;
         let outcome = loop {
-            match parser::parse(&rbuf[used..], &limits) {
+            match nats_wire::parse(&rbuf[used..], &limits) {
                 Ok(Some((op, len))) => {
                     used += len;
                     if let Err(close) = conn.handle(op) {

@@ -5,10 +5,9 @@ use std::time::Duration;
 
 use crate::tls::Tls;
 
-/// Largest message payload a client may publish (nats-server's default, 1 MiB).
-pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
-/// Longest protocol control line (verb and arguments) the parser accepts.
-pub const DEFAULT_MAX_CONTROL_LINE: usize = 4096;
+// Largest message payload a client may publish (1 MiB) and longest protocol control
+// line the parser accepts (4 KiB): nats-server's defaults, named by the protocol crate.
+pub use nats_wire::{DEFAULT_MAX_CONTROL_LINE, DEFAULT_MAX_PAYLOAD};
 /// Outbound bytes a client may have queued before it is closed as a slow consumer.
 pub const DEFAULT_MAX_PENDING: usize = 64 * 1024 * 1024;
 /// Outbound bytes a client may have queued before publishers feeding it wait for it

@@ -1,5 +1,6 @@
 //! The embedded NATS broker: NATS client protocol v1 (core, no JetStream) that real
-//! NATS clients use unchanged.
+//! NATS clients use unchanged. The protocol's parser is the `nats_wire` crate's, shared
+//! with the gate's bus connection.
 //!
 //! The reader task of each connection parses and routes inline (no channel hop per
 //! message); publishers append to each subscriber's outbound buffer, and each
@@ -48,9 +49,7 @@ pub mod conf_file;
 pub mod config;
 mod lame_duck;
 pub mod monitor;
-pub mod parser;
 mod server;
-pub mod subject;
 pub mod sublist;
 #[cfg(feature = "testing")]
 pub mod testing;

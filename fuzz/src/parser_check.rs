@@ -1,11 +1,11 @@
 //! The parser's contract as executable checks, shared by the libFuzzer target
-//! (`fuzz_targets/parser.rs`) and the seeded CI test (`broker/tests/parser_props.rs`,
+//! (`fuzz_targets/parser.rs`) and the seeded CI test (`nats-wire/tests/parser_props.rs`,
 //! which includes this file by path) so both hold the parser to one oracle.
 //!
 //! Everything here panics on a violation: under libFuzzer a panic is a crash report
 //! with the input, under `cargo test` a failure.
 
-use broker::parser::{ClientOp, Limits, ParseError, parse};
+use nats_wire::{ClientOp, Limits, ParseError, parse};
 
 /// An op copied out of the buffer, so that runs over different buffers (one-shot and
 /// chunked) can be compared.

@@ -23,7 +23,7 @@ pub fn check(frame: &[u8], session: &mut Session, meter: Meter) {
     let decoded = assert_bounded(meter, "protobuf frame", frame.len(), PER_BYTE, || {
         session.decode(&message)
     });
-    let sdk = gateway::frame::decode(&message);
+    let sdk = proto::frame::decode_binary(Bytes::copy_from_slice(frame)).ok();
     match (Packet::decode(frame), decoded) {
         (Ok(packet), Decoded::Packet(got)) => {
             assert_eq!(got, packet, "the codec decoded otherwise than prost");

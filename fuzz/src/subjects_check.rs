@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use broker::subject::{is_valid_publish, is_valid_subscribe};
+use nats_wire::subject::{is_valid_publish, is_valid_subscribe};
 use broker::sublist::{Match, MatchCache, SubjectIndex, Sublist};
 use bytes::Bytes;
 

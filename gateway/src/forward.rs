@@ -4,14 +4,12 @@
 //! An [`RpcRequest`](proto::rpc::RpcRequest) carries the session (gate id, sid, uid,
 //! data), which changes only on a bind or a data effect. Building the prost struct for
 //! every request cloned all of it; [`SessionWire`] keeps the session encoded instead, and
-//! [`Request`] writes the request's fields around it ([`crate::wire`]) straight into the
+//! [`Request`] writes the request's fields around it ([`proto::wire`]) straight into the
 //! bus connection's outbound buffer; the tests compare the bytes with prost's.
 
 use bytes::{Bytes, BytesMut};
 use proto::Message as _;
-use proto::rpc;
-
-use crate::wire;
+use proto::{rpc, wire};
 
 /// `RpcRequest` field numbers (proto/rpc.proto).
 const ROUTE: u32 = 1;

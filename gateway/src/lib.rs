@@ -2,7 +2,9 @@
 //! requests over the bus to worker pools, one subject per route, answering every
 //! request — with the worker's response or the gate's own error code.
 //!
-//! Also the Rust client SDK ([`sdk`]) that tests and the load test drive it with.
+//! The client protocol's encoding is `proto::frame`, shared with the Rust client SDK
+//! (`clients/rust`, its own crate); the NATS protocol is `nats_wire`, shared with the
+//! broker.
 
 mod admission;
 pub mod auth;
@@ -10,7 +12,6 @@ pub mod bus;
 mod codec;
 pub mod config;
 mod forward;
-pub mod frame;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gate;
@@ -20,13 +21,11 @@ mod limits;
 mod presence;
 pub mod route;
 mod schema;
-pub mod sdk;
 mod session;
 mod sessions;
 pub mod tls;
 mod upgrade;
 mod web;
-mod wire;
 
 pub use auth::{AnyToken, AuthError, Identity, JwtCheck, StaticToken, TokenCheck};
 pub use codec::pomelo;

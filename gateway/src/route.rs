@@ -2,6 +2,8 @@
 //! `service.method` with lowercase `[a-z0-9_-]` tokens passes: no wildcard, space or
 //! extra dot can change what the subject means.
 
+use nats_wire::subject::is_valid_token;
+
 use crate::config::MAX_ROUTE_LEN;
 
 /// Why a route was refused; the text goes back to the client with a 400.
@@ -29,19 +31,14 @@ pub fn parse(route: &str) -> Result<(&str, &str), RouteError> {
     Ok((service, method))
 }
 
-/// Checks one subject token of ours (route part, gate id, prefix): non-empty,
-/// lowercase `[a-z0-9_-]` only.
+/// Checks one subject token of ours (route part, gate id, prefix, group, uid) by the
+/// one rule for such names ([`nats_wire::subject::is_valid_token`]).
 pub fn check_token(token: &str) -> Result<(), RouteError> {
-    if token.is_empty() {
-        return Err(RouteError::Shape);
+    match token {
+        "" => Err(RouteError::Shape),
+        _ if !is_valid_token(token) => Err(RouteError::Character),
+        _ => Ok(()),
     }
-    if !token
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
-    {
-        return Err(RouteError::Character);
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -5,19 +5,15 @@
 //! SIGHUP): connections accepted afterwards use the new pair, and sessions already open
 //! keep the one they were accepted with, so a renewal drops nobody. A reload that fails
 //! (a missing file, a key that does not match) keeps the pair in use and says why.
-//!
-//! [`client_config`] is the other end, for the SDK's `wss://` clients: a rustls client
-//! configuration trusting the CA certificates in one PEM file (there are no system roots
-//! here, so a client names what it trusts).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::rustls::crypto::ring;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig};
 
 /// Why a certificate and key could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -30,10 +26,6 @@ pub enum TlsError {
     Key { path: String, error: String },
     #[error("the certificate and key do not make a TLS server: {0}")]
     Config(#[from] tokio_rustls::rustls::Error),
-    #[error("{path} holds a certificate rustls cannot trust as a CA: {error}")]
-    Ca { path: String, error: String },
-    #[error("cannot make a TLS client: {0}")]
-    Client(tokio_rustls::rustls::Error),
 }
 
 /// The gate's TLS: the files it reads and the acceptor made from them.
@@ -81,25 +73,6 @@ impl Tls {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
-}
-
-/// A TLS client configuration (ring provider, safe default protocol versions, no client
-/// certificate) that trusts exactly the CA certificates in the PEM file `ca`: what
-/// `ClientOptions::tls` wants for a gate whose certificate that CA signed.
-pub fn client_config(ca: &Path) -> Result<Arc<ClientConfig>, TlsError> {
-    let mut roots = RootCertStore::empty();
-    for cert in certificates(ca)? {
-        roots.add(cert).map_err(|e| TlsError::Ca {
-            path: ca.display().to_string(),
-            error: e.to_string(),
-        })?;
-    }
-    let config = ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(TlsError::Client)?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(Arc::new(config))
 }
 
 /// The PEM certificates in `path`, at least one.

@@ -11,9 +11,9 @@ use broker::testing::{DEADLINE, spawn_nats_server_with_config, within};
 use broker::{Config, Server};
 use common::{Holds, TestGate, echo_worker_on, gate_config, queue_of, start_worker};
 use gateway::bus::BusOptions;
-use gateway::sdk::{Client, ClientOptions};
 use gateway::{AnyToken, GateConfig};
 use proto::code;
+use sdk::{Client, ClientOptions};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 

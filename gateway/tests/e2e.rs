@@ -21,10 +21,10 @@ use common::{
     Bus, Bystander, FullGate, Holds, TestGate, counting_echo, echo_worker, gate_config, queue_of,
     start_worker, within,
 };
-use gateway::sdk::{Client, ClientOptions, ErrorKind};
 use gateway::{GateConfig, StaticToken};
 use proto::client::{Handshake, Heartbeat, packet::Kind};
 use proto::code;
+use sdk::{Client, ClientOptions, ErrorKind};
 use services::{FrameConfig, Service};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;

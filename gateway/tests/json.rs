@@ -10,10 +10,10 @@ use common::raw::RawClient;
 use common::{Bus, TestGate, start_worker, within};
 use futures::StreamExt;
 use gateway::GateConfig;
-use gateway::sdk::{ClientOptions, Push};
 use proto::Message as _;
 use proto::chat::{ChatMessage, JoinRequest, LoginRequest, SayRequest};
 use proto::code;
+use sdk::{ClientOptions, Push};
 use serde_json::{Value, json};
 use services::FrameConfig;
 use tokio_tungstenite::tungstenite::Message;
@@ -123,7 +123,7 @@ async fn a_json_and_a_protobuf_client_share_a_room(bus: Bus) {
         })
         .await;
     let mut bob_pushes = bob.pushes().unwrap();
-    let ok = |r: gateway::sdk::Response| assert_eq!(r.code, code::OK, "{r:?}");
+    let ok = |r: sdk::Response| assert_eq!(r.code, code::OK, "{r:?}");
     ok(bob
         .request(
             "chat.login",

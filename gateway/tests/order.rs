@@ -8,7 +8,7 @@ mod common;
 use std::collections::HashMap;
 
 use common::{Bus, TestGate, gate_config, start_worker, within};
-use gateway::sdk::{Client, ClientOptions};
+use sdk::{Client, ClientOptions};
 use services::{FrameConfig, HandlerError, Service};
 
 broker::on_both_buses!(a_handlers_pushes_on_several_subjects_arrive_before_its_answer);

@@ -12,10 +12,10 @@ use gateway::GateConfig;
 use gateway::pomelo::wire::{
     self, MessageKind, PackageType, Route, encode_message, encode_package,
 };
-use gateway::sdk::{ClientOptions, Push};
 use proto::Message as _;
 use proto::chat::{ChatMessage, JoinRequest, LoginRequest, SayRequest};
 use proto::code;
+use sdk::{ClientOptions, Push};
 use serde_json::{Value, json};
 use services::FrameConfig;
 use tokio::net::TcpStream;
@@ -248,7 +248,7 @@ async fn a_pomelo_and_an_sdk_client_chat_in_one_room(bus: Bus) {
     };
     let bob = gate.client_with(options).await;
     let mut bob_pushes = bob.pushes().unwrap();
-    let ok = |r: gateway::sdk::Response| assert_eq!(r.code, code::OK, "{r:?}");
+    let ok = |r: sdk::Response| assert_eq!(r.code, code::OK, "{r:?}");
     let login = LoginRequest { name: "bob".into() };
     ok(bob
         .request("chat.login", login.encode_to_vec())

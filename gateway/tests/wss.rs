@@ -11,11 +11,11 @@ use std::sync::Arc;
 
 use common::{Bus, echo_worker, within};
 use gateway::bus::BusOptions;
-use gateway::sdk::{Client, ClientOptions, ErrorKind, tls_client_config};
 use gateway::tls::Tls;
 use gateway::{AnyToken, Gate, GateConfig, Listener};
 use proto::code;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use sdk::{Client, ClientOptions, ErrorKind, tls_client_config};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 

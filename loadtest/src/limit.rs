@@ -122,8 +122,7 @@ async fn session(stream: TcpStream, sid: u64, shutdown: CancellationToken) {
         }
     };
     let text = matches!(hello, Message::Text(_));
-    let Some(Kind::Handshake(handshake)) = gateway::frame::decode(&hello).and_then(|p| p.kind)
-    else {
+    let Some(Kind::Handshake(handshake)) = sdk::frame::decode(&hello).and_then(|p| p.kind) else {
         close(&mut sink, CloseCode::Policy, "handshake required").await;
         return;
     };
@@ -213,7 +212,7 @@ impl Session {
             }
             Some(Ok(frame)) => frame,
         };
-        let reply = match gateway::frame::decode(&frame).and_then(|p| p.kind) {
+        let reply = match sdk::frame::decode(&frame).and_then(|p| p.kind) {
             Some(Kind::Request(req)) if req.id == 0 => return Step::Continue,
             Some(Kind::Request(req)) => Kind::Response(client::Response {
                 id: req.id,
@@ -249,7 +248,7 @@ async fn close(sink: &mut Sink, code: CloseCode, reason: &'static str) {
 }
 
 fn encode(kind: Kind, text: bool) -> Message {
-    gateway::frame::encode(&Packet::new(kind), text)
+    sdk::frame::encode(&Packet::new(kind), text)
 }
 
 #[cfg(test)]

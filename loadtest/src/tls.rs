@@ -90,7 +90,7 @@ mod tests {
     fn a_client_configuration_trusts_the_ca_and_the_folder_goes_with_the_certs() {
         let certs = Certs::create().unwrap();
         assert!(certs.cert.is_file() && certs.key.is_file());
-        gateway::sdk::tls_client_config(&certs.ca).unwrap();
+        sdk::tls_client_config(&certs.ca).unwrap();
         gateway::tls::Tls::load(&certs.cert, &certs.key).unwrap();
         let dir = certs.dir.clone();
         drop(certs);

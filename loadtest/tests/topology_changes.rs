@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use gateway::sdk::{Backoff, Client, ClientOptions};
 use loadtest::topology::{BrokerSpec, Role, Topology, TopologySpec};
 use nix::sys::signal::Signal;
+use sdk::{Backoff, Client, ClientOptions};
 use tokio::time::Instant;
 
 /// How long the fleet has to answer 200 again after a change.

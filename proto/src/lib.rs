@@ -8,7 +8,9 @@
 //! - [`status`]: the status codes of every answer ([`code`] has them as `u32`).
 //!
 //! Binary WebSocket frames carry a `Packet` as protobuf; text frames carry the same
-//! packet as JSON (see [`json`]), for browsers and debugging.
+//! packet as JSON (see [`json`]), for browsers and debugging. [`frame`] is the one
+//! encoder and decoder of those frames, shared by the gate and the Rust SDK; [`wire`]
+//! writes protobuf fields by hand for the hot paths.
 
 pub mod client {
     include!(concat!(env!("OUT_DIR"), "/shaddock.client.rs"));
@@ -26,18 +28,15 @@ pub mod chat {
     include!(concat!(env!("OUT_DIR"), "/shaddock.chat.rs"));
 }
 
+pub mod frame;
 pub mod json;
+pub mod wire;
 
 pub use prost::{DecodeError, Message, Name};
 
 /// The encoded `FileDescriptorSet` of every `.proto` file above: what the built-in
 /// services announce so gates can transcode their bodies to and from JSON.
 pub const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));
-
-/// prost's wire-format primitives, for code that writes a message by hand.
-pub mod wire {
-    pub use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
-}
 
 /// Subjects of the schema announcement (see `rpc::ServiceSchema`), shared by workers,
 /// which announce, and gates, which listen and ask.

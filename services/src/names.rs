@@ -9,13 +9,9 @@
 pub const MAX_NAME_LEN: usize = 64;
 
 /// Whether `token` may be one subject token: 1 to [`MAX_NAME_LEN`] bytes of
-/// `[a-z0-9_-]`.
+/// `[a-z0-9_-]` (the rule is the NATS wire crate's, shared with the gate).
 pub fn is_valid_token(token: &str) -> bool {
-    !token.is_empty()
-        && token.len() <= MAX_NAME_LEN
-        && token
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+    token.len() <= MAX_NAME_LEN && nats_wire::subject::is_valid_token(token)
 }
 
 /// Whether `subject` is one or more valid tokens joined by dots (`shaddock`,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use gateway::sdk::{Client, ClientOptions};
+use sdk::{Client, ClientOptions};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 

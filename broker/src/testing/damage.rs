@@ -1,4 +1,4 @@
-//! Seeded damage for the decoders' property tests (the broker's parser, the gate's
+//! Seeded damage for the decoders' property tests (the NATS parser, the gate's
 //! codecs): valid input edited a few bytes at a time, so that most cases stay near
 //! the grammar, and a failing case reported with its input for the fuzz seeds.
 

@@ -2,8 +2,8 @@
 //! and a PING answered, so a refused login shows here and not later.
 
 use base64::Engine as _;
-use broker::parser::{Limits, ServerOp, parse_server};
 use bytes::BytesMut;
+use nats_wire::{Limits, ServerOp, parse_server};
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

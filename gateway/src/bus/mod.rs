@@ -1,5 +1,5 @@
 //! The gate's own bus connection: one NATS client connection, spoken with the broker's
-//! protocol codec ([`broker::parser`]), built for the gate's request path.
+//! protocol codec ([`nats_wire`]), built for the gate's request path.
 //!
 //! # Why the gate owns it
 //!

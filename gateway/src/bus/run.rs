@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::task::Poll;
 
-use broker::parser::{ServerOp, parse_server};
 use bytes::{Buf as _, BytesMut};
+use nats_wire::{ServerOp, parse_server};
 use net::LogLimiter;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::mpsc;

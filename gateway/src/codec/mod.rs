@@ -13,16 +13,18 @@
 //!   frame's first byte (a handshake package's type, 1, which no protobuf `Packet` can
 //!   start with). Bodies are JSON, transcoded as for JSON sessions when the route's
 //!   types are known, else passed as they are.
+//!
+//! Protobuf and JSON packets are encoded and decoded by [`proto::frame`], the one
+//! encoder of the client protocol, which the SDK uses too.
 
 pub mod pomelo;
 
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
-use proto::Message as _;
 use proto::client::{self, Packet, packet::Kind};
-use proto::code;
 use proto::rpc::ServerPush;
+use proto::{code, frame};
 use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 
 use crate::schema::{Schemas, json_to_protobuf, protobuf_to_json};
@@ -70,11 +72,11 @@ impl Codec {
             return pomelo.decode(frame, schemas);
         }
         let (mut packet, typed) = match frame {
-            Message::Binary(b) => match Packet::decode(b.clone()) {
+            Message::Binary(b) => match frame::decode_binary(b.clone()) {
                 Ok(packet) => (packet, false),
                 Err(_) => return Decoded::Invalid(INVALID_PACKET),
             },
-            Message::Text(t) => match proto::json::decode_typed(t.as_str()) {
+            Message::Text(t) => match frame::decode_text_typed(t.as_str()) {
                 Ok(decoded) => decoded,
                 Err(_) => return Decoded::Invalid(INVALID_PACKET),
             },
@@ -105,10 +107,8 @@ impl Codec {
     /// A frame carrying `kind`, whose body (if any) is not transcoded.
     pub fn encode(&self, kind: Kind) -> Message {
         match self {
-            Codec::Protobuf => Message::binary(Packet::new(kind).encode_to_vec()),
-            Codec::Json => {
-                Message::text(proto::json::encode(&Packet::new(kind)).unwrap_or_default())
-            }
+            Codec::Protobuf => Message::Binary(frame::encode_binary(&Packet::new(kind))),
+            Codec::Json => Message::text(frame::encode_text(&Packet::new(kind))),
             Codec::Pomelo(pomelo) => pomelo.encode(kind),
         }
     }
@@ -126,7 +126,7 @@ impl Codec {
             Codec::Pomelo(pomelo) => pomelo.encode_response(resp, route, schemas),
             Codec::Json if resp.code == code::OK && answer_as_json(&mut resp, route, schemas) => {
                 let packet = Packet::new(Kind::Response(resp));
-                Message::text(proto::json::encode_typed(&packet, true).unwrap_or_default())
+                Message::text(frame::encode_text_typed(&packet))
             }
             _ => self.encode(Kind::Response(resp)),
         }
@@ -214,7 +214,7 @@ impl PushFrame {
             body: push.body,
         }));
         Arc::new(PushFrame {
-            binary: packet.encode_to_vec().into(),
+            binary: frame::encode_binary(&packet),
             packet,
             json: OnceLock::new(),
             pomelo: OnceLock::new(),
@@ -249,11 +249,10 @@ impl PushFrame {
                             route: push.route.clone(),
                             body: Bytes::from(json),
                         }));
-                        proto::json::encode_typed(&packet, true)
+                        frame::encode_text_typed(&packet)
                     }
-                    None => proto::json::encode(&self.packet),
+                    None => frame::encode_text(&self.packet),
                 }
-                .unwrap_or_default()
                 .into()
             })
             .clone()
@@ -263,6 +262,7 @@ impl PushFrame {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proto::Message as _;
 
     fn packet(kind: Kind) -> Message {
         Message::binary(Packet::new(kind).encode_to_vec())

@@ -24,9 +24,9 @@ use std::sync::mpsc as std_mpsc;
 
 pub use broker::testing::{Bus, DEADLINE, within};
 use gateway::bus::BusOptions;
-use gateway::sdk::{Client, ClientOptions};
 use gateway::{AnyToken, Gate, GateConfig, TokenCheck};
 use proto::code;
+use sdk::{Client, ClientOptions};
 use services::{FrameConfig, Service, Worker, WorkerConfig};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;

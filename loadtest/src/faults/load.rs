@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
-use gateway::sdk::{Backoff, Client, ClientOptions};
+use sdk::{Backoff, Client, ClientOptions};
 use tokio::task::JoinSet;
 
 use crate::ws::clock::Pacer;

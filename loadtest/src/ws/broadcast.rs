@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use gateway::sdk::{Client, ClientOptions, Response};
 use proto::Message as _;
 use proto::chat::{JoinRequest, LoginRequest, SayRequest};
+use sdk::{Client, ClientOptions, Response};
 use tokio::sync::Notify;
 
 use super::target::{ServiceKind, TargetArgs, with_topology};

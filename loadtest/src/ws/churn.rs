@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use gateway::sdk::{Client, ClientOptions};
+use sdk::{Client, ClientOptions};
 use serde::Serialize;
 use tokio::task::JoinSet;
 

@@ -13,8 +13,8 @@ use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use gateway::sdk::ClientOptions;
 use indicatif::{ProgressBar, ProgressStyle};
+use sdk::ClientOptions;
 use tokio::task::JoinSet;
 
 use super::books::{Books, Progress, Tally};
@@ -88,7 +88,7 @@ pub struct Target {
     /// Clients are spread over these round-robin.
     pub urls: Vec<String>,
     /// What clients trust for `wss://` URLs ([`ClientOptions::tls`]).
-    pub tls: Option<Arc<gateway::sdk::rustls::ClientConfig>>,
+    pub tls: Option<Arc<sdk::rustls::ClientConfig>>,
     /// Processes whose CPU use over the window is reported.
     pub watched: Vec<Watched>,
 }

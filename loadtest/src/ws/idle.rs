@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context as _, bail};
-use gateway::sdk::{Client, ClientOptions};
+use sdk::{Client, ClientOptions};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 

@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
 use futures::{SinkExt as _, StreamExt as _};
-use gateway::sdk::ClientOptions;
-use gateway::sdk::rustls::pki_types::ServerName;
 use proto::client::{Handshake, Heartbeat, Packet, Request, packet::Kind};
+use sdk::ClientOptions;
+use sdk::rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::{Interval, MissedTickBehavior, Sleep};
@@ -131,7 +131,7 @@ async fn handshake(mut ws: Ws, options: &ClientOptions) -> anyhow::Result<Conn> 
         client: options.client.clone(),
         serial: options.serial,
     }));
-    ws.send(gateway::frame::encode(&hello, options.json))
+    ws.send(sdk::frame::encode(&hello, options.json))
         .await
         .context("sending the handshake")?;
     loop {
@@ -144,7 +144,7 @@ async fn handshake(mut ws: Ws, options: &ClientOptions) -> anyhow::Result<Conn> 
             let reason = close.as_ref().map(|c| c.reason.as_str()).unwrap_or("");
             bail!("the server closed before the handshake ack: {reason}");
         }
-        match gateway::frame::decode(&frame).and_then(|p| p.kind) {
+        match sdk::frame::decode(&frame).and_then(|p| p.kind) {
             Some(Kind::HandshakeAck(ack)) if ack.code == proto::code::OK => {
                 let heartbeat = (ack.heartbeat_ms > 0)
                     .then(|| Duration::from_millis(u64::from(ack.heartbeat_ms)) / 2);
@@ -310,10 +310,10 @@ impl Link {
         let packet = Packet::new(Kind::Request(std::mem::take(&mut self.request)));
         let frame = if self.json {
             // A body that is JSON goes as that value, anything else as a string, as the
-            // SDK sends typed bodies: gateway::frame sends bodies as strings only.
+            // SDK sends typed bodies: sdk::frame sends bodies as strings only.
             Message::text(proto::json::encode_typed(&packet, true).unwrap_or_default())
         } else {
-            gateway::frame::encode(&packet, false)
+            sdk::frame::encode(&packet, false)
         };
         if let Some(Kind::Request(request)) = packet.kind {
             self.request = request;
@@ -324,7 +324,7 @@ impl Link {
     fn heartbeat(&mut self) {
         let packet = Packet::new(Kind::Heartbeat(Heartbeat {}));
         self.outbox
-            .push_back(gateway::frame::encode(&packet, self.json));
+            .push_back(sdk::frame::encode(&packet, self.json));
     }
 
     /// Writes the outbox and flushes, then handles every frame the socket holds.
@@ -439,7 +439,7 @@ fn on_frame(
         Message::Pong(_) | Message::Frame(_) => return Ok(Handled::Done),
     }
     let received = Instant::now();
-    match gateway::frame::decode(&frame).and_then(|p| p.kind) {
+    match sdk::frame::decode(&frame).and_then(|p| p.kind) {
         Some(Kind::Response(response)) => {
             // Id 0 is never sent; an id not in flight was answered or timed out already.
             let Some(slot) = response.id.checked_sub(1) else {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use gateway::sdk::{rustls, tls_client_config};
+use sdk::{rustls, tls_client_config};
 
 use tokio_util::sync::CancellationToken;
 

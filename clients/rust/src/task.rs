@@ -24,7 +24,7 @@ use super::connection::{self, Dialed, connect_in_turn};
 use super::error::ErrorKind;
 use super::link::{Event, Exit, Link, Routes};
 use super::shared::{FIRST_EPOCH, Shared};
-use super::{Backoff, ClientOptions, codec};
+use super::{Backoff, ClientOptions, frame};
 
 /// Most frames written before one flush, so a busy queue cannot delay the flush of
 /// what is already buffered indefinitely.
@@ -196,7 +196,7 @@ impl Task {
                 () = tick(&mut heartbeat) => {
                     let mut failed = None;
                     for link in links.all() {
-                        let written = match link.feed(json, codec::heartbeat(json)).await {
+                        let written = match link.feed(json, frame::heartbeat(json)).await {
                             Ok(()) => link.flush().await,
                             Err(e) => Err(e),
                         };

@@ -1,5 +1,8 @@
 //! Subject rules: tokens separated by `.`, none empty, no whitespace; `*` matches one
 //! token and `>` one or more, both only as whole tokens, `>` only last.
+//!
+//! [`is_valid_token`] is Shaddock's stricter rule for the tokens it builds subjects
+//! from (routes, gate ids, groups, uids, prefixes): one validator for every such name.
 
 /// Whether `subject` may be subscribed to (wildcards allowed).
 pub fn is_valid_subscribe(subject: &[u8]) -> bool {
@@ -9,6 +12,18 @@ pub fn is_valid_subscribe(subject: &[u8]) -> bool {
 /// Whether `subject` may be published to (no wildcards).
 pub fn is_valid_publish(subject: &[u8]) -> bool {
     valid(subject, false)
+}
+
+/// Whether `token` may be put into a subject as one token of ours (a route's service or
+/// method, a gate id, a group, a uid, a prefix part): non-empty, lowercase `[a-z0-9_-]`
+/// only. Stricter than NATS on purpose: no wildcard, dot or space in outside input can
+/// change what a subject means, and the name is fit for a metric label too. Length
+/// bounds are each caller's.
+pub fn is_valid_token(token: &str) -> bool {
+    !token.is_empty()
+        && token
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
 fn valid(subject: &[u8], wildcards: bool) -> bool {
@@ -52,6 +67,16 @@ mod tests {
             "a\tb",
         ] {
             assert!(!is_valid_subscribe(bad.as_bytes()), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tokens_of_ours() {
+        for ok in ["chat", "send_msg", "echo-2", "x9", "0"] {
+            assert!(is_valid_token(ok), "{ok}");
+        }
+        for bad in ["", "a.b", "*", ">", "a b", "Echo", "\u{e9}", "a\tb"] {
+            assert!(!is_valid_token(bad), "{bad:?}");
         }
     }
 

@@ -1,38 +1,13 @@
-//! Seeded property tests for the client-protocol parser, a few seconds long so they run
-//! on every CI pass; the open-ended search is `scripts/fuzz.sh`, which checks the same
-//! oracle (`fuzz/src/parser_check.rs`, included below) under libFuzzer.
-//!
-//! Three properties: generated valid op sequences come back exactly, however the stream
-//! is split; mutated and random streams never panic the parser and always end in a
-//! bounded number of steps; and a live server fed such streams over real sockets keeps
-//! serving a well-behaved client afterwards. Seeds are fixed so a failure reproduces.
+//! A generator of client-op streams for the parser's property tests: valid streams
+//! together with the ops they hold, the same damaged a few bytes at a time, and
+//! garbage made mostly of protocol fragments. Shared by `nats-wire/tests/parser_props.rs`
+//! (the parser alone) and `broker/tests/garbage_streams.rs` (a live server), which
+//! include it by path; each provides `crate::damage` and `crate::parser_check`.
 
-#[path = "../../fuzz/src/parser_check.rs"]
-mod parser_check;
-
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
-
-use broker::config::{DEFAULT_MAX_CONTROL_LINE, DEFAULT_MAX_PAYLOAD};
-use broker::parser::Limits;
-use broker::testing::damage::{damage, replayable};
 use fastrand::Rng;
-use parser_check::{End, OwnedOp, check_stream, cuts_for, feed_in_chunks, limits_from_byte};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 
-/// The server's defaults, so generated traffic is what a real client may send.
-const LIMITS: Limits = Limits {
-    max_control_line: DEFAULT_MAX_CONTROL_LINE,
-    max_payload: DEFAULT_MAX_PAYLOAD,
-};
-
-/// How long any one connection or wait in the end-to-end test may take.
-const DEADLINE: Duration = Duration::from_secs(10);
+use crate::damage::damage;
+use crate::parser_check::OwnedOp;
 
 /// Protocol fragments that random streams are built from, so that garbage often gets
 /// past the verb and exercises argument, size and payload handling.
@@ -59,12 +34,12 @@ const FRAGMENTS: [&[u8]; 18] = [
 
 /// Generates ops and their wire form, varying everything the grammar allows: verb
 /// case, separator runs, trailing blanks, bare `\n` line ends, leading zeros in sizes.
-struct Gen {
-    rng: Rng,
+pub struct Gen {
+    pub rng: Rng,
 }
 
 impl Gen {
-    fn new(seed: u64) -> Gen {
+    pub fn new(seed: u64) -> Gen {
         Gen {
             rng: Rng::with_seed(seed),
         }
@@ -270,7 +245,7 @@ impl Gen {
     }
 
     /// A valid stream of up to `max_ops` ops and the ops it holds.
-    fn stream(&mut self, max_ops: usize) -> (Vec<u8>, Vec<OwnedOp>) {
+    pub fn stream(&mut self, max_ops: usize) -> (Vec<u8>, Vec<OwnedOp>) {
         let mut bytes = Vec::new();
         let ops = (0..self.rng.usize(1..=max_ops))
             .map(|_| self.op(&mut bytes))
@@ -279,14 +254,14 @@ impl Gen {
     }
 
     /// A valid stream damaged by a few byte-level edits.
-    fn mutated(&mut self) -> Vec<u8> {
+    pub fn mutated(&mut self) -> Vec<u8> {
         let (mut bytes, _) = self.stream(6);
         damage(&mut self.rng, &mut bytes, &FRAGMENTS, interesting_byte);
         bytes
     }
 
     /// Random bytes, mostly protocol fragments.
-    fn garbage(&mut self) -> Vec<u8> {
+    pub fn garbage(&mut self) -> Vec<u8> {
         let mut bytes = Vec::new();
         for _ in 0..self.rng.usize(..48) {
             if self.rng.bool() {
@@ -303,7 +278,7 @@ impl Gen {
     }
 
     /// A few ascending cut points inside `len` bytes.
-    fn cuts(&mut self, len: usize) -> Vec<usize> {
+    pub fn cuts(&mut self, len: usize) -> Vec<usize> {
         let mut cuts: Vec<usize> = (0..self.rng.usize(..6))
             .map(|_| self.rng.usize(..=len))
             .collect();
@@ -320,192 +295,4 @@ fn interesting_byte(rng: &mut Rng) -> u8 {
     } else {
         rng.u8(..)
     }
-}
-
-#[test]
-fn generated_ops_round_trip_however_the_stream_is_split() {
-    let mut g = Gen::new(0x5AD0_0C01);
-    for case in 0..1000 {
-        let (bytes, ops) = g.stream(12);
-        let cuts = g.cuts(bytes.len());
-        replayable(case, &bytes, || {
-            let whole = check_stream(&bytes, &LIMITS);
-            assert_eq!(whole.ops, ops);
-            assert_eq!(whole.end, End::NeedMore { pending: 0 });
-            assert_eq!(
-                feed_in_chunks(&bytes, &cuts, &LIMITS),
-                whole,
-                "cuts {cuts:?}"
-            );
-        });
-    }
-}
-
-#[test]
-fn every_single_split_of_a_stream_gives_the_same_ops() {
-    let mut g = Gen::new(0x5AD0_0C02);
-    for case in 0..20 {
-        let (bytes, ops) = g.stream(4);
-        replayable(case, &bytes, || {
-            for cut in 0..=bytes.len() {
-                let run = feed_in_chunks(&bytes, &[cut], &LIMITS);
-                assert_eq!(run.ops, ops, "cut at {cut}");
-                assert_eq!(run.end, End::NeedMore { pending: 0 });
-            }
-        });
-    }
-}
-
-#[test]
-fn damaged_and_random_streams_end_cleanly_in_bounded_steps() {
-    let mut g = Gen::new(0x5AD0_0C03);
-    for case in 0..10_000 {
-        let bytes = if case % 3 == 0 {
-            g.garbage()
-        } else {
-            g.mutated()
-        };
-        // Small limits half the time, so that the limit paths are reached too.
-        let limits = if case % 2 == 0 {
-            LIMITS
-        } else {
-            limits_from_byte(g.rng.u8(..))
-        };
-        replayable(case, &bytes, || {
-            // Each step is asserted to use at least one byte, so the run is bounded by
-            // the length; the chunked run must agree with it.
-            let whole = check_stream(&bytes, &limits);
-            assert!(whole.ops.len() <= bytes.len());
-            for count in [1, 4] {
-                let cuts = cuts_for(&bytes, count);
-                assert_eq!(
-                    feed_in_chunks(&bytes, &cuts, &limits),
-                    whole,
-                    "cuts {cuts:?}"
-                );
-            }
-        });
-    }
-}
-
-/// Panics anywhere in the process, server tasks included: tokio contains a panicking
-/// connection task, so without this a crash would look like a closed connection.
-static PANICS: AtomicUsize = AtomicUsize::new(0);
-
-fn count_panics() {
-    static INSTALL: std::sync::Once = std::sync::Once::new();
-    INSTALL.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            PANICS.fetch_add(1, Ordering::SeqCst);
-            previous(info);
-        }));
-    });
-}
-
-/// Sends `bytes` in chunks, half-closes, and reads until the server closes. Errors
-/// are fine (the server may reset a connection it rejected); not closing is not.
-async fn blast(
-    addr: std::net::SocketAddr,
-    bytes: Vec<u8>,
-    cuts: Vec<usize>,
-) -> std::io::Result<()> {
-    let stream = TcpStream::connect(addr).await?;
-    let (mut rd, mut wr) = stream.into_split();
-    // Drain replies concurrently, so a server answering every PING cannot stall on us.
-    let reader = tokio::spawn(async move {
-        let mut sink = Vec::new();
-        let _ = rd.read_to_end(&mut sink).await;
-    });
-    let mut from = 0;
-    for to in cuts.into_iter().chain([bytes.len()]) {
-        if wr.write_all(&bytes[from..to]).await.is_err() {
-            break;
-        }
-        from = to;
-    }
-    let _ = wr.shutdown().await;
-    reader.await.map_err(std::io::Error::other)
-}
-
-/// The well-behaved client from the protocol's happy path: subscribe, publish to
-/// itself, and expect the message before the PONG.
-async fn well_behaved_client(addr: std::net::SocketAddr) {
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (rd, mut wr) = stream.into_split();
-    let mut rd = BufReader::new(rd);
-    let mut line = String::new();
-    rd.read_line(&mut line).await.unwrap();
-    assert!(line.starts_with("INFO {"), "expected INFO, got {line:?}");
-    wr.write_all(b"CONNECT {\"verbose\":false}\r\nSUB a 1\r\nPUB a 2\r\nhi\r\nPING\r\n")
-        .await
-        .unwrap();
-    for want in ["MSG a 1 2\r\n", "hi\r\n", "PONG\r\n"] {
-        loop {
-            line.clear();
-            rd.read_line(&mut line).await.unwrap();
-            // The server's liveness PING may come first; answer it and read on.
-            if line != "PING\r\n" {
-                break;
-            }
-            wr.write_all(b"PONG\r\n").await.unwrap();
-        }
-        assert_eq!(line, want);
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_survives_garbage_and_still_serves_a_good_client() {
-    count_panics();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = broker::Server::new(broker::Config::default());
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn({
-        let (server, shutdown) = (server.clone(), shutdown.clone());
-        async move { server.run(listener, shutdown).await }
-    });
-
-    let mut g = Gen::new(0x5AD0_0C04);
-    // Enough in flight to overlap, few enough not to exhaust loopback ports or fds.
-    let in_flight = Arc::new(Semaphore::new(32));
-    let mut conns = JoinSet::new();
-    for case in 0..400 {
-        let bytes = match case % 4 {
-            0 => g.garbage(),
-            1 => g.stream(6).0,
-            _ => g.mutated(),
-        };
-        let cuts = g.cuts(bytes.len());
-        let permit = in_flight.clone().acquire_owned().await.unwrap();
-        conns.spawn(async move {
-            let outcome = tokio::time::timeout(DEADLINE, blast(addr, bytes.clone(), cuts)).await;
-            drop(permit);
-            (case, bytes, outcome)
-        });
-    }
-    while let Some(joined) = conns.join_next().await {
-        let (case, bytes, outcome) = joined.unwrap();
-        assert!(
-            outcome.is_ok(),
-            "case {case}: connection not closed within {DEADLINE:?} after EOF; sent b\"{}\"",
-            bytes.escape_ascii()
-        );
-    }
-
-    tokio::time::timeout(DEADLINE, well_behaved_client(addr))
-        .await
-        .expect("well-behaved client not served in time");
-    assert_eq!(
-        PANICS.load(Ordering::SeqCst),
-        0,
-        "something panicked; see stderr"
-    );
-
-    shutdown.cancel();
-    tokio::time::timeout(DEADLINE, running)
-        .await
-        .expect("server did not stop in time")
-        .unwrap()
-        .unwrap();
 }

@@ -12,8 +12,8 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tracing::debug;
 
 use super::ClientOptions;
-use super::codec::{self, Incoming};
 use super::error::{ErrorKind, SdkError};
+use super::frame::{self, Incoming};
 use super::stream::Stream;
 
 pub(crate) type Ws = WebSocketStream<Stream>;
@@ -66,8 +66,7 @@ pub(crate) async fn connect(
             .max_message_size(Some(options.max_frame_bytes))
             .max_frame_size(Some(options.max_frame_bytes));
         let mut ws = open(url, options, config).await?;
-        let hello = codec::handshake(options);
-        ws.send(codec::message(options.json, hello))
+        ws.send(frame::handshake(options))
             .await
             .map_err(|e| SdkError::connect_io("sending the handshake", e))?;
         loop {
@@ -80,7 +79,7 @@ pub(crate) async fn connect(
                     ));
                 }
             };
-            let packet = match codec::decode(message).map_err(SdkError::protocol)? {
+            let packet = match frame::incoming(message).map_err(SdkError::protocol)? {
                 Incoming::Packet(packet) => packet,
                 Incoming::Close(reason) => {
                     return Err(SdkError::connect(format!(

@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
-use proto::Message as _;
 use proto::client::{
     Drain, HandshakeAck, Heartbeat, Kick, Packet, Push, Request, Response, packet::Kind,
 };
@@ -134,7 +133,7 @@ pub(super) async fn fake_gate_from(heartbeat_ms: u32, first_session: u64) -> Fak
 }
 
 pub(super) fn frame(kind: Kind) -> Message {
-    Message::Binary(Packet::new(kind).encode_to_vec().into())
+    crate::frame::encode(&Packet::new(kind), false)
 }
 
 pub(super) fn response(id: u64, code: u32, body: Bytes) -> Kind {
@@ -164,7 +163,7 @@ impl Session {
         let Some(Ok(Message::Binary(hello))) = ws.next().await else {
             return;
         };
-        let Some(Kind::Handshake(hello)) = Packet::decode(hello).unwrap().kind else {
+        let Some(Kind::Handshake(hello)) = proto::frame::decode_binary(hello).unwrap().kind else {
             panic!("first frame is not a handshake");
         };
         let _ = self.admit.subscribe().wait_for(|admit| *admit).await;
@@ -201,7 +200,7 @@ impl Session {
             let Message::Binary(bytes) = message else {
                 continue;
             };
-            let request = match Packet::decode(bytes).unwrap().kind {
+            let request = match proto::frame::decode_binary(bytes).unwrap().kind {
                 Some(Kind::Heartbeat(_)) => {
                     let _ = self.events.try_send(Event::Heartbeat { session: self.id });
                     continue;
@@ -295,8 +294,7 @@ impl Session {
             }
             "echo.json" => {
                 let packet = Packet::new(response(id, 200, body));
-                let text = proto::json::encode(&packet).unwrap();
-                ws.send(Message::text(text)).await.unwrap();
+                ws.send(crate::frame::encode(&packet, true)).await.unwrap();
             }
             "push.me" => {
                 let push = Push {

@@ -1,4 +1,5 @@
 //! The Rust client SDK: what a game client (and the load test) uses to talk to a gate.
+//! A crate of its own, so a client links the protocol (`proto`) and not the server.
 //!
 //! [`Client::connect`] opens the WebSocket, handshakes, and spawns one connection task
 //! that owns the socket. Handles are cheap clones; each request registers a waiter under
@@ -6,8 +7,8 @@
 //! arrive on a bounded queue ([`Client::pushes`]).
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), gateway::sdk::SdkError> {
-//! use gateway::sdk::{Client, ClientOptions};
+//! # async fn demo() -> Result<(), sdk::SdkError> {
+//! use sdk::{Client, ClientOptions};
 //! let client = Client::connect("ws://127.0.0.1:3250", ClientOptions::default()).await?;
 //! let response = client.request("echo.echo", b"hi").await?;
 //! assert_eq!(response.code, 200);
@@ -25,7 +26,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use gateway::sdk::{Client, ClientOptions, tls_client_config};
+//! use sdk::{Client, ClientOptions, tls_client_config};
 //! let options = ClientOptions {
 //!     tls: Some(tls_client_config("ca.pem".as_ref())?),
 //!     ..ClientOptions::default()
@@ -58,15 +59,16 @@
 //! player bound by a login, the rooms joined) stays behind. When [`Client::session_id`]
 //! changes ([`Client::reconnects`] or [`Client::moves`] grew), log in and join again.
 
-mod codec;
 mod connection;
 mod error;
+pub mod frame;
 mod link;
 mod shared;
 mod stream;
 mod task;
 #[cfg(test)]
 mod tests;
+mod tls;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -83,8 +85,7 @@ pub use proto::client::{Push, Response, Timing};
 /// The TLS library [`ClientOptions::tls`] is configured with (ring provider).
 pub use tokio_rustls::rustls;
 
-pub use crate::tls::TlsError;
-pub use crate::tls::client_config as tls_client_config;
+pub use tls::{TlsError, client_config as tls_client_config};
 
 use shared::{Refused, Shared, State, Waiter};
 use task::{Outgoing, Task};
@@ -279,7 +280,7 @@ impl Client {
         timeout: Duration,
     ) -> Result<Response, SdkError> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let frame = codec::encode_request(self.inner.json, id, route, body.as_ref())?;
+        let frame = frame::encode_request(self.inner.json, id, route, body.as_ref())?;
         tokio::time::timeout(timeout, self.exchange(id, frame))
             .await
             .unwrap_or_else(|_| Err(SdkError::timeout()))
@@ -319,7 +320,7 @@ impl Client {
     /// answered. Returns once it is queued (after waiting for a reconnection if one is
     /// under way, within the request timeout).
     pub async fn notify(&self, route: &str, body: impl AsRef<[u8]>) -> Result<(), SdkError> {
-        let frame = codec::encode_request(self.inner.json, 0, route, body.as_ref())?;
+        let frame = frame::encode_request(self.inner.json, 0, route, body.as_ref())?;
         let queued = async {
             let epoch = self.wait_up().await?;
             self.send(epoch, frame).await

@@ -2,15 +2,15 @@
 //! trip: the smallest use of the client SDK.
 //!
 //! ```text
-//! cargo run --example echo -- [ws://127.0.0.1:3250] [message]
+//! cargo run -p shaddock-sdk --example echo -- [ws://127.0.0.1:3250] [message]
 //! ```
 
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use gateway::sdk::{Client, ClientOptions};
 use proto::Message as _;
 use proto::echo::{EchoRequest, EchoResponse};
+use sdk::{Client, ClientOptions};
 
 /// The gate's default listen address.
 const DEFAULT_URL: &str = "ws://127.0.0.1:3250";

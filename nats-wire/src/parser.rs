@@ -10,9 +10,14 @@
 
 use memchr::memchr;
 
-pub mod server_ops;
+mod server_ops;
 
 pub use server_ops::{ServerOp, parse_server};
+
+/// Largest message payload a client may publish (nats-server's default, 1 MiB).
+pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
+/// Longest protocol control line (verb and arguments) nats-server accepts by default.
+pub const DEFAULT_MAX_CONTROL_LINE: usize = 4096;
 
 /// An operation a client sent. Slices borrow the read buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,8 +16,8 @@ use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
 use tracing::{Instrument, warn};
 
-use super::codec::{self, Incoming};
 use super::connection::{Dialed, Ws};
+use super::frame::{self, Incoming};
 use super::shared::Shared;
 
 /// How long a closing link waits for its close frame to go out.
@@ -93,7 +93,7 @@ impl Link {
     pub(crate) async fn feed(&mut self, json: bool, frame: Bytes) -> Result<(), String> {
         self.dirty = true;
         self.sink
-            .feed(codec::message(json, frame))
+            .feed(frame::message(json, frame))
             .await
             .map_err(|e| format!("write failed: {e}"))
     }
@@ -128,7 +128,7 @@ async fn read_loop(mut stream: SplitStream<Ws>, epoch: u64, routes: Routes) {
             Some(Err(e)) => break Exit::Lost(format!("read failed: {e}")),
             None => break Exit::Lost("the gate closed the connection".to_owned()),
         };
-        let packet = match codec::decode(message) {
+        let packet = match frame::incoming(message) {
             Ok(Incoming::Packet(packet)) => packet,
             Ok(Incoming::Close(reason)) => {
                 break Exit::Lost(format!("the gate closed the connection: {reason}"));

@@ -6,7 +6,7 @@ use tokio::net::TcpListener;
 
 use super::fake_gate::{Control, Event, FakeGate, fake_gate, fake_gate_from};
 use super::{closed_reason, options, reconnecting, within};
-use crate::sdk::{Client, ClientOptions, ErrorKind};
+use crate::{Client, ClientOptions, ErrorKind};
 
 /// A URL where nothing listens.
 async fn dead_url() -> String {
@@ -28,7 +28,7 @@ async fn two_gates(options: ClientOptions) -> (FakeGate, FakeGate, Client) {
 async fn hold_on(
     a: &mut FakeGate,
     client: &Client,
-) -> tokio::task::JoinHandle<Result<crate::sdk::Response, crate::sdk::SdkError>> {
+) -> tokio::task::JoinHandle<Result<crate::Response, crate::SdkError>> {
     let held = {
         let client = client.clone();
         tokio::spawn(async move { client.request("hold.me", b"old").await })

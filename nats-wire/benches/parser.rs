@@ -6,9 +6,8 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use broker::config::{DEFAULT_MAX_CONTROL_LINE, DEFAULT_MAX_PAYLOAD};
-use broker::parser::{Limits, parse};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use nats_wire::{DEFAULT_MAX_CONTROL_LINE, DEFAULT_MAX_PAYLOAD, Limits, parse};
 
 const BUFFER: usize = 64 * 1024;
 
