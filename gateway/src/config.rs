@@ -77,6 +77,26 @@ pub const DEFAULT_GATE_RESERVE: usize = 512;
 /// Requests in flight under which a session counts as light and may use the gate's
 /// reserve. A game client rarely has more than a few requests out at once.
 pub const DEFAULT_LIGHT_IN_FLIGHT: usize = 4;
+/// How long a request waits for the bus connection to come back before it is answered
+/// 503 (never past its own timeout). A broker restart or a reconnect to the next server
+/// takes well under a second; two cover it, and a client waiting longer than that for
+/// a request the gate could not send is better told at once.
+pub const DEFAULT_BUS_HOLD: Duration = Duration::from_secs(2);
+/// Requests the whole gate holds while its bus connection is down; past it a request is
+/// answered 503 at once. As many as it lets await workers (`--max-gate-in-flight`):
+/// once the bus is back, held requests go to the workers like any others, and the same
+/// bound keeps the burst they make bounded.
+pub const DEFAULT_MAX_HELD: usize = DEFAULT_MAX_GATE_IN_FLIGHT;
+/// Bytes of request bodies the gate holds while its bus connection is down, the same as
+/// what it lets wait for its bus writer (`--max-bus-pending`).
+pub const DEFAULT_MAX_HELD_BYTES: usize = DEFAULT_MAX_BUS_PENDING;
+/// The first wait before a request that reached no worker (the bus answered "no
+/// responders": none was subscribed at that instant, e.g. a worker restarting) is sent
+/// again; each further wait doubles, up to [`MAX_RESEND_BACKOFF`]. A worker restarting
+/// or re-subscribing after a reconnect is back within tens of milliseconds.
+pub const DEFAULT_RESEND_BACKOFF: Duration = Duration::from_millis(25);
+/// The longest wait between two sends of a request that reached no worker.
+pub const MAX_RESEND_BACKOFF: Duration = Duration::from_millis(400);
 /// WebSocket read buffer per session; small, so idle sessions stay cheap.
 pub const WS_READ_BUFFER: usize = 4 * 1024;
 /// Bytes tungstenite collects before writing; flushes write everything anyway.
@@ -165,6 +185,20 @@ pub struct GateConfig {
     /// Requests in flight under which a session may use the --gate-reserve.
     #[arg(long, env = "SHADDOCK_LIGHT_IN_FLIGHT", default_value_t = DEFAULT_LIGHT_IN_FLIGHT)]
     pub light_in_flight: usize,
+    /// How long a request waits for a lost bus connection to come back (never past its
+    /// own timeout) before it is answered 503; 0 answers 503 at once.
+    #[arg(long, env = "SHADDOCK_BUS_HOLD", value_parser = net::duration::parse, default_value = "2s")]
+    pub bus_hold: Duration,
+    /// Requests the whole gate holds while its bus connection is down.
+    #[arg(long, env = "SHADDOCK_MAX_HELD", default_value_t = DEFAULT_MAX_HELD)]
+    pub max_held: usize,
+    /// Bytes of request bodies the whole gate holds while its bus connection is down.
+    #[arg(long, env = "SHADDOCK_MAX_HELD_BYTES", default_value_t = DEFAULT_MAX_HELD_BYTES)]
+    pub max_held_bytes: usize,
+    /// The first wait before a request that reached no worker is sent again (doubling
+    /// each time, while its timeout leaves room); 0 answers such a request 503 at once.
+    #[arg(long, env = "SHADDOCK_RESEND_BACKOFF", value_parser = net::duration::parse, default_value = "25ms")]
+    pub resend_backoff: Duration,
     /// A token every handshake must carry; empty accepts any (see `TokenCheck`). Not
     /// with the --jwt-* flags.
     #[arg(long, env = "SHADDOCK_TOKEN", default_value = "")]
@@ -237,6 +271,10 @@ impl Default for GateConfig {
             write_timeout: DEFAULT_WRITE_TIMEOUT,
             gate_reserve: DEFAULT_GATE_RESERVE,
             light_in_flight: DEFAULT_LIGHT_IN_FLIGHT,
+            bus_hold: DEFAULT_BUS_HOLD,
+            max_held: DEFAULT_MAX_HELD,
+            max_held_bytes: DEFAULT_MAX_HELD_BYTES,
+            resend_backoff: DEFAULT_RESEND_BACKOFF,
             max_bus_pending: DEFAULT_MAX_BUS_PENDING,
             token: String::new(),
             jwt_secret_file: None,

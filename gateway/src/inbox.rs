@@ -15,6 +15,8 @@ use crate::codec::PushFrame;
 pub(crate) enum ToSession {
     /// The gate's bus connection was lost: requests in flight will get no reply.
     BusLost,
+    /// The gate's bus connection is up again: held requests can go out.
+    BusBack,
     /// A worker answered request `id`.
     Reply { id: u64, reply: WorkerReply },
     /// A push to the player or to a group it joined.

@@ -94,6 +94,52 @@ impl InFlight {
     }
 }
 
+/// What the gate holds while its bus connection is down (`--max-held` requests and
+/// `--max-held-bytes` of their bodies, over all sessions).
+#[derive(Debug)]
+pub(crate) struct Held {
+    count: AtomicUsize,
+    bytes: AtomicUsize,
+    max_count: usize,
+    max_bytes: usize,
+}
+
+impl Held {
+    pub(crate) fn new(max_count: usize, max_bytes: usize) -> Self {
+        Held {
+            count: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
+            max_count,
+            max_bytes,
+        }
+    }
+
+    /// Takes room for one request of `bytes`, if both bounds allow it.
+    pub(crate) fn take(&self, bytes: usize) -> bool {
+        if self.count.fetch_add(1, Ordering::Relaxed) >= self.max_count {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        if self.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes > self.max_bytes {
+            self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+            self.count.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Gives back the room of one request of `bytes`.
+    pub(crate) fn give_back(&self, bytes: usize) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// Requests held now.
+    pub(crate) fn count(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,5 +183,18 @@ mod tests {
         assert_eq!(budget.taken(), 1);
         assert!(budget.take(1));
         assert!(!budget.take(1));
+    }
+
+    #[test]
+    fn held_requests_are_bounded_by_count_and_by_bytes() {
+        let held = Held::new(2, 100);
+        assert!(held.take(60));
+        assert!(!held.take(41), "over the bytes");
+        assert!(held.take(40));
+        assert!(!held.take(0), "over the count");
+        held.give_back(60);
+        assert_eq!(held.count(), 1);
+        assert!(held.take(60));
+        assert!(!held.take(1));
     }
 }

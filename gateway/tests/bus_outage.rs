@@ -93,10 +93,10 @@ async fn codes_until(client: &Client, mut done: impl FnMut(u32) -> bool) -> Vec<
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broker_restart_answers_503_never_404_and_recovers() {
+async fn a_broker_restart_within_the_hold_costs_latency_not_errors() {
     let mut broker = Restartable::start().await;
     let _echo = echo_worker_on(&broker.url()).await;
-    let gate = broker.gate(GateConfig::default()).await;
+    let gate = broker.gate(gate_config(|c| c.bus_hold = DEADLINE)).await;
     let client = gate.client().await;
     assert_eq!(
         client.request("echo.raw", "x").await.unwrap().code,
@@ -104,8 +104,37 @@ async fn a_broker_restart_answers_503_never_404_and_recovers() {
     );
 
     broker.kill();
-    // While the bus is away, and while the echo worker has not subscribed again after
-    // it is back, the route that exists answers 503: never 404, never a timeout.
+    // Requests sent while the bus is away wait for it; so do those that find the echo
+    // worker not yet subscribed again once it is back (no responders: sent again).
+    let sent: Vec<_> = (0..20)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move { client.request("echo.raw", format!("{i}")).await })
+        })
+        .collect();
+    broker.restart().await;
+    for (i, request) in sent.into_iter().enumerate() {
+        let answer = within(request).await.unwrap().unwrap();
+        assert_eq!(answer.code, code::OK, "request {i}: {answer:?}");
+        assert_eq!(answer.body, format!("{i}").as_bytes());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_away_longer_than_the_hold_answers_503_never_404_or_408_and_recovers() {
+    let mut broker = Restartable::start().await;
+    let _echo = echo_worker_on(&broker.url()).await;
+    let hold = Duration::from_millis(200);
+    let gate = broker.gate(gate_config(|c| c.bus_hold = hold)).await;
+    let client = gate.client().await;
+    assert_eq!(
+        client.request("echo.raw", "x").await.unwrap().code,
+        code::OK
+    );
+
+    broker.kill();
+    // Past the hold, a request the gate could not send is answered 503 `bus
+    // unavailable`: never 404, never a timeout.
     let down = codes_until(&client, |c| c == code::OVERLOADED).await;
     broker.restart().await;
     let back = codes_until(&client, |c| c == code::OK).await;

@@ -280,6 +280,12 @@ impl Bus {
         bus
     }
 
+    /// Up or down, as a connection task would set it (the session hears of it from the
+    /// gate's dispatch, which a test plays itself).
+    pub(crate) fn set_connected(&self, up: bool) {
+        self.connected.store(up, Ordering::Release);
+    }
+
     /// Waits until something is queued, then takes all of it: the protocol lines a
     /// server would read, in order.
     pub(crate) async fn written(&self) -> String {

@@ -97,6 +97,7 @@ impl Dispatch for Router {
         let ask = proto::schema::ask_subject(&self.prefix);
         let _ = self.bus.publish_bytes(&ask, Reply::None, &[]);
         self.bus_up.send_replace(true);
+        self.sessions.offer_all(|| ToSession::BusBack);
     }
 
     fn lost(&self) {

@@ -169,12 +169,14 @@ impl Gate {
         }
         accepting.close();
         let in_flight = metrics::gauge!("gate_in_flight");
+        let held = metrics::gauge!("gate_requests_held");
         let mut sample = tokio::time::interval(IN_FLIGHT_SAMPLE);
         sample.set_missed_tick_behavior(MissedTickBehavior::Skip);
         loop {
             tokio::select! {
                 _ = sample.tick() => {
                     in_flight.set(self.0.cx.in_flight.taken() as f64);
+                    held.set(self.0.cx.held.count() as f64);
                 }
                 () = shutdown.cancelled() => break,
             }

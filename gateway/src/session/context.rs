@@ -13,7 +13,7 @@ use crate::auth::TokenCheck;
 use crate::bus::Bus;
 use crate::config::{GateConfig, WS_READ_BUFFER, WS_WRITE_BUFFER};
 use crate::labels::RouteLabels;
-use crate::limits::InFlight;
+use crate::limits::{Held, InFlight};
 use crate::presence::Presence;
 use crate::schema::Schemas;
 use crate::sessions::Sessions;
@@ -28,6 +28,8 @@ pub(crate) struct Context {
     pub schemas: Arc<Schemas>,
     /// Requests of all sessions awaiting workers, against `max_gate_in_flight`.
     pub in_flight: InFlight,
+    /// Requests of all sessions waiting for the bus connection to come back.
+    pub held: Held,
     /// The routes the request metrics name (bounded: a client picks the route).
     pub route_labels: RouteLabels,
     pub token_check: Arc<dyn TokenCheck>,
@@ -66,6 +68,7 @@ impl Context {
             config.gate_reserve,
             config.light_in_flight,
         );
+        let held = Held::new(config.max_held, config.max_held_bytes);
         Context {
             config,
             bus,
@@ -73,6 +76,7 @@ impl Context {
             presence,
             schemas,
             in_flight,
+            held,
             route_labels: RouteLabels::default(),
             token_check,
             upgrade,

@@ -9,6 +9,7 @@
 //! is closed as too slow ("Slow clients" in docs/gateway.md). Everything ready is
 //! written together and flushed once.
 
+mod blips;
 mod cache;
 mod context;
 mod effects;
@@ -83,6 +84,15 @@ struct Drain {
 struct Pending {
     received: Instant,
     route: Arc<str>,
+    /// Its publish subject, and its body (shared with the frame it came in), for sending
+    /// it again when it reached nobody, or once the bus is back.
+    subject: Arc<str>,
+    body: bytes::Bytes,
+    /// Written to the bus at least once: a worker may have it, so after a lost
+    /// connection it is never sent again (at most once). False while it is held.
+    sent: bool,
+    /// How often the bus answered it with "no responders" so far.
+    resends: u32,
 }
 
 struct Session<S> {
@@ -117,6 +127,10 @@ struct Session<S> {
     pending: FxHashMap<u64, Pending>,
     /// (deadline, id) in deadline order: every request has the same timeout.
     deadlines: VecDeque<(Instant, u64)>,
+    /// Requests waiting for the bus connection to come back, (until when, id) in order.
+    held: VecDeque<(Instant, u64)>,
+    /// Requests that reached no worker, (when to send again, id).
+    resends: Vec<(Instant, u64)>,
     bucket: TokenBucket,
     last_seen: Instant,
     /// `gate_request_duration_seconds` handles by (route, code).
@@ -183,9 +197,19 @@ impl<S: Io> Session<S> {
         let write_deadline = sleep_until(Instant::now());
         tokio::pin!(write_deadline);
         let mut write_armed = false;
+        let hold_end = sleep_until(Instant::now());
+        tokio::pin!(hold_end);
+        let resend = sleep_until(Instant::now());
+        tokio::pin!(resend);
         loop {
             if let Some(&(deadline, _)) = self.deadlines.front() {
                 expiry.as_mut().reset(deadline);
+            }
+            if let Some(&(until, _)) = self.held.front() {
+                hold_end.as_mut().reset(until);
+            }
+            if let Some(at) = self.resends.iter().map(|&(at, _)| at).min() {
+                resend.as_mut().reset(at);
             }
             match self.outbox.waiting_since() {
                 Some(since) if !write_armed => {
@@ -228,6 +252,8 @@ impl<S: Io> Session<S> {
                     }
                 }
                 () = &mut expiry, if !self.deadlines.is_empty() => self.expire(),
+                () = &mut hold_end, if !self.held.is_empty() => self.end_holds(),
+                () = &mut resend, if !self.resends.is_empty() => self.resend_due(),
                 () = &mut silence => {
                     // Checked lazily so a busy client costs no timer reset per frame.
                     let due = self.last_seen + 2 * heartbeat;
@@ -422,11 +448,20 @@ impl<S: Io> Session<S> {
                 return Some(Closing::new(CloseCode::Policy, "kicked"));
             }
             ToSession::BusLost => {
-                self.answer_all_pending("bus connection lost");
+                // Written on the lost connection, these may have reached a worker: never
+                // sent again (at most once). Held ones were never written: they wait.
+                self.answer_pending("bus connection lost", |p| p.sent);
+                return None;
+            }
+            ToSession::BusBack => {
+                self.send_held();
                 return None;
             }
             ToSession::Reply { id, reply } => (id, reply),
         };
+        if matches!(reply, WorkerReply::NoResponders) && self.resend_later(id) {
+            return None;
+        }
         let Some(pending) = self.pending.remove(&id) else {
             // Already answered with 408.
             return None;
@@ -496,7 +531,7 @@ impl<S: Io> Session<S> {
             };
             self.send(Kind::Response(resp));
         }
-        self.answer_all_pending("gate shutting down");
+        self.answer_pending("gate shutting down", |_| true);
         self.send(Kind::Kick(client::Kick {
             reason: "gate shutting down".into(),
         }));

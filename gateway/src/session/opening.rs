@@ -145,6 +145,8 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
         overflow: false,
         pending: FxHashMap::default(),
         deadlines: VecDeque::new(),
+        held: VecDeque::new(),
+        resends: Vec::new(),
         last_seen: Instant::now(),
         durations: Cache::default(),
     };
@@ -154,6 +156,9 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
     session.leave_everything().await;
     metrics::gauge!("gate_sessions").decrement(1.0);
     gate.in_flight.give_back(session.pending.len());
+    for held in session.pending.values().filter(|p| !p.sent) {
+        gate.held.give_back(held.body.len());
+    }
     tracing::debug!(sid, reason = closing.reason, "session closed");
     metrics::counter!("gate_sessions_closed_total", "reason" => closing.reason).increment(1);
     session.finish(closing, &mut inbox).await;

@@ -10,6 +10,7 @@ use proto::client::{self, packet::Kind};
 use proto::code;
 use tokio::time::Instant;
 
+use super::blips::BUS_UNAVAILABLE;
 use super::{Closing, Io, Pending, Session};
 use crate::bus::{BusError, Reply};
 use crate::forward::Request;
@@ -125,39 +126,46 @@ impl<S: Io> Session<S> {
                 (route.clone(), (route, subject))
             },
         );
-        let request = Request {
-            route: &req.route,
-            body: &req.body,
-            session: &self.wire,
-            timing: self.timing,
-        };
-        let reply = if notify {
-            Reply::None
-        } else {
-            Reply::Request {
-                prefix: &self.reply_prefix,
-                id: req.id,
-            }
-        };
-        let sent = self
-            .gate
-            .bus
-            .publish(&subject, reply, request.len(), |buf| request.put(buf));
-        if let Err(e) = sent {
-            if !notify {
-                self.gate.in_flight.give_back(1);
-            }
-            let (message, reason) = match e {
-                BusError::Disconnected => ("bus unavailable", &self.gate.rejected.bus),
-                BusError::Backlogged => ("gate overloaded", &self.gate.rejected.bus_backlog),
+        let (route, subject) = (route.clone(), subject.clone());
+        if notify {
+            let request = Request {
+                route: &req.route,
+                body: &req.body,
+                session: &self.wire,
+                timing: self.timing,
             };
-            return reject(code::OVERLOADED, message, reason);
+            let sent = self
+                .gate
+                .bus
+                .publish(&subject, Reply::None, request.len(), |buf| request.put(buf));
+            if let Err(e) = sent {
+                self.bus_refused(e).increment(1);
+            }
+            return None;
         }
-        if !notify {
-            self.pending.insert(req.id, Pending { received, route });
-            self.deadlines
-                .push_back((received + self.gate.config.request_timeout, req.id));
+        let mut pending = Pending {
+            received,
+            route,
+            subject,
+            body: req.body,
+            sent: false,
+            resends: 0,
+        };
+        match self.publish(req.id, &pending) {
+            Ok(()) => pending.sent = true,
+            Err(BusError::Disconnected) if self.hold(req.id, pending.body.len()) => {}
+            Err(e) => {
+                self.gate.in_flight.give_back(1);
+                let message = match e {
+                    BusError::Disconnected => BUS_UNAVAILABLE,
+                    BusError::Backlogged => "gate overloaded",
+                };
+                return reject(code::OVERLOADED, message, self.bus_refused(e));
+            }
         }
+        self.pending.insert(req.id, pending);
+        self.deadlines
+            .push_back((received + self.gate.config.request_timeout, req.id));
         None
     }
 
@@ -170,6 +178,9 @@ impl<S: Io> Session<S> {
     ) {
         let elapsed = pending.received.elapsed();
         self.gate.in_flight.give_back(1);
+        if !pending.sent {
+            self.gate.held.give_back(pending.body.len());
+        }
         // A client cannot mint series: a route nobody serves is `unknown`, and past
         // MAX_ROUTE_LABELS distinct routes the rest are `other` (see `labels`).
         let route: &str = if resp.code == code::NOT_FOUND {
@@ -211,6 +222,12 @@ impl<S: Io> Session<S> {
             }
             self.deadlines.pop_front();
             if let Some(pending) = self.pending.remove(&id) {
+                if !pending.sent {
+                    // Never sent: the client may send it again, anywhere.
+                    self.gate.rejected.bus.increment(1);
+                    self.answer_unavailable(id, &pending, BUS_UNAVAILABLE);
+                    continue;
+                }
                 metrics::counter!("gate_timeouts_total").increment(1);
                 let resp = client::Response {
                     id,
@@ -224,19 +241,31 @@ impl<S: Io> Session<S> {
         }
     }
 
-    /// Answers every forwarded request still awaiting its worker 503 with `message`:
-    /// no reply will come for it (the bus connection is gone, or the gate is).
-    pub(super) fn answer_all_pending(&mut self, message: &str) {
-        let left: Vec<(u64, Pending)> = self.pending.drain().collect();
-        for (id, pending) in left {
-            let resp = client::Response {
-                id,
-                code: code::OVERLOADED,
-                message: message.into(),
-                ..Default::default()
-            };
-            self.answer(resp, &pending, (0, 0));
-            self.answered(id);
+    /// Answers 503 with `message` every request still awaiting its worker that `which`
+    /// picks: no reply will come for it (the bus connection is gone, or the gate is).
+    pub(super) fn answer_pending(&mut self, message: &str, which: impl Fn(&Pending) -> bool) {
+        let ids: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| which(p))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            if let Some(pending) = self.pending.remove(&id) {
+                self.answer_unavailable(id, &pending, message);
+            }
         }
+    }
+
+    /// Answers request `id` 503 with `message`.
+    pub(super) fn answer_unavailable(&mut self, id: u64, pending: &Pending, message: &str) {
+        let resp = client::Response {
+            id,
+            code: code::OVERLOADED,
+            message: message.into(),
+            ..Default::default()
+        };
+        self.answer(resp, pending, (0, 0));
+        self.answered(id);
     }
 }

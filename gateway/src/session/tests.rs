@@ -364,3 +364,160 @@ async fn heartbeats_are_answered_within_the_rate_and_the_rate_refuses_requests_w
     assert_eq!((resp.id, resp.code), (2, code::RATE_LIMITED));
     assert_eq!(published(&cx.bus.written_now()).len(), 1);
 }
+
+/// Makes `service` one the gate knows has workers (as its announcement would).
+fn announce(cx: &Context, service: &str) {
+    let schema = proto::rpc::ServiceSchema {
+        service: service.into(),
+        ..Default::default()
+    };
+    cx.schemas.learn(schema.encode_to_vec().into()).unwrap();
+}
+
+#[tokio::test]
+async fn requests_wait_for_a_lost_bus_and_go_out_in_order_once_it_is_back() {
+    let cx = gate(|_| {});
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    cx.bus.set_connected(false);
+    request(&mut client, 1, "echo.echo").await;
+    request(&mut client, 2, "echo.echo").await;
+    // Nothing goes out and nothing is answered while the bus is away; a heartbeat's
+    // answer shows the session has handled both requests.
+    send(&mut client.ws, Kind::Heartbeat(client::Heartbeat {})).await;
+    assert!(matches!(next(&mut client.ws).await, Kind::Heartbeat(_)));
+    assert_eq!(cx.bus.written_now(), "");
+    assert_eq!(cx.held.count(), 2);
+
+    cx.bus.set_connected(true);
+    cx.sessions.offer(client.sid, ToSession::BusBack).unwrap();
+    let sent = published(&cx.bus.written().await);
+    let ids: Vec<&str> = sent.iter().map(|(_, reply, _)| reply.as_str()).collect();
+    let head = format!("shaddock.gw.g1.{}.", client.sid);
+    assert_eq!(ids, [format!("{head}1"), format!("{head}2")]);
+    assert_eq!(cx.held.count(), 0);
+    answer(&cx, client.sid, 1, code::OK, b"one");
+    answer(&cx, client.sid, 2, code::OK, b"two");
+    assert_eq!(response(&mut client).await.id, 1);
+    assert_eq!(response(&mut client).await.id, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bus_away_longer_than_the_hold_gets_a_503_at_the_window_and_never_a_408() {
+    let cx = gate(|c| c.bus_hold = Duration::from_secs(1));
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    cx.bus.set_connected(false);
+    let start = tokio::time::Instant::now();
+    request(&mut client, 1, "echo.echo").await;
+    let resp = response(&mut client).await;
+    assert_eq!((resp.id, resp.code), (1, code::OVERLOADED));
+    assert_eq!(resp.message, "bus unavailable");
+    let waited = start.elapsed();
+    assert!(waited >= Duration::from_secs(1) && waited < Duration::from_secs(5));
+    assert_eq!((cx.held.count(), cx.in_flight.taken()), (0, 0));
+    // A timeout shorter than the window ends the wait too, still as a 503: the request
+    // was never sent, so the client may send it again anywhere.
+    let cx = gate(|c| c.request_timeout = Duration::from_millis(300));
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    cx.bus.set_connected(false);
+    request(&mut client, 1, "echo.echo").await;
+    let resp = response(&mut client).await;
+    assert_eq!(
+        (resp.code, resp.message.as_str()),
+        (code::OVERLOADED, "bus unavailable")
+    );
+}
+
+#[tokio::test]
+async fn past_the_gate_s_hold_bound_or_with_holding_off_a_request_is_refused_at_once() {
+    let cx = gate(|c| c.max_held = 1);
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    cx.bus.set_connected(false);
+    request(&mut client, 1, "echo.echo").await;
+    request(&mut client, 2, "echo.echo").await;
+    let resp = response(&mut client).await;
+    assert_eq!((resp.id, resp.code), (2, code::OVERLOADED));
+    assert_eq!(cx.held.count(), 1);
+
+    let cx = gate(|c| c.bus_hold = Duration::ZERO);
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    cx.bus.set_connected(false);
+    request(&mut client, 1, "echo.echo").await;
+    assert_eq!(response(&mut client).await.message, "bus unavailable");
+}
+
+#[tokio::test]
+async fn a_lost_connection_answers_what_was_sent_and_keeps_what_was_held() {
+    let cx = gate(|_| {});
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    request(&mut client, 1, "echo.echo").await;
+    cx.bus.written().await;
+    cx.bus.set_connected(false);
+    request(&mut client, 2, "echo.echo").await;
+    cx.sessions.offer(client.sid, ToSession::BusLost).unwrap();
+    // Request 1 was written: it may have reached a worker, so it is never sent again.
+    let resp = response(&mut client).await;
+    assert_eq!((resp.id, resp.message.as_str()), (1, "bus connection lost"));
+    cx.bus.set_connected(true);
+    cx.sessions.offer(client.sid, ToSession::BusBack).unwrap();
+    let sent = published(&cx.bus.written().await);
+    assert_eq!(sent.len(), 1);
+    assert!(sent[0].1.ends_with(".2"), "only the held one: {sent:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_reached_no_worker_is_sent_again_until_one_takes_it() {
+    let cx = gate(|c| c.resend_backoff = Duration::from_millis(100));
+    announce(&cx, "echo");
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    request(&mut client, 1, "echo.echo").await;
+    assert_eq!(published(&cx.bus.written().await).len(), 1);
+    let start = tokio::time::Instant::now();
+    for attempt in 1..=3 {
+        let reply = WorkerReply::NoResponders;
+        cx.sessions
+            .offer(client.sid, ToSession::Reply { id: 1, reply })
+            .unwrap();
+        let again = published(&cx.bus.written().await);
+        assert_eq!(again.len(), 1, "attempt {attempt}");
+        assert!(again[0].1.ends_with(".1"));
+    }
+    // Waits of 100, 200 and 400 ms.
+    assert!(start.elapsed() >= Duration::from_millis(700));
+    answer(&cx, client.sid, 1, code::OK, b"at last");
+    let resp = response(&mut client).await;
+    assert_eq!((resp.id, resp.code), (1, code::OK));
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_responders_until_the_timeout_nears_is_503_before_the_timeout() {
+    let cx = gate(|c| {
+        c.resend_backoff = Duration::from_millis(100);
+        c.request_timeout = Duration::from_millis(1000);
+    });
+    announce(&cx, "echo");
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    let start = tokio::time::Instant::now();
+    request(&mut client, 1, "echo.echo").await;
+    cx.bus.written().await;
+    // Waits of 100 and 200 ms fit (each with as long again for an answer); 400 does not.
+    for _ in 0..2 {
+        let reply = WorkerReply::NoResponders;
+        cx.sessions
+            .offer(client.sid, ToSession::Reply { id: 1, reply })
+            .unwrap();
+        cx.bus.written().await;
+    }
+    let reply = WorkerReply::NoResponders;
+    cx.sessions
+        .offer(client.sid, ToSession::Reply { id: 1, reply })
+        .unwrap();
+    let resp = response(&mut client).await;
+    assert_eq!(
+        (resp.code, resp.message.as_str()),
+        (code::OVERLOADED, "no worker available now")
+    );
+    assert!(
+        start.elapsed() < Duration::from_millis(1000),
+        "before its timeout"
+    );
+}

@@ -1,0 +1,180 @@
+//! Bus blips are a delay, not an error: what a session does with a request the bus could
+//! not take, or that reached no worker.
+//!
+//! - **Held**: a request that arrives while the gate's bus connection is down waits for
+//!   it (`--bus-hold`, never past the request's own timeout, within the gate's
+//!   `--max-held` and `--max-held-bytes`) and goes out, in order, once the connection is
+//!   back; past the window or the bounds it is answered 503 `bus unavailable`, as
+//!   before.
+//! - **Sent again**: a request the bus answered "no responders" (no worker of a service
+//!   that has workers was subscribed at that instant: one restarting, re-subscribing
+//!   after a reconnect, or moving) is sent again after `--resend-backoff`, doubling up
+//!   to [`MAX_RESEND_BACKOFF`], while its timeout leaves room for an answer; then 503
+//!   `no worker available now`, as before.
+//!
+//! Both only ever send what provably reached no worker, so a request is executed at
+//! most once: one written to a connection that was then lost is never sent again (503
+//! `bus connection lost`, or its 408).
+
+use tokio::time::Instant;
+
+use super::{Io, Pending, Session};
+use crate::bus::{BusError, Reply};
+use crate::config::MAX_RESEND_BACKOFF;
+use crate::forward::Request;
+
+/// The answer to a request the gate could not send.
+pub(super) const BUS_UNAVAILABLE: &str = "bus unavailable";
+
+impl<S: Io> Session<S> {
+    /// Publishes request `id` as `pending` describes it.
+    pub(super) fn publish(&self, id: u64, pending: &Pending) -> Result<(), BusError> {
+        let request = Request {
+            route: &pending.route,
+            body: &pending.body,
+            session: &self.wire,
+            timing: self.timing,
+        };
+        let reply = Reply::Request {
+            prefix: &self.reply_prefix,
+            id,
+        };
+        self.gate
+            .bus
+            .publish(&pending.subject, reply, request.len(), |buf| {
+                request.put(buf)
+            })
+    }
+
+    /// The refusal counter for a publish the bus refused.
+    pub(super) fn bus_refused(&self, e: BusError) -> &metrics::Counter {
+        match e {
+            BusError::Disconnected => &self.gate.rejected.bus,
+            BusError::Backlogged => &self.gate.rejected.bus_backlog,
+        }
+    }
+
+    /// Holds request `id` (a body of `bytes`) until the bus is back, if holding is on and
+    /// the gate has room.
+    pub(super) fn hold(&mut self, id: u64, bytes: usize) -> bool {
+        let window = self.gate.config.bus_hold;
+        if window.is_zero() || !self.gate.held.take(bytes) {
+            return false;
+        }
+        metrics::counter!("gate_requests_held_total").increment(1);
+        self.held.push_back((Instant::now() + window, id));
+        true
+    }
+
+    /// The bus is back: held requests go out, in the order they came.
+    pub(super) fn send_held(&mut self) {
+        while let Some((until, id)) = self.held.pop_front() {
+            let Some(pending) = self.pending.get(&id) else {
+                continue; // answered meanwhile (its timeout)
+            };
+            match self.publish(id, pending) {
+                Ok(()) => {
+                    self.gate.held.give_back(pending.body.len());
+                    if let Some(pending) = self.pending.get_mut(&id) {
+                        pending.sent = true;
+                    }
+                }
+                Err(BusError::Disconnected) => {
+                    // Lost again already: it keeps its place and its window.
+                    self.held.push_front((until, id));
+                    return;
+                }
+                Err(e @ BusError::Backlogged) => {
+                    self.bus_refused(e).increment(1);
+                    if let Some(pending) = self.pending.remove(&id) {
+                        self.answer_unavailable(id, &pending, "gate overloaded");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Answers 503 the held requests whose window has passed.
+    pub(super) fn end_holds(&mut self) {
+        let now = Instant::now();
+        while let Some(&(until, id)) = self.held.front() {
+            if until > now {
+                break;
+            }
+            self.held.pop_front();
+            if let Some(pending) = self.pending.remove(&id) {
+                self.gate.rejected.bus.increment(1);
+                self.answer_unavailable(id, &pending, BUS_UNAVAILABLE);
+            }
+        }
+    }
+
+    /// The bus found no worker for request `id`: schedules it to be sent again, if
+    /// re-sending is on, its service has workers (one never served is a 404 at once) and
+    /// its timeout leaves room for the wait and an answer after it. False when it is to
+    /// be answered now.
+    pub(super) fn resend_later(&mut self, id: u64) -> bool {
+        let first = self.gate.config.resend_backoff;
+        let timeout = self.gate.config.request_timeout;
+        let Some(pending) = self.pending.get_mut(&id) else {
+            return false;
+        };
+        if first.is_zero() || !self.gate.schemas.knows_service_of(&pending.route) {
+            return false;
+        }
+        let wait = first
+            .saturating_mul(1 << pending.resends.min(16))
+            .min(MAX_RESEND_BACKOFF);
+        let at = Instant::now() + wait;
+        // Room for the wait, and as long again for the worker to answer.
+        if at + wait > pending.received + timeout {
+            return false;
+        }
+        pending.resends += 1;
+        self.resends.push((at, id));
+        true
+    }
+
+    /// Sends again the requests whose wait after "no responders" is over.
+    pub(super) fn resend_due(&mut self) {
+        let now = Instant::now();
+        let due: Vec<u64> = self
+            .resends
+            .iter()
+            .filter(|&&(at, _)| at <= now)
+            .map(|&(_, id)| id)
+            .collect();
+        self.resends.retain(|&(at, _)| at > now);
+        for id in due {
+            let Some(pending) = self.pending.get(&id) else {
+                continue;
+            };
+            match self.publish(id, pending) {
+                Ok(()) => metrics::counter!("gate_requests_resent_total").increment(1),
+                // The bus went away meanwhile: not sent this time either, so it may wait
+                // for the bus like a new request.
+                Err(BusError::Disconnected) if self.hold_again(id) => {}
+                Err(e) => {
+                    self.bus_refused(e).increment(1);
+                    if let Some(pending) = self.pending.remove(&id) {
+                        self.answer_unavailable(id, &pending, BUS_UNAVAILABLE);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Holds request `id`, which reached no worker before, until the bus is back.
+    fn hold_again(&mut self, id: u64) -> bool {
+        let Some(bytes) = self.pending.get(&id).map(|p| p.body.len()) else {
+            return false;
+        };
+        if !self.hold(id, bytes) {
+            return false;
+        }
+        if let Some(pending) = self.pending.get_mut(&id) {
+            pending.sent = false;
+        }
+        true
+    }
+}
