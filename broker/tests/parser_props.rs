@@ -12,13 +12,13 @@ mod parser_check;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use broker::config::{DEFAULT_MAX_CONTROL_LINE, DEFAULT_MAX_PAYLOAD};
 use broker::parser::Limits;
 use broker::testing::damage::{damage, replayable};
 use fastrand::Rng;
 use parser_check::{End, OwnedOp, check_stream, cuts_for, feed_in_chunks, limits_from_byte};
+use testkit::DEADLINE;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -30,9 +30,6 @@ const LIMITS: Limits = Limits {
     max_control_line: DEFAULT_MAX_CONTROL_LINE,
     max_payload: DEFAULT_MAX_PAYLOAD,
 };
-
-/// How long any one connection or wait in the end-to-end test may take.
-const DEADLINE: Duration = Duration::from_secs(10);
 
 /// Protocol fragments that random streams are built from, so that garbage often gets
 /// past the verb and exercises argument, size and payload handling.

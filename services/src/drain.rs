@@ -612,9 +612,10 @@ async fn unsubscribe(subscriber: &mut Subscriber) {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use broker::testing::{Bus, round_trip, within};
+    use broker::testing::{Bus, round_trip};
     use bytes::Bytes;
     use futures::{FutureExt as _, StreamExt as _};
+    use testkit::within;
     use tokio::sync::oneshot;
 
     use super::*;
