@@ -95,7 +95,7 @@ async fn ldm_info_is_the_connect_info_and_new_clients_are_refused(binary: &Path)
     );
 }
 
-mod against_nats_server {
+mod nats_server {
     use super::*;
 
     #[tokio::test]
@@ -109,7 +109,7 @@ mod against_nats_server {
     }
 }
 
-mod against_ours {
+mod broker_binary {
     use super::*;
 
     #[tokio::test]

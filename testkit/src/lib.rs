@@ -4,9 +4,10 @@
 //! takes the same flags), and one deadline for every wait ([`DEADLINE`], [`within`]).
 //!
 //! A crate of its own rather than a feature of the broker: nothing here is about our
-//! broker, so the gateway, services and root tests, and the load tester's topology, can
-//! start processes without linking a broker. The buses tests run on (our broker
-//! in-process, or nats-server) and `on_both_buses!` are `broker::testing`, built on this.
+//! broker, so whatever starts processes (every crate's tests, and later the load
+//! tester's topology) takes it without linking a broker's test feature. The buses tests
+//! run on (our broker in-process, or nats-server) and `on_both_buses!` are
+//! `broker::testing`, built on this.
 //!
 //! Everything panics on failure, with the process's log: it is test code, and a panic
 //! is how a test fails.
