@@ -5,9 +5,9 @@
 
 mod common;
 
-use broker::testing::hostile::flood;
-use broker::testing::within;
+use broker::testing::hostile::{assert_backs_off, flood};
 use sdk::{Client, ClientOptions};
+use testkit::within;
 
 /// Descriptors `shaddock up` may hold: a few dozen for the broker, the workers and the
 /// gate's own listeners and bus connection, the rest for WebSocket clients.
@@ -24,7 +24,7 @@ async fn echo(client: &Client) {
 async fn an_exhausted_gate_backs_off_keeps_its_sessions_and_recovers() {
     // The flood needs more descriptors than this test process may have by default.
     net::nofile::raise().unwrap();
-    let up = common::up(
+    let mut up = common::up(
         NOFILE,
         &[
             // One address floods: the descriptor limit, not the per-IP one, must bind.
@@ -33,11 +33,11 @@ async fn an_exhausted_gate_backs_off_keeps_its_sessions_and_recovers() {
             "--upgrade-timeout-ms=60000",
         ],
     );
-    up.wait_for("Server is ready").await;
-    up.wait_for("open-file limit").await;
+    up.line("open-file limit").await;
     let addr = up
         .addr_after("Gate listening for WebSocket clients on ")
         .await;
+    up.line("Server is ready").await;
     let url = format!("ws://{addr}");
     let session = within(Client::connect(&url, ClientOptions::default()))
         .await
@@ -46,7 +46,7 @@ async fn an_exhausted_gate_backs_off_keeps_its_sessions_and_recovers() {
 
     // More than the gate can hold, fewer than it can hold plus its backlog.
     let flood = flood(addr, NOFILE as usize + 64).await;
-    tokio::join!(up.assert_backs_off(), echo(&session));
+    tokio::join!(assert_backs_off(&mut up), echo(&session));
     echo(&session).await;
 
     drop(flood);

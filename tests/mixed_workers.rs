@@ -17,30 +17,25 @@
 //! PATH or in `$(go env GOPATH)/bin`.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use broker::testing::Bus;
 use futures::{StreamExt as _, stream};
 use gateway::bus::BusOptions;
 use gateway::{AnyToken, Gate, GateConfig};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use proto::Message as _;
 use proto::code;
 use proto::echo::{EchoRequest, EchoResponse};
 use sdk::{Client, ClientOptions};
 use services::{Context, HandlerError, Service, Worker, WorkerConfig};
-use tokio::io::{AsyncBufReadExt as _, BufReader};
+use testkit::{Process, within};
 use tokio::net::TcpListener;
-use tokio::process::{Child, Command};
-use tokio::sync::watch;
-use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
-/// Any single wait: generous for a loaded two-core machine running debug builds.
-const WAIT: Duration = Duration::from_secs(20);
 /// Requests through the gate while all three workers serve.
 const REQUESTS: usize = 3_000;
 /// Clients sending them, half protobuf, half JSON.
@@ -48,24 +43,10 @@ const CLIENTS: usize = 6;
 /// Requests each client keeps in flight (the gate allows 256 per session).
 const IN_FLIGHT: usize = 16;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rust_ts_and_go_workers_share_echo_on_our_broker() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("nats://{}", listener.local_addr().unwrap());
-    let shutdown = CancellationToken::new();
-    let _stop = shutdown.clone().drop_guard();
-    let server = broker::Server::new(broker::Config::default());
-    tokio::spawn(async move { server.run(listener, shutdown).await });
-    mixed_workers(&url).await;
-}
+broker::on_both_buses!(rust_ts_and_go_workers_share_echo);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rust_ts_and_go_workers_share_echo_on_nats_server() {
-    let server = NatsServer::start().await;
-    mixed_workers(&server.url).await;
-}
-
-async fn mixed_workers(url: &str) {
+async fn rust_ts_and_go_workers_share_echo(bus: Bus) {
+    let url = bus.url();
     let built = built();
     for language in [Language::TypeScript, Language::Go] {
         announcement_alone(url, built, language).await;
@@ -325,7 +306,7 @@ fn built() -> &'static Built {
 }
 
 fn run_build(dir: &Path, program: &str, args: &[&str]) {
-    let status = std::process::Command::new(program)
+    let status = Command::new(program)
         .args(args)
         .current_dir(dir)
         .status()
@@ -341,8 +322,7 @@ fn run_build(dir: &Path, program: &str, args: &[&str]) {
 /// A TS or Go echo worker process: killed when dropped, unless stopped.
 struct WorkerProcess {
     language: Language,
-    child: Child,
-    lines: watch::Receiver<Vec<String>>,
+    process: Process,
 }
 
 impl WorkerProcess {
@@ -356,54 +336,17 @@ impl WorkerProcess {
             }
             Language::Go => Command::new(&built.go_echo),
         };
-        let mut child = command
-            .args(["--nats", url, "--prefix", prefix])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start the {language:?} echo worker: {e}"));
-        let (tx, lines) = watch::channel(Vec::new());
-        let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = stdout.next_line().await {
-                tx.send_modify(|lines| lines.push(line));
-            }
-        });
-        let mut worker = WorkerProcess {
-            language,
-            child,
-            lines,
-        };
-        worker.wait_for_line("Worker is ready").await;
-        worker
-    }
-
-    async fn wait_for_line(&mut self, needle: &str) -> String {
-        let language = self.language;
-        let waited = timeout(
-            WAIT,
-            self.lines
-                .wait_for(|lines| lines.iter().any(|l| l.contains(needle))),
-        )
-        .await
-        .is_ok_and(|seen| seen.is_ok());
-        let lines = self.lines.borrow().clone();
-        assert!(
-            waited,
-            "the {language:?} worker never printed {needle:?}; its output:\n{}",
-            lines.join("\n")
-        );
-        lines.into_iter().find(|l| l.contains(needle)).unwrap()
+        command.args(["--nats", url, "--prefix", prefix]);
+        let mut process = Process::spawn(&format!("the {language:?} echo worker"), command);
+        process.line("Worker is ready").await;
+        WorkerProcess { language, process }
     }
 
     /// SIGTERM: the worker drains and reports; returns how many requests it served.
     async fn stop(mut self) -> usize {
-        let pid = Pid::from_raw(self.child.id().expect("still running") as i32);
-        kill(pid, Signal::SIGTERM).unwrap();
-        let stopped = self.wait_for_line("Worker stopped: served=").await;
-        let status = within(self.child.wait()).await.unwrap();
+        self.process.signal(Signal::SIGTERM);
+        let stopped = self.process.line("Worker stopped: served=").await;
+        let status = self.process.exit().await;
         assert!(status.success(), "{:?} worker: {status}", self.language);
         let served = stopped.split("served=").nth(1).unwrap();
         served
@@ -412,74 +355,6 @@ impl WorkerProcess {
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("unreadable count in {stopped:?}"))
     }
-}
-
-/// The real nats-server on a random port; killed when dropped.
-struct NatsServer {
-    url: String,
-    _child: Child,
-}
-
-impl NatsServer {
-    async fn start() -> NatsServer {
-        let mut child = Command::new(nats_server_path())
-            .args(["-a", "127.0.0.1", "-p", "-1"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("cannot start nats-server");
-        let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
-        let mut url = None;
-        within(async {
-            while let Some(line) = stderr.next_line().await.unwrap() {
-                if let Some((_, addr)) = line.split_once("Listening for client connections on ") {
-                    url = Some(format!("nats://{}", addr.trim()));
-                }
-                if line.contains("Server is ready") {
-                    return;
-                }
-            }
-            panic!("nats-server exited before it was ready");
-        })
-        .await;
-        // Keep draining its log so it never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = stderr.next_line().await {} });
-        NatsServer {
-            url: url.expect("nats-server logged no client port"),
-            _child: child,
-        }
-    }
-}
-
-/// nats-server on PATH, else in `$(go env GOPATH)/bin` (where scripts/test.sh puts it).
-fn nats_server_path() -> PathBuf {
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
-        .map(|dir| dir.join("nats-server"))
-        .find(|candidate| candidate.is_file());
-    on_path.unwrap_or_else(|| {
-        let gopath = std::process::Command::new("go")
-            .args(["env", "GOPATH"])
-            .output()
-            .expect("nats-server is not on PATH and Go is not installed");
-        let gopath = String::from_utf8_lossy(&gopath.stdout);
-        let first = std::env::split_paths(gopath.trim())
-            .next()
-            .unwrap_or_default();
-        let candidate = first.join("bin/nats-server");
-        assert!(
-            candidate.is_file(),
-            "nats-server not found: `go install github.com/nats-io/nats-server/v2@latest`"
-        );
-        candidate
-    })
-}
-
-async fn within<F: Future>(future: F) -> F::Output {
-    timeout(WAIT, future).await.expect("timed out waiting")
 }
 
 /// Standard base64 with padding: how the proto3 JSON mapping writes `bytes`.

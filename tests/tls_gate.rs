@@ -8,13 +8,12 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use broker::testing::within;
 use futures::{SinkExt, StreamExt};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use proto::Message as _;
 use proto::client::{Handshake, Packet, Request, packet::Kind};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use testkit::within;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
@@ -128,11 +127,11 @@ async fn wss_round_trip_and_a_certificate_renewed_on_sighup() {
         format!("--tls-cert={}", cert.display()),
         format!("--tls-key={}", key.display()),
     );
-    let up = common::up(NOFILE, &["--tls-listen=127.0.0.1:0", &cert_arg, &key_arg]);
-    up.wait_for("Server is ready").await;
+    let mut up = common::up(NOFILE, &["--tls-listen=127.0.0.1:0", &cert_arg, &key_arg]);
     let addr = up
         .addr_after("Gate listening for TLS WebSocket clients on ")
         .await;
+    up.line("Server is ready").await;
 
     let (mut open, presented) = connect(addr, &ca).await;
     assert_eq!(presented, first);
@@ -140,8 +139,8 @@ async fn wss_round_trip_and_a_certificate_renewed_on_sighup() {
 
     let second = server_cert(&ca, &cert, &key);
     assert_ne!(first, second);
-    kill(Pid::from_raw(up.pid() as i32), Signal::SIGHUP).unwrap();
-    up.wait_for("TLS certificate reloaded").await;
+    up.signal(Signal::SIGHUP);
+    up.line("TLS certificate reloaded").await;
 
     let (mut fresh, presented) = connect(addr, &ca).await;
     assert_eq!(
@@ -153,8 +152,8 @@ async fn wss_round_trip_and_a_certificate_renewed_on_sighup() {
 
     // A broken renewal keeps the certificate in use.
     std::fs::write(&key, "not a key").unwrap();
-    kill(Pid::from_raw(up.pid() as i32), Signal::SIGHUP).unwrap();
-    up.wait_for("TLS certificate not reloaded").await;
+    up.signal(Signal::SIGHUP);
+    up.line("TLS certificate not reloaded").await;
     let (mut after, presented) = connect(addr, &ca).await;
     assert_eq!(presented, second);
     echo(&mut after, 1, "kept").await;

@@ -6,10 +6,9 @@
 //! binary before the tests and name it (`CARGO_BIN_EXE_shaddock`).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
+use broker::testing::EmbeddedServer;
 use broker::testing::pki::Pki;
-use broker::testing::{EmbeddedServer, spawn_nats_server_with_config};
 use broker::{Auth, Config};
 use bytes::Bytes;
 use futures::{SinkExt as _, StreamExt as _};
@@ -20,10 +19,9 @@ use nix::unistd::Pid;
 use proto::Message as _;
 use proto::client::{self, Packet, packet::Kind};
 use proto::echo::{EchoRequest, EchoResponse};
+use testkit::{DEADLINE, NatsServer};
 use tokio::time::timeout;
 use tokio_tungstenite::tungstenite::Message;
-
-const WAIT: Duration = Duration::from_secs(20);
 
 fn spec(broker: BrokerSpec) -> TopologySpec {
     TopologySpec {
@@ -45,7 +43,11 @@ async fn next_kind(
         tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
     >,
 ) -> Kind {
-    let frame = timeout(WAIT, ws.next()).await.unwrap().unwrap().unwrap();
+    let frame = timeout(DEADLINE, ws.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     let Message::Binary(bytes) = frame else {
         panic!("expected a binary frame, got {frame:?}")
     };
@@ -101,7 +103,7 @@ async fn echo_through(mut topology: Topology) {
     let echoed = EchoResponse::decode(response.body).unwrap();
     assert_eq!(&echoed.body[..], b"through the fleet");
 
-    timeout(WAIT, topology.shutdown())
+    timeout(DEADLINE, topology.shutdown())
         .await
         .expect("shutdown took too long")
         .expect("every process stopped on SIGTERM");
@@ -168,7 +170,7 @@ async fn gate_and_workers_cross_a_tls_bus_with_a_password_on_nats_server() {
         "{}authorization {{ user: shaddock, password: bus-s3cret }}\n",
         pki.conf_block(false)
     );
-    let server = spawn_nats_server_with_config(&conf);
+    let server = NatsServer::with_config(&conf).await;
     let topology = Topology::start(on_secure_bus(&pki, server.url.clone()))
         .await
         .unwrap();
@@ -209,17 +211,20 @@ async fn with_tls_the_gate_serves_wss_with_a_throwaway_ca_removed_at_the_end() {
         tls: Some(sdk::tls_client_config(&ca).unwrap()),
         ..Default::default()
     };
-    let client = timeout(WAIT, sdk::Client::connect(&tls_urls[0], options))
+    let client = timeout(DEADLINE, sdk::Client::connect(&tls_urls[0], options))
         .await
         .unwrap()
         .unwrap();
     let request = EchoRequest {
         body: Bytes::from_static(b"over tls"),
     };
-    let response = timeout(WAIT, client.request("echo.echo", request.encode_to_vec()))
-        .await
-        .unwrap()
-        .unwrap();
+    let response = timeout(
+        DEADLINE,
+        client.request("echo.echo", request.encode_to_vec()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert_eq!(response.code, 200, "{response:?}");
     assert_eq!(
         &EchoResponse::decode(response.body).unwrap().body[..],
@@ -264,7 +269,7 @@ async fn run_serves_the_scenario_then_stops_everything() {
     let topology = Topology::start(spec(BrokerSpec::Embedded)).await.unwrap();
     let url = topology.gate_urls().remove(0);
     let pids = topology.pids();
-    let response = timeout(WAIT, topology.run(echo_once(&url, b"scenario")))
+    let response = timeout(DEADLINE, topology.run(echo_once(&url, b"scenario")))
         .await
         .expect("run took too long")
         .unwrap();
@@ -289,7 +294,7 @@ async fn one_process_runs_shaddock_up_and_its_gate_answers() {
     assert_eq!(topology.gate_pids(), [pids[0].1]);
     let response = echo_once(&urls[0], b"in one process").await;
     assert_eq!((response.id, response.code), (1, 200), "{response:?}");
-    timeout(WAIT, topology.shutdown())
+    timeout(DEADLINE, topology.shutdown())
         .await
         .expect("shutdown took too long")
         .expect("up stopped on SIGTERM");

@@ -3,19 +3,17 @@
 
 mod common;
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
 #[tokio::test]
 async fn sigusr2_stops_up_gracefully() {
-    let up = common::up(4096, &[]);
-    up.wait_for("Server is ready").await;
-    kill(Pid::from_raw(up.pid() as i32), Signal::SIGUSR2).unwrap();
-    up.wait_for("Trapped \"user defined signal 2\" signal")
-        .await;
-    up.wait_for("no other server to move to here; stopping gracefully")
+    let mut up = common::up(4096, &[]);
+    up.line("Server is ready").await;
+    up.signal(Signal::SIGUSR2);
+    up.line("Trapped \"user defined signal 2\" signal").await;
+    up.line("no other server to move to here; stopping gracefully")
         .await;
     // The gate and workers stop first, then the broker.
-    up.wait_for("Initiating Shutdown...").await;
-    up.wait_for("worker stopped").await;
+    up.line("Initiating Shutdown...").await;
+    up.line("worker stopped").await;
 }

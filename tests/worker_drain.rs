@@ -15,11 +15,12 @@ mod fleet;
 #[path = "common/load.rs"]
 mod load;
 
-use fleet::{LameDuck, NatsCluster, Process, WAIT, echo_worker, gate, shaddock};
+use fleet::{LameDuck, NatsCluster, echo_worker, gate, shaddock};
 use load::{
     CLIENTS, GATE_TIMEOUT, LOAD_BEFORE_STOP, assert_all_answered, assert_drained_by_count, load,
 };
 use nix::sys::signal::Signal;
+use testkit::{DEADLINE, Process};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -58,7 +59,7 @@ async fn drain_under_load(gates: Vec<String>, urls: Vec<String>) -> Vec<String> 
         assert!(
             status.success(),
             "{} exited {status}:\n{}",
-            victim.name,
+            victim.name(),
             victim.log()
         );
         logs.push(victim.log());
@@ -72,7 +73,7 @@ async fn drain_under_load(gates: Vec<String>, urls: Vec<String>) -> Vec<String> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_worker_loses_nothing_on_a_nats_server_cluster() {
     let _one_at_a_time = SERIAL.lock().await;
-    let cluster = NatsCluster::start(3, &LameDuck { grace: WAIT }).await;
+    let cluster = NatsCluster::start(3, &LameDuck { grace: DEADLINE }).await;
     let urls = cluster.urls();
     let timeout = ["--request-timeout", GATE_TIMEOUT];
     let (_g0, gate0) = gate("gate-0", &urls[0], &timeout).await;

@@ -12,7 +12,7 @@ mod load;
 
 use std::time::Duration;
 
-use fleet::{LameDuck, NatsCluster, Process, WAIT, echo_worker, gate, word_after, worker};
+use fleet::{LameDuck, NatsCluster, echo_worker, gate, worker};
 use load::{
     CLIENTS, GATE_TIMEOUT, LOAD_BEFORE_STOP, assert_all_answered, assert_drained_by_count, load,
 };
@@ -23,6 +23,7 @@ use proto::chat::{
     MembersResponse, SayRequest, SayResponse,
 };
 use sdk::{Client, ClientOptions};
+use testkit::{DEADLINE, Process, word_after};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -54,8 +55,9 @@ async fn workers_move_off_a_server_in_lame_duck_mode_losing_nothing() {
     let clients = tokio::spawn(load(vec![gate_url], CLIENTS, stop.clone()));
     tokio::time::sleep(LOAD_BEFORE_STOP).await;
 
-    cluster.nodes[0].process.signal(Signal::SIGUSR2);
+    cluster.nodes[0].server.process.signal(Signal::SIGUSR2);
     cluster.nodes[0]
+        .server
         .process
         .line("Entering lame duck mode")
         .await;
@@ -63,7 +65,7 @@ async fn workers_move_off_a_server_in_lame_duck_mode_losing_nothing() {
         let left = worker
             .line_within(LEFT_LAME_DUCK, LAME_DUCK_GRACE / 2)
             .await;
-        eprintln!("{}: {left}", worker.name);
+        eprintln!("{}: {left}", worker.name());
         assert!(left.contains("left=Some(ByCount)"), "{left}");
         let moved = worker.log();
         let to = moved
@@ -125,9 +127,9 @@ async fn workers_follow_two_nodes_going_one_after_the_other() {
     let clients = tokio::spawn(load(vec![gate_url], CLIENTS, stop.clone()));
     tokio::time::sleep(LOAD_BEFORE_STOP).await;
     for node in &mut cluster.nodes[..2] {
-        node.process.signal(Signal::SIGUSR2);
-        let status = node.process.exit().await;
-        assert!(status.success(), "{status}:\n{}", node.process.log());
+        node.server.process.signal(Signal::SIGUSR2);
+        let status = node.server.process.exit().await;
+        assert!(status.success(), "{status}:\n{}", node.server.process.log());
         tokio::time::sleep(LOAD_BEFORE_STOP).await;
     }
     stop.cancel();
@@ -138,7 +140,7 @@ async fn workers_follow_two_nodes_going_one_after_the_other() {
             .lines()
             .filter(|l| l.contains("moved to another NATS server") || l.contains("going away"))
             .collect();
-        eprintln!("{}:\n{}", worker.name, moves.join("\n"));
+        eprintln!("{}:\n{}", worker.name(), moves.join("\n"));
         assert!(log.contains("moved to another NATS server"), "{log}");
     }
 }
@@ -177,8 +179,9 @@ async fn a_move_not_made_within_the_move_timeout_is_given_up() {
     .await;
     echo_once(&gate_url).await;
 
-    cluster.nodes[0].process.signal(Signal::SIGUSR2);
+    cluster.nodes[0].server.process.signal(Signal::SIGUSR2);
     cluster.nodes[0]
+        .server
         .process
         .line("Entering lame duck mode")
         .await;
@@ -233,7 +236,7 @@ async fn chat_workers_move_with_their_rooms() {
     alice.join("hall").await;
     bob.join("hall").await;
 
-    cluster.nodes[0].process.signal(Signal::SIGUSR2);
+    cluster.nodes[0].server.process.signal(Signal::SIGUSR2);
     for worker in &mut workers {
         worker
             .line_within("moved to another NATS server", LAME_DUCK_GRACE / 2)
@@ -260,7 +263,7 @@ async fn chat_workers_move_with_their_rooms() {
         )
         .await;
     loop {
-        let push = tokio::time::timeout(WAIT, bob.pushes.recv())
+        let push = tokio::time::timeout(DEADLINE, bob.pushes.recv())
             .await
             .expect("no message in time")
             .expect("bob's pushes ended");

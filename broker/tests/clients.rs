@@ -8,10 +8,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use async_nats::{ConnectErrorKind, ConnectOptions, HeaderMap, Subscriber};
-use broker::testing::{DEADLINE, EmbeddedServer, round_trip};
+use broker::testing::{EmbeddedServer, round_trip};
 use broker::{Auth, Config};
 use common::{get_json, http_get};
 use futures::{FutureExt, StreamExt};
+use testkit::DEADLINE;
 
 async fn start() -> EmbeddedServer {
     EmbeddedServer::start(Config::default()).await

@@ -7,8 +7,9 @@ mod common;
 use std::time::Duration;
 
 use broker::Config;
-use broker::testing::{DEADLINE, EmbeddedServer, within};
+use broker::testing::EmbeddedServer;
 use common::{Conn, get_json};
+use testkit::{DEADLINE, within};
 use tokio::net::TcpSocket;
 
 const SIZE: usize = 1000;

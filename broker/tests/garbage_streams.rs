@@ -11,18 +11,15 @@ mod streams;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use broker::testing::damage;
 use streams::Gen;
+use testkit::DEADLINE;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-
-/// How long any one connection or wait may take.
-const DEADLINE: Duration = Duration::from_secs(10);
 
 /// Panics anywhere in the process, server tasks included: tokio contains a panicking
 /// connection task, so without this a crash would look like a closed connection.

@@ -1,135 +1,30 @@
 //! Smoke tests with the Go NATS example tools (nats-pub, nats-sub, nats-qsub, nats-req,
-//! nats-rply, nats-bench) against our `broker` binary, started the way client test suites
-//! start nats-server. Each test also runs against the real nats-server, which pins what
-//! the tools print.
+//! nats-rply, nats-bench) on both buses: our broker, and the real nats-server, which
+//! pins what the tools print. Over TLS, our `broker` binary is started with
+//! nats-server's TLS flags, the way client test suites start nats-server.
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
-use std::time::Instant;
+use std::process::{Command, ExitStatus};
 
+use broker::testing::Bus;
 use broker::testing::pki::Pki;
-use broker::testing::{
-    DEADLINE, ExternalServer, find_go_binary, nats_server_path, spawn_server_binary,
-};
+use testkit::{NatsServer, Process, find_go_binary, nats_server_path};
 
-/// A running Go tool whose stdout and stderr lines (it logs to stderr) arrive on one
-/// channel; killed by its own pid and reaped on drop.
-struct Tool {
-    name: String,
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
+/// Starts the Go tool `name` with `args`; it logs to stderr and prints to stdout, both
+/// in its log.
+fn tool(name: &str, args: &[&str]) -> Process {
+    let mut command = Command::new(find_go_binary(name));
+    command.args(args);
+    Process::spawn(name, command)
 }
 
-impl Tool {
-    fn spawn(name: &str, args: &[&str]) -> Tool {
-        let mut child = Command::new(find_go_binary(name))
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (tx, lines) = mpsc::channel();
-        forward_lines(child.stdout.take().unwrap(), tx.clone());
-        forward_lines(child.stderr.take().unwrap(), tx);
-        Tool {
-            name: name.to_string(),
-            child,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Waits up to [`DEADLINE`] for a line satisfying `matches` and returns it.
-    fn wait_for(&mut self, what: &str, matches: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if matches(&line) => return line,
-                Ok(line) => self.seen.push(line),
-                Err(e) => panic!(
-                    "{} never printed {what} ({e:?}); it printed:\n{}",
-                    self.name,
-                    self.seen.join("\n")
-                ),
-            }
-        }
-    }
-
-    /// Waits up to [`DEADLINE`] for the tool to exit; returns its status and every line.
-    fn finish(mut self) -> (ExitStatus, String) {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => self.seen.push(line),
-                // Both pipes closed: the tool has exited (or closed them on its way out).
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-                Err(mpsc::RecvTimeoutError::Timeout) => panic!(
-                    "{} did not finish in time; it printed:\n{}",
-                    self.name,
-                    self.seen.join("\n")
-                ),
-            }
-        }
-        let status = self.child.wait().unwrap();
-        (status, self.seen.join("\n"))
-    }
+/// Runs the Go tool `name` to its end; its status and everything it printed.
+async fn run(name: &str, args: &[&str]) -> (ExitStatus, String) {
+    let mut tool = tool(name, args);
+    let status = tool.exit().await;
+    (status, tool.log())
 }
 
-impl Drop for Tool {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn forward_lines(pipe: impl Read + Send + 'static, tx: mpsc::Sender<String>) {
-    std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-}
-
-fn run(name: &str, args: &[&str]) -> (ExitStatus, String) {
-    Tool::spawn(name, args).finish()
-}
-
-fn start_ours() -> ExternalServer {
-    spawn_server_binary(env!("CARGO_BIN_EXE_broker").as_ref(), &[])
-}
-
-fn start_nats_server() -> ExternalServer {
-    spawn_server_binary(&nats_server_path(), &[])
-}
-
-/// For each check, a module with tests `ours` (our broker binary) and `nats_server`.
-macro_rules! against_both {
-    ($($check:ident),* $(,)?) => {$(
-        mod $check {
-            #[test]
-            fn ours() {
-                let server = super::start_ours();
-                super::$check(&server.url);
-            }
-
-            #[test]
-            fn nats_server() {
-                let server = super::start_nats_server();
-                super::$check(&server.url);
-            }
-        }
-    )*};
-}
-
-against_both!(
+broker::on_both_buses!(
     sub_prints_published_message,
     qsub_prints_published_message,
     req_gets_rply_answer,
@@ -137,33 +32,34 @@ against_both!(
     bench_completes,
 );
 
-fn sub_prints_published_message(url: &str) {
-    let mut sub = Tool::spawn("nats-sub", &["-s", url, "greet"]);
-    sub.wait_for("its ready line", |l| l == "Listening on [greet]");
-    let (status, out) = run("nats-pub", &["-s", url, "greet", "hello there"]);
+async fn sub_prints_published_message(bus: Bus) {
+    let url = bus.url();
+    let mut sub = tool("nats-sub", &["-s", url, "greet"]);
+    sub.line("Listening on [greet]").await;
+    let (status, out) = run("nats-pub", &["-s", url, "greet", "hello there"]).await;
     assert!(status.success(), "nats-pub failed:\n{out}");
     assert!(out.contains("Published [greet] : 'hello there'"), "{out}");
-    sub.wait_for("the message", |l| {
-        l == "[#1] Received on [greet]: 'hello there'"
-    });
+    sub.line("[#1] Received on [greet]: 'hello there'").await;
 }
 
-fn qsub_prints_published_message(url: &str) {
-    let mut qsub = Tool::spawn("nats-qsub", &["-s", url, "jobs", "workers"]);
-    qsub.wait_for("its ready line", |l| {
-        l == "Listening on [jobs], queue group [workers]"
-    });
-    let (status, out) = run("nats-pub", &["-s", url, "jobs", "do it"]);
+async fn qsub_prints_published_message(bus: Bus) {
+    let url = bus.url();
+    let mut qsub = tool("nats-qsub", &["-s", url, "jobs", "workers"]);
+    qsub.line("Listening on [jobs], queue group [workers]")
+        .await;
+    let (status, out) = run("nats-pub", &["-s", url, "jobs", "do it"]).await;
     assert!(status.success(), "nats-pub failed:\n{out}");
-    qsub.wait_for("the message", |l| {
-        l.starts_with("[#1] Received on [jobs] Queue[workers] Pid[") && l.ends_with("]: 'do it'")
-    });
+    let received = qsub
+        .line("[#1] Received on [jobs] Queue[workers] Pid[")
+        .await;
+    assert!(received.ends_with("]: 'do it'"), "{received}");
 }
 
-fn req_gets_rply_answer(url: &str) {
-    let mut rply = Tool::spawn("nats-rply", &["-s", url, "help", "the answer"]);
-    rply.wait_for("its ready line", |l| l == "Listening on [help]");
-    let (status, out) = run("nats-req", &["-s", url, "help", "question"]);
+async fn req_gets_rply_answer(bus: Bus) {
+    let url = bus.url();
+    let mut rply = tool("nats-rply", &["-s", url, "help", "the answer"]);
+    rply.line("Listening on [help]").await;
+    let (status, out) = run("nats-req", &["-s", url, "help", "question"]).await;
     assert!(status.success(), "nats-req failed:\n{out}");
     assert!(out.contains("Published [help] : 'question'"), "{out}");
     assert!(
@@ -171,22 +67,22 @@ fn req_gets_rply_answer(url: &str) {
             .any(|l| l.starts_with("Received  [_INBOX.") && l.ends_with("] : 'the answer'")),
         "{out}"
     );
-    rply.wait_for("the request", |l| {
-        l == "[#1] Received on [help]: 'question'"
-    });
+    rply.line("[#1] Received on [help]: 'question'").await;
 }
 
-fn req_without_responder_reports_no_responders(url: &str) {
-    let (status, out) = run("nats-req", &["-s", url, "nobody.home", "hello?"]);
+async fn req_without_responder_reports_no_responders(bus: Bus) {
+    let url = bus.url();
+    let (status, out) = run("nats-req", &["-s", url, "nobody.home", "hello?"]).await;
     assert!(!status.success(), "{out}");
     assert!(out.contains("no responders available"), "{out}");
 }
 
-fn bench_completes(url: &str) {
+async fn bench_completes(bus: Bus) {
+    let url = bus.url();
     let args = [
         "-s", url, "-np", "1", "-ns", "1", "-n", "10000", "-ms", "16",
     ];
-    let (status, out) = run("nats-bench", &[&args[..], &["bench.subject"]].concat());
+    let (status, out) = run("nats-bench", &[&args[..], &["bench.subject"]].concat()).await;
     assert!(status.success(), "nats-bench failed:\n{out}");
     assert!(out.contains("NATS Pub/Sub stats"), "{out}");
     assert!(out.contains(" Pub stats"), "{out}");
@@ -195,7 +91,7 @@ fn bench_completes(url: &str) {
 
 /// nats-sub and nats-pub over TLS, trusting the test CA with `-tlscacert`, against a
 /// server started with nats-server's TLS flags; `verify` adds client certificates.
-fn tls_sub_prints_published_message(binary: &std::path::Path, verify: bool) {
+async fn tls_sub_prints_published_message(binary: &std::path::Path, verify: bool) {
     let pki = Pki::new();
     let (cert, key, ca) = (
         pki.server.cert.to_str().unwrap(),
@@ -206,7 +102,7 @@ fn tls_sub_prints_published_message(binary: &std::path::Path, verify: bool) {
     if verify {
         flags.extend(["--tlsverify", "--tlscacert", ca]);
     }
-    let server = spawn_server_binary(binary, &flags);
+    let server = NatsServer::start_binary(binary, &flags).await;
     let url = server.url.as_str();
     let mut client = vec!["-s", url, "-tlscacert", ca];
     if verify {
@@ -214,17 +110,15 @@ fn tls_sub_prints_published_message(binary: &std::path::Path, verify: bool) {
         client.extend(["-tlscert", cert.to_str().unwrap()]);
         client.extend(["-tlskey", key.to_str().unwrap()]);
     }
-    let mut sub = Tool::spawn("nats-sub", &[&client[..], &["secure"]].concat());
-    sub.wait_for("its ready line", |l| l == "Listening on [secure]");
-    let (status, out) = run("nats-pub", &[&client[..], &["secure", "sealed"]].concat());
+    let mut sub = tool("nats-sub", &[&client[..], &["secure"]].concat());
+    sub.line("Listening on [secure]").await;
+    let (status, out) = run("nats-pub", &[&client[..], &["secure", "sealed"]].concat()).await;
     assert!(status.success(), "nats-pub failed:\n{out}");
-    sub.wait_for("the message", |l| {
-        l == "[#1] Received on [secure]: 'sealed'"
-    });
+    sub.line("[#1] Received on [secure]: 'sealed'").await;
     if verify {
         // Without a client certificate the handshake is refused.
         let bare = ["-s", url, "-tlscacert", ca, "secure", "x"];
-        let (status, out) = run("nats-pub", &bare);
+        let (status, out) = run("nats-pub", &bare).await;
         assert!(!status.success(), "published without a certificate:\n{out}");
     }
 }
@@ -232,23 +126,23 @@ fn tls_sub_prints_published_message(binary: &std::path::Path, verify: bool) {
 mod tls {
     use super::*;
 
-    #[test]
-    fn ours() {
-        tls_sub_prints_published_message(env!("CARGO_BIN_EXE_broker").as_ref(), false);
+    #[tokio::test]
+    async fn ours() {
+        tls_sub_prints_published_message(env!("CARGO_BIN_EXE_broker").as_ref(), false).await;
     }
 
-    #[test]
-    fn nats_server() {
-        tls_sub_prints_published_message(&nats_server_path(), false);
+    #[tokio::test]
+    async fn nats_server() {
+        tls_sub_prints_published_message(&nats_server_path(), false).await;
     }
 
-    #[test]
-    fn ours_verifying_clients() {
-        tls_sub_prints_published_message(env!("CARGO_BIN_EXE_broker").as_ref(), true);
+    #[tokio::test]
+    async fn ours_verifying_clients() {
+        tls_sub_prints_published_message(env!("CARGO_BIN_EXE_broker").as_ref(), true).await;
     }
 
-    #[test]
-    fn nats_server_verifying_clients() {
-        tls_sub_prints_published_message(&nats_server_path(), true);
+    #[tokio::test]
+    async fn nats_server_verifying_clients() {
+        tls_sub_prints_published_message(&nats_server_path(), true).await;
     }
 }

@@ -8,11 +8,12 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use broker::testing::pki::Pki;
-use broker::testing::{EmbeddedServer, round_trip, within};
+use broker::testing::{EmbeddedServer, round_trip};
 use broker::{Auth, Config, Server};
 use bytes::Bytes;
 use common::{Conn, Read, get_json};
 use futures::StreamExt;
+use testkit::within;
 
 /// What async-nats sends, minus the names: headers, no_responders, INFO updates.
 const CONNECT: &str =

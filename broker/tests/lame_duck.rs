@@ -9,19 +9,15 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use async_nats::{ConnectOptions, Event};
-use broker::testing::{ExternalServer, nats_server_path, spawn_server_binary, temp_file, within};
 use common::{Conn, Read};
 use futures::StreamExt;
+use testkit::{NatsServer, nats_server_path, temp_file, within};
 
 /// A client that takes INFO updates, as async-nats and nats.go announce themselves.
 const PROTOCOL_1: &str = r#"{"verbose":false,"pedantic":false,"protocol":1}"#;
 
 fn ours() -> &'static Path {
     env!("CARGO_BIN_EXE_broker").as_ref()
-}
-
-fn start(binary: &Path, args: &[&str]) -> ExternalServer {
-    spawn_server_binary(binary, args)
 }
 
 /// Runs `binary --signal <arg>` to completion.
@@ -33,15 +29,18 @@ fn signal_with(binary: &Path, arg: &str) -> Output {
 }
 
 /// Puts `server` in lame duck mode with nats-server's own `--signal ldm=PID`.
-fn ldm_by_nats_server(server: &ExternalServer) {
-    let out = signal_with(&nats_server_path(), &format!("ldm={}", server.pid()));
+fn ldm_by_nats_server(server: &NatsServer) {
+    let out = signal_with(
+        &nats_server_path(),
+        &format!("ldm={}", server.process.pid()),
+    );
     assert!(out.status.success(), "nats-server --signal: {out:?}");
 }
 
 /// async-nats raises `Event::LameDuckMode` when the server is signalled by nats-server
 /// (async-nats' own `lame_duck_callback` test, against `binary`).
 async fn client_sees_lame_duck_event(binary: &Path) {
-    let server = start(binary, &[]);
+    let server = NatsServer::start_binary(binary, &[]).await;
     let (tx, mut rx) = tokio::sync::mpsc::channel(16);
     let client = ConnectOptions::new()
         .event_callback(move |event| {
@@ -66,7 +65,7 @@ async fn client_sees_lame_duck_event(binary: &Path) {
 /// The lame duck INFO is the connect INFO plus `"ldm":true`, sent only to clients that
 /// take INFO updates (protocol 1); the listener is closed before it is sent.
 async fn ldm_info_is_the_connect_info_and_new_clients_are_refused(binary: &Path) {
-    let server = start(binary, &[]);
+    let server = NatsServer::start_binary(binary, &[]).await;
     let (mut modern, connect_info) = Conn::connect_info(server.addr).await;
     modern
         .send(&format!("CONNECT {PROTOCOL_1}\r\nPING\r\n"))
@@ -96,7 +95,7 @@ async fn ldm_info_is_the_connect_info_and_new_clients_are_refused(binary: &Path)
     );
 }
 
-mod against_nats_server {
+mod nats_server {
     use super::*;
 
     #[tokio::test]
@@ -110,7 +109,7 @@ mod against_nats_server {
     }
 }
 
-mod against_ours {
+mod broker_binary {
     use super::*;
 
     #[tokio::test]
@@ -126,12 +125,12 @@ mod against_ours {
 
 /// Connects `n` protocol 1 clients, signals lame duck mode with our `--signal`, and
 /// returns when each client was closed, from the first lame duck INFO's arrival, in order.
-async fn close_times(server: &ExternalServer, n: usize) -> Vec<Duration> {
+async fn close_times(server: &NatsServer, n: usize) -> Vec<Duration> {
     let mut clients = Vec::new();
     for _ in 0..n {
         clients.push(Conn::connect_with(server.addr, PROTOCOL_1).await);
     }
-    let out = signal_with(ours(), &format!("ldm={}", server.pid()));
+    let out = signal_with(ours(), &format!("ldm={}", server.process.pid()));
     assert!(out.status.success(), "--signal ldm: {out:?}");
     let mut waits = Vec::new();
     for mut client in clients {
@@ -160,7 +159,7 @@ async fn close_times(server: &ExternalServer, n: usize) -> Vec<Duration> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_are_closed_spread_over_the_duration_and_the_process_exits_0() {
-    let mut server = start(
+    let mut server = NatsServer::start_binary(
         ours(),
         &[
             "--lame-duck-grace-period",
@@ -168,9 +167,10 @@ async fn clients_are_closed_spread_over_the_duration_and_the_process_exits_0() {
             "--lame-duck-duration",
             "1s",
         ],
-    );
+    )
+    .await;
     let times = close_times(&server, 5).await;
-    server.wait_for_log("Entering lame duck mode");
+    server.process.line("Entering lame duck mode").await;
     // 5 clients over the 800 ms after the grace period: 160 ms apart, the first at 200 ms.
     let (first, last) = (times[0], times[4]);
     assert!(
@@ -181,26 +181,27 @@ async fn clients_are_closed_spread_over_the_duration_and_the_process_exits_0() {
         last - first >= Duration::from_millis(500),
         "not spread over the duration: {times:?}"
     );
-    assert!(server.wait_for_exit().success());
+    assert!(server.process.exit().await.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zero_duration_closes_every_client_at_once() {
-    let mut server = start(
+    let mut server = NatsServer::start_binary(
         ours(),
         &["--lame-duck-grace-period", "0", "--lame-duck-duration", "0"],
-    );
+    )
+    .await;
     let times = close_times(&server, 5).await;
     assert!(
         times[4] - times[0] < Duration::from_millis(200),
         "not closed together: {times:?}"
     );
-    assert!(server.wait_for_exit().success());
+    assert!(server.process.exit().await.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_and_sigterm_do_not_cut_lame_duck_mode_short() {
-    let mut server = start(
+    let mut server = NatsServer::start_binary(
         ours(),
         &[
             "--lame-duck-grace-period",
@@ -208,27 +209,28 @@ async fn a_second_signal_and_sigterm_do_not_cut_lame_duck_mode_short() {
             "--lame-duck-duration",
             "600ms",
         ],
-    );
+    )
+    .await;
     let mut client = Conn::connect_with(server.addr, PROTOCOL_1).await;
-    let pid = server.pid();
+    let pid = server.process.pid();
     assert!(signal_with(ours(), &format!("ldm={pid}")).status.success());
     assert_eq!(client.read_info().await["ldm"], true);
     let told = Instant::now();
     assert!(signal_with(ours(), &format!("ldm={pid}")).status.success());
-    server.wait_for_log("Already in lame duck mode");
+    server.process.line("Already in lame duck mode").await;
     assert!(signal_with(ours(), &format!("term={pid}")).status.success());
-    server.wait_for_log("not stopping");
+    server.process.line("not stopping").await;
     client.expect_closed().await;
     assert!(
         told.elapsed() >= Duration::from_millis(250),
         "closed before the grace period ended"
     );
-    assert!(server.wait_for_exit().success());
+    assert!(server.process.exit().await.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_clients_lame_duck_mode_exits_at_once() {
-    let mut server = start(
+    let mut server = NatsServer::start_binary(
         ours(),
         &[
             "--lame-duck-grace-period",
@@ -236,30 +238,31 @@ async fn without_clients_lame_duck_mode_exits_at_once() {
             "--lame-duck-duration",
             "10s",
         ],
-    );
+    )
+    .await;
     let started = Instant::now();
     assert!(
-        signal_with(ours(), &format!("ldm={}", server.pid()))
+        signal_with(ours(), &format!("ldm={}", server.process.pid()))
             .status
             .success()
     );
-    assert!(server.wait_for_exit().success());
+    assert!(server.process.exit().await.success());
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "waited for nobody"
     );
 }
 
-#[test]
-fn the_pid_file_is_written_usable_by_signal_and_removed() {
+#[tokio::test]
+async fn the_pid_file_is_written_usable_by_signal_and_removed() {
     let pid_file = temp_file("broker.pid", "");
     std::fs::remove_file(&pid_file).unwrap();
-    let mut server = start(ours(), &["--pid", pid_file.to_str().unwrap()]);
+    let mut server = NatsServer::start_binary(ours(), &["--pid", pid_file.to_str().unwrap()]).await;
     let written = std::fs::read_to_string(&pid_file).unwrap();
-    assert_eq!(written, server.pid().to_string());
+    assert_eq!(written, server.process.pid().to_string());
     let out = signal_with(ours(), &format!("quit={}", pid_file.display()));
     assert!(out.status.success(), "--signal quit=PIDFILE: {out:?}");
-    assert!(server.wait_for_exit().success());
+    assert!(server.process.exit().await.success());
     assert!(!pid_file.exists(), "pid file left behind");
 }
 

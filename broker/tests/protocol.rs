@@ -1,6 +1,6 @@
 //! Raw-TCP tests pinning each client-visible behaviour of the NATS protocol that
-//! `shared/NATS.md` lists. Every check is a function over a server address and runs
-//! twice: `<check>::ours` against our broker in-process, and `<check>::nats_server`
+//! `shared/NATS.md` lists. Every check is a function over a [`Bus`] and runs twice:
+//! `embedded::<check>` against our broker in-process, and `nats_server::<check>`
 //! against the real nats-server, which proves the expectation itself is right.
 
 mod common;
@@ -8,9 +8,10 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use broker::testing::{DEADLINE, EmbeddedServer, ExternalServer};
+use broker::testing::Bus;
 use broker::{Auth, Config};
 use common::{Conn, Read};
+use testkit::DEADLINE;
 use tokio::net::TcpSocket;
 
 /// Server settings a check needs, expressed once and rendered both as our `Config` and as
@@ -110,36 +111,7 @@ impl Setup {
     }
 }
 
-async fn start_ours(setup: Setup) -> EmbeddedServer {
-    EmbeddedServer::start(setup.config()).await
-}
-
-fn start_nats_server(setup: Setup) -> ExternalServer {
-    broker::testing::spawn_nats_server_with_config(&setup.nats_server_conf())
-}
-
-/// For each `check => setup`, a module `check` with tests `ours` and `nats_server`.
-macro_rules! against_both {
-    ($($check:ident => $setup:expr;)*) => {$(
-        mod $check {
-            use super::*;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn ours() {
-                let server = start_ours($setup).await;
-                super::$check(server.addr).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn nats_server() {
-                let server = start_nats_server($setup);
-                super::$check(server.addr).await;
-            }
-        }
-    )*};
-}
-
-against_both! {
+broker::on_both_buses! {
     info_comes_first_with_required_fields => Setup::default();
     info_announces_auth_required => Setup::token();
     verbs_are_case_insensitive => Setup::default();
@@ -201,7 +173,8 @@ against_both! {
 
 // ---- INFO ----
 
-async fn info_comes_first_with_required_fields(addr: SocketAddr) {
+async fn info_comes_first_with_required_fields(bus: Bus) {
+    let addr = bus.addr();
     let (_conn, info) = Conn::connect_info(addr).await;
     let text = |key: &str| -> String {
         info[key]
@@ -229,14 +202,16 @@ async fn info_comes_first_with_required_fields(addr: SocketAddr) {
     assert_ne!(info["auth_required"], true);
 }
 
-async fn info_announces_auth_required(addr: SocketAddr) {
+async fn info_announces_auth_required(bus: Bus) {
+    let addr = bus.addr();
     let (_conn, info) = Conn::connect_info(addr).await;
     assert_eq!(info["auth_required"], true);
 }
 
 // ---- Framing ----
 
-async fn verbs_are_case_insensitive(addr: SocketAddr) {
+async fn verbs_are_case_insensitive(bus: Bus) {
+    let addr = bus.addr();
     let (mut conn, _) = Conn::connect_info(addr).await;
     conn.send("connect {\"verbose\":false}\r\nPiNg\r\n").await;
     conn.expect_line("PONG").await;
@@ -247,7 +222,8 @@ async fn verbs_are_case_insensitive(addr: SocketAddr) {
     conn.expect_line("PONG").await;
 }
 
-async fn arguments_split_on_runs_of_spaces_and_tabs(addr: SocketAddr) {
+async fn arguments_split_on_runs_of_spaces_and_tabs(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("SUB  foo \t q  1\r\nPUB\tfoo \t bar  2\r\nhi\r\nPING\r\n")
         .await;
@@ -255,14 +231,16 @@ async fn arguments_split_on_runs_of_spaces_and_tabs(addr: SocketAddr) {
     conn.expect_line("PONG").await;
 }
 
-async fn bare_newline_ends_a_control_line(addr: SocketAddr) {
+async fn bare_newline_ends_a_control_line(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("SUB foo 1\nPUB foo 2\nhi\r\nPING\n").await;
     conn.expect_msg("MSG foo 1 2", b"hi").await;
     conn.expect_line("PONG").await;
 }
 
-async fn ping_with_trailing_text_gets_pong(addr: SocketAddr) {
+async fn ping_with_trailing_text_gets_pong(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("PING foo\r\n").await;
     conn.expect_line("PONG").await;
@@ -270,21 +248,24 @@ async fn ping_with_trailing_text_gets_pong(addr: SocketAddr) {
 
 // ---- CONNECT ----
 
-async fn connect_then_ping_gets_pong(addr: SocketAddr) {
+async fn connect_then_ping_gets_pong(bus: Bus) {
+    let addr = bus.addr();
     let (mut conn, _) = Conn::connect_info(addr).await;
     conn.send("CONNECT {\"verbose\":false,\"lang\":\"rust\",\"version\":\"1.0\"}\r\nPING\r\n")
         .await;
     conn.expect_line("PONG").await;
 }
 
-async fn verbose_connect_gets_ok_then_pong(addr: SocketAddr) {
+async fn verbose_connect_gets_ok_then_pong(bus: Bus) {
+    let addr = bus.addr();
     let (mut conn, _) = Conn::connect_info(addr).await;
     conn.send("CONNECT {\"verbose\":true}\r\nPING\r\n").await;
     conn.expect_line("+OK").await;
     conn.expect_line("PONG").await;
 }
 
-async fn ops_before_connect_are_verbose(addr: SocketAddr) {
+async fn ops_before_connect_are_verbose(bus: Bus) {
+    let addr = bus.addr();
     let (mut conn, _) = Conn::connect_info(addr).await;
     conn.send("SUB foo 1\r\n").await;
     conn.expect_line("+OK").await;
@@ -296,7 +277,8 @@ async fn ops_before_connect_are_verbose(addr: SocketAddr) {
 
 // ---- Ordering ----
 
-async fn ping_is_a_barrier_for_subscriptions(addr: SocketAddr) {
+async fn ping_is_a_barrier_for_subscriptions(bus: Bus) {
+    let addr = bus.addr();
     let mut sub = Conn::quiet(addr).await;
     sub.send("SUB foo 1\r\nPING\r\n").await;
     sub.expect_line("PONG").await;
@@ -306,7 +288,8 @@ async fn ping_is_a_barrier_for_subscriptions(addr: SocketAddr) {
     sub.expect_msg("MSG foo 1 5", b"hello").await;
 }
 
-async fn ping_is_a_barrier_for_published_messages(addr: SocketAddr) {
+async fn ping_is_a_barrier_for_published_messages(bus: Bus) {
+    let addr = bus.addr();
     let mut sub = Conn::quiet(addr).await;
     sub.send("SUB foo 1\r\n").await;
     sub.ping_pong().await;
@@ -332,7 +315,8 @@ async fn ping_is_a_barrier_for_published_messages(addr: SocketAddr) {
 
 // ---- MSG / HMSG ----
 
-async fn msg_format_without_and_with_reply(addr: SocketAddr) {
+async fn msg_format_without_and_with_reply(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("SUB foo.bar 7\r\nPUB foo.bar 5\r\nhello\r\nPUB foo.bar _INBOX.r 2\r\nhi\r\n")
         .await;
@@ -341,7 +325,8 @@ async fn msg_format_without_and_with_reply(addr: SocketAddr) {
     conn.ping_pong().await;
 }
 
-async fn empty_payload_is_delivered(addr: SocketAddr) {
+async fn empty_payload_is_delivered(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("SUB foo 1\r\nPUB foo 0\r\n\r\n").await;
     conn.expect_msg("MSG foo 1 0", b"").await;
@@ -355,7 +340,8 @@ fn hpub(subject: &str, reply: &str, payload: &str) -> String {
     format!("HPUB {subject} {reply} {h} {t}\r\n{HEADERS}{payload}\r\n")
 }
 
-async fn hmsg_format_is_exact(addr: SocketAddr) {
+async fn hmsg_format_is_exact(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::connect_with(addr, r#"{"verbose":false,"headers":true}"#).await;
     conn.send("SUB foo 1\r\n").await;
     conn.send(&hpub("foo", "rep", "hi")).await;
@@ -368,7 +354,8 @@ async fn hmsg_format_is_exact(addr: SocketAddr) {
     conn.ping_pong().await;
 }
 
-async fn hmsg_to_subscriber_without_headers_becomes_msg(addr: SocketAddr) {
+async fn hmsg_to_subscriber_without_headers_becomes_msg(bus: Bus) {
+    let addr = bus.addr();
     let mut sub = Conn::connect_with(addr, r#"{"verbose":false,"headers":false}"#).await;
     sub.send("SUB foo 1\r\n").await;
     sub.ping_pong().await;
@@ -381,7 +368,8 @@ async fn hmsg_to_subscriber_without_headers_becomes_msg(addr: SocketAddr) {
 
 // ---- Protocol errors ----
 
-async fn control_line_too_long_is_rejected(addr: SocketAddr) {
+async fn control_line_too_long_is_rejected(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     let subject = "a".repeat(5000);
     conn.send(&format!("PUB {subject} 2\r\nhi\r\n")).await;
@@ -389,7 +377,8 @@ async fn control_line_too_long_is_rejected(addr: SocketAddr) {
         .await;
 }
 
-async fn control_line_too_long_split_over_writes_is_rejected(addr: SocketAddr) {
+async fn control_line_too_long_split_over_writes_is_rejected(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("PUB ").await;
     for _ in 0..10 {
@@ -401,7 +390,8 @@ async fn control_line_too_long_split_over_writes_is_rejected(addr: SocketAddr) {
         .await;
 }
 
-async fn control_line_too_long_without_newline_is_rejected(addr: SocketAddr) {
+async fn control_line_too_long_without_newline_is_rejected(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     // No line end ever comes: the server must not buffer without bound waiting for one.
     conn.send(&format!("SUB {}", "a".repeat(5000))).await;
@@ -409,71 +399,82 @@ async fn control_line_too_long_without_newline_is_rejected(addr: SocketAddr) {
         .await;
 }
 
-async fn unknown_verb_is_rejected(addr: SocketAddr) {
+async fn unknown_verb_is_rejected(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("FOO bar\r\n").await;
     conn.expect_err_and_close("Unknown Protocol Operation")
         .await;
 }
 
-async fn verb_without_arguments_is_rejected(addr: SocketAddr) {
+async fn verb_without_arguments_is_rejected(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("PUB\r\n").await;
     conn.expect_err_and_close("Unknown Protocol Operation")
         .await;
 }
 
-async fn payload_not_followed_by_crlf_is_rejected(addr: SocketAddr) {
+async fn payload_not_followed_by_crlf_is_rejected(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("PUB foo 2\r\nhiXX\r\n").await;
     conn.expect_err_and_close("Unknown Protocol Operation")
         .await;
 }
 
-async fn non_numeric_size_closes_silently(addr: SocketAddr) {
+async fn non_numeric_size_closes_silently(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("PUB foo 2x\r\nhi\r\n").await;
     conn.expect_closed().await;
 }
 
-async fn pub_with_too_many_arguments_closes_silently(addr: SocketAddr) {
+async fn pub_with_too_many_arguments_closes_silently(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("PUB foo bar baz 2\r\nhi\r\n").await;
     conn.expect_closed().await;
 }
 
-async fn sub_with_too_few_arguments_closes_silently(addr: SocketAddr) {
+async fn sub_with_too_few_arguments_closes_silently(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("SUB foo\r\n").await;
     conn.expect_closed().await;
 }
 
-async fn hpub_without_headers_closes_silently(addr: SocketAddr) {
+async fn hpub_without_headers_closes_silently(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::connect_with(addr, r#"{"verbose":false,"headers":false}"#).await;
     conn.send(&hpub("foo", "rep", "hi")).await;
     conn.expect_closed().await;
 }
 
-async fn hpub_header_larger_than_total_closes_silently(addr: SocketAddr) {
+async fn hpub_header_larger_than_total_closes_silently(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::connect_with(addr, r#"{"verbose":false,"headers":true}"#).await;
     conn.send("HPUB foo 12 2\r\nNATS/1.0\r\n\r\n\r\n").await;
     conn.expect_closed().await;
 }
 
-async fn connect_not_json_closes_silently(addr: SocketAddr) {
+async fn connect_not_json_closes_silently(bus: Bus) {
+    let addr = bus.addr();
     let (mut conn, _) = Conn::connect_info(addr).await;
     conn.send("CONNECT verbose\r\nPING\r\n").await;
     conn.expect_closed().await;
 }
 
-async fn bad_client_protocol_is_rejected(addr: SocketAddr) {
+async fn bad_client_protocol_is_rejected(bus: Bus) {
+    let addr = bus.addr();
     let (mut conn, _) = Conn::connect_info(addr).await;
     conn.send("CONNECT {\"verbose\":false,\"protocol\":2}\r\nPING\r\n")
         .await;
     conn.expect_err_and_close("invalid client protocol").await;
 }
 
-async fn payload_over_max_is_rejected(addr: SocketAddr) {
+async fn payload_over_max_is_rejected(bus: Bus) {
+    let addr = bus.addr();
     let (mut conn, info) = Conn::connect_info(addr).await;
     assert_eq!(info["max_payload"], 1024);
     conn.send("CONNECT {\"verbose\":false}\r\nPING\r\n").await;
@@ -486,7 +487,8 @@ async fn payload_over_max_is_rejected(addr: SocketAddr) {
 
 // ---- Subjects ----
 
-async fn invalid_sub_subject_keeps_connection_open(addr: SocketAddr) {
+async fn invalid_sub_subject_keeps_connection_open(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     for subject in ["foo..bar", ".foo", "foo.", "foo.>.bar"] {
         conn.send(&format!("SUB {subject} 1\r\n")).await;
@@ -499,7 +501,8 @@ async fn invalid_sub_subject_keeps_connection_open(addr: SocketAddr) {
     conn.ping_pong().await;
 }
 
-async fn pedantic_pub_to_wildcard_is_rejected_and_stays_open(addr: SocketAddr) {
+async fn pedantic_pub_to_wildcard_is_rejected_and_stays_open(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::connect_with(addr, r#"{"verbose":false,"pedantic":true}"#).await;
     conn.send("PUB foo.* 2\r\nhi\r\n").await;
     conn.expect_line("-ERR 'Invalid Publish Subject'").await;
@@ -510,7 +513,8 @@ async fn pedantic_pub_to_wildcard_is_rejected_and_stays_open(addr: SocketAddr) {
 }
 
 /// nats-server's pedantic check only warns: the message is still routed afterwards.
-async fn pedantic_invalid_publish_is_still_delivered(addr: SocketAddr) {
+async fn pedantic_invalid_publish_is_still_delivered(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::connect_with(addr, r#"{"verbose":false,"pedantic":true}"#).await;
     conn.send("SUB foo.* 1\r\nPUB foo.* 2\r\nhi\r\n").await;
     conn.expect_line("-ERR 'Invalid Publish Subject'").await;
@@ -518,7 +522,8 @@ async fn pedantic_invalid_publish_is_still_delivered(addr: SocketAddr) {
     conn.ping_pong().await;
 }
 
-async fn non_pedantic_pub_to_wildcard_is_accepted(addr: SocketAddr) {
+async fn non_pedantic_pub_to_wildcard_is_accepted(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("PUB foo.* 2\r\nhi\r\n").await;
     conn.ping_pong().await;
@@ -526,7 +531,8 @@ async fn non_pedantic_pub_to_wildcard_is_accepted(addr: SocketAddr) {
 
 // ---- SUB / UNSUB ----
 
-async fn duplicate_sid_keeps_first_subscription(addr: SocketAddr) {
+async fn duplicate_sid_keeps_first_subscription(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("SUB foo 1\r\nSUB bar 1\r\nPUB bar 2\r\nhi\r\nPUB foo 2\r\nho\r\n")
         .await;
@@ -534,7 +540,8 @@ async fn duplicate_sid_keeps_first_subscription(addr: SocketAddr) {
     conn.ping_pong().await;
 }
 
-async fn unsub_unknown_sid_is_ignored(addr: SocketAddr) {
+async fn unsub_unknown_sid_is_ignored(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("UNSUB 99\r\nUNSUB 98 5\r\n").await;
     conn.ping_pong().await;
@@ -546,7 +553,8 @@ fn pubs(subject: &str, count: usize) -> String {
         .collect()
 }
 
-async fn unsub_with_max_ends_after_max_messages(addr: SocketAddr) {
+async fn unsub_with_max_ends_after_max_messages(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("SUB foo 1\r\nUNSUB 1 2\r\n").await;
     conn.send(&pubs("foo", 3)).await;
@@ -560,7 +568,8 @@ async fn unsub_with_max_ends_after_max_messages(addr: SocketAddr) {
     conn.ping_pong().await;
 }
 
-async fn unsub_with_max_already_reached_ends_at_once(addr: SocketAddr) {
+async fn unsub_with_max_already_reached_ends_at_once(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("SUB foo 1\r\n").await;
     conn.send(&pubs("foo", 2)).await;
@@ -571,7 +580,8 @@ async fn unsub_with_max_already_reached_ends_at_once(addr: SocketAddr) {
     conn.ping_pong().await;
 }
 
-async fn unsub_with_max_zero_ends_at_once(addr: SocketAddr) {
+async fn unsub_with_max_zero_ends_at_once(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("SUB foo 1\r\nUNSUB 1 0\r\n").await;
     conn.send(&pubs("foo", 1)).await;
@@ -595,7 +605,8 @@ async fn msgs_before_pong(conn: &mut Conn) -> usize {
 
 /// A queue member whose max is reached takes no more: the group's other member gets
 /// the rest, and nothing is delivered twice or dropped.
-async fn a_queue_member_at_its_max_leaves_the_rest_to_the_others(addr: SocketAddr) {
+async fn a_queue_member_at_its_max_leaves_the_rest_to_the_others(bus: Bus) {
+    let addr = bus.addr();
     const MAX: usize = 3;
     const SENT: usize = 40;
     let mut capped = Conn::quiet(addr).await;
@@ -619,7 +630,8 @@ async fn a_queue_member_at_its_max_leaves_the_rest_to_the_others(addr: SocketAdd
 
 // ---- Echo and no-responders ----
 
-async fn echo_false_skips_own_messages(addr: SocketAddr) {
+async fn echo_false_skips_own_messages(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::connect_with(addr, r#"{"verbose":false,"echo":false}"#).await;
     conn.send("SUB foo 1\r\nPUB foo 2\r\nhi\r\n").await;
     conn.ping_pong().await;
@@ -628,7 +640,8 @@ async fn echo_false_skips_own_messages(addr: SocketAddr) {
     conn.expect_msg("MSG foo 1 2", b"ho").await;
 }
 
-async fn no_responders_sends_exact_503(addr: SocketAddr) {
+async fn no_responders_sends_exact_503(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::connect_with(
         addr,
         r#"{"verbose":false,"headers":true,"no_responders":true}"#,
@@ -643,7 +656,8 @@ async fn no_responders_sends_exact_503(addr: SocketAddr) {
     conn.ping_pong().await;
 }
 
-async fn no_responders_needs_the_client_to_ask(addr: SocketAddr) {
+async fn no_responders_needs_the_client_to_ask(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::connect_with(addr, r#"{"verbose":false,"headers":true}"#).await;
     conn.send("SUB _INBOX.x.* 3\r\nPUB nobody.home _INBOX.x.1 2\r\nhi\r\n")
         .await;
@@ -660,7 +674,8 @@ async fn connect_expect(addr: SocketAddr, connect_json: &str) -> Conn {
     conn
 }
 
-async fn token_accepted(addr: SocketAddr) {
+async fn token_accepted(bus: Bus) {
+    let addr = bus.addr();
     let json = format!(r#"{{"verbose":false,"auth_token":"{TOKEN}"}}"#);
     let mut conn = connect_expect(addr, &json).await;
     conn.expect_line("PONG").await;
@@ -668,7 +683,8 @@ async fn token_accepted(addr: SocketAddr) {
     conn.expect_msg("MSG foo 1 2", b"hi").await;
 }
 
-async fn token_refused(addr: SocketAddr) {
+async fn token_refused(bus: Bus) {
+    let addr = bus.addr();
     let json = r#"{"verbose":false,"auth_token":"wrong"}"#;
     let mut conn = connect_expect(addr, json).await;
     conn.expect_err_and_close("Authorization Violation").await;
@@ -676,13 +692,15 @@ async fn token_refused(addr: SocketAddr) {
     conn.expect_err_and_close("Authorization Violation").await;
 }
 
-async fn user_pass_accepted(addr: SocketAddr) {
+async fn user_pass_accepted(bus: Bus) {
+    let addr = bus.addr();
     let json = format!(r#"{{"verbose":false,"user":"{USER}","pass":"{PASS}"}}"#);
     let mut conn = connect_expect(addr, &json).await;
     conn.expect_line("PONG").await;
 }
 
-async fn user_pass_refused(addr: SocketAddr) {
+async fn user_pass_refused(bus: Bus) {
+    let addr = bus.addr();
     let json = format!(r#"{{"verbose":false,"user":"{USER}","pass":"nope"}}"#);
     let mut conn = connect_expect(addr, &json).await;
     conn.expect_err_and_close("Authorization Violation").await;
@@ -691,7 +709,8 @@ async fn user_pass_refused(addr: SocketAddr) {
     conn.expect_err_and_close("Authorization Violation").await;
 }
 
-async fn op_before_connect_with_auth_is_refused(addr: SocketAddr) {
+async fn op_before_connect_with_auth_is_refused(bus: Bus) {
+    let addr = bus.addr();
     let (mut conn, _) = Conn::connect_info(addr).await;
     conn.send("SUB foo 1\r\n").await;
     conn.expect_err_and_close("Authorization Violation").await;
@@ -700,14 +719,16 @@ async fn op_before_connect_with_auth_is_refused(addr: SocketAddr) {
     conn.expect_err_and_close("Authorization Violation").await;
 }
 
-async fn silent_client_gets_auth_timeout(addr: SocketAddr) {
+async fn silent_client_gets_auth_timeout(bus: Bus) {
+    let addr = bus.addr();
     let (mut conn, _) = Conn::connect_info(addr).await;
     conn.expect_err_and_close("Authentication Timeout").await;
 }
 
 // ---- Limits ----
 
-async fn max_connections_refuses_extra_client(addr: SocketAddr) {
+async fn max_connections_refuses_extra_client(bus: Bus) {
+    let addr = bus.addr();
     let mut first = Conn::quiet(addr).await;
     // nats-server still sends INFO, then the error, then closes.
     let (mut second, _) = Conn::connect_info(addr).await;
@@ -717,7 +738,8 @@ async fn max_connections_refuses_extra_client(addr: SocketAddr) {
     first.ping_pong().await;
 }
 
-async fn max_subscriptions_refuses_extra_sub(addr: SocketAddr) {
+async fn max_subscriptions_refuses_extra_sub(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.send("SUB a 1\r\nSUB b 2\r\nSUB c 3\r\n").await;
     conn.expect_line("-ERR 'maximum subscriptions exceeded'")
@@ -730,7 +752,8 @@ async fn max_subscriptions_refuses_extra_sub(addr: SocketAddr) {
 
 // ---- Liveness ----
 
-async fn client_answering_pings_stays_connected(addr: SocketAddr) {
+async fn client_answering_pings_stays_connected(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.auto_pong = false;
     for _ in 0..4 {
@@ -740,7 +763,8 @@ async fn client_answering_pings_stays_connected(addr: SocketAddr) {
     conn.ping_pong().await;
 }
 
-async fn client_ignoring_pings_is_closed_as_stale(addr: SocketAddr) {
+async fn client_ignoring_pings_is_closed_as_stale(bus: Bus) {
+    let addr = bus.addr();
     let mut conn = Conn::quiet(addr).await;
     conn.auto_pong = false;
     conn.expect_line("PING").await;
@@ -752,7 +776,8 @@ async fn client_ignoring_pings_is_closed_as_stale(addr: SocketAddr) {
 
 const SLOW_MAX_PENDING: usize = 64 * 1024;
 
-async fn slow_consumer_is_closed_without_blocking_others(addr: SocketAddr) {
+async fn slow_consumer_is_closed_without_blocking_others(bus: Bus) {
+    let addr = bus.addr();
     const SIZE: usize = 1000;
     // The publisher waits for the fast subscriber after each batch, so the fast one's
     // backlog stays under max_pending however slowly this debug-built reader runs.

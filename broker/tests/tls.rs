@@ -7,13 +7,12 @@ mod common;
 use std::time::Duration;
 
 use async_nats::ConnectOptions;
+use broker::testing::EmbeddedServer;
 use broker::testing::pki::Pki;
-use broker::testing::{
-    EmbeddedServer, ExternalServer, nats_server_path, spawn_server_binary, temp_file, within,
-};
 use broker::{Auth, Config, Tls};
 use common::{Conn, Read, get_json, http_get};
 use futures::StreamExt;
+use testkit::{NatsServer, nats_server_path, temp_file, within};
 
 async fn tls_server(pki: &Pki, verify: bool) -> EmbeddedServer {
     EmbeddedServer::start(Config {
@@ -181,16 +180,13 @@ fn setup_errors_name_the_file() {
 
 /// Our broker binary and nats-server, each started with the same `-c` file holding a
 /// `tls { ... }` block: the syntax and the behaviour agree.
-fn with_tls_config(binary: &std::path::Path, pki: &Pki, verify: bool) -> ExternalServer {
-    let path = temp_file("tls.conf", &pki.conf_block(verify));
-    let mut server = spawn_server_binary(binary, &["-c", path.to_str().unwrap()]);
-    server.remove_on_drop(path);
-    server
+async fn with_tls_config(binary: &std::path::Path, pki: &Pki, verify: bool) -> NatsServer {
+    NatsServer::binary_with_config(binary, &pki.conf_block(verify)).await
 }
 
 async fn config_file_tls_block_is_served(binary: &std::path::Path) {
     let pki = Pki::new();
-    let server = with_tls_config(binary, &pki, true);
+    let server = with_tls_config(binary, &pki, true).await;
     let without = within(trusting(&pki).connect(&server.url)).await;
     assert!(without.is_err(), "verify: connected without a certificate");
     let signed =

@@ -25,11 +25,6 @@ use proto::code;
 use serde_json::{Value, json};
 use services::{FrameConfig, Service};
 
-broker::on_both_buses!(
-    a_valid_token_binds_its_player_and_claims,
-    chat_refuses_a_name_that_is_not_the_tokens,
-);
-
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
@@ -105,7 +100,9 @@ fn whoami() -> Service {
     })
 }
 
-async fn a_valid_token_binds_its_player_and_claims(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valid_token_binds_its_player_and_claims() {
+    let bus = Bus::embedded().await;
     let _who = start_worker(bus.url(), whoami(), FrameConfig::default()).await;
     let gate = jwt_gate(&bus).await;
     let ed = EncodingKey::from_ed_pem(&std::fs::read(fixture("jwt-ed25519.key")).unwrap()).unwrap();
@@ -235,7 +232,9 @@ async fn expiry_closes_the_session_unless_refreshed() {
     assert_eq!(&resp.body[..], b"bob true admin");
 }
 
-async fn chat_refuses_a_name_that_is_not_the_tokens(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_refuses_a_name_that_is_not_the_tokens() {
+    let bus = Bus::embedded().await;
     let _chat = start_worker(bus.url(), services::chat::service(), FrameConfig::default()).await;
     let gate = jwt_gate(&bus).await;
     let (mut raw, ack) = handshake(&gate, &hs256(&claims("ann", now() + 60))).await;

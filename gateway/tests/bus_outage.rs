@@ -7,13 +7,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker::testing::{DEADLINE, spawn_nats_server_with_config, within};
 use broker::{Config, Server};
 use common::{Holds, TestGate, echo_worker_on, gate_config, queue_of, start_worker};
 use gateway::bus::BusOptions;
 use gateway::{AnyToken, GateConfig};
 use proto::code;
 use sdk::{Client, ClientOptions};
+use testkit::{DEADLINE, NatsServer, within};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -198,8 +198,8 @@ async fn a_server_in_lame_duck_mode_loses_nothing() {
              cluster {{ name: ldm, listen: 127.0.0.1:{own}, routes: [nats-route://127.0.0.1:{other}] }}\n"
         )
     };
-    let a = spawn_nats_server_with_config(&node(route_a, route_b));
-    let b = spawn_nats_server_with_config(&node(route_b, route_a));
+    let a = NatsServer::with_config(&node(route_a, route_b)).await;
+    let b = NatsServer::with_config(&node(route_b, route_a)).await;
     // The worker on B, the gate on A first: the gate's server goes away.
     let _echo = echo_worker_on(&b.url).await;
     let mut options = BusOptions::new([a.url.clone(), b.url.clone()]);
@@ -220,8 +220,8 @@ async fn a_server_in_lame_duck_mode_loses_nothing() {
             codes
         }
     });
-    let signalled = std::process::Command::new(broker::testing::nats_server_path())
-        .args(["--signal", &format!("ldm={}", a.pid())])
+    let signalled = std::process::Command::new(testkit::nats_server_path())
+        .args(["--signal", &format!("ldm={}", a.process.pid())])
         .status()
         .unwrap();
     assert!(signalled.success());

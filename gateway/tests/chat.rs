@@ -1,6 +1,7 @@
 //! The chat service end to end: two gates, three chat workers in one queue group, and
-//! SDK clients (serial sessions) spread over both gates; every test runs on our embedded
-//! broker and on the real nats-server.
+//! SDK clients (serial sessions) spread over both gates. What crosses the bus (rooms
+//! across gates, logins, kicks, peers' state, reconnects) runs on our embedded broker
+//! and on the real nats-server; the chat service's refusals of bad requests, once.
 //!
 //! Each test ends by closing every client and checking nothing is left behind: no
 //! session, group or user on either gate, and no subscription on the bus for the rooms
@@ -10,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker::testing::{Bus, DEADLINE, round_trip, within};
+use broker::testing::{Bus, round_trip};
 use futures::future::join_all;
 use gateway::bus::BusOptions;
 use gateway::{AnyToken, Gate, GateConfig, UidConflict};
@@ -20,6 +21,7 @@ use proto::code;
 use sdk::{Client, ClientOptions, Push, Pushes};
 use services::chat::{self, REASON_DISCONNECTED, REASON_LEFT};
 use services::{Pusher, Worker, WorkerConfig};
+use testkit::{DEADLINE, within};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -37,25 +39,8 @@ broker::on_both_buses!(
     a_late_worker_learns_the_rooms_from_a_peer,
     a_worker_back_from_a_lost_connection_catches_up,
     a_lone_worker_back_from_a_lost_connection_keeps_its_state,
-    bad_requests_are_refused,
+    a_senders_own_message_arrives_before_its_answer,
 );
-
-/// A sender's own room message before its answer: the gate's router never lets a reply
-/// overtake a push that reached the gate first (`gateway/src/router.rs`). Once a race
-/// between two tasks, swapping 50 to 150 of 300.
-mod gate_order {
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn embedded() {
-        a_senders_own_message_arrives_before_its_answer(Bus::embedded().await).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn nats_server() {
-        a_senders_own_message_arrives_before_its_answer(Bus::nats_server()).await;
-    }
-}
 
 const PREFIX: &str = "shaddock";
 
@@ -834,7 +819,9 @@ async fn a_lone_worker_back_from_a_lost_connection_keeps_its_state(bus: Bus) {
     cluster.assert_no_leaks(&["lobby"], &["alice"]).await;
 }
 
-async fn bad_requests_are_refused(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_refused() {
+    let bus = Bus::embedded().await;
     let cluster = Cluster::start(bus, UidConflict::Kick).await;
     let anon = Player::connect(cluster.url(0), "anon").await;
     let join = anon
@@ -883,6 +870,10 @@ async fn bad_requests_are_refused(bus: Bus) {
     cluster.assert_no_leaks(&["lobby"], &["alice"]).await;
 }
 
+/// A sender's own room message before its answer: the gate's router never lets a reply
+/// overtake a push that reached the gate first (`gateway/src/router.rs`). Once a race
+/// between two tasks, swapping 50 to 150 of 300.
+///
 /// The chat worker publishes a say's broadcast before its answer, so the sender's own
 /// message should be in its push queue by the time the answer arrives.
 async fn a_senders_own_message_arrives_before_its_answer(bus: Bus) {

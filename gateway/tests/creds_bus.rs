@@ -10,7 +10,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use broker::testing::{Bus, spawn_nats_server_with_config, temp_file};
+use broker::testing::Bus;
 use common::jwt::{Account, Operator, creds};
 use common::logs::Logs;
 use common::{TestGate, start_worker_with, within};
@@ -18,12 +18,11 @@ use gateway::bus::BusOptions;
 use gateway::{AnyToken, Gate, GateConfig};
 use proto::code;
 use services::{BusSecurity, WorkerConfig};
+use testkit::temp_file;
 
 /// nats-server trusting `operator`, knowing only `account`.
-fn operator_mode(operator: &Operator, account: &Account) -> Bus {
-    Bus::NatsServer(spawn_nats_server_with_config(
-        &operator.server_config(&[account]),
-    ))
+async fn operator_mode(operator: &Operator, account: &Account) -> Bus {
+    Bus::nats_server_with(&operator.server_config(&[account])).await
 }
 
 /// Security with the `.creds` file holding `text`.
@@ -47,7 +46,7 @@ fn gate_bus(bus: &Bus, security: &BusSecurity) -> BusOptions {
 async fn gate_and_worker_log_in_with_a_creds_file() {
     let operator = Operator::new("shaddock-test");
     let account = operator.account("game");
-    let bus = operator_mode(&operator, &account);
+    let bus = operator_mode(&operator, &account).await;
     let (security, path) = with_creds(&account.user("gate-and-worker").creds());
     let config = WorkerConfig {
         nats: vec![bus.url().to_owned()],
@@ -97,7 +96,7 @@ async fn gate_is_refused(bus: &Bus, creds_text: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_of_an_unknown_account_is_refused() {
     let operator = Operator::new("shaddock-test");
-    let bus = operator_mode(&operator, &operator.account("game"));
+    let bus = operator_mode(&operator, &operator.account("game")).await;
     let other = operator.account("other");
     gate_is_refused(&bus, &other.user("intruder").creds()).await;
 }
@@ -107,7 +106,7 @@ async fn a_user_of_an_unknown_account_is_refused() {
 async fn a_seed_that_does_not_match_the_jwt_is_refused() {
     let operator = Operator::new("shaddock-test");
     let account = operator.account("game");
-    let bus = operator_mode(&operator, &account);
+    let bus = operator_mode(&operator, &account).await;
     let user = account.user("gate");
     let other = account.user("someone-else");
     gate_is_refused(&bus, &creds(&user.jwt, &other.seed())).await;

@@ -1,7 +1,10 @@
 //! The gate end to end on real sockets: WebSocket clients (the SDK, and a raw client
-//! for bad input), a gate served in-process on port 0, workers on the bus. Every check
-//! runs twice, `embedded::<check>` on our broker and `nats_server::<check>` on the real
-//! nats-server, since a gate fleet may run on either.
+//! for bad input), a gate served in-process on port 0, workers on the bus. The checks
+//! whose outcome is the bus's doing (queue groups, no responders, what a dead worker's
+//! connection held, unsubscribing) run twice, `embedded::<check>` on our broker and
+//! `nats_server::<check>` on the real nats-server, since a gate fleet may run on either;
+//! those of the gate's own rules (codecs, limits, handshake, shutdown) run once, on our
+//! broker.
 //!
 //! Nothing sleeps: handlers are held and released through channels, and every wait has
 //! a deadline.
@@ -32,27 +35,9 @@ use tokio_tungstenite::tungstenite::Message;
 broker::on_both_buses!(
     three_echo_workers_answer_every_request_and_share_the_load,
     killed_worker_costs_only_the_requests_it_held,
-    garbage_binary_frame_closes_with_invalid_packet,
-    invalid_json_text_frame_closes_with_invalid_packet,
     unknown_route_is_404_at_once,
-    routes_that_would_change_the_subject_are_400,
-    oversized_frame_closes_with_frame_too_large,
-    request_before_handshake_closes_with_handshake_required,
-    too_many_in_flight_is_429,
-    a_full_gate_answers_503_at_once,
-    frames_read_together_are_all_answered,
-    too_fast_is_429,
     full_worker_queue_gives_fast_503s,
-    slow_handler_gives_408,
-    notify_reaches_the_worker_and_gets_no_response,
-    refused_token_gets_401,
-    silent_client_is_closed_with_heartbeat_missed,
-    server_timing_covers_the_handler_time,
-    shutdown_tells_clients_to_move_and_keeps_serving_them,
-    shutdown_answers_503_after_the_grace_period,
-    late_in_the_grace_requests_are_not_forwarded,
     a_stopped_gate_unsubscribes_its_replies,
-    text_frames_speak_json,
 );
 
 /// WebSocket close codes the gate uses.
@@ -180,7 +165,9 @@ fn request_id(reply: &str) -> u64 {
     reply.rsplit('.').next().unwrap().parse().unwrap()
 }
 
-async fn garbage_binary_frame_closes_with_invalid_packet(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_binary_frame_closes_with_invalid_packet() {
+    let bus = Bus::embedded().await;
     let _echo = echo_worker(&bus).await;
     let gate = TestGate::start(&bus, GateConfig::default()).await;
     let mut bystander = Bystander::join(&gate).await;
@@ -192,7 +179,9 @@ async fn garbage_binary_frame_closes_with_invalid_packet(bus: Bus) {
     bystander.still_served().await;
 }
 
-async fn invalid_json_text_frame_closes_with_invalid_packet(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_json_text_frame_closes_with_invalid_packet() {
+    let bus = Bus::embedded().await;
     let _echo = echo_worker(&bus).await;
     let gate = TestGate::start(&bus, GateConfig::default()).await;
     let mut bystander = Bystander::join(&gate).await;
@@ -228,7 +217,9 @@ async fn unknown_route_is_404_at_once(bus: Bus) {
     bystander.still_served().await;
 }
 
-async fn routes_that_would_change_the_subject_are_400(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_that_would_change_the_subject_are_400() {
+    let bus = Bus::embedded().await;
     let _echo = echo_worker(&bus).await;
     let gate = TestGate::start(&bus, GateConfig::default()).await;
     let mut bystander = Bystander::join(&gate).await;
@@ -256,7 +247,9 @@ async fn routes_that_would_change_the_subject_are_400(bus: Bus) {
     assert_eq!(response.code, code::OK, "{response:?}");
 }
 
-async fn oversized_frame_closes_with_frame_too_large(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_frame_closes_with_frame_too_large() {
+    let bus = Bus::embedded().await;
     let _echo = echo_worker(&bus).await;
     let gate = TestGate::start(&bus, gate_config(|c| c.max_frame = 1024)).await;
     let mut bystander = Bystander::join(&gate).await;
@@ -268,7 +261,9 @@ async fn oversized_frame_closes_with_frame_too_large(bus: Bus) {
     bystander.still_served().await;
 }
 
-async fn request_before_handshake_closes_with_handshake_required(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_before_handshake_closes_with_handshake_required() {
+    let bus = Bus::embedded().await;
     let _echo = echo_worker(&bus).await;
     let gate = TestGate::start(&bus, GateConfig::default()).await;
     let mut bystander = Bystander::join(&gate).await;
@@ -280,7 +275,9 @@ async fn request_before_handshake_closes_with_handshake_required(bus: Bus) {
     bystander.still_served().await;
 }
 
-async fn too_many_in_flight_is_429(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_in_flight_is_429() {
+    let bus = Bus::embedded().await;
     let mut holds = Holds::default();
     let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
     let _echo = echo_worker(&bus).await;
@@ -307,7 +304,9 @@ async fn too_many_in_flight_is_429(bus: Bus) {
     bystander.still_served().await;
 }
 
-async fn a_full_gate_answers_503_at_once(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_gate_answers_503_at_once() {
+    let bus = Bus::embedded().await;
     let mut holds = Holds::default();
     let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
     let gate = TestGate::start(&bus, gate_config(|c| c.max_gate_in_flight = 2)).await;
@@ -336,7 +335,9 @@ async fn a_full_gate_answers_503_at_once(bus: Bus) {
 
 /// The gate handles up to `READ_BATCH` (64) frames its socket holds before it flushes;
 /// more than two batches in one write must all be answered, refused ones too.
-async fn frames_read_together_are_all_answered(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_read_together_are_all_answered() {
+    let bus = Bus::embedded().await;
     const FRAMES: u64 = 2 * 64 + 1;
     let _echo = echo_worker(&bus).await;
     let gate = TestGate::start(&bus, gate_config(|_| {})).await;
@@ -362,7 +363,9 @@ async fn frames_read_together_are_all_answered(bus: Bus) {
     assert_eq!(full.raw.response().await.code, code::OK);
 }
 
-async fn too_fast_is_429(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_fast_is_429() {
+    let bus = Bus::embedded().await;
     const BURST: u64 = 4;
     let _echo = echo_worker(&bus).await;
     let config = gate_config(|c| {
@@ -424,7 +427,9 @@ async fn full_worker_queue_gives_fast_503s(bus: Bus) {
     assert_eq!(done, [(1, code::OK), (2, code::OK)]);
 }
 
-async fn slow_handler_gives_408(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_handler_gives_408() {
+    let bus = Bus::embedded().await;
     let mut holds = Holds::default();
     let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
     let config = gate_config(|c| c.request_timeout = Duration::from_millis(300));
@@ -446,7 +451,9 @@ async fn slow_handler_gives_408(bus: Bus) {
     assert_eq!((response.code, &response.body[..]), (code::OK, &b"p"[..]));
 }
 
-async fn notify_reaches_the_worker_and_gets_no_response(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_reaches_the_worker_and_gets_no_response() {
+    let bus = Bus::embedded().await;
     let (notes_tx, mut notes) = mpsc::channel::<Bytes>(8);
     let service = Service::new("rec").raw_method("note", move |_ctx, body| {
         let _ = notes_tx.try_send(body);
@@ -476,7 +483,9 @@ async fn notify_reaches_the_worker_and_gets_no_response(bus: Bus) {
     );
 }
 
-async fn refused_token_gets_401(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_token_gets_401() {
+    let bus = Bus::embedded().await;
     let _echo = echo_worker(&bus).await;
     let tokens = Arc::new(StaticToken("s3cret".into()));
     let gate = TestGate::start_with_tokens(&bus, GateConfig::default(), tokens).await;
@@ -503,7 +512,9 @@ async fn refused_token_gets_401(bus: Bus) {
     assert_eq!(response.code, code::OK, "{response:?}");
 }
 
-async fn silent_client_is_closed_with_heartbeat_missed(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_client_is_closed_with_heartbeat_missed() {
+    let bus = Bus::embedded().await;
     let _echo = echo_worker(&bus).await;
     let config = gate_config(|c| c.heartbeat = Duration::from_millis(200));
     let gate = TestGate::start(&bus, config).await;
@@ -524,7 +535,9 @@ async fn silent_client_is_closed_with_heartbeat_missed(bus: Bus) {
     bystander.still_served().await;
 }
 
-async fn server_timing_covers_the_handler_time(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_timing_covers_the_handler_time() {
+    let bus = Bus::embedded().await;
     let mut holds = Holds::default();
     let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
     let _echo = echo_worker(&bus).await;
@@ -559,7 +572,9 @@ async fn server_timing_covers_the_handler_time(bus: Bus) {
     assert_eq!(response.timing, None, "timing nobody asked for");
 }
 
-async fn shutdown_tells_clients_to_move_and_keeps_serving_them(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_tells_clients_to_move_and_keeps_serving_them() {
+    let bus = Bus::embedded().await;
     let mut holds = Holds::default();
     let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
     let _echo = echo_worker(&bus).await;
@@ -633,7 +648,9 @@ async fn a_stopped_gate_unsubscribes_its_replies(bus: Bus) {
     }
 }
 
-async fn shutdown_answers_503_after_the_grace_period(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_answers_503_after_the_grace_period() {
+    let bus = Bus::embedded().await;
     let mut holds = Holds::default();
     let _park = start_worker(bus.url(), holds.service("park", "p"), queue_of(8)).await;
     let config = gate_config(|c| c.shutdown_grace = Duration::from_millis(200));
@@ -653,7 +670,9 @@ async fn shutdown_answers_503_after_the_grace_period(bus: Bus) {
     gate.stopped().await;
 }
 
-async fn text_frames_speak_json(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_frames_speak_json() {
+    let bus = Bus::embedded().await;
     let _echo = echo_worker(&bus).await;
     let gate = TestGate::start(&bus, GateConfig::default()).await;
     let mut raw = RawClient::connect(&gate.url).await;
@@ -679,7 +698,9 @@ async fn text_frames_speak_json(bus: Bus) {
     assert_eq!(response["response"]["code"], 400, "{response}");
 }
 
-async fn late_in_the_grace_requests_are_not_forwarded(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_in_the_grace_requests_are_not_forwarded() {
+    let bus = Bus::embedded().await;
     let handled = Arc::new(AtomicUsize::new(0));
     let _echo = start_worker(bus.url(), counting_echo(handled.clone()), queue_of(8)).await;
     let grace = Duration::from_millis(400);

@@ -1,6 +1,7 @@
 //! Typed JSON bodies end to end: JSON clients speak the chat service's messages as JSON
 //! (proto3 JSON mapping) through a gate that learnt the types from the workers'
-//! announcements, beside protobuf clients, on both buses.
+//! announcements, beside protobuf clients. Transcoding is the gate's alone: each test
+//! runs once, on our broker.
 
 mod common;
 
@@ -17,15 +18,6 @@ use sdk::{ClientOptions, Push};
 use serde_json::{Value, json};
 use services::FrameConfig;
 use tokio_tungstenite::tungstenite::Message;
-
-broker::on_both_buses!(
-    a_json_and_a_protobuf_client_share_a_room,
-    a_json_client_uses_every_chat_route,
-    a_worker_started_after_the_gate_is_learnt,
-    a_malformed_body_is_answered_400_naming_the_field,
-    bad_announcements_do_not_break_the_gate,
-    the_rust_sdk_speaks_json,
-);
 
 /// A JSON session over a raw WebSocket: requests with JSON bodies, packets as JSON.
 struct JsonClient {
@@ -102,7 +94,9 @@ async fn chat_worker(bus: &Bus) -> common::TestWorker {
     start_worker(bus.url(), services::chat::service(), FrameConfig::default()).await
 }
 
-async fn a_json_and_a_protobuf_client_share_a_room(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_and_a_protobuf_client_share_a_room() {
+    let bus = Bus::embedded().await;
     let _chat = chat_worker(&bus).await;
     let gate = TestGate::start(&bus, GateConfig::default()).await;
     let mut ann = JsonClient::connect(&gate).await;
@@ -182,7 +176,9 @@ async fn a_json_and_a_protobuf_client_share_a_room(bus: Bus) {
     assert_eq!(texts, ["one", "two", "three", "four"]);
 }
 
-async fn a_json_client_uses_every_chat_route(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_client_uses_every_chat_route() {
+    let bus = Bus::embedded().await;
     let _chat = chat_worker(&bus).await;
     let _echo = common::echo_worker(&bus).await;
     let gate = TestGate::start(&bus, GateConfig::default()).await;
@@ -263,7 +259,9 @@ async fn a_json_client_uses_every_chat_route(bus: Bus) {
     assert_eq!(raw["body"], "as is", "{raw}");
 }
 
-async fn a_worker_started_after_the_gate_is_learnt(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_started_after_the_gate_is_learnt() {
+    let bus = Bus::embedded().await;
     let gate = TestGate::start(&bus, GateConfig::default()).await;
     let mut ann = JsonClient::connect(&gate).await;
     let before = ann
@@ -278,7 +276,9 @@ async fn a_worker_started_after_the_gate_is_learnt(bus: Bus) {
     assert_eq!(login["body"]["name"], "ann", "{login}");
 }
 
-async fn a_malformed_body_is_answered_400_naming_the_field(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_body_is_answered_400_naming_the_field() {
+    let bus = Bus::embedded().await;
     let _chat = chat_worker(&bus).await;
     let gate = TestGate::start(&bus, GateConfig::default()).await;
     let mut ann = JsonClient::connect(&gate).await;
@@ -302,7 +302,9 @@ async fn a_malformed_body_is_answered_400_naming_the_field(bus: Bus) {
     assert_eq!(joined["code"], 200, "{joined}");
 }
 
-async fn bad_announcements_do_not_break_the_gate(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_announcements_do_not_break_the_gate() {
+    let bus = Bus::embedded().await;
     let chat = chat_worker(&bus).await;
     let _echo = common::echo_worker(&bus).await;
     let gate = TestGate::start(&bus, GateConfig::default()).await;
@@ -382,7 +384,9 @@ async fn bad_announcements_do_not_break_the_gate(bus: Bus) {
     assert_eq!(raw["body"], "still here", "{raw}");
 }
 
-async fn the_rust_sdk_speaks_json(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_sdk_speaks_json() {
+    let bus = Bus::embedded().await;
     let _chat = chat_worker(&bus).await;
     let _echo = common::echo_worker(&bus).await;
     let gate = TestGate::start(&bus, GateConfig::default()).await;

@@ -1,7 +1,8 @@
 //! The pomelo wire protocol on the gate, end to end with a hand-built pomelo client
 //! over tokio-tungstenite: a pomelo and an SDK client chat in one room, bad input and
 //! limits close only the session that sent them, errors carry pitaya's flag, kicks
-//! and heartbeats are pomelo's; on both buses.
+//! and heartbeats are pomelo's. A codec of the gate's: each test runs once, on our
+//! broker.
 
 mod common;
 
@@ -21,14 +22,6 @@ use services::FrameConfig;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-
-broker::on_both_buses!(
-    a_pomelo_and_an_sdk_client_chat_in_one_room,
-    bad_input_closes_only_the_session_that_sent_it,
-    errors_carry_the_error_flag_code_and_msg,
-    a_second_login_kicks_with_a_pomelo_kick,
-    a_silent_client_is_closed_after_two_heartbeats,
-);
 
 /// What the gate sent next.
 #[derive(Debug)]
@@ -228,7 +221,9 @@ async fn chat_worker(bus: &Bus) -> common::TestWorker {
     start_worker(bus.url(), services::chat::service(), FrameConfig::default()).await
 }
 
-async fn a_pomelo_and_an_sdk_client_chat_in_one_room(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pomelo_and_an_sdk_client_chat_in_one_room() {
+    let bus = Bus::embedded().await;
     let _chat = chat_worker(&bus).await;
     let gate = TestGate::start(&bus, GateConfig::default()).await;
     let mut ann = PomeloClient::connect_knowing(&gate, "chat.chat.login").await;
@@ -301,7 +296,9 @@ async fn a_pomelo_and_an_sdk_client_chat_in_one_room(bus: Bus) {
     assert_eq!(texts, ["from bob", "from ann"]);
 }
 
-async fn bad_input_closes_only_the_session_that_sent_it(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_closes_only_the_session_that_sent_it() {
+    let bus = Bus::embedded().await;
     let _echo = echo_worker(&bus).await;
     let gate = TestGate::start(&bus, gate_config(|c| c.max_frame = 1024)).await;
     let mut bystander = Bystander::join(&gate).await;
@@ -345,7 +342,9 @@ async fn bad_input_closes_only_the_session_that_sent_it(bus: Bus) {
     bystander.still_served().await;
 }
 
-async fn errors_carry_the_error_flag_code_and_msg(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_carry_the_error_flag_code_and_msg() {
+    let bus = Bus::embedded().await;
     let _echo = echo_worker(&bus).await;
     let _chat = chat_worker(&bus).await;
     let gate = TestGate::start(&bus, GateConfig::default()).await;
@@ -374,7 +373,9 @@ async fn errors_carry_the_error_flag_code_and_msg(bus: Bus) {
     assert!(pushes.is_empty(), "{pushes:?}");
 }
 
-async fn a_second_login_kicks_with_a_pomelo_kick(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_login_kicks_with_a_pomelo_kick() {
+    let bus = Bus::embedded().await;
     let _chat = chat_worker(&bus).await;
     let gate = TestGate::start(&bus, GateConfig::default()).await;
     let mut first = PomeloClient::connect_knowing(&gate, "chat.chat.login").await;
@@ -396,7 +397,9 @@ async fn a_second_login_kicks_with_a_pomelo_kick(bus: Bus) {
     first.expect_close(1008, "kicked").await;
 }
 
-async fn a_silent_client_is_closed_after_two_heartbeats(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_client_is_closed_after_two_heartbeats() {
+    let bus = Bus::embedded().await;
     let gate = TestGate::start(
         &bus,
         gate_config(|c| c.heartbeat = std::time::Duration::from_millis(300)),

@@ -8,14 +8,15 @@ mod common;
 
 use std::sync::Arc;
 
+use broker::testing::EmbeddedServer;
 use broker::testing::pki::Pki;
-use broker::testing::{EmbeddedServer, spawn_nats_server_with_config, temp_file};
 use broker::{Auth, Config};
 use common::{Bus, TestGate, start_worker_with, within};
 use gateway::bus::BusOptions;
 use gateway::{AnyToken, GateConfig};
 use proto::code;
 use services::{BusSecurity, WorkerConfig};
+use testkit::temp_file;
 
 /// Trusts the test CA (and so requires TLS), with `auth`'s credentials.
 fn trusting(pki: &Pki, auth: impl FnOnce(&mut BusSecurity)) -> BusSecurity {
@@ -68,12 +69,12 @@ async fn our_broker(pki: &Pki, auth: Auth) -> Bus {
     )
 }
 
-fn nats_server(pki: &Pki, authorization: &str) -> Bus {
+async fn nats_server(pki: &Pki, authorization: &str) -> Bus {
     let config = format!(
         "{}authorization {{ {authorization} }}\n",
         pki.conf_block(false)
     );
-    Bus::NatsServer(spawn_nats_server_with_config(&config))
+    Bus::nats_server_with(&config).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,7 +91,7 @@ async fn tls_and_user_password_on_our_broker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_and_user_password_on_nats_server() {
     let pki = Pki::new();
-    let bus = nats_server(&pki, "user: shaddock, password: bus-s3cret");
+    let bus = nats_server(&pki, "user: shaddock, password: bus-s3cret").await;
     echo_crosses(&bus, trusting(&pki, user_password)).await;
 }
 
@@ -104,7 +105,7 @@ async fn tls_and_token_on_our_broker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_and_token_on_nats_server() {
     let pki = Pki::new();
-    let bus = nats_server(&pki, "token: bus-t0ken");
+    let bus = nats_server(&pki, "token: bus-t0ken").await;
     echo_crosses(&bus, trusting(&pki, token)).await;
 }
 
@@ -118,7 +119,8 @@ async fn tls_and_nkey_on_nats_server() {
     let bus = nats_server(
         &pki,
         &format!("users = [ {{ nkey: {} }} ]", user.public_key()),
-    );
+    )
+    .await;
     let security = trusting(&pki, |s| s.nats_nkey = Some(seed_file.clone()));
     echo_crosses(&bus, security).await;
     let _ = std::fs::remove_file(seed_file);
@@ -140,6 +142,6 @@ async fn client_certificates_on_both_buses() {
         .await,
     );
     echo_crosses(&ours, with_cert.clone()).await;
-    let theirs = Bus::NatsServer(spawn_nats_server_with_config(&pki.conf_block(true)));
+    let theirs = Bus::nats_server_with(&pki.conf_block(true)).await;
     echo_crosses(&theirs, with_cert).await;
 }

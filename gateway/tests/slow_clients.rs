@@ -1,8 +1,8 @@
 //! Clients that stop reading (docs/gateway.md, "Slow clients"): a session whose socket
 //! takes nothing for `--write-timeout-ms`, or whose queue fills, is closed as too slow;
 //! until then it receives everything, in order; what it holds is given back on time;
-//! and no handful of such sessions costs anyone else an answer. Real gate, real bus,
-//! real WebSockets; the slow clients' sockets have the smallest receive buffer the
+//! and no handful of such sessions costs anyone else an answer. Real gate, real bus (our
+//! broker: this is the gate's socket side), real WebSockets; the slow clients' sockets have the smallest receive buffer the
 //! kernel allows, so they fill after kilobytes.
 
 mod common;
@@ -20,12 +20,6 @@ use proto::client::{Heartbeat, packet::Kind};
 use proto::code;
 use services::{FrameConfig, Service};
 use tokio::time::Instant;
-
-broker::on_both_buses!(
-    a_member_that_stops_reading_misses_nothing_until_it_is_closed_as_too_slow,
-    a_session_that_never_reads_frees_its_slots_on_time_and_is_cut_at_its_write_timeout,
-    a_hundred_sessions_that_never_read_cost_a_reader_no_503,
-);
 
 /// Pushes of this many bytes fill a slow client's window after a handful.
 const PUSH_BYTES: usize = 512;
@@ -87,7 +81,9 @@ async fn sessions_come_down_to(gate: &TestGate, sessions: usize, limit: Duration
 /// within the write timeout of the flood's end, and what it received until then is
 /// every push from the first, in order, none missing. The sender and a third member,
 /// which reads, notice nothing: every flood is answered and the third gets every push.
-async fn a_member_that_stops_reading_misses_nothing_until_it_is_closed_as_too_slow(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_stops_reading_misses_nothing_until_it_is_closed_as_too_slow() {
+    let bus = Bus::embedded().await;
     const FLOODS: usize = 20;
     const PER_FLOOD: usize = 1_000;
     const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -147,9 +143,9 @@ async fn a_member_that_stops_reading_misses_nothing_until_it_is_closed_as_too_sl
 /// A session that sends and never reads: once its socket is full, requests it sent are
 /// still answered 408 at the request timeout (its slots of the gate's budget freed,
 /// though the answers cannot be written), and the session is cut at the write timeout.
-async fn a_session_that_never_reads_frees_its_slots_on_time_and_is_cut_at_its_write_timeout(
-    bus: Bus,
-) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_never_reads_frees_its_slots_on_time_and_is_cut_at_its_write_timeout() {
+    let bus = Bus::embedded().await;
     const HELD: u64 = 10;
     const REQUEST_TIMEOUT: Duration = Duration::from_millis(300);
     const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -205,7 +201,9 @@ async fn a_session_that_never_reads_frees_its_slots_on_time_and_is_cut_at_its_wr
 
 /// A hundred sessions each send 256 requests and never read a byte: a session that
 /// reads, on the same gate, gets every one of its 200 requests answered 200.
-async fn a_hundred_sessions_that_never_read_cost_a_reader_no_503(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_sessions_that_never_read_cost_a_reader_no_503() {
+    let bus = Bus::embedded().await;
     const ATTACKERS: usize = 100;
     let _echo = echo_worker(&bus).await;
     let gate = TestGate::start(&bus, gate_config(|_| {})).await;

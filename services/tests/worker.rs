@@ -1,5 +1,6 @@
-//! Workers on a real bus: every test runs against our embedded broker and against the
-//! real nats-server, with async-nats as the gate's stand-in.
+//! Workers on a real bus, with async-nats as the gate's stand-in. What the bus decides
+//! (queue groups, leases, unsubscribing) runs against our embedded broker and against
+//! the real nats-server; the worker's own answers (codec, errors, effects), once.
 
 mod common;
 
@@ -17,13 +18,6 @@ use services::{Context, FrameConfig, HandlerError, Service, WorkerConfig, echo};
 use tokio::sync::mpsc;
 
 broker::on_both_buses!(
-    echo_answers_with_the_same_body,
-    raw_echo_returns_the_bytes_unchanged,
-    unknown_method_is_404,
-    failing_handler_is_500_with_its_message,
-    malformed_request_is_400,
-    effects_reach_the_caller,
-    notifies_are_handled_but_not_answered,
     three_workers_in_the_group_all_get_a_share,
     full_queue_gives_fast_503s,
     shutdown_answers_what_was_taken_then_unsubscribes,
@@ -40,7 +34,9 @@ fn config(queue_capacity: usize) -> WorkerConfig {
     }
 }
 
-async fn echo_answers_with_the_same_body(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_answers_with_the_same_body() {
+    let bus = Bus::embedded().await;
     let worker = bus.worker(echo::service(), config(16)).await;
     let client = bus.client().await;
     let body = EchoRequest {
@@ -58,7 +54,9 @@ async fn echo_answers_with_the_same_body(bus: Bus) {
     worker.stop().await;
 }
 
-async fn raw_echo_returns_the_bytes_unchanged(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_echo_returns_the_bytes_unchanged() {
+    let bus = Bus::embedded().await;
     let worker = bus.worker(echo::service(), config(16)).await;
     let client = bus.client().await;
     let body = Bytes::from_static(&[0, 1, 2, 0xfe, 0xff]);
@@ -72,7 +70,9 @@ async fn raw_echo_returns_the_bytes_unchanged(bus: Bus) {
     worker.stop().await;
 }
 
-async fn unknown_method_is_404(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_method_is_404() {
+    let bus = Bus::embedded().await;
     let worker = bus.worker(echo::service(), config(16)).await;
     let client = bus.client().await;
     let response = call(&client, "shaddock.svc.echo.nope", rpc("echo.nope", "")).await;
@@ -81,7 +81,9 @@ async fn unknown_method_is_404(bus: Bus) {
     worker.stop().await;
 }
 
-async fn failing_handler_is_500_with_its_message(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_handler_is_500_with_its_message() {
+    let bus = Bus::embedded().await;
     let service = Service::new("spells").raw_method("cast", |_ctx, _body| {
         Err(HandlerError::new("not enough mana"))
     });
@@ -95,7 +97,9 @@ async fn failing_handler_is_500_with_its_message(bus: Bus) {
     worker.stop().await;
 }
 
-async fn malformed_request_is_400(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_request_is_400() {
+    let bus = Bus::embedded().await;
     let worker = bus.worker(echo::service(), config(16)).await;
     let client = bus.client().await;
     // A length-delimited field longer than the payload: not an RpcRequest.
@@ -105,7 +109,9 @@ async fn malformed_request_is_400(bus: Bus) {
     worker.stop().await;
 }
 
-async fn effects_reach_the_caller(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn effects_reach_the_caller() {
+    let bus = Bus::embedded().await;
     let service = Service::new("auth").raw_method("login", |ctx: &mut Context, body| {
         ctx.bind_uid(String::from_utf8_lossy(&body).into_owned());
         ctx.join("lobby");
@@ -130,7 +136,9 @@ async fn effects_reach_the_caller(bus: Bus) {
     worker.stop().await;
 }
 
-async fn notifies_are_handled_but_not_answered(bus: Bus) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifies_are_handled_but_not_answered() {
+    let bus = Bus::embedded().await;
     let (seen_tx, mut seen) = mpsc::channel(4);
     let service = Service::new("notes").raw_method("note", move |_ctx, body| {
         let _ = seen_tx.try_send(body);

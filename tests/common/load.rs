@@ -4,10 +4,9 @@
 use std::time::Duration;
 
 use sdk::{Client, ClientOptions};
+use testkit::DEADLINE;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-
-use crate::fleet::WAIT;
 
 /// Clients sending, spread over the gates.
 pub const CLIENTS: usize = 20;
@@ -80,7 +79,10 @@ pub async fn load(gates: Vec<String>, count: usize, stop: CancellationToken) -> 
 
 /// Awaits the load and checks every request was answered 200.
 pub async fn assert_all_answered(clients: tokio::task::JoinHandle<Tally>) {
-    let tally = tokio::time::timeout(WAIT, clients).await.unwrap().unwrap();
+    let tally = tokio::time::timeout(DEADLINE, clients)
+        .await
+        .unwrap()
+        .unwrap();
     eprintln!(
         "{} requests answered 200, {} not: {:?}",
         tally.ok,

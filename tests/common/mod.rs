@@ -1,11 +1,12 @@
 //! What the root crate's process tests share: `shaddock up` started as a real process
 //! on free ports.
 
-use broker::testing::hostile::Limited;
+use broker::testing::hostile::spawn_limited;
+use testkit::Process;
 
 /// Starts `shaddock up` with every port free-picked, at most `nofile` open files, and
 /// `extra` flags; stopped when the returned handle drops.
-pub fn up(nofile: u64, extra: &[&str]) -> Limited {
+pub fn up(nofile: u64, extra: &[&str]) -> Process {
     let mut args = vec![
         "up",
         "--broker-port=0",
@@ -14,5 +15,5 @@ pub fn up(nofile: u64, extra: &[&str]) -> Limited {
         "--metrics-port=0",
     ];
     args.extend_from_slice(extra);
-    Limited::spawn(nofile, env!("CARGO_BIN_EXE_shaddock").as_ref(), &args)
+    spawn_limited(nofile, env!("CARGO_BIN_EXE_shaddock").as_ref(), &args)
 }

@@ -10,9 +10,9 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
-use super::temp_file;
 use crate::Tls;
 use crate::config::DEFAULT_TLS_TIMEOUT;
+use testkit::temp_file;
 
 /// A certificate and its key, as PEM files.
 #[derive(Debug, Clone)]

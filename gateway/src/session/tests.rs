@@ -13,6 +13,7 @@ use proto::Message as _;
 use proto::client::{self, Packet, packet::Kind};
 use proto::code;
 use proto::rpc::{RpcRequest, RpcResponse, ServerPush};
+use testkit::DEADLINE;
 use tokio::io::DuplexStream;
 use tokio::task::JoinHandle;
 use tokio_tungstenite::WebSocketStream;
@@ -27,9 +28,6 @@ use crate::codec::PushFrame;
 use crate::config::GateConfig;
 use crate::inbox::{ToSession, WorkerReply};
 use crate::schema::Schemas;
-
-/// How long a test waits for what must come; far beyond what any of it takes.
-const WAIT: Duration = Duration::from_secs(10);
 
 fn gate(change: impl FnOnce(&mut GateConfig)) -> Arc<Context> {
     let mut config = GateConfig {
@@ -86,7 +84,7 @@ async fn request(client: &mut Client, id: u64, route: &str) {
 
 /// The next packet the gate sent.
 async fn next(ws: &mut WebSocketStream<DuplexStream>) -> Kind {
-    let frame = tokio::time::timeout(WAIT, ws.next())
+    let frame = tokio::time::timeout(DEADLINE, ws.next())
         .await
         .expect("a frame in time")
         .expect("the session is open")
@@ -280,12 +278,14 @@ async fn a_kick_is_sent_and_the_session_closes_giving_back_what_it_held() {
         panic!("no kick");
     };
     assert_eq!(kick.reason, "bye");
-    let closed = tokio::time::timeout(WAIT, client.ws.next()).await.unwrap();
+    let closed = tokio::time::timeout(DEADLINE, client.ws.next())
+        .await
+        .unwrap();
     let Some(Ok(Message::Close(Some(frame)))) = closed else {
         panic!("no close frame: {closed:?}");
     };
     assert_eq!(frame.code, CloseCode::Policy);
-    tokio::time::timeout(WAIT, client.task)
+    tokio::time::timeout(DEADLINE, client.task)
         .await
         .unwrap()
         .unwrap();
@@ -313,7 +313,7 @@ async fn a_client_that_stops_reading_is_closed_as_too_slow_at_the_write_deadline
             .unwrap();
         tokio::task::yield_now().await;
     }
-    tokio::time::timeout(WAIT, client.task)
+    tokio::time::timeout(DEADLINE, client.task)
         .await
         .expect("the session ends")
         .unwrap();
@@ -342,7 +342,7 @@ async fn a_full_queue_closes_the_session_rather_than_drop_what_it_sends() {
         .map(|_| cx.sessions.offer(client.sid, ToSession::Push(push.clone())))
         .any(|r| r.is_err());
     assert!(refused);
-    tokio::time::timeout(WAIT, client.task)
+    tokio::time::timeout(DEADLINE, client.task)
         .await
         .expect("the session ends")
         .unwrap();

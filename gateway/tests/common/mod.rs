@@ -22,12 +22,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
 
-pub use broker::testing::{Bus, DEADLINE, within};
+pub use broker::testing::Bus;
 use gateway::bus::BusOptions;
 use gateway::{AnyToken, Gate, GateConfig, TokenCheck};
 use proto::code;
 use sdk::{Client, ClientOptions};
 use services::{FrameConfig, Service, Worker, WorkerConfig};
+pub use testkit::{DEADLINE, within};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;

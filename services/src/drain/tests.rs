@@ -3,9 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use broker::testing::{Bus, round_trip, within};
+use broker::testing::{Bus, round_trip};
 use bytes::Bytes;
 use futures::{FutureExt as _, StreamExt as _};
+use testkit::within;
 use tokio::sync::oneshot;
 
 use super::*;

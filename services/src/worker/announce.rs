@@ -78,8 +78,9 @@ impl Announcer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use broker::testing::{Bus, round_trip, within};
+    use broker::testing::{Bus, round_trip};
     use futures::FutureExt as _;
+    use testkit::within;
 
     /// A client subscribed to prefix `t`'s announcements, the broker holding the
     /// subscription before anything is published on it.

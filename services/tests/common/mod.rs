@@ -8,12 +8,13 @@
 use std::sync::mpsc as std_mpsc;
 
 use async_nats::Client;
-pub use broker::testing::{Bus, DEADLINE, within};
+pub use broker::testing::Bus;
 use bytes::Bytes;
 use futures::StreamExt;
 use proto::Message;
 use proto::rpc::{RpcRequest, RpcResponse};
 use services::{Service, Worker, WorkerConfig};
+pub use testkit::{DEADLINE, within};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;

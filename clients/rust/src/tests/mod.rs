@@ -10,11 +10,10 @@ use bytes::Bytes;
 use futures::future::join_all;
 use tokio::net::TcpListener;
 
+use testkit::{DEADLINE, within};
+
 use super::*;
 use fake_gate::{Event, REVERSE_BATCH, fake_gate};
-
-/// A deadline for conditions the tests wait on: generous, never slept.
-const DEADLINE: Duration = Duration::from_secs(10);
 
 fn options() -> ClientOptions {
     ClientOptions {
@@ -31,12 +30,6 @@ fn reconnecting() -> ClientOptions {
         }),
         ..options()
     }
-}
-
-async fn within<F: std::future::Future>(f: F) -> F::Output {
-    tokio::time::timeout(DEADLINE, f)
-        .await
-        .expect("condition not met before the deadline")
 }
 
 fn closed_reason(e: &SdkError) -> &str {

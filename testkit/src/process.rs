@@ -1,0 +1,228 @@
+//! A child process whose log lines (stdout and stderr) are read as it writes them and
+//! kept: a test waits for a line (never sleeps), reads the log, signals the process,
+//! and drops it to kill it (by its own pid, only while it is still ours: not yet
+//! reaped) and reap it. The log's last lines go into every failure message.
+
+use std::ffi::OsString;
+use std::io::{BufRead as _, BufReader, Read};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::sync::watch;
+
+use crate::DEADLINE;
+
+/// Lines of the log a failure message shows: a flooded log would drown it.
+const TAIL_LINES: usize = 40;
+
+/// A started child process; killed (by its own pid) and reaped when dropped.
+pub struct Process {
+    name: String,
+    child: Child,
+    log: watch::Receiver<Log>,
+    /// Lines before this one have been waited past by [`Process::line`].
+    next: usize,
+    /// Files removed once the process is gone (its config file).
+    temp_files: Vec<PathBuf>,
+}
+
+/// Everything the process wrote, line by line, with when it was read.
+struct Log {
+    lines: Vec<(Instant, String)>,
+    /// Pipes not yet closed: none once the process has exited.
+    open_pipes: usize,
+}
+
+impl Process {
+    /// Starts `command` named `name` (for messages), with no stdin, its stdout and
+    /// stderr read into the log, and none of the test's own `SHADDOCK_*` variables
+    /// unless `command` sets them: a setting exported in the shell must not change
+    /// what a test starts.
+    pub fn spawn(name: &str, mut command: Command) -> Process {
+        let set: Vec<OsString> = command.get_envs().map(|(k, _)| k.to_owned()).collect();
+        for (key, _) in std::env::vars_os() {
+            if key.to_str().is_some_and(|k| k.starts_with("SHADDOCK_")) && !set.contains(&key) {
+                command.env_remove(key);
+            }
+        }
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        let (tx, log) = watch::channel(Log {
+            lines: Vec::new(),
+            open_pipes: 2,
+        });
+        let tx = Arc::new(tx);
+        read_lines(child.stdout.take().unwrap(), tx.clone());
+        read_lines(child.stderr.take().unwrap(), tx);
+        Process {
+            name: name.to_owned(),
+            child,
+            log,
+            next: 0,
+            temp_files: Vec::new(),
+        }
+    }
+
+    /// Its name, as given to [`Process::spawn`].
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Removes `path` once the process is gone.
+    pub fn remove_on_drop(&mut self, path: PathBuf) {
+        self.temp_files.push(path);
+    }
+
+    /// The next line containing `needle` (after the one the last wait returned), within
+    /// [`DEADLINE`]; panics with the log if the process ends or the deadline passes first.
+    pub async fn line(&mut self, needle: &str) -> String {
+        self.line_within(needle, DEADLINE).await
+    }
+
+    /// [`Process::line`] with a wait of the test's own (one that is part of what it
+    /// checks).
+    pub async fn line_within(&mut self, needle: &str, wait: Duration) -> String {
+        let from = self.next;
+        let mut found = None;
+        let timed_out = tokio::time::timeout(
+            wait,
+            self.log.wait_for(|log| {
+                found = log.lines[from..]
+                    .iter()
+                    .position(|(_, line)| line.contains(needle))
+                    .map(|i| from + i);
+                found.is_some() || log.open_pipes == 0
+            }),
+        )
+        .await
+        .is_err();
+        if let Some(i) = found {
+            self.next = i + 1;
+            return self.log.borrow().lines[i].1.clone();
+        }
+        let how = if timed_out {
+            "did not log in time"
+        } else {
+            "ended without logging"
+        };
+        panic!("{} {how} {needle:?}; {}", self.describe(), self.tail())
+    }
+
+    /// The address in the next line containing `phrase`: the word right after it, with
+    /// a wildcard host made loopback (where a client reaches it).
+    pub async fn addr_after(&mut self, phrase: &str) -> SocketAddr {
+        let line = self.line(phrase).await;
+        let mut addr: SocketAddr = word_after(&line, phrase)
+            .parse()
+            .unwrap_or_else(|e| panic!("no address after {phrase:?} in {line:?}: {e}"));
+        if addr.ip().is_unspecified() {
+            addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        addr
+    }
+
+    /// Everything it logged so far.
+    pub fn log(&self) -> String {
+        let log = self.log.borrow();
+        let lines: Vec<&str> = log.lines.iter().map(|(_, l)| l.as_str()).collect();
+        lines.join("\n")
+    }
+
+    /// How many lines containing `needle` it logged since `since`.
+    pub fn count_since(&self, since: Instant, needle: &str) -> usize {
+        let log = self.log.borrow();
+        log.lines
+            .iter()
+            .filter(|(at, line)| *at >= since && line.contains(needle))
+            .count()
+    }
+
+    /// Sends `signal`, unless the process has already been reaped: only then could its
+    /// pid be someone else's.
+    pub fn signal(&mut self, signal: Signal) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let pid = Pid::from_raw(i32::try_from(self.pid()).unwrap());
+            kill(pid, signal).unwrap_or_else(|e| panic!("{signal} to {}: {e}", self.name));
+        }
+    }
+
+    /// Waits, within [`DEADLINE`], for the process to exit on its own (it closes its
+    /// pipes as it does) and returns how it exited.
+    pub async fn exit(&mut self) -> ExitStatus {
+        let closed = tokio::time::timeout(DEADLINE, self.log.wait_for(|log| log.open_pipes == 0))
+            .await
+            .is_ok();
+        assert!(
+            closed,
+            "{} did not exit in time; {}",
+            self.describe(),
+            self.tail()
+        );
+        self.child.wait().unwrap()
+    }
+
+    fn describe(&self) -> String {
+        format!("{} (pid {})", self.name, self.pid())
+    }
+
+    /// The last lines of the log, for a failure message.
+    fn tail(&self) -> String {
+        let log = self.log.borrow();
+        let skip = log.lines.len().saturating_sub(TAIL_LINES);
+        let tail: Vec<&str> = log.lines[skip..].iter().map(|(_, l)| l.as_str()).collect();
+        format!("its log ({skip} earlier lines):\n{}", tail.join("\n"))
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        for path in &self.temp_files {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Reads `pipe` into the log line by line until it closes, on a thread of its own so
+/// the child never blocks on a full pipe, with or without a runtime.
+fn read_lines(pipe: impl Read + Send + 'static, log: Arc<watch::Sender<Log>>) {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(pipe);
+        let mut buf = Vec::new();
+        // A read error ends the log the same as EOF does.
+        while reader.read_until(b'\n', &mut buf).is_ok_and(|n| n > 0) {
+            // Lossy: a log line is for people, and bad UTF-8 must not stop the reading.
+            let line = String::from_utf8_lossy(&buf)
+                .trim_end_matches(['\r', '\n'])
+                .to_owned();
+            log.send_modify(|log| log.lines.push((Instant::now(), line)));
+            buf.clear();
+        }
+        log.send_modify(|log| log.open_pipes -= 1);
+    });
+}
+
+/// The first whitespace-separated word after `phrase` in `line`; panics without one.
+pub fn word_after<'a>(line: &'a str, phrase: &str) -> &'a str {
+    let (_, rest) = line
+        .split_once(phrase)
+        .unwrap_or_else(|| panic!("no {phrase:?} in {line:?}"));
+    rest.split_whitespace().next().unwrap_or_default()
+}
