@@ -21,8 +21,8 @@ use bytes::Bytes;
 use common::proxy::Proxy;
 use common::raw::RawClient;
 use common::{
-    Bus, Bystander, FullGate, Holds, TestGate, counting_echo, echo_worker, gate_config, queue_of,
-    start_worker, within,
+    Bus, Bystander, DEADLINE, FullGate, Holds, TestGate, counting_echo, echo_worker, gate_config,
+    queue_of, start_worker, within,
 };
 use gateway::{GateConfig, StaticToken};
 use proto::client::{Handshake, Heartbeat, packet::Kind};
@@ -35,6 +35,7 @@ use tokio_tungstenite::tungstenite::Message;
 broker::on_both_buses!(
     three_echo_workers_answer_every_request_and_share_the_load,
     killed_worker_costs_only_the_requests_it_held,
+    the_only_worker_restarting_gets_what_was_sent_meanwhile,
     unknown_route_is_404_at_once,
     full_worker_queue_gives_fast_503s,
     a_stopped_gate_unsubscribes_its_replies,
@@ -77,6 +78,46 @@ async fn three_echo_workers_answer_every_request_and_share_the_load(bus: Bus) {
     assert!(
         counts.iter().all(|&c| c > 0),
         "a worker got no share: {counts:?}"
+    );
+}
+
+/// Requests that reach no worker while a service's only worker restarts are sent again
+/// by the gate until the new one takes them: latency, not errors.
+async fn the_only_worker_restarting_gets_what_was_sent_meanwhile(bus: Bus) {
+    let (before, after) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    // Announced, as every service with types is: the gate knows the route exists.
+    let announced = |count| counting_echo(count).descriptors(proto::DESCRIPTORS);
+    let first = start_worker(bus.url(), announced(before.clone()), FrameConfig::default()).await;
+    let gate = TestGate::start(&bus, GateConfig::default()).await;
+    assert!(gate.gate.wait_for_schemas(&["echo"], DEADLINE).await);
+    let client = gate.client().await;
+    assert_eq!(
+        client.request("echo.raw", "x").await.unwrap().code,
+        code::OK
+    );
+    first.stop().await;
+
+    let sent: Vec<_> = (0..10)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move { client.request("echo.raw", format!("{i}")).await })
+        })
+        .collect();
+    // The worker is away for a while (a restart), then back.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let _second = start_worker(bus.url(), announced(after.clone()), FrameConfig::default()).await;
+    for (i, request) in sent.into_iter().enumerate() {
+        let answer = within(request).await.unwrap().unwrap();
+        assert_eq!(answer.code, code::OK, "request {i}: {answer:?}");
+        assert_eq!(answer.body, format!("{i}").as_bytes());
+    }
+    assert_eq!(
+        (
+            before.load(Ordering::Relaxed),
+            after.load(Ordering::Relaxed)
+        ),
+        (1, 10),
+        "each request executed once, the ten by the new worker"
     );
 }
 

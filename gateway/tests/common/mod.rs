@@ -134,6 +134,14 @@ impl Drop for TestWorker {
     }
 }
 
+impl TestWorker {
+    /// Stops the worker and waits until it has drained and left its queue group.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        within(&mut self.handle).await.unwrap().unwrap();
+    }
+}
+
 /// Connects to the bus at `url`, subscribes `service` (returning once the broker has
 /// the subscription, so requests sent next reach it) and runs it on a task.
 pub async fn start_worker(url: &str, service: Service, frames: FrameConfig) -> TestWorker {
