@@ -29,11 +29,10 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
-use super::books::{Books, Tally};
 use super::clock::Pacer;
 use super::inflight::InFlight;
 use super::schedule::{Payload, Plan};
-use super::stats::{Answer, Outcome};
+use super::stats::{Answer, Outcome, Recorder, Tally};
 
 /// The byte stream under the WebSocket: TCP, or TLS over it for `wss://`.
 trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -59,7 +58,7 @@ pub struct ClientRun {
     /// Client-side request timeout.
     pub timeout: Duration,
     pub hard_deadline: Instant,
-    pub books: Books,
+    pub rec: Recorder,
 }
 
 /// A connection that has handshaken, ready to drive.
@@ -174,7 +173,7 @@ pub async fn drive(conn: Conn, run: ClientRun) -> Tally {
         payload,
         timeout,
         hard_deadline,
-        mut books,
+        mut rec,
     } = run;
     let mut heartbeat = conn.heartbeat.map(|period| {
         let mut interval = tokio::time::interval_at((Instant::now() + period).into(), period);
@@ -201,24 +200,24 @@ pub async fn drive(conn: Conn, run: ClientRun) -> Tally {
             biased;
             due = pacer.wait_due(&plan.schedule, next), if next < plan.end => {
                 let due = due.min(plan.end);
-                link.send(next..due, &plan, &payload, &mut books);
+                link.send(next..due, &plan, &payload, &mut rec);
                 next = due;
                 if !armed {
                     armed = arm(expiry.as_mut(), &link.in_flight, timeout);
                 }
             }
-            why = std::future::poll_fn(|cx| link.poll_io(cx, &plan, &mut books)), if link.is_open() => {
-                link.cut(why, &plan, &mut books);
+            why = std::future::poll_fn(|cx| link.poll_io(cx, &plan, &mut rec)), if link.is_open() => {
+                link.cut(why, &plan, &mut rec);
             }
             () = &mut expiry, if armed => {
-                link.expire(timeout, &plan, &mut books);
+                link.expire(timeout, &plan, &mut rec);
                 armed = arm(expiry.as_mut(), &link.in_flight, timeout);
             }
             () = tick(&mut heartbeat), if link.is_open() => link.heartbeat(),
             () = &mut hard => break,
         }
     }
-    let tally = books.finish();
+    let tally = rec.finish();
     link.close().await;
     tally
 }
@@ -281,9 +280,9 @@ impl Link {
     }
 
     /// Sends slots `slots`, or fails them at once when the connection is gone.
-    fn send(&mut self, slots: Range<u64>, plan: &Plan, payload: &Payload, books: &mut Books) {
+    fn send(&mut self, slots: Range<u64>, plan: &Plan, payload: &Payload, rec: &mut Recorder) {
         let now = Instant::now();
-        books.sent(slots.clone());
+        rec.sent(slots.clone());
         if let Some(why) = self.ended {
             for slot in slots {
                 let outcome = Outcome {
@@ -292,7 +291,7 @@ impl Link {
                     received: now,
                     answer: Answer::Failed(why),
                 };
-                books.end(slot, outcome);
+                rec.end(slot, outcome);
             }
             return;
         }
@@ -333,7 +332,7 @@ impl Link {
         &mut self,
         cx: &mut Context<'_>,
         plan: &Plan,
-        books: &mut Books,
+        rec: &mut Recorder,
     ) -> Poll<&'static str> {
         let Some(ws) = self.ws.as_mut() else {
             return Poll::Ready(CLOSED);
@@ -365,7 +364,7 @@ impl Link {
                     Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(CLOSED),
                     Poll::Pending => return Poll::Pending,
                 };
-                match on_frame(frame, &mut self.in_flight, plan, books) {
+                match on_frame(frame, &mut self.in_flight, plan, rec) {
                     Ok(Handled::Done) => {}
                     // A ping's pong waits in the WebSocket's buffer: flush it.
                     Ok(Handled::Pong) => {
@@ -379,7 +378,7 @@ impl Link {
     }
 
     /// The connection ended: the requests in flight fail with `why`.
-    fn cut(&mut self, why: &'static str, plan: &Plan, books: &mut Books) {
+    fn cut(&mut self, why: &'static str, plan: &Plan, rec: &mut Recorder) {
         self.ws = None;
         self.ended = Some(why);
         self.outbox.clear();
@@ -391,12 +390,12 @@ impl Link {
                 received: now,
                 answer: Answer::Failed(why),
             };
-            books.end(slot, outcome);
+            rec.end(slot, outcome);
         }
     }
 
     /// Requests waiting `timeout` or longer become timeouts.
-    fn expire(&mut self, timeout: Duration, plan: &Plan, books: &mut Books) {
+    fn expire(&mut self, timeout: Duration, plan: &Plan, rec: &mut Recorder) {
         let now = Instant::now();
         while let Some((slot, sent)) = self.in_flight.pop_expired(now, timeout) {
             let outcome = Outcome {
@@ -405,7 +404,7 @@ impl Link {
                 received: now,
                 answer: Answer::Timeout,
             };
-            books.end(slot, outcome);
+            rec.end(slot, outcome);
         }
     }
 
@@ -430,7 +429,7 @@ fn on_frame(
     frame: Message,
     in_flight: &mut InFlight,
     plan: &Plan,
-    books: &mut Books,
+    rec: &mut Recorder,
 ) -> Result<Handled, &'static str> {
     match frame {
         Message::Binary(_) | Message::Text(_) => {}
@@ -452,11 +451,11 @@ fn on_frame(
                     received,
                     answer: Answer::Response {
                         code: response.code,
-                        timing: response.timing.map(Into::into),
+                        timing: response.timing,
                         message: response.message,
                     },
                 };
-                books.end(slot, outcome);
+                rec.end(slot, outcome);
             }
         }
         Some(Kind::Kick(_)) => return Err(KICKED),

@@ -5,9 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::generator::{Length, RunResult};
-use crate::hist::Summary;
-use crate::proc::{CpuUse, STEAL};
+use super::generator::{RunReport, SecondReport};
+use crate::proc::STEAL;
 use crate::report::{Doc, Meta, OutputArgs, Table, XAxis, ms, thousands};
 
 /// Everything one `shaddock loadtest <scenario>` command measured.
@@ -26,102 +25,6 @@ pub struct ScenarioReport {
     /// Runs that failed outright (the others are still reported).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
-}
-
-/// One load against one target.
-#[derive(Debug, Clone, Serialize)]
-pub struct RunReport {
-    pub label: String,
-    /// `gateway` or `limit` (the bare WebSocket echo server).
-    pub target: String,
-    pub urls: Vec<String>,
-    pub route: String,
-    pub clients: usize,
-    pub connected: usize,
-    pub connect_errors: BTreeMap<String, u64>,
-    pub interval_us: f64,
-    /// Requests per client in the window, when the run was given a count.
-    pub count: Option<u64>,
-    pub clock: String,
-    pub warmup_s: f64,
-    pub window_s: f64,
-    /// Window start until the later of its end and the last answer.
-    pub elapsed_s: f64,
-    pub offered_rps: f64,
-    pub sent: u64,
-    pub ok: u64,
-    pub achieved_rps: f64,
-    pub per_conn: PerConn,
-    pub timeouts: u64,
-    pub unanswered: u64,
-    /// Answers other than 200 by code, and the first message of each.
-    pub errors_by_code: BTreeMap<u32, u64>,
-    pub error_messages: BTreeMap<u32, String>,
-    /// Requests cut by the connection ending (closed, kicked, protocol), by kind.
-    pub failures: BTreeMap<String, u64>,
-    pub latency: Latencies,
-    /// Present when the server sent timing.
-    pub server: Option<ServerReport>,
-    /// The bare echo server under the same load, when measured in the same command.
-    pub limit: Option<LimitComparison>,
-    /// CPU over the measured window, per process (100 % = one core).
-    pub cpu: Vec<CpuUse>,
-    pub timeline: Vec<SecondReport>,
-    /// Percentile curves as `[nines, µs]` points.
-    pub curves: Curves,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct PerConn {
-    pub min: f64,
-    pub avg: f64,
-    pub max: f64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Latencies {
-    pub from_schedule: Summary,
-    pub from_send: Summary,
-    pub lag: Summary,
-}
-
-/// Where the time went (server timing): the parts add up to the latency from send.
-#[derive(Debug, Clone, Serialize)]
-pub struct ServerReport {
-    /// Client + WebSocket both ways: from-send latency minus the gate's total.
-    pub client_ws: Summary,
-    /// Gate + bus both ways: total - queue - handler.
-    pub gate_bus: Summary,
-    pub queue: Summary,
-    pub handler: Summary,
-    /// Gate receive to gate answer.
-    pub total: Summary,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct LimitComparison {
-    pub limit_rps: f64,
-    /// Achieved ÷ the limit's achieved.
-    pub fraction: f64,
-    pub limit_p99_from_schedule_us: f64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct SecondReport {
-    pub second: usize,
-    /// Answers that arrived in this second.
-    pub answers: u64,
-    /// Latency from the schedule of the requests scheduled in this second.
-    pub p50_us: f64,
-    pub p99_us: f64,
-    pub max_us: f64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Curves {
-    pub from_schedule: Vec<(f64, f64)>,
-    pub from_send: Vec<(f64, f64)>,
-    pub lag: Vec<(f64, f64)>,
 }
 
 /// `saturate`: the steps tried and the best one per target.
@@ -229,100 +132,6 @@ pub struct IdleReport {
 }
 
 impl RunReport {
-    pub fn from_result(r: &RunResult) -> Self {
-        let t = &r.totals;
-        let n = r.per_conn.len().max(1) as f64;
-        let per_conn = PerConn {
-            min: r.per_conn.iter().copied().reduce(f64::min).unwrap_or(0.0),
-            avg: r.per_conn.iter().sum::<f64>() / n,
-            max: r.per_conn.iter().copied().fold(0.0, f64::max),
-        };
-        let s = &t.server;
-        let server = (!s.total.is_empty()).then(|| ServerReport {
-            client_ws: s.client_ws.summary(),
-            gate_bus: s.gate_bus.summary(),
-            queue: s.queue.summary(),
-            handler: s.handler.summary(),
-            total: s.total.summary(),
-        });
-        let timeline = r
-            .timeline
-            .iter()
-            .map(|(second, s)| SecondReport {
-                second: *second,
-                answers: t.answers_per_second.get(*second).copied().unwrap_or(0),
-                p50_us: s.p50_us,
-                p99_us: s.p99_us,
-                max_us: s.max_us,
-            })
-            .collect();
-        let l = &t.latency;
-        RunReport {
-            label: r.target.label.clone(),
-            target: r.target.kind.to_owned(),
-            urls: r.target.urls.clone(),
-            route: r.spec.route.clone(),
-            clients: r.spec.clients,
-            connected: r.connected,
-            connect_errors: r.connect_errors.clone(),
-            interval_us: r.spec.interval.as_secs_f64() * 1e6,
-            count: match r.spec.length {
-                Length::Count(n) => Some(n),
-                Length::Duration(_) => None,
-            },
-            clock: format!("{:?}", r.spec.clock).to_lowercase(),
-            warmup_s: r.spec.warmup.as_secs_f64(),
-            window_s: r.spec.window().as_secs_f64(),
-            elapsed_s: r.elapsed.as_secs_f64(),
-            offered_rps: r.spec.offered_rps(),
-            sent: t.sent,
-            ok: t.ok,
-            achieved_rps: r.achieved_rps,
-            per_conn,
-            timeouts: t.timeouts,
-            unanswered: t.unanswered,
-            errors_by_code: t.codes.clone(),
-            error_messages: t.messages.clone(),
-            failures: t
-                .failures
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), *v))
-                .collect(),
-            latency: Latencies {
-                from_schedule: l.from_schedule.summary(),
-                from_send: l.from_send.summary(),
-                lag: l.lag.summary(),
-            },
-            server,
-            limit: None,
-            cpu: r.cpu.clone(),
-            timeline,
-            curves: Curves {
-                from_schedule: l.from_schedule.curve(),
-                from_send: l.from_send.curve(),
-                lag: l.lag.curve(),
-            },
-        }
-    }
-
-    /// Sets the comparison with a bare-echo run under the same load.
-    pub fn compare_with_limit(&mut self, limit: &RunReport) {
-        self.limit = Some(LimitComparison {
-            limit_rps: limit.achieved_rps,
-            fraction: if limit.achieved_rps > 0.0 {
-                self.achieved_rps / limit.achieved_rps
-            } else {
-                0.0
-            },
-            limit_p99_from_schedule_us: limit.latency.from_schedule.p99_us,
-        });
-    }
-
-    /// Requests that got no answer: timeouts, cut, still in flight at the end.
-    pub fn lost(&self) -> u64 {
-        self.timeouts + self.unanswered + self.failures.values().sum::<u64>()
-    }
-
     fn section(&self, doc: &mut Doc) {
         doc.heading(format!("{} [{}]", self.label, self.target));
         let length = match self.count {

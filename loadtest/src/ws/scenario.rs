@@ -8,10 +8,8 @@ use std::time::Duration;
 use anyhow::{bail, ensure};
 
 use super::clock::ClockKind;
-use super::generator::{self, Length, LoadSpec, Target};
-use super::report::{
-    Fraction, RunReport, SaturateReport, SaturateStep, ScenarioReport, WorkerScaling,
-};
+use super::generator::{self, Length, LoadSpec, RunReport, Target};
+use super::report::{Fraction, SaturateReport, SaturateStep, ScenarioReport, WorkerScaling};
 use super::schedule::Payload;
 use super::target::{
     Gates, LimitServer, ServiceKind, TargetArgs, echo_threads, plural, this_process, with_topology,
@@ -252,7 +250,7 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
             // The same load on the bare echo first; every gateway run is compared with it.
             let limit_run = match &limit {
                 Some(server) => match generator::run(spec, &limit_target(server, &label)).await {
-                    Ok(run) => Some(RunReport::from_result(&run)),
+                    Ok(run) => Some(run),
                     Err(e) => {
                         report.errors.push(format!("{label}, limit: {e:#}"));
                         continue;
@@ -281,7 +279,7 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
                 };
                 match generator::run(spec, &target).await {
                     Ok(run) => {
-                        let mut run = RunReport::from_result(&run);
+                        let mut run = run;
                         if let Some(limit) = &limit_run {
                             run.compare_with_limit(limit);
                         }
@@ -311,7 +309,7 @@ pub async fn limit(args: LimitArgs) -> anyhow::Result<()> {
         )?;
         let label = format!("{clients} clients");
         match generator::run(&spec, &limit_target(&server, &label)).await {
-            Ok(run) => report.runs.push(RunReport::from_result(&run)),
+            Ok(run) => report.runs.push(run),
             Err(e) => report.errors.push(format!("{label}: {e:#}")),
         }
     }
@@ -509,7 +507,7 @@ async fn saturate_step(
     let mut target = target.clone();
     let name = std::mem::take(&mut target.label);
     target.label = format!("{name} at {per_client_rps:.0}/s per client");
-    let run = RunReport::from_result(&generator::run(&spec, &target).await?);
+    let run = generator::run(&spec, &target).await?;
     let lost = run.lost();
     let errors = run.errors_by_code.values().sum::<u64>();
     let p99 = run.latency.from_schedule.p99_us;

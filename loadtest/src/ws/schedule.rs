@@ -66,16 +66,6 @@ pub fn times(d: Duration, n: u64) -> Duration {
     Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
 
-/// Offset of phase group `group` of `groups`: the groups are spread evenly over one
-/// interval so the clients do not all send in the same instant.
-pub fn phase_offset(interval: Duration, group: u32, groups: u32) -> Duration {
-    let groups = groups.max(1);
-    Duration::from_nanos(
-        u64::try_from(interval.as_nanos() * u128::from(group % groups) / u128::from(groups))
-            .unwrap_or(0),
-    )
-}
-
 /// When a run's measured part ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
@@ -212,15 +202,6 @@ mod tests {
         let plan = Plan::new(s, t0 + 100 * MS, Stop::Count(10_000));
         assert_eq!((plan.first_measured, plan.end), (100, 10_100));
         assert_eq!(plan.last_due(), t0 + 10_099 * MS);
-    }
-
-    #[test]
-    fn phases_spread_over_one_interval() {
-        assert_eq!(phase_offset(MS, 0, 4), Duration::ZERO);
-        assert_eq!(phase_offset(MS, 1, 4), Duration::from_micros(250));
-        assert_eq!(phase_offset(MS, 3, 4), Duration::from_micros(750));
-        assert_eq!(phase_offset(MS, 5, 4), Duration::from_micros(250));
-        assert_eq!(phase_offset(MS, 3, 0), Duration::ZERO);
     }
 
     #[test]
