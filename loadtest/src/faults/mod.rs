@@ -22,7 +22,7 @@ use anyhow::{Context as _, bail};
 use nix::sys::signal::Signal;
 
 use crate::proc::CpuSample;
-use crate::report::OutputArgs;
+use crate::report::{OutputArgs, Report};
 use crate::topology::{BrokerSpec, Role, Stopped, Topology, TopologySpec};
 use load::{LoadConfig, PhaseClock};
 use phases::{Fault, FaultsReport, Limits, PHASES, PhaseRun, Struck};
@@ -115,9 +115,15 @@ pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
     let mut fleet = Topology::start(spec).await.context("launching the fleet")?;
     let outcome = run_phases(&args, &mut fleet).await;
     let stopped = fleet.shutdown().await;
-    let report = outcome?;
+    let (report, processes) = outcome?;
     stopped.context("stopping the fleet")?;
-    args.output.write(&report, &report.doc())?;
+    let bus = match args.bus {
+        Bus::Shaddock => "shaddock broker",
+        Bus::NatsCluster => "3-node nats-server cluster",
+    };
+    let report = Report::new("faults", format!("{bus}: {processes}"), report);
+    report.write(&args.output)?;
+    let report = report.data;
     if !report.errors.is_empty() {
         bail!("the run stopped early: {}", report.errors.join("; "));
     }
@@ -128,11 +134,15 @@ pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
 }
 
 /// The load and the phases, on a running fleet.
-async fn run_phases(args: &FaultsArgs, fleet: &mut Topology) -> anyhow::Result<FaultsReport> {
+/// Also returns the processes at the start, by name and pid.
+async fn run_phases(
+    args: &FaultsArgs,
+    fleet: &mut Topology,
+) -> anyhow::Result<(FaultsReport, String)> {
     let processes: Vec<String> = (fleet.pids().iter())
         .map(|(role, pid)| format!("{role} {pid}"))
         .collect();
-    let mut report = FaultsReport::new(args, processes.join(", "));
+    let mut report = FaultsReport::new(args);
     let config = Arc::new(LoadConfig {
         clients: args.clients as usize,
         interval: Duration::from_secs(1) / args.rate,
@@ -205,7 +215,7 @@ async fn run_phases(args: &FaultsArgs, fleet: &mut Topology) -> anyhow::Result<F
         held_slack: args.held_slack,
     };
     report.add_phases(&runs, &records, &limits, origin);
-    Ok(report)
+    Ok((report, processes.join(", ")))
 }
 
 /// Does `fault` to the fleet, noting each step with its timing in `events`; returns

@@ -11,7 +11,7 @@ use super::FaultsArgs;
 use super::load::{Answer, ClientRecord, ROUTE};
 use crate::hist::Hist;
 use crate::proc::{CpuUse, MACHINE, STEAL};
-use crate::report::{Doc, Meta, Table, XAxis};
+use crate::report::{Doc, Section, Table, XAxis};
 
 /// Width of one point of the answers-over-time chart.
 const TIMELINE_BUCKET: Duration = Duration::from_millis(100);
@@ -383,12 +383,7 @@ fn longest_without(times: &[Instant], start: Instant, end: Instant) -> Duration 
 /// Everything one `loadtest faults` run measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct FaultsReport {
-    pub scenario: &'static str,
-    #[serde(flatten)]
-    pub meta: Meta,
     pub bus: Bus,
-    /// The processes at the start, by name and pid.
-    pub setup: String,
     pub clients: u32,
     pub rps_per_client: f64,
     pub route: &'static str,
@@ -405,12 +400,9 @@ pub struct FaultsReport {
 }
 
 impl FaultsReport {
-    pub fn new(args: &FaultsArgs, setup: String) -> Self {
+    pub fn new(args: &FaultsArgs) -> Self {
         FaultsReport {
-            scenario: "faults",
-            meta: Meta::now(),
             bus: args.bus,
-            setup,
             clients: args.clients,
             rps_per_client: f64::from(args.rate),
             route: ROUTE,
@@ -478,19 +470,15 @@ impl FaultsReport {
             .collect();
         missed.join(", ")
     }
+}
 
-    pub fn doc(&self) -> Doc {
-        let bus = match self.bus {
-            Bus::Shaddock => "shaddock broker",
-            Bus::NatsCluster => "3-node nats-server cluster",
-        };
-        let mut doc = Doc::new(format!("faults on the {bus}"), self.meta.clone());
+impl Section for FaultsReport {
+    fn add_to(&self, doc: &mut Doc) {
         doc.lines(vec![
             format!(
                 "{} clients × {} req/s of {}, client timeout {} ms",
                 self.clients, self.rps_per_client, self.route, self.client_timeout_ms
             ),
-            format!("processes: {}", self.setup),
             "each request counts in the phase it was sent in; times in ms; a gap is a client's \
              time from its last answer before a lost connection to its first after"
                 .to_owned(),
@@ -562,7 +550,6 @@ impl FaultsReport {
             format!("phases that missed their expectation: {}", self.missed())
         });
         doc.lines(end);
-        doc
     }
 }
 

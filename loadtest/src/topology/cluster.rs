@@ -196,10 +196,9 @@ impl Topology {
         )?;
         let waited = if node.route.is_some() {
             // Logged after "Server is ready": the route port is known only then.
-            proc.wait_line(ROUTE_LINE, |line| line.contains(ROUTE_LINE), deadline)
-                .await
+            proc.wait_line(ROUTE_LINE, deadline).await
         } else {
-            proc.wait_ready("Server is ready", deadline).await
+            proc.wait_line("Server is ready", deadline).await
         };
         let pushed = self.procs.len();
         self.procs.push(proc);

@@ -1,7 +1,8 @@
 //! Launches a Shaddock topology as separate processes on loopback: a broker (or
 //! nats-server nodes, `cluster.rs`), G gates and W workers, each its own `shaddock`
 //! process, the way a fleet runs them, so the bus hop and the scheduling between roles
-//! are real. A running topology can be changed ([`change`]).
+//! are real. A running topology can be changed (a worker or gate added, one process
+//! stopped, a bus node restarted), for `loadtest faults`.
 //!
 //! Every child binds port 0 and is trusted only once it has logged its readiness line on
 //! stderr within a deadline; the addresses it bound are read from the lines before it, so
@@ -30,10 +31,7 @@ use tokio::time::{Instant, timeout, timeout_at};
 
 use crate::tls::Certs;
 
-pub mod change;
 mod cluster;
-
-pub use change::Stopped;
 
 /// How long a child has to log its readiness line. Generous: debug builds on a loaded
 /// two-core CI machine start slowly, and a healthy child reports far sooner.
@@ -209,38 +207,16 @@ impl fmt::Display for Role {
     }
 }
 
-/// The last lines a child wrote to stderr.
-#[derive(Default)]
-struct Tail(VecDeque<String>);
-
-impl Tail {
-    fn push(&mut self, mut line: String) {
-        if line.len() > TAIL_LINE_CHARS {
-            let mut cut = TAIL_LINE_CHARS;
-            while !line.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            line.truncate(cut);
-        }
-        if self.0.len() == TAIL_LINES {
-            self.0.pop_front();
-        }
-        self.0.push_back(line);
-    }
-}
-
-type SharedTail = Arc<Mutex<Tail>>;
+/// The last lines a child wrote to stderr, to explain a failure.
+type SharedTail = Arc<Mutex<VecDeque<String>>>;
 
 fn render(tail: &SharedTail) -> String {
     let tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
-    if tail.0.is_empty() {
+    if tail.is_empty() {
         return "    (no output)".to_owned();
     }
-    tail.0
-        .iter()
-        .map(|l| format!("    {l}"))
-        .collect::<Vec<_>>()
-        .join("\n")
+    let lines: Vec<String> = tail.iter().map(|l| format!("    {l}")).collect();
+    lines.join("\n")
 }
 
 /// One started child.
@@ -333,21 +309,9 @@ impl Proc {
         })
     }
 
-    /// Reads the child's output until the line that ends with `ready`, noting the
-    /// addresses logged before it.
-    async fn wait_ready(&mut self, ready: &str, deadline: Instant) -> anyhow::Result<()> {
-        self.wait_line(ready, |line| line.trim_end().ends_with(ready), deadline)
-            .await
-    }
-
-    /// Reads the child's output until a line for which `found` holds (`what` names it in
-    /// errors), noting the addresses logged before it and in it. Then only drains.
-    async fn wait_line(
-        &mut self,
-        what: &str,
-        found: impl Fn(&str) -> bool,
-        deadline: Instant,
-    ) -> anyhow::Result<()> {
+    /// Reads the child's output until a line that holds `what`, noting the addresses
+    /// logged before it and in it. Then only drains.
+    async fn wait_line(&mut self, what: &str, deadline: Instant) -> anyhow::Result<()> {
         let Some(mut lines) = self.lines.take() else {
             return Ok(());
         };
@@ -374,7 +338,7 @@ impl Proc {
                 }
                 Ok(Some(line)) => {
                     self.scan(&line);
-                    if found(&line) {
+                    if line.contains(what) {
                         return Ok(());
                     }
                 }
@@ -468,9 +432,21 @@ async fn drain(
         // Lossy: a child's log line is for people; bad UTF-8 must not stop the drain.
         let line = String::from_utf8_lossy(&buf).trim_end().to_owned();
         tracing::debug!(process = %name, "{line}");
-        tail.lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(line.clone());
+        let mut kept = line.clone();
+        // A line is read whole, then cut (at a character boundary).
+        if kept.len() > TAIL_LINE_CHARS {
+            let cut = (0..=TAIL_LINE_CHARS)
+                .rev()
+                .find(|i| kept.is_char_boundary(*i));
+            kept.truncate(cut.unwrap_or(0));
+        }
+        {
+            let mut tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
+            if tail.len() == TAIL_LINES {
+                tail.pop_front();
+            }
+            tail.push_back(kept);
+        }
         if let Some(sender) = &tx
             && sender.send(line).await.is_err()
         {
@@ -505,7 +481,7 @@ impl fmt::Debug for Topology {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Topology")
             .field("nats", &self.nats)
-            .field("processes", &self.processes())
+            .field("processes", &self.pids())
             .field("gates", &self.gate_urls())
             .finish()
     }
@@ -612,7 +588,7 @@ impl Topology {
         args.extend(self.spec.gate_args.iter().cloned());
         let bin = &self.spec.shaddock_bin;
         let mut proc = Proc::spawn(Role::Up, bin, &args, &self.spec.log_filter)?;
-        let ready = proc.wait_ready("Server is ready", deadline).await;
+        let ready = proc.wait_line("Server is ready", deadline).await;
         self.procs.push(proc);
         ready?;
         if self.gate_urls().is_empty() {
@@ -686,7 +662,7 @@ impl Topology {
                 Role::Gate(_) => "Gate is ready",
                 _ => "Worker is ready",
             };
-            p.wait_ready(ready, deadline).await?;
+            p.wait_line(ready, deadline).await?;
             if matches!(p.role, Role::Gate(_)) && p.listen.is_none() {
                 return Err(anyhow!(
                     "{} never logged its WebSocket address",
@@ -735,11 +711,6 @@ impl Topology {
         self.nats.join(",")
     }
 
-    /// The NATS URLs gates and workers were given.
-    pub fn nats_urls(&self) -> &[String] {
-        &self.nats
-    }
-
     /// Every process this topology started and still holds, with its role.
     pub fn pids(&self) -> Vec<(Role, u32)> {
         self.procs.iter().map(|p| (p.role.clone(), p.pid)).collect()
@@ -751,14 +722,6 @@ impl Topology {
             .iter()
             .filter(|p| matches!(p.role, Role::Gate(_) | Role::Up))
             .map(|p| p.pid)
-            .collect()
-    }
-
-    /// [`Topology::pids`] with each role as a name (`broker`, `gate-0`, `worker-echo-1`).
-    pub fn processes(&self) -> Vec<(String, u32)> {
-        self.procs
-            .iter()
-            .map(|p| (p.role.to_string(), p.pid))
             .collect()
     }
 
@@ -861,6 +824,78 @@ impl Topology {
     }
 }
 
+/// How [`Topology::stop_one`] ended.
+#[derive(Debug, Clone)]
+pub struct Stopped {
+    pub role: Role,
+    pub pid: u32,
+    /// From the signal to the exit.
+    pub took: Duration,
+    /// The exit status, when it could be read.
+    pub status: Option<ExitStatus>,
+    /// It outlived the stop timeout and was killed (SIGKILL) then.
+    pub killed_after_timeout: bool,
+}
+
+impl Topology {
+    /// Starts one more worker of `service` and waits until it is ready.
+    pub async fn add_worker(&mut self, service: &str) -> anyhow::Result<Role> {
+        let role = self.spawn_worker(service)?;
+        self.wait_started(Instant::now() + self.spec.ready_timeout)
+            .await?;
+        Ok(role)
+    }
+
+    /// Starts one more gate listening on `listen` (the port of a gate that was stopped,
+    /// so its clients find it again) and waits until it is ready.
+    pub async fn add_gate(&mut self, listen: SocketAddr) -> anyhow::Result<Role> {
+        let role = self.spawn_gate(listen)?;
+        self.wait_started(Instant::now() + self.spec.ready_timeout)
+            .await?;
+        Ok(role)
+    }
+
+    /// The running processes of a kind, in start order: e.g. every echo worker.
+    pub fn running(&self, kind: impl Fn(&Role) -> bool) -> Vec<Role> {
+        self.procs
+            .iter()
+            .filter(|p| kind(&p.role))
+            .map(|p| p.role.clone())
+            .collect()
+    }
+
+    /// Where a running gate listens for WebSocket clients (a bus node: for NATS clients).
+    pub fn listen_addr(&self, role: &Role) -> Option<SocketAddr> {
+        self.procs.iter().find(|p| &p.role == role)?.listen
+    }
+
+    /// Sends `signal` to one running process and waits for it to exit, up to the spec's
+    /// stop timeout, then kills it. The process is no longer part of the topology
+    /// afterwards (nor of its teardown).
+    pub async fn stop_one(&mut self, role: &Role, signal: Signal) -> anyhow::Result<Stopped> {
+        let at = self
+            .procs
+            .iter()
+            .position(|p| &p.role == role)
+            .with_context(|| format!("{role} is not running"))?;
+        let mut proc = self.procs.remove(at);
+        let started = Instant::now();
+        proc.signal(signal);
+        let stopped = proc.stop(started + self.spec.stop_timeout).await;
+        let took = started.elapsed();
+        if let Err(why) = &stopped {
+            tracing::warn!("{why}");
+        }
+        Ok(Stopped {
+            role: proc.role.clone(),
+            pid: proc.pid,
+            took,
+            status: stopped.clone().ok().flatten(),
+            killed_after_timeout: stopped.is_err(),
+        })
+    }
+}
+
 impl Drop for Topology {
     fn drop(&mut self) {
         if self.procs.is_empty() {
@@ -898,18 +933,6 @@ mod tests {
             Some("http://127.0.0.1:4242/metrics")
         );
         assert_eq!(word_after("nothing here", METRICS_LINE), None);
-    }
-
-    #[test]
-    fn tail_keeps_the_last_lines_and_cuts_long_ones() {
-        let mut tail = Tail::default();
-        for n in 0..TAIL_LINES + 5 {
-            tail.push(format!("line {n}"));
-        }
-        assert_eq!(tail.0.len(), TAIL_LINES);
-        assert_eq!(tail.0.front().map(String::as_str), Some("line 5"));
-        tail.push("é".repeat(TAIL_LINE_CHARS));
-        assert!(tail.0.back().is_some_and(|l| l.len() <= TAIL_LINE_CHARS));
     }
 
     #[test]

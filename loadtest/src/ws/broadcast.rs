@@ -21,7 +21,7 @@ use proto::chat::{JoinRequest, LoginRequest, SayRequest};
 use tokio::sync::Notify;
 
 use super::target::{ServiceKind, TargetArgs, with_topology};
-use crate::report::{Doc, Meta, OutputArgs};
+use crate::report::{Doc, OutputArgs, Report, Section};
 
 /// How long to wait for the last deliveries before reporting what arrived.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -60,9 +60,6 @@ pub struct BroadcastArgs {
 /// What one broadcast run measured.
 #[derive(Debug, serde::Serialize)]
 pub struct BroadcastReport {
-    #[serde(flatten)]
-    pub meta: Meta,
-    pub setup: String,
     pub members: usize,
     pub gates: usize,
     pub messages: usize,
@@ -83,35 +80,17 @@ pub async fn broadcast(mut args: BroadcastArgs) -> anyhow::Result<()> {
     );
     args.target.service = ServiceKind::Chat;
     let (gates, topology) = args.target.gates(2, 1).await?;
-    let report = with_topology(topology, measure(&args, &gates.urls, gates.setup.clone())).await?;
-    let mut doc = Doc::new(format!("broadcast — {}", report.setup), report.meta.clone());
-    doc.lines(vec![
-        format!(
-            "{} messages × {} members on {} gate(s): {} of {} deliveries in {:.2} s",
-            report.messages,
-            report.members,
-            report.gates,
-            report.deliveries,
-            report.expected,
-            report.elapsed_s
-        ),
-        format!(
-            "{:.0} deliveries/s, {:.0} messages/s; {} dropped by full client queues",
-            report.deliveries_per_s, report.messages_per_s, report.dropped
-        ),
-    ]);
-    args.output.write(&report, &doc)?;
+    let report = with_topology(topology, measure(&args, &gates.urls)).await?;
+    let report = Report::new("broadcast", gates.setup.clone(), report);
+    report.write(&args.output)?;
+    let report = report.data;
     if report.deliveries < report.expected {
         bail!("{} deliveries missing", report.expected - report.deliveries);
     }
     Ok(())
 }
 
-async fn measure(
-    args: &BroadcastArgs,
-    urls: &[String],
-    setup: String,
-) -> anyhow::Result<BroadcastReport> {
+async fn measure(args: &BroadcastArgs, urls: &[String]) -> anyhow::Result<BroadcastReport> {
     let expected_per_member = args.messages as u64 + 1;
     let received = Arc::new(AtomicU64::new(0));
     let warmed = Arc::new(AtomicU64::new(0));
@@ -182,8 +161,6 @@ async fn measure(
     let elapsed = started.elapsed().as_secs_f64();
     let deliveries = received.load(Ordering::Relaxed);
     Ok(BroadcastReport {
-        meta: Meta::now(),
-        setup,
         members: args.members,
         gates: urls.len(),
         messages: args.messages,
@@ -195,6 +172,26 @@ async fn measure(
         deliveries_per_s: deliveries as f64 / elapsed,
         messages_per_s: args.messages as f64 / elapsed,
     })
+}
+
+impl Section for BroadcastReport {
+    fn add_to(&self, doc: &mut Doc) {
+        doc.lines(vec![
+            format!(
+                "{} messages × {} members on {} gate(s): {} of {} deliveries in {:.2} s",
+                self.messages,
+                self.members,
+                self.gates,
+                self.deliveries,
+                self.expected,
+                self.elapsed_s
+            ),
+            format!(
+                "{:.0} deliveries/s, {:.0} messages/s; {} dropped by full client queues",
+                self.deliveries_per_s, self.messages_per_s, self.dropped
+            ),
+        ]);
+    }
 }
 
 /// A session, logged in as `name`, in the room.

@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 use super::broadcast::{expect_ok, login_and_join};
 use super::target::{Gates, ServiceKind, TargetArgs, with_topology};
 use crate::proc::rss_bytes;
-use crate::report::{Doc, Meta, OutputArgs, Table};
+use crate::report::{Doc, OutputArgs, Report, Section, Table};
 
 /// What a session does between its handshake and its close.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -122,10 +122,6 @@ pub struct Sample {
 /// What one churn run measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChurnReport {
-    pub scenario: &'static str,
-    #[serde(flatten)]
-    pub meta: Meta,
-    pub setup: String,
     pub mix: Vec<&'static str>,
     pub sessions: u64,
     pub concurrency: u64,
@@ -154,7 +150,9 @@ pub async fn churn(args: ChurnArgs) -> anyhow::Result<()> {
     let services: Vec<ServiceKind> = steps.iter().map(|s| s.service()).collect();
     let (gates, topology) = args.target.launch(1, 1, &services, false).await?;
     let report = with_topology(topology, run(&args, &gates)).await?;
-    args.output.write(&report, &report.doc())?;
+    let report = Report::new("churn", gates.setup.clone(), report);
+    report.write(&args.output)?;
+    let report = report.data;
     if report.ok == 0 {
         bail!(
             "no session did its steps: {}",
@@ -303,9 +301,6 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
         })
         .collect();
     Ok(ChurnReport {
-        scenario: "churn",
-        meta: Meta::now(),
-        setup: gates.setup.clone(),
         mix: args.mix.iter().map(|s| s.name()).collect(),
         sessions: args.sessions,
         concurrency: args.concurrency,
@@ -357,9 +352,8 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
-impl ChurnReport {
-    fn doc(&self) -> Doc {
-        let mut doc = Doc::new(format!("churn — {}", self.setup), self.meta.clone());
+impl Section for ChurnReport {
+    fn add_to(&self, doc: &mut Doc) {
         let rate = if self.rate > 0 {
             format!(", at most {}/s", self.rate)
         } else {
@@ -413,7 +407,6 @@ impl ChurnReport {
             columns,
             rows: rows.collect(),
         });
-        doc
     }
 }
 
@@ -426,12 +419,5 @@ mod tests {
         assert_eq!(reading_points(100, 20, 3), vec![20, 40, 60, 80, 100]);
         assert_eq!(reading_points(10, 9, 4), vec![9, 10]);
         assert_eq!(reading_points(10, 0, 0), vec![0, 10]);
-    }
-
-    #[test]
-    fn named_pids_parse() {
-        assert_eq!(parse_named_pid("gate=12"), Ok(("gate".into(), 12)));
-        assert!(parse_named_pid("gate").is_err());
-        assert!(parse_named_pid("gate=x").is_err());
     }
 }

@@ -1,5 +1,5 @@
-//! What the WebSocket scenarios measured: one serialisable [`ScenarioReport`] per command
-//! (the `--json` data), and the [`Doc`] its text and page are rendered from.
+//! What the WebSocket load scenarios measured ([`Runs`], the `--json` data), and the
+//! [`Doc`] its text and page are rendered from.
 
 use std::collections::BTreeMap;
 
@@ -7,25 +7,20 @@ use serde::Serialize;
 
 use super::generator::{RunReport, SecondReport};
 use crate::proc::STEAL;
-use crate::report::{Doc, Meta, OutputArgs, Table, XAxis, ms, thousands};
+use crate::report::{Doc, OutputArgs, Report, Section, Table, XAxis, ms, thousands};
 
-/// Everything one `shaddock loadtest <scenario>` command measured.
-#[derive(Debug, Clone, Serialize)]
-pub struct ScenarioReport {
-    pub scenario: String,
-    #[serde(flatten)]
-    pub meta: Meta,
-    /// What the load went to: "1 gate + 2 echo workers (launched)" or the URLs.
-    pub setup: String,
+/// What a WebSocket load scenario measured: its runs, and its search for `saturate`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Runs {
     pub runs: Vec<RunReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub saturate: Option<SaturateReport>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub idle: Option<IdleReport>,
     /// Runs that failed outright (the others are still reported).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
 }
+
+pub type ScenarioReport = Report<Runs>;
 
 /// `saturate`: the steps tried and the best one per target.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -113,22 +108,6 @@ impl Fraction {
 pub struct WorkerScaling {
     pub workers: u32,
     pub target: String,
-}
-
-/// `idle`: resident memory per idle session.
-#[derive(Debug, Clone, Serialize)]
-pub struct IdleReport {
-    pub url: String,
-    pub pid: u32,
-    pub sessions: usize,
-    pub opened: usize,
-    pub failed: usize,
-    pub open_seconds: f64,
-    pub rss_before: u64,
-    pub rss_after: u64,
-    pub bytes_per_session: f64,
-    /// Sessions still open when the second RSS reading was taken.
-    pub alive_after: usize,
 }
 
 impl RunReport {
@@ -300,26 +279,10 @@ impl RunReport {
     }
 }
 
-impl ScenarioReport {
-    pub fn new(scenario: &str, setup: String) -> Self {
-        ScenarioReport {
-            scenario: scenario.to_owned(),
-            meta: Meta::now(),
-            setup,
-            runs: Vec::new(),
-            saturate: None,
-            idle: None,
-            errors: Vec::new(),
-        }
-    }
-
-    pub fn doc(&self) -> Doc {
-        let mut doc = Doc::new(
-            format!("{} — {}", self.scenario, self.setup),
-            self.meta.clone(),
-        );
+impl Section for Runs {
+    fn add_to(&self, doc: &mut Doc) {
         for run in &self.runs {
-            run.section(&mut doc);
+            run.section(doc);
         }
         if !self.runs.is_empty() {
             doc.heading("summary (latency in ms, from the schedule unless marked)");
@@ -345,39 +308,24 @@ impl ScenarioReport {
             doc.table(table);
         }
         if let Some(s) = &self.saturate {
-            s.section(&mut doc);
-        }
-        if let Some(i) = &self.idle {
-            doc.heading(format!("idle sessions on {} (pid {})", i.url, i.pid));
-            doc.lines(vec![
-                format!(
-                    "opened {} of {} in {:.2} s ({} failed), {} still open at the second reading",
-                    i.opened, i.sessions, i.open_seconds, i.failed, i.alive_after
-                ),
-                format!(
-                    "RSS {} KiB → {} KiB: {} bytes per session",
-                    i.rss_before / 1024,
-                    i.rss_after / 1024,
-                    thousands(i.bytes_per_session)
-                ),
-            ]);
+            s.section(doc);
         }
         doc.lines(self.errors.iter().map(|e| format!("FAILED: {e}")).collect());
-        doc
     }
+}
 
+impl ScenarioReport {
     /// Prints and writes the report, then fails if a run failed or had no success.
     pub fn finish(&self, output: &OutputArgs) -> anyhow::Result<()> {
-        output.write(self, &self.doc())?;
+        self.write(output)?;
+        let errors = &self.data.errors;
         anyhow::ensure!(
-            self.errors.is_empty(),
+            errors.is_empty(),
             "{} run(s) failed: {}",
-            self.errors.len(),
-            self.errors.join("; ")
+            errors.len(),
+            errors.join("; ")
         );
-        let failed: Vec<&str> = self
-            .runs
-            .iter()
+        let failed: Vec<&str> = (self.data.runs.iter())
             .filter(|r| r.ok == 0)
             .map(|r| r.label.as_str())
             .collect();
@@ -530,7 +478,7 @@ mod tests {
             ],
             ..SaturateReport::default()
         };
-        let mut doc = Doc::new(String::new(), Meta::now());
+        let mut doc = Doc::new(String::new(), crate::report::Meta::now());
         report.section(&mut doc);
         let text = doc.text();
         assert!(

@@ -9,7 +9,7 @@ use anyhow::{bail, ensure};
 
 use super::clock::ClockKind;
 use super::generator::{self, Length, LoadSpec, RunReport, Target};
-use super::report::{Fraction, SaturateReport, SaturateStep, ScenarioReport, WorkerScaling};
+use super::report::{Fraction, Runs, SaturateReport, SaturateStep, ScenarioReport, WorkerScaling};
 use super::schedule::Payload;
 use super::target::{
     Gates, LimitServer, ServiceKind, TargetArgs, echo_threads, plural, this_process, with_topology,
@@ -23,6 +23,7 @@ pub const MIN_INTERVAL: Duration = Duration::from_micros(10);
 /// Longest measured window, so a typo cannot start a day-long run.
 pub const MAX_WINDOW: Duration = Duration::from_secs(3_600);
 
+const LIMIT_SETUP: &str = "bare tokio-tungstenite WebSocket echo server in this process";
 /// Default measured window of the duration-based scenarios.
 const DEFAULT_DURATION: Duration = Duration::from_secs(10);
 /// A step must achieve this share of its offered rate to pass in `saturate`.
@@ -244,7 +245,7 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
     );
     let limit = args.load.with_limit.then(LimitServer::start).transpose()?;
     let work = async {
-        let mut report = ScenarioReport::new("concurrency", gates.setup.clone());
+        let mut report = ScenarioReport::new("concurrency", gates.setup.clone(), Runs::default());
         for spec in &specs {
             let label = format!("{} clients", spec.clients);
             // The same load on the bare echo first; every gateway run is compared with it.
@@ -252,7 +253,7 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
                 Some(server) => match generator::run(spec, &limit_target(server, &label)).await {
                     Ok(run) => Some(run),
                     Err(e) => {
-                        report.errors.push(format!("{label}, limit: {e:#}"));
+                        report.data.errors.push(format!("{label}, limit: {e:#}"));
                         continue;
                     }
                 },
@@ -270,7 +271,7 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
             if args.tls_beside {
                 runs.push((format!("{label}, wss"), spec, &gates.tls_urls));
             }
-            report.runs.extend(limit_run.clone());
+            report.data.runs.extend(limit_run.clone());
             // One failed run (say, an overload nothing answers) must not lose the others.
             for (name, spec, urls) in runs {
                 let target = Target {
@@ -283,9 +284,9 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
                         if let Some(limit) = &limit_run {
                             run.compare_with_limit(limit);
                         }
-                        report.runs.push(run);
+                        report.data.runs.push(run);
                     }
-                    Err(e) => report.errors.push(format!("{name}: {e:#}")),
+                    Err(e) => report.data.errors.push(format!("{name}: {e:#}")),
                 }
             }
         }
@@ -297,10 +298,7 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
 
 pub async fn limit(args: LimitArgs) -> anyhow::Result<()> {
     let server = LimitServer::start()?;
-    let mut report = ScenarioReport::new(
-        "limit",
-        "bare tokio-tungstenite WebSocket echo server in this process".to_owned(),
-    );
+    let mut report = ScenarioReport::new("limit", LIMIT_SETUP.to_owned(), Runs::default());
     for &clients in &args.clients {
         let spec = args.load.spec(
             clients,
@@ -309,8 +307,8 @@ pub async fn limit(args: LimitArgs) -> anyhow::Result<()> {
         )?;
         let label = format!("{clients} clients");
         match generator::run(&spec, &limit_target(&server, &label)).await {
-            Ok(run) => report.runs.push(run),
-            Err(e) => report.errors.push(format!("{label}: {e:#}")),
+            Ok(run) => report.data.runs.push(run),
+            Err(e) => report.data.errors.push(format!("{label}: {e:#}")),
         }
     }
     report.finish(&args.load.output)
@@ -328,7 +326,7 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
         args.scale_workers.is_empty() || args.target.url.is_empty(),
         "--scale-workers launches its own topologies: it cannot load --url gates"
     );
-    let mut report = ScenarioReport::new("saturate", String::new());
+    let mut report = ScenarioReport::new("saturate", String::new(), Runs::default());
     let mut sat = SaturateReport {
         p99_target_us: args.p99_target.as_secs_f64() * 1e6,
         clients: args.clients,
@@ -390,7 +388,7 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
         let limit_bound = sat.at_max_rate.iter().any(|t| t == "limit");
         sat.fraction_of_limit = Some(Fraction::of(gateway, gateway_bound, limit, limit_bound));
     }
-    report.saturate = Some(sat);
+    report.data.saturate = Some(sat);
     report.finish(&args.load.output)?;
     if !missing.is_empty() {
         bail!(
@@ -420,7 +418,7 @@ async fn search_into(
         return Ok(false);
     };
     sat.best.insert(target.label.clone(), step);
-    report.runs.push(run);
+    report.data.runs.push(run);
     Ok(true)
 }
 

@@ -230,8 +230,8 @@ impl TargetArgs {
             .await
             .with_context(|| format!("launching {gates} gate(s) and {fleet}"))?;
         let mut watched = vec![this_process("loadtest")];
-        watched.extend(topology.processes().into_iter().map(|(name, pid)| Watched {
-            name,
+        watched.extend(topology.pids().into_iter().map(|(role, pid)| Watched {
+            name: role.to_string(),
             pid,
             threads: Threads::All,
         }));
