@@ -51,55 +51,46 @@ pub struct SaturateStep {
 
 /// The gateway's saturation point as a fraction of the bare echo's, and how far to trust
 /// it: a search that passed every rate up to its maximum found only a lower bound.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Fraction {
     pub value: f64,
-    pub relation: Relation,
-}
-
-/// How the true fraction relates to [`Fraction::value`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Relation {
-    Exact,
-    /// The limit's figure is a lower bound: the true fraction is lower.
-    AtMost,
-    /// The gateway's figure is a lower bound: the true fraction is higher.
-    AtLeast,
-    /// Both are lower bounds: the ratio says nothing.
-    Unknown,
+    /// `exact`; `at_most` (the limit's figure is a lower bound), `at_least` (the
+    /// gateway's is), `unknown` (both are: the ratio says nothing).
+    pub relation: &'static str,
+    #[serde(skip)]
+    sentence: String,
 }
 
 impl Fraction {
     pub fn of(gateway: f64, gateway_bound: bool, limit: f64, limit_bound: bool) -> Fraction {
-        let relation = match (gateway_bound, limit_bound) {
-            (false, false) => Relation::Exact,
-            (false, true) => Relation::AtMost,
-            (true, false) => Relation::AtLeast,
-            (true, true) => Relation::Unknown,
+        let value = gateway / limit;
+        let (p, g) = (value * 100.0, "gateway saturation");
+        let (relation, sentence) = match (gateway_bound, limit_bound) {
+            (false, false) => ("exact", format!("{g} = {p:.1}% of the bare-echo limit")),
+            (false, true) => (
+                "at_most",
+                format!(
+                    "{g} ≤ {p:.1}% of the bare-echo limit: the limit passed every rate up to                      --limit-max-rate, so it is higher than measured"
+                ),
+            ),
+            (true, false) => (
+                "at_least",
+                format!(
+                    "{g} ≥ {p:.1}% of the bare-echo limit: the gateway passed every rate up to                      --max-rate, so it is higher than measured"
+                ),
+            ),
+            (true, true) => (
+                "unknown",
+                format!(
+                    "{g}: both searches passed every rate they tried, so the {p:.1}% between \
+                     their figures says nothing"
+                ),
+            ),
         };
         Fraction {
-            value: gateway / limit,
+            value,
             relation,
-        }
-    }
-
-    pub fn sentence(&self) -> String {
-        let percent = self.value * 100.0;
-        match self.relation {
-            Relation::Exact => format!("gateway saturation = {percent:.1}% of the bare-echo limit"),
-            Relation::AtMost => format!(
-                "gateway saturation ≤ {percent:.1}% of the bare-echo limit: the limit passed \
-                 every rate up to --limit-max-rate, so it is higher than measured"
-            ),
-            Relation::AtLeast => format!(
-                "gateway saturation ≥ {percent:.1}% of the bare-echo limit: the gateway passed \
-                 every rate up to --max-rate, so it is higher than measured"
-            ),
-            Relation::Unknown => format!(
-                "gateway saturation: both searches passed every rate they tried, so the \
-                 {percent:.1}% between their figures says nothing"
-            ),
+            sentence,
         }
     }
 }
@@ -389,7 +380,7 @@ impl SaturateReport {
                 )
             })
             .collect();
-        lines.extend(self.fraction_of_limit.map(|f| f.sentence()));
+        lines.extend(self.fraction_of_limit.as_ref().map(|f| f.sentence.clone()));
         doc.lines(lines);
         if self.scaling.is_empty() {
             return;
@@ -438,12 +429,11 @@ mod tests {
     #[test]
     fn a_fraction_says_which_side_a_lower_bound_leaves_it() {
         let relation = |g, l| Fraction::of(1.0, g, 4.0, l).relation;
-        assert_eq!(relation(false, false), Relation::Exact);
-        assert_eq!(relation(false, true), Relation::AtMost);
-        assert_eq!(relation(true, false), Relation::AtLeast);
-        assert_eq!(relation(true, true), Relation::Unknown);
+        let all = [(false, false), (false, true), (true, false), (true, true)];
+        let relations = all.map(|(g, l)| relation(g, l));
+        assert_eq!(relations, ["exact", "at_most", "at_least", "unknown"]);
         assert_eq!(
-            Fraction::of(1.0, false, 4.0, false).sentence(),
+            Fraction::of(1.0, false, 4.0, false).sentence,
             "gateway saturation = 25.0% of the bare-echo limit"
         );
     }

@@ -668,32 +668,6 @@ mod tests {
     }
 
     #[test]
-    fn the_limit_climbs_past_the_gateways_maximum_to_its_own() {
-        let args = saturate_args(&["--limit-max-rate", "3200", "--refine", "0"]);
-        let echo = |_: f64, _: usize| true;
-        assert_eq!(
-            run_search(&args, args.max_rate, echo).0,
-            Some(800.0),
-            "--max-rate 1000"
-        );
-        let (best, bound, _) = run_search(&args, args.limit_max_rate, echo);
-        assert_eq!((best, bound), (Some(3200.0), true));
-        // Where the echo fails below its maximum, its figure is no longer a bound.
-        let (best, bound, _) = run_search(&args, args.limit_max_rate, |r, _| r < 1500.0);
-        assert_eq!((best, bound), (Some(800.0), false));
-    }
-
-    #[test]
-    fn a_limit_maximum_below_the_start_is_refused_before_anything_starts() {
-        let args = saturate_args(&["--limit-max-rate", "50"]);
-        let refused = futures::executor::block_on(saturate(args)).unwrap_err();
-        assert!(
-            refused.to_string().contains("--limit-max-rate"),
-            "{refused:#}"
-        );
-    }
-
-    #[test]
     fn nothing_passing_is_no_best() {
         let args = saturate_args(&[]);
         let (best, bound, steps) = run_search(&args, args.max_rate, |_, _| false);
