@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use futures::{SinkExt as _, StreamExt as _};
 use loadtest::ws::clock::ClockKind;
 use loadtest::ws::generator::{self, HARD_MARGIN, Length, LoadSpec, Target};
+use loadtest::ws::lean::Codec;
 use loadtest::ws::schedule::Payload;
 use loadtest::ws::target::LimitServer;
 use proto::Message as _;
@@ -24,7 +25,7 @@ fn spec(clients: usize, count: u64, clock: ClockKind) -> LoadSpec {
         timeout: Duration::from_secs(2),
         route: "echo.raw".into(),
         payload: Payload::Hello,
-        json: false,
+        codec: Codec::Protobuf,
         server_timing: true,
         clock,
         progress: false,
@@ -45,7 +46,7 @@ fn target(url: &str) -> Target {
 async fn every_scheduled_request_is_sent_and_answered_in_either_encoding() {
     let server = LimitServer::start().expect("echo server");
     let json = LoadSpec {
-        json: true,
+        codec: Codec::Json,
         payload: Payload::Fixed(bytes::Bytes::from_static(br#"{"room":"a"}"#)),
         ..spec(3, 50, ClockKind::Tokio)
     };
@@ -57,7 +58,7 @@ async fn every_scheduled_request_is_sent_and_answered_in_either_encoding() {
         let run = generator::run(&spec, &target(server.url()))
             .await
             .expect("run");
-        let what = format!("{:?}, json {}", spec.clock, spec.json);
+        let what = format!("{:?}, {:?}", spec.clock, spec.codec);
         assert_eq!(run.connected, 3);
         assert_eq!((run.sent, run.ok), (150, 150), "{what}: 3 clients x 50");
         assert_eq!(run.lost(), 0);

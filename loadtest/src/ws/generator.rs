@@ -19,7 +19,7 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 
 use super::clock::{ClockKind, Metronome, Pacer};
-use super::lean::{CLOSE_TIMEOUT, ClientRun, Conn};
+use super::lean::{CLOSE_TIMEOUT, ClientRun, Codec, Conn};
 use super::schedule::{Payload, Plan, Schedule, Stop, times};
 use super::stats::{Recorded, Recorder, SharedRecorded, Tally, rate};
 use crate::hist::Summary;
@@ -56,9 +56,7 @@ pub struct LoadSpec {
     pub timeout: Duration,
     pub route: String,
     pub payload: Payload,
-    /// The clients speak JSON text frames (typed bodies the gate transcodes) instead
-    /// of protobuf.
-    pub json: bool,
+    pub codec: Codec,
     pub server_timing: bool,
     pub clock: ClockKind,
     pub progress: bool,
@@ -382,7 +380,6 @@ async fn connect_all(
     let options = ClientOptions {
         server_timing: spec.server_timing,
         request_timeout: spec.timeout,
-        json: spec.json,
         client: concat!("shaddock-loadtest/", env!("CARGO_PKG_VERSION")).to_owned(),
         tls: target.tls.clone(),
         ..ClientOptions::default()
@@ -391,13 +388,13 @@ async fn connect_all(
     let mut set = JoinSet::new();
     for i in 0..spec.clients {
         let url = urls[i % urls.len()].clone();
-        let options = options.clone();
+        let (options, codec) = (options.clone(), spec.codec);
         let at = began + spec.ramp.mul_f64(i as f64 / spec.clients as f64);
         set.spawn(async move {
             tokio::time::sleep_until(at.into()).await;
             (
                 i,
-                Conn::connect(&url, &options)
+                Conn::connect(&url, &options, codec)
                     .await
                     .map_err(|e| format!("{e:#}")),
             )

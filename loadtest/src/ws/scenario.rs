@@ -9,6 +9,7 @@ use anyhow::{bail, ensure};
 
 use super::clock::ClockKind;
 use super::generator::{self, Length, LoadSpec, RunReport, Target};
+use super::lean::Codec;
 use super::report::{Fraction, Runs, SaturateReport, SaturateStep, ScenarioReport, WorkerScaling};
 use super::schedule::Payload;
 use super::target::{
@@ -124,7 +125,7 @@ impl LoadArgs {
                 None if self.route.is_some() => Payload::Hello,
                 None => service.default_payload(),
             },
-            json: false,
+            codec: Codec::Protobuf,
             server_timing: !self.no_server_timing,
             clock: self.clock,
             progress: !self.output.quiet,
@@ -260,7 +261,7 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
                 None => None,
             };
             let json = LoadSpec {
-                json: true,
+                codec: Codec::Json,
                 payload: service.default_json_payload(),
                 ..spec.clone()
             };
