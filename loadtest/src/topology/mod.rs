@@ -85,11 +85,6 @@ pub struct TopologySpec {
     /// 127.0.0.1:0`), and the broker's monitoring port. On by default: a deployment runs
     /// with metrics, so a load test should pay for them too.
     pub metrics: bool,
-    /// `RUST_LOG` for the children. Readiness lines are at info, so the filter must let
-    /// info through.
-    pub log_filter: String,
-    pub ready_timeout: Duration,
-    pub stop_timeout: Duration,
     /// Gates also serve `wss://` (`--tls-listen 127.0.0.1:0`) with a certificate a
     /// throwaway CA signed: see [`Topology::gate_tls_urls`] and [`Topology::tls_ca`].
     pub tls: bool,
@@ -109,9 +104,6 @@ impl Default for TopologySpec {
             gate_args: Vec::new(),
             worker_args: Vec::new(),
             metrics: true,
-            log_filter: "info".to_owned(),
-            ready_timeout: READY_TIMEOUT,
-            stop_timeout: STOP_TIMEOUT,
             one_process: false,
             tls: false,
         }
@@ -258,19 +250,15 @@ fn word_after<'a>(line: &'a str, phrase: &str) -> Option<&'a str> {
 }
 
 impl Proc {
-    fn spawn(
-        role: Role,
-        program: &Path,
-        args: &[String],
-        log_filter: &str,
-    ) -> anyhow::Result<Proc> {
+    fn spawn(role: Role, program: &Path, args: &[String]) -> anyhow::Result<Proc> {
         let mut command = Command::new(program);
         command
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
-            .env("RUST_LOG", log_filter)
+            // Readiness lines are at info.
+            .env("RUST_LOG", "info")
             // A safety net for a panic between spawn and registration; teardown proper
             // is SIGTERM first.
             .kill_on_drop(true);
@@ -525,7 +513,7 @@ impl Topology {
                 bin.display()
             );
         }
-        let deadline = Instant::now() + spec.ready_timeout;
+        let deadline = Instant::now() + READY_TIMEOUT;
         if spec.one_process {
             return self.start_up(deadline).await;
         }
@@ -586,11 +574,9 @@ impl Topology {
             args.extend(self.tls_args.iter().cloned());
         }
         args.extend(self.spec.gate_args.iter().cloned());
-        let bin = &self.spec.shaddock_bin;
-        let mut proc = Proc::spawn(Role::Up, bin, &args, &self.spec.log_filter)?;
-        let ready = proc.wait_line("Server is ready", deadline).await;
-        self.procs.push(proc);
-        ready?;
+        self.spawn(Role::Up, &args)?;
+        let up = self.procs.last_mut().context("up was just started")?;
+        up.wait_line("Server is ready", deadline).await?;
         if self.gate_urls().is_empty() {
             bail!("shaddock up never logged its gate's WebSocket address");
         }
@@ -599,11 +585,8 @@ impl Topology {
 
     /// `--metrics-listen 127.0.0.1:0` when the spec serves metrics.
     fn metrics_args(&self) -> Vec<String> {
-        if self.spec.metrics {
-            vec!["--metrics-listen".to_owned(), "127.0.0.1:0".to_owned()]
-        } else {
-            Vec::new()
-        }
+        let args = ["--metrics-listen", "127.0.0.1:0"].map(String::from);
+        args.into_iter().filter(|_| self.spec.metrics).collect()
     }
 
     /// Starts the next gate, listening on `listen`; [`Topology::wait_started`] waits for it.
@@ -625,10 +608,13 @@ impl Topology {
         args.extend(self.metrics_args());
         args.extend(self.tls_args.iter().cloned());
         args.extend(self.spec.gate_args.iter().cloned());
-        let role = Role::Gate(self.gates_started);
         self.gates_started += 1;
-        let bin = &self.spec.shaddock_bin;
-        let proc = Proc::spawn(role.clone(), bin, &args, &self.spec.log_filter)?;
+        self.spawn(Role::Gate(self.gates_started - 1), &args)
+    }
+
+    /// Starts `shaddock` with `args` as `role`; it is then part of the topology.
+    fn spawn(&mut self, role: Role, args: &[String]) -> anyhow::Result<Role> {
+        let proc = Proc::spawn(role.clone(), &self.spec.shaddock_bin, args)?;
         self.procs.push(proc);
         Ok(role)
     }
@@ -642,15 +628,10 @@ impl Topology {
         args.extend(self.metrics_args());
         args.extend(self.spec.worker_args.iter().cloned());
         let started = self.workers_started.entry(service.to_owned()).or_default();
-        let role = Role::Worker {
-            service: service.to_owned(),
-            index: *started,
-        };
         *started += 1;
-        let bin = &self.spec.shaddock_bin;
-        let proc = Proc::spawn(role.clone(), bin, &args, &self.spec.log_filter)?;
-        self.procs.push(proc);
-        Ok(role)
+        let index = *started - 1;
+        let service = service.to_owned();
+        self.spawn(Role::Worker { service, index }, &args)
     }
 
     /// Waits until every gate and worker started so far has logged that it is ready.
@@ -786,7 +767,7 @@ impl Topology {
     }
 
     /// Stops every started process: gates, then workers, then the broker; each stage
-    /// gets SIGTERM, up to the spec's `stop_timeout`, then SIGKILL. Afterwards the
+    /// gets SIGTERM, up to [`STOP_TIMEOUT`], then SIGKILL. Afterwards the
     /// topology holds nothing and dropping it does nothing. Fails (after stopping them
     /// all) when some process ignored SIGTERM and had to be killed.
     pub async fn shutdown(&mut self) -> anyhow::Result<()> {
@@ -800,7 +781,7 @@ impl Topology {
             for p in &mut group {
                 p.signal(Signal::SIGTERM);
             }
-            let deadline = Instant::now() + self.spec.stop_timeout;
+            let deadline = Instant::now() + STOP_TIMEOUT;
             let stops = group.into_iter().map(|p| async move {
                 let stopped = p.stop(deadline).await;
                 (p.describe(), stopped)
@@ -841,8 +822,7 @@ impl Topology {
     /// Starts one more worker of `service` and waits until it is ready.
     pub async fn add_worker(&mut self, service: &str) -> anyhow::Result<Role> {
         let role = self.spawn_worker(service)?;
-        self.wait_started(Instant::now() + self.spec.ready_timeout)
-            .await?;
+        self.wait_started(Instant::now() + READY_TIMEOUT).await?;
         Ok(role)
     }
 
@@ -850,8 +830,7 @@ impl Topology {
     /// so its clients find it again) and waits until it is ready.
     pub async fn add_gate(&mut self, listen: SocketAddr) -> anyhow::Result<Role> {
         let role = self.spawn_gate(listen)?;
-        self.wait_started(Instant::now() + self.spec.ready_timeout)
-            .await?;
+        self.wait_started(Instant::now() + READY_TIMEOUT).await?;
         Ok(role)
     }
 
@@ -881,7 +860,7 @@ impl Topology {
         let mut proc = self.procs.remove(at);
         let started = Instant::now();
         proc.signal(signal);
-        let stopped = proc.stop(started + self.spec.stop_timeout).await;
+        let stopped = proc.stop(started + STOP_TIMEOUT).await;
         let took = started.elapsed();
         if let Err(why) = &stopped {
             tracing::warn!("{why}");

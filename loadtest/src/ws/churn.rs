@@ -33,10 +33,6 @@ impl Step {
             Step::Chat => ServiceKind::Chat,
         }
     }
-
-    fn name(self) -> &'static str {
-        self.service().name()
-    }
 }
 
 /// Flags of `shaddock loadtest churn`.
@@ -175,45 +171,34 @@ pub async fn churn(args: ChurnArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The processes read: the launched ones (not this one) and those given by --pid.
-fn processes(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<Vec<(String, u32)>> {
-    let own = std::process::id();
-    let mut all: Vec<(String, u32)> = gates
-        .watched
-        .iter()
-        .filter(|w| w.pid != own)
-        .map(|w| (w.name.clone(), w.pid))
-        .collect();
-    all.extend(args.pid.iter().cloned());
-    ensure!(
-        !all.is_empty(),
-        "no process to read: launch a topology (no --url) or name them with --pid NAME=PID"
-    );
-    Ok(all)
-}
-
-fn read_all(processes: &[(String, u32)]) -> anyhow::Result<Vec<u64>> {
-    processes
-        .iter()
-        .map(|(name, pid)| rss_bytes(*pid).with_context(|| format!("reading VmRSS of {name}")))
-        .collect()
-}
-
 /// Where the readings fall: after the warm-up, `samples` between, and the end.
 fn reading_points(sessions: u64, warmup: u64, samples: u64) -> Vec<u64> {
-    let mut points = vec![warmup];
     let span = sessions - warmup;
-    for k in 1..=samples {
-        points.push(warmup + span * k / (samples + 1));
-    }
+    let between = (1..=samples).map(|k| warmup + span * k / (samples + 1));
+    let mut points: Vec<u64> = std::iter::once(warmup).chain(between).collect();
     points.push(sessions);
     points.dedup();
     points
 }
 
 async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
-    let processes = processes(args, gates)?;
-    let urls = gates.urls.clone();
+    // The launched processes (not this one) and those given by --pid.
+    let own = std::process::id();
+    let processes: Vec<(String, u32)> = (gates.watched.iter())
+        .filter(|w| w.pid != own)
+        .map(|w| (w.name.clone(), w.pid))
+        .chain(args.pid.iter().cloned())
+        .collect();
+    ensure!(
+        !processes.is_empty(),
+        "no process to read: launch a topology (no --url) or name them with --pid NAME=PID"
+    );
+    let read_all = || -> anyhow::Result<Vec<u64>> {
+        (processes.iter())
+            .map(|(name, pid)| rss_bytes(*pid).with_context(|| format!("reading VmRSS of {name}")))
+            .collect()
+    };
+    let urls = &gates.urls;
     ensure!(!urls.is_empty(), "no gate URL");
     let options = ClientOptions {
         request_timeout: args.timeout,
@@ -222,12 +207,12 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
         ..ClientOptions::default()
     };
     // Names of this run's players: another run on the same gates must not take them.
-    let run_tag = format!("{:x}", std::process::id());
+    let run_tag = format!("{own:x}");
     let began = Instant::now();
     let mut samples = vec![Sample {
         sessions: 0,
         elapsed_s: 0.0,
-        rss: read_all(&processes)?,
+        rss: read_all()?,
     }];
     let mut pace = (args.rate > 0).then(|| {
         let mut pace = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate as f64));
@@ -245,47 +230,37 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
                     pace.tick().await;
                 }
                 let url = urls[(started % urls.len() as u64) as usize].clone();
-                let session = Churned {
-                    url,
-                    options: options.clone(),
-                    mix: args.mix.clone(),
-                    name: format!("churn-{run_tag}-{started}"),
-                    room: format!("churn-{}", started % args.rooms),
-                };
-                running.spawn(session.run());
+                let name = format!("churn-{run_tag}-{started}");
+                let room = format!("churn-{}", started % args.rooms);
+                let (options, mix) = (options.clone(), args.mix.clone());
+                running.spawn(session(url, options, mix, name, room));
                 started += 1;
                 continue;
             }
-            match running.join_next().await {
-                Some(Ok(Ok(()))) => ok += 1,
-                Some(Ok(Err(e))) => {
+            let Some(joined) = running.join_next().await else {
+                continue;
+            };
+            match joined.map_err(anyhow::Error::from).and_then(|done| done) {
+                Ok(()) => ok += 1,
+                Err(e) => {
                     failed += 1;
                     first_error.get_or_insert_with(|| format!("{e:#}"));
                 }
-                Some(Err(e)) => {
-                    failed += 1;
-                    first_error.get_or_insert_with(|| e.to_string());
-                }
-                None => {}
             }
         }
+        let elapsed_s = began.elapsed().as_secs_f64();
         samples.push(Sample {
             sessions: point,
-            elapsed_s: began.elapsed().as_secs_f64(),
-            rss: read_all(&processes)?,
+            elapsed_s,
+            rss: read_all()?,
         });
         tracing::info!("churn: {point} of {} sessions closed", args.sessions);
     }
     let elapsed_s = began.elapsed().as_secs_f64();
-    let at_warmup = samples
-        .iter()
-        .position(|s| s.sessions == args.warmup)
-        .unwrap_or(0);
+    let at_warmup = (samples.iter().position(|s| s.sessions == args.warmup)).unwrap_or(0);
     let last = samples.len() - 1;
     let after = (args.sessions - args.warmup) as f64;
-    let processes = processes
-        .iter()
-        .enumerate()
+    let processes = (processes.iter().enumerate())
         .map(|(i, (name, pid))| {
             let (after_warmup, end) = (samples[at_warmup].rss[i], samples[last].rss[i]);
             let growth = end as i64 - after_warmup as i64;
@@ -301,7 +276,7 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
         })
         .collect();
     Ok(ChurnReport {
-        mix: args.mix.iter().map(|s| s.name()).collect(),
+        mix: args.mix.iter().map(|s| s.service().name()).collect(),
         sessions: args.sessions,
         concurrency: args.concurrency,
         rate: args.rate,
@@ -316,36 +291,32 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
     })
 }
 
-/// One session of the churn, from handshake to close.
-struct Churned {
+/// One session of the churn, from handshake to close, doing the steps of `mix`.
+async fn session(
     url: String,
     options: ClientOptions,
     mix: Vec<Step>,
     name: String,
     room: String,
-}
-
-impl Churned {
-    async fn run(self) -> anyhow::Result<()> {
-        let client = Client::connect(&self.url, self.options)
-            .await
-            .with_context(|| format!("connecting {}", self.url))?;
-        let mut done = Ok(());
-        for step in &self.mix {
-            done = match step {
-                Step::Echo => match client.request("echo.raw", b"churn").await {
-                    Ok(response) => expect_ok(response),
-                    Err(e) => Err(e.into()),
-                },
-                Step::Chat => login_and_join(&client, self.name.clone(), &self.room).await,
-            };
-            if done.is_err() {
-                break;
-            }
+) -> anyhow::Result<()> {
+    let client = Client::connect(&url, options)
+        .await
+        .with_context(|| format!("connecting {url}"))?;
+    let mut done = Ok(());
+    for step in &mix {
+        done = match step {
+            Step::Echo => match client.request("echo.raw", b"churn").await {
+                Ok(response) => expect_ok(response),
+                Err(e) => Err(e.into()),
+            },
+            Step::Chat => login_and_join(&client, name.clone(), &room).await,
+        };
+        if done.is_err() {
+            break;
         }
-        client.close().await;
-        done
     }
+    client.close().await;
+    done
 }
 
 fn mib(bytes: u64) -> f64 {

@@ -225,17 +225,13 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunReport> 
         Length::Duration(d) => Stop::At(window_start + d),
         Length::Count(n) => Stop::Count(n),
     };
-    let plans: Vec<Plan> = (0..spec.clients)
-        .map(|_| Plan::new(schedule, window_start, stop))
-        .collect();
-    let last_due = plans.iter().map(Plan::last_due).max().unwrap_or(start);
+    // Every client has the same plan.
+    let plan = Plan::new(schedule, window_start, stop);
+    let last_due = plan.last_due();
     let hard_deadline = last_due + spec.timeout + HARD_MARGIN;
     let clock = spec.clock.resolve(spec.offered_rps());
     let metronome = match clock {
-        ClockKind::Thread | ClockKind::Auto => {
-            let end = plans.iter().map(|p| p.end).max().unwrap_or(0);
-            Some(Metronome::start(schedule, end)?)
-        }
+        ClockKind::Thread | ClockKind::Auto => Some(Metronome::start(schedule, plan.end)?),
         ClockKind::Tokio => None,
     };
 
@@ -243,7 +239,7 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunReport> 
     let route: Arc<str> = Arc::from(spec.route.as_str());
     let payload = Arc::new(spec.payload.clone());
     let mut tasks = JoinSet::new();
-    for (i, (conn, plan)) in clients.into_iter().zip(plans).enumerate() {
+    for (i, conn) in clients.into_iter().enumerate() {
         let Some(conn) = conn else { continue };
         let pacer = match &metronome {
             Some(m) => m.pacer(),
@@ -452,10 +448,9 @@ fn progress_bar(
     }
     let total = last_due.saturating_duration_since(start).as_millis();
     let bar = ProgressBar::new(u64::try_from(total).unwrap_or(u64::MAX));
-    let style = ProgressStyle::with_template("{prefix} [{bar:30}] {elapsed_precise} {msg}")
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
-    bar.set_style(style);
+    if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:30}] {elapsed_precise}") {
+        bar.set_style(style.progress_chars("=> "));
+    }
     bar.set_prefix(format!("{} ({} clients)", target.label, spec.clients));
     bar
 }

@@ -49,14 +49,6 @@ impl Schedule {
             _ => 0,
         }
     }
-
-    pub fn start(&self) -> Instant {
-        self.start
-    }
-
-    pub fn interval(&self) -> Duration {
-        self.interval
-    }
 }
 
 /// `d * n` without the `u32` limit of `Duration * u32`, saturating at `u64::MAX` ns
@@ -96,11 +88,6 @@ impl Plan {
             first_measured,
             end,
         }
-    }
-
-    /// Slots that are recorded.
-    pub fn measured(&self) -> u64 {
-        self.end - self.first_measured
     }
 
     /// When the last slot is due (the start if there is none).
@@ -179,7 +166,6 @@ mod tests {
         let plan = Plan::new(s, t0 + 100 * MS, Stop::At(t0 + 1100 * MS));
         assert_eq!(plan.first_measured, 100);
         assert_eq!(plan.end, 1100);
-        assert_eq!(plan.measured(), 1000);
         assert!(!plan.is_measured(99));
         assert!(plan.is_measured(100) && plan.is_measured(1099));
         assert!(!plan.is_measured(1100));
