@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 
 use super::clock::ClockKind;
-use super::generator::{self, Length, LoadSpec, Target};
+use super::generator::{Length, LoadSpec, Target};
 use super::lean::Codec;
 use super::report::{Runs, ScenarioReport};
 use super::scenario::{MAX_CLIENTS, MIN_INTERVAL};
@@ -102,10 +102,7 @@ pub async fn pomelo_compare(args: PomeloCompareArgs) -> anyhow::Result<()> {
                     label: format!("{}, {clients} clients", target.label),
                     ..target.clone()
                 };
-                match generator::run(&spec, &target).await {
-                    Ok(run) => report.data.runs.push(run),
-                    Err(e) => report.data.errors.push(format!("{}: {e:#}", target.label)),
-                }
+                report.data.run(&spec, &target).await;
             }
         }
         Ok(report)

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::generator::{RunReport, SecondReport};
+use super::generator::{self, LoadSpec, RunReport, SecondReport, Target};
 use crate::proc::STEAL;
 use crate::report::{Doc, OutputArgs, Report, Section, Table, XAxis, ms, thousands};
 
@@ -21,6 +21,23 @@ pub struct Runs {
 }
 
 pub type ScenarioReport = Report<Runs>;
+
+impl Runs {
+    /// Runs one load and files its report, or its error: one failed run (say, an
+    /// overload nothing answers) must not lose the others.
+    pub async fn run(&mut self, spec: &LoadSpec, target: &Target) -> Option<&mut RunReport> {
+        match generator::run(spec, target).await {
+            Ok(run) => {
+                self.runs.push(run);
+                self.runs.last_mut()
+            }
+            Err(e) => {
+                self.errors.push(format!("{}: {e:#}", target.label));
+                None
+            }
+        }
+    }
+}
 
 /// `saturate`: the steps tried and the best one per target.
 #[derive(Debug, Clone, Default, Serialize)]

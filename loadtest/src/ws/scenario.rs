@@ -78,6 +78,14 @@ pub struct LoadArgs {
 }
 
 impl LoadArgs {
+    /// One load per client count, each for the default duration unless told otherwise.
+    fn specs(&self, clients: &[usize], service: ServiceKind) -> anyhow::Result<Vec<LoadSpec>> {
+        let length = Length::Duration(DEFAULT_DURATION);
+        (clients.iter())
+            .map(|&n| self.spec(n, length, service))
+            .collect()
+    }
+
     /// The load for `clients` clients of `service`; `length` unless --duration or
     /// --count is given.
     pub fn spec(
@@ -228,15 +236,8 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
         !args.json_beside || (args.load.route.is_none() && args.load.body_hex.is_none()),
         "--json-beside runs the service's default route: not with --route or --body-hex"
     );
-    let specs = args
-        .clients
-        .iter()
-        .map(|&n| {
-            args.load
-                .spec(n, Length::Duration(DEFAULT_DURATION), args.target.service)
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
     let service = args.target.service;
+    let specs = args.load.specs(&args.clients, service)?;
     let (gates, topology) = (args.target)
         .launch(1, 1, &[service], args.tls_beside)
         .await?;
@@ -251,12 +252,9 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
             let label = format!("{} clients", spec.clients);
             // The same load on the bare echo first; every gateway run is compared with it.
             let limit_run = match &limit {
-                Some(server) => match generator::run(spec, &limit_target(server, &label)).await {
-                    Ok(run) => Some(run),
-                    Err(e) => {
-                        report.data.errors.push(format!("{label}, limit: {e:#}"));
-                        continue;
-                    }
+                Some(server) => match report.data.run(spec, &limit_target(server, &label)).await {
+                    Some(run) => Some(run.clone()),
+                    None => continue,
                 },
                 None => None,
             };
@@ -272,45 +270,30 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
             if args.tls_beside {
                 runs.push((format!("{label}, wss"), spec, &gates.tls_urls));
             }
-            report.data.runs.extend(limit_run.clone());
-            // One failed run (say, an overload nothing answers) must not lose the others.
             for (name, spec, urls) in runs {
                 let target = Target {
                     urls: urls.clone(),
                     ..gateway_target(&gates, &name)
                 };
-                match generator::run(spec, &target).await {
-                    Ok(run) => {
-                        let mut run = run;
-                        if let Some(limit) = &limit_run {
-                            run.compare_with_limit(limit);
-                        }
-                        report.data.runs.push(run);
-                    }
-                    Err(e) => report.data.errors.push(format!("{name}: {e:#}")),
+                if let (Some(run), Some(limit)) = (report.data.run(spec, &target).await, &limit_run)
+                {
+                    run.compare_with_limit(limit);
                 }
             }
         }
         Ok(report)
     };
-    let report = with_topology(topology, work).await?;
-    report.finish(&args.load.output)
+    with_topology(topology, work)
+        .await?
+        .finish(&args.load.output)
 }
 
 pub async fn limit(args: LimitArgs) -> anyhow::Result<()> {
     let server = LimitServer::start()?;
     let mut report = ScenarioReport::new("limit", LIMIT_SETUP.to_owned(), Runs::default());
-    for &clients in &args.clients {
-        let spec = args.load.spec(
-            clients,
-            Length::Duration(DEFAULT_DURATION),
-            ServiceKind::Echo,
-        )?;
-        let label = format!("{clients} clients");
-        match generator::run(&spec, &limit_target(&server, &label)).await {
-            Ok(run) => report.data.runs.push(run),
-            Err(e) => report.data.errors.push(format!("{label}: {e:#}")),
-        }
+    for spec in args.load.specs(&args.clients, ServiceKind::Echo)? {
+        let label = format!("{} clients", spec.clients);
+        report.data.run(&spec, &limit_target(&server, &label)).await;
     }
     report.finish(&args.load.output)
 }
