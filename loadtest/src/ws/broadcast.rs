@@ -13,8 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
+use futures::stream::{self, StreamExt as _, TryStreamExt as _};
 use gateway::sdk::{Client, ClientOptions, Response};
 use proto::Message as _;
 use proto::chat::{JoinRequest, LoginRequest, SayRequest};
@@ -92,28 +91,15 @@ pub async fn broadcast(mut args: BroadcastArgs) -> anyhow::Result<()> {
 
 async fn measure(args: &BroadcastArgs, urls: &[String]) -> anyhow::Result<BroadcastReport> {
     let expected_per_member = args.messages as u64 + 1;
-    let received = Arc::new(AtomicU64::new(0));
-    let warmed = Arc::new(AtomicU64::new(0));
-    let finished = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(Notify::new());
-    let mut members = Vec::with_capacity(args.members);
-    for batch in (0..args.members).collect::<Vec<_>>().chunks(CONNECT_BATCH) {
-        let joined: FuturesUnordered<_> = batch
-            .iter()
-            .map(|&i| member(&urls[i % urls.len()], format!("m{i}"), true))
-            .collect();
-        for client in joined.collect::<Vec<_>>().await {
-            members.push(client?);
-        }
-    }
+    let counts = Arc::new(Counts::default());
+    let members: Vec<Client> = stream::iter(0..args.members)
+        .map(|i| member(&urls[i % urls.len()], format!("m{i}"), true))
+        .buffer_unordered(CONNECT_BATCH)
+        .try_collect()
+        .await?;
     for client in &members {
         let mut pushes = client.pushes().context("push stream taken")?;
-        let (received, warmed, finished, done) = (
-            received.clone(),
-            warmed.clone(),
-            finished.clone(),
-            done.clone(),
-        );
+        let counts = counts.clone();
         tokio::spawn(async move {
             let mut got = 0;
             while let Some(push) = pushes.recv().await {
@@ -121,45 +107,44 @@ async fn measure(args: &BroadcastArgs, urls: &[String]) -> anyhow::Result<Broadc
                     continue;
                 }
                 got += 1;
-                if got == 1 {
-                    warmed.fetch_add(1, Ordering::Relaxed);
-                    done.notify_one();
-                    continue;
+                // The first is the warm-up message: not counted.
+                let count = match got {
+                    1 => &counts.warmed,
+                    _ => &counts.received,
+                };
+                count.fetch_add(1, Ordering::Relaxed);
+                let last = got == expected_per_member;
+                if last {
+                    counts.finished.fetch_add(1, Ordering::Relaxed);
                 }
-                received.fetch_add(1, Ordering::Relaxed);
-                if got == expected_per_member {
-                    finished.fetch_add(1, Ordering::Relaxed);
-                    done.notify_one();
+                if got == 1 || last {
+                    counts.done.notify_one();
+                }
+                if last {
                     break;
                 }
             }
         });
     }
     let total = args.members as u64;
+    let all = |count: &AtomicU64| count.load(Ordering::Relaxed) == total;
     let sender = member(&urls[0], "sender".into(), !args.unordered).await?;
     let text = "x".repeat(args.size);
     say(&sender, &text).await?;
-    wait_for(&done, || warmed.load(Ordering::Relaxed) == total)
+    wait_for(&counts.done, || all(&counts.warmed))
         .await
         .context("the warm-up message did not reach every member")?;
 
     let started = Instant::now();
-    let mut in_flight = FuturesUnordered::new();
-    for _ in 0..args.messages {
-        if in_flight.len() >= args.window
-            && let Some(result) = in_flight.next().await
-        {
-            result?;
-        }
-        in_flight.push(say(&sender, &text));
-    }
-    while let Some(result) = in_flight.next().await {
-        result?;
-    }
+    stream::iter(0..args.messages)
+        .map(|_| say(&sender, &text))
+        .buffer_unordered(args.window)
+        .try_collect::<()>()
+        .await?;
     // Missing deliveries are reported, not an error here: the caller decides.
-    let _ = wait_for(&done, || finished.load(Ordering::Relaxed) == total).await;
+    let _ = wait_for(&counts.done, || all(&counts.finished)).await;
     let elapsed = started.elapsed().as_secs_f64();
-    let deliveries = received.load(Ordering::Relaxed);
+    let deliveries = counts.received.load(Ordering::Relaxed);
     Ok(BroadcastReport {
         members: args.members,
         gates: urls.len(),
@@ -235,6 +220,16 @@ pub(crate) fn expect_ok(response: Response) -> anyhow::Result<()> {
         bail!("answered {}: {}", response.code, response.message);
     }
     Ok(())
+}
+
+/// What the members' tasks count: members that got the warm-up message, deliveries
+/// after it, members that got every message; `done` wakes the waiter on each change.
+#[derive(Debug, Default)]
+struct Counts {
+    warmed: AtomicU64,
+    received: AtomicU64,
+    finished: AtomicU64,
+    done: Notify,
 }
 
 /// Waits until `condition` holds (re-checked whenever `notify` fires), up to [`PATIENCE`].
