@@ -5,18 +5,19 @@
 //! A request counts as answered when its response has neither the error flag nor an
 //! error `code` in its body.
 
-use std::time::Duration;
-
 use anyhow::{Context as _, ensure};
 
-use super::clock::ClockKind;
 use super::generator::{Length, LoadSpec, Target};
 use super::lean::Codec;
 use super::report::{Runs, ScenarioReport};
-use super::scenario::{MAX_CLIENTS, MIN_INTERVAL};
+use super::scenario::LoadArgs;
 use super::schedule::Payload;
-use super::target::{TargetArgs, this_process, with_topology};
-use crate::report::OutputArgs;
+use super::target::{ServiceKind, TargetArgs, this_process, with_topology};
+
+/// Requests per client in the measured window unless told otherwise: the seed's.
+const SEED_COUNT: u64 = 10_000;
+/// The route requested on both unless told otherwise.
+const ROUTE: &str = "echo.echoHandler.raw";
 
 /// `pomelo-compare`: the same pomelo client against the gate and a pomelo server.
 #[derive(Debug, clap::Args)]
@@ -28,42 +29,37 @@ pub struct PomeloCompareArgs {
     /// Without it only the gate is measured.
     #[arg(long)]
     pub pomelo_url: Option<String>,
-    /// Route requested on both: pomelo's `serverType.handler.method`; on Shaddock it
-    /// is service `echo`, method `raw`, which answers the body unchanged.
-    #[arg(long, default_value = "echo.echoHandler.raw")]
-    pub route: String,
     /// JSON body of every request (the seed's 'Hello World').
     #[arg(long, default_value = r#"{"msg":"Hello World"}"#)]
     pub body: String,
-    /// Time between one client's requests.
-    #[arg(long, default_value = "1ms", value_parser = net::duration::parse)]
-    pub interval: Duration,
-    /// Requests per client in the measured window (the seed: 10,000).
-    #[arg(long, default_value_t = 10_000,
-          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
-    pub count: u64,
-    /// Sent before the window, not recorded.
-    #[arg(long, default_value = "1s", value_parser = net::duration::parse)]
-    pub warmup: Duration,
-    /// A request with no answer after this long counts as a timeout.
-    #[arg(long, default_value = "5s", value_parser = net::duration::parse)]
-    pub timeout: Duration,
     #[command(flatten)]
     pub target: TargetArgs,
+    /// The load; without --duration or --count, 10,000 requests per client (the
+    /// seed's); the route by default `echo.echoHandler.raw` (pomelo's
+    /// `serverType.handler.method`: on Shaddock, service `echo`, method `raw`).
     #[command(flatten)]
-    pub output: OutputArgs,
+    pub load: LoadArgs,
 }
 
 pub async fn pomelo_compare(args: PomeloCompareArgs) -> anyhow::Result<()> {
     ensure!(
-        args.interval >= MIN_INTERVAL,
-        "interval must be at least {MIN_INTERVAL:?}"
-    );
-    ensure!(
-        args.clients.iter().all(|n| (1..=MAX_CLIENTS).contains(n)),
-        "clients must be 1..={MAX_CLIENTS}"
+        !args.load.with_limit && args.load.body_hex.is_none(),
+        "the bare echo speaks no pomelo (--with-limit), and the body is --body"
     );
     serde_json::from_str::<serde_json::Value>(&args.body).context("--body is not JSON")?;
+    let specs = (args.clients.iter())
+        .map(|&clients| {
+            let spec = args
+                .load
+                .spec(clients, Length::Count(SEED_COUNT), ServiceKind::Echo)?;
+            Ok(LoadSpec {
+                route: (args.load.route.clone()).unwrap_or_else(|| ROUTE.to_owned()),
+                payload: Payload::Fixed(args.body.clone().into()),
+                codec: Codec::Pomelo,
+                ..spec
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let (gates, topology) = args.target.gates(1, 1).await?;
     let mut targets = vec![Target {
         label: "shaddock".to_owned(),
@@ -82,30 +78,18 @@ pub async fn pomelo_compare(args: PomeloCompareArgs) -> anyhow::Result<()> {
     let work = async {
         let mut report =
             ScenarioReport::new("pomelo-compare", gates.setup.clone(), Runs::default());
-        for &clients in &args.clients {
-            let spec = LoadSpec {
-                clients,
-                interval: args.interval,
-                length: Length::Count(args.count),
-                warmup: args.warmup,
-                ramp: Duration::ZERO,
-                timeout: args.timeout,
-                route: args.route.clone(),
-                payload: Payload::Fixed(args.body.clone().into()),
-                codec: Codec::Pomelo,
-                server_timing: false,
-                clock: ClockKind::Auto,
-                progress: !args.output.quiet,
-            };
+        for spec in &specs {
             for target in &targets {
                 let target = Target {
-                    label: format!("{}, {clients} clients", target.label),
+                    label: format!("{}, {} clients", target.label, spec.clients),
                     ..target.clone()
                 };
-                report.data.run(&spec, &target).await;
+                report.data.run(spec, &target).await;
             }
         }
         Ok(report)
     };
-    with_topology(topology, work).await?.finish(&args.output)
+    with_topology(topology, work)
+        .await?
+        .finish(&args.load.output)
 }

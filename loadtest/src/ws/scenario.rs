@@ -18,11 +18,11 @@ use super::target::{
 use crate::report::OutputArgs;
 
 /// Most clients one run opens: each is a socket and a task here and a session on a gate.
-pub const MAX_CLIENTS: usize = 10_000;
+const MAX_CLIENTS: usize = 10_000;
 /// Shortest interval between two requests of one client (100,000 req/s per client).
-pub const MIN_INTERVAL: Duration = Duration::from_micros(10);
+const MIN_INTERVAL: Duration = Duration::from_micros(10);
 /// Longest measured window, so a typo cannot start a day-long run.
-pub const MAX_WINDOW: Duration = Duration::from_secs(3_600);
+const MAX_WINDOW: Duration = Duration::from_secs(3_600);
 
 const LIMIT_SETUP: &str = "bare tokio-tungstenite WebSocket echo server in this process";
 /// Default measured window of the duration-based scenarios.
