@@ -17,24 +17,6 @@ use super::target::{Gates, ServiceKind, TargetArgs, with_topology};
 use crate::proc::rss_bytes;
 use crate::report::{Doc, OutputArgs, Report, Section, Table};
 
-/// What a session does between its handshake and its close.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
-pub enum Step {
-    /// One `echo.raw` request.
-    Echo,
-    /// `chat.login` under a name no other session uses, then `chat.join` of a room.
-    Chat,
-}
-
-impl Step {
-    fn service(self) -> ServiceKind {
-        match self {
-            Step::Echo => ServiceKind::Echo,
-            Step::Chat => ServiceKind::Chat,
-        }
-    }
-}
-
 /// Flags of `shaddock loadtest churn`.
 #[derive(Debug, clap::Args)]
 pub struct ChurnArgs {
@@ -53,7 +35,7 @@ pub struct ChurnArgs {
     /// `chat` (`chat.login`, then `chat.join`). A launched topology runs one worker of
     /// each service the mix uses (--service does not apply).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "echo")]
-    pub mix: Vec<Step>,
+    pub mix: Vec<ServiceKind>,
     /// Rooms the chat sessions spread over (session i joins room i mod N).
     #[arg(long, default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
@@ -135,15 +117,17 @@ pub struct ChurnReport {
 
 /// Runs the scenario: 1 gate and one worker per service of the mix unless told otherwise.
 pub async fn churn(args: ChurnArgs) -> anyhow::Result<()> {
-    let steps: BTreeSet<Step> = args.mix.iter().copied().collect();
-    ensure!(!steps.is_empty(), "--mix needs at least one step");
+    // A launched topology runs one worker of each service the mix uses.
+    let services: Vec<ServiceKind> = (args.mix.iter().copied().collect::<BTreeSet<_>>())
+        .into_iter()
+        .collect();
+    ensure!(!services.is_empty(), "--mix needs at least one step");
     ensure!(
         args.warmup < args.sessions,
         "--warmup ({}) must be below --sessions ({})",
         args.warmup,
         args.sessions
     );
-    let services: Vec<ServiceKind> = steps.iter().map(|s| s.service()).collect();
     let (gates, topology) = args.target.launch(1, 1, &services, false).await?;
     let report = with_topology(topology, run(&args, &gates)).await?;
     let report = Report::new("churn", gates.setup.clone(), report);
@@ -276,7 +260,7 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
         })
         .collect();
     Ok(ChurnReport {
-        mix: args.mix.iter().map(|s| s.service().name()).collect(),
+        mix: args.mix.iter().map(|s| s.name()).collect(),
         sessions: args.sessions,
         concurrency: args.concurrency,
         rate: args.rate,
@@ -295,7 +279,7 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
 async fn session(
     url: String,
     options: ClientOptions,
-    mix: Vec<Step>,
+    mix: Vec<ServiceKind>,
     name: String,
     room: String,
 ) -> anyhow::Result<()> {
@@ -305,11 +289,11 @@ async fn session(
     let mut done = Ok(());
     for step in &mix {
         done = match step {
-            Step::Echo => match client.request("echo.raw", b"churn").await {
+            ServiceKind::Echo => match client.request("echo.raw", b"churn").await {
                 Ok(response) => expect_ok(response),
                 Err(e) => Err(e.into()),
             },
-            Step::Chat => login_and_join(&client, name.clone(), &room).await,
+            ServiceKind::Chat => login_and_join(&client, name.clone(), &room).await,
         };
         if done.is_err() {
             break;

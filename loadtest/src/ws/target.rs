@@ -17,11 +17,14 @@ use super::schedule::Payload;
 use crate::proc::{Threads, Watched};
 use crate::topology::{Topology, TopologySpec};
 
-/// Services a launched topology can run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+/// Services a launched topology can run; also what a churned session does between its
+/// handshake and its close (`churn --mix`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, clap::ValueEnum)]
 pub enum ServiceKind {
+    /// The echo service (a churned session sends one `echo.raw`).
     #[default]
     Echo,
+    /// The chat service (a churned session logs in under its own name, then joins a room).
     Chat,
 }
 
