@@ -2,8 +2,9 @@
 //! load (issue #15). The fleet is a bus (one `shaddock broker`, or 3 nats-server nodes
 //! routed into a cluster: `--bus`), 2 gates and 3 echo workers, each its own process.
 //! N clients send `echo.raw` at a steady rate through the gates for the whole run, while
-//! the phases ([`phases::PHASES`]) do one thing each to the fleet at their start, then
-//! run `--phase` longer under the same load.
+//! six phases (baseline, add/drain/kill a worker, drain a gate, restart a bus node) do
+//! one thing each to the fleet at their start, then run `--phase` longer under the same
+//! load.
 //!
 //! Every request counts in the phase it was sent in: answered (by code), cut (the
 //! connection closed under it), timed out, or lost (no outcome at all by the end, plus

@@ -448,7 +448,7 @@ pub struct Topology {
     procs: Vec<Proc>,
     nats: Vec<String>,
     /// What it was started with; a process started later (a worker added, a gate or a
-    /// bus node replaced: [`change`]) is started the same way.
+    /// bus node replaced) is started the same way.
     spec: TopologySpec,
     /// The bus processes this topology runs, in node order, with the ports they took.
     bus: Vec<cluster::BusNode>,
@@ -708,7 +708,7 @@ impl Topology {
 
     /// Prometheus endpoints (`http://127.0.0.1:PORT/metrics`): each gate's and worker's,
     /// and the embedded broker's. A real nats-server serves no Prometheus text (that is
-    /// prometheus-nats-exporter's job), so it has none; see [`Topology::monitor_url`].
+    /// prometheus-nats-exporter's job), so it has none.
     pub fn metrics_urls(&self) -> Vec<(Role, String)> {
         self.procs
             .iter()
