@@ -15,7 +15,6 @@
 mod load;
 mod phases;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,7 +23,7 @@ use nix::sys::signal::Signal;
 
 use crate::proc::CpuSample;
 use crate::report::{OutputArgs, Report};
-use crate::topology::{BrokerSpec, Role, Stopped, Topology, TopologySpec};
+use crate::topology::{BrokerSpec, LaunchArgs, Role, Stopped, Topology, TopologySpec};
 use load::{LoadConfig, PhaseClock};
 use phases::{Fault, FaultsReport, Limits, PHASES, PhaseRun, Struck};
 
@@ -77,19 +76,10 @@ pub struct FaultsArgs {
     /// (the bus notices its connection closed a moment later): they count as held by it.
     #[arg(long, default_value = "10ms", value_parser = net::duration::parse)]
     pub held_slack: Duration,
-    /// Gates at the start (a drained one is replaced).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
-    pub gates: u32,
-    /// Echo workers at the start (the phases add one, then drain one and kill one).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(2..=16))]
-    pub workers: u32,
-    /// Extra flag for every gate, repeatable: `--gate-arg=--request-timeout-ms=2000`.
-    #[arg(long, allow_hyphen_values = true)]
-    pub gate_arg: Vec<String>,
-    /// The `shaddock` binary to launch (default: $SHADDOCK_BIN, else this executable
-    /// when it is `shaddock`, else `shaddock` beside it).
-    #[arg(long)]
-    pub bin: Option<PathBuf>,
+    /// The fleet: 2 gates (a drained one is replaced) and 3 echo workers (the phases add
+    /// one, then drain one and kill one) unless told otherwise.
+    #[command(flatten)]
+    pub launch: LaunchArgs,
     /// Fail (exit status 1) when a phase misses its expectation. Without it the report
     /// still says, per phase, what was expected and what was seen.
     #[arg(long)]
@@ -100,19 +90,17 @@ pub struct FaultsArgs {
 
 /// Runs the scenario: launches the fleet, runs the phases under load, reports.
 pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
-    let mut spec = TopologySpec {
+    let spec = TopologySpec {
         broker: match args.bus {
             Bus::Shaddock => BrokerSpec::Embedded,
             Bus::NatsCluster => BrokerSpec::NatsCluster(CLUSTER_NODES),
         },
-        gates: args.gates as usize,
-        workers: vec![(SERVICE.to_owned(), args.workers as usize)],
-        gate_args: args.gate_arg.clone(),
-        ..TopologySpec::default()
+        ..args.launch.spec(2, 3, &[SERVICE])
     };
-    if let Some(bin) = &args.bin {
-        spec.shaddock_bin.clone_from(bin);
-    }
+    anyhow::ensure!(
+        spec.workers[0].1 >= 2,
+        "--workers: at least 2, one to drain and one to kill"
+    );
     let mut fleet = Topology::start(spec).await.context("launching the fleet")?;
     let outcome = run_phases(&args, &mut fleet).await;
     let stopped = fleet.shutdown().await;

@@ -110,6 +110,45 @@ impl Default for TopologySpec {
     }
 }
 
+/// The flags that shape a launched topology, shared by every scenario that launches one.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct LaunchArgs {
+    /// Gate processes to launch (the scenario's default when absent).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub gates: Option<u32>,
+    /// Worker processes to launch, of each service (the scenario's default when absent).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub workers: Option<u32>,
+    /// Extra flag for every launched gate, repeatable: `--gate-arg=--max-in-flight=1024`.
+    #[arg(long, allow_hyphen_values = true)]
+    pub gate_arg: Vec<String>,
+    /// Extra flag for every launched worker, repeatable.
+    #[arg(long, allow_hyphen_values = true)]
+    pub worker_arg: Vec<String>,
+    /// The `shaddock` binary to launch (default: $SHADDOCK_BIN, else this executable
+    /// when it is `shaddock`, else `shaddock` beside it).
+    #[arg(long)]
+    pub bin: Option<PathBuf>,
+}
+
+impl LaunchArgs {
+    /// `gates` gates and `workers` workers of each of `services`, unless the flags say
+    /// otherwise, on the embedded broker.
+    pub fn spec(&self, gates: u32, workers: u32, services: &[&str]) -> TopologySpec {
+        let workers = self.workers.unwrap_or(workers) as usize;
+        TopologySpec {
+            gates: self.gates.unwrap_or(gates) as usize,
+            workers: (services.iter())
+                .map(|s| ((*s).to_owned(), workers))
+                .collect(),
+            gate_args: self.gate_arg.clone(),
+            worker_args: self.worker_arg.clone(),
+            shaddock_bin: self.bin.clone().unwrap_or_else(default_shaddock_bin),
+            ..TopologySpec::default()
+        }
+    }
+}
+
 /// The `shaddock` binary to launch when the spec names none, first match wins:
 /// `$SHADDOCK_BIN`; the running executable when it is `shaddock` itself; `shaddock` next
 /// to the running executable or one folder up (test binaries live in

@@ -337,10 +337,8 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
     // The best gateway search: its rate, and whether it is a lower bound.
     let mut best_gateway: Option<(f64, bool)> = None;
     for workers in counts {
-        let target_args = TargetArgs {
-            workers: workers.or(args.target.workers),
-            ..args.target.clone()
-        };
+        let mut target_args = args.target.clone();
+        target_args.launch.workers = workers.or(args.target.launch.workers);
         let (gates, topology) = target_args.gates(1, 1).await?;
         setups.push(gates.setup.clone());
         let name = match workers {
