@@ -62,11 +62,8 @@ pub async fn pomelo_compare(args: PomeloCompareArgs) -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let (gates, topology) = args.target.gates(1, 1).await?;
     let mut targets = vec![Target {
-        label: "shaddock".to_owned(),
-        kind: "gateway",
         urls: vec![gates.urls[0].clone()],
-        tls: gates.tls.clone(),
-        watched: gates.watched.clone(),
+        ..gates.target("shaddock")
     }];
     targets.extend(args.pomelo_url.iter().map(|url| Target {
         label: "pomelo 2.2.7".to_owned(),

@@ -12,9 +12,7 @@ use super::generator::{self, Length, LoadSpec, RunReport, Target};
 use super::lean::Codec;
 use super::report::{Fraction, Runs, SaturateReport, SaturateStep, ScenarioReport, WorkerScaling};
 use super::schedule::Payload;
-use super::target::{
-    Gates, LimitServer, ServiceKind, TargetArgs, echo_threads, plural, this_process, with_topology,
-};
+use super::target::{LimitServer, ServiceKind, TargetArgs, plural, with_topology};
 use crate::report::OutputArgs;
 
 /// Most clients one run opens: each is a socket and a task here and a session on a gate.
@@ -252,7 +250,7 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
             let label = format!("{} clients", spec.clients);
             // The same load on the bare echo first; every gateway run is compared with it.
             let limit_run = match &limit {
-                Some(server) => match report.data.run(spec, &limit_target(server, &label)).await {
+                Some(server) => match report.data.run(spec, &server.target(&label)).await {
                     Some(run) => Some(run.clone()),
                     None => continue,
                 },
@@ -273,7 +271,7 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
             for (name, spec, urls) in runs {
                 let target = Target {
                     urls: urls.clone(),
-                    ..gateway_target(&gates, &name)
+                    ..gates.target(&name)
                 };
                 if let (Some(run), Some(limit)) = (report.data.run(spec, &target).await, &limit_run)
                 {
@@ -293,7 +291,7 @@ pub async fn limit(args: LimitArgs) -> anyhow::Result<()> {
     let mut report = ScenarioReport::new("limit", LIMIT_SETUP.to_owned(), Runs::default());
     for spec in args.load.specs(&args.clients, ServiceKind::Echo)? {
         let label = format!("{} clients", spec.clients);
-        report.data.run(&spec, &limit_target(&server, &label)).await;
+        report.data.run(&spec, &server.target(&label)).await;
     }
     report.finish(&args.load.output)
 }
@@ -320,7 +318,7 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
         search_into(
             &args,
             args.limit_max_rate,
-            &limit_target(&server, "limit"),
+            &server.target("limit"),
             &mut sat,
             &mut report,
         )
@@ -345,7 +343,7 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
             Some(w) => format!("gateway, {w} worker{}", plural(w)),
             None => "gateway".to_owned(),
         };
-        let target = gateway_target(&gates, &name);
+        let target = gates.target(&name);
         let work = search_into(&args, args.max_rate, &target, &mut sat, &mut report);
         if !with_topology(topology, work).await? {
             missing.push(name.clone());
@@ -506,27 +504,6 @@ async fn saturate_step(
         passed,
     };
     Ok((step, run))
-}
-
-fn gateway_target(gates: &Gates, label: &str) -> Target {
-    Target {
-        label: label.to_owned(),
-        kind: "gateway",
-        urls: gates.urls.clone(),
-        tls: gates.tls.clone(),
-        watched: gates.watched.clone(),
-    }
-}
-
-fn limit_target(server: &LimitServer, label: &str) -> Target {
-    Target {
-        label: label.to_owned(),
-        kind: "limit",
-        urls: vec![server.url().to_owned()],
-        tls: None,
-        // The echo server's threads are in this process: told apart by their name.
-        watched: vec![this_process("loadtest"), echo_threads("echo server")],
-    }
 }
 
 /// Parses `--body-hex`.

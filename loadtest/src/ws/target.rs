@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use proto::Message as _;
 
+use super::generator::Target;
 use super::schedule::Payload;
 use crate::proc::{Threads, Watched};
 use crate::topology::{LaunchArgs, Topology, TopologySpec};
@@ -133,7 +134,7 @@ pub fn this_process(name: &str) -> Watched {
 }
 
 /// The bare echo server's threads in this process.
-pub fn echo_threads(name: &str) -> Watched {
+fn echo_threads(name: &str) -> Watched {
     Watched {
         name: name.to_owned(),
         pid: std::process::id(),
@@ -243,6 +244,19 @@ impl TargetArgs {
     }
 }
 
+impl Gates {
+    /// The gates as the target of a run named `label`.
+    pub fn target(&self, label: &str) -> Target {
+        Target {
+            label: label.to_owned(),
+            kind: "gateway",
+            urls: self.urls.clone(),
+            tls: self.tls.clone(),
+            watched: self.watched.clone(),
+        }
+    }
+}
+
 /// Runs a scenario while a launched topology serves (when there is one), then stops the
 /// processes; Ctrl-C or a process exiting ends the scenario early with an error.
 pub async fn with_topology<T>(
@@ -316,6 +330,18 @@ impl LimitServer {
 
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The bare echo server as the target of a run named `label`.
+    pub fn target(&self, label: &str) -> Target {
+        Target {
+            label: label.to_owned(),
+            kind: "limit",
+            urls: vec![self.url.clone()],
+            tls: None,
+            // The echo server's threads are in this process: told apart by their name.
+            watched: vec![this_process("loadtest"), echo_threads("echo server")],
+        }
     }
 }
 
