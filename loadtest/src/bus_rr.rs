@@ -25,9 +25,10 @@ use anyhow::{Context, bail};
 use async_nats::{Client, RequestErrorKind, Subject};
 use bytes::Bytes;
 use futures::StreamExt;
+use serde::Serialize;
 use tokio::task::JoinSet;
 
-use crate::hist::{Hist, Summary};
+use crate::hist::Hist;
 use crate::report::{ms, print_stdout};
 
 /// Upper bound on requesters: each is a socket and a task; past this the client machine,
@@ -83,91 +84,36 @@ pub struct Args {
     pub json: bool,
 }
 
-/// Error counts by cause, from requests sent inside the measured window.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Errors {
-    pub timeout: u64,
-    pub no_responders: u64,
-    pub other: u64,
-}
-
-impl Errors {
-    fn count(&mut self, kind: RequestErrorKind) {
-        match kind {
-            RequestErrorKind::TimedOut => self.timeout += 1,
-            RequestErrorKind::NoResponders => self.no_responders += 1,
-            _ => self.other += 1,
-        }
-    }
-
-    fn add(&mut self, other: Errors) {
-        self.timeout += other.timeout;
-        self.no_responders += other.no_responders;
-        self.other += other.other;
-    }
-
-    /// All errors together.
-    pub fn total(&self) -> u64 {
-        self.timeout + self.no_responders + self.other
-    }
-}
-
-/// Result of one run.
-#[derive(Debug, Clone)]
+/// What one run measured: one JSON object on one line with `--json` (the fields
+/// scripts/bench-broker.sh reads), else a few lines of text. Errors are counted from
+/// requests sent inside the measured window.
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
+    pub scenario: &'static str,
     pub requesters: u32,
     pub responders: u32,
     pub size: usize,
-    pub warmup: Duration,
-    /// Wall time from the end of the warm-up until the last requester finished.
-    pub elapsed: Duration,
-    pub latency: Summary,
-    pub errors: Errors,
+    pub warmup_s: f64,
+    /// From the end of the warm-up until the last requester finished.
+    pub elapsed_s: f64,
+    pub requests: u64,
+    pub req_per_s: f64,
+    pub mean_us: f64,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+    pub errors: u64,
+    pub errors_timeout: u64,
+    pub errors_no_responders: u64,
+    pub errors_other: u64,
     /// Replies the responders failed to publish (their connection was failing).
     pub responder_errors: u64,
 }
 
 impl Report {
-    /// Successful requests per second over the measured window.
-    pub fn requests_per_second(&self) -> f64 {
-        let secs = self.elapsed.as_secs_f64();
-        if secs > 0.0 {
-            self.latency.count as f64 / secs
-        } else {
-            0.0
-        }
-    }
-
-    /// The one-line machine-readable form (`--json`).
-    pub fn to_json(&self) -> serde_json::Value {
-        let l = &self.latency;
-        serde_json::json!({
-            "scenario": "bus-rr",
-            "requesters": self.requesters,
-            "responders": self.responders,
-            "size": self.size,
-            "warmup_s": self.warmup.as_secs_f64(),
-            "elapsed_s": self.elapsed.as_secs_f64(),
-            "requests": l.count,
-            "req_per_s": self.requests_per_second().round(),
-            "mean_us": l.mean_us,
-            "p50_us": l.p50_us,
-            "p90_us": l.p90_us,
-            "p99_us": l.p99_us,
-            "p999_us": l.p999_us,
-            "max_us": l.max_us,
-            "errors": self.errors.total(),
-            "errors_timeout": self.errors.timeout,
-            "errors_no_responders": self.errors.no_responders,
-            "errors_other": self.errors.other,
-            "responder_errors": self.responder_errors,
-        })
-    }
-
-    /// The human-readable form.
-    pub fn to_text(&self) -> String {
-        let l = &self.latency;
-        let e = &self.errors;
+    fn to_text(&self) -> String {
         format!(
             "bus-rr: {} requesters (one connection each), {} responders (queue group), {} B, \
              {:.2} s measured after {:.2} s warm-up\n\
@@ -178,21 +124,21 @@ impl Report {
             self.requesters,
             self.responders,
             self.size,
-            self.elapsed.as_secs_f64(),
-            self.warmup.as_secs_f64(),
-            l.count,
-            e.total(),
-            e.timeout,
-            e.no_responders,
-            e.other,
+            self.elapsed_s,
+            self.warmup_s,
+            self.requests,
+            self.errors,
+            self.errors_timeout,
+            self.errors_no_responders,
+            self.errors_other,
             self.responder_errors,
-            self.requests_per_second(),
-            ms(l.p50_us),
-            ms(l.p90_us),
-            ms(l.p99_us),
-            ms(l.p999_us),
-            ms(l.max_us),
-            ms(l.mean_us),
+            self.req_per_s,
+            ms(self.p50_us),
+            ms(self.p90_us),
+            ms(self.p99_us),
+            ms(self.p999_us),
+            ms(self.max_us),
+            ms(self.mean_us),
         )
     }
 }
@@ -201,7 +147,7 @@ impl Report {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let report = measure(&args).await?;
     let out = if args.json {
-        report.to_json().to_string()
+        serde_json::to_string(&report)?
     } else {
         report.to_text()
     };
@@ -270,7 +216,7 @@ pub async fn measure(args: &Args) -> anyhow::Result<Report> {
     }
 
     let mut latency = Hist::new();
-    let mut errors = Errors::default();
+    let mut errors = [0u64; 3];
     let deadline = end + args.timeout + FINISH_SLACK;
     while let Some(joined) = tokio::time::timeout_at(deadline.into(), requesters.join_next())
         .await
@@ -278,33 +224,51 @@ pub async fn measure(args: &Args) -> anyhow::Result<Report> {
     {
         let (recorded, counted) = joined.context("requester task failed")?;
         latency.merge(&recorded);
-        errors.add(counted);
+        errors.iter_mut().zip(counted).for_each(|(e, n)| *e += n);
     }
-    let elapsed = Instant::now().saturating_duration_since(start);
+    let elapsed = Instant::now()
+        .saturating_duration_since(start)
+        .as_secs_f64();
     responders.shutdown().await;
-
+    let l = latency.summary();
     Ok(Report {
+        scenario: "bus-rr",
         requesters: args.requesters,
         responders: args.responders,
         size: args.size,
-        warmup: args.warmup,
-        elapsed,
-        latency: latency.summary(),
-        errors,
+        warmup_s: args.warmup.as_secs_f64(),
+        elapsed_s: elapsed,
+        requests: l.count,
+        req_per_s: if elapsed > 0.0 {
+            (l.count as f64 / elapsed).round()
+        } else {
+            0.0
+        },
+        mean_us: l.mean_us,
+        p50_us: l.p50_us,
+        p90_us: l.p90_us,
+        p99_us: l.p99_us,
+        p999_us: l.p999_us,
+        max_us: l.max_us,
+        errors: errors.iter().sum(),
+        errors_timeout: errors[0],
+        errors_no_responders: errors[1],
+        errors_other: errors[2],
         responder_errors: responder_errors.load(Ordering::Relaxed),
     })
 }
 
 /// One closed-loop requester: send, await the reply, record, repeat until `end`.
+/// Returns its latencies and its errors: timeouts, no responders, other.
 async fn request_loop(
     client: Client,
     subject: Subject,
     payload: Bytes,
     start: Instant,
     end: Instant,
-) -> (Hist, Errors) {
+) -> (Hist, [u64; 3]) {
     let mut latency = Hist::new();
-    let mut errors = Errors::default();
+    let mut errors = [0; 3];
     loop {
         let sent = Instant::now();
         if sent >= end {
@@ -314,9 +278,11 @@ async fn request_loop(
         if sent < start {
             continue;
         }
-        match result {
+        match result.map_err(|e| e.kind()) {
             Ok(_) => latency.record(sent.elapsed()),
-            Err(error) => errors.count(error.kind()),
+            Err(RequestErrorKind::TimedOut) => errors[0] += 1,
+            Err(RequestErrorKind::NoResponders) => errors[1] += 1,
+            Err(_) => errors[2] += 1,
         }
     }
     (latency, errors)
@@ -338,27 +304,4 @@ async fn connect_all(
     futures::future::try_join_all(connects)
         .await
         .with_context(|| format!("connecting {count} {role}s to {url}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn errors_are_counted_by_kind() {
-        let mut e = Errors::default();
-        e.count(RequestErrorKind::TimedOut);
-        e.count(RequestErrorKind::NoResponders);
-        e.count(RequestErrorKind::Other);
-        e.count(RequestErrorKind::Other);
-        assert_eq!(
-            e,
-            Errors {
-                timeout: 1,
-                no_responders: 1,
-                other: 2
-            }
-        );
-        assert_eq!(e.total(), 4);
-    }
 }

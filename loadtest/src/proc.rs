@@ -47,14 +47,6 @@ pub enum Threads {
 }
 
 impl Watched {
-    pub fn all(name: &str, pid: u32) -> Self {
-        Watched {
-            name: name.to_owned(),
-            pid,
-            threads: Threads::All,
-        }
-    }
-
     /// CPU time (user + system) used so far. A thread that ended took its time with it:
     /// only threads that live through a run are measured right (the echo's and ours do).
     fn cpu_time(&self) -> Option<Duration> {

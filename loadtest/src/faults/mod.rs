@@ -2,49 +2,46 @@
 //! load (issue #15). The fleet is a bus (one `shaddock broker`, or 3 nats-server nodes
 //! routed into a cluster: `--bus`), 2 gates and 3 echo workers, each its own process.
 //! N clients send `echo.raw` at a steady rate through the gates for the whole run, while
-//! the phases do one thing each to the fleet at their start, then run `--phase` longer
-//! under the same load:
-//!
-//! 1. baseline: nothing;
-//! 2. add a worker;
-//! 3. drain a worker (SIGTERM, wait for it to exit);
-//! 4. kill a worker (SIGKILL);
-//! 5. drain a gate (SIGTERM, wait for it to exit), then start a new gate on its port;
-//! 6. restart a bus node: SIGKILL the broker (or one cluster node, the others staying
-//!    up) and start it again on its ports.
+//! six phases (baseline, add/drain/kill a worker, drain a gate, restart a bus node) do
+//! one thing each to the fleet at their start, then run `--phase` longer under the same
+//! load.
 //!
 //! Every request counts in the phase it was sent in: answered (by code), cut (the
 //! connection closed under it), timed out, or lost (no outcome at all by the end, plus
 //! `--drain-timeout`). The report gives that per phase with the clients' reconnection
 //! gaps and the longest stretch without any 200, and checks it against what the issue
-//! expects of the phase (`phases::Expectation`); `--check` makes a missed expectation
-//! the command's failure.
+//! expects of the phase; `--check` makes a missed expectation the command's failure.
 
-mod fleet;
 mod load;
 mod phases;
-mod report;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use nix::sys::signal::Signal;
 
 use crate::proc::CpuSample;
-use crate::report::OutputArgs;
-use crate::topology::Topology;
+use crate::report::{OutputArgs, Report};
+use crate::topology::{BrokerSpec, LaunchArgs, Role, Stopped, Topology, TopologySpec};
 use load::{LoadConfig, PhaseClock};
-use phases::{Limits, PHASES, Struck, Window};
-use report::{FaultsReport, PhaseReport, PhaseRun};
+use phases::{Fault, FaultsReport, Limits, PHASES, PhaseRun, Struck};
 
 pub use phases::Bus;
 
 /// The request body: small, as a game's request is.
 const BODY: &[u8] = b"Hello World, faults";
+/// The service the load goes to.
+const SERVICE: &str = "echo";
+/// Nodes of the nats-server cluster.
+const CLUSTER_NODES: usize = 3;
 /// How long a client task may take to end past its last request's timeout and the
 /// drain timeout (closing the connection) before the run is declared stuck.
 const CLIENT_END_SLACK: Duration = Duration::from_secs(5);
+/// The longest a phase's fault waits for the requests of the phase before to end.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often that is looked at.
+const SETTLE_POLL: Duration = Duration::from_millis(1);
 
 /// `loadtest faults` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -79,19 +76,10 @@ pub struct FaultsArgs {
     /// (the bus notices its connection closed a moment later): they count as held by it.
     #[arg(long, default_value = "10ms", value_parser = net::duration::parse)]
     pub held_slack: Duration,
-    /// Gates at the start (a drained one is replaced).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
-    pub gates: u32,
-    /// Echo workers at the start (the phases add one, then drain one and kill one).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(2..=16))]
-    pub workers: u32,
-    /// Extra flag for every gate, repeatable: `--gate-arg=--request-timeout-ms=2000`.
-    #[arg(long, allow_hyphen_values = true)]
-    pub gate_arg: Vec<String>,
-    /// The `shaddock` binary to launch (default: $SHADDOCK_BIN, else this executable
-    /// when it is `shaddock`, else `shaddock` beside it).
-    #[arg(long)]
-    pub bin: Option<PathBuf>,
+    /// The fleet: 2 gates (a drained one is replaced) and 3 echo workers (the phases add
+    /// one, then drain one and kill one) unless told otherwise.
+    #[command(flatten)]
+    pub launch: LaunchArgs,
     /// Fail (exit status 1) when a phase misses its expectation. Without it the report
     /// still says, per phase, what was expected and what was seen.
     #[arg(long)]
@@ -100,48 +88,62 @@ pub struct FaultsArgs {
     pub output: OutputArgs,
 }
 
-/// The longest a phase's fault waits for the requests of the phase before to end.
-const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often that is looked at.
-const SETTLE_POLL: Duration = Duration::from_millis(1);
-
 /// Runs the scenario: launches the fleet, runs the phases under load, reports.
 pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
-    let mut fleet = fleet::start(&args).await?;
+    let spec = TopologySpec {
+        broker: match args.bus {
+            Bus::Shaddock => BrokerSpec::Embedded,
+            Bus::NatsCluster => BrokerSpec::NatsCluster(CLUSTER_NODES),
+        },
+        ..args.launch.spec(2, 3, &[SERVICE])
+    };
+    anyhow::ensure!(
+        spec.workers[0].1 >= 2,
+        "--workers: at least 2, one to drain and one to kill"
+    );
+    let mut fleet = Topology::start(spec).await.context("launching the fleet")?;
     let outcome = run_phases(&args, &mut fleet).await;
     let stopped = fleet.shutdown().await;
-    let report = outcome?;
+    let (report, processes) = outcome?;
     stopped.context("stopping the fleet")?;
-    finish(&report, &args)
+    let bus = match args.bus {
+        Bus::Shaddock => "shaddock broker",
+        Bus::NatsCluster => "3-node nats-server cluster",
+    };
+    let report = Report::new("faults", format!("{bus}: {processes}"), report);
+    report.write(&args.output)?;
+    let report = report.data;
+    if !report.errors.is_empty() {
+        bail!("the run stopped early: {}", report.errors.join("; "));
+    }
+    if args.check && !report.passed {
+        bail!("phases that missed their expectation: {}", report.missed());
+    }
+    Ok(())
 }
 
 /// The load and the phases, on a running fleet.
-async fn run_phases(args: &FaultsArgs, fleet: &mut Topology) -> anyhow::Result<FaultsReport> {
-    let mut report = FaultsReport::now(args.bus, fleet::describe(fleet));
+/// Also returns the processes at the start, by name and pid.
+async fn run_phases(
+    args: &FaultsArgs,
+    fleet: &mut Topology,
+) -> anyhow::Result<(FaultsReport, String)> {
+    let processes: Vec<String> = (fleet.pids().iter())
+        .map(|(role, pid)| format!("{role} {pid}"))
+        .collect();
+    let mut report = FaultsReport::new(args);
     let config = Arc::new(LoadConfig {
         clients: args.clients as usize,
         interval: Duration::from_secs(1) / args.rate,
-        route: "echo.raw".to_owned(),
         body: bytes::Bytes::from_static(BODY),
         timeout: args.timeout,
         drain_timeout: args.drain_timeout,
     });
-    report.clients = config.clients;
-    report.rps_per_client = f64::from(args.rate);
-    report.route.clone_from(&config.route);
-    report.client_timeout_ms = args.timeout.as_millis();
-
     let clock = Arc::new(PhaseClock::default());
-    let mut clients = load::start(
-        config.clone(),
-        &fleet.gate_urls(),
-        clock.clone(),
-        PHASES.len(),
-    )
-    .await?;
+    let gates = fleet.gate_urls();
+    let mut clients = load::start(config, &gates, clock.clone(), PHASES.len()).await?;
     let origin = Instant::now();
     let mut runs: Vec<PhaseRun> = Vec::new();
-    let mut faults_at = Vec::new();
     for (index, fault) in PHASES.into_iter().enumerate() {
         let start = Instant::now();
         clock.set(index);
@@ -157,25 +159,25 @@ async fn run_phases(args: &FaultsArgs, fleet: &mut Topology) -> anyhow::Result<F
         if !args.output.quiet {
             eprintln!("phase {}: {}", index + 1, fault.name());
         }
-        let acted = fleet::act(fleet, fault).await;
+        let mut events = Vec::new();
+        let acted = act(fleet, fault, &mut events).await;
         tokio::time::sleep(args.phase).await;
-        let checked = fleet.check();
-        let (events, fault_at) = match acted {
-            Ok(action) => (action.events, action.fault_at),
-            Err(e) => {
-                report.errors.push(format!("{}: {e:#}", fault.name()));
-                (Vec::new(), None)
-            }
-        };
-        if let Err(e) = checked {
+        let fault_at = acted.unwrap_or_else(|e| {
+            report.errors.push(format!("{}: {e:#}", fault.name()));
+            None
+        });
+        if let Err(e) = fleet.check() {
             report.errors.push(format!("after {}: {e:#}", fault.name()));
         }
-        faults_at.push(fault_at);
         runs.push(PhaseRun {
             fault,
             start,
             end: Instant::now(),
             events,
+            struck: fault_at.map(|at| Struck {
+                at,
+                held_until: at + args.held_slack,
+            }),
             cpu: cpu.until(&CpuSample::take(&[])),
         });
         if !report.errors.is_empty() {
@@ -196,54 +198,98 @@ async fn run_phases(args: &FaultsArgs, fleet: &mut Topology) -> anyhow::Result<F
             }
         }
     }
-    let end = Instant::now();
-
-    let windows: Vec<Window> = runs
-        .iter()
-        .zip(&faults_at)
-        .map(|(r, &fault_at)| Window {
-            start: r.start,
-            end: r.end,
-            fault: fault_at.map(|at| Struck {
-                at,
-                held_until: at + args.held_slack,
-            }),
-        })
-        .collect();
     let limits = Limits {
         fast_503: args.fast_503,
         max_bus_gap: args.max_bus_gap,
         held_slack: args.held_slack,
     };
-    let tallies = phases::tally(&records, &windows);
-    report.phases = runs
-        .iter()
-        .zip(&tallies)
-        .map(|(run, t)| PhaseReport::new(run, t, args.bus, &limits, origin))
-        .collect();
-    report.timeline = report::timeline(&records, origin, end);
-    report.passed = report.errors.is_empty() && report.phases.iter().all(PhaseReport::passed);
-    Ok(report)
+    report.add_phases(&runs, &records, &limits, origin);
+    Ok((report, processes.join(", ")))
 }
 
-/// Prints the report, writes the requested files; with `--check`, fails when a phase
-/// missed its expectation. A run stopped by an error always fails.
-fn finish(report: &FaultsReport, args: &FaultsArgs) -> anyhow::Result<()> {
-    args.output.write(report, &report.doc())?;
-    if !report.errors.is_empty() {
-        bail!("the run stopped early: {}", report.errors.join("; "));
+/// Does `fault` to the fleet, noting each step with its timing in `events`; returns
+/// once it is done (a stopped process exited, a started one is ready), with when it
+/// struck when it killed something (for the requests it may hold).
+async fn act(
+    fleet: &mut Topology,
+    fault: Fault,
+    events: &mut Vec<String>,
+) -> anyhow::Result<Option<Instant>> {
+    let started = Instant::now();
+    let first = |fleet: &Topology, kind: fn(&Role) -> bool| {
+        (fleet.running(kind).into_iter().next()).context("no such process left running")
+    };
+    let mut struck = None;
+    match fault {
+        Fault::Baseline => {}
+        Fault::AddWorker => {
+            let role = fleet.add_worker(SERVICE).await?;
+            events.push(format!(
+                "started {role}: ready in {}",
+                secs(started.elapsed())
+            ));
+        }
+        Fault::DrainWorker | Fault::KillWorker => {
+            let role = first(fleet, |r| matches!(r, Role::Worker { .. }))?;
+            let signal = if fault == Fault::KillWorker {
+                struck = Some(Instant::now());
+                Signal::SIGKILL
+            } else {
+                Signal::SIGTERM
+            };
+            events.push(stop_line(signal, &fleet.stop_one(&role, signal).await?));
+        }
+        Fault::DrainGate => {
+            let role = first(fleet, |r| matches!(r, Role::Gate(_)))?;
+            let addr =
+                (fleet.listen_addr(&role)).with_context(|| format!("{role} has no address"))?;
+            let stopped = fleet.stop_one(&role, Signal::SIGTERM).await?;
+            events.push(stop_line(Signal::SIGTERM, &stopped));
+            let restart = Instant::now();
+            let new = fleet.add_gate(addr).await?;
+            let took = secs(restart.elapsed());
+            events.push(format!("started {new} on {addr}: ready in {took}"));
+        }
+        Fault::RestartBus => {
+            let roles = fleet.bus_roles();
+            let role = roles.first().context("the fleet runs no bus")?.clone();
+            // A cluster node is restarted as operators do, in lame duck mode (SIGUSR2, as
+            // `nats-server --signal ldm` sends): its clients move to the other nodes
+            // before it goes. The single broker is killed: there is nowhere to move, and
+            // the gap is what is measured.
+            let signal = if roles.len() > 1 {
+                Signal::SIGUSR2
+            } else {
+                struck = Some(Instant::now());
+                Signal::SIGKILL
+            };
+            events.push(stop_line(signal, &fleet.stop_one(&role, signal).await?));
+            let restart = Instant::now();
+            fleet.restart_bus_node(0).await?;
+            events.push(format!(
+                "started {role} again on its ports: ready in {} ({} after the signal)",
+                secs(restart.elapsed()),
+                secs(started.elapsed())
+            ));
+        }
     }
-    if args.check && !report.passed {
-        let missed: Vec<&str> = report
-            .phases
-            .iter()
-            .filter(|p| !p.passed())
-            .map(|p| p.name)
-            .collect();
-        bail!(
-            "phases that missed their expectation: {}",
-            missed.join(", ")
-        );
-    }
-    Ok(())
+    Ok(struck)
+}
+
+fn stop_line(signal: Signal, s: &Stopped) -> String {
+    let status = (s.status).map_or_else(|| "status unknown".to_owned(), |st| st.to_string());
+    let killed = if s.killed_after_timeout {
+        ", killed after the stop timeout"
+    } else {
+        ""
+    };
+    let took = secs(s.took);
+    format!(
+        "{signal} {} (pid {}): exited in {took} ({status}{killed})",
+        s.role, s.pid
+    )
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
 }

@@ -1,14 +1,21 @@
 //! The phases of `loadtest faults`, what each is expected to cost the clients, and the
-//! accounting: every request counts in the phase in which it was SENT, however late it
-//! ended.
+//! report: every request counts in the phase in which it was SENT, however late it ended.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::load::{Answer, ClientRecord, Gap, Outcome};
+use super::FaultsArgs;
+use super::load::{Answer, ClientRecord, ROUTE};
 use crate::hist::Hist;
+use crate::proc::{CpuUse, MACHINE, STEAL};
+use crate::report::{Doc, Section, Table, XAxis};
+
+/// Width of one point of the answers-over-time chart.
+const TIMELINE_BUCKET: Duration = Duration::from_millis(100);
+const OK: u32 = proto::code::OK;
 
 /// The bus the topology runs on (`--bus`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -21,10 +28,11 @@ pub enum Bus {
 }
 
 /// What a phase does to the fleet at its start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Fault {
     /// Nothing: the load alone.
+    #[default]
     Baseline,
     /// One more echo worker.
     AddWorker,
@@ -34,8 +42,8 @@ pub enum Fault {
     KillWorker,
     /// SIGTERM to a gate, waited for; then a new gate on its port.
     DrainGate,
-    /// SIGKILL to a bus node (the broker, or one cluster node with the rest up), then
-    /// the same node started again on its ports.
+    /// A bus node stopped (the broker killed, a cluster node in lame duck mode), then
+    /// started again on its ports.
     RestartBus,
 }
 
@@ -62,7 +70,7 @@ impl Fault {
     }
 
     /// What issue #15 expects of this phase on `bus`.
-    pub fn expectation(self, bus: Bus) -> Expectation {
+    fn expectation(self, bus: Bus) -> Expectation {
         match (self, bus) {
             (Fault::KillWorker, _) => Expectation::HeldOnly408,
             (Fault::RestartBus, Bus::Shaddock) => Expectation::Fast503,
@@ -72,10 +80,11 @@ impl Fault {
 }
 
 /// What a phase may cost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Expectation {
     /// Every request answered 200: no other code, no timeout, nothing cut or lost.
+    #[default]
     Clean,
     /// Nothing cut, lost or timed out; the only other answers are 408s, for requests the
     /// killed worker held: sent before the kill, no more than were in flight then.
@@ -85,42 +94,33 @@ pub enum Expectation {
     Fast503,
 }
 
-/// The limits the expectations are checked against (`--fast-503`, `--max-bus-gap`).
+/// The limits the expectations are checked against (`--fast-503`, `--max-bus-gap`,
+/// `--held-slack`).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// A 503 slower than this is not a "fast" one.
     pub fast_503: Duration,
-    /// Longest time without any 200 a restarted broker may cost.
     pub max_bus_gap: Duration,
-    /// After a kill, how long requests may still reach the killed process ([`Struck`]).
     pub held_slack: Duration,
 }
 
 impl Expectation {
-    pub fn describe(self, limits: &Limits) -> String {
+    fn describe(self, limits: &Limits) -> String {
+        let ms = |d: Duration| d.as_millis();
         match self {
             Expectation::Clean => "all 200: 0 errors, 0 cut, 0 lost".to_owned(),
             Expectation::HeldOnly408 => format!(
                 "0 cut, 0 lost, no timeout; besides 200 only 408s, at most the requests in \
                  flight at the kill, all sent before it (or within {} ms after)",
-                limits.held_slack.as_millis()
+                ms(limits.held_slack)
             ),
             Expectation::Fast503 => format!(
                 "0 cut, 0 lost, no timeout; besides 200 only 503s, each within {} ms; \
                  no 200 for at most {} ms",
-                limits.fast_503.as_millis(),
-                limits.max_bus_gap.as_millis()
+                ms(limits.fast_503),
+                ms(limits.max_bus_gap)
             ),
         }
     }
-}
-
-/// When a phase ran, and when its fault struck (a kill, a bus node going down).
-#[derive(Debug, Clone, Copy)]
-pub struct Window {
-    pub start: Instant,
-    pub end: Instant,
-    pub fault: Option<Struck>,
 }
 
 /// The moment a process was killed, and until when a request sent may still have
@@ -132,161 +132,239 @@ pub struct Struck {
     pub held_until: Instant,
 }
 
-/// One phase's figures, from every client's record.
-#[derive(Debug, Clone, Default)]
-pub struct Tally {
+/// One phase as it ran.
+#[derive(Debug, Clone)]
+pub struct PhaseRun {
+    pub fault: Fault,
+    pub start: Instant,
+    pub end: Instant,
+    /// What the fault did, with timings.
+    pub events: Vec<String>,
+    pub struck: Option<Struck>,
+    pub cpu: Vec<CpuUse>,
+}
+
+/// One phase's figures (times in ms), from every client's record.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PhaseReport {
+    pub name: &'static str,
+    pub fault: Fault,
+    pub started_s: f64,
+    pub seconds: f64,
+    pub events: Vec<String>,
     pub sent: u64,
-    pub codes: BTreeMap<u32, u64>,
+    /// Answers by code.
+    pub answered: BTreeMap<u32, u64>,
     /// Non-200 answers by "code message".
     pub reasons: BTreeMap<String, u64>,
     pub cut: u64,
-    pub timeouts: u64,
+    pub timed_out: u64,
     pub failed: BTreeMap<String, u64>,
     /// Sent, and neither answered nor failed by the end of the run.
     pub lost: u64,
-    /// From send to answer, answered requests only.
-    pub latency: Hist,
-    pub slowest_503: Option<Duration>,
-    /// 408s for requests sent after the fault struck, and the latest such send.
-    pub late_408: u64,
-    pub latest_408_after_fault: Duration,
+    /// Answers other than 200, timeouts and other failures: the issue's "errors".
+    pub errors: u64,
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+    pub latency_max_ms: f64,
+    /// Client reconnections seen (gaps), their longest and p99.
+    pub reconnects: u64,
+    pub gap_max_ms: f64,
+    pub gap_p99_ms: f64,
+    /// Clients the gate closed for good (and replaced), by the SDK's reason.
+    pub clients_closed: BTreeMap<String, u64>,
+    /// Longest stretch of the phase without any 200 (the bus gap, in the restart phase).
+    pub no_200_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slowest_503_ms: Option<f64>,
     /// Requests (of every phase) sent before the fault struck and ended after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub in_flight_at_fault: Option<u64>,
-    pub gaps: Hist,
-    /// Clients closed for good (and replaced), by the SDK's reason.
-    pub closings: BTreeMap<String, u64>,
-    /// Longest stretch of this phase's wall time in which no request got a 200.
-    pub no_200: Duration,
+    /// The machine over the phase: busy and hypervisor steal, % of one core.
+    pub machine_percent: f64,
+    pub steal_percent: f64,
+    pub expectation: Expectation,
+    pub expected: String,
+    pub seen: String,
+    /// Why it missed the expectation; empty when it met it.
+    pub misses: Vec<String>,
+    /// From send to answer, answered requests only; and the reconnection gaps.
+    #[serde(skip)]
+    latency: Hist,
+    #[serde(skip)]
+    gaps: Hist,
+    /// 408s for requests sent after the fault struck, and the latest such send.
+    #[serde(skip)]
+    late_408: u64,
+    #[serde(skip)]
+    latest_408_after_fault: Duration,
 }
 
-impl Tally {
-    pub fn answered(&self) -> u64 {
-        self.codes.values().sum()
+impl PhaseReport {
+    pub fn passed(&self) -> bool {
+        self.misses.is_empty()
     }
 
-    pub fn errors(&self) -> u64 {
-        self.answered() - self.codes.get(&proto::code::OK).copied().unwrap_or(0)
-            + self.timeouts
-            + self.failed.values().sum::<u64>()
+    fn ok(&self) -> u64 {
+        self.answered.get(&OK).copied().unwrap_or(0)
     }
 
-    /// Why the phase misses `expectation`; empty when it meets it.
-    pub fn misses(&self, expectation: Expectation, limits: &Limits) -> Vec<String> {
-        let mut why = Vec::new();
-        for (what, n) in [
+    /// Why the phase misses `expectation`.
+    fn check(&self, expectation: Expectation, limits: &Limits) -> Vec<String> {
+        let mut why: Vec<String> = [
             ("cut", self.cut),
             ("lost", self.lost),
-            ("timed out", self.timeouts),
-        ] {
-            if n > 0 {
-                why.push(format!("{n} {what}"));
-            }
-        }
-        for (kind, n) in &self.failed {
-            why.push(format!("{n} failed ({kind})"));
-        }
+            ("timed out", self.timed_out),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(what, n)| format!("{n} {what}"))
+        .collect();
+        why.extend(self.failed.iter().map(|(k, n)| format!("{n} failed ({k})")));
         let allowed = match expectation {
-            Expectation::Clean => None,
-            Expectation::HeldOnly408 => Some(proto::code::TIMEOUT),
-            Expectation::Fast503 => Some(proto::code::OVERLOADED),
+            Expectation::Clean => OK,
+            Expectation::HeldOnly408 => proto::code::TIMEOUT,
+            Expectation::Fast503 => proto::code::OVERLOADED,
         };
-        for (code, n) in &self.codes {
-            if *code != proto::code::OK && Some(*code) != allowed {
+        for (code, n) in &self.answered {
+            if ![OK, allowed].contains(code) {
                 why.push(format!("{n} answered {code}"));
             }
         }
-        match expectation {
-            Expectation::Clean => {}
-            Expectation::HeldOnly408 => {
-                let n408 = self.codes.get(&proto::code::TIMEOUT).copied();
-                let held = self.in_flight_at_fault.unwrap_or(0);
-                if let Some(n) = n408.filter(|n| *n > held) {
-                    why.push(format!(
-                        "{n} answered 408, more than the {held} in flight at the kill"
-                    ));
-                }
-                if self.late_408 > 0 {
-                    why.push(format!(
-                        "{} 408s for requests sent after the kill (the latest {} ms after)",
-                        self.late_408,
-                        self.latest_408_after_fault.as_millis()
-                    ));
-                }
+        if expectation == Expectation::HeldOnly408 {
+            let held = self.in_flight_at_fault.unwrap_or(0);
+            if let Some(n) = (self.answered.get(&proto::code::TIMEOUT)).filter(|n| **n > held) {
+                why.push(format!(
+                    "{n} answered 408, more than the {held} in flight at the kill"
+                ));
             }
-            Expectation::Fast503 => {
-                if let Some(slow) = self.slowest_503.filter(|s| *s > limits.fast_503) {
-                    why.push(format!("a 503 took {} ms", slow.as_millis()));
-                }
-                if self.no_200 > limits.max_bus_gap {
-                    why.push(format!("no 200 for {} ms", self.no_200.as_millis()));
-                }
+            if self.late_408 > 0 {
+                why.push(format!(
+                    "{} 408s for requests sent after the kill (the latest {} ms after)",
+                    self.late_408,
+                    self.latest_408_after_fault.as_millis()
+                ));
+            }
+        }
+        if expectation == Expectation::Fast503 {
+            let fast = ms(limits.fast_503);
+            if let Some(slow) = self.slowest_503_ms.filter(|s| *s > fast) {
+                why.push(format!("a 503 took {slow:.0} ms"));
+            }
+            if self.no_200_ms > ms(limits.max_bus_gap) {
+                why.push(format!("no 200 for {:.0} ms", self.no_200_ms));
             }
         }
         why
     }
+
+    /// The outcome in one line: "19,980 × 200, 20 × 408; 0 cut, 0 lost".
+    fn seen(&self) -> String {
+        let codes: Vec<String> = (self.answered.iter())
+            .map(|(c, n)| format!("{n} × {c}"))
+            .collect();
+        let mut line = if codes.is_empty() {
+            "no answer".to_owned()
+        } else {
+            codes.join(", ")
+        };
+        let (cut, timed_out, lost) = (self.cut, self.timed_out, self.lost);
+        let _ = write!(line, "; {cut} cut, {timed_out} timed out, {lost} lost");
+        for (kind, n) in &self.failed {
+            let _ = write!(line, ", {n} failed ({kind})");
+        }
+        for (reason, n) in &self.clients_closed {
+            let _ = write!(line, "; {n} clients closed for good ({reason})");
+        }
+        if let Some(held) = self.in_flight_at_fault {
+            let _ = write!(line, "; {held} in flight at the fault");
+        }
+        line
+    }
 }
 
-/// Adds up every client's record into one tally per phase.
-pub fn tally(records: &[ClientRecord], windows: &[Window]) -> Vec<Tally> {
-    let mut tallies = vec![Tally::default(); windows.len()];
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 10_000.0).round() / 10.0
+}
+
+/// Every client's record, one report per phase.
+fn tally(records: &[ClientRecord], runs: &[PhaseRun]) -> Vec<PhaseReport> {
+    let mut phases = vec![PhaseReport::default(); runs.len()];
     let mut oks = Vec::new();
     for record in records {
-        for (tally, sent) in tallies.iter_mut().zip(&record.sent) {
-            tally.sent += sent;
+        for (p, sent) in phases.iter_mut().zip(&record.sent) {
+            p.sent += sent;
         }
         for o in &record.outcomes {
-            let Some(t) = tallies.get_mut(o.phase) else {
+            let Some(p) = phases.get_mut(o.phase) else {
                 continue;
             };
             let took = o.done.saturating_duration_since(o.sent);
-            match &o.answer {
+            let code = match &o.answer {
                 Answer::Code(code, message) => {
-                    *t.codes.entry(*code).or_default() += 1;
-                    t.latency.record(took);
-                    if *code == proto::code::OK {
-                        oks.push(o.done);
-                    } else {
+                    *p.answered.entry(*code).or_default() += 1;
+                    p.latency.record(took);
+                    if *code != OK {
                         let reason = format!("{code} {}", message.as_deref().unwrap_or_default());
-                        *t.reasons.entry(reason.trim_end().to_owned()).or_default() += 1;
+                        *p.reasons.entry(reason.trim_end().to_owned()).or_default() += 1;
                     }
-                    if *code == proto::code::OVERLOADED {
-                        t.slowest_503 = t.slowest_503.max(Some(took));
-                    }
-                    let fault = windows[o.phase].fault;
-                    let late = |f: &Struck| o.sent > f.held_until;
-                    if let Some(f) = fault.filter(|f| *code == proto::code::TIMEOUT && late(f)) {
-                        t.late_408 += 1;
-                        t.latest_408_after_fault = t.latest_408_after_fault.max(o.sent - f.at);
+                    *code
+                }
+                Answer::Cut => {
+                    p.cut += 1;
+                    continue;
+                }
+                Answer::Timeout => {
+                    p.timed_out += 1;
+                    continue;
+                }
+                Answer::Failed(kind) => {
+                    *p.failed.entry(kind.clone()).or_default() += 1;
+                    continue;
+                }
+            };
+            match code {
+                OK => oks.push(o.done),
+                proto::code::OVERLOADED => {
+                    p.slowest_503_ms = Some(p.slowest_503_ms.unwrap_or(0.0).max(ms(took)));
+                }
+                proto::code::TIMEOUT => {
+                    if let Some(f) = runs[o.phase].struck.filter(|f| o.sent > f.held_until) {
+                        p.late_408 += 1;
+                        p.latest_408_after_fault = p.latest_408_after_fault.max(o.sent - f.at);
                     }
                 }
-                Answer::Cut => t.cut += 1,
-                Answer::Timeout => t.timeouts += 1,
-                Answer::Failed(kind) => *t.failed.entry(kind.clone()).or_default() += 1,
+                _ => {}
             }
         }
-        for &Gap { phase, length } in &record.gaps {
-            if let Some(t) = tallies.get_mut(phase) {
-                t.gaps.record(length);
+        for &(phase, length) in &record.gaps {
+            if let Some(p) = phases.get_mut(phase) {
+                p.gaps.record(length);
             }
         }
-        for c in &record.closings {
-            if let Some(t) = tallies.get_mut(c.phase) {
-                *t.closings.entry(c.reason.clone()).or_default() += 1;
+        for (phase, reason) in &record.closings {
+            if let Some(p) = phases.get_mut(*phase) {
+                *p.clients_closed.entry(reason.clone()).or_default() += 1;
             }
         }
     }
     oks.sort_unstable();
-    for (t, w) in tallies.iter_mut().zip(windows) {
-        let ended: u64 = t.answered() + t.cut + t.timeouts + t.failed.values().sum::<u64>();
-        t.lost = t.sent.saturating_sub(ended);
-        t.no_200 = longest_without(&oks, w.start, w.end);
-        t.in_flight_at_fault = w.fault.map(|f| {
+    for (p, run) in phases.iter_mut().zip(runs) {
+        let answered: u64 = p.answered.values().sum();
+        let failed: u64 = p.failed.values().sum();
+        p.lost = p
+            .sent
+            .saturating_sub(answered + p.cut + p.timed_out + failed);
+        p.errors = answered - p.ok() + p.timed_out + failed;
+        p.no_200_ms = ms(longest_without(&oks, run.start, run.end));
+        p.in_flight_at_fault = run.struck.map(|f| {
             let outcomes = records.iter().flat_map(|r| &r.outcomes);
-            let held = |o: &&Outcome| o.sent <= f.held_until && o.done > f.at;
-            outcomes.filter(held).count() as u64
+            outcomes
+                .filter(|o| o.sent <= f.held_until && o.done > f.at)
+                .count() as u64
         });
     }
-    tallies
+    phases
 }
 
 /// The longest stretch of `[start, end]` holding none of `times` (sorted).
@@ -302,10 +380,183 @@ fn longest_without(times: &[Instant], start: Instant, end: Instant) -> Duration 
     longest
 }
 
+/// Everything one `loadtest faults` run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultsReport {
+    pub bus: Bus,
+    pub clients: u32,
+    pub rps_per_client: f64,
+    pub route: &'static str,
+    pub client_timeout_ms: u128,
+    pub phases: Vec<PhaseReport>,
+    /// Answers per 100 ms over the run, as rates: [seconds from the start, 200s, other
+    /// codes, cut + timed out + failed], by the time they ended.
+    pub timeline: Vec<[f64; 4]>,
+    /// What stopped the run early, if anything did.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+    /// Every phase met its expectation (and nothing stopped the run).
+    pub passed: bool,
+}
+
+impl FaultsReport {
+    pub fn new(args: &FaultsArgs) -> Self {
+        FaultsReport {
+            bus: args.bus,
+            clients: args.clients,
+            rps_per_client: f64::from(args.rate),
+            route: ROUTE,
+            client_timeout_ms: args.timeout.as_millis(),
+            phases: Vec::new(),
+            timeline: Vec::new(),
+            errors: Vec::new(),
+            passed: false,
+        }
+    }
+
+    /// Works out each phase's figures and the timeline from the clients' records.
+    pub fn add_phases(
+        &mut self,
+        runs: &[PhaseRun],
+        records: &[ClientRecord],
+        limits: &Limits,
+        origin: Instant,
+    ) {
+        self.phases = tally(records, runs);
+        for (p, run) in self.phases.iter_mut().zip(runs) {
+            let cpu = |name| (run.cpu.iter().find(|c| c.name == name)).map_or(0.0, |c| c.percent);
+            let expectation = run.fault.expectation(self.bus);
+            p.name = run.fault.name();
+            p.fault = run.fault;
+            p.started_s = run.start.saturating_duration_since(origin).as_secs_f64();
+            p.seconds = run.end.saturating_duration_since(run.start).as_secs_f64();
+            p.events.clone_from(&run.events);
+            (p.latency_p50_ms, p.latency_p99_ms) = (ms(p.latency.at(0.5)), ms(p.latency.at(0.99)));
+            p.latency_max_ms = ms(p.latency.at(1.0));
+            p.reconnects = p.gaps.len();
+            (p.gap_max_ms, p.gap_p99_ms) = (ms(p.gaps.at(1.0)), ms(p.gaps.at(0.99)));
+            (p.machine_percent, p.steal_percent) = (cpu(MACHINE), cpu(STEAL));
+            p.expectation = expectation;
+            p.expected = expectation.describe(limits);
+            p.seen = p.seen();
+            p.misses = p.check(expectation, limits);
+        }
+        let end = Instant::now();
+        let bucket = TIMELINE_BUCKET.as_secs_f64();
+        let buckets = (end.saturating_duration_since(origin).as_secs_f64() / bucket) as usize + 1;
+        let mut counts = vec![[0u64; 3]; buckets];
+        for o in records.iter().flat_map(|r| &r.outcomes) {
+            let at = o.done.saturating_duration_since(origin).as_secs_f64() / bucket;
+            let kind = match o.answer {
+                Answer::Code(OK, _) => 0,
+                Answer::Code(..) => 1,
+                Answer::Cut | Answer::Timeout | Answer::Failed(_) => 2,
+            };
+            if let Some(c) = counts.get_mut(at as usize) {
+                c[kind] += 1;
+            }
+        }
+        let rate = |n: u64| n as f64 / bucket;
+        self.timeline = (counts.iter().enumerate())
+            .map(|(i, c)| [i as f64 * bucket, rate(c[0]), rate(c[1]), rate(c[2])])
+            .collect();
+        self.passed = self.errors.is_empty() && self.phases.iter().all(PhaseReport::passed);
+    }
+
+    pub fn missed(&self) -> String {
+        let missed: Vec<&str> = (self.phases.iter())
+            .filter(|p| !p.passed())
+            .map(|p| p.name)
+            .collect();
+        missed.join(", ")
+    }
+}
+
+impl Section for FaultsReport {
+    fn add_to(&self, doc: &mut Doc) {
+        doc.lines(vec![
+            format!(
+                "{} clients × {} req/s of {}, client timeout {} ms",
+                self.clients, self.rps_per_client, self.route, self.client_timeout_ms
+            ),
+            "each request counts in the phase it was sent in; times in ms; a gap is a client's \
+             time from its last answer before a lost connection to its first after"
+                .to_owned(),
+        ]);
+        let mut table = Table::new(&[
+            "phase",
+            "sent",
+            "answered by code",
+            "cut",
+            "timed out",
+            "lost",
+            "reconnects",
+            "gap max",
+            "gap p99",
+            "no 200 for",
+            "p99",
+            "steal %",
+            "expectation",
+        ]);
+        let verdict = |p: &PhaseReport| if p.passed() { "met" } else { "MISSED" };
+        for p in &self.phases {
+            let codes: Vec<String> = p.answered.iter().map(|(c, n)| format!("{c}:{n}")).collect();
+            let failed: u64 = p.failed.values().sum();
+            table.rows.push(vec![
+                p.name.to_owned(),
+                p.sent.to_string(),
+                codes.join(" "),
+                p.cut.to_string(),
+                (p.timed_out + failed).to_string(),
+                p.lost.to_string(),
+                p.reconnects.to_string(),
+                format!("{:.0}", p.gap_max_ms),
+                format!("{:.0}", p.gap_p99_ms),
+                format!("{:.0}", p.no_200_ms),
+                format!("{:.1}", p.latency_p99_ms),
+                format!("{:.1}", p.steal_percent),
+                verdict(p).to_owned(),
+            ]);
+        }
+        doc.table(table);
+        for p in &self.phases {
+            doc.heading(format!("{} [{}]", p.name, verdict(p)));
+            let mut lines: Vec<String> =
+                p.events.iter().map(|e| format!("did:      {e}")).collect();
+            lines.push(format!("expected: {}", p.expected));
+            lines.push(format!("seen:     {}", p.seen));
+            lines.extend(
+                p.reasons
+                    .iter()
+                    .map(|(r, n)| format!("          {n} × {r}")),
+            );
+            lines.extend(p.misses.iter().map(|m| format!("missed:   {m}")));
+            doc.lines(lines);
+        }
+        let series = |i: usize| self.timeline.iter().map(|p| (p[0], p[i])).collect();
+        doc.chart(
+            "Answers per second, by when they ended",
+            XAxis::Seconds,
+            vec![
+                ("200/s", series(1)),
+                ("other codes/s", series(2)),
+                ("cut, timed out, failed/s", series(3)),
+            ],
+        );
+        let mut end: Vec<String> = self.errors.iter().map(|e| format!("error: {e}")).collect();
+        end.push(if self.passed {
+            "every phase met its expectation".to_owned()
+        } else {
+            format!("phases that missed their expectation: {}", self.missed())
+        });
+        doc.lines(end);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::faults::load::Closing;
+    use crate::faults::load::Outcome;
 
     const LIMITS: Limits = Limits {
         fast_503: Duration::from_millis(500),
@@ -313,145 +564,103 @@ mod tests {
         held_slack: Duration::from_millis(10),
     };
 
-    fn ms(t0: Instant, ms: u64) -> Instant {
-        t0 + Duration::from_millis(ms)
-    }
-
-    fn outcome(phase: usize, sent: Instant, done: Instant, answer: Answer) -> Outcome {
-        Outcome {
-            phase,
-            sent,
-            done,
-            answer,
-        }
-    }
-
     #[test]
     fn requests_count_in_the_phase_they_were_sent_in() {
         let t0 = Instant::now();
-        let windows = [
-            Window {
-                start: t0,
-                end: ms(t0, 1000),
-                fault: None,
-            },
-            Window {
-                start: ms(t0, 1000),
-                end: ms(t0, 2000),
-                fault: Some(Struck {
-                    at: ms(t0, 1000),
-                    held_until: ms(t0, 1000),
-                }),
-            },
-        ];
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let run = |start, end, struck: Option<u64>| PhaseRun {
+            fault: Fault::Baseline,
+            start: at(start),
+            end: at(end),
+            events: Vec::new(),
+            struck: struck.map(|s| Struck {
+                at: at(1000),
+                held_until: at(s),
+            }),
+            cpu: Vec::new(),
+        };
+        let o = |phase, sent, done, answer| Outcome {
+            phase,
+            sent: at(sent),
+            done: at(done),
+            answer,
+        };
         let record = ClientRecord {
             sent: vec![3, 3],
             outcomes: vec![
-                outcome(0, ms(t0, 0), ms(t0, 1), Answer::Code(200, None)),
+                o(0, 0, 1, Answer::Code(200, None)),
                 // Sent in phase 0, answered in phase 1: it is phase 0's, and in flight
                 // at phase 1's fault.
-                outcome(0, ms(t0, 990), ms(t0, 1500), Answer::Code(408, None)),
-                outcome(0, ms(t0, 995), ms(t0, 996), Answer::Cut),
-                outcome(1, ms(t0, 1001), ms(t0, 1002), Answer::Code(408, None)),
-                outcome(1, ms(t0, 1100), ms(t0, 1900), Answer::Code(200, None)),
+                o(0, 990, 1500, Answer::Code(408, None)),
+                o(0, 995, 996, Answer::Cut),
+                o(1, 1001, 1002, Answer::Code(408, None)),
+                o(1, 1100, 1900, Answer::Code(200, None)),
             ],
-            gaps: vec![Gap {
-                phase: 1,
-                length: Duration::from_millis(300),
-            }],
-            closings: vec![Closing {
-                phase: 0,
-                reason: "kicked".to_owned(),
-            }],
+            gaps: vec![(1, Duration::from_millis(300))],
+            closings: vec![(0, "kicked".to_owned())],
         };
-        let t = tally(std::slice::from_ref(&record), &windows);
+        let runs = [run(0, 1000, None), run(1000, 2000, Some(1000))];
+        let t = tally(std::slice::from_ref(&record), &runs);
         assert_eq!(t[0].sent, 3);
-        assert_eq!(t[0].codes, BTreeMap::from([(200, 1), (408, 1)]));
-        assert_eq!((t[0].cut, t[0].lost), (1, 0));
-        assert_eq!(t[1].lost, 1, "3 sent, 2 ended");
-        assert_eq!(t[1].late_408, 1);
-        assert_eq!(t[1].in_flight_at_fault, Some(1));
+        assert_eq!(t[0].answered, BTreeMap::from([(200, 1), (408, 1)]));
+        assert_eq!((t[0].cut, t[0].lost, t[1].lost), (1, 0, 1));
+        assert_eq!((t[1].late_408, t[1].in_flight_at_fault), (1, Some(1)));
         assert_eq!(t[1].gaps.len(), 1);
-        assert_eq!(t[0].closings, BTreeMap::from([("kicked".to_owned(), 1)]));
-        assert_eq!(t[0].no_200, Duration::from_millis(999));
-        assert_eq!(t[1].no_200, Duration::from_millis(900));
-        let misses = t[1].misses(Expectation::HeldOnly408, &LIMITS);
         assert_eq!(
-            misses,
+            t[0].clients_closed,
+            BTreeMap::from([("kicked".to_owned(), 1)])
+        );
+        assert_eq!((t[0].no_200_ms, t[1].no_200_ms), (999.0, 900.0));
+        assert_eq!(
+            t[1].check(Expectation::HeldOnly408, &LIMITS),
             [
                 "1 lost",
                 "1 408s for requests sent after the kill (the latest 1 ms after)"
             ]
         );
         // With the slack reaching the 408's send, it was held: in flight, not late.
-        let mut slack = windows;
-        slack[1].fault = slack[1].fault.map(|f| Struck {
-            held_until: ms(t0, 1001),
-            ..f
-        });
-        let t = tally(&[record], &slack);
+        let t = tally(
+            &[record],
+            &[run(0, 1000, None), run(1000, 2000, Some(1001))],
+        );
         assert_eq!((t[1].late_408, t[1].in_flight_at_fault), (0, Some(2)));
     }
 
     #[test]
     fn expectations_allow_only_their_codes_within_their_limits() {
-        let mut clean = Tally {
+        let mut clean = PhaseReport {
             sent: 10,
-            codes: BTreeMap::from([(200, 10)]),
-            ..Tally::default()
+            answered: BTreeMap::from([(200, 10)]),
+            ..PhaseReport::default()
         };
-        assert!(clean.misses(Expectation::Clean, &LIMITS).is_empty());
-        clean.codes.insert(503, 1);
-        assert_eq!(
-            clean.misses(Expectation::Clean, &LIMITS),
-            ["1 answered 503"]
-        );
-        assert_eq!(clean.errors(), 1);
+        assert!(clean.check(Expectation::Clean, &LIMITS).is_empty());
+        clean.answered.insert(503, 1);
+        assert_eq!(clean.check(Expectation::Clean, &LIMITS), ["1 answered 503"]);
 
         let mut restart = clean.clone();
-        restart.slowest_503 = Some(LIMITS.fast_503);
-        restart.no_200 = LIMITS.max_bus_gap;
-        assert!(
-            restart.misses(Expectation::Fast503, &LIMITS).is_empty(),
-            "limits are inclusive"
-        );
-        restart.slowest_503 = Some(LIMITS.fast_503 + Duration::from_millis(1));
-        restart.no_200 = LIMITS.max_bus_gap + Duration::from_millis(1);
-        assert_eq!(
-            restart.misses(Expectation::Fast503, &LIMITS),
-            ["a 503 took 501 ms", "no 200 for 2001 ms"]
-        );
+        restart.slowest_503_ms = Some(500.0);
+        restart.no_200_ms = 2000.0;
+        let fast = |p: &PhaseReport| p.check(Expectation::Fast503, &LIMITS);
+        assert!(fast(&restart).is_empty(), "limits are inclusive");
+        restart.slowest_503_ms = Some(501.0);
+        restart.no_200_ms = 2001.0;
+        assert_eq!(fast(&restart), ["a 503 took 501 ms", "no 200 for 2001 ms"]);
 
-        let mut kill = Tally {
-            codes: BTreeMap::from([(200, 10), (408, 2)]),
-            in_flight_at_fault: Some(2),
-            ..Tally::default()
+        let mut kill = PhaseReport {
+            answered: BTreeMap::from([(200, 10), (408, 2)]),
+            in_flight_at_fault: Some(1),
+            timed_out: 1,
+            ..PhaseReport::default()
         };
-        assert!(kill.misses(Expectation::HeldOnly408, &LIMITS).is_empty());
-        kill.in_flight_at_fault = Some(1);
         assert_eq!(
-            kill.misses(Expectation::HeldOnly408, &LIMITS),
-            ["2 answered 408, more than the 1 in flight at the kill"]
+            kill.check(Expectation::HeldOnly408, &LIMITS),
+            [
+                "1 timed out",
+                "2 answered 408, more than the 1 in flight at the kill"
+            ]
         );
-        kill.timeouts = 1;
-        assert_eq!(
-            kill.misses(Expectation::HeldOnly408, &LIMITS)[0],
-            "1 timed out"
-        );
-    }
-
-    #[test]
-    fn the_longest_stretch_without_a_200_counts_the_window_edges() {
-        let t0 = Instant::now();
-        let oks = [ms(t0, 100), ms(t0, 200), ms(t0, 1200), ms(t0, 5000)];
-        assert_eq!(
-            longest_without(&oks, t0, ms(t0, 1500)),
-            Duration::from_millis(1000)
-        );
-        assert_eq!(
-            longest_without(&oks, ms(t0, 1300), ms(t0, 1400)),
-            Duration::from_millis(100),
-            "none inside: the whole window"
-        );
+        kill.in_flight_at_fault = Some(2);
+        kill.timed_out = 0;
+        assert!(kill.check(Expectation::HeldOnly408, &LIMITS).is_empty());
     }
 }

@@ -101,6 +101,44 @@ impl Doc {
     }
 }
 
+/// Every scenario's report: its name, when and where it ran, what it loaded, and its
+/// own data, flattened into the same JSON object.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report<T> {
+    pub scenario: &'static str,
+    #[serde(flatten)]
+    pub meta: Meta,
+    /// What the load went to: "1 gate + 2 echo workers (launched)" or the URLs.
+    pub setup: String,
+    #[serde(flatten)]
+    pub data: T,
+}
+
+/// A scenario's data as the headings, lines, tables and charts of a report.
+pub trait Section {
+    fn add_to(&self, doc: &mut Doc);
+}
+
+impl<T: Serialize + Section> Report<T> {
+    pub fn new(scenario: &'static str, setup: String, data: T) -> Self {
+        let meta = Meta::now();
+        Report {
+            scenario,
+            meta,
+            setup,
+            data,
+        }
+    }
+
+    /// Prints the report and writes the files `output` asks for.
+    pub fn write(&self, output: &OutputArgs) -> anyhow::Result<()> {
+        let title = format!("{} — {}", self.scenario, self.setup);
+        let mut doc = Doc::new(title, self.meta.clone());
+        self.data.add_to(&mut doc);
+        output.write(self, &doc)
+    }
+}
+
 /// When, where and how a report was made.
 #[derive(Debug, Clone, Serialize)]
 pub struct Meta {

@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::{BrokerSpec, Proc, ROUTE_LINE, Role, Topology, find_nats_server};
+use super::{BrokerSpec, Proc, READY_TIMEOUT, ROUTE_LINE, Role, Topology, find_nats_server};
 
 /// The cluster name every node is given (`--cluster_name`).
 const CLUSTER_NAME: &str = "shaddock-loadtest";
@@ -132,7 +132,7 @@ impl Topology {
         if self.procs.iter().any(|p| p.role == node.role) {
             bail!("{} is still running: stop it first", node.role);
         }
-        let deadline = Instant::now() + self.spec.ready_timeout;
+        let deadline = Instant::now() + READY_TIMEOUT;
         self.start_node(node, deadline).await?;
         if self.bus.len() > 1 {
             self.await_routes(index, deadline).await?;
@@ -188,18 +188,12 @@ impl Topology {
                 args.extend(["--routes".to_owned(), others.join(",")]);
             }
         }
-        let mut proc = Proc::spawn(
-            node.role.clone(),
-            &node.program,
-            &args,
-            &self.spec.log_filter,
-        )?;
+        let mut proc = Proc::spawn(node.role.clone(), &node.program, &args)?;
         let waited = if node.route.is_some() {
             // Logged after "Server is ready": the route port is known only then.
-            proc.wait_line(ROUTE_LINE, |line| line.contains(ROUTE_LINE), deadline)
-                .await
+            proc.wait_line(ROUTE_LINE, deadline).await
         } else {
-            proc.wait_ready("Server is ready", deadline).await
+            proc.wait_line("Server is ready", deadline).await
         };
         let pushed = self.procs.len();
         self.procs.push(proc);

@@ -1,7 +1,8 @@
 //! Launches a Shaddock topology as separate processes on loopback: a broker (or
 //! nats-server nodes, `cluster.rs`), G gates and W workers, each its own `shaddock`
 //! process, the way a fleet runs them, so the bus hop and the scheduling between roles
-//! are real. A running topology can be changed ([`change`]).
+//! are real. A running topology can be changed (a worker or gate added, one process
+//! stopped, a bus node restarted), for `loadtest faults`.
 //!
 //! Every child binds port 0 and is trusted only once it has logged its readiness line on
 //! stderr within a deadline; the addresses it bound are read from the lines before it, so
@@ -30,10 +31,7 @@ use tokio::time::{Instant, timeout, timeout_at};
 
 use crate::tls::Certs;
 
-pub mod change;
 mod cluster;
-
-pub use change::Stopped;
 
 /// How long a child has to log its readiness line. Generous: debug builds on a loaded
 /// two-core CI machine start slowly, and a healthy child reports far sooner.
@@ -87,11 +85,6 @@ pub struct TopologySpec {
     /// 127.0.0.1:0`), and the broker's monitoring port. On by default: a deployment runs
     /// with metrics, so a load test should pay for them too.
     pub metrics: bool,
-    /// `RUST_LOG` for the children. Readiness lines are at info, so the filter must let
-    /// info through.
-    pub log_filter: String,
-    pub ready_timeout: Duration,
-    pub stop_timeout: Duration,
     /// Gates also serve `wss://` (`--tls-listen 127.0.0.1:0`) with a certificate a
     /// throwaway CA signed: see [`Topology::gate_tls_urls`] and [`Topology::tls_ca`].
     pub tls: bool,
@@ -111,11 +104,47 @@ impl Default for TopologySpec {
             gate_args: Vec::new(),
             worker_args: Vec::new(),
             metrics: true,
-            log_filter: "info".to_owned(),
-            ready_timeout: READY_TIMEOUT,
-            stop_timeout: STOP_TIMEOUT,
             one_process: false,
             tls: false,
+        }
+    }
+}
+
+/// The flags that shape a launched topology, shared by every scenario that launches one.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct LaunchArgs {
+    /// Gate processes to launch (the scenario's default when absent).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub gates: Option<u32>,
+    /// Worker processes to launch, of each service (the scenario's default when absent).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub workers: Option<u32>,
+    /// Extra flag for every launched gate, repeatable: `--gate-arg=--max-in-flight=1024`.
+    #[arg(long, allow_hyphen_values = true)]
+    pub gate_arg: Vec<String>,
+    /// Extra flag for every launched worker, repeatable.
+    #[arg(long, allow_hyphen_values = true)]
+    pub worker_arg: Vec<String>,
+    /// The `shaddock` binary to launch (default: $SHADDOCK_BIN, else this executable
+    /// when it is `shaddock`, else `shaddock` beside it).
+    #[arg(long)]
+    pub bin: Option<PathBuf>,
+}
+
+impl LaunchArgs {
+    /// `gates` gates and `workers` workers of each of `services`, unless the flags say
+    /// otherwise, on the embedded broker.
+    pub fn spec(&self, gates: u32, workers: u32, services: &[&str]) -> TopologySpec {
+        let workers = self.workers.unwrap_or(workers) as usize;
+        TopologySpec {
+            gates: self.gates.unwrap_or(gates) as usize,
+            workers: (services.iter())
+                .map(|s| ((*s).to_owned(), workers))
+                .collect(),
+            gate_args: self.gate_arg.clone(),
+            worker_args: self.worker_arg.clone(),
+            shaddock_bin: self.bin.clone().unwrap_or_else(default_shaddock_bin),
+            ..TopologySpec::default()
         }
     }
 }
@@ -209,38 +238,16 @@ impl fmt::Display for Role {
     }
 }
 
-/// The last lines a child wrote to stderr.
-#[derive(Default)]
-struct Tail(VecDeque<String>);
-
-impl Tail {
-    fn push(&mut self, mut line: String) {
-        if line.len() > TAIL_LINE_CHARS {
-            let mut cut = TAIL_LINE_CHARS;
-            while !line.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            line.truncate(cut);
-        }
-        if self.0.len() == TAIL_LINES {
-            self.0.pop_front();
-        }
-        self.0.push_back(line);
-    }
-}
-
-type SharedTail = Arc<Mutex<Tail>>;
+/// The last lines a child wrote to stderr, to explain a failure.
+type SharedTail = Arc<Mutex<VecDeque<String>>>;
 
 fn render(tail: &SharedTail) -> String {
     let tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
-    if tail.0.is_empty() {
+    if tail.is_empty() {
         return "    (no output)".to_owned();
     }
-    tail.0
-        .iter()
-        .map(|l| format!("    {l}"))
-        .collect::<Vec<_>>()
-        .join("\n")
+    let lines: Vec<String> = tail.iter().map(|l| format!("    {l}")).collect();
+    lines.join("\n")
 }
 
 /// One started child.
@@ -282,19 +289,15 @@ fn word_after<'a>(line: &'a str, phrase: &str) -> Option<&'a str> {
 }
 
 impl Proc {
-    fn spawn(
-        role: Role,
-        program: &Path,
-        args: &[String],
-        log_filter: &str,
-    ) -> anyhow::Result<Proc> {
+    fn spawn(role: Role, program: &Path, args: &[String]) -> anyhow::Result<Proc> {
         let mut command = Command::new(program);
         command
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
-            .env("RUST_LOG", log_filter)
+            // Readiness lines are at info.
+            .env("RUST_LOG", "info")
             // A safety net for a panic between spawn and registration; teardown proper
             // is SIGTERM first.
             .kill_on_drop(true);
@@ -333,21 +336,9 @@ impl Proc {
         })
     }
 
-    /// Reads the child's output until the line that ends with `ready`, noting the
-    /// addresses logged before it.
-    async fn wait_ready(&mut self, ready: &str, deadline: Instant) -> anyhow::Result<()> {
-        self.wait_line(ready, |line| line.trim_end().ends_with(ready), deadline)
-            .await
-    }
-
-    /// Reads the child's output until a line for which `found` holds (`what` names it in
-    /// errors), noting the addresses logged before it and in it. Then only drains.
-    async fn wait_line(
-        &mut self,
-        what: &str,
-        found: impl Fn(&str) -> bool,
-        deadline: Instant,
-    ) -> anyhow::Result<()> {
+    /// Reads the child's output until a line that holds `what`, noting the addresses
+    /// logged before it and in it. Then only drains.
+    async fn wait_line(&mut self, what: &str, deadline: Instant) -> anyhow::Result<()> {
         let Some(mut lines) = self.lines.take() else {
             return Ok(());
         };
@@ -374,7 +365,7 @@ impl Proc {
                 }
                 Ok(Some(line)) => {
                     self.scan(&line);
-                    if found(&line) {
+                    if line.contains(what) {
                         return Ok(());
                     }
                 }
@@ -468,9 +459,21 @@ async fn drain(
         // Lossy: a child's log line is for people; bad UTF-8 must not stop the drain.
         let line = String::from_utf8_lossy(&buf).trim_end().to_owned();
         tracing::debug!(process = %name, "{line}");
-        tail.lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(line.clone());
+        let mut kept = line.clone();
+        // A line is read whole, then cut (at a character boundary).
+        if kept.len() > TAIL_LINE_CHARS {
+            let cut = (0..=TAIL_LINE_CHARS)
+                .rev()
+                .find(|i| kept.is_char_boundary(*i));
+            kept.truncate(cut.unwrap_or(0));
+        }
+        {
+            let mut tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
+            if tail.len() == TAIL_LINES {
+                tail.pop_front();
+            }
+            tail.push_back(kept);
+        }
         if let Some(sender) = &tx
             && sender.send(line).await.is_err()
         {
@@ -484,7 +487,7 @@ pub struct Topology {
     procs: Vec<Proc>,
     nats: Vec<String>,
     /// What it was started with; a process started later (a worker added, a gate or a
-    /// bus node replaced: [`change`]) is started the same way.
+    /// bus node replaced) is started the same way.
     spec: TopologySpec,
     /// The bus processes this topology runs, in node order, with the ports they took.
     bus: Vec<cluster::BusNode>,
@@ -505,7 +508,7 @@ impl fmt::Debug for Topology {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Topology")
             .field("nats", &self.nats)
-            .field("processes", &self.processes())
+            .field("processes", &self.pids())
             .field("gates", &self.gate_urls())
             .finish()
     }
@@ -549,7 +552,7 @@ impl Topology {
                 bin.display()
             );
         }
-        let deadline = Instant::now() + spec.ready_timeout;
+        let deadline = Instant::now() + READY_TIMEOUT;
         if spec.one_process {
             return self.start_up(deadline).await;
         }
@@ -610,11 +613,9 @@ impl Topology {
             args.extend(self.tls_args.iter().cloned());
         }
         args.extend(self.spec.gate_args.iter().cloned());
-        let bin = &self.spec.shaddock_bin;
-        let mut proc = Proc::spawn(Role::Up, bin, &args, &self.spec.log_filter)?;
-        let ready = proc.wait_ready("Server is ready", deadline).await;
-        self.procs.push(proc);
-        ready?;
+        self.spawn(Role::Up, &args)?;
+        let up = self.procs.last_mut().context("up was just started")?;
+        up.wait_line("Server is ready", deadline).await?;
         if self.gate_urls().is_empty() {
             bail!("shaddock up never logged its gate's WebSocket address");
         }
@@ -623,11 +624,8 @@ impl Topology {
 
     /// `--metrics-listen 127.0.0.1:0` when the spec serves metrics.
     fn metrics_args(&self) -> Vec<String> {
-        if self.spec.metrics {
-            vec!["--metrics-listen".to_owned(), "127.0.0.1:0".to_owned()]
-        } else {
-            Vec::new()
-        }
+        let args = ["--metrics-listen", "127.0.0.1:0"].map(String::from);
+        args.into_iter().filter(|_| self.spec.metrics).collect()
     }
 
     /// Starts the next gate, listening on `listen`; [`Topology::wait_started`] waits for it.
@@ -649,10 +647,13 @@ impl Topology {
         args.extend(self.metrics_args());
         args.extend(self.tls_args.iter().cloned());
         args.extend(self.spec.gate_args.iter().cloned());
-        let role = Role::Gate(self.gates_started);
         self.gates_started += 1;
-        let bin = &self.spec.shaddock_bin;
-        let proc = Proc::spawn(role.clone(), bin, &args, &self.spec.log_filter)?;
+        self.spawn(Role::Gate(self.gates_started - 1), &args)
+    }
+
+    /// Starts `shaddock` with `args` as `role`; it is then part of the topology.
+    fn spawn(&mut self, role: Role, args: &[String]) -> anyhow::Result<Role> {
+        let proc = Proc::spawn(role.clone(), &self.spec.shaddock_bin, args)?;
         self.procs.push(proc);
         Ok(role)
     }
@@ -666,15 +667,10 @@ impl Topology {
         args.extend(self.metrics_args());
         args.extend(self.spec.worker_args.iter().cloned());
         let started = self.workers_started.entry(service.to_owned()).or_default();
-        let role = Role::Worker {
-            service: service.to_owned(),
-            index: *started,
-        };
         *started += 1;
-        let bin = &self.spec.shaddock_bin;
-        let proc = Proc::spawn(role.clone(), bin, &args, &self.spec.log_filter)?;
-        self.procs.push(proc);
-        Ok(role)
+        let index = *started - 1;
+        let service = service.to_owned();
+        self.spawn(Role::Worker { service, index }, &args)
     }
 
     /// Waits until every gate and worker started so far has logged that it is ready.
@@ -686,7 +682,7 @@ impl Topology {
                 Role::Gate(_) => "Gate is ready",
                 _ => "Worker is ready",
             };
-            p.wait_ready(ready, deadline).await?;
+            p.wait_line(ready, deadline).await?;
             if matches!(p.role, Role::Gate(_)) && p.listen.is_none() {
                 return Err(anyhow!(
                     "{} never logged its WebSocket address",
@@ -735,11 +731,6 @@ impl Topology {
         self.nats.join(",")
     }
 
-    /// The NATS URLs gates and workers were given.
-    pub fn nats_urls(&self) -> &[String] {
-        &self.nats
-    }
-
     /// Every process this topology started and still holds, with its role.
     pub fn pids(&self) -> Vec<(Role, u32)> {
         self.procs.iter().map(|p| (p.role.clone(), p.pid)).collect()
@@ -754,17 +745,9 @@ impl Topology {
             .collect()
     }
 
-    /// [`Topology::pids`] with each role as a name (`broker`, `gate-0`, `worker-echo-1`).
-    pub fn processes(&self) -> Vec<(String, u32)> {
-        self.procs
-            .iter()
-            .map(|p| (p.role.to_string(), p.pid))
-            .collect()
-    }
-
     /// Prometheus endpoints (`http://127.0.0.1:PORT/metrics`): each gate's and worker's,
     /// and the embedded broker's. A real nats-server serves no Prometheus text (that is
-    /// prometheus-nats-exporter's job), so it has none; see [`Topology::monitor_url`].
+    /// prometheus-nats-exporter's job), so it has none.
     pub fn metrics_urls(&self) -> Vec<(Role, String)> {
         self.procs
             .iter()
@@ -823,7 +806,7 @@ impl Topology {
     }
 
     /// Stops every started process: gates, then workers, then the broker; each stage
-    /// gets SIGTERM, up to the spec's `stop_timeout`, then SIGKILL. Afterwards the
+    /// gets SIGTERM, up to [`STOP_TIMEOUT`], then SIGKILL. Afterwards the
     /// topology holds nothing and dropping it does nothing. Fails (after stopping them
     /// all) when some process ignored SIGTERM and had to be killed.
     pub async fn shutdown(&mut self) -> anyhow::Result<()> {
@@ -837,7 +820,7 @@ impl Topology {
             for p in &mut group {
                 p.signal(Signal::SIGTERM);
             }
-            let deadline = Instant::now() + self.spec.stop_timeout;
+            let deadline = Instant::now() + STOP_TIMEOUT;
             let stops = group.into_iter().map(|p| async move {
                 let stopped = p.stop(deadline).await;
                 (p.describe(), stopped)
@@ -858,6 +841,76 @@ impl Topology {
         } else {
             Err(anyhow!(killed.join("\n")))
         }
+    }
+}
+
+/// How [`Topology::stop_one`] ended.
+#[derive(Debug, Clone)]
+pub struct Stopped {
+    pub role: Role,
+    pub pid: u32,
+    /// From the signal to the exit.
+    pub took: Duration,
+    /// The exit status, when it could be read.
+    pub status: Option<ExitStatus>,
+    /// It outlived the stop timeout and was killed (SIGKILL) then.
+    pub killed_after_timeout: bool,
+}
+
+impl Topology {
+    /// Starts one more worker of `service` and waits until it is ready.
+    pub async fn add_worker(&mut self, service: &str) -> anyhow::Result<Role> {
+        let role = self.spawn_worker(service)?;
+        self.wait_started(Instant::now() + READY_TIMEOUT).await?;
+        Ok(role)
+    }
+
+    /// Starts one more gate listening on `listen` (the port of a gate that was stopped,
+    /// so its clients find it again) and waits until it is ready.
+    pub async fn add_gate(&mut self, listen: SocketAddr) -> anyhow::Result<Role> {
+        let role = self.spawn_gate(listen)?;
+        self.wait_started(Instant::now() + READY_TIMEOUT).await?;
+        Ok(role)
+    }
+
+    /// The running processes of a kind, in start order: e.g. every echo worker.
+    pub fn running(&self, kind: impl Fn(&Role) -> bool) -> Vec<Role> {
+        self.procs
+            .iter()
+            .filter(|p| kind(&p.role))
+            .map(|p| p.role.clone())
+            .collect()
+    }
+
+    /// Where a running gate listens for WebSocket clients (a bus node: for NATS clients).
+    pub fn listen_addr(&self, role: &Role) -> Option<SocketAddr> {
+        self.procs.iter().find(|p| &p.role == role)?.listen
+    }
+
+    /// Sends `signal` to one running process and waits for it to exit, up to the spec's
+    /// stop timeout, then kills it. The process is no longer part of the topology
+    /// afterwards (nor of its teardown).
+    pub async fn stop_one(&mut self, role: &Role, signal: Signal) -> anyhow::Result<Stopped> {
+        let at = self
+            .procs
+            .iter()
+            .position(|p| &p.role == role)
+            .with_context(|| format!("{role} is not running"))?;
+        let mut proc = self.procs.remove(at);
+        let started = Instant::now();
+        proc.signal(signal);
+        let stopped = proc.stop(started + STOP_TIMEOUT).await;
+        let took = started.elapsed();
+        if let Err(why) = &stopped {
+            tracing::warn!("{why}");
+        }
+        Ok(Stopped {
+            role: proc.role.clone(),
+            pid: proc.pid,
+            took,
+            status: stopped.clone().ok().flatten(),
+            killed_after_timeout: stopped.is_err(),
+        })
     }
 }
 
@@ -898,18 +951,6 @@ mod tests {
             Some("http://127.0.0.1:4242/metrics")
         );
         assert_eq!(word_after("nothing here", METRICS_LINE), None);
-    }
-
-    #[test]
-    fn tail_keeps_the_last_lines_and_cuts_long_ones() {
-        let mut tail = Tail::default();
-        for n in 0..TAIL_LINES + 5 {
-            tail.push(format!("line {n}"));
-        }
-        assert_eq!(tail.0.len(), TAIL_LINES);
-        assert_eq!(tail.0.front().map(String::as_str), Some("line 5"));
-        tail.push("é".repeat(TAIL_LINE_CHARS));
-        assert!(tail.0.back().is_some_and(|l| l.len() <= TAIL_LINE_CHARS));
     }
 
     #[test]

@@ -13,15 +13,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
+use futures::stream::{self, StreamExt as _, TryStreamExt as _};
 use proto::Message as _;
 use proto::chat::{JoinRequest, LoginRequest, SayRequest};
 use sdk::{Client, ClientOptions, Response};
 use tokio::sync::Notify;
 
 use super::target::{ServiceKind, TargetArgs, with_topology};
-use crate::report::{Doc, Meta, OutputArgs};
+use crate::report::{Doc, OutputArgs, Report, Section};
 
 /// How long to wait for the last deliveries before reporting what arrived.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -60,9 +59,6 @@ pub struct BroadcastArgs {
 /// What one broadcast run measured.
 #[derive(Debug, serde::Serialize)]
 pub struct BroadcastReport {
-    #[serde(flatten)]
-    pub meta: Meta,
-    pub setup: String,
     pub members: usize,
     pub gates: usize,
     pub messages: usize,
@@ -83,58 +79,27 @@ pub async fn broadcast(mut args: BroadcastArgs) -> anyhow::Result<()> {
     );
     args.target.service = ServiceKind::Chat;
     let (gates, topology) = args.target.gates(2, 1).await?;
-    let report = with_topology(topology, measure(&args, &gates.urls, gates.setup.clone())).await?;
-    let mut doc = Doc::new(format!("broadcast — {}", report.setup), report.meta.clone());
-    doc.lines(vec![
-        format!(
-            "{} messages × {} members on {} gate(s): {} of {} deliveries in {:.2} s",
-            report.messages,
-            report.members,
-            report.gates,
-            report.deliveries,
-            report.expected,
-            report.elapsed_s
-        ),
-        format!(
-            "{:.0} deliveries/s, {:.0} messages/s; {} dropped by full client queues",
-            report.deliveries_per_s, report.messages_per_s, report.dropped
-        ),
-    ]);
-    args.output.write(&report, &doc)?;
+    let report = with_topology(topology, measure(&args, &gates.urls)).await?;
+    let report = Report::new("broadcast", gates.setup.clone(), report);
+    report.write(&args.output)?;
+    let report = report.data;
     if report.deliveries < report.expected {
         bail!("{} deliveries missing", report.expected - report.deliveries);
     }
     Ok(())
 }
 
-async fn measure(
-    args: &BroadcastArgs,
-    urls: &[String],
-    setup: String,
-) -> anyhow::Result<BroadcastReport> {
+async fn measure(args: &BroadcastArgs, urls: &[String]) -> anyhow::Result<BroadcastReport> {
     let expected_per_member = args.messages as u64 + 1;
-    let received = Arc::new(AtomicU64::new(0));
-    let warmed = Arc::new(AtomicU64::new(0));
-    let finished = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(Notify::new());
-    let mut members = Vec::with_capacity(args.members);
-    for batch in (0..args.members).collect::<Vec<_>>().chunks(CONNECT_BATCH) {
-        let joined: FuturesUnordered<_> = batch
-            .iter()
-            .map(|&i| member(&urls[i % urls.len()], format!("m{i}"), true))
-            .collect();
-        for client in joined.collect::<Vec<_>>().await {
-            members.push(client?);
-        }
-    }
+    let counts = Arc::new(Counts::default());
+    let members: Vec<Client> = stream::iter(0..args.members)
+        .map(|i| member(&urls[i % urls.len()], format!("m{i}"), true))
+        .buffer_unordered(CONNECT_BATCH)
+        .try_collect()
+        .await?;
     for client in &members {
         let mut pushes = client.pushes().context("push stream taken")?;
-        let (received, warmed, finished, done) = (
-            received.clone(),
-            warmed.clone(),
-            finished.clone(),
-            done.clone(),
-        );
+        let counts = counts.clone();
         tokio::spawn(async move {
             let mut got = 0;
             while let Some(push) = pushes.recv().await {
@@ -142,48 +107,45 @@ async fn measure(
                     continue;
                 }
                 got += 1;
-                if got == 1 {
-                    warmed.fetch_add(1, Ordering::Relaxed);
-                    done.notify_one();
-                    continue;
+                // The first is the warm-up message: not counted.
+                let count = match got {
+                    1 => &counts.warmed,
+                    _ => &counts.received,
+                };
+                count.fetch_add(1, Ordering::Relaxed);
+                let last = got == expected_per_member;
+                if last {
+                    counts.finished.fetch_add(1, Ordering::Relaxed);
                 }
-                received.fetch_add(1, Ordering::Relaxed);
-                if got == expected_per_member {
-                    finished.fetch_add(1, Ordering::Relaxed);
-                    done.notify_one();
+                if got == 1 || last {
+                    counts.done.notify_one();
+                }
+                if last {
                     break;
                 }
             }
         });
     }
     let total = args.members as u64;
+    let all = |count: &AtomicU64| count.load(Ordering::Relaxed) == total;
     let sender = member(&urls[0], "sender".into(), !args.unordered).await?;
     let text = "x".repeat(args.size);
     say(&sender, &text).await?;
-    wait_for(&done, || warmed.load(Ordering::Relaxed) == total)
+    wait_for(&counts.done, || all(&counts.warmed))
         .await
         .context("the warm-up message did not reach every member")?;
 
     let started = Instant::now();
-    let mut in_flight = FuturesUnordered::new();
-    for _ in 0..args.messages {
-        if in_flight.len() >= args.window
-            && let Some(result) = in_flight.next().await
-        {
-            result?;
-        }
-        in_flight.push(say(&sender, &text));
-    }
-    while let Some(result) = in_flight.next().await {
-        result?;
-    }
+    stream::iter(0..args.messages)
+        .map(|_| say(&sender, &text))
+        .buffer_unordered(args.window)
+        .try_collect::<()>()
+        .await?;
     // Missing deliveries are reported, not an error here: the caller decides.
-    let _ = wait_for(&done, || finished.load(Ordering::Relaxed) == total).await;
+    let _ = wait_for(&counts.done, || all(&counts.finished)).await;
     let elapsed = started.elapsed().as_secs_f64();
-    let deliveries = received.load(Ordering::Relaxed);
+    let deliveries = counts.received.load(Ordering::Relaxed);
     Ok(BroadcastReport {
-        meta: Meta::now(),
-        setup,
         members: args.members,
         gates: urls.len(),
         messages: args.messages,
@@ -195,6 +157,26 @@ async fn measure(
         deliveries_per_s: deliveries as f64 / elapsed,
         messages_per_s: args.messages as f64 / elapsed,
     })
+}
+
+impl Section for BroadcastReport {
+    fn add_to(&self, doc: &mut Doc) {
+        doc.lines(vec![
+            format!(
+                "{} messages × {} members on {} gate(s): {} of {} deliveries in {:.2} s",
+                self.messages,
+                self.members,
+                self.gates,
+                self.deliveries,
+                self.expected,
+                self.elapsed_s
+            ),
+            format!(
+                "{:.0} deliveries/s, {:.0} messages/s; {} dropped by full client queues",
+                self.deliveries_per_s, self.messages_per_s, self.dropped
+            ),
+        ]);
+    }
 }
 
 /// A session, logged in as `name`, in the room.
@@ -238,6 +220,16 @@ pub(crate) fn expect_ok(response: Response) -> anyhow::Result<()> {
         bail!("answered {}: {}", response.code, response.message);
     }
     Ok(())
+}
+
+/// What the members' tasks count: members that got the warm-up message, deliveries
+/// after it, members that got every message; `done` wakes the waiter on each change.
+#[derive(Debug, Default)]
+struct Counts {
+    warmed: AtomicU64,
+    received: AtomicU64,
+    finished: AtomicU64,
+    done: Notify,
 }
 
 /// Waits until `condition` holds (re-checked whenever `notify` fires), up to [`PATIENCE`].

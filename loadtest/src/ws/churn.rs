@@ -15,29 +15,7 @@ use tokio::task::JoinSet;
 use super::broadcast::{expect_ok, login_and_join};
 use super::target::{Gates, ServiceKind, TargetArgs, with_topology};
 use crate::proc::rss_bytes;
-use crate::report::{Doc, Meta, OutputArgs, Table};
-
-/// What a session does between its handshake and its close.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
-pub enum Step {
-    /// One `echo.raw` request.
-    Echo,
-    /// `chat.login` under a name no other session uses, then `chat.join` of a room.
-    Chat,
-}
-
-impl Step {
-    fn service(self) -> ServiceKind {
-        match self {
-            Step::Echo => ServiceKind::Echo,
-            Step::Chat => ServiceKind::Chat,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        self.service().name()
-    }
-}
+use crate::report::{Doc, OutputArgs, Report, Section, Table};
 
 /// Flags of `shaddock loadtest churn`.
 #[derive(Debug, clap::Args)]
@@ -57,7 +35,7 @@ pub struct ChurnArgs {
     /// `chat` (`chat.login`, then `chat.join`). A launched topology runs one worker of
     /// each service the mix uses (--service does not apply).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "echo")]
-    pub mix: Vec<Step>,
+    pub mix: Vec<ServiceKind>,
     /// Rooms the chat sessions spread over (session i joins room i mod N).
     #[arg(long, default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
@@ -122,10 +100,6 @@ pub struct Sample {
 /// What one churn run measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChurnReport {
-    pub scenario: &'static str,
-    #[serde(flatten)]
-    pub meta: Meta,
-    pub setup: String,
     pub mix: Vec<&'static str>,
     pub sessions: u64,
     pub concurrency: u64,
@@ -143,18 +117,22 @@ pub struct ChurnReport {
 
 /// Runs the scenario: 1 gate and one worker per service of the mix unless told otherwise.
 pub async fn churn(args: ChurnArgs) -> anyhow::Result<()> {
-    let steps: BTreeSet<Step> = args.mix.iter().copied().collect();
-    ensure!(!steps.is_empty(), "--mix needs at least one step");
+    // A launched topology runs one worker of each service the mix uses.
+    let services: Vec<ServiceKind> = (args.mix.iter().copied().collect::<BTreeSet<_>>())
+        .into_iter()
+        .collect();
+    ensure!(!services.is_empty(), "--mix needs at least one step");
     ensure!(
         args.warmup < args.sessions,
         "--warmup ({}) must be below --sessions ({})",
         args.warmup,
         args.sessions
     );
-    let services: Vec<ServiceKind> = steps.iter().map(|s| s.service()).collect();
     let (gates, topology) = args.target.launch(1, 1, &services, false).await?;
     let report = with_topology(topology, run(&args, &gates)).await?;
-    args.output.write(&report, &report.doc())?;
+    let report = Report::new("churn", gates.setup.clone(), report);
+    report.write(&args.output)?;
+    let report = report.data;
     if report.ok == 0 {
         bail!(
             "no session did its steps: {}",
@@ -177,45 +155,34 @@ pub async fn churn(args: ChurnArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The processes read: the launched ones (not this one) and those given by --pid.
-fn processes(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<Vec<(String, u32)>> {
-    let own = std::process::id();
-    let mut all: Vec<(String, u32)> = gates
-        .watched
-        .iter()
-        .filter(|w| w.pid != own)
-        .map(|w| (w.name.clone(), w.pid))
-        .collect();
-    all.extend(args.pid.iter().cloned());
-    ensure!(
-        !all.is_empty(),
-        "no process to read: launch a topology (no --url) or name them with --pid NAME=PID"
-    );
-    Ok(all)
-}
-
-fn read_all(processes: &[(String, u32)]) -> anyhow::Result<Vec<u64>> {
-    processes
-        .iter()
-        .map(|(name, pid)| rss_bytes(*pid).with_context(|| format!("reading VmRSS of {name}")))
-        .collect()
-}
-
 /// Where the readings fall: after the warm-up, `samples` between, and the end.
 fn reading_points(sessions: u64, warmup: u64, samples: u64) -> Vec<u64> {
-    let mut points = vec![warmup];
     let span = sessions - warmup;
-    for k in 1..=samples {
-        points.push(warmup + span * k / (samples + 1));
-    }
+    let between = (1..=samples).map(|k| warmup + span * k / (samples + 1));
+    let mut points: Vec<u64> = std::iter::once(warmup).chain(between).collect();
     points.push(sessions);
     points.dedup();
     points
 }
 
 async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
-    let processes = processes(args, gates)?;
-    let urls = gates.urls.clone();
+    // The launched processes (not this one) and those given by --pid.
+    let own = std::process::id();
+    let processes: Vec<(String, u32)> = (gates.watched.iter())
+        .filter(|w| w.pid != own)
+        .map(|w| (w.name.clone(), w.pid))
+        .chain(args.pid.iter().cloned())
+        .collect();
+    ensure!(
+        !processes.is_empty(),
+        "no process to read: launch a topology (no --url) or name them with --pid NAME=PID"
+    );
+    let read_all = || -> anyhow::Result<Vec<u64>> {
+        (processes.iter())
+            .map(|(name, pid)| rss_bytes(*pid).with_context(|| format!("reading VmRSS of {name}")))
+            .collect()
+    };
+    let urls = &gates.urls;
     ensure!(!urls.is_empty(), "no gate URL");
     let options = ClientOptions {
         request_timeout: args.timeout,
@@ -224,12 +191,12 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
         ..ClientOptions::default()
     };
     // Names of this run's players: another run on the same gates must not take them.
-    let run_tag = format!("{:x}", std::process::id());
+    let run_tag = format!("{own:x}");
     let began = Instant::now();
     let mut samples = vec![Sample {
         sessions: 0,
         elapsed_s: 0.0,
-        rss: read_all(&processes)?,
+        rss: read_all()?,
     }];
     let mut pace = (args.rate > 0).then(|| {
         let mut pace = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate as f64));
@@ -247,47 +214,37 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
                     pace.tick().await;
                 }
                 let url = urls[(started % urls.len() as u64) as usize].clone();
-                let session = Churned {
-                    url,
-                    options: options.clone(),
-                    mix: args.mix.clone(),
-                    name: format!("churn-{run_tag}-{started}"),
-                    room: format!("churn-{}", started % args.rooms),
-                };
-                running.spawn(session.run());
+                let name = format!("churn-{run_tag}-{started}");
+                let room = format!("churn-{}", started % args.rooms);
+                let (options, mix) = (options.clone(), args.mix.clone());
+                running.spawn(session(url, options, mix, name, room));
                 started += 1;
                 continue;
             }
-            match running.join_next().await {
-                Some(Ok(Ok(()))) => ok += 1,
-                Some(Ok(Err(e))) => {
+            let Some(joined) = running.join_next().await else {
+                continue;
+            };
+            match joined.map_err(anyhow::Error::from).and_then(|done| done) {
+                Ok(()) => ok += 1,
+                Err(e) => {
                     failed += 1;
                     first_error.get_or_insert_with(|| format!("{e:#}"));
                 }
-                Some(Err(e)) => {
-                    failed += 1;
-                    first_error.get_or_insert_with(|| e.to_string());
-                }
-                None => {}
             }
         }
+        let elapsed_s = began.elapsed().as_secs_f64();
         samples.push(Sample {
             sessions: point,
-            elapsed_s: began.elapsed().as_secs_f64(),
-            rss: read_all(&processes)?,
+            elapsed_s,
+            rss: read_all()?,
         });
         tracing::info!("churn: {point} of {} sessions closed", args.sessions);
     }
     let elapsed_s = began.elapsed().as_secs_f64();
-    let at_warmup = samples
-        .iter()
-        .position(|s| s.sessions == args.warmup)
-        .unwrap_or(0);
+    let at_warmup = (samples.iter().position(|s| s.sessions == args.warmup)).unwrap_or(0);
     let last = samples.len() - 1;
     let after = (args.sessions - args.warmup) as f64;
-    let processes = processes
-        .iter()
-        .enumerate()
+    let processes = (processes.iter().enumerate())
         .map(|(i, (name, pid))| {
             let (after_warmup, end) = (samples[at_warmup].rss[i], samples[last].rss[i]);
             let growth = end as i64 - after_warmup as i64;
@@ -303,9 +260,6 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
         })
         .collect();
     Ok(ChurnReport {
-        scenario: "churn",
-        meta: Meta::now(),
-        setup: gates.setup.clone(),
         mix: args.mix.iter().map(|s| s.name()).collect(),
         sessions: args.sessions,
         concurrency: args.concurrency,
@@ -321,45 +275,40 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
     })
 }
 
-/// One session of the churn, from handshake to close.
-struct Churned {
+/// One session of the churn, from handshake to close, doing the steps of `mix`.
+async fn session(
     url: String,
     options: ClientOptions,
-    mix: Vec<Step>,
+    mix: Vec<ServiceKind>,
     name: String,
     room: String,
-}
-
-impl Churned {
-    async fn run(self) -> anyhow::Result<()> {
-        let client = Client::connect(&self.url, self.options)
-            .await
-            .with_context(|| format!("connecting {}", self.url))?;
-        let mut done = Ok(());
-        for step in &self.mix {
-            done = match step {
-                Step::Echo => match client.request("echo.raw", b"churn").await {
-                    Ok(response) => expect_ok(response),
-                    Err(e) => Err(e.into()),
-                },
-                Step::Chat => login_and_join(&client, self.name.clone(), &self.room).await,
-            };
-            if done.is_err() {
-                break;
-            }
+) -> anyhow::Result<()> {
+    let client = Client::connect(&url, options)
+        .await
+        .with_context(|| format!("connecting {url}"))?;
+    let mut done = Ok(());
+    for step in &mix {
+        done = match step {
+            ServiceKind::Echo => match client.request("echo.raw", b"churn").await {
+                Ok(response) => expect_ok(response),
+                Err(e) => Err(e.into()),
+            },
+            ServiceKind::Chat => login_and_join(&client, name.clone(), &room).await,
+        };
+        if done.is_err() {
+            break;
         }
-        client.close().await;
-        done
     }
+    client.close().await;
+    done
 }
 
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
-impl ChurnReport {
-    fn doc(&self) -> Doc {
-        let mut doc = Doc::new(format!("churn — {}", self.setup), self.meta.clone());
+impl Section for ChurnReport {
+    fn add_to(&self, doc: &mut Doc) {
         let rate = if self.rate > 0 {
             format!(", at most {}/s", self.rate)
         } else {
@@ -413,7 +362,6 @@ impl ChurnReport {
             columns,
             rows: rows.collect(),
         });
-        doc
     }
 }
 
@@ -426,12 +374,5 @@ mod tests {
         assert_eq!(reading_points(100, 20, 3), vec![20, 40, 60, 80, 100]);
         assert_eq!(reading_points(10, 9, 4), vec![9, 10]);
         assert_eq!(reading_points(10, 0, 0), vec![0, 10]);
-    }
-
-    #[test]
-    fn named_pids_parse() {
-        assert_eq!(parse_named_pid("gate=12"), Ok(("gate".into(), 12)));
-        assert!(parse_named_pid("gate").is_err());
-        assert!(parse_named_pid("gate=x").is_err());
     }
 }

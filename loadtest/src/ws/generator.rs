@@ -6,7 +6,7 @@
 //! the drain (answers to the window's requests, up to the request timeout). It ends by
 //! itself at the latest at a hard deadline: the last slot + request timeout +
 //! [`HARD_MARGIN`]; anything still in flight then is reported as unanswered. Each client
-//! is one task with its own books: no spawn and no lock per request.
+//! is one task with its own recorder: no spawn and no lock per request.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError};
@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use sdk::ClientOptions;
+use serde::Serialize;
 use tokio::task::JoinSet;
 
-use super::books::{Books, Progress, Tally};
 use super::clock::{ClockKind, Metronome, Pacer};
-use super::lean::{CLOSE_TIMEOUT, ClientRun, Conn};
+use super::lean::{CLOSE_TIMEOUT, ClientRun, Codec, Conn};
 use super::schedule::{Payload, Plan, Schedule, Stop, times};
-use super::stats::{ClientStats, Recorded, Recorder, SharedRecorded, rate, seconds};
+use super::stats::{Recorded, Recorder, SharedRecorded, Tally, rate};
 use crate::hist::Summary;
 use crate::proc::{CpuSample, CpuUse, Watched};
 
@@ -56,9 +56,7 @@ pub struct LoadSpec {
     pub timeout: Duration,
     pub route: String,
     pub payload: Payload,
-    /// The clients speak JSON text frames (typed bodies the gate transcodes) instead
-    /// of protobuf.
-    pub json: bool,
+    pub codec: Codec,
     pub server_timing: bool,
     pub clock: ClockKind,
     pub progress: bool,
@@ -93,26 +91,118 @@ pub struct Target {
     pub watched: Vec<Watched>,
 }
 
-/// Everything a run measured.
-#[derive(Debug, Clone)]
-pub struct RunResult {
-    pub target: Target,
-    pub spec: LoadSpec,
+/// Everything one load against one target measured: the `--json` data of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub label: String,
+    /// `gateway` or `limit` (the bare WebSocket echo server).
+    pub target: String,
+    pub urls: Vec<String>,
+    pub route: String,
+    pub clients: usize,
     pub connected: usize,
     pub connect_errors: BTreeMap<String, u64>,
-    pub totals: ClientStats,
-    /// Achieved req/s per client, 0 for clients that never connected.
-    pub per_conn: Vec<f64>,
-    pub achieved_rps: f64,
+    pub interval_us: f64,
+    /// Requests per client in the window, when the run was given a count.
+    pub count: Option<u64>,
+    pub clock: String,
+    pub warmup_s: f64,
+    pub window_s: f64,
     /// Window start until the later of its end and the last answer.
-    pub elapsed: Duration,
-    /// Per second of the window (scheduled time): latency from the schedule.
-    pub timeline: Vec<(usize, Summary)>,
+    pub elapsed_s: f64,
+    pub offered_rps: f64,
+    pub sent: u64,
+    pub ok: u64,
+    pub achieved_rps: f64,
+    pub per_conn: PerConn,
+    pub timeouts: u64,
+    pub unanswered: u64,
+    /// Answers other than 200 by code, and the first message of each.
+    pub errors_by_code: BTreeMap<u32, u64>,
+    pub error_messages: BTreeMap<u32, String>,
+    /// Requests cut by the connection ending (closed, kicked, protocol), by kind.
+    pub failures: BTreeMap<&'static str, u64>,
+    pub latency: Latencies,
+    /// Where the time went, when the server sent timing: the parts add up to the
+    /// latency from send.
+    pub server: Option<ServerReport>,
+    /// The bare echo server under the same load, when measured in the same command.
+    pub limit: Option<LimitComparison>,
+    /// CPU over the measured window, per process (100 % = one core).
     pub cpu: Vec<CpuUse>,
+    /// Per second of the window (by scheduled send time).
+    pub timeline: Vec<SecondReport>,
+    /// Percentile curves as `[nines, µs]` points.
+    pub curves: Latencies<Vec<(f64, f64)>>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PerConn {
+    pub min: f64,
+    pub avg: f64,
+    pub max: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Latencies<T = Summary> {
+    pub from_schedule: T,
+    pub from_send: T,
+    pub lag: T,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerReport {
+    /// Client + WebSocket both ways: from-send latency minus the gate's total.
+    pub client_ws: Summary,
+    /// Gate + bus both ways: total - queue - handler.
+    pub gate_bus: Summary,
+    pub queue: Summary,
+    pub handler: Summary,
+    /// Gate receive to gate answer.
+    pub total: Summary,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LimitComparison {
+    pub limit_rps: f64,
+    /// Achieved ÷ the limit's achieved.
+    pub fraction: f64,
+    pub limit_p99_from_schedule_us: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SecondReport {
+    pub second: usize,
+    /// Answers that arrived in this second.
+    pub answers: u64,
+    /// Latency from the schedule of the requests scheduled in this second.
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+}
+
+impl RunReport {
+    /// Requests that got no answer: timeouts, cut, still in flight at the end.
+    pub fn lost(&self) -> u64 {
+        self.timeouts + self.unanswered + self.failures.values().sum::<u64>()
+    }
+
+    /// Sets the comparison with a bare-echo run under the same load.
+    pub fn compare_with_limit(&mut self, limit: &RunReport) {
+        self.limit = Some(LimitComparison {
+            limit_rps: limit.achieved_rps,
+            fraction: if limit.achieved_rps > 0.0 {
+                self.achieved_rps / limit.achieved_rps
+            } else {
+                0.0
+            },
+            limit_p99_from_schedule_us: limit.latency.from_schedule.p99_us,
+        });
+    }
 }
 
 /// Runs one load against `target`.
-pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> {
+pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunReport> {
     if spec.clients == 0 || target.urls.is_empty() {
         bail!("a run needs at least one client and one URL");
     }
@@ -135,32 +225,27 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
         Length::Duration(d) => Stop::At(window_start + d),
         Length::Count(n) => Stop::Count(n),
     };
-    let plans: Vec<Plan> = (0..spec.clients)
-        .map(|_| Plan::new(schedule, window_start, stop))
-        .collect();
-    let last_due = plans.iter().map(Plan::last_due).max().unwrap_or(start);
+    // Every client has the same plan.
+    let plan = Plan::new(schedule, window_start, stop);
+    let last_due = plan.last_due();
     let hard_deadline = last_due + spec.timeout + HARD_MARGIN;
     let clock = spec.clock.resolve(spec.offered_rps());
     let metronome = match clock {
-        ClockKind::Thread | ClockKind::Auto => {
-            let end = plans.iter().map(|p| p.end).max().unwrap_or(0);
-            Some(Metronome::start(schedule, end)?)
-        }
+        ClockKind::Thread | ClockKind::Auto => Some(Metronome::start(schedule, plan.end)?),
         ClockKind::Tokio => None,
     };
 
-    let progress = Arc::new(Progress::default());
     let recorded = SharedRecorded::default();
     let route: Arc<str> = Arc::from(spec.route.as_str());
     let payload = Arc::new(spec.payload.clone());
     let mut tasks = JoinSet::new();
-    for (i, (conn, plan)) in clients.into_iter().zip(plans).enumerate() {
+    for (i, conn) in clients.into_iter().enumerate() {
         let Some(conn) = conn else { continue };
         let pacer = match &metronome {
             Some(m) => m.pacer(),
             None => Pacer::tokio(),
         };
-        let recorder = Recorder::new(recorded.clone(), window_start, i, spec.clients);
+        let rec = Recorder::new(recorded.clone(), plan, window_start, (i, spec.clients));
         let run = ClientRun {
             plan,
             pacer,
@@ -168,7 +253,7 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
             payload: payload.clone(),
             timeout: spec.timeout,
             hard_deadline,
-            books: Books::new(plan, progress.clone(), recorder),
+            rec,
         };
         tasks.spawn(async move { (i, super::lean::drive(conn, run).await) });
     }
@@ -190,7 +275,10 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
                 }
                 None => break,
             },
-            _ = tick.tick() => progress.draw(&bar, start),
+            _ = tick.tick() => {
+                let elapsed = Instant::now().saturating_duration_since(start).as_millis();
+                bar.set_position(u64::try_from(elapsed).unwrap_or(u64::MAX));
+            }
             () = &mut give_up => {
                 tasks.abort_all();
                 bail!("load-test clients still running past the hard deadline");
@@ -201,35 +289,81 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunResult> 
     drop(metronome);
     let cpu = cpu.await.unwrap_or_default();
 
-    let per_conn = per_client
-        .iter()
+    let per_conn: Vec<f64> = (per_client.iter())
         .map(|t| t.map_or(0.0, |t| rate(t.ok, window_start, window_end, t.last_answer)))
         .collect();
     // Every client has ended and dropped its recorder: this is the last handle.
-    let Recorded {
-        stats: totals,
-        timeline,
-    } = Arc::try_unwrap(recorded)
+    let Recorded { stats: t, timeline } = Arc::try_unwrap(recorded)
         .map_err(|_| anyhow::anyhow!("a load-test client still holds the record"))?
         .into_inner()
         .unwrap_or_else(PoisonError::into_inner);
-    let achieved_rps = rate(totals.ok, window_start, window_end, totals.last_answer);
-    let end = totals.last_answer.map_or(window_end, |l| l.max(window_end));
-    let timeline = seconds(&timeline);
-    Ok(RunResult {
-        target: target.clone(),
-        spec: LoadSpec {
-            clock,
-            ..spec.clone()
-        },
+    let end = t.last_answer.map_or(window_end, |l| l.max(window_end));
+    let (l, s) = (&t.latency, &t.server);
+    let timeline = (timeline.iter().enumerate())
+        .map(|(second, h)| {
+            let s = h.summary();
+            let answers = t.answers_per_second.get(second).copied().unwrap_or(0);
+            let (p50_us, p99_us, max_us) = (s.p50_us, s.p99_us, s.max_us);
+            SecondReport {
+                second,
+                answers,
+                p50_us,
+                p99_us,
+                max_us,
+            }
+        })
+        .collect();
+    Ok(RunReport {
+        label: target.label.clone(),
+        target: target.kind.to_owned(),
+        urls: target.urls.clone(),
+        route: spec.route.clone(),
+        clients: spec.clients,
         connected,
         connect_errors,
-        totals,
-        per_conn,
-        achieved_rps,
-        elapsed: end.saturating_duration_since(window_start),
-        timeline,
+        interval_us: spec.interval.as_secs_f64() * 1e6,
+        count: match spec.length {
+            Length::Count(n) => Some(n),
+            Length::Duration(_) => None,
+        },
+        clock: format!("{clock:?}").to_lowercase(),
+        warmup_s: spec.warmup.as_secs_f64(),
+        window_s: spec.window().as_secs_f64(),
+        elapsed_s: end.saturating_duration_since(window_start).as_secs_f64(),
+        offered_rps: spec.offered_rps(),
+        sent: t.sent,
+        ok: t.ok,
+        achieved_rps: rate(t.ok, window_start, window_end, t.last_answer),
+        per_conn: PerConn {
+            min: per_conn.iter().copied().reduce(f64::min).unwrap_or(0.0),
+            avg: per_conn.iter().sum::<f64>() / per_conn.len().max(1) as f64,
+            max: per_conn.iter().copied().fold(0.0, f64::max),
+        },
+        timeouts: t.timeouts,
+        unanswered: t.unanswered,
+        errors_by_code: t.codes.clone(),
+        error_messages: t.messages.clone(),
+        failures: t.failures.clone(),
+        latency: Latencies {
+            from_schedule: l.from_schedule.summary(),
+            from_send: l.from_send.summary(),
+            lag: l.lag.summary(),
+        },
+        server: (!s.total.is_empty()).then(|| ServerReport {
+            client_ws: s.client_ws.summary(),
+            gate_bus: s.gate_bus.summary(),
+            queue: s.queue.summary(),
+            handler: s.handler.summary(),
+            total: s.total.summary(),
+        }),
+        limit: None,
         cpu,
+        timeline,
+        curves: Latencies {
+            from_schedule: l.from_schedule.curve(),
+            from_send: l.from_send.curve(),
+            lag: l.lag.curve(),
+        },
     })
 }
 
@@ -242,7 +376,6 @@ async fn connect_all(
     let options = ClientOptions {
         server_timing: spec.server_timing,
         request_timeout: spec.timeout,
-        json: spec.json,
         client: concat!("shaddock-loadtest/", env!("CARGO_PKG_VERSION")).to_owned(),
         tls: target.tls.clone(),
         ..ClientOptions::default()
@@ -251,13 +384,13 @@ async fn connect_all(
     let mut set = JoinSet::new();
     for i in 0..spec.clients {
         let url = urls[i % urls.len()].clone();
-        let options = options.clone();
+        let (options, codec) = (options.clone(), spec.codec);
         let at = began + spec.ramp.mul_f64(i as f64 / spec.clients as f64);
         set.spawn(async move {
             tokio::time::sleep_until(at.into()).await;
             (
                 i,
-                Conn::connect(&url, &options)
+                Conn::connect(&url, &options, codec)
                     .await
                     .map_err(|e| format!("{e:#}")),
             )
@@ -315,10 +448,9 @@ fn progress_bar(
     }
     let total = last_due.saturating_duration_since(start).as_millis();
     let bar = ProgressBar::new(u64::try_from(total).unwrap_or(u64::MAX));
-    let style = ProgressStyle::with_template("{prefix} [{bar:30}] {elapsed_precise} {msg}")
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
-    bar.set_style(style);
+    if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:30}] {elapsed_precise}") {
+        bar.set_style(style.progress_chars("=> "));
+    }
     bar.set_prefix(format!("{} ({} clients)", target.label, spec.clients));
     bar
 }

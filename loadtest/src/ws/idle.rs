@@ -10,13 +10,13 @@ use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use sdk::{Client, ClientOptions};
+use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::report::{IdleReport, ScenarioReport};
 use super::target::{Gates, TargetArgs, with_topology};
 use crate::proc::rss_bytes;
-use crate::report::OutputArgs;
+use crate::report::{Doc, OutputArgs, Report, Section, thousands};
 
 /// Most sessions one run opens: each is a file descriptor here and in the gate.
 pub const MAX_SESSIONS: usize = 50_000;
@@ -42,44 +42,52 @@ pub struct IdleArgs {
     pub output: OutputArgs,
 }
 
+/// Resident memory per idle session.
+#[derive(Debug, Clone, Serialize)]
+pub struct IdleReport {
+    pub url: String,
+    pub pid: u32,
+    pub sessions: usize,
+    pub opened: usize,
+    pub failed: usize,
+    pub open_seconds: f64,
+    pub rss_before: u64,
+    pub rss_after: u64,
+    pub bytes_per_session: f64,
+    /// Sessions still open when the second RSS reading was taken.
+    pub alive_after: usize,
+    #[serde(skip)]
+    first_error: Option<String>,
+}
+
 pub async fn idle(args: IdleArgs) -> anyhow::Result<()> {
     let (gates, topology) = args.target.gates(1, 1).await?;
-    let (report, first_error) = with_topology(topology, measure(&args, &gates)).await?;
-    report.finish(&args.output)?;
-    let Some(idle) = &report.idle else {
-        bail!("no idle report");
-    };
+    let idle = with_topology(topology, measure(&args, &gates)).await?;
+    Report::new("idle", gates.setup.clone(), idle.clone()).write(&args.output)?;
+    let error = idle.first_error.unwrap_or_default();
     if idle.opened == 0 {
-        bail!(
-            "no session could be opened: {}",
-            first_error.unwrap_or_default()
-        );
+        bail!("no session could be opened: {error}");
     }
-    if let Some(e) = first_error {
-        tracing::warn!("{} session(s) failed to open, first: {e}", idle.failed);
+    if idle.failed > 0 {
+        tracing::warn!("{} session(s) failed to open, first: {error}", idle.failed);
     }
     Ok(())
 }
 
-/// Opens the sessions and reads the gate's RSS around it; also returns the first
-/// error a session failed with.
-async fn measure(
-    args: &IdleArgs,
-    gates: &Gates,
-) -> anyhow::Result<(ScenarioReport, Option<String>)> {
+/// Opens the sessions and reads the gate's RSS around it.
+async fn measure(args: &IdleArgs, gates: &Gates) -> anyhow::Result<IdleReport> {
     let url = gates.urls.first().context("no gate URL")?.clone();
     let Some(pid) = args.pid.or_else(|| gates.gate_pids.first().copied()) else {
         bail!("--pid is required with --url: the gate's RSS is read from /proc/<pid>");
     };
+    let rss = || rss_bytes(pid).with_context(|| format!("reading VmRSS of pid {pid}"));
     let sessions = usize::try_from(args.sessions)?;
-    let rss_before = rss_bytes(pid).with_context(|| format!("reading VmRSS of pid {pid}"))?;
-
+    let rss_before = rss()?;
     let began = Instant::now();
     let permits = Arc::new(Semaphore::new(usize::try_from(args.concurrency)?));
     let mut set = JoinSet::new();
     for _ in 0..sessions {
-        let permits = permits.clone();
-        let url = url.clone();
+        let (permits, url) = (permits.clone(), url.clone());
         set.spawn(async move {
             let _permit = permits.acquire_owned().await;
             Client::connect(&url, ClientOptions::default()).await
@@ -88,30 +96,18 @@ async fn measure(
     let mut clients = Vec::with_capacity(sessions);
     let mut first_error = None;
     while let Some(joined) = set.join_next().await {
-        match joined {
+        match joined.map_err(anyhow::Error::from) {
             Ok(Ok(client)) => clients.push(client),
-            Ok(Err(e)) => {
-                first_error.get_or_insert_with(|| e.to_string());
-            }
-            Err(e) => {
-                first_error.get_or_insert_with(|| e.to_string());
-            }
+            Ok(Err(e)) => drop(first_error.get_or_insert(e.to_string())),
+            Err(e) => drop(first_error.get_or_insert(e.to_string())),
         }
     }
     let open_seconds = began.elapsed().as_secs_f64();
-    let rss_after = rss_bytes(pid).with_context(|| format!("reading VmRSS of pid {pid}"))?;
+    let rss_after = rss()?;
     let alive_after = clients.iter().filter(|c| !c.is_closed()).count();
     let opened = clients.len();
-
-    let mut closing = JoinSet::new();
-    for client in clients {
-        closing.spawn(async move { client.close().await });
-    }
-    while closing.join_next().await.is_some() {}
-
-    let delta = rss_after as f64 - rss_before as f64;
-    let mut report = ScenarioReport::new("idle", gates.setup.clone());
-    report.idle = Some(IdleReport {
+    futures::future::join_all(clients.iter().map(Client::close)).await;
+    Ok(IdleReport {
         url,
         pid,
         sessions,
@@ -120,12 +116,26 @@ async fn measure(
         open_seconds,
         rss_before,
         rss_after,
-        bytes_per_session: if opened == 0 {
-            0.0
-        } else {
-            delta / opened as f64
-        },
+        bytes_per_session: (rss_after as f64 - rss_before as f64) / opened.max(1) as f64,
         alive_after,
-    });
-    Ok((report, first_error))
+        first_error,
+    })
+}
+
+impl Section for IdleReport {
+    fn add_to(&self, doc: &mut Doc) {
+        doc.heading(format!("idle sessions on {} (pid {})", self.url, self.pid));
+        doc.lines(vec![
+            format!(
+                "opened {} of {} in {:.2} s ({} failed), {} still open at the second reading",
+                self.opened, self.sessions, self.open_seconds, self.failed, self.alive_after
+            ),
+            format!(
+                "RSS {} KiB → {} KiB: {} bytes per session",
+                self.rss_before / 1024,
+                self.rss_after / 1024,
+                thousands(self.bytes_per_session)
+            ),
+        ]);
+    }
 }

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
 use futures::{SinkExt as _, StreamExt as _};
+use gateway::pomelo::wire::{self, MessageKind, PackageType, Route};
 use proto::client::{Handshake, Heartbeat, Packet, Request, packet::Kind};
 use sdk::ClientOptions;
 use sdk::rustls::pki_types::ServerName;
@@ -29,11 +30,10 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
-use super::books::{Books, Tally};
 use super::clock::Pacer;
 use super::inflight::InFlight;
 use super::schedule::{Payload, Plan};
-use super::stats::{Answer, Outcome};
+use super::stats::{Answer, Outcome, Recorder, Tally};
 
 /// The byte stream under the WebSocket: TCP, or TLS over it for `wss://`.
 trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -50,6 +50,17 @@ const CLOSED: &str = "closed";
 const KICKED: &str = "kicked";
 const PROTOCOL: &str = "protocol";
 
+/// How a client speaks: the gate's protocol in protobuf (binary frames) or JSON (text
+/// frames, typed bodies the gate transcodes), or pomelo's (the gate's pomelo codec, or
+/// a pomelo server).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Codec {
+    #[default]
+    Protobuf,
+    Json,
+    Pomelo,
+}
+
 /// What one client's task is given.
 pub struct ClientRun {
     pub plan: Plan,
@@ -59,24 +70,27 @@ pub struct ClientRun {
     /// Client-side request timeout.
     pub timeout: Duration,
     pub hard_deadline: Instant,
-    pub books: Books,
+    pub rec: Recorder,
 }
 
 /// A connection that has handshaken, ready to drive.
 pub struct Conn {
     ws: Ws,
-    json: bool,
+    codec: Codec,
     /// How often to send a heartbeat: half the gate's interval, as the SDK does.
     heartbeat: Option<Duration>,
 }
 
 impl Conn {
     /// Opens a WebSocket to `url` (`wss://` trusting `options.tls`) and handshakes with
-    /// `options`, all within `options.connect_timeout`.
-    pub async fn connect(url: &str, options: &ClientOptions) -> anyhow::Result<Conn> {
+    /// `options` in `codec`, all within `options.connect_timeout`.
+    pub async fn connect(url: &str, options: &ClientOptions, codec: Codec) -> anyhow::Result<Conn> {
         let opening = async {
             let ws = open(url, options).await.with_context(|| url.to_owned())?;
-            handshake(ws, options).await
+            match codec {
+                Codec::Pomelo => pomelo_handshake(ws).await,
+                _ => handshake(ws, options, codec == Codec::Json).await,
+            }
         };
         tokio::time::timeout(options.connect_timeout, opening)
             .await
@@ -124,14 +138,14 @@ async fn open(url: &str, options: &ClientOptions) -> anyhow::Result<Ws> {
     Ok(ws)
 }
 
-async fn handshake(mut ws: Ws, options: &ClientOptions) -> anyhow::Result<Conn> {
+async fn handshake(mut ws: Ws, options: &ClientOptions, json: bool) -> anyhow::Result<Conn> {
     let hello = Packet::new(Kind::Handshake(Handshake {
         token: options.token.clone(),
         server_timing: options.server_timing,
         client: options.client.clone(),
         serial: options.serial,
     }));
-    ws.send(sdk::frame::encode(&hello, options.json))
+    ws.send(sdk::frame::encode(&hello, json))
         .await
         .context("sending the handshake")?;
     loop {
@@ -148,9 +162,10 @@ async fn handshake(mut ws: Ws, options: &ClientOptions) -> anyhow::Result<Conn> 
             Some(Kind::HandshakeAck(ack)) if ack.code == proto::code::OK => {
                 let heartbeat = (ack.heartbeat_ms > 0)
                     .then(|| Duration::from_millis(u64::from(ack.heartbeat_ms)) / 2);
+                let codec = if json { Codec::Json } else { Codec::Protobuf };
                 return Ok(Conn {
                     ws,
-                    json: options.json,
+                    codec,
                     heartbeat,
                 });
             }
@@ -165,6 +180,34 @@ async fn handshake(mut ws: Ws, options: &ClientOptions) -> anyhow::Result<Conn> 
     }
 }
 
+/// A pomelo session: handshake, its answer, the ack. The server sends heartbeats, which
+/// the client answers ([`on_pomelo`]), so it sends none of its own.
+async fn pomelo_handshake(mut ws: Ws) -> anyhow::Result<Conn> {
+    let hello = br#"{"sys":{"type":"shaddock-loadtest","version":"0.0.1"},"user":{}}"#;
+    let hello = wire::encode_package(PackageType::Handshake, hello);
+    ws.send(Message::Binary(hello)).await?;
+    let answer = loop {
+        match ws.next().await {
+            Some(Ok(Message::Binary(b))) => break b,
+            Some(Ok(_)) => {}
+            other => bail!("no handshake answer: {other:?}"),
+        }
+    };
+    let Ok(Some((package, _))) = wire::parse_package(&answer, wire::MAX_BODY_LEN) else {
+        bail!("the handshake answer is not a pomelo package");
+    };
+    let json: serde_json::Value = serde_json::from_slice(&package.body)?;
+    anyhow::ensure!(json["code"] == 200, "handshake refused: {json}");
+    let ack = wire::encode_package(PackageType::HandshakeAck, &[]);
+    ws.send(Message::Binary(ack)).await?;
+    let (codec, heartbeat) = (Codec::Pomelo, None);
+    Ok(Conn {
+        ws,
+        codec,
+        heartbeat,
+    })
+}
+
 /// Runs one client until its last request ended or the hard deadline passed.
 pub async fn drive(conn: Conn, run: ClientRun) -> Tally {
     let ClientRun {
@@ -174,14 +217,14 @@ pub async fn drive(conn: Conn, run: ClientRun) -> Tally {
         payload,
         timeout,
         hard_deadline,
-        mut books,
+        mut rec,
     } = run;
     let mut heartbeat = conn.heartbeat.map(|period| {
         let mut interval = tokio::time::interval_at((Instant::now() + period).into(), period);
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
         interval
     });
-    let mut link = Link::new(Some(conn.ws), conn.json, &route);
+    let mut link = Link::new(Some(conn.ws), conn.codec, &route);
     // Set to the oldest waiting request's deadline or earlier whenever one waits.
     let expiry = tokio::time::sleep_until(hard_deadline.into());
     tokio::pin!(expiry);
@@ -201,24 +244,24 @@ pub async fn drive(conn: Conn, run: ClientRun) -> Tally {
             biased;
             due = pacer.wait_due(&plan.schedule, next), if next < plan.end => {
                 let due = due.min(plan.end);
-                link.send(next..due, &plan, &payload, &mut books);
+                link.send(next..due, &plan, &payload, &mut rec);
                 next = due;
                 if !armed {
                     armed = arm(expiry.as_mut(), &link.in_flight, timeout);
                 }
             }
-            why = std::future::poll_fn(|cx| link.poll_io(cx, &plan, &mut books)), if link.is_open() => {
-                link.cut(why, &plan, &mut books);
+            why = std::future::poll_fn(|cx| link.poll_io(cx, &plan, &mut rec)), if link.is_open() => {
+                link.cut(why, &plan, &mut rec);
             }
             () = &mut expiry, if armed => {
-                link.expire(timeout, &plan, &mut books);
+                link.expire(timeout, &plan, &mut rec);
                 armed = arm(expiry.as_mut(), &link.in_flight, timeout);
             }
             () = tick(&mut heartbeat), if link.is_open() => link.heartbeat(),
             () = &mut hard => break,
         }
     }
-    let tally = books.finish();
+    let tally = rec.finish();
     link.close().await;
     tally
 }
@@ -249,7 +292,7 @@ struct Link {
     ws: Option<Ws>,
     /// Why it ended: every later slot fails the same way.
     ended: Option<&'static str>,
-    json: bool,
+    codec: Codec,
     /// Frames not yet in the WebSocket's buffer (it was still writing out older ones).
     outbox: VecDeque<Message>,
     /// Frames in the WebSocket's buffer since the last completed flush.
@@ -260,11 +303,11 @@ struct Link {
 }
 
 impl Link {
-    fn new(ws: Option<Ws>, json: bool, route: &str) -> Self {
+    fn new(ws: Option<Ws>, codec: Codec, route: &str) -> Self {
         Link {
             ws,
             ended: None,
-            json,
+            codec,
             outbox: VecDeque::new(),
             unflushed: false,
             in_flight: InFlight::default(),
@@ -281,9 +324,9 @@ impl Link {
     }
 
     /// Sends slots `slots`, or fails them at once when the connection is gone.
-    fn send(&mut self, slots: Range<u64>, plan: &Plan, payload: &Payload, books: &mut Books) {
+    fn send(&mut self, slots: Range<u64>, plan: &Plan, payload: &Payload, rec: &mut Recorder) {
         let now = Instant::now();
-        books.sent(slots.clone());
+        rec.sent(slots.clone());
         if let Some(why) = self.ended {
             for slot in slots {
                 let outcome = Outcome {
@@ -292,7 +335,7 @@ impl Link {
                     received: now,
                     answer: Answer::Failed(why),
                 };
-                books.end(slot, outcome);
+                rec.end(slot, outcome);
             }
             return;
         }
@@ -305,10 +348,19 @@ impl Link {
 
     /// `Packet{request: Request{id, route, body}}` in the session's encoding.
     fn encode(&mut self, id: u64, body: bytes::Bytes) -> Message {
+        if self.codec == Codec::Pomelo {
+            return Message::Binary(wire::encode_message(&wire::Message {
+                kind: MessageKind::Request(id),
+                route: Route::Name(&self.request.route),
+                error: false,
+                gzip: false,
+                body: &body,
+            }));
+        }
         self.request.id = id;
         self.request.body = body;
         let packet = Packet::new(Kind::Request(std::mem::take(&mut self.request)));
-        let frame = if self.json {
+        let frame = if self.codec == Codec::Json {
             // A body that is JSON goes as that value, anything else as a string, as the
             // SDK sends typed bodies: sdk::frame sends bodies as strings only.
             Message::text(proto::json::encode_typed(&packet, true).unwrap_or_default())
@@ -323,8 +375,8 @@ impl Link {
 
     fn heartbeat(&mut self) {
         let packet = Packet::new(Kind::Heartbeat(Heartbeat {}));
-        self.outbox
-            .push_back(sdk::frame::encode(&packet, self.json));
+        let json = self.codec == Codec::Json;
+        self.outbox.push_back(sdk::frame::encode(&packet, json));
     }
 
     /// Writes the outbox and flushes, then handles every frame the socket holds.
@@ -333,7 +385,7 @@ impl Link {
         &mut self,
         cx: &mut Context<'_>,
         plan: &Plan,
-        books: &mut Books,
+        rec: &mut Recorder,
     ) -> Poll<&'static str> {
         let Some(ws) = self.ws.as_mut() else {
             return Poll::Ready(CLOSED);
@@ -365,8 +417,16 @@ impl Link {
                     Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(CLOSED),
                     Poll::Pending => return Poll::Pending,
                 };
-                match on_frame(frame, &mut self.in_flight, plan, books) {
+                let handled = match self.codec {
+                    Codec::Pomelo => on_pomelo(frame, &mut self.in_flight, plan, rec),
+                    _ => on_frame(frame, &mut self.in_flight, plan, rec),
+                };
+                match handled {
                     Ok(Handled::Done) => {}
+                    Ok(Handled::Reply(frame)) => {
+                        self.outbox.push_back(frame);
+                        break;
+                    }
                     // A ping's pong waits in the WebSocket's buffer: flush it.
                     Ok(Handled::Pong) => {
                         self.unflushed = true;
@@ -379,7 +439,7 @@ impl Link {
     }
 
     /// The connection ended: the requests in flight fail with `why`.
-    fn cut(&mut self, why: &'static str, plan: &Plan, books: &mut Books) {
+    fn cut(&mut self, why: &'static str, plan: &Plan, rec: &mut Recorder) {
         self.ws = None;
         self.ended = Some(why);
         self.outbox.clear();
@@ -391,12 +451,12 @@ impl Link {
                 received: now,
                 answer: Answer::Failed(why),
             };
-            books.end(slot, outcome);
+            rec.end(slot, outcome);
         }
     }
 
     /// Requests waiting `timeout` or longer become timeouts.
-    fn expire(&mut self, timeout: Duration, plan: &Plan, books: &mut Books) {
+    fn expire(&mut self, timeout: Duration, plan: &Plan, rec: &mut Recorder) {
         let now = Instant::now();
         while let Some((slot, sent)) = self.in_flight.pop_expired(now, timeout) {
             let outcome = Outcome {
@@ -405,7 +465,7 @@ impl Link {
                 received: now,
                 answer: Answer::Timeout,
             };
-            books.end(slot, outcome);
+            rec.end(slot, outcome);
         }
     }
 
@@ -422,6 +482,8 @@ enum Handled {
     Done,
     /// A ping: the pong is queued and needs a flush.
     Pong,
+    /// This frame is to be sent back (a pomelo heartbeat's).
+    Reply(Message),
 }
 
 /// One frame from the server: a response ends its request; a kick, a close or a frame
@@ -430,7 +492,7 @@ fn on_frame(
     frame: Message,
     in_flight: &mut InFlight,
     plan: &Plan,
-    books: &mut Books,
+    rec: &mut Recorder,
 ) -> Result<Handled, &'static str> {
     match frame {
         Message::Binary(_) | Message::Text(_) => {}
@@ -452,11 +514,11 @@ fn on_frame(
                     received,
                     answer: Answer::Response {
                         code: response.code,
-                        timing: response.timing.map(Into::into),
+                        timing: response.timing,
                         message: response.message,
                     },
                 };
-                books.end(slot, outcome);
+                rec.end(slot, outcome);
             }
         }
         Some(Kind::Kick(_)) => return Err(KICKED),
@@ -467,6 +529,78 @@ fn on_frame(
     Ok(Handled::Done)
 }
 
+/// One pomelo frame: its responses end their requests, a heartbeat is answered; a
+/// kick or a frame that does not parse ends the connection. A response with the error
+/// flag or an error `code` in its body counts as a 500 answer.
+fn on_pomelo(
+    frame: Message,
+    in_flight: &mut InFlight,
+    plan: &Plan,
+    rec: &mut Recorder,
+) -> Result<Handled, &'static str> {
+    let received = Instant::now();
+    let Message::Binary(bytes) = frame else {
+        return match frame {
+            Message::Close(_) => Err(CLOSED),
+            Message::Ping(_) => Ok(Handled::Pong),
+            _ => Ok(Handled::Done),
+        };
+    };
+    let packages = wire::parse_packages(bytes, wire::MAX_BODY_LEN).map_err(|_| PROTOCOL)?;
+    let mut handled = Handled::Done;
+    for package in packages {
+        match package.kind {
+            PackageType::Heartbeat => {
+                let beat = wire::encode_package(PackageType::Heartbeat, &[]);
+                handled = Handled::Reply(Message::Binary(beat));
+            }
+            PackageType::Data => {
+                let message = wire::parse_message(&package.body).map_err(|_| PROTOCOL)?;
+                let MessageKind::Response(id) = message.kind else {
+                    continue;
+                };
+                let Some(sent) = id.checked_sub(1).and_then(|slot| in_flight.take(slot)) else {
+                    continue;
+                };
+                let failed = message.error || pomelo_error(message.body);
+                let code = if failed {
+                    proto::code::HANDLER_ERROR
+                } else {
+                    proto::code::OK
+                };
+                let answer = Answer::Response {
+                    code,
+                    timing: None,
+                    message: String::new(),
+                };
+                let scheduled = plan.schedule.at(id - 1);
+                rec.end(
+                    id - 1,
+                    Outcome {
+                        scheduled,
+                        sent,
+                        received,
+                        answer,
+                    },
+                );
+            }
+            PackageType::Kick => return Err(KICKED),
+            _ => {}
+        }
+    }
+    Ok(handled)
+}
+
+/// Pomelo answers a failed request with a body `{"code": <not 200>, ...}`.
+fn pomelo_error(body: &[u8]) -> bool {
+    // Echoed bodies are small; only an object with a `code` can be an error.
+    body.windows(6).any(|w| w == b"\"code\"")
+        && serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.get("code")?.as_u64())
+            .is_some_and(|code| code != 200)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -474,7 +608,7 @@ mod tests {
 
     #[test]
     fn a_binary_request_is_the_protobuf_packet() {
-        let mut link = Link::new(None, false, "echo.raw");
+        let mut link = Link::new(None, Codec::Protobuf, "echo.raw");
         let Message::Binary(frame) = link.encode(43, Payload::Hello.body(42)) else {
             panic!("not binary")
         };
@@ -492,7 +626,7 @@ mod tests {
 
     #[test]
     fn a_json_request_carries_a_json_body_as_its_value_and_other_bodies_as_text() {
-        let mut link = Link::new(None, true, "chat.members");
+        let mut link = Link::new(None, Codec::Json, "chat.members");
         let typed = bytes::Bytes::from_static(br#"{"room":"a"}"#);
         let Message::Text(frame) = link.encode(1, typed) else {
             panic!("not text")
@@ -508,5 +642,13 @@ mod tests {
             frame.as_str(),
             r#"{"request":{"id":2,"route":"chat.members","body":"Hello World #0007"}}"#
         );
+    }
+
+    #[test]
+    fn only_a_pomelo_code_other_than_200_is_an_error() {
+        assert!(pomelo_error(br#"{"code":500,"msg":"x"}"#));
+        assert!(!pomelo_error(br#"{"code":200}"#));
+        assert!(!pomelo_error(br#"{"msg":"Hello World"}"#));
+        assert!(!pomelo_error(b"not json \"code\""));
     }
 }

@@ -2,13 +2,12 @@
 //! open-loop generator, the scenarios run with it, and their reports.
 //!
 //! - [`schedule`], [`clock`]: absolute send times, and what wakes a client for them.
-//! - [`lean`] (with [`inflight`], [`books`], [`stats`]): one client, its WebSocket and
+//! - [`lean`] (with [`inflight`], [`stats`]): one client, its WebSocket and
 //!   what it records; [`generator`]: N of them, one run.
 //! - [`target`]: gates by URL, a launched topology, or the bare echo server.
 //! - [`scenario`], [`idle`], [`broadcast`], [`pomelo`], [`churn`]: the subcommands;
 //!   [`report`]: what they measured.
 
-pub mod books;
 pub mod broadcast;
 pub mod churn;
 pub mod clock;

@@ -1,127 +1,42 @@
-//! What the WebSocket scenarios measured: one serialisable [`ScenarioReport`] per command
-//! (the `--json` data), and the [`Doc`] its text and page are rendered from.
+//! What the WebSocket load scenarios measured ([`Runs`], the `--json` data), and the
+//! [`Doc`] its text and page are rendered from.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::generator::{Length, RunResult};
-use crate::hist::Summary;
-use crate::proc::{CpuUse, STEAL};
-use crate::report::{Doc, Meta, OutputArgs, Table, XAxis, ms, thousands};
+use super::generator::{self, LoadSpec, RunReport, SecondReport, Target};
+use crate::proc::STEAL;
+use crate::report::{Doc, OutputArgs, Report, Section, Table, XAxis, ms, thousands};
 
-/// Everything one `shaddock loadtest <scenario>` command measured.
-#[derive(Debug, Clone, Serialize)]
-pub struct ScenarioReport {
-    pub scenario: String,
-    #[serde(flatten)]
-    pub meta: Meta,
-    /// What the load went to: "1 gate + 2 echo workers (launched)" or the URLs.
-    pub setup: String,
+/// What a WebSocket load scenario measured: its runs, and its search for `saturate`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Runs {
     pub runs: Vec<RunReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub saturate: Option<SaturateReport>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub idle: Option<IdleReport>,
     /// Runs that failed outright (the others are still reported).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
 }
 
-/// One load against one target.
-#[derive(Debug, Clone, Serialize)]
-pub struct RunReport {
-    pub label: String,
-    /// `gateway` or `limit` (the bare WebSocket echo server).
-    pub target: String,
-    pub urls: Vec<String>,
-    pub route: String,
-    pub clients: usize,
-    pub connected: usize,
-    pub connect_errors: BTreeMap<String, u64>,
-    pub interval_us: f64,
-    /// Requests per client in the window, when the run was given a count.
-    pub count: Option<u64>,
-    pub clock: String,
-    pub warmup_s: f64,
-    pub window_s: f64,
-    /// Window start until the later of its end and the last answer.
-    pub elapsed_s: f64,
-    pub offered_rps: f64,
-    pub sent: u64,
-    pub ok: u64,
-    pub achieved_rps: f64,
-    pub per_conn: PerConn,
-    pub timeouts: u64,
-    pub unanswered: u64,
-    /// Answers other than 200 by code, and the first message of each.
-    pub errors_by_code: BTreeMap<u32, u64>,
-    pub error_messages: BTreeMap<u32, String>,
-    /// Requests cut by the connection ending (closed, kicked, protocol), by kind.
-    pub failures: BTreeMap<String, u64>,
-    pub latency: Latencies,
-    /// Present when the server sent timing.
-    pub server: Option<ServerReport>,
-    /// The bare echo server under the same load, when measured in the same command.
-    pub limit: Option<LimitComparison>,
-    /// CPU over the measured window, per process (100 % = one core).
-    pub cpu: Vec<CpuUse>,
-    pub timeline: Vec<SecondReport>,
-    /// Percentile curves as `[nines, µs]` points.
-    pub curves: Curves,
-}
+pub type ScenarioReport = Report<Runs>;
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct PerConn {
-    pub min: f64,
-    pub avg: f64,
-    pub max: f64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Latencies {
-    pub from_schedule: Summary,
-    pub from_send: Summary,
-    pub lag: Summary,
-}
-
-/// Where the time went (server timing): the parts add up to the latency from send.
-#[derive(Debug, Clone, Serialize)]
-pub struct ServerReport {
-    /// Client + WebSocket both ways: from-send latency minus the gate's total.
-    pub client_ws: Summary,
-    /// Gate + bus both ways: total - queue - handler.
-    pub gate_bus: Summary,
-    pub queue: Summary,
-    pub handler: Summary,
-    /// Gate receive to gate answer.
-    pub total: Summary,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct LimitComparison {
-    pub limit_rps: f64,
-    /// Achieved ÷ the limit's achieved.
-    pub fraction: f64,
-    pub limit_p99_from_schedule_us: f64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct SecondReport {
-    pub second: usize,
-    /// Answers that arrived in this second.
-    pub answers: u64,
-    /// Latency from the schedule of the requests scheduled in this second.
-    pub p50_us: f64,
-    pub p99_us: f64,
-    pub max_us: f64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Curves {
-    pub from_schedule: Vec<(f64, f64)>,
-    pub from_send: Vec<(f64, f64)>,
-    pub lag: Vec<(f64, f64)>,
+impl Runs {
+    /// Runs one load and files its report, or its error: one failed run (say, an
+    /// overload nothing answers) must not lose the others.
+    pub async fn run(&mut self, spec: &LoadSpec, target: &Target) -> Option<&mut RunReport> {
+        match generator::run(spec, target).await {
+            Ok(run) => {
+                self.runs.push(run);
+                self.runs.last_mut()
+            }
+            Err(e) => {
+                self.errors.push(format!("{}: {e:#}", target.label));
+                None
+            }
+        }
+    }
 }
 
 /// `saturate`: the steps tried and the best one per target.
@@ -153,55 +68,46 @@ pub struct SaturateStep {
 
 /// The gateway's saturation point as a fraction of the bare echo's, and how far to trust
 /// it: a search that passed every rate up to its maximum found only a lower bound.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Fraction {
     pub value: f64,
-    pub relation: Relation,
-}
-
-/// How the true fraction relates to [`Fraction::value`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Relation {
-    Exact,
-    /// The limit's figure is a lower bound: the true fraction is lower.
-    AtMost,
-    /// The gateway's figure is a lower bound: the true fraction is higher.
-    AtLeast,
-    /// Both are lower bounds: the ratio says nothing.
-    Unknown,
+    /// `exact`; `at_most` (the limit's figure is a lower bound), `at_least` (the
+    /// gateway's is), `unknown` (both are: the ratio says nothing).
+    pub relation: &'static str,
+    #[serde(skip)]
+    sentence: String,
 }
 
 impl Fraction {
     pub fn of(gateway: f64, gateway_bound: bool, limit: f64, limit_bound: bool) -> Fraction {
-        let relation = match (gateway_bound, limit_bound) {
-            (false, false) => Relation::Exact,
-            (false, true) => Relation::AtMost,
-            (true, false) => Relation::AtLeast,
-            (true, true) => Relation::Unknown,
+        let value = gateway / limit;
+        let (p, g) = (value * 100.0, "gateway saturation");
+        let (relation, sentence) = match (gateway_bound, limit_bound) {
+            (false, false) => ("exact", format!("{g} = {p:.1}% of the bare-echo limit")),
+            (false, true) => (
+                "at_most",
+                format!(
+                    "{g} ≤ {p:.1}% of the bare-echo limit: the limit passed every rate up to                      --limit-max-rate, so it is higher than measured"
+                ),
+            ),
+            (true, false) => (
+                "at_least",
+                format!(
+                    "{g} ≥ {p:.1}% of the bare-echo limit: the gateway passed every rate up to                      --max-rate, so it is higher than measured"
+                ),
+            ),
+            (true, true) => (
+                "unknown",
+                format!(
+                    "{g}: both searches passed every rate they tried, so the {p:.1}% between \
+                     their figures says nothing"
+                ),
+            ),
         };
         Fraction {
-            value: gateway / limit,
+            value,
             relation,
-        }
-    }
-
-    pub fn sentence(&self) -> String {
-        let percent = self.value * 100.0;
-        match self.relation {
-            Relation::Exact => format!("gateway saturation = {percent:.1}% of the bare-echo limit"),
-            Relation::AtMost => format!(
-                "gateway saturation ≤ {percent:.1}% of the bare-echo limit: the limit passed \
-                 every rate up to --limit-max-rate, so it is higher than measured"
-            ),
-            Relation::AtLeast => format!(
-                "gateway saturation ≥ {percent:.1}% of the bare-echo limit: the gateway passed \
-                 every rate up to --max-rate, so it is higher than measured"
-            ),
-            Relation::Unknown => format!(
-                "gateway saturation: both searches passed every rate they tried, so the \
-                 {percent:.1}% between their figures says nothing"
-            ),
+            sentence,
         }
     }
 }
@@ -212,117 +118,7 @@ pub struct WorkerScaling {
     pub target: String,
 }
 
-/// `idle`: resident memory per idle session.
-#[derive(Debug, Clone, Serialize)]
-pub struct IdleReport {
-    pub url: String,
-    pub pid: u32,
-    pub sessions: usize,
-    pub opened: usize,
-    pub failed: usize,
-    pub open_seconds: f64,
-    pub rss_before: u64,
-    pub rss_after: u64,
-    pub bytes_per_session: f64,
-    /// Sessions still open when the second RSS reading was taken.
-    pub alive_after: usize,
-}
-
 impl RunReport {
-    pub fn from_result(r: &RunResult) -> Self {
-        let t = &r.totals;
-        let n = r.per_conn.len().max(1) as f64;
-        let per_conn = PerConn {
-            min: r.per_conn.iter().copied().reduce(f64::min).unwrap_or(0.0),
-            avg: r.per_conn.iter().sum::<f64>() / n,
-            max: r.per_conn.iter().copied().fold(0.0, f64::max),
-        };
-        let s = &t.server;
-        let server = (!s.total.is_empty()).then(|| ServerReport {
-            client_ws: s.client_ws.summary(),
-            gate_bus: s.gate_bus.summary(),
-            queue: s.queue.summary(),
-            handler: s.handler.summary(),
-            total: s.total.summary(),
-        });
-        let timeline = r
-            .timeline
-            .iter()
-            .map(|(second, s)| SecondReport {
-                second: *second,
-                answers: t.answers_per_second.get(*second).copied().unwrap_or(0),
-                p50_us: s.p50_us,
-                p99_us: s.p99_us,
-                max_us: s.max_us,
-            })
-            .collect();
-        let l = &t.latency;
-        RunReport {
-            label: r.target.label.clone(),
-            target: r.target.kind.to_owned(),
-            urls: r.target.urls.clone(),
-            route: r.spec.route.clone(),
-            clients: r.spec.clients,
-            connected: r.connected,
-            connect_errors: r.connect_errors.clone(),
-            interval_us: r.spec.interval.as_secs_f64() * 1e6,
-            count: match r.spec.length {
-                Length::Count(n) => Some(n),
-                Length::Duration(_) => None,
-            },
-            clock: format!("{:?}", r.spec.clock).to_lowercase(),
-            warmup_s: r.spec.warmup.as_secs_f64(),
-            window_s: r.spec.window().as_secs_f64(),
-            elapsed_s: r.elapsed.as_secs_f64(),
-            offered_rps: r.spec.offered_rps(),
-            sent: t.sent,
-            ok: t.ok,
-            achieved_rps: r.achieved_rps,
-            per_conn,
-            timeouts: t.timeouts,
-            unanswered: t.unanswered,
-            errors_by_code: t.codes.clone(),
-            error_messages: t.messages.clone(),
-            failures: t
-                .failures
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), *v))
-                .collect(),
-            latency: Latencies {
-                from_schedule: l.from_schedule.summary(),
-                from_send: l.from_send.summary(),
-                lag: l.lag.summary(),
-            },
-            server,
-            limit: None,
-            cpu: r.cpu.clone(),
-            timeline,
-            curves: Curves {
-                from_schedule: l.from_schedule.curve(),
-                from_send: l.from_send.curve(),
-                lag: l.lag.curve(),
-            },
-        }
-    }
-
-    /// Sets the comparison with a bare-echo run under the same load.
-    pub fn compare_with_limit(&mut self, limit: &RunReport) {
-        self.limit = Some(LimitComparison {
-            limit_rps: limit.achieved_rps,
-            fraction: if limit.achieved_rps > 0.0 {
-                self.achieved_rps / limit.achieved_rps
-            } else {
-                0.0
-            },
-            limit_p99_from_schedule_us: limit.latency.from_schedule.p99_us,
-        });
-    }
-
-    /// Requests that got no answer: timeouts, cut, still in flight at the end.
-    pub fn lost(&self) -> u64 {
-        self.timeouts + self.unanswered + self.failures.values().sum::<u64>()
-    }
-
     fn section(&self, doc: &mut Doc) {
         doc.heading(format!("{} [{}]", self.label, self.target));
         let length = match self.count {
@@ -491,26 +287,10 @@ impl RunReport {
     }
 }
 
-impl ScenarioReport {
-    pub fn new(scenario: &str, setup: String) -> Self {
-        ScenarioReport {
-            scenario: scenario.to_owned(),
-            meta: Meta::now(),
-            setup,
-            runs: Vec::new(),
-            saturate: None,
-            idle: None,
-            errors: Vec::new(),
-        }
-    }
-
-    pub fn doc(&self) -> Doc {
-        let mut doc = Doc::new(
-            format!("{} — {}", self.scenario, self.setup),
-            self.meta.clone(),
-        );
+impl Section for Runs {
+    fn add_to(&self, doc: &mut Doc) {
         for run in &self.runs {
-            run.section(&mut doc);
+            run.section(doc);
         }
         if !self.runs.is_empty() {
             doc.heading("summary (latency in ms, from the schedule unless marked)");
@@ -536,39 +316,24 @@ impl ScenarioReport {
             doc.table(table);
         }
         if let Some(s) = &self.saturate {
-            s.section(&mut doc);
-        }
-        if let Some(i) = &self.idle {
-            doc.heading(format!("idle sessions on {} (pid {})", i.url, i.pid));
-            doc.lines(vec![
-                format!(
-                    "opened {} of {} in {:.2} s ({} failed), {} still open at the second reading",
-                    i.opened, i.sessions, i.open_seconds, i.failed, i.alive_after
-                ),
-                format!(
-                    "RSS {} KiB → {} KiB: {} bytes per session",
-                    i.rss_before / 1024,
-                    i.rss_after / 1024,
-                    thousands(i.bytes_per_session)
-                ),
-            ]);
+            s.section(doc);
         }
         doc.lines(self.errors.iter().map(|e| format!("FAILED: {e}")).collect());
-        doc
     }
+}
 
+impl ScenarioReport {
     /// Prints and writes the report, then fails if a run failed or had no success.
     pub fn finish(&self, output: &OutputArgs) -> anyhow::Result<()> {
-        output.write(self, &self.doc())?;
+        self.write(output)?;
+        let errors = &self.data.errors;
         anyhow::ensure!(
-            self.errors.is_empty(),
+            errors.is_empty(),
             "{} run(s) failed: {}",
-            self.errors.len(),
-            self.errors.join("; ")
+            errors.len(),
+            errors.join("; ")
         );
-        let failed: Vec<&str> = self
-            .runs
-            .iter()
+        let failed: Vec<&str> = (self.data.runs.iter())
             .filter(|r| r.ok == 0)
             .map(|r| r.label.as_str())
             .collect();
@@ -632,7 +397,7 @@ impl SaturateReport {
                 )
             })
             .collect();
-        lines.extend(self.fraction_of_limit.map(|f| f.sentence()));
+        lines.extend(self.fraction_of_limit.as_ref().map(|f| f.sentence.clone()));
         doc.lines(lines);
         if self.scaling.is_empty() {
             return;
@@ -681,12 +446,11 @@ mod tests {
     #[test]
     fn a_fraction_says_which_side_a_lower_bound_leaves_it() {
         let relation = |g, l| Fraction::of(1.0, g, 4.0, l).relation;
-        assert_eq!(relation(false, false), Relation::Exact);
-        assert_eq!(relation(false, true), Relation::AtMost);
-        assert_eq!(relation(true, false), Relation::AtLeast);
-        assert_eq!(relation(true, true), Relation::Unknown);
+        let all = [(false, false), (false, true), (true, false), (true, true)];
+        let relations = all.map(|(g, l)| relation(g, l));
+        assert_eq!(relations, ["exact", "at_most", "at_least", "unknown"]);
         assert_eq!(
-            Fraction::of(1.0, false, 4.0, false).sentence(),
+            Fraction::of(1.0, false, 4.0, false).sentence,
             "gateway saturation = 25.0% of the bare-echo limit"
         );
     }
@@ -721,7 +485,7 @@ mod tests {
             ],
             ..SaturateReport::default()
         };
-        let mut doc = Doc::new(String::new(), Meta::now());
+        let mut doc = Doc::new(String::new(), crate::report::Meta::now());
         report.section(&mut doc);
         let text = doc.text();
         assert!(

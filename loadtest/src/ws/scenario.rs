@@ -8,23 +8,21 @@ use std::time::Duration;
 use anyhow::{bail, ensure};
 
 use super::clock::ClockKind;
-use super::generator::{self, Length, LoadSpec, Target};
-use super::report::{
-    Fraction, RunReport, SaturateReport, SaturateStep, ScenarioReport, WorkerScaling,
-};
+use super::generator::{self, Length, LoadSpec, RunReport, Target};
+use super::lean::Codec;
+use super::report::{Fraction, Runs, SaturateReport, SaturateStep, ScenarioReport, WorkerScaling};
 use super::schedule::Payload;
-use super::target::{
-    Gates, LimitServer, ServiceKind, TargetArgs, echo_threads, plural, this_process, with_topology,
-};
+use super::target::{LimitServer, ServiceKind, TargetArgs, plural, with_topology};
 use crate::report::OutputArgs;
 
 /// Most clients one run opens: each is a socket and a task here and a session on a gate.
-pub const MAX_CLIENTS: usize = 10_000;
+const MAX_CLIENTS: usize = 10_000;
 /// Shortest interval between two requests of one client (100,000 req/s per client).
-pub const MIN_INTERVAL: Duration = Duration::from_micros(10);
+const MIN_INTERVAL: Duration = Duration::from_micros(10);
 /// Longest measured window, so a typo cannot start a day-long run.
-pub const MAX_WINDOW: Duration = Duration::from_secs(3_600);
+const MAX_WINDOW: Duration = Duration::from_secs(3_600);
 
+const LIMIT_SETUP: &str = "bare tokio-tungstenite WebSocket echo server in this process";
 /// Default measured window of the duration-based scenarios.
 const DEFAULT_DURATION: Duration = Duration::from_secs(10);
 /// A step must achieve this share of its offered rate to pass in `saturate`.
@@ -78,6 +76,14 @@ pub struct LoadArgs {
 }
 
 impl LoadArgs {
+    /// One load per client count, each for the default duration unless told otherwise.
+    fn specs(&self, clients: &[usize], service: ServiceKind) -> anyhow::Result<Vec<LoadSpec>> {
+        let length = Length::Duration(DEFAULT_DURATION);
+        (clients.iter())
+            .map(|&n| self.spec(n, length, service))
+            .collect()
+    }
+
     /// The load for `clients` clients of `service`; `length` unless --duration or
     /// --count is given.
     pub fn spec(
@@ -125,7 +131,7 @@ impl LoadArgs {
                 None if self.route.is_some() => Payload::Hello,
                 None => service.default_payload(),
             },
-            json: false,
+            codec: Codec::Protobuf,
             server_timing: !self.no_server_timing,
             clock: self.clock,
             progress: !self.output.quiet,
@@ -228,15 +234,8 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
         !args.json_beside || (args.load.route.is_none() && args.load.body_hex.is_none()),
         "--json-beside runs the service's default route: not with --route or --body-hex"
     );
-    let specs = args
-        .clients
-        .iter()
-        .map(|&n| {
-            args.load
-                .spec(n, Length::Duration(DEFAULT_DURATION), args.target.service)
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
     let service = args.target.service;
+    let specs = args.load.specs(&args.clients, service)?;
     let (gates, topology) = (args.target)
         .launch(1, 1, &[service], args.tls_beside)
         .await?;
@@ -246,22 +245,19 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
     );
     let limit = args.load.with_limit.then(LimitServer::start).transpose()?;
     let work = async {
-        let mut report = ScenarioReport::new("concurrency", gates.setup.clone());
+        let mut report = ScenarioReport::new("concurrency", gates.setup.clone(), Runs::default());
         for spec in &specs {
             let label = format!("{} clients", spec.clients);
             // The same load on the bare echo first; every gateway run is compared with it.
             let limit_run = match &limit {
-                Some(server) => match generator::run(spec, &limit_target(server, &label)).await {
-                    Ok(run) => Some(RunReport::from_result(&run)),
-                    Err(e) => {
-                        report.errors.push(format!("{label}, limit: {e:#}"));
-                        continue;
-                    }
+                Some(server) => match report.data.run(spec, &server.target(&label)).await {
+                    Some(run) => Some(run.clone()),
+                    None => continue,
                 },
                 None => None,
             };
             let json = LoadSpec {
-                json: true,
+                codec: Codec::Json,
                 payload: service.default_json_payload(),
                 ..spec.clone()
             };
@@ -272,48 +268,30 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
             if args.tls_beside {
                 runs.push((format!("{label}, wss"), spec, &gates.tls_urls));
             }
-            report.runs.extend(limit_run.clone());
-            // One failed run (say, an overload nothing answers) must not lose the others.
             for (name, spec, urls) in runs {
                 let target = Target {
                     urls: urls.clone(),
-                    ..gateway_target(&gates, &name)
+                    ..gates.target(&name)
                 };
-                match generator::run(spec, &target).await {
-                    Ok(run) => {
-                        let mut run = RunReport::from_result(&run);
-                        if let Some(limit) = &limit_run {
-                            run.compare_with_limit(limit);
-                        }
-                        report.runs.push(run);
-                    }
-                    Err(e) => report.errors.push(format!("{name}: {e:#}")),
+                if let (Some(run), Some(limit)) = (report.data.run(spec, &target).await, &limit_run)
+                {
+                    run.compare_with_limit(limit);
                 }
             }
         }
         Ok(report)
     };
-    let report = with_topology(topology, work).await?;
-    report.finish(&args.load.output)
+    with_topology(topology, work)
+        .await?
+        .finish(&args.load.output)
 }
 
 pub async fn limit(args: LimitArgs) -> anyhow::Result<()> {
     let server = LimitServer::start()?;
-    let mut report = ScenarioReport::new(
-        "limit",
-        "bare tokio-tungstenite WebSocket echo server in this process".to_owned(),
-    );
-    for &clients in &args.clients {
-        let spec = args.load.spec(
-            clients,
-            Length::Duration(DEFAULT_DURATION),
-            ServiceKind::Echo,
-        )?;
-        let label = format!("{clients} clients");
-        match generator::run(&spec, &limit_target(&server, &label)).await {
-            Ok(run) => report.runs.push(RunReport::from_result(&run)),
-            Err(e) => report.errors.push(format!("{label}: {e:#}")),
-        }
+    let mut report = ScenarioReport::new("limit", LIMIT_SETUP.to_owned(), Runs::default());
+    for spec in args.load.specs(&args.clients, ServiceKind::Echo)? {
+        let label = format!("{} clients", spec.clients);
+        report.data.run(&spec, &server.target(&label)).await;
     }
     report.finish(&args.load.output)
 }
@@ -330,7 +308,7 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
         args.scale_workers.is_empty() || args.target.url.is_empty(),
         "--scale-workers launches its own topologies: it cannot load --url gates"
     );
-    let mut report = ScenarioReport::new("saturate", String::new());
+    let mut report = ScenarioReport::new("saturate", String::new(), Runs::default());
     let mut sat = SaturateReport {
         p99_target_us: args.p99_target.as_secs_f64() * 1e6,
         clients: args.clients,
@@ -340,7 +318,7 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
         search_into(
             &args,
             args.limit_max_rate,
-            &limit_target(&server, "limit"),
+            &server.target("limit"),
             &mut sat,
             &mut report,
         )
@@ -357,17 +335,15 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
     // The best gateway search: its rate, and whether it is a lower bound.
     let mut best_gateway: Option<(f64, bool)> = None;
     for workers in counts {
-        let target_args = TargetArgs {
-            workers: workers.or(args.target.workers),
-            ..args.target.clone()
-        };
+        let mut target_args = args.target.clone();
+        target_args.launch.workers = workers.or(args.target.launch.workers);
         let (gates, topology) = target_args.gates(1, 1).await?;
         setups.push(gates.setup.clone());
         let name = match workers {
             Some(w) => format!("gateway, {w} worker{}", plural(w)),
             None => "gateway".to_owned(),
         };
-        let target = gateway_target(&gates, &name);
+        let target = gates.target(&name);
         let work = search_into(&args, args.max_rate, &target, &mut sat, &mut report);
         if !with_topology(topology, work).await? {
             missing.push(name.clone());
@@ -392,7 +368,7 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
         let limit_bound = sat.at_max_rate.iter().any(|t| t == "limit");
         sat.fraction_of_limit = Some(Fraction::of(gateway, gateway_bound, limit, limit_bound));
     }
-    report.saturate = Some(sat);
+    report.data.saturate = Some(sat);
     report.finish(&args.load.output)?;
     if !missing.is_empty() {
         bail!(
@@ -422,7 +398,7 @@ async fn search_into(
         return Ok(false);
     };
     sat.best.insert(target.label.clone(), step);
-    report.runs.push(run);
+    report.data.runs.push(run);
     Ok(true)
 }
 
@@ -509,7 +485,7 @@ async fn saturate_step(
     let mut target = target.clone();
     let name = std::mem::take(&mut target.label);
     target.label = format!("{name} at {per_client_rps:.0}/s per client");
-    let run = RunReport::from_result(&generator::run(&spec, &target).await?);
+    let run = generator::run(&spec, &target).await?;
     let lost = run.lost();
     let errors = run.errors_by_code.values().sum::<u64>();
     let p99 = run.latency.from_schedule.p99_us;
@@ -528,27 +504,6 @@ async fn saturate_step(
         passed,
     };
     Ok((step, run))
-}
-
-fn gateway_target(gates: &Gates, label: &str) -> Target {
-    Target {
-        label: label.to_owned(),
-        kind: "gateway",
-        urls: gates.urls.clone(),
-        tls: gates.tls.clone(),
-        watched: gates.watched.clone(),
-    }
-}
-
-fn limit_target(server: &LimitServer, label: &str) -> Target {
-    Target {
-        label: label.to_owned(),
-        kind: "limit",
-        urls: vec![server.url().to_owned()],
-        tls: None,
-        // The echo server's threads are in this process: told apart by their name.
-        watched: vec![this_process("loadtest"), echo_threads("echo server")],
-    }
 }
 
 /// Parses `--body-hex`.
@@ -669,32 +624,6 @@ mod tests {
         let (best, bound, steps) = run_search(&args, args.max_rate, stall);
         assert_eq!((best, bound), (Some(100.0), false));
         assert_eq!(steps, [(100.0, true), (200.0, false)]);
-    }
-
-    #[test]
-    fn the_limit_climbs_past_the_gateways_maximum_to_its_own() {
-        let args = saturate_args(&["--limit-max-rate", "3200", "--refine", "0"]);
-        let echo = |_: f64, _: usize| true;
-        assert_eq!(
-            run_search(&args, args.max_rate, echo).0,
-            Some(800.0),
-            "--max-rate 1000"
-        );
-        let (best, bound, _) = run_search(&args, args.limit_max_rate, echo);
-        assert_eq!((best, bound), (Some(3200.0), true));
-        // Where the echo fails below its maximum, its figure is no longer a bound.
-        let (best, bound, _) = run_search(&args, args.limit_max_rate, |r, _| r < 1500.0);
-        assert_eq!((best, bound), (Some(800.0), false));
-    }
-
-    #[test]
-    fn a_limit_maximum_below_the_start_is_refused_before_anything_starts() {
-        let args = saturate_args(&["--limit-max-rate", "50"]);
-        let refused = futures::executor::block_on(saturate(args)).unwrap_err();
-        assert!(
-            refused.to_string().contains("--limit-max-rate"),
-            "{refused:#}"
-        );
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! What the clients record during a run, and how their records add up: every client
-//! batches its outcomes in a [`Recorder`], which records a batch at a time into the run's
-//! one [`Recorded`] (totals, histograms, per-second timeline).
+//! counts its own requests and batches its outcomes in a [`Recorder`], which records a
+//! batch at a time into the run's one [`Recorded`] (totals, histograms, timeline).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::hist::{Hist, Summary};
+use super::schedule::Plan;
+use crate::hist::Hist;
 
 /// Seconds of timeline kept; later seconds still count in the totals.
 pub const MAX_TIMELINE_SECONDS: usize = 3_600;
@@ -14,32 +15,14 @@ pub const MAX_TIMELINE_SECONDS: usize = 3_600;
 const BATCH: usize = 256;
 const OK: u32 = proto::code::OK;
 
-/// The server's own account of a request, from `Response.timing`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ServerTiming {
-    pub total_us: u32,
-    pub queue_us: u32,
-    pub handler_us: u32,
-}
-
-impl From<proto::client::Timing> for ServerTiming {
-    fn from(t: proto::client::Timing) -> Self {
-        let (total_us, queue_us, handler_us) = (t.total_us, t.queue_us, t.handler_us);
-        ServerTiming {
-            total_us,
-            queue_us,
-            handler_us,
-        }
-    }
-}
-
 /// How a request ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Answer {
     /// A response with any code.
     Response {
         code: u32,
-        timing: Option<ServerTiming>,
+        /// The server's own account, from `Response.timing`.
+        timing: Option<proto::client::Timing>,
         message: String,
     },
     /// No answer within the request timeout (client side).
@@ -86,8 +69,6 @@ pub struct ClientStats {
     pub sent: u64,
     /// Answered 200.
     pub ok: u64,
-    /// Answered with any code.
-    pub answered: u64,
     pub timeouts: u64,
     /// Still in flight when the run's hard deadline passed.
     pub unanswered: u64,
@@ -117,7 +98,6 @@ impl ClientStats {
             Answer::Timeout => return self.timeouts += 1,
             Answer::Failed(kind) => return *self.failures.entry(kind).or_default() += 1,
         };
-        self.answered += 1;
         if code == OK {
             self.ok += 1;
         } else {
@@ -153,11 +133,6 @@ impl ClientStats {
             self.answers_per_second[second] += 1;
         }
     }
-
-    /// Requests that got no answer: timeouts, cut by the connection, still in flight.
-    pub fn lost(&self) -> u64 {
-        self.timeouts + self.unanswered + self.failures.values().sum::<u64>()
-    }
 }
 
 /// Achieved rate: answers ÷ the time from the window's start until the later of its
@@ -179,14 +154,27 @@ pub struct Recorded {
 /// A handle the clients share.
 pub type SharedRecorded = Arc<Mutex<Recorded>>;
 
-/// A client's recorder. A set of histograms per client made every record a cache miss
-/// (~10 % of the generator's CPU); one shared set stays in cache, locked once a batch.
-/// Clients in lockstep would fill equal batches at the same instant and queue on the
-/// lock together, so client `i`'s first batch is cut short by its own amount.
+/// What a client counts itself: its measured requests, and its answers for its own rate.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tally {
+    pub sent: u64,
+    /// Answered, timed out or failed.
+    pub ended: u64,
+    pub ok: u64,
+    pub last_answer: Option<Instant>,
+}
+
+/// A client's books: every request it sends and every way one ends go through here.
+/// A set of histograms per client made every record a cache miss (~10 % of the
+/// generator's CPU); one shared set stays in cache, locked once a batch. Clients in
+/// lockstep would fill equal batches at the same instant and queue on the lock
+/// together, so client `i`'s first batch is cut short by its own amount.
 #[derive(Debug)]
 pub struct Recorder {
     shared: SharedRecorded,
+    plan: Plan,
     window_start: Instant,
+    tally: Tally,
     batch: Vec<Outcome>,
     /// The size at which the batch is recorded: smaller the first time.
     flush_at: usize,
@@ -196,20 +184,40 @@ impl Recorder {
     /// The recorder of client `client` of `clients`.
     pub fn new(
         shared: SharedRecorded,
+        plan: Plan,
         window_start: Instant,
-        client: usize,
-        clients: usize,
+        (client, clients): (usize, usize),
     ) -> Self {
         let flush_at = BATCH - client % clients.max(1) * BATCH / clients.max(1);
         Recorder {
             shared,
+            plan,
             window_start,
+            tally: Tally::default(),
             batch: Vec::with_capacity(BATCH),
             flush_at,
         }
     }
 
-    pub fn record(&mut self, outcome: Outcome) {
+    /// Slots `slots` were sent (warm-up ones are not counted).
+    pub fn sent(&mut self, slots: std::ops::Range<u64>) {
+        self.tally.sent += self.plan.measured_in(slots);
+    }
+
+    /// Slot `slot` ended as `outcome`; recorded when it is a measured one.
+    pub fn end(&mut self, slot: u64, outcome: Outcome) {
+        if !self.plan.is_measured(slot) {
+            return;
+        }
+        let t = &mut self.tally;
+        t.ended += 1;
+        if let Answer::Response { code, .. } = outcome.answer {
+            t.last_answer = Some(
+                t.last_answer
+                    .map_or(outcome.received, |l| l.max(outcome.received)),
+            );
+            t.ok += u64::from(code == OK);
+        }
         self.batch.push(outcome);
         if self.batch.len() >= self.flush_at {
             self.flush();
@@ -217,12 +225,14 @@ impl Recorder {
         }
     }
 
-    /// Records what is left, and the client's measured requests sent and unanswered.
-    pub fn finish(mut self, sent: u64, unanswered: u64) {
+    /// Records what is left; measured requests that never ended count as unanswered.
+    pub fn finish(mut self) -> Tally {
         self.flush();
+        let t = self.tally;
         let mut shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
-        shared.stats.sent += sent;
-        shared.stats.unanswered += unanswered;
+        shared.stats.sent += t.sent;
+        shared.stats.unanswered += t.sent.saturating_sub(t.ended);
+        t
     }
 
     /// Records the batch; also called when the recorder is dropped.
@@ -254,50 +264,39 @@ impl Drop for Recorder {
     }
 }
 
-/// Per second of the window (by scheduled send time): the latency summary.
-pub fn seconds(timeline: &[Hist]) -> Vec<(usize, Summary)> {
-    timeline.iter().map(Hist::summary).enumerate().collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ws::schedule::{Schedule, Stop};
 
     const MS: Duration = Duration::from_millis(1);
 
-    /// Within the histogram's 3 significant digits.
-    fn near(got: f64, want: f64) -> bool {
-        (got - want).abs() <= want * 0.001
-    }
-
-    fn answered(t0: Instant, sched_ms: u32, lag_us: u64, rtt_us: u64, code: u32) -> Outcome {
+    fn answered(t0: Instant, sched_ms: u32, lag_us: u64, rtt_us: u64) -> Outcome {
         let scheduled = t0 + sched_ms * MS;
         let sent = scheduled + Duration::from_micros(lag_us);
+        let timing = proto::client::Timing {
+            total_us: 300,
+            queue_us: 50,
+            handler_us: 10,
+        };
         Outcome {
             scheduled,
             sent,
             received: sent + Duration::from_micros(rtt_us),
             answer: Answer::Response {
-                code,
-                timing: Some(ServerTiming {
-                    total_us: 300,
-                    queue_us: 50,
-                    handler_us: 10,
-                }),
-                message: if code == 200 {
-                    String::new()
-                } else {
-                    "busy".into()
-                },
+                code: OK,
+                timing: Some(timing),
+                message: String::new(),
             },
         }
     }
 
     #[test]
     fn latency_is_recorded_from_schedule_from_send_and_as_lag() {
+        let near = |got: f64, want: f64| (got - want).abs() <= want * 0.001;
         let t0 = Instant::now();
         let mut s = ClientStats::default();
-        s.record(t0, &answered(t0, 0, 100, 500, 200));
+        s.record(t0, &answered(t0, 0, 100, 500));
         let l = &s.latency;
         assert!(near(l.from_schedule.summary().max_us, 600.0));
         assert!(near(l.from_send.summary().max_us, 500.0));
@@ -305,84 +304,24 @@ mod tests {
         // 300 total - 50 queue - 10 handler; 500 from send - 300 total.
         assert!(near(s.server.gate_bus.summary().max_us, 240.0));
         assert!(near(s.server.client_ws.summary().max_us, 200.0));
-        assert_eq!((s.ok, s.answered), (1, 1));
-    }
-
-    #[test]
-    fn errors_are_counted_by_code_and_kind() {
-        let t0 = Instant::now();
-        let mut s = ClientStats::default();
-        s.record(t0, &answered(t0, 0, 0, 10, 503));
-        s.record(t0, &answered(t0, 1, 0, 10, 503));
-        let lost = |answer| Outcome {
-            scheduled: t0,
-            sent: t0,
-            received: t0,
-            answer,
-        };
-        s.record(t0, &lost(Answer::Timeout));
-        s.record(t0, &lost(Answer::Failed("closed")));
-        assert_eq!(s.codes.get(&503), Some(&2));
-        assert_eq!(s.messages.get(&503).map(String::as_str), Some("busy"));
-        assert_eq!((s.ok, s.answered, s.timeouts), (0, 2, 1));
-        assert_eq!(s.failures.get("closed"), Some(&1));
-        assert_eq!(s.lost(), 2);
-        // A lost request still has a lag, but no latency.
-        assert_eq!(s.latency.lag.len(), 4);
-        assert_eq!(s.latency.from_schedule.len(), 2);
-    }
-
-    #[test]
-    fn recorders_share_one_record_and_timeline() {
-        let t0 = Instant::now();
-        let shared = SharedRecorded::default();
-        let mut a = Recorder::new(shared.clone(), t0, 0, 2);
-        let mut b = Recorder::new(shared.clone(), t0, 1, 2);
-        a.record(answered(t0, 10, 0, 1000, 200));
-        b.record(answered(t0, 20, 0, 3000, 200));
-        a.record(answered(t0, 1010, 0, 5000, 503));
-        // Out of order: second 0 again after second 1.
-        a.record(answered(t0, 30, 0, 2000, 200));
-        b.record(Outcome {
-            scheduled: t0,
-            sent: t0,
-            received: t0,
-            answer: Answer::Timeout,
-        });
-        // Nothing is recorded until a batch fills or the recorder goes.
-        assert_eq!(
-            shared.lock().expect("not poisoned").stats.latency.lag.len(),
-            0
-        );
-        drop(a);
-        drop(b);
-        let recorded = shared.lock().expect("not poisoned");
-        let s = &recorded.stats;
-        assert_eq!((s.ok, s.answered, s.timeouts), (3, 4, 1));
-        assert_eq!(s.latency.lag.len(), 5);
-        assert_eq!(s.latency.from_send.len(), 4);
-        let seconds = seconds(&recorded.timeline);
-        assert_eq!(seconds.len(), 2);
-        assert_eq!(seconds[0].1.count, 3);
-        // Coarse histograms: within 1%.
-        assert!((seconds[0].1.max_us - 3000.0).abs() <= 30.0);
-        assert_eq!(seconds[1].1.count, 1);
+        assert_eq!(s.ok, 1);
     }
 
     #[test]
     fn batches_are_recorded_whole_and_clients_flush_at_different_counts() {
         let t0 = Instant::now();
+        let plan = Plan::new(Schedule::new(t0, MS), t0, Stop::Count(1 << 20));
         let shared = SharedRecorded::default();
         let ok = || shared.lock().expect("not poisoned").stats.ok;
         let record = |r: &mut Recorder, n: usize| {
             for i in 0..n as u32 {
-                r.record(answered(t0, i, 0, 100, 200));
+                r.end(u64::from(i), answered(t0, i, 0, 100));
             }
         };
         // Client 0 of 4 records after a full batch; client 1 after 3/4 of one, then
         // after full ones.
-        let mut first = Recorder::new(shared.clone(), t0, 0, 4);
-        let mut second = Recorder::new(shared.clone(), t0, 1, 4);
+        let mut first = Recorder::new(shared.clone(), plan, t0, (0, 4));
+        let mut second = Recorder::new(shared.clone(), plan, t0, (1, 4));
         record(&mut first, BATCH * 3 / 4);
         record(&mut second, BATCH * 3 / 4);
         assert_eq!(ok(), (BATCH * 3 / 4) as u64, "only the second has recorded");
@@ -393,12 +332,16 @@ mod tests {
         record(&mut second, 1);
         assert_eq!(ok(), (BATCH * 11 / 4) as u64);
         record(&mut first, 1);
-        drop(first);
+        let tally = first.finish();
         drop(second);
+        assert_eq!(
+            (tally.ended, tally.ok),
+            (BATCH as u64 + 1, BATCH as u64 + 1)
+        );
         assert_eq!(
             ok(),
             (BATCH * 11 / 4) as u64 + 1,
-            "the rest is recorded on drop"
+            "the rest is recorded at the end"
         );
     }
 }

@@ -13,15 +13,19 @@ use tokio_util::sync::CancellationToken;
 
 use proto::Message as _;
 
+use super::generator::Target;
 use super::schedule::Payload;
 use crate::proc::{Threads, Watched};
-use crate::topology::{Topology, TopologySpec};
+use crate::topology::{LaunchArgs, Topology, TopologySpec};
 
-/// Services a launched topology can run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+/// Services a launched topology can run; also what a churned session does between its
+/// handshake and its close (`churn --mix`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, clap::ValueEnum)]
 pub enum ServiceKind {
+    /// The echo service (a churned session sends one `echo.raw`).
     #[default]
     Echo,
+    /// The chat service (a churned session logs in under its own name, then joins a room).
     Chat,
 }
 
@@ -96,25 +100,11 @@ pub struct TargetArgs {
     /// chat worker; --gates, --workers and --worker-arg do not apply).
     #[arg(long, value_enum, default_value_t, conflicts_with_all = ["url", "gates", "workers", "worker_arg"])]
     pub topology: TopologyKind,
-    /// Gate processes to launch (the scenario's default when absent).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub gates: Option<u32>,
-    /// Worker processes to launch (the scenario's default when absent).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub workers: Option<u32>,
     /// Service the launched workers run.
     #[arg(long, value_enum, default_value_t)]
     pub service: ServiceKind,
-    /// Extra flag for every launched gate, repeatable: `--gate-arg=--max-in-flight=1024`.
-    #[arg(long, allow_hyphen_values = true)]
-    pub gate_arg: Vec<String>,
-    /// Extra flag for every launched worker, repeatable.
-    #[arg(long, allow_hyphen_values = true)]
-    pub worker_arg: Vec<String>,
-    /// The `shaddock` binary to launch (default: $SHADDOCK_BIN, else this executable
-    /// when it is `shaddock`, else `shaddock` beside it).
-    #[arg(long)]
-    pub bin: Option<PathBuf>,
+    #[command(flatten)]
+    pub launch: LaunchArgs,
 }
 
 /// Where the load of a scenario goes.
@@ -144,7 +134,7 @@ pub fn this_process(name: &str) -> Watched {
 }
 
 /// The bare echo server's threads in this process.
-pub fn echo_threads(name: &str) -> Watched {
+fn echo_threads(name: &str) -> Watched {
     Watched {
         name: name.to_owned(),
         pid: std::process::id(),
@@ -203,35 +193,23 @@ impl TargetArgs {
             };
             return Ok((gates, None));
         }
-        let gates = self.gates.unwrap_or(gates);
-        let workers = self.workers.unwrap_or(workers);
         let names: Vec<&str> = services.iter().map(|s| s.name()).collect();
-        let fleet = names
-            .iter()
+        let spec = TopologySpec {
+            tls,
+            one_process: self.topology == TopologyKind::OneProcess,
+            ..self.launch.spec(gates, workers, &names)
+        };
+        let (gates, workers) = (spec.gates as u32, self.launch.workers.unwrap_or(workers));
+        let fleet = (names.iter())
             .map(|name| format!("{workers} {name} worker{}", plural(workers)))
             .collect::<Vec<_>>()
             .join(" + ");
-        let mut spec = TopologySpec {
-            gates: gates as usize,
-            workers: names
-                .iter()
-                .map(|name| ((*name).to_owned(), workers as usize))
-                .collect(),
-            gate_args: self.gate_arg.clone(),
-            worker_args: self.worker_arg.clone(),
-            tls,
-            one_process: self.topology == TopologyKind::OneProcess,
-            ..TopologySpec::default()
-        };
-        if let Some(bin) = &self.bin {
-            spec.shaddock_bin = bin.clone();
-        }
         let topology = Topology::start(spec)
             .await
             .with_context(|| format!("launching {gates} gate(s) and {fleet}"))?;
         let mut watched = vec![this_process("loadtest")];
-        watched.extend(topology.processes().into_iter().map(|(name, pid)| Watched {
-            name,
+        watched.extend(topology.pids().into_iter().map(|(role, pid)| Watched {
+            name: role.to_string(),
             pid,
             threads: Threads::All,
         }));
@@ -246,7 +224,7 @@ impl TargetArgs {
         if tls {
             setup.push_str(", serving ws:// and wss://");
         }
-        for arg in self.gate_arg.iter().chain(&self.worker_arg) {
+        for arg in self.launch.gate_arg.iter().chain(&self.launch.worker_arg) {
             setup.push(' ');
             setup.push_str(arg);
         }
@@ -263,6 +241,19 @@ impl TargetArgs {
             tls_urls: topology.gate_tls_urls(),
         };
         Ok((g, Some(topology)))
+    }
+}
+
+impl Gates {
+    /// The gates as the target of a run named `label`.
+    pub fn target(&self, label: &str) -> Target {
+        Target {
+            label: label.to_owned(),
+            kind: "gateway",
+            urls: self.urls.clone(),
+            tls: self.tls.clone(),
+            watched: self.watched.clone(),
+        }
     }
 }
 
@@ -339,6 +330,18 @@ impl LimitServer {
 
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The bare echo server as the target of a run named `label`.
+    pub fn target(&self, label: &str) -> Target {
+        Target {
+            label: label.to_owned(),
+            kind: "limit",
+            urls: vec![self.url.clone()],
+            tls: None,
+            // The echo server's threads are in this process: told apart by their name.
+            watched: vec![this_process("loadtest"), echo_threads("echo server")],
+        }
     }
 }
 
