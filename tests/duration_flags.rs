@@ -10,20 +10,30 @@ fn shaddock(args: &[&str]) -> (bool, String) {
         .args(args)
         .output()
         .unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[tokio::test]
 async fn an_old_ms_flag_still_works_and_says_it_is_deprecated() {
     let mut up = common::up(4096, &["--heartbeat-ms", "2500"]);
-    up.line("--heartbeat-ms is deprecated: use --heartbeat").await;
+    up.line("--heartbeat-ms is deprecated: use --heartbeat")
+        .await;
     up.line("Server is ready").await;
 }
 
 #[test]
 fn an_old_ms_flag_maps_onto_the_new_one_and_a_bare_number_is_refused() {
     // The alias's value is the new flag's: a bad one is refused under the new name.
-    let (ok, err) = shaddock(&["gate", "--nats", "nats://127.0.0.1:1", "--heartbeat-ms", "soon"]);
+    let (ok, err) = shaddock(&[
+        "gate",
+        "--nats",
+        "nats://127.0.0.1:1",
+        "--heartbeat-ms",
+        "soon",
+    ]);
     assert!(!ok);
     assert!(err.contains("'--heartbeat <HEARTBEAT>'"), "{err}");
     // A number without a unit could mean seconds or milliseconds: refused, saying so.
