@@ -104,8 +104,16 @@ async fn a_broker_restart_within_the_hold_costs_latency_not_errors() {
     );
 
     broker.kill();
-    // Requests sent while the bus is away wait for it; so do those that find the echo
-    // worker not yet subscribed again once it is back (no responders: sent again).
+    // Once the gate knows its connection is gone (a request written before that may
+    // have reached the worker: it would be answered `bus connection lost`, never sent
+    // again), requests wait for the bus; so do those that find the echo worker not yet
+    // subscribed again once it is back (no responders: sent again).
+    within(async {
+        while gate.gate.bus_connected() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
     let sent: Vec<_> = (0..20)
         .map(|i| {
             let client = client.clone();

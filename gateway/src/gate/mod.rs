@@ -116,6 +116,12 @@ impl Gate {
             .is_ok()
     }
 
+    /// Whether the gate's bus connection is up now (requests that arrive while it is
+    /// not wait for it, up to `--bus-hold`).
+    pub fn bus_connected(&self) -> bool {
+        self.0.cx.bus.is_connected()
+    }
+
     /// Sessions open now.
     pub fn session_count(&self) -> usize {
         self.0.cx.sessions.len()
