@@ -191,7 +191,7 @@ struct Answer {
 
 impl Answer {
     fn refused(&self) -> bool {
-        self.code == code::OVERLOADED && self.message == "gate overloaded"
+        self.code == code::UNAVAILABLE && self.message == "gate overloaded"
     }
 }
 

@@ -331,7 +331,7 @@ async fn too_many_in_flight_is_429() {
     raw.request(2, "park.who", "").await; // queued behind it: two in flight
     raw.request(3, "park.who", "").await; // one too many
     let response = raw.response().await;
-    assert_eq!((response.id, response.code), (3, code::RATE_LIMITED));
+    assert_eq!((response.id, response.code), (3, code::TOO_MANY_REQUESTS));
     // The limit is per session.
     bystander.still_served().await;
 
@@ -359,7 +359,7 @@ async fn a_full_gate_answers_503_at_once() {
     second.request(1, "park.who", "").await; // the gate's second and last slot
     first.request(2, "park.who", "").await; // the gate is full, whoever asks
     let response = first.response().await;
-    assert_eq!((response.id, response.code), (2, code::OVERLOADED));
+    assert_eq!((response.id, response.code), (2, code::UNAVAILABLE));
     assert_eq!(response.message, "gate overloaded");
 
     holds.release("p");
@@ -398,7 +398,7 @@ async fn frames_read_together_are_all_answered() {
     full.raw.pipeline(2..=FRAMES + 1, "park.who").await;
     for id in 2..=FRAMES + 1 {
         let response = full.raw.response().await;
-        assert_eq!((response.id, response.code), (id, code::OVERLOADED));
+        assert_eq!((response.id, response.code), (id, code::UNAVAILABLE));
     }
     full.release();
     assert_eq!(full.raw.response().await.code, code::OK);
@@ -431,12 +431,15 @@ async fn too_fast_is_429() {
     for id in 1..=BURST {
         assert_eq!(codes[&id], code::OK, "the burst is allowed: {codes:?}");
     }
-    let limited = codes.values().filter(|&&c| c == code::RATE_LIMITED).count();
+    let limited = codes
+        .values()
+        .filter(|&&c| c == code::TOO_MANY_REQUESTS)
+        .count();
     assert!(limited as u64 >= 2 * BURST - 1, "{codes:?}");
     assert!(
         codes
             .values()
-            .all(|&c| c == code::OK || c == code::RATE_LIMITED)
+            .all(|&c| c == code::OK || c == code::TOO_MANY_REQUESTS)
     );
     bystander.still_served().await;
 }
@@ -705,7 +708,7 @@ async fn shutdown_answers_503_after_the_grace_period() {
 
     gate.begin_shutdown();
     let response = within(held).await.unwrap().unwrap();
-    assert_eq!(response.code, code::OVERLOADED, "{response:?}");
+    assert_eq!(response.code, code::UNAVAILABLE, "{response:?}");
     assert_eq!(response.message, "gate shutting down");
     assert_eq!(within(client.closed()).await, "gate shutting down");
     gate.stopped().await;
@@ -759,7 +762,7 @@ async fn late_in_the_grace_requests_are_not_forwarded() {
     tokio::time::sleep(grace / 2 + Duration::from_millis(50)).await;
     raw.request(2, "echo.raw", "late").await;
     let late = raw.response().await;
-    assert_eq!((late.id, late.code), (2, code::OVERLOADED), "{late:?}");
+    assert_eq!((late.id, late.code), (2, code::UNAVAILABLE), "{late:?}");
     assert_eq!(late.message, "gate draining");
     assert_eq!(
         handled.load(Ordering::SeqCst),

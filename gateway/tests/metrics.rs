@@ -67,7 +67,7 @@ async fn refusals_are_counted_by_reason_and_in_flight_is_sampled() {
 
     for id in 2..=4 {
         raw.request(id, "park.who", "").await;
-        assert_eq!(raw.response().await.code, code::OVERLOADED);
+        assert_eq!(raw.response().await.code, code::UNAVAILABLE);
     }
     raw.request(5, "no route here", "").await;
     assert_eq!(raw.response().await.code, code::BAD_REQUEST);

@@ -251,7 +251,7 @@ async fn heartbeats_and_pings_are_refused_past_the_rate() {
     };
     // The burst, and the few tokens refilled meanwhile (one a second): far from all.
     assert!((BURST..2 * BURST).contains(&heartbeats), "{heartbeats}");
-    assert_eq!(response.code, code::RATE_LIMITED);
+    assert_eq!(response.code, code::TOO_MANY_REQUESTS);
 
     let mut client = gate.raw().await;
     // Five past the burst: the request after them is refused unless five seconds pass.
@@ -261,7 +261,7 @@ async fn heartbeats_and_pings_are_refused_past_the_rate() {
             .await;
     }
     client.request(1, "echo.raw", "after").await;
-    assert_eq!(client.response().await.code, code::RATE_LIMITED);
+    assert_eq!(client.response().await.code, code::TOO_MANY_REQUESTS);
 }
 
 /// The gate's last `--gate-reserve` slots are for light sessions: a session with
@@ -289,7 +289,7 @@ async fn the_gate_reserve_is_for_light_sessions() {
     let refused = heavy.response().await;
     assert_eq!(
         (refused.id, refused.code),
-        (3, code::OVERLOADED),
+        (3, code::UNAVAILABLE),
         "{refused:?}"
     );
     let mut light = gate.raw().await;
@@ -304,7 +304,7 @@ async fn the_gate_reserve_is_for_light_sessions() {
     // The whole budget is taken now: even a light session is refused.
     let mut third = gate.raw().await;
     third.request(1, "park.hold", "").await;
-    assert_eq!(third.response().await.code, code::OVERLOADED);
+    assert_eq!(third.response().await.code, code::UNAVAILABLE);
     for _ in 0..4 {
         holds.release("p");
     }

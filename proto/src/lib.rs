@@ -64,8 +64,8 @@ pub mod status {
     include!(concat!(env!("OUT_DIR"), "/shaddock.status.rs"));
 }
 
-/// The [`status::Status`] codes as the `u32` the `code` fields carry, under the names
-/// the gate and the services use (429 and 503 keep theirs: `RATE_LIMITED`, `OVERLOADED`).
+/// The [`status::Status`] codes as the `u32` the `code` fields carry, under the enum's
+/// names.
 pub mod code {
     use crate::status::Status;
 
@@ -77,9 +77,9 @@ pub mod code {
     pub const TIMEOUT: u32 = Status::Timeout as u32;
     pub const CONFLICT: u32 = Status::Conflict as u32;
     pub const TOO_LARGE: u32 = Status::TooLarge as u32;
-    pub const RATE_LIMITED: u32 = Status::TooManyRequests as u32;
+    pub const TOO_MANY_REQUESTS: u32 = Status::TooManyRequests as u32;
     pub const HANDLER_ERROR: u32 = Status::HandlerError as u32;
-    pub const OVERLOADED: u32 = Status::Unavailable as u32;
+    pub const UNAVAILABLE: u32 = Status::Unavailable as u32;
 
     /// The message of a draining gate's 503 to a request it did not forward: safe to
     /// send again on another gate.
@@ -100,9 +100,9 @@ pub mod code {
                 TIMEOUT,
                 CONFLICT,
                 TOO_LARGE,
-                RATE_LIMITED,
+                TOO_MANY_REQUESTS,
                 HANDLER_ERROR,
-                OVERLOADED,
+                UNAVAILABLE,
             ];
             // Status codes have three digits, so this covers every value of the enum.
             let statuses: Vec<u32> = (0..1000)

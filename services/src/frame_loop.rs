@@ -138,11 +138,11 @@ pub fn queue<O: ReplySink>(service: &str, capacity: usize, output: O) -> (Intake
         tx,
         output,
         overloaded: error_response(
-            code::OVERLOADED,
+            code::UNAVAILABLE,
             format!("service {service:?} is overloaded: its queue of {capacity} is full"),
         ),
         closed: error_response(
-            code::OVERLOADED,
+            code::UNAVAILABLE,
             format!("service {service:?} is shutting down"),
         ),
         metrics: IntakeMetrics::new(service),

@@ -130,7 +130,7 @@ impl IntakeMetrics {
             overloaded: metrics::counter!(
                 REQUESTS_TOTAL,
                 "service" => label.clone(),
-                "code" => proto::code::OVERLOADED.to_string()
+                "code" => proto::code::UNAVAILABLE.to_string()
             ),
             depth: metrics::gauge!(QUEUE_DEPTH, "service" => label),
         }

@@ -46,7 +46,7 @@ impl From<PushError> for HandlerError {
         match error {
             PushError::InvalidName { .. } => HandlerError::bad_request(error.to_string()),
             PushError::Bus(_) => {
-                HandlerError::with_code(proto::code::OVERLOADED, error.to_string())
+                HandlerError::with_code(proto::code::UNAVAILABLE, error.to_string())
             }
         }
     }

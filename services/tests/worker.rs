@@ -201,9 +201,9 @@ async fn full_queue_gives_fast_503s(bus: Bus) {
     assert_eq!(
         overloaded,
         [
-            (3, code::OVERLOADED),
-            (4, code::OVERLOADED),
-            (5, code::OVERLOADED)
+            (3, code::UNAVAILABLE),
+            (4, code::UNAVAILABLE),
+            (5, code::UNAVAILABLE)
         ]
     );
     blocker.release();

@@ -468,7 +468,7 @@ fn current_epoch(state: &State, from_epoch: u64) -> Result<Option<u64>, SdkError
 
 /// The code and message of a draining gate's answer to a request it did not forward:
 /// safe to send again on another gate.
-pub const DRAINING_CODE: u32 = proto::code::OVERLOADED;
+pub const DRAINING_CODE: u32 = proto::code::UNAVAILABLE;
 /// See [`DRAINING_CODE`].
 pub const DRAINING_MESSAGE: &str = proto::code::GATE_DRAINING;
 

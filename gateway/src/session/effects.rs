@@ -37,7 +37,7 @@ impl<S: Io> Session<S> {
                         resp.code = match e {
                             BindError::Taken => code::CONFLICT,
                             BindError::Invalid => code::BAD_REQUEST,
-                            BindError::Bus(_) => code::OVERLOADED,
+                            BindError::Bus(_) => code::UNAVAILABLE,
                         };
                         resp.message = e.to_string();
                         resp.body = Default::default();

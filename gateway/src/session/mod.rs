@@ -483,7 +483,7 @@ impl<S: Io> Session<S> {
             // A service that announced itself here exists: none of its workers is
             // reachable now (they are restarting, or the bus is), which is worth a retry.
             WorkerReply::NoResponders if self.gate.schemas.knows_service_of(&pending.route) => {
-                resp.code = code::OVERLOADED;
+                resp.code = code::UNAVAILABLE;
                 resp.message = "no worker available now".into();
             }
             WorkerReply::NoResponders => {
@@ -525,7 +525,7 @@ impl<S: Io> Session<S> {
         for req in std::mem::take(&mut self.serial_queue) {
             let resp = client::Response {
                 id: req.id,
-                code: code::OVERLOADED,
+                code: code::UNAVAILABLE,
                 message: code::GATE_DRAINING.into(),
                 ..Default::default()
             };

@@ -178,7 +178,7 @@ fn bind_refusal(e: &BindError) -> u32 {
     match e {
         BindError::Taken => code::CONFLICT,
         BindError::Invalid => code::UNAUTHORIZED,
-        BindError::Bus(_) => code::OVERLOADED,
+        BindError::Bus(_) => code::UNAVAILABLE,
     }
 }
 

@@ -31,7 +31,7 @@ impl<S: Io> Session<S> {
             self.gate.rejected.in_flight.increment(1);
             let resp = client::Response {
                 id: req.id,
-                code: code::RATE_LIMITED,
+                code: code::TOO_MANY_REQUESTS,
                 message: "too many requests in flight".into(),
                 ..Default::default()
             };
@@ -95,24 +95,28 @@ impl<S: Io> Session<S> {
         }
         if !notify && self.pending.len() >= self.gate.config.max_in_flight {
             return reject(
-                code::RATE_LIMITED,
+                code::TOO_MANY_REQUESTS,
                 "too many requests in flight",
                 &self.gate.rejected.in_flight,
             );
         }
         if self.drain.is_some_and(|d| received >= d.forward_until) {
             return reject(
-                code::OVERLOADED,
+                code::UNAVAILABLE,
                 code::GATE_DRAINING,
                 &self.gate.rejected.draining,
             );
         }
         if !self.bucket.take(received) {
-            return reject(code::RATE_LIMITED, "rate limited", &self.gate.rejected.rate);
+            return reject(
+                code::TOO_MANY_REQUESTS,
+                "rate limited",
+                &self.gate.rejected.rate,
+            );
         }
         if !notify && !self.gate.in_flight.take(self.pending.len()) {
             return reject(
-                code::OVERLOADED,
+                code::UNAVAILABLE,
                 "gate overloaded",
                 &self.gate.rejected.gate_in_flight,
             );
@@ -160,7 +164,7 @@ impl<S: Io> Session<S> {
                     BusError::Disconnected => BUS_UNAVAILABLE,
                     BusError::Backlogged => "gate overloaded",
                 };
-                return reject(code::OVERLOADED, message, self.bus_refused(e));
+                return reject(code::UNAVAILABLE, message, self.bus_refused(e));
             }
         }
         self.pending.insert(req.id, pending);
@@ -261,7 +265,7 @@ impl<S: Io> Session<S> {
     pub(super) fn answer_unavailable(&mut self, id: u64, pending: &Pending, message: &str) {
         let resp = client::Response {
             id,
-            code: code::OVERLOADED,
+            code: code::UNAVAILABLE,
             message: message.into(),
             ..Default::default()
         };

@@ -176,7 +176,7 @@ async fn requests_the_gate_refuses_are_answered_at_once_and_never_published() {
     assert_eq!(resp.message, "request id already in flight");
     request(&mut client, 2, "echo.echo").await;
     let resp = response(&mut client).await;
-    assert_eq!((resp.id, resp.code), (2, code::RATE_LIMITED));
+    assert_eq!((resp.id, resp.code), (2, code::TOO_MANY_REQUESTS));
     request(&mut client, 3, "no-dot").await;
     let resp = response(&mut client).await;
     assert_eq!((resp.id, resp.code), (3, code::BAD_REQUEST));
@@ -197,7 +197,7 @@ async fn the_gate_wide_budget_refuses_with_503_when_it_is_spent() {
     request(&mut client, 1, "echo.echo").await;
     request(&mut client, 2, "echo.echo").await;
     let resp = response(&mut client).await;
-    assert_eq!((resp.id, resp.code), (2, code::OVERLOADED));
+    assert_eq!((resp.id, resp.code), (2, code::UNAVAILABLE));
     assert_eq!(resp.message, "gate overloaded");
 }
 
@@ -235,7 +235,7 @@ async fn no_responders_is_404_for_an_unknown_service_and_a_lost_bus_answers_ever
     let mut ids = vec![];
     for _ in 0..2 {
         let resp = response(&mut client).await;
-        assert_eq!(resp.code, code::OVERLOADED);
+        assert_eq!(resp.code, code::UNAVAILABLE);
         assert_eq!(resp.message, "bus connection lost");
         ids.push(resp.id);
     }
@@ -361,7 +361,7 @@ async fn heartbeats_are_answered_within_the_rate_and_the_rate_refuses_requests_w
     request(&mut client, 1, "echo.echo").await;
     request(&mut client, 2, "echo.echo").await;
     let resp = response(&mut client).await;
-    assert_eq!((resp.id, resp.code), (2, code::RATE_LIMITED));
+    assert_eq!((resp.id, resp.code), (2, code::TOO_MANY_REQUESTS));
     assert_eq!(published(&cx.bus.written_now()).len(), 1);
 }
 
@@ -409,7 +409,7 @@ async fn a_bus_away_longer_than_the_hold_gets_a_503_at_the_window_and_never_a_40
     let start = tokio::time::Instant::now();
     request(&mut client, 1, "echo.echo").await;
     let resp = response(&mut client).await;
-    assert_eq!((resp.id, resp.code), (1, code::OVERLOADED));
+    assert_eq!((resp.id, resp.code), (1, code::UNAVAILABLE));
     assert_eq!(resp.message, "bus unavailable");
     let waited = start.elapsed();
     assert!(waited >= Duration::from_secs(1) && waited < Duration::from_secs(5));
@@ -423,7 +423,7 @@ async fn a_bus_away_longer_than_the_hold_gets_a_503_at_the_window_and_never_a_40
     let resp = response(&mut client).await;
     assert_eq!(
         (resp.code, resp.message.as_str()),
-        (code::OVERLOADED, "bus unavailable")
+        (code::UNAVAILABLE, "bus unavailable")
     );
 }
 
@@ -435,7 +435,7 @@ async fn past_the_gate_s_hold_bound_or_with_holding_off_a_request_is_refused_at_
     request(&mut client, 1, "echo.echo").await;
     request(&mut client, 2, "echo.echo").await;
     let resp = response(&mut client).await;
-    assert_eq!((resp.id, resp.code), (2, code::OVERLOADED));
+    assert_eq!((resp.id, resp.code), (2, code::UNAVAILABLE));
     assert_eq!(cx.held.count(), 1);
 
     let cx = gate(|c| c.bus_hold = Duration::ZERO);
@@ -514,7 +514,7 @@ async fn no_responders_until_the_timeout_nears_is_503_before_the_timeout() {
     let resp = response(&mut client).await;
     assert_eq!(
         (resp.code, resp.message.as_str()),
-        (code::OVERLOADED, "no worker available now")
+        (code::UNAVAILABLE, "no worker available now")
     );
     assert!(
         start.elapsed() < Duration::from_millis(1000),

@@ -224,7 +224,7 @@ impl PhaseReport {
         let allowed = match expectation {
             Expectation::Clean => OK,
             Expectation::HeldOnly408 => proto::code::TIMEOUT,
-            Expectation::Fast503 => proto::code::OVERLOADED,
+            Expectation::Fast503 => proto::code::UNAVAILABLE,
         };
         for (code, n) in &self.answered {
             if ![OK, allowed].contains(code) {
@@ -325,7 +325,7 @@ fn tally(records: &[ClientRecord], runs: &[PhaseRun]) -> Vec<PhaseReport> {
             };
             match code {
                 OK => oks.push(o.done),
-                proto::code::OVERLOADED => {
+                proto::code::UNAVAILABLE => {
                     p.slowest_503_ms = Some(p.slowest_503_ms.unwrap_or(0.0).max(ms(took)));
                 }
                 proto::code::TIMEOUT => {

@@ -232,7 +232,7 @@ async fn full_queue_answers_503_at_once() {
     );
     // Answered before the loop ever ran; the notify had nobody to tell.
     let rejected: Vec<(u32, u32)> = drain(&mut rx).iter().map(|(id, r)| (*id, r.code)).collect();
-    assert_eq!(rejected, [(3, code::OVERLOADED), (5, code::OVERLOADED)]);
+    assert_eq!(rejected, [(3, code::UNAVAILABLE), (5, code::UNAVAILABLE)]);
 
     drop(intake);
     FrameLoop::new(service(&log), config(3, 100), queue, out)
@@ -331,7 +331,7 @@ async fn offers_after_the_loop_stopped_get_503() {
     drop(queue);
     assert_eq!(intake.offer(request("one", 1)).await, Offer::Closed);
     let (id, response) = rx.recv().await.unwrap();
-    assert_eq!((id, response.code), (1, code::OVERLOADED));
+    assert_eq!((id, response.code), (1, code::UNAVAILABLE));
 }
 
 #[tokio::test(start_paused = true)]

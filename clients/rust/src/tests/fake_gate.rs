@@ -260,7 +260,7 @@ impl Session {
         if state.drained {
             let refused = Response {
                 id,
-                code: proto::code::OVERLOADED,
+                code: proto::code::UNAVAILABLE,
                 message: DRAINING_MESSAGE.into(),
                 ..Response::default()
             };
