@@ -73,7 +73,7 @@ impl Fault {
     fn expectation(self, bus: Bus) -> Expectation {
         match (self, bus) {
             (Fault::KillWorker, _) => Expectation::HeldOnly408,
-            (Fault::RestartBus, Bus::Shaddock) => Expectation::Fast503,
+            (Fault::RestartBus, Bus::Shaddock) => Expectation::InFlightOnly503,
             _ => Expectation::Clean,
         }
     }
@@ -92,6 +92,12 @@ pub enum Expectation {
     /// Nothing cut, lost or timed out; the only other answers are fast 503s; no stretch
     /// without a 200 longer than the allowed bus gap.
     Fast503,
+    /// Nothing cut, lost or timed out; the only other answers are 503s for requests in
+    /// flight on the gate's connection when the broker died (`bus connection lost`: they
+    /// may have reached a worker, so they are never sent again): no more than were in
+    /// flight then, all sent before it. Requests sent while it is away wait for it
+    /// (docs/gateway.md, "Bus blips").
+    InFlightOnly503,
 }
 
 /// The limits the expectations are checked against (`--fast-503`, `--max-bus-gap`,
@@ -118,6 +124,11 @@ impl Expectation {
                  no 200 for at most {} ms",
                 ms(limits.fast_503),
                 ms(limits.max_bus_gap)
+            ),
+            Expectation::InFlightOnly503 => format!(
+                "0 cut, 0 lost, no timeout; besides 200 only 503s, at most the requests in \
+                 flight at the kill, all sent before it (or within {} ms after)",
+                ms(limits.held_slack)
             ),
         }
     }
@@ -193,11 +204,10 @@ pub struct PhaseReport {
     latency: Hist,
     #[serde(skip)]
     gaps: Hist,
-    /// 408s for requests sent after the fault struck, and the latest such send.
+    /// By code, 408s and 503s for requests sent after the fault struck, and the latest
+    /// such send.
     #[serde(skip)]
-    late_408: u64,
-    #[serde(skip)]
-    latest_408_after_fault: Duration,
+    late: BTreeMap<u32, (u64, Duration)>,
 }
 
 impl PhaseReport {
@@ -224,25 +234,27 @@ impl PhaseReport {
         let allowed = match expectation {
             Expectation::Clean => OK,
             Expectation::HeldOnly408 => proto::code::TIMEOUT,
-            Expectation::Fast503 => proto::code::UNAVAILABLE,
+            Expectation::Fast503 | Expectation::InFlightOnly503 => proto::code::UNAVAILABLE,
         };
         for (code, n) in &self.answered {
             if ![OK, allowed].contains(code) {
                 why.push(format!("{n} answered {code}"));
             }
         }
-        if expectation == Expectation::HeldOnly408 {
+        if matches!(
+            expectation,
+            Expectation::HeldOnly408 | Expectation::InFlightOnly503
+        ) {
             let held = self.in_flight_at_fault.unwrap_or(0);
-            if let Some(n) = (self.answered.get(&proto::code::TIMEOUT)).filter(|n| **n > held) {
+            if let Some(n) = (self.answered.get(&allowed)).filter(|n| **n > held) {
                 why.push(format!(
-                    "{n} answered 408, more than the {held} in flight at the kill"
+                    "{n} answered {allowed}, more than the {held} in flight at the kill"
                 ));
             }
-            if self.late_408 > 0 {
+            if let Some((n, latest)) = self.late.get(&allowed) {
                 why.push(format!(
-                    "{} 408s for requests sent after the kill (the latest {} ms after)",
-                    self.late_408,
-                    self.latest_408_after_fault.as_millis()
+                    "{n} {allowed}s for requests sent after the kill (the latest {} ms after)",
+                    latest.as_millis()
                 ));
             }
         }
@@ -325,13 +337,14 @@ fn tally(records: &[ClientRecord], runs: &[PhaseRun]) -> Vec<PhaseReport> {
             };
             match code {
                 OK => oks.push(o.done),
-                proto::code::UNAVAILABLE => {
-                    p.slowest_503_ms = Some(p.slowest_503_ms.unwrap_or(0.0).max(ms(took)));
-                }
-                proto::code::TIMEOUT => {
+                proto::code::UNAVAILABLE | proto::code::TIMEOUT => {
+                    if code == proto::code::UNAVAILABLE {
+                        p.slowest_503_ms = Some(p.slowest_503_ms.unwrap_or(0.0).max(ms(took)));
+                    }
                     if let Some(f) = runs[o.phase].struck.filter(|f| o.sent > f.held_until) {
-                        p.late_408 += 1;
-                        p.latest_408_after_fault = p.latest_408_after_fault.max(o.sent - f.at);
+                        let (n, latest) = p.late.entry(code).or_default();
+                        *n += 1;
+                        *latest = (*latest).max(o.sent - f.at);
                     }
                 }
                 _ => {}
@@ -604,7 +617,8 @@ mod tests {
         assert_eq!(t[0].sent, 3);
         assert_eq!(t[0].answered, BTreeMap::from([(200, 1), (408, 1)]));
         assert_eq!((t[0].cut, t[0].lost, t[1].lost), (1, 0, 1));
-        assert_eq!((t[1].late_408, t[1].in_flight_at_fault), (1, Some(1)));
+        assert_eq!(t[1].late.get(&408).map(|l| l.0), Some(1));
+        assert_eq!(t[1].in_flight_at_fault, Some(1));
         assert_eq!(t[1].gaps.len(), 1);
         assert_eq!(
             t[0].clients_closed,
@@ -623,7 +637,8 @@ mod tests {
             &[record],
             &[run(0, 1000, None), run(1000, 2000, Some(1001))],
         );
-        assert_eq!((t[1].late_408, t[1].in_flight_at_fault), (0, Some(2)));
+        assert!(t[1].late.is_empty());
+        assert_eq!(t[1].in_flight_at_fault, Some(2));
     }
 
     #[test]
@@ -662,5 +677,24 @@ mod tests {
         kill.in_flight_at_fault = Some(2);
         kill.timed_out = 0;
         assert!(kill.check(Expectation::HeldOnly408, &LIMITS).is_empty());
+
+        // A broker killed: 503s only for what was in flight on the lost connection.
+        let mut restart = PhaseReport {
+            answered: BTreeMap::from([(200, 10), (503, 2)]),
+            in_flight_at_fault: Some(1),
+            ..PhaseReport::default()
+        };
+        let in_flight = |p: &PhaseReport| p.check(Expectation::InFlightOnly503, &LIMITS);
+        assert_eq!(
+            in_flight(&restart),
+            ["2 answered 503, more than the 1 in flight at the kill"]
+        );
+        restart.in_flight_at_fault = Some(2);
+        assert!(in_flight(&restart).is_empty());
+        restart.late.insert(503, (1, Duration::from_millis(40)));
+        assert_eq!(
+            in_flight(&restart),
+            ["1 503s for requests sent after the kill (the latest 40 ms after)"]
+        );
     }
 }
