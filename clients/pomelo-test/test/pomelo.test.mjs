@@ -11,7 +11,7 @@ let shaddock;
 
 before(async () => {
   // Pomelo counts heartbeats in seconds: 1 s keeps the timeout test short.
-  shaddock = await startShaddock(['--heartbeat-ms', '1000']);
+  shaddock = await startShaddock(['--heartbeat', '1000ms']);
 });
 
 after(async () => {

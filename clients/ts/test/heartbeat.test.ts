@@ -14,7 +14,7 @@ import { waitFor, within } from "./wait.js";
 const HEARTBEAT_MS = 100;
 let gate: Gate;
 before(async () => {
-  gate = await startGate({ args: ["--heartbeat-ms", String(HEARTBEAT_MS)] });
+  gate = await startGate({ args: ["--heartbeat", `${HEARTBEAT_MS}ms`] });
 });
 after(async () => {
   closeAll();
