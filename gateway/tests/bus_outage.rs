@@ -13,7 +13,7 @@ use gateway::bus::BusOptions;
 use gateway::{AnyToken, GateConfig};
 use proto::code;
 use sdk::{Client, ClientOptions};
-use testkit::{DEADLINE, NatsServer, within};
+use testkit::{DEADLINE, NatsServer, nats_server_path, within};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -121,6 +121,41 @@ async fn a_broker_restart_within_the_hold_costs_latency_not_errors() {
         })
         .collect();
     broker.restart().await;
+    for (i, request) in sent.into_iter().enumerate() {
+        let answer = within(request).await.unwrap().unwrap();
+        assert_eq!(answer.code, code::OK, "request {i}: {answer:?}");
+        assert_eq!(answer.body, format!("{i}").as_bytes());
+    }
+}
+
+/// The same on nats-server: killed, then started again on its port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_server_restart_within_the_hold_costs_latency_not_errors() {
+    let server = NatsServer::start().await;
+    let (url, port) = (server.url.clone(), server.addr.port().to_string());
+    let _echo = echo_worker_on(&url).await;
+    let config = gate_config(|c| c.bus_hold = DEADLINE);
+    let gate = TestGate::start_on(BusOptions::new([url]), config, Arc::new(AnyToken)).await;
+    let client = gate.client().await;
+    assert_eq!(
+        client.request("echo.raw", "x").await.unwrap().code,
+        code::OK
+    );
+
+    drop(server); // killed by its pid and reaped
+    within(async {
+        while gate.gate.bus_connected() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    let sent: Vec<_> = (0..20)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move { client.request("echo.raw", format!("{i}")).await })
+        })
+        .collect();
+    let _again = NatsServer::start_binary(&nats_server_path(), &["-p", &port]).await;
     for (i, request) in sent.into_iter().enumerate() {
         let answer = within(request).await.unwrap().unwrap();
         assert_eq!(answer.code, code::OK, "request {i}: {answer:?}");
