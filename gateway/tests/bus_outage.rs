@@ -104,10 +104,15 @@ async fn a_broker_restart_within_the_hold_costs_latency_not_errors() {
     );
 
     broker.kill();
-    // Once the gate knows its connection is gone (a request written before that may
-    // have reached the worker: it would be answered `bus connection lost`, never sent
-    // again), requests wait for the bus; so do those that find the echo worker not yet
-    // subscribed again once it is back (no responders: sent again).
+    held_through(&gate, &client, broker.restart()).await;
+}
+
+/// Once `gate` knows its bus connection is gone (a request written before that may have
+/// reached the worker: it would be answered `bus connection lost`, never sent again),
+/// sends 20 requests, then `restart`s the bus: each is answered 200 with its own body,
+/// held while the bus is away and sent again while the echo worker is not yet
+/// subscribed again (no responders). Returns what `restart` gave.
+async fn held_through<F: Future>(gate: &TestGate, client: &Client, restart: F) -> F::Output {
     within(async {
         while gate.gate.bus_connected() {
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -120,12 +125,13 @@ async fn a_broker_restart_within_the_hold_costs_latency_not_errors() {
             tokio::spawn(async move { client.request("echo.raw", format!("{i}")).await })
         })
         .collect();
-    broker.restart().await;
+    let restarted = restart.await;
     for (i, request) in sent.into_iter().enumerate() {
         let answer = within(request).await.unwrap().unwrap();
         assert_eq!(answer.code, code::OK, "request {i}: {answer:?}");
         assert_eq!(answer.body, format!("{i}").as_bytes());
     }
+    restarted
 }
 
 /// The same on nats-server: killed, then started again on its port.
@@ -143,24 +149,8 @@ async fn a_nats_server_restart_within_the_hold_costs_latency_not_errors() {
     );
 
     drop(server); // killed by its pid and reaped
-    within(async {
-        while gate.gate.bus_connected() {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    })
-    .await;
-    let sent: Vec<_> = (0..20)
-        .map(|i| {
-            let client = client.clone();
-            tokio::spawn(async move { client.request("echo.raw", format!("{i}")).await })
-        })
-        .collect();
-    let _again = NatsServer::start_binary(&nats_server_path(), &["-p", &port]).await;
-    for (i, request) in sent.into_iter().enumerate() {
-        let answer = within(request).await.unwrap().unwrap();
-        assert_eq!(answer.code, code::OK, "request {i}: {answer:?}");
-        assert_eq!(answer.body, format!("{i}").as_bytes());
-    }
+    let (binary, args) = (nats_server_path(), ["-p", port.as_str()]);
+    let _again = held_through(&gate, &client, NatsServer::start_binary(&binary, &args)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

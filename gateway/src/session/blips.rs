@@ -27,7 +27,8 @@ use crate::forward::Request;
 pub(super) const BUS_UNAVAILABLE: &str = "bus unavailable";
 
 impl<S: Io> Session<S> {
-    /// Publishes request `id` as `pending` describes it.
+    /// Publishes request `id` as `pending` describes it; id 0 is a notify, with no
+    /// reply subject.
     pub(super) fn publish(&self, id: u64, pending: &Pending) -> Result<(), BusError> {
         let request = Request {
             route: &pending.route,
@@ -35,9 +36,13 @@ impl<S: Io> Session<S> {
             session: &self.wire,
             timing: self.timing,
         };
-        let reply = Reply::Request {
-            prefix: &self.reply_prefix,
-            id,
+        let reply = if id == 0 {
+            Reply::None
+        } else {
+            Reply::Request {
+                prefix: &self.reply_prefix,
+                id,
+            }
         };
         self.gate
             .bus

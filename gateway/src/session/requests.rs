@@ -12,8 +12,7 @@ use tokio::time::Instant;
 
 use super::blips::BUS_UNAVAILABLE;
 use super::{Closing, Io, Pending, Session};
-use crate::bus::{BusError, Reply};
-use crate::forward::Request;
+use crate::bus::BusError;
 use crate::route;
 
 fn micros(d: Duration) -> u32 {
@@ -130,23 +129,6 @@ impl<S: Io> Session<S> {
                 (route.clone(), (route, subject))
             },
         );
-        let (route, subject) = (route.clone(), subject.clone());
-        if notify {
-            let request = Request {
-                route: &req.route,
-                body: &req.body,
-                session: &self.wire,
-                timing: self.timing,
-            };
-            let sent = self
-                .gate
-                .bus
-                .publish(&subject, Reply::None, request.len(), |buf| request.put(buf));
-            if let Err(e) = sent {
-                self.bus_refused(e).increment(1);
-            }
-            return None;
-        }
         let mut pending = Pending {
             received,
             route,
@@ -155,6 +137,13 @@ impl<S: Io> Session<S> {
             sent: false,
             resends: 0,
         };
+        if notify {
+            // Nothing answers a notify: a refusal is only counted.
+            if let Err(e) = self.publish(req.id, &pending) {
+                self.bus_refused(e).increment(1);
+            }
+            return None;
+        }
         match self.publish(req.id, &pending) {
             Ok(()) => pending.sent = true,
             Err(BusError::Disconnected) if self.hold(req.id, pending.body.len()) => {}
