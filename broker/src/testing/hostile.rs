@@ -24,9 +24,6 @@ pub const MAX_LINES: usize = 6;
 /// loop uses all of one.
 pub const MAX_CPU_SHARE: f64 = 0.25;
 
-/// Kernel clock ticks per second in `/proc/<pid>/stat` (`USER_HZ`): 100 by the Linux ABI.
-const USER_HZ: u64 = 100;
-
 /// What a process did over a window.
 #[derive(Debug, Clone, Copy)]
 struct Load {
@@ -83,17 +80,10 @@ async fn watch(process: &Process, window: Duration, needle: &str) -> Load {
 
 /// CPU time (user + system) process `pid` has used.
 fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the command name (which may hold spaces) start behind the last
-    // ')'; utime and stime are fields 14 and 15.
-    let rest = &stat[stat.rfind(')').unwrap() + 1..];
-    let ticks: u64 = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .map(|f| f.parse::<u64>().unwrap())
-        .sum();
-    Duration::from_millis(ticks * 1000 / USER_HZ)
+    let stat = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.stat())
+        .expect("the process's /proc stat");
+    Duration::from_secs_f64((stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64)
 }
 
 /// Opens `n` TCP connections to `addr` and holds them. They connect even once the
