@@ -95,6 +95,12 @@ pub const DEFAULT_MAX_HELD_BYTES: usize = DEFAULT_MAX_BUS_PENDING;
 /// again; each further wait doubles, up to [`MAX_RESEND_BACKOFF`]. A worker restarting
 /// or re-subscribing after a reconnect is back within tens of milliseconds.
 pub const DEFAULT_RESEND_BACKOFF: Duration = Duration::from_millis(25);
+/// Largest request body a gate keeps after sending it, to send it again if it reached no
+/// worker. A body is a slice of the frame it came in, so keeping it keeps the frame for
+/// as long as the request is in flight; game requests are tens to hundreds of bytes,
+/// and without this bound a session's `--max-in-flight` requests of `--max-frame` each
+/// would hold 16 MiB. A larger request that reaches no worker is answered 503 at once.
+pub const MAX_RESENT_BODY: usize = 4 * 1024;
 /// The longest wait between two sends of a request that reached no worker.
 pub const MAX_RESEND_BACKOFF: Duration = Duration::from_millis(400);
 /// WebSocket read buffer per session; small, so idle sessions stay cheap.

@@ -32,7 +32,7 @@ impl<S: Io> Session<S> {
     pub(super) fn publish(&self, id: u64, pending: &Pending) -> Result<(), BusError> {
         let request = Request {
             route: &pending.route,
-            body: &pending.body,
+            body: pending.body.as_deref().unwrap_or_default(),
             session: &self.wire,
             timing: self.timing,
         };
@@ -79,9 +79,9 @@ impl<S: Io> Session<S> {
             };
             match self.publish(id, pending) {
                 Ok(()) => {
-                    self.gate.held.give_back(pending.body.len());
+                    self.gate.held.give_back(pending.body_len());
                     if let Some(pending) = self.pending.get_mut(&id) {
-                        pending.sent = true;
+                        pending.mark_sent();
                     }
                 }
                 Err(BusError::Disconnected) => {
@@ -124,7 +124,10 @@ impl<S: Io> Session<S> {
         let Some(pending) = self.pending.get_mut(&id) else {
             return false;
         };
-        if first.is_zero() || !self.gate.schemas.knows_service_of(&pending.route) {
+        if first.is_zero()
+            || pending.body.is_none()
+            || !self.gate.schemas.knows_service_of(&pending.route)
+        {
             return false;
         }
         let wait = first
@@ -171,7 +174,7 @@ impl<S: Io> Session<S> {
 
     /// Holds request `id`, which reached no worker before, until the bus is back.
     fn hold_again(&mut self, id: u64) -> bool {
-        let Some(bytes) = self.pending.get(&id).map(|p| p.body.len()) else {
+        let Some(bytes) = self.pending.get(&id).map(Pending::body_len) else {
             return false;
         };
         if !self.hold(id, bytes) {

@@ -80,14 +80,32 @@ struct Drain {
     ends: Instant,
 }
 
+impl Pending {
+    /// The bytes of body it holds (what a held request counts against `--max-held-bytes`).
+    fn body_len(&self) -> usize {
+        self.body.as_ref().map_or(0, bytes::Bytes::len)
+    }
+
+    /// It has been written to the bus. A large body is let go now: kept, it would keep
+    /// its whole frame for as long as the request is in flight.
+    fn mark_sent(&mut self) {
+        self.sent = true;
+        if self.body_len() > crate::config::MAX_RESENT_BODY {
+            self.body = None;
+        }
+    }
+}
+
 /// A request awaiting its worker.
 struct Pending {
     received: Instant,
     route: Arc<str>,
     /// Its publish subject, and its body (shared with the frame it came in), for sending
-    /// it again when it reached nobody, or once the bus is back.
+    /// it again when it reached nobody, or once the bus is back. A body over
+    /// [`MAX_RESENT_BODY`](crate::config::MAX_RESENT_BODY) is let go once it is sent
+    /// (`None`): such a request is not sent again.
     subject: Arc<str>,
-    body: bytes::Bytes,
+    body: Option<bytes::Bytes>,
     /// Written to the bus at least once: a worker may have it, so after a lost
     /// connection it is never sent again (at most once). False while it is held.
     sent: bool,

@@ -157,7 +157,7 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
     metrics::gauge!("gate_sessions").decrement(1.0);
     gate.in_flight.give_back(session.pending.len());
     for held in session.pending.values().filter(|p| !p.sent) {
-        gate.held.give_back(held.body.len());
+        gate.held.give_back(held.body_len());
     }
     tracing::debug!(sid, reason = closing.reason, "session closed");
     metrics::counter!("gate_sessions_closed_total", "reason" => closing.reason).increment(1);

@@ -133,7 +133,7 @@ impl<S: Io> Session<S> {
             received,
             route,
             subject,
-            body: req.body,
+            body: Some(req.body),
             sent: false,
             resends: 0,
         };
@@ -145,8 +145,8 @@ impl<S: Io> Session<S> {
             return None;
         }
         match self.publish(req.id, &pending) {
-            Ok(()) => pending.sent = true,
-            Err(BusError::Disconnected) if self.hold(req.id, pending.body.len()) => {}
+            Ok(()) => pending.mark_sent(),
+            Err(BusError::Disconnected) if self.hold(req.id, pending.body_len()) => {}
             Err(e) => {
                 self.gate.in_flight.give_back(1);
                 let message = match e {
@@ -172,7 +172,7 @@ impl<S: Io> Session<S> {
         let elapsed = pending.received.elapsed();
         self.gate.in_flight.give_back(1);
         if !pending.sent {
-            self.gate.held.give_back(pending.body.len());
+            self.gate.held.give_back(pending.body_len());
         }
         // A client cannot mint series: a route nobody serves is `unknown`, and past
         // MAX_ROUTE_LABELS distinct routes the rest are `other` (see `labels`).

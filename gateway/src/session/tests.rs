@@ -521,3 +521,27 @@ async fn no_responders_until_the_timeout_nears_is_503_before_the_timeout() {
         "before its timeout"
     );
 }
+
+#[tokio::test]
+async fn a_body_too_large_to_keep_is_not_sent_again_and_is_answered_at_once() {
+    let cx = gate(|_| {});
+    announce(&cx, "echo");
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    let req = client::Request {
+        id: 1,
+        route: "echo.echo".into(),
+        body: vec![7; crate::config::MAX_RESENT_BODY + 1].into(),
+    };
+    send(&mut client.ws, Kind::Request(req)).await;
+    cx.bus.written().await;
+    let reply = WorkerReply::NoResponders;
+    cx.sessions
+        .offer(client.sid, ToSession::Reply { id: 1, reply })
+        .unwrap();
+    let resp = response(&mut client).await;
+    assert_eq!(
+        (resp.code, resp.message.as_str()),
+        (code::UNAVAILABLE, "no worker available now")
+    );
+    assert_eq!(cx.bus.written_now(), "", "not sent again");
+}
