@@ -10,6 +10,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
@@ -33,10 +34,20 @@ fn fixture(name: &str) -> PathBuf {
 
 const SECRET: &[u8] = b"a test secret, long enough for HS256";
 
-fn secret_file() -> PathBuf {
-    let path = std::env::temp_dir().join(format!("shaddock-jwt-secret-{}", std::process::id()));
+/// A check with the secret and these public keys. The secret goes through a file of this
+/// call's own (tests run in parallel threads of one process: a shared file would be
+/// rewritten under another test's reader), removed once loaded.
+fn load_check(keys: &[PathBuf], audience: Option<String>, issuer: Option<String>) -> JwtCheck {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "shaddock-jwt-secret-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::write(&path, [SECRET, b"\n"].concat()).unwrap();
-    path
+    let check = JwtCheck::load(Some(&path), keys, audience, issuer);
+    let _ = std::fs::remove_file(&path);
+    check.unwrap()
 }
 
 fn now() -> u64 {
@@ -61,13 +72,11 @@ fn rsa_key() -> EncodingKey {
 /// A gate checking tokens signed with the secret, the RSA key or the Ed25519 key, for
 /// audience `game` and issuer `studio`.
 async fn jwt_gate(bus: &Bus) -> TestGate {
-    let check = JwtCheck::load(
-        Some(&secret_file()),
+    let check = load_check(
         &[fixture("jwt-rsa.pub"), fixture("jwt-ed25519.pub")],
         Some("game".into()),
         Some("studio".into()),
-    )
-    .unwrap();
+    );
     let check: Arc<dyn TokenCheck> = Arc::new(check);
     TestGate::start_with_tokens(bus, GateConfig::default(), check).await
 }
@@ -176,7 +185,7 @@ async fn each_bad_token_gets_its_own_401() {
         raw.expect_close(1008, "unauthorized").await;
     }
     // An RS256 token against a gate with only an HMAC secret: the algorithm is refused.
-    let hmac_only = JwtCheck::load(Some(&secret_file()), &[] as &[PathBuf], None, None).unwrap();
+    let hmac_only = load_check(&[], None, None);
     let rs = sign(Algorithm::RS256, &ok, &rsa_key());
     assert_eq!(
         hmac_only.check(&rs).unwrap_err().to_string(),
