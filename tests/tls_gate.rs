@@ -103,6 +103,7 @@ async fn echo(ws: &mut Wss, id: u64, text: &str) {
         id,
         route: "echo.raw".into(),
         body: text.as_bytes().to_vec().into(),
+        key: String::new(),
     };
     send(ws, Kind::Request(request)).await;
     let Some(Kind::Response(resp)) = next(ws).await.kind else {

@@ -73,6 +73,7 @@ async fn echo_once(url: &str, body: &'static [u8]) -> client::Response {
         }
         .encode_to_vec()
         .into(),
+        key: String::new(),
     }));
     ws.send(Message::binary(request.encode_to_vec()))
         .await

@@ -111,6 +111,9 @@ pub const WS_WRITE_BUFFER: usize = 8 * 1024;
 pub const DEFAULT_BIND_PROBE_TIMEOUT: Duration = Duration::from_millis(200);
 /// Longest route (`service.method`) accepted.
 pub const MAX_ROUTE_LEN: usize = 64;
+/// Longest key a keyed service's request may be routed by (the client's, a session
+/// value or a uid): a key travels with every request of it.
+pub const MAX_KEY_LEN: usize = 256;
 
 /// Gate settings; see the constants for defaults and reasons.
 #[derive(Debug, Clone, clap::Args)]

@@ -16,6 +16,7 @@ const ROUTE: u32 = 1;
 const BODY: u32 = 2;
 const SESSION: u32 = 3;
 const TIMING: u32 = 4;
+const KEY: u32 = 5;
 
 /// A session as every request of it carries it, encoded once per change.
 pub(crate) struct SessionWire {
@@ -45,13 +46,15 @@ impl SessionWire {
     }
 }
 
-/// `RpcRequest { route, body, session, timing }`, to be written straight into the bus
-/// connection's outbound buffer: its exact length first, then its bytes.
+/// `RpcRequest { route, body, session, timing, key }`, to be written straight into the
+/// bus connection's outbound buffer: its exact length first, then its bytes.
 pub(crate) struct Request<'a> {
     pub route: &'a str,
     pub body: &'a [u8],
     pub session: &'a SessionWire,
     pub timing: bool,
+    /// A keyed service's key; empty for others.
+    pub key: &'a str,
 }
 
 impl Request<'_> {
@@ -61,6 +64,7 @@ impl Request<'_> {
             + wire::bytes_len(BODY, self.body.len())
             + wire::message_len(SESSION, self.session.encoded.len())
             + wire::varint_len(TIMING, u64::from(self.timing))
+            + wire::bytes_len(KEY, self.key.len())
     }
 
     /// Appends the encoding, [`Request::len`] bytes, to `buf`.
@@ -69,6 +73,7 @@ impl Request<'_> {
         wire::put_bytes(buf, BODY, self.body);
         wire::put_message(buf, SESSION, &self.session.encoded);
         wire::put_varint(buf, TIMING, u64::from(self.timing));
+        wire::put_bytes(buf, KEY, self.key.as_bytes());
     }
 }
 
@@ -82,6 +87,11 @@ mod tests {
             body: Bytes::copy_from_slice(body),
             session: Some(session.clone()),
             timing,
+            key: if timing {
+                "match-7".into()
+            } else {
+                String::new()
+            },
         }
         .encode_to_vec()
     }
@@ -111,6 +121,7 @@ mod tests {
                     body,
                     session: &wire,
                     timing,
+                    key: if timing { "match-7" } else { "" },
                 };
                 let mut ours = BytesMut::new();
                 request.put(&mut ours);
@@ -130,6 +141,7 @@ mod tests {
                 assert_eq!(decoded.route, route);
                 assert_eq!(&decoded.body[..], body);
                 assert_eq!(decoded.timing, timing);
+                assert_eq!(decoded.key, request.key);
             }
         }
     }

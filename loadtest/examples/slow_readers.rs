@@ -72,6 +72,7 @@ async fn main() -> anyhow::Result<()> {
                 id,
                 route: "echo.raw".into(),
                 body: body.clone().into(),
+                key: String::new(),
             };
             send(&mut ws, Kind::Request(request)).await?;
         }

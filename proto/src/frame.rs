@@ -141,6 +141,7 @@ mod tests {
             id,
             route: route.into(),
             body: Bytes::copy_from_slice(body),
+            key: String::new(),
         }))
         .encode_to_vec()
     }

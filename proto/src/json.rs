@@ -137,6 +137,8 @@ struct Request {
     id: u64,
     route: String,
     body: Body,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    key: String,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -207,6 +209,7 @@ pub fn decode_typed(frame: &str) -> Result<(Packet, bool), JsonError> {
             id: r.id,
             route: r.route,
             body: body(r.body),
+            key: r.key,
         }),
         JsonPacket::Response(r) => Kind::Response(client::Response {
             id: r.id,
@@ -263,6 +266,7 @@ pub fn encode_typed(packet: &Packet, typed: bool) -> Option<String> {
             id: r.id,
             route: r.route.clone(),
             body: Body::of(&r.body, typed),
+            key: r.key.clone(),
         }),
         Kind::Response(r) => JsonPacket::Response(Response {
             id: r.id,
@@ -326,6 +330,13 @@ mod tests {
             (7, "echo.echo", &b"hi"[..])
         );
         assert_eq!(decode(&encode(&p).unwrap()).unwrap(), p);
+        let keyed =
+            decode(r#"{"request":{"id":8,"route":"arena.input","body":"","key":"m1"}}"#).unwrap();
+        let Some(Kind::Request(r)) = &keyed.kind else {
+            panic!("not a request: {keyed:?}")
+        };
+        assert_eq!(r.key, "m1");
+        assert_eq!(decode(&encode(&keyed).unwrap()).unwrap(), keyed);
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub mod chat {
 
 pub mod frame;
 pub mod json;
+pub mod keyed;
 pub mod wire;
 
 pub use prost::{DecodeError, Message, Name};

@@ -190,6 +190,62 @@ impl FrameConfig {
     }
 }
 
+/// A keyed service's worker among its peers (docs/workers.md, "Keyed services").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
+pub struct KeyedConfig {
+    /// How often a keyed service's worker tells its peers it lives and what it holds. A
+    /// starting worker listens for two of these before it takes partitions nobody holds
+    /// (e.g. 500ms).
+    #[arg(long, env = "SHADDOCK_KEYED_HEARTBEAT", default_value = "500ms", value_parser = net::duration::parse)]
+    pub keyed_heartbeat: Duration,
+
+    /// How long a keyed service's worker may go unheard before its peers count it dead
+    /// and take its partitions fresh: how long a crashed worker's partitions stay
+    /// unserved. More than two heartbeats (e.g. 2s).
+    #[arg(long, env = "SHADDOCK_KEYED_MEMBER_TIMEOUT", default_value = "2s", value_parser = net::duration::parse)]
+    pub keyed_member_timeout: Duration,
+
+    /// How long a partition's old owner waits for its new owner to take the state it
+    /// hands over before it keeps the partition and tries again later (e.g. 2s).
+    #[arg(long, env = "SHADDOCK_HANDOVER_TIMEOUT", default_value = "2s", value_parser = net::duration::parse)]
+    pub handover_timeout: Duration,
+}
+
+/// See [`KeyedConfig::keyed_heartbeat`].
+pub const DEFAULT_KEYED_HEARTBEAT: Duration = Duration::from_millis(500);
+/// See [`KeyedConfig::keyed_member_timeout`].
+pub const DEFAULT_KEYED_MEMBER_TIMEOUT: Duration = Duration::from_secs(2);
+/// See [`KeyedConfig::handover_timeout`].
+pub const DEFAULT_HANDOVER_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl Default for KeyedConfig {
+    fn default() -> Self {
+        KeyedConfig {
+            keyed_heartbeat: DEFAULT_KEYED_HEARTBEAT,
+            keyed_member_timeout: DEFAULT_KEYED_MEMBER_TIMEOUT,
+            handover_timeout: DEFAULT_HANDOVER_TIMEOUT,
+        }
+    }
+}
+
+impl KeyedConfig {
+    /// Checks that a live worker, heard every heartbeat, is never counted dead.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.keyed_heartbeat.is_zero() {
+            return Err(ConfigError::Zero("keyed heartbeat"));
+        }
+        if self.handover_timeout.is_zero() {
+            return Err(ConfigError::Zero("hand-over timeout"));
+        }
+        if self.keyed_member_timeout <= self.keyed_heartbeat * 2 {
+            return Err(ConfigError::Relation(
+                "keyed member timeout must be more than two keyed heartbeats",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A worker: where the bus is, its subject prefix, and the frame loop's limits.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct WorkerConfig {
@@ -219,6 +275,9 @@ pub struct WorkerConfig {
 
     #[command(flatten)]
     pub frames: FrameConfig,
+
+    #[command(flatten)]
+    pub keyed: KeyedConfig,
 }
 
 impl Default for WorkerConfig {
@@ -229,6 +288,7 @@ impl Default for WorkerConfig {
             security: BusSecurity::default(),
             move_timeout: DEFAULT_MOVE_TIMEOUT,
             frames: FrameConfig::default(),
+            keyed: KeyedConfig::default(),
         }
     }
 }
@@ -242,6 +302,7 @@ impl WorkerConfig {
         if self.move_timeout.is_zero() {
             return Err(ConfigError::Zero("move timeout"));
         }
+        self.keyed.validate()?;
         self.frames.validate()
     }
 }
@@ -257,6 +318,8 @@ pub enum ConfigError {
     TooSmall(&'static str, u64),
     #[error("invalid subject prefix {0:?}: use dot-separated tokens of [a-z0-9_-]")]
     Prefix(String),
+    #[error("{0}")]
+    Relation(&'static str),
 }
 
 #[cfg(test)]

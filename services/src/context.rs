@@ -35,6 +35,8 @@ pub struct Context {
     effects: Vec<Effect>,
     outbound: Vec<Outbound>,
     reply: Option<Bytes>,
+    /// A keyed service's request: the key it was routed by.
+    key: String,
 }
 
 /// What a handler asked for, taken apart: see [`Context::into_parts`].
@@ -58,12 +60,22 @@ impl Context {
             effects: Vec::new(),
             outbound: Vec::new(),
             reply: None,
+            key: String::new(),
         }
     }
 
     /// The context of `request` (its session), leaving the body to the handler.
     pub(crate) fn for_request(request: &mut RpcRequest) -> Context {
-        Context::new(request.session.take())
+        let mut ctx = Context::new(request.session.take());
+        ctx.key = std::mem::take(&mut request.key);
+        ctx
+    }
+
+    /// The key a keyed service's request was routed by (the client's explicit key, the
+    /// session value the service names, or the uid); `None` for other services' requests
+    /// and outside a request.
+    pub fn key(&self) -> Option<&str> {
+        Some(self.key.as_str()).filter(|key| !key.is_empty())
     }
 
     /// The session as the gate sent it, with this handler's own changes applied.

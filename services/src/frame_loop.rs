@@ -53,6 +53,13 @@ pub enum InputKind {
     Event,
     /// A peer's snapshot for a starting worker (see `Service::on_start_sync`).
     Snapshot,
+    /// A keyed service's partition (`method` holds its number) taken on with the state
+    /// in the payload, handed over by its old owner.
+    TakeOver,
+    /// The same, with no state: the partition starts fresh.
+    Fresh,
+    /// A keyed service's partition leaving: its state is answered to `reply`.
+    HandOver,
 }
 
 /// One request, event or snapshot as it reached the worker, before decoding.
@@ -98,10 +105,19 @@ impl<R> Incoming<R> {
         }
     }
 
+    /// A keyed service's partition changing hands here (see [`InputKind::TakeOver`],
+    /// [`InputKind::Fresh`], [`InputKind::HandOver`]).
+    pub fn partition(kind: InputKind, partition: u32, state: Bytes, reply: Option<R>) -> Self {
+        Incoming {
+            kind,
+            ..Incoming::new(partition.to_string(), state, reply)
+        }
+    }
+
     fn cost(&self, service: &Service) -> u32 {
         match self.kind {
             InputKind::Request => service.cost_of(&self.method),
-            InputKind::Event | InputKind::Snapshot => DEFAULT_COST,
+            _ => DEFAULT_COST,
         }
     }
 }
@@ -330,9 +346,15 @@ impl<O: ReplySink> FrameLoop<O> {
         started: Instant,
         waited: Duration,
     ) {
+        let partition = || incoming.method.parse().unwrap_or_default();
         let handled = match incoming.kind {
             InputKind::Snapshot => self.service.restore(incoming.payload),
-            _ => self.service.event(&incoming.method, incoming.payload),
+            InputKind::TakeOver => self.service.take_over(partition(), Some(incoming.payload)),
+            InputKind::Fresh => self.service.take_over(partition(), None),
+            InputKind::HandOver => self.service.hand_over(partition()),
+            InputKind::Request | InputKind::Event => {
+                self.service.event(&incoming.method, incoming.payload)
+            }
         };
         self.metrics.queue_wait.record(waited);
         self.metrics.handler.record(started.elapsed());

@@ -36,12 +36,13 @@ mod frame_loop;
 mod handler_error;
 mod metrics;
 mod names;
+mod ownership;
 mod push;
 mod service;
 mod worker;
 
 pub use bus::{BusSecurity, connect, worker_connection_name};
-pub use config::{ConfigError, DrainConfig, FrameConfig, WorkerConfig};
+pub use config::{ConfigError, DrainConfig, FrameConfig, KeyedConfig, WorkerConfig};
 pub use context::Context;
 pub use handler_error::HandlerError;
 pub use metrics::describe as describe_metrics;

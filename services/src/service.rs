@@ -156,6 +156,7 @@ pub struct Service {
     start_sync: Option<StartSync>,
     pushes: Vec<PushSchema>,
     descriptors: &'static [u8],
+    keyed: Option<keyed::Keyed>,
 }
 
 impl Service {
@@ -178,6 +179,7 @@ impl Service {
             start_sync: None,
             pushes: Vec::new(),
             descriptors: &[],
+            keyed: None,
         }
     }
 
@@ -225,10 +227,11 @@ impl Service {
         self
     }
 
-    /// What workers announce to the gates: the typed methods, the pushes and the
-    /// descriptors; `None` when no descriptors were given.
+    /// What workers announce to the gates: the typed methods, the pushes, the
+    /// descriptors and how a keyed service routes; `None` for a service that is neither
+    /// typed (no descriptors given) nor keyed.
     pub(crate) fn schema(&self) -> Option<ServiceSchema> {
-        if self.descriptors.is_empty() {
+        if self.descriptors.is_empty() && self.keyed.is_none() {
             return None;
         }
         let mut methods: Vec<MethodSchema> = self
@@ -249,6 +252,7 @@ impl Service {
             methods,
             pushes: self.pushes.clone(),
             descriptors: Bytes::from_static(self.descriptors),
+            keyed: self.keyed_schema(),
         })
     }
 
@@ -430,6 +434,18 @@ impl Service {
             )
             .into();
         };
+        if self.keyed.is_some() && request.key.is_empty() {
+            // Sent by a gate that has not learnt yet that the service is keyed: it asks
+            // for the schema when it starts, so a retry is routed by key.
+            return error_response(
+                code::UNAVAILABLE,
+                format!(
+                    "service {:?} is keyed and the request has no key: retry",
+                    self.name
+                ),
+            )
+            .into();
+        }
         let mut ctx = Context::for_request(&mut request);
         let body = std::mem::take(&mut request.body);
         match catch_unwind(AssertUnwindSafe(|| (entry.handler)(&mut ctx, body))) {
@@ -586,5 +602,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("non-string panic payload")
 }
 
+mod keyed;
 #[cfg(test)]
 mod tests;

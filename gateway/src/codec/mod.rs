@@ -273,6 +273,7 @@ mod tests {
             id,
             route: "echo.echo".into(),
             body: body.to_vec().into(),
+            ..Default::default()
         })
     }
 

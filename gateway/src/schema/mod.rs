@@ -11,11 +11,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use dashmap::DashMap;
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 use proto::Message as _;
+use proto::keyed::MAX_PARTITIONS;
 use proto::rpc::ServiceSchema;
 
 mod dict;
@@ -36,6 +38,17 @@ struct ServiceTypes {
     methods: HashMap<String, MethodTypes>,
     /// By push route (`<service>.<name>`).
     pushes: HashMap<String, MessageDescriptor>,
+    /// How a keyed service routes.
+    keyed: Option<Arc<Keyed>>,
+}
+
+/// How a keyed service's requests are routed (docs/workers.md, "Keyed services").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Keyed {
+    pub partitions: u32,
+    /// The session data key a request's key comes from when the client gives none;
+    /// empty for none.
+    pub session_key: String,
 }
 
 /// Why an announcement was refused.
@@ -52,6 +65,10 @@ pub(crate) enum SchemaError {
     },
     #[error("service {service:?} names type {name:?}, which its descriptors lack")]
     MissingType { service: String, name: String },
+    #[error(
+        "service {0:?} is keyed over a partition count or session key the gates cannot route by"
+    )]
+    Keyed(String),
 }
 
 /// Every service's announced types, by service name, and the pomelo route dictionary
@@ -62,6 +79,8 @@ pub(crate) struct Schemas {
     pub pomelo: RouteDict,
     /// Bumped at every service learnt, for [`Schemas::wait_for`].
     learnt: tokio::sync::watch::Sender<u64>,
+    /// Some service announced is keyed: until then requests need not look.
+    any_keyed: AtomicBool,
 }
 
 impl Schemas {
@@ -79,6 +98,20 @@ impl Schemas {
         {
             return Ok(service);
         }
+        let keyed = match schema.keyed {
+            None => None,
+            Some(k)
+                if (1..=MAX_PARTITIONS).contains(&k.partitions)
+                    && (k.session_key.is_empty()
+                        || crate::route::check_token(&k.session_key).is_ok()) =>
+            {
+                Some(Arc::new(Keyed {
+                    partitions: k.partitions,
+                    session_key: k.session_key,
+                }))
+            }
+            Some(_) => return Err(SchemaError::Keyed(service)),
+        };
         let pool = match DescriptorPool::decode(schema.descriptors) {
             Ok(pool) => pool,
             Err(error) => return Err(SchemaError::Descriptors { service, error }),
@@ -107,10 +140,14 @@ impl Schemas {
         let mut push_routes: Vec<&str> = pushes.keys().map(String::as_str).collect();
         push_routes.sort_unstable();
         self.pomelo.add(&service, &names, &push_routes);
+        if keyed.is_some() {
+            self.any_keyed.store(true, Ordering::Relaxed);
+        }
         let types = ServiceTypes {
             announced: payload,
             methods,
             pushes,
+            keyed,
         };
         self.services.insert(service.clone(), Arc::new(types));
         self.learnt.send_modify(|n| *n += 1);
@@ -132,6 +169,14 @@ impl Schemas {
     pub fn knows_service_of(&self, route: &str) -> bool {
         let service = route.split_once('.').map_or(route, |(s, _)| s);
         self.services.contains_key(service)
+    }
+
+    /// How `service` routes by key, if it announced itself keyed.
+    pub fn keyed(&self, service: &str) -> Option<Arc<Keyed>> {
+        if !self.any_keyed.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.services.get(service)?.keyed.clone()
     }
 
     /// The types of `route` (`service.method`), if its service announced it as typed.
@@ -214,6 +259,7 @@ mod tests {
                 message_type: "shaddock.chat.ChatMessage".into(),
             }],
             descriptors: Bytes::from_static(proto::DESCRIPTORS),
+            keyed: None,
         }
     }
 
@@ -304,5 +350,37 @@ mod tests {
         ));
         assert!(schemas.method("chat.say").is_some());
         assert_eq!(schemas.services.len(), 1);
+    }
+
+    #[test]
+    fn a_keyed_service_is_learnt_without_descriptors_and_bad_routing_is_refused() {
+        let schemas = Schemas::default();
+        let keyed = |partitions, session_key: &str| ServiceSchema {
+            service: "arena".into(),
+            keyed: Some(proto::rpc::Keyed {
+                partitions,
+                session_key: session_key.into(),
+            }),
+            ..ServiceSchema::default()
+        };
+        assert_eq!(schemas.keyed("arena"), None);
+        for (partitions, session_key) in [(0, ""), (MAX_PARTITIONS + 1, ""), (8, "a.b")] {
+            let refused =
+                schemas.learn(Bytes::from(keyed(partitions, session_key).encode_to_vec()));
+            assert!(
+                matches!(refused, Err(SchemaError::Keyed(_))),
+                "{partitions} {session_key:?}: {refused:?}"
+            );
+        }
+        schemas
+            .learn(Bytes::from(keyed(MAX_PARTITIONS, "match").encode_to_vec()))
+            .unwrap();
+        let expected = Keyed {
+            partitions: MAX_PARTITIONS,
+            session_key: "match".into(),
+        };
+        assert_eq!(schemas.keyed("arena").as_deref(), Some(&expected));
+        assert!(schemas.knows_service_of("arena.input"));
+        assert_eq!(schemas.keyed("chat"), None);
     }
 }

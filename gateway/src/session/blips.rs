@@ -35,6 +35,7 @@ impl<S: Io> Session<S> {
             body: pending.body.as_deref().unwrap_or_default(),
             session: &self.wire,
             timing: self.timing,
+            key: &pending.key,
         };
         let reply = if id == 0 {
             Reply::None

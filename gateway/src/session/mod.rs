@@ -106,6 +106,8 @@ struct Pending {
     /// (`None`): such a request is not sent again.
     subject: Arc<str>,
     body: Option<bytes::Bytes>,
+    /// A keyed service's key (empty for others), sent with it every time.
+    key: String,
     /// Written to the bus at least once: a worker may have it, so after a lost
     /// connection it is never sent again (at most once). False while it is held.
     sent: bool,

@@ -10,10 +10,14 @@ use proto::client::{self, packet::Kind};
 use proto::code;
 use tokio::time::Instant;
 
+use proto::keyed::{partition_of, partition_subject};
+
 use super::blips::BUS_UNAVAILABLE;
 use super::{Closing, Io, Pending, Session};
 use crate::bus::BusError;
+use crate::config::MAX_KEY_LEN;
 use crate::route;
+use crate::schema::Keyed;
 
 fn micros(d: Duration) -> u32 {
     d.as_micros().try_into().unwrap_or(u32::MAX)
@@ -82,9 +86,26 @@ impl<S: Io> Session<S> {
                 ..Default::default()
             })
         };
-        if let Err(e) = route::parse(&req.route) {
-            return reject(code::BAD_REQUEST, &e.to_string(), &self.gate.rejected.route);
-        }
+        let (service, method) = match route::parse(&req.route) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                return reject(code::BAD_REQUEST, &e.to_string(), &self.gate.rejected.route);
+            }
+        };
+        let keyed = match self.gate.schemas.keyed(service) {
+            None => None,
+            Some(keyed) => match self.key_of(&req, &keyed) {
+                Ok(key) => {
+                    let partition = partition_of(key.as_bytes(), keyed.partitions);
+                    let prefix = &self.gate.config.prefix;
+                    let subject = partition_subject(prefix, service, partition) + "." + method;
+                    Some((Arc::<str>::from(subject), key))
+                }
+                Err(message) => {
+                    return reject(code::BAD_REQUEST, message, &self.gate.rejected.route);
+                }
+            },
+        };
         if !notify && self.pending.contains_key(&req.id) {
             return reject(
                 code::BAD_REQUEST,
@@ -129,11 +150,16 @@ impl<S: Io> Session<S> {
                 (route.clone(), (route, subject))
             },
         );
+        let (subject, key) = match keyed {
+            Some((subject, key)) => (subject, key),
+            None => (subject, String::new()),
+        };
         let mut pending = Pending {
             received,
             route,
             subject,
             body: Some(req.body),
+            key,
             sent: false,
             resends: 0,
         };
@@ -160,6 +186,27 @@ impl<S: Io> Session<S> {
         self.deadlines
             .push_back((received + self.gate.config.request_timeout, req.id));
         None
+    }
+
+    /// The key a keyed service's request is routed by: the client's, else the session
+    /// value the service names, else the uid.
+    fn key_of(&self, req: &client::Request, keyed: &Keyed) -> Result<String, &'static str> {
+        let session = self.wire.get();
+        let named = (!keyed.session_key.is_empty())
+            .then(|| session.data.get(&keyed.session_key))
+            .flatten();
+        let key = match named {
+            _ if !req.key.is_empty() => &req.key,
+            Some(value) => value,
+            None => &session.uid,
+        };
+        if key.is_empty() {
+            Err("keyed route: give a key, or log in first")
+        } else if key.len() > MAX_KEY_LEN {
+            Err("key too long")
+        } else {
+            Ok(key.clone())
+        }
     }
 
     /// Answers a forwarded request and records its round trip.

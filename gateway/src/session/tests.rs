@@ -78,6 +78,7 @@ async fn request(client: &mut Client, id: u64, route: &str) {
         id,
         route: route.into(),
         body: b"hi".to_vec().into(),
+        ..Default::default()
     };
     send(&mut client.ws, Kind::Request(req)).await;
 }
@@ -105,20 +106,24 @@ async fn response(client: &mut Client) -> client::Response {
     }
 }
 
-/// The requests a bus buffer holds, by subject and reply subject.
+/// The requests a bus buffer holds, by subject and reply subject (messages without a
+/// reply subject, a bind's claim, are skipped).
 fn published(written: &str) -> Vec<(String, String, RpcRequest)> {
     let mut out = Vec::new();
     let mut rest = written;
     while let Some(at) = rest.find("PUB ") {
         let (line, tail) = rest[at + 4..].split_once("\r\n").expect("a whole line");
         let parts: Vec<&str> = line.split(' ').collect();
-        let (subject, reply, len) = match parts[..] {
-            [subject, reply, len] => (subject, reply, len),
-            _ => panic!("not a request: {line}"),
+        let (request, len) = match parts[..] {
+            [subject, reply, len] => (Some((subject, reply)), len),
+            [_, len] => (None, len),
+            _ => panic!("not a message: {line}"),
         };
         let len: usize = len.parse().expect("a length");
-        let req = RpcRequest::decode(&tail.as_bytes()[..len]).expect("an RpcRequest");
-        out.push((subject.to_owned(), reply.to_owned(), req));
+        if let Some((subject, reply)) = request {
+            let req = RpcRequest::decode(&tail.as_bytes()[..len]).expect("an RpcRequest");
+            out.push((subject.to_owned(), reply.to_owned(), req));
+        }
         rest = &tail[len..];
     }
     out
@@ -531,6 +536,7 @@ async fn a_body_too_large_to_keep_is_not_sent_again_and_is_answered_at_once() {
         id: 1,
         route: "echo.echo".into(),
         body: vec![7; crate::config::MAX_RESENT_BODY + 1].into(),
+        ..Default::default()
     };
     send(&mut client.ws, Kind::Request(req)).await;
     cx.bus.written().await;
@@ -544,4 +550,100 @@ async fn a_body_too_large_to_keep_is_not_sent_again_and_is_answered_at_once() {
         (code::UNAVAILABLE, "no worker available now")
     );
     assert_eq!(cx.bus.written_now(), "", "not sent again");
+}
+
+async fn keyed_request(client: &mut Client, id: u64, key: &str) {
+    let req = client::Request {
+        id,
+        route: "arena.input".into(),
+        key: key.into(),
+        ..Default::default()
+    };
+    send(&mut client.ws, Kind::Request(req)).await;
+}
+
+#[tokio::test]
+async fn a_keyed_request_goes_to_its_key_s_partition_by_explicit_key_then_session_value_then_uid() {
+    use proto::keyed::partition_of;
+    use proto::rpc::{Effect, SetData, effect};
+    let cx = gate(|_| {});
+    let schema = proto::rpc::ServiceSchema {
+        service: "arena".into(),
+        keyed: Some(proto::rpc::Keyed {
+            partitions: 8,
+            session_key: "match".into(),
+        }),
+        ..Default::default()
+    };
+    cx.schemas.learn(schema.encode_to_vec().into()).unwrap();
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    // No key, no session value, no uid: refused before it costs anything.
+    keyed_request(&mut client, 1, "").await;
+    let refused = response(&mut client).await;
+    assert_eq!(
+        (refused.code, refused.message.as_str()),
+        (
+            code::BAD_REQUEST,
+            "keyed route: give a key, or log in first"
+        )
+    );
+    keyed_request(&mut client, 2, &"k".repeat(crate::config::MAX_KEY_LEN + 1)).await;
+    assert_eq!(response(&mut client).await.message, "key too long");
+    let subject = |key: &str| {
+        format!(
+            "shaddock.svc.arena.p{}.input",
+            partition_of(key.as_bytes(), 8)
+        )
+    };
+    let mut expect_sent = async |client: &mut Client, id: u64, key: &str| {
+        // A bind's claim may come first, on its own.
+        let mut sent = Vec::new();
+        while sent.is_empty() {
+            sent = published(&cx.bus.written().await);
+        }
+        let [(sent_subject, _, req)] = &sent[..] else {
+            panic!("one request: {sent:?}");
+        };
+        assert_eq!(
+            (sent_subject.as_str(), req.key.as_str()),
+            (subject(key).as_str(), key)
+        );
+        let effects = match id {
+            // The first answer binds a uid and the session's match.
+            3 => vec![
+                Effect {
+                    kind: Some(effect::Kind::BindUid("ann".into())),
+                },
+                Effect {
+                    kind: Some(effect::Kind::SetData(SetData {
+                        key: "match".into(),
+                        value: "m2".into(),
+                    })),
+                },
+            ],
+            4 => vec![Effect {
+                kind: Some(effect::Kind::ClearData("match".into())),
+            }],
+            _ => Vec::new(),
+        };
+        let resp = RpcResponse {
+            code: code::OK,
+            effects,
+            ..Default::default()
+        };
+        let reply = WorkerReply::Response(resp);
+        cx.sessions
+            .offer(client.sid, ToSession::Reply { id, reply })
+            .expect("queued");
+        assert_eq!(response(client).await.code, code::OK);
+    };
+    keyed_request(&mut client, 3, "m1").await;
+    expect_sent(&mut client, 3, "m1").await;
+    // Now the session value names the match; an explicit key still wins.
+    keyed_request(&mut client, 4, "").await;
+    expect_sent(&mut client, 4, "m2").await;
+    keyed_request(&mut client, 5, "").await;
+    expect_sent(&mut client, 5, "ann").await;
+    keyed_request(&mut client, 6, "other").await;
+    expect_sent(&mut client, 6, "other").await;
 }

@@ -102,6 +102,7 @@ impl RawClient {
             id,
             route: route.to_owned(),
             body: body.to_owned().into(),
+            key: String::new(),
         };
         self.send_packet(Kind::Request(request)).await;
     }
@@ -114,6 +115,7 @@ impl RawClient {
                 id,
                 route: route.to_owned(),
                 body: Default::default(),
+                key: String::new(),
             };
             let bytes = Packet::new(Kind::Request(request)).encode_to_vec();
             within(self.ws.feed(Message::binary(bytes))).await.unwrap();

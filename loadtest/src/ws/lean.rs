@@ -315,6 +315,7 @@ impl Link {
                 id: 0,
                 route: route.to_owned(),
                 body: bytes::Bytes::new(),
+                key: String::new(),
             },
         }
     }

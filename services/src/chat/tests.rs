@@ -40,6 +40,7 @@ impl Player {
                 ..Session::default()
             }),
             timing: false,
+            ..RpcRequest::default()
         }
     }
 }

@@ -15,6 +15,7 @@ fn request(body: impl Into<Bytes>) -> RpcRequest {
             ..Session::default()
         }),
         timing: false,
+        ..RpcRequest::default()
     }
 }
 

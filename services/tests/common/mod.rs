@@ -84,6 +84,7 @@ pub fn rpc(route: &str, body: impl Into<Bytes>) -> Bytes {
             ..Default::default()
         }),
         timing: true,
+        ..RpcRequest::default()
     }
     .encode_to_vec()
     .into()

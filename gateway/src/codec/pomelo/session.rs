@@ -127,10 +127,13 @@ impl PomeloCodec {
                 });
             }
         };
+        // The pomelo wire has no place for a key: a keyed service routes a pomelo
+        // client's requests by the session value it names, else the uid.
         Decoded::Packet(Packet::new(Kind::Request(client::Request {
             id,
             route: route.into_owned(),
             body,
+            key: String::new(),
         })))
     }
 

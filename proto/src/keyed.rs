@@ -1,0 +1,70 @@
+//! Keyed services' routing, shared by the gates (which pick a request's partition) and
+//! the workers (which own partitions): the hash, and the subjects. docs/workers.md,
+//! "Keyed services", is the contract for other languages.
+
+/// The most partitions a keyed service may announce: a partition is a subscription on
+/// every gate's bus and a unit of hand-over, so thousands would cost more than they
+/// spread.
+pub const MAX_PARTITIONS: u32 = 1024;
+
+/// FNV-1a, 32-bit: a few lines in any language; the tests pin values.
+pub fn fnv1a(bytes: &[u8]) -> u32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for &byte in bytes {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    hash
+}
+
+/// A key's partition: [`fnv1a`] of its bytes, modulo `partitions` (0 counts as 1).
+pub fn partition_of(key: &[u8], partitions: u32) -> u32 {
+    fnv1a(key) % partitions.max(1)
+}
+
+/// What a gate publishes a keyed request of `service.method` on, and what its worker
+/// subscribes (with `>` for the method) in the partition's queue group.
+pub fn partition_subject(prefix: &str, service: &str, partition: u32) -> String {
+    format!("{prefix}.svc.{service}.p{partition}")
+}
+
+/// A partition's queue group: one per partition, so two workers subscribed to one
+/// partition (a moment of disagreement) never both take a message.
+pub fn partition_group(service: &str, partition: u32) -> String {
+    format!("{service}.p{partition}")
+}
+
+/// Where a keyed service's workers tell each other they live and what they hold
+/// (`rpc::KeyedMember`).
+pub fn members_subject(prefix: &str, service: &str) -> String {
+    format!("{prefix}.keyed.{service}.members")
+}
+
+/// Where a worker takes partitions handed to it (`rpc::HandOver`).
+pub fn handover_subject(prefix: &str, service: &str, member: &str) -> String {
+    format!("{prefix}.keyed.{service}.handover.{member}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a_values_other_languages_can_check() {
+        // FNV-1a 32 of "" is its offset basis; of "a" the published test vector.
+        assert_eq!(fnv1a(b""), 0x811c_9dc5);
+        assert_eq!(fnv1a(b"a"), 0xe40c_292c);
+        assert_eq!(fnv1a(b"foobar"), 0xbf9c_f968);
+        assert_eq!(partition_of(b"match-1", 64), 0x2268_96f0 % 64);
+    }
+
+    #[test]
+    fn every_key_lands_in_range() {
+        for n in [1, 2, 7, 64, MAX_PARTITIONS] {
+            for key in ["", "a", "ann", "match-17", "\u{e9}t\u{e9}"] {
+                assert!(partition_of(key.as_bytes(), n) < n);
+            }
+        }
+        assert_eq!(partition_of(b"x", 0), 0, "0 partitions is treated as 1");
+    }
+}

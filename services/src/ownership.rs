@@ -1,0 +1,284 @@
+//! Who owns which partition of a keyed service: the members a worker has heard of, and
+//! what it should do about each partition. Pure logic over a clock the caller passes
+//! in, so it is tested without a bus; [`crate::worker`]'s keyed part acts on the plan.
+//!
+//! - **Members**: every worker of the service says, each heartbeat, that it lives,
+//!   which partitions it holds, and whether it is leaving. One not heard from for the
+//!   member timeout is dead: what it held is nobody's.
+//! - **Owner**: a partition's owner is the live, non-leaving member (this worker
+//!   included) with the highest rendezvous score: FNV-1a 32 of
+//!   `"<member id>:<partition>"`, mixed by MurmurHash3's 32-bit finalizer (FNV alone
+//!   orders similar ids alike for every partition); ties go to the greater id. Adding a member moves only the partitions it now wins, a
+//!   fair share; removing one moves only its own.
+//! - **Plan**: a partition this worker holds and another owns is handed over to it; a
+//!   partition this worker owns and nobody alive claims is taken fresh, but only once
+//!   the worker has listened for a while since it started (two heartbeats: it has heard
+//!   everyone who holds something).
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use proto::keyed::fnv1a;
+
+/// A peer as its last heartbeat described it.
+#[derive(Debug, Clone)]
+struct Member {
+    seen: Instant,
+    held: BTreeSet<u32>,
+    leaving: bool,
+}
+
+/// What this worker should do about one partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Hand the partition it holds over to this member, its owner.
+    HandOver { partition: u32, to: String },
+    /// Take the partition, which it owns and nobody holds, with fresh state.
+    TakeFresh { partition: u32 },
+}
+
+/// This worker's view of its service's members.
+#[derive(Debug)]
+pub(crate) struct Members {
+    me: String,
+    partitions: u32,
+    timeout: Duration,
+    /// How long after its start the worker takes nothing fresh.
+    listen: Duration,
+    started: Instant,
+    peers: HashMap<String, Member>,
+}
+
+/// The rendezvous score of `member` for `partition` (see the module docs).
+pub(crate) fn score(member: &str, partition: u32) -> u32 {
+    let mut h = fnv1a(format!("{member}:{partition}").as_bytes());
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^ (h >> 16)
+}
+
+impl Members {
+    pub(crate) fn new(
+        me: String,
+        partitions: u32,
+        (timeout, listen): (Duration, Duration),
+        now: Instant,
+    ) -> Self {
+        Members {
+            me,
+            partitions,
+            timeout,
+            listen,
+            started: now,
+            peers: HashMap::new(),
+        }
+    }
+
+    /// Takes a peer's heartbeat (this worker's own, echoed back, is ignored); true when
+    /// the peer is new here.
+    pub(crate) fn heard(&mut self, id: &str, held: &[u32], leaving: bool, now: Instant) -> bool {
+        if id == self.me {
+            return false;
+        }
+        let member = Member {
+            seen: now,
+            held: held.iter().copied().collect(),
+            leaving,
+        };
+        self.peers.insert(id.to_owned(), member).is_none()
+    }
+
+    /// Forgets the peers not heard from for the timeout; returns their ids.
+    pub(crate) fn expire(&mut self, now: Instant) -> Vec<String> {
+        let timeout = self.timeout;
+        let dead: Vec<String> = self
+            .peers
+            .iter()
+            .filter(|(_, m)| now.saturating_duration_since(m.seen) > timeout)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &dead {
+            self.peers.remove(id);
+        }
+        dead
+    }
+
+    /// The owner of `partition` among the live members that are not leaving (this
+    /// worker among them unless it is); `None` when there is none.
+    pub(crate) fn owner(&self, partition: u32, leaving: bool) -> Option<&str> {
+        let me = (!leaving).then_some(self.me.as_str());
+        let peers = self
+            .peers
+            .iter()
+            .filter(|(_, m)| !m.leaving)
+            .map(|(id, _)| id.as_str());
+        me.into_iter()
+            .chain(peers)
+            .max_by_key(|id| (score(id, partition), *id))
+    }
+
+    /// Whether a live peer says it holds `partition`.
+    pub(crate) fn claimed(&self, partition: u32) -> bool {
+        self.peers.values().any(|m| m.held.contains(&partition))
+    }
+
+    /// What to do now, given the partitions this worker holds and those being moved to
+    /// or from it (left alone until that move ends).
+    pub(crate) fn plan(
+        &self,
+        held: &BTreeSet<u32>,
+        moving: &BTreeSet<u32>,
+        leaving: bool,
+        now: Instant,
+    ) -> Vec<Step> {
+        let listened = now.saturating_duration_since(self.started) >= self.listen;
+        let mut steps = Vec::new();
+        for partition in 0..self.partitions {
+            if moving.contains(&partition) {
+                continue;
+            }
+            let owner = self.owner(partition, leaving);
+            if held.contains(&partition) {
+                if let Some(owner) = owner.filter(|o| *o != self.me) {
+                    steps.push(Step::HandOver {
+                        partition,
+                        to: owner.to_owned(),
+                    });
+                }
+            } else if listened && owner == Some(self.me.as_str()) && !self.claimed(partition) {
+                steps.push(Step::TakeFresh { partition });
+            }
+        }
+        steps
+    }
+
+    /// Peers that say they hold a partition this worker holds too.
+    pub(crate) fn conflicts(&self, held: &BTreeSet<u32>) -> Vec<u32> {
+        held.iter().copied().filter(|&p| self.claimed(p)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    const LISTEN: Duration = Duration::from_secs(1);
+
+    fn members(me: &str, partitions: u32, now: Instant) -> Members {
+        Members::new(me.to_owned(), partitions, (TIMEOUT, LISTEN), now)
+    }
+
+    fn fresh(steps: &[Step]) -> BTreeSet<u32> {
+        steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::TakeFresh { partition } => Some(*partition),
+                Step::HandOver { .. } => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn alone_a_worker_takes_everything_once_it_has_listened() {
+        let t0 = Instant::now();
+        let m = members("a", 8, t0);
+        let none = BTreeSet::new();
+        let early = t0 + LISTEN - Duration::from_millis(1);
+        assert!(m.plan(&none, &none, false, early).is_empty(), "too early");
+        let later = t0 + LISTEN;
+        assert_eq!(fresh(&m.plan(&none, &none, false, later)), (0..8).collect());
+    }
+
+    #[test]
+    fn owners_agree_and_a_newcomer_takes_a_fair_share_only_from_its_peers() {
+        let t0 = Instant::now();
+        let ids: Vec<String> = (0..4).map(|n| format!("worker-{n}")).collect();
+        let owners_of = |alive: &[String]| -> Vec<String> {
+            // Every member's own view gives the same owners.
+            let views: Vec<Vec<String>> = alive
+                .iter()
+                .map(|me| {
+                    let mut m = members(me, 64, t0);
+                    for peer in alive.iter().filter(|p| *p != me) {
+                        m.heard(peer, &[], false, t0);
+                    }
+                    (0..64)
+                        .map(|p| m.owner(p, false).unwrap().to_owned())
+                        .collect()
+                })
+                .collect();
+            assert!(views.windows(2).all(|w| w[0] == w[1]), "views differ");
+            views[0].clone()
+        };
+        let three = owners_of(&ids[..3]);
+        let four = owners_of(&ids);
+        let moved: Vec<usize> = (0..64).filter(|&p| three[p] != four[p]).collect();
+        assert!(
+            moved.iter().all(|&p| four[p] == ids[3]),
+            "only the newcomer gains"
+        );
+        // A fair share: 16 expected of 64; FNV spreads these ids within a few.
+        assert!((8..=24).contains(&moved.len()), "moved {}", moved.len());
+    }
+
+    #[test]
+    fn held_partitions_go_to_their_owner_and_a_leaver_keeps_none() {
+        let t0 = Instant::now();
+        let mut m = members("a", 16, t0);
+        m.heard("b", &[], false, t0);
+        let held: BTreeSet<u32> = (0..16).collect();
+        let steps = m.plan(&held, &BTreeSet::new(), false, t0);
+        let to_b: BTreeSet<u32> = (0..16)
+            .filter(|&p| m.owner(p, false) == Some("b"))
+            .collect();
+        let handed: BTreeSet<u32> = steps
+            .iter()
+            .map(|s| match s {
+                Step::HandOver { partition, to } => {
+                    assert_eq!(to, "b");
+                    *partition
+                }
+                Step::TakeFresh { .. } => panic!("{s:?}"),
+            })
+            .collect();
+        assert_eq!(handed, to_b);
+        assert!(!to_b.is_empty() && to_b.len() < 16);
+        // Leaving: every partition goes to b; one being moved is left alone.
+        let moving = BTreeSet::from([3]);
+        let leaving = m.plan(&held, &moving, true, t0);
+        assert_eq!(leaving.len(), 15);
+        assert!(leaving.iter().all(
+            |s| matches!(s, Step::HandOver { to, partition } if to == "b" && *partition != 3)
+        ));
+    }
+
+    #[test]
+    fn a_claimed_partition_waits_for_its_hand_over_and_a_dead_claim_frees_it() {
+        let t0 = Instant::now();
+        let mut m = members("a", 4, t0);
+        // "z" holds everything and is leaving: "a" owns all but takes nothing fresh.
+        m.heard("z", &[0, 1, 2, 3], true, t0);
+        let later = t0 + TIMEOUT;
+        let none = BTreeSet::new();
+        assert!(m.plan(&none, &none, false, later).is_empty());
+        // "z" dies: its partitions are nobody's, and "a" takes them fresh.
+        let dead_at = t0 + TIMEOUT + Duration::from_millis(1);
+        assert_eq!(m.expire(dead_at), ["z"]);
+        assert_eq!(
+            fresh(&m.plan(&none, &none, false, dead_at)),
+            (0..4).collect()
+        );
+    }
+
+    #[test]
+    fn conflicts_are_seen() {
+        let t0 = Instant::now();
+        let mut m = members("a", 4, t0);
+        m.heard("b", &[1, 2], false, t0);
+        m.heard("a", &[0, 1, 2, 3], false, t0); // its own echo is ignored
+        assert_eq!(m.conflicts(&BTreeSet::from([0, 2])), [2]);
+    }
+}
