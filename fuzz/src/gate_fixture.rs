@@ -73,6 +73,7 @@ fn announcement(service: &str, methods: &[(&str, &str, &str)], pushes: &[(&str, 
             })
             .collect(),
         descriptors: Bytes::from_static(proto::DESCRIPTORS),
+        keyed: None,
     };
     Bytes::from(schema.encode_to_vec())
 }

@@ -253,6 +253,7 @@ async fn chat_refuses_a_name_that_is_not_the_tokens() {
         id: 1,
         route: "chat.login".into(),
         body: login("mallory").into(),
+        ..Default::default()
     }))
     .await;
     let refused = raw.response().await;
@@ -261,6 +262,7 @@ async fn chat_refuses_a_name_that_is_not_the_tokens() {
         id: 2,
         route: "chat.login".into(),
         body: login("").into(),
+        ..Default::default()
     }))
     .await;
     let accepted = raw.response().await;

@@ -114,6 +114,7 @@ impl Gen {
                 id: self.rng.u64(..),
                 route: self.route(),
                 body: self.bytes(64).into(),
+                key: self.text(8),
             }),
             5 => Kind::Response(client::Response {
                 id: self.rng.u64(..),

@@ -26,6 +26,7 @@ const PACKET_REQUEST: u32 = 4;
 const REQUEST_ID: u32 = 1;
 const REQUEST_ROUTE: u32 = 2;
 const REQUEST_BODY: u32 = 3;
+const REQUEST_KEY: u32 = 4;
 
 /// `Packet{heartbeat: Heartbeat{}}` as protobuf: field 3, length-delimited, zero
 /// length. The same bytes every time.
@@ -66,17 +67,19 @@ pub fn decode_text_typed(payload: &str) -> Result<(Packet, bool), JsonError> {
     json::decode_typed(payload)
 }
 
-/// `Packet{request: Request{id, route, body}}` as protobuf, in one allocation. Id 0 is
-/// a notify.
-pub fn request(id: u64, route: &str, body: &[u8]) -> Bytes {
+/// `Packet{request: Request{id, route, body, key}}` as protobuf, in one allocation. Id 0
+/// is a notify; `key` is a keyed service's key, empty for none.
+pub fn request(id: u64, route: &str, key: &str, body: &[u8]) -> Bytes {
     let inner = wire::varint_len(REQUEST_ID, id)
         + wire::bytes_len(REQUEST_ROUTE, route.len())
-        + wire::bytes_len(REQUEST_BODY, body.len());
+        + wire::bytes_len(REQUEST_BODY, body.len())
+        + wire::bytes_len(REQUEST_KEY, key.len());
     let mut buf = BytesMut::with_capacity(wire::message_len(PACKET_REQUEST, inner));
     wire::put_message_header(&mut buf, PACKET_REQUEST, inner);
     wire::put_varint(&mut buf, REQUEST_ID, id);
     wire::put_bytes(&mut buf, REQUEST_ROUTE, route.as_bytes());
     wire::put_bytes(&mut buf, REQUEST_BODY, body);
+    wire::put_bytes(&mut buf, REQUEST_KEY, key.as_bytes());
     buf.freeze()
 }
 
@@ -84,14 +87,24 @@ pub fn request(id: u64, route: &str, body: &[u8]) -> Bytes {
 /// for a typed route, a quoted string for a raw one), written as it is: no
 /// intermediate value tree per request. Text that is not JSON is refused here rather
 /// than closing the session at the gate.
-pub fn request_json(id: u64, route: &str, body: &[u8]) -> Result<String, serde_json::Error> {
+pub fn request_json(
+    id: u64,
+    route: &str,
+    key: &str,
+    body: &[u8],
+) -> Result<String, serde_json::Error> {
     let body = if body.is_empty() {
         None
     } else {
         Some(serde_json::from_slice::<&RawValue>(body)?)
     };
     let frame = JsonFrame {
-        request: JsonRequest { id, route, body },
+        request: JsonRequest {
+            id,
+            route,
+            body,
+            key,
+        },
     };
     serde_json::to_string(&frame)
 }
@@ -107,6 +120,8 @@ struct JsonRequest<'a> {
     route: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     body: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    key: &'a str,
 }
 
 #[cfg(test)]
@@ -124,24 +139,33 @@ mod tests {
 
     #[test]
     fn a_json_request_carries_its_body_as_a_json_value() {
-        let frame = request_json(7, "chat.say", br#"{"room":"a"}"#).unwrap();
+        let frame = request_json(7, "chat.say", "", br#"{"room":"a"}"#).unwrap();
         assert_eq!(
             frame,
             r#"{"request":{"id":7,"route":"chat.say","body":{"room":"a"}}}"#
         );
         let (_, typed) = decode_text_typed(&frame).unwrap();
         assert!(typed);
-        let empty = request_json(0, "echo.raw", b"").unwrap();
+        let empty = request_json(0, "echo.raw", "", b"").unwrap();
         assert_eq!(empty, r#"{"request":{"id":0,"route":"echo.raw"}}"#);
-        assert!(request_json(1, "echo.raw", b"not json").is_err());
+        assert!(request_json(1, "echo.raw", "", b"not json").is_err());
+        let keyed = request_json(2, "arena.input", "m1", br#"{"dx":1}"#).unwrap();
+        assert_eq!(
+            keyed,
+            r#"{"request":{"id":2,"route":"arena.input","body":{"dx":1},"key":"m1"}}"#
+        );
+        let Some(Kind::Request(r)) = decode_text_typed(&keyed).unwrap().0.kind else {
+            panic!("not a request");
+        };
+        assert_eq!(r.key, "m1");
     }
 
-    fn prost_request(id: u64, route: &str, body: &[u8]) -> Vec<u8> {
+    fn prost_request(id: u64, route: &str, key: &str, body: &[u8]) -> Vec<u8> {
         Packet::new(Kind::Request(Request {
             id,
             route: route.into(),
             body: Bytes::copy_from_slice(body),
-            key: String::new(),
+            key: key.into(),
         }))
         .encode_to_vec()
     }
@@ -149,17 +173,22 @@ mod tests {
     #[test]
     fn request_frame_is_what_prost_encodes() {
         let big = vec![7u8; 300];
-        let cases: [(u64, &str, &[u8]); 6] = [
-            (1, "echo.echo", b"hello"),
-            (0, "chat.say", b"notify"),
-            (u64::MAX, "a.b", b""),
-            (127, "", b""),
-            (128, "echo.echo", &big),
-            (0, "", b""),
+        let cases: [(u64, &str, &str, &[u8]); 7] = [
+            (1, "echo.echo", "", b"hello"),
+            (0, "chat.say", "", b"notify"),
+            (u64::MAX, "a.b", "", b""),
+            (127, "", "", b""),
+            (128, "echo.echo", "", &big),
+            (0, "", "", b""),
+            (9, "arena.input", "match-1", b"\x08\x01"),
         ];
-        for (id, route, body) in cases {
-            let frame = request(id, route, body);
-            assert_eq!(&frame[..], &prost_request(id, route, body)[..], "id {id}");
+        for (id, route, key, body) in cases {
+            let frame = request(id, route, key, body);
+            assert_eq!(
+                &frame[..],
+                &prost_request(id, route, key, body)[..],
+                "id {id}"
+            );
         }
     }
 

@@ -28,6 +28,16 @@ pub const EVENTS_TOTAL: &str = "worker_events_total";
 /// Queue subscriptions whose lease ran out before their successor was subscribed: the
 /// worker was out of its group for a moment (docs/workers.md, "Bursts").
 pub const LEASE_LAPSES_TOTAL: &str = "worker_queue_lease_lapses_total";
+/// A keyed service's partitions this worker holds.
+pub const PARTITIONS_HELD: &str = "worker_partitions_held";
+/// Partitions a keyed service's worker took on, by how (`handed`: with the state its
+/// old owner gave; `fresh`: with none).
+pub const PARTITIONS_TAKEN_TOTAL: &str = "worker_partitions_taken_total";
+/// Partitions handed over to another worker, by outcome (`ok`; `kept`: the new owner did
+/// not take it in time, so this worker kept it and tries again).
+pub const PARTITIONS_HANDED_TOTAL: &str = "worker_partitions_handed_total";
+/// Moments a peer claimed a partition this worker holds too.
+pub const PARTITION_CONFLICTS_TOTAL: &str = "worker_partition_conflicts_total";
 
 /// Registers help text and units with the installed recorder (the Prometheus exporter
 /// prints them). Call once at startup, after installing it.
@@ -68,6 +78,19 @@ pub fn describe() {
     metrics::describe_counter!(
         LEASE_LAPSES_TOTAL,
         "Queue subscriptions whose lease ran out before their successor was subscribed"
+    );
+    metrics::describe_gauge!(PARTITIONS_HELD, "A keyed service's partitions held here");
+    metrics::describe_counter!(
+        PARTITIONS_TAKEN_TOTAL,
+        "Partitions taken on, handed over with their state or fresh"
+    );
+    metrics::describe_counter!(
+        PARTITIONS_HANDED_TOTAL,
+        "Partitions handed over to another worker, or kept when it did not take them"
+    );
+    metrics::describe_counter!(
+        PARTITION_CONFLICTS_TOTAL,
+        "Heartbeats in which a peer claimed a partition this worker holds"
     );
 }
 

@@ -20,6 +20,7 @@ mod announce;
 mod error;
 mod hop;
 mod inputs;
+mod keyed;
 mod output;
 mod resync;
 mod subscribe;
@@ -28,7 +29,7 @@ use std::sync::atomic::Ordering;
 
 use async_nats::{Client, Subscriber};
 use bytes::Bytes;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -41,6 +42,7 @@ use announce::Announcer;
 pub use error::WorkerError;
 use hop::{Mover, Target};
 use inputs::{Subscribed, inputs};
+use keyed::Keyed;
 use resync::Resync;
 use subscribe::{EventSubscription, Subjects, SyncSubscription, fetch_snapshot, subscribe_event};
 
@@ -55,8 +57,10 @@ pub struct Worker {
     /// The snapshot subject's subscription, when the service has one.
     sync: Option<SyncSubscription>,
     snapshot: Option<Bytes>,
-    /// The schema announcement, when the service has descriptors.
+    /// The schema announcement, when the service has descriptors or is keyed.
     announcer: Option<Announcer>,
+    /// A keyed service's partitions, subscribed to its peers.
+    keyed: Option<Keyed>,
     /// The client's count of connections made when the worker subscribed (see
     /// [`crate::drain`]: a reconnect since then puts the client's and the server's
     /// counts of a subscription's messages apart).
@@ -112,7 +116,27 @@ impl Worker {
             }
             None => (None, None),
         };
-        let subject = service_subject(&config.prefix, service.name());
+        // A keyed service's requests arrive on partition subjects (`super::keyed`); on
+        // the service's own subject, only those of a gate that has not learnt yet that
+        // it is keyed, answered 503 (retried, and routed by key then).
+        let subject = match service.partitions() {
+            Some(_) => format!("{}.svc.{}.*", config.prefix, service.name()),
+            None => service_subject(&config.prefix, service.name()),
+        };
+        let keyed = match service.partitions() {
+            Some(partitions) => {
+                let settings = (config.keyed, config.frames.subscription_drain());
+                let keyed = Keyed::subscribe(
+                    &client,
+                    &config.prefix,
+                    service.name(),
+                    partitions,
+                    settings,
+                );
+                Some(keyed.await?)
+            }
+            None => None,
+        };
         let subscriber = client
             .queue_subscribe(subject.clone(), service.name().to_owned())
             .await
@@ -135,6 +159,7 @@ impl Worker {
             sync,
             snapshot,
             announcer,
+            keyed,
             connects,
         })
     }
@@ -169,6 +194,7 @@ impl Worker {
             sync,
             snapshot,
             announcer,
+            keyed,
             connects,
         } = self;
         let client = pusher.client().clone();
@@ -209,12 +235,18 @@ impl Worker {
             timeout: config.move_timeout,
         };
         let mover = Mover::new(target, client.clone());
+        let keyed = keyed.map(|keyed| {
+            let (out, partitions) = mpsc::channel(KEYED_INPUTS);
+            (keyed.run(out, shutdown.clone()), partitions)
+        });
+        let (coordinator, keyed) = keyed.unzip();
         let subscribed = Subscribed {
             client: client.clone(),
             connects,
             requests: subscriber,
             events,
             resync,
+            keyed,
         };
         let input = inputs(subscribed, subjects, mover, drain_config, shutdown);
         tokio::select! {
@@ -226,11 +258,21 @@ impl Worker {
         stopped
             .await
             .map_err(|_| WorkerError::LoopStopped(name.clone()))??;
+        if let Some(coordinator) = coordinator {
+            // Ended with the inputs; a panic in it is the only thing left to report.
+            if let Err(error) = coordinator.await {
+                tracing::error!(%error, "the keyed partitions' task failed");
+            }
+        }
         client.flush().await?;
         tracing::info!("worker stopped");
         Ok(())
     }
 }
+
+/// A keyed service's partition inputs waiting for the intake: the coordinator waits
+/// (never the bus reader) when the intake is behind.
+const KEYED_INPUTS: usize = 1024;
 
 /// Subscribes `service` as a worker and serves until `shutdown`, then drains: stops taking
 /// requests, answers those it took, and returns.

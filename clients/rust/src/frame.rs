@@ -42,13 +42,13 @@ pub(crate) fn heartbeat(json: bool) -> Bytes {
 pub(crate) fn encode_request(
     json: bool,
     id: u64,
-    route: &str,
+    (route, key): (&str, &str),
     body: &[u8],
 ) -> Result<Bytes, SdkError> {
     if !json {
-        return Ok(frame::request(id, route, body));
+        return Ok(frame::request(id, route, key, body));
     }
-    frame::request_json(id, route, body)
+    frame::request_json(id, route, key, body)
         .map(Bytes::from)
         .map_err(|e| SdkError::protocol(format!("a JSON session's body must be JSON: {e}")))
 }
@@ -129,10 +129,13 @@ mod tests {
 
     #[test]
     fn a_request_frame_goes_out_in_the_session_encoding() {
-        let binary = message(false, encode_request(false, 1, "echo.echo", b"hi").unwrap());
+        let binary = message(
+            false,
+            encode_request(false, 1, ("echo.echo", ""), b"hi").unwrap(),
+        );
         let text = message(
             true,
-            encode_request(true, 1, "echo.echo", br#""hi""#).unwrap(),
+            encode_request(true, 1, ("echo.echo", ""), br#""hi""#).unwrap(),
         );
         for frame in [binary, text] {
             let Some(Kind::Request(req)) = decode(&frame).and_then(|p| p.kind) else {
@@ -143,6 +146,6 @@ mod tests {
                 (1, "echo.echo", &b"hi"[..])
             );
         }
-        assert!(encode_request(true, 1, "echo.raw", b"not json").is_err());
+        assert!(encode_request(true, 1, ("echo.raw", ""), b"not json").is_err());
     }
 }

@@ -279,8 +279,31 @@ impl Client {
         body: impl AsRef<[u8]>,
         timeout: Duration,
     ) -> Result<Response, SdkError> {
+        self.keyed_request(route, "", body.as_ref(), timeout).await
+    }
+
+    /// [`Client::request`] to a keyed service's route, routed by `key` (e.g. a match
+    /// id) rather than by the session value the service names or the player's uid
+    /// (docs/protocol.md, "Keyed services").
+    pub async fn request_keyed(
+        &self,
+        route: &str,
+        key: &str,
+        body: impl AsRef<[u8]>,
+    ) -> Result<Response, SdkError> {
+        self.keyed_request(route, key, body.as_ref(), self.inner.request_timeout)
+            .await
+    }
+
+    async fn keyed_request(
+        &self,
+        route: &str,
+        key: &str,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<Response, SdkError> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let frame = frame::encode_request(self.inner.json, id, route, body.as_ref())?;
+        let frame = frame::encode_request(self.inner.json, id, (route, key), body)?;
         tokio::time::timeout(timeout, self.exchange(id, frame))
             .await
             .unwrap_or_else(|_| Err(SdkError::timeout()))
@@ -320,7 +343,7 @@ impl Client {
     /// answered. Returns once it is queued (after waiting for a reconnection if one is
     /// under way, within the request timeout).
     pub async fn notify(&self, route: &str, body: impl AsRef<[u8]>) -> Result<(), SdkError> {
-        let frame = frame::encode_request(self.inner.json, 0, route, body.as_ref())?;
+        let frame = frame::encode_request(self.inner.json, 0, (route, ""), body.as_ref())?;
         let queued = async {
             let epoch = self.wait_up().await?;
             self.send(epoch, frame).await

@@ -595,7 +595,7 @@ async fn a_keyed_request_goes_to_its_key_s_partition_by_explicit_key_then_sessio
             partition_of(key.as_bytes(), 8)
         )
     };
-    let mut expect_sent = async |client: &mut Client, id: u64, key: &str| {
+    let expect_sent = async |client: &mut Client, id: u64, key: &str| {
         // A bind's claim may come first, on its own.
         let mut sent = Vec::new();
         while sent.is_empty() {

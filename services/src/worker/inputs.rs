@@ -75,6 +75,9 @@ struct Inputs {
     queue: SelectAll<Boxed<Incoming<Subject>>>,
     /// The snapshot subject (a queue event), when the service has one.
     resync: Option<Resync>,
+    /// A keyed service's partitions: their requests and changes of hands, in order
+    /// ([`super::keyed`]); `None` for another service, or once they have all gone.
+    keyed: Option<mpsc::Receiver<Incoming<Subject>>>,
     /// Taken from the channels, not yet handed on.
     ready: VecDeque<Incoming<Subject>>,
     subjects: Subjects,
@@ -95,6 +98,10 @@ impl Inputs {
             }
             let serving = !self.requests_done;
             let stopping = self.shutdown.is_cancelled();
+            // A keyed service's partitions stay on the worker's own connection: they do
+            // not move off a server in lame duck mode (docs/workers.md).
+            let keyed = self.keyed.is_some();
+            let stay = stopping || keyed;
             tokio::select! {
                 biased;
                 Some(event) = self.all.next(), if serving => self.ready.push_back(event),
@@ -106,6 +113,13 @@ impl Inputs {
                     self.take_waiting_all();
                     self.ready.push_back(event);
                 }
+                partition = next_keyed(&mut self.keyed), if keyed => match partition {
+                    Some(incoming) => {
+                        self.take_waiting_all();
+                        self.ready.push_back(incoming);
+                    }
+                    None => self.keyed = None,
+                },
                 // `None` once the last one has ended: the loop then sees it is empty.
                 message = self.requests.next(), if serving && !self.requests.is_empty() => {
                     let Some(message) = message else { continue };
@@ -116,7 +130,7 @@ impl Inputs {
                     }
                     self.take_request(message);
                 }
-                arrival = self.mover.next(&self.inbound.client, &self.subjects, stopping), if serving => {
+                arrival = self.mover.next(&self.inbound.client, &self.subjects, stay), if serving => {
                     self.arrive(arrival).await;
                 }
                 // Requests drained, and every queue event stream drained too.
@@ -267,6 +281,16 @@ impl Inputs {
     }
 }
 
+/// The next of a keyed service's inputs; never ready for another service.
+async fn next_keyed(
+    keyed: &mut Option<mpsc::Receiver<Incoming<Subject>>>,
+) -> Option<Incoming<Subject>> {
+    match keyed {
+        Some(partitions) => partitions.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The subscriptions the worker starts with, on its own connection.
 pub(super) struct Subscribed {
     pub client: Client,
@@ -275,6 +299,7 @@ pub(super) struct Subscribed {
     pub requests: Subscriber,
     pub events: Vec<EventSubscription>,
     pub resync: Option<Resync>,
+    pub keyed: Option<mpsc::Receiver<Incoming<Subject>>>,
 }
 
 /// The worker's inputs as one stream (see [`Inputs`]).
@@ -291,9 +316,11 @@ pub(super) fn inputs(
         requests,
         events,
         resync,
+        keyed,
     } = subscribed;
-    // `>` stands for the method: what follows `<prefix>.svc.<service>.`.
-    let method_prefix = subjects.requests.trim_end_matches('>').to_owned();
+    // `>` (or a keyed service's `*`) stands for the method: what follows
+    // `<prefix>.svc.<service>.`.
+    let method_prefix = subjects.requests.trim_end_matches(['>', '*']).to_owned();
     let mut inputs = Inputs {
         requests: SelectAll::new(),
         requests_done: false,
@@ -301,6 +328,7 @@ pub(super) fn inputs(
         all: SelectAll::new(),
         queue: SelectAll::new(),
         resync,
+        keyed,
         ready: VecDeque::new(),
         subjects,
         inbound: Inbound::new(client, connects, &shutdown),

@@ -244,7 +244,9 @@ impl Session {
 
     /// Answers a request; false when the session is over.
     async fn on_request(&self, ws: &mut Ws, state: &mut State, request: Request) -> bool {
-        let Request { id, route, body } = request.clone();
+        let Request {
+            id, route, body, ..
+        } = request.clone();
         if id == 0 {
             let _ = self.events.try_send(Event::Notify { route, body });
             ws.send(frame(response(0, 200, Bytes::from_static(b"stray"))))

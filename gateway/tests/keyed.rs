@@ -1,0 +1,310 @@
+//! Keyed services end to end, on both buses: real gates, real workers, clients over
+//! WebSockets. The service under test keeps a count per key; each key is one session's,
+//! which sends one request at a time, so the answers of a key must count 1, 2, 3, ...
+//! exactly: a lost request or state, a request run twice, or two workers acting on one
+//! key at once all break the sequence.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::proxy::Proxy;
+use common::{Bus, DEADLINE, TestGate, TestWorker, start_worker_with, within};
+use gateway::GateConfig;
+use proto::code;
+use proto::keyed::partition_of;
+use sdk::Client;
+use services::{HandlerError, KeyedConfig, Service, WorkerConfig};
+
+broker::on_both_buses!(
+    one_key_reaches_one_worker_in_order_from_every_gate,
+    a_worker_added_under_load_takes_a_share_and_nothing_is_lost,
+    a_drained_owner_hands_its_state_over_and_nothing_is_lost,
+    a_dead_owner_s_partitions_start_fresh_elsewhere,
+);
+
+const PARTITIONS: u32 = 8;
+const KEYS: usize = 12;
+
+/// Counts per key, moved with their partition; `fresh` counts partitions taken with no
+/// state.
+fn tally(worker: &'static str, fresh: Arc<AtomicUsize>) -> Service {
+    let counts: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let (on_add, on_hand_over, on_take_over) = (counts.clone(), counts.clone(), counts);
+    Service::new("tally")
+        .keyed(PARTITIONS)
+        .raw_method("add", move |ctx, _| {
+            let key = ctx
+                .key()
+                .ok_or_else(|| HandlerError::bad_request("no key"))?
+                .to_owned();
+            let mut counts = on_add.lock().unwrap();
+            let count = counts.entry(key).or_default();
+            *count += 1;
+            Ok(Bytes::from(format!("{worker} {count}")))
+        })
+        .on_hand_over(move |_, partition| {
+            let mut counts = on_hand_over.lock().unwrap();
+            let mut state = String::new();
+            counts.retain(|key, count| {
+                let here = partition_of(key.as_bytes(), PARTITIONS) == partition;
+                if here {
+                    state.push_str(&format!("{key}={count}\n"));
+                }
+                !here
+            });
+            Bytes::from(state)
+        })
+        .on_take_over(move |_, _, state| match state {
+            Some(state) => {
+                let mut counts = on_take_over.lock().unwrap();
+                for line in std::str::from_utf8(&state).unwrap().lines() {
+                    let (key, count) = line.split_once('=').unwrap();
+                    counts.insert(key.to_owned(), count.parse().unwrap());
+                }
+            }
+            None => {
+                fresh.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+}
+
+fn worker_config(url: &str) -> WorkerConfig {
+    WorkerConfig {
+        nats: vec![url.to_owned()],
+        keyed: KeyedConfig {
+            keyed_heartbeat: Duration::from_millis(100),
+            keyed_member_timeout: Duration::from_millis(500),
+            handover_timeout: Duration::from_secs(1),
+        },
+        ..WorkerConfig::default()
+    }
+}
+
+async fn start(url: &str, name: &'static str) -> (TestWorker, Arc<AtomicUsize>) {
+    let fresh = Arc::new(AtomicUsize::new(0));
+    let worker = start_worker_with(tally(name, fresh.clone()), worker_config(url)).await;
+    (worker, fresh)
+}
+
+/// A gate that has learnt that the service is keyed (until then it would send the
+/// service's requests unkeyed, which its workers answer 503).
+async fn gate(bus: &Bus) -> TestGate {
+    let gate = TestGate::start(bus, GateConfig::default()).await;
+    assert!(gate.gate.wait_for_schemas(&["tally"], DEADLINE).await);
+    gate
+}
+
+/// Waits until the workers' fresh take-overs add up to every partition: the service is
+/// served, and a test's counts start from there.
+async fn all_taken(fresh: &[&AtomicUsize]) {
+    within(async {
+        while fresh
+            .iter()
+            .map(|f| f.load(Ordering::Relaxed))
+            .sum::<usize>()
+            < PARTITIONS as usize
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+/// One answer: which worker, and the key's count there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Answer {
+    worker: String,
+    count: u64,
+}
+
+async fn add(client: &Client, key: &str) -> Result<Answer, String> {
+    let response = client
+        .request_keyed("tally.add", key, "")
+        .await
+        .map_err(|e| e.to_string())?;
+    if response.code != code::OK {
+        return Err(format!("{} {}", response.code, response.message));
+    }
+    let text = std::str::from_utf8(&response.body).unwrap();
+    let (worker, count) = text.split_once(' ').unwrap();
+    Ok(Answer {
+        worker: worker.to_owned(),
+        count: count.parse().unwrap(),
+    })
+}
+
+fn key(n: usize) -> String {
+    format!("match-{n}")
+}
+
+/// Each key's answers, sent one at a time from its own session until `stop`.
+async fn load(gates: &[&TestGate], stop: Arc<AtomicBool>) -> Vec<Vec<Result<Answer, String>>> {
+    let mut tasks = Vec::new();
+    for n in 0..KEYS {
+        let client = gates[n % gates.len()].client().await;
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                answers.push(add(&client, &key(n)).await);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            answers
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.push(within(task).await.unwrap());
+    }
+    all
+}
+
+/// Every answer is 200 and each key counts 1, 2, 3, ... with no gap or repeat; returns
+/// each key's workers in the order they answered (each listed once per stretch).
+fn counted_exactly(answers: &[Vec<Result<Answer, String>>]) -> Vec<Vec<String>> {
+    answers
+        .iter()
+        .enumerate()
+        .map(|(n, answers)| {
+            assert!(answers.len() > 3, "key {n}: only {} answers", answers.len());
+            let mut stretches: Vec<String> = Vec::new();
+            for (i, answer) in answers.iter().enumerate() {
+                let answer = answer
+                    .as_ref()
+                    .unwrap_or_else(|e| panic!("key {n}, request {i}: {e}"));
+                assert_eq!(answer.count, i as u64 + 1, "key {n}: {answers:?}");
+                if stretches.last() != Some(&answer.worker) {
+                    stretches.push(answer.worker.clone());
+                }
+            }
+            stretches
+        })
+        .collect()
+}
+
+async fn run_load_while(
+    gates: &[&TestGate],
+    during: impl AsyncFnOnce(),
+) -> Vec<Vec<Result<Answer, String>>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = load(gates, stop.clone());
+    let change = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        during().await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        stop.store(true, Ordering::Relaxed);
+    };
+    let (answers, ()) = tokio::join!(load, change);
+    answers
+}
+
+async fn one_key_reaches_one_worker_in_order_from_every_gate(bus: Bus) {
+    let (_a, fresh_a) = start(bus.url(), "a").await;
+    let (_b, fresh_b) = start(bus.url(), "b").await;
+    all_taken(&[&fresh_a, &fresh_b]).await;
+    let gates = [gate(&bus).await, gate(&bus).await];
+    // Each key from two sessions, one on each gate, taking turns.
+    let mut workers = HashMap::new();
+    let clients = [gates[0].client().await, gates[1].client().await];
+    for round in 0..6u64 {
+        for n in 0..KEYS {
+            let answer = add(&clients[(n + round as usize) % 2], &key(n))
+                .await
+                .unwrap();
+            assert_eq!(answer.count, round + 1, "key {n}");
+            let owner = workers.entry(n).or_insert_with(|| answer.worker.clone());
+            assert_eq!(*owner, answer.worker, "key {n} moved with no reason to");
+        }
+    }
+    let used: std::collections::BTreeSet<&String> = workers.values().collect();
+    assert_eq!(used.len(), 2, "both workers own keys: {workers:?}");
+    // Keys of one partition share its owner.
+    for n in 0..KEYS {
+        for m in 0..KEYS {
+            let p = |k: usize| partition_of(key(k).as_bytes(), PARTITIONS);
+            if p(n) == p(m) {
+                assert_eq!(workers[&n], workers[&m]);
+            }
+        }
+    }
+}
+
+async fn a_worker_added_under_load_takes_a_share_and_nothing_is_lost(bus: Bus) {
+    let (_a, fresh_a) = start(bus.url(), "a").await;
+    let gate = gate(&bus).await;
+    all_taken(&[&fresh_a]).await;
+    let mut added = None;
+    let answers = run_load_while(&[&gate], async || {
+        added = Some(start(bus.url(), "b").await);
+    })
+    .await;
+    let (_b, fresh_b) = added.unwrap();
+    let stretches = counted_exactly(&answers);
+    let moved = stretches.iter().filter(|s| **s == ["a", "b"]).count();
+    assert!(moved > 0, "b took no key: {stretches:?}");
+    assert!(
+        stretches.iter().all(|s| *s == ["a"] || *s == ["a", "b"]),
+        "a key moved once, to the newcomer: {stretches:?}"
+    );
+    assert_eq!(fresh_a.load(Ordering::Relaxed), PARTITIONS as usize);
+    assert_eq!(
+        fresh_b.load(Ordering::Relaxed),
+        0,
+        "b took state, not fresh"
+    );
+}
+
+async fn a_drained_owner_hands_its_state_over_and_nothing_is_lost(bus: Bus) {
+    let (a, fresh_a) = start(bus.url(), "a").await;
+    let (_b, fresh_b) = start(bus.url(), "b").await;
+    all_taken(&[&fresh_a, &fresh_b]).await;
+    let gates = [gate(&bus).await, gate(&bus).await];
+    let taken = fresh_b.load(Ordering::Relaxed);
+    let answers = run_load_while(&[&gates[0], &gates[1]], async || a.stop().await).await;
+    let stretches = counted_exactly(&answers);
+    assert!(
+        stretches.iter().any(|s| *s == ["a", "b"]),
+        "a owned keys: {stretches:?}"
+    );
+    assert!(
+        stretches.iter().all(|s| s.last().unwrap() == "b"),
+        "b ends with every key: {stretches:?}"
+    );
+    assert_eq!(
+        fresh_b.load(Ordering::Relaxed),
+        taken,
+        "b took a's partitions with their state"
+    );
+}
+
+async fn a_dead_owner_s_partitions_start_fresh_elsewhere(bus: Bus) {
+    let proxy = Proxy::start(bus.addr()).await;
+    let (_a, fresh_a) = start(proxy.url(), "a").await;
+    let (_b, fresh_b) = start(bus.url(), "b").await;
+    all_taken(&[&fresh_a, &fresh_b]).await;
+    let gate = gate(&bus).await;
+    let client = gate.client().await;
+    let mut owners = Vec::new();
+    for n in 0..KEYS {
+        owners.push(add(&client, &key(n)).await.unwrap().worker);
+    }
+    assert!(owners.iter().any(|w| w == "a") && owners.iter().any(|w| w == "b"));
+    let before = fresh_b.load(Ordering::Relaxed);
+    proxy.cut().await;
+    // Every key is served again, by b; a's keys start over, b's go on.
+    for (n, owner) in owners.iter().enumerate() {
+        let answer = add(&client, &key(n)).await.unwrap();
+        assert_eq!(answer.worker, "b", "key {n}");
+        let expected = if owner == "a" { 1 } else { 2 };
+        assert_eq!(answer.count, expected, "key {n}, was {owner}'s");
+    }
+    assert!(
+        fresh_b.load(Ordering::Relaxed) > before,
+        "b was told the partitions start fresh"
+    );
+}
