@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/rpc.proto",
         "proto/echo.proto",
         "proto/chat.proto",
+        "proto/arena.proto",
         "proto/status.proto",
     ];
     for f in files {

@@ -211,7 +211,9 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     };
     let echo =
         roles::start_worker(ServiceName::Echo, worker_config.clone(), shutdown.clone()).await?;
-    let chat = roles::start_worker(ServiceName::Chat, worker_config, shutdown.clone()).await?;
+    let chat =
+        roles::start_worker(ServiceName::Chat, worker_config.clone(), shutdown.clone()).await?;
+    let arena = roles::start_worker(ServiceName::Arena, worker_config, shutdown.clone()).await?;
     // The gate, the hot part of the path, reaches the broker in process: no loopback
     // TCP, no kernel between them. (The workers' NATS client, async-nats, has no
     // in-process transport: they use loopback TCP.)
@@ -234,7 +236,11 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     }
     // Ready means every client can use every route: the gate has the local workers'
     // message types (JSON bodies, the pomelo dictionary) before the first client comes.
-    let local = [services::echo::NAME, services::chat::NAME];
+    let local = [
+        services::echo::NAME,
+        services::chat::NAME,
+        services::arena::NAME,
+    ];
     if !gate.gate.wait_for_schemas(&local, UP_SCHEMA_WAIT).await {
         tracing::warn!(
             "the gate has not heard the workers' message types yet; JSON and pomelo clients may miss them for a moment"
@@ -258,9 +264,13 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     let gate_result = roles::join(gate.task).await;
     let echo_result = roles::join(echo).await;
     let chat_result = roles::join(chat).await;
+    let arena_result = roles::join(arena).await;
     broker_shutdown.cancel();
     broker.stop().await?;
-    gate_result.and(echo_result).and(chat_result)
+    gate_result
+        .and(echo_result)
+        .and(chat_result)
+        .and(arena_result)
 }
 
 #[cfg(test)]

@@ -53,6 +53,8 @@ pub struct GateArgs {
 pub enum ServiceName {
     Echo,
     Chat,
+    /// The reference keyed service (matches that move between workers).
+    Arena,
 }
 
 impl ServiceName {
@@ -60,6 +62,7 @@ impl ServiceName {
         match self {
             ServiceName::Echo => services::echo::service(),
             ServiceName::Chat => services::chat::service(),
+            ServiceName::Arena => services::arena::service(),
         }
     }
 }

@@ -15,6 +15,9 @@ use bytes::Bytes;
 use common::proxy::Proxy;
 use common::{Bus, DEADLINE, TestGate, TestWorker, start_worker_with, within};
 use gateway::GateConfig;
+use proto::Message as _;
+use proto::arena::{InputRequest, InputResponse, JoinRequest, State};
+use proto::chat::LoginRequest;
 use proto::code;
 use proto::keyed::partition_of;
 use sdk::Client;
@@ -25,6 +28,7 @@ broker::on_both_buses!(
     a_worker_added_under_load_takes_a_share_and_nothing_is_lost,
     a_drained_owner_hands_its_state_over_and_nothing_is_lost,
     a_dead_owner_s_partitions_start_fresh_elsewhere,
+    an_arena_match_moves_twice_under_inputs_without_losing_a_move_or_a_tick,
 );
 
 const PARTITIONS: u32 = 8;
@@ -91,12 +95,16 @@ async fn start(url: &str, name: &'static str) -> (TestWorker, Arc<AtomicUsize>) 
     (worker, fresh)
 }
 
-/// A gate that has learnt that the service is keyed (until then it would send the
-/// service's requests unkeyed, which its workers answer 503).
-async fn gate(bus: &Bus) -> TestGate {
+/// A gate that has learnt `services`' schemas, so that a keyed one is known as keyed
+/// (until then the gate would send its requests unkeyed, which its workers answer 503).
+async fn gate_for(bus: &Bus, services: &[&str]) -> TestGate {
     let gate = TestGate::start(bus, GateConfig::default()).await;
-    assert!(gate.gate.wait_for_schemas(&["tally"], DEADLINE).await);
+    assert!(gate.gate.wait_for_schemas(services, DEADLINE).await);
     gate
+}
+
+async fn gate(bus: &Bus) -> TestGate {
+    gate_for(bus, &["tally"]).await
 }
 
 /// Waits until the workers' fresh take-overs add up to every partition: the service is
@@ -306,5 +314,85 @@ async fn a_dead_owner_s_partitions_start_fresh_elsewhere(bus: Bus) {
     assert!(
         fresh_b.load(Ordering::Relaxed) > before,
         "b was told the partitions start fresh"
+    );
+}
+
+/// A player of the arena: logged in (chat), joined to `name`.
+async fn player(gate: &TestGate, uid: &str, name: &str) -> Client {
+    let client = gate.client().await;
+    let login = LoginRequest { name: uid.into() }.encode_to_vec();
+    assert_eq!(
+        client.request("chat.login", login).await.unwrap().code,
+        code::OK
+    );
+    let join = JoinRequest {
+        r#match: name.into(),
+    };
+    let joined = client
+        .request_keyed("arena.join", name, join.encode_to_vec())
+        .await
+        .unwrap();
+    assert_eq!(joined.code, code::OK, "{}", joined.message);
+    client
+}
+
+async fn an_arena_match_moves_twice_under_inputs_without_losing_a_move_or_a_tick(bus: Bus) {
+    const INPUTS: usize = 60;
+    let _chat =
+        common::start_worker(bus.url(), services::chat::service(), Default::default()).await;
+    let a = start_worker_with(services::arena::service(), worker_config(bus.url())).await;
+    let gate = gate_for(&bus, &["arena", "chat"]).await;
+    let ann = player(&gate, "ann", "m1").await;
+    let mut states = ann.pushes().unwrap();
+    let bob = player(&gate, "bob", "m1").await;
+    // Inputs every 10 ms, each sent without waiting for the one before.
+    let send_inputs = |client: Client, (dx, dy): (i32, i32)| {
+        tokio::spawn(async move {
+            let mut sent = Vec::new();
+            for _ in 0..INPUTS {
+                let client = client.clone();
+                let body = InputRequest { dx, dy }.encode_to_vec();
+                sent.push(tokio::spawn(async move {
+                    client.request("arena.input", body).await
+                }));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            for input in sent {
+                let answer = input.await.unwrap().unwrap();
+                assert_eq!(answer.code, code::OK, "{}", answer.message);
+            }
+            client
+        })
+    };
+    let inputs = [send_inputs(ann, (1, 2)), send_inputs(bob, (-1, 0))];
+    // Meanwhile: a second worker takes its share (maybe the match), then the first
+    // drains (the match surely moves).
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let _b = start_worker_with(services::arena::service(), worker_config(bus.url())).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    a.stop().await;
+    let mut players = Vec::new();
+    for input in inputs {
+        players.push(within(input).await.unwrap());
+    }
+    // Every move counted once: the positions are the sums of the inputs.
+    let n = INPUTS as i64;
+    for (client, expected) in players.iter().zip([(n, 2 * n), (-n, 0)]) {
+        let body = InputRequest { dx: 0, dy: 0 }.encode_to_vec();
+        let at = client.request("arena.input", body).await.unwrap();
+        let at = InputResponse::decode(at.body).unwrap();
+        assert_eq!((at.x, at.y), expected);
+    }
+    // The match's ticks, as a player saw them: one more each push, across both moves.
+    let mut ticks = Vec::new();
+    while let Some(push) = states.try_recv() {
+        if push.route == "arena.state" {
+            ticks.push(State::decode(push.body).unwrap().tick);
+        }
+    }
+    assert!(ticks.len() > 10, "{} state pushes", ticks.len());
+    assert!(
+        ticks.windows(2).all(|w| w[1] == w[0] + 1),
+        "ticks go on one by one: {ticks:?}"
     );
 }

@@ -5,6 +5,7 @@
 //! - [`rpc`]: the envelope between a gate and a worker, carried over the bus.
 //! - [`echo`]: the echo service's messages.
 //! - [`chat`]: the chat service's messages, and what its workers tell each other.
+//! - [`arena`]: the arena service's messages (the reference keyed service).
 //! - [`status`]: the status codes of every answer ([`code`] has them as `u32`).
 //!
 //! Binary WebSocket frames carry a `Packet` as protobuf; text frames carry the same
@@ -26,6 +27,10 @@ pub mod echo {
 
 pub mod chat {
     include!(concat!(env!("OUT_DIR"), "/shaddock.chat.rs"));
+}
+
+pub mod arena {
+    include!(concat!(env!("OUT_DIR"), "/shaddock.arena.rs"));
 }
 
 pub mod frame;

@@ -26,6 +26,7 @@
 //! are services written with it. docs/workers.md is the protocol and
 //! the operator's guide.
 
+pub mod arena;
 mod bus;
 pub mod chat;
 pub mod config;

@@ -134,12 +134,40 @@ impl<S: Io> Session<S> {
         let wait = first
             .saturating_mul(1 << pending.resends.min(16))
             .min(MAX_RESEND_BACKOFF);
-        let at = Instant::now() + wait;
+        let mut at = Instant::now() + wait;
         // Room for the wait, and as long again for the worker to answer.
         if at + wait > pending.received + timeout {
             return false;
         }
         pending.resends += 1;
+        if !pending.key.is_empty() {
+            // Not before one of its partition's sent earlier (see `wait_behind`).
+            let subject = pending.subject.clone();
+            at = at.max(self.last_resend_of(&subject).unwrap_or(at));
+        }
+        self.resends.push((at, id));
+        true
+    }
+
+    /// When the last request waiting to be sent again on `subject` is due.
+    fn last_resend_of(&self, subject: &str) -> Option<Instant> {
+        self.resends
+            .iter()
+            .rev()
+            .find(|(_, id)| self.pending.get(id).is_some_and(|p| &*p.subject == subject))
+            .map(|&(at, _)| at)
+    }
+
+    /// A keyed request whose partition has requests of this session waiting to be sent
+    /// again (it had no worker a moment ago: a hand-over) waits behind them, unsent, and
+    /// goes with them in the order they came: a partition's requests from one session
+    /// keep their order across a hand-over. Returns whether it waits. (One already sent
+    /// when the first came back "no responders" may still reach the new owner first:
+    /// the window is one round trip to the bus.)
+    pub(super) fn wait_behind(&mut self, id: u64, subject: &str) -> bool {
+        let Some(at) = self.last_resend_of(subject) else {
+            return false;
+        };
         self.resends.push((at, id));
         true
     }

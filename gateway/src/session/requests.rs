@@ -170,7 +170,14 @@ impl<S: Io> Session<S> {
             }
             return None;
         }
-        match self.publish(req.id, &pending) {
+        let waits = !pending.key.is_empty() && {
+            let subject = pending.subject.clone();
+            self.wait_behind(req.id, &subject)
+        };
+        match self.publish_unless(waits, req.id, &pending) {
+            // Waiting counts as sent: it is never held for the bus, and a timeout
+            // answers 408.
+            Ok(()) if waits => pending.sent = true,
             Ok(()) => pending.mark_sent(),
             Err(BusError::Disconnected) if self.hold(req.id, pending.body_len()) => {}
             Err(e) => {
@@ -186,6 +193,14 @@ impl<S: Io> Session<S> {
         self.deadlines
             .push_back((received + self.gate.config.request_timeout, req.id));
         None
+    }
+
+    /// Publishes request `id` unless it `waits` behind others (see `wait_behind`).
+    fn publish_unless(&self, waits: bool, id: u64, pending: &Pending) -> Result<(), BusError> {
+        if waits {
+            return Ok(());
+        }
+        self.publish(id, pending)
     }
 
     /// The key a keyed service's request is routed by: the client's, else the session

@@ -647,3 +647,47 @@ async fn a_keyed_request_goes_to_its_key_s_partition_by_explicit_key_then_sessio
     keyed_request(&mut client, 6, "other").await;
     expect_sent(&mut client, 6, "other").await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn keyed_requests_behind_one_that_found_no_worker_wait_and_keep_their_order() {
+    use proto::keyed::partition_of;
+    let cx = gate(|c| c.resend_backoff = Duration::from_millis(100));
+    let schema = proto::rpc::ServiceSchema {
+        service: "arena".into(),
+        keyed: Some(proto::rpc::Keyed {
+            partitions: 8,
+            session_key: String::new(),
+        }),
+        ..Default::default()
+    };
+    cx.schemas.learn(schema.encode_to_vec().into()).unwrap();
+    let other = (0..)
+        .map(|n| format!("k{n}"))
+        .find(|k| partition_of(k.as_bytes(), 8) != partition_of(b"m", 8))
+        .unwrap();
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    keyed_request(&mut client, 1, "m").await;
+    assert_eq!(published(&cx.bus.written().await).len(), 1);
+    // The partition is moving: no worker for request 1.
+    let reply = WorkerReply::NoResponders;
+    cx.sessions
+        .offer(client.sid, ToSession::Reply { id: 1, reply })
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let start = tokio::time::Instant::now();
+    keyed_request(&mut client, 2, "m").await;
+    keyed_request(&mut client, 3, "m").await;
+    keyed_request(&mut client, 4, &other).await;
+    // Another partition's request goes at once; 2 and 3 wait behind 1...
+    let first = published(&cx.bus.written().await);
+    let ids = |sent: &[(String, String, RpcRequest)]| -> Vec<String> {
+        sent.iter()
+            .map(|(_, reply, _)| reply.rsplit('.').next().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(ids(&first), ["4"]);
+    // ... and go with it, in order, once its wait is over.
+    let again = published(&cx.bus.written().await);
+    assert_eq!(ids(&again), ["1", "2", "3"]);
+    assert!(start.elapsed() >= Duration::from_millis(90));
+}
