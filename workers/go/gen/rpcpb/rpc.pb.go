@@ -118,7 +118,10 @@ type RpcRequest struct {
 	Body    []byte                 `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
 	Session *Session               `protobuf:"bytes,3,opt,name=session,proto3" json:"session,omitempty"`
 	// Gate's clock is not the worker's: the worker reports durations only.
-	Timing        bool `protobuf:"varint,4,opt,name=timing,proto3" json:"timing,omitempty"`
+	Timing bool `protobuf:"varint,4,opt,name=timing,proto3" json:"timing,omitempty"`
+	// A keyed service's request: the key it was routed by (its partition is in the
+	// subject). Empty for other services.
+	Key           string `protobuf:"bytes,5,opt,name=key,proto3" json:"key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -179,6 +182,13 @@ func (x *RpcRequest) GetTiming() bool {
 		return x.Timing
 	}
 	return false
+}
+
+func (x *RpcRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
 }
 
 type RpcResponse struct {
@@ -805,7 +815,9 @@ type ServiceSchema struct {
 	Pushes  []*PushSchema          `protobuf:"bytes,3,rep,name=pushes,proto3" json:"pushes,omitempty"`
 	// A google.protobuf.FileDescriptorSet holding every type named above and their
 	// dependencies.
-	Descriptors   []byte `protobuf:"bytes,4,opt,name=descriptors,proto3" json:"descriptors,omitempty"`
+	Descriptors []byte `protobuf:"bytes,4,opt,name=descriptors,proto3" json:"descriptors,omitempty"`
+	// Set for a keyed service: gates route its requests by key to a partition subject.
+	Keyed         *Keyed `protobuf:"bytes,5,opt,name=keyed,proto3" json:"keyed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -868,6 +880,198 @@ func (x *ServiceSchema) GetDescriptors() []byte {
 	return nil
 }
 
+func (x *ServiceSchema) GetKeyed() *Keyed {
+	if x != nil {
+		return x.Keyed
+	}
+	return nil
+}
+
+// How a keyed service's requests are routed (docs/workers.md, "Keyed services"). A
+// request's key is the client's explicit key, else the session data value under
+// `session_key` (when named and set), else the player's uid; its partition is
+// FNV-1a-32(key bytes) % partitions; it is published on
+// <prefix>.svc.<service>.p<partition>.<method>.
+type Keyed struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Partitions    uint32                 `protobuf:"varint,1,opt,name=partitions,proto3" json:"partitions,omitempty"`
+	SessionKey    string                 `protobuf:"bytes,2,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Keyed) Reset() {
+	*x = Keyed{}
+	mi := &file_rpc_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Keyed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Keyed) ProtoMessage() {}
+
+func (x *Keyed) ProtoReflect() protoreflect.Message {
+	mi := &file_rpc_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Keyed.ProtoReflect.Descriptor instead.
+func (*Keyed) Descriptor() ([]byte, []int) {
+	return file_rpc_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Keyed) GetPartitions() uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return 0
+}
+
+func (x *Keyed) GetSessionKey() string {
+	if x != nil {
+		return x.SessionKey
+	}
+	return ""
+}
+
+// A keyed service's worker, to its peers, on <prefix>.keyed.<service>.members every
+// heartbeat, and once with `leaving` when it starts draining.
+type KeyedMember struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unique per worker process and start.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The partitions it holds now, ascending.
+	Held []uint32 `protobuf:"varint,2,rep,packed,name=held,proto3" json:"held,omitempty"`
+	// Draining: it takes no partitions and hands over those it holds.
+	Leaving       bool `protobuf:"varint,3,opt,name=leaving,proto3" json:"leaving,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyedMember) Reset() {
+	*x = KeyedMember{}
+	mi := &file_rpc_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyedMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyedMember) ProtoMessage() {}
+
+func (x *KeyedMember) ProtoReflect() protoreflect.Message {
+	mi := &file_rpc_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyedMember.ProtoReflect.Descriptor instead.
+func (*KeyedMember) Descriptor() ([]byte, []int) {
+	return file_rpc_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *KeyedMember) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *KeyedMember) GetHeld() []uint32 {
+	if x != nil {
+		return x.Held
+	}
+	return nil
+}
+
+func (x *KeyedMember) GetLeaving() bool {
+	if x != nil {
+		return x.Leaving
+	}
+	return false
+}
+
+// A partition's state, from its old owner to its new one, sent as a request on
+// <prefix>.keyed.<service>.handover.<new owner's id>; the new owner answers (an empty
+// body) once it has restored the state and subscribed the partition.
+type HandOver struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Partition     uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	State         []byte                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	From          string                 `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandOver) Reset() {
+	*x = HandOver{}
+	mi := &file_rpc_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandOver) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandOver) ProtoMessage() {}
+
+func (x *HandOver) ProtoReflect() protoreflect.Message {
+	mi := &file_rpc_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandOver.ProtoReflect.Descriptor instead.
+func (*HandOver) Descriptor() ([]byte, []int) {
+	return file_rpc_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *HandOver) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *HandOver) GetState() []byte {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
+func (x *HandOver) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
 // A typed method: full protobuf names of its request and response messages. Raw
 // methods are not listed: their bodies pass through as they are.
 type MethodSchema struct {
@@ -881,7 +1085,7 @@ type MethodSchema struct {
 
 func (x *MethodSchema) Reset() {
 	*x = MethodSchema{}
-	mi := &file_rpc_proto_msgTypes[11]
+	mi := &file_rpc_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +1097,7 @@ func (x *MethodSchema) String() string {
 func (*MethodSchema) ProtoMessage() {}
 
 func (x *MethodSchema) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[11]
+	mi := &file_rpc_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +1110,7 @@ func (x *MethodSchema) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MethodSchema.ProtoReflect.Descriptor instead.
 func (*MethodSchema) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{11}
+	return file_rpc_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *MethodSchema) GetMethod() string {
@@ -941,7 +1145,7 @@ type PushSchema struct {
 
 func (x *PushSchema) Reset() {
 	*x = PushSchema{}
-	mi := &file_rpc_proto_msgTypes[12]
+	mi := &file_rpc_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -953,7 +1157,7 @@ func (x *PushSchema) String() string {
 func (*PushSchema) ProtoMessage() {}
 
 func (x *PushSchema) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[12]
+	mi := &file_rpc_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -966,7 +1170,7 @@ func (x *PushSchema) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushSchema.ProtoReflect.Descriptor instead.
 func (*PushSchema) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{12}
+	return file_rpc_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PushSchema) GetRoute() string {
@@ -1000,13 +1204,14 @@ const file_rpc_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vClaimsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x7f\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x91\x01\n" +
 	"\n" +
 	"RpcRequest\x12\x14\n" +
 	"\x05route\x18\x01 \x01(\tR\x05route\x12\x12\n" +
 	"\x04body\x18\x02 \x01(\fR\x04body\x12/\n" +
 	"\asession\x18\x03 \x01(\v2\x15.shaddock.rpc.SessionR\asession\x12\x16\n" +
-	"\x06timing\x18\x04 \x01(\bR\x06timing\"\xb9\x01\n" +
+	"\x06timing\x18\x04 \x01(\bR\x06timing\x12\x10\n" +
+	"\x03key\x18\x05 \x01(\tR\x03key\"\xb9\x01\n" +
 	"\vRpcResponse\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x12\n" +
 	"\x04body\x18\x02 \x01(\fR\x04body\x12\x18\n" +
@@ -1045,12 +1250,27 @@ const file_rpc_proto_rawDesc = "" +
 	"\x05Claim\x12\x12\n" +
 	"\x04gate\x18\x01 \x01(\tR\x04gate\x12\x10\n" +
 	"\x03sid\x18\x02 \x01(\x04R\x03sid\"\a\n" +
-	"\x05Probe\"\xb3\x01\n" +
+	"\x05Probe\"\xde\x01\n" +
 	"\rServiceSchema\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x124\n" +
 	"\amethods\x18\x02 \x03(\v2\x1a.shaddock.rpc.MethodSchemaR\amethods\x120\n" +
 	"\x06pushes\x18\x03 \x03(\v2\x18.shaddock.rpc.PushSchemaR\x06pushes\x12 \n" +
-	"\vdescriptors\x18\x04 \x01(\fR\vdescriptors\"n\n" +
+	"\vdescriptors\x18\x04 \x01(\fR\vdescriptors\x12)\n" +
+	"\x05keyed\x18\x05 \x01(\v2\x13.shaddock.rpc.KeyedR\x05keyed\"H\n" +
+	"\x05Keyed\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x01 \x01(\rR\n" +
+	"partitions\x12\x1f\n" +
+	"\vsession_key\x18\x02 \x01(\tR\n" +
+	"sessionKey\"K\n" +
+	"\vKeyedMember\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04held\x18\x02 \x03(\rR\x04held\x12\x18\n" +
+	"\aleaving\x18\x03 \x01(\bR\aleaving\"R\n" +
+	"\bHandOver\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\fR\x05state\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\tR\x04from\"n\n" +
 	"\fMethodSchema\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\tR\x06method\x12!\n" +
 	"\frequest_type\x18\x02 \x01(\tR\vrequestType\x12#\n" +
@@ -1072,7 +1292,7 @@ func file_rpc_proto_rawDescGZIP() []byte {
 	return file_rpc_proto_rawDescData
 }
 
-var file_rpc_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_rpc_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_rpc_proto_goTypes = []any{
 	(*Session)(nil),       // 0: shaddock.rpc.Session
 	(*RpcRequest)(nil),    // 1: shaddock.rpc.RpcRequest
@@ -1085,27 +1305,31 @@ var file_rpc_proto_goTypes = []any{
 	(*Claim)(nil),         // 8: shaddock.rpc.Claim
 	(*Probe)(nil),         // 9: shaddock.rpc.Probe
 	(*ServiceSchema)(nil), // 10: shaddock.rpc.ServiceSchema
-	(*MethodSchema)(nil),  // 11: shaddock.rpc.MethodSchema
-	(*PushSchema)(nil),    // 12: shaddock.rpc.PushSchema
-	nil,                   // 13: shaddock.rpc.Session.DataEntry
-	nil,                   // 14: shaddock.rpc.Session.ClaimsEntry
+	(*Keyed)(nil),         // 11: shaddock.rpc.Keyed
+	(*KeyedMember)(nil),   // 12: shaddock.rpc.KeyedMember
+	(*HandOver)(nil),      // 13: shaddock.rpc.HandOver
+	(*MethodSchema)(nil),  // 14: shaddock.rpc.MethodSchema
+	(*PushSchema)(nil),    // 15: shaddock.rpc.PushSchema
+	nil,                   // 16: shaddock.rpc.Session.DataEntry
+	nil,                   // 17: shaddock.rpc.Session.ClaimsEntry
 }
 var file_rpc_proto_depIdxs = []int32{
-	13, // 0: shaddock.rpc.Session.data:type_name -> shaddock.rpc.Session.DataEntry
-	14, // 1: shaddock.rpc.Session.claims:type_name -> shaddock.rpc.Session.ClaimsEntry
+	16, // 0: shaddock.rpc.Session.data:type_name -> shaddock.rpc.Session.DataEntry
+	17, // 1: shaddock.rpc.Session.claims:type_name -> shaddock.rpc.Session.ClaimsEntry
 	0,  // 2: shaddock.rpc.RpcRequest.session:type_name -> shaddock.rpc.Session
 	3,  // 3: shaddock.rpc.RpcResponse.effects:type_name -> shaddock.rpc.Effect
 	4,  // 4: shaddock.rpc.Effect.set_data:type_name -> shaddock.rpc.SetData
 	6,  // 5: shaddock.rpc.UserCommand.push:type_name -> shaddock.rpc.ServerPush
 	8,  // 6: shaddock.rpc.UserCommand.claim:type_name -> shaddock.rpc.Claim
 	9,  // 7: shaddock.rpc.UserCommand.probe:type_name -> shaddock.rpc.Probe
-	11, // 8: shaddock.rpc.ServiceSchema.methods:type_name -> shaddock.rpc.MethodSchema
-	12, // 9: shaddock.rpc.ServiceSchema.pushes:type_name -> shaddock.rpc.PushSchema
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	14, // 8: shaddock.rpc.ServiceSchema.methods:type_name -> shaddock.rpc.MethodSchema
+	15, // 9: shaddock.rpc.ServiceSchema.pushes:type_name -> shaddock.rpc.PushSchema
+	11, // 10: shaddock.rpc.ServiceSchema.keyed:type_name -> shaddock.rpc.Keyed
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_rpc_proto_init() }
@@ -1133,7 +1357,7 @@ func file_rpc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rpc_proto_rawDesc), len(file_rpc_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file rpc.proto.
  */
 export const file_rpc: GenFile = /*@__PURE__*/
-  fileDesc("CglycGMucHJvdG8SDHNoYWRkb2NrLnJwYyKGAgoHU2Vzc2lvbhIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBBILCgN1aWQYAyABKAkSLQoEZGF0YRgEIAMoCzIfLnNoYWRkb2NrLnJwYy5TZXNzaW9uLkRhdGFFbnRyeRIxCgZjbGFpbXMYBSADKAsyIS5zaGFkZG9jay5ycGMuU2Vzc2lvbi5DbGFpbXNFbnRyeRIVCg1hdXRoZW50aWNhdGVkGAYgASgIGisKCURhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBGi0KC0NsYWltc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiYQoKUnBjUmVxdWVzdBINCgVyb3V0ZRgBIAEoCRIMCgRib2R5GAIgASgMEiYKB3Nlc3Npb24YAyABKAsyFS5zaGFkZG9jay5ycGMuU2Vzc2lvbhIOCgZ0aW1pbmcYBCABKAgihwEKC1JwY1Jlc3BvbnNlEgwKBGNvZGUYASABKA0SDAoEYm9keRgCIAEoDBIPCgdtZXNzYWdlGAMgASgJEiUKB2VmZmVjdHMYBCADKAsyFC5zaGFkZG9jay5ycGMuRWZmZWN0EhAKCHF1ZXVlX3VzGAUgASgNEhIKCmhhbmRsZXJfdXMYBiABKA0ilgEKBkVmZmVjdBISCghiaW5kX3VpZBgBIAEoCUgAEikKCHNldF9kYXRhGAIgASgLMhUuc2hhZGRvY2sucnBjLlNldERhdGFIABIUCgpjbGVhcl9kYXRhGAMgASgJSAASDgoEam9pbhgEIAEoCUgAEg8KBWxlYXZlGAUgASgJSAASDgoEa2ljaxgGIAEoCUgAQgYKBGtpbmQiJQoHU2V0RGF0YRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAkiRwoNU2Vzc2lvbkNsb3NlZBIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBBILCgN1aWQYAyABKAkSDgoGZ3JvdXBzGAQgAygJIikKClNlcnZlclB1c2gSDQoFcm91dGUYASABKAkSDAoEYm9keRgCIAEoDCKbAQoLVXNlckNvbW1hbmQSKAoEcHVzaBgBIAEoCzIYLnNoYWRkb2NrLnJwYy5TZXJ2ZXJQdXNoSAASDgoEa2ljaxgCIAEoCUgAEiQKBWNsYWltGAMgASgLMhMuc2hhZGRvY2sucnBjLkNsYWltSAASJAoFcHJvYmUYBCABKAsyEy5zaGFkZG9jay5ycGMuUHJvYmVIAEIGCgRraW5kIiIKBUNsYWltEgwKBGdhdGUYASABKAkSCwoDc2lkGAIgASgEIgcKBVByb2JlIowBCg1TZXJ2aWNlU2NoZW1hEg8KB3NlcnZpY2UYASABKAkSKwoHbWV0aG9kcxgCIAMoCzIaLnNoYWRkb2NrLnJwYy5NZXRob2RTY2hlbWESKAoGcHVzaGVzGAMgAygLMhguc2hhZGRvY2sucnBjLlB1c2hTY2hlbWESEwoLZGVzY3JpcHRvcnMYBCABKAwiSwoMTWV0aG9kU2NoZW1hEg4KBm1ldGhvZBgBIAEoCRIUCgxyZXF1ZXN0X3R5cGUYAiABKAkSFQoNcmVzcG9uc2VfdHlwZRgDIAEoCSIxCgpQdXNoU2NoZW1hEg0KBXJvdXRlGAEgASgJEhQKDG1lc3NhZ2VfdHlwZRgCIAEoCWIGcHJvdG8z");
+  fileDesc("CglycGMucHJvdG8SDHNoYWRkb2NrLnJwYyKGAgoHU2Vzc2lvbhIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBBILCgN1aWQYAyABKAkSLQoEZGF0YRgEIAMoCzIfLnNoYWRkb2NrLnJwYy5TZXNzaW9uLkRhdGFFbnRyeRIxCgZjbGFpbXMYBSADKAsyIS5zaGFkZG9jay5ycGMuU2Vzc2lvbi5DbGFpbXNFbnRyeRIVCg1hdXRoZW50aWNhdGVkGAYgASgIGisKCURhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBGi0KC0NsYWltc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEibgoKUnBjUmVxdWVzdBINCgVyb3V0ZRgBIAEoCRIMCgRib2R5GAIgASgMEiYKB3Nlc3Npb24YAyABKAsyFS5zaGFkZG9jay5ycGMuU2Vzc2lvbhIOCgZ0aW1pbmcYBCABKAgSCwoDa2V5GAUgASgJIocBCgtScGNSZXNwb25zZRIMCgRjb2RlGAEgASgNEgwKBGJvZHkYAiABKAwSDwoHbWVzc2FnZRgDIAEoCRIlCgdlZmZlY3RzGAQgAygLMhQuc2hhZGRvY2sucnBjLkVmZmVjdBIQCghxdWV1ZV91cxgFIAEoDRISCgpoYW5kbGVyX3VzGAYgASgNIpYBCgZFZmZlY3QSEgoIYmluZF91aWQYASABKAlIABIpCghzZXRfZGF0YRgCIAEoCzIVLnNoYWRkb2NrLnJwYy5TZXREYXRhSAASFAoKY2xlYXJfZGF0YRgDIAEoCUgAEg4KBGpvaW4YBCABKAlIABIPCgVsZWF2ZRgFIAEoCUgAEg4KBGtpY2sYBiABKAlIAEIGCgRraW5kIiUKB1NldERhdGESCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJIkcKDVNlc3Npb25DbG9zZWQSDAoEZ2F0ZRgBIAEoCRILCgNzaWQYAiABKAQSCwoDdWlkGAMgASgJEg4KBmdyb3VwcxgEIAMoCSIpCgpTZXJ2ZXJQdXNoEg0KBXJvdXRlGAEgASgJEgwKBGJvZHkYAiABKAwimwEKC1VzZXJDb21tYW5kEigKBHB1c2gYASABKAsyGC5zaGFkZG9jay5ycGMuU2VydmVyUHVzaEgAEg4KBGtpY2sYAiABKAlIABIkCgVjbGFpbRgDIAEoCzITLnNoYWRkb2NrLnJwYy5DbGFpbUgAEiQKBXByb2JlGAQgASgLMhMuc2hhZGRvY2sucnBjLlByb2JlSABCBgoEa2luZCIiCgVDbGFpbRIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBCIHCgVQcm9iZSKwAQoNU2VydmljZVNjaGVtYRIPCgdzZXJ2aWNlGAEgASgJEisKB21ldGhvZHMYAiADKAsyGi5zaGFkZG9jay5ycGMuTWV0aG9kU2NoZW1hEigKBnB1c2hlcxgDIAMoCzIYLnNoYWRkb2NrLnJwYy5QdXNoU2NoZW1hEhMKC2Rlc2NyaXB0b3JzGAQgASgMEiIKBWtleWVkGAUgASgLMhMuc2hhZGRvY2sucnBjLktleWVkIjAKBUtleWVkEhIKCnBhcnRpdGlvbnMYASABKA0SEwoLc2Vzc2lvbl9rZXkYAiABKAkiOAoLS2V5ZWRNZW1iZXISCgoCaWQYASABKAkSDAoEaGVsZBgCIAMoDRIPCgdsZWF2aW5nGAMgASgIIjoKCEhhbmRPdmVyEhEKCXBhcnRpdGlvbhgBIAEoDRINCgVzdGF0ZRgCIAEoDBIMCgRmcm9tGAMgASgJIksKDE1ldGhvZFNjaGVtYRIOCgZtZXRob2QYASABKAkSFAoMcmVxdWVzdF90eXBlGAIgASgJEhUKDXJlc3BvbnNlX3R5cGUYAyABKAkiMQoKUHVzaFNjaGVtYRINCgVyb3V0ZRgBIAEoCRIUCgxtZXNzYWdlX3R5cGUYAiABKAliBnByb3RvMw");
 
 /**
  * Who asked: the session as the gate knows it.
@@ -90,6 +90,14 @@ export type RpcRequest = Message<"shaddock.rpc.RpcRequest"> & {
    * @generated from field: bool timing = 4;
    */
   timing: boolean;
+
+  /**
+   * A keyed service's request: the key it was routed by (its partition is in the
+   * subject). Empty for other services.
+   *
+   * @generated from field: string key = 5;
+   */
+  key: string;
 };
 
 /**
@@ -394,6 +402,13 @@ export type ServiceSchema = Message<"shaddock.rpc.ServiceSchema"> & {
    * @generated from field: bytes descriptors = 4;
    */
   descriptors: Uint8Array;
+
+  /**
+   * Set for a keyed service: gates route its requests by key to a partition subject.
+   *
+   * @generated from field: shaddock.rpc.Keyed keyed = 5;
+   */
+  keyed?: Keyed | undefined;
 };
 
 /**
@@ -402,6 +417,101 @@ export type ServiceSchema = Message<"shaddock.rpc.ServiceSchema"> & {
  */
 export const ServiceSchemaSchema: GenMessage<ServiceSchema> = /*@__PURE__*/
   messageDesc(file_rpc, 10);
+
+/**
+ * How a keyed service's requests are routed (docs/workers.md, "Keyed services"). A
+ * request's key is the client's explicit key, else the session data value under
+ * `session_key` (when named and set), else the player's uid; its partition is
+ * FNV-1a-32(key bytes) % partitions; it is published on
+ * <prefix>.svc.<service>.p<partition>.<method>.
+ *
+ * @generated from message shaddock.rpc.Keyed
+ */
+export type Keyed = Message<"shaddock.rpc.Keyed"> & {
+  /**
+   * @generated from field: uint32 partitions = 1;
+   */
+  partitions: number;
+
+  /**
+   * @generated from field: string session_key = 2;
+   */
+  sessionKey: string;
+};
+
+/**
+ * Describes the message shaddock.rpc.Keyed.
+ * Use `create(KeyedSchema)` to create a new message.
+ */
+export const KeyedSchema: GenMessage<Keyed> = /*@__PURE__*/
+  messageDesc(file_rpc, 11);
+
+/**
+ * A keyed service's worker, to its peers, on <prefix>.keyed.<service>.members every
+ * heartbeat, and once with `leaving` when it starts draining.
+ *
+ * @generated from message shaddock.rpc.KeyedMember
+ */
+export type KeyedMember = Message<"shaddock.rpc.KeyedMember"> & {
+  /**
+   * Unique per worker process and start.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * The partitions it holds now, ascending.
+   *
+   * @generated from field: repeated uint32 held = 2;
+   */
+  held: number[];
+
+  /**
+   * Draining: it takes no partitions and hands over those it holds.
+   *
+   * @generated from field: bool leaving = 3;
+   */
+  leaving: boolean;
+};
+
+/**
+ * Describes the message shaddock.rpc.KeyedMember.
+ * Use `create(KeyedMemberSchema)` to create a new message.
+ */
+export const KeyedMemberSchema: GenMessage<KeyedMember> = /*@__PURE__*/
+  messageDesc(file_rpc, 12);
+
+/**
+ * A partition's state, from its old owner to its new one, sent as a request on
+ * <prefix>.keyed.<service>.handover.<new owner's id>; the new owner answers (an empty
+ * body) once it has restored the state and subscribed the partition.
+ *
+ * @generated from message shaddock.rpc.HandOver
+ */
+export type HandOver = Message<"shaddock.rpc.HandOver"> & {
+  /**
+   * @generated from field: uint32 partition = 1;
+   */
+  partition: number;
+
+  /**
+   * @generated from field: bytes state = 2;
+   */
+  state: Uint8Array;
+
+  /**
+   * @generated from field: string from = 3;
+   */
+  from: string;
+};
+
+/**
+ * Describes the message shaddock.rpc.HandOver.
+ * Use `create(HandOverSchema)` to create a new message.
+ */
+export const HandOverSchema: GenMessage<HandOver> = /*@__PURE__*/
+  messageDesc(file_rpc, 13);
 
 /**
  * A typed method: full protobuf names of its request and response messages. Raw
@@ -431,7 +541,7 @@ export type MethodSchema = Message<"shaddock.rpc.MethodSchema"> & {
  * Use `create(MethodSchemaSchema)` to create a new message.
  */
 export const MethodSchemaSchema: GenMessage<MethodSchema> = /*@__PURE__*/
-  messageDesc(file_rpc, 11);
+  messageDesc(file_rpc, 14);
 
 /**
  * A push route (`<service>.<name>`, e.g. `chat.message`) and its message type.
@@ -455,5 +565,5 @@ export type PushSchema = Message<"shaddock.rpc.PushSchema"> & {
  * Use `create(PushSchemaSchema)` to create a new message.
  */
 export const PushSchemaSchema: GenMessage<PushSchema> = /*@__PURE__*/
-  messageDesc(file_rpc, 12);
+  messageDesc(file_rpc, 15);
 
