@@ -1,16 +1,21 @@
 /**
- * The demo page the gate serves at `/`: chat (log in, rooms, members, whispers) and an
- * echo panel with live latency, over the SDK's public API only. It connects to the gate
+ * The demo page the gate serves at `/`: chat (log in, rooms, members, whispers), an
+ * arena panel (join a match of the keyed arena service, move with the arrow keys, see
+ * every player of the match on a canvas) and an echo panel with live latency, over the
+ * SDK's public API only. It connects to the gate
  * that served it (`ws(s)://<host>/`), or to `?gate=ws://host:port/` when the page is
  * served from elsewhere; `?encoding=json` picks JSON frames. For a gate that checks
  * signed player tokens, the token field's value goes in the handshake (and a new one
  * refreshes an open session); log in with the token's name then.
  */
 import {
+  arena,
   chat,
   Client,
   echo,
   ShaddockError,
+  type Arena,
+  type arenaTypes,
   type Chat,
   type Echo,
   type Encoding,
@@ -45,6 +50,13 @@ const ui = {
   whisperText: $<HTMLInputElement>("whisper-text"),
   members: $("members"),
   membersRoom: $("members-room"),
+  match: $<HTMLInputElement>("match"),
+  arenaMatch: $("arena-match"),
+  arenaTick: $("arena-tick"),
+  arenaLeave: $<HTMLButtonElement>("arena-leave"),
+  arenaPad: $("arena-pad"),
+  arenaCanvas: $<HTMLCanvasElement>("arena-canvas"),
+  arenaPlayers: $("arena-players"),
   echoStart: $<HTMLButtonElement>("echo-start"),
   echoStop: $<HTMLButtonElement>("echo-stop"),
   echoStats: $("echo-stats"),
@@ -54,10 +66,12 @@ const ui = {
 let client: Client;
 let chatApi: Chat;
 let echoApi: Echo;
-/** Who this page logged in as, and the rooms it is in: restored after a reconnect. */
+let arenaApi: Arena;
+/** Who this page logged in as, the rooms and the match it is in: restored after a reconnect. */
 let me: string | undefined;
 const rooms = new Set<string>();
 let current: string | undefined;
+let match: string | undefined;
 
 function connect(encoding: Encoding): void {
   client?.close("switching connection");
@@ -66,6 +80,7 @@ function connect(encoding: Encoding): void {
   client = new Client({ servers: gateUrl, encoding, serial: true, clientName: "shaddock-demo", token: ui.token.value.trim() });
   chatApi = chat(client);
   echoApi = echo(client);
+  arenaApi = arena(client);
   client.onState(onState);
   client.onKick((reason) => {
     ui.kick.textContent = `Kicked: ${reason}`;
@@ -82,6 +97,10 @@ function connect(encoding: Encoding): void {
   chatApi.onLeft((e) => {
     if (e.name !== me) addLine({ kind: "event", room: e.room, from: e.name, text: `left (${e.reason})` });
     if (e.room === current) void refreshMembers();
+  });
+  // A late push of a match this page left is not shown.
+  arenaApi.onState((state) => {
+    if (state.match === match) showArena(state);
   });
   client.connect();
 }
@@ -102,13 +121,18 @@ function onState(event: StateEvent): void {
   }
 }
 
-/** A session does not survive a reconnect: log in and join the rooms again. */
+/** A session does not survive a reconnect: log in and join the rooms and the match again. */
 async function restore(): Promise<void> {
-  if (me === undefined) return;
+  if (me === undefined && match === undefined) return;
   await run(async () => {
-    await chatApi.login(me!);
-    for (const room of rooms) await chatApi.join(room);
-    await refreshMembers();
+    if (me !== undefined) {
+      await chatApi.login(me);
+      for (const room of rooms) await chatApi.join(room);
+      await refreshMembers();
+    }
+    const rejoin = match;
+    leftMatch();
+    if (rejoin !== undefined) await joinMatch(rejoin);
   });
 }
 
@@ -243,6 +267,129 @@ onSubmit("token-form", async () => {
     connect(selectedEncoding());
   }
 });
+
+// --- arena ---
+
+/** Canvas pixels per position unit; positions wrap around the canvas's edges. */
+const ARENA_STEP = 10;
+const ARROWS: Record<string, readonly [number, number]> = {
+  ArrowLeft: [-1, 0],
+  ArrowUp: [0, -1],
+  ArrowDown: [0, 1],
+  ArrowRight: [1, 0],
+};
+
+/** Joins `name` (sent with the match as its key: the arena is a keyed service). */
+async function joinMatch(name: string): Promise<void> {
+  const joined = await arenaApi.join(name);
+  match = joined.match;
+  ui.arenaMatch.textContent = `#${match}`;
+  ui.arenaMatch.dataset["match"] = match;
+  setArenaControls(true);
+}
+
+/** Forgets the match: no more of its pushes shown, an empty canvas. */
+function leftMatch(): void {
+  match = undefined;
+  ui.arenaMatch.textContent = "";
+  delete ui.arenaMatch.dataset["match"];
+  ui.arenaTick.textContent = "";
+  setArenaControls(false);
+  showPlayers([]);
+}
+
+function setArenaControls(inMatch: boolean): void {
+  ui.arenaLeave.disabled = !inMatch;
+  for (const button of ui.arenaPad.querySelectorAll("button")) button.disabled = !inMatch;
+}
+
+function move(dx: number, dy: number): void {
+  if (match === undefined) return;
+  void run(async () => {
+    await arenaApi.input(dx, dy);
+  });
+}
+
+/** A position (unbounded) as a canvas coordinate: scaled, the origin at the centre, wrapped. */
+function wrap(value: bigint, size: number): number {
+  const n = BigInt(size);
+  return Number((((value * BigInt(ARENA_STEP) + n / 2n) % n) + n) % n);
+}
+
+function showArena(state: arenaTypes.State): void {
+  ui.arenaTick.textContent = `tick ${state.tick}`;
+  ui.arenaTick.dataset["tick"] = String(state.tick);
+  showPlayers(state.players);
+}
+
+/** Each player as a dot labelled with its uid, and as a line "uid (x, y)" beside the canvas. */
+function showPlayers(players: readonly arenaTypes.Player[]): void {
+  const canvas = ui.arenaCanvas;
+  const { width, height } = canvas;
+  const dots = players.map((p) => ({ uid: p.uid, x: wrap(p.x, width), y: wrap(p.y, height) }));
+  ui.arenaPlayers.replaceChildren(
+    ...players.map((p, i) => {
+      const li = document.createElement("li");
+      li.textContent = `${p.uid} (${p.x}, ${p.y})`;
+      Object.assign(li.dataset, { uid: p.uid, x: String(p.x), y: String(p.y), px: String(dots[i]!.x), py: String(dots[i]!.y) });
+      li.classList.toggle("me", p.uid === me);
+      return li;
+    }),
+  );
+  const ctx = canvas.getContext("2d");
+  if (ctx === null) return;
+  ctx.clearRect(0, 0, width, height);
+  ctx.strokeStyle = "#e3e5ea";
+  ctx.beginPath();
+  ctx.moveTo(width / 2, 0);
+  ctx.lineTo(width / 2, height);
+  ctx.moveTo(0, height / 2);
+  ctx.lineTo(width, height / 2);
+  ctx.stroke();
+  ctx.font = "11px system-ui, sans-serif";
+  ctx.textAlign = "center";
+  for (const dot of dots) {
+    ctx.fillStyle = dot.uid === me ? "#b3261e" : "#3558c8";
+    ctx.beginPath();
+    ctx.arc(dot.x, dot.y, 5, 0, 2 * Math.PI);
+    ctx.fill();
+    ctx.fillStyle = "#1d2330";
+    ctx.fillText(dot.uid, dot.x, dot.y < 16 ? dot.y + 17 : dot.y - 8);
+  }
+}
+
+onSubmit("arena-form", async () => {
+  const name = ui.match.value.trim();
+  if (match !== undefined && match !== name) {
+    leftMatch();
+    await arenaApi.leave();
+  }
+  await joinMatch(name);
+  // The arrow keys move the player, not the cursor in the field.
+  ui.match.blur();
+});
+
+ui.arenaLeave.onclick = () =>
+  void run(async () => {
+    if (match === undefined) return;
+    leftMatch();
+    await arenaApi.leave();
+  });
+
+for (const button of ui.arenaPad.querySelectorAll("button")) {
+  button.onclick = () => move(Number(button.dataset["dx"]), Number(button.dataset["dy"]));
+}
+
+document.addEventListener("keydown", (event) => {
+  const delta = ARROWS[event.key];
+  const target = event.target;
+  if (delta === undefined || match === undefined) return;
+  if (target instanceof HTMLInputElement || target instanceof HTMLSelectElement || target instanceof HTMLTextAreaElement) return;
+  event.preventDefault();
+  move(...delta);
+});
+
+showPlayers([]);
 
 // --- echo latency ---
 

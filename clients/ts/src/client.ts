@@ -86,7 +86,17 @@ export interface ClientOptions {
 export interface RequestOptions {
   /** Overrides `ClientOptions.requestTimeoutMs` for this request. */
   timeoutMs?: number;
+  /**
+   * For a keyed service's route (docs/protocol.md, "Keyed services"): the key that picks
+   * the worker holding its state, e.g. a match for `arena.join`. Without one the gate
+   * uses the session value the service names, else the player's uid. Other services
+   * ignore it.
+   */
+  key?: string;
 }
+
+/** What a notify takes: a key, for a keyed service's route. */
+export type NotifyOptions = Pick<RequestOptions, "key">;
 
 /**
  * `idle` before `connect()`; `connecting` until the first handshake succeeds; `open`;
@@ -264,14 +274,17 @@ export class Client {
     return this.closedPromise;
   }
 
-  /** Sends a request; resolves with the answer's body, rejects with a ShaddockError. */
+  /**
+   * Sends a request; resolves with the answer's body, rejects with a ShaddockError. A
+   * keyed service's route takes its key in `options.key` (`request("arena.join", body, { key: "m1" })`).
+   */
   async request(route: string, body: Body = "", options?: RequestOptions): Promise<Body> {
     return (await this.requestReply(route, body, options)).body;
   }
 
   /** Like `request`, with the answer's server timing. */
   requestReply(route: string, body: Body = "", options?: RequestOptions): Promise<Reply> {
-    return new Promise((resolve, reject) => this.enqueue(route, body, true, options?.timeoutMs, resolve, reject));
+    return new Promise((resolve, reject) => this.enqueue(route, body, true, options, resolve, reject));
   }
 
   /** Sends a typed request and decodes its typed answer, in the session's encoding. */
@@ -290,11 +303,12 @@ export class Client {
   }
 
   /**
-   * Sends a notify (a request the gate never answers). Waits for a connection like a
-   * request does, and is dropped if none comes within the request timeout.
+   * Sends a notify (a request the gate never answers), with `options.key` for a keyed
+   * service's route. Waits for a connection like a request does, and is dropped if none
+   * comes within the request timeout.
    */
-  notify(route: string, body: Body = ""): void {
-    this.enqueue(route, body, false, undefined, () => {}, (error) => this.report(error));
+  notify(route: string, body: Body = "", options?: NotifyOptions): void {
+    this.enqueue(route, body, false, { key: options?.key }, () => {}, (error) => this.report(error));
   }
 
   /**
@@ -366,13 +380,15 @@ export class Client {
     route: string,
     body: Body,
     answered: boolean,
-    timeoutMs: number | undefined,
+    options: RequestOptions | undefined,
     resolve: (reply: Reply) => void,
     reject: (error: ShaddockError) => void,
   ): void {
     if (this._state === "closed") return reject(this.closedError(route));
-    const encode = (id: number) => this.codec.encode({ kind: "request", id, route, body });
-    const id = this.requests.add(route, answered, timeoutMs ?? this.options.requestTimeoutMs, encode, resolve, reject);
+    const key = options?.key;
+    const encode = (id: number) => this.codec.encode({ kind: "request", id, route, body, ...(key ? { key } : {}) });
+    const timeoutMs = options?.timeoutMs ?? this.options.requestTimeoutMs;
+    const id = this.requests.add(route, answered, timeoutMs, encode, resolve, reject);
     if (id !== undefined && this._state === "open") this.sendRequest(id);
   }
 

@@ -13,6 +13,7 @@ export {
   DEFAULT_REQUEST_TIMEOUT_MS,
   type ClientOptions,
   type ConnectionState,
+  type NotifyOptions,
   type RequestOptions,
   type StateEvent,
 } from "./client.js";
@@ -24,8 +25,10 @@ export { DRAINING_MESSAGE, ShaddockError } from "./errors.js";
 export { Status } from "./gen/status_pb.js";
 export { method, pushRoute, type Method, type PushRoute } from "./typed.js";
 export type { WebSocketConstructor, WebSocketLike } from "./websocket.js";
+export { Arena, arena, arenaPushes, arenaRoutes } from "./services/arena.js";
 export { Chat, chat, chatPushes, chatRoutes } from "./services/chat.js";
 export { Echo, echo, echoRoutes } from "./services/echo.js";
+export * as arenaTypes from "./gen/arena_pb.js";
 export * as chatTypes from "./gen/chat_pb.js";
 export * as echoTypes from "./gen/echo_pb.js";
 export * as clientTypes from "./gen/client_pb.js";

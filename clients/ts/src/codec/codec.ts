@@ -26,7 +26,7 @@ export interface Timing {
 export type Outbound =
   | { kind: "handshake"; token: string; serverTiming: boolean; client: string; serial: boolean }
   | { kind: "heartbeat" }
-  | { kind: "request"; id: number; route: string; body: Body }
+  | { kind: "request"; id: number; route: string; body: Body; key?: string }
   | { kind: "refresh"; token: string };
 
 /** Packets a gate sends. */

@@ -1,8 +1,9 @@
 /**
  * Text frames: each frame is one packet as JSON, an object with one key naming its kind
- * (`{"request":{"id":1,"route":"echo.raw","body":"hi"}}`), fields in snake_case as the
- * gate writes them. A body is a string (a raw route's text) or an object (a typed
- * route's message in the proto3 JSON mapping, which the gate transcodes).
+ * (`{"request":{"id":1,"route":"echo.raw","body":"hi"}}`, plus `"key":"m1"` for a keyed
+ * service's route), fields in snake_case as the gate writes them. A body is a string (a
+ * raw route's text) or an object (a typed route's message in the proto3 JSON mapping,
+ * which the gate transcodes).
  */
 import { create, fromJson, toJson } from "@bufbuild/protobuf";
 import type { DescMessage, JsonObject, JsonValue, MessageShape } from "@bufbuild/protobuf";
@@ -34,7 +35,13 @@ export const jsonCodec: Codec = {
         return JSON.stringify({ refresh: { token: packet.token } });
       case "request":
         return JSON.stringify({
-          request: { id: packet.id, route: packet.route, body: requestBody(packet.body, packet.route) },
+          request: {
+            id: packet.id,
+            route: packet.route,
+            body: requestBody(packet.body, packet.route),
+            // Left out when empty, as the Rust SDK writes it.
+            ...(packet.key ? { key: packet.key } : {}),
+          },
         });
     }
   },

@@ -112,7 +112,12 @@ function outbound(packet: Outbound): Packet["kind"] {
       }
       return {
         case: "request",
-        value: create(RequestSchema, { id: BigInt(packet.id), route: packet.route, body: bodyBytes(packet.body) }),
+        value: create(RequestSchema, {
+          id: BigInt(packet.id),
+          route: packet.route,
+          body: bodyBytes(packet.body),
+          key: packet.key ?? "",
+        }),
       };
   }
 }

@@ -1,7 +1,8 @@
 /**
  * The demo page in real headless Chromium, loaded from the gate that serves it at `/`:
  * two players chat in one room, a third login with a taken name shows the kick's reason,
- * and after the gate restarts on its port the page reconnects and logs in by itself.
+ * two players in one arena match see each other move, and after the gate restarts on
+ * its port the page reconnects and logs in by itself.
  */
 import assert from "node:assert/strict";
 import type { Server } from "node:http";
@@ -9,7 +10,21 @@ import { resolve } from "node:path";
 import { after, before, describe, test } from "node:test";
 import type { Browser } from "puppeteer-core";
 import { freePort, PACKAGE_DIR, startGate, type Gate } from "../gate.js";
-import { join, launchChromium, login, messages, openPage, say, waitForMembers, waitForMessages, waitForState } from "./page.js";
+import {
+  arenaDotDrawn,
+  arenaPlayers,
+  join,
+  joinMatch,
+  launchChromium,
+  login,
+  messages,
+  openPage,
+  say,
+  waitForArenaPlayers,
+  waitForMembers,
+  waitForMessages,
+  waitForState,
+} from "./page.js";
 import { serveStatic } from "./static-server.js";
 
 describe("the demo page in Chromium", { timeout: 120_000 }, () => {
@@ -78,6 +93,38 @@ describe("the demo page in Chromium", { timeout: 120_000 }, () => {
     assert.match(reason ?? "", /logged in elsewhere/);
     await waitForState(first, "closed");
     await waitForState(second, "open");
+  });
+
+  test("two players in one arena match: one moves with the arrow keys, the other sees its dot move", async () => {
+    const [amy, ben] = await Promise.all([open(), open()]);
+    try {
+      await login(amy, "amy");
+      await login(ben, "ben");
+      // arena.join goes with the match as its key; the page shows the match once joined.
+      await joinMatch(amy, "m1");
+      await joinMatch(ben, "m1");
+      await waitForArenaPlayers(ben, ["amy (0, 0)", "ben (0, 0)"]);
+      await waitForArenaPlayers(amy, ["amy (0, 0)", "ben (0, 0)"]);
+
+      // The focus is on the Join button, not in a text field: the arrows move amy.
+      for (let i = 0; i < 3; i++) await amy.keyboard.press("ArrowRight");
+      await waitForArenaPlayers(ben, ["amy (3, 0)", "ben (0, 0)"]);
+      await waitForArenaPlayers(amy, ["amy (3, 0)", "ben (0, 0)"]);
+      assert.ok(await arenaDotDrawn(ben, "amy"), "ben's canvas shows amy's dot where she moved");
+      assert.ok(await arenaDotDrawn(ben, "ben"), "ben's canvas shows his own dot");
+      const drawnAt = await ben.$eval('#arena-players li[data-uid="amy"]', (el) => [(el as HTMLElement).dataset["px"], (el as HTMLElement).dataset["py"]]);
+      // 3 units of 10 px right of the centre of a 320 x 200 canvas.
+      assert.deepEqual(drawnAt, ["190", "100"]);
+
+      // The on-screen buttons move too; a leave takes the player off the other's page.
+      await ben.click("#arena-up");
+      await waitForArenaPlayers(amy, ["amy (3, 0)", "ben (0, -1)"]);
+      await ben.click("#arena-leave");
+      await waitForArenaPlayers(amy, ["amy (3, 0)"]);
+      assert.deepEqual(await arenaPlayers(ben), []);
+    } finally {
+      await Promise.all([amy.browserContext().close(), ben.browserContext().close()]);
+    }
   });
 
   test("after the gate restarts on its port the page reconnects and rejoins by itself", async () => {

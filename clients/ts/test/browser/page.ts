@@ -85,3 +85,40 @@ export async function waitForMembers(page: Page, names: readonly string[]): Prom
     [...names].sort(),
   );
 }
+
+/** Joins the arena match `match` from the arena panel. */
+export async function joinMatch(page: Page, match: string): Promise<void> {
+  await fill(page, "#match", match);
+  await page.click("#arena-join");
+  await page.waitForFunction((m) => document.getElementById("arena-match")?.dataset["match"] === m, { timeout: WAIT_MS }, match);
+}
+
+/** The arena players the page lists beside its canvas, as "uid (x, y)", sorted. */
+export function arenaPlayers(page: Page): Promise<string[]> {
+  return page.$$eval("#arena-players li", (els) => els.map((el) => el.textContent ?? "").sort());
+}
+
+/** Waits until the arena list shows exactly `players` ("uid (x, y)"), redrawn from the match's state pushes. */
+export async function waitForArenaPlayers(page: Page, players: readonly string[]): Promise<void> {
+  await page.waitForFunction(
+    (want) => {
+      const have = [...document.querySelectorAll("#arena-players li")].map((li) => li.textContent ?? "").sort();
+      return JSON.stringify(have) === JSON.stringify(want);
+    },
+    { timeout: WAIT_MS },
+    [...players].sort(),
+  );
+}
+
+/** Whether the arena canvas is painted (a dot) where the list says player `uid` is drawn. */
+export function arenaDotDrawn(page: Page, uid: string): Promise<boolean> {
+  return page.evaluate((u) => {
+    const li = [...document.querySelectorAll<HTMLElement>("#arena-players li")].find((el) => el.dataset["uid"] === u);
+    const canvas = document.getElementById("arena-canvas") as HTMLCanvasElement;
+    if (li === undefined) return false;
+    const [x, y] = [Number(li.dataset["px"]), Number(li.dataset["py"])];
+    const pixel = canvas.getContext("2d")?.getImageData(x, y, 1, 1).data;
+    // The dot's fill is opaque; the canvas elsewhere is transparent or a pale axis line.
+    return pixel !== undefined && pixel[3] === 255 && pixel[0]! + pixel[1]! + pixel[2]! < 600;
+  }, uid);
+}
