@@ -44,6 +44,9 @@ pub enum Command {
     /// Sessions opened and closed, each doing a mix of requests: what each closed
     /// session leaves behind in each process's RSS.
     Churn(ws::churn::ChurnArgs),
+    /// A keyed service under a game's load: arena matches × players at 20 Hz, the
+    /// input-to-state latency, and what a drained owner costs the players.
+    Matches(ws::matches::MatchesArgs),
     /// Steady load while the fleet changes (worker added, drained, killed; gate
     /// drained; bus node restarted): per phase, what the clients saw.
     Faults(faults::FaultsArgs),
@@ -61,6 +64,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Broadcast(args) => ws::broadcast::broadcast(args).await,
         Command::PomeloCompare(args) => ws::pomelo::pomelo_compare(args).await,
         Command::Churn(args) => ws::churn::churn(args).await,
+        Command::Matches(args) => ws::matches::matches(args).await,
         Command::Faults(args) => faults::faults(args).await,
     }
 }

@@ -5,7 +5,8 @@
 //! - [`lean`] (with [`inflight`], [`stats`]): one client, its WebSocket and
 //!   what it records; [`generator`]: N of them, one run.
 //! - [`target`]: gates by URL, a launched topology, or the bare echo server.
-//! - [`scenario`], [`idle`], [`broadcast`], [`pomelo`], [`churn`]: the subcommands;
+//! - [`scenario`], [`idle`], [`broadcast`], [`pomelo`], [`churn`], [`matches`]: the
+//!   subcommands;
 //!   [`report`]: what they measured.
 
 pub mod broadcast;
@@ -15,6 +16,7 @@ pub mod generator;
 pub mod idle;
 pub mod inflight;
 pub mod lean;
+pub mod matches;
 pub mod pomelo;
 pub mod report;
 pub mod scenario;

@@ -1,0 +1,440 @@
+//! `matches`: a keyed service under a game's load. M arena matches × P players, each
+//! player sending `arena.input{dx: 1}` at `--rate` per second (without waiting for the
+//! answers) and receiving the match's `arena.state` at the workers' tick rate; on a
+//! fleet it launches (a broker, gates, one chat worker for the logins, `--arena-workers`
+//! arena workers).
+//!
+//! Reports the input-to-state latency (from sending an input until a state push shows
+//! the player's position counting it: a position counts inputs, since each moves it by
+//! one), the push rate, each process's CPU, and what the players saw: inputs answered by
+//! code, moves lost or applied twice (a player's final position against its inputs
+//! answered 200), state pushes missing (a match's tick jumping), ticks repeated, and the
+//! longest gap between two pushes of a match. `--drain-owner` drains (SIGTERM) the first
+//! arena worker halfway through: it owns a share of the matches, which move to the
+//! others with their state.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use futures::stream::{self, StreamExt as _, TryStreamExt as _};
+use nix::sys::signal::Signal;
+use proto::Message as _;
+use proto::arena::{InputRequest, InputResponse, JoinRequest, State};
+use proto::chat::LoginRequest;
+use sdk::{Client, ClientOptions};
+
+use super::broadcast::expect_ok;
+use super::target::this_process;
+use crate::hist::{Hist, Summary};
+use crate::proc::{CpuSample, CpuUse, STEAL, Threads, Watched};
+use crate::report::{Doc, OutputArgs, Report, Section, Table};
+use crate::topology::{LaunchArgs, Role, Topology, TopologySpec};
+
+/// Players connecting at once.
+const CONNECT_BATCH: usize = 100;
+/// How long the last inputs may take to be answered after sending stops.
+const SETTLE: Duration = Duration::from_secs(10);
+
+/// `loadtest matches` flags.
+#[derive(Debug, clap::Args)]
+pub struct MatchesArgs {
+    /// Matches.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub matches: u32,
+    /// Players per match.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub players: u32,
+    /// Inputs per second of each player.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub rate: u32,
+    /// How long the players send.
+    #[arg(long, default_value = "10s", value_parser = net::duration::parse_positive)]
+    pub duration: Duration,
+    /// Arena worker processes.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub arena_workers: u32,
+    /// Halfway through, drain (SIGTERM) the first arena worker: its matches move to the
+    /// others with their state. Needs --arena-workers 2 or more.
+    #[arg(long)]
+    pub drain_owner: bool,
+    /// Fail unless every input is answered 200 and counted exactly once, and every
+    /// match's ticks go on one by one (none skipped or repeated).
+    #[arg(long)]
+    pub check: bool,
+    /// Gates and extra flags of the launched fleet (--workers does not apply: one chat
+    /// worker, --arena-workers arena workers).
+    #[command(flatten)]
+    pub launch: LaunchArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// What one `matches` run measured.
+#[derive(Debug, serde::Serialize)]
+pub struct MatchesReport {
+    pub matches: u32,
+    pub players: u32,
+    pub rate: u32,
+    pub arena_workers: u32,
+    pub seconds: f64,
+    /// What happened during the run (the drain), with when.
+    pub events: Vec<String>,
+    pub inputs_sent: u64,
+    pub inputs_ok: u64,
+    /// Inputs answered otherwise, as `code message` lines with their count.
+    pub inputs_failed: Vec<(String, u64)>,
+    /// Players whose final position differs from their inputs answered 200.
+    pub positions_wrong: u64,
+    /// Moves missing (or, negative, applied twice) over all players.
+    pub moves_lost: i64,
+    pub state_pushes: u64,
+    pub pushes_per_s: f64,
+    /// Over the matches (as each one's first player saw them): ticks skipped, ticks
+    /// repeated, the longest time between two pushes.
+    pub ticks_skipped: u64,
+    pub ticks_repeated: u64,
+    pub longest_gap_ms: f64,
+    /// Input sent to a state push showing it.
+    pub latency: Summary,
+    pub cpu: Vec<CpuUse>,
+}
+
+/// Runs the scenario on a fleet it launches.
+pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
+    ensure!(
+        !args.drain_owner || args.arena_workers >= 2,
+        "--drain-owner needs --arena-workers 2 or more: someone must take the matches"
+    );
+    let spec = TopologySpec {
+        workers: vec![
+            ("chat".to_owned(), 1),
+            ("arena".to_owned(), args.arena_workers as usize),
+        ],
+        ..args.launch.spec(1, 1, &[])
+    };
+    let gates = spec.gates;
+    let mut fleet = Topology::start(spec).await.context("launching the fleet")?;
+    let outcome = run(&args, &mut fleet).await;
+    let stopped = fleet.shutdown().await;
+    let report = outcome?;
+    stopped.context("stopping the fleet")?;
+    let setup = format!(
+        "{gates} gate(s) + 1 chat worker + {} arena worker(s) + broker, launched on loopback",
+        args.arena_workers
+    );
+    let report = Report::new("matches", setup, report);
+    report.write(&args.output)?;
+    let report = report.data;
+    if report.inputs_ok == 0 {
+        bail!("no input was answered 200");
+    }
+    if args.check {
+        let failed = report.inputs_sent - report.inputs_ok;
+        ensure!(
+            failed == 0 && report.moves_lost == 0 && report.positions_wrong == 0,
+            "inputs not counted exactly once: {failed} not answered 200, {} moves lost",
+            report.moves_lost
+        );
+        ensure!(
+            report.ticks_skipped == 0 && report.ticks_repeated == 0,
+            "ticks skipped {}, repeated {}",
+            report.ticks_skipped,
+            report.ticks_repeated
+        );
+    }
+    Ok(())
+}
+
+/// One player: its session, and what it saw.
+struct Player {
+    client: Client,
+    seen: Arc<Mutex<Seen>>,
+}
+
+/// What one player saw.
+#[derive(Default)]
+struct Seen {
+    /// Inputs sent and not yet shown by a state push: (count after it, when sent).
+    unshown: VecDeque<(i64, Instant)>,
+    sent: i64,
+    latency: Hist,
+    pushes: u64,
+    last_tick: Option<u64>,
+    last_push: Option<Instant>,
+    skipped: u64,
+    repeated: u64,
+    longest_gap: Duration,
+}
+
+impl Seen {
+    fn on_state(&mut self, uid: &str, state: &State, watches: bool) {
+        let now = Instant::now();
+        self.pushes += 1;
+        if watches {
+            if let Some(last) = self.last_tick {
+                match state.tick.checked_sub(last) {
+                    Some(1) => {}
+                    Some(0) | None => self.repeated += 1,
+                    Some(n) => self.skipped += n - 1,
+                }
+            }
+            if let Some(last) = self.last_push {
+                self.longest_gap = self.longest_gap.max(now - last);
+            }
+            self.last_tick = Some(state.tick);
+            self.last_push = Some(now);
+        }
+        let Some(me) = state.players.iter().find(|p| p.uid == uid) else {
+            return;
+        };
+        while let Some(&(count, sent)) = self.unshown.front() {
+            if count > me.x {
+                break;
+            }
+            self.latency.record(now - sent);
+            self.unshown.pop_front();
+        }
+    }
+}
+
+async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<MatchesReport> {
+    let urls = fleet.gate_urls();
+    let total = (args.matches * args.players) as usize;
+    let players: Vec<Player> = stream::iter(0..total)
+        .map(|i| join(&urls[i % urls.len()], i, args.players as usize))
+        .buffer_unordered(CONNECT_BATCH)
+        .try_collect()
+        .await?;
+    let mut watched = vec![this_process("loadtest")];
+    watched.extend(fleet.pids().into_iter().map(|(role, pid)| Watched {
+        name: role.to_string(),
+        pid,
+        threads: Threads::All,
+    }));
+    let results = Arc::new(Mutex::new(Outcomes::default()));
+    let started = Instant::now();
+    let before = CpuSample::take(&watched);
+    let senders: Vec<_> = (players.iter())
+        .map(|p| send_inputs(p, args, results.clone()))
+        .collect();
+    let mut events = Vec::new();
+    if args.drain_owner {
+        tokio::time::sleep(args.duration / 2).await;
+        let owner = Role::Worker {
+            service: "arena".into(),
+            index: 0,
+        };
+        let at = started.elapsed();
+        let stopped = fleet.stop_one(&owner, Signal::SIGTERM).await?;
+        events.push(format!(
+            "{:.2} s: drained {owner} (pid {}) in {:.2} s",
+            at.as_secs_f64(),
+            stopped.pid,
+            stopped.took.as_secs_f64()
+        ));
+    }
+    for sender in senders {
+        sender.await.context("an input sender failed")?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu = before.until(&CpuSample::take(&watched));
+    // The last answers, then each player's position against its inputs answered 200.
+    let deadline = Instant::now() + SETTLE;
+    while results.lock().unwrap().pending > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut report = MatchesReport {
+        matches: args.matches,
+        players: args.players,
+        rate: args.rate,
+        arena_workers: args.arena_workers,
+        seconds,
+        events,
+        inputs_sent: 0,
+        inputs_ok: 0,
+        inputs_failed: Vec::new(),
+        positions_wrong: 0,
+        moves_lost: 0,
+        state_pushes: 0,
+        pushes_per_s: 0.0,
+        ticks_skipped: 0,
+        ticks_repeated: 0,
+        longest_gap_ms: 0.0,
+        latency: Summary::default(),
+        cpu,
+    };
+    let mut latency = Hist::new();
+    let outcomes = std::mem::take(&mut *results.lock().unwrap());
+    for (i, player) in players.iter().enumerate() {
+        let ok = outcomes.ok.get(i).copied().unwrap_or(0);
+        let at = position(&player.client).await?;
+        if at != ok {
+            report.positions_wrong += 1;
+            report.moves_lost += ok - at;
+        }
+        let seen = player.seen.lock().unwrap();
+        latency.merge(&seen.latency);
+        report.state_pushes += seen.pushes;
+        report.ticks_skipped += seen.skipped;
+        report.ticks_repeated += seen.repeated;
+        report.longest_gap_ms = report
+            .longest_gap_ms
+            .max(seen.longest_gap.as_secs_f64() * 1e3);
+        report.inputs_sent += seen.sent as u64;
+    }
+    report.inputs_ok = outcomes.ok.iter().map(|&n| n as u64).sum();
+    report.inputs_failed = outcomes.failed.into_iter().collect();
+    report.pushes_per_s = report.state_pushes as f64 / seconds;
+    report.latency = latency.summary();
+    Ok(report)
+}
+
+/// Inputs answered, by player: 200s, and the rest by `code message`.
+#[derive(Default)]
+struct Outcomes {
+    ok: Vec<i64>,
+    failed: std::collections::BTreeMap<String, u64>,
+    pending: u64,
+}
+
+/// Connects player `i`, logs it in and joins its match (`i / players`).
+async fn join(url: &str, i: usize, players: usize) -> anyhow::Result<Player> {
+    let client = Client::connect(url, ClientOptions::default())
+        .await
+        .with_context(|| format!("connecting {url}"))?;
+    let uid = format!("p{i}");
+    let login = LoginRequest { name: uid.clone() };
+    expect_ok(client.request("chat.login", login.encode_to_vec()).await?)?;
+    let name = format!("m{}", i / players);
+    let join = JoinRequest {
+        r#match: name.clone(),
+    };
+    expect_ok(
+        (client.request_keyed("arena.join", &name, join.encode_to_vec()))
+            .await
+            .with_context(|| format!("{uid} joining {name}"))?,
+    )?;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut pushes = client.pushes().context("push stream taken")?;
+    let watching = seen.clone();
+    let watches = i % players == 0;
+    tokio::spawn(async move {
+        while let Some(push) = pushes.recv().await {
+            if let Ok(state) = State::decode(push.body) {
+                watching.lock().unwrap().on_state(&uid, &state, watches);
+            }
+        }
+    });
+    Ok(Player { client, seen })
+}
+
+/// Sends `--rate` inputs a second for `--duration`, each without waiting for the one
+/// before; counts the answers in `results`.
+fn send_inputs(
+    player: &Player,
+    args: &MatchesArgs,
+    results: Arc<Mutex<Outcomes>>,
+) -> tokio::task::JoinHandle<()> {
+    let (client, seen) = (player.client.clone(), player.seen.clone());
+    let index = {
+        let mut r = results.lock().unwrap();
+        r.ok.push(0);
+        r.ok.len() - 1
+    };
+    let (interval, count) = (
+        Duration::from_secs(1) / args.rate,
+        (args.duration.as_secs_f64() * f64::from(args.rate)) as u64,
+    );
+    tokio::spawn(async move {
+        let body = InputRequest { dx: 1, dy: 0 }.encode_to_vec();
+        let mut ticks = tokio::time::interval(interval);
+        for _ in 0..count {
+            ticks.tick().await;
+            {
+                let mut seen = seen.lock().unwrap();
+                seen.sent += 1;
+                let count = seen.sent;
+                seen.unshown.push_back((count, Instant::now()));
+            }
+            results.lock().unwrap().pending += 1;
+            let (client, body, results) = (client.clone(), body.clone(), results.clone());
+            tokio::spawn(async move {
+                let answer = client.request("arena.input", body).await;
+                let mut r = results.lock().unwrap();
+                r.pending -= 1;
+                match answer {
+                    Ok(a) if a.code == proto::code::OK => r.ok[index] += 1,
+                    Ok(a) => {
+                        *r.failed
+                            .entry(format!("{} {}", a.code, a.message))
+                            .or_default() += 1
+                    }
+                    Err(e) => *r.failed.entry(e.to_string()).or_default() += 1,
+                }
+            });
+        }
+    })
+}
+
+/// A player's position now (an input of (0, 0) answers it).
+async fn position(client: &Client) -> anyhow::Result<i64> {
+    let body = InputRequest { dx: 0, dy: 0 }.encode_to_vec();
+    let answer = client.request("arena.input", body).await?;
+    expect_ok(answer.clone())?;
+    Ok(InputResponse::decode(answer.body)?.x)
+}
+
+impl Section for MatchesReport {
+    fn add_to(&self, doc: &mut Doc) {
+        let failed: u64 = self.inputs_failed.iter().map(|(_, n)| n).sum();
+        let mut lines = vec![
+            format!(
+                "{} matches × {} players, {} inputs/s each, {} arena worker(s), {:.1} s",
+                self.matches, self.players, self.rate, self.arena_workers, self.seconds
+            ),
+            format!(
+                "inputs    {} sent, {} answered 200, {failed} otherwise; moves lost {} ({} players off)",
+                self.inputs_sent, self.inputs_ok, self.moves_lost, self.positions_wrong
+            ),
+            format!(
+                "state     {} pushes, {:.0}/s; ticks skipped {}, repeated {}; longest gap {:.0} ms",
+                self.state_pushes,
+                self.pushes_per_s,
+                self.ticks_skipped,
+                self.ticks_repeated,
+                self.longest_gap_ms
+            ),
+        ];
+        lines.extend(self.events.iter().map(|e| format!("event     {e}")));
+        lines.extend((self.inputs_failed.iter()).map(|(why, n)| format!("failed    {n} × {why}")));
+        let inputs = self.inputs_sent.max(1) as f64;
+        let cpu: Vec<String> = (self.cpu.iter())
+            .map(|c| match c.name != STEAL {
+                true => format!(
+                    "{} {:.0}% {:.1} µs",
+                    c.name,
+                    c.percent,
+                    c.cpu_seconds * 1e6 / inputs
+                ),
+                false => format!("{} {:.0}%", c.name, c.percent),
+            })
+            .collect();
+        lines.push(format!(
+            "cpu       {} (100% = one core; µs of CPU per input)",
+            cpu.join(", ")
+        ));
+        doc.lines(lines);
+        let l = &self.latency;
+        let mut table = Table::new(&["input to state (ms)", "p50", "p90", "p99", "max"]);
+        table.rows.push(vec![
+            format!("{} inputs shown", l.count),
+            format!("{:.1}", l.p50_us / 1e3),
+            format!("{:.1}", l.p90_us / 1e3),
+            format!("{:.1}", l.p99_us / 1e3),
+            format!("{:.1}", l.max_us / 1e3),
+        ]);
+        doc.table(table);
+    }
+}
