@@ -78,10 +78,14 @@ scenario broadcast broadcast --members 20 --messages 10
 # Sessions opened and closed, each with an echo and a chat login and join: every
 # process's RSS read before, after the warm-up and at the end (issue #34).
 scenario churn churn --sessions 400 --warmup 200 --samples 1 --concurrency 50 --mix echo,chat
-# A keyed service: arena matches whose owner drains halfway; --check fails the run if an
-# input is lost or applied twice, or a match's ticks skip or repeat across the hand-over.
-scenario matches matches --matches 8 --players 2 --duration 2s --arena-workers 2 --drain-owner \
-  --check --quiet
+# A keyed service: arena matches whose owner drains halfway (our broker), or is killed
+# (nats-server cluster); --check fails the run if an input is lost or applied twice, or a
+# match's ticks skip or repeat across the hand-over (after a kill: only the lost
+# matches' players may miss inputs).
+scenario matches-drain matches --matches 8 --players 2 --duration 2s --arena-workers 2 \
+  --fault drain-owner --check --quiet
+scenario matches-kill matches --matches 8 --players 2 --duration 2s --arena-workers 2 \
+  --fault kill-owner --bus nats-cluster --check --quiet
 # Every fault phase for 1.5 s under a light load, on our broker and on a 3-node
 # nats-server cluster. The gates keep their 5 s request timeout (a shorter one turns a
 # slow answer on a busy machine into a 408), inside the clients' 8 s, so a killed
@@ -95,4 +99,4 @@ if ((${#failed[@]})); then
   echo "load-test smoke failed: ${failed[*]}" >&2
   exit 1
 fi
-echo "load-test smoke passed: 11 scenarios"
+echo "load-test smoke passed: 12 scenarios"

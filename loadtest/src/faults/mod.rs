@@ -23,18 +23,14 @@ use nix::sys::signal::Signal;
 
 use crate::proc::CpuSample;
 use crate::report::{OutputArgs, Report};
-use crate::topology::{BrokerSpec, LaunchArgs, Role, Stopped, Topology, TopologySpec};
+use crate::topology::{Bus, LaunchArgs, Role, Stopped, Topology, TopologySpec};
 use load::{LoadConfig, PhaseClock};
 use phases::{Fault, FaultsReport, Limits, PHASES, PhaseRun, Struck};
-
-pub use phases::Bus;
 
 /// The request body: small, as a game's request is.
 const BODY: &[u8] = b"Hello World, faults";
 /// The service the load goes to.
 const SERVICE: &str = "echo";
-/// Nodes of the nats-server cluster.
-const CLUSTER_NODES: usize = 3;
 /// How long a client task may take to end past its last request's timeout and the
 /// drain timeout (closing the connection) before the run is declared stuck.
 const CLIENT_END_SLACK: Duration = Duration::from_secs(5);
@@ -91,10 +87,7 @@ pub struct FaultsArgs {
 /// Runs the scenario: launches the fleet, runs the phases under load, reports.
 pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
     let spec = TopologySpec {
-        broker: match args.bus {
-            Bus::Shaddock => BrokerSpec::Embedded,
-            Bus::NatsCluster => BrokerSpec::NatsCluster(CLUSTER_NODES),
-        },
+        broker: args.bus.spec(),
         ..args.launch.spec(2, 3, &[SERVICE])
     };
     anyhow::ensure!(
@@ -106,10 +99,7 @@ pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
     let stopped = fleet.shutdown().await;
     let (report, processes) = outcome?;
     stopped.context("stopping the fleet")?;
-    let bus = match args.bus {
-        Bus::Shaddock => "shaddock broker",
-        Bus::NatsCluster => "3-node nats-server cluster",
-    };
+    let bus = args.bus.describe();
     let report = Report::new("faults", format!("{bus}: {processes}"), report);
     report.write(&args.output)?;
     let report = report.data;

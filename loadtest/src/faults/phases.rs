@@ -12,20 +12,11 @@ use super::load::{Answer, ClientRecord, ROUTE};
 use crate::hist::Hist;
 use crate::proc::{CpuUse, MACHINE, STEAL};
 use crate::report::{Doc, Section, Table, XAxis};
+use crate::topology::Bus;
 
 /// Width of one point of the answers-over-time chart.
 const TIMELINE_BUCKET: Duration = Duration::from_millis(100);
 const OK: u32 = proto::code::OK;
-
-/// The bus the topology runs on (`--bus`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Bus {
-    /// One `shaddock broker`.
-    Shaddock,
-    /// Three `nats-server` nodes routed into one cluster.
-    NatsCluster,
-}
 
 /// What a phase does to the fleet at its start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]

@@ -53,6 +53,37 @@ const DROP_POLL: Duration = Duration::from_millis(5);
 /// The environment variable naming the `shaddock` binary to launch.
 pub const SHADDOCK_BIN_ENV: &str = "SHADDOCK_BIN";
 
+/// The bus a launched fleet runs on (`--bus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Bus {
+    /// One `shaddock broker`.
+    Shaddock,
+    /// Three `nats-server` nodes routed into one cluster.
+    NatsCluster,
+}
+
+/// Nodes of the nats-server cluster a [`Bus::NatsCluster`] fleet runs.
+const CLUSTER_NODES: usize = 3;
+
+impl Bus {
+    /// What the fleet starts for this bus.
+    pub fn spec(self) -> BrokerSpec {
+        match self {
+            Bus::Shaddock => BrokerSpec::Embedded,
+            Bus::NatsCluster => BrokerSpec::NatsCluster(CLUSTER_NODES),
+        }
+    }
+
+    /// The bus, as a report names it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Bus::Shaddock => "shaddock broker",
+            Bus::NatsCluster => "3-node nats-server cluster",
+        }
+    }
+}
+
 /// Where the topology's bus comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BrokerSpec {

@@ -9,9 +9,13 @@
 //! one), the push rate, each process's CPU, and what the players saw: inputs answered by
 //! code, moves lost or applied twice (a player's final position against its inputs
 //! answered 200), state pushes missing (a match's tick jumping), ticks repeated, and the
-//! longest gap between two pushes of a match. `--drain-owner` drains (SIGTERM) the first
-//! arena worker halfway through: it owns a share of the matches, which move to the
-//! others with their state.
+//! longest gap between two pushes of a match. Halfway through, `--fault` changes the
+//! fleet: `add-worker` starts one more arena worker (it takes a share of the matches
+//! with their state), `drain-owner` drains (SIGTERM) the first arena worker (its
+//! matches move to the others with their state), `kill-owner` kills it (SIGKILL: its
+//! matches are lost, their players' inputs answered 404 `match lost` until they join
+//! again, the rest play on). `--bus` runs the fleet on our broker or a nats-server
+//! cluster.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -30,7 +34,7 @@ use super::target::this_process;
 use crate::hist::{Hist, Summary};
 use crate::proc::{CpuSample, CpuUse, STEAL, Threads, Watched};
 use crate::report::{Doc, OutputArgs, Report, Section, Table};
-use crate::topology::{LaunchArgs, Role, Topology, TopologySpec};
+use crate::topology::{Bus, LaunchArgs, Role, Topology, TopologySpec};
 
 /// Players connecting at once.
 const CONNECT_BATCH: usize = 100;
@@ -55,12 +59,17 @@ pub struct MatchesArgs {
     /// Arena worker processes.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub arena_workers: u32,
-    /// Halfway through, drain (SIGTERM) the first arena worker: its matches move to the
-    /// others with their state. Needs --arena-workers 2 or more.
-    #[arg(long)]
-    pub drain_owner: bool,
+    /// What happens to the fleet halfway through (see the module docs). drain-owner and
+    /// kill-owner need --arena-workers 2 or more.
+    #[arg(long, value_enum, default_value_t = Fault::None)]
+    pub fault: Fault,
+    /// The bus the fleet runs on.
+    #[arg(long, value_enum, default_value_t = Bus::Shaddock)]
+    pub bus: Bus,
     /// Fail unless every input is answered 200 and counted exactly once, and every
-    /// match's ticks go on one by one (none skipped or repeated).
+    /// match's ticks go on one by one (none skipped or repeated); after kill-owner, only
+    /// the players of lost matches may miss inputs, each answered 404 `match lost` or
+    /// 408 (taken by the killed worker).
     #[arg(long)]
     pub check: bool,
     /// Gates and extra flags of the launched fleet (--workers does not apply: one chat
@@ -71,6 +80,16 @@ pub struct MatchesArgs {
     pub output: OutputArgs,
 }
 
+/// What `--fault` does halfway through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fault {
+    None,
+    AddWorker,
+    DrainOwner,
+    KillOwner,
+}
+
 /// What one `matches` run measured.
 #[derive(Debug, serde::Serialize)]
 pub struct MatchesReport {
@@ -78,6 +97,7 @@ pub struct MatchesReport {
     pub players: u32,
     pub rate: u32,
     pub arena_workers: u32,
+    pub fault: Fault,
     pub seconds: f64,
     /// What happened during the run (the drain), with when.
     pub events: Vec<String>,
@@ -87,6 +107,8 @@ pub struct MatchesReport {
     pub inputs_failed: Vec<(String, u64)>,
     /// Players whose final position differs from their inputs answered 200.
     pub positions_wrong: u64,
+    /// Players whose match was lost (an input answered 404 `match lost`).
+    pub players_lost: u64,
     /// Moves missing (or, negative, applied twice) over all players.
     pub moves_lost: i64,
     pub state_pushes: u64,
@@ -104,10 +126,11 @@ pub struct MatchesReport {
 /// Runs the scenario on a fleet it launches.
 pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
     ensure!(
-        !args.drain_owner || args.arena_workers >= 2,
-        "--drain-owner needs --arena-workers 2 or more: someone must take the matches"
+        matches!(args.fault, Fault::None | Fault::AddWorker) || args.arena_workers >= 2,
+        "--fault drain-owner and kill-owner need --arena-workers 2 or more: someone must take the matches"
     );
     let spec = TopologySpec {
+        broker: args.bus.spec(),
         workers: vec![
             ("chat".to_owned(), 1),
             ("arena".to_owned(), args.arena_workers as usize),
@@ -121,8 +144,9 @@ pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
     let report = outcome?;
     stopped.context("stopping the fleet")?;
     let setup = format!(
-        "{gates} gate(s) + 1 chat worker + {} arena worker(s) + broker, launched on loopback",
-        args.arena_workers
+        "{gates} gate(s) + 1 chat worker + {} arena worker(s), {}, launched on loopback",
+        args.arena_workers,
+        args.bus.describe()
     );
     let report = Report::new("matches", setup, report);
     report.write(&args.output)?;
@@ -131,12 +155,20 @@ pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
         bail!("no input was answered 200");
     }
     if args.check {
-        let failed = report.inputs_sent - report.inputs_ok;
         ensure!(
-            failed == 0 && report.moves_lost == 0 && report.positions_wrong == 0,
-            "inputs not counted exactly once: {failed} not answered 200, {} moves lost",
-            report.moves_lost
+            report.moves_lost == 0 && report.positions_wrong == 0,
+            "inputs not counted exactly once: {} moves lost ({} players off)",
+            report.moves_lost,
+            report.positions_wrong
         );
+        let allowed = |why: &str| {
+            args.fault == Fault::KillOwner
+                && (why.starts_with("404 match lost") || why.starts_with("408"))
+        };
+        let failed: Vec<_> = (report.inputs_failed.iter())
+            .filter(|(why, _)| !allowed(why))
+            .collect();
+        ensure!(failed.is_empty(), "inputs not answered 200: {failed:?}");
         ensure!(
             report.ticks_skipped == 0 && report.ticks_repeated == 0,
             "ticks skipped {}, repeated {}",
@@ -220,20 +252,9 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
         .map(|p| send_inputs(p, args, results.clone()))
         .collect();
     let mut events = Vec::new();
-    if args.drain_owner {
+    if args.fault != Fault::None {
         tokio::time::sleep(args.duration / 2).await;
-        let owner = Role::Worker {
-            service: "arena".into(),
-            index: 0,
-        };
-        let at = started.elapsed();
-        let stopped = fleet.stop_one(&owner, Signal::SIGTERM).await?;
-        events.push(format!(
-            "{:.2} s: drained {owner} (pid {}) in {:.2} s",
-            at.as_secs_f64(),
-            stopped.pid,
-            stopped.took.as_secs_f64()
-        ));
+        events.push(strike(args.fault, fleet, started).await?);
     }
     for sender in senders {
         sender.await.context("an input sender failed")?;
@@ -250,12 +271,14 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
         players: args.players,
         rate: args.rate,
         arena_workers: args.arena_workers,
+        fault: args.fault,
         seconds,
         events,
         inputs_sent: 0,
         inputs_ok: 0,
         inputs_failed: Vec::new(),
         positions_wrong: 0,
+        players_lost: 0,
         moves_lost: 0,
         state_pushes: 0,
         pushes_per_s: 0.0,
@@ -268,11 +291,20 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
     let mut latency = Hist::new();
     let outcomes = std::mem::take(&mut *results.lock().unwrap());
     for (i, player) in players.iter().enumerate() {
-        let ok = outcomes.ok.get(i).copied().unwrap_or(0);
-        let at = position(&player.client).await?;
-        if at != ok {
-            report.positions_wrong += 1;
-            report.moves_lost += ok - at;
+        // A player whose match went with a killed worker has nothing to count against.
+        let at = match outcomes.lost.get(i) {
+            Some(false) => position(&player.client).await?,
+            _ => None,
+        };
+        match at {
+            Some(at) => {
+                let ok = outcomes.ok.get(i).copied().unwrap_or(0);
+                if at != ok {
+                    report.positions_wrong += 1;
+                    report.moves_lost += ok - at;
+                }
+            }
+            None => report.players_lost += 1,
         }
         let seen = player.seen.lock().unwrap();
         latency.merge(&seen.latency);
@@ -291,10 +323,37 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
     Ok(report)
 }
 
+/// Does `fault` to the fleet; says what was done, and when.
+async fn strike(fault: Fault, fleet: &mut Topology, started: Instant) -> anyhow::Result<String> {
+    let at = started.elapsed().as_secs_f64();
+    let owner = Role::Worker {
+        service: "arena".into(),
+        index: 0,
+    };
+    let (signal, verb) = match fault {
+        Fault::None => return Ok(String::new()),
+        Fault::AddWorker => {
+            let role = fleet.add_worker("arena").await?;
+            let ready = started.elapsed().as_secs_f64() - at;
+            return Ok(format!("{at:.2} s: started {role}, ready in {ready:.2} s"));
+        }
+        Fault::DrainOwner => (Signal::SIGTERM, "drained"),
+        Fault::KillOwner => (Signal::SIGKILL, "killed"),
+    };
+    let stopped = fleet.stop_one(&owner, signal).await?;
+    Ok(format!(
+        "{at:.2} s: {verb} {owner} (pid {}) in {:.2} s",
+        stopped.pid,
+        stopped.took.as_secs_f64()
+    ))
+}
+
 /// Inputs answered, by player: 200s, and the rest by `code message`.
 #[derive(Default)]
 struct Outcomes {
     ok: Vec<i64>,
+    /// Players whose match was lost.
+    lost: Vec<bool>,
     failed: std::collections::BTreeMap<String, u64>,
     pending: u64,
 }
@@ -341,6 +400,7 @@ fn send_inputs(
     let index = {
         let mut r = results.lock().unwrap();
         r.ok.push(0);
+        r.lost.push(false);
         r.ok.len() - 1
     };
     let (interval, count) = (
@@ -378,12 +438,16 @@ fn send_inputs(
     })
 }
 
-/// A player's position now (an input of (0, 0) answers it).
-async fn position(client: &Client) -> anyhow::Result<i64> {
+/// A player's position now (an input of (0, 0) answers it); `None` when its match is
+/// lost (404: its worker was killed since the player's last input).
+async fn position(client: &Client) -> anyhow::Result<Option<i64>> {
     let body = InputRequest { dx: 0, dy: 0 }.encode_to_vec();
     let answer = client.request("arena.input", body).await?;
+    if answer.code == proto::code::NOT_FOUND {
+        return Ok(None);
+    }
     expect_ok(answer.clone())?;
-    Ok(InputResponse::decode(answer.body)?.x)
+    Ok(Some(InputResponse::decode(answer.body)?.x))
 }
 
 impl Section for MatchesReport {
@@ -395,8 +459,12 @@ impl Section for MatchesReport {
                 self.matches, self.players, self.rate, self.arena_workers, self.seconds
             ),
             format!(
-                "inputs    {} sent, {} answered 200, {failed} otherwise; moves lost {} ({} players off)",
-                self.inputs_sent, self.inputs_ok, self.moves_lost, self.positions_wrong
+                "inputs    {} sent, {} answered 200, {failed} otherwise; moves lost {} ({} players off); {} players' matches lost",
+                self.inputs_sent,
+                self.inputs_ok,
+                self.moves_lost,
+                self.positions_wrong,
+                self.players_lost
             ),
             format!(
                 "state     {} pushes, {:.0}/s; ticks skipped {}, repeated {}; longest gap {:.0} ms",

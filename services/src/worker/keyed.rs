@@ -277,7 +277,11 @@ impl Coordinator {
     }
 
     fn check_conflicts(&self) {
-        let held: BTreeSet<u32> = self.held.keys().copied().collect();
+        // A partition on its way out is its new owner's already in that owner's heartbeat.
+        let held: BTreeSet<u32> = (self.held.keys())
+            .filter(|p| !self.moving.contains(p))
+            .copied()
+            .collect();
         let conflicts = self.view.conflicts(&held);
         if !conflicts.is_empty() {
             metrics::counter!(PARTITION_CONFLICTS_TOTAL, "service" => self.service.clone())

@@ -44,13 +44,20 @@ export class Context {
   readonly session: Session;
   /** Whether the request came from a client session (false for events and direct callers). */
   readonly hasSession: boolean;
+  /**
+   * The key a keyed service's request was routed by (the client's explicit key, the
+   * session value the service names, or the uid); `undefined` when the request carries
+   * none (gates send one only to keyed services) and for events.
+   */
+  readonly key: string | undefined;
   readonly #effects: Effect[] = [];
   readonly #outbound: Outbound[] = [];
   #reply: Uint8Array | undefined;
 
-  constructor(session?: Session) {
+  constructor(session?: Session, key?: string) {
     this.hasSession = session !== undefined;
     this.session = session ?? create(SessionSchema);
+    this.key = key === "" ? undefined : key;
   }
 
   /** The gate holding the session. */

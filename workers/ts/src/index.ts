@@ -7,8 +7,26 @@ export { Context, bytesOf } from "./context.js";
 export type { Body, Outbound } from "./context.js";
 export { HandlerError } from "./errors.js";
 export { Status } from "./gen/status_pb.js";
+export {
+  DEFAULT_HANDOVER_TIMEOUT_MS,
+  DEFAULT_KEYED_HEARTBEAT_MS,
+  DEFAULT_KEYED_MEMBER_TIMEOUT_MS,
+} from "./keyed.js";
+export type { KeyedStats, KeyedView } from "./keyed.js";
+export { MAX_PARTITIONS, Members, fnv1a, partitionOf, score } from "./ownership.js";
+export type { MemberTimes, Step } from "./ownership.js";
 export { Service, errorResponse } from "./service.js";
-export type { Awaitable, Delivery, EventHandled, EventHandler, Handled, RawHandler, TypedHandler } from "./service.js";
+export type {
+  Awaitable,
+  Delivery,
+  EventHandled,
+  EventHandler,
+  Handled,
+  HandedOver,
+  KeyedOptions,
+  RawHandler,
+  TypedHandler,
+} from "./service.js";
 export * from "./subjects.js";
 export { DEFAULT_FRAME_BUDGET, DEFAULT_QUEUE_CAPACITY, Worker } from "./worker.js";
 export type { WorkerOptions, WorkerStats } from "./worker.js";

@@ -14,6 +14,7 @@ import { Context, bytesOf } from "./context.js";
 import type { Body, Outbound } from "./context.js";
 import type { RpcRequest, RpcResponse, ServiceSchema, SessionClosed } from "./gen/rpc_pb.js";
 import {
+  KeyedSchema,
   MethodSchemaSchema,
   PushSchemaSchema,
   RpcRequestSchema,
@@ -22,6 +23,7 @@ import {
   SessionClosedSchema,
 } from "./gen/rpc_pb.js";
 import { Status } from "./gen/status_pb.js";
+import { MAX_PARTITIONS } from "./ownership.js";
 import { isValidName, isValidSubject } from "./subjects.js";
 
 /** What a handler may return: a value, or a promise of one. */
@@ -60,6 +62,45 @@ export interface EventHandled {
   readonly reply: Uint8Array | undefined;
 }
 
+/**
+ * What makes a service keyed (docs/workers.md, "Keyed services"): its requests are
+ * routed by key to partitions, each owned by one worker, and a partition's state moves
+ * with it when workers come and go.
+ */
+export interface KeyedOptions {
+  /**
+   * How many partitions keys spread over, 1 to 1024. More spread keys more evenly over
+   * more workers; each costs a subscription and is a unit of hand-over. 64 suits a
+   * handful of workers.
+   */
+  readonly partitions: number;
+  /**
+   * The session value a request's key comes from when the client gives none (a handler
+   * sets it with `ctx.setData`, e.g. the match a player joined); without it, or when the
+   * session lacks it, the player's uid.
+   */
+  readonly sessionKey?: string;
+  /**
+   * Gives `partition`'s state when it moves to another worker, after the partition's
+   * last request here, and forgets it. Without it the state handed over is empty.
+   */
+  readonly handOver?: (ctx: Context, partition: number) => Awaitable<Body>;
+  /**
+   * Takes `partition` on, before its first request here: with the state its old owner
+   * handed over, or `undefined` when it starts fresh (nobody held it before, or its
+   * holder died), so the service can answer "match lost" or rebuild from its own store.
+   */
+  readonly takeOver?: (ctx: Context, partition: number, state: Uint8Array | undefined) => Awaitable<void>;
+}
+
+/** What a partition's hand-over produced: its state, and what the callback published. */
+export interface HandedOver {
+  readonly ok: boolean;
+  /** The partition's state (empty when the callback failed or there is none). */
+  readonly state: Uint8Array;
+  readonly outbound: readonly Outbound[];
+}
+
 interface Method {
   readonly call: (ctx: Context, body: Uint8Array) => Promise<Uint8Array>;
   readonly types: { readonly request: DescMessage; readonly response: DescMessage } | undefined;
@@ -92,6 +133,7 @@ export class Service {
   readonly #methods = new Map<string, Method>();
   readonly #events: Event[] = [];
   readonly #pushes: { route: string; type: DescMessage }[] = [];
+  #keyed: KeyedOptions | undefined;
 
   constructor(readonly name: string) {
     if (!isValidName(name)) {
@@ -157,6 +199,41 @@ export class Service {
     );
   }
 
+  /**
+   * Makes the service keyed (see `KeyedOptions`): every request with the same key
+   * reaches the one worker that owns the key's partition, in the order its gate sent
+   * it, and the handlers see the key as `ctx.key`. A request without a key (from a gate
+   * that has not learnt yet that the service is keyed) is answered 503, and retried.
+   *
+   * ```ts
+   * new Service("arena")
+   *   .keyed({
+   *     partitions: 64,
+   *     sessionKey: "arena_match",
+   *     handOver: (_ctx, partition) => encodeMatches(partition), // and forget them
+   *     takeOver: (_ctx, partition, state) => restoreMatches(partition, state),
+   *   })
+   *   .rawMethod("input", (ctx, body) => play(ctx.key, body));
+   * ```
+   */
+  keyed(options: KeyedOptions): this {
+    const { partitions, sessionKey } = options;
+    if (!Number.isInteger(partitions) || partitions < 1 || partitions > MAX_PARTITIONS) {
+      throw new Error(`a keyed service has 1..=${MAX_PARTITIONS} partitions, not ${partitions}`);
+    }
+    if (sessionKey !== undefined && !isValidName(sessionKey)) {
+      throw new Error(`invalid session key name ${JSON.stringify(sessionKey)}: use 1..=64 of [a-z0-9_-]`);
+    }
+    if (this.#keyed !== undefined) throw new Error(`service ${this.name} keyed twice`);
+    this.#keyed = { ...options };
+    return this;
+  }
+
+  /** A keyed service's number of partitions; `undefined` for another. */
+  get partitions(): number | undefined {
+    return this.#keyed?.partitions;
+  }
+
   /** The registered methods. */
   get methods(): string[] {
     return [...this.#methods.keys()];
@@ -168,14 +245,16 @@ export class Service {
   }
 
   /**
-   * What workers announce to the gates: typed methods, pushes, and a FileDescriptorSet
-   * of their types' files (dependencies first); `undefined` when nothing is typed.
+   * What workers announce to the gates: typed methods, pushes, a FileDescriptorSet of
+   * their types' files (dependencies first), and whether the service is keyed;
+   * `undefined` when nothing is typed and the service is not keyed.
    */
   schema(): ServiceSchema | undefined {
     const methods = [...this.#methods]
       .flatMap(([method, m]) => (m.types ? [{ method, ...m.types }] : []))
       .sort((a, b) => (a.method < b.method ? -1 : a.method > b.method ? 1 : 0));
-    if (methods.length === 0 && this.#pushes.length === 0) return undefined;
+    const keyed = this.#keyed;
+    if (methods.length === 0 && this.#pushes.length === 0 && keyed === undefined) return undefined;
     const types = [
       ...methods.flatMap((m) => [m.request, m.response]),
       ...this.#pushes.map((p) => p.type),
@@ -196,13 +275,18 @@ export class Service {
         FileDescriptorSetSchema,
         create(FileDescriptorSetSchema, { file: filesOf(types).map((f) => f.proto) }),
       ),
+      keyed:
+        keyed === undefined
+          ? undefined
+          : create(KeyedSchema, { partitions: keyed.partitions, sessionKey: keyed.sessionKey ?? "" }),
     });
   }
 
   /**
    * Answers `request` with `method`'s handler: 200 with the body and effects, the
-   * handler's `HandlerError` code and message, 404 for an unknown method, or 500 for
-   * anything else it threw. A failed handler's effects and pushes are dropped.
+   * handler's `HandlerError` code and message, 404 for an unknown method, 503 for a
+   * keyed service's request without a key, or 500 for anything else it threw. A failed
+   * handler's effects and pushes are dropped.
    */
   async call(method: string, request: RpcRequest): Promise<Handled> {
     const entry = this.#methods.get(method);
@@ -210,7 +294,13 @@ export class Service {
       const message = `unknown method ${JSON.stringify(method)} of service ${JSON.stringify(this.name)}`;
       return { response: errorResponse(Status.NOT_FOUND, message), outbound: [] };
     }
-    const ctx = new Context(request.session);
+    if (this.#keyed !== undefined && request.key === "") {
+      // Sent by a gate that has not learnt yet that the service is keyed: it asks for the
+      // schema when it starts, so a retry is routed by key.
+      const message = `service ${JSON.stringify(this.name)} is keyed and the request has no key: retry`;
+      return { response: errorResponse(Status.UNAVAILABLE, message), outbound: [] };
+    }
+    const ctx = new Context(request.session, request.key);
     try {
       const body = await entry.call(ctx, request.body);
       const response = create(RpcResponseSchema, { code: Status.OK, body, effects: [...ctx.effects] });
@@ -244,6 +334,35 @@ export class Service {
       return { ok: true, outbound: ctx.outbound, reply: ctx.replyBody };
     } catch {
       return { ok: false, outbound: [], reply: undefined };
+    }
+  }
+
+  /**
+   * Runs a keyed service's `takeOver` callback for `partition` with `state` (`undefined`:
+   * fresh); a failure publishes nothing.
+   */
+  async takeOver(partition: number, state: Uint8Array | undefined): Promise<EventHandled> {
+    const ctx = new Context();
+    try {
+      await this.#keyed?.takeOver?.(ctx, partition, state);
+      return { ok: true, outbound: ctx.outbound, reply: undefined };
+    } catch {
+      return { ok: false, outbound: [], reply: undefined };
+    }
+  }
+
+  /**
+   * Runs a keyed service's `handOver` callback for `partition`: its state, empty without
+   * a callback or when it failed (the partition then moves without its state).
+   */
+  async handOver(partition: number): Promise<HandedOver> {
+    const ctx = new Context();
+    const callback = this.#keyed?.handOver;
+    try {
+      const state = callback === undefined ? new Uint8Array() : bytesOf(await callback(ctx, partition));
+      return { ok: true, state, outbound: ctx.outbound };
+    } catch {
+      return { ok: false, state: new Uint8Array(), outbound: [] };
     }
   }
 

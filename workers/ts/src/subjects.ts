@@ -55,3 +55,26 @@ export function askSubject(prefix: string): string {
 export function sessionClosedSubject(prefix: string): string {
   return `${prefix}.evt.session.closed`;
 }
+
+/**
+ * Where a keyed service's workers take requests of `partition`, with `.<method>` after
+ * it: a gate publishes `<prefix>.svc.<service>.p<N>.<method>`.
+ */
+export function partitionSubject(prefix: string, service: string, partition: number): string {
+  return `${prefix}.svc.${service}.p${partition}`;
+}
+
+/** A partition's queue group: one per partition, so two subscribers never both take a message. */
+export function partitionGroup(service: string, partition: number): string {
+  return `${service}.p${partition}`;
+}
+
+/** Where a keyed service's workers say they live and what they hold (`KeyedMember`). */
+export function membersSubject(prefix: string, service: string): string {
+  return `${prefix}.keyed.${service}.members`;
+}
+
+/** Where worker `member` takes partitions handed over to it (`HandOver`, as a request). */
+export function handoverSubject(prefix: string, service: string, member: string): string {
+  return `${prefix}.keyed.${service}.handover.${member}`;
+}

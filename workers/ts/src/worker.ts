@@ -20,13 +20,28 @@
  * - **The schema announcement**: with typed methods or pushes, the worker publishes its
  *   `ServiceSchema` on `<prefix>.schema.svc.<service>` once it serves, and again on every
  *   message on `<prefix>.schema.ask`.
+ * - **Keyed services** (`Service.keyed`): requests arrive on the partitions this worker
+ *   holds, `<prefix>.svc.<service>.p<N>.>` in queue group `<service>.p<N>`; the worker
+ *   agrees with its peers which partitions it holds and moves them with their state
+ *   (`keyed.ts`). Take-overs and hand-overs run on the loop, in order with the
+ *   partition's requests. On `<prefix>.svc.<service>.*` (queue group `<service>`) it
+ *   answers only the requests of a gate that has not learnt yet that the service is
+ *   keyed: 503, retry.
  * - **Drain** (`drain()`, from the caller's SIGTERM handler): unsubscribes, so the bus
  *   sends new requests to the other workers of the group, takes what the broker had
- *   already sent, answers everything it took, and resolves.
+ *   already sent, answers everything it took, and resolves. A keyed worker first hands
+ *   its partitions over to the others (or drains them when it is the last).
  */
 import { toBinary } from "@bufbuild/protobuf";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { Outbound } from "./context.js";
+import {
+  DEFAULT_HANDOVER_TIMEOUT_MS,
+  DEFAULT_KEYED_HEARTBEAT_MS,
+  DEFAULT_KEYED_MEMBER_TIMEOUT_MS,
+  Partitions,
+} from "./keyed.js";
+import type { KeyedView } from "./keyed.js";
 import type { RpcResponse } from "./gen/rpc_pb.js";
 import { RpcResponseSchema, ServerPushSchema, ServiceSchemaSchema, UserCommandSchema } from "./gen/rpc_pb.js";
 import { Status } from "./gen/status_pb.js";
@@ -59,6 +74,22 @@ export interface WorkerOptions {
   frameBudget?: number;
   /** Told about failures nobody else hears of (a failed event, a publish that failed). */
   onError?: (error: unknown, where: string) => void;
+  /**
+   * A keyed service's heartbeat, ms (default 500): how often the worker tells its peers
+   * it lives and what it holds. A starting worker listens for two before it takes
+   * partitions nobody holds.
+   */
+  keyedHeartbeatMs?: number;
+  /**
+   * A keyed service's member timeout, ms (default 2000, more than two heartbeats): a
+   * peer unheard for longer is dead, and its partitions are taken fresh.
+   */
+  keyedMemberTimeoutMs?: number;
+  /**
+   * A keyed service's hand-over timeout, ms (default 2000): how long a partition's old
+   * owner waits for the new one to take it before it keeps it and tries again later.
+   */
+  handoverTimeoutMs?: number;
 }
 
 /** What a worker has done so far. */
@@ -71,13 +102,18 @@ export interface WorkerStats {
   events: number;
 }
 
-interface Incoming {
-  readonly kind: "request" | "event";
-  /** The method, or the event's subject as registered. */
-  readonly name: string;
-  readonly msg: Msg;
-  readonly received: number;
-}
+type Incoming =
+  | {
+      readonly kind: "request" | "event";
+      /** The method, or the event's subject as registered. */
+      readonly name: string;
+      readonly msg: Msg;
+      readonly received: number;
+    }
+  /** A keyed service's partition taken on here, with the state handed over (or none). */
+  | { readonly kind: "takeOver"; readonly partition: number; readonly state: Uint8Array | undefined }
+  /** A keyed service's partition leaving, after its last request: `done` gets its state. */
+  | { readonly kind: "handOver"; readonly partition: number; readonly done: (state: Uint8Array) => void };
 
 /** A service subscribed to the bus; see the module docs. */
 export class Worker {
@@ -90,6 +126,8 @@ export class Worker {
   readonly #onError: (error: unknown, where: string) => void;
   readonly #queue: Incoming[] = [];
   readonly #overloaded: Uint8Array;
+  readonly #subject: string;
+  readonly #partitions: Partitions | undefined;
   readonly #subs: { sub: Subscription; drain: boolean }[] = [];
   readonly #pumps: Promise<void>[] = [];
   #wake: (() => void) | undefined;
@@ -114,6 +152,26 @@ export class Worker {
         `service ${JSON.stringify(service.name)} is overloaded: its queue of ${this.#capacity} is full`,
       ),
     );
+    this.#subject =
+      service.partitions === undefined
+        ? serviceSubject(this.#prefix, service.name)
+        : `${this.#prefix}.svc.${service.name}.*`;
+    if (service.partitions !== undefined) {
+      const times = {
+        heartbeatMs: options.keyedHeartbeatMs ?? DEFAULT_KEYED_HEARTBEAT_MS,
+        memberTimeoutMs: options.keyedMemberTimeoutMs ?? DEFAULT_KEYED_MEMBER_TIMEOUT_MS,
+        handoverTimeoutMs: options.handoverTimeoutMs ?? DEFAULT_HANDOVER_TIMEOUT_MS,
+      };
+      const host = {
+        offer: (msg: Msg, method: string) => this.#offer(msg, method),
+        takeOver: (partition: number, state: Uint8Array | undefined) =>
+          this.#enqueue({ kind: "takeOver", partition, state }),
+        handOver: (partition: number) =>
+          new Promise<Uint8Array>((done) => this.#enqueue({ kind: "handOver", partition, done })),
+        onError: this.#onError,
+      };
+      this.#partitions = new Partitions(nc, this.#prefix, service.name, service.partitions, host, times);
+    }
     this.#loop = this.#run();
   }
 
@@ -128,9 +186,17 @@ export class Worker {
     return worker;
   }
 
-  /** The subject this worker serves. */
+  /**
+   * The subject this worker serves: `<prefix>.svc.<service>.>`, or a keyed service's
+   * `<prefix>.svc.<service>.*` (its requests arrive on its partitions' subjects).
+   */
   get subject(): string {
-    return serviceSubject(this.#prefix, this.#service.name);
+    return this.#subject;
+  }
+
+  /** A keyed service's partitions here: this worker's id, what it holds; else `undefined`. */
+  get keyed(): KeyedView | undefined {
+    return this.#partitions?.view;
   }
 
   /** Requests waiting in the queue. */
@@ -156,6 +222,7 @@ export class Worker {
       this.#subs.push({ sub, drain: delivery === "queue" });
       this.#pumps.push(this.#pumpEvents(subject, sub));
     }
+    this.#partitions?.start();
     const methodPrefix = this.subject.slice(0, -1);
     const requests = this.#nc.subscribe(this.subject, {
       queue: name,
@@ -183,7 +250,12 @@ export class Worker {
       if (msg.reply) this.#respond(msg, this.#overloaded);
       return;
     }
-    this.#queue.push({ kind: "request", name: method, msg, received: performance.now() });
+    this.#enqueue({ kind: "request", name: method, msg, received: performance.now() });
+  }
+
+  /** Queues anything, room or not: a request that found room, an event, a partition's move. */
+  #enqueue(incoming: Incoming): void {
+    this.#queue.push(incoming);
     this.#wakeLoop();
   }
 
@@ -193,8 +265,7 @@ export class Worker {
       while (this.#queue.length >= this.#capacity) {
         await new Promise<void>((resolve) => this.#room.push(resolve));
       }
-      this.#queue.push({ kind: "event", name: subject, msg, received: performance.now() });
-      this.#wakeLoop();
+      this.#enqueue({ kind: "event", name: subject, msg, received: performance.now() });
     }
   }
 
@@ -226,6 +297,19 @@ export class Worker {
 
   async #handle(incoming: Incoming): Promise<void> {
     const started = performance.now();
+    if (incoming.kind === "takeOver") {
+      const handled = await this.#service.takeOver(incoming.partition, incoming.state);
+      if (!handled.ok) this.#onError(new Error(`take-over failed`), `partition ${incoming.partition}`);
+      this.#publishAll(handled.outbound);
+      return;
+    }
+    if (incoming.kind === "handOver") {
+      const handed = await this.#service.handOver(incoming.partition);
+      if (!handed.ok) this.#onError(new Error(`hand-over failed: no state`), `partition ${incoming.partition}`);
+      this.#publishAll(handed.outbound);
+      incoming.done(handed.state);
+      return;
+    }
     if (incoming.kind === "event") {
       const handled = await this.#service.event(incoming.name, incoming.msg.data);
       this.stats.events += 1;
@@ -277,9 +361,11 @@ export class Worker {
   }
 
   async #drain(): Promise<void> {
-    await Promise.all(
-      this.#subs.map(({ sub, drain }) => (drain ? sub.drain() : Promise.resolve(sub.unsubscribe()))),
-    );
+    // The loop keeps running meanwhile: a partition's state is given after its last request.
+    await Promise.all([
+      this.#partitions?.leave(),
+      ...this.#subs.map(({ sub, drain }) => (drain ? sub.drain() : Promise.resolve(sub.unsubscribe()))),
+    ]);
     await Promise.all(this.#pumps);
     this.#closing = true;
     this.#wakeLoop();

@@ -9,6 +9,7 @@ import { RpcRequestSchema, SessionSchema } from "../src/gen/rpc_pb.js";
 import { echoService } from "../src/services/echo.js";
 
 const text = new TextEncoder();
+const utf8 = new TextDecoder();
 
 function request(body: Uint8Array, uid = "") {
   return create(RpcRequestSchema, {
@@ -106,4 +107,71 @@ test("registration refuses bad and duplicate names", () => {
   assert.throws(() => new Service("a.b"));
   assert.throws(() => echoService().rawMethod("raw", (_c, b) => b));
   assert.throws(() => echoService().rawMethod("x>", (_c, b) => b));
+});
+
+test("a keyed service announces itself keyed, even with no typed method", () => {
+  const service = new Service("tally").keyed({ partitions: 8, sessionKey: "match" }).rawMethod("add", (_c, b) => b);
+  const schema = service.schema();
+  assert.ok(schema);
+  assert.equal(service.partitions, 8);
+  assert.deepEqual([schema.keyed?.partitions, schema.keyed?.sessionKey], [8, "match"]);
+  assert.deepEqual(schema.methods, []);
+  assert.equal(new Service("plain").keyed({ partitions: 1 }).schema()?.keyed?.sessionKey, "");
+  assert.equal(echoService().schema()?.keyed, undefined);
+  assert.equal(echoService().partitions, undefined);
+});
+
+test("a keyed handler sees its key; a request without one is 503, retry", async () => {
+  const service = new Service("tally").keyed({ partitions: 4 }).rawMethod("whose", (ctx) => ctx.key ?? "none");
+  const keyed = create(RpcRequestSchema, { route: "tally.whose", key: "match-1" });
+  const answered = await service.call("whose", keyed);
+  assert.deepEqual([answered.response.code, utf8.decode(answered.response.body)], [200, "match-1"]);
+  const keyless = await service.call("whose", request(new Uint8Array()));
+  assert.equal(keyless.response.code, Status.UNAVAILABLE);
+  assert.equal(keyless.response.message, 'service "tally" is keyed and the request has no key: retry');
+  // An unknown method is 404 first, as in Rust.
+  assert.equal((await service.call("nope", request(new Uint8Array()))).response.code, Status.NOT_FOUND);
+  // A request without a key (events, direct callers) has none.
+  const plain = new Service("plain").rawMethod("whose", (ctx) => ctx.key ?? "none");
+  assert.equal(utf8.decode((await plain.call("whose", request(new Uint8Array()))).response.body), "none");
+});
+
+test("hand-over and take-over callbacks give and take a partition's state", async () => {
+  const taken: [number, string | undefined][] = [];
+  const service = new Service("tally").keyed({
+    partitions: 4,
+    handOver: (ctx, partition) => {
+      ctx.publish("tally.moved", String(partition));
+      return `state of ${partition}`;
+    },
+    takeOver: (_ctx, partition, state) => {
+      taken.push([partition, state === undefined ? undefined : utf8.decode(state)]);
+    },
+  });
+  const handed = await service.handOver(2);
+  assert.deepEqual([handed.ok, utf8.decode(handed.state), handed.outbound.length], [true, "state of 2", 1]);
+  assert.ok((await service.takeOver(1, undefined)).ok);
+  assert.ok((await service.takeOver(2, handed.state)).ok);
+  assert.deepEqual(taken, [
+    [1, undefined],
+    [2, "state of 2"],
+  ]);
+  // Without callbacks: an empty state; a failing callback moves the partition stateless.
+  assert.deepEqual((await new Service("x").keyed({ partitions: 1 }).handOver(0)).state, new Uint8Array());
+  const failing = new Service("y").keyed({
+    partitions: 1,
+    handOver: () => {
+      throw new Error("boom");
+    },
+  });
+  assert.deepEqual([(await failing.handOver(0)).ok, (await failing.handOver(0)).state.length], [false, 0]);
+});
+
+test("keyed refuses bad partitions, bad session keys and a second call", () => {
+  assert.throws(() => new Service("k").keyed({ partitions: 0 }));
+  assert.throws(() => new Service("k").keyed({ partitions: 1025 }));
+  assert.throws(() => new Service("k").keyed({ partitions: 1.5 }));
+  assert.throws(() => new Service("k").keyed({ partitions: 4, sessionKey: "a.b" }));
+  assert.throws(() => new Service("k").keyed({ partitions: 4 }).keyed({ partitions: 4 }));
+  new Service("k").keyed({ partitions: 1024 });
 });

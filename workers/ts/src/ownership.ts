@@ -1,0 +1,163 @@
+/**
+ * Who owns which partition of a keyed service (docs/workers.md, "Keyed services"), as
+ * the Rust workers compute it (`proto/src/keyed.rs`, `services/src/ownership.rs`), so
+ * TypeScript and Rust workers of one service agree without a vote. Pure logic over a
+ * clock the caller passes in; `keyed.ts` acts on the plan.
+ *
+ * - **Partition**: a key's partition is FNV-1a 32 of its UTF-8 bytes, modulo the
+ *   partitions (what the gates route by).
+ * - **Members**: every worker of the service says, each heartbeat, that it lives, which
+ *   partitions it holds, and whether it is leaving. One not heard from for the member
+ *   timeout is dead: what it held is nobody's.
+ * - **Owner**: among the live members that are not leaving (this worker included), the
+ *   one with the highest score `fmix32(FNV-1a-32("<id>:<partition>"))`; ties go to the
+ *   greater id. A member joining moves only the partitions it now wins; one leaving,
+ *   only its own.
+ * - **Plan**: a partition this worker holds and another owns is handed over to it; one
+ *   it owns and no live member claims is taken fresh, once the worker has listened long
+ *   enough since it started (two heartbeats) to have heard everyone who holds one.
+ */
+
+/** The most partitions a keyed service may have. */
+export const MAX_PARTITIONS = 1024;
+
+const encoder = new TextEncoder();
+
+/** FNV-1a, 32 bits, of `data` (a string is hashed as its UTF-8 bytes). */
+export function fnv1a(data: Uint8Array | string): number {
+  const bytes = typeof data === "string" ? encoder.encode(data) : data;
+  let hash = 0x811c9dc5;
+  for (const byte of bytes) {
+    hash = Math.imul(hash ^ byte, 0x01000193);
+  }
+  return hash >>> 0;
+}
+
+/** A key's partition: `fnv1a(key) % partitions` (0 partitions count as 1). */
+export function partitionOf(key: Uint8Array | string, partitions: number): number {
+  return fnv1a(key) % Math.max(1, partitions);
+}
+
+/** MurmurHash3's 32-bit finalizer: spreads similar FNV hashes apart. */
+function fmix32(hash: number): number {
+  let h = hash;
+  h ^= h >>> 16;
+  h = Math.imul(h, 0x85ebca6b);
+  h ^= h >>> 13;
+  h = Math.imul(h, 0xc2b2ae35);
+  h ^= h >>> 16;
+  return h >>> 0;
+}
+
+/** The rendezvous score of worker `member` for `partition`: the highest owns it. */
+export function score(member: string, partition: number): number {
+  return fmix32(fnv1a(`${member}:${partition}`));
+}
+
+/** What a worker should do about one partition. */
+export type Step =
+  /** Hand the partition it holds over to `to`, its owner. */
+  | { readonly kind: "handOver"; readonly partition: number; readonly to: string }
+  /** Take the partition, which it owns and nobody holds, with no state. */
+  | { readonly kind: "takeFresh"; readonly partition: number };
+
+/** A peer as its last heartbeat described it. */
+interface Member {
+  seen: number;
+  held: ReadonlySet<number>;
+  leaving: boolean;
+}
+
+/** How long a member may go unheard, and how long a starting worker listens, in ms. */
+export interface MemberTimes {
+  readonly timeoutMs: number;
+  readonly listenMs: number;
+}
+
+/** One worker's view of its service's members. Times are milliseconds on any clock. */
+export class Members {
+  readonly #peers = new Map<string, Member>();
+
+  constructor(
+    readonly me: string,
+    readonly partitions: number,
+    readonly times: MemberTimes,
+    readonly started: number,
+  ) {}
+
+  /**
+   * Takes a peer's heartbeat (this worker's own, heard back, is ignored); true when the
+   * peer is new here.
+   */
+  heard(id: string, held: Iterable<number>, leaving: boolean, now: number): boolean {
+    if (id === this.me) return false;
+    const isNew = !this.#peers.has(id);
+    this.#peers.set(id, { seen: now, held: new Set(held), leaving });
+    return isNew;
+  }
+
+  /** Forgets the peers not heard from for the timeout; returns their ids. */
+  expire(now: number): string[] {
+    const dead = [...this.#peers]
+      .filter(([, member]) => now - member.seen > this.times.timeoutMs)
+      .map(([id]) => id);
+    for (const id of dead) this.#peers.delete(id);
+    return dead;
+  }
+
+  /** The live peers' ids. */
+  get peers(): string[] {
+    return [...this.#peers.keys()];
+  }
+
+  /**
+   * The owner of `partition` among the live members that are not leaving (this worker
+   * among them unless `leaving`); `undefined` when there is none.
+   */
+  owner(partition: number, leaving: boolean): string | undefined {
+    let best: { id: string; score: number } | undefined;
+    const consider = (id: string): void => {
+      const s = score(id, partition);
+      if (best === undefined || s > best.score || (s === best.score && id > best.id)) {
+        best = { id, score: s };
+      }
+    };
+    if (!leaving) consider(this.me);
+    for (const [id, member] of this.#peers) {
+      if (!member.leaving) consider(id);
+    }
+    return best?.id;
+  }
+
+  /** Whether a live peer says it holds `partition`. */
+  claimed(partition: number): boolean {
+    for (const member of this.#peers.values()) {
+      if (member.held.has(partition)) return true;
+    }
+    return false;
+  }
+
+  /**
+   * What to do now, given the partitions this worker holds and those being moved to or
+   * from it (left alone until that move ends).
+   */
+  plan(held: ReadonlySet<number>, moving: ReadonlySet<number>, leaving: boolean, now: number): Step[] {
+    const listened = now - this.started >= this.times.listenMs;
+    const steps: Step[] = [];
+    for (let partition = 0; partition < this.partitions; partition++) {
+      if (moving.has(partition)) continue;
+      const owner = this.owner(partition, leaving);
+      if (held.has(partition)) {
+        if (owner !== undefined && owner !== this.me) steps.push({ kind: "handOver", partition, to: owner });
+      } else if (listened && owner === this.me && !this.claimed(partition)) {
+        steps.push({ kind: "takeFresh", partition });
+      }
+    }
+    return steps;
+  }
+
+  /** The partitions held here that a peer says it holds too. */
+  conflicts(held: Iterable<number>): number[] {
+    return [...held].filter((partition) => this.claimed(partition));
+  }
+}
