@@ -304,6 +304,7 @@ async fn a_dead_owner_s_partitions_start_fresh_elsewhere(bus: Bus) {
     assert!(owners.iter().any(|w| w == "a") && owners.iter().any(|w| w == "b"));
     let before = fresh_b.load(Ordering::Relaxed);
     proxy.cut().await;
+    let cut = std::time::Instant::now();
     // Every key is served again, by b; a's keys start over, b's go on.
     for (n, owner) in owners.iter().enumerate() {
         let answer = add(&client, &key(n)).await.unwrap();
@@ -315,6 +316,11 @@ async fn a_dead_owner_s_partitions_start_fresh_elsewhere(bus: Bus) {
         fresh_b.load(Ordering::Relaxed) > before,
         "b was told the partitions start fresh"
     );
+    // Re-homed within the member timeout, a heartbeat to notice, and the gate's resend
+    // back-off (at most 400 ms): docs/workers.md, "Crashes".
+    let config = worker_config(bus.url()).keyed;
+    let bound = config.keyed_member_timeout + config.keyed_heartbeat + Duration::from_millis(800);
+    assert!(cut.elapsed() < bound, "re-homed in {:?}", cut.elapsed());
 }
 
 /// A player of the arena: logged in (chat), joined to `name`.
