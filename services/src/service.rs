@@ -228,12 +228,12 @@ impl Service {
     }
 
     /// What workers announce to the gates: the typed methods, the pushes, the
-    /// descriptors and how a keyed service routes; `None` for a service that is neither
-    /// typed (no descriptors given) nor keyed.
-    pub(crate) fn schema(&self) -> Option<ServiceSchema> {
-        if self.descriptors.is_empty() && self.keyed.is_none() {
-            return None;
-        }
+    /// descriptors and how a keyed service routes. Every service announces, typed or
+    /// not, so that the gates know it exists: a request that finds no worker of it is
+    /// then an outage (waited for and sent again), not a route nothing serves (404).
+    /// Without descriptors the types are left out: the gates could not load them.
+    pub(crate) fn schema(&self) -> ServiceSchema {
+        let typed = !self.descriptors.is_empty();
         let mut methods: Vec<MethodSchema> = self
             .methods
             .iter()
@@ -247,13 +247,20 @@ impl Service {
             })
             .collect();
         methods.sort_by(|a, b| a.method.cmp(&b.method));
-        Some(ServiceSchema {
+        if !typed {
+            methods.clear();
+        }
+        ServiceSchema {
             service: self.name.clone(),
             methods,
-            pushes: self.pushes.clone(),
+            pushes: if typed {
+                self.pushes.clone()
+            } else {
+                Vec::new()
+            },
             descriptors: Bytes::from_static(self.descriptors),
             keyed: self.keyed_schema(),
-        })
+        }
     }
 
     /// Registers a handler of raw body bytes, for services with their own encoding (or

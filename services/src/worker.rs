@@ -57,8 +57,8 @@ pub struct Worker {
     /// The snapshot subject's subscription, when the service has one.
     sync: Option<SyncSubscription>,
     snapshot: Option<Bytes>,
-    /// The schema announcement, when the service has descriptors or is keyed.
-    announcer: Option<Announcer>,
+    /// The schema announcement.
+    announcer: Announcer,
     /// A keyed service's partitions, subscribed to its peers.
     keyed: Option<Keyed>,
     /// The client's count of connections made when the worker subscribed (see
@@ -144,10 +144,7 @@ impl Worker {
                 subject: subject.clone(),
                 source,
             })?;
-        let announcer = match service.schema() {
-            Some(schema) => Some(Announcer::subscribe(&client, &config.prefix, &schema).await?),
-            None => None,
-        };
+        let announcer = Announcer::subscribe(&client, &config.prefix, &service.schema()).await?;
         client.flush().await?;
         Ok(Worker {
             pusher,
@@ -205,9 +202,7 @@ impl Worker {
         let frame_loop = FrameLoop::new(service, frames, queue, pusher);
         let mut stopped = spawn_loop_thread(&name, frame_loop)?;
         tracing::info!(%subject, "worker serving");
-        if let Some(announcer) = announcer {
-            tokio::spawn(announcer.run(bus::signals(&client), shutdown.clone()));
-        }
+        tokio::spawn(announcer.run(bus::signals(&client), shutdown.clone()));
         if let Some(snapshot) = snapshot {
             // First in the queue: the loop restores before anything else.
             intake.offer(Incoming::snapshot(snapshot)).await;

@@ -293,3 +293,22 @@ fn start_sync_without_an_answering_event_panics() {
 fn wildcard_event_subject_panics() {
     let _ = Service::new("s").on_event("evt.>", Delivery::All, |_, _| Ok(()));
 }
+
+#[test]
+fn every_service_announces_itself_with_types_only_when_it_has_descriptors() {
+    let raw = Service::new("plain").raw_method("m", |_, body| Ok(body));
+    let schema = raw.schema();
+    assert_eq!(schema.service, "plain");
+    assert!(schema.methods.is_empty() && schema.descriptors.is_empty());
+    // Typed methods without descriptors: the types could not be loaded, so none is named.
+    let undescribed = Service::new("t")
+        .method("echo", |_: &mut Context, r: EchoRequest| {
+            Ok::<_, HandlerError>(EchoResponse { body: r.body })
+        })
+        .push::<EchoResponse>("t.pushed");
+    let schema = undescribed.schema();
+    assert!(schema.methods.is_empty() && schema.pushes.is_empty());
+    let described = undescribed.descriptors(proto::DESCRIPTORS).schema();
+    assert_eq!(described.methods.len(), 1);
+    assert_eq!(described.pushes.len(), 1);
+}

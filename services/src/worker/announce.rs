@@ -98,7 +98,7 @@ mod tests {
     async fn announces_at_start_and_when_asked(bus: Bus) {
         let client = async_nats::connect(bus.url()).await.unwrap();
         let (listener, mut heard) = listen(&bus).await;
-        let schema = crate::echo::service().schema().expect("echo announces");
+        let schema = crate::echo::service().schema();
         let announcer = Announcer::subscribe(&client, "t", &schema).await.unwrap();
         round_trip(&client).await;
         let shutdown = CancellationToken::new();
@@ -123,7 +123,7 @@ mod tests {
             .await
             .unwrap();
         let (listener, mut heard) = listen(&bus).await;
-        let schema = crate::echo::service().schema().expect("echo announces");
+        let schema = crate::echo::service().schema();
         let announcer = Announcer::subscribe(&client, "t", &schema).await.unwrap();
         round_trip(&client).await;
         let signals = crate::bus::signals(&client).expect("connect registers its signals");
