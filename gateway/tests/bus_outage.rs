@@ -166,17 +166,43 @@ async fn a_broker_away_longer_than_the_hold_answers_503_never_404_or_408_and_rec
     );
 
     broker.kill();
-    // Past the hold, a request the gate could not send is answered 503 `bus
-    // unavailable`: never 404, never a timeout.
-    let down = codes_until(&client, |c| c == code::UNAVAILABLE).await;
-    broker.restart().await;
-    let back = codes_until(&client, |c| c == code::OK).await;
+    away_past_the_hold(&client, broker.restart()).await;
+}
+
+/// The same on nats-server: killed, then started again on its port once the gate has
+/// answered 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_server_away_longer_than_the_hold_answers_503_never_404_or_408_and_recovers() {
+    let server = NatsServer::start().await;
+    let (url, port) = (server.url.clone(), server.addr.port().to_string());
+    let _echo = echo_worker_on(&url).await;
+    let config = gate_config(|c| c.bus_hold = Duration::from_millis(200));
+    let gate = TestGate::start_on(BusOptions::new([url]), config, Arc::new(AnyToken)).await;
+    let client = gate.client().await;
+    assert_eq!(
+        client.request("echo.raw", "x").await.unwrap().code,
+        code::OK
+    );
+
+    drop(server); // killed by its pid and reaped
+    let (binary, args) = (nats_server_path(), ["-p", port.as_str()]);
+    let _again = away_past_the_hold(&client, NatsServer::start_binary(&binary, &args)).await;
+}
+
+/// With the bus just lost: past the hold, a request the gate could not send is answered
+/// 503 `bus unavailable` (never 404, never a timeout); then `restart` brings the bus
+/// back, and requests are answered 200 again.
+async fn away_past_the_hold<F: Future>(client: &Client, restart: F) -> F::Output {
+    let down = codes_until(client, |c| c == code::UNAVAILABLE).await;
+    let restarted = restart.await;
+    let back = codes_until(client, |c| c == code::OK).await;
     for code in down.iter().chain(&back) {
         assert!(
             *code == code::OK || *code == code::UNAVAILABLE,
             "only 200 and 503 through a restart, saw {code}: {down:?} then {back:?}"
         );
     }
+    restarted
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
