@@ -15,6 +15,7 @@
 mod load;
 mod phases;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -146,6 +147,7 @@ async fn run_phases(
             }
         }
         let cpu = CpuSample::take(&[]);
+        let counted = fleet.gate_counters(&BLIP_COUNTERS).await;
         if !args.output.quiet {
             eprintln!("phase {}: {}", index + 1, fault.name());
         }
@@ -169,6 +171,7 @@ async fn run_phases(
                 held_until: at + args.held_slack,
             }),
             cpu: cpu.until(&CpuSample::take(&[])),
+            blips: blips(&counted, &fleet.gate_counters(&BLIP_COUNTERS).await),
         });
         if !report.errors.is_empty() {
             break;
@@ -195,6 +198,24 @@ async fn run_phases(
     };
     report.add_phases(&runs, &records, &limits, origin);
     Ok((report, processes.join(", ")))
+}
+
+/// The gates' counters of requests held for the bus and sent again after "no
+/// responders" (docs/gateway.md, "Bus blips").
+const BLIP_COUNTERS: [&str; 2] = ["gate_requests_held_total", "gate_requests_resent_total"];
+
+/// Requests held and sent again over a phase, summed over the gates that ran through it
+/// (a gate replaced meanwhile starts from 0: its predecessor's count is lost with it).
+fn blips(before: &HashMap<Role, Vec<f64>>, after: &HashMap<Role, Vec<f64>>) -> [u64; 2] {
+    let mut sums = [0u64; 2];
+    for (role, end) in after {
+        let start = before.get(role).map_or(&[0.0, 0.0][..], Vec::as_slice);
+        for (i, sum) in sums.iter_mut().enumerate() {
+            let delta = end.get(i).copied().unwrap_or(0.0) - start.get(i).copied().unwrap_or(0.0);
+            *sum += delta.max(0.0) as u64;
+        }
+    }
+    sums
 }
 
 /// Does `fault` to the fleet, noting each step with its timing in `events`; returns

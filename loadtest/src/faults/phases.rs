@@ -144,6 +144,8 @@ pub struct PhaseRun {
     pub events: Vec<String>,
     pub struck: Option<Struck>,
     pub cpu: Vec<CpuUse>,
+    /// Requests the gates held for the bus, and sent again after "no responders".
+    pub blips: [u64; 2],
 }
 
 /// One phase's figures (times in ms), from every client's record.
@@ -177,6 +179,10 @@ pub struct PhaseReport {
     pub clients_closed: BTreeMap<String, u64>,
     /// Longest stretch of the phase without any 200 (the bus gap, in the restart phase).
     pub no_200_ms: f64,
+    /// Requests the gates held while their bus connection was down, and sent again
+    /// after "no responders" (their counters over the phase).
+    pub held: u64,
+    pub resent: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slowest_503_ms: Option<f64>,
     /// Requests (of every phase) sent before the fault struck and ended after it.
@@ -435,6 +441,7 @@ impl FaultsReport {
             p.started_s = run.start.saturating_duration_since(origin).as_secs_f64();
             p.seconds = run.end.saturating_duration_since(run.start).as_secs_f64();
             p.events.clone_from(&run.events);
+            [p.held, p.resent] = run.blips;
             (p.latency_p50_ms, p.latency_p99_ms) = (ms(p.latency.at(0.5)), ms(p.latency.at(0.99)));
             p.latency_max_ms = ms(p.latency.at(1.0));
             p.reconnects = p.gaps.len();
@@ -498,6 +505,8 @@ impl Section for FaultsReport {
             "gap max",
             "gap p99",
             "no 200 for",
+            "held",
+            "resent",
             "p99",
             "steal %",
             "expectation",
@@ -517,6 +526,8 @@ impl Section for FaultsReport {
                 format!("{:.0}", p.gap_max_ms),
                 format!("{:.0}", p.gap_p99_ms),
                 format!("{:.0}", p.no_200_ms),
+                p.held.to_string(),
+                p.resent.to_string(),
                 format!("{:.1}", p.latency_p99_ms),
                 format!("{:.1}", p.steal_percent),
                 verdict(p).to_owned(),
@@ -582,6 +593,7 @@ mod tests {
                 held_until: at(s),
             }),
             cpu: Vec::new(),
+            blips: [0, 0],
         };
         let o = |phase, sent, done, answer| Outcome {
             phase,

@@ -264,7 +264,7 @@ fn distinct_routes(routez: &str) -> usize {
 
 /// The body of `GET path` from an HTTP server on loopback (HTTP/1.0: the server closes
 /// after the answer, so the body is the rest of the stream).
-async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+pub(super) async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
     let mut stream = TcpStream::connect(addr).await?;
     stream
         .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())

@@ -918,6 +918,34 @@ impl Topology {
         self.procs.iter().find(|p| &p.role == role)?.listen
     }
 
+    /// The sum over each running gate of each of `counters` (Prometheus counters the
+    /// gates serve, summed over their labels), by gate; a gate whose metrics cannot be
+    /// read is left out.
+    pub async fn gate_counters(&self, counters: &[&str]) -> HashMap<Role, Vec<f64>> {
+        let mut sums = HashMap::new();
+        for (role, url) in self.metrics_urls() {
+            if !matches!(role, Role::Gate(_)) {
+                continue;
+            }
+            let Some((addr, path)) = url
+                .strip_prefix("http://")
+                .and_then(|rest| rest.split_once('/'))
+            else {
+                continue;
+            };
+            let (Ok(addr), path) = (addr.parse(), format!("/{path}")) else {
+                continue;
+            };
+            if let Ok(text) = cluster::http_get(addr, &path).await {
+                sums.insert(
+                    role,
+                    counters.iter().map(|c| counter_sum(&text, c)).collect(),
+                );
+            }
+        }
+        sums
+    }
+
     /// Sends `signal` to one running process and waits for it to exit, up to the spec's
     /// stop timeout, then kills it. The process is no longer part of the topology
     /// afterwards (nor of its teardown).
@@ -963,9 +991,32 @@ impl Drop for Topology {
     }
 }
 
+/// The sum of counter `name`'s samples (every label set) in Prometheus text.
+fn counter_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counters_are_summed_over_their_labels() {
+        let text = "# TYPE gate_requests_held_total counter\n\
+                    gate_requests_held_total 3\n\
+                    gate_requests_held_total_other 100\n\
+                    gate_requests_resent_total{route=\"a\"} 2\n\
+                    gate_requests_resent_total{route=\"b\"} 5\n";
+        assert_eq!(counter_sum(text, "gate_requests_held_total"), 3.0);
+        assert_eq!(counter_sum(text, "gate_requests_resent_total"), 7.0);
+        assert_eq!(counter_sum(text, "absent"), 0.0);
+    }
 
     #[test]
     fn addresses_are_read_from_log_lines() {
