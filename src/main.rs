@@ -2,12 +2,15 @@
 //!
 //! `up` runs every role in one process on the embedded broker; the other subcommands run
 //! one role each. Each role's flags and logic live in its crate; this file only wires
-//! them to subcommands.
+//! them to subcommands. `call` and `routes` are tools for people at a terminal (and
+//! scripts): a JSON client of a gate, and the routes a bus's services announce.
 
+mod call;
 mod roles;
+mod routes;
 mod telemetry;
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -39,6 +42,12 @@ enum Command {
     Gate(Box<GateArgs>),
     /// Run one worker of a service in its queue group.
     Worker(Box<WorkerArgs>),
+    /// Send one request to a gate as a JSON client and print the answer (or a session
+    /// of them: --listen, --repl).
+    Call(Box<call::CallArgs>),
+    /// List the routes, pushes and keyed services the workers on a bus announce.
+    #[command(long_about = routes::ABOUT)]
+    Routes(Box<routes::RoutesArgs>),
     /// Generate load and run benchmark scenarios.
     Loadtest {
         #[command(subcommand)]
@@ -88,15 +97,18 @@ struct UpArgs {
 #[tokio::main]
 async fn main() -> ExitCode {
     let (args, deprecated) = renamed_flags(std::env::args_os().collect());
+    let success = |result: anyhow::Result<()>| result.map(|()| ExitCode::SUCCESS);
     let result = match Cli::parse_from(args).command {
-        Command::Up(args) => up(*args, &deprecated).await,
-        Command::Broker(args) => broker::cli::run(*args).await,
-        Command::Gate(args) => gate(*args, &deprecated).await,
-        Command::Worker(args) => worker(*args).await,
-        Command::Loadtest { command } => run_loadtest(*command).await,
+        Command::Up(args) => success(up(*args, &deprecated).await),
+        Command::Broker(args) => success(broker::cli::run(*args).await),
+        Command::Gate(args) => success(gate(*args, &deprecated).await),
+        Command::Worker(args) => success(worker(*args).await),
+        Command::Call(args) => tool(call::run(*args)).await,
+        Command::Routes(args) => tool(routes::run(*args)).await,
+        Command::Loadtest { command } => success(run_loadtest(*command).await),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             // One line with the whole cause chain, e.g. "config file x: line 3: ...".
             eprintln!("shaddock: {error:#}");
@@ -126,6 +138,16 @@ fn warn_deprecated(notices: &[String]) {
     for notice in notices {
         tracing::warn!("{notice}");
     }
+}
+
+/// Runs a terminal tool (`call`, `routes`): its output is stdout's, so only warnings
+/// and errors are logged (to stderr), unless `RUST_LOG` asks for more.
+async fn tool(run: impl Future<Output = anyhow::Result<ExitCode>>) -> anyhow::Result<ExitCode> {
+    let level = std::env::var_os("RUST_LOG")
+        .is_none()
+        .then_some(tracing::Level::WARN);
+    init_logging(None, level)?;
+    run.await
 }
 
 async fn run_loadtest(command: loadtest::Command) -> anyhow::Result<()> {
@@ -199,7 +221,7 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     let any = Ipv4Addr::UNSPECIFIED;
     let backlog = args.backlog.listen_backlog;
     let metrics_addr = SocketAddr::from((any, args.metrics_port));
-    telemetry::serve_metrics(metrics_addr, backlog, shutdown.clone()).await?;
+    let metrics_addr = telemetry::serve_metrics(metrics_addr, backlog, shutdown.clone()).await?;
     // The embedded broker is local and open: nothing to authenticate or encrypt.
     let worker_config = WorkerConfig {
         nats: nats.clone(),
@@ -214,6 +236,7 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     let chat =
         roles::start_worker(ServiceName::Chat, worker_config.clone(), shutdown.clone()).await?;
     let arena = roles::start_worker(ServiceName::Arena, worker_config, shutdown.clone()).await?;
+    let web = !args.gate.no_web;
     // The gate, the hot part of the path, reaches the broker in process: no loopback
     // TCP, no kernel between them. (The workers' NATS client, async-nats, has no
     // in-process transport: they use loopback TCP.)
@@ -247,6 +270,14 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
         );
     }
     info!("Server is ready");
+    log_where(&Where {
+        gate: gate.addr,
+        tls_gate: gate.tls_addr,
+        web,
+        nats: broker.client_addr(),
+        monitor: broker.monitor_addr(),
+        metrics: metrics_addr,
+    });
     tokio::select! {
         trapped = signals.next() => {
             info!("Trapped \"{}\" signal", trapped.name());
@@ -271,6 +302,50 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
         .and(echo_result)
         .and(chat_result)
         .and(arena_result)
+}
+
+/// Where the parts of `shaddock up` listen, as bound.
+struct Where {
+    gate: SocketAddr,
+    tls_gate: Option<SocketAddr>,
+    web: bool,
+    nats: SocketAddr,
+    monitor: Option<SocketAddr>,
+    metrics: SocketAddr,
+}
+
+/// Logs the URLs to reach `up` by, once it is ready: from this machine, so a wildcard
+/// address becomes loopback.
+fn log_where(at: &Where) {
+    let gate = reachable(at.gate);
+    let nats = reachable(at.nats);
+    info!("WebSocket clients:  ws://{gate}");
+    if let Some(tls) = at.tls_gate {
+        info!("TLS clients:        wss://{}", reachable(tls));
+    }
+    if at.web {
+        info!("Demo page:          http://{gate}/");
+    }
+    info!("NATS:               nats://{nats}");
+    if let Some(monitor) = at.monitor {
+        info!("NATS monitoring:    http://{}/", reachable(monitor));
+    }
+    info!(
+        "Metrics:            http://{}/metrics",
+        reachable(at.metrics)
+    );
+    info!("Try: shaddock call ws://{gate} echo.echo '{{\"body\":\"aGk=\"}}'");
+    info!("     shaddock routes --nats nats://{nats}");
+}
+
+/// `addr` as a client on this machine dials it: a wildcard address is loopback.
+fn reachable(mut addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => addr.set_ip(Ipv4Addr::LOCALHOST.into()),
+        IpAddr::V6(ip) if ip.is_unspecified() => addr.set_ip(Ipv6Addr::LOCALHOST.into()),
+        _ => {}
+    }
+    addr
 }
 
 #[cfg(test)]

@@ -96,11 +96,14 @@ pub struct TlsArgs {
     pub tls_key: Option<PathBuf>,
 }
 
-/// A started gate: a handle, its task, and its TLS for reloads.
+/// A started gate: a handle, its task, its TLS for reloads, and where it listens (as
+/// bound: the real ports when 0 was asked for).
 pub struct StartedGate {
     pub gate: Gate,
     pub task: JoinHandle<anyhow::Result<()>>,
     pub tls: Option<Tls>,
+    pub addr: SocketAddr,
+    pub tls_addr: Option<SocketAddr>,
 }
 
 /// The gate's own bus connection settings from the shared bus flags.
@@ -140,6 +143,7 @@ pub async fn start_gate(
         "Gate listening for WebSocket clients on {addr}"
     );
     let mut listeners = vec![Listener::plain(listener)];
+    let mut tls_addr = None;
     let tls = match (&tls.tls_listen, &tls.tls_cert, &tls.tls_key) {
         (Some(listen), Some(cert), Some(key)) => {
             let tls = Tls::load(cert, key).context("the gate's TLS certificate")?;
@@ -150,6 +154,7 @@ pub async fn start_gate(
                 "Gate listening for TLS WebSocket clients on {addr}"
             );
             listeners.push(Listener::tls(listener, tls.clone()));
+            tls_addr = Some(addr);
             Some(tls)
         }
         _ => None,
@@ -157,7 +162,13 @@ pub async fn start_gate(
     let serving = gate.clone();
     let task =
         tokio::spawn(async move { serving.serve(listeners, shutdown).await.context("gate") });
-    Ok(StartedGate { gate, task, tls })
+    Ok(StartedGate {
+        gate,
+        task,
+        tls,
+        addr,
+        tls_addr,
+    })
 }
 
 /// Reads the gate's certificate and key again at every SIGHUP, until `shutdown`: new
