@@ -107,6 +107,9 @@ run workers/go/scripts/check-generated.sh
   fi
 )
 
+step "Recipes (docs/recipes): Go and Python types from proto/ alone, descriptor sets, a Python worker"
+run docs/recipes/test.sh
+
 step "Tests"
 run cargo test --workspace
 

@@ -4,10 +4,12 @@
 //!
 //! A gate learns types at run time: it listens on `<prefix>.schema.svc.*`, asks once on
 //! `<prefix>.schema.ask` so workers that started before it announce again, and keeps the
-//! latest announcement of each service. An announcement that does not decode, or names
-//! a type its descriptors lack, is refused as a whole (logged) and the service keeps
-//! what it had: a broken worker cannot take JSON away from the others. Protobuf
-//! sessions never look here.
+//! latest announcement of each service. An announcement that does not decode, names a
+//! type its descriptors lack, a method that is not one route token (`inventory.add`
+//! where `add` was meant) or a push route not under its service, is refused as a whole
+//! (logged) and the service keeps what it had: a broken worker cannot take JSON away
+//! from the others, and a misnamed route is said aloud rather than left to answer JSON
+//! clients "no announced message types". Protobuf sessions never look here.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,6 +21,8 @@ use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 use proto::Message as _;
 use proto::keyed::MAX_PARTITIONS;
 use proto::rpc::ServiceSchema;
+
+use crate::config::MAX_ROUTE_LEN;
 
 mod dict;
 
@@ -65,6 +69,17 @@ pub(crate) enum SchemaError {
     },
     #[error("service {service:?} names type {name:?}, which its descriptors lack")]
     MissingType { service: String, name: String },
+    #[error(
+        "service {service:?} announces method {method:?}, which no route reaches: a method \
+         is announced alone, as the one [a-z0-9_-] token after \"{service}.\" in its route \
+         (routes are at most {MAX_ROUTE_LEN} bytes)"
+    )]
+    Method { service: String, method: String },
+    #[error(
+        "service {service:?} announces push route {route:?}: a push route is \
+         {service}.<name>, <name> one [a-z0-9_-] token (routes are at most {MAX_ROUTE_LEN} bytes)"
+    )]
+    PushRoute { service: String, route: String },
     #[error(
         "service {0:?} is keyed over a partition count or session key the gates cannot route by"
     )]
@@ -125,6 +140,13 @@ impl Schemas {
         };
         let mut methods = HashMap::new();
         for m in schema.methods {
+            // The gate looks a route's method up by the token after the service's name.
+            if crate::route::parse(&format!("{service}.{}", m.method)).is_err() {
+                return Err(SchemaError::Method {
+                    service: service.clone(),
+                    method: m.method,
+                });
+            }
             let types = MethodTypes {
                 request: find(&m.request_type)?,
                 response: find(&m.response_type)?,
@@ -133,6 +155,13 @@ impl Schemas {
         }
         let mut pushes = HashMap::new();
         for p in schema.pushes {
+            // A push's type is looked up under the service its route's first token names.
+            if !matches!(crate::route::parse(&p.route), Ok((owner, _)) if owner == service) {
+                return Err(SchemaError::PushRoute {
+                    service: service.clone(),
+                    route: p.route,
+                });
+            }
             pushes.insert(p.route, find(&p.message_type)?);
         }
         let mut names: Vec<&str> = methods.keys().map(String::as_str).collect();
@@ -230,11 +259,16 @@ static REFUSED_LOG: net::LogLimiter = net::LogLimiter::per_second();
 
 /// Takes one announcement from the bus, logging (at most once a second) one refused.
 pub(crate) fn on_announcement(schemas: &Schemas, payload: Bytes) {
+    take_announcement(schemas, payload, &REFUSED_LOG);
+}
+
+/// [`on_announcement`], with the limiter of its log lines given.
+fn take_announcement(schemas: &Schemas, payload: Bytes, refused_log: &net::LogLimiter) {
     match schemas.learn(payload) {
         Ok(service) => tracing::trace!(%service, "schema announced"),
         // Announcements repeat at every ask: a broken worker's would repeat its warning.
         Err(error) => {
-            if let Some(tally) = REFUSED_LOG.check() {
+            if let Some(tally) = refused_log.check() {
                 tracing::warn!(%error, "schema announcement refused{tally}");
             }
         }
@@ -350,6 +384,91 @@ mod tests {
         ));
         assert!(schemas.method("chat.say").is_some());
         assert_eq!(schemas.services.len(), 1);
+    }
+
+    /// What `f` logs, as the gate's log would show it.
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buf(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn a_method_no_route_reaches_or_a_push_route_elsewhere_is_refused_and_logged() {
+        let schemas = Schemas::default();
+        schemas
+            .learn(Bytes::from(chat_schema().encode_to_vec()))
+            .unwrap();
+        // `chat.` and 60 bytes: one byte over a route's length.
+        let too_long = "m".repeat(MAX_ROUTE_LEN - "chat".len());
+        for method in ["chat.say", "", "Say", "s*", "a b", &too_long] {
+            let mut misnamed = chat_schema();
+            misnamed.methods[0].method = method.into();
+            let refused = schemas.learn(Bytes::from(misnamed.encode_to_vec()));
+            assert!(
+                matches!(refused, Err(SchemaError::Method { .. })),
+                "{method:?}: {refused:?}"
+            );
+        }
+        for route in [
+            "message",
+            "echo.message",
+            "chat.message.x",
+            "chat.",
+            ".message",
+            "chat.Message",
+            "chat.m>",
+        ] {
+            let mut misrouted = chat_schema();
+            misrouted.pushes[0].route = route.into();
+            let refused = schemas.learn(Bytes::from(misrouted.encode_to_vec()));
+            assert!(
+                matches!(refused, Err(SchemaError::PushRoute { .. })),
+                "{route:?}: {refused:?}"
+            );
+        }
+        // Refused as a whole: what the service announced before stands.
+        assert!(schemas.method("chat.say").is_some());
+        assert!(schemas.push("chat.message").is_some());
+        assert!(schemas.method("chat.chat.say").is_none());
+
+        // The gate's log says which method and what a method is.
+        let mut misnamed = chat_schema();
+        misnamed.methods[0].method = "chat.say".into();
+        let payload = Bytes::from(misnamed.encode_to_vec());
+        let limiter = net::LogLimiter::per_second();
+        let log = logged(|| take_announcement(&schemas, payload, &limiter));
+        assert!(log.contains("WARN"), "{log}");
+        assert!(log.contains("schema announcement refused"), "{log}");
+        assert!(
+            log.contains(r#"service "chat" announces method "chat.say", which no route reaches"#),
+            "{log}"
+        );
+        assert!(log.contains(r#"token after "chat." in its route"#), "{log}");
+
+        // The longest method a route holds is fine.
+        let longest = Schemas::default();
+        let mut long = chat_schema();
+        long.methods[0].method = "m".repeat(MAX_ROUTE_LEN - "chat.".len());
+        longest.learn(Bytes::from(long.encode_to_vec())).unwrap();
+        let route = format!("chat.{}", long.methods[0].method);
+        assert!(longest.method(&route).is_some());
     }
 
     #[test]

@@ -26,6 +26,9 @@ import { Status } from "./gen/status_pb.js";
 import { MAX_PARTITIONS } from "./ownership.js";
 import { isValidName, isValidSubject } from "./subjects.js";
 
+/** Longest route (`service.method`, or a push's `service.name`): the gates' bound. */
+const MAX_ROUTE_LEN = 64;
+
 /** What a handler may return: a value, or a promise of one. */
 export type Awaitable<T> = T | Promise<T>;
 
@@ -170,8 +173,22 @@ export class Service {
     return this.#add(name, undefined, async (ctx, body) => bytesOf(await handler(ctx, body)));
   }
 
-  /** Declares that pushes on `route` (`<service>.<name>`) carry a `type`, for JSON clients. */
+  /**
+   * Declares that pushes on `route` (`<service>.<name>`) carry a `type`, for JSON clients.
+   * Throws when `route` is not this service's (`chat.message` for service `chat`: the
+   * gates would refuse the whole announcement), or is declared twice.
+   */
   push(route: string, type: DescMessage): this {
+    const name = route.startsWith(`${this.name}.`) ? route.slice(this.name.length + 1) : "";
+    if (!isValidName(name) || route.length > MAX_ROUTE_LEN) {
+      throw new Error(
+        `invalid push route ${JSON.stringify(route)} in service ${this.name}: use ${this.name}.<name>, ` +
+          `<name> of [a-z0-9_-], the route at most ${MAX_ROUTE_LEN} bytes`,
+      );
+    }
+    if (this.#pushes.some((p) => p.route === route)) {
+      throw new Error(`push route ${JSON.stringify(route)} declared twice in service ${this.name}`);
+    }
     this.#pushes.push({ route, type });
     return this;
   }
@@ -367,8 +384,13 @@ export class Service {
   }
 
   #add(name: string, types: Method["types"], call: Method["call"]): this {
-    if (!isValidName(name)) {
-      throw new Error(`invalid method name ${JSON.stringify(name)} in service ${this.name}: use 1..=64 of [a-z0-9_-]`);
+    // The method alone (`add` for route `inventory.add`): the gates refuse an
+    // announcement naming one no route can reach.
+    if (!isValidName(name) || this.name.length + 1 + name.length > MAX_ROUTE_LEN) {
+      throw new Error(
+        `invalid method name ${JSON.stringify(name)} in service ${this.name}: name the method alone, ` +
+          `the route's part after "${this.name}.": [a-z0-9_-], the route at most ${MAX_ROUTE_LEN} bytes`,
+      );
     }
     if (this.#methods.has(name)) {
       throw new Error(`method ${JSON.stringify(name)} registered twice in service ${this.name}`);

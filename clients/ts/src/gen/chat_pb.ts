@@ -15,7 +15,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file chat.proto.
  */
 export const file_chat: GenFile = /*@__PURE__*/
-  fileDesc("CgpjaGF0LnByb3RvEg1zaGFkZG9jay5jaGF0IhwKDExvZ2luUmVxdWVzdBIMCgRuYW1lGAEgASgJIh0KDUxvZ2luUmVzcG9uc2USDAoEbmFtZRgBIAEoCSIbCgtKb2luUmVxdWVzdBIMCgRyb29tGAEgASgJIi0KDEpvaW5SZXNwb25zZRIMCgRyb29tGAEgASgJEg8KB21lbWJlcnMYAiADKAkiHAoMTGVhdmVSZXF1ZXN0EgwKBHJvb20YASABKAkiDwoNTGVhdmVSZXNwb25zZSIoCgpTYXlSZXF1ZXN0EgwKBHJvb20YASABKAkSDAoEdGV4dBgCIAEoCSINCgtTYXlSZXNwb25zZSIqCg5XaGlzcGVyUmVxdWVzdBIKCgJ0bxgBIAEoCRIMCgR0ZXh0GAIgASgJIhEKD1doaXNwZXJSZXNwb25zZSIeCg5NZW1iZXJzUmVxdWVzdBIMCgRyb29tGAEgASgJIjAKD01lbWJlcnNSZXNwb25zZRIMCgRyb29tGAEgASgJEg8KB21lbWJlcnMYAiADKAkiNwoLQ2hhdE1lc3NhZ2USDAoEcm9vbRgBIAEoCRIMCgRmcm9tGAIgASgJEgwKBHRleHQYAyABKAkiOQoLTWVtYmVyRXZlbnQSDAoEcm9vbRgBIAEoCRIMCgRuYW1lGAIgASgJEg4KBnJlYXNvbhgDIAEoCSKRAQoLU3RhdGVDaGFuZ2USJQoEam9pbhgBIAEoCzIVLnNoYWRkb2NrLmNoYXQuTWVtYmVySAASJgoFbGVhdmUYAiABKAsyFS5zaGFkZG9jay5jaGF0Lk1lbWJlckgAEisKBmNsb3NlZBgDIAEoCzIZLnNoYWRkb2NrLmNoYXQuU2Vzc2lvblJlZkgAQgYKBGtpbmQiPwoGTWVtYmVyEgwKBHJvb20YASABKAkSDAoEbmFtZRgCIAEoCRIMCgRnYXRlGAMgASgJEgsKA3NpZBgEIAEoBCInCgpTZXNzaW9uUmVmEgwKBGdhdGUYASABKAkSCwoDc2lkGAIgASgEIl0KCFNuYXBzaG90EiYKB21lbWJlcnMYASADKAsyFS5zaGFkZG9jay5jaGF0Lk1lbWJlchIpCgZjbG9zZWQYAiADKAsyGS5zaGFkZG9jay5jaGF0LlNlc3Npb25SZWZiBnByb3RvMw");
+  fileDesc("CgpjaGF0LnByb3RvEg1zaGFkZG9jay5jaGF0IhwKDExvZ2luUmVxdWVzdBIMCgRuYW1lGAEgASgJIh0KDUxvZ2luUmVzcG9uc2USDAoEbmFtZRgBIAEoCSIbCgtKb2luUmVxdWVzdBIMCgRyb29tGAEgASgJIi0KDEpvaW5SZXNwb25zZRIMCgRyb29tGAEgASgJEg8KB21lbWJlcnMYAiADKAkiHAoMTGVhdmVSZXF1ZXN0EgwKBHJvb20YASABKAkiDwoNTGVhdmVSZXNwb25zZSIoCgpTYXlSZXF1ZXN0EgwKBHJvb20YASABKAkSDAoEdGV4dBgCIAEoCSINCgtTYXlSZXNwb25zZSIqCg5XaGlzcGVyUmVxdWVzdBIKCgJ0bxgBIAEoCRIMCgR0ZXh0GAIgASgJIhEKD1doaXNwZXJSZXNwb25zZSIeCg5NZW1iZXJzUmVxdWVzdBIMCgRyb29tGAEgASgJIjAKD01lbWJlcnNSZXNwb25zZRIMCgRyb29tGAEgASgJEg8KB21lbWJlcnMYAiADKAkiNwoLQ2hhdE1lc3NhZ2USDAoEcm9vbRgBIAEoCRIMCgRmcm9tGAIgASgJEgwKBHRleHQYAyABKAkiOQoLTWVtYmVyRXZlbnQSDAoEcm9vbRgBIAEoCRIMCgRuYW1lGAIgASgJEg4KBnJlYXNvbhgDIAEoCSKRAQoLU3RhdGVDaGFuZ2USJQoEam9pbhgBIAEoCzIVLnNoYWRkb2NrLmNoYXQuTWVtYmVySAASJgoFbGVhdmUYAiABKAsyFS5zaGFkZG9jay5jaGF0Lk1lbWJlckgAEisKBmNsb3NlZBgDIAEoCzIZLnNoYWRkb2NrLmNoYXQuU2Vzc2lvblJlZkgAQgYKBGtpbmQiPwoGTWVtYmVyEgwKBHJvb20YASABKAkSDAoEbmFtZRgCIAEoCRIMCgRnYXRlGAMgASgJEgsKA3NpZBgEIAEoBCInCgpTZXNzaW9uUmVmEgwKBGdhdGUYASABKAkSCwoDc2lkGAIgASgEIl0KCFNuYXBzaG90EiYKB21lbWJlcnMYASADKAsyFS5zaGFkZG9jay5jaGF0Lk1lbWJlchIpCgZjbG9zZWQYAiADKAsyGS5zaGFkZG9jay5jaGF0LlNlc3Npb25SZWZCNwoRZGV2LnNoYWRkb2NrLmNoYXRQAVogc2hhZGRvY2suZGV2L3Byb3RvL2NoYXRwYjtjaGF0cGJiBnByb3RvMw");
 
 /**
  * chat.login: binds the session to uid `name` (one session per name) and stores the
@@ -25,6 +25,9 @@ export const file_chat: GenFile = /*@__PURE__*/
  */
 export type LoginRequest = Message<"shaddock.chat.LoginRequest"> & {
   /**
+   * A player name: 1 to 32 of [a-z0-9_-]. May be empty for a player signed in by token
+   * (the token's name is used; any other is refused 403).
+   *
    * @generated from field: string name = 1;
    */
   name: string;
@@ -61,6 +64,8 @@ export const LoginResponseSchema: GenMessage<LoginResponse> = /*@__PURE__*/
  */
 export type JoinRequest = Message<"shaddock.chat.JoinRequest"> & {
   /**
+   * A room name: 1 to 48 of [a-z0-9_-]. A session is in 32 rooms at most.
+   *
    * @generated from field: string room = 1;
    */
   room: string;
@@ -139,6 +144,8 @@ export type SayRequest = Message<"shaddock.chat.SayRequest"> & {
   room: string;
 
   /**
+   * 1 to 1024 bytes of UTF-8.
+   *
    * @generated from field: string text = 2;
    */
   text: string;

@@ -1075,10 +1075,14 @@ func (x *HandOver) GetFrom() string {
 // A typed method: full protobuf names of its request and response messages. Raw
 // methods are not listed: their bodies pass through as they are.
 type MethodSchema struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Method        string                 `protobuf:"bytes,1,opt,name=method,proto3" json:"method,omitempty"`
-	RequestType   string                 `protobuf:"bytes,2,opt,name=request_type,json=requestType,proto3" json:"request_type,omitempty"`
-	ResponseType  string                 `protobuf:"bytes,3,opt,name=response_type,json=responseType,proto3" json:"response_type,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The method alone, as in its subject's last token: `add` for route `inventory.add`
+	// (not `inventory.add`). A gate refuses an announcement naming a method that is not
+	// one token of [a-z0-9_-] (logged), since no route could reach it.
+	Method string `protobuf:"bytes,1,opt,name=method,proto3" json:"method,omitempty"`
+	// Full names, package included: `shaddock.echo.EchoRequest`.
+	RequestType   string `protobuf:"bytes,2,opt,name=request_type,json=requestType,proto3" json:"request_type,omitempty"`
+	ResponseType  string `protobuf:"bytes,3,opt,name=response_type,json=responseType,proto3" json:"response_type,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1134,11 +1138,13 @@ func (x *MethodSchema) GetResponseType() string {
 	return ""
 }
 
-// A push route (`<service>.<name>`, e.g. `chat.message`) and its message type.
+// A push route and its message type.
 type PushSchema struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Route         string                 `protobuf:"bytes,1,opt,name=route,proto3" json:"route,omitempty"`
-	MessageType   string                 `protobuf:"bytes,2,opt,name=message_type,json=messageType,proto3" json:"message_type,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The whole route, under the announcing service: `<service>.<name>`, e.g.
+	// `chat.message`. A gate refuses an announcement naming another shape (logged).
+	Route         string `protobuf:"bytes,1,opt,name=route,proto3" json:"route,omitempty"`
+	MessageType   string `protobuf:"bytes,2,opt,name=message_type,json=messageType,proto3" json:"message_type,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1278,7 +1284,8 @@ const file_rpc_proto_rawDesc = "" +
 	"\n" +
 	"PushSchema\x12\x14\n" +
 	"\x05route\x18\x01 \x01(\tR\x05route\x12!\n" +
-	"\fmessage_type\x18\x02 \x01(\tR\vmessageTypeb\x06proto3"
+	"\fmessage_type\x18\x02 \x01(\tR\vmessageTypeB4\n" +
+	"\x10dev.shaddock.rpcP\x01Z\x1eshaddock.dev/proto/rpcpb;rpcpbb\x06proto3"
 
 var (
 	file_rpc_proto_rawDescOnce sync.Once

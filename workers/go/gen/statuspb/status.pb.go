@@ -42,24 +42,32 @@ const (
 	Status_STATUS_UNSPECIFIED Status = 0
 	// Worker: handled; the body is the answer.
 	Status_STATUS_OK Status = 200
-	// Gate or worker: a bad route, a request id already in flight, or a body that does
-	// not parse (the message names the field). Do not retry: fix the request.
+	// Gate or worker: a bad route, a request id already in flight, a keyed route without
+	// a key, or a body that does not parse. A JSON body is the gate's to parse, and its
+	// message names the field at fault; a protobuf body is the worker's, and its message
+	// is what its decoder says (`bad request body: failed to decode Protobuf message:
+	// invalid varint`), which may name no field. Do not retry: fix the request.
 	Status_STATUS_BAD_REQUEST Status = 400
 	// Gate or worker: the token was refused (in HandshakeAck or RefreshAck; a refused
-	// handshake is followed by a close), or the service needs a logged-in player (e.g.
-	// `chat.say` before `chat.login`). Do not retry: log in, or get a new token.
+	// handshake is followed by a close), or, in a Response, the service needs a logged-in
+	// player (e.g. `chat.say` before `chat.login`). Do not retry: log in, or get a new
+	// token.
 	Status_STATUS_UNAUTHORIZED Status = 401
 	// Gate or worker: the service refused the session (e.g. saying in a room it is not
 	// in; a uid other than the signed token's). Do not retry.
 	Status_STATUS_FORBIDDEN Status = 403
 	// Gate or worker: nothing serves this route: no worker of its service has ever
-	// announced itself to this gate, or the service has no such method. Do not retry: it
+	// announced itself to this gate, or the service has no such method; or what the
+	// request names is gone (`arena.input`: `match lost: join again`). Do not retry: it
 	// will not appear by waiting (unlike 503).
 	Status_STATUS_NOT_FOUND Status = 404
 	// Gate: no answer within the request timeout (5 s by default); the request may or may
 	// not have been handled. Retry only if it is idempotent.
 	Status_STATUS_TIMEOUT Status = 408
-	// Gate or worker: a conflict (e.g. a name taken, in refuse mode). Do not retry.
+	// Gate or worker: a conflict. The player is connected already and the gate refuses a
+	// second session (`--uid-conflict refuse`: in HandshakeAck, or answering the login
+	// that binds it), or the service's own (e.g. `arena.join` to a full match). Do not
+	// retry.
 	Status_STATUS_CONFLICT Status = 409
 	// Worker: the request is too large for the service. Do not retry.
 	Status_STATUS_TOO_LARGE Status = 413
@@ -71,9 +79,10 @@ const (
 	Status_STATUS_HANDLER_ERROR Status = 500
 	// Gate or worker: not now. `gate overloaded` (the gate's in-flight budget is taken),
 	// `no worker available now` (the service exists, none of its workers is reachable:
-	// restarting, or the bus is), `bus unavailable`, `gate draining` (never forwarded), the
-	// worker's queue is full, or it is shutting down. Retry with backoff, or on another
-	// gate; `gate draining` at once on the next gate.
+	// restarting, or the bus is), `bus unavailable` (also in HandshakeAck, binding a
+	// token's player), `gate draining` (never forwarded), the worker's queue is full, or
+	// it is shutting down. Retry with backoff, or on another gate; `gate draining` at
+	// once on the next gate.
 	Status_STATUS_UNAVAILABLE Status = 503
 )
 
@@ -153,7 +162,8 @@ const file_status_proto_rawDesc = "" +
 	"\x10STATUS_TOO_LARGE\x10\x9d\x03\x12\x1d\n" +
 	"\x18STATUS_TOO_MANY_REQUESTS\x10\xad\x03\x12\x19\n" +
 	"\x14STATUS_HANDLER_ERROR\x10\xf4\x03\x12\x17\n" +
-	"\x12STATUS_UNAVAILABLE\x10\xf7\x03b\x06proto3"
+	"\x12STATUS_UNAVAILABLE\x10\xf7\x03B=\n" +
+	"\x13dev.shaddock.statusP\x01Z$shaddock.dev/proto/statuspb;statuspbb\x06proto3"
 
 var (
 	file_status_proto_rawDescOnce sync.Once

@@ -22,7 +22,7 @@ import { enumDesc, fileDesc } from "@bufbuild/protobuf/codegenv2";
  * Describes the file status.proto.
  */
 export const file_status: GenFile = /*@__PURE__*/
-  fileDesc("CgxzdGF0dXMucHJvdG8SD3NoYWRkb2NrLnN0YXR1cyqmAgoGU3RhdHVzEhYKElNUQVRVU19VTlNQRUNJRklFRBAAEg4KCVNUQVRVU19PSxDIARIXChJTVEFUVVNfQkFEX1JFUVVFU1QQkAMSGAoTU1RBVFVTX1VOQVVUSE9SSVpFRBCRAxIVChBTVEFUVVNfRk9SQklEREVOEJMDEhUKEFNUQVRVU19OT1RfRk9VTkQQlAMSEwoOU1RBVFVTX1RJTUVPVVQQmAMSFAoPU1RBVFVTX0NPTkZMSUNUEJkDEhUKEFNUQVRVU19UT09fTEFSR0UQnQMSHQoYU1RBVFVTX1RPT19NQU5ZX1JFUVVFU1RTEK0DEhkKFFNUQVRVU19IQU5ETEVSX0VSUk9SEPQDEhcKElNUQVRVU19VTkFWQUlMQUJMRRD3A2IGcHJvdG8z");
+  fileDesc("CgxzdGF0dXMucHJvdG8SD3NoYWRkb2NrLnN0YXR1cyqmAgoGU3RhdHVzEhYKElNUQVRVU19VTlNQRUNJRklFRBAAEg4KCVNUQVRVU19PSxDIARIXChJTVEFUVVNfQkFEX1JFUVVFU1QQkAMSGAoTU1RBVFVTX1VOQVVUSE9SSVpFRBCRAxIVChBTVEFUVVNfRk9SQklEREVOEJMDEhUKEFNUQVRVU19OT1RfRk9VTkQQlAMSEwoOU1RBVFVTX1RJTUVPVVQQmAMSFAoPU1RBVFVTX0NPTkZMSUNUEJkDEhUKEFNUQVRVU19UT09fTEFSR0UQnQMSHQoYU1RBVFVTX1RPT19NQU5ZX1JFUVVFU1RTEK0DEhkKFFNUQVRVU19IQU5ETEVSX0VSUk9SEPQDEhcKElNUQVRVU19VTkFWQUlMQUJMRRD3A0I9ChNkZXYuc2hhZGRvY2suc3RhdHVzUAFaJHNoYWRkb2NrLmRldi9wcm90by9zdGF0dXNwYjtzdGF0dXNwYmIGcHJvdG8z");
 
 /**
  * @generated from enum shaddock.status.Status
@@ -44,8 +44,11 @@ export enum Status {
   OK = 200,
 
   /**
-   * Gate or worker: a bad route, a request id already in flight, or a body that does
-   * not parse (the message names the field). Do not retry: fix the request.
+   * Gate or worker: a bad route, a request id already in flight, a keyed route without
+   * a key, or a body that does not parse. A JSON body is the gate's to parse, and its
+   * message names the field at fault; a protobuf body is the worker's, and its message
+   * is what its decoder says (`bad request body: failed to decode Protobuf message:
+   * invalid varint`), which may name no field. Do not retry: fix the request.
    *
    * @generated from enum value: STATUS_BAD_REQUEST = 400;
    */
@@ -53,8 +56,9 @@ export enum Status {
 
   /**
    * Gate or worker: the token was refused (in HandshakeAck or RefreshAck; a refused
-   * handshake is followed by a close), or the service needs a logged-in player (e.g.
-   * `chat.say` before `chat.login`). Do not retry: log in, or get a new token.
+   * handshake is followed by a close), or, in a Response, the service needs a logged-in
+   * player (e.g. `chat.say` before `chat.login`). Do not retry: log in, or get a new
+   * token.
    *
    * @generated from enum value: STATUS_UNAUTHORIZED = 401;
    */
@@ -70,7 +74,8 @@ export enum Status {
 
   /**
    * Gate or worker: nothing serves this route: no worker of its service has ever
-   * announced itself to this gate, or the service has no such method. Do not retry: it
+   * announced itself to this gate, or the service has no such method; or what the
+   * request names is gone (`arena.input`: `match lost: join again`). Do not retry: it
    * will not appear by waiting (unlike 503).
    *
    * @generated from enum value: STATUS_NOT_FOUND = 404;
@@ -86,7 +91,10 @@ export enum Status {
   TIMEOUT = 408,
 
   /**
-   * Gate or worker: a conflict (e.g. a name taken, in refuse mode). Do not retry.
+   * Gate or worker: a conflict. The player is connected already and the gate refuses a
+   * second session (`--uid-conflict refuse`: in HandshakeAck, or answering the login
+   * that binds it), or the service's own (e.g. `arena.join` to a full match). Do not
+   * retry.
    *
    * @generated from enum value: STATUS_CONFLICT = 409;
    */
@@ -118,9 +126,10 @@ export enum Status {
   /**
    * Gate or worker: not now. `gate overloaded` (the gate's in-flight budget is taken),
    * `no worker available now` (the service exists, none of its workers is reachable:
-   * restarting, or the bus is), `bus unavailable`, `gate draining` (never forwarded), the
-   * worker's queue is full, or it is shutting down. Retry with backoff, or on another
-   * gate; `gate draining` at once on the next gate.
+   * restarting, or the bus is), `bus unavailable` (also in HandshakeAck, binding a
+   * token's player), `gate draining` (never forwarded), the worker's queue is full, or
+   * it is shutting down. Retry with backoff, or on another gate; `gate draining` at
+   * once on the next gate.
    *
    * @generated from enum value: STATUS_UNAVAILABLE = 503;
    */
