@@ -1,0 +1,647 @@
+//! A keyed service served by a Rust worker and a TypeScript worker together
+//! (docs/workers.md, "Keyed services"), behind one gate, on our broker and on
+//! nats-server. The service is `tally`, a count per key over 8 partitions: the Rust one
+//! here (in-process, `services::Worker`) and the TypeScript one of `workers/ts`
+//! (`src/tally.ts`, written with `@shaddock/worker`), which hand partitions to each
+//! other with their counts in one text encoding, a `<key>=<count>\n` line per key.
+//!
+//! Each of 12 keys (covering every partition) is one client session's, which sends one
+//! request at a time, so a key's answers must count 1, 2, 3, ... exactly: a lost
+//! request or state, a request run twice, or two workers acting on one key at once all
+//! break the sequence.
+//!
+//! - The two agree on owners: their heartbeats settle on each partition held by its
+//!   rendezvous owner (the score of docs/workers.md, computed here), both hold some,
+//!   and while nothing changes each key is answered by that owner alone.
+//! - The TypeScript worker stopped (SIGTERM) under load hands its partitions to the Rust
+//!   one with their counts: every request is answered 200, no count lost or repeated,
+//!   and the Rust worker took nothing fresh.
+//! - A TypeScript worker started under load takes its share back from the Rust worker
+//!   by hand-over, counts still exact; and when the Rust worker then leaves (its
+//!   graceful stop) the TypeScript worker takes the rest with their counts. Neither
+//!   took anything fresh after the start.
+//!
+//! Prerequisites: Node 20 with `npm ci` run in `workers/ts` (the test runs `npm run
+//! build` there itself), and nats-server on PATH or in `$(go env GOPATH)/bin`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use broker::testing::Bus;
+use bytes::Bytes;
+use futures::StreamExt as _;
+use gateway::bus::BusOptions;
+use gateway::{AnyToken, Gate, GateConfig};
+use nix::sys::signal::Signal;
+use proto::Message as _;
+use proto::code;
+use proto::keyed::{fnv1a, members_subject, partition_of};
+use proto::rpc::KeyedMember;
+use sdk::{Client, ClientOptions};
+use services::{HandlerError, KeyedConfig, Service, Worker, WorkerConfig};
+use testkit::{DEADLINE, Process, within, word_after};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+const PREFIX: &str = "shaddock";
+const SERVICE: &str = "tally";
+/// As `TALLY_PARTITIONS` in `workers/ts/src/services/tally.ts`.
+const PARTITIONS: u32 = 8;
+const KEYS: usize = 12;
+/// Requests each key sends one after the other before the load (the owners check).
+const ROUNDS: u64 = 4;
+/// Answers every key must get after each change, so each key is seen served after it.
+const AFTER_CHANGE: usize = 4;
+/// Fast keyed timings, the same for both workers.
+const HEARTBEAT: Duration = Duration::from_millis(100);
+const MEMBER_TIMEOUT: Duration = Duration::from_millis(500);
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(1);
+/// TypeScript workers started in turn until the two workers split the partitions: with
+/// random ids one may win all 8 (1 time in 128), which leaves nothing to check.
+const SPLIT_ATTEMPTS: usize = 10;
+
+broker::on_both_buses!(rust_and_ts_workers_serve_one_keyed_service);
+
+async fn rust_and_ts_workers_serve_one_keyed_service(bus: Bus) {
+    let url = bus.url();
+    let built = built();
+    let keys = keys();
+    let heard = Heard::listen(url).await;
+
+    // The Rust worker first: the only member, so its id is the first one heard.
+    let rust_fresh = Arc::new(AtomicUsize::new(0));
+    let rust = start_rust_worker(url, rust_fresh.clone()).await;
+    let rust_id = heard.first_id().await;
+    let mut names = HashMap::from([(rust_id.clone(), "rust")]);
+
+    // A TypeScript worker that wins some partitions, and not all.
+    let mut ts = None;
+    for _ in 0..SPLIT_ATTEMPTS {
+        let worker = TsWorker::start(built, url, "ts").await;
+        let won = owned(&[&rust_id, &worker.id], &worker.id).len();
+        if (1..PARTITIONS as usize).contains(&won) {
+            ts = Some(worker);
+            break;
+        }
+        // It wins all or nothing with this id: a new one, and a new id.
+        worker.stop().await;
+    }
+    let ts = ts.expect("no TypeScript worker split the partitions with the Rust one");
+    let ts_id = ts.id.clone();
+    names.insert(ts_id.clone(), "ts");
+    heard.settled(&[&rust_id, &ts_id]).await;
+    let rust_fresh_settled = rust_fresh.load(Ordering::Relaxed);
+    let ts_owned = owned(&[&rust_id, &ts_id], &ts_id);
+
+    let gate = TestGate::start(url).await;
+    assert!(
+        gate.gate.wait_for_schemas(&[SERVICE], DEADLINE).await,
+        "the gate learnt that tally is keyed"
+    );
+    let mut clients = Vec::new();
+    for _ in 0..KEYS {
+        clients.push(gate.client().await);
+    }
+    let clients = Arc::new(clients);
+    let keys = Arc::new(keys);
+
+    // (a) Nothing changes: each key is answered by its partition's owner alone, and
+    // both workers own keys.
+    let rounds = futures::future::join_all((0..KEYS).map(|n| {
+        let (clients, keys) = (clients.clone(), keys.clone());
+        async move {
+            let mut answers = Vec::new();
+            for _ in 0..ROUNDS {
+                answers.push(add(&clients[n], &keys[n]).await);
+            }
+            answers
+        }
+    }))
+    .await;
+    let mut used = BTreeSet::new();
+    for (n, answers) in rounds.iter().enumerate() {
+        let owner = owner_name(&names, &[&rust_id, &ts_id], &keys[n]);
+        for (i, answer) in answers.iter().enumerate() {
+            let answer = answer
+                .as_ref()
+                .unwrap_or_else(|e| panic!("key {}: {e}", keys[n]));
+            let want = Answer {
+                worker: owner.to_owned(),
+                count: i as u64 + 1,
+            };
+            assert_eq!(*answer, want, "key {}: {answers:?}", keys[n]);
+        }
+        used.insert(owner);
+    }
+    assert_eq!(used, BTreeSet::from(["rust", "ts"]), "both own keys");
+
+    // (b), (c) and (d), under one load: the TypeScript worker leaves, another comes, then
+    // the Rust worker leaves.
+    let stop = Arc::new(AtomicBool::new(false));
+    let progress: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..KEYS).map(|_| AtomicUsize::new(0)).collect());
+    let load = tokio::spawn(load(
+        clients.clone(),
+        keys.clone(),
+        stop.clone(),
+        progress.clone(),
+    ));
+    served_more(&progress, AFTER_CHANGE).await;
+
+    let left = ts.stop().await;
+    assert_eq!(
+        (left.handed_ok, left.rejected),
+        (ts_owned.len(), 0),
+        "the TypeScript worker handed each of its {} partitions over: {}",
+        ts_owned.len(),
+        left.line
+    );
+    heard.settled(&[&rust_id]).await;
+    served_more(&progress, AFTER_CHANGE).await;
+
+    // A TypeScript worker that wins some partitions: one that would win none never
+    // holds one, and is replaced without a trace.
+    let mut ts2 = None;
+    for _ in 0..SPLIT_ATTEMPTS {
+        let worker = TsWorker::start(built, url, "ts2").await;
+        if owned(&[&rust_id, &worker.id], &worker.id).is_empty() {
+            worker.stop().await;
+        } else {
+            ts2 = Some(worker);
+            break;
+        }
+    }
+    let ts2 = ts2.expect("no second TypeScript worker won a partition");
+    let ts2_id = ts2.id.clone();
+    names.insert(ts2_id.clone(), "ts2");
+    let ts2_owned = owned(&[&rust_id, &ts2_id], &ts2_id);
+    heard.settled(&[&rust_id, &ts2_id]).await;
+    served_more(&progress, AFTER_CHANGE).await;
+
+    // (d) The Rust worker leaves in turn: the TypeScript one takes its partitions.
+    rust.stop().await;
+    heard.settled(&[&ts2_id]).await;
+    served_more(&progress, AFTER_CHANGE).await;
+    stop.store(true, Ordering::Relaxed);
+    let answers = within(load).await.unwrap();
+
+    // Every answer 200, each key counting on from the rounds without a gap or repeat,
+    // served by its owner first, by the Rust worker once the TypeScript one left, by its
+    // owner once the second TypeScript worker came, and by that one once the Rust worker
+    // left: no other moves.
+    for (n, answers) in answers.iter().enumerate() {
+        let key = &keys[n];
+        let mut stretches: Vec<&str> = Vec::new();
+        for (i, answer) in answers.iter().enumerate() {
+            let answer = answer
+                .as_ref()
+                .unwrap_or_else(|e| panic!("key {key}, request {i} of the load: {e}"));
+            assert_eq!(
+                answer.count,
+                ROUNDS + i as u64 + 1,
+                "key {key}, request {i} of the load: {answers:?}"
+            );
+            if stretches.last() != Some(&answer.worker.as_str()) {
+                stretches.push(&answer.worker);
+            }
+        }
+        let mut want = vec![
+            owner_name(&names, &[&rust_id, &ts_id], key),
+            "rust",
+            owner_name(&names, &[&rust_id, &ts2_id], key),
+            "ts2",
+        ];
+        want.dedup();
+        assert_eq!(stretches, want, "key {key}: who answered, in turn");
+    }
+    assert_eq!(
+        rust_fresh.load(Ordering::Relaxed),
+        rust_fresh_settled,
+        "the Rust worker took the TypeScript worker's partitions with their counts"
+    );
+
+    // The last worker: its partitions just drain.
+    let last = ts2.stop().await;
+    assert_eq!(
+        (last.fresh, last.handed, last.rejected, last.handed_ok),
+        (0, PARTITIONS as usize, 0, 0),
+        "the second TypeScript worker took every partition with its counts, its {} from \
+         the Rust worker as it came and the rest as the Rust worker left: {}",
+        ts2_owned.len(),
+        last.line
+    );
+    let total: usize = answers.iter().map(Vec::len).sum();
+    eprintln!(
+        "{total} requests under load; partitions of ts {ts_owned:?}, of ts2 {ts2_owned:?}; \
+         ts: {}; ts2: {}",
+        left.line, last.line
+    );
+}
+
+/// The test's keys: one for each partition, then more, `KEYS` in all.
+fn keys() -> Vec<String> {
+    let key = |n: usize| format!("match-{n}");
+    let mut covered = BTreeSet::new();
+    let mut keys: Vec<String> = (0..)
+        .map(key)
+        .filter(|k| covered.insert(partition_of(k.as_bytes(), PARTITIONS)))
+        .take(PARTITIONS as usize)
+        .collect();
+    let more: Vec<String> = (0..)
+        .map(key)
+        .filter(|k| !keys.contains(k))
+        .take(KEYS - keys.len())
+        .collect();
+    keys.extend(more);
+    keys
+}
+
+/// docs/workers.md, "Ownership": `fmix32(FNV-1a-32("<id>:<partition>"))`.
+fn score(member: &str, partition: u32) -> u32 {
+    let mut h = fnv1a(format!("{member}:{partition}").as_bytes());
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^ (h >> 16)
+}
+
+/// The owner of `partition` among `members`: the highest score, ties to the greater id.
+fn rendezvous_owner<'a>(members: &[&'a str], partition: u32) -> &'a str {
+    members
+        .iter()
+        .copied()
+        .max_by_key(|id| (score(id, partition), *id))
+        .unwrap()
+}
+
+/// The name (in its answers) of the owner of `key`'s partition among `members`.
+fn owner_name(names: &HashMap<String, &'static str>, members: &[&str], key: &str) -> &'static str {
+    names[rendezvous_owner(members, partition_of(key.as_bytes(), PARTITIONS))]
+}
+
+/// The partitions `member` owns among `members`.
+fn owned(members: &[&str], member: &str) -> Vec<u32> {
+    (0..PARTITIONS)
+        .filter(|&p| rendezvous_owner(members, p) == member)
+        .collect()
+}
+
+/// Polls `condition` every 10 ms until it holds, within the deadline.
+async fn until(what: &str, mut condition: impl FnMut() -> bool) {
+    let held = tokio::time::timeout(DEADLINE, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(held.is_ok(), "timed out waiting until {what}");
+}
+
+/// The workers' heartbeats, as the test hears them on the bus: the latest per id.
+struct Heard {
+    latest: Arc<Mutex<HashMap<String, KeyedMember>>>,
+}
+
+impl Heard {
+    async fn listen(url: &str) -> Heard {
+        let client = within(async_nats::connect(url)).await.unwrap();
+        let mut heartbeats = client
+            .subscribe(members_subject(PREFIX, SERVICE))
+            .await
+            .unwrap();
+        within(client.flush()).await.unwrap();
+        let latest: Arc<Mutex<HashMap<String, KeyedMember>>> = Arc::default();
+        let keep = latest.clone();
+        tokio::spawn(async move {
+            let _client = client;
+            while let Some(message) = heartbeats.next().await {
+                let member = KeyedMember::decode(message.payload).unwrap();
+                keep.lock().unwrap().insert(member.id.clone(), member);
+            }
+        });
+        Heard { latest }
+    }
+
+    /// The id of the first member heard (the test starts one worker, then waits here).
+    async fn first_id(&self) -> String {
+        until("a keyed worker says its heartbeat", || {
+            !self.latest.lock().unwrap().is_empty()
+        })
+        .await;
+        let latest = self.latest.lock().unwrap();
+        assert_eq!(latest.len(), 1, "one worker so far: {latest:?}");
+        latest.keys().next().unwrap().clone()
+    }
+
+    /// Waits until `members` (and no one else) hold every partition, each the one its
+    /// rendezvous owner among them holds, none leaving: the workers agree on owners.
+    async fn settled(&self, members: &[&str]) {
+        let what = format!("{members:?} hold every partition, each its owner's");
+        until(&what, || {
+            let latest = self.latest.lock().unwrap();
+            let mut holders = HashMap::new();
+            for (id, member) in latest.iter() {
+                let live = members.contains(&id.as_str());
+                if !live && !member.held.is_empty() {
+                    return false; // one gone still says it holds some
+                }
+                if live && member.leaving {
+                    return false;
+                }
+                for &partition in &member.held {
+                    if holders.insert(partition, id.as_str()).is_some() {
+                        return false; // held twice: a move in progress
+                    }
+                }
+            }
+            (0..PARTITIONS).all(|p| holders.get(&p) == Some(&rendezvous_owner(members, p)))
+        })
+        .await;
+    }
+}
+
+/// Waits until every key has had `more` answers beyond those it had on entry.
+async fn served_more(progress: &[AtomicUsize], more: usize) {
+    let from: Vec<usize> = progress.iter().map(|p| p.load(Ordering::Relaxed)).collect();
+    until("every key is answered again", || {
+        progress
+            .iter()
+            .zip(&from)
+            .all(|(p, from)| p.load(Ordering::Relaxed) >= from + more)
+    })
+    .await;
+}
+
+/// One answer: which worker, and the key's count there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Answer {
+    worker: String,
+    count: u64,
+}
+
+async fn add(client: &Client, key: &str) -> Result<Answer, String> {
+    let response = client
+        .request_keyed("tally.add", key, "")
+        .await
+        .map_err(|e| e.to_string())?;
+    if response.code != code::OK {
+        return Err(format!("{} {}", response.code, response.message));
+    }
+    let text = std::str::from_utf8(&response.body).map_err(|e| e.to_string())?;
+    let (worker, count) = text
+        .split_once(' ')
+        .ok_or_else(|| format!("answer {text:?}"))?;
+    Ok(Answer {
+        worker: worker.to_owned(),
+        count: count.parse().map_err(|_| format!("answer {text:?}"))?,
+    })
+}
+
+/// Each key's answers, one request at a time from its own session, until `stop`;
+/// `progress` counts them as they come.
+async fn load(
+    clients: Arc<Vec<Client>>,
+    keys: Arc<Vec<String>>,
+    stop: Arc<AtomicBool>,
+    progress: Arc<Vec<AtomicUsize>>,
+) -> Vec<Vec<Result<Answer, String>>> {
+    let tasks: Vec<_> = (0..KEYS)
+        .map(|n| {
+            let (clients, keys) = (clients.clone(), keys.clone());
+            let (stop, progress) = (stop.clone(), progress.clone());
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    answers.push(add(&clients[n], &keys[n]).await);
+                    progress[n].fetch_add(1, Ordering::Relaxed);
+                    // Pacing: about 150 requests a second per key.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                answers
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for task in tasks {
+        all.push(task.await.unwrap());
+    }
+    all
+}
+
+/// The tally service in Rust, as `workers/ts/src/services/tally.ts` in TypeScript: a
+/// count per key, answered `rust <count>`, moved with its partition as
+/// `<key>=<count>\n` lines; `fresh` counts partitions taken with no state.
+fn tally(fresh: Arc<AtomicUsize>) -> Service {
+    let counts: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let (on_add, on_hand_over, on_take_over) = (counts.clone(), counts.clone(), counts);
+    Service::new(SERVICE)
+        .keyed(PARTITIONS)
+        .raw_method("add", move |ctx, _| {
+            let key = ctx
+                .key()
+                .ok_or_else(|| HandlerError::bad_request("tally.add counts per key: give one"))?
+                .to_owned();
+            let mut counts = on_add.lock().unwrap();
+            let count = counts.entry(key).or_default();
+            *count += 1;
+            Ok(Bytes::from(format!("rust {count}")))
+        })
+        .on_hand_over(move |_, partition| {
+            let mut state = String::new();
+            on_hand_over.lock().unwrap().retain(|key, count| {
+                let here = partition_of(key.as_bytes(), PARTITIONS) == partition;
+                if here {
+                    state.push_str(&format!("{key}={count}\n"));
+                }
+                !here
+            });
+            Bytes::from(state)
+        })
+        .on_take_over(move |_, _, state| match state {
+            Some(state) => {
+                let mut counts = on_take_over.lock().unwrap();
+                for line in std::str::from_utf8(&state).unwrap().lines() {
+                    // The count is after the last `=`, as the TypeScript tally reads it.
+                    let (key, count) = line.rsplit_once('=').unwrap();
+                    counts.insert(key.to_owned(), count.parse().unwrap());
+                }
+            }
+            None => {
+                fresh.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+}
+
+/// The Rust tally worker, on the test's runtime.
+struct RustWorker {
+    shutdown: CancellationToken,
+    run: tokio::task::JoinHandle<Result<(), services::WorkerError>>,
+}
+
+impl RustWorker {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        within(self.run).await.unwrap().unwrap();
+    }
+}
+
+async fn start_rust_worker(url: &str, fresh: Arc<AtomicUsize>) -> RustWorker {
+    let client = services::connect(&[url.to_owned()], "mixed-keyed-rust", &Default::default())
+        .await
+        .unwrap();
+    let config = WorkerConfig {
+        prefix: PREFIX.to_owned(),
+        keyed: KeyedConfig {
+            keyed_heartbeat: HEARTBEAT,
+            keyed_member_timeout: MEMBER_TIMEOUT,
+            handover_timeout: HANDOVER_TIMEOUT,
+        },
+        ..WorkerConfig::default()
+    };
+    let worker = within(Worker::subscribe(client, tally(fresh), config))
+        .await
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(worker.run(shutdown.clone()));
+    RustWorker { shutdown, run }
+}
+
+/// A gate on the test's runtime, on 127.0.0.1:0; shut down when dropped.
+struct TestGate {
+    gate: Gate,
+    url: String,
+    shutdown: CancellationToken,
+}
+
+impl TestGate {
+    async fn start(nats_url: &str) -> TestGate {
+        let options = BusOptions::new([nats_url]);
+        let config = GateConfig {
+            prefix: PREFIX.to_owned(),
+            ..GateConfig::default()
+        };
+        let gate = within(Gate::new(options, config, Arc::new(AnyToken)))
+            .await
+            .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}", listener.local_addr().unwrap());
+        let shutdown = CancellationToken::new();
+        let (serving, token) = (gate.clone(), shutdown.clone());
+        tokio::spawn(async move { serving.run(listener, token).await });
+        TestGate {
+            gate,
+            url,
+            shutdown,
+        }
+    }
+
+    async fn client(&self) -> Client {
+        within(Client::connect(&self.url, ClientOptions::default()))
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for TestGate {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// The TypeScript worker, built once per test run.
+struct Built {
+    node: PathBuf,
+    tally: PathBuf,
+}
+
+fn built() -> &'static Built {
+    static BUILT: OnceLock<Built> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let ts = Path::new(env!("CARGO_MANIFEST_DIR")).join("workers/ts");
+        assert!(
+            ts.join("node_modules").is_dir(),
+            "workers/ts has no node_modules: run `npm ci --prefix workers/ts` first"
+        );
+        let status = Command::new("npm")
+            .args(["run", "--silent", "build"])
+            .current_dir(&ts)
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run `npm` (is it installed?): {e}"));
+        assert!(status.success(), "`npm run build` in workers/ts: {status}");
+        Built {
+            node: PathBuf::from(std::env::var_os("NODE").unwrap_or("node".into())),
+            tally: ts.join("dist/tally.js"),
+        }
+    })
+}
+
+/// A TypeScript tally worker process: killed when dropped, unless stopped.
+struct TsWorker {
+    process: Process,
+    /// Its keyed id among its peers.
+    id: String,
+}
+
+/// What a TypeScript tally worker says when it stops.
+struct Stopped {
+    rejected: usize,
+    /// Partitions it took with no state, and with counts handed over.
+    fresh: usize,
+    handed: usize,
+    /// Partitions it handed over.
+    handed_ok: usize,
+    /// The whole line.
+    line: String,
+}
+
+impl TsWorker {
+    /// Starts the worker answering as `name` and waits for its `Worker is ready` line.
+    async fn start(built: &Built, url: &str, name: &str) -> TsWorker {
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        let mut command = Command::new(&built.node);
+        command.arg(&built.tally).args([
+            "--nats",
+            url,
+            "--prefix",
+            PREFIX,
+            "--name",
+            name,
+            "--keyed-heartbeat",
+            &ms(HEARTBEAT),
+            "--keyed-member-timeout",
+            &ms(MEMBER_TIMEOUT),
+            "--handover-timeout",
+            &ms(HANDOVER_TIMEOUT),
+        ]);
+        let mut process = Process::spawn(&format!("the TypeScript tally worker {name}"), command);
+        let ready = process.line("Worker is ready").await;
+        let id = word_after(&ready, "id=").to_owned();
+        assert_eq!(id.len(), 16, "a keyed id in {ready:?}");
+        TsWorker { process, id }
+    }
+
+    /// SIGTERM: the worker hands its partitions over, drains and reports.
+    async fn stop(mut self) -> Stopped {
+        self.process.signal(Signal::SIGTERM);
+        let line = self.process.line("Worker stopped:").await;
+        let status = self.process.exit().await;
+        assert!(status.success(), "{}: {status}", self.process.name());
+        let field = |name: &str| -> usize {
+            word_after(&line, &format!(" {name}="))
+                .parse()
+                .unwrap_or_else(|_| panic!("no {name} in {line:?}"))
+        };
+        Stopped {
+            rejected: field("rejected"),
+            fresh: field("fresh"),
+            handed: field("handed"),
+            handed_ok: field("handed_ok"),
+            line,
+        }
+    }
+}

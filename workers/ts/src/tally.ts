@@ -1,0 +1,152 @@
+#!/usr/bin/env node
+/**
+ * The tally service (`services/tally.ts`: a keyed per-key counter) as a worker process,
+ * written with `@shaddock/worker`; it serves beside the Rust tally of
+ * `tests/mixed_keyed.rs`, partitions moving between them with their counts:
+ *
+ *     node dist/tally.js --nats nats://127.0.0.1:4222 [--prefix shaddock] [--name ts]
+ *         [--queue 1024] [--keyed-heartbeat 500ms] [--keyed-member-timeout 2s]
+ *         [--handover-timeout 2s]
+ *
+ * Prints `Worker is ready: ... id=<its keyed id>` once it is subscribed and has said its
+ * first heartbeat (its partitions follow: handed over by their holders, or taken fresh
+ * after two heartbeats). On SIGTERM or SIGINT it hands its partitions to the other
+ * workers with their counts, drains, prints `Worker stopped: served=N rejected=M fresh=F
+ * handed=H handed_ok=O handed_kept=K`, and exits 0.
+ */
+import { parseArgs } from "node:util";
+import { connect } from "@nats-io/transport-node";
+import {
+  DEFAULT_HANDOVER_TIMEOUT_MS,
+  DEFAULT_KEYED_HEARTBEAT_MS,
+  DEFAULT_KEYED_MEMBER_TIMEOUT_MS,
+  checkKeyedTimes,
+} from "./keyed.js";
+import { TALLY, TALLY_PARTITIONS, tallyService } from "./services/tally.js";
+import type { TallyStats } from "./services/tally.js";
+import { DEFAULT_PREFIX, isValidName } from "./subjects.js";
+import { DEFAULT_QUEUE_CAPACITY, Worker } from "./worker.js";
+
+const USAGE = `usage: tally [--nats URL[,URL...]] [--prefix PREFIX] [--name NAME] [--queue N]
+             [--keyed-heartbeat D] [--keyed-member-timeout D] [--handover-timeout D]
+
+  --nats                  NATS server URLs, comma-separated
+                          (env SHADDOCK_NATS; nats://127.0.0.1:4222)
+  --prefix                subject prefix shared with the gates (env SHADDOCK_PREFIX; ${DEFAULT_PREFIX})
+  --name                  this worker's name in its answers, "<name> <count>" (ts)
+  --queue                 requests queued before answering 503 (${DEFAULT_QUEUE_CAPACITY})
+  --keyed-heartbeat       how often it tells its peers what it holds
+                          (env SHADDOCK_KEYED_HEARTBEAT; ${DEFAULT_KEYED_HEARTBEAT_MS}ms)
+  --keyed-member-timeout  a peer unheard this long is dead
+                          (env SHADDOCK_KEYED_MEMBER_TIMEOUT; ${DEFAULT_KEYED_MEMBER_TIMEOUT_MS}ms)
+  --handover-timeout      how long a hand-over waits for the new owner
+                          (env SHADDOCK_HANDOVER_TIMEOUT; ${DEFAULT_HANDOVER_TIMEOUT_MS}ms)
+
+Durations as the Rust workers write them: a number and a unit, e.g. 100ms, 1.5s, 1m30s.
+Service "${TALLY}", keyed over ${TALLY_PARTITIONS} partitions; method "add" (raw) answers "<name> <count>".`;
+
+/** Milliseconds per unit of a duration. */
+const UNIT_MS: Record<string, number> = {
+  ns: 1e-6,
+  us: 1e-3,
+  "µs": 1e-3,
+  ms: 1,
+  s: 1_000,
+  m: 60_000,
+  min: 60_000,
+  h: 3_600_000,
+};
+
+/** A duration in the Rust workers' grammar (`net::duration`), in milliseconds; positive. */
+function durationMs(flag: string, text: string): number {
+  const pairs = [...text.trim().matchAll(/(\d+(?:\.\d+)?)(ns|us|µs|ms|min|s|m|h)/gy)];
+  const whole = pairs.map((p) => p[0]).join("");
+  const ms = pairs.reduce((sum, [, n = "", unit = ""]) => sum + Number(n) * (UNIT_MS[unit] ?? Number.NaN), 0);
+  if (pairs.length === 0 || whole !== text.trim() || !(ms > 0)) {
+    const why = "is not a positive duration: write e.g. 500ms, 2s or 1m30s";
+    throw new Error(`--${flag}: ${JSON.stringify(text)} ${why}`);
+  }
+  return ms;
+}
+
+async function main(): Promise<void> {
+  const env = (name: string, fallback: string): string => process.env[name] ?? fallback;
+  const { values } = parseArgs({
+    options: {
+      nats: { type: "string", default: env("SHADDOCK_NATS", "nats://127.0.0.1:4222") },
+      prefix: { type: "string", default: env("SHADDOCK_PREFIX", DEFAULT_PREFIX) },
+      name: { type: "string", default: "ts" },
+      queue: { type: "string", default: String(DEFAULT_QUEUE_CAPACITY) },
+      "keyed-heartbeat": {
+        type: "string",
+        default: env("SHADDOCK_KEYED_HEARTBEAT", `${DEFAULT_KEYED_HEARTBEAT_MS}ms`),
+      },
+      "keyed-member-timeout": {
+        type: "string",
+        default: env("SHADDOCK_KEYED_MEMBER_TIMEOUT", `${DEFAULT_KEYED_MEMBER_TIMEOUT_MS}ms`),
+      },
+      "handover-timeout": {
+        type: "string",
+        default: env("SHADDOCK_HANDOVER_TIMEOUT", `${DEFAULT_HANDOVER_TIMEOUT_MS}ms`),
+      },
+      help: { type: "boolean", short: "h", default: false },
+    },
+  });
+  if (values.help) {
+    console.log(USAGE);
+    return;
+  }
+  const queueCapacity = Number(values.queue);
+  if (!Number.isInteger(queueCapacity) || queueCapacity < 1) {
+    throw new Error(`--queue must be a positive integer, not ${JSON.stringify(values.queue)}`);
+  }
+  // The name is one word: the answer is "<name> <count>".
+  if (!isValidName(values.name)) {
+    throw new Error(`--name must be 1..=64 of [a-z0-9_-], not ${JSON.stringify(values.name)}`);
+  }
+  const keyedHeartbeatMs = durationMs("keyed-heartbeat", values["keyed-heartbeat"]);
+  const keyedMemberTimeoutMs = durationMs("keyed-member-timeout", values["keyed-member-timeout"]);
+  const handoverTimeoutMs = durationMs("handover-timeout", values["handover-timeout"]);
+  checkKeyedTimes({ heartbeatMs: keyedHeartbeatMs, memberTimeoutMs: keyedMemberTimeoutMs, handoverTimeoutMs });
+
+  const nc = await connect({
+    servers: values.nats.split(","),
+    name: `shaddock-worker-${TALLY}-ts`,
+    maxReconnectAttempts: -1,
+  });
+  const stats: TallyStats = { fresh: 0, handed: 0 };
+  const worker = await Worker.start(nc, tallyService(values.name, stats), {
+    prefix: values.prefix,
+    queueCapacity,
+    keyedHeartbeatMs,
+    keyedMemberTimeoutMs,
+    handoverTimeoutMs,
+    onError: (error, where) => console.error(`warning: ${where}: ${String(error)}`),
+  });
+  const id = worker.keyed?.id ?? "";
+  console.log(`Worker is ready: serving ${TALLY} (${TALLY_PARTITIONS} partitions) as ${values.name} id=${id}`);
+
+  let stopping = false;
+  const stop = async (signal: string): Promise<void> => {
+    if (stopping) return;
+    stopping = true;
+    console.log(`${signal}: handing the partitions over, then draining`);
+    await worker.drain();
+    await nc.drain();
+    const { served, rejected } = worker.stats;
+    const keyed = worker.keyed?.stats;
+    console.log(
+      `Worker stopped: served=${served} rejected=${rejected} fresh=${stats.fresh} handed=${stats.handed} ` +
+        `handed_ok=${keyed?.handedOk ?? 0} handed_kept=${keyed?.handedKept ?? 0}`,
+    );
+  };
+  process.on("SIGTERM", () => void stop("SIGTERM"));
+  process.on("SIGINT", () => void stop("SIGINT"));
+  const closed = await nc.closed();
+  if (closed instanceof Error) throw closed;
+}
+
+main().catch((error: unknown) => {
+  console.error(`error: ${error instanceof Error ? error.message : String(error)}`);
+  process.exit(1);
+});
