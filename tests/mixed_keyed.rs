@@ -32,7 +32,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use broker::testing::Bus;
-use bytes::Bytes;
 use futures::StreamExt as _;
 use gateway::bus::BusOptions;
 use gateway::{AnyToken, Gate, GateConfig};
@@ -42,7 +41,7 @@ use proto::code;
 use proto::keyed::{fnv1a, members_subject, partition_of};
 use proto::rpc::KeyedMember;
 use sdk::{Client, ClientOptions};
-use services::{HandlerError, KeyedConfig, Service, Worker, WorkerConfig};
+use services::{KeyedConfig, Worker, WorkerConfig};
 use testkit::{DEADLINE, Process, within, word_after};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -50,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 const PREFIX: &str = "shaddock";
 const SERVICE: &str = "tally";
 /// As `TALLY_PARTITIONS` in `workers/ts/src/services/tally.ts`.
-const PARTITIONS: u32 = 8;
+use services::tally::PARTITIONS;
 const KEYS: usize = 12;
 /// Requests each key sends one after the other before the load (the owners check).
 const ROUNDS: u64 = 4;
@@ -433,50 +432,6 @@ async fn load(
     all
 }
 
-/// The tally service in Rust, as `workers/ts/src/services/tally.ts` in TypeScript: a
-/// count per key, answered `rust <count>`, moved with its partition as
-/// `<key>=<count>\n` lines; `fresh` counts partitions taken with no state.
-fn tally(fresh: Arc<AtomicUsize>) -> Service {
-    let counts: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
-    let (on_add, on_hand_over, on_take_over) = (counts.clone(), counts.clone(), counts);
-    Service::new(SERVICE)
-        .keyed(PARTITIONS)
-        .raw_method("add", move |ctx, _| {
-            let key = ctx
-                .key()
-                .ok_or_else(|| HandlerError::bad_request("tally.add counts per key: give one"))?
-                .to_owned();
-            let mut counts = on_add.lock().unwrap();
-            let count = counts.entry(key).or_default();
-            *count += 1;
-            Ok(Bytes::from(format!("rust {count}")))
-        })
-        .on_hand_over(move |_, partition| {
-            let mut state = String::new();
-            on_hand_over.lock().unwrap().retain(|key, count| {
-                let here = partition_of(key.as_bytes(), PARTITIONS) == partition;
-                if here {
-                    state.push_str(&format!("{key}={count}\n"));
-                }
-                !here
-            });
-            Bytes::from(state)
-        })
-        .on_take_over(move |_, _, state| match state {
-            Some(state) => {
-                let mut counts = on_take_over.lock().unwrap();
-                for line in std::str::from_utf8(&state).unwrap().lines() {
-                    // The count is after the last `=`, as the TypeScript tally reads it.
-                    let (key, count) = line.rsplit_once('=').unwrap();
-                    counts.insert(key.to_owned(), count.parse().unwrap());
-                }
-            }
-            None => {
-                fresh.fetch_add(1, Ordering::Relaxed);
-            }
-        })
-}
-
 /// The Rust tally worker, on the test's runtime.
 struct RustWorker {
     shutdown: CancellationToken,
@@ -503,9 +458,13 @@ async fn start_rust_worker(url: &str, fresh: Arc<AtomicUsize>) -> RustWorker {
         },
         ..WorkerConfig::default()
     };
-    let worker = within(Worker::subscribe(client, tally(fresh), config))
-        .await
-        .unwrap();
+    let worker = within(Worker::subscribe(
+        client,
+        services::tally::service("rust", fresh),
+        config,
+    ))
+    .await
+    .unwrap();
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(worker.run(shutdown.clone()));
     RustWorker { shutdown, run }

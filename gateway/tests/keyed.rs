@@ -6,12 +6,10 @@
 
 mod common;
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use common::proxy::Proxy;
 use common::{Bus, DEADLINE, TestGate, TestWorker, start_worker_with, within};
 use gateway::GateConfig;
@@ -21,7 +19,7 @@ use proto::chat::LoginRequest;
 use proto::code;
 use proto::keyed::partition_of;
 use sdk::Client;
-use services::{HandlerError, KeyedConfig, Service, WorkerConfig};
+use services::{KeyedConfig, WorkerConfig};
 
 broker::on_both_buses!(
     one_key_reaches_one_worker_in_order_from_every_gate,
@@ -31,51 +29,8 @@ broker::on_both_buses!(
     an_arena_match_moves_twice_under_inputs_without_losing_a_move_or_a_tick,
 );
 
-const PARTITIONS: u32 = 8;
+use services::tally::PARTITIONS;
 const KEYS: usize = 12;
-
-/// Counts per key, moved with their partition; `fresh` counts partitions taken with no
-/// state.
-fn tally(worker: &'static str, fresh: Arc<AtomicUsize>) -> Service {
-    let counts: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
-    let (on_add, on_hand_over, on_take_over) = (counts.clone(), counts.clone(), counts);
-    Service::new("tally")
-        .keyed(PARTITIONS)
-        .raw_method("add", move |ctx, _| {
-            let key = ctx
-                .key()
-                .ok_or_else(|| HandlerError::bad_request("no key"))?
-                .to_owned();
-            let mut counts = on_add.lock().unwrap();
-            let count = counts.entry(key).or_default();
-            *count += 1;
-            Ok(Bytes::from(format!("{worker} {count}")))
-        })
-        .on_hand_over(move |_, partition| {
-            let mut counts = on_hand_over.lock().unwrap();
-            let mut state = String::new();
-            counts.retain(|key, count| {
-                let here = partition_of(key.as_bytes(), PARTITIONS) == partition;
-                if here {
-                    state.push_str(&format!("{key}={count}\n"));
-                }
-                !here
-            });
-            Bytes::from(state)
-        })
-        .on_take_over(move |_, _, state| match state {
-            Some(state) => {
-                let mut counts = on_take_over.lock().unwrap();
-                for line in std::str::from_utf8(&state).unwrap().lines() {
-                    let (key, count) = line.split_once('=').unwrap();
-                    counts.insert(key.to_owned(), count.parse().unwrap());
-                }
-            }
-            None => {
-                fresh.fetch_add(1, Ordering::Relaxed);
-            }
-        })
-}
 
 fn worker_config(url: &str) -> WorkerConfig {
     WorkerConfig {
@@ -91,7 +46,11 @@ fn worker_config(url: &str) -> WorkerConfig {
 
 async fn start(url: &str, name: &'static str) -> (TestWorker, Arc<AtomicUsize>) {
     let fresh = Arc::new(AtomicUsize::new(0));
-    let worker = start_worker_with(tally(name, fresh.clone()), worker_config(url)).await;
+    let worker = start_worker_with(
+        services::tally::service(name, fresh.clone()),
+        worker_config(url),
+    )
+    .await;
     (worker, fresh)
 }
 

@@ -40,6 +40,7 @@ mod names;
 mod ownership;
 mod push;
 mod service;
+pub mod tally;
 mod worker;
 
 pub use bus::{BusSecurity, connect, worker_connection_name};
