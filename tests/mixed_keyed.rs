@@ -31,19 +31,20 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+#[path = "common/gate.rs"]
+mod gate;
+
 use broker::testing::Bus;
 use futures::StreamExt as _;
-use gateway::bus::BusOptions;
-use gateway::{AnyToken, Gate, GateConfig};
+use gate::TestGate;
 use nix::sys::signal::Signal;
 use proto::Message as _;
 use proto::code;
 use proto::keyed::{fnv1a, members_subject, partition_of};
 use proto::rpc::KeyedMember;
-use sdk::{Client, ClientOptions};
+use sdk::Client;
 use services::{KeyedConfig, Worker, WorkerConfig};
 use testkit::{DEADLINE, Process, within, word_after};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 const PREFIX: &str = "shaddock";
@@ -96,14 +97,14 @@ async fn rust_and_ts_workers_serve_one_keyed_service(bus: Bus) {
     let rust_fresh_settled = rust_fresh.load(Ordering::Relaxed);
     let ts_owned = owned(&[&rust_id, &ts_id], &ts_id);
 
-    let gate = TestGate::start(url).await;
+    let gate = TestGate::start(url, PREFIX).await;
     assert!(
         gate.gate.wait_for_schemas(&[SERVICE], DEADLINE).await,
         "the gate learnt that tally is keyed"
     );
     let mut clients = Vec::new();
     for _ in 0..KEYS {
-        clients.push(gate.client().await);
+        clients.push(gate.client(false).await);
     }
     let clients = Arc::new(clients);
     let keys = Arc::new(keys);
@@ -468,48 +469,6 @@ async fn start_rust_worker(url: &str, fresh: Arc<AtomicUsize>) -> RustWorker {
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(worker.run(shutdown.clone()));
     RustWorker { shutdown, run }
-}
-
-/// A gate on the test's runtime, on 127.0.0.1:0; shut down when dropped.
-struct TestGate {
-    gate: Gate,
-    url: String,
-    shutdown: CancellationToken,
-}
-
-impl TestGate {
-    async fn start(nats_url: &str) -> TestGate {
-        let options = BusOptions::new([nats_url]);
-        let config = GateConfig {
-            prefix: PREFIX.to_owned(),
-            ..GateConfig::default()
-        };
-        let gate = within(Gate::new(options, config, Arc::new(AnyToken)))
-            .await
-            .unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("ws://{}", listener.local_addr().unwrap());
-        let shutdown = CancellationToken::new();
-        let (serving, token) = (gate.clone(), shutdown.clone());
-        tokio::spawn(async move { serving.run(listener, token).await });
-        TestGate {
-            gate,
-            url,
-            shutdown,
-        }
-    }
-
-    async fn client(&self) -> Client {
-        within(Client::connect(&self.url, ClientOptions::default()))
-            .await
-            .unwrap()
-    }
-}
-
-impl Drop for TestGate {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
 }
 
 /// The TypeScript worker, built once per test run.

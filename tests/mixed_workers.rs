@@ -22,18 +22,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+#[path = "common/gate.rs"]
+mod gate;
+
 use broker::testing::Bus;
 use futures::{StreamExt as _, stream};
-use gateway::bus::BusOptions;
-use gateway::{AnyToken, Gate, GateConfig};
+use gate::TestGate;
 use nix::sys::signal::Signal;
 use proto::Message as _;
 use proto::code;
 use proto::echo::{EchoRequest, EchoResponse};
-use sdk::{Client, ClientOptions};
+use sdk::Client;
 use services::{Context, HandlerError, Service, Worker, WorkerConfig};
 use testkit::{Process, within};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// Requests through the gate while all three workers serve.
@@ -58,7 +59,7 @@ async fn rust_ts_and_go_workers_share_echo(bus: Bus) {
     let rust = start_rust_worker(url, prefix, rust_served.clone()).await;
     let ts = WorkerProcess::start(built, Language::TypeScript, url, prefix).await;
     let go = WorkerProcess::start(built, Language::Go, url, prefix).await;
-    gate.typed_echo_learnt().await;
+    typed_echo_learnt(&gate).await;
     let gate = &gate;
     let clients: Vec<(Client, bool)> = stream::iter(0..CLIENTS)
         .then(|i| {
@@ -109,7 +110,7 @@ async fn announcement_alone(url: &str, built: &Built, language: Language) {
     let after = TestGate::start(url, &prefix).await;
     let mut sent = 0;
     for gate in [&before, &after] {
-        gate.typed_echo_learnt().await;
+        typed_echo_learnt(gate).await;
         sent += 1;
         for json in [false, true] {
             let client = gate.client(json).await;
@@ -161,65 +162,26 @@ async fn echo_once(client: &Client, json: bool, typed: bool, text: String) {
     }
 }
 
-/// A gate on the test's runtime, on 127.0.0.1:0; shut down when dropped.
-struct TestGate {
-    url: String,
-    shutdown: CancellationToken,
-}
-
-impl TestGate {
-    async fn start(nats_url: &str, prefix: &str) -> TestGate {
-        let options = BusOptions::new([nats_url]);
-        let config = GateConfig {
-            prefix: prefix.to_owned(),
-            ..GateConfig::default()
-        };
-        let gate = within(Gate::new(options, config, Arc::new(AnyToken)))
-            .await
-            .unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("ws://{}", listener.local_addr().unwrap());
-        let shutdown = CancellationToken::new();
-        let token = shutdown.clone();
-        tokio::spawn(async move { gate.run(listener, token).await });
-        TestGate { url, shutdown }
-    }
-
-    async fn client(&self, json: bool) -> Client {
-        let options = ClientOptions {
-            json,
-            ..ClientOptions::default()
-        };
-        within(Client::connect(&self.url, options)).await.unwrap()
-    }
-
-    /// Sends JSON `echo.echo` requests until one is answered 200: the gate has learnt
-    /// the types. Only that one reaches a worker: until then the gate itself answers a
-    /// typed body for a route without types 400.
-    async fn typed_echo_learnt(&self) {
-        let client = self.client(true).await;
-        within(async {
-            loop {
-                let response = client
-                    .request("echo.echo", br#"{"body":"aGk="}"#)
-                    .await
-                    .unwrap();
-                if response.code == code::OK {
-                    assert_eq!(&response.body[..], br#"{"body":"aGk="}"#);
-                    return;
-                }
-                assert_eq!(response.code, code::BAD_REQUEST, "{response:?}");
-                tokio::time::sleep(Duration::from_millis(5)).await;
+/// Sends JSON `echo.echo` requests until one is answered 200: the gate has learnt
+/// the types. Only that one reaches a worker: until then the gate itself answers a
+/// typed body for a route without types 400.
+async fn typed_echo_learnt(gate: &TestGate) {
+    let client = gate.client(true).await;
+    within(async {
+        loop {
+            let response = client
+                .request("echo.echo", br#"{"body":"aGk="}"#)
+                .await
+                .unwrap();
+            if response.code == code::OK {
+                assert_eq!(&response.body[..], br#"{"body":"aGk="}"#);
+                return;
             }
-        })
-        .await;
-    }
-}
-
-impl Drop for TestGate {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
+            assert_eq!(response.code, code::BAD_REQUEST, "{response:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
 }
 
 /// The Rust echo worker, counting what it serves, on the test's runtime.
