@@ -147,6 +147,9 @@ pub struct EventHandled {
 /// So a handler must not block on I/O: work that needs the network or a database belongs
 /// in a task the handler starts or in another service. The loop runs on a thread of its
 /// own, so a slow handler delays only its own service, never the process's network I/O.
+/// A handler that needs another service's answer defers its own and calls it with a
+/// continuation that runs later on the same loop ([`Context::defer`], [`Context::call`],
+/// [`Context::answer`]; docs/workers.md, "Calling other services").
 ///
 /// # Costs
 ///
