@@ -17,6 +17,7 @@ const BODY: u32 = 2;
 const SESSION: u32 = 3;
 const TIMING: u32 = 4;
 const KEY: u32 = 5;
+const TIMEOUT_MS: u32 = 6;
 
 /// A session as every request of it carries it, encoded once per change.
 pub(crate) struct SessionWire {
@@ -46,7 +47,7 @@ impl SessionWire {
     }
 }
 
-/// `RpcRequest { route, body, session, timing, key }`, to be written straight into the
+/// `RpcRequest { route, body, session, timing, key, timeout_ms }`, to be written straight into the
 /// bus connection's outbound buffer: its exact length first, then its bytes.
 pub(crate) struct Request<'a> {
     pub route: &'a str,
@@ -55,6 +56,8 @@ pub(crate) struct Request<'a> {
     pub timing: bool,
     /// A keyed service's key; empty for others.
     pub key: &'a str,
+    /// How long the gate still waits for the answer, in ms (0 for a notify).
+    pub timeout_ms: u32,
 }
 
 impl Request<'_> {
@@ -65,6 +68,7 @@ impl Request<'_> {
             + wire::message_len(SESSION, self.session.encoded.len())
             + wire::varint_len(TIMING, u64::from(self.timing))
             + wire::bytes_len(KEY, self.key.len())
+            + wire::varint_len(TIMEOUT_MS, u64::from(self.timeout_ms))
     }
 
     /// Appends the encoding, [`Request::len`] bytes, to `buf`.
@@ -74,6 +78,7 @@ impl Request<'_> {
         wire::put_message(buf, SESSION, &self.session.encoded);
         wire::put_varint(buf, TIMING, u64::from(self.timing));
         wire::put_bytes(buf, KEY, self.key.as_bytes());
+        wire::put_varint(buf, TIMEOUT_MS, u64::from(self.timeout_ms));
     }
 }
 
@@ -81,7 +86,13 @@ impl Request<'_> {
 mod tests {
     use super::*;
 
-    fn by_prost(route: &str, body: &[u8], session: &rpc::Session, timing: bool) -> Vec<u8> {
+    fn by_prost(
+        route: &str,
+        body: &[u8],
+        session: &rpc::Session,
+        timing: bool,
+        timeout_ms: u32,
+    ) -> Vec<u8> {
         rpc::RpcRequest {
             route: route.to_owned(),
             body: Bytes::copy_from_slice(body),
@@ -92,6 +103,7 @@ mod tests {
             } else {
                 String::new()
             },
+            timeout_ms,
         }
         .encode_to_vec()
     }
@@ -100,11 +112,11 @@ mod tests {
     fn bytes_are_prosts() {
         let mut wire = SessionWire::new("g1", 7);
         let long_body = vec![0xab; 300];
-        let cases: [(&str, &[u8], bool); 4] = [
-            ("echo.raw", b"Hello World #0042", true),
-            ("chat.members", b"", false),
-            ("", b"", false),
-            ("chat.send", &long_body, true),
+        let cases: [(&str, &[u8], bool, u32); 4] = [
+            ("echo.raw", b"Hello World #0042", true, 10_000),
+            ("chat.members", b"", false, 1),
+            ("", b"", false, 0),
+            ("chat.send", &long_body, true, u32::MAX),
         ];
         for step in 0..3 {
             match step {
@@ -115,13 +127,14 @@ mod tests {
                 }),
                 _ => {}
             }
-            for (route, body, timing) in cases {
+            for (route, body, timing, timeout_ms) in cases {
                 let request = Request {
                     route,
                     body,
                     session: &wire,
                     timing,
                     key: if timing { "match-7" } else { "" },
+                    timeout_ms,
                 };
                 let mut ours = BytesMut::new();
                 request.put(&mut ours);
@@ -133,7 +146,7 @@ mod tests {
                 let ours = ours.freeze();
                 assert_eq!(
                     &ours[..],
-                    by_prost(route, body, wire.get(), timing),
+                    by_prost(route, body, wire.get(), timing, timeout_ms),
                     "{route:?} step {step}"
                 );
                 let decoded = rpc::RpcRequest::decode(ours).expect("decodes");
@@ -142,6 +155,7 @@ mod tests {
                 assert_eq!(&decoded.body[..], body);
                 assert_eq!(decoded.timing, timing);
                 assert_eq!(decoded.key, request.key);
+                assert_eq!(decoded.timeout_ms, timeout_ms);
             }
         }
     }

@@ -27,6 +27,20 @@ pub const DEFAULT_OVERRUN_PAUSE: Duration = Duration::from_millis(1);
 /// Interval of a service's tick callback: 20 Hz, a common server tick for action games.
 pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_millis(50);
 
+/// How long a deferred request waits for its answer when its caller did not say how
+/// long it waits (`RpcRequest.timeout_ms` 0): the gate's default request timeout, so
+/// the worker gives up about when the client would.
+pub const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a call to another service waits for its answer when the request it is made
+/// for has no deadline (a tick's, an event's call, or a caller that did not say).
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Calls to other services a worker has in flight at most; past it a call's
+/// continuation gets 503 at once. Bounds the continuations (and the sessions they
+/// hold) a worker keeps for callees that are slow to answer.
+pub const DEFAULT_MAX_CALLS: usize = 1024;
+
 /// The most messages a draining subscription still accepts after asking the bus to stop
 /// routing to it (docs/workers.md, "Draining on shutdown"; a quieter subscription asks
 /// for what its recent rate brings in a quarter of the drain window): far above what the server can have
@@ -96,6 +110,21 @@ pub struct FrameConfig {
     #[arg(long, env = "SHADDOCK_TICK_INTERVAL", default_value = "50ms", value_parser = net::duration::parse)]
     pub tick_interval: Duration,
 
+    /// How long a deferred request waits for its answer (then 408) when its caller did
+    /// not say how long it waits (e.g. 5s).
+    #[arg(long, env = "SHADDOCK_ANSWER_TIMEOUT", default_value = "5s", value_parser = net::duration::parse)]
+    pub answer_timeout: Duration,
+
+    /// How long a call to another service waits for its answer (then 408) when the
+    /// request it is made for has no deadline (e.g. 5s).
+    #[arg(long, env = "SHADDOCK_CALL_TIMEOUT", default_value = "5s", value_parser = net::duration::parse)]
+    pub call_timeout: Duration,
+
+    /// Calls to other services in flight at most; past it a call's continuation gets
+    /// 503 at once.
+    #[arg(long, env = "SHADDOCK_MAX_CALLS", default_value_t = DEFAULT_MAX_CALLS)]
+    pub max_calls: usize,
+
     #[command(flatten)]
     pub drain: DrainConfig,
 }
@@ -145,6 +174,9 @@ impl Default for FrameConfig {
             max_cost: DEFAULT_MAX_COST,
             overrun_pause: DEFAULT_OVERRUN_PAUSE,
             tick_interval: DEFAULT_TICK_INTERVAL,
+            answer_timeout: DEFAULT_ANSWER_TIMEOUT,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            max_calls: DEFAULT_MAX_CALLS,
             drain: DrainConfig::default(),
         }
     }
@@ -173,6 +205,15 @@ impl FrameConfig {
         }
         if self.tick_interval.is_zero() {
             return Err(ConfigError::Zero("tick interval"));
+        }
+        if self.answer_timeout.is_zero() {
+            return Err(ConfigError::Zero("answer timeout"));
+        }
+        if self.call_timeout.is_zero() {
+            return Err(ConfigError::Zero("call timeout"));
+        }
+        if self.max_calls == 0 {
+            return Err(ConfigError::Zero("max calls"));
         }
         if self.drain.drain_allowance > MAX_DRAIN_ALLOWANCE {
             return Err(ConfigError::TooLarge(
@@ -363,6 +404,12 @@ mod tests {
             "64",
             "--move-timeout",
             "1ms",
+            "--answer-timeout",
+            "3s",
+            "--call-timeout",
+            "2s",
+            "--max-calls",
+            "9",
         ])
         .unwrap();
         let worker = cli.worker;
@@ -376,6 +423,9 @@ mod tests {
                 max_cost: 3,
                 overrun_pause: Duration::from_micros(250),
                 tick_interval: Duration::from_secs(2),
+                answer_timeout: Duration::from_secs(3),
+                call_timeout: Duration::from_secs(2),
+                max_calls: 9,
                 drain: DrainConfig {
                     drain_allowance: 0,
                     drain_window: Duration::from_secs(1),

@@ -1,9 +1,16 @@
 //! What a handler sees of the request beyond its body: the session that asked, and the
-//! effects and pushes the handler asks for (see [`Context`]).
+//! effects and pushes the handler asks for (see [`Context`]); deferred answers and calls
+//! to other services are in [`calls`].
+
+mod calls;
 
 use bytes::Bytes;
 use proto::rpc::{Effect, SetData, effect};
 use proto::rpc::{RpcRequest, Session};
+use tokio::time::{Duration, Instant};
+
+pub(crate) use calls::{Answer, Call, Later, Then};
+pub use calls::{CallResult, Deferred};
 
 use crate::push::{Outbound, PushError};
 
@@ -28,7 +35,10 @@ use crate::push::{Outbound, PushError};
 /// Ticks and events get a context without a session: their pushes are published the
 /// same way, while session effects have no session to act on and are dropped with a
 /// warning.
-#[derive(Debug, Clone, Default)]
+///
+/// A handler may also defer its answer and call other services ([`Context::defer`],
+/// [`Context::call`], [`Context::answer`]; docs/workers.md, "Calling other services").
+#[derive(Debug, Default)]
 pub struct Context {
     session: Session,
     has_session: bool,
@@ -37,10 +47,12 @@ pub struct Context {
     reply: Option<Bytes>,
     /// A keyed service's request: the key it was routed by.
     key: String,
+    /// Deferral, answers and calls (see [`calls`]).
+    later: Later,
 }
 
 /// What a handler asked for, taken apart: see [`Context::into_parts`].
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub(crate) struct Parts {
     /// Effects on the session, for the response.
     pub effects: Vec<Effect>,
@@ -48,6 +60,8 @@ pub(crate) struct Parts {
     pub outbound: Vec<Outbound>,
     /// The answer to an event that asked for one.
     pub reply: Option<Bytes>,
+    /// What acts after the handler's return.
+    pub later: Later,
 }
 
 impl Context {
@@ -61,13 +75,24 @@ impl Context {
             outbound: Vec::new(),
             reply: None,
             key: String::new(),
+            later: Later::default(),
         }
     }
 
-    /// The context of `request` (its session), leaving the body to the handler.
-    pub(crate) fn for_request(request: &mut RpcRequest) -> Context {
+    /// The context of `request` (its session and deadline: `received` plus the
+    /// caller's timeout, if it gave one), leaving the body to the handler.
+    pub(crate) fn for_request(request: &mut RpcRequest, received: Instant) -> Context {
         let mut ctx = Context::new(request.session.take());
         ctx.key = std::mem::take(&mut request.key);
+        ctx.later.deadline = (request.timeout_ms > 0)
+            .then(|| received + Duration::from_millis(u64::from(request.timeout_ms)));
+        ctx
+    }
+
+    /// The context of a call's continuation: the caller's session and deadline.
+    pub(crate) fn resumed(session: Option<Session>, deadline: Option<Instant>) -> Context {
+        let mut ctx = Context::new(session);
+        ctx.later.deadline = deadline;
         ctx
     }
 
@@ -233,6 +258,7 @@ impl Context {
             effects: self.effects,
             outbound: self.outbound,
             reply: self.reply,
+            later: self.later,
         }
     }
 

@@ -25,6 +25,11 @@
 //! for room for an event instead (and meanwhile reads no requests, which wait in the
 //! bus client's buffer).
 //!
+//! A handler may defer its answer and call other services ([`pending`]): the loop keeps
+//! deferred requests until answered or expired, sends calls through the output, takes
+//! their results from [`FrameLoop::returns`], and runs their continuations in frames,
+//! among requests, at [`DEFAULT_COST`] each.
+//!
 //! The loop is generic over where requests come from (any [`Stream`] of [`Incoming`]) and
 //! where answers go (a [`ReplySink`]), so tests drive it with channels under tokio's paused
 //! clock and assert exact instants; [`crate::worker`] plugs in the NATS subscription and
@@ -40,9 +45,14 @@ use tokio::sync::mpsc;
 use tokio::time::{self, Duration, Instant, Interval, MissedTickBehavior};
 
 use crate::config::FrameConfig;
+use crate::context::Later;
 use crate::metrics::{IntakeMetrics, LoopMetrics};
 use crate::push::Outbound;
-use crate::service::{DEFAULT_COST, Service, Tick, error_response};
+use crate::service::{DEFAULT_COST, Service, Tick, error_response, resume};
+pub use pending::{Outgoing, Returned};
+use pending::{Pending, Ready};
+
+mod pending;
 
 /// What an [`Incoming`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,6 +149,11 @@ pub trait ReplySink: Clone + Send + Sync + 'static {
 
     /// Publishes a push or a service's own message.
     fn publish(&self, outbound: Outbound) -> impl Future<Output = ()> + Send;
+
+    /// Sends a call to another service, whose result is to come back to the loop's
+    /// [`FrameLoop::returns`] as `call.id`'s. False when it could not be sent (its
+    /// continuation then gets 503).
+    fn call(&self, call: Outgoing) -> impl Future<Output = bool> + Send;
 }
 
 /// The loop's end of the bounded queue, made by [`queue`].
@@ -243,6 +258,18 @@ pub struct FrameLoop<O: ReplySink> {
     queue: mpsc::Receiver<Incoming<O::To>>,
     output: O,
     metrics: LoopMetrics,
+    /// Deferred requests and calls in flight.
+    pending: Pending<O::To>,
+    /// Calls' results, and the sender handed out for them.
+    returns: mpsc::Receiver<Returned>,
+    returns_tx: mpsc::Sender<Returned>,
+}
+
+/// One turn of a frame: a request, event or snapshot from the queue, or a call's
+/// continuation.
+enum Work<R> {
+    Input(Incoming<R>),
+    Resume(Ready),
 }
 
 impl<O: ReplySink> FrameLoop<O> {
@@ -250,30 +277,55 @@ impl<O: ReplySink> FrameLoop<O> {
     /// in `config` are raised to the smallest that work (see [`FrameConfig::validate`]).
     pub fn new(service: Service, config: FrameConfig, queue: Queue<O::To>, output: O) -> Self {
         let metrics = LoopMetrics::new(service.name());
+        let pending = Pending::new(service.name(), &config);
+        // A result per call in flight, at most: the channel never holds more.
+        let (returns_tx, returns) = mpsc::channel(config.max_calls.max(1));
         FrameLoop {
             service,
             config,
             queue: queue.0,
             output,
             metrics,
+            pending,
+            returns,
+            returns_tx,
         }
     }
 
+    /// Where calls' results go: each is handed to its continuation (unless the call
+    /// timed out meanwhile). Sending waits while the loop is behind.
+    pub fn returns(&self) -> mpsc::Sender<Returned> {
+        self.returns_tx.clone()
+    }
+
     /// Runs frames until the intake is gone and the queue is empty; returns the service.
+    /// Requests still deferred then are answered 503, and calls' continuations dropped
+    /// (see [`pending`]).
     pub async fn run(mut self) -> Service {
         let mut ticks = Ticks::new(&self.service, self.config.tick_interval);
-        // A request taken from the queue that did not fit in the last frame.
-        let mut carried: Option<Incoming<O::To>> = None;
+        // Work taken that did not fit in the last frame.
+        let mut carried: Option<Work<O::To>> = None;
         loop {
-            if carried.is_none() {
+            if carried.is_none() && !self.pending.has_ready() {
+                // Taken out of `pending`: the loop's future must not hold a borrow of
+                // it (its continuations are not `Sync`) across an await.
+                let expiry = self.pending.next_deadline();
                 tokio::select! {
                     biased;
                     tick = ticks.next() => {
                         self.tick(&tick).await;
                         continue;
                     }
+                    () = until(expiry) => {
+                        self.expire().await;
+                        continue;
+                    }
+                    Some(returned) = self.returns.recv() => {
+                        self.pending.returned(returned);
+                        continue;
+                    }
                     next = self.queue.recv() => match next {
-                        Some(incoming) => carried = Some(incoming),
+                        Some(incoming) => carried = Some(Work::Input(incoming)),
                         None => break,
                     },
                 }
@@ -282,34 +334,54 @@ impl<O: ReplySink> FrameLoop<O> {
                 self.pause(&mut ticks).await;
             }
         }
+        for (to, response) in self.pending.shut(self.service.name()) {
+            self.metrics.requests.count(response.code);
+            self.output.send(to, response).await;
+        }
         self.metrics.depth.set(0.0);
         self.service
     }
 
+    /// The next turn, without waiting: a ready continuation first, then a call's result
+    /// that came back, then the queue.
+    fn next_work(&mut self) -> Option<Work<O::To>> {
+        loop {
+            if let Some(ready) = self.pending.next_ready() {
+                return Some(Work::Resume(ready));
+            }
+            match self.returns.try_recv() {
+                Ok(returned) => self.pending.returned(returned),
+                Err(_) => return self.queue.try_recv().ok().map(Work::Input),
+            }
+        }
+    }
+
     /// One frame: handles requests until the queue is empty or the budget is spent.
     /// Returns whether it overran, i.e. left work in `carried`.
-    async fn frame(&mut self, carried: &mut Option<Incoming<O::To>>) -> bool {
+    async fn frame(&mut self, carried: &mut Option<Work<O::To>>) -> bool {
         let start = Instant::now();
         let budget = self.config.max_cost.max(1);
         let mut spent: u32 = 0;
         let overran = loop {
-            let next = match carried.take() {
-                Some(incoming) => incoming,
-                None => match self.queue.try_recv() {
-                    Ok(incoming) => incoming,
-                    Err(_) => break false,
-                },
+            let Some(next) = carried.take().or_else(|| self.next_work()) else {
+                break false;
             };
-            let cost = next.cost(&self.service);
+            let cost = match &next {
+                Work::Input(incoming) => incoming.cost(&self.service),
+                Work::Resume(_) => DEFAULT_COST,
+            };
             if spent > 0 && spent.saturating_add(cost) > budget {
                 *carried = Some(next);
                 break true;
             }
             spent = spent.saturating_add(cost);
-            self.handle(next).await;
+            match next {
+                Work::Input(incoming) => self.handle(incoming).await,
+                Work::Resume(ready) => self.resume(ready).await,
+            }
         };
         self.metrics.frame.record(start.elapsed());
-        let depth = self.queue.len() + usize::from(carried.is_some());
+        let depth = self.queue.len() + usize::from(matches!(carried, Some(Work::Input(_))));
         self.metrics.depth.set(depth as f64);
         overran
     }
@@ -322,18 +394,74 @@ impl<O: ReplySink> FrameLoop<O> {
         if incoming.kind != InputKind::Request {
             return self.handle_event(incoming, started, waited).await;
         }
-        let handled = self
-            .service
-            .call_encoded(&incoming.method, incoming.payload);
+        let handled =
+            self.service
+                .call_encoded(&incoming.method, incoming.payload, incoming.received);
         let took = started.elapsed();
         let mut response = handled.response;
         response.queue_us = micros(waited);
         response.handler_us = micros(took);
         self.metrics.queue_wait.record(waited);
         self.metrics.handler.record(took);
-        self.metrics.requests.count(response.code);
         publish(&self.output, handled.outbound).await;
-        if let Some(to) = incoming.reply {
+        let mut later = handled.later;
+        match (later.deferred.take(), incoming.reply) {
+            (Some(deferred), Some(to)) => {
+                let deadline = later.deadline;
+                self.pending
+                    .defer(deferred, to, response, incoming.received, deadline);
+            }
+            // A notify: nobody waits for an answer, deferred or not.
+            (_, None) => self.metrics.requests.count(response.code),
+            (None, Some(to)) => {
+                self.metrics.requests.count(response.code);
+                self.output.send(to, response).await;
+            }
+        }
+        self.settle(later).await;
+    }
+
+    /// Runs a call's continuation, publishes what it pushed, and settles what it asked.
+    async fn resume(&mut self, ready: Ready) {
+        let started = Instant::now();
+        let Ready {
+            then,
+            session,
+            deadline,
+            result,
+        } = ready;
+        let handled = resume(self.service.name(), then, session, deadline, result);
+        self.metrics.handler.record(started.elapsed());
+        publish(&self.output, handled.outbound).await;
+        self.settle(handled.later).await;
+    }
+
+    /// Sends the answers to deferred requests a handler gave, then the calls it made.
+    async fn settle(&mut self, later: Later) {
+        if later.deferred.is_some() {
+            tracing::warn!("defer() outside a request defers nothing");
+        }
+        for answer in later.answers {
+            if let Some((to, response)) = self.pending.answer(answer) {
+                self.metrics.requests.count(response.code);
+                self.output.send(to, response).await;
+            }
+        }
+        for call in later.calls {
+            if let Some(outgoing) = self.pending.start(call) {
+                let id = outgoing.id;
+                if !self.output.call(outgoing).await {
+                    self.pending.unsent(id);
+                }
+            }
+        }
+    }
+
+    /// Answers 408 the deferred requests whose deadline has passed, and readies the
+    /// continuations of calls whose deadline has.
+    async fn expire(&mut self) {
+        for (to, response) in self.pending.expire() {
+            self.metrics.requests.count(response.code);
             self.output.send(to, response).await;
         }
     }
@@ -363,12 +491,14 @@ impl<O: ReplySink> FrameLoop<O> {
         if let (Some(to), Some(body)) = (incoming.reply, handled.reply) {
             self.output.answer(to, body).await;
         }
+        self.settle(handled.later).await;
     }
 
-    /// Runs the tick callback and publishes what it pushed.
+    /// Runs the tick callback, publishes what it pushed, and settles what it asked.
     async fn tick(&mut self, tick: &Tick) {
-        let outbound = self.service.tick(tick);
-        publish(&self.output, outbound).await;
+        let handled = self.service.run_tick(tick);
+        publish(&self.output, handled.outbound).await;
+        self.settle(handled.later).await;
     }
 
     /// The pause after an overrun, running the tick if it falls due meanwhile.
@@ -391,6 +521,14 @@ impl<O: ReplySink> FrameLoop<O> {
 async fn publish<O: ReplySink>(output: &O, outbound: Vec<Outbound>) {
     for message in outbound {
         output.publish(message).await;
+    }
+}
+
+/// Waits until `deadline`; for ever without one.
+async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

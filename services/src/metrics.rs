@@ -1,9 +1,13 @@
 //! The worker's metrics: names in one place, and handles resolved once per loop so the hot
 //! path records with an atomic operation instead of a registry lookup per request.
 //!
-//! All are labelled `service`; `worker_requests_total` also `code`. Every request counts
+//! All are labelled `service`; `worker_requests_total` also `code`, the calls' `route`
+//! (and `code`). Every request counts
 //! once in `worker_requests_total`, including the ones rejected with 503 (which also count
 //! in `worker_rejected_total`), so the sum over codes is the worker's intake.
+
+use std::collections::HashMap;
+use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Unit};
 
@@ -38,6 +42,17 @@ pub const PARTITIONS_TAKEN_TOTAL: &str = "worker_partitions_taken_total";
 pub const PARTITIONS_HANDED_TOTAL: &str = "worker_partitions_handed_total";
 /// Moments a peer claimed a partition this worker holds too.
 pub const PARTITION_CONFLICTS_TOTAL: &str = "worker_partition_conflicts_total";
+/// Time from a deferred request's arrival to its answer (or its 408).
+pub const DEFERRED_WAIT_SECONDS: &str = "worker_deferred_wait_seconds";
+/// Deferred requests answered 408 by the worker: nothing answered them by their deadline.
+pub const DEFERRED_EXPIRED_TOTAL: &str = "worker_deferred_expired_total";
+/// Answers to deferred requests dropped: the request had been answered already (its
+/// 408, or an earlier answer) or was never deferred.
+pub const DEFERRED_LATE_TOTAL: &str = "worker_deferred_late_total";
+/// Calls to other services by route and the code their continuation got.
+pub const CALLS_TOTAL: &str = "worker_calls_total";
+/// Time from a call's sending to its result (or its timeout), by route.
+pub const CALL_SECONDS: &str = "worker_call_seconds";
 
 /// Registers help text and units with the installed recorder (the Prometheus exporter
 /// prints them). Call once at startup, after installing it.
@@ -87,6 +102,28 @@ pub fn describe() {
     metrics::describe_counter!(
         PARTITIONS_HANDED_TOTAL,
         "Partitions handed over to another worker, or kept when it did not take them"
+    );
+    metrics::describe_histogram!(
+        DEFERRED_WAIT_SECONDS,
+        Unit::Seconds,
+        "Time from a deferred request's arrival to its answer"
+    );
+    metrics::describe_counter!(
+        DEFERRED_EXPIRED_TOTAL,
+        "Deferred requests answered 408: nothing answered them by their deadline"
+    );
+    metrics::describe_counter!(
+        DEFERRED_LATE_TOTAL,
+        "Answers to deferred requests dropped: already answered, or never deferred"
+    );
+    metrics::describe_counter!(
+        CALLS_TOTAL,
+        "Calls to other services, by route and the code their continuation got"
+    );
+    metrics::describe_histogram!(
+        CALL_SECONDS,
+        Unit::Seconds,
+        "Time from a call's sending to its result or timeout"
     );
     metrics::describe_counter!(
         PARTITION_CONFLICTS_TOTAL,
@@ -187,5 +224,70 @@ impl RequestCounters {
         );
         counter.increment(1);
         self.by_code.push((code, counter));
+    }
+}
+
+/// Handles for deferred requests and calls, resolved on first use, so a service that
+/// defers nothing shows no such series; calls' per route (and code): a service calls a
+/// handful of routes its code names.
+pub(crate) struct CallMetrics {
+    deferred: Option<DeferredMetrics>,
+    service: String,
+    calls: HashMap<(String, u32), Counter>,
+    latency: HashMap<String, Histogram>,
+}
+
+/// See [`CallMetrics`].
+pub(crate) struct DeferredMetrics {
+    pub wait: Histogram,
+    pub expired: Counter,
+    pub late: Counter,
+}
+
+impl CallMetrics {
+    pub fn new(service: &str) -> CallMetrics {
+        CallMetrics {
+            deferred: None,
+            service: service.to_owned(),
+            calls: HashMap::new(),
+            latency: HashMap::new(),
+        }
+    }
+
+    /// The deferred requests' handles.
+    pub fn deferred(&mut self) -> &DeferredMetrics {
+        let service = &self.service;
+        self.deferred.get_or_insert_with(|| DeferredMetrics {
+            wait: metrics::histogram!(DEFERRED_WAIT_SECONDS, "service" => service.clone()),
+            expired: metrics::counter!(DEFERRED_EXPIRED_TOTAL, "service" => service.clone()),
+            late: metrics::counter!(DEFERRED_LATE_TOTAL, "service" => service.clone()),
+        })
+    }
+
+    /// Counts a call to `route` whose continuation got `code`.
+    pub fn count_call(&mut self, route: &str, code: u32) {
+        let service = &self.service;
+        self.calls
+            .entry((route.to_owned(), code))
+            .or_insert_with(|| {
+                metrics::counter!(
+                    CALLS_TOTAL,
+                    "service" => service.clone(),
+                    "route" => route.to_owned(),
+                    "code" => code.to_string()
+                )
+            })
+            .increment(1);
+    }
+
+    /// Records how long a call to `route` took to come back (or time out).
+    pub fn call_took(&mut self, route: &str, took: Duration) {
+        let service = &self.service;
+        self.latency
+            .entry(route.to_owned())
+            .or_insert_with(|| {
+                metrics::histogram!(CALL_SECONDS, "service" => service.clone(), "route" => route.to_owned())
+            })
+            .record(took);
     }
 }

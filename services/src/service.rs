@@ -12,11 +12,11 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use bytes::Bytes;
 use proto::code;
-use proto::rpc::{MethodSchema, PushSchema, RpcRequest, RpcResponse, ServiceSchema};
+use proto::rpc::{MethodSchema, PushSchema, RpcRequest, RpcResponse, ServiceSchema, Session};
 use proto::{Message, Name};
 use tokio::time::{Duration, Instant};
 
-use crate::context::{Context, Parts};
+use crate::context::{CallResult, Context, Later, Parts, Then};
 use crate::handler_error::HandlerError;
 use crate::names::{MAX_NAME_LEN, is_valid_subject, is_valid_token};
 use crate::push::Outbound;
@@ -71,15 +71,31 @@ struct StartSync {
 }
 
 /// What a request's handling produced: the answer, and what to publish before it.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Handled {
+    /// The answer; not sent when the handler deferred it (see [`Handled::deferred`]).
     pub response: RpcResponse,
     /// Pushes and messages the handler asked for, in order; empty when it failed.
     pub outbound: Vec<Outbound>,
+    /// Deferral, answers to deferred requests and calls; empty when it failed.
+    pub(crate) later: Later,
+}
+
+impl Handled {
+    /// Whether the handler deferred its answer ([`Context::defer`]): `response` then
+    /// holds only the effects it asked for, which go with the answer when it comes.
+    pub fn deferred(&self) -> bool {
+        self.later.deferred.is_some()
+    }
+
+    /// The routes of the calls the handler made, in order.
+    pub fn calls(&self) -> impl Iterator<Item = &str> {
+        self.later.calls.iter().map(|c| c.route.as_str())
+    }
 }
 
 /// What an event's (or a tick's) handling produced.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct EventHandled {
     /// Whether the handler succeeded (no error, no panic).
     pub ok: bool,
@@ -87,6 +103,8 @@ pub struct EventHandled {
     pub outbound: Vec<Outbound>,
     /// The answer, for an event whose sender asked for one.
     pub reply: Option<Bytes>,
+    /// Answers to deferred requests and calls; empty when it failed.
+    pub(crate) later: Later,
 }
 
 /// A named set of handlers, one per method, plus an optional tick callback and event
@@ -129,6 +147,9 @@ pub struct EventHandled {
 /// So a handler must not block on I/O: work that needs the network or a database belongs
 /// in a task the handler starts or in another service. The loop runs on a thread of its
 /// own, so a slow handler delays only its own service, never the process's network I/O.
+/// A handler that needs another service's answer defers its own and calls it with a
+/// continuation that runs later on the same loop ([`Context::defer`], [`Context::call`],
+/// [`Context::answer`]; docs/workers.md, "Calling other services").
 ///
 /// # Costs
 ///
@@ -433,7 +454,13 @@ impl Service {
     /// panicked (the panic is caught: a request can never take the worker down). A failed
     /// handler's effects and pushes are dropped: a request either succeeds with its
     /// effects or changes nothing.
-    pub fn call(&mut self, method: &str, mut request: RpcRequest) -> Handled {
+    pub fn call(&mut self, method: &str, request: RpcRequest) -> Handled {
+        self.call_at(method, request, Instant::now())
+    }
+
+    /// [`Service::call`] for a request received at `received`: its deadline counts from
+    /// then.
+    fn call_at(&mut self, method: &str, mut request: RpcRequest, received: Instant) -> Handled {
         let Some(entry) = self.methods.get_mut(method) else {
             return error_response(
                 code::NOT_FOUND,
@@ -453,12 +480,15 @@ impl Service {
             )
             .into();
         }
-        let mut ctx = Context::for_request(&mut request);
+        let mut ctx = Context::for_request(&mut request, received);
         let body = std::mem::take(&mut request.body);
         match catch_unwind(AssertUnwindSafe(|| (entry.handler)(&mut ctx, body))) {
             Ok(Ok(body)) => {
                 let Parts {
-                    effects, outbound, ..
+                    effects,
+                    outbound,
+                    later,
+                    ..
                 } = ctx.into_parts();
                 Handled {
                     response: RpcResponse {
@@ -468,6 +498,7 @@ impl Service {
                         ..RpcResponse::default()
                     },
                     outbound,
+                    later,
                 }
             }
             Ok(Err(error)) => error_response(error.code(), error.message()).into(),
@@ -483,11 +514,16 @@ impl Service {
         }
     }
 
-    /// Decodes an `RpcRequest` from `payload` (as it came off the bus) and calls `method`;
-    /// a payload that is not an `RpcRequest` is answered 400.
-    pub(crate) fn call_encoded(&mut self, method: &str, payload: Bytes) -> Handled {
+    /// Decodes an `RpcRequest` from `payload` (as it came off the bus at `received`)
+    /// and calls `method`; a payload that is not an `RpcRequest` is answered 400.
+    pub(crate) fn call_encoded(
+        &mut self,
+        method: &str,
+        payload: Bytes,
+        received: Instant,
+    ) -> Handled {
         match RpcRequest::decode(payload) {
-            Ok(request) => self.call(method, request),
+            Ok(request) => self.call_at(method, request, received),
             Err(e) => {
                 error_response(code::BAD_REQUEST, format!("malformed RpcRequest: {e}")).into()
             }
@@ -517,16 +553,40 @@ impl Service {
     /// Runs the tick callback, if any, returning what it asked to publish. A panicking
     /// tick is logged and survived, like a panicking handler.
     pub fn tick(&mut self, tick: &Tick) -> Vec<Outbound> {
+        self.run_tick(tick).outbound
+    }
+
+    /// [`Service::tick`], with the answers and calls the tick asked for too.
+    pub(crate) fn run_tick(&mut self, tick: &Tick) -> EventHandled {
         let name = &self.name;
         let Some(callback) = self.tick.as_mut() else {
-            return Vec::new();
+            return EventHandled::default();
         };
         run_sessionless(name, "tick", |ctx| {
             callback(ctx, tick);
             Ok(())
         })
-        .outbound
     }
+}
+
+/// Runs a call's continuation `then` with `result`, in a context carrying the caller's
+/// `session` and `deadline`; a panic is logged and survived.
+pub(crate) fn resume(
+    service: &str,
+    then: Then,
+    session: Option<Session>,
+    deadline: Option<Instant>,
+    result: CallResult,
+) -> EventHandled {
+    run_in(
+        Context::resumed(session, deadline),
+        service,
+        "call",
+        |ctx| {
+            then(ctx, result);
+            Ok(())
+        },
+    )
 }
 
 /// Runs a tick, event or restore callback with a sessionless context, catching errors
@@ -536,7 +596,18 @@ fn run_sessionless(
     what: &str,
     f: impl FnOnce(&mut Context) -> Result<(), HandlerError>,
 ) -> EventHandled {
-    let mut ctx = Context::new(None);
+    run_in(Context::new(None), service, what, f)
+}
+
+/// Runs a callback that answers no request of its own with `ctx`, catching errors and
+/// panics (logged). Session effects not taken by an answer to a deferred request have
+/// no response to travel in, and are dropped with a warning.
+fn run_in(
+    mut ctx: Context,
+    service: &str,
+    what: &str,
+    f: impl FnOnce(&mut Context) -> Result<(), HandlerError>,
+) -> EventHandled {
     match catch_unwind(AssertUnwindSafe(|| f(&mut ctx))) {
         Ok(Ok(())) => {
             let parts = ctx.into_parts();
@@ -544,13 +615,14 @@ fn run_sessionless(
                 tracing::warn!(
                     service,
                     what,
-                    "session effects asked for without a session are dropped"
+                    "session effects that no answer carries are dropped"
                 );
             }
             EventHandled {
                 ok: true,
                 outbound: parts.outbound,
                 reply: parts.reply,
+                later: parts.later,
             }
         }
         Ok(Err(error)) => {
@@ -573,7 +645,7 @@ impl From<RpcResponse> for Handled {
     fn from(response: RpcResponse) -> Self {
         Handled {
             response,
-            outbound: Vec::new(),
+            ..Handled::default()
         }
     }
 }

@@ -17,6 +17,7 @@
 //! how a worker moves off a server in lame duck mode, is in docs/workers.md.
 
 mod announce;
+mod calls;
 mod error;
 mod hop;
 mod inputs;
@@ -39,10 +40,12 @@ use crate::frame_loop::{self, FrameLoop, Incoming};
 use crate::push::Pusher;
 use crate::service::{Delivery, Service};
 use announce::Announcer;
+use calls::CallReplies;
 pub use error::WorkerError;
 use hop::{Mover, Target};
 use inputs::{Subscribed, inputs};
 use keyed::Keyed;
+use output::Output;
 use resync::Resync;
 use subscribe::{EventSubscription, Subjects, SyncSubscription, fetch_snapshot, subscribe_event};
 
@@ -61,6 +64,8 @@ pub struct Worker {
     announcer: Announcer,
     /// A keyed service's partitions, subscribed to its peers.
     keyed: Option<Keyed>,
+    /// Where the answers to the service's calls to others come back.
+    calls: CallReplies,
     /// The client's count of connections made when the worker subscribed (see
     /// [`crate::drain`]: a reconnect since then puts the client's and the server's
     /// counts of a subscription's messages apart).
@@ -145,6 +150,7 @@ impl Worker {
                 source,
             })?;
         let announcer = Announcer::subscribe(&client, &config.prefix, &service.schema()).await?;
+        let calls = CallReplies::subscribe(&client, &config.prefix).await?;
         client.flush().await?;
         Ok(Worker {
             pusher,
@@ -157,6 +163,7 @@ impl Worker {
             snapshot,
             announcer,
             keyed,
+            calls,
             connects,
         })
     }
@@ -192,14 +199,20 @@ impl Worker {
             snapshot,
             announcer,
             keyed,
+            calls,
             connects,
         } = self;
         let client = pusher.client().clone();
         let name = service.name().to_owned();
         let frames = config.frames;
         let drain_config = frames.subscription_drain();
-        let (intake, queue) = frame_loop::queue(&name, frames.queue_capacity, pusher.clone());
-        let frame_loop = FrameLoop::new(service, frames, queue, pusher);
+        let output = Output {
+            pusher,
+            reply_prefix: calls.reply_prefix.clone(),
+        };
+        let (intake, queue) = frame_loop::queue(&name, frames.queue_capacity, output.clone());
+        let frame_loop = FrameLoop::new(service, frames, queue, output);
+        tokio::spawn(calls::forward(calls, frame_loop.returns()));
         let mut stopped = spawn_loop_thread(&name, frame_loop)?;
         tracing::info!(%subject, "worker serving");
         tokio::spawn(announcer.run(bus::signals(&client), shutdown.clone()));
@@ -289,7 +302,7 @@ pub async fn run(
 /// Runs `frame_loop` on a thread of its own; the receiver fires when it returns.
 fn spawn_loop_thread(
     name: &str,
-    frame_loop: FrameLoop<Pusher>,
+    frame_loop: FrameLoop<Output>,
 ) -> Result<oneshot::Receiver<Result<(), WorkerError>>, WorkerError> {
     let (done_tx, done_rx) = oneshot::channel();
     let span = tracing::Span::current();

@@ -28,14 +28,23 @@ pub(super) const BUS_UNAVAILABLE: &str = "bus unavailable";
 
 impl<S: Io> Session<S> {
     /// Publishes request `id` as `pending` describes it; id 0 is a notify, with no
-    /// reply subject.
+    /// reply subject. The request says how long the gate still waits for its answer.
     pub(super) fn publish(&self, id: u64, pending: &Pending) -> Result<(), BusError> {
+        let timeout_ms = if id == 0 {
+            0
+        } else {
+            let deadline = pending.received + self.gate.config.request_timeout;
+            let left = deadline.saturating_duration_since(Instant::now());
+            // At least 1: 0 would say "unknown".
+            u32::try_from(left.as_millis()).unwrap_or(u32::MAX).max(1)
+        };
         let request = Request {
             route: &pending.route,
             body: pending.body.as_deref().unwrap_or_default(),
             session: &self.wire,
             timing: self.timing,
             key: &pending.key,
+            timeout_ms,
         };
         let reply = if id == 0 {
             Reply::None

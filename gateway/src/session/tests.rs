@@ -109,10 +109,23 @@ async fn response(client: &mut Client) -> client::Response {
 /// The requests a bus buffer holds, by subject and reply subject (messages without a
 /// reply subject, a bind's claim, are skipped).
 fn published(written: &str) -> Vec<(String, String, RpcRequest)> {
+    // The buffer has one char per byte (`written_now`): its bytes back.
+    let bytes: Vec<u8> = written
+        .chars()
+        .map(|c| u8::try_from(c).expect("one byte per char"))
+        .collect();
+    let find = |haystack: &[u8], needle: &[u8]| {
+        haystack
+            .windows(needle.len())
+            .position(|window| window == needle)
+    };
     let mut out = Vec::new();
-    let mut rest = written;
-    while let Some(at) = rest.find("PUB ") {
-        let (line, tail) = rest[at + 4..].split_once("\r\n").expect("a whole line");
+    let mut rest = &bytes[..];
+    while let Some(at) = find(rest, b"PUB ") {
+        let rest_of_line = &rest[at + 4..];
+        let end = find(rest_of_line, b"\r\n").expect("a whole line");
+        let line = std::str::from_utf8(&rest_of_line[..end]).expect("a text line");
+        let tail = &rest_of_line[end + 2..];
         let parts: Vec<&str> = line.split(' ').collect();
         let (request, len) = match parts[..] {
             [subject, reply, len] => (Some((subject, reply)), len),
@@ -121,7 +134,7 @@ fn published(written: &str) -> Vec<(String, String, RpcRequest)> {
         };
         let len: usize = len.parse().expect("a length");
         if let Some((subject, reply)) = request {
-            let req = RpcRequest::decode(&tail.as_bytes()[..len]).expect("an RpcRequest");
+            let req = RpcRequest::decode(&tail[..len]).expect("an RpcRequest");
             out.push((subject.to_owned(), reply.to_owned(), req));
         }
         rest = &tail[len..];
@@ -158,6 +171,14 @@ async fn a_request_goes_to_its_route_s_subject_with_the_session_and_its_answer_c
     );
     let session = req.session.as_ref().expect("the session rides along");
     assert_eq!((session.gate.as_str(), session.sid), ("g1", client.sid));
+    // How long the gate waits for the answer: its request timeout, less the moment that
+    // passed before the request went out.
+    let timeout = u32::try_from(GateConfig::default().request_timeout.as_millis()).unwrap();
+    assert!(
+        (timeout - 1_000..=timeout).contains(&req.timeout_ms),
+        "{}",
+        req.timeout_ms
+    );
     assert_eq!(cx.in_flight.taken(), 1);
 
     answer(&cx, client.sid, 7, code::OK, b"hi back");

@@ -1,5 +1,6 @@
 //! The frame loop under tokio's paused clock: handlers take no virtual time, so every
 //! instant below is exact and a change to the frame rules shows up as a wrong number.
+//! Deferred answers and calls are in `calls`.
 
 use std::sync::{Arc, Mutex};
 
@@ -20,6 +21,7 @@ enum Sent<T> {
     Response(T, RpcResponse),
     Answer(T, Bytes),
     Publish(Outbound),
+    Call(Outgoing),
 }
 
 /// A channel as a sink that sees everything, in the order the loop sent it.
@@ -37,6 +39,10 @@ impl<T: Send + 'static> ReplySink for mpsc::Sender<Sent<T>> {
 
     async fn publish(&self, outbound: Outbound) {
         let _ = mpsc::Sender::send(self, Sent::Publish(outbound)).await;
+    }
+
+    async fn call(&self, call: Outgoing) -> bool {
+        mpsc::Sender::send(self, Sent::Call(call)).await.is_ok()
     }
 }
 
@@ -56,6 +62,11 @@ impl<T: Send + 'static> ReplySink for mpsc::Sender<(T, RpcResponse)> {
 
     async fn publish(&self, outbound: Outbound) {
         tracing::warn!(?outbound, "an answers-only sink dropped a push");
+    }
+
+    async fn call(&self, call: Outgoing) -> bool {
+        tracing::warn!(?call, "an answers-only sink cannot call");
+        false
     }
 }
 
@@ -409,6 +420,7 @@ fn sent(rx: &mut SentRx) -> Vec<String> {
             Sent::Publish(o) => format!("push:{}", o.subject("p")),
             Sent::Answer(id, body) => format!("answer:{id}:{}", String::from_utf8_lossy(&body)),
             Sent::Response(id, r) => format!("response:{id}:{}", r.code),
+            Sent::Call(call) => format!("call:{}:{}", call.id, call.request.route),
         });
     }
     out
@@ -517,3 +529,5 @@ async fn events_wait_for_room_instead_of_being_rejected() {
         ]
     );
 }
+
+mod calls;

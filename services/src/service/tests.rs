@@ -129,7 +129,11 @@ fn raw_method_gets_the_bytes() {
 #[test]
 fn malformed_rpc_request_is_400() {
     let response = typed()
-        .call_encoded("echo", Bytes::from_static(&[0x0a, 0x05, b'x']))
+        .call_encoded(
+            "echo",
+            Bytes::from_static(&[0x0a, 0x05, b'x']),
+            Instant::now(),
+        )
         .response;
     assert_eq!(response.code, code::BAD_REQUEST);
     assert!(
@@ -141,7 +145,9 @@ fn malformed_rpc_request_is_400() {
 #[test]
 fn encoded_call_round_trips() {
     let payload = Bytes::from(request(echo_body("yo")).encode_to_vec());
-    let response = typed().call_encoded("echo", payload).response;
+    let response = typed()
+        .call_encoded("echo", payload, Instant::now())
+        .response;
     assert_eq!(response.code, code::OK);
 }
 
@@ -311,4 +317,26 @@ fn every_service_announces_itself_with_types_only_when_it_has_descriptors() {
     let described = undescribed.descriptors(proto::DESCRIPTORS).schema();
     assert_eq!(described.methods.len(), 1);
     assert_eq!(described.pushes.len(), 1);
+}
+
+#[test]
+fn a_deferral_and_calls_are_kept_only_when_the_handler_succeeds() {
+    let mut service = Service::new("shop")
+        .raw_method("buy", |ctx, _| {
+            ctx.defer();
+            ctx.call("bank.pay", "1", |_, _| {});
+            Ok(Bytes::new())
+        })
+        .raw_method("fail", |ctx, _| {
+            ctx.defer();
+            ctx.call("bank.pay", "1", |_, _| {});
+            Err(HandlerError::new("no"))
+        });
+    let handled = service.call("buy", request(""));
+    assert!(handled.deferred());
+    assert_eq!(handled.calls().collect::<Vec<_>>(), ["bank.pay"]);
+    let failed = service.call("fail", request(""));
+    assert_eq!(failed.response.code, code::HANDLER_ERROR);
+    assert!(!failed.deferred());
+    assert_eq!(failed.calls().count(), 0);
 }

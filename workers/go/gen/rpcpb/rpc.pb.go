@@ -121,7 +121,12 @@ type RpcRequest struct {
 	Timing bool `protobuf:"varint,4,opt,name=timing,proto3" json:"timing,omitempty"`
 	// A keyed service's request: the key it was routed by (its partition is in the
 	// subject). Empty for other services.
-	Key           string `protobuf:"bytes,5,opt,name=key,proto3" json:"key,omitempty"`
+	Key string `protobuf:"bytes,5,opt,name=key,proto3" json:"key,omitempty"`
+	// How long the caller waits for this answer, in milliseconds from when it sent it: a
+	// gate's request timeout (what is left of it, for a request sent again), or a calling
+	// worker's remaining time. 0: unknown. A worker that defers its answer gives up (408)
+	// when this has passed, and a call it makes meanwhile waits no longer than that.
+	TimeoutMs     uint32 `protobuf:"varint,6,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -189,6 +194,13 @@ func (x *RpcRequest) GetKey() string {
 		return x.Key
 	}
 	return ""
+}
+
+func (x *RpcRequest) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
 }
 
 type RpcResponse struct {
@@ -1210,14 +1222,16 @@ const file_rpc_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vClaimsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x91\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb0\x01\n" +
 	"\n" +
 	"RpcRequest\x12\x14\n" +
 	"\x05route\x18\x01 \x01(\tR\x05route\x12\x12\n" +
 	"\x04body\x18\x02 \x01(\fR\x04body\x12/\n" +
 	"\asession\x18\x03 \x01(\v2\x15.shaddock.rpc.SessionR\asession\x12\x16\n" +
 	"\x06timing\x18\x04 \x01(\bR\x06timing\x12\x10\n" +
-	"\x03key\x18\x05 \x01(\tR\x03key\"\xb9\x01\n" +
+	"\x03key\x18\x05 \x01(\tR\x03key\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\"\xb9\x01\n" +
 	"\vRpcResponse\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x12\n" +
 	"\x04body\x18\x02 \x01(\fR\x04body\x12\x18\n" +

@@ -1,0 +1,366 @@
+//! Deferred answers and calls under the paused clock: the loop runs on a task, the test
+//! plays the bus (it reads the calls the loop sends and returns their results), and
+//! every instant is exact.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use proto::Message;
+use proto::code;
+use proto::rpc::{Effect, RpcRequest, RpcResponse, Session, effect};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::{self, Duration, Instant};
+
+use super::{MS, Sent, SentRx, config, sent_output};
+use crate::context::{CallResult, Deferred};
+use crate::frame_loop::{FrameConfig, FrameLoop, Incoming, Intake, Returned, queue};
+use crate::service::Service;
+
+type Handles = Arc<Mutex<Vec<Deferred>>>;
+type Results = Arc<Mutex<Vec<(u32, String)>>>;
+type Out = mpsc::Sender<Sent<u32>>;
+
+/// A request for `method` from player `uid`, answered to `id`, whose caller waits
+/// `timeout_ms` (0: did not say).
+fn request(method: &str, id: u32, uid: &str, timeout_ms: u32) -> Incoming<u32> {
+    let payload = RpcRequest {
+        route: format!("t.{method}"),
+        body: Bytes::from(format!("body {id}")),
+        session: Some(Session {
+            gate: "g".into(),
+            sid: 1,
+            uid: uid.into(),
+            ..Session::default()
+        }),
+        timeout_ms,
+        ..RpcRequest::default()
+    };
+    Incoming::new(method, payload.encode_to_vec().into(), Some(id))
+}
+
+/// The loop on a task, its intake, and what it sends.
+struct Running {
+    intake: Intake<Out>,
+    rx: SentRx,
+    returns: mpsc::Sender<Returned>,
+    task: JoinHandle<Service>,
+}
+
+fn start(service: Service, config: FrameConfig) -> Running {
+    let (out, rx) = sent_output();
+    let (intake, queue) = queue(service.name(), config.queue_capacity, out.clone());
+    let frame_loop = FrameLoop::new(service, config, queue, out);
+    let returns = frame_loop.returns();
+    Running {
+        intake,
+        rx,
+        returns,
+        task: tokio::spawn(frame_loop.run()),
+    }
+}
+
+impl Running {
+    async fn next(&mut self) -> Sent<u32> {
+        self.rx.recv().await.expect("the loop runs")
+    }
+
+    async fn response(&mut self) -> (u32, RpcResponse) {
+        match self.next().await {
+            Sent::Response(id, response) => (id, response),
+            other => panic!("not a response: {other:?}"),
+        }
+    }
+
+    async fn call(&mut self) -> (u64, RpcRequest) {
+        match self.next().await {
+            Sent::Call(call) => (call.id, call.request),
+            other => panic!("not a call: {other:?}"),
+        }
+    }
+
+    /// Stops the loop and returns what it sent meanwhile.
+    async fn stop(mut self) -> Vec<Sent<u32>> {
+        drop(self.intake);
+        self.task.await.unwrap();
+        let mut rest = Vec::new();
+        while let Ok(item) = self.rx.try_recv() {
+            rest.push(item);
+        }
+        rest
+    }
+}
+
+fn effects_of(response: &RpcResponse) -> Vec<Option<effect::Kind>> {
+    response
+        .effects
+        .iter()
+        .map(|e: &Effect| e.kind.clone())
+        .collect()
+}
+
+/// `wait` defers (joining group `w` first) and keeps its handle; the tick answers every
+/// kept handle, setting a session value and pushing first; `late` answers them too.
+fn deferring(handles: &Handles) -> Service {
+    let (kept, ticked, late) = (handles.clone(), handles.clone(), handles.clone());
+    Service::new("t")
+        .raw_method("wait", move |ctx, _| {
+            ctx.join("w");
+            kept.lock().unwrap().push(ctx.defer());
+            Ok(Bytes::from_static(b"never sent"))
+        })
+        .raw_method("late", move |ctx, _| {
+            for handle in late.lock().unwrap().drain(..) {
+                ctx.answer(handle, Ok(Bytes::from_static(b"too late")));
+            }
+            Ok(Bytes::new())
+        })
+        .on_tick(move |ctx, _| {
+            for handle in ticked.lock().unwrap().drain(..) {
+                let _ = ctx.broadcast("ticks", "t.done", "");
+                ctx.set_data("done", "yes");
+                ctx.answer(handle, Ok(Bytes::from_static(b"answered")));
+            }
+        })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deferred_request_is_answered_from_a_tick_with_the_effects_of_both() {
+    let t0 = Instant::now();
+    let handles = Handles::default();
+    let mut running = start(deferring(&handles), config(16, 100));
+    running.intake.offer(request("wait", 1, "ann", 1_000)).await;
+
+    // Nothing for the request until the first tick, 10 ms on: its push, then the answer.
+    match running.next().await {
+        Sent::Publish(push) => assert_eq!(push.subject("p"), "p.grp.ticks"),
+        other => panic!("not the tick's push: {other:?}"),
+    }
+    let (id, response) = running.response().await;
+    assert_eq!(Instant::now() - t0, 10 * MS);
+    assert_eq!((id, response.code), (1, code::OK));
+    assert_eq!(&response.body[..], b"answered");
+    assert_eq!(
+        effects_of(&response),
+        [
+            Some(effect::Kind::Join("w".into())),
+            Some(effect::Kind::SetData(proto::rpc::SetData {
+                key: "done".into(),
+                value: "yes".into()
+            })),
+        ],
+        "the request's own effects, then those of the context that answered"
+    );
+    assert!(running.stop().await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deferred_request_never_answered_gets_one_408_at_its_deadline_and_a_late_answer_is_dropped()
+ {
+    let t0 = Instant::now();
+    let handles = Handles::default();
+    // No tick comes in time: the service's tick is hours away.
+    let config = FrameConfig {
+        tick_interval: Duration::from_secs(3600),
+        answer_timeout: 50 * MS,
+        ..config(16, 100)
+    };
+    let mut running = start(deferring(&handles), config);
+    running.intake.offer(request("wait", 1, "ann", 30)).await;
+    running.intake.offer(request("wait", 2, "bob", 0)).await;
+
+    // The caller's 30 ms, then the worker's own 50 ms for the caller that did not say.
+    let (id, response) = running.response().await;
+    assert_eq!(
+        (id, response.code, Instant::now() - t0),
+        (1, code::TIMEOUT, 30 * MS)
+    );
+    assert!(response.effects.is_empty(), "a failure carries no effects");
+    let (id, response) = running.response().await;
+    assert_eq!(
+        (id, response.code, Instant::now() - t0),
+        (2, code::TIMEOUT, 50 * MS)
+    );
+
+    // Answers after the 408 go nowhere; the `late` request itself is answered.
+    running.intake.offer(request("late", 3, "cid", 0)).await;
+    let (id, response) = running.response().await;
+    assert_eq!((id, response.code), (3, code::OK));
+    time::sleep(Duration::from_secs(10)).await;
+    assert!(running.stop().await.is_empty(), "exactly one answer each");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_still_deferred_when_the_loop_stops_is_answered_503() {
+    let handles = Handles::default();
+    let running = start(deferring(&handles), config(16, 100));
+    running.intake.offer(request("wait", 1, "ann", 0)).await;
+    let Running {
+        intake, rx, task, ..
+    } = running;
+    drop(intake);
+    task.await.unwrap();
+    running_rx_is(rx, |sent| {
+        let [Sent::Response(1, response)] = sent else {
+            panic!("one 503: {sent:?}");
+        };
+        assert_eq!(response.code, code::UNAVAILABLE);
+        assert!(
+            response.message.contains("shutting down"),
+            "{}",
+            response.message
+        );
+    });
+}
+
+fn running_rx_is(mut rx: SentRx, check: impl FnOnce(&[Sent<u32>])) {
+    let mut sent = Vec::new();
+    while let Ok(item) = rx.try_recv() {
+        sent.push(item);
+    }
+    check(&sent);
+}
+
+/// `buy` defers and calls `bank.pay` with its body; the continuation records what it
+/// got and answers with the callee's result as it is. `spree` makes three calls that
+/// answer nothing.
+fn shop(results: &Results) -> Service {
+    let (paid, spent) = (results.clone(), results.clone());
+    Service::new("t")
+        .raw_method("buy", move |ctx, body| {
+            let deferred = ctx.defer();
+            let results = paid.clone();
+            ctx.call("bank.pay", body, move |ctx, result: CallResult| {
+                results
+                    .lock()
+                    .unwrap()
+                    .push((result.code, ctx.uid().unwrap_or_default().to_owned()));
+                ctx.answer(deferred, result.into_result());
+            });
+            Ok(Bytes::new())
+        })
+        .raw_method("spree", move |ctx, _| {
+            for _ in 0..3 {
+                let results = spent.clone();
+                ctx.call("bank.pay", "", move |_ctx, result: CallResult| {
+                    results.lock().unwrap().push((result.code, result.message));
+                });
+            }
+            Ok(Bytes::new())
+        })
+        .raw_method("ping", |_ctx, body| Ok(body))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_goes_out_with_the_session_and_what_is_left_and_its_result_answers() {
+    let results = Results::default();
+    let mut running = start(shop(&results), config(16, 100));
+    running.intake.offer(request("buy", 1, "ann", 1_000)).await;
+
+    let (call, sent) = running.call().await;
+    assert_eq!(sent.route, "bank.pay");
+    assert_eq!(&sent.body[..], b"body 1");
+    assert_eq!(sent.session.as_ref().map(|s| s.uid.as_str()), Some("ann"));
+    assert_eq!(sent.timeout_ms, 1_000, "all of the caller's time is left");
+
+    // The loop goes on meanwhile.
+    time::sleep(200 * MS).await;
+    running.intake.offer(request("ping", 2, "bob", 0)).await;
+    assert_eq!(running.response().await.0, 2);
+
+    let result = CallResult {
+        code: code::OK,
+        body: Bytes::from_static(b"paid"),
+        message: String::new(),
+    };
+    running
+        .returns
+        .send(Returned { id: call, result })
+        .await
+        .unwrap();
+    let (id, response) = running.response().await;
+    assert_eq!(
+        (id, response.code, &response.body[..]),
+        (1, code::OK, &b"paid"[..])
+    );
+    assert_eq!(*results.lock().unwrap(), [(code::OK, "ann".to_owned())]);
+
+    // A second result for the same call goes nowhere.
+    let again = CallResult::error(code::OK, "");
+    running
+        .returns
+        .send(Returned {
+            id: call,
+            result: again,
+        })
+        .await
+        .unwrap();
+    assert!(running.stop().await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_times_out_at_the_caller_s_deadline_and_its_continuation_still_answers() {
+    let t0 = Instant::now();
+    let results = Results::default();
+    let mut running = start(shop(&results), config(16, 100));
+    running.intake.offer(request("buy", 1, "ann", 300)).await;
+    let (_call, sent) = running.call().await;
+    assert_eq!(sent.timeout_ms, 300);
+
+    // No result: at the request's deadline the continuation gets 408 first, and its
+    // answer (the 408 as it is) is the request's, not the worker's own.
+    let (id, response) = running.response().await;
+    assert_eq!(
+        (id, response.code, Instant::now() - t0),
+        (1, code::TIMEOUT, 300 * MS)
+    );
+    assert_eq!(response.message, "call timed out");
+    assert_eq!(
+        *results.lock().unwrap(),
+        [(code::TIMEOUT, "ann".to_owned())]
+    );
+    assert!(running.stop().await.is_empty(), "one answer");
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_past_max_calls_get_503_at_once_and_room_is_made_by_results() {
+    let results = Results::default();
+    let config = FrameConfig {
+        max_calls: 2,
+        ..config(16, 100)
+    };
+    let mut running = start(shop(&results), config);
+    running.intake.offer(request("spree", 1, "ann", 0)).await;
+    // The handler's answer, then its calls.
+    assert_eq!(running.response().await.0, 1);
+    let (first, _) = running.call().await;
+    let (_second, _) = running.call().await;
+    // The third found the limit: its continuation ran at once, in the same instant.
+    assert_eq!(
+        *results.lock().unwrap(),
+        [(code::UNAVAILABLE, "too many calls in flight".to_owned())]
+    );
+
+    // One result frees a place: of the next three, one goes out.
+    let result = CallResult::error(code::OK, "");
+    running
+        .returns
+        .send(Returned { id: first, result })
+        .await
+        .unwrap();
+    running.intake.offer(request("spree", 2, "ann", 0)).await;
+    assert_eq!(running.response().await.0, 2);
+    let (third, _) = running.call().await;
+    assert!(third > first);
+    let codes: Vec<u32> = results.lock().unwrap().iter().map(|(c, _)| *c).collect();
+    assert_eq!(
+        codes,
+        [
+            code::UNAVAILABLE,
+            code::OK,
+            code::UNAVAILABLE,
+            code::UNAVAILABLE
+        ]
+    );
+    assert!(running.stop().await.is_empty());
+}
