@@ -109,12 +109,14 @@ fn key(n: usize) -> String {
     format!("match-{n}")
 }
 
-/// Sends one request per key until two passes in a row see the same owners, both
-/// workers among them: whatever was being handed over when the workers started has
-/// settled. Returns each key's owner and count.
+/// Sends one request per key, pass after pass, until the owners have stayed the same,
+/// both workers among them, for two member timeouts: whatever the workers' first views
+/// made them take (each may take partitions fresh before it hears the other) has been
+/// handed over to its owner. Returns each key's owner and count.
 async fn settled(client: &Client) -> (Vec<String>, Vec<u64>) {
+    let steady = worker_config("").keyed.keyed_member_timeout * 2;
     within(async {
-        let mut before: Option<Vec<String>> = None;
+        let mut since: Option<(Vec<String>, std::time::Instant)> = None;
         loop {
             let mut owners = Vec::new();
             let mut counts = Vec::new();
@@ -128,10 +130,15 @@ async fn settled(client: &Client) -> (Vec<String>, Vec<u64>) {
                 .collect::<std::collections::BTreeSet<_>>()
                 .len()
                 == 2;
-            if both && before.as_ref() == Some(&owners) {
-                return (owners, counts);
+            match &since {
+                Some((before, at)) if both && *before == owners => {
+                    if at.elapsed() >= steady {
+                        return (owners, counts);
+                    }
+                }
+                _ => since = Some((owners, std::time::Instant::now())),
             }
-            before = Some(owners);
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await
@@ -180,6 +187,20 @@ fn counted_exactly(answers: &[Vec<Result<Answer, String>>]) -> Vec<Vec<String>> 
             stretches
         })
         .collect()
+}
+
+/// Waits until `worker` answers some key of one set (not the load's: its counts are the
+/// load's own), by its own requests one after another: it holds partitions.
+async fn serves(client: &Client, worker: &str) {
+    within(async {
+        for n in 0.. {
+            let answer = add(client, &format!("probe-{}", n % 32)).await.unwrap();
+            if answer.worker == worker {
+                return;
+            }
+        }
+    })
+    .await;
 }
 
 async fn run_load_while(
@@ -231,8 +252,10 @@ async fn a_worker_added_under_load_takes_a_share_and_nothing_is_lost(bus: Bus) {
     let gate = gate(&bus).await;
     all_taken(&[&fresh_a]).await;
     let mut added = None;
+    let probe = gate.client().await;
     let answers = run_load_while(&[&gate], async || {
         added = Some(start(bus.url(), "b").await);
+        serves(&probe, "b").await;
     })
     .await;
     let (_b, fresh_b) = added.unwrap();
