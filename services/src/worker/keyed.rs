@@ -243,7 +243,9 @@ impl Coordinator {
                 Some((partition, result)) = handed.recv() => self.handed(partition, result).await,
             }
         }
-        tracing::info!("every partition handed over");
+        tracing::info!(
+            "no partition left: each handed over, or drained with nobody left to take it"
+        );
     }
 
     /// A peer's heartbeat. A newcomer hears this worker's at once, so it need not wait
