@@ -67,7 +67,8 @@ pub(super) struct Keyed {
 
 /// One partition's messages, and its end.
 enum Item {
-    Message(u32, async_nats::Message),
+    /// A request of the partition, as the loop takes it.
+    Request(Incoming<Subject>),
     Ended(u32),
 }
 
@@ -237,7 +238,9 @@ impl Coordinator {
                 Some(message) = members.next() => self.heard(&message.payload).await,
                 Some(message) = handovers.next() => self.take_handed(message).await,
                 Some(item) = self.streams.next() => match item {
-                    Item::Message(partition, message) => self.forward(partition, message).await,
+                    Item::Request(request) => {
+                        let _ = self.out.send(request).await;
+                    }
                     Item::Ended(partition) => self.ended(partition).await,
                 },
                 Some((partition, result)) = handed.recv() => self.handed(partition, result).await,
@@ -357,6 +360,8 @@ impl Coordinator {
             .statistics()
             .connects
             .load(std::sync::atomic::Ordering::Relaxed);
+        // What precedes the method in the partition's subjects: made once, not per request.
+        let method_prefix = format!("{subject}.");
         let subscriber = match self
             .client
             .queue_subscribe(format!("{subject}.>"), group.clone())
@@ -379,7 +384,10 @@ impl Coordinator {
             config: self.drain,
         };
         let messages = drain::until_drained(draining, leave.clone(), |_| {})
-            .map(move |message| Item::Message(partition, message))
+            .map(move |message| {
+                let method = method_of(&message.subject, &method_prefix).to_owned();
+                Item::Request(Incoming::new(method, message.payload, message.reply))
+            })
             .chain(stream::once(async move { Item::Ended(partition) }));
         self.streams.push(messages.boxed());
         self.held.insert(
@@ -390,16 +398,6 @@ impl Coordinator {
             },
         );
         self.say();
-    }
-
-    /// Passes a partition's request on to the loop.
-    async fn forward(&mut self, partition: u32, message: async_nats::Message) {
-        let prefix = partition_subject(&self.prefix, &self.service, partition) + ".";
-        let method = method_of(&message.subject, &prefix).to_owned();
-        let _ = self
-            .out
-            .send(Incoming::new(method, message.payload, message.reply))
-            .await;
     }
 
     /// `partition`'s subscription has ended: everything the bus routed here is queued
