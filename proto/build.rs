@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/chat.proto",
         "proto/arena.proto",
         "proto/status.proto",
+        "proto/resume.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

@@ -96,18 +96,24 @@ impl Gen {
 
     /// A packet of any kind with random fields.
     fn packet(&mut self) -> Packet {
-        let kind = match self.rng.u8(..10) {
+        let kind = match self.rng.u8(..11) {
             0 => Kind::Handshake(client::Handshake {
                 token: self.text(20),
                 server_timing: self.rng.bool(),
                 client: self.text(8),
                 serial: self.rng.bool(),
+                resumable: self.rng.bool(),
+                resume_token: self.text(12),
+                last_seq: self.rng.u64(..),
             }),
             1 => Kind::HandshakeAck(client::HandshakeAck {
                 code: self.rng.u32(..),
                 session_id: self.rng.u64(..),
                 heartbeat_ms: self.rng.u32(..),
                 message: self.text(10),
+                resume_token: self.text(12),
+                resume_code: self.rng.u32(..),
+                last_seq: self.rng.u64(..),
             }),
             2 => Kind::Heartbeat(client::Heartbeat {}),
             3 | 4 => Kind::Request(client::Request {
@@ -126,16 +132,21 @@ impl Gen {
                     queue_us: self.rng.u32(..),
                     handler_us: self.rng.u32(..),
                 }),
+                seq: self.rng.u64(..),
             }),
             6 => Kind::Push(client::Push {
                 route: self.route(),
                 body: self.bytes(64).into(),
+                seq: self.rng.u64(..),
             }),
             7 => Kind::Kick(client::Kick {
                 reason: self.text(10),
             }),
             8 => Kind::Refresh(client::Refresh {
                 token: self.text(20),
+            }),
+            9 => Kind::Ack(client::Ack {
+                seq: self.rng.u64(..),
             }),
             _ => Kind::Drain(client::Drain {
                 reason: self.text(10),

@@ -168,7 +168,7 @@ async fn a_json_and_a_protobuf_client_share_a_room() {
     // Bob, in protobuf: his own three, then ann's.
     let mut texts = Vec::new();
     while texts.len() < 4 {
-        let Push { route, body } = within(bob_pushes.next()).await.unwrap();
+        let Push { route, body, .. } = within(bob_pushes.next()).await.unwrap();
         if route == "chat.message" {
             texts.push(ChatMessage::decode(body).unwrap().text);
         }

@@ -288,7 +288,7 @@ async fn a_pomelo_and_an_sdk_client_chat_in_one_room() {
     assert_eq!(pushes[2].1["text"], "from ann");
     let mut texts = Vec::new();
     while texts.len() < 2 {
-        let Push { route, body } = within(bob_pushes.next()).await.unwrap();
+        let Push { route, body, .. } = within(bob_pushes.next()).await.unwrap();
         if route == "chat.message" {
             texts.push(ChatMessage::decode(body).unwrap().text);
         }

@@ -130,7 +130,7 @@ async fn session(stream: TcpStream, sid: u64, shutdown: CancellationToken) {
         code: code::OK,
         session_id: sid,
         heartbeat_ms: u32::try_from(DEFAULT_HEARTBEAT.as_millis()).unwrap_or(u32::MAX),
-        message: String::new(),
+        ..client::HandshakeAck::default()
     };
     if sink
         .send(encode(Kind::HandshakeAck(ack), text))
@@ -224,6 +224,7 @@ impl Session {
                     queue_us: 0,
                     handler_us: 0,
                 }),
+                seq: 0,
             }),
             Some(Kind::Heartbeat(_)) => Kind::Heartbeat(client::Heartbeat {}),
             Some(Kind::Handshake(_)) => {

@@ -115,7 +115,7 @@ async fn scripted_session(stream: tokio::net::TcpStream, script: Script) {
         code: 200,
         session_id: 1,
         heartbeat_ms: 10_000,
-        message: String::new(),
+        ..HandshakeAck::default()
     })));
     tokio::spawn(async move {
         while let Some(frame) = rx.recv().await {
@@ -145,7 +145,7 @@ async fn scripted_session(stream: tokio::net::TcpStream, script: Script) {
                 let route = "test.push".into();
                 let _ = tx.send(frame(Kind::Push(Push {
                     route,
-                    body: Default::default(),
+                    ..Push::default()
                 })));
                 let _ = tx.send(response(request.id));
                 answered += 1;

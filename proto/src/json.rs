@@ -35,6 +35,13 @@ enum JsonPacket {
     Refresh(Refresh),
     RefreshAck(RefreshAck),
     Drain(Drain),
+    Ack(Ack),
+}
+
+#[derive(Serialize, Deserialize, Default)]
+#[serde(default)]
+struct Ack {
+    seq: u64,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -64,6 +71,20 @@ struct Handshake {
     server_timing: bool,
     client: String,
     serial: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    resumable: bool,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    resume_token: String,
+    #[serde(skip_serializing_if = "is_zero")]
+    last_seq: u64,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -73,6 +94,12 @@ struct HandshakeAck {
     session_id: u64,
     heartbeat_ms: u32,
     message: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    resume_token: String,
+    #[serde(skip_serializing_if = "is_zero")]
+    resume_code: u32,
+    #[serde(skip_serializing_if = "is_zero")]
+    last_seq: u64,
 }
 
 /// A packet's body: text, or a typed body's JSON.
@@ -151,6 +178,8 @@ struct Response {
     message: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     timing: Option<Timing>,
+    #[serde(skip_serializing_if = "is_zero")]
+    seq: u64,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -166,6 +195,8 @@ struct Timing {
 struct Push {
     route: String,
     body: Body,
+    #[serde(skip_serializing_if = "is_zero")]
+    seq: u64,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -197,12 +228,18 @@ pub fn decode_typed(frame: &str) -> Result<(Packet, bool), JsonError> {
             server_timing: h.server_timing,
             client: h.client,
             serial: h.serial,
+            resumable: h.resumable,
+            resume_token: h.resume_token,
+            last_seq: h.last_seq,
         }),
         JsonPacket::HandshakeAck(a) => Kind::HandshakeAck(client::HandshakeAck {
             code: a.code,
             session_id: a.session_id,
             heartbeat_ms: a.heartbeat_ms,
             message: a.message,
+            resume_token: a.resume_token,
+            resume_code: a.resume_code,
+            last_seq: a.last_seq,
         }),
         JsonPacket::Heartbeat {} => Kind::Heartbeat(client::Heartbeat {}),
         JsonPacket::Request(r) => Kind::Request(client::Request {
@@ -221,10 +258,12 @@ pub fn decode_typed(frame: &str) -> Result<(Packet, bool), JsonError> {
                 queue_us: t.queue_us,
                 handler_us: t.handler_us,
             }),
+            seq: r.seq,
         }),
         JsonPacket::Push(p) => Kind::Push(client::Push {
             route: p.route,
             body: body(p.body),
+            seq: p.seq,
         }),
         JsonPacket::Kick(k) => Kind::Kick(client::Kick { reason: k.reason }),
         JsonPacket::Refresh(r) => Kind::Refresh(client::Refresh { token: r.token }),
@@ -236,6 +275,7 @@ pub fn decode_typed(frame: &str) -> Result<(Packet, bool), JsonError> {
             reason: d.reason,
             grace_ms: d.grace_ms,
         }),
+        JsonPacket::Ack(a) => Kind::Ack(client::Ack { seq: a.seq }),
     };
     Ok((Packet::new(kind), typed))
 }
@@ -254,12 +294,18 @@ pub fn encode_typed(packet: &Packet, typed: bool) -> Option<String> {
             server_timing: h.server_timing,
             client: h.client.clone(),
             serial: h.serial,
+            resumable: h.resumable,
+            resume_token: h.resume_token.clone(),
+            last_seq: h.last_seq,
         }),
         Kind::HandshakeAck(a) => JsonPacket::HandshakeAck(HandshakeAck {
             code: a.code,
             session_id: a.session_id,
             heartbeat_ms: a.heartbeat_ms,
             message: a.message.clone(),
+            resume_token: a.resume_token.clone(),
+            resume_code: a.resume_code,
+            last_seq: a.last_seq,
         }),
         Kind::Heartbeat(_) => JsonPacket::Heartbeat {},
         Kind::Request(r) => JsonPacket::Request(Request {
@@ -278,10 +324,12 @@ pub fn encode_typed(packet: &Packet, typed: bool) -> Option<String> {
                 queue_us: t.queue_us,
                 handler_us: t.handler_us,
             }),
+            seq: r.seq,
         }),
         Kind::Push(p) => JsonPacket::Push(Push {
             route: p.route.clone(),
             body: Body::of(&p.body, typed),
+            seq: p.seq,
         }),
         Kind::Kick(k) => JsonPacket::Kick(Kick {
             reason: k.reason.clone(),
@@ -297,6 +345,7 @@ pub fn encode_typed(packet: &Packet, typed: bool) -> Option<String> {
             reason: d.reason.clone(),
             grace_ms: d.grace_ms,
         }),
+        Kind::Ack(a) => JsonPacket::Ack(Ack { seq: a.seq }),
     };
     serde_json::to_string(&json).ok()
 }
@@ -362,6 +411,7 @@ mod tests {
         let push = Packet::new(Kind::Push(client::Push {
             route: "chat.message".into(),
             body: Bytes::from_static(br#"{"text":"hi"}"#),
+            seq: 0,
         }));
         assert_eq!(
             encode_typed(&push, true).unwrap(),

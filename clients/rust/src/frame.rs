@@ -60,6 +60,7 @@ pub(crate) fn handshake(options: &super::ClientOptions) -> Message {
         server_timing: options.server_timing,
         client: options.client.clone(),
         serial: options.serial,
+        ..Handshake::default()
     }));
     encode(&packet, options.json)
 }

@@ -212,6 +212,7 @@ impl PushFrame {
         let packet = Packet::new(Kind::Push(client::Push {
             route: push.route,
             body: push.body,
+            seq: 0,
         }));
         Arc::new(PushFrame {
             binary: frame::encode_binary(&packet),
@@ -248,6 +249,7 @@ impl PushFrame {
                         let packet = Packet::new(Kind::Push(client::Push {
                             route: push.route.clone(),
                             body: Bytes::from(json),
+                            seq: 0,
                         }));
                         frame::encode_text_typed(&packet)
                     }

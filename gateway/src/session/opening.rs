@@ -83,6 +83,7 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
                 .try_into()
                 .unwrap_or(u32::MAX),
             message: message.into(),
+            ..Default::default()
         }))
     };
     let identity = match gate.token_check.check(&handshake.token) {

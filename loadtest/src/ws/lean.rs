@@ -144,6 +144,7 @@ async fn handshake(mut ws: Ws, options: &ClientOptions, json: bool) -> anyhow::R
         server_timing: options.server_timing,
         client: options.client.clone(),
         serial: options.serial,
+        ..Handshake::default()
     }));
     ws.send(sdk::frame::encode(&hello, json))
         .await

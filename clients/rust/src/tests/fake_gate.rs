@@ -177,6 +177,7 @@ impl Session {
             } else {
                 String::new()
             },
+            ..HandshakeAck::default()
         };
         ws.send(frame(Kind::HandshakeAck(ack))).await.unwrap();
         if refused {
@@ -225,6 +226,7 @@ impl Session {
                     let push = Push {
                         route: "chat.msg".into(),
                         body: Bytes::from_static(b"released"),
+                        seq: 0,
                     };
                     ws.feed(frame(Kind::Push(push))).await.unwrap();
                     for r in state.held.drain(..) {
@@ -302,6 +304,7 @@ impl Session {
                 let push = Push {
                     route: "chat.msg".into(),
                     body: body.clone(),
+                    seq: 0,
                 };
                 ws.send(frame(Kind::Push(push))).await.unwrap();
                 ws.send(frame(response(id, 200, body))).await.unwrap();

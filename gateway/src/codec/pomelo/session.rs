@@ -159,8 +159,13 @@ impl PomeloCodec {
                 )
             }
             // Client packets: a gate never sends them. Pomelo has no token refresh, so
-            // no RefreshAck is ever asked of a pomelo session (an expiring token kicks).
-            Kind::Handshake(_) | Kind::Request(_) | Kind::Refresh(_) | Kind::RefreshAck(_) => {
+            // no RefreshAck is ever asked of a pomelo session (an expiring token kicks),
+            // and no resume.
+            Kind::Handshake(_)
+            | Kind::Request(_)
+            | Kind::Refresh(_)
+            | Kind::RefreshAck(_)
+            | Kind::Ack(_) => {
                 Bytes::new()
             }
         };
@@ -513,6 +518,7 @@ mod tests {
         let push = client::Push {
             route: "room.news".into(),
             body: Bytes::from_static(b"1"),
+            seq: 0,
         };
         let frames = PomeloPush::new(&push, &schemas);
         let route = |m: Message| match m {
