@@ -109,6 +109,16 @@ pub const WS_READ_BUFFER: usize = 4 * 1024;
 pub const WS_WRITE_BUFFER: usize = 8 * 1024;
 /// How long a refusing bind waits for a holder of the uid to answer its probe.
 pub const DEFAULT_BIND_PROBE_TIMEOUT: Duration = Duration::from_millis(200);
+/// How long a resumable session whose link dropped is kept for its client to resume.
+pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(30);
+/// Frames a resumable session keeps until its client acknowledges them (or, detached,
+/// until it resumes); a client acks every 64, so this leaves room for a burst.
+pub const DEFAULT_RESUME_BUFFER: usize = 1024;
+/// Bytes of those frames.
+pub const DEFAULT_RESUME_BUFFER_BYTES: usize = 1024 * 1024;
+/// How long a hand-over to another gate may take: the old gate waits this long for the
+/// new gate's marks, the new gate twice this for what the old one hands over.
+pub const DEFAULT_RESUME_HANDOVER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest route (`service.method`) accepted.
 pub const MAX_ROUTE_LEN: usize = 64;
 /// Longest key a keyed service's request may be routed by (the client's, a session
@@ -241,6 +251,22 @@ pub struct GateConfig {
     /// e.g. chat.say so a room sees each sender's messages in order.
     #[arg(long, env = "SHADDOCK_SERIAL_ROUTES", value_delimiter = ',')]
     pub serial_routes: Vec<String>,
+    /// How long a resumable session whose link dropped (no close frame) is kept for its
+    /// client to resume, on this gate or another (docs/protocol.md, "Resume"); 0 ends
+    /// sessions when their link drops and hands out no resume tokens.
+    #[arg(long = "resume-window", env = "SHADDOCK_RESUME_WINDOW", value_parser = net::duration::parse, default_value = "30s")]
+    pub resume_window: Duration,
+    /// Frames (pushes and answers) a resumable session keeps until its client
+    /// acknowledges them. Live, the oldest go past it (a resume needing them is refused,
+    /// 409); detached, overflowing ends the session.
+    #[arg(long, env = "SHADDOCK_RESUME_BUFFER", default_value_t = DEFAULT_RESUME_BUFFER)]
+    pub resume_buffer: usize,
+    /// Bytes of those frames, bounded the same way.
+    #[arg(long, env = "SHADDOCK_RESUME_BUFFER_BYTES", default_value_t = DEFAULT_RESUME_BUFFER_BYTES)]
+    pub resume_buffer_bytes: usize,
+    /// How long a session's hand-over to the gate its client resumed on may take.
+    #[arg(long = "resume-handover-timeout", env = "SHADDOCK_RESUME_HANDOVER_TIMEOUT", value_parser = net::duration::parse_positive, default_value = "2s")]
+    pub resume_handover_timeout: Duration,
 }
 
 /// The gate's duration flags that once took bare milliseconds as `--<name>-ms`; those
@@ -293,6 +319,10 @@ impl Default for GateConfig {
             uid_conflict: UidConflict::Kick,
             bind_probe_timeout: DEFAULT_BIND_PROBE_TIMEOUT,
             serial_routes: Vec::new(),
+            resume_window: DEFAULT_RESUME_WINDOW,
+            resume_buffer: DEFAULT_RESUME_BUFFER,
+            resume_buffer_bytes: DEFAULT_RESUME_BUFFER_BYTES,
+            resume_handover_timeout: DEFAULT_RESUME_HANDOVER_TIMEOUT,
         }
     }
 }

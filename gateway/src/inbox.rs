@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use proto::resume::{Handed, TakeOver};
 use proto::rpc::RpcResponse;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
@@ -23,6 +24,12 @@ pub(crate) enum ToSession {
     Push(Arc<PushFrame>),
     /// Close the session with this reason.
     Kick(String),
+    /// A gate asks for this session, its client having resumed there: answer on `reply`.
+    TakeOver { request: TakeOver, reply: String },
+    /// One of this session's subjects brought the hand-over mark of the gate taking it.
+    Marked,
+    /// This (resumed) session's old gate handed over what it held.
+    Handed(Box<Handed>),
 }
 
 #[derive(Debug)]

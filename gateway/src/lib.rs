@@ -7,6 +7,7 @@
 //! broker.
 
 mod admission;
+mod asks;
 pub mod auth;
 pub mod bus;
 mod codec;
@@ -15,6 +16,7 @@ mod forward;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gate;
+mod handover;
 mod inbox;
 mod labels;
 mod limits;

@@ -81,6 +81,12 @@ impl InFlight {
         false
     }
 
+    /// Takes `n` slots whatever the limit: requests already in flight that a resumed
+    /// session brings from its old gate.
+    pub(crate) fn take_anyway(&self, n: usize) {
+        self.taken.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Gives back `n` slots.
     pub(crate) fn give_back(&self, n: usize) {
         if n > 0 {

@@ -15,21 +15,22 @@
 //! server before the join or bind is answered, on the connection the client's later
 //! requests go out on: the server has it before anything those requests cause.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use proto::Message as _;
+use proto::resume::Mark;
 use proto::rpc::{Claim, Probe, ServerPush, UserCommand, user_command};
-use rustc_hash::{FxHashMap, FxHashSet};
-use tokio::sync::oneshot;
+use rustc_hash::FxHashSet;
 
+use crate::asks::Asks;
 use crate::bus::{Bus, Reply, Target};
 use crate::codec::PushFrame;
 use crate::config::{GateConfig, UidConflict};
+use crate::handover::{self, MARK_ROUTE};
 use crate::inbox::{Refused, ToSession};
 use crate::sessions::{GATE_SID, Sessions};
 
@@ -45,21 +46,25 @@ pub(crate) struct Presence {
     groups: DashMap<String, Group>,
     /// Players bound on this gate, by uid.
     users: DashMap<String, Binding>,
-    /// Bind probes awaiting an answer, by the id in their reply subject (sid 0).
-    probes: Mutex<FxHashMap<u64, oneshot::Sender<bool>>>,
-    next_probe: AtomicU64,
+    /// The gate's own requests: bind probes.
+    asks: Arc<Asks>,
 }
 
 /// A group with members on this gate.
 struct Group {
     members: FxHashSet<u64>,
+    /// Resumed sessions that become members when their hand-over mark arrives here.
+    arriving: FxHashSet<u64>,
     /// The bus subscription of the group's subject.
     bus_sid: u64,
 }
 
 /// A player bound on this gate.
 struct Binding {
+    /// The session holding the player; [`GATE_SID`] while only `arriving` does.
     sid: u64,
+    /// A resumed session that holds the player once its hand-over mark arrives here.
+    arriving: Option<u64>,
     /// The bus subscription of the player's subject.
     bus_sid: u64,
 }
@@ -77,7 +82,12 @@ pub(crate) enum BindError {
 
 impl Presence {
     /// The presence of gate `config.gate_id`'s sessions on `bus`.
-    pub(crate) fn new(config: &GateConfig, bus: Arc<Bus>, sessions: Arc<Sessions>) -> Self {
+    pub(crate) fn new(
+        config: &GateConfig,
+        bus: Arc<Bus>,
+        sessions: Arc<Sessions>,
+        asks: Arc<Asks>,
+    ) -> Self {
         Presence {
             bus,
             sessions,
@@ -87,8 +97,7 @@ impl Presence {
             probe_timeout: config.bind_probe_timeout,
             groups: DashMap::new(),
             users: DashMap::new(),
-            probes: Mutex::default(),
-            next_probe: AtomicU64::new(1),
+            asks,
         }
     }
 
@@ -102,16 +111,30 @@ impl Presence {
 
     /// Adds a session to a group, subscribing the group's subject if it is new here.
     pub(crate) fn join(&self, group: &str, sid: u64) {
+        self.group_entry(group, |g| g.members.insert(sid));
+    }
+
+    /// Adds a resumed session to a group from its hand-over mark on: what the group's
+    /// subject brings before the mark is the old gate's to hand over.
+    fn arrive(&self, group: &str, sid: u64) {
+        self.group_entry(group, |g| g.arriving.insert(sid));
+    }
+
+    fn group_entry(&self, group: &str, add: impl FnOnce(&mut Group) -> bool) {
         match self.groups.entry(group.to_owned()) {
             Entry::Occupied(mut e) => {
-                e.get_mut().members.insert(sid);
+                add(e.get_mut());
             }
             Entry::Vacant(v) => {
                 let target = Target::Group(group.into());
                 let bus_sid = self.bus.subscribe(self.group_subject(group), target);
-                let mut members = FxHashSet::default();
-                members.insert(sid);
-                v.insert(Group { members, bus_sid });
+                let mut g = Group {
+                    members: FxHashSet::default(),
+                    arriving: FxHashSet::default(),
+                    bus_sid,
+                };
+                add(&mut g);
+                v.insert(g);
             }
         }
     }
@@ -120,10 +143,39 @@ impl Presence {
     pub(crate) fn leave(&self, group: &str, sid: u64) {
         let emptied = self.groups.remove_if_mut(group, |_, g| {
             g.members.remove(&sid);
-            g.members.is_empty()
+            g.arriving.remove(&sid);
+            g.members.is_empty() && g.arriving.is_empty()
         });
         if let Some((_, g)) = emptied {
             self.bus.unsubscribe(g.bus_sid);
+        }
+    }
+
+    /// Takes up a resumed session's groups and player (`uid`, when bound) from the
+    /// hand-over `mark` on: subscribes each subject, then publishes the mark on it.
+    pub(crate) fn arrive_marked(&self, groups: &[String], uid: &str, sid: u64, mark: &Mark) {
+        let (on_group, on_user) = handover::mark_pushes(mark);
+        for group in groups {
+            self.arrive(group, sid);
+            let _ = self
+                .bus
+                .publish_bytes(&self.group_subject(group), Reply::None, &on_group);
+        }
+        if !uid.is_empty() {
+            self.arrive_user(uid, sid);
+            let _ = self
+                .bus
+                .publish_bytes(&self.user_subject(uid), Reply::None, &on_user);
+        }
+    }
+
+    /// Gives up what [`Presence::arrive_marked`] took for `sid`.
+    pub(crate) fn depart(&self, groups: &[String], uid: &str, sid: u64) {
+        for group in groups {
+            self.leave(group, sid);
+        }
+        if !uid.is_empty() {
+            self.unbind(uid, sid);
         }
     }
 
@@ -153,23 +205,17 @@ impl Presence {
                 kind: Some(user_command::Kind::Probe(Probe {})),
             };
             // An answer means a holder; no responders or silence means the uid is free.
-            if self.probe(&subject, &probe.encode_to_vec()).await {
+            let answer = (self.asks)
+                .ask(&subject, &probe.encode_to_vec(), self.probe_timeout)
+                .await;
+            if answer.is_some() {
                 return Err(BindError::Taken);
             }
         }
         if let Some(old) = holder {
             self.kick_local(old, "logged in elsewhere");
         }
-        match self.users.entry(uid.to_owned()) {
-            // Already subscribed for this uid: the binding just changes hands.
-            Entry::Occupied(mut e) => e.get_mut().sid = sid,
-            Entry::Vacant(v) => {
-                let bus_sid = self
-                    .bus
-                    .subscribe(subject.clone(), Target::User(uid.into()));
-                v.insert(Binding { sid, bus_sid });
-            }
-        }
+        self.user_entry(uid, |b| b.sid = sid);
         let claim = UserCommand {
             kind: Some(user_command::Kind::Claim(Claim {
                 gate: self.gate.clone(),
@@ -181,10 +227,43 @@ impl Presence {
             .map_err(|e| BindError::Bus(e.to_string()))
     }
 
-    /// Drops `uid`'s binding if `sid` still holds it: a stale session closing never
-    /// removes a newer session's binding.
+    /// Binds `uid` to a resumed session from its hand-over mark on (no claim: the
+    /// session holding it is this one, on its old gate).
+    fn arrive_user(&self, uid: &str, sid: u64) {
+        self.user_entry(uid, |b| b.arriving = Some(sid));
+    }
+
+    fn user_entry(&self, uid: &str, change: impl FnOnce(&mut Binding)) {
+        match self.users.entry(uid.to_owned()) {
+            // Already subscribed for this uid: the binding just changes hands.
+            Entry::Occupied(mut e) => change(e.get_mut()),
+            Entry::Vacant(v) => {
+                let subject = self.user_subject(uid);
+                let bus_sid = self.bus.subscribe(subject, Target::User(uid.into()));
+                let mut b = Binding {
+                    sid: GATE_SID,
+                    arriving: None,
+                    bus_sid,
+                };
+                change(&mut b);
+                v.insert(b);
+            }
+        }
+    }
+
+    /// Drops `uid`'s binding by `sid` (holding or arriving), unsubscribing once nobody
+    /// holds it: a stale session closing never removes a newer session's binding.
     pub(crate) fn unbind(&self, uid: &str, sid: u64) {
-        if let Some((_, b)) = self.users.remove_if(uid, |_, b| b.sid == sid) {
+        let removed = self.users.remove_if_mut(uid, |_, b| {
+            if b.arriving == Some(sid) {
+                b.arriving = None;
+            }
+            if b.sid == sid {
+                b.sid = GATE_SID;
+            }
+            b.sid == GATE_SID && b.arriving.is_none()
+        });
+        if let Some((_, b)) = removed {
             self.bus.unsubscribe(b.bus_sid);
         }
     }
@@ -210,6 +289,10 @@ impl Presence {
             metrics::counter!("gate_invalid_pushes_total").increment(1);
             return;
         };
+        if push.route == MARK_ROUTE {
+            self.group_mark(group, &push.body);
+            return;
+        }
         let frame = PushFrame::new(push);
         // Under the group's read guard: handing over never waits (`try_send`).
         let Some(g) = self.groups.get(group) else {
@@ -226,6 +309,50 @@ impl Presence {
         }
     }
 
+    /// A hand-over mark on `group`'s subject: the session arriving here becomes a
+    /// member, the session leaving here stops being one and is told.
+    fn group_mark(&self, group: &str, body: &[u8]) {
+        let Some(mark) = handover::decode_mark(body) else {
+            metrics::counter!("gate_invalid_pushes_total").increment(1);
+            return;
+        };
+        if mark.new_gate == self.gate
+            && let Some(mut g) = self.groups.get_mut(group)
+            && g.arriving.remove(&mark.new_sid)
+        {
+            g.members.insert(mark.new_sid);
+        }
+        if mark.old_gate == self.gate {
+            self.leave(group, mark.old_sid);
+            self.marked(mark.old_sid);
+        }
+    }
+
+    /// A hand-over mark on `uid`'s subject, as for a group's.
+    fn user_mark(&self, uid: &str, body: &[u8]) {
+        let Some(mark) = handover::decode_mark(body) else {
+            metrics::counter!("gate_invalid_pushes_total").increment(1);
+            return;
+        };
+        if mark.new_gate == self.gate
+            && let Some(mut b) = self.users.get_mut(uid)
+            && b.arriving == Some(mark.new_sid)
+        {
+            b.sid = mark.new_sid;
+            b.arriving = None;
+        }
+        if mark.old_gate == self.gate {
+            self.unbind(uid, mark.old_sid);
+            self.marked(mark.old_sid);
+        }
+    }
+
+    fn marked(&self, sid: u64) {
+        if let Err(Refused::Full) = self.sessions.offer(sid, ToSession::Marked) {
+            metrics::counter!("gate_kicks_dropped_total").increment(1);
+        }
+    }
+
     /// Acts on a command on `uid`'s subject for the session bound to it here.
     pub(crate) fn deliver_to_user(&self, uid: &str, payload: Bytes, reply: Option<&[u8]>) {
         let Some(holder) = self.users.get(uid).map(|b| b.sid) else {
@@ -237,6 +364,12 @@ impl Presence {
             return;
         };
         match kind {
+            user_command::Kind::Push(push) if push.route == MARK_ROUTE => {
+                self.user_mark(uid, &push.body);
+            }
+            // Only a resumed session arriving holds it yet: what comes before its mark
+            // is the old gate's to hand over.
+            _ if holder == GATE_SID => {}
             user_command::Kind::Push(push) => {
                 if !self.push_local(holder, &PushFrame::new(push)) {
                     metrics::counter!("gate_push_dropped_total").increment(1);
@@ -256,38 +389,6 @@ impl Presence {
             }
         }
     }
-
-    /// Asks `subject` whether anyone holds it: `true` when an answer comes within the
-    /// probe timeout; no responders, silence or no bus mean no.
-    async fn probe(&self, subject: &str, payload: &[u8]) -> bool {
-        let id = self.next_probe.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.probes_lock().insert(id, tx);
-        let prefix = format!("{}.gw.{}.{GATE_SID}.", self.prefix, self.gate);
-        let sent = self.bus.publish_bytes(
-            subject,
-            Reply::Request {
-                prefix: &prefix,
-                id,
-            },
-            payload,
-        );
-        let timeout = self.probe_timeout;
-        let held = sent.is_ok() && matches!(tokio::time::timeout(timeout, rx).await, Ok(Ok(true)));
-        self.probes_lock().remove(&id);
-        held
-    }
-
-    /// The answer to bind probe `id` came back: `held` unless it was "no responders".
-    pub(crate) fn answer_probe(&self, id: u64, held: bool) {
-        if let Some(waiter) = self.probes_lock().remove(&id) {
-            let _ = waiter.send(held);
-        }
-    }
-
-    fn probes_lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<u64, oneshot::Sender<bool>>> {
-        self.probes.lock().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 #[cfg(test)]
@@ -295,7 +396,9 @@ mod tests {
     use super::*;
     use crate::inbox::{self, Inbox};
 
-    fn presence(change: impl FnOnce(&mut GateConfig)) -> (Presence, Arc<Bus>, Arc<Sessions>) {
+    fn presence(
+        change: impl FnOnce(&mut GateConfig),
+    ) -> (Presence, Arc<Bus>, Arc<Sessions>, Arc<Asks>) {
         let mut config = GateConfig {
             gate_id: "g1".into(),
             ..GateConfig::default()
@@ -303,8 +406,9 @@ mod tests {
         change(&mut config);
         let bus = Bus::detached(1 << 20);
         let sessions = Arc::new(Sessions::default());
-        let presence = Presence::new(&config, bus.clone(), sessions.clone());
-        (presence, bus, sessions)
+        let asks = Arc::new(Asks::new(&config, bus.clone()));
+        let presence = Presence::new(&config, bus.clone(), sessions.clone(), asks.clone());
+        (presence, bus, sessions, asks)
     }
 
     fn session(sessions: &Sessions, capacity: usize) -> (u64, Inbox) {
@@ -338,7 +442,7 @@ mod tests {
 
     #[test]
     fn a_group_is_subscribed_by_its_first_local_member_and_unsubscribed_by_its_last() {
-        let (presence, bus, sessions) = presence(|_| {});
+        let (presence, bus, sessions, _asks) = presence(|_| {});
         let (a, mut inbox_a) = session(&sessions, 8);
         let (b, mut inbox_b) = session(&sessions, 8);
         presence.join("room", a);
@@ -360,7 +464,7 @@ mod tests {
 
     #[test]
     fn a_member_whose_queue_is_full_misses_the_push_and_is_told_to_close_others_get_it() {
-        let (presence, _bus, sessions) = presence(|_| {});
+        let (presence, _bus, sessions, _asks) = presence(|_| {});
         let (slow, mut slow_inbox) = session(&sessions, 1);
         let (fine, mut fine_inbox) = session(&sessions, 8);
         presence.join("room", slow);
@@ -373,9 +477,55 @@ mod tests {
         assert!(futures::FutureExt::now_or_never(overflowed).is_some());
     }
 
+    #[test]
+    fn a_hand_over_mark_cuts_a_group_and_a_player_between_two_sessions_of_one_gate() {
+        let (presence, bus, sessions, _asks) = presence(|_| {});
+        let (old, mut old_inbox) = session(&sessions, 8);
+        let (new, mut new_inbox) = session(&sessions, 8);
+        presence.join("room", old);
+        presence.user_entry("ada", |b| b.sid = old);
+        let mark = Mark {
+            old_gate: "g1".into(),
+            old_sid: old,
+            new_gate: "g1".into(),
+            new_sid: new,
+        };
+        bus.written_now();
+        presence.arrive_marked(&["room".into()], "ada", new, &mark);
+        let written = bus.written_now();
+        assert!(!written.contains("SUB "), "subscribed already: {written}");
+        assert_eq!(
+            written.matches("PUB ").count(),
+            2,
+            "a mark on each: {written}"
+        );
+        // Before the mark: the old session's.
+        presence.deliver_to_group("room", push("before"));
+        let (on_group, on_user) = handover::mark_pushes(&mark);
+        presence.deliver_to_group("room", on_group.into());
+        presence.deliver_to_user("ada", on_user.into(), None);
+        presence.deliver_to_group("room", push("after"));
+        assert_eq!(pushes(&mut new_inbox), ["after"]);
+        // The old session got what came before the mark, and was told twice (the
+        // room, the player).
+        let mut old_got = Vec::new();
+        while let Ok(msg) = old_inbox.rx.try_recv() {
+            old_got.push(match msg {
+                ToSession::Marked => "marked",
+                ToSession::Push(_) => "push",
+                _ => "other",
+            });
+        }
+        assert_eq!(old_got, ["push", "marked", "marked"]);
+        presence.unbind("ada", old);
+        assert_eq!(presence.user_count(), 1, "the new session holds the player");
+        presence.depart(&["room".into()], "ada", new);
+        assert_eq!((presence.group_count(), presence.user_count()), (0, 0));
+    }
+
     #[tokio::test]
     async fn binding_a_held_uid_kicks_the_holder_and_a_stale_unbind_keeps_the_new_one() {
-        let (presence, bus, sessions) = presence(|_| {});
+        let (presence, bus, sessions, _asks) = presence(|_| {});
         let (first, mut first_inbox) = session(&sessions, 8);
         let (second, _second_inbox) = session(&sessions, 8);
         presence.bind("ada", first).await.unwrap();
@@ -405,7 +555,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn in_refuse_mode_a_held_uid_is_refused_and_a_silent_probe_means_free() {
-        let (presence, bus, sessions) = presence(|c| c.uid_conflict = UidConflict::Refuse);
+        let (presence, bus, sessions, asks) = presence(|c| c.uid_conflict = UidConflict::Refuse);
         let (first, _a) = session(&sessions, 8);
         let (second, _b) = session(&sessions, 8);
         // Nobody answers the probe: after its timeout the uid is free.
@@ -424,7 +574,7 @@ mod tests {
         let probe = presence.bind("bob", third);
         tokio::pin!(probe);
         assert!(futures::FutureExt::now_or_never(probe.as_mut()).is_none());
-        presence.answer_probe(2, true);
+        asks.answer(2, Some(Bytes::from_static(b"bound")));
         assert_eq!(probe.await, Err(BindError::Taken));
     }
 }

@@ -2,9 +2,12 @@
 //! replies, pushes and kicks. A session registers its queue once its handshake is
 //! accepted and is removed before it gives back what it holds.
 
+use std::collections::VecDeque;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
+use tokio::time::Instant;
 
 use crate::inbox::{Refused, SessionTx, ToSession};
 
@@ -16,6 +19,11 @@ pub(crate) const GATE_SID: u64 = 0;
 pub(crate) struct Sessions {
     queues: DashMap<u64, SessionTx>,
     next_sid: AtomicU64,
+    /// Sessions handed over to another gate, by sid: the reply subject prefix their
+    /// requests still in flight are answered on there.
+    moved: DashMap<u64, String>,
+    /// When each entry of `moved` may go, in that order.
+    moved_until: Mutex<VecDeque<(Instant, u64)>>,
 }
 
 impl Default for Sessions {
@@ -23,6 +31,8 @@ impl Default for Sessions {
         Sessions {
             queues: DashMap::new(),
             next_sid: AtomicU64::new(GATE_SID + 1),
+            moved: DashMap::new(),
+            moved_until: Mutex::default(),
         }
     }
 }
@@ -39,6 +49,30 @@ impl Sessions {
 
     pub(crate) fn remove(&self, sid: u64) {
         self.queues.remove(&sid);
+    }
+
+    /// Session `sid` moved to another gate, whose replies to its requests still in
+    /// flight are relayed to `reply_prefix` until `until` (their timeout).
+    pub(crate) fn moved(&self, sid: u64, reply_prefix: String, until: Instant) {
+        let mut expiries = self
+            .moved_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = Instant::now();
+        while let Some(&(at, old)) = expiries.front() {
+            if at > now {
+                break;
+            }
+            expiries.pop_front();
+            self.moved.remove(&old);
+        }
+        expiries.push_back((until, sid));
+        self.moved.insert(sid, reply_prefix);
+    }
+
+    /// Where replies for session `sid` go now, if it moved to another gate.
+    pub(crate) fn moved_to(&self, sid: u64) -> Option<String> {
+        self.moved.get(&sid).map(|p| p.clone())
     }
 
     /// Sessions open now.

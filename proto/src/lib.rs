@@ -33,6 +33,11 @@ pub mod arena {
     include!(concat!(env!("OUT_DIR"), "/shaddock.arena.rs"));
 }
 
+/// Between gates: a session handed over for a resume.
+pub mod resume {
+    include!(concat!(env!("OUT_DIR"), "/shaddock.resume.rs"));
+}
+
 pub mod frame;
 pub mod json;
 pub mod keyed;

@@ -6,7 +6,9 @@
 //! own encoding.
 
 use bytes::{BufMut, BytesMut};
-pub use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
+pub use prost::encoding::{
+    WireType, decode_varint, encode_key, encode_varint, encoded_len_varint, key_len,
+};
 
 /// Encoded size of a string or bytes field: nothing when empty.
 pub fn bytes_len(tag: u32, len: usize) -> usize {

@@ -55,6 +55,8 @@ pub(crate) enum Target {
     User(Arc<str>),
     /// Workers' schema announcements.
     Schemas,
+    /// `<prefix>.resume.<gate>`: other gates asking for this gate's sessions.
+    Resume,
 }
 
 /// One message from the bus, as the reader hands it over. `subject` and `reply` borrow

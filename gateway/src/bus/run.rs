@@ -36,6 +36,9 @@ struct Current {
     /// Set when the connection only lingers for replies (lame duck, replaced).
     replies_only: Arc<AtomicBool>,
     stop: CancellationToken,
+    /// The connection's task: awaited at the end, so what it still had queued is
+    /// written before the gate returns.
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 static CONNECT_LOG: LogLimiter = LogLimiter::per_second();
@@ -115,6 +118,9 @@ pub(crate) async fn run(bus: Arc<Bus>, dispatch: Arc<dyn Dispatch>) {
     bus.connected.store(false, Ordering::Release);
     if let Some(cur) = current {
         cur.stop.cancel();
+        if let Some(task) = cur.task {
+            let _ = task.await;
+        }
     }
 }
 
@@ -165,11 +171,12 @@ async fn start(
     let (lines, writer) = bus.take_over(fresh);
     let stop = CancellationToken::new();
     let replies_only = Arc::new(AtomicBool::new(false));
-    let current = Current {
+    let mut current = Current {
         id,
         server,
         replies_only: replies_only.clone(),
         stop: stop.clone(),
+        task: None,
     };
     if let Err(error) = write(bus, &mut wr, &lines).await {
         let _ = events.send(Event::Lost { id, error });
@@ -186,36 +193,53 @@ async fn start(
         lame_duck_told: false,
     };
     let (bus, events) = (bus.clone(), events.clone());
-    tokio::spawn(async move {
-        let writing = write_loop(&bus, wr, writer, &pings_out);
+    current.task = Some(tokio::spawn(async move {
+        let writing = write_loop(&bus, &mut wr, writer, &pings_out);
         let reading = reader.run(rd, leftover);
         tokio::pin!(reading);
         let outcome = tokio::select! {
-            () = stop.cancelled() => return,
-            r = &mut reading => r,
+            () = stop.cancelled() => None,
+            r = &mut reading => Some(r),
             w = writing => match w {
                 // Replaced by a new connection: read the replies still owed, until the
                 // server closes this one or the linger ends.
                 Ok(()) => tokio::select! {
                     () = stop.cancelled() => return,
-                    r = reading => r,
+                    r = reading => Some(r),
                 },
-                Err(e) => Err(e),
+                Err(e) => Some(Err(e)),
             },
+        };
+        let Some(outcome) = outcome else {
+            // Stopped: what is still queued (a session's last hand-over) goes out.
+            flush_out(&bus, &mut wr, writer).await;
+            return;
         };
         let error = outcome
             .err()
             .unwrap_or_else(|| "closed by the server".into());
         let _ = events.send(Event::Lost { id, error });
-    });
+    }));
     current
+}
+
+/// The connection is stopped: writes what is still queued for it (nothing when another
+/// connection's writer took over), each write within the bus's write timeout.
+async fn flush_out(bus: &Bus, wr: &mut WriteHalf<LocalStream>, writer: u64) {
+    let mut chunk = BytesMut::new();
+    while let Taken::Bytes = bus.out.take(writer, &mut chunk) {
+        if write(bus, wr, &chunk).await.is_err() {
+            return;
+        }
+    }
+    let _ = wr.flush().await;
 }
 
 /// Writes the outbound buffer whenever it has bytes, and pings when it has been idle;
 /// returns `Ok` when another connection's writer takes over.
 async fn write_loop(
     bus: &Bus,
-    mut wr: WriteHalf<LocalStream>,
+    wr: &mut WriteHalf<LocalStream>,
     writer: u64,
     pings_out: &AtomicU32,
 ) -> Result<(), String> {
@@ -227,7 +251,7 @@ async fn write_loop(
         match bus.out.take(writer, &mut chunk) {
             Taken::Replaced => return Ok(()),
             Taken::Bytes => {
-                write(bus, &mut wr, &chunk).await?;
+                write(bus, wr, &chunk).await?;
                 continue;
             }
             Taken::Empty => {}

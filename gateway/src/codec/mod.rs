@@ -21,10 +21,10 @@ pub mod pomelo;
 
 use std::sync::{Arc, OnceLock};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use proto::client::{self, Packet, packet::Kind};
 use proto::rpc::ServerPush;
-use proto::{code, frame};
+use proto::{code, frame, wire};
 use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 
 use crate::schema::{Schemas, json_to_protobuf, protobuf_to_json};
@@ -138,6 +138,20 @@ impl Codec {
             Codec::Protobuf => Message::Binary(push.binary.clone()),
             Codec::Json => Message::Text(push.json(schemas)),
             Codec::Pomelo(pomelo) => pomelo.push_frame(push.pomelo(schemas)),
+        }
+    }
+
+    /// A push frame of a resumable session: the shared frame (from
+    /// [`Codec::encode_push`]) with this session's `seq` added (`Push.seq`), one copy
+    /// and no second encoding. Pomelo sessions are never resumable: theirs is unchanged.
+    pub fn numbered_push(frame: &Message, seq: u64) -> Message {
+        match frame {
+            Message::Binary(b) => Message::Binary(number_binary_push(b, seq)),
+            Message::Text(t) => match t.as_str().strip_suffix("}}") {
+                Some(head) => Message::text(format!("{head},\"seq\":{seq}}}}}")),
+                None => frame.clone(),
+            },
+            _ => frame.clone(),
         }
     }
 
@@ -261,6 +275,37 @@ impl PushFrame {
     }
 }
 
+/// `Packet.push` (field 6) and `Push.seq` (field 3).
+const PACKET_PUSH: u32 = 6;
+const PUSH_SEQ: u32 = 3;
+
+/// `Packet{push}` as protobuf with `Push.seq` appended to the push: its length prefix
+/// grows by the field's size. Anything else is decoded and encoded again.
+fn number_binary_push(packet: &Bytes, seq: u64) -> Bytes {
+    use bytes::Buf as _;
+    let mut rest = &packet[..];
+    let key = wire::decode_varint(&mut rest).ok();
+    let len = wire::decode_varint(&mut rest).ok();
+    let expected = (u64::from(PACKET_PUSH) << 3) | 2;
+    match (key, len) {
+        (Some(key), Some(len)) if key == expected && len == rest.remaining() as u64 => {
+            let field = wire::varint_len(PUSH_SEQ, seq);
+            let mut out = BytesMut::with_capacity(packet.len() + field + 2);
+            wire::put_message_header(&mut out, PACKET_PUSH, rest.len() + field);
+            out.extend_from_slice(rest);
+            wire::put_varint(&mut out, PUSH_SEQ, seq);
+            out.freeze()
+        }
+        _ => {
+            let mut decoded = frame::decode_binary(packet.clone()).unwrap_or_default();
+            if let Some(Kind::Push(push)) = &mut decoded.kind {
+                push.seq = seq;
+            }
+            frame::encode_binary(&decoded)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,5 +409,32 @@ mod tests {
             json.as_str().contains(r#""route":"chat.message""#),
             "{json}"
         );
+    }
+    #[test]
+    fn a_numbered_push_is_the_shared_frame_with_its_seq() {
+        let schemas = Schemas::default();
+        let frame = PushFrame::new(ServerPush {
+            route: "chat.message".into(),
+            body: vec![7; 200].into(),
+        });
+        for seq in [1, 300, u64::MAX] {
+            let Message::Binary(b) =
+                Codec::numbered_push(&Codec::Protobuf.encode_push(&frame, &schemas), seq)
+            else {
+                panic!("binary");
+            };
+            let expected = Packet::new(Kind::Push(client::Push {
+                route: "chat.message".into(),
+                body: vec![7; 200].into(),
+                seq,
+            }));
+            assert_eq!(b, frame::encode_binary(&expected), "seq {seq}");
+            let Message::Text(t) =
+                Codec::numbered_push(&Codec::Json.encode_push(&frame, &schemas), seq)
+            else {
+                panic!("text");
+            };
+            assert_eq!(frame::decode_text(t.as_str()).unwrap(), expected);
+        }
     }
 }

@@ -84,6 +84,10 @@ impl Gate {
             proto::schema::announcements(&config.prefix),
             Target::Schemas,
         );
+        bus.subscribe(
+            crate::handover::subject(&config.prefix, &config.gate_id),
+            Target::Resume,
+        );
         let admission = Admission::new(config.max_sessions, config.max_connections_per_ip);
         let schemas = Arc::new(Schemas::default());
         let cx = Arc::new(Context::new(config, bus.clone(), schemas, token_check));

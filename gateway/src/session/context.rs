@@ -9,6 +9,7 @@ use metrics::Counter;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::sync::CancellationToken;
 
+use crate::asks::Asks;
 use crate::auth::TokenCheck;
 use crate::bus::Bus;
 use crate::config::{GateConfig, WS_READ_BUFFER, WS_WRITE_BUFFER};
@@ -24,6 +25,8 @@ pub(crate) struct Context {
     pub bus: Arc<Bus>,
     pub sessions: Arc<Sessions>,
     pub presence: Arc<Presence>,
+    /// The gate's own requests over the bus.
+    pub asks: Arc<Asks>,
     /// Message types the workers announced, for JSON sessions' typed bodies.
     pub schemas: Arc<Schemas>,
     /// Requests of all sessions awaiting workers, against `max_gate_in_flight`.
@@ -50,7 +53,13 @@ impl Context {
         token_check: Arc<dyn TokenCheck>,
     ) -> Self {
         let sessions = Arc::new(Sessions::default());
-        let presence = Arc::new(Presence::new(&config, bus.clone(), sessions.clone()));
+        let asks = Arc::new(Asks::new(&config, bus.clone()));
+        let presence = Arc::new(Presence::new(
+            &config,
+            bus.clone(),
+            sessions.clone(),
+            asks.clone(),
+        ));
         let ws_config = WebSocketConfig::default()
             .read_buffer_size(WS_READ_BUFFER)
             .write_buffer_size(WS_WRITE_BUFFER)
@@ -74,6 +83,7 @@ impl Context {
             bus,
             sessions,
             presence,
+            asks,
             schemas,
             in_flight,
             held,

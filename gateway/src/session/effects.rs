@@ -78,6 +78,13 @@ impl<S: Io> Session<S> {
         kick
     }
 
+    /// Handed over: lets go of what the session still holds here (the new gate's marks
+    /// took the rest), without telling services: the session lives on.
+    pub(super) fn leave_quietly(&mut self) {
+        let uid = self.wire.get().uid.clone();
+        self.gate.presence.depart(&self.groups, &uid, self.sid);
+    }
+
     /// On close: leaves every group, releases the uid, and tells services.
     pub(super) async fn leave_everything(&mut self) {
         for group in &self.groups {

@@ -15,7 +15,9 @@ mod context;
 mod effects;
 mod opening;
 mod outbox;
+mod replay;
 mod requests;
+mod resume;
 #[cfg(test)]
 mod tests;
 
@@ -42,6 +44,7 @@ use crate::inbox::{Inbox, ToSession, WorkerReply};
 use crate::limits::TokenBucket;
 use cache::Cache;
 use outbox::Outbox;
+use resume::Resume;
 
 pub(crate) use context::Context;
 use opening::TOKEN_EXPIRED;
@@ -59,15 +62,49 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
 /// how long replies already queued for the session wait behind a fast reader.
 const READ_BATCH: usize = 64;
 
-/// Why a session ends, sent to the client in the close frame.
+/// Why a session's link ends, sent to the client in the close frame, and what becomes
+/// of the session.
+#[derive(Clone, Copy)]
 struct Closing {
     code: CloseCode,
     reason: &'static str,
+    ending: Ending,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// The session ends.
+    Closed,
+    /// The link was lost without a close: a resumable session waits for its client.
+    LinkLost,
+    /// The session went on at another gate (or as another session of this one).
+    HandedOver,
 }
 
 impl Closing {
     const fn new(code: CloseCode, reason: &'static str) -> Self {
-        Closing { code, reason }
+        Closing {
+            code,
+            reason,
+            ending: Ending::Closed,
+        }
+    }
+
+    /// The link is lost (a resumable session outlives it).
+    const fn lost(code: CloseCode, reason: &'static str) -> Self {
+        Closing {
+            code,
+            reason,
+            ending: Ending::LinkLost,
+        }
+    }
+
+    const fn handed_over() -> Self {
+        Closing {
+            code: CloseCode::Away,
+            reason: "resumed elsewhere",
+            ending: Ending::HandedOver,
+        }
     }
 }
 
@@ -155,6 +192,8 @@ struct Session<S> {
     last_seen: Instant,
     /// `gate_request_duration_seconds` handles by (route, code).
     durations: Cache<(Arc<str>, u32), metrics::Histogram>,
+    /// A resumable session's numbered frames, and its resume's state.
+    resume: Option<Resume>,
 }
 
 /// Sends the close frame saying why, waiting at most `wait` for the socket to take it
@@ -168,23 +207,40 @@ async fn close<S: Io>(ws: &mut Ws<S>, closing: Closing, wait: Duration) {
     let _ = tokio::time::timeout(wait, ws.send(Message::Close(Some(frame)))).await;
 }
 
-/// Closes a session whose client does not take what is sent to it.
+/// Closes a session whose client does not take what is sent to it (a resumable one
+/// waits for its client to resume: what it missed is kept).
 const fn too_slow() -> Closing {
-    Closing::new(CloseCode::Policy, TOO_SLOW)
+    Closing::lost(CloseCode::Policy, TOO_SLOW)
 }
 
 /// The close reason of a session closed as too slow.
 const TOO_SLOW: &str = "too slow";
 
-/// Closes a connection whose client sent a frame WebSocket itself refuses.
+/// The close reason of a session whose socket refused a write.
+const WRITE_FAILED: &str = "write failed";
+
+/// Closes a connection whose client sent a frame WebSocket itself refuses, or whose
+/// link broke (a reset, a socket error: the link is lost).
 fn frame_error(e: &tokio_tungstenite::tungstenite::Error) -> Closing {
     use tokio_tungstenite::tungstenite::Error as WsError;
-    if let WsError::Capacity(_) = e {
-        metrics::counter!("gate_rejected_total", "reason" => "frame_size").increment(1);
-        return Closing::new(CloseCode::Size, "frame too large");
+    use tokio_tungstenite::tungstenite::error::ProtocolError;
+    match e {
+        WsError::Capacity(_) => {
+            metrics::counter!("gate_rejected_total", "reason" => "frame_size").increment(1);
+            Closing::new(CloseCode::Size, "frame too large")
+        }
+        WsError::Io(_)
+        | WsError::ConnectionClosed
+        | WsError::AlreadyClosed
+        | WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => {
+            Closing::lost(CloseCode::Away, LINK_LOST)
+        }
+        _ => Closing::new(CloseCode::Protocol, "websocket error"),
     }
-    Closing::new(CloseCode::Protocol, "websocket error")
 }
+
+/// The close reason of a session whose link broke.
+const LINK_LOST: &str = "link lost";
 
 /// Closes a session whose client sent what its protocol cannot mean.
 fn invalid(reason: &'static str) -> Closing {
@@ -211,7 +267,8 @@ impl<S: Io> Session<S> {
         tokio::pin!(overflowed);
         let token_expiry = sleep_until(self.expires.unwrap_or_else(Instant::now));
         tokio::pin!(token_expiry);
-        let drain_end = sleep_until(Instant::now());
+        // Served again after a detach, a draining session keeps its drain's end.
+        let drain_end = sleep_until(self.drain.map_or_else(Instant::now, |d| d.ends));
         tokio::pin!(drain_end);
         // Armed while output waits; checked lazily, like the heartbeat.
         let write_deadline = sleep_until(Instant::now());
@@ -221,7 +278,17 @@ impl<S: Io> Session<S> {
         tokio::pin!(hold_end);
         let resend = sleep_until(Instant::now());
         tokio::pin!(resend);
+        // While detached: when the resume window (or a hand-over) ends.
+        let detached_end = sleep_until(Instant::now());
+        tokio::pin!(detached_end);
         loop {
+            let attached = self.attached();
+            if let Some(r) = &self.resume
+                && let Some(until) = r.detached_until
+            {
+                let until = r.handing.as_ref().map_or(until, |h| h.until);
+                detached_end.as_mut().reset(until);
+            }
             if let Some(&(deadline, _)) = self.deadlines.front() {
                 expiry.as_mut().reset(deadline);
             }
@@ -240,9 +307,9 @@ impl<S: Io> Session<S> {
                 Some(_) => {}
             }
             tokio::select! {
-                frame = poll_fn(|cx| self.poll_socket(cx)) => {
+                frame = poll_fn(|cx| self.poll_socket(cx)), if attached => {
                     let Some(frame) = frame else {
-                        break Closing::new(CloseCode::Away, "write failed");
+                        break Closing::lost(CloseCode::Away, WRITE_FAILED);
                     };
                     // One reading of the clock for the frames read together.
                     let now = Instant::now();
@@ -261,8 +328,15 @@ impl<S: Io> Session<S> {
                         break closing;
                     }
                 }
-                () = &mut overflowed => break too_slow(),
-                () = &mut write_deadline, if write_armed => {
+                // A push was dropped: resuming could not make up for it.
+                () = &mut overflowed => break Closing::new(CloseCode::Policy, TOO_SLOW),
+                () = &mut detached_end, if !attached => {
+                    if self.resume.as_ref().is_some_and(|r| r.handing.is_some()) {
+                        break self.hand_over();
+                    }
+                    break Closing::new(CloseCode::Away, "resume window passed");
+                }
+                () = &mut write_deadline, if write_armed && attached => {
                     match self.outbox.waiting_since() {
                         Some(since) if since + write_timeout <= Instant::now() => {
                             break too_slow();
@@ -274,11 +348,11 @@ impl<S: Io> Session<S> {
                 () = &mut expiry, if !self.deadlines.is_empty() => self.expire(),
                 () = &mut hold_end, if !self.held.is_empty() => self.end_holds(),
                 () = &mut resend, if !self.resends.is_empty() => self.resend_due(),
-                () = &mut silence => {
+                () = &mut silence, if attached => {
                     // Checked lazily so a busy client costs no timer reset per frame.
                     let due = self.last_seen + 2 * heartbeat;
                     if due <= Instant::now() {
-                        break Closing::new(CloseCode::Policy, "heartbeat missed");
+                        break Closing::lost(CloseCode::Policy, "heartbeat missed");
                     }
                     silence.as_mut().reset(due);
                 }
@@ -310,6 +384,12 @@ impl<S: Io> Session<S> {
             if let Some(closing) = kicked {
                 break closing;
             }
+            if self.resume.as_ref().is_some_and(|r| r.broken) {
+                break Closing::new(CloseCode::Away, "resume buffer full");
+            }
+            if !self.attached() {
+                continue;
+            }
             if self.overflow {
                 break too_slow();
             }
@@ -318,7 +398,7 @@ impl<S: Io> Session<S> {
             if let Poll::Ready(Err(_)) =
                 poll_fn(|cx| Poll::Ready(self.outbox.poll_write(&mut self.ws, cx))).await
             {
-                break Closing::new(CloseCode::Away, "write failed");
+                break Closing::lost(CloseCode::Away, WRITE_FAILED);
             }
         }
     }
@@ -377,7 +457,8 @@ impl<S: Io> Session<S> {
         now: Instant,
     ) -> Result<(), Closing> {
         let frame = match frame {
-            None => return Err(Closing::new(CloseCode::Normal, "client closed")),
+            // The stream ended without a close frame: the link was cut.
+            None => return Err(Closing::lost(CloseCode::Away, LINK_LOST)),
             Some(Err(e)) => return Err(frame_error(&e)),
             Some(Ok(frame)) => frame,
         };
@@ -422,6 +503,9 @@ impl<S: Io> Session<S> {
         };
         match packet.kind {
             Some(Kind::Request(req)) => {
+                if req.id != 0 && self.resent(req.id) {
+                    return Ok(());
+                }
                 if req.id != 0 && self.is_serial(&req) {
                     if self.serial_pending.is_some() {
                         return self.queue_serial(req);
@@ -449,6 +533,10 @@ impl<S: Io> Session<S> {
                 self.send(Kind::RefreshAck(client::RefreshAck { code, message }));
                 Ok(())
             }
+            Some(Kind::Ack(ack)) => {
+                self.acked(ack.seq);
+                Ok(())
+            }
             Some(Kind::Handshake(_)) => Err(Closing::new(CloseCode::Policy, "handshake repeated")),
             Some(_) => Err(Closing::new(CloseCode::Policy, "packet not for the gate")),
             None => Err(invalid("invalid packet")),
@@ -459,10 +547,21 @@ impl<S: Io> Session<S> {
     async fn on_message(&mut self, msg: ToSession) -> Option<Closing> {
         let (id, reply) = match msg {
             ToSession::Push(frame) => {
-                let msg = self.codec.encode_push(&frame, &self.gate.schemas);
+                let mut msg = self.codec.encode_push(&frame, &self.gate.schemas);
+                if self.resume.is_some() {
+                    let seq = self.next_seq();
+                    msg = Codec::numbered_push(&msg, seq);
+                    self.keep(&msg, 0);
+                }
                 self.put(msg, true);
                 return None;
             }
+            ToSession::TakeOver { request, reply } => {
+                return self.on_take_over(request, &reply).await;
+            }
+            ToSession::Marked => return self.on_marked(),
+            // Only a session arriving waits for one (`resume::arrive`).
+            ToSession::Handed(_) => return None,
             ToSession::Kick(reason) => {
                 self.send(Kind::Kick(client::Kick { reason }));
                 return Some(Closing::new(CloseCode::Policy, "kicked"));
@@ -477,7 +576,10 @@ impl<S: Io> Session<S> {
                 self.send_held();
                 return None;
             }
-            ToSession::Reply { id, reply } => (id, reply),
+            ToSession::Reply { id, reply } => match self.hold_reply(id, reply) {
+                Ok(()) => return None,
+                Err(reply) => (id, reply),
+            },
         };
         if matches!(reply, WorkerReply::NoResponders) && self.resend_later(id) {
             return None;
@@ -558,15 +660,31 @@ impl<S: Io> Session<S> {
         Closing::new(CloseCode::Away, "gate shutting down")
     }
 
-    /// Queues a packet towards the client; the caller's loop writes it.
-    fn send(&mut self, kind: Kind) {
+    /// Queues a packet towards the client; the caller's loop writes it. A resumable
+    /// session numbers and keeps its answers.
+    fn send(&mut self, mut kind: Kind) {
+        let answers = match &mut kind {
+            Kind::Response(resp) if self.resume.is_some() => {
+                resp.seq = self.next_seq();
+                Some(resp.id)
+            }
+            _ => None,
+        };
         let frame = self.codec.encode(kind);
+        if let Some(id) = answers {
+            self.keep(&frame, id);
+        }
         self.put(frame, false);
     }
 
     /// Queues a frame towards the client; a full outbox closes the session as too slow
-    /// at the end of the turn (nothing is dropped from a session that stays open).
+    /// at the end of the turn (nothing is dropped from a session that stays open). A
+    /// detached session has no socket: what it numbered waits in its replay, the rest
+    /// is for a link that is gone.
     fn put(&mut self, frame: Message, push: bool) {
+        if !self.attached() {
+            return;
+        }
         if self.outbox.put(frame, push).is_err() {
             self.overflow = true;
             if push {

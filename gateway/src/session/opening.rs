@@ -16,10 +16,13 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use super::outbox::Outbox;
-use super::{Cache, Closing, Context, Io, Session, Ws, close, frame_error};
+use super::replay::Replay;
+use super::resume::{self, Resume};
+use super::{Cache, Closing, Context, Ending, Io, Session, Ws, close, frame_error};
 use crate::admission::Ticket;
 use crate::codec::{Codec, Decoded};
 use crate::forward::SessionWire;
+use crate::handover::Token;
 use crate::inbox;
 use crate::limits::TokenBucket;
 use crate::presence::BindError;
@@ -99,16 +102,51 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
     // that fills anyway closes the session as too slow.
     let (tx, mut inbox) = inbox::channel(gate.config.max_in_flight + gate.config.outbound_queue);
     gate.sessions.insert(sid, tx);
+    let json = matches!(codec, Codec::Json);
+    let resumable = handshake.resumable
+        && !gate.config.resume_window.is_zero()
+        && !matches!(codec, Codec::Pomelo(_));
+    let token = resumable
+        .then(|| Token::new(&gate.config.gate_id, sid))
+        .flatten();
+    let mut resume_code = 0;
+    let mut arrival = None;
+    if token.is_some() && !handshake.resume_token.is_empty() {
+        let player = identity.as_ref().map_or("", |i| i.uid.as_str());
+        match resume::arrive(&gate, sid, &handshake, player, json, &mut inbox).await {
+            Ok(arrived) => {
+                resume_code = code::OK;
+                arrival = Some(arrived);
+            }
+            Err(refused) => resume_code = refused,
+        }
+        metrics::counter!("gate_resumes_total", "code" => resume_code.to_string()).increment(1);
+    }
     let mut wire = SessionWire::new(&gate.config.gate_id, sid);
     let mut expires = None;
+    if let Some(arrived) = &arrival {
+        let old = arrived.held.session.clone().unwrap_or_default();
+        wire.update(|s| {
+            s.uid = old.uid;
+            s.data = old.data;
+            s.claims = old.claims;
+            s.authenticated = old.authenticated;
+        });
+        let left = Duration::from_millis(arrived.held.expires_in_ms);
+        expires = (!left.is_zero()).then(|| Instant::now() + left);
+    }
     if let Some(identity) = identity {
-        // Bound before the ack: the first request already carries the player.
-        if let Err(e) = gate.presence.bind(&identity.uid, sid).await {
-            gate.sessions.remove(sid);
-            let answer = ack(bind_refusal(&e), &e.to_string());
-            refuse(&mut ws, answer, "uid refused", wait).await;
-            return;
+        if arrival.is_none() {
+            // Bound before the ack: the first request already carries the player.
+            if let Err(e) = gate.presence.bind(&identity.uid, sid).await {
+                gate.sessions.remove(sid);
+                let answer = ack(bind_refusal(&e), &e.to_string());
+                refuse(&mut ws, answer, "uid refused", wait).await;
+                return;
+            }
         }
+        // A resumed session takes the fresh token's expiry and claims: its player was
+        // checked to be the same.
         expires = identity.expires.and_then(instant_of);
         wire.update(|s| {
             s.uid = identity.uid;
@@ -116,16 +154,44 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
             s.authenticated = true;
         });
     }
-    if !matches!(timeout(wait, ws.send(ack(code::OK, ""))).await, Ok(Ok(()))) {
+    let groups = arrival
+        .as_ref()
+        .map(|a| a.held.groups.clone())
+        .unwrap_or_default();
+    let accepted = client::HandshakeAck {
+        code: code::OK,
+        session_id: sid,
+        heartbeat_ms: gate
+            .config
+            .heartbeat
+            .as_millis()
+            .try_into()
+            .unwrap_or(u32::MAX),
+        message: String::new(),
+        resume_token: token.as_ref().map(Token::to_string).unwrap_or_default(),
+        resume_code,
+        last_seq: arrival.as_ref().map_or(0, |a| a.handed.seq),
+    };
+    if !matches!(
+        timeout(wait, ws.send(codec.encode(Kind::HandshakeAck(accepted)))).await,
+        Ok(Ok(()))
+    ) {
         gate.sessions.remove(sid);
-        let uid = &wire.get().uid;
-        if !uid.is_empty() {
-            gate.presence.unbind(uid, sid);
-        }
+        gate.presence.depart(&groups, &wire.get().uid, sid);
         return;
     }
     metrics::gauge!("gate_sessions").increment(1.0);
-    tracing::debug!(sid, %addr, "session open");
+    tracing::debug!(sid, %addr, resume_code, "session open");
+    // A resumed session's seq goes on from its old gate's: the frames handed over are
+    // numbered again, in order, up to it.
+    let first_seq = arrival.as_ref().map_or(0, |a| {
+        a.handed.seq.saturating_sub(a.handed.frames.len() as u64)
+    });
+    let resume = token.map(|token| {
+        let config = &gate.config;
+        let replay = Replay::new(first_seq, config.resume_buffer, config.resume_buffer_bytes);
+        Resume::new(token, replay)
+    });
     let mut session = Session {
         bucket: TokenBucket::new(gate.config.rate, gate.config.burst),
         gate: gate.clone(),
@@ -140,7 +206,7 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
         reply_prefix: format!("{}.gw.{}.{sid}.", gate.config.prefix, gate.config.gate_id),
         routes: Cache::default(),
         drain: None,
-        groups: Vec::new(),
+        groups,
         ws,
         outbox: Outbox::new(gate.config.outbound_queue, gate.config.outbound_bytes),
         overflow: false,
@@ -150,11 +216,27 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
         resends: Vec::new(),
         last_seen: Instant::now(),
         durations: Cache::default(),
+        resume,
     };
-    let closing = session.serve(&mut inbox).await;
+    let adopted = match arrival {
+        Some(arrived) => session.adopt(arrived).await,
+        None => None,
+    };
+    let mut closing = match adopted {
+        Some(closing) => closing,
+        None => session.serve(&mut inbox).await,
+    };
+    while closing.ending == Ending::LinkLost && session.detach(closing).await {
+        closing = session.serve(&mut inbox).await;
+    }
     // Everything it holds is given back before the client is told.
     gate.sessions.remove(sid);
-    session.leave_everything().await;
+    if closing.ending == Ending::HandedOver {
+        session.leave_quietly();
+        session.relay_leftovers(&mut inbox);
+    } else {
+        session.leave_everything().await;
+    }
     metrics::gauge!("gate_sessions").decrement(1.0);
     gate.in_flight.give_back(session.pending.len());
     for held in session.pending.values().filter(|p| !p.sent) {
@@ -162,7 +244,11 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
     }
     tracing::debug!(sid, reason = closing.reason, "session closed");
     metrics::counter!("gate_sessions_closed_total", "reason" => closing.reason).increment(1);
-    session.finish(closing, &mut inbox).await;
+    if session.attached() {
+        session.finish(closing, &mut inbox).await;
+    } else {
+        metrics::gauge!("gate_sessions_detached").decrement(1.0);
+    }
 }
 
 /// Refuses a handshake: its answer, then a close saying why, each within `wait`.

@@ -262,9 +262,14 @@ impl<S: Io> Session<S> {
                 handler_us,
             });
         }
+        resp.seq = self.next_seq();
+        let id = resp.id;
         let frame = self
             .codec
             .encode_response(resp, &pending.route, &self.gate.schemas);
+        if self.resume.is_some() {
+            self.keep(&frame, id);
+        }
         self.put(frame, false);
     }
 

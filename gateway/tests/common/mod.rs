@@ -11,6 +11,7 @@
 
 #![allow(dead_code)] // not every test uses every helper
 
+pub mod cut;
 pub mod jwt;
 pub mod logs;
 pub mod proxy;
@@ -116,6 +117,18 @@ impl Drop for TestGate {
 }
 
 /// A gate configuration with `f` applied to the defaults.
+/// Waits until `done` holds, looking every few milliseconds, within the deadline.
+#[allow(dead_code)]
+pub async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let waited = tokio::time::timeout(DEADLINE, async {
+        while !done() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "{what}: not within {DEADLINE:?}");
+}
+
 pub fn gate_config(f: impl FnOnce(&mut GateConfig)) -> GateConfig {
     let mut config = GateConfig::default();
     f(&mut config);
@@ -235,6 +248,11 @@ impl Holds {
     /// Waits until a `hold` request is inside its handler; returns that worker's tag.
     pub async fn started(&mut self) -> String {
         within(self.started.recv()).await.unwrap()
+    }
+
+    /// The tag of a `hold` request that started since the last look, if any.
+    pub fn started_now(&mut self) -> Option<String> {
+        self.started.try_recv().ok()
     }
 
     /// Lets one held request of worker `tag` finish.

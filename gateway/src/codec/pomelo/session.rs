@@ -165,9 +165,7 @@ impl PomeloCodec {
             | Kind::Request(_)
             | Kind::Refresh(_)
             | Kind::RefreshAck(_)
-            | Kind::Ack(_) => {
-                Bytes::new()
-            }
+            | Kind::Ack(_) => Bytes::new(),
         };
         Message::Binary(bytes)
     }
