@@ -11,13 +11,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::cut::Cut;
 use common::raw::RawClient;
 use common::{Bus, Holds, TestGate, gate_config, start_worker, within};
 use gateway::{AuthError, GateConfig, Identity, TokenCheck};
 use proto::client::{Ack, Handshake, HandshakeAck, packet::Kind};
 use proto::code;
 use services::{FrameConfig, HandlerError, Service};
+use testkit::Cut;
 
 broker::on_both_buses!(
     a_member_cut_mid_flood_resumes_on_the_same_gate_with_every_message,
@@ -228,13 +228,17 @@ async fn cut_mid_flood(bus: Bus, other_gate: bool) {
     let _worker = start_worker(bus.url(), room_service(), FrameConfig::default()).await;
     let first = TestGate::start(&bus, GateConfig::default()).await;
     let second = TestGate::start(&bus, GateConfig::default()).await;
-    let hop = Cut::start(first.addr).await;
-    let mut victim = within(Player::enter(&hop.url, "victim")).await;
+    let hop = Cut::start(first.addr).await.unwrap();
+    let mut victim = within(Player::enter(&hop.ws_url(), "victim")).await;
     let flooding = tokio::spawn(flood(first.url.clone(), "m", FLOOD));
 
     let mut said = within(pushes_until(&mut victim, &format!("m:{}", CUT_AFTER - 1))).await;
     hop.cut();
-    let target = if other_gate { &second.url } else { &hop.url };
+    let target = if other_gate {
+        &second.url
+    } else {
+        &hop.ws_url()
+    };
     within(victim.resume(target)).await;
     said.extend(within(pushes_until(&mut victim, &format!("m:{}", FLOOD - 1))).await);
     within(flooding).await.unwrap();
@@ -273,8 +277,8 @@ async fn a_request_sent_again_after_a_resume_is_answered_once(bus: Bus) {
     .await;
     let first = TestGate::start(&bus, GateConfig::default()).await;
     let second = TestGate::start(&bus, GateConfig::default()).await;
-    let hop = Cut::start(first.addr).await;
-    let mut player = within(Player::open(&hop.url, "")).await;
+    let hop = Cut::start(first.addr).await.unwrap();
+    let mut player = within(Player::open(&hop.ws_url(), "")).await;
     let held = player.send("park.hold", "once").await;
     assert_eq!(holds.started().await, "w");
     hop.cut();
@@ -302,9 +306,9 @@ async fn spent_stale_and_garbled_tokens_get_a_fresh_session(bus: Bus) {
     let _worker = start_worker(bus.url(), room_service(), FrameConfig::default()).await;
     let window = Duration::from_millis(300);
     let gate = TestGate::start(&bus, gate_config(|c| c.resume_window = window)).await;
-    let hop = Cut::start(gate.addr).await;
+    let hop = Cut::start(gate.addr).await.unwrap();
 
-    let mut player = within(Player::enter(&hop.url, "ada")).await;
+    let mut player = within(Player::enter(&hop.ws_url(), "ada")).await;
     let spent = player.token.clone();
     hop.cut();
     within(player.resume(&gate.url)).await;
@@ -317,7 +321,7 @@ async fn spent_stale_and_garbled_tokens_get_a_fresh_session(bus: Bus) {
     );
     assert!(ack.message.is_empty() && ack.last_seq == 0, "{ack:?}");
 
-    let mut stale = within(Player::enter(&hop.url, "bea")).await;
+    let mut stale = within(Player::enter(&hop.ws_url(), "bea")).await;
     hop.cut();
     // Past their window the detached sessions end (bea's, and ada's resumed one, whose
     // socket the spent attempt's client dropped): ada's fresh one is left.
@@ -379,8 +383,8 @@ async fn a_session_detached_on_a_draining_gate_resumes_on_another(bus: Bus) {
     let _worker = start_worker(bus.url(), room_service(), FrameConfig::default()).await;
     let draining = TestGate::start(&bus, GateConfig::default()).await;
     let staying = TestGate::start(&bus, GateConfig::default()).await;
-    let hop = Cut::start(draining.addr).await;
-    let mut victim = within(Player::enter(&hop.url, "victim")).await;
+    let hop = Cut::start(draining.addr).await.unwrap();
+    let mut victim = within(Player::enter(&hop.ws_url(), "victim")).await;
     hop.cut();
     draining.begin_shutdown();
     within(flood(staying.url.clone(), "d", 50)).await;

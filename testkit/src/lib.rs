@@ -9,16 +9,20 @@
 //! run on (our broker in-process, or nats-server) and `on_both_buses!` are
 //! `broker::testing`, built on this.
 //!
-//! Everything panics on failure, with the process's log: it is test code, and a panic
+//! [`Cut`] is a TCP hop a test (or the load tester) cuts, as a dropped link would.
+//!
+//! Everything else panics on failure, with the process's log: it is test code, and a panic
 //! is how a test fails.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+mod cut;
 mod nats;
 mod process;
 
+pub use cut::Cut;
 pub use nats::{NatsServer, find_go_binary, nats_server_path};
 pub use process::{Process, word_after};
 

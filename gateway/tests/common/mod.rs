@@ -11,7 +11,6 @@
 
 #![allow(dead_code)] // not every test uses every helper
 
-pub mod cut;
 pub mod jwt;
 pub mod logs;
 pub mod proxy;
