@@ -14,6 +14,7 @@ use tracing::debug;
 use super::ClientOptions;
 use super::error::{ErrorKind, SdkError};
 use super::frame::{self, Incoming};
+use super::resume::Resume;
 use super::stream::Stream;
 
 pub(crate) type Ws = WebSocketStream<Stream>;
@@ -30,7 +31,7 @@ pub(crate) struct Dialed {
 }
 
 /// Tries `count` of `urls` in turn, starting at index `first` and wrapping around, each
-/// once; the first that handshakes wins. Fails with the last attempt's error, or at once
+/// once; the first that handshakes wins, with a fresh session. Fails with the last attempt's error, or at once
 /// when a gate refuses the handshake with a 4xx (the others would refuse that token too).
 pub(crate) async fn connect_in_turn(
     urls: &[String],
@@ -41,7 +42,7 @@ pub(crate) async fn connect_in_turn(
     let mut last = SdkError::connect("no gate URL given");
     for step in 0..count.min(urls.len()) {
         let url_index = (first + step) % urls.len();
-        match connect(&urls[url_index], options).await {
+        match connect(&urls[url_index], options, None).await {
             Ok((ws, ack)) => return Ok(Dialed { url_index, ws, ack }),
             Err(e) if matches!(e.kind(), ErrorKind::Handshake { code: 400..=499 }) => {
                 return Err(e);
@@ -55,10 +56,12 @@ pub(crate) async fn connect_in_turn(
     Err(last)
 }
 
-/// Opens the WebSocket and handshakes, within `connect_timeout`.
+/// Opens the WebSocket and handshakes, within `connect_timeout`, asking to take up the
+/// session of `resume` if given (the ack's `resume_code` says whether it was).
 pub(crate) async fn connect(
     url: &str,
     options: &ClientOptions,
+    resume: Option<&Resume>,
 ) -> Result<(Ws, HandshakeAck), SdkError> {
     let handshake = async {
         let config = WebSocketConfig::default()
@@ -66,7 +69,7 @@ pub(crate) async fn connect(
             .max_message_size(Some(options.max_frame_bytes))
             .max_frame_size(Some(options.max_frame_bytes));
         let mut ws = open(url, options, config).await?;
-        ws.send(frame::handshake(options))
+        ws.send(frame::handshake(options, resume))
             .await
             .map_err(|e| SdkError::connect_io("sending the handshake", e))?;
         loop {

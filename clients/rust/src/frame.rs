@@ -5,11 +5,12 @@
 //! tungstenite (the load test's bare drivers and echo server).
 
 use bytes::Bytes;
-use proto::client::{Handshake, Packet, packet::Kind};
+use proto::client::{Ack, Handshake, Packet, packet::Kind};
 use proto::frame;
 use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 
 use super::SdkError;
+use super::resume::Resume;
 
 /// A frame carrying `packet`, as JSON text when `text`, else as protobuf.
 pub fn encode(packet: &Packet, text: bool) -> Message {
@@ -37,6 +38,17 @@ pub(crate) fn heartbeat(json: bool) -> Bytes {
     }
 }
 
+/// An ack frame's bytes in the session's encoding: every push and response up to `seq`
+/// has been handled.
+pub(crate) fn ack(json: bool, seq: u64) -> Bytes {
+    let packet = Packet::new(Kind::Ack(Ack { seq }));
+    if json {
+        Bytes::from(frame::encode_text(&packet))
+    } else {
+        frame::encode_binary(&packet)
+    }
+}
+
 /// A request frame's bytes in the session's encoding. In JSON, `body` is the JSON text
 /// of the body's value (see [`frame::request_json`]).
 pub(crate) fn encode_request(
@@ -53,14 +65,17 @@ pub(crate) fn encode_request(
         .map_err(|e| SdkError::protocol(format!("a JSON session's body must be JSON: {e}")))
 }
 
-/// The first frame of every connection; once per connection, so prost builds it.
-pub(crate) fn handshake(options: &super::ClientOptions) -> Message {
+/// The first frame of every connection; once per connection, so prost builds it. With
+/// `resume`, it asks to take that session up again.
+pub(crate) fn handshake(options: &super::ClientOptions, resume: Option<&Resume>) -> Message {
     let packet = Packet::new(Kind::Handshake(Handshake {
         token: options.token.clone(),
         server_timing: options.server_timing,
         client: options.client.clone(),
         serial: options.serial,
-        ..Handshake::default()
+        resumable: options.resumable(),
+        resume_token: resume.map(|r| r.token.clone()).unwrap_or_default(),
+        last_seq: resume.map_or(0, |r| r.sequence.last()),
     }));
     encode(&packet, options.json)
 }
@@ -148,5 +163,16 @@ mod tests {
             );
         }
         assert!(encode_request(true, 1, ("echo.raw", ""), b"not json").is_err());
+    }
+
+    #[test]
+    fn an_ack_frame_goes_out_in_the_session_encoding() {
+        for json in [false, true] {
+            let frame = message(json, ack(json, 42));
+            assert_eq!(
+                decode(&frame).and_then(|p| p.kind),
+                Some(Kind::Ack(Ack { seq: 42 }))
+            );
+        }
     }
 }

@@ -17,9 +17,10 @@
 //! ```
 //!
 //! Costs per request, because the load test runs thousands a second per connection: one
-//! buffer for the encoded frame, one oneshot for the answer, two short critical sections
-//! on the pending table, no log line. The writer puts every queued frame into the
-//! socket's buffer before one flush, so a burst of requests costs one syscall.
+//! buffer for the encoded frame (which the pending table shares, to send it again after
+//! a resume), one oneshot for the answer, two short critical sections on the pending
+//! table, no log line. The writer puts every queued frame into the socket's buffer
+//! before one flush, so a burst of requests costs one syscall.
 //!
 //! `wss://` URLs need [`ClientOptions::tls`], a rustls client configuration;
 //! [`tls_client_config`] makes one trusting the CA certificates in a PEM file:
@@ -35,10 +36,33 @@
 //! # Ok(()) }
 //! ```
 //!
-//! With [`ClientOptions::reconnect`], a dropped connection (not a kick, not
-//! [`Client::close`]) is re-established with exponential backoff and a new handshake.
-//! Requests in flight at the drop fail with [`ErrorKind::Closed`]; requests made while
-//! reconnecting wait for the new connection, within their timeout.
+//! **Reconnecting.** With [`ClientOptions::reconnect`], a dropped connection (not a
+//! kick, not [`Client::close`]) is re-established with exponential backoff and a new
+//! handshake. Requests made while reconnecting wait for the new connection, within their
+//! timeout. [`Client::reconnects`] counts reconnections.
+//!
+//! **Resuming** (docs/protocol.md, "Resume"). With [`ClientOptions::resume`] as well
+//! (the default), the handshake asks the gate to keep the session for a while after its
+//! connection drops, and the reconnection takes that session up again, on the same gate
+//! or another of the list: same player, same rooms. Requests in flight at the drop do
+//! not fail: they are sent again with the same id, route, body and key, and the gate
+//! answers each once; pushes carry on on the same [`Client::pushes`] stream, none missed,
+//! none twice. For that every push and response is numbered: the client drops a number
+//! it has handled already (a repeat after a resume), and acknowledges what it handled
+//! every 64 frames and with every heartbeat, so the gate can let go of it. Request ids
+//! keep counting, so they stay unique in the session. [`Client::resumes`] counts the
+//! reconnections that resumed. If the gate refuses (the session expired or ended, or let
+//! go of frames the client missed), the reconnection is a fresh session: requests in
+//! flight at the drop fail with [`ErrorKind::Closed`], and [`Client::resume_code`] says
+//! why. Every reconnection is fresh when resume is off or the gate keeps no sessions
+//! for resuming (its ack brings no token), and so is the one after a frame from the
+//! gate that does not decode (the replay would bring it again). Notifies are not sent
+//! again: one queued as the connection drops may be lost.
+//!
+//! Resume is on by default because it costs nothing where it is not offered (the client
+//! then behaves as without it) and, where it is, spares the application a login and
+//! its requests in flight after every network blip. It needs `reconnect`: without it,
+//! the handshake does not ask the gate to keep a session nobody will come back for.
 //!
 //! **Several gates.** [`Client::connect_any`] takes a list of gate URLs: it connects to
 //! the first that answers, and each reconnection attempt goes to the next URL in turn.
@@ -55,14 +79,23 @@
 //! the draining one until it closes, then reconnects as after any drop (its closing kick
 //! included).
 //!
-//! A move, like a reconnection, starts a new session: the gate's session state (the
-//! player bound by a login, the rooms joined) stays behind. When [`Client::session_id`]
-//! changes ([`Client::reconnects`] or [`Client::moves`] grew), log in and join again.
+//! A move is not a resume: the new gate starts a new session, as the protocol's drain
+//! asks. A drained session can be resumed all the same if its connection drops before
+//! the move (elsewhere, like any other); the drain's closing kick ends it, so the
+//! reconnection after that kick is fresh. A connection retiring after a move is never
+//! resumed: if it drops, the requests left on it fail with [`ErrorKind::Closed`].
+//!
+//! A move, like a reconnection that did not resume, leaves the gate's session state
+//! behind (the player bound by a login, the rooms joined). When [`Client::moves`] grew,
+//! or [`Client::reconnects`] more than [`Client::resumes`] (the last
+//! [`Client::resume_code`] is not 200), log in and join again. [`Client::session_id`]
+//! is no guide: a resumed session may get a new id, as ids are per gate.
 
 mod connection;
 mod error;
 pub mod frame;
 mod link;
+mod resume;
 mod shared;
 mod stream;
 mod task;
@@ -138,6 +171,11 @@ pub struct ClientOptions {
     pub connect_timeout: Duration,
     /// Reconnect after the connection drops; `None` closes the client instead.
     pub reconnect: Option<Backoff>,
+    /// Resume the session after a dropped connection rather than start a fresh one,
+    /// when the gate keeps sessions for resuming (see the module docs). Takes effect
+    /// with [`ClientOptions::reconnect`] only: without it there is no reconnection to
+    /// resume on, so the handshake does not ask the gate to keep the session either.
+    pub resume: bool,
     /// Outgoing frames waiting for the writer (at least 1).
     pub queue_capacity: usize,
     /// Pushes waiting for the caller (at least 1). When full, further pushes are
@@ -169,6 +207,7 @@ impl Default for ClientOptions {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             reconnect: None,
+            resume: true,
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             push_capacity: DEFAULT_PUSH_CAPACITY,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
@@ -176,6 +215,13 @@ impl Default for ClientOptions {
             json: false,
             tls: None,
         }
+    }
+}
+
+impl ClientOptions {
+    /// Whether handshakes ask for a resumable session.
+    pub(crate) fn resumable(&self) -> bool {
+        self.resume && self.reconnect.is_some()
     }
 }
 
@@ -310,13 +356,14 @@ impl Client {
     }
 
     /// Registers, sends and awaits one request. A draining gate's refusal (never
-    /// forwarded) is sent again on the connection the client moves to.
+    /// forwarded) is sent again on the connection the client moves to; a resumed
+    /// session's connection gets it again from the connection task.
     async fn exchange(&self, id: u64, frame: bytes::Bytes) -> Result<Response, SdkError> {
         // The first connection the request may go on: after a refusal, a later one.
         let mut from_epoch = 0;
         loop {
             let (waiter, answer) = oneshot::channel();
-            let epoch = self.register(id, waiter, from_epoch).await?;
+            let epoch = self.register(id, waiter, &frame, from_epoch).await?;
             // From here until the answer, a timeout or a dropped future forgets the
             // waiter.
             let mut guard = Forget {
@@ -363,7 +410,8 @@ impl Client {
             .take()
     }
 
-    /// The gate's id for the current session (a reconnection gets a new one).
+    /// The gate's id for the current session: a reconnection or a move gets a new one
+    /// (a resumed session's may be new too: the id is per gate).
     pub fn session_id(&self) -> u64 {
         self.inner.shared.session_id()
     }
@@ -373,9 +421,24 @@ impl Client {
         self.inner.shared.pushes_dropped()
     }
 
-    /// Successful reconnections so far.
+    /// Successful reconnections so far, resumed or not.
     pub fn reconnects(&self) -> u64 {
         self.inner.shared.reconnects()
+    }
+
+    /// Reconnections that resumed the session so far (part of [`Client::reconnects`]).
+    pub fn resumes(&self) -> u64 {
+        self.inner.shared.resumes()
+    }
+
+    /// What became of the last reconnection's resume: 0 none was asked (no
+    /// reconnection yet, a session the gate keeps no resume for, or a gate that does
+    /// not know resume), 200 resumed, else the gate's `resume_code` saying why the
+    /// session is a fresh one (404: expired, ended or resumed already; 409: it let go of
+    /// frames the client missed; docs/protocol.md, "Resume"). Read after
+    /// [`Client::reconnects`], it is the code of that reconnection or a later one.
+    pub fn resume_code(&self) -> u32 {
+        self.inner.shared.resume_code()
     }
 
     /// Moves so far: a gate drained and the client went to another one.
@@ -413,19 +476,21 @@ impl Client {
         self.closed().await;
     }
 
-    /// Registers a waiter under the current connection's epoch, once that is at least
-    /// `from_epoch`, waiting for a reconnection or a move if one is under way.
+    /// Registers a waiter, and the frame to resend if the session is resumed, under
+    /// the current connection's epoch, once that is at least `from_epoch`, waiting for
+    /// a reconnection or a move if one is under way.
     async fn register(
         &self,
         id: u64,
         mut waiter: Waiter,
+        frame: &bytes::Bytes,
         from_epoch: u64,
     ) -> Result<u64, SdkError> {
         let shared = &self.inner.shared;
         // Fast path: connected, no subscription needed.
         let current = current_epoch(&shared.state().borrow(), from_epoch)?;
         if let Some(epoch) = current {
-            match shared.insert(epoch, id, waiter) {
+            match shared.insert(epoch, id, waiter, frame) {
                 Ok(()) => return Ok(epoch),
                 Err(Refused::Stale(w)) => waiter = w,
                 Err(Refused::Closed(reason)) => return Err(SdkError::closed(reason)),
@@ -435,7 +500,7 @@ impl Client {
         loop {
             let current = current_epoch(&state.borrow_and_update(), from_epoch)?;
             if let Some(epoch) = current {
-                match shared.insert(epoch, id, waiter) {
+                match shared.insert(epoch, id, waiter, frame) {
                     Ok(()) => return Ok(epoch),
                     Err(Refused::Stale(w)) => waiter = w,
                     Err(Refused::Closed(reason)) => return Err(SdkError::closed(reason)),

@@ -3,6 +3,10 @@
 //! waiters, pushes to the push queue) and reports the rest to the connection task: a
 //! drain, and how the connection ended. During a move two links are open at once, the
 //! new one and the one retiring; both readers feed the same table and push queue.
+//!
+//! Each link belongs to one gate session's [`Sequence`]: its reader drops the repeats a
+//! resume brings and counts the rest towards the next ack, which the connection task
+//! writes ([`Link::write_control`]) when the reader says one is due.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,13 +15,14 @@ use bytes::Bytes;
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
 use proto::client::{Push, packet::Kind};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
-use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tracing::{Instrument, warn};
 
 use super::connection::{Dialed, Ws};
 use super::frame::{self, Incoming};
+use super::resume::{Accepted, Resume, Sequence};
 use super::shared::Shared;
 
 /// How long a closing link waits for its close frame to go out.
@@ -32,6 +37,10 @@ pub(crate) enum Exit {
     Kicked(String),
     /// The socket broke or the gate closed it.
     Lost(String),
+    /// The gate sent what the protocol does not allow (a frame that does not decode,
+    /// or too large): the connection is over as if lost, but its session is not to be
+    /// resumed, as the replay would bring the same frame again.
+    Broken(String),
 }
 
 /// What a link's reader tells the connection task.
@@ -52,6 +61,10 @@ pub(crate) struct Routes {
     pub(crate) shared: Arc<Shared>,
     pub(crate) pushes: mpsc::Sender<Push>,
     pub(crate) events: mpsc::UnboundedSender<LinkEvent>,
+    /// Woken when a link's session has [`super::resume::ACK_EVERY`] frames to ack: the
+    /// task checks every link. A `Notify` keeps one wake-up however many are due, so
+    /// it needs no bound.
+    pub(crate) acks: Arc<Notify>,
 }
 
 pub(crate) struct Link {
@@ -61,6 +74,9 @@ pub(crate) struct Link {
     pub(crate) heartbeat_ms: u32,
     /// The gate sent a drain on this link.
     pub(crate) drained: bool,
+    /// The token to resume this link's session with; empty when it cannot be resumed.
+    pub(crate) resume_token: String,
+    sequence: Arc<Sequence>,
     /// Frames fed since the last flush.
     dirty: bool,
     sink: SplitSink<Ws, Message>,
@@ -74,15 +90,24 @@ impl Drop for Link {
 }
 
 impl Link {
-    /// Starts the reader of a handshaken connection; the link writes under `epoch`.
-    pub(crate) fn start(dialed: Dialed, epoch: u64, routes: Routes) -> Link {
+    /// Starts the reader of a handshaken connection to the session of `sequence`; the
+    /// link writes under `epoch`.
+    pub(crate) fn start(
+        dialed: Dialed,
+        epoch: u64,
+        routes: Routes,
+        sequence: Arc<Sequence>,
+    ) -> Link {
         let (sink, stream) = dialed.ws.split();
-        let reader = tokio::spawn(read_loop(stream, epoch, routes).in_current_span());
+        let reader =
+            tokio::spawn(read_loop(stream, epoch, routes, sequence.clone()).in_current_span());
         Link {
             epoch,
             url_index: dialed.url_index,
             heartbeat_ms: dialed.ack.heartbeat_ms,
             drained: false,
+            resume_token: dialed.ack.resume_token,
+            sequence,
             dirty: false,
             sink,
             reader,
@@ -109,6 +134,40 @@ impl Link {
             .map_err(|e| format!("write failed: {e}"))
     }
 
+    /// What resuming this link's session takes, if the gate keeps it for resuming.
+    pub(crate) fn resume(&self) -> Option<Resume> {
+        (!self.resume_token.is_empty()).then(|| Resume {
+            token: self.resume_token.clone(),
+            sequence: self.sequence.clone(),
+        })
+    }
+
+    /// Writes a heartbeat when `heartbeat`, then, for a resumable session, an ack: with
+    /// every heartbeat, or once enough frames wait for one. Flushes.
+    pub(crate) async fn write_control(
+        &mut self,
+        json: bool,
+        heartbeat: bool,
+    ) -> Result<(), String> {
+        if heartbeat {
+            self.feed(json, frame::heartbeat(json)).await?;
+        }
+        if !self.resume_token.is_empty() && (heartbeat || self.sequence.ack_due()) {
+            let seq = self.sequence.take_ack();
+            self.feed(json, frame::ack(json, seq)).await?;
+        }
+        self.flush().await
+    }
+
+    /// Writes frames, then flushes: a resumed session's unanswered requests, sent
+    /// again before anything queued since.
+    pub(crate) async fn write_all(&mut self, json: bool, frames: Vec<Bytes>) -> Result<(), String> {
+        for frame in frames {
+            self.feed(json, frame).await?;
+        }
+        self.flush().await
+    }
+
     /// Tells the gate we are going (it may already be gone, which is fine), then stops
     /// the reader.
     pub(crate) async fn close(mut self) {
@@ -117,15 +176,20 @@ impl Link {
 }
 
 /// Reads frames until the connection ends: responses to their waiters, pushes to the
-/// push queue, a drain and the end to the connection task. Each link sends at most two
-/// events (its gate's first drain, and its end), which is what bounds the task's event
-/// channel: a gate repeating its drain is told nothing new.
-async fn read_loop(mut stream: SplitStream<Ws>, epoch: u64, routes: Routes) {
+/// push queue (each unless it is a repeat), a drain and the end to the connection task.
+/// Each link sends at most two events (its gate's first drain, and its end), which is
+/// what bounds the task's event channel: a gate repeating its drain is told nothing new.
+async fn read_loop(
+    mut stream: SplitStream<Ws>,
+    epoch: u64,
+    routes: Routes,
+    sequence: Arc<Sequence>,
+) {
     let mut drain_told = false;
     let exit = loop {
         let message = match stream.next().await {
             Some(Ok(message)) => message,
-            Some(Err(e)) => break Exit::Lost(format!("read failed: {e}")),
+            Some(Err(e)) => break read_failed(e),
             None => break Exit::Lost("the gate closed the connection".to_owned()),
         };
         let packet = match frame::incoming(message) {
@@ -135,18 +199,14 @@ async fn read_loop(mut stream: SplitStream<Ws>, epoch: u64, routes: Routes) {
             }
             Ok(Incoming::Control) => continue,
             // A gate that sends garbage cannot be trusted with the rest of the stream.
-            Err(e) => break Exit::Lost(format!("protocol error: {e}")),
+            Err(e) => break Exit::Broken(format!("protocol error: {e}")),
         };
         match packet.kind {
-            Some(Kind::Response(response)) => routes.shared.complete(response),
-            Some(Kind::Push(push)) => match routes.pushes.try_send(push) {
-                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    if routes.shared.push_dropped() {
-                        warn!("push queue full: dropping pushes (see Client::pushes_dropped)");
-                    }
-                }
-            },
+            // `fresh` counts what it lets through: a frame that fails it is a repeat.
+            Some(Kind::Response(response)) if routes.fresh(&sequence, response.seq) => {
+                routes.shared.complete(response);
+            }
+            Some(Kind::Push(push)) if routes.fresh(&sequence, push.seq) => routes.push(push),
             Some(Kind::Kick(kick)) => break Exit::Kicked(kick.reason),
             Some(Kind::Drain(drain)) if !std::mem::replace(&mut drain_told, true) => {
                 let _ = routes.events.send((
@@ -156,9 +216,49 @@ async fn read_loop(mut stream: SplitStream<Ws>, epoch: u64, routes: Routes) {
                     },
                 ));
             }
-            // Heartbeats need no answer; anything else is not for a client: ignore.
+            // Repeats are dropped, heartbeats need no answer; anything else is not for a
+            // client: ignore.
             _ => {}
         }
     };
     let _ = routes.events.send((epoch, Event::End(exit)));
+}
+
+/// A read error as an exit: a frame the limits or UTF-8 refuse broke the protocol; the
+/// rest (a reset, I/O) is the link failing.
+fn read_failed(e: WsError) -> Exit {
+    let reason = format!("read failed: {e}");
+    match e {
+        WsError::Capacity(_) | WsError::Utf8(_) => Exit::Broken(reason),
+        _ => Exit::Lost(reason),
+    }
+}
+
+impl Routes {
+    /// Whether a push or response numbered `seq` is to be handled (not a repeat);
+    /// wakes the task when it completes a batch to acknowledge.
+    fn fresh(&self, sequence: &Sequence, seq: u64) -> bool {
+        match sequence.accept(seq) {
+            Accepted::Repeat => false,
+            Accepted::Handle { ack_due } => {
+                if ack_due {
+                    self.acks.notify_one();
+                }
+                true
+            }
+        }
+    }
+
+    /// Queues a push for the caller; when the queue is full, drops and counts it
+    /// rather than stalling the responses behind it.
+    fn push(&self, push: Push) {
+        match self.pushes.try_send(push) {
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                if self.shared.push_dropped() {
+                    warn!("push queue full: dropping pushes (see Client::pushes_dropped)");
+                }
+            }
+        }
+    }
 }

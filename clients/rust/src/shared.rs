@@ -14,12 +14,18 @@
 //! the old socket. The connection task closes that socket once its count is zero
 //! ([`Shared::retired`] wakes it).
 //!
+//! **Resumes.** A lost connection whose session can be resumed keeps its waiters, each
+//! with its request's frame, while the task redials; if the session is resumed they wait
+//! on the new connection and the task sends their frames again ([`Shared::up`]), else
+//! they fail as after any loss. Keeping the frame costs a reference count, not a copy.
+//!
 //! The table is a plain mutex: each request takes it twice (insert, then the reader's
 //! remove), never across an `.await`, and only this connection's callers contend on it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use bytes::Bytes;
 use proto::client::Response;
 use rustc_hash::FxHashMap;
 use tokio::sync::{Notify, oneshot, watch};
@@ -47,11 +53,20 @@ pub(crate) enum Refused {
     Closed(String),
 }
 
+/// A request waiting for its answer.
+struct Pending {
+    /// The epoch it registered in.
+    epoch: u64,
+    waiter: Waiter,
+    /// Its frame, to send again if its session is resumed on a new connection.
+    frame: Bytes,
+}
+
 struct Table {
     epoch: u64,
     closed: Option<String>,
-    /// Each waiter under the epoch it registered in.
-    waiters: FxHashMap<u64, (u64, Waiter)>,
+    /// By request id.
+    waiters: FxHashMap<u64, Pending>,
     /// Connections moved away from but still open: their epoch and how many of the
     /// waiters are theirs. Empty except during a move.
     retiring: FxHashMap<u64, usize>,
@@ -60,13 +75,13 @@ struct Table {
 impl Table {
     /// Takes request `id`'s waiter out, counting it off its retiring connection.
     fn take(&mut self, id: u64) -> Option<Waiter> {
-        let (epoch, waiter) = self.waiters.remove(&id)?;
-        if epoch != self.epoch
-            && let Some(count) = self.retiring.get_mut(&epoch)
+        let pending = self.waiters.remove(&id)?;
+        if pending.epoch != self.epoch
+            && let Some(count) = self.retiring.get_mut(&pending.epoch)
         {
             *count = count.saturating_sub(1);
         }
-        Some(waiter)
+        Some(pending.waiter)
     }
 }
 
@@ -76,6 +91,9 @@ pub(crate) struct Shared {
     session_id: AtomicU64,
     pushes_dropped: AtomicU64,
     reconnects: AtomicU64,
+    resumes: AtomicU64,
+    /// The last reconnection's `resume_code`.
+    resume_code: AtomicU32,
     moves: AtomicU64,
     /// Woken when a retiring connection's last waiter is answered or forgotten.
     retired: Notify,
@@ -97,6 +115,8 @@ impl Shared {
             session_id: AtomicU64::new(session_id),
             pushes_dropped: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
+            resumes: AtomicU64::new(0),
+            resume_code: AtomicU32::new(0),
             moves: AtomicU64::new(0),
             retired: Notify::new(),
         }
@@ -112,8 +132,15 @@ impl Shared {
         &self.state
     }
 
-    /// Registers `waiter` for request `id`, if the connection is still at `epoch`.
-    pub(crate) fn insert(&self, epoch: u64, id: u64, waiter: Waiter) -> Result<(), Refused> {
+    /// Registers `waiter` for request `id`, sent as `frame`, if the connection is still
+    /// at `epoch`.
+    pub(crate) fn insert(
+        &self,
+        epoch: u64,
+        id: u64,
+        waiter: Waiter,
+        frame: &Bytes,
+    ) -> Result<(), Refused> {
         let mut table = self.table();
         if let Some(reason) = &table.closed {
             return Err(Refused::Closed(reason.clone()));
@@ -121,7 +148,15 @@ impl Shared {
         if table.epoch != epoch {
             return Err(Refused::Stale(waiter));
         }
-        table.waiters.insert(id, (epoch, waiter));
+        let frame = frame.clone();
+        table.waiters.insert(
+            id,
+            Pending {
+                epoch,
+                waiter,
+                frame,
+            },
+        );
         Ok(())
     }
 
@@ -157,7 +192,7 @@ impl Shared {
         let epoch = {
             let mut table = self.table();
             let old = table.epoch;
-            let pending = table.waiters.values().filter(|(e, _)| *e == old).count();
+            let pending = table.waiters.values().filter(|p| p.epoch == old).count();
             table.retiring.insert(old, pending);
             table.epoch += 1;
             table.epoch
@@ -186,43 +221,76 @@ impl Shared {
     /// Retiring connection `epoch` is gone: fail what still waits on it (`reason`) and
     /// stop counting it.
     pub(crate) fn retire(&self, epoch: u64, reason: &str) {
-        let waiters: Vec<Waiter> = {
+        let waiters = {
             let mut table = self.table();
             table.retiring.remove(&epoch);
-            let ids: Vec<u64> = table
-                .waiters
-                .iter()
-                .filter(|(_, (e, _))| *e == epoch)
-                .map(|(id, _)| *id)
-                .collect();
-            ids.into_iter()
-                .filter_map(|id| table.waiters.remove(&id).map(|(_, w)| w))
-                .collect()
-        };
-        for waiter in waiters {
-            let _ = waiter.send(Err(SdkError::closed(reason)));
-        }
-    }
-
-    /// The connection was lost and will be re-established: fail every pending request
-    /// and start a new epoch. Returns the new epoch.
-    pub(crate) fn lose(&self, reason: &str) -> u64 {
-        let (epoch, waiters) = {
-            let mut table = self.table();
-            table.epoch += 1;
-            table.retiring.clear();
-            (table.epoch, std::mem::take(&mut table.waiters))
+            take_epoch(&mut table.waiters, epoch)
         };
         fail_all(waiters, reason);
+    }
+
+    /// The connection was lost and will be re-established: start a new epoch and fail
+    /// every pending request, except, when `resuming`, those of the lost connection,
+    /// which wait for [`Shared::up`]. Returns the new epoch.
+    pub(crate) fn lose(&self, reason: &str, resuming: bool) -> u64 {
+        let (epoch, failed) = {
+            let mut table = self.table();
+            let lost = table.epoch;
+            table.epoch += 1;
+            table.retiring.clear();
+            let kept = if resuming {
+                take_epoch(&mut table.waiters, lost)
+            } else {
+                FxHashMap::default()
+            };
+            let failed = std::mem::replace(&mut table.waiters, kept);
+            (table.epoch, failed)
+        };
+        fail_all(failed, reason);
         self.state.send_replace(State::Reconnecting);
         epoch
     }
 
-    /// A reconnection at `epoch` finished its handshake.
-    pub(crate) fn up(&self, epoch: u64, session_id: u64) {
+    /// A reconnection at `epoch` finished its handshake; `resume_code` is the ack's (0:
+    /// no resume asked). Resumed (200): the requests kept at the loss now wait on this
+    /// connection, and their frames are returned, in the order of their ids, to be sent
+    /// again. Otherwise they fail with `reason`.
+    pub(crate) fn up(
+        &self,
+        epoch: u64,
+        session_id: u64,
+        resume_code: u32,
+        reason: &str,
+    ) -> Vec<Bytes> {
+        let resumed = resume_code == proto::code::OK;
+        let (resend, failed) = {
+            let mut table = self.table();
+            if resumed {
+                let mut resend: Vec<(u64, Bytes)> = table
+                    .waiters
+                    .iter_mut()
+                    .map(|(&id, pending)| {
+                        pending.epoch = epoch;
+                        (id, pending.frame.clone())
+                    })
+                    .collect();
+                // Ids count up: in their order, the requests go out as they were made.
+                resend.sort_unstable_by_key(|&(id, _)| id);
+                (resend, FxHashMap::default())
+            } else {
+                (Vec::new(), std::mem::take(&mut table.waiters))
+            }
+        };
+        fail_all(failed, reason);
         self.session_id.store(session_id, Ordering::Relaxed);
-        self.reconnects.fetch_add(1, Ordering::Relaxed);
+        self.resume_code.store(resume_code, Ordering::Release);
+        if resumed {
+            self.resumes.fetch_add(1, Ordering::Release);
+        }
+        // Last, so a caller that sees the count grow sees the code and resumes with it.
+        self.reconnects.fetch_add(1, Ordering::Release);
         self.state.send_replace(State::Up { epoch });
+        resend.into_iter().map(|(_, frame)| frame).collect()
     }
 
     /// Closes for good. Idempotent: the first reason stays.
@@ -263,7 +331,15 @@ impl Shared {
     }
 
     pub(crate) fn reconnects(&self) -> u64 {
-        self.reconnects.load(Ordering::Relaxed)
+        self.reconnects.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn resumes(&self) -> u64 {
+        self.resumes.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn resume_code(&self) -> u32 {
+        self.resume_code.load(Ordering::Acquire)
     }
 
     pub(crate) fn moves(&self) -> u64 {
@@ -276,8 +352,97 @@ impl Shared {
     }
 }
 
-fn fail_all(waiters: FxHashMap<u64, (u64, Waiter)>, reason: &str) {
-    for (_, (_, waiter)) in waiters {
-        let _ = waiter.send(Err(SdkError::closed(reason)));
+/// Takes the waiters registered in `epoch` out of `waiters`.
+fn take_epoch(waiters: &mut FxHashMap<u64, Pending>, epoch: u64) -> FxHashMap<u64, Pending> {
+    let ids: Vec<u64> = waiters
+        .iter()
+        .filter(|(_, p)| p.epoch == epoch)
+        .map(|(&id, _)| id)
+        .collect();
+    ids.into_iter()
+        .filter_map(|id| waiters.remove(&id).map(|p| (id, p)))
+        .collect()
+}
+
+fn fail_all(waiters: FxHashMap<u64, Pending>, reason: &str) {
+    for (_, pending) in waiters {
+        let _ = pending.waiter.send(Err(SdkError::closed(reason)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    /// `shared` with requests `ids` registered in the first epoch, each sent as
+    /// `frame <id>`; their answers, in the same order.
+    fn registered(
+        shared: &Shared,
+        ids: &[u64],
+    ) -> Vec<oneshot::Receiver<Result<Response, SdkError>>> {
+        let mut answers = Vec::new();
+        for &id in ids {
+            let (waiter, answer) = oneshot::channel();
+            let frame = Bytes::from(format!("frame {id}"));
+            assert!(shared.insert(FIRST_EPOCH, id, waiter, &frame).is_ok());
+            answers.push(answer);
+        }
+        answers
+    }
+
+    #[test]
+    fn a_resume_keeps_the_requests_in_flight_and_gives_their_frames_in_order() {
+        let shared = Shared::new(1);
+        let mut answers = registered(&shared, &[3, 1, 2]);
+        let epoch = shared.lose("lost", true);
+        assert_eq!(*shared.state().borrow(), State::Reconnecting);
+        assert_eq!(shared.pending(), 3);
+        let resend = shared.up(epoch, 7, proto::code::OK, "unused");
+        assert_eq!(resend, ["frame 1", "frame 2", "frame 3"]);
+        assert_eq!(*shared.state().borrow(), State::Up { epoch });
+        // Still waiting, now on the new connection: their answers get through.
+        shared.complete(Response {
+            id: 1,
+            ..Response::default()
+        });
+        assert_eq!(answers[1].try_recv().unwrap().unwrap().id, 1);
+        assert!(answers[0].try_recv().is_err(), "request 3 still waits");
+        assert_eq!(
+            (shared.reconnects(), shared.resumes(), shared.resume_code()),
+            (1, 1, 200)
+        );
+        assert_eq!(shared.session_id(), 7);
+    }
+
+    #[test]
+    fn a_refused_resume_fails_the_requests_kept_for_it() {
+        let shared = Shared::new(1);
+        let mut answers = registered(&shared, &[1, 2]);
+        let epoch = shared.lose("lost", true);
+        assert!(shared.up(epoch, 2, 404, "not resumed").is_empty());
+        for answer in &mut answers {
+            let e = answer.try_recv().unwrap().unwrap_err();
+            assert_eq!(
+                e.kind(),
+                &ErrorKind::Closed {
+                    reason: "not resumed".into()
+                }
+            );
+        }
+        assert_eq!(shared.pending(), 0);
+        assert_eq!(
+            (shared.reconnects(), shared.resumes(), shared.resume_code()),
+            (1, 0, 404)
+        );
+    }
+
+    #[test]
+    fn without_a_resume_a_loss_fails_everything_at_once() {
+        let shared = Shared::new(1);
+        let mut answers = registered(&shared, &[1]);
+        shared.lose("lost", false);
+        assert!(answers[0].try_recv().unwrap().is_err());
+        assert_eq!(shared.pending(), 0);
     }
 }

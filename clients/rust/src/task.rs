@@ -8,13 +8,21 @@
 //! on it is answered there (or it ends), then is closed. If no other gate answers, the
 //! client stays on the draining gate; when that gate closes, a kick included, the
 //! client reconnects as after any drop (when [`super::ClientOptions::reconnect`] is set).
+//!
+//! **Resuming.** A current connection that drops (not a kick, not the client's close)
+//! while its gate keeps the session for resuming is redialed the same way, with the
+//! session's token and `last_seq` in the handshake. If the gate resumes it, the task
+//! sends the requests still unanswered again, same ids, before anything queued since, and
+//! the session's frames carry on where they stopped (see [`super::resume`]); if not, the
+//! new connection is a fresh session, as after any reconnection.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use proto::client::Push;
+use bytes::Bytes;
+use proto::client::{HandshakeAck, Push};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
@@ -22,9 +30,10 @@ use tracing::debug;
 
 use super::connection::{self, Dialed, connect_in_turn};
 use super::error::ErrorKind;
-use super::link::{Event, Exit, Link, Routes};
+use super::link::{Event, Exit, Link, LinkEvent, Routes};
+use super::resume::{Resume, Sequence};
 use super::shared::{FIRST_EPOCH, Shared};
-use super::{Backoff, ClientOptions, frame};
+use super::{Backoff, ClientOptions};
 
 /// Most frames written before one flush, so a busy queue cannot delay the flush of
 /// what is already buffered indefinitely.
@@ -38,11 +47,26 @@ pub(crate) const CLOSED_BY_CLIENT: &str = "closed by client";
 /// A frame for the writer, tagged with the epoch its request registered under.
 pub(crate) struct Outgoing {
     pub(crate) epoch: u64,
-    pub(crate) frame: bytes::Bytes,
+    pub(crate) frame: Bytes,
 }
 
 /// A move under way: dialing the other gates.
 type Moving = Pin<Box<dyn Future<Output = Option<Dialed>> + Send>>;
+
+/// How a run of connections ended: how, the index of the URL it was on, and, when the
+/// current connection dropped, what resuming its session takes (if it can be resumed).
+struct Ended {
+    exit: Exit,
+    url_index: usize,
+    resume: Option<Resume>,
+}
+
+/// A session to serve on a new connection: the session's sequence, and the requests to
+/// send again first (a resumed session's unanswered ones).
+struct Continue {
+    sequence: Arc<Sequence>,
+    resend: Vec<Bytes>,
+}
 
 pub(crate) struct Task {
     pub(crate) urls: Arc<[String]>,
@@ -115,52 +139,120 @@ impl Task {
     /// Serves connections until one ends for good; returns why.
     async fn serve_all(&mut self, mut dialed: Dialed) -> String {
         let mut epoch = FIRST_EPOCH;
+        let mut session = Continue {
+            sequence: Arc::default(),
+            resend: Vec::new(),
+        };
         loop {
-            match self.serve(dialed, epoch).await {
-                (Exit::Closed, _) => return CLOSED_BY_CLIENT.to_owned(),
-                (Exit::Kicked(reason), _) => return reason,
-                (Exit::Lost(reason), url_index) => {
-                    let Some(backoff) = self.options.reconnect else {
-                        return reason;
-                    };
-                    debug!(%reason, "connection lost; reconnecting");
-                    epoch = self.shared.lose(&reason);
-                    dialed = match self.reconnect(backoff, url_index).await {
-                        Ok(dialed) => dialed,
-                        Err(reason) => return reason,
-                    };
-                    debug!(session_id = dialed.ack.session_id, "reconnected");
-                    self.shared.up(epoch, dialed.ack.session_id);
-                }
-            }
+            let ended = self.serve(dialed, epoch, session).await;
+            let reason = match ended.exit {
+                Exit::Closed => return CLOSED_BY_CLIENT.to_owned(),
+                Exit::Kicked(reason) => return reason,
+                Exit::Lost(reason) | Exit::Broken(reason) => reason,
+            };
+            let Some(backoff) = self.options.reconnect else {
+                return reason;
+            };
+            let resume = ended.resume;
+            debug!(%reason, resuming = resume.is_some(), "connection lost; reconnecting");
+            epoch = self.shared.lose(&reason, resume.is_some());
+            dialed = match self
+                .reconnect(backoff, ended.url_index, resume.as_ref())
+                .await
+            {
+                Ok(dialed) => dialed,
+                Err(reason) => return reason,
+            };
+            session = self.take_up(epoch, &dialed.ack, resume, &reason);
         }
     }
 
-    /// Runs one connection, and those it moves to, until the current one ends. Returns
-    /// how, and the index of the URL it was on.
-    async fn serve(&mut self, dialed: Dialed, epoch: u64) -> (Exit, usize) {
+    /// Takes up a reconnection at `epoch`: the session of `resume` goes on if the gate
+    /// resumed it, else a fresh one starts, and what waited on the old one fails (the
+    /// connection was lost for `reason`).
+    fn take_up(
+        &self,
+        epoch: u64,
+        ack: &HandshakeAck,
+        resume: Option<Resume>,
+        reason: &str,
+    ) -> Continue {
+        // What became of the resume asked for; 0 when none was.
+        let code = if resume.is_some() { ack.resume_code } else { 0 };
+        debug!(
+            session_id = ack.session_id,
+            resume_code = code,
+            "reconnected"
+        );
+        let not_resumed = format!("{reason} (the session was not resumed: {code})");
+        let resend = self.shared.up(epoch, ack.session_id, code, &not_resumed);
+        let sequence = match resume {
+            Some(resume) if code == proto::code::OK => resume.sequence,
+            _ => Arc::default(),
+        };
+        Continue { sequence, resend }
+    }
+
+    /// Runs one connection, and those it moves to, until the current one ends.
+    async fn serve(&mut self, dialed: Dialed, epoch: u64, session: Continue) -> Ended {
         // Unbounded, yet bounded by construction: each link sends at most two events
         // (see `link::read_loop`), and links are the current one and those retiring.
-        let (events_tx, mut events) = mpsc::unbounded_channel();
+        let (events_tx, events) = mpsc::unbounded_channel();
         let routes = Routes {
             shared: self.shared.clone(),
             pushes: self.pushes.clone(),
             events: events_tx,
+            acks: Arc::default(),
         };
         let mut links = Links {
-            current: Link::start(dialed, epoch, routes.clone()),
+            current: Link::start(dialed, epoch, routes.clone(), session.sequence),
             retiring: Vec::new(),
         };
+        let exit = match links
+            .current
+            .write_all(self.options.json, session.resend)
+            .await
+        {
+            Ok(()) => self.serve_links(&mut links, routes, events).await,
+            Err(reason) => Exit::Lost(reason),
+        };
+        let url_index = links.current.url_index;
+        // Retiring links end with the current one, and what waits on them fails (see
+        // `Shared::lose`): their sessions are not resumed.
+        for link in links.retiring.drain(..) {
+            tokio::spawn(link.close());
+        }
+        let resume = match exit {
+            Exit::Lost(_) => links.current.resume(),
+            Exit::Closed | Exit::Kicked(_) | Exit::Broken(_) => None,
+        };
+        // A broken connection is closed too: the gate ends a session it is told to.
+        if !matches!(exit, Exit::Lost(_)) {
+            links.current.close().await;
+        }
+        Ended {
+            exit,
+            url_index,
+            resume,
+        }
+    }
+
+    /// Serves the links of one run until the current one ends; returns how.
+    async fn serve_links(
+        &mut self,
+        links: &mut Links,
+        routes: Routes,
+        mut events: mpsc::UnboundedReceiver<LinkEvent>,
+    ) -> Exit {
         let mut heartbeat = links.heartbeat();
         let mut moving: Option<Moving> = None;
-        let json = self.options.json;
-        let exit = loop {
+        loop {
             tokio::select! {
                 biased;
-                () = self.cancel.cancelled() => break Exit::Closed,
+                () = self.cancel.cancelled() => return Exit::Closed,
                 Some((epoch, event)) = events.recv() => {
-                    if let Some(exit) = self.on_event(&mut links, &mut moving, epoch, event) {
-                        break exit;
+                    if let Some(exit) = self.on_event(links, &mut moving, epoch, event) {
+                        return exit;
                     }
                 }
                 dialed = poll_moving(&mut moving) => {
@@ -171,7 +263,9 @@ impl Task {
                     };
                     let epoch = self.shared.moved(dialed.ack.session_id);
                     debug!(session_id = dialed.ack.session_id, url = self.urls[dialed.url_index], "moved");
-                    let old = std::mem::replace(&mut links.current, Link::start(dialed, epoch, routes.clone()));
+                    // A new gate's session: its frames are numbered afresh.
+                    let link = Link::start(dialed, epoch, routes.clone(), Arc::default());
+                    let old = std::mem::replace(&mut links.current, link);
                     links.retiring.push(old);
                     heartbeat = links.heartbeat();
                 }
@@ -186,42 +280,40 @@ impl Task {
                 }
                 out = self.outgoing.recv() => match out {
                     Some(out) => {
-                        if let Some(exit) = self.write_batch(&mut links, out).await {
-                            break exit;
+                        if let Some(exit) = self.write_batch(links, out).await {
+                            return exit;
                         }
                     }
                     // Every handle is gone.
-                    None => break Exit::Closed,
+                    None => return Exit::Closed,
                 },
                 () = tick(&mut heartbeat) => {
-                    let mut failed = None;
-                    for link in links.all() {
-                        let written = match link.feed(json, frame::heartbeat(json)).await {
-                            Ok(()) => link.flush().await,
-                            Err(e) => Err(e),
-                        };
-                        if let Err(e) = written {
-                            failed = Some((link.epoch, e));
-                            break;
-                        }
+                    if let Some(exit) = self.write_control(links, true).await {
+                        return exit;
                     }
-                    if let Some((epoch, reason)) = failed
-                        && let Some(exit) = self.write_failed(&mut links, epoch, reason) {
-                        break exit;
+                }
+                () = routes.acks.notified() => {
+                    if let Some(exit) = self.write_control(links, false).await {
+                        return exit;
                     }
                 }
             }
-        };
-        let url_index = links.current.url_index;
-        // Retiring links end with the current one: a lost connection fails everything
-        // pending (the reconnection starts afresh), and so does the client's end.
-        for link in links.retiring.drain(..) {
-            tokio::spawn(link.close());
         }
-        if !matches!(exit, Exit::Lost(_)) {
-            links.current.close().await;
+    }
+
+    /// Writes each link's heartbeat (when `heartbeat`) and the acks due (see
+    /// [`Link::write_control`]). `Some` when the current connection failed.
+    async fn write_control(&self, links: &mut Links, heartbeat: bool) -> Option<Exit> {
+        let json = self.options.json;
+        let mut failed = None;
+        for link in links.all() {
+            if let Err(e) = link.write_control(json, heartbeat).await {
+                failed = Some((link.epoch, e));
+                break;
+            }
         }
-        (exit, url_index)
+        let (epoch, reason) = failed?;
+        self.write_failed(links, epoch, reason)
     }
 
     /// Handles what a reader reported; `Some` when the current connection is over.
@@ -249,12 +341,14 @@ impl Task {
             }
             // A retiring gate repeating itself, or a link already gone.
             Event::Drain { .. } => None,
-            // A drained gate's kick (at the end of its grace) is a drop, not a verdict.
+            // A drained gate's kick (at the end of its grace) is a drop, not a verdict;
+            // but it ended the session, so there is nothing to resume.
             Event::End(Exit::Kicked(reason)) if current && links.current.drained => {
+                links.current.resume_token.clear();
                 Some(Exit::Lost(reason))
             }
             Event::End(exit) if current => Some(exit),
-            Event::End(Exit::Kicked(reason) | Exit::Lost(reason)) => {
+            Event::End(Exit::Kicked(reason) | Exit::Lost(reason) | Exit::Broken(reason)) => {
                 links.retire(&self.shared, epoch, &reason);
                 None
             }
@@ -310,8 +404,13 @@ impl Task {
     /// Reconnects with exponential backoff and equal jitter, each attempt to the next
     /// URL after `url_index` in turn, until one succeeds, the client closes, or a gate
     /// refuses the handshake with a 4xx (a refused token will not be accepted on the
-    /// next try).
-    async fn reconnect(&self, backoff: Backoff, mut url_index: usize) -> Result<Dialed, String> {
+    /// next try). Each attempt asks to resume the session of `resume`, if given.
+    async fn reconnect(
+        &self,
+        backoff: Backoff,
+        mut url_index: usize,
+        resume: Option<&Resume>,
+    ) -> Result<Dialed, String> {
         let max = backoff.max.max(MIN_BACKOFF);
         let mut delay = backoff.initial.clamp(MIN_BACKOFF, max);
         loop {
@@ -329,7 +428,7 @@ impl Task {
             let attempt = tokio::select! {
                 biased;
                 () = self.cancel.cancelled() => return Err(CLOSED_BY_CLIENT.to_owned()),
-                attempt = connection::connect(url, &self.options) => attempt,
+                attempt = connection::connect(url, &self.options, resume) => attempt,
             };
             match attempt {
                 Ok((ws, ack)) => return Ok(Dialed { url_index, ws, ack }),

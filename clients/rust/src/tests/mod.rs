@@ -2,6 +2,7 @@
 
 mod drain;
 mod fake_gate;
+mod resume;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
