@@ -86,6 +86,13 @@ scenario matches-drain matches --matches 8 --players 2 --duration 2s --arena-wor
   --fault drain-owner --check --quiet
 scenario matches-kill matches --matches 8 --players 2 --duration 2s --arena-workers 2 \
   --fault kill-owner --bus nats-cluster --check --quiet
+# Every player's link cut at once halfway, on both buses, 2 gates: each SDK client
+# resumes on the next gate of its list; --check fails the run if an input is lost or
+# applied twice, a state push is skipped or repeated, or a reconnection did not resume.
+for bus in shaddock nats-cluster; do
+  scenario "matches-flap-$bus" matches --matches 8 --players 2 --duration 2s --gates 2 \
+    --fault flap --bus "$bus" --check --quiet
+done
 # Every fault phase for 1.5 s under a light load, on our broker and on a 3-node
 # nats-server cluster. The gates keep their 5 s request timeout (a shorter one turns a
 # slow answer on a busy machine into a 408), inside the clients' 8 s, so a killed

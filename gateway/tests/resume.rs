@@ -36,7 +36,7 @@ const FLOOD: usize = 400;
 const CUT_AFTER: usize = 100;
 
 /// `room.enter` binds the player named in the body and joins the hall; `room.say`
-/// broadcasts its body to the hall.
+/// broadcasts its body to the hall; `room.who` answers the session as services see it.
 fn room_service() -> Service {
     Service::new("room")
         .raw_method("enter", |ctx, body| {
@@ -50,6 +50,9 @@ fn room_service() -> Service {
         .raw_method("say", |ctx, body| {
             ctx.broadcast(HALL, "room.said", body.clone())?;
             Ok(body)
+        })
+        .raw_method("who", |ctx, _body| {
+            Ok(format!("{} {} {}", ctx.gate(), ctx.sid(), ctx.uid().unwrap_or("")).into())
         })
 }
 
@@ -230,6 +233,10 @@ async fn cut_mid_flood(bus: Bus, other_gate: bool) {
     let second = TestGate::start(&bus, GateConfig::default()).await;
     let hop = Cut::start(first.addr).await.unwrap();
     let mut victim = within(Player::enter(&hop.ws_url(), "victim")).await;
+    let before = victim.send("room.who", "").await;
+    let Got::Response(_, code::OK, identity) = victim.next().await else {
+        panic!("room.who {before} failed");
+    };
     let flooding = tokio::spawn(flood(first.url.clone(), "m", FLOOD));
 
     let mut said = within(pushes_until(&mut victim, &format!("m:{}", CUT_AFTER - 1))).await;
@@ -245,13 +252,16 @@ async fn cut_mid_flood(bus: Bus, other_gate: bool) {
 
     let expected: Vec<String> = (0..FLOOD).map(|i| format!("m:{i}")).collect();
     assert_eq!(said, expected, "every message, in order, none twice");
-    // The session is the same one: still in the hall, still the same player.
+    // The session is the same one: still in the hall, the same player, and services
+    // know it by the same identity, wherever it is now.
     let id = victim.send("room.say", "back").await;
     assert_eq!(victim.next().await, Got::Push("back".into()));
     assert_eq!(
         victim.next().await,
         Got::Response(id, code::OK, "back".into())
     );
+    let id = victim.send("room.who", "").await;
+    assert_eq!(victim.next().await, Got::Response(id, code::OK, identity));
     // The old gate let go of it; exactly one session per player is left.
     let sessions = || first.gate.session_count() + second.gate.session_count();
     common::eventually("the old session ended", || sessions() == 2).await;

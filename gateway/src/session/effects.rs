@@ -94,10 +94,13 @@ impl<S: Io> Session<S> {
         if !uid.is_empty() {
             self.gate.presence.unbind(uid, self.sid);
         }
+        // By the identity services know it by: a resumed session keeps the one it
+        // started with.
+        let session = self.wire.get();
         let event = SessionClosed {
-            gate: self.gate.config.gate_id.clone(),
-            sid: self.sid,
-            uid: self.wire.get().uid.clone(),
+            gate: session.gate.clone(),
+            sid: session.sid,
+            uid: session.uid.clone(),
             groups: std::mem::take(&mut self.groups),
         };
         let subject = format!("{}.evt.session.closed", self.gate.config.prefix);

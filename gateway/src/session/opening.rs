@@ -126,7 +126,10 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
     let mut expires = None;
     if let Some(arrived) = &arrival {
         let old = arrived.held.session.clone().unwrap_or_default();
+        // The same session: services know it by the identity it started with.
         wire.update(|s| {
+            s.gate = old.gate;
+            s.sid = old.sid;
             s.uid = old.uid;
             s.data = old.data;
             s.claims = old.claims;

@@ -14,8 +14,11 @@
 //! with their state), `drain-owner` drains (SIGTERM) the first arena worker (its
 //! matches move to the others with their state), `kill-owner` kills it (SIGKILL: its
 //! matches are lost, their players' inputs answered 404 `match lost` until they join
-//! again, the rest play on). `--bus` runs the fleet on our broker or a nats-server
-//! cluster.
+//! again, the rest play on), `flap` cuts every player's link at once (each player
+//! reaches the gates through a TCP hop of the load tester's, which drops every
+//! connection through it: the SDK resumes the session on the next gate of its list,
+//! docs/protocol.md "Resume", and nothing may be lost, repeated or applied twice).
+//! `--bus` runs the fleet on our broker or a nats-server cluster.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -27,7 +30,8 @@ use nix::sys::signal::Signal;
 use proto::Message as _;
 use proto::arena::{InputRequest, InputResponse, JoinRequest, State};
 use proto::chat::LoginRequest;
-use sdk::{Client, ClientOptions};
+use sdk::{Backoff, Client, ClientOptions};
+use testkit::Cut;
 
 use super::broadcast::expect_ok;
 use super::target::this_process;
@@ -88,6 +92,7 @@ pub enum Fault {
     AddWorker,
     DrainOwner,
     KillOwner,
+    Flap,
 }
 
 /// What one `matches` run measured.
@@ -118,6 +123,9 @@ pub struct MatchesReport {
     pub ticks_skipped: u64,
     pub ticks_repeated: u64,
     pub longest_gap_ms: f64,
+    /// Players' reconnections, and how many of them resumed the session.
+    pub reconnects: u64,
+    pub resumes: u64,
     /// Input sent to a state push showing it.
     pub latency: Summary,
     pub cpu: Vec<CpuUse>,
@@ -126,7 +134,8 @@ pub struct MatchesReport {
 /// Runs the scenario on a fleet it launches.
 pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
     ensure!(
-        matches!(args.fault, Fault::None | Fault::AddWorker) || args.arena_workers >= 2,
+        matches!(args.fault, Fault::None | Fault::AddWorker | Fault::Flap)
+            || args.arena_workers >= 2,
         "--fault drain-owner and kill-owner need --arena-workers 2 or more: someone must take the matches"
     );
     let spec = TopologySpec {
@@ -174,6 +183,12 @@ pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
             "ticks skipped {}, repeated {}",
             report.ticks_skipped,
             report.ticks_repeated
+        );
+        ensure!(
+            report.resumes == report.reconnects,
+            "{} of {} reconnections did not resume their session",
+            report.reconnects - report.resumes,
+            report.reconnects
         );
     }
     Ok(())
@@ -232,10 +247,19 @@ impl Seen {
 }
 
 async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<MatchesReport> {
-    let urls = fleet.gate_urls();
+    let mut urls = fleet.gate_urls();
+    // Flapping players reach each gate through a hop that cuts their links.
+    let mut hops = Vec::new();
+    if args.fault == Fault::Flap {
+        for url in &urls {
+            let addr = url.trim_start_matches("ws://").parse()?;
+            hops.push(Cut::start(addr).await.context("starting a TCP hop")?);
+        }
+        urls = hops.iter().map(Cut::ws_url).collect();
+    }
     let total = (args.matches * args.players) as usize;
     let players: Vec<Player> = stream::iter(0..total)
-        .map(|i| join(&urls[i % urls.len()], i, args.players as usize))
+        .map(|i| join(&urls, i, args.players as usize))
         .buffer_unordered(CONNECT_BATCH)
         .try_collect()
         .await?;
@@ -254,7 +278,7 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
     let mut events = Vec::new();
     if args.fault != Fault::None {
         tokio::time::sleep(args.duration / 2).await;
-        events.push(strike(args.fault, fleet, started).await?);
+        events.push(strike(args.fault, fleet, &hops, started).await?);
     }
     for sender in senders {
         sender.await.context("an input sender failed")?;
@@ -285,6 +309,8 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
         ticks_skipped: 0,
         ticks_repeated: 0,
         longest_gap_ms: 0.0,
+        reconnects: 0,
+        resumes: 0,
         latency: Summary::default(),
         cpu,
     };
@@ -315,6 +341,8 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
             .longest_gap_ms
             .max(seen.longest_gap.as_secs_f64() * 1e3);
         report.inputs_sent += seen.sent as u64;
+        report.reconnects += player.client.reconnects();
+        report.resumes += player.client.resumes();
     }
     report.inputs_ok = outcomes.ok.iter().map(|&n| n as u64).sum();
     report.inputs_failed = outcomes.failed.into_iter().collect();
@@ -324,7 +352,12 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
 }
 
 /// Does `fault` to the fleet; says what was done, and when.
-async fn strike(fault: Fault, fleet: &mut Topology, started: Instant) -> anyhow::Result<String> {
+async fn strike(
+    fault: Fault,
+    fleet: &mut Topology,
+    hops: &[Cut],
+    started: Instant,
+) -> anyhow::Result<String> {
     let at = started.elapsed().as_secs_f64();
     let owner = Role::Worker {
         service: "arena".into(),
@@ -332,6 +365,10 @@ async fn strike(fault: Fault, fleet: &mut Topology, started: Instant) -> anyhow:
     };
     let (signal, verb) = match fault {
         Fault::None => return Ok(String::new()),
+        Fault::Flap => {
+            hops.iter().for_each(Cut::cut);
+            return Ok(format!("{at:.2} s: cut every player's link"));
+        }
         Fault::AddWorker => {
             let role = fleet.add_worker("arena").await?;
             let ready = started.elapsed().as_secs_f64() - at;
@@ -358,11 +395,18 @@ struct Outcomes {
     pending: u64,
 }
 
-/// Connects player `i`, logs it in and joins its match (`i / players`).
-async fn join(url: &str, i: usize, players: usize) -> anyhow::Result<Player> {
-    let client = Client::connect(url, ClientOptions::default())
+/// Connects player `i` (to gate `i % gates`, the others its fallbacks, reconnecting and
+/// resuming by itself), logs it in and joins its match (`i / players`).
+async fn join(urls: &[String], i: usize, players: usize) -> anyhow::Result<Player> {
+    let first = i % urls.len();
+    let urls = [&urls[first..], &urls[..first]].concat();
+    let options = ClientOptions {
+        reconnect: Some(Backoff::default()),
+        ..ClientOptions::default()
+    };
+    let client = Client::connect_any(&urls, options)
         .await
-        .with_context(|| format!("connecting {url}"))?;
+        .with_context(|| format!("connecting {}", urls[0]))?;
     let uid = format!("p{i}");
     let login = LoginRequest { name: uid.clone() };
     expect_ok(client.request("chat.login", login.encode_to_vec()).await?)?;
@@ -475,6 +519,12 @@ impl Section for MatchesReport {
                 self.longest_gap_ms
             ),
         ];
+        if self.reconnects > 0 {
+            lines.push(format!(
+                "links     {} reconnections, {} resumed their session",
+                self.reconnects, self.resumes
+            ));
+        }
         lines.extend(self.events.iter().map(|e| format!("event     {e}")));
         lines.extend((self.inputs_failed.iter()).map(|(why, n)| format!("failed    {n} × {why}")));
         let inputs = self.inputs_sent.max(1) as f64;
