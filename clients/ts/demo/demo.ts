@@ -7,6 +7,10 @@
  * served from elsewhere; `?encoding=json` picks JSON frames. For a gate that checks
  * signed player tokens, the token field's value goes in the handshake (and a new one
  * refreshes an open session); log in with the token's name then.
+ *
+ * Beside the connection's state it shows what became of the session: `resumed` after a
+ * dropped link was taken up again (nothing to restore, no message missed), or a new
+ * session after a reconnect that could not resume (then the page logs in and rejoins).
  */
 import {
   arena,
@@ -34,6 +38,7 @@ function $<T extends HTMLElement = HTMLElement>(id: string): T {
 
 const ui = {
   state: $("state"),
+  session: $("session"),
   stateDetail: $("state-detail"),
   encoding: $<HTMLSelectElement>("encoding"),
   reconnect: $<HTMLButtonElement>("reconnect"),
@@ -72,11 +77,14 @@ let me: string | undefined;
 const rooms = new Set<string>();
 let current: string | undefined;
 let match: string | undefined;
+/** This client has been open before: a new session now is a reconnect's. */
+let wasOpen = false;
 
 function connect(encoding: Encoding): void {
   client?.close("switching connection");
   ui.kick.hidden = true;
   ui.reconnect.hidden = true;
+  wasOpen = false;
   client = new Client({ servers: gateUrl, encoding, serial: true, clientName: "shaddock-demo", token: ui.token.value.trim() });
   chatApi = chat(client);
   echoApi = echo(client);
@@ -114,14 +122,39 @@ function onState(event: StateEvent): void {
   if (event.delayMs) parts.push(`in ${event.delayMs} ms`);
   if (event.reason) parts.push(`(${event.reason})`);
   ui.stateDetail.textContent = parts.join(" ");
-  if (event.state === "open") void restore();
+  showSession(event);
+  // A resumed session has its login, rooms and match still: nothing to restore.
+  if (event.state === "open" && !event.resumed) void restore();
   if (event.state === "closed") {
     ui.reconnect.hidden = false;
     stopEcho();
   }
 }
 
-/** A session does not survive a reconnect: log in and join the rooms and the match again. */
+/** What became of the session, once open: new, resumed, or a new one after a reconnect or a move. */
+function showSession(event: StateEvent): void {
+  let session = "";
+  let text = "";
+  if (event.state === "open") {
+    if (event.resumed) {
+      [session, text] = ["resumed", "resumed"];
+    } else if (event.reason?.startsWith("moved: ")) {
+      [session, text] = ["moved", "moved (new session)"];
+    } else if (wasOpen) {
+      const refused = event.resumeCode ? `, resume ${event.resumeCode}` : "";
+      [session, text] = ["reconnected", `reconnected (new session${refused})`];
+    } else {
+      [session, text] = ["new", "new session"];
+    }
+    wasOpen = true;
+  }
+  ui.session.textContent = text;
+  ui.session.dataset["session"] = session;
+  if (event.resumeCode !== undefined) ui.session.dataset["resumeCode"] = String(event.resumeCode);
+  else delete ui.session.dataset["resumeCode"];
+}
+
+/** A new session has none of the last one's state: log in and join the rooms and the match again. */
 async function restore(): Promise<void> {
   if (me === undefined && match === undefined) return;
   await run(async () => {

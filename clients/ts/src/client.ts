@@ -16,6 +16,13 @@
  * draining gate refused without forwarding it (503 `gate draining`) is sent again on the
  * new connection. If no other gate answers, the client stays until the draining gate
  * closes, then reconnects as after any drop (its kick included).
+ *
+ * A resumable session (docs/protocol.md, "Resume"; `resume.ts` keeps its count) outlives
+ * its link: a link that drops without a kick, a drain or bad input is *detached*, and the
+ * next dial (with back-off, over the gate list) asks to resume it. What was sent on the
+ * lost link waits for the outcome: resumed, it is sent again with the same ids, and the
+ * gate's replay brings what was missed; not resumed, it fails as after any drop, and the
+ * session is a new one. The state event says which (`resumed`, `resumeCode`).
  */
 import { create } from "@bufbuild/protobuf";
 import type { DescMessage, MessageInitShape, MessageShape } from "@bufbuild/protobuf";
@@ -23,32 +30,35 @@ import { backoffDelay, DEFAULT_RECONNECT, nextUrlIndex, type ReconnectOptions } 
 import type { Body } from "./body.js";
 import type { Codec, Encoding, Frame, Inbound } from "./codec/codec.js";
 import { describe } from "./codec/codec.js";
+import { Conn } from "./conn.js";
 import { jsonCodec } from "./codec/json.js";
 import { protobufCodec } from "./codec/protobuf.js";
 import { dial, readFrame, type DialOptions, type Handshaken } from "./dial.js";
 import { ShaddockError } from "./errors.js";
 import { Status } from "./gen/status_pb.js";
 import { Listeners } from "./listeners.js";
+import {
+  DEFAULT_CONNECT_TIMEOUT_MS,
+  DEFAULT_MAX_FRAME_BYTES,
+  DEFAULT_MAX_PENDING,
+  DEFAULT_REQUEST_TIMEOUT_MS,
+  type ClientOptions,
+  type ConnectionState,
+  type NotifyOptions,
+  type RequestOptions,
+  type StateEvent,
+} from "./options.js";
 import { Requests, type Reply } from "./requests.js";
+import { Stream } from "./resume.js";
 import type { Method, PushRoute } from "./typed.js";
 import {
   closeSaid,
   platformWebSocket,
-  shut,
   type CloseEventLike,
   type MessageEventLike,
   type WebSocketConstructor,
-  type WebSocketLike,
 } from "./websocket.js";
 
-/** Default for `requestTimeoutMs`: longer than the gate's own 5 s, so a slow handler shows as the gate's 408. */
-export const DEFAULT_REQUEST_TIMEOUT_MS = 10_000;
-/** Default for `connectTimeoutMs`: WebSocket open plus handshake ack. */
-export const DEFAULT_CONNECT_TIMEOUT_MS = 5_000;
-/** Default for `maxPending`: requests awaiting an answer or a connection. */
-export const DEFAULT_MAX_PENDING = 1_024;
-/** Default for `maxFrameBytes`: the largest frame taken from a gate. */
-export const DEFAULT_MAX_FRAME_BYTES = 4 << 20;
 /** The reason of a client closed by `close()` without one. */
 export const CLOSED_BY_CLIENT = "closed by client";
 /** A session that lived this long resets the back-off when it drops; a shorter one counts as a failed attempt, so a gate that accepts and drops at once is not hammered. */
@@ -56,82 +66,13 @@ export const STABLE_SESSION_MS = 5_000;
 /** WebSocket close code of a server going away: a kick followed by it reconnects. */
 const CLOSE_GOING_AWAY = 1001;
 
-export interface ClientOptions {
-  /** Gate URLs (`ws://host:port/`); reconnects, and moves off a draining gate, go to the next one in turn. */
-  servers: string | readonly string[];
-  /** Binary frames with protobuf (default) or text frames with JSON. */
-  encoding?: Encoding;
-  /** Sent in the handshake for the gate's token check. */
-  token?: string;
-  /** Ask the gate to handle this session's requests one after another (chat clients should). */
-  serial?: boolean;
-  /** Ask for server timing on every answer (`Reply.timing`). */
-  serverTiming?: boolean;
-  /** Names this client in the handshake. */
-  clientName?: string;
-  /** The WebSocket class, where the platform has none (Node 20: `ws`'s `WebSocket`). */
-  WebSocket?: WebSocketConstructor;
-  /** How long a request waits in all (for a connection, then for its answer). */
-  requestTimeoutMs?: number;
-  /** How long opening the WebSocket plus the handshake may take. */
-  connectTimeoutMs?: number;
-  /** Reconnect when the connection drops (default true); `false` closes the client instead. */
-  reconnect?: boolean | ReconnectOptions;
-  /** Requests awaiting an answer or a connection; more are refused with a local 429. */
-  maxPending?: number;
-  /** The largest frame accepted from a gate; a larger one drops the connection. */
-  maxFrameBytes?: number;
-}
-
-export interface RequestOptions {
-  /** Overrides `ClientOptions.requestTimeoutMs` for this request. */
-  timeoutMs?: number;
-  /**
-   * For a keyed service's route (docs/protocol.md, "Keyed services"): the key that picks
-   * the worker holding its state, e.g. a match for `arena.join`. Without one the gate
-   * uses the session value the service names, else the player's uid. Other services
-   * ignore it.
-   */
-  key?: string;
-}
-
-/** What a notify takes: a key, for a keyed service's route. */
-export type NotifyOptions = Pick<RequestOptions, "key">;
-
-/**
- * `idle` before `connect()`; `connecting` until the first handshake succeeds; `open`;
- * `reconnecting` after a drop; `closed` for good.
- */
-export type ConnectionState = "idle" | "connecting" | "open" | "reconnecting" | "closed";
-
-/** A change a UI can show. */
-export interface StateEvent {
-  state: ConnectionState;
-  /** The gate this is about: the one opened, or the one the next attempt goes to. */
-  url?: string;
-  /** Connecting or reconnecting: this attempt's number since the last stable session (1, 2, ...). */
-  attempt?: number;
-  /** Connecting or reconnecting: how long the client waits before this attempt (ms). */
-  delayMs?: number;
-  /** Reconnecting or closed: why the previous connection or attempt ended. Open after a move: `moved: ` and the drain's reason. */
-  reason?: string;
-  /** Open: the gate's session id. */
-  sessionId?: bigint;
-}
-
 type Timer = ReturnType<typeof setTimeout>;
 
-/** One handshaken connection: the current one, or one retiring after a move. */
-interface Conn {
-  readonly socket: WebSocketLike;
-  /** Numbers the connection (from 1): requests remember the one they went out on. */
-  readonly id: number;
-  lastHeard: number;
-  heartbeat: ReturnType<typeof setInterval> | undefined;
-  /** The gate's kick, for the close that follows it. */
-  kickReason: string | undefined;
-  /** The gate said it is draining. */
-  drained: boolean;
+/** A session whose link dropped, to resume on the next connection. */
+interface Detached {
+  readonly stream: Stream;
+  /** Why the link dropped: what its requests fail with if the resume does not succeed. */
+  readonly reason: string;
 }
 
 export class Client {
@@ -139,8 +80,10 @@ export class Client {
   private readonly urls: readonly string[];
   private readonly codec: Codec;
   private readonly WebSocketClass: WebSocketConstructor;
-  private readonly options: Required<Omit<ClientOptions, "servers" | "WebSocket" | "reconnect" | "encoding">>;
+  private readonly options: Required<Omit<ClientOptions, "servers" | "WebSocket" | "reconnect" | "encoding" | "resume">>;
   private readonly reconnect: Required<ReconnectOptions> | undefined;
+  /** Ask for resumable sessions and resume them. */
+  private readonly resume: boolean;
 
   private _state: ConnectionState = "idle";
   private _closedReason: string | undefined;
@@ -153,6 +96,9 @@ export class Client {
   private readonly retiring = new Map<number, Conn>();
   private conns = 0;
   private _moves = 0;
+  private _resumes = 0;
+  /** The session of the link that dropped, until a connection resumes it or starts another. */
+  private detached: Detached | undefined;
   private urlIndex = 0;
   /** Failed attempts (and short-lived sessions) since the last stable session. */
   private failures = 0;
@@ -198,6 +144,10 @@ export class Client {
     this.requests = new Requests(this.options.maxPending, (conn) => this.retireIfDone(conn));
     const reconnect = options.reconnect ?? true;
     this.reconnect = reconnect === false ? undefined : { ...DEFAULT_RECONNECT, ...(reconnect === true ? {} : reconnect) };
+    if (options.resume === true && this.reconnect === undefined) {
+      throw new TypeError("options.resume needs reconnecting: a session is resumed by the next connection");
+    }
+    this.resume = options.resume ?? this.reconnect !== undefined;
     this.closedPromise = new Promise((resolve) => {
       this.resolveClosed = resolve;
     });
@@ -233,6 +183,16 @@ export class Client {
   /** Moves so far: a gate drained and the client went to another one (a new session, like a reconnect). */
   get moves(): number {
     return this._moves;
+  }
+
+  /** Resumes so far: a link dropped and the next connection took its session up again. */
+  get resumes(): number {
+    return this._resumes;
+  }
+
+  /** Whether the current session can be resumed if its link drops (the gate gave a resume token). */
+  get resumable(): boolean {
+    return this.current?.stream.resumable ?? false;
   }
 
   /** Why the client closed, once it has. */
@@ -400,14 +360,24 @@ export class Client {
 
   // --- connection ---
 
-  private dialOptions(): DialOptions {
+  /** How to dial: for a new session, or to resume the one of `resuming`. */
+  private dialOptions(resuming?: Stream): DialOptions {
     return {
       WebSocket: this.WebSocketClass,
       codec: this.codec,
       // Read when the socket opens: a refresh meanwhile changes the token.
       hello: () => {
         const { token, serverTiming, clientName, serial } = this.options;
-        return this.codec.encode({ kind: "handshake", token, serverTiming, client: clientName, serial });
+        return this.codec.encode({
+          kind: "handshake",
+          token,
+          serverTiming,
+          client: clientName,
+          serial,
+          resumable: this.resume,
+          resumeToken: resuming?.token ?? "",
+          lastSeq: resuming?.lastSeq ?? 0,
+        });
       },
       timeoutMs: this.options.connectTimeoutMs,
       maxFrameBytes: this.options.maxFrameBytes,
@@ -415,37 +385,75 @@ export class Client {
   }
 
   private open(): void {
-    this.dialing = dial(this.url, this.dialOptions(), (result) => {
+    // A failed attempt leaves the session detached: the next one asks again.
+    const resuming = this.detached;
+    this.dialing = dial(this.url, this.dialOptions(resuming?.stream), (result) => {
       this.dialing = undefined;
       if ("reason" in result) {
         if (result.refusedCode !== undefined) this.refusedCode = result.refusedCode;
         return this.retry(result.reason, result.retry);
       }
-      this.opened(result);
+      this.opened(result, undefined, resuming);
     });
   }
 
-  /** A handshaken socket becomes the current connection; `reason` says why when it is a move. */
-  private opened(handshaken: Handshaken, reason?: string): void {
-    const conn: Conn = {
-      socket: handshaken.socket,
-      id: ++this.conns,
-      lastHeard: Date.now(),
-      heartbeat: undefined,
-      kickReason: undefined,
-      drained: false,
-    };
+  /**
+   * A handshaken socket becomes the current connection; `reason` says why when it is a
+   * move, `resuming` is the detached session it asked to take up.
+   */
+  private opened(handshaken: Handshaken, reason?: string, resuming?: Detached): void {
+    const { resumeToken, resumeCode } = handshaken.resume;
+    const resumed = resuming !== undefined && resumeCode === Status.OK;
+    let stream = new Stream(resumeToken);
+    if (resumed) {
+      stream = resuming.stream;
+      // Every ack brings a new token; each is good for one resume.
+      stream.token = resumeToken;
+    }
+    const conn = new Conn(handshaken.socket, ++this.conns, stream);
     this.current = conn;
+    if (resuming !== undefined) {
+      this.detached = undefined;
+      if (resumed) {
+        this._resumes++;
+        this.requests.reattach();
+      } else {
+        this.requests.failDetached(`connection lost: ${resuming.reason} (not resumed: ${resumeCode})`);
+      }
+    }
     conn.socket.onmessage = (event: MessageEventLike) => this.onFrame(conn, event);
     conn.socket.onclose = (event: CloseEventLike) => this.onClose(conn, event);
     conn.socket.onerror = () => {};
     this.everOpen = true;
     this.openedAt = Date.now();
     this._sessionId = handshaken.sessionId;
-    conn.heartbeat = this.startHeartbeat(conn, handshaken.heartbeatMs);
-    this.setState({ state: "open", url: this.url, sessionId: handshaken.sessionId, ...(reason !== undefined && { reason }) });
-    // A listener may have closed the client or dropped the socket.
+    conn.startHeartbeat(
+      handshaken.heartbeatMs,
+      () => {
+        // Every heartbeat carries an ack: the gate lets go of what was handled.
+        if (this.send(this.codec.encode({ kind: "heartbeat" }), conn)) this.acknowledge(conn);
+      },
+      (reason) => this.drop(conn, reason, true, true),
+    );
+    // Resumed, what waited goes out before anything a state listener sends: requests
+    // sent again first, in the order made, as a serial session needs. A new session's
+    // listeners log in first (what waited would be refused before that).
+    if (resumed) this.sendUnsent(conn);
+    this.setState({
+      state: "open",
+      url: this.url,
+      sessionId: handshaken.sessionId,
+      resumed,
+      ...(resuming !== undefined && { resumeCode }),
+      ...(reason !== undefined && { reason }),
+    });
+    if (!resumed) this.sendUnsent(conn);
+  }
+
+  /** Sends, on `conn`, every request that waits to be, oldest first. */
+  private sendUnsent(conn: Conn): void {
     for (const id of this.requests.unsent()) {
+      // A listener may have closed the client or dropped the socket.
       if (conn !== this.current) return;
       this.sendRequest(id);
     }
@@ -461,15 +469,18 @@ export class Client {
   private dispatch(conn: Conn, packet: Inbound): void {
     switch (packet.kind) {
       case "response": {
+        // A repeat: a replay's, or the answer again of a request sent again.
+        if (!conn.stream.accept(packet.seq)) return;
         const refused = this.requests.answer(packet.id, packet.code, packet.body, packet.message, packet.timing);
         // Refused by a retiring gate: send it again at once on the current one. Refused
         // by the current gate: it goes out when the move (or a reconnect) opens the next.
         if (refused && conn !== this.current && this._state === "open") this.sendRequest(packet.id);
-        return;
+        return this.handled(conn, packet.seq);
       }
       case "push":
+        if (!conn.stream.accept(packet.seq)) return;
         this.pushListeners.get(packet.route)?.emit((error) => this.report(error), packet.body);
-        return;
+        return this.handled(conn, packet.seq);
       case "kick":
         // The gate closes the session next; the close decides whether to reconnect.
         conn.kickReason = packet.reason;
@@ -524,17 +535,17 @@ export class Client {
     this.release(conn, "moved to another gate");
   }
 
-  private startHeartbeat(conn: Conn, heartbeatMs: number): ReturnType<typeof setInterval> | undefined {
-    if (heartbeatMs <= 0) return undefined;
-    // Half the gate's interval: the gate closes after two silent intervals. The gate
-    // answers every heartbeat, so two intervals without a frame mean it is gone.
-    return setInterval(() => {
-      if (Date.now() - conn.lastHeard > 2 * heartbeatMs) {
-        this.drop(conn, `no frame from the gate in ${2 * heartbeatMs} ms`, true);
-      } else {
-        this.send(this.codec.encode({ kind: "heartbeat" }), conn);
-      }
-    }, heartbeatMs / 2);
+  /** A push or response with `seq` was handled on `conn`: acknowledged every `ACK_EVERY` frames. */
+  private handled(conn: Conn, seq: number): void {
+    if (conn.stream.handled(seq)) this.acknowledge(conn);
+  }
+
+  /** Sends an ack of what `conn`'s session has handled, when it is resumable. */
+  private acknowledge(conn: Conn): void {
+    // A listener may have closed the client or dropped the connection meanwhile.
+    if (conn !== this.current && !this.retiring.has(conn.id)) return;
+    const seq = conn.stream.ack();
+    if (seq !== undefined) this.send(this.codec.encode({ kind: "ack", seq }), conn);
   }
 
   private onClose(conn: Conn, event: CloseEventLike): void {
@@ -543,7 +554,7 @@ export class Client {
       // (shutting down, or draining): then the client moves to another gate.
       return this.drop(conn, conn.kickReason, event.code === CLOSE_GOING_AWAY || conn.drained);
     }
-    this.drop(conn, `the gate closed the connection${closeSaid(event)}`, true);
+    this.drop(conn, `the gate closed the connection${closeSaid(event)}`, true, true);
   }
 
   /** Sends a frame on `conn` (the current connection by default); false (and the connection dropped) when it cannot. */
@@ -553,31 +564,40 @@ export class Client {
       conn.socket.send(frame);
       return true;
     } catch (error) {
-      this.drop(conn, `send failed: ${describe(error)}`, true);
+      this.drop(conn, `send failed: ${describe(error)}`, true, true);
       return false;
     }
   }
 
   /**
    * Ends `conn` for `reason`. A retiring connection just goes (failing what still
-   * waited on it); the current one reconnects when allowed and configured.
+   * waited on it); the current one reconnects when allowed and configured, and a lost
+   * link (`resumable`: not a kick, not bad input) of a resumable session is detached
+   * for the next connection to resume, unless its gate had said it drains (the drain's
+   * end ends the session).
    */
-  private drop(conn: Conn, reason: string, reconnectable: boolean): void {
+  private drop(conn: Conn, reason: string, reconnectable: boolean, resumable = false): void {
     if (this.retiring.delete(conn.id)) return this.release(conn, reason);
     if (conn !== this.current) return;
     this.current = undefined;
     this.moving?.();
     this.moving = undefined;
     this._sessionId = undefined;
-    this.release(conn, reason);
+    if (resumable && reconnectable && !conn.drained && this.reconnect !== undefined && conn.stream.resumable) {
+      this.detached = { stream: conn.stream, reason };
+      conn.cut(reason);
+      this.requests.detach(conn.id);
+    } else {
+      this.release(conn, reason);
+    }
+    // Refresh acks carry no seq and are not replayed: a refresh in flight fails.
     this.requests.failRefreshes(`connection lost: ${reason}`);
     this.retry(reason, reconnectable);
   }
 
   /** Closes a connection that is no longer current or retiring; what was sent on it fails. */
   private release(conn: Conn, reason: string): void {
-    shut(conn.socket, reason);
-    clearInterval(conn.heartbeat);
+    conn.close(reason);
     this.requests.failSent(conn.id, `connection lost: ${reason}`);
   }
 
@@ -610,11 +630,11 @@ export class Client {
     this.dialing = this.moving = undefined;
     for (const conn of [this.current, ...this.retiring.values()]) {
       if (conn === undefined) continue;
-      shut(conn.socket, reason);
-      clearInterval(conn.heartbeat);
+      conn.close(reason);
     }
     this.current = undefined;
     this.retiring.clear();
+    this.detached = undefined;
     this._closedReason = reason;
     this._sessionId = undefined;
     this._state = "closed";

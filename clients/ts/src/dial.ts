@@ -3,7 +3,7 @@
  * client dials this way to connect, to reconnect, and to move off a draining gate while
  * the old connection still serves.
  */
-import type { Codec, Frame, Inbound } from "./codec/codec.js";
+import type { Codec, Frame, Inbound, ResumeAck } from "./codec/codec.js";
 import { describe } from "./codec/codec.js";
 import { Status } from "./gen/status_pb.js";
 import {
@@ -31,6 +31,8 @@ export interface Handshaken {
   socket: WebSocketLike;
   sessionId: bigint;
   heartbeatMs: number;
+  /** What the ack said of resuming: the new token, and the outcome of a resume asked for. */
+  resume: ResumeAck;
 }
 
 /** Why a dial failed, and whether trying again (here or elsewhere) may help. */
@@ -97,7 +99,10 @@ export function dial(url: string, options: DialOptions, done: (result: Handshake
     opened.onopen = null;
     opened.onmessage = null;
     opened.onclose = null;
-    done({ socket: opened, sessionId: packet.sessionId, heartbeatMs: packet.heartbeatMs });
+    const { sessionId, heartbeatMs, resumeToken, resumeCode, lastSeq } = packet;
+    // Synchronously, within this message event: a resume's replay follows the ack at
+    // once, and must find the caller's handlers set.
+    done({ socket: opened, sessionId, heartbeatMs, resume: { resumeToken, resumeCode, lastSeq } });
   };
   opened.onclose = (event: CloseEventLike) => fail({ reason: `could not connect to ${url}${closeSaid(event)}`, retry: true });
   // A close event follows every error event, with what is known; it is handled there.

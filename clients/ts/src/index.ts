@@ -3,10 +3,8 @@
  * browsers and Node, two encodings (protobuf binary frames, JSON text frames), and typed
  * APIs for the built-in services.
  */
+export { Client, connect, CLOSED_BY_CLIENT } from "./client.js";
 export {
-  Client,
-  connect,
-  CLOSED_BY_CLIENT,
   DEFAULT_CONNECT_TIMEOUT_MS,
   DEFAULT_MAX_FRAME_BYTES,
   DEFAULT_MAX_PENDING,
@@ -16,7 +14,8 @@ export {
   type NotifyOptions,
   type RequestOptions,
   type StateEvent,
-} from "./client.js";
+} from "./options.js";
+export { ACK_EVERY } from "./resume.js";
 export type { Reply } from "./requests.js";
 export { backoffDelay, DEFAULT_RECONNECT, type ReconnectOptions } from "./backoff.js";
 export { bodyBytes, bodyText, isJsonObject, type Body, type JsonObject, type JsonValue } from "./body.js";

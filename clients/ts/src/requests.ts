@@ -4,6 +4,12 @@
  * acks carry no id). The client decides when to send; this table settles promises.
  * Each sent request remembers the connection it went out on (the client numbers them
  * from 1), so a connection retiring after a move knows when nothing waits on it.
+ *
+ * When a resumable session's link drops, what was sent on it is *detached*: it waits,
+ * within its own deadline, for the resume's outcome. Resumed, it is sent again with
+ * the same frame (same id, route, body and key), and the gate answers each id once;
+ * not resumed, it fails as after any lost connection. Ids are never reused, so they
+ * stay unique across a resumed session.
  */
 import type { Body } from "./body.js";
 import type { Frame, Timing } from "./codec/codec.js";
@@ -20,12 +26,15 @@ export interface Reply {
 
 type Timer = ReturnType<typeof setTimeout>;
 
+/** `Pending.sentOn` of a request sent on a link that dropped, awaiting the resume's outcome. */
+const DETACHED = -1;
+
 export interface Pending {
   readonly route: string;
   readonly frame: Frame;
   /** False for a notify: sent, never answered. */
   readonly answered: boolean;
-  /** The connection it went out on; 0 while it waits for one. */
+  /** The connection it went out on; 0 while it waits for one; DETACHED while its session is being resumed. */
   sentOn: number;
   readonly timer: Timer;
   readonly resolve: (reply: Reply) => void;
@@ -88,7 +97,7 @@ export class Requests {
       this.pending.delete(id);
       const what = entry.sentOn !== 0 ? `no answer within ${timeoutMs} ms` : `not connected within ${timeoutMs} ms`;
       entry.reject(new ShaddockError(Status.TIMEOUT, what, true, route));
-      if (entry.sentOn !== 0) this.settled(entry.sentOn);
+      if (entry.sentOn > 0) this.settled(entry.sentOn);
     }, timeoutMs);
     this.pending.set(id, { route, frame, answered, sentOn: 0, timer, resolve, reject });
     return id;
@@ -131,8 +140,8 @@ export class Requests {
    */
   answer(id: number, code: number, body: Body, message: string, timing: Timing | undefined): boolean {
     const entry = this.pending.get(id);
-    // Gone already: answered after its local timeout.
-    if (entry === undefined || entry.sentOn === 0) return false;
+    // Gone already (answered after its local timeout), or not out on any connection.
+    if (entry === undefined || entry.sentOn <= 0) return false;
     const conn = entry.sentOn;
     const refused = code === Status.UNAVAILABLE && message === DRAINING_MESSAGE;
     if (refused) {
@@ -176,6 +185,24 @@ export class Requests {
     }
     entry.resolve();
     return entry.token;
+  }
+
+  /**
+   * Connection `conn` dropped and its session may be resumed: what was sent on it
+   * waits for the outcome (`reattach` or `failDetached`).
+   */
+  detach(conn: number): void {
+    for (const entry of this.pending.values()) if (entry.sentOn === conn) entry.sentOn = DETACHED;
+  }
+
+  /** The session was resumed: the detached requests wait to be sent again (`unsent`), in order. */
+  reattach(): void {
+    for (const entry of this.pending.values()) if (entry.sentOn === DETACHED) entry.sentOn = 0;
+  }
+
+  /** The session was not resumed: the detached requests fail, their answers cannot come. */
+  failDetached(message: string): void {
+    this.failSent(DETACHED, message);
   }
 
   /** Fails what was sent on connection `conn`, which is gone: its answers cannot come. */

@@ -1,7 +1,7 @@
 /**
  * The WebSocket the client needs: the browser's, or one injected where the platform has
  * none (Node 20: the `ws` package). Only what both provide is used: the `on*` handler
- * properties, `binaryType`, `send` and `close`.
+ * properties, `binaryType`, `send` and `close`; and `ws`'s `terminate` where it is there.
  */
 
 /** What the client reads from a message event. */
@@ -28,6 +28,8 @@ export interface WebSocketLike {
   onerror: unknown;
   send(data: string | Uint8Array): void;
   close(code?: number, reason?: string): void;
+  /** `ws` only: drops the connection without a close frame. Browsers have none. */
+  terminate?: () => void;
 }
 
 /** A WebSocket class: `globalThis.WebSocket`, or `ws`'s `WebSocket` in Node. */
@@ -71,5 +73,24 @@ export function shut(socket: WebSocketLike, reason: string): void {
     socket.close(1000, closeReason(reason));
   } catch {
     // Already closed, or still connecting in an implementation that refuses: nothing to do.
+  }
+}
+
+/**
+ * Drops a socket whose session is to be resumed: without a close frame where the
+ * WebSocket can (`ws`'s `terminate`), since a close frame from the client ends the
+ * session at the gate at once (docs/protocol.md, "Resume"). A browser's WebSocket can
+ * only close with one; on a link that is really gone it never arrives.
+ */
+export function cut(socket: WebSocketLike, reason: string): void {
+  if (typeof socket.terminate !== "function") return shut(socket, reason);
+  socket.onopen = null;
+  socket.onmessage = null;
+  socket.onclose = null;
+  socket.onerror = () => {};
+  try {
+    socket.terminate();
+  } catch {
+    // Already closed: nothing to do.
   }
 }

@@ -22,19 +22,47 @@ export interface Timing {
   handlerUs: number;
 }
 
-/** Packets a client sends. */
+/** A handshake: the first frame of every connection. */
+export interface Hello {
+  token: string;
+  serverTiming: boolean;
+  client: string;
+  serial: boolean;
+  /** Ask for a resumable session (docs/protocol.md, "Resume"). */
+  resumable: boolean;
+  /** Resume the session this token came with; empty for a new session. */
+  resumeToken: string;
+  /** With `resumeToken`: the highest `seq` handled. */
+  lastSeq: number;
+}
+
+/**
+ * Packets a client sends. Sequence numbers are uint64 on the wire and numbers here:
+ * a session would need 2^53 frames to pass what a number holds exactly.
+ */
 export type Outbound =
-  | { kind: "handshake"; token: string; serverTiming: boolean; client: string; serial: boolean }
+  | ({ kind: "handshake" } & Hello)
   | { kind: "heartbeat" }
   | { kind: "request"; id: number; route: string; body: Body; key?: string }
-  | { kind: "refresh"; token: string };
+  | { kind: "refresh"; token: string }
+  | { kind: "ack"; seq: number };
 
-/** Packets a gate sends. */
+/** What a handshake ack says of a session's resume (all empty or 0 from a gate that does not resume). */
+export interface ResumeAck {
+  /** The token to resume this session with; empty when it cannot be resumed. */
+  resumeToken: string;
+  /** 0 when no resume was asked, 200 resumed, else why the session is a new one. */
+  resumeCode: number;
+  /** Resumed: the highest `seq` the session had sent. */
+  lastSeq: number;
+}
+
+/** Packets a gate sends. `seq` is 0 outside resumable sessions. */
 export type Inbound =
-  | { kind: "handshakeAck"; code: number; sessionId: bigint; heartbeatMs: number; message: string }
+  | ({ kind: "handshakeAck"; code: number; sessionId: bigint; heartbeatMs: number; message: string } & ResumeAck)
   | { kind: "heartbeat" }
-  | { kind: "response"; id: number; code: number; body: Body; message: string; timing?: Timing }
-  | { kind: "push"; route: string; body: Body }
+  | { kind: "response"; id: number; code: number; body: Body; message: string; timing?: Timing; seq: number }
+  | { kind: "push"; route: string; body: Body; seq: number }
   | { kind: "kick"; reason: string }
   | { kind: "refreshAck"; code: number; message: string }
   | { kind: "drain"; reason: string; graceMs: number };
@@ -52,7 +80,7 @@ export interface Codec {
 }
 
 /** Packet kinds only a client sends: a gate sending one is broken. */
-export const CLIENT_ONLY_KINDS: readonly string[] = ["handshake", "request", "refresh"];
+export const CLIENT_ONLY_KINDS: readonly string[] = ["handshake", "request", "refresh", "ack"];
 
 /** A message for a thrown value of unknown type. */
 export function describe(error: unknown): string {

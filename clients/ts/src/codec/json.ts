@@ -27,8 +27,14 @@ export const jsonCodec: Codec = {
             server_timing: packet.serverTiming,
             client: packet.client,
             serial: packet.serial,
+            // Left out when unset, as the gate and the Rust SDK write them.
+            ...(packet.resumable && { resumable: true }),
+            ...(packet.resumeToken !== "" && { resume_token: packet.resumeToken }),
+            ...(packet.lastSeq !== 0 && { last_seq: packet.lastSeq }),
           },
         });
+      case "ack":
+        return JSON.stringify({ ack: { seq: packet.seq } });
       case "heartbeat":
         return JSON.stringify({ heartbeat: {} });
       case "refresh":
@@ -71,6 +77,9 @@ export const jsonCodec: Codec = {
           sessionId: BigInt(uint(fields, "session_id")),
           heartbeatMs: uint(fields, "heartbeat_ms"),
           message: string(fields, "message"),
+          resumeToken: string(fields, "resume_token"),
+          resumeCode: uint(fields, "resume_code"),
+          lastSeq: uint(fields, "last_seq"),
         };
       case "heartbeat":
         return { kind: "heartbeat" };
@@ -82,11 +91,12 @@ export const jsonCodec: Codec = {
           code: uint(fields, "code"),
           body: body(fields),
           message: string(fields, "message"),
+          seq: uint(fields, "seq"),
           ...(timing !== undefined && timing !== null && { timing: timingOf(object(timing, "timing")) }),
         };
       }
       case "push":
-        return { kind: "push", route: string(fields, "route"), body: body(fields) };
+        return { kind: "push", route: string(fields, "route"), body: body(fields), seq: uint(fields, "seq") };
       case "kick":
         return { kind: "kick", reason: string(fields, "reason") };
       case "refresh_ack":

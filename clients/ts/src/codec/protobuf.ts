@@ -7,6 +7,7 @@ import type { DescMessage, MessageShape } from "@bufbuild/protobuf";
 import { bodyBytes, isJsonObject, type Body } from "../body.js";
 import { ProtocolError, ShaddockError } from "../errors.js";
 import {
+  AckSchema,
   HandshakeSchema,
   HeartbeatSchema,
   PacketSchema,
@@ -43,24 +44,28 @@ export const protobufCodec: Codec = {
           sessionId: kind.value.sessionId,
           heartbeatMs: kind.value.heartbeatMs,
           message: kind.value.message,
+          resumeToken: kind.value.resumeToken,
+          resumeCode: kind.value.resumeCode,
+          lastSeq: seqOf(kind.value.lastSeq),
         };
       case "heartbeat":
         return { kind: "heartbeat" };
       case "response": {
-        const { id, code, body, message, timing } = kind.value;
+        const { id, code, body, message, timing, seq } = kind.value;
         return {
           kind: "response",
           id: Number(id),
           code,
           body,
           message,
+          seq: seqOf(seq),
           ...(timing && {
             timing: { totalUs: timing.totalUs, queueUs: timing.queueUs, handlerUs: timing.handlerUs },
           }),
         };
       }
       case "push":
-        return { kind: "push", route: kind.value.route, body: kind.value.body };
+        return { kind: "push", route: kind.value.route, body: kind.value.body, seq: seqOf(kind.value.seq) };
       case "kick":
         return { kind: "kick", reason: kind.value.reason };
       case "refreshAck":
@@ -90,6 +95,12 @@ export const protobufCodec: Codec = {
   },
 };
 
+/** A uint64 sequence number as a number; past 2^53 it could not be compared exactly. */
+function seqOf(seq: bigint): number {
+  if (seq > BigInt(Number.MAX_SAFE_INTEGER)) throw new ProtocolError(`invalid packet: seq ${seq} is too large`);
+  return Number(seq);
+}
+
 function outbound(packet: Outbound): Packet["kind"] {
   switch (packet.kind) {
     case "handshake":
@@ -100,8 +111,13 @@ function outbound(packet: Outbound): Packet["kind"] {
           serverTiming: packet.serverTiming,
           client: packet.client,
           serial: packet.serial,
+          resumable: packet.resumable,
+          resumeToken: packet.resumeToken,
+          lastSeq: BigInt(packet.lastSeq),
         }),
       };
+    case "ack":
+      return { case: "ack", value: create(AckSchema, { seq: BigInt(packet.seq) }) };
     case "heartbeat":
       return { case: "heartbeat", value: create(HeartbeatSchema) };
     case "refresh":

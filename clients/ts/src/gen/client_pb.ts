@@ -15,7 +15,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file client.proto.
  */
 export const file_client: GenFile = /*@__PURE__*/
-  fileDesc("CgxjbGllbnQucHJvdG8SD3NoYWRkb2NrLmNsaWVudCLeAwoGUGFja2V0Ei8KCWhhbmRzaGFrZRgBIAEoCzIaLnNoYWRkb2NrLmNsaWVudC5IYW5kc2hha2VIABI2Cg1oYW5kc2hha2VfYWNrGAIgASgLMh0uc2hhZGRvY2suY2xpZW50LkhhbmRzaGFrZUFja0gAEi8KCWhlYXJ0YmVhdBgDIAEoCzIaLnNoYWRkb2NrLmNsaWVudC5IZWFydGJlYXRIABIrCgdyZXF1ZXN0GAQgASgLMhguc2hhZGRvY2suY2xpZW50LlJlcXVlc3RIABItCghyZXNwb25zZRgFIAEoCzIZLnNoYWRkb2NrLmNsaWVudC5SZXNwb25zZUgAEiUKBHB1c2gYBiABKAsyFS5zaGFkZG9jay5jbGllbnQuUHVzaEgAEiUKBGtpY2sYByABKAsyFS5zaGFkZG9jay5jbGllbnQuS2lja0gAEisKB3JlZnJlc2gYCCABKAsyGC5zaGFkZG9jay5jbGllbnQuUmVmcmVzaEgAEjIKC3JlZnJlc2hfYWNrGAkgASgLMhsuc2hhZGRvY2suY2xpZW50LlJlZnJlc2hBY2tIABInCgVkcmFpbhgKIAEoCzIWLnNoYWRkb2NrLmNsaWVudC5EcmFpbkgAQgYKBGtpbmQiUQoJSGFuZHNoYWtlEg0KBXRva2VuGAEgASgJEhUKDXNlcnZlcl90aW1pbmcYAiABKAgSDgoGY2xpZW50GAMgASgJEg4KBnNlcmlhbBgEIAEoCCJXCgxIYW5kc2hha2VBY2sSDAoEY29kZRgBIAEoDRISCgpzZXNzaW9uX2lkGAIgASgEEhQKDGhlYXJ0YmVhdF9tcxgDIAEoDRIPCgdtZXNzYWdlGAQgASgJIgsKCUhlYXJ0YmVhdCI/CgdSZXF1ZXN0EgoKAmlkGAEgASgEEg0KBXJvdXRlGAIgASgJEgwKBGJvZHkYAyABKAwSCwoDa2V5GAQgASgJImwKCFJlc3BvbnNlEgoKAmlkGAEgASgEEgwKBGNvZGUYAiABKA0SDAoEYm9keRgDIAEoDBIPCgdtZXNzYWdlGAQgASgJEicKBnRpbWluZxgFIAEoCzIXLnNoYWRkb2NrLmNsaWVudC5UaW1pbmciQAoGVGltaW5nEhAKCHRvdGFsX3VzGAEgASgNEhAKCHF1ZXVlX3VzGAIgASgNEhIKCmhhbmRsZXJfdXMYAyABKA0iIwoEUHVzaBINCgVyb3V0ZRgBIAEoCRIMCgRib2R5GAIgASgMIhYKBEtpY2sSDgoGcmVhc29uGAEgASgJIhgKB1JlZnJlc2gSDQoFdG9rZW4YASABKAkiKwoKUmVmcmVzaEFjaxIMCgRjb2RlGAEgASgNEg8KB21lc3NhZ2UYAiABKAkiKQoFRHJhaW4SDgoGcmVhc29uGAEgASgJEhAKCGdyYWNlX21zGAIgASgNQj0KE2Rldi5zaGFkZG9jay5jbGllbnRQAVokc2hhZGRvY2suZGV2L3Byb3RvL2NsaWVudHBiO2NsaWVudHBiYgZwcm90bzM");
+  fileDesc("CgxjbGllbnQucHJvdG8SD3NoYWRkb2NrLmNsaWVudCKDBAoGUGFja2V0Ei8KCWhhbmRzaGFrZRgBIAEoCzIaLnNoYWRkb2NrLmNsaWVudC5IYW5kc2hha2VIABI2Cg1oYW5kc2hha2VfYWNrGAIgASgLMh0uc2hhZGRvY2suY2xpZW50LkhhbmRzaGFrZUFja0gAEi8KCWhlYXJ0YmVhdBgDIAEoCzIaLnNoYWRkb2NrLmNsaWVudC5IZWFydGJlYXRIABIrCgdyZXF1ZXN0GAQgASgLMhguc2hhZGRvY2suY2xpZW50LlJlcXVlc3RIABItCghyZXNwb25zZRgFIAEoCzIZLnNoYWRkb2NrLmNsaWVudC5SZXNwb25zZUgAEiUKBHB1c2gYBiABKAsyFS5zaGFkZG9jay5jbGllbnQuUHVzaEgAEiUKBGtpY2sYByABKAsyFS5zaGFkZG9jay5jbGllbnQuS2lja0gAEisKB3JlZnJlc2gYCCABKAsyGC5zaGFkZG9jay5jbGllbnQuUmVmcmVzaEgAEjIKC3JlZnJlc2hfYWNrGAkgASgLMhsuc2hhZGRvY2suY2xpZW50LlJlZnJlc2hBY2tIABInCgVkcmFpbhgKIAEoCzIWLnNoYWRkb2NrLmNsaWVudC5EcmFpbkgAEiMKA2FjaxgLIAEoCzIULnNoYWRkb2NrLmNsaWVudC5BY2tIAEIGCgRraW5kIowBCglIYW5kc2hha2USDQoFdG9rZW4YASABKAkSFQoNc2VydmVyX3RpbWluZxgCIAEoCBIOCgZjbGllbnQYAyABKAkSDgoGc2VyaWFsGAQgASgIEhEKCXJlc3VtYWJsZRgFIAEoCBIUCgxyZXN1bWVfdG9rZW4YBiABKAkSEAoIbGFzdF9zZXEYByABKAQilAEKDEhhbmRzaGFrZUFjaxIMCgRjb2RlGAEgASgNEhIKCnNlc3Npb25faWQYAiABKAQSFAoMaGVhcnRiZWF0X21zGAMgASgNEg8KB21lc3NhZ2UYBCABKAkSFAoMcmVzdW1lX3Rva2VuGAUgASgJEhMKC3Jlc3VtZV9jb2RlGAYgASgNEhAKCGxhc3Rfc2VxGAcgASgEIhIKA0FjaxILCgNzZXEYASABKAQiCwoJSGVhcnRiZWF0Ij8KB1JlcXVlc3QSCgoCaWQYASABKAQSDQoFcm91dGUYAiABKAkSDAoEYm9keRgDIAEoDBILCgNrZXkYBCABKAkieQoIUmVzcG9uc2USCgoCaWQYASABKAQSDAoEY29kZRgCIAEoDRIMCgRib2R5GAMgASgMEg8KB21lc3NhZ2UYBCABKAkSJwoGdGltaW5nGAUgASgLMhcuc2hhZGRvY2suY2xpZW50LlRpbWluZxILCgNzZXEYBiABKAQiQAoGVGltaW5nEhAKCHRvdGFsX3VzGAEgASgNEhAKCHF1ZXVlX3VzGAIgASgNEhIKCmhhbmRsZXJfdXMYAyABKA0iMAoEUHVzaBINCgVyb3V0ZRgBIAEoCRIMCgRib2R5GAIgASgMEgsKA3NlcRgDIAEoBCIWCgRLaWNrEg4KBnJlYXNvbhgBIAEoCSIYCgdSZWZyZXNoEg0KBXRva2VuGAEgASgJIisKClJlZnJlc2hBY2sSDAoEY29kZRgBIAEoDRIPCgdtZXNzYWdlGAIgASgJIikKBURyYWluEg4KBnJlYXNvbhgBIAEoCRIQCghncmFjZV9tcxgCIAEoDUI9ChNkZXYuc2hhZGRvY2suY2xpZW50UAFaJHNoYWRkb2NrLmRldi9wcm90by9jbGllbnRwYjtjbGllbnRwYmIGcHJvdG8z");
 
 /**
  * @generated from message shaddock.client.Packet
@@ -84,6 +84,12 @@ export type Packet = Message<"shaddock.client.Packet"> & {
      */
     value: Drain;
     case: "drain";
+  } | {
+    /**
+     * @generated from field: shaddock.client.Ack ack = 11;
+     */
+    value: Ack;
+    case: "ack";
   } | { case: undefined; value?: undefined };
 };
 
@@ -127,6 +133,27 @@ export type Handshake = Message<"shaddock.client.Handshake"> & {
    * @generated from field: bool serial = 4;
    */
   serial: boolean;
+
+  /**
+   * Ask for a resumable session (docs/protocol.md, "Resume"): the ack carries a resume
+   * token, and every Push and Response a `seq`.
+   *
+   * @generated from field: bool resumable = 5;
+   */
+  resumable: boolean;
+
+  /**
+   * Resume the session this token came with (the last ack's `resume_token`), on this
+   * gate or any other; `last_seq` is the highest `seq` the client has handled.
+   *
+   * @generated from field: string resume_token = 6;
+   */
+  resumeToken: string;
+
+  /**
+   * @generated from field: uint64 last_seq = 7;
+   */
+  lastSeq: bigint;
 };
 
 /**
@@ -165,6 +192,35 @@ export type HandshakeAck = Message<"shaddock.client.HandshakeAck"> & {
    * @generated from field: string message = 4;
    */
   message: string;
+
+  /**
+   * For a resumable session: the token to resume it with after a dropped link (a new
+   * one with every ack; a token is good for one resume). Empty when the gate keeps no
+   * sessions for resuming (`--resume-window 0`, or a pomelo client).
+   *
+   * @generated from field: string resume_token = 5;
+   */
+  resumeToken: string;
+
+  /**
+   * What became of a resume the handshake asked for: 0 none asked, 200 resumed (the
+   * frames the client missed follow the ack), else the session is a fresh one and this
+   * says why: 400 the token is not one, or was issued to a client of another encoding;
+   * 403 it is another player's; 404 no such session (expired, ended, or resumed
+   * already); 409 the session let go of frames the client missed; 503 the gate that
+   * holds it did not answer.
+   *
+   * @generated from field: uint32 resume_code = 6;
+   */
+  resumeCode: number;
+
+  /**
+   * The highest `seq` the session had sent when it was resumed: the replay is complete
+   * once the frame with this `seq` has arrived. 0 on a fresh session.
+   *
+   * @generated from field: uint64 last_seq = 7;
+   */
+  lastSeq: bigint;
 };
 
 /**
@@ -173,6 +229,26 @@ export type HandshakeAck = Message<"shaddock.client.HandshakeAck"> & {
  */
 export const HandshakeAckSchema: GenMessage<HandshakeAck> = /*@__PURE__*/
   messageDesc(file_client, 2);
+
+/**
+ * The client has handled every Push and Response up to `seq`: the gate may let go of
+ * them. Not answered. Send one at least every 64 frames and with every Heartbeat.
+ *
+ * @generated from message shaddock.client.Ack
+ */
+export type Ack = Message<"shaddock.client.Ack"> & {
+  /**
+   * @generated from field: uint64 seq = 1;
+   */
+  seq: bigint;
+};
+
+/**
+ * Describes the message shaddock.client.Ack.
+ * Use `create(AckSchema)` to create a new message.
+ */
+export const AckSchema: GenMessage<Ack> = /*@__PURE__*/
+  messageDesc(file_client, 3);
 
 /**
  * @generated from message shaddock.client.Heartbeat
@@ -185,7 +261,7 @@ export type Heartbeat = Message<"shaddock.client.Heartbeat"> & {
  * Use `create(HeartbeatSchema)` to create a new message.
  */
 export const HeartbeatSchema: GenMessage<Heartbeat> = /*@__PURE__*/
-  messageDesc(file_client, 3);
+  messageDesc(file_client, 4);
 
 /**
  * id 0 is a notify: it is forwarded but never answered.
@@ -228,7 +304,7 @@ export type Request = Message<"shaddock.client.Request"> & {
  * Use `create(RequestSchema)` to create a new message.
  */
 export const RequestSchema: GenMessage<Request> = /*@__PURE__*/
-  messageDesc(file_client, 4);
+  messageDesc(file_client, 5);
 
 /**
  * @generated from message shaddock.client.Response
@@ -269,6 +345,15 @@ export type Response = Message<"shaddock.client.Response"> & {
    * @generated from field: shaddock.client.Timing timing = 5;
    */
   timing?: Timing | undefined;
+
+  /**
+   * In a resumable session: this frame's place among the session's pushes and
+   * responses (1, 2, 3, ... without gaps). A frame whose seq the client has seen is a
+   * repeat after a resume: drop it.
+   *
+   * @generated from field: uint64 seq = 6;
+   */
+  seq: bigint;
 };
 
 /**
@@ -276,7 +361,7 @@ export type Response = Message<"shaddock.client.Response"> & {
  * Use `create(ResponseSchema)` to create a new message.
  */
 export const ResponseSchema: GenMessage<Response> = /*@__PURE__*/
-  messageDesc(file_client, 5);
+  messageDesc(file_client, 6);
 
 /**
  * Where a request's time went, in microseconds, measured by the gate and the worker.
@@ -311,7 +396,7 @@ export type Timing = Message<"shaddock.client.Timing"> & {
  * Use `create(TimingSchema)` to create a new message.
  */
 export const TimingSchema: GenMessage<Timing> = /*@__PURE__*/
-  messageDesc(file_client, 6);
+  messageDesc(file_client, 7);
 
 /**
  * Server-initiated message: to this player, or to a group it joined.
@@ -332,6 +417,13 @@ export type Push = Message<"shaddock.client.Push"> & {
    * @generated from field: bytes body = 2;
    */
   body: Uint8Array;
+
+  /**
+   * As Response.seq.
+   *
+   * @generated from field: uint64 seq = 3;
+   */
+  seq: bigint;
 };
 
 /**
@@ -339,7 +431,7 @@ export type Push = Message<"shaddock.client.Push"> & {
  * Use `create(PushSchema)` to create a new message.
  */
 export const PushSchema: GenMessage<Push> = /*@__PURE__*/
-  messageDesc(file_client, 7);
+  messageDesc(file_client, 8);
 
 /**
  * The gate is closing this session; the reason says why.
@@ -363,7 +455,7 @@ export type Kick = Message<"shaddock.client.Kick"> & {
  * Use `create(KickSchema)` to create a new message.
  */
 export const KickSchema: GenMessage<Kick> = /*@__PURE__*/
-  messageDesc(file_client, 8);
+  messageDesc(file_client, 9);
 
 /**
  * A fresh token for this session, sent before the current one expires (its `exp`):
@@ -384,7 +476,7 @@ export type Refresh = Message<"shaddock.client.Refresh"> & {
  * Use `create(RefreshSchema)` to create a new message.
  */
 export const RefreshSchema: GenMessage<Refresh> = /*@__PURE__*/
-  messageDesc(file_client, 9);
+  messageDesc(file_client, 10);
 
 /**
  * The gate's answer to a Refresh: 200, or 401 with why (the session keeps its old
@@ -409,7 +501,7 @@ export type RefreshAck = Message<"shaddock.client.RefreshAck"> & {
  * Use `create(RefreshAckSchema)` to create a new message.
  */
 export const RefreshAckSchema: GenMessage<RefreshAck> = /*@__PURE__*/
-  messageDesc(file_client, 10);
+  messageDesc(file_client, 11);
 
 /**
  * The gate is draining (it is being stopped or replaced): connect to another gate and
@@ -437,5 +529,5 @@ export type Drain = Message<"shaddock.client.Drain"> & {
  * Use `create(DrainSchema)` to create a new message.
  */
 export const DrainSchema: GenMessage<Drain> = /*@__PURE__*/
-  messageDesc(file_client, 11);
+  messageDesc(file_client, 12);
 

@@ -5,7 +5,8 @@
  * so `input` and `leave` need no key. The session must have a uid first
  * (`chat(client).login(name)`, or a signed token). Positions are int64: `bigint`s.
  */
-import type { Client, RequestOptions } from "../client.js";
+import type { Client } from "../client.js";
+import type { RequestOptions } from "../options.js";
 import {
   InputRequestSchema,
   InputResponseSchema,

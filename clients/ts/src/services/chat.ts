@@ -3,7 +3,8 @@
  * in docs/chat.md). Open chat sessions with `serial: true`, so that a join is handled
  * before the say behind it and a sender's lines keep their order.
  */
-import type { Client, RequestOptions } from "../client.js";
+import type { Client } from "../client.js";
+import type { RequestOptions } from "../options.js";
 import {
   ChatMessageSchema,
   JoinRequestSchema,

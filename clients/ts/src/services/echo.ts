@@ -3,7 +3,8 @@
  * with the same body) and `echo.raw` (the body answered unchanged, never decoded).
  */
 import { bodyBytes } from "../body.js";
-import type { Client, RequestOptions } from "../client.js";
+import type { Client } from "../client.js";
+import type { RequestOptions } from "../options.js";
 import { EchoRequestSchema, EchoResponseSchema } from "../gen/echo_pb.js";
 import { method } from "../typed.js";
 

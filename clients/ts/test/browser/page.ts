@@ -37,6 +37,11 @@ export async function waitForState(page: Page, state: string, timeout = WAIT_MS)
   await page.waitForFunction((s) => document.getElementById("state")?.dataset["state"] === s, { timeout }, state);
 }
 
+/** Waits until the page says what became of its session: `new`, `resumed`, `reconnected` or `moved`. */
+export async function waitForSession(page: Page, session: string, timeout = WAIT_MS): Promise<void> {
+  await page.waitForFunction((s) => document.getElementById("session")?.dataset["session"] === s, { timeout }, session);
+}
+
 async function fill(page: Page, selector: string, value: string): Promise<void> {
   await page.$eval(selector, (el) => {
     (el as HTMLInputElement).value = "";
