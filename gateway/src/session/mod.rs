@@ -176,7 +176,8 @@ struct Session<S> {
     /// session closes.
     drain: Option<Drain>,
     groups: Vec<String>,
-    ws: Ws<S>,
+    /// `None` once a resumable session is detached: its socket and buffers are let go.
+    ws: Option<Ws<S>>,
     /// Frames waiting for the socket.
     outbox: Outbox,
     /// The outbox was full: the session closes as too slow.
@@ -395,8 +396,11 @@ impl<S: Io> Session<S> {
             }
             // Written now, not on the next turn: polled once with this task's context,
             // so a socket that is full wakes it when it takes more.
-            if let Poll::Ready(Err(_)) =
-                poll_fn(|cx| Poll::Ready(self.outbox.poll_write(&mut self.ws, cx))).await
+            if let Poll::Ready(Err(_)) = poll_fn(|cx| match self.ws.as_mut() {
+                Some(ws) => Poll::Ready(self.outbox.poll_write(ws, cx)),
+                None => Poll::Ready(Poll::Ready(Ok(()))),
+            })
+            .await
             {
                 break Closing::lost(CloseCode::Away, WRITE_FAILED);
             }
@@ -409,10 +413,13 @@ impl<S: Io> Session<S> {
         &mut self,
         cx: &mut std::task::Context<'_>,
     ) -> Poll<Option<Option<Result<Message, tokio_tungstenite::tungstenite::Error>>>> {
-        if let Poll::Ready(Err(_)) = self.outbox.poll_write(&mut self.ws, cx) {
+        let Some(ws) = self.ws.as_mut() else {
+            return Poll::Pending;
+        };
+        if let Poll::Ready(Err(_)) = self.outbox.poll_write(ws, cx) {
             return Poll::Ready(None);
         }
-        self.ws.poll_next_unpin(cx).map(Some)
+        ws.poll_next_unpin(cx).map(Some)
     }
 
     /// The session ends: what is queued goes out, then the close frame, within the
@@ -424,9 +431,14 @@ impl<S: Io> Session<S> {
         } else {
             self.gate.config.write_timeout
         };
-        let flushed =
-            tokio::time::timeout(wait, poll_fn(|cx| self.outbox.poll_write(&mut self.ws, cx)))
-                .await;
+        let flushed = tokio::time::timeout(
+            wait,
+            poll_fn(|cx| match self.ws.as_mut() {
+                Some(ws) => self.outbox.poll_write(ws, cx),
+                None => Poll::Ready(Ok(())),
+            }),
+        )
+        .await;
         let dropped = self.outbox.queued_pushes() + inbox.queued_pushes();
         if dropped > 0 {
             metrics::counter!("gate_push_dropped_total").increment(dropped as u64);
@@ -436,13 +448,15 @@ impl<S: Io> Session<S> {
         } else {
             Duration::ZERO
         };
-        close(&mut self.ws, closing, wait).await;
+        if let Some(ws) = self.ws.as_mut() {
+            close(ws, closing, wait).await;
+        }
     }
 
     /// Handles up to [`READ_BATCH`] more frames that are readable without waiting.
     fn on_ready_frames(&mut self, now: Instant) -> Result<(), Closing> {
         for _ in 0..READ_BATCH {
-            let Some(frame) = self.ws.next().now_or_never() else {
+            let Some(frame) = self.ws.as_mut().and_then(|ws| ws.next().now_or_never()) else {
                 break;
             };
             self.on_frame(frame, now)?;

@@ -197,7 +197,9 @@ impl<S: Io> Session<S> {
         }
         r.detached_until = Some(Instant::now() + window);
         // Told if it still listens (a slow or silent client); never waited for.
-        close(&mut self.ws, closing, Duration::ZERO).await;
+        if let Some(mut ws) = self.ws.take() {
+            close(&mut ws, closing, Duration::ZERO).await;
+        }
         metrics::counter!("gate_sessions_detached_total").increment(1);
         metrics::gauge!("gate_sessions_detached").increment(1.0);
         true
@@ -270,7 +272,9 @@ impl<S: Io> Session<S> {
         });
         if was_attached {
             // The client is elsewhere now: this socket is stale, and is let go.
-            close(&mut self.ws, Closing::handed_over(), Duration::ZERO).await;
+            if let Some(mut ws) = self.ws.take() {
+                close(&mut ws, Closing::handed_over(), Duration::ZERO).await;
+            }
             metrics::gauge!("gate_sessions_detached").increment(1.0);
         }
         (marks == 0).then(|| self.hand_over())

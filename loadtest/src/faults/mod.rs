@@ -2,9 +2,10 @@
 //! load (issue #15). The fleet is a bus (one `shaddock broker`, or 3 nats-server nodes
 //! routed into a cluster: `--bus`), 2 gates and 3 echo workers, each its own process.
 //! N clients send `echo.raw` at a steady rate through the gates for the whole run, while
-//! six phases (baseline, add/drain/kill a worker, drain a gate, restart a bus node) do
-//! one thing each to the fleet at their start, then run `--phase` longer under the same
-//! load.
+//! seven phases (baseline, cut every client's link, add/drain/kill a worker, drain a
+//! gate, restart a bus node) do one thing each at their start, then run `--phase` longer
+//! under the same load. The clients reach the gates through TCP hops of the load
+//! tester's ([`testkit::Cut`]), which the flap phase cuts: the clients resume.
 //!
 //! Every request counts in the phase it was sent in: answered (by code), cut (the
 //! connection closed under it), timed out, or lost (no outcome at all by the end, plus
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use nix::sys::signal::Signal;
+use testkit::Cut;
 
 use crate::proc::CpuSample;
 use crate::report::{OutputArgs, Report};
@@ -131,7 +133,12 @@ async fn run_phases(
         drain_timeout: args.drain_timeout,
     });
     let clock = Arc::new(PhaseClock::default());
-    let gates = fleet.gate_urls();
+    let mut hops = Vec::new();
+    for url in fleet.gate_urls() {
+        let addr = url.trim_start_matches("ws://").parse()?;
+        hops.push(Cut::start(addr).await.context("starting a TCP hop")?);
+    }
+    let gates: Vec<String> = hops.iter().map(Cut::ws_url).collect();
     let mut clients = load::start(config, &gates, clock.clone(), PHASES.len()).await?;
     let origin = Instant::now();
     let mut runs: Vec<PhaseRun> = Vec::new();
@@ -152,7 +159,7 @@ async fn run_phases(
             eprintln!("phase {}: {}", index + 1, fault.name());
         }
         let mut events = Vec::new();
-        let acted = act(fleet, fault, &mut events).await;
+        let acted = act(fleet, &hops, fault, &mut events).await;
         tokio::time::sleep(args.phase).await;
         let fault_at = acted.unwrap_or_else(|e| {
             report.errors.push(format!("{}: {e:#}", fault.name()));
@@ -223,6 +230,7 @@ fn blips(before: &HashMap<Role, Vec<f64>>, after: &HashMap<Role, Vec<f64>>) -> [
 /// struck when it killed something (for the requests it may hold).
 async fn act(
     fleet: &mut Topology,
+    hops: &[Cut],
     fault: Fault,
     events: &mut Vec<String>,
 ) -> anyhow::Result<Option<Instant>> {
@@ -233,6 +241,10 @@ async fn act(
     let mut struck = None;
     match fault {
         Fault::Baseline => {}
+        Fault::FlapClients => {
+            hops.iter().for_each(Cut::cut);
+            events.push("cut every client's link".to_owned());
+        }
         Fault::AddWorker => {
             let role = fleet.add_worker(SERVICE).await?;
             events.push(format!(

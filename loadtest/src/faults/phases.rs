@@ -25,6 +25,9 @@ pub enum Fault {
     /// Nothing: the load alone.
     #[default]
     Baseline,
+    /// Every client's link cut at once (the clients reach the gates through TCP hops of
+    /// the load tester's): each resumes its session (docs/protocol.md, "Resume").
+    FlapClients,
     /// One more echo worker.
     AddWorker,
     /// SIGTERM to an echo worker; waited for until it exits.
@@ -39,8 +42,9 @@ pub enum Fault {
 }
 
 /// The phases, in order.
-pub const PHASES: [Fault; 6] = [
+pub const PHASES: [Fault; 7] = [
     Fault::Baseline,
+    Fault::FlapClients,
     Fault::AddWorker,
     Fault::DrainWorker,
     Fault::KillWorker,
@@ -52,6 +56,7 @@ impl Fault {
     pub fn name(self) -> &'static str {
         match self {
             Fault::Baseline => "baseline",
+            Fault::FlapClients => "flap clients",
             Fault::AddWorker => "add worker",
             Fault::DrainWorker => "drain worker",
             Fault::KillWorker => "kill worker",

@@ -927,20 +927,8 @@ impl Topology {
             if !matches!(role, Role::Gate(_)) {
                 continue;
             }
-            let Some((addr, path)) = url
-                .strip_prefix("http://")
-                .and_then(|rest| rest.split_once('/'))
-            else {
-                continue;
-            };
-            let (Ok(addr), path) = (addr.parse(), format!("/{path}")) else {
-                continue;
-            };
-            if let Ok(text) = cluster::http_get(addr, &path).await {
-                sums.insert(
-                    role,
-                    counters.iter().map(|c| counter_sum(&text, c)).collect(),
-                );
+            if let Some(values) = scrape(&url, counters).await {
+                sums.insert(role, values);
             }
         }
         sums
@@ -989,6 +977,16 @@ impl Drop for Topology {
             }
         }
     }
+}
+
+/// Each of `names` (Prometheus counters or gauges, summed over their labels) as served
+/// at `url` (`http://host:port/path`); `None` when it cannot be read.
+pub async fn scrape(url: &str, names: &[&str]) -> Option<Vec<f64>> {
+    let (addr, path) = url.strip_prefix("http://")?.split_once('/')?;
+    let text = cluster::http_get(addr.parse().ok()?, &format!("/{path}"))
+        .await
+        .ok()?;
+    Some(names.iter().map(|n| counter_sum(&text, n)).collect())
 }
 
 /// The sum of counter `name`'s samples (every label set) in Prometheus text.

@@ -4,19 +4,28 @@
 //! the gate has fully set each one up when its ack arrives), reads `VmRSS` again while
 //! they are all open, and divides the difference by the sessions opened. The sessions
 //! send nothing but the SDK's heartbeats.
+//!
+//! With `--detached` (a gate it launches) the sessions are resumable and reach the gate
+//! through a TCP hop ([`testkit::Cut`]); once open, the hop cuts every link and refuses
+//! the clients' redials, so each session waits on the gate, detached, for a client that
+//! does not come (docs/protocol.md, "Resume"). When the gate counts them all detached
+//! (`gate_sessions_detached`), `VmRSS` is read a third time: the memory a detached
+//! session holds.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context as _, bail};
-use sdk::{Client, ClientOptions};
+use sdk::{Backoff, Client, ClientOptions};
 use serde::Serialize;
+use testkit::Cut;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::target::{Gates, TargetArgs, with_topology};
 use crate::proc::rss_bytes;
 use crate::report::{Doc, OutputArgs, Report, Section, thousands};
+use crate::topology::{Role, scrape};
 
 /// Most sessions one run opens: each is a file descriptor here and in the gate.
 pub const MAX_SESSIONS: usize = 50_000;
@@ -36,11 +45,17 @@ pub struct IdleArgs {
     #[arg(long, default_value_t = 64,
           value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub concurrency: u64,
+    /// Also measure the sessions detached (see the module docs); needs a launched gate.
+    #[arg(long)]
+    pub detached: bool,
     #[command(flatten)]
     pub target: TargetArgs,
     #[command(flatten)]
     pub output: OutputArgs,
 }
+
+/// How long the gate may take to see every cut link once the hop cut them.
+const DETACH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Resident memory per idle session.
 #[derive(Debug, Clone, Serialize)]
@@ -56,13 +71,23 @@ pub struct IdleReport {
     pub bytes_per_session: f64,
     /// Sessions still open when the second RSS reading was taken.
     pub alive_after: usize,
+    /// With `--detached`: the RSS once every session was detached, and per session.
+    pub rss_detached: Option<u64>,
+    pub bytes_per_detached: Option<f64>,
     #[serde(skip)]
     first_error: Option<String>,
 }
 
 pub async fn idle(args: IdleArgs) -> anyhow::Result<()> {
     let (gates, topology) = args.target.gates(1, 1).await?;
-    let idle = with_topology(topology, measure(&args, &gates)).await?;
+    let metrics = (topology.iter())
+        .flat_map(|t| t.metrics_urls())
+        .find_map(|(role, url)| matches!(role, Role::Gate(_)).then_some(url));
+    anyhow::ensure!(
+        !args.detached || metrics.is_some(),
+        "--detached needs a gate this command launches (it reads the gate's metrics)"
+    );
+    let idle = with_topology(topology, measure(&args, &gates, metrics)).await?;
     Report::new("idle", gates.setup.clone(), idle.clone()).write(&args.output)?;
     let error = idle.first_error.unwrap_or_default();
     if idle.opened == 0 {
@@ -74,9 +99,27 @@ pub async fn idle(args: IdleArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Opens the sessions and reads the gate's RSS around it.
-async fn measure(args: &IdleArgs, gates: &Gates) -> anyhow::Result<IdleReport> {
+/// Opens the sessions and reads the gate's RSS around it (and, `--detached`, once they
+/// are detached: `metrics` is the gate's metrics URL).
+async fn measure(
+    args: &IdleArgs,
+    gates: &Gates,
+    metrics: Option<String>,
+) -> anyhow::Result<IdleReport> {
     let url = gates.urls.first().context("no gate URL")?.clone();
+    let hop = match args.detached {
+        true => {
+            let addr = url.trim_start_matches("ws://").parse()?;
+            Some(Cut::start(addr).await.context("starting a TCP hop")?)
+        }
+        false => None,
+    };
+    let dial = hop.as_ref().map_or_else(|| url.clone(), Cut::ws_url);
+    let options = ClientOptions {
+        // Resumable sessions ask to be, and a resume needs a client that redials.
+        reconnect: hop.is_some().then(Backoff::default),
+        ..ClientOptions::default()
+    };
     let Some(pid) = args.pid.or_else(|| gates.gate_pids.first().copied()) else {
         bail!("--pid is required with --url: the gate's RSS is read from /proc/<pid>");
     };
@@ -87,10 +130,10 @@ async fn measure(args: &IdleArgs, gates: &Gates) -> anyhow::Result<IdleReport> {
     let permits = Arc::new(Semaphore::new(usize::try_from(args.concurrency)?));
     let mut set = JoinSet::new();
     for _ in 0..sessions {
-        let (permits, url) = (permits.clone(), url.clone());
+        let (permits, dial, options) = (permits.clone(), dial.clone(), options.clone());
         set.spawn(async move {
             let _permit = permits.acquire_owned().await;
-            Client::connect(&url, ClientOptions::default()).await
+            Client::connect(&dial, options).await
         });
     }
     let mut clients = Vec::with_capacity(sessions);
@@ -106,6 +149,25 @@ async fn measure(args: &IdleArgs, gates: &Gates) -> anyhow::Result<IdleReport> {
     let rss_after = rss()?;
     let alive_after = clients.iter().filter(|c| !c.is_closed()).count();
     let opened = clients.len();
+    let mut rss_detached = None;
+    if let (Some(hop), Some(metrics)) = (hop, metrics) {
+        // Every link cut, and no redial gets through: the hop is gone.
+        hop.cut();
+        drop(hop);
+        let detached = async {
+            loop {
+                let counted = scrape(&metrics, &["gate_sessions_detached"]).await;
+                if counted.is_some_and(|c| c[0] >= opened as f64) {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(DETACH_TIMEOUT, detached)
+            .await
+            .context("the gate did not count every session detached")?;
+        rss_detached = Some(rss()?);
+    }
     futures::future::join_all(clients.iter().map(Client::close)).await;
     Ok(IdleReport {
         url,
@@ -118,6 +180,9 @@ async fn measure(args: &IdleArgs, gates: &Gates) -> anyhow::Result<IdleReport> {
         rss_after,
         bytes_per_session: (rss_after as f64 - rss_before as f64) / opened.max(1) as f64,
         alive_after,
+        rss_detached,
+        bytes_per_detached: rss_detached
+            .map(|rss| (rss as f64 - rss_before as f64) / opened.max(1) as f64),
         first_error,
     })
 }
@@ -137,5 +202,12 @@ impl Section for IdleReport {
                 thousands(self.bytes_per_session)
             ),
         ]);
+        if let (Some(rss), Some(per)) = (self.rss_detached, self.bytes_per_detached) {
+            doc.lines(vec![format!(
+                "detached (every link cut, the clients kept away): RSS {} KiB: {} bytes per session",
+                rss / 1024,
+                thousands(per)
+            )]);
+        }
     }
 }
