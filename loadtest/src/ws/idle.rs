@@ -9,8 +9,12 @@
 //! through a TCP hop ([`testkit::Cut`]); once open, the hop cuts every link and refuses
 //! the clients' redials, so each session waits on the gate, detached, for a client that
 //! does not come (docs/protocol.md, "Resume"). When the gate counts them all detached
-//! (`gate_sessions_detached`), `VmRSS` is read a third time: the memory a detached
-//! session holds.
+//! (`gate_sessions_detached`), `VmRSS` is read a third time. It hardly moves: what a
+//! detached session lets go (its socket's buffers) stays with the allocator. So as many
+//! sessions again are opened, live, and `VmRSS` read a last time: they are built mostly
+//! from what the detached ones let go, and what they add on top, per session, is an
+//! estimate of what each detached session still holds. Each detached session costs the
+//! load tester three descriptors (its client and the hop's two sockets).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -71,8 +75,11 @@ pub struct IdleReport {
     pub bytes_per_session: f64,
     /// Sessions still open when the second RSS reading was taken.
     pub alive_after: usize,
-    /// With `--detached`: the RSS once every session was detached, and per session.
+    /// With `--detached`: the RSS once every session was detached, then with as many
+    /// live sessions again, and the estimate of what a detached session holds (see the
+    /// module docs).
     pub rss_detached: Option<u64>,
+    pub rss_refilled: Option<u64>,
     pub bytes_per_detached: Option<f64>,
     #[serde(skip)]
     first_error: Option<String>,
@@ -150,6 +157,8 @@ async fn measure(
     let alive_after = clients.iter().filter(|c| !c.is_closed()).count();
     let opened = clients.len();
     let mut rss_detached = None;
+    let mut rss_refilled = None;
+    let mut refill = Vec::new();
     if let (Some(hop), Some(metrics)) = (hop, metrics) {
         // Every link cut, and no redial gets through: the hop is gone.
         hop.cut();
@@ -167,7 +176,12 @@ async fn measure(
             .await
             .context("the gate did not count every session detached")?;
         rss_detached = Some(rss()?);
+        for _ in 0..opened {
+            refill.push(Client::connect(&url, ClientOptions::default()).await?);
+        }
+        rss_refilled = Some(rss()?);
     }
+    futures::future::join_all(refill.iter().map(Client::close)).await;
     futures::future::join_all(clients.iter().map(Client::close)).await;
     Ok(IdleReport {
         url,
@@ -181,8 +195,10 @@ async fn measure(
         bytes_per_session: (rss_after as f64 - rss_before as f64) / opened.max(1) as f64,
         alive_after,
         rss_detached,
+        rss_refilled,
         bytes_per_detached: rss_detached
-            .map(|rss| (rss as f64 - rss_before as f64) / opened.max(1) as f64),
+            .zip(rss_refilled)
+            .map(|(detached, refilled)| (refilled as f64 - detached as f64) / opened.max(1) as f64),
         first_error,
     })
 }
@@ -202,12 +218,22 @@ impl Section for IdleReport {
                 thousands(self.bytes_per_session)
             ),
         ]);
-        if let (Some(rss), Some(per)) = (self.rss_detached, self.bytes_per_detached) {
-            doc.lines(vec![format!(
-                "detached (every link cut, the clients kept away): RSS {} KiB: {} bytes per session",
-                rss / 1024,
-                thousands(per)
-            )]);
+        if let (Some(detached), Some(refilled), Some(per)) = (
+            self.rss_detached,
+            self.rss_refilled,
+            self.bytes_per_detached,
+        ) {
+            doc.lines(vec![
+                format!(
+                    "detached (every link cut, the clients kept away): RSS {} KiB",
+                    detached / 1024
+                ),
+                format!(
+                    "as many live sessions again: RSS {} KiB: a detached session holds about {} bytes",
+                    refilled / 1024,
+                    thousands(per)
+                ),
+            ]);
         }
     }
 }
