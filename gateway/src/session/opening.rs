@@ -75,25 +75,23 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
         }
     };
     let sid = gate.sessions.next_sid();
-    let ack = |code: u32, message: &str| {
-        codec.encode(Kind::HandshakeAck(client::HandshakeAck {
-            code,
-            session_id: sid,
-            heartbeat_ms: gate
-                .config
-                .heartbeat
-                .as_millis()
-                .try_into()
-                .unwrap_or(u32::MAX),
-            message: message.into(),
-            ..Default::default()
-        }))
+    let ack = |code: u32, message: &str| client::HandshakeAck {
+        code,
+        session_id: sid,
+        heartbeat_ms: gate
+            .config
+            .heartbeat
+            .as_millis()
+            .try_into()
+            .unwrap_or(u32::MAX),
+        message: message.into(),
+        ..Default::default()
     };
     let identity = match gate.token_check.check(&handshake.token) {
         Ok(identity) => identity,
         Err(e) => {
             metrics::counter!("gate_auth_failures_total", "reason" => e.reason()).increment(1);
-            let answer = ack(code::UNAUTHORIZED, &e.to_string());
+            let answer = codec.encode(Kind::HandshakeAck(ack(code::UNAUTHORIZED, &e.to_string())));
             refuse(&mut ws, answer, "unauthorized", wait).await;
             return;
         }
@@ -143,7 +141,8 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
             // Bound before the ack: the first request already carries the player.
             if let Err(e) = gate.presence.bind(&identity.uid, sid).await {
                 gate.sessions.remove(sid);
-                let answer = ack(bind_refusal(&e), &e.to_string());
+                let answer =
+                    codec.encode(Kind::HandshakeAck(ack(bind_refusal(&e), &e.to_string())));
                 refuse(&mut ws, answer, "uid refused", wait).await;
                 return;
             }
@@ -162,18 +161,10 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
         .map(|a| a.held.groups.clone())
         .unwrap_or_default();
     let accepted = client::HandshakeAck {
-        code: code::OK,
-        session_id: sid,
-        heartbeat_ms: gate
-            .config
-            .heartbeat
-            .as_millis()
-            .try_into()
-            .unwrap_or(u32::MAX),
-        message: String::new(),
         resume_token: token.as_ref().map(Token::to_string).unwrap_or_default(),
         resume_code,
         last_seq: arrival.as_ref().map_or(0, |a| a.handed.seq),
+        ..ack(code::OK, "")
     };
     if !matches!(
         timeout(wait, ws.send(codec.encode(Kind::HandshakeAck(accepted)))).await,

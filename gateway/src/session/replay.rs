@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 
+use rustc_hash::FxHashMap;
 use tokio_tungstenite::tungstenite::Message;
 
 /// A frame sent and not yet acknowledged.
@@ -19,6 +20,9 @@ pub(super) struct Kept {
 
 pub(super) struct Replay {
     frames: VecDeque<Kept>,
+    /// The seq of each answer kept, by request id: a request sent again is looked up
+    /// here on every request of the session, so not by a scan.
+    answers: FxHashMap<u64, u64>,
     bytes: usize,
     max_frames: usize,
     max_bytes: usize,
@@ -43,6 +47,7 @@ impl Replay {
     pub(super) fn new(seq: u64, max_frames: usize, max_bytes: usize) -> Self {
         Replay {
             frames: VecDeque::new(),
+            answers: FxHashMap::default(),
             bytes: 0,
             max_frames: max_frames.max(1),
             max_bytes,
@@ -65,6 +70,9 @@ impl Replay {
     /// Keeps the frame just numbered; `false` when the bounds made older frames go.
     pub(super) fn keep(&mut self, frame: Message, answers: u64) -> bool {
         self.bytes += frame.len();
+        if answers != 0 {
+            self.answers.insert(answers, self.seq);
+        }
         self.frames.push_back(Kept {
             seq: self.seq,
             frame,
@@ -84,6 +92,9 @@ impl Replay {
         if let Some(gone) = self.frames.pop_front() {
             self.bytes -= gone.frame.len();
             self.floor = gone.seq;
+            if gone.answers != 0 {
+                self.answers.remove(&gone.answers);
+            }
         }
     }
 
@@ -107,10 +118,12 @@ impl Replay {
 
     /// The answer to request `id`, while it is kept.
     pub(super) fn answer(&self, id: u64) -> Option<&Message> {
-        self.frames
-            .iter()
-            .find(|k| k.answers == id)
-            .map(|k| &k.frame)
+        let seq = *self.answers.get(&id)?;
+        let first = self.frames.front()?.seq;
+        let kept = self
+            .frames
+            .get(usize::try_from(seq.checked_sub(first)?).ok()?)?;
+        Some(&kept.frame)
     }
 
     /// Frames kept now.
