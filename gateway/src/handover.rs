@@ -46,7 +46,12 @@ impl Token {
     pub(crate) fn parse(text: &str) -> Option<Token> {
         let mut parts = text.split('.');
         let (gate, sid, hex) = (parts.next()?, parts.next()?, parts.next()?);
-        if parts.next().is_some() || gate.is_empty() || hex.len() != 2 * SECRET_LEN {
+        // The gate names a subject the token's holder publishes on: a subject token,
+        // never a wildcard.
+        if parts.next().is_some()
+            || crate::route::check_token(gate).is_err()
+            || hex.len() != 2 * SECRET_LEN
+        {
             return None;
         }
         let mut secret = [0; SECRET_LEN];
@@ -146,6 +151,10 @@ mod tests {
         assert!(!parsed.proves(&other));
         assert!(!parsed.proves(&token.secret[..15]));
         assert_ne!(Token::new("g1", 42).unwrap().secret, token.secret);
+        let secret = "0".repeat(32);
+        for gate in ["*", ">", "a b"] {
+            assert_eq!(Token::parse(&format!("{gate}.1.{secret}")), None, "{gate}");
+        }
         for bad in [
             "",
             "g1.42",

@@ -114,8 +114,7 @@ pub(crate) async fn arrive(
     let answer = (gate.asks)
         .ask(&subject, &request.encode_to_vec(), timeout)
         .await
-        .ok_or(code::UNAVAILABLE)
-        .inspect_err(|_| eprintln!("DEBUG no answer"))?;
+        .ok_or(code::UNAVAILABLE)?;
     let held = Held::decode(answer).map_err(|_| code::UNAVAILABLE)?;
     if held.code != code::OK {
         return Err(held.code);
