@@ -78,6 +78,16 @@ pub(crate) enum Refused {
 }
 
 impl SessionTx {
+    /// Queues `msg` if there is room, and nothing else: what a peer asks of a session
+    /// (another gate's hand-over request) must not close it by filling its queue.
+    pub(crate) fn offer_if_room(&self, msg: ToSession) -> Result<(), Refused> {
+        match self.tx.try_send(msg) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(Refused::Full),
+            Err(TrySendError::Closed(_)) => Err(Refused::Gone),
+        }
+    }
+
     /// Queues `msg` without waiting. A full queue drops it (the caller counts it) and
     /// tells the session to close as too slow, so nothing is ever dropped from a
     /// session that stays open.
@@ -129,5 +139,17 @@ mod tests {
         assert_eq!(inbox.queued_pushes(), 0);
         drop(inbox);
         assert_eq!(tx.offer(ToSession::BusLost), Err(Refused::Gone));
+    }
+
+    #[test]
+    fn an_offer_if_room_never_tells_a_full_queue_to_close() {
+        let (tx, inbox) = channel(1);
+        let overflowed = inbox.overflowed();
+        tokio::pin!(overflowed);
+        assert_eq!(tx.offer_if_room(ToSession::Marked), Ok(()));
+        assert_eq!(tx.offer_if_room(ToSession::Marked), Err(Refused::Full));
+        assert!(overflowed.now_or_never().is_none());
+        drop(inbox);
+        assert_eq!(tx.offer_if_room(ToSession::Marked), Err(Refused::Gone));
     }
 }

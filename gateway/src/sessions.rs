@@ -89,6 +89,15 @@ impl Sessions {
         }
     }
 
+    /// Queues `msg` for session `sid` if its queue has room, without telling a full one
+    /// to close (see [`SessionTx::offer_if_room`]).
+    pub(crate) fn offer_if_room(&self, sid: u64, msg: ToSession) -> Result<(), Refused> {
+        match self.queues.get(&sid) {
+            Some(tx) => tx.offer_if_room(msg),
+            None => Err(Refused::Gone),
+        }
+    }
+
     /// Offers every open session the message `make` builds for it.
     pub(crate) fn offer_all(&self, make: impl Fn() -> ToSession) {
         for tx in self.queues.iter() {

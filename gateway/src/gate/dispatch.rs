@@ -124,7 +124,8 @@ impl Router {
             request,
             reply: reply.to_owned(),
         };
-        match self.sessions.offer(sid, msg) {
+        // A flood of bogus requests must not close the session they name.
+        match self.sessions.offer_if_room(sid, msg) {
             Ok(()) => {}
             Err(Refused::Gone) => self.refuse(reply, code::NOT_FOUND, NO_SUCH_SESSION),
             Err(Refused::Full) => self.refuse(reply, code::UNAVAILABLE, "session too busy"),
