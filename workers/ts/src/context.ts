@@ -8,10 +8,18 @@
  * other players and a service's own messages are published by the worker right after
  * the handler returns and before its answer, so what a handler pushed is on its way to
  * every gate before its answer is.
+ *
+ * A handler that needs another service awaits a call (`ctx.call`): the worker sends it
+ * with the session and what is left of the request's time, and the handler goes on with
+ * the result (docs/workers.md, "Calling other services").
  */
-import { create } from "@bufbuild/protobuf";
+import { clone, create, toBinary } from "@bufbuild/protobuf";
+import type { DescMessage, MessageInitShape } from "@bufbuild/protobuf";
+import { CallFailure, CallResult, isValidRoute, noBus } from "./call.js";
+import type { Caller } from "./call.js";
 import type { Effect, ServerPush, Session, UserCommand } from "./gen/rpc_pb.js";
 import { EffectSchema, ServerPushSchema, SessionSchema, UserCommandSchema } from "./gen/rpc_pb.js";
+import { Status } from "./gen/status_pb.js";
 import { HandlerError } from "./errors.js";
 import { isValidName, isValidSubject } from "./subjects.js";
 
@@ -38,6 +46,14 @@ function check(what: string, name: string): void {
   }
 }
 
+/** What a context gets from whoever runs its handler: how to call, and until when. */
+export interface ContextOptions {
+  /** Makes the handler's calls (without one, every call gets 503 `bus unavailable`). */
+  readonly caller?: Caller;
+  /** When the request's caller stops waiting (`performance.now()` ms), if it said. */
+  readonly deadline?: number;
+}
+
 /** The session of one request, and everything its handler asks for. */
 export class Context {
   /** The session as the gate sent it, with this handler's own changes applied. */
@@ -50,14 +66,23 @@ export class Context {
    * none (gates send one only to keyed services) and for events.
    */
   readonly key: string | undefined;
+  /**
+   * When the caller stops waiting for this request's answer, in `performance.now()`
+   * milliseconds: its `timeout_ms` from when it reached the worker. `undefined` when the
+   * caller did not say, and outside requests.
+   */
+  readonly deadline: number | undefined;
+  readonly #caller: Caller;
   readonly #effects: Effect[] = [];
   readonly #outbound: Outbound[] = [];
   #reply: Uint8Array | undefined;
 
-  constructor(session?: Session, key?: string) {
+  constructor(session?: Session, key?: string, options: ContextOptions = {}) {
     this.hasSession = session !== undefined;
     this.session = session ?? create(SessionSchema);
     this.key = key === "" ? undefined : key;
+    this.deadline = options.deadline;
+    this.#caller = options.caller ?? noBus;
   }
 
   /** The gate holding the session. */
@@ -141,6 +166,35 @@ export class Context {
       throw HandlerError.badRequest(`invalid subject ${JSON.stringify(subject)}`);
     }
     this.#outbound.push({ kind: "publish", subject, payload: bytesOf(payload) });
+  }
+
+  /**
+   * Calls `route` (`service.method`) of another service with `body`, and resolves with
+   * what came back: the callee's answer, or the worker's own 503 (no worker of the
+   * service, too many calls in flight, no bus), 408 (no answer in time) or 400 (a route
+   * that is not `service.method`). It never rejects, and nothing is retried.
+   *
+   * The call goes out at once, carrying this context's session as it is now (its own
+   * changes included) and what is left of the request's deadline (the worker's call
+   * timeout when there is none, as in an event). While a handler waits on a call the
+   * worker serves other requests; the result comes back as a turn of its loop, in the
+   * order results arrive (see `Worker`).
+   *
+   * ```ts
+   * .rawMethod("buy", async (ctx, body) => (await ctx.call("bank.pay", body)).orThrow())
+   * ```
+   */
+  call(route: string, body: Body = new Uint8Array()): Promise<CallResult> {
+    if (!isValidRoute(route)) {
+      return Promise.resolve(CallResult.error(Status.BAD_REQUEST, CallFailure.BAD_ROUTE));
+    }
+    const session = this.hasSession ? clone(SessionSchema, this.session) : undefined;
+    return this.#caller({ route, body: bytesOf(body), session, deadline: this.deadline });
+  }
+
+  /** `call` with a message of type `schema`, encoded; `CallResult.decode` reads a typed answer. */
+  callWith<Req extends DescMessage>(route: string, schema: Req, message: MessageInitShape<Req>): Promise<CallResult> {
+    return this.call(route, toBinary(schema, create(schema, message)));
   }
 
   /** Answers the event being handled, when its sender asked for an answer. */

@@ -1,10 +1,12 @@
 /**
  * `@shaddock/worker`: Shaddock services in TypeScript. A `Service` holds typed handlers
  * by route; a `Worker` serves it on the bus beside workers in any other language (the
- * contract is docs/workers.md).
+ * contract is docs/workers.md). A handler calls other services with `ctx.call`.
  */
+export { CallFailure, CallResult, isValidRoute } from "./call.js";
+export type { Caller, OutgoingCall } from "./call.js";
 export { Context, bytesOf } from "./context.js";
-export type { Body, Outbound } from "./context.js";
+export type { Body, ContextOptions, Outbound } from "./context.js";
 export { HandlerError } from "./errors.js";
 export { Status } from "./gen/status_pb.js";
 export {
@@ -15,7 +17,7 @@ export {
 export type { KeyedStats, KeyedView } from "./keyed.js";
 export { MAX_PARTITIONS, Members, fnv1a, partitionOf, score } from "./ownership.js";
 export type { MemberTimes, Step } from "./ownership.js";
-export { Service, errorResponse } from "./service.js";
+export { Service, decodeRequest, errorResponse } from "./service.js";
 export type {
   Awaitable,
   Delivery,
@@ -28,6 +30,13 @@ export type {
   TypedHandler,
 } from "./service.js";
 export * from "./subjects.js";
-export { DEFAULT_FRAME_BUDGET, DEFAULT_QUEUE_CAPACITY, Worker } from "./worker.js";
+export {
+  DEFAULT_ANSWER_TIMEOUT_MS,
+  DEFAULT_CALL_TIMEOUT_MS,
+  DEFAULT_FRAME_BUDGET,
+  DEFAULT_MAX_CALLS,
+  DEFAULT_QUEUE_CAPACITY,
+  Worker,
+} from "./worker.js";
 export type { WorkerOptions, WorkerStats } from "./worker.js";
 export * as rpc from "./gen/rpc_pb.js";

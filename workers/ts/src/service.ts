@@ -11,7 +11,7 @@ import type { DescFile, DescMessage, MessageInitShape, MessageShape } from "@buf
 import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
 import { HandlerError } from "./errors.js";
 import { Context, bytesOf } from "./context.js";
-import type { Body, Outbound } from "./context.js";
+import type { Body, ContextOptions, Outbound } from "./context.js";
 import type { RpcRequest, RpcResponse, ServiceSchema, SessionClosed } from "./gen/rpc_pb.js";
 import {
   KeyedSchema,
@@ -303,9 +303,11 @@ export class Service {
    * Answers `request` with `method`'s handler: 200 with the body and effects, the
    * handler's `HandlerError` code and message, 404 for an unknown method, 503 for a
    * keyed service's request without a key, or 500 for anything else it threw. A failed
-   * handler's effects and pushes are dropped.
+   * handler's effects and pushes are dropped. `options` give the handler's context its
+   * caller (the worker's, or a test's stand-in; without one, calls get 503) and the
+   * request's deadline.
    */
-  async call(method: string, request: RpcRequest): Promise<Handled> {
+  async call(method: string, request: RpcRequest, options: ContextOptions = {}): Promise<Handled> {
     const entry = this.#methods.get(method);
     if (entry === undefined) {
       const message = `unknown method ${JSON.stringify(method)} of service ${JSON.stringify(this.name)}`;
@@ -317,7 +319,7 @@ export class Service {
       const message = `service ${JSON.stringify(this.name)} is keyed and the request has no key: retry`;
       return { response: errorResponse(Status.UNAVAILABLE, message), outbound: [] };
     }
-    const ctx = new Context(request.session, request.key);
+    const ctx = new Context(request.session, request.key, options);
     try {
       const body = await entry.call(ctx, request.body);
       const response = create(RpcResponseSchema, { code: Status.OK, body, effects: [...ctx.effects] });
@@ -331,20 +333,19 @@ export class Service {
   }
 
   /** Decodes an `RpcRequest` as it came off the bus and calls `method`; garbage is a 400. */
-  async callEncoded(method: string, payload: Uint8Array): Promise<Handled> {
-    let request: RpcRequest;
-    try {
-      request = fromBinary(RpcRequestSchema, payload);
-    } catch (error) {
-      return { response: errorResponse(Status.BAD_REQUEST, `malformed RpcRequest: ${messageOf(error)}`), outbound: [] };
-    }
-    return this.call(method, request);
+  async callEncoded(method: string, payload: Uint8Array, options: ContextOptions = {}): Promise<Handled> {
+    const request = decodeRequest(payload);
+    if (request.$typeName === "shaddock.rpc.RpcResponse") return { response: request, outbound: [] };
+    return this.call(method, request, options);
   }
 
-  /** Runs the handler of event `subject` (as registered); a failure publishes nothing. */
-  async event(subject: string, payload: Uint8Array): Promise<EventHandled> {
+  /**
+   * Runs the handler of event `subject` (as registered); a failure publishes nothing. Its
+   * context has no session and no deadline: its calls wait the worker's call timeout.
+   */
+  async event(subject: string, payload: Uint8Array, options: ContextOptions = {}): Promise<EventHandled> {
     const event = this.#events.find((e) => e.subject === subject);
-    const ctx = new Context();
+    const ctx = new Context(undefined, undefined, options);
     if (event === undefined) return { ok: false, outbound: [], reply: undefined };
     try {
       await event.handler(ctx, payload);
@@ -358,8 +359,12 @@ export class Service {
    * Runs a keyed service's `takeOver` callback for `partition` with `state` (`undefined`:
    * fresh); a failure publishes nothing.
    */
-  async takeOver(partition: number, state: Uint8Array | undefined): Promise<EventHandled> {
-    const ctx = new Context();
+  async takeOver(
+    partition: number,
+    state: Uint8Array | undefined,
+    options: ContextOptions = {},
+  ): Promise<EventHandled> {
+    const ctx = new Context(undefined, undefined, options);
     try {
       await this.#keyed?.takeOver?.(ctx, partition, state);
       return { ok: true, outbound: ctx.outbound, reply: undefined };
@@ -372,8 +377,8 @@ export class Service {
    * Runs a keyed service's `handOver` callback for `partition`: its state, empty without
    * a callback or when it failed (the partition then moves without its state).
    */
-  async handOver(partition: number): Promise<HandedOver> {
-    const ctx = new Context();
+  async handOver(partition: number, options: ContextOptions = {}): Promise<HandedOver> {
+    const ctx = new Context(undefined, undefined, options);
     const callback = this.#keyed?.handOver;
     try {
       const state = callback === undefined ? new Uint8Array() : bytesOf(await callback(ctx, partition));
@@ -397,6 +402,15 @@ export class Service {
     }
     this.#methods.set(name, { call, types });
     return this;
+  }
+}
+
+/** An `RpcRequest` as it came off the bus, or the 400 to answer when it is not one. */
+export function decodeRequest(payload: Uint8Array): RpcRequest | RpcResponse {
+  try {
+    return fromBinary(RpcRequestSchema, payload);
+  } catch (error) {
+    return errorResponse(Status.BAD_REQUEST, `malformed RpcRequest: ${messageOf(error)}`);
   }
 }
 

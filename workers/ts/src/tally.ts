@@ -16,6 +16,7 @@
  */
 import { parseArgs } from "node:util";
 import { connect } from "@nats-io/transport-node";
+import { durationMs } from "./duration.js";
 import {
   DEFAULT_HANDOVER_TIMEOUT_MS,
   DEFAULT_KEYED_HEARTBEAT_MS,
@@ -44,30 +45,6 @@ const USAGE = `usage: tally [--nats URL[,URL...]] [--prefix PREFIX] [--name NAME
 
 Durations as the Rust workers write them: a number and a unit, e.g. 100ms, 1.5s, 1m30s.
 Service "${TALLY}", keyed over ${TALLY_PARTITIONS} partitions; method "add" (raw) answers "<name> <count>".`;
-
-/** Milliseconds per unit of a duration. */
-const UNIT_MS: Record<string, number> = {
-  ns: 1e-6,
-  us: 1e-3,
-  "µs": 1e-3,
-  ms: 1,
-  s: 1_000,
-  m: 60_000,
-  min: 60_000,
-  h: 3_600_000,
-};
-
-/** A duration in the Rust workers' grammar (`net::duration`), in milliseconds; positive. */
-function durationMs(flag: string, text: string): number {
-  const pairs = [...text.trim().matchAll(/(\d+(?:\.\d+)?)(ns|us|µs|ms|min|s|m|h)/gy)];
-  const whole = pairs.map((p) => p[0]).join("");
-  const ms = pairs.reduce((sum, [, n = "", unit = ""]) => sum + Number(n) * (UNIT_MS[unit] ?? Number.NaN), 0);
-  if (pairs.length === 0 || whole !== text.trim() || !(ms > 0)) {
-    const why = "is not a positive duration: write e.g. 500ms, 2s or 1m30s";
-    throw new Error(`--${flag}: ${JSON.stringify(text)} ${why}`);
-  }
-  return ms;
-}
 
 async function main(): Promise<void> {
   const env = (name: string, fallback: string): string => process.env[name] ?? fallback;

@@ -11,10 +11,23 @@
  *   timeout after its request sat in a pile it could never leave. Events wait for room
  *   instead (a lost event would leave state wrong for good).
  * - **Handlers run one at a time, in arrival order**, like a game's main loop: state
- *   needs no locks. After `frameBudget` requests in a row the loop yields to I/O, so
+ *   needs no locks. After `frameBudget` turns in a row the loop yields to I/O, so
  *   answers leave and new requests are read (and rejected when the queue is full) even
  *   under a backlog. A handler must not block the thread; an async one holds the queue
- *   while it awaits.
+ *   while it awaits anything but a call.
+ * - **Calls** (`ctx.call`, docs/workers.md "Calling other services"): a handler with a
+ *   call in flight lets the loop go on to the next request. The call's result comes back
+ *   into the queue, behind what is there, and its turn hands it to the handler; the
+ *   handler then holds the loop again until it settles or awaits another call. So
+ *   handlers still run one at a time, and continuations run in the order their results
+ *   arrive (a timeout's when its deadline passes), each a turn among the requests. At
+ *   most `maxCalls` are in flight; nothing is retried.
+ * - **Deadlines**: a request is answered by its deadline, its `timeout_ms` from when it
+ *   arrived (or `answerTimeoutMs` when the caller did not say). A handler that has not
+ *   answered by then (awaiting a call, or never resolving) gets the worker's 408, exactly
+ *   once, and the loop stops waiting for it; what it answers later is dropped, pushes
+ *   and effects with it. A call made for the request times out at that same deadline,
+ *   and its result reaches the handler before the 408, so the handler can still answer.
  * - **Pushes** a handler asked for are published before its answer, on the same
  *   connection, so they reach every gate first.
  * - **The schema announcement**: with typed methods or pushes, the worker publishes its
@@ -29,12 +42,17 @@
  *   keyed: 503, retry.
  * - **Drain** (`drain()`, from the caller's SIGTERM handler): unsubscribes, so the bus
  *   sends new requests to the other workers of the group, takes what the broker had
- *   already sent, answers everything it took, and resolves. A keyed worker first hands
- *   its partitions over to the others (or drains them when it is the last).
+ *   already sent, answers everything it took (a handler waiting on a call is waited for,
+ *   until its deadline at most), and resolves. A keyed worker first hands its partitions
+ *   over to the others (or drains them when it is the last); a request of a partition
+ *   still waiting on a call then finishes after the partition's state has gone.
  */
 import { toBinary } from "@bufbuild/protobuf";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
+import type { CallResult, Caller } from "./call.js";
+import { Calls, DEFAULT_CALL_TIMEOUT_MS, DEFAULT_MAX_CALLS } from "./calls.js";
 import type { Outbound } from "./context.js";
+import { Deadlines } from "./deadlines.js";
 import {
   DEFAULT_HANDOVER_TIMEOUT_MS,
   DEFAULT_KEYED_HEARTBEAT_MS,
@@ -45,8 +63,9 @@ import type { KeyedView } from "./keyed.js";
 import type { RpcResponse } from "./gen/rpc_pb.js";
 import { RpcResponseSchema, ServerPushSchema, ServiceSchemaSchema, UserCommandSchema } from "./gen/rpc_pb.js";
 import { Status } from "./gen/status_pb.js";
-import type { Service } from "./service.js";
-import { errorResponse } from "./service.js";
+import type { EventHandled, Handled, Service } from "./service.js";
+import { decodeRequest, errorResponse } from "./service.js";
+import { Task } from "./task.js";
 import {
   DEFAULT_PREFIX,
   announceSubject,
@@ -61,6 +80,11 @@ import {
 export const DEFAULT_QUEUE_CAPACITY = 1024;
 /** Default for `WorkerOptions.frameBudget`: requests handled before yielding to I/O. */
 export const DEFAULT_FRAME_BUDGET = 64;
+/** Default for `WorkerOptions.answerTimeoutMs`: the gates' default request timeout. */
+export const DEFAULT_ANSWER_TIMEOUT_MS = 5_000;
+export { DEFAULT_CALL_TIMEOUT_MS, DEFAULT_MAX_CALLS };
+/** The worker's 408 to a request its handler did not answer by its deadline. */
+const NO_ANSWER_IN_TIME = "no answer in time";
 /** The largest duration `queue_us` and `handler_us` can carry (they are uint32). */
 const MAX_US = 0xffff_ffff;
 
@@ -70,8 +94,25 @@ export interface WorkerOptions {
   prefix?: string;
   /** Requests queued before the worker answers 503 (at least 1). */
   queueCapacity?: number;
-  /** Requests handled in a row before the loop yields to I/O (at least 1). */
+  /** Turns (requests, events, calls' results) in a row before the loop yields to I/O (at least 1). */
   frameBudget?: number;
+  /**
+   * Calls to other services in flight at most (default 1024); past it a call gets 503
+   * `too many calls in flight` at once. Bounds the handlers, and the sessions they hold,
+   * waiting on callees that are slow to answer.
+   */
+  maxCalls?: number;
+  /**
+   * How long a call waits for its answer, ms, when the request it is made for has no
+   * deadline (an event's call, or a caller that did not say): default 5000.
+   */
+  callTimeoutMs?: number;
+  /**
+   * How long a request's handler may take to answer, ms, when its caller did not say
+   * (`timeout_ms` 0): default 5000, the gates' request timeout. Then the worker answers
+   * 408 itself.
+   */
+  answerTimeoutMs?: number;
   /** Told about failures nobody else hears of (a failed event, a publish that failed). */
   onError?: (error: unknown, where: string) => void;
   /**
@@ -100,6 +141,10 @@ export interface WorkerStats {
   rejected: number;
   /** Events handled. */
   events: number;
+  /** Requests the worker answered 408: their handler had not answered by their deadline. */
+  expired: number;
+  /** Answers dropped: their handler answered after the worker's 408. */
+  late: number;
 }
 
 type Incoming =
@@ -113,16 +158,30 @@ type Incoming =
   /** A keyed service's partition taken on here, with the state handed over (or none). */
   | { readonly kind: "takeOver"; readonly partition: number; readonly state: Uint8Array | undefined }
   /** A keyed service's partition leaving, after its last request: `done` gets its state. */
-  | { readonly kind: "handOver"; readonly partition: number; readonly done: (state: Uint8Array) => void };
+  | { readonly kind: "handOver"; readonly partition: number; readonly done: (state: Uint8Array) => void }
+  /** A call's result, for the handler that made it: its turn hands it over. */
+  | {
+      readonly kind: "result";
+      readonly task: Task;
+      readonly resolve: (result: CallResult) => void;
+      readonly result: CallResult;
+    }
+  /** A request's deadline passed while results of its calls were queued: its 408, after them. */
+  | { readonly kind: "expire"; readonly task: Task; readonly msg: Msg };
 
 /** A service subscribed to the bus; see the module docs. */
 export class Worker {
-  readonly stats: WorkerStats = { served: 0, rejected: 0, events: 0 };
+  readonly stats: WorkerStats = { served: 0, rejected: 0, events: 0, expired: 0, late: 0 };
   readonly #nc: NatsConnection;
   readonly #service: Service;
   readonly #prefix: string;
   readonly #capacity: number;
   readonly #budget: number;
+  readonly #answerTimeoutMs: number;
+  readonly #deadlines = new Deadlines();
+  readonly #calls: Calls;
+  /** Requests and events whose handler has not settled (requests: not answered). */
+  readonly #open = new Set<Task>();
   readonly #onError: (error: unknown, where: string) => void;
   readonly #queue: Incoming[] = [];
   readonly #overloaded: Uint8Array;
@@ -145,6 +204,12 @@ export class Worker {
     }
     this.#capacity = Math.max(1, options.queueCapacity ?? DEFAULT_QUEUE_CAPACITY);
     this.#budget = Math.max(1, options.frameBudget ?? DEFAULT_FRAME_BUDGET);
+    this.#answerTimeoutMs = Math.max(1, options.answerTimeoutMs ?? DEFAULT_ANSWER_TIMEOUT_MS);
+    const callLimits = {
+      max: Math.max(1, options.maxCalls ?? DEFAULT_MAX_CALLS),
+      timeoutMs: Math.max(1, options.callTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS),
+    };
+    this.#calls = new Calls(nc, this.#prefix, callLimits, this.#deadlines);
     this.#onError = options.onError ?? (() => {});
     this.#overloaded = encode(
       errorResponse(
@@ -199,9 +264,14 @@ export class Worker {
     return this.#partitions?.view;
   }
 
-  /** Requests waiting in the queue. */
+  /** Requests waiting in the queue (with events, and calls' results waiting for their turn). */
   get depth(): number {
     return this.#queue.length;
+  }
+
+  /** Calls to other services in flight. */
+  get callsInFlight(): number {
+    return this.#calls.size;
   }
 
   /**
@@ -217,6 +287,8 @@ export class Worker {
 
   async #subscribe(): Promise<void> {
     const name = this.#service.name;
+    // First, so that a handler's first call finds its answers' subscription in place.
+    this.#calls.subscribe();
     for (const { subject, delivery } of this.#service.events) {
       const sub = this.#nc.subscribe(`${this.#prefix}.${subject}`, delivery === "queue" ? { queue: name } : {});
       this.#subs.push({ sub, drain: delivery === "queue" });
@@ -275,13 +347,14 @@ export class Worker {
     wake?.();
   }
 
-  /** The loop: handles the queue in order, yielding to I/O every `frameBudget` requests. */
+  /** The loop: takes the queue in order, a turn each, yielding to I/O every `frameBudget` turns. */
   async #run(): Promise<void> {
     let inFrame = 0;
     for (;;) {
       const next = this.#queue.shift();
       if (next === undefined) {
-        if (this.#closing) return;
+        // A drain ends once everything taken is answered: results may still come back.
+        if (this.#closing && this.#open.size === 0) return;
         inFrame = 0;
         await new Promise<void>((resolve) => (this.#wake = resolve));
         continue;
@@ -296,35 +369,134 @@ export class Worker {
   }
 
   async #handle(incoming: Incoming): Promise<void> {
+    switch (incoming.kind) {
+      case "request":
+        return this.#request(incoming.name, incoming.msg, incoming.received);
+      case "event":
+        return this.#event(incoming.name, incoming.msg);
+      case "result": {
+        const { task, resolve, result } = incoming;
+        task.handed();
+        return task.turn(() => resolve(result));
+      }
+      case "expire":
+        return this.#timeOut(incoming.task, incoming.msg);
+      case "takeOver": {
+        const options = { caller: this.#directCaller };
+        const handled = await this.#service.takeOver(incoming.partition, incoming.state, options);
+        if (!handled.ok) this.#onError(new Error(`take-over failed`), `partition ${incoming.partition}`);
+        this.#publishAll(handled.outbound);
+        return;
+      }
+      case "handOver": {
+        const handed = await this.#service.handOver(incoming.partition, { caller: this.#directCaller });
+        if (!handed.ok) this.#onError(new Error(`hand-over failed: no state`), `partition ${incoming.partition}`);
+        this.#publishAll(handed.outbound);
+        incoming.done(handed.state);
+        return;
+      }
+    }
+  }
+
+  /** A request's first turn: its handler starts, under the request's deadline. */
+  async #request(method: string, msg: Msg, received: number): Promise<void> {
     const started = performance.now();
-    if (incoming.kind === "takeOver") {
-      const handled = await this.#service.takeOver(incoming.partition, incoming.state);
-      if (!handled.ok) this.#onError(new Error(`take-over failed`), `partition ${incoming.partition}`);
-      this.#publishAll(handled.outbound);
+    const request = decodeRequest(msg.data);
+    if (request.$typeName === "shaddock.rpc.RpcResponse") {
+      this.#answered(undefined, msg, { response: request, outbound: [] }, received, started);
       return;
     }
-    if (incoming.kind === "handOver") {
-      const handed = await this.#service.handOver(incoming.partition);
-      if (!handed.ok) this.#onError(new Error(`hand-over failed: no state`), `partition ${incoming.partition}`);
-      this.#publishAll(handed.outbound);
-      incoming.done(handed.state);
-      return;
+    const task = new Task();
+    const deadline = request.timeoutMs > 0 ? received + request.timeoutMs : undefined;
+    const at = deadline ?? received + this.#answerTimeoutMs;
+    task.due = this.#deadlines.add("request", at, () => this.#expire(task, msg));
+    this.#open.add(task);
+    const options = { caller: this.#callerFor(task), deadline };
+    await task.turn(() => {
+      void this.#service
+        .call(method, request, options)
+        .then((handled) => this.#answered(task, msg, handled, received, started));
+    });
+  }
+
+  /** An event's first turn. */
+  async #event(subject: string, msg: Msg): Promise<void> {
+    const task = new Task();
+    this.#open.add(task);
+    await task.turn(() => {
+      void this.#service
+        .event(subject, msg.data, { caller: this.#callerFor(task) })
+        .then((handled) => this.#evented(task, subject, msg, handled));
+    });
+  }
+
+  /** The caller of `task`'s handler: each call's result comes back as a turn of the loop. */
+  #callerFor(task: Task): Caller {
+    return task.caller(this.#calls, (resolve, result) => this.#enqueue({ kind: "result", task, resolve, result }));
+  }
+
+  /**
+   * The caller of a partition's take-over and hand-over, which hold the loop until they
+   * settle: their results go to them directly.
+   */
+  readonly #directCaller: Caller = (call) =>
+    new Promise<CallResult>((resolve) => {
+      const refused = this.#calls.start(call, resolve);
+      if (refused !== undefined) resolve(refused);
+    });
+
+  /** A request's handler settled: its pushes, then its answer, unless the worker's 408 went first. */
+  #answered(task: Task | undefined, msg: Msg, handled: Handled, received: number, started: number): void {
+    if (task !== undefined) {
+      if (task.done) {
+        this.stats.late += 1;
+        return;
+      }
+      this.#settle(task);
     }
-    if (incoming.kind === "event") {
-      const handled = await this.#service.event(incoming.name, incoming.msg.data);
-      this.stats.events += 1;
-      if (!handled.ok) this.#onError(new Error(`event handler failed`), incoming.name);
-      this.#publishAll(handled.outbound);
-      if (handled.reply !== undefined && incoming.msg.reply) this.#respond(incoming.msg, handled.reply);
-      return;
-    }
-    const handled = await this.#service.callEncoded(incoming.name, incoming.msg.data);
     const response = handled.response;
-    response.queueUs = micros(started - incoming.received);
+    response.queueUs = micros(started - received);
     response.handlerUs = micros(performance.now() - started);
     this.stats.served += 1;
     this.#publishAll(handled.outbound);
-    if (incoming.msg.reply) this.#respond(incoming.msg, encode(response));
+    if (msg.reply) this.#respond(msg, encode(response));
+  }
+
+  /** An event's handler settled. */
+  #evented(task: Task, subject: string, msg: Msg, handled: EventHandled): void {
+    this.#settle(task);
+    this.stats.events += 1;
+    if (!handled.ok) this.#onError(new Error(`event handler failed`), subject);
+    this.#publishAll(handled.outbound);
+    if (handled.reply !== undefined && msg.reply) this.#respond(msg, handled.reply);
+  }
+
+  /**
+   * A request's deadline passed: the worker's 408, now, or after the results of its
+   * calls still queued (which may answer it yet). The loop stops waiting for it.
+   */
+  #expire(task: Task, msg: Msg): void {
+    task.expired = true;
+    task.due = undefined;
+    if (task.queued > 0) this.#enqueue({ kind: "expire", task, msg });
+    else this.#timeOut(task, msg);
+    task.wake();
+  }
+
+  #timeOut(task: Task, msg: Msg): void {
+    if (task.done) return;
+    this.#settle(task);
+    this.stats.expired += 1;
+    if (msg.reply) this.#respond(msg, encode(errorResponse(Status.TIMEOUT, NO_ANSWER_IN_TIME)));
+  }
+
+  /** `task` is answered (or settled): its deadline goes, and the loop's wait on it ends. */
+  #settle(task: Task): void {
+    task.done = true;
+    if (task.due !== undefined) this.#deadlines.remove(task.due);
+    this.#open.delete(task);
+    task.wake();
+    if (this.#closing) this.#wakeLoop();
   }
 
   #publishAll(outbound: readonly Outbound[]): void {
@@ -370,6 +542,8 @@ export class Worker {
     this.#closing = true;
     this.#wakeLoop();
     await this.#loop;
+    this.#calls.close();
+    this.#deadlines.close();
     if (!this.#nc.isClosed()) await this.#nc.flush();
   }
 }

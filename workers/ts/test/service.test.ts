@@ -3,7 +3,8 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
-import { HandlerError, Service, Status } from "../src/index.js";
+import { CallResult, HandlerError, Service, Status } from "../src/index.js";
+import type { OutgoingCall } from "../src/index.js";
 import { EchoRequestSchema, EchoResponseSchema } from "../src/gen/echo_pb.js";
 import { RpcRequestSchema, SessionSchema } from "../src/gen/rpc_pb.js";
 import { echoService } from "../src/services/echo.js";
@@ -84,6 +85,60 @@ test("effects and pushes come back in order; a failed handler's are dropped", as
   const crashed = await service.call("crash", request(new Uint8Array()));
   assert.equal(crashed.response.code, Status.HANDLER_ERROR);
   assert.equal((await service.call("bad-group", request(new Uint8Array()))).response.code, Status.BAD_REQUEST);
+});
+
+test("a handler answers from a call's result; the caller gets the session and the deadline", async () => {
+  const calls: OutgoingCall[] = [];
+  const caller = (call: OutgoingCall): Promise<CallResult> => {
+    calls.push(call);
+    const answer = call.route === "bank.pay" ? new CallResult(Status.OK, text.encode("paid"), "") : undefined;
+    return Promise.resolve(answer ?? CallResult.error(Status.NOT_FOUND, "no such method"));
+  };
+  const service = new Service("shop")
+    .rawMethod("buy", async (ctx, body) => {
+      ctx.setData("cart", utf8.decode(body));
+      return (await ctx.call("bank.pay", body)).orThrow();
+    })
+    .rawMethod("rob", async (ctx) => (await ctx.call("bank.rob")).orThrow());
+  const bought = await service.call("buy", request(text.encode("1 coin"), "ann"), { caller, deadline: 1234.5 });
+  assert.deepEqual([bought.response.code, utf8.decode(bought.response.body)], [Status.OK, "paid"]);
+  const [call] = calls;
+  assert.ok(call);
+  assert.deepEqual([call.route, utf8.decode(call.body), call.deadline], ["bank.pay", "1 coin", 1234.5]);
+  assert.deepEqual([call.session?.uid, call.session?.data["cart"]], ["ann", "1 coin"]);
+  // The callee's failure, as it is.
+  const robbed = await service.call("rob", request(new Uint8Array()), { caller });
+  assert.deepEqual([robbed.response.code, robbed.response.message], [Status.NOT_FOUND, "no such method"]);
+});
+
+test("a call's route is checked, and without a bus a call gets 503", async () => {
+  const results: CallResult[] = [];
+  const service = new Service("s").rawMethod("go", async (ctx, body) => {
+    results.push(await ctx.call(utf8.decode(body)));
+    return "";
+  });
+  const caller = (): Promise<CallResult> => assert.fail("a bad route never reaches the caller");
+  for (const route of ["bank", "bank.", ".pay", "bank.pay.x", "Bank.pay", "bank.>"]) {
+    await service.call("go", request(text.encode(route)), { caller });
+  }
+  await service.call("go", request(text.encode("bank.pay")));
+  assert.deepEqual(
+    results.map((r) => `${r.code} ${r.message}`),
+    [...Array<string>(6).fill("400 a call's route is service.method"), "503 bus unavailable"],
+  );
+});
+
+test("a call's result reads as a body, a typed message, or the callee's error", () => {
+  const echoed = toBinary(EchoResponseSchema, create(EchoResponseSchema, { body: text.encode("x") }));
+  const ok = new CallResult(Status.OK, echoed, "");
+  assert.ok(ok.ok);
+  assert.deepEqual(ok.decode(EchoResponseSchema).body, text.encode("x"));
+  const failed = CallResult.error(Status.UNAVAILABLE, "no worker available now");
+  assert.equal(failed.ok, false);
+  assert.throws(() => failed.orThrow(), { name: "HandlerError", code: 503, message: "no worker available now" });
+  assert.throws(() => failed.decode(EchoResponseSchema), { code: 503 });
+  const garbage = new CallResult(Status.OK, new Uint8Array([0xff]), "");
+  assert.throws(() => garbage.decode(EchoResponseSchema), { code: 500, message: /^bad answer from a call/ });
 });
 
 test("the schema lists typed methods and carries their files' descriptors", () => {

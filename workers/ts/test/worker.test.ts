@@ -59,7 +59,7 @@ test("serves typed and raw methods, 404 for unknown ones, with timings", async (
   assert.deepEqual([raw.code, Buffer.from(raw.body)], [Status.OK, Buffer.from("as is")]);
   const unknown = await call(client, "a", "echo.nope", new Uint8Array());
   assert.equal(unknown.code, Status.NOT_FOUND);
-  assert.deepEqual(worker.stats, { served: 3, rejected: 0, events: 0 });
+  assert.deepEqual(worker.stats, { served: 3, rejected: 0, events: 0, expired: 0, late: 0 });
   await worker.drain();
 });
 
@@ -106,7 +106,7 @@ test("a full queue is answered 503 at once, and what was queued is still served"
   held.open();
   const served = await Promise.all([first, ...rest.slice(0, 2)]);
   assert.deepEqual(served.map((r) => r.code), [200, 200, 200]);
-  assert.deepEqual(worker.stats, { served: 3, rejected: 2, events: 0 });
+  assert.deepEqual(worker.stats, { served: 3, rejected: 2, events: 0, expired: 0, late: 0 });
   await worker.drain();
 });
 

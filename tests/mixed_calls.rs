@@ -1,0 +1,205 @@
+//! Calls between a Rust worker and a TypeScript worker, both ways (docs/workers.md,
+//! "Calling other services"), behind a gate, on our broker and on nats-server.
+//!
+//! The services are the shop and the bank: `shop.login` binds the uid in its body,
+//! `shop.buy` calls `bank.pay` with its body and answers with the bank's answer (or `no
+//! sale: <code> <message>`), and `bank.pay` answers `<uid> paid <body>`, the uid of the
+//! session the call carried. The Rust ones are here (in-process, `services::Worker`),
+//! the TypeScript ones in `workers/ts/src/services/shop.ts` (run by `src/shop.ts`). So
+//! a client's answer went client → gate → shop → bank → shop → gate → client, across
+//! the two languages:
+//!
+//! - a Rust shop (its handler defers, calls, answers from the continuation) calls a
+//!   TypeScript bank;
+//! - a TypeScript shop (its async handler awaits the call) calls a Rust bank.
+//!
+//! Each time the bank sees the client's session (its uid), and once the bank is gone
+//! the shop's call gets the calling worker's 503 `no worker available now`.
+//!
+//! Prerequisites: Node 20 with `npm ci` run in `workers/ts` (the test runs `npm run
+//! build` there itself), and nats-server on PATH or in `$(go env GOPATH)/bin`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+#[path = "common/gate.rs"]
+mod gate;
+
+use broker::testing::Bus;
+use bytes::Bytes;
+use gate::TestGate;
+use nix::sys::signal::Signal;
+use proto::code;
+use sdk::Client;
+use services::{CallResult, HandlerError, Service, Worker, WorkerConfig};
+use testkit::{Process, within, word_after};
+use tokio_util::sync::CancellationToken;
+
+broker::on_both_buses!(calls_go_from_rust_to_typescript_and_back);
+
+async fn calls_go_from_rust_to_typescript_and_back(bus: Bus) {
+    let url = bus.url();
+    let built = built();
+
+    // A Rust shop calls a TypeScript bank.
+    let prefix = "rs-shop";
+    let bank = TsWorker::start(built, url, prefix, "bank").await;
+    let shop = RustWorker::start(url, prefix, rust_shop()).await;
+    let gate = TestGate::start(url, prefix).await;
+    let client = logged_in(&gate).await;
+    buy(&client, "3 coins", "ann paid 3 coins").await;
+    assert_eq!(bank.stop().await, 1, "the TypeScript bank served the call");
+    buy(&client, "4 coins", "no sale: 503 no worker available now").await;
+    shop.stop().await;
+
+    // A TypeScript shop calls a Rust bank.
+    let prefix = "ts-shop";
+    let bank = RustWorker::start(url, prefix, rust_bank()).await;
+    let shop = TsWorker::start(built, url, prefix, "shop").await;
+    let gate = TestGate::start(url, prefix).await;
+    let client = logged_in(&gate).await;
+    buy(&client, "5 coins", "ann paid 5 coins").await;
+    bank.stop().await;
+    buy(&client, "6 coins", "no sale: 503 no worker available now").await;
+    assert_eq!(
+        shop.stop().await,
+        3,
+        "the TypeScript shop served a login and two buys"
+    );
+}
+
+/// A client of `gate` whose session is bound to `ann` (by `shop.login`).
+async fn logged_in(gate: &TestGate) -> Client {
+    let client = gate.client(false).await;
+    let login = within(client.request("shop.login", "ann")).await.unwrap();
+    assert_eq!(login.code, code::OK, "{login:?}");
+    client
+}
+
+/// Sends `shop.buy` with `body` and checks that the answer is 200 with `want`.
+async fn buy(client: &Client, body: &str, want: &str) {
+    let bought = within(client.request("shop.buy", body.to_owned()))
+        .await
+        .unwrap();
+    assert_eq!(bought.code, code::OK, "{bought:?}");
+    assert_eq!(String::from_utf8_lossy(&bought.body), want);
+}
+
+/// The Rust shop: `buy` defers, calls `bank.pay`, and answers from the continuation.
+fn rust_shop() -> Service {
+    Service::new("shop")
+        .raw_method("login", |ctx, body| {
+            ctx.bind_uid(String::from_utf8_lossy(&body));
+            Ok(Bytes::new())
+        })
+        .raw_method("buy", |ctx, body| {
+            let deferred = ctx.defer();
+            ctx.call("bank.pay", body, move |ctx, result: CallResult| {
+                let answer = if result.is_ok() {
+                    result.body
+                } else {
+                    Bytes::from(format!("no sale: {} {}", result.code, result.message))
+                };
+                ctx.answer(deferred, Ok(answer));
+            });
+            Ok::<_, HandlerError>(Bytes::new())
+        })
+}
+
+/// The Rust bank: `pay` answers who paid (the caller's session's uid) and what.
+fn rust_bank() -> Service {
+    Service::new("bank").raw_method("pay", |ctx, body| {
+        let uid = ctx.uid().unwrap_or("nobody").to_owned();
+        Ok(Bytes::from(format!(
+            "{uid} paid {}",
+            String::from_utf8_lossy(&body)
+        )))
+    })
+}
+
+/// A Rust worker on the test's runtime.
+struct RustWorker {
+    shutdown: CancellationToken,
+    run: tokio::task::JoinHandle<Result<(), services::WorkerError>>,
+}
+
+impl RustWorker {
+    async fn start(url: &str, prefix: &str, service: Service) -> RustWorker {
+        let client = services::connect(&[url.to_owned()], "mixed-calls-rust", &Default::default())
+            .await
+            .unwrap();
+        let config = WorkerConfig {
+            prefix: prefix.to_owned(),
+            ..WorkerConfig::default()
+        };
+        let worker = within(Worker::subscribe(client, service, config))
+            .await
+            .unwrap();
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn(worker.run(shutdown.clone()));
+        RustWorker { shutdown, run }
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        within(self.run).await.unwrap().unwrap();
+    }
+}
+
+/// The TypeScript worker library, built once per test run.
+struct Built {
+    node: PathBuf,
+    shop: PathBuf,
+}
+
+fn built() -> &'static Built {
+    static BUILT: OnceLock<Built> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let ts = Path::new(env!("CARGO_MANIFEST_DIR")).join("workers/ts");
+        assert!(
+            ts.join("node_modules").is_dir(),
+            "workers/ts has no node_modules: run `npm ci --prefix workers/ts` first"
+        );
+        let status = Command::new("npm")
+            .args(["run", "--silent", "build"])
+            .current_dir(&ts)
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run `npm` (is it installed?): {e}"));
+        assert!(status.success(), "`npm run build` in workers/ts: {status}");
+        Built {
+            node: PathBuf::from(std::env::var_os("NODE").unwrap_or("node".into())),
+            shop: ts.join("dist/shop.js"),
+        }
+    })
+}
+
+/// The TypeScript shop or bank (`src/shop.ts`) as a process: killed when dropped, unless
+/// stopped.
+struct TsWorker {
+    process: Process,
+}
+
+impl TsWorker {
+    /// Starts it serving `service` and waits for its `Worker is ready` line.
+    async fn start(built: &Built, url: &str, prefix: &str, service: &str) -> TsWorker {
+        let mut command = Command::new(&built.node);
+        command
+            .arg(&built.shop)
+            .args(["--service", service, "--nats", url, "--prefix", prefix]);
+        let mut process = Process::spawn(&format!("the TypeScript {service} worker"), command);
+        process.line("Worker is ready").await;
+        TsWorker { process }
+    }
+
+    /// SIGTERM: the worker drains and reports; returns how many requests it served.
+    async fn stop(mut self) -> usize {
+        self.process.signal(Signal::SIGTERM);
+        let stopped = self.process.line("Worker stopped: served=").await;
+        let status = self.process.exit().await;
+        assert!(status.success(), "{}: {status}", self.process.name());
+        word_after(&stopped, "served=")
+            .parse()
+            .unwrap_or_else(|e| panic!("unreadable count in {stopped:?}: {e}"))
+    }
+}

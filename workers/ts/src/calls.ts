@@ -1,0 +1,138 @@
+/**
+ * The worker's side of calls between services (docs/workers.md, "Calling other
+ * services"): where they go, and how their results come back.
+ *
+ * A call for route `service.method` is an `RpcRequest` published on
+ * `<prefix>.svc.<service>.<method>`, the subject a gate's request for that route takes,
+ * with reply subject `<prefix>.call.<worker id>.<call id>`. The worker subscribes
+ * `<prefix>.call.<worker id>.*` plainly (its id is random per start, so no other worker
+ * shares it) and hands each answer to whoever made the call whose id is the last token;
+ * the bus's "no responders" (no worker of that service) is a 503. The request carries
+ * the caller's session and, as `timeout_ms`, what is left of the caller's deadline (or
+ * the call timeout), and the call times out then. At most `maxCalls` are in flight.
+ */
+import { randomBytes } from "node:crypto";
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
+import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
+import { CallFailure, CallResult } from "./call.js";
+import type { OutgoingCall } from "./call.js";
+import type { Deadlines, Due } from "./deadlines.js";
+import { RpcRequestSchema, RpcResponseSchema } from "./gen/rpc_pb.js";
+import { Status } from "./gen/status_pb.js";
+
+/** Default for `WorkerOptions.maxCalls`. */
+export const DEFAULT_MAX_CALLS = 1024;
+/** Default for `WorkerOptions.callTimeoutMs`. */
+export const DEFAULT_CALL_TIMEOUT_MS = 5_000;
+/** The most `timeout_ms` carries (a uint32). */
+const MAX_TIMEOUT_MS = 0xffff_ffff;
+
+/** A call in flight: who gets its result, and its deadline. */
+interface InFlight {
+  readonly deliver: (result: CallResult) => void;
+  readonly due: Due;
+}
+
+/** A worker's calls in flight, and the subscription their answers come back on. */
+export class Calls {
+  readonly #nc: NatsConnection;
+  readonly #prefix: string;
+  /** `<prefix>.call.<worker id>.`: a call's reply subject is this and its id. */
+  readonly #replyPrefix: string;
+  readonly #max: number;
+  readonly #timeoutMs: number;
+  readonly #deadlines: Deadlines;
+  readonly #inFlight = new Map<number, InFlight>();
+  #next = 1;
+  #sub: Subscription | undefined;
+
+  constructor(nc: NatsConnection, prefix: string, limits: { max: number; timeoutMs: number }, deadlines: Deadlines) {
+    this.#nc = nc;
+    this.#prefix = prefix;
+    this.#replyPrefix = `${prefix}.call.${randomBytes(8).toString("hex")}.`;
+    this.#max = limits.max;
+    this.#timeoutMs = limits.timeoutMs;
+    this.#deadlines = deadlines;
+  }
+
+  /** Subscribes the reply subjects (the caller flushes). */
+  subscribe(): void {
+    this.#sub = this.#nc.subscribe(`${this.#replyPrefix}*`, {
+      callback: (error, msg) => {
+        if (error === null) this.#returned(msg);
+      },
+    });
+  }
+
+  /** Calls in flight. */
+  get size(): number {
+    return this.#inFlight.size;
+  }
+
+  /**
+   * Sends `call`; `deliver` gets its result later, exactly once. Returns the result at
+   * once instead, without sending, when the call is refused: 503 over `max` calls in
+   * flight or without a bus, 408 when the caller's deadline has passed.
+   */
+  start(call: OutgoingCall, deliver: (result: CallResult) => void): CallResult | undefined {
+    const now = performance.now();
+    const deadline = call.deadline ?? now + this.#timeoutMs;
+    const left = deadline - now;
+    if (this.#inFlight.size >= this.#max) return CallResult.error(Status.UNAVAILABLE, CallFailure.TOO_MANY);
+    if (left <= 0) return CallResult.error(Status.TIMEOUT, CallFailure.TIMED_OUT);
+    const id = this.#next++;
+    const request = create(RpcRequestSchema, {
+      route: call.route,
+      body: call.body,
+      session: call.session,
+      // Whole milliseconds, rounded up: at least 1, since 0 says "unknown".
+      timeoutMs: Math.min(MAX_TIMEOUT_MS, Math.ceil(left)),
+    });
+    try {
+      this.#nc.publish(`${this.#prefix}.svc.${call.route}`, toBinary(RpcRequestSchema, request), {
+        reply: `${this.#replyPrefix}${id}`,
+      });
+    } catch {
+      // The connection is closed or draining.
+      return CallResult.error(Status.UNAVAILABLE, CallFailure.NO_BUS);
+    }
+    const due = this.#deadlines.add("call", deadline, () =>
+      this.#finish(id, CallResult.error(Status.TIMEOUT, CallFailure.TIMED_OUT)),
+    );
+    this.#inFlight.set(id, { deliver, due });
+    return undefined;
+  }
+
+  /** Unsubscribes; calls still in flight get no result. */
+  close(): void {
+    this.#sub?.unsubscribe();
+    for (const { due } of this.#inFlight.values()) this.#deadlines.remove(due);
+    this.#inFlight.clear();
+  }
+
+  #returned(msg: Msg): void {
+    const id = Number(msg.subject.slice(this.#replyPrefix.length));
+    if (msg.data.length === 0 && msg.headers?.code === Status.UNAVAILABLE) {
+      this.#finish(id, CallResult.error(Status.UNAVAILABLE, CallFailure.NO_WORKER));
+      return;
+    }
+    let result: CallResult;
+    try {
+      const response = fromBinary(RpcResponseSchema, msg.data);
+      result = new CallResult(response.code, response.body, response.message);
+    } catch (error) {
+      const why = error instanceof Error ? error.message : String(error);
+      result = CallResult.error(Status.HANDLER_ERROR, `malformed answer to a call: ${why}`);
+    }
+    this.#finish(id, result);
+  }
+
+  /** Hands call `id` its result, unless it has had one (a late or repeated answer is dropped). */
+  #finish(id: number, result: CallResult): void {
+    const call = this.#inFlight.get(id);
+    if (call === undefined) return;
+    this.#inFlight.delete(id);
+    this.#deadlines.remove(call.due);
+    call.deliver(result);
+  }
+}

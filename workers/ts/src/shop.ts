@@ -1,0 +1,117 @@
+#!/usr/bin/env node
+/**
+ * The shop or the bank (`services/shop.ts`: the shop's `buy` calls `bank.pay`) as a
+ * worker process, written with `@shaddock/worker`; `tests/mixed_calls.rs` runs it beside
+ * the Rust shop and bank, so calls go from Rust to TypeScript and back:
+ *
+ *     node dist/shop.js --service shop|bank --nats nats://127.0.0.1:4222
+ *         [--prefix shaddock] [--queue 1024] [--max-calls 1024] [--call-timeout 5s]
+ *         [--answer-timeout 5s]
+ *
+ * Prints `Worker is ready` once it serves. On SIGTERM or SIGINT it drains (answers what
+ * it took, a request waiting on a call included), prints `Worker stopped: served=N
+ * rejected=M expired=E`, and exits 0.
+ */
+import { parseArgs } from "node:util";
+import { connect } from "@nats-io/transport-node";
+import { durationMs } from "./duration.js";
+import { BANK, SHOP, bankService, shopService } from "./services/shop.js";
+import { DEFAULT_PREFIX } from "./subjects.js";
+import {
+  DEFAULT_ANSWER_TIMEOUT_MS,
+  DEFAULT_CALL_TIMEOUT_MS,
+  DEFAULT_MAX_CALLS,
+  DEFAULT_QUEUE_CAPACITY,
+  Worker,
+} from "./worker.js";
+
+const USAGE = `usage: shop --service shop|bank [--nats URL[,URL...]] [--prefix PREFIX] [--queue N]
+            [--max-calls N] [--call-timeout D] [--answer-timeout D]
+
+  --service         which to serve: "${SHOP}" (buy calls ${BANK}.pay) or "${BANK}" (pay)
+  --nats            NATS server URLs, comma-separated (env SHADDOCK_NATS; nats://127.0.0.1:4222)
+  --prefix          subject prefix shared with the gates (env SHADDOCK_PREFIX; ${DEFAULT_PREFIX})
+  --queue           requests queued before answering 503 (${DEFAULT_QUEUE_CAPACITY})
+  --max-calls       calls to other services in flight at most, then 503 at once
+                    (env SHADDOCK_MAX_CALLS; ${DEFAULT_MAX_CALLS})
+  --call-timeout    how long a call waits when its request has no deadline
+                    (env SHADDOCK_CALL_TIMEOUT; ${DEFAULT_CALL_TIMEOUT_MS}ms)
+  --answer-timeout  how long a request may take when its caller did not say, then 408
+                    (env SHADDOCK_ANSWER_TIMEOUT; ${DEFAULT_ANSWER_TIMEOUT_MS}ms)
+
+Durations as the Rust workers write them: a number and a unit, e.g. 100ms, 1.5s, 1m30s.`;
+
+function positiveInteger(flag: string, text: string): number {
+  const n = Number(text);
+  if (!Number.isInteger(n) || n < 1) {
+    throw new Error(`--${flag} must be a positive integer, not ${JSON.stringify(text)}`);
+  }
+  return n;
+}
+
+async function main(): Promise<void> {
+  const env = (name: string, fallback: string): string => process.env[name] ?? fallback;
+  const { values } = parseArgs({
+    options: {
+      service: { type: "string", default: "" },
+      nats: { type: "string", default: env("SHADDOCK_NATS", "nats://127.0.0.1:4222") },
+      prefix: { type: "string", default: env("SHADDOCK_PREFIX", DEFAULT_PREFIX) },
+      queue: { type: "string", default: String(DEFAULT_QUEUE_CAPACITY) },
+      "max-calls": { type: "string", default: env("SHADDOCK_MAX_CALLS", String(DEFAULT_MAX_CALLS)) },
+      "call-timeout": { type: "string", default: env("SHADDOCK_CALL_TIMEOUT", `${DEFAULT_CALL_TIMEOUT_MS}ms`) },
+      "answer-timeout": { type: "string", default: env("SHADDOCK_ANSWER_TIMEOUT", `${DEFAULT_ANSWER_TIMEOUT_MS}ms`) },
+      help: { type: "boolean", short: "h", default: false },
+    },
+  });
+  if (values.help) {
+    console.log(USAGE);
+    return;
+  }
+  const services = new Map([
+    [SHOP, shopService],
+    [BANK, bankService],
+  ]);
+  const service = services.get(values.service)?.();
+  if (service === undefined) {
+    throw new Error(`--service must be "${SHOP}" or "${BANK}", not ${JSON.stringify(values.service)}`);
+  }
+  const queueCapacity = positiveInteger("queue", values.queue);
+  const maxCalls = positiveInteger("max-calls", values["max-calls"]);
+  const callTimeoutMs = durationMs("call-timeout", values["call-timeout"]);
+  const answerTimeoutMs = durationMs("answer-timeout", values["answer-timeout"]);
+
+  const nc = await connect({
+    servers: values.nats.split(","),
+    name: `shaddock-worker-${service.name}-ts`,
+    maxReconnectAttempts: -1,
+  });
+  const worker = await Worker.start(nc, service, {
+    prefix: values.prefix,
+    queueCapacity,
+    maxCalls,
+    callTimeoutMs,
+    answerTimeoutMs,
+    onError: (error, where) => console.error(`warning: ${where}: ${String(error)}`),
+  });
+  console.log(`Worker is ready: serving ${worker.subject} in queue group ${service.name}`);
+
+  let stopping = false;
+  const stop = async (signal: string): Promise<void> => {
+    if (stopping) return;
+    stopping = true;
+    console.log(`${signal}: draining`);
+    await worker.drain();
+    await nc.drain();
+    const { served, rejected, expired } = worker.stats;
+    console.log(`Worker stopped: served=${served} rejected=${rejected} expired=${expired}`);
+  };
+  process.on("SIGTERM", () => void stop("SIGTERM"));
+  process.on("SIGINT", () => void stop("SIGINT"));
+  const closed = await nc.closed();
+  if (closed instanceof Error) throw closed;
+}
+
+main().catch((error: unknown) => {
+  console.error(`error: ${error instanceof Error ? error.message : String(error)}`);
+  process.exit(1);
+});
