@@ -5,14 +5,14 @@
 use proto::Message as _;
 use proto::client;
 use proto::code;
-use proto::rpc::{Effect, SessionClosed, effect};
+use proto::rpc::{Effect, Session, SessionClosed, effect};
 
-use super::{Io, Session};
+use super::{Context, Io, Session as Live};
 use crate::bus::Reply;
 use crate::presence::BindError;
 use crate::route;
 
-impl<S: Io> Session<S> {
+impl<S: Io> Live<S> {
     /// Applies a handler's effects, in order, before its answer goes out. A bind the
     /// gate cannot make turns the answer into an error and skips the effects after it.
     /// Returns a kick's reason, acted on after the answer is sent.
@@ -94,19 +94,22 @@ impl<S: Io> Session<S> {
         if !uid.is_empty() {
             self.gate.presence.unbind(uid, self.sid);
         }
-        // By the identity services know it by: a resumed session keeps the one it
-        // started with.
-        let session = self.wire.get();
-        let event = SessionClosed {
-            gate: session.gate.clone(),
-            sid: session.sid,
-            uid: session.uid.clone(),
-            groups: std::mem::take(&mut self.groups),
-        };
-        let subject = format!("{}.evt.session.closed", self.gate.config.prefix);
-        let _ = self
-            .gate
-            .bus
-            .publish_bytes(&subject, Reply::None, &event.encode_to_vec());
+        let groups = std::mem::take(&mut self.groups);
+        announce_closed(&self.gate, self.wire.get(), groups);
     }
+}
+
+/// Tells services that `session` ended, by the identity they know it by (a resumed
+/// session keeps the one it started with), with the groups it was in.
+pub(super) fn announce_closed(gate: &Context, session: &Session, groups: Vec<String>) {
+    let event = SessionClosed {
+        gate: session.gate.clone(),
+        sid: session.sid,
+        uid: session.uid.clone(),
+        groups,
+    };
+    let subject = format!("{}.evt.session.closed", gate.config.prefix);
+    let _ = gate
+        .bus
+        .publish_bytes(&subject, Reply::None, &event.encode_to_vec());
 }

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
+use super::effects::announce_closed;
 use super::replay::{Missing, Replay};
 use super::{Closing, Context, Io, Pending, Session, close};
 use crate::bus::Reply;
@@ -147,6 +148,11 @@ pub(crate) async fn arrive(
             Ok(Some(msg)) if early.len() < config.outbound_queue => early.push(msg),
             _ => {
                 gate.presence.depart(&held.groups, &player, sid);
+                // Nothing came: the old gate handed over to nobody, or not at all, and
+                // the session is over either way. Services are told, as for any end.
+                if let Some(session) = &held.session {
+                    announce_closed(gate, session, held.groups.clone());
+                }
                 return Err(code::UNAVAILABLE);
             }
         }
