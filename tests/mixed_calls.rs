@@ -19,10 +19,10 @@
 //! Prerequisites: Node 20 with `npm ci` run in `workers/ts` (the test runs `npm run
 //! build` there itself), and nats-server on PATH or in `$(go env GOPATH)/bin`.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
+#[path = "common/builds.rs"]
+mod builds;
 #[path = "common/gate.rs"]
 mod gate;
 
@@ -40,7 +40,7 @@ broker::on_both_buses!(calls_go_from_rust_to_typescript_and_back);
 
 async fn calls_go_from_rust_to_typescript_and_back(bus: Bus) {
     let url = bus.url();
-    let built = built();
+    let built = builds::ts();
 
     // A Rust shop calls a TypeScript bank.
     let prefix = "rs-shop";
@@ -147,33 +147,6 @@ impl RustWorker {
     }
 }
 
-/// The TypeScript worker library, built once per test run.
-struct Built {
-    node: PathBuf,
-    shop: PathBuf,
-}
-
-fn built() -> &'static Built {
-    static BUILT: OnceLock<Built> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let ts = Path::new(env!("CARGO_MANIFEST_DIR")).join("workers/ts");
-        assert!(
-            ts.join("node_modules").is_dir(),
-            "workers/ts has no node_modules: run `npm ci --prefix workers/ts` first"
-        );
-        let status = Command::new("npm")
-            .args(["run", "--silent", "build"])
-            .current_dir(&ts)
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run `npm` (is it installed?): {e}"));
-        assert!(status.success(), "`npm run build` in workers/ts: {status}");
-        Built {
-            node: PathBuf::from(std::env::var_os("NODE").unwrap_or("node".into())),
-            shop: ts.join("dist/shop.js"),
-        }
-    })
-}
-
 /// The TypeScript shop or bank (`src/shop.ts`) as a process: killed when dropped, unless
 /// stopped.
 struct TsWorker {
@@ -182,11 +155,16 @@ struct TsWorker {
 
 impl TsWorker {
     /// Starts it serving `service` and waits for its `Worker is ready` line.
-    async fn start(built: &Built, url: &str, prefix: &str, service: &str) -> TsWorker {
+    async fn start(built: &builds::Ts, url: &str, prefix: &str, service: &str) -> TsWorker {
         let mut command = Command::new(&built.node);
-        command
-            .arg(&built.shop)
-            .args(["--service", service, "--nats", url, "--prefix", prefix]);
+        command.arg(built.script("shop")).args([
+            "--service",
+            service,
+            "--nats",
+            url,
+            "--prefix",
+            prefix,
+        ]);
         let mut process = Process::spawn(&format!("the TypeScript {service} worker"), command);
         process.line("Worker is ready").await;
         TsWorker { process }

@@ -25,12 +25,13 @@
 //! build` there itself), and nats-server on PATH or in `$(go env GOPATH)/bin`.
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+#[path = "common/builds.rs"]
+mod builds;
 #[path = "common/gate.rs"]
 mod gate;
 
@@ -68,7 +69,7 @@ broker::on_both_buses!(rust_and_ts_workers_serve_one_keyed_service);
 
 async fn rust_and_ts_workers_serve_one_keyed_service(bus: Bus) {
     let url = bus.url();
-    let built = built();
+    let built = builds::ts();
     let keys = keys();
     let heard = Heard::listen(url).await;
 
@@ -471,33 +472,6 @@ async fn start_rust_worker(url: &str, fresh: Arc<AtomicUsize>) -> RustWorker {
     RustWorker { shutdown, run }
 }
 
-/// The TypeScript worker, built once per test run.
-struct Built {
-    node: PathBuf,
-    tally: PathBuf,
-}
-
-fn built() -> &'static Built {
-    static BUILT: OnceLock<Built> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let ts = Path::new(env!("CARGO_MANIFEST_DIR")).join("workers/ts");
-        assert!(
-            ts.join("node_modules").is_dir(),
-            "workers/ts has no node_modules: run `npm ci --prefix workers/ts` first"
-        );
-        let status = Command::new("npm")
-            .args(["run", "--silent", "build"])
-            .current_dir(&ts)
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run `npm` (is it installed?): {e}"));
-        assert!(status.success(), "`npm run build` in workers/ts: {status}");
-        Built {
-            node: PathBuf::from(std::env::var_os("NODE").unwrap_or("node".into())),
-            tally: ts.join("dist/tally.js"),
-        }
-    })
-}
-
 /// A TypeScript tally worker process: killed when dropped, unless stopped.
 struct TsWorker {
     process: Process,
@@ -519,10 +493,10 @@ struct Stopped {
 
 impl TsWorker {
     /// Starts the worker answering as `name` and waits for its `Worker is ready` line.
-    async fn start(built: &Built, url: &str, name: &str) -> TsWorker {
+    async fn start(built: &builds::Ts, url: &str, name: &str) -> TsWorker {
         let ms = |d: Duration| format!("{}ms", d.as_millis());
         let mut command = Command::new(&built.node);
-        command.arg(&built.tally).args([
+        command.arg(built.script("tally")).args([
             "--nats",
             url,
             "--prefix",

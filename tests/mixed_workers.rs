@@ -16,12 +16,13 @@
 //! build` there itself), Go (it runs `go build` in `workers/go`), and nats-server on
 //! PATH or in `$(go env GOPATH)/bin`.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+#[path = "common/builds.rs"]
+mod builds;
 #[path = "common/gate.rs"]
 mod gate;
 
@@ -48,7 +49,7 @@ broker::on_both_buses!(rust_ts_and_go_workers_share_echo);
 
 async fn rust_ts_and_go_workers_share_echo(bus: Bus) {
     let url = bus.url();
-    let built = built();
+    let built = builds::ts();
     for language in [Language::TypeScript, Language::Go] {
         announcement_alone(url, built, language).await;
     }
@@ -103,7 +104,7 @@ async fn rust_ts_and_go_workers_share_echo(bus: Bus) {
 /// A gate that has heard from no echo worker but one of `language`'s serves JSON
 /// clients typed bodies through it: the gate started before the worker learns from the
 /// worker's announcement at start, the gate started after it from its ask.
-async fn announcement_alone(url: &str, built: &Built, language: Language) {
+async fn announcement_alone(url: &str, built: &builds::Ts, language: Language) {
     let prefix = format!("alone-{}", language.name());
     let before = TestGate::start(url, &prefix).await;
     let worker = WorkerProcess::start(built, language, url, &prefix).await;
@@ -239,48 +240,6 @@ impl Language {
     }
 }
 
-/// The TS and Go echo workers, built once per test run.
-struct Built {
-    node: PathBuf,
-    ts_echo: PathBuf,
-    go_echo: PathBuf,
-}
-
-fn built() -> &'static Built {
-    static BUILT: OnceLock<Built> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let ts = root.join("workers/ts");
-        assert!(
-            ts.join("node_modules").is_dir(),
-            "workers/ts has no node_modules: run `npm ci --prefix workers/ts` first"
-        );
-        run_build(&ts, "npm", &["run", "--silent", "build"]);
-        let go_echo = Path::new(env!("CARGO_TARGET_TMPDIR")).join("echo-go");
-        let out = go_echo.to_str().unwrap().to_owned();
-        run_build(&root.join("workers/go"), "go", &["build", "-o", &out, "."]);
-        Built {
-            node: PathBuf::from(std::env::var_os("NODE").unwrap_or("node".into())),
-            ts_echo: ts.join("dist/echo.js"),
-            go_echo,
-        }
-    })
-}
-
-fn run_build(dir: &Path, program: &str, args: &[&str]) {
-    let status = Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run `{program}` (is it installed?): {e}"));
-    assert!(
-        status.success(),
-        "`{program} {}` in {} failed: {status}",
-        args.join(" "),
-        dir.display()
-    );
-}
-
 /// A TS or Go echo worker process: killed when dropped, unless stopped.
 struct WorkerProcess {
     language: Language,
@@ -289,14 +248,19 @@ struct WorkerProcess {
 
 impl WorkerProcess {
     /// Starts the worker and waits for its `Worker is ready` line.
-    async fn start(built: &Built, language: Language, url: &str, prefix: &str) -> WorkerProcess {
+    async fn start(
+        built: &builds::Ts,
+        language: Language,
+        url: &str,
+        prefix: &str,
+    ) -> WorkerProcess {
         let mut command = match language {
             Language::TypeScript => {
                 let mut c = Command::new(&built.node);
-                c.arg(&built.ts_echo);
+                c.arg(built.script("echo"));
                 c
             }
-            Language::Go => Command::new(&built.go_echo),
+            Language::Go => Command::new(builds::go_echo()),
         };
         command.args(["--nats", url, "--prefix", prefix]);
         let mut process = Process::spawn(&format!("the {language:?} echo worker"), command);
