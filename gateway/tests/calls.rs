@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Bus, Holds, TestGate, TestWorker, gate_config, start_worker, within};
+use common::{Bus, Holds, TestGate, TestWorker, echo_worker, gate_config, start_worker, within};
 use proto::code;
 use services::{CallResult, FrameConfig, HandlerError, Service};
 use tokio::sync::mpsc;
@@ -17,6 +17,7 @@ broker::on_both_buses!(
     a_deferred_answer_carries_the_callee_s_answer_and_the_callee_sees_the_session,
     a_call_to_a_service_without_workers_gets_503_and_the_client_the_handler_s_answer,
     a_slow_callee_times_the_call_out_while_the_caller_keeps_serving,
+    the_built_in_echo_relay_answers_through_a_call_to_its_own_service,
 );
 
 /// `login` binds the uid in the body; `buy` defers, calls `bank.pay` with its body and
@@ -135,4 +136,19 @@ async fn a_slow_callee_times_the_call_out_while_the_caller_keeps_serving(bus: Bu
         "{answer:?}"
     );
     holds.release("s");
+}
+
+/// `echo.relay` (the built-in echo service) calls `echo.raw`, served by the same
+/// worker's queue group, and answers what it answered: one call hop.
+async fn the_built_in_echo_relay_answers_through_a_call_to_its_own_service(bus: Bus) {
+    let _echo = echo_worker(&bus).await;
+    let gate = TestGate::start(&bus, gate_config(|_| {})).await;
+    let client = gate.client().await;
+    for body in ["one", "two"] {
+        let relayed = within(client.request("echo.relay", body)).await.unwrap();
+        assert_eq!(
+            (relayed.code, &relayed.body[..]),
+            (code::OK, body.as_bytes())
+        );
+    }
 }

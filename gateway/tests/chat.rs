@@ -810,6 +810,14 @@ async fn a_lone_worker_back_from_a_lost_connection_keeps_its_state(bus: Bus) {
     cluster.stop_workers(3).await;
     let alice = Player::login(cluster.url(0), "alice").await;
     alice.join("lobby").await;
+    // The worker applies its own join when the change comes back to it over the bus:
+    // the connection must not go before that, or there is no state to keep.
+    within(async {
+        while alice.members("lobby").await != names(&["alice"]) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
 
     lone.down().await;
     lone.up().await;

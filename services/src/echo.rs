@@ -8,6 +8,9 @@
 //!   Game logic stand-in for load tests: with real work per request the worker becomes
 //!   the bottleneck, and adding workers shows what it adds. Declared cost 5 units
 //!   (50 µs), the figure the load tests send.
+//! - `echo.relay`: calls `echo.raw` with the body (a call between services, docs/workers.md
+//!   "Calling other services") and answers what it answered: beside `echo.raw`, what one
+//!   call hop costs.
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +27,9 @@ pub const NAME: &str = "echo";
 /// The most work one `echo.work` request may ask for.
 pub const MAX_WORK_US: u64 = 1_000;
 
+/// The route `echo.relay` calls.
+const RELAY_TO: &str = "echo.raw";
+
 /// `echo.work`'s declared cost: 50 µs of work at 10 µs per unit.
 const WORK_COST: u32 = 5;
 
@@ -38,6 +44,13 @@ pub fn service() -> Service {
         .raw_method("work", |_ctx, body| {
             burn(work_of(&body)?);
             Ok(body)
+        })
+        .raw_method("relay", |ctx, body| {
+            let deferred = ctx.defer();
+            ctx.call(RELAY_TO, body, move |ctx, result| {
+                ctx.answer(deferred, result.into_result());
+            });
+            Ok(Bytes::new())
         })
         .cost("work", WORK_COST)
 }
