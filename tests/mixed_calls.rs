@@ -23,6 +23,9 @@ use std::process::Command;
 
 #[path = "common/builds.rs"]
 mod builds;
+#[path = "common/worker.rs"]
+mod worker;
+use worker::RustWorker;
 #[path = "common/gate.rs"]
 mod gate;
 
@@ -32,9 +35,8 @@ use gate::TestGate;
 use nix::sys::signal::Signal;
 use proto::code;
 use sdk::Client;
-use services::{CallResult, HandlerError, Service, Worker, WorkerConfig};
+use services::{CallResult, HandlerError, Service, WorkerConfig};
 use testkit::{Process, within, word_after};
-use tokio_util::sync::CancellationToken;
 
 broker::on_both_buses!(calls_go_from_rust_to_typescript_and_back);
 
@@ -45,7 +47,7 @@ async fn calls_go_from_rust_to_typescript_and_back(bus: Bus) {
     // A Rust shop calls a TypeScript bank.
     let prefix = "rs-shop";
     let bank = TsWorker::start(built, url, prefix, "bank").await;
-    let shop = RustWorker::start(url, prefix, rust_shop()).await;
+    let shop = RustWorker::start(url, "mixed-calls-rust", rust_shop(), config(prefix)).await;
     let gate = TestGate::start(url, prefix).await;
     let client = logged_in(&gate).await;
     buy(&client, "3 coins", "ann paid 3 coins").await;
@@ -55,7 +57,7 @@ async fn calls_go_from_rust_to_typescript_and_back(bus: Bus) {
 
     // A TypeScript shop calls a Rust bank.
     let prefix = "ts-shop";
-    let bank = RustWorker::start(url, prefix, rust_bank()).await;
+    let bank = RustWorker::start(url, "mixed-calls-rust", rust_bank(), config(prefix)).await;
     let shop = TsWorker::start(built, url, prefix, "shop").await;
     let gate = TestGate::start(url, prefix).await;
     let client = logged_in(&gate).await;
@@ -118,35 +120,6 @@ fn rust_bank() -> Service {
     })
 }
 
-/// A Rust worker on the test's runtime.
-struct RustWorker {
-    shutdown: CancellationToken,
-    run: tokio::task::JoinHandle<Result<(), services::WorkerError>>,
-}
-
-impl RustWorker {
-    async fn start(url: &str, prefix: &str, service: Service) -> RustWorker {
-        let client = services::connect(&[url.to_owned()], "mixed-calls-rust", &Default::default())
-            .await
-            .unwrap();
-        let config = WorkerConfig {
-            prefix: prefix.to_owned(),
-            ..WorkerConfig::default()
-        };
-        let worker = within(Worker::subscribe(client, service, config))
-            .await
-            .unwrap();
-        let shutdown = CancellationToken::new();
-        let run = tokio::spawn(worker.run(shutdown.clone()));
-        RustWorker { shutdown, run }
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        within(self.run).await.unwrap().unwrap();
-    }
-}
-
 /// The TypeScript shop or bank (`src/shop.ts`) as a process: killed when dropped, unless
 /// stopped.
 struct TsWorker {
@@ -179,5 +152,12 @@ impl TsWorker {
         word_after(&stopped, "served=")
             .parse()
             .unwrap_or_else(|e| panic!("unreadable count in {stopped:?}: {e}"))
+    }
+}
+
+fn config(prefix: &str) -> WorkerConfig {
+    WorkerConfig {
+        prefix: prefix.to_owned(),
+        ..WorkerConfig::default()
     }
 }

@@ -32,6 +32,9 @@ use std::time::Duration;
 
 #[path = "common/builds.rs"]
 mod builds;
+#[path = "common/worker.rs"]
+mod worker;
+use worker::RustWorker;
 #[path = "common/gate.rs"]
 mod gate;
 
@@ -44,9 +47,8 @@ use proto::code;
 use proto::keyed::{fnv1a, members_subject, partition_of};
 use proto::rpc::KeyedMember;
 use sdk::Client;
-use services::{KeyedConfig, Worker, WorkerConfig};
+use services::{KeyedConfig, WorkerConfig};
 use testkit::{DEADLINE, Process, within, word_after};
-use tokio_util::sync::CancellationToken;
 
 const PREFIX: &str = "shaddock";
 const SERVICE: &str = "tally";
@@ -434,23 +436,7 @@ async fn load(
     all
 }
 
-/// The Rust tally worker, on the test's runtime.
-struct RustWorker {
-    shutdown: CancellationToken,
-    run: tokio::task::JoinHandle<Result<(), services::WorkerError>>,
-}
-
-impl RustWorker {
-    async fn stop(self) {
-        self.shutdown.cancel();
-        within(self.run).await.unwrap().unwrap();
-    }
-}
-
 async fn start_rust_worker(url: &str, fresh: Arc<AtomicUsize>) -> RustWorker {
-    let client = services::connect(&[url.to_owned()], "mixed-keyed-rust", &Default::default())
-        .await
-        .unwrap();
     let config = WorkerConfig {
         prefix: PREFIX.to_owned(),
         keyed: KeyedConfig {
@@ -460,16 +446,8 @@ async fn start_rust_worker(url: &str, fresh: Arc<AtomicUsize>) -> RustWorker {
         },
         ..WorkerConfig::default()
     };
-    let worker = within(Worker::subscribe(
-        client,
-        services::tally::service("rust", fresh),
-        config,
-    ))
-    .await
-    .unwrap();
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(worker.run(shutdown.clone()));
-    RustWorker { shutdown, run }
+    let service = services::tally::service("rust", fresh);
+    RustWorker::start(url, "mixed-keyed-rust", service, config).await
 }
 
 /// A TypeScript tally worker process: killed when dropped, unless stopped.

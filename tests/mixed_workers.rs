@@ -23,6 +23,9 @@ use std::time::Duration;
 
 #[path = "common/builds.rs"]
 mod builds;
+#[path = "common/worker.rs"]
+mod worker;
+use worker::RustWorker;
 #[path = "common/gate.rs"]
 mod gate;
 
@@ -34,9 +37,8 @@ use proto::Message as _;
 use proto::code;
 use proto::echo::{EchoRequest, EchoResponse};
 use sdk::Client;
-use services::{Context, HandlerError, Service, Worker, WorkerConfig};
+use services::{Context, HandlerError, Service, WorkerConfig};
 use testkit::{Process, within};
-use tokio_util::sync::CancellationToken;
 
 /// Requests through the gate while all three workers serve.
 const REQUESTS: usize = 3_000;
@@ -185,19 +187,6 @@ async fn typed_echo_learnt(gate: &TestGate) {
     .await;
 }
 
-/// The Rust echo worker, counting what it serves, on the test's runtime.
-struct RustWorker {
-    shutdown: CancellationToken,
-    run: tokio::task::JoinHandle<Result<(), services::WorkerError>>,
-}
-
-impl RustWorker {
-    async fn stop(self) {
-        self.shutdown.cancel();
-        within(self.run).await.unwrap().unwrap();
-    }
-}
-
 async fn start_rust_worker(url: &str, prefix: &str, served: Arc<AtomicUsize>) -> RustWorker {
     let raw_served = served.clone();
     let service = Service::new("echo")
@@ -210,19 +199,11 @@ async fn start_rust_worker(url: &str, prefix: &str, served: Arc<AtomicUsize>) ->
             raw_served.fetch_add(1, Ordering::Relaxed);
             Ok(body)
         });
-    let client = services::connect(&[url.to_owned()], "mixed-workers-rust", &Default::default())
-        .await
-        .unwrap();
     let config = WorkerConfig {
         prefix: prefix.to_owned(),
         ..WorkerConfig::default()
     };
-    let worker = within(Worker::subscribe(client, service, config))
-        .await
-        .unwrap();
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(worker.run(shutdown.clone()));
-    RustWorker { shutdown, run }
+    RustWorker::start(url, "mixed-workers-rust", service, config).await
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -114,8 +114,13 @@ pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(30);
 /// Frames a resumable session keeps until its client acknowledges them (or, detached,
 /// until it resumes); a client acks every 64, so this leaves room for a burst.
 pub const DEFAULT_RESUME_BUFFER: usize = 1024;
-/// Bytes of those frames.
-pub const DEFAULT_RESUME_BUFFER_BYTES: usize = 1024 * 1024;
+/// Bytes of those frames: well under [`MAX_HANDED_BYTES`], so what a session holds
+/// can be handed over whole.
+pub const DEFAULT_RESUME_BUFFER_BYTES: usize = 512 * 1024;
+/// The most a hand-over to another gate carries in one bus message: under nats-server's
+/// default `max_payload` (1 MiB), which a larger message would break the gate's bus
+/// connection on. A session whose hand-over would be larger is refused (409).
+pub const MAX_HANDED_BYTES: usize = 768 * 1024;
 /// How long a hand-over to another gate may take: the old gate waits this long for the
 /// new gate's marks, the new gate twice this for what the old one hands over.
 pub const DEFAULT_RESUME_HANDOVER_TIMEOUT: Duration = Duration::from_secs(2);

@@ -26,6 +26,7 @@ broker::on_both_buses!(
     spent_stale_and_garbled_tokens_get_a_fresh_session,
     another_players_token_resumes_nothing,
     a_session_detached_on_a_draining_gate_resumes_on_another,
+    more_missed_than_a_hand_over_carries_is_refused_409,
 );
 
 /// The room everyone enters.
@@ -402,4 +403,36 @@ async fn a_session_detached_on_a_draining_gate_resumes_on_another(bus: Bus) {
     let said = within(pushes_until(&mut victim, "d:49")).await;
     let expected: Vec<String> = (0..50).map(|i| format!("d:{i}")).collect();
     assert_eq!(said, expected);
+}
+
+/// A session that kept more for its client than one hand-over message may carry (its
+/// buffer raised past `MAX_HANDED_BYTES`) is refused 409, and the bus connection stays.
+async fn more_missed_than_a_hand_over_carries_is_refused_409(bus: Bus) {
+    let _worker = start_worker(bus.url(), room_service(), FrameConfig::default()).await;
+    let config = gate_config(|c| {
+        c.resume_buffer_bytes = 4 << 20;
+        c.outbound_bytes = 4 << 20;
+    });
+    let gate = TestGate::start(&bus, config).await;
+    let hop = Cut::start(gate.addr).await.unwrap();
+    let mut victim = within(Player::enter(&hop.ws_url(), "victim")).await;
+    hop.cut();
+    let mut sender = within(Player::enter(&gate.url, "sender")).await;
+    let big = "x".repeat(10 * 1024);
+    for _ in 0..100 {
+        let id = sender.send("room.say", &big).await;
+        while !matches!(within(sender.next()).await, Got::Response(got, ..) if got == id) {}
+    }
+    let ack = within(victim.try_resume(&gate.url, "")).await;
+    assert_eq!(
+        (ack.code, ack.resume_code),
+        (code::OK, code::CONFLICT),
+        "{ack:?}"
+    );
+    // The gate's bus connection is whole: the fresh session is served.
+    let id = victim.send("room.enter", "victim").await;
+    assert_eq!(
+        within(victim.next()).await,
+        Got::Response(id, code::OK, "victim".into())
+    );
 }

@@ -36,6 +36,7 @@ use super::replay::{Missing, Replay};
 use super::{Closing, Context, Io, Pending, Session, close};
 use crate::bus::Reply;
 use crate::codec::Codec;
+use crate::config::MAX_HANDED_BYTES;
 use crate::handover::{self, NO_SUCH_SESSION, Token};
 use crate::inbox::{Inbox, ToSession, WorkerReply};
 
@@ -314,7 +315,13 @@ impl<S: Io> Session<S> {
             return Err((code::CONFLICT, GAP));
         }
         match r.replay.since(request.last_seq) {
-            Ok(_) => Ok(()),
+            Ok(missed) => {
+                let bytes: usize = missed.map(|k| k.frame.len()).sum();
+                if bytes > MAX_HANDED_BYTES {
+                    return Err((code::CONFLICT, TOO_MUCH));
+                }
+                Ok(())
+            }
             Err(Missing::Gone) => Err((code::CONFLICT, GAP)),
             Err(Missing::Ahead) => Err((
                 code::BAD_REQUEST,
@@ -424,12 +431,17 @@ impl<S: Io> Session<S> {
         let config = &self.gate.config;
         let to = format!("{}.gw.{}.{}.", config.prefix, handing.gate, handing.sid);
         let subject = format!("{to}0");
-        if self
-            .gate
-            .bus
-            .publish_bytes(&subject, Reply::None, &handed.encode_to_vec())
-            .is_err()
-        {
+        let encoded = handed.encode_to_vec();
+        // Grown past what one bus message may carry while the marks came back: not
+        // sent (the server would drop the gate's connection); the new gate gives up
+        // and tells services the session ended.
+        let sent = encoded.len() <= MAX_HANDED_BYTES
+            && self
+                .gate
+                .bus
+                .publish_bytes(&subject, Reply::None, &encoded)
+                .is_ok();
+        if !sent {
             metrics::counter!("gate_resumes_failed_total").increment(1);
         }
         self.gate
@@ -532,6 +544,9 @@ impl<S: Io> Session<S> {
         None
     }
 }
+
+/// The refusal of a resume whose missed frames are more than one hand-over carries.
+const TOO_MUCH: &str = "the client missed more than a hand-over carries";
 
 /// The refusal of a resume whose session let go of frames its client missed.
 const GAP: &str = "the session let go of frames the client missed";
