@@ -8,6 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/echo.proto",
         "proto/chat.proto",
         "proto/arena.proto",
+        "proto/profile.proto",
         "proto/status.proto",
         "proto/resume.proto",
     ];

@@ -104,6 +104,7 @@ mod tests {
                 String::new()
             },
             timeout_ms,
+            trace: Vec::new(),
         }
         .encode_to_vec()
     }

@@ -131,6 +131,14 @@ impl Gen {
                     total_us: self.rng.u32(..),
                     queue_us: self.rng.u32(..),
                     handler_us: self.rng.u32(..),
+                    calls: (0..self.rng.usize(..3))
+                        .map(|_| client::CallTiming {
+                            route: self.route(),
+                            code: self.rng.u32(..),
+                            us: self.rng.u32(..),
+                            hop: self.rng.u32(..),
+                        })
+                        .collect(),
                 }),
                 seq: self.rng.u64(..),
             }),

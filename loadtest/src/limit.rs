@@ -221,8 +221,7 @@ impl Session {
                 message: String::new(),
                 timing: self.timing.then(|| client::Timing {
                     total_us: u32::try_from(received.elapsed().as_micros()).unwrap_or(u32::MAX),
-                    queue_us: 0,
-                    handler_us: 0,
+                    ..client::Timing::default()
                 }),
                 seq: 0,
             }),

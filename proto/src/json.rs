@@ -188,6 +188,17 @@ struct Timing {
     total_us: u32,
     queue_us: u32,
     handler_us: u32,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    calls: Vec<CallTiming>,
+}
+
+#[derive(Serialize, Deserialize, Default)]
+#[serde(default)]
+struct CallTiming {
+    route: String,
+    code: u32,
+    us: u32,
+    hop: u32,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -257,6 +268,16 @@ pub fn decode_typed(frame: &str) -> Result<(Packet, bool), JsonError> {
                 total_us: t.total_us,
                 queue_us: t.queue_us,
                 handler_us: t.handler_us,
+                calls: t
+                    .calls
+                    .into_iter()
+                    .map(|c| client::CallTiming {
+                        route: c.route,
+                        code: c.code,
+                        us: c.us,
+                        hop: c.hop,
+                    })
+                    .collect(),
             }),
             seq: r.seq,
         }),
@@ -319,10 +340,20 @@ pub fn encode_typed(packet: &Packet, typed: bool) -> Option<String> {
             code: r.code,
             body: Body::of(&r.body, typed),
             message: r.message.clone(),
-            timing: r.timing.map(|t| Timing {
+            timing: r.timing.as_ref().map(|t| Timing {
                 total_us: t.total_us,
                 queue_us: t.queue_us,
                 handler_us: t.handler_us,
+                calls: t
+                    .calls
+                    .iter()
+                    .map(|c| CallTiming {
+                        route: c.route.clone(),
+                        code: c.code,
+                        us: c.us,
+                        hop: c.hop,
+                    })
+                    .collect(),
             }),
             seq: r.seq,
         }),

@@ -6,6 +6,7 @@
 //! - [`echo`]: the echo service's messages.
 //! - [`chat`]: the chat service's messages, and what its workers tell each other.
 //! - [`arena`]: the arena service's messages (the reference keyed service).
+//! - [`profile`]: the profile service's messages (players' display names and colours).
 //! - [`status`]: the status codes of every answer ([`code`] has them as `u32`).
 //!
 //! Binary WebSocket frames carry a `Packet` as protobuf; text frames carry the same
@@ -31,6 +32,10 @@ pub mod chat {
 
 pub mod arena {
     include!(concat!(env!("OUT_DIR"), "/shaddock.arena.rs"));
+}
+
+pub mod profile {
+    include!(concat!(env!("OUT_DIR"), "/shaddock.profile.rs"));
 }
 
 /// Between gates: a session handed over for a resume.

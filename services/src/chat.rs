@@ -61,6 +61,11 @@ pub const SESSION_CLOSED_SUBJECT: &str = "evt.session.closed";
 /// A room's gate group is this followed by the room's name.
 pub const GROUP_PREFIX: &str = "chat-";
 
+/// Session data a login keeps the player's display name in (from its profile).
+pub const DATA_DISPLAY: &str = "display";
+/// Session data a login keeps the player's colour in (`#rrggbb`, from its profile).
+pub const DATA_COLOR: &str = "color";
+
 /// Push route of a message to a room.
 pub const ROUTE_MESSAGE: &str = "chat.message";
 /// Push route of a message to one player.
@@ -191,6 +196,17 @@ fn logged_in(ctx: &Context) -> Result<String, HandlerError> {
         .ok_or_else(|| HandlerError::unauthorized("log in first (chat.login)"))
 }
 
+/// A message from the session's player, with the display name and colour its login
+/// kept in the session (see `on_login`).
+fn from_sender(ctx: &Context, name: String) -> ChatMessage {
+    ChatMessage {
+        display: ctx.data(DATA_DISPLAY).unwrap_or(&name).to_owned(),
+        color: ctx.data(DATA_COLOR).unwrap_or_default().to_owned(),
+        from: name,
+        ..ChatMessage::default()
+    }
+}
+
 fn session_key(ctx: &Context) -> SessionKey {
     SessionKey {
         gate: ctx.gate().to_owned(),
@@ -229,7 +245,10 @@ fn on_login(ctx: &mut Context, mut req: LoginRequest) -> Result<LoginResponse, H
     }
     ctx.bind_uid(req.name.clone());
     ctx.set_data("nick", req.name.clone());
-    Ok(LoginResponse { name: req.name })
+    Ok(LoginResponse {
+        name: req.name,
+        ..LoginResponse::default()
+    })
 }
 
 fn on_join(
@@ -307,8 +326,8 @@ fn on_say(rooms: &Rooms, ctx: &mut Context, req: SayRequest) -> Result<SayRespon
     }
     let message = ChatMessage {
         room: req.room,
-        from: name,
         text: req.text,
+        ..from_sender(ctx, name)
     };
     ctx.broadcast(
         &group_of(&message.room),
@@ -323,9 +342,8 @@ fn on_whisper(ctx: &mut Context, req: WhisperRequest) -> Result<WhisperResponse,
     check_name(&req.to)?;
     check_text(&req.text)?;
     let message = ChatMessage {
-        room: String::new(),
-        from: name,
         text: req.text,
+        ..from_sender(ctx, name)
     };
     ctx.push_to_user(&req.to, ROUTE_WHISPER, message.encode_to_vec())?;
     Ok(WhisperResponse {})

@@ -314,6 +314,7 @@ mod tests {
             room: "lobby".into(),
             from: "ann".into(),
             text: "hi".into(),
+            ..Default::default()
         };
         let json = protobuf_to_json(&push, &message.encode_to_vec()).unwrap();
         assert_eq!(json, r#"{"room":"lobby","from":"ann","text":"hi"}"#);

@@ -260,6 +260,7 @@ impl<S: Io> Session<S> {
                 total_us: micros(elapsed),
                 queue_us,
                 handler_us,
+                calls: Vec::new(),
             });
         }
         resp.seq = self.next_seq();

@@ -278,6 +278,7 @@ mod tests {
             total_us: 300,
             queue_us: 50,
             handler_us: 10,
+            calls: Vec::new(),
         };
         Outcome {
             scheduled,

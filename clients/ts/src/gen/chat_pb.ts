@@ -15,7 +15,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file chat.proto.
  */
 export const file_chat: GenFile = /*@__PURE__*/
-  fileDesc("CgpjaGF0LnByb3RvEg1zaGFkZG9jay5jaGF0IhwKDExvZ2luUmVxdWVzdBIMCgRuYW1lGAEgASgJIh0KDUxvZ2luUmVzcG9uc2USDAoEbmFtZRgBIAEoCSIbCgtKb2luUmVxdWVzdBIMCgRyb29tGAEgASgJIi0KDEpvaW5SZXNwb25zZRIMCgRyb29tGAEgASgJEg8KB21lbWJlcnMYAiADKAkiHAoMTGVhdmVSZXF1ZXN0EgwKBHJvb20YASABKAkiDwoNTGVhdmVSZXNwb25zZSIoCgpTYXlSZXF1ZXN0EgwKBHJvb20YASABKAkSDAoEdGV4dBgCIAEoCSINCgtTYXlSZXNwb25zZSIqCg5XaGlzcGVyUmVxdWVzdBIKCgJ0bxgBIAEoCRIMCgR0ZXh0GAIgASgJIhEKD1doaXNwZXJSZXNwb25zZSIeCg5NZW1iZXJzUmVxdWVzdBIMCgRyb29tGAEgASgJIjAKD01lbWJlcnNSZXNwb25zZRIMCgRyb29tGAEgASgJEg8KB21lbWJlcnMYAiADKAkiNwoLQ2hhdE1lc3NhZ2USDAoEcm9vbRgBIAEoCRIMCgRmcm9tGAIgASgJEgwKBHRleHQYAyABKAkiOQoLTWVtYmVyRXZlbnQSDAoEcm9vbRgBIAEoCRIMCgRuYW1lGAIgASgJEg4KBnJlYXNvbhgDIAEoCSKRAQoLU3RhdGVDaGFuZ2USJQoEam9pbhgBIAEoCzIVLnNoYWRkb2NrLmNoYXQuTWVtYmVySAASJgoFbGVhdmUYAiABKAsyFS5zaGFkZG9jay5jaGF0Lk1lbWJlckgAEisKBmNsb3NlZBgDIAEoCzIZLnNoYWRkb2NrLmNoYXQuU2Vzc2lvblJlZkgAQgYKBGtpbmQiPwoGTWVtYmVyEgwKBHJvb20YASABKAkSDAoEbmFtZRgCIAEoCRIMCgRnYXRlGAMgASgJEgsKA3NpZBgEIAEoBCInCgpTZXNzaW9uUmVmEgwKBGdhdGUYASABKAkSCwoDc2lkGAIgASgEIl0KCFNuYXBzaG90EiYKB21lbWJlcnMYASADKAsyFS5zaGFkZG9jay5jaGF0Lk1lbWJlchIpCgZjbG9zZWQYAiADKAsyGS5zaGFkZG9jay5jaGF0LlNlc3Npb25SZWZCNwoRZGV2LnNoYWRkb2NrLmNoYXRQAVogc2hhZGRvY2suZGV2L3Byb3RvL2NoYXRwYjtjaGF0cGJiBnByb3RvMw");
+  fileDesc("CgpjaGF0LnByb3RvEg1zaGFkZG9jay5jaGF0IhwKDExvZ2luUmVxdWVzdBIMCgRuYW1lGAEgASgJIj0KDUxvZ2luUmVzcG9uc2USDAoEbmFtZRgBIAEoCRIPCgdkaXNwbGF5GAIgASgJEg0KBWNvbG9yGAMgASgJIhsKC0pvaW5SZXF1ZXN0EgwKBHJvb20YASABKAkiLQoMSm9pblJlc3BvbnNlEgwKBHJvb20YASABKAkSDwoHbWVtYmVycxgCIAMoCSIcCgxMZWF2ZVJlcXVlc3QSDAoEcm9vbRgBIAEoCSIPCg1MZWF2ZVJlc3BvbnNlIigKClNheVJlcXVlc3QSDAoEcm9vbRgBIAEoCRIMCgR0ZXh0GAIgASgJIg0KC1NheVJlc3BvbnNlIioKDldoaXNwZXJSZXF1ZXN0EgoKAnRvGAEgASgJEgwKBHRleHQYAiABKAkiEQoPV2hpc3BlclJlc3BvbnNlIh4KDk1lbWJlcnNSZXF1ZXN0EgwKBHJvb20YASABKAkiMAoPTWVtYmVyc1Jlc3BvbnNlEgwKBHJvb20YASABKAkSDwoHbWVtYmVycxgCIAMoCSJXCgtDaGF0TWVzc2FnZRIMCgRyb29tGAEgASgJEgwKBGZyb20YAiABKAkSDAoEdGV4dBgDIAEoCRIPCgdkaXNwbGF5GAQgASgJEg0KBWNvbG9yGAUgASgJIjkKC01lbWJlckV2ZW50EgwKBHJvb20YASABKAkSDAoEbmFtZRgCIAEoCRIOCgZyZWFzb24YAyABKAkikQEKC1N0YXRlQ2hhbmdlEiUKBGpvaW4YASABKAsyFS5zaGFkZG9jay5jaGF0Lk1lbWJlckgAEiYKBWxlYXZlGAIgASgLMhUuc2hhZGRvY2suY2hhdC5NZW1iZXJIABIrCgZjbG9zZWQYAyABKAsyGS5zaGFkZG9jay5jaGF0LlNlc3Npb25SZWZIAEIGCgRraW5kIj8KBk1lbWJlchIMCgRyb29tGAEgASgJEgwKBG5hbWUYAiABKAkSDAoEZ2F0ZRgDIAEoCRILCgNzaWQYBCABKAQiJwoKU2Vzc2lvblJlZhIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBCJdCghTbmFwc2hvdBImCgdtZW1iZXJzGAEgAygLMhUuc2hhZGRvY2suY2hhdC5NZW1iZXISKQoGY2xvc2VkGAIgAygLMhkuc2hhZGRvY2suY2hhdC5TZXNzaW9uUmVmQjcKEWRldi5zaGFkZG9jay5jaGF0UAFaIHNoYWRkb2NrLmRldi9wcm90by9jaGF0cGI7Y2hhdHBiYgZwcm90bzM");
 
 /**
  * chat.login: binds the session to uid `name` (one session per name) and stores the
@@ -48,6 +48,20 @@ export type LoginResponse = Message<"shaddock.chat.LoginResponse"> & {
    * @generated from field: string name = 1;
    */
   name: string;
+
+  /**
+   * From the player's profile (the profile service, which chat.login calls): what to
+   * show for the player, and its colour as #rrggbb. The name itself, and "", when the
+   * profile service did not answer.
+   *
+   * @generated from field: string display = 2;
+   */
+  display: string;
+
+  /**
+   * @generated from field: string color = 3;
+   */
+  color: string;
 };
 
 /**
@@ -269,6 +283,19 @@ export type ChatMessage = Message<"shaddock.chat.ChatMessage"> & {
    * @generated from field: string text = 3;
    */
   text: string;
+
+  /**
+   * The sender's display name and colour from its profile, as at its login (see
+   * LoginResponse).
+   *
+   * @generated from field: string display = 4;
+   */
+  display: string;
+
+  /**
+   * @generated from field: string color = 5;
+   */
+  color: string;
 };
 
 /**

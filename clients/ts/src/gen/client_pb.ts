@@ -15,7 +15,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file client.proto.
  */
 export const file_client: GenFile = /*@__PURE__*/
-  fileDesc("CgxjbGllbnQucHJvdG8SD3NoYWRkb2NrLmNsaWVudCKDBAoGUGFja2V0Ei8KCWhhbmRzaGFrZRgBIAEoCzIaLnNoYWRkb2NrLmNsaWVudC5IYW5kc2hha2VIABI2Cg1oYW5kc2hha2VfYWNrGAIgASgLMh0uc2hhZGRvY2suY2xpZW50LkhhbmRzaGFrZUFja0gAEi8KCWhlYXJ0YmVhdBgDIAEoCzIaLnNoYWRkb2NrLmNsaWVudC5IZWFydGJlYXRIABIrCgdyZXF1ZXN0GAQgASgLMhguc2hhZGRvY2suY2xpZW50LlJlcXVlc3RIABItCghyZXNwb25zZRgFIAEoCzIZLnNoYWRkb2NrLmNsaWVudC5SZXNwb25zZUgAEiUKBHB1c2gYBiABKAsyFS5zaGFkZG9jay5jbGllbnQuUHVzaEgAEiUKBGtpY2sYByABKAsyFS5zaGFkZG9jay5jbGllbnQuS2lja0gAEisKB3JlZnJlc2gYCCABKAsyGC5zaGFkZG9jay5jbGllbnQuUmVmcmVzaEgAEjIKC3JlZnJlc2hfYWNrGAkgASgLMhsuc2hhZGRvY2suY2xpZW50LlJlZnJlc2hBY2tIABInCgVkcmFpbhgKIAEoCzIWLnNoYWRkb2NrLmNsaWVudC5EcmFpbkgAEiMKA2FjaxgLIAEoCzIULnNoYWRkb2NrLmNsaWVudC5BY2tIAEIGCgRraW5kIowBCglIYW5kc2hha2USDQoFdG9rZW4YASABKAkSFQoNc2VydmVyX3RpbWluZxgCIAEoCBIOCgZjbGllbnQYAyABKAkSDgoGc2VyaWFsGAQgASgIEhEKCXJlc3VtYWJsZRgFIAEoCBIUCgxyZXN1bWVfdG9rZW4YBiABKAkSEAoIbGFzdF9zZXEYByABKAQilAEKDEhhbmRzaGFrZUFjaxIMCgRjb2RlGAEgASgNEhIKCnNlc3Npb25faWQYAiABKAQSFAoMaGVhcnRiZWF0X21zGAMgASgNEg8KB21lc3NhZ2UYBCABKAkSFAoMcmVzdW1lX3Rva2VuGAUgASgJEhMKC3Jlc3VtZV9jb2RlGAYgASgNEhAKCGxhc3Rfc2VxGAcgASgEIhIKA0FjaxILCgNzZXEYASABKAQiCwoJSGVhcnRiZWF0Ij8KB1JlcXVlc3QSCgoCaWQYASABKAQSDQoFcm91dGUYAiABKAkSDAoEYm9keRgDIAEoDBILCgNrZXkYBCABKAkieQoIUmVzcG9uc2USCgoCaWQYASABKAQSDAoEY29kZRgCIAEoDRIMCgRib2R5GAMgASgMEg8KB21lc3NhZ2UYBCABKAkSJwoGdGltaW5nGAUgASgLMhcuc2hhZGRvY2suY2xpZW50LlRpbWluZxILCgNzZXEYBiABKAQiQAoGVGltaW5nEhAKCHRvdGFsX3VzGAEgASgNEhAKCHF1ZXVlX3VzGAIgASgNEhIKCmhhbmRsZXJfdXMYAyABKA0iMAoEUHVzaBINCgVyb3V0ZRgBIAEoCRIMCgRib2R5GAIgASgMEgsKA3NlcRgDIAEoBCIWCgRLaWNrEg4KBnJlYXNvbhgBIAEoCSIYCgdSZWZyZXNoEg0KBXRva2VuGAEgASgJIisKClJlZnJlc2hBY2sSDAoEY29kZRgBIAEoDRIPCgdtZXNzYWdlGAIgASgJIikKBURyYWluEg4KBnJlYXNvbhgBIAEoCRIQCghncmFjZV9tcxgCIAEoDUI9ChNkZXYuc2hhZGRvY2suY2xpZW50UAFaJHNoYWRkb2NrLmRldi9wcm90by9jbGllbnRwYjtjbGllbnRwYmIGcHJvdG8z");
+  fileDesc("CgxjbGllbnQucHJvdG8SD3NoYWRkb2NrLmNsaWVudCKDBAoGUGFja2V0Ei8KCWhhbmRzaGFrZRgBIAEoCzIaLnNoYWRkb2NrLmNsaWVudC5IYW5kc2hha2VIABI2Cg1oYW5kc2hha2VfYWNrGAIgASgLMh0uc2hhZGRvY2suY2xpZW50LkhhbmRzaGFrZUFja0gAEi8KCWhlYXJ0YmVhdBgDIAEoCzIaLnNoYWRkb2NrLmNsaWVudC5IZWFydGJlYXRIABIrCgdyZXF1ZXN0GAQgASgLMhguc2hhZGRvY2suY2xpZW50LlJlcXVlc3RIABItCghyZXNwb25zZRgFIAEoCzIZLnNoYWRkb2NrLmNsaWVudC5SZXNwb25zZUgAEiUKBHB1c2gYBiABKAsyFS5zaGFkZG9jay5jbGllbnQuUHVzaEgAEiUKBGtpY2sYByABKAsyFS5zaGFkZG9jay5jbGllbnQuS2lja0gAEisKB3JlZnJlc2gYCCABKAsyGC5zaGFkZG9jay5jbGllbnQuUmVmcmVzaEgAEjIKC3JlZnJlc2hfYWNrGAkgASgLMhsuc2hhZGRvY2suY2xpZW50LlJlZnJlc2hBY2tIABInCgVkcmFpbhgKIAEoCzIWLnNoYWRkb2NrLmNsaWVudC5EcmFpbkgAEiMKA2FjaxgLIAEoCzIULnNoYWRkb2NrLmNsaWVudC5BY2tIAEIGCgRraW5kIowBCglIYW5kc2hha2USDQoFdG9rZW4YASABKAkSFQoNc2VydmVyX3RpbWluZxgCIAEoCBIOCgZjbGllbnQYAyABKAkSDgoGc2VyaWFsGAQgASgIEhEKCXJlc3VtYWJsZRgFIAEoCBIUCgxyZXN1bWVfdG9rZW4YBiABKAkSEAoIbGFzdF9zZXEYByABKAQilAEKDEhhbmRzaGFrZUFjaxIMCgRjb2RlGAEgASgNEhIKCnNlc3Npb25faWQYAiABKAQSFAoMaGVhcnRiZWF0X21zGAMgASgNEg8KB21lc3NhZ2UYBCABKAkSFAoMcmVzdW1lX3Rva2VuGAUgASgJEhMKC3Jlc3VtZV9jb2RlGAYgASgNEhAKCGxhc3Rfc2VxGAcgASgEIhIKA0FjaxILCgNzZXEYASABKAQiCwoJSGVhcnRiZWF0Ij8KB1JlcXVlc3QSCgoCaWQYASABKAQSDQoFcm91dGUYAiABKAkSDAoEYm9keRgDIAEoDBILCgNrZXkYBCABKAkieQoIUmVzcG9uc2USCgoCaWQYASABKAQSDAoEY29kZRgCIAEoDRIMCgRib2R5GAMgASgMEg8KB21lc3NhZ2UYBCABKAkSJwoGdGltaW5nGAUgASgLMhcuc2hhZGRvY2suY2xpZW50LlRpbWluZxILCgNzZXEYBiABKAQibAoGVGltaW5nEhAKCHRvdGFsX3VzGAEgASgNEhAKCHF1ZXVlX3VzGAIgASgNEhIKCmhhbmRsZXJfdXMYAyABKA0SKgoFY2FsbHMYBCADKAsyGy5zaGFkZG9jay5jbGllbnQuQ2FsbFRpbWluZyJCCgpDYWxsVGltaW5nEg0KBXJvdXRlGAEgASgJEgwKBGNvZGUYAiABKA0SCgoCdXMYAyABKA0SCwoDaG9wGAQgASgNIjAKBFB1c2gSDQoFcm91dGUYASABKAkSDAoEYm9keRgCIAEoDBILCgNzZXEYAyABKAQiFgoES2ljaxIOCgZyZWFzb24YASABKAkiGAoHUmVmcmVzaBINCgV0b2tlbhgBIAEoCSIrCgpSZWZyZXNoQWNrEgwKBGNvZGUYASABKA0SDwoHbWVzc2FnZRgCIAEoCSIpCgVEcmFpbhIOCgZyZWFzb24YASABKAkSEAoIZ3JhY2VfbXMYAiABKA1CPQoTZGV2LnNoYWRkb2NrLmNsaWVudFABWiRzaGFkZG9jay5kZXYvcHJvdG8vY2xpZW50cGI7Y2xpZW50cGJiBnByb3RvMw");
 
 /**
  * @generated from message shaddock.client.Packet
@@ -389,6 +389,15 @@ export type Timing = Message<"shaddock.client.Timing"> & {
    * @generated from field: uint32 handler_us = 3;
    */
   handlerUs: number;
+
+  /**
+   * The calls the service made to other services for this request (docs/workers.md,
+   * "Calling other services"), in the order their results came back, each followed by
+   * its callee's own calls. Empty for a request answered without calls.
+   *
+   * @generated from field: repeated shaddock.client.CallTiming calls = 4;
+   */
+  calls: CallTiming[];
 };
 
 /**
@@ -397,6 +406,48 @@ export type Timing = Message<"shaddock.client.Timing"> & {
  */
 export const TimingSchema: GenMessage<Timing> = /*@__PURE__*/
   messageDesc(file_client, 7);
+
+/**
+ * One call between services, within a request's server time.
+ *
+ * @generated from message shaddock.client.CallTiming
+ */
+export type CallTiming = Message<"shaddock.client.CallTiming"> & {
+  /**
+   * The route called, `service.method`.
+   *
+   * @generated from field: string route = 1;
+   */
+  route: string;
+
+  /**
+   * The code the caller got.
+   *
+   * @generated from field: uint32 code = 2;
+   */
+  code: number;
+
+  /**
+   * Microseconds from the call going out to its result coming back, as the caller saw.
+   *
+   * @generated from field: uint32 us = 3;
+   */
+  us: number;
+
+  /**
+   * 1: called by the service the client asked; 2: by that callee; and so on.
+   *
+   * @generated from field: uint32 hop = 4;
+   */
+  hop: number;
+};
+
+/**
+ * Describes the message shaddock.client.CallTiming.
+ * Use `create(CallTimingSchema)` to create a new message.
+ */
+export const CallTimingSchema: GenMessage<CallTiming> = /*@__PURE__*/
+  messageDesc(file_client, 8);
 
 /**
  * Server-initiated message: to this player, or to a group it joined.
@@ -431,7 +482,7 @@ export type Push = Message<"shaddock.client.Push"> & {
  * Use `create(PushSchema)` to create a new message.
  */
 export const PushSchema: GenMessage<Push> = /*@__PURE__*/
-  messageDesc(file_client, 8);
+  messageDesc(file_client, 9);
 
 /**
  * The gate is closing this session; the reason says why.
@@ -455,7 +506,7 @@ export type Kick = Message<"shaddock.client.Kick"> & {
  * Use `create(KickSchema)` to create a new message.
  */
 export const KickSchema: GenMessage<Kick> = /*@__PURE__*/
-  messageDesc(file_client, 9);
+  messageDesc(file_client, 10);
 
 /**
  * A fresh token for this session, sent before the current one expires (its `exp`):
@@ -476,7 +527,7 @@ export type Refresh = Message<"shaddock.client.Refresh"> & {
  * Use `create(RefreshSchema)` to create a new message.
  */
 export const RefreshSchema: GenMessage<Refresh> = /*@__PURE__*/
-  messageDesc(file_client, 10);
+  messageDesc(file_client, 11);
 
 /**
  * The gate's answer to a Refresh: 200, or 401 with why (the session keeps its old
@@ -501,7 +552,7 @@ export type RefreshAck = Message<"shaddock.client.RefreshAck"> & {
  * Use `create(RefreshAckSchema)` to create a new message.
  */
 export const RefreshAckSchema: GenMessage<RefreshAck> = /*@__PURE__*/
-  messageDesc(file_client, 11);
+  messageDesc(file_client, 12);
 
 /**
  * The gate is draining (it is being stopped or replaced): connect to another gate and
@@ -529,5 +580,5 @@ export type Drain = Message<"shaddock.client.Drain"> & {
  * Use `create(DrainSchema)` to create a new message.
  */
 export const DrainSchema: GenMessage<Drain> = /*@__PURE__*/
-  messageDesc(file_client, 12);
+  messageDesc(file_client, 13);
 

@@ -126,7 +126,13 @@ type RpcRequest struct {
 	// gate's request timeout (what is left of it, for a request sent again), or a calling
 	// worker's remaining time. 0: unknown. A worker that defers its answer gives up (408)
 	// when this has passed, and a call it makes meanwhile waits no longer than that.
-	TimeoutMs     uint32 `protobuf:"varint,6,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	TimeoutMs uint32 `protobuf:"varint,6,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// A call's trace: the routes of the requests it was made for, outermost first (the
+	// call chat.login's handler makes to profile.get carries ["chat.login"]; one profile
+	// profile.get's handler made in turn would carry ["chat.login", "profile.get"]). Empty for a gate's
+	// request. A worker makes no call whose trace would pass 8 routes: a cycle of calls
+	// ends there, with a 500 to the caller (docs/workers.md, "Calling other services").
+	Trace         []string `protobuf:"bytes,7,rep,name=trace,proto3" json:"trace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -203,15 +209,26 @@ func (x *RpcRequest) GetTimeoutMs() uint32 {
 	return 0
 }
 
+func (x *RpcRequest) GetTrace() []string {
+	if x != nil {
+		return x.Trace
+	}
+	return nil
+}
+
 type RpcResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A shaddock.status.Status (status.proto); 200 when handled.
-	Code          uint32    `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
-	Body          []byte    `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
-	Message       string    `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
-	Effects       []*Effect `protobuf:"bytes,4,rep,name=effects,proto3" json:"effects,omitempty"`
-	QueueUs       uint32    `protobuf:"varint,5,opt,name=queue_us,json=queueUs,proto3" json:"queue_us,omitempty"`
-	HandlerUs     uint32    `protobuf:"varint,6,opt,name=handler_us,json=handlerUs,proto3" json:"handler_us,omitempty"`
+	Code      uint32    `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Body      []byte    `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
+	Message   string    `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	Effects   []*Effect `protobuf:"bytes,4,rep,name=effects,proto3" json:"effects,omitempty"`
+	QueueUs   uint32    `protobuf:"varint,5,opt,name=queue_us,json=queueUs,proto3" json:"queue_us,omitempty"`
+	HandlerUs uint32    `protobuf:"varint,6,opt,name=handler_us,json=handlerUs,proto3" json:"handler_us,omitempty"`
+	// With `timing`: the calls made for this request (by its handler and the
+	// continuations that answered it), in the order their results came back, each
+	// followed by the calls its callee reported (one hop deeper). At most 32.
+	Calls         []*CallSpan `protobuf:"bytes,7,rep,name=calls,proto3" json:"calls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -288,6 +305,87 @@ func (x *RpcResponse) GetHandlerUs() uint32 {
 	return 0
 }
 
+func (x *RpcResponse) GetCalls() []*CallSpan {
+	if x != nil {
+		return x.Calls
+	}
+	return nil
+}
+
+// One call a worker made for a request, as the caller measured it.
+type CallSpan struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The route called, `service.method`.
+	Route string `protobuf:"bytes,1,opt,name=route,proto3" json:"route,omitempty"`
+	// The result's code: the callee's, or the caller's own (503, 408, 400, 500).
+	Code uint32 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	// Microseconds from the call going out to its result reaching the caller's loop.
+	Us uint32 `protobuf:"varint,3,opt,name=us,proto3" json:"us,omitempty"`
+	// 1 for a call made by the worker that answers the request, 2 for a call its callee
+	// made, and so on.
+	Hop           uint32 `protobuf:"varint,4,opt,name=hop,proto3" json:"hop,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallSpan) Reset() {
+	*x = CallSpan{}
+	mi := &file_rpc_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallSpan) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallSpan) ProtoMessage() {}
+
+func (x *CallSpan) ProtoReflect() protoreflect.Message {
+	mi := &file_rpc_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallSpan.ProtoReflect.Descriptor instead.
+func (*CallSpan) Descriptor() ([]byte, []int) {
+	return file_rpc_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CallSpan) GetRoute() string {
+	if x != nil {
+		return x.Route
+	}
+	return ""
+}
+
+func (x *CallSpan) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *CallSpan) GetUs() uint32 {
+	if x != nil {
+		return x.Us
+	}
+	return 0
+}
+
+func (x *CallSpan) GetHop() uint32 {
+	if x != nil {
+		return x.Hop
+	}
+	return 0
+}
+
 // What a handler asks the gate to do to the session before it answers.
 type Effect struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -306,7 +404,7 @@ type Effect struct {
 
 func (x *Effect) Reset() {
 	*x = Effect{}
-	mi := &file_rpc_proto_msgTypes[3]
+	mi := &file_rpc_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -318,7 +416,7 @@ func (x *Effect) String() string {
 func (*Effect) ProtoMessage() {}
 
 func (x *Effect) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[3]
+	mi := &file_rpc_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -331,7 +429,7 @@ func (x *Effect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Effect.ProtoReflect.Descriptor instead.
 func (*Effect) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{3}
+	return file_rpc_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Effect) GetKind() isEffect_Kind {
@@ -445,7 +543,7 @@ type SetData struct {
 
 func (x *SetData) Reset() {
 	*x = SetData{}
-	mi := &file_rpc_proto_msgTypes[4]
+	mi := &file_rpc_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -457,7 +555,7 @@ func (x *SetData) String() string {
 func (*SetData) ProtoMessage() {}
 
 func (x *SetData) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[4]
+	mi := &file_rpc_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -470,7 +568,7 @@ func (x *SetData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetData.ProtoReflect.Descriptor instead.
 func (*SetData) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{4}
+	return file_rpc_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SetData) GetKey() string {
@@ -500,7 +598,7 @@ type SessionClosed struct {
 
 func (x *SessionClosed) Reset() {
 	*x = SessionClosed{}
-	mi := &file_rpc_proto_msgTypes[5]
+	mi := &file_rpc_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -512,7 +610,7 @@ func (x *SessionClosed) String() string {
 func (*SessionClosed) ProtoMessage() {}
 
 func (x *SessionClosed) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[5]
+	mi := &file_rpc_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -525,7 +623,7 @@ func (x *SessionClosed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionClosed.ProtoReflect.Descriptor instead.
 func (*SessionClosed) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{5}
+	return file_rpc_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SessionClosed) GetGate() string {
@@ -568,7 +666,7 @@ type ServerPush struct {
 
 func (x *ServerPush) Reset() {
 	*x = ServerPush{}
-	mi := &file_rpc_proto_msgTypes[6]
+	mi := &file_rpc_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -580,7 +678,7 @@ func (x *ServerPush) String() string {
 func (*ServerPush) ProtoMessage() {}
 
 func (x *ServerPush) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[6]
+	mi := &file_rpc_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -593,7 +691,7 @@ func (x *ServerPush) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerPush.ProtoReflect.Descriptor instead.
 func (*ServerPush) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{6}
+	return file_rpc_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ServerPush) GetRoute() string {
@@ -626,7 +724,7 @@ type UserCommand struct {
 
 func (x *UserCommand) Reset() {
 	*x = UserCommand{}
-	mi := &file_rpc_proto_msgTypes[7]
+	mi := &file_rpc_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +736,7 @@ func (x *UserCommand) String() string {
 func (*UserCommand) ProtoMessage() {}
 
 func (x *UserCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[7]
+	mi := &file_rpc_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +749,7 @@ func (x *UserCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UserCommand.ProtoReflect.Descriptor instead.
 func (*UserCommand) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{7}
+	return file_rpc_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *UserCommand) GetKind() isUserCommand_Kind {
@@ -738,7 +836,7 @@ type Claim struct {
 
 func (x *Claim) Reset() {
 	*x = Claim{}
-	mi := &file_rpc_proto_msgTypes[8]
+	mi := &file_rpc_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +848,7 @@ func (x *Claim) String() string {
 func (*Claim) ProtoMessage() {}
 
 func (x *Claim) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[8]
+	mi := &file_rpc_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +861,7 @@ func (x *Claim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Claim.ProtoReflect.Descriptor instead.
 func (*Claim) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{8}
+	return file_rpc_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Claim) GetGate() string {
@@ -788,7 +886,7 @@ type Probe struct {
 
 func (x *Probe) Reset() {
 	*x = Probe{}
-	mi := &file_rpc_proto_msgTypes[9]
+	mi := &file_rpc_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -800,7 +898,7 @@ func (x *Probe) String() string {
 func (*Probe) ProtoMessage() {}
 
 func (x *Probe) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[9]
+	mi := &file_rpc_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -813,7 +911,7 @@ func (x *Probe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Probe.ProtoReflect.Descriptor instead.
 func (*Probe) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{9}
+	return file_rpc_proto_rawDescGZIP(), []int{10}
 }
 
 // What a worker tells the gates about its service's message types, so a gate can
@@ -836,7 +934,7 @@ type ServiceSchema struct {
 
 func (x *ServiceSchema) Reset() {
 	*x = ServiceSchema{}
-	mi := &file_rpc_proto_msgTypes[10]
+	mi := &file_rpc_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +946,7 @@ func (x *ServiceSchema) String() string {
 func (*ServiceSchema) ProtoMessage() {}
 
 func (x *ServiceSchema) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[10]
+	mi := &file_rpc_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +959,7 @@ func (x *ServiceSchema) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceSchema.ProtoReflect.Descriptor instead.
 func (*ServiceSchema) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{10}
+	return file_rpc_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ServiceSchema) GetService() string {
@@ -914,7 +1012,7 @@ type Keyed struct {
 
 func (x *Keyed) Reset() {
 	*x = Keyed{}
-	mi := &file_rpc_proto_msgTypes[11]
+	mi := &file_rpc_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +1024,7 @@ func (x *Keyed) String() string {
 func (*Keyed) ProtoMessage() {}
 
 func (x *Keyed) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[11]
+	mi := &file_rpc_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1037,7 @@ func (x *Keyed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Keyed.ProtoReflect.Descriptor instead.
 func (*Keyed) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{11}
+	return file_rpc_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Keyed) GetPartitions() uint32 {
@@ -972,7 +1070,7 @@ type KeyedMember struct {
 
 func (x *KeyedMember) Reset() {
 	*x = KeyedMember{}
-	mi := &file_rpc_proto_msgTypes[12]
+	mi := &file_rpc_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -984,7 +1082,7 @@ func (x *KeyedMember) String() string {
 func (*KeyedMember) ProtoMessage() {}
 
 func (x *KeyedMember) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[12]
+	mi := &file_rpc_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -997,7 +1095,7 @@ func (x *KeyedMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyedMember.ProtoReflect.Descriptor instead.
 func (*KeyedMember) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{12}
+	return file_rpc_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *KeyedMember) GetId() string {
@@ -1035,7 +1133,7 @@ type HandOver struct {
 
 func (x *HandOver) Reset() {
 	*x = HandOver{}
-	mi := &file_rpc_proto_msgTypes[13]
+	mi := &file_rpc_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1047,7 +1145,7 @@ func (x *HandOver) String() string {
 func (*HandOver) ProtoMessage() {}
 
 func (x *HandOver) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[13]
+	mi := &file_rpc_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1060,7 +1158,7 @@ func (x *HandOver) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandOver.ProtoReflect.Descriptor instead.
 func (*HandOver) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{13}
+	return file_rpc_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HandOver) GetPartition() uint32 {
@@ -1101,7 +1199,7 @@ type MethodSchema struct {
 
 func (x *MethodSchema) Reset() {
 	*x = MethodSchema{}
-	mi := &file_rpc_proto_msgTypes[14]
+	mi := &file_rpc_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1113,7 +1211,7 @@ func (x *MethodSchema) String() string {
 func (*MethodSchema) ProtoMessage() {}
 
 func (x *MethodSchema) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[14]
+	mi := &file_rpc_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1126,7 +1224,7 @@ func (x *MethodSchema) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MethodSchema.ProtoReflect.Descriptor instead.
 func (*MethodSchema) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{14}
+	return file_rpc_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *MethodSchema) GetMethod() string {
@@ -1163,7 +1261,7 @@ type PushSchema struct {
 
 func (x *PushSchema) Reset() {
 	*x = PushSchema{}
-	mi := &file_rpc_proto_msgTypes[15]
+	mi := &file_rpc_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1175,7 +1273,7 @@ func (x *PushSchema) String() string {
 func (*PushSchema) ProtoMessage() {}
 
 func (x *PushSchema) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[15]
+	mi := &file_rpc_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1188,7 +1286,7 @@ func (x *PushSchema) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushSchema.ProtoReflect.Descriptor instead.
 func (*PushSchema) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{15}
+	return file_rpc_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PushSchema) GetRoute() string {
@@ -1222,7 +1320,7 @@ const file_rpc_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vClaimsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb0\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc6\x01\n" +
 	"\n" +
 	"RpcRequest\x12\x14\n" +
 	"\x05route\x18\x01 \x01(\tR\x05route\x12\x12\n" +
@@ -1231,7 +1329,8 @@ const file_rpc_proto_rawDesc = "" +
 	"\x06timing\x18\x04 \x01(\bR\x06timing\x12\x10\n" +
 	"\x03key\x18\x05 \x01(\tR\x03key\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\"\xb9\x01\n" +
+	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\x12\x14\n" +
+	"\x05trace\x18\a \x03(\tR\x05trace\"\xe7\x01\n" +
 	"\vRpcResponse\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x12\n" +
 	"\x04body\x18\x02 \x01(\fR\x04body\x12\x18\n" +
@@ -1239,7 +1338,13 @@ const file_rpc_proto_rawDesc = "" +
 	"\aeffects\x18\x04 \x03(\v2\x14.shaddock.rpc.EffectR\aeffects\x12\x19\n" +
 	"\bqueue_us\x18\x05 \x01(\rR\aqueueUs\x12\x1d\n" +
 	"\n" +
-	"handler_us\x18\x06 \x01(\rR\thandlerUs\"\xc6\x01\n" +
+	"handler_us\x18\x06 \x01(\rR\thandlerUs\x12,\n" +
+	"\x05calls\x18\a \x03(\v2\x16.shaddock.rpc.CallSpanR\x05calls\"V\n" +
+	"\bCallSpan\x12\x14\n" +
+	"\x05route\x18\x01 \x01(\tR\x05route\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\rR\x04code\x12\x0e\n" +
+	"\x02us\x18\x03 \x01(\rR\x02us\x12\x10\n" +
+	"\x03hop\x18\x04 \x01(\rR\x03hop\"\xc6\x01\n" +
 	"\x06Effect\x12\x1b\n" +
 	"\bbind_uid\x18\x01 \x01(\tH\x00R\abindUid\x122\n" +
 	"\bset_data\x18\x02 \x01(\v2\x15.shaddock.rpc.SetDataH\x00R\asetData\x12\x1f\n" +
@@ -1313,44 +1418,46 @@ func file_rpc_proto_rawDescGZIP() []byte {
 	return file_rpc_proto_rawDescData
 }
 
-var file_rpc_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_rpc_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_rpc_proto_goTypes = []any{
 	(*Session)(nil),       // 0: shaddock.rpc.Session
 	(*RpcRequest)(nil),    // 1: shaddock.rpc.RpcRequest
 	(*RpcResponse)(nil),   // 2: shaddock.rpc.RpcResponse
-	(*Effect)(nil),        // 3: shaddock.rpc.Effect
-	(*SetData)(nil),       // 4: shaddock.rpc.SetData
-	(*SessionClosed)(nil), // 5: shaddock.rpc.SessionClosed
-	(*ServerPush)(nil),    // 6: shaddock.rpc.ServerPush
-	(*UserCommand)(nil),   // 7: shaddock.rpc.UserCommand
-	(*Claim)(nil),         // 8: shaddock.rpc.Claim
-	(*Probe)(nil),         // 9: shaddock.rpc.Probe
-	(*ServiceSchema)(nil), // 10: shaddock.rpc.ServiceSchema
-	(*Keyed)(nil),         // 11: shaddock.rpc.Keyed
-	(*KeyedMember)(nil),   // 12: shaddock.rpc.KeyedMember
-	(*HandOver)(nil),      // 13: shaddock.rpc.HandOver
-	(*MethodSchema)(nil),  // 14: shaddock.rpc.MethodSchema
-	(*PushSchema)(nil),    // 15: shaddock.rpc.PushSchema
-	nil,                   // 16: shaddock.rpc.Session.DataEntry
-	nil,                   // 17: shaddock.rpc.Session.ClaimsEntry
+	(*CallSpan)(nil),      // 3: shaddock.rpc.CallSpan
+	(*Effect)(nil),        // 4: shaddock.rpc.Effect
+	(*SetData)(nil),       // 5: shaddock.rpc.SetData
+	(*SessionClosed)(nil), // 6: shaddock.rpc.SessionClosed
+	(*ServerPush)(nil),    // 7: shaddock.rpc.ServerPush
+	(*UserCommand)(nil),   // 8: shaddock.rpc.UserCommand
+	(*Claim)(nil),         // 9: shaddock.rpc.Claim
+	(*Probe)(nil),         // 10: shaddock.rpc.Probe
+	(*ServiceSchema)(nil), // 11: shaddock.rpc.ServiceSchema
+	(*Keyed)(nil),         // 12: shaddock.rpc.Keyed
+	(*KeyedMember)(nil),   // 13: shaddock.rpc.KeyedMember
+	(*HandOver)(nil),      // 14: shaddock.rpc.HandOver
+	(*MethodSchema)(nil),  // 15: shaddock.rpc.MethodSchema
+	(*PushSchema)(nil),    // 16: shaddock.rpc.PushSchema
+	nil,                   // 17: shaddock.rpc.Session.DataEntry
+	nil,                   // 18: shaddock.rpc.Session.ClaimsEntry
 }
 var file_rpc_proto_depIdxs = []int32{
-	16, // 0: shaddock.rpc.Session.data:type_name -> shaddock.rpc.Session.DataEntry
-	17, // 1: shaddock.rpc.Session.claims:type_name -> shaddock.rpc.Session.ClaimsEntry
+	17, // 0: shaddock.rpc.Session.data:type_name -> shaddock.rpc.Session.DataEntry
+	18, // 1: shaddock.rpc.Session.claims:type_name -> shaddock.rpc.Session.ClaimsEntry
 	0,  // 2: shaddock.rpc.RpcRequest.session:type_name -> shaddock.rpc.Session
-	3,  // 3: shaddock.rpc.RpcResponse.effects:type_name -> shaddock.rpc.Effect
-	4,  // 4: shaddock.rpc.Effect.set_data:type_name -> shaddock.rpc.SetData
-	6,  // 5: shaddock.rpc.UserCommand.push:type_name -> shaddock.rpc.ServerPush
-	8,  // 6: shaddock.rpc.UserCommand.claim:type_name -> shaddock.rpc.Claim
-	9,  // 7: shaddock.rpc.UserCommand.probe:type_name -> shaddock.rpc.Probe
-	14, // 8: shaddock.rpc.ServiceSchema.methods:type_name -> shaddock.rpc.MethodSchema
-	15, // 9: shaddock.rpc.ServiceSchema.pushes:type_name -> shaddock.rpc.PushSchema
-	11, // 10: shaddock.rpc.ServiceSchema.keyed:type_name -> shaddock.rpc.Keyed
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	4,  // 3: shaddock.rpc.RpcResponse.effects:type_name -> shaddock.rpc.Effect
+	3,  // 4: shaddock.rpc.RpcResponse.calls:type_name -> shaddock.rpc.CallSpan
+	5,  // 5: shaddock.rpc.Effect.set_data:type_name -> shaddock.rpc.SetData
+	7,  // 6: shaddock.rpc.UserCommand.push:type_name -> shaddock.rpc.ServerPush
+	9,  // 7: shaddock.rpc.UserCommand.claim:type_name -> shaddock.rpc.Claim
+	10, // 8: shaddock.rpc.UserCommand.probe:type_name -> shaddock.rpc.Probe
+	15, // 9: shaddock.rpc.ServiceSchema.methods:type_name -> shaddock.rpc.MethodSchema
+	16, // 10: shaddock.rpc.ServiceSchema.pushes:type_name -> shaddock.rpc.PushSchema
+	12, // 11: shaddock.rpc.ServiceSchema.keyed:type_name -> shaddock.rpc.Keyed
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_rpc_proto_init() }
@@ -1358,7 +1465,7 @@ func file_rpc_proto_init() {
 	if File_rpc_proto != nil {
 		return
 	}
-	file_rpc_proto_msgTypes[3].OneofWrappers = []any{
+	file_rpc_proto_msgTypes[4].OneofWrappers = []any{
 		(*Effect_BindUid)(nil),
 		(*Effect_SetData)(nil),
 		(*Effect_ClearData)(nil),
@@ -1366,7 +1473,7 @@ func file_rpc_proto_init() {
 		(*Effect_Leave)(nil),
 		(*Effect_Kick)(nil),
 	}
-	file_rpc_proto_msgTypes[7].OneofWrappers = []any{
+	file_rpc_proto_msgTypes[8].OneofWrappers = []any{
 		(*UserCommand_Push)(nil),
 		(*UserCommand_Kick)(nil),
 		(*UserCommand_Claim)(nil),
@@ -1378,7 +1485,7 @@ func file_rpc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rpc_proto_rawDesc), len(file_rpc_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file rpc.proto.
  */
 export const file_rpc: GenFile = /*@__PURE__*/
-  fileDesc("CglycGMucHJvdG8SDHNoYWRkb2NrLnJwYyKGAgoHU2Vzc2lvbhIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBBILCgN1aWQYAyABKAkSLQoEZGF0YRgEIAMoCzIfLnNoYWRkb2NrLnJwYy5TZXNzaW9uLkRhdGFFbnRyeRIxCgZjbGFpbXMYBSADKAsyIS5zaGFkZG9jay5ycGMuU2Vzc2lvbi5DbGFpbXNFbnRyeRIVCg1hdXRoZW50aWNhdGVkGAYgASgIGisKCURhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBGi0KC0NsYWltc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiggEKClJwY1JlcXVlc3QSDQoFcm91dGUYASABKAkSDAoEYm9keRgCIAEoDBImCgdzZXNzaW9uGAMgASgLMhUuc2hhZGRvY2sucnBjLlNlc3Npb24SDgoGdGltaW5nGAQgASgIEgsKA2tleRgFIAEoCRISCgp0aW1lb3V0X21zGAYgASgNIocBCgtScGNSZXNwb25zZRIMCgRjb2RlGAEgASgNEgwKBGJvZHkYAiABKAwSDwoHbWVzc2FnZRgDIAEoCRIlCgdlZmZlY3RzGAQgAygLMhQuc2hhZGRvY2sucnBjLkVmZmVjdBIQCghxdWV1ZV91cxgFIAEoDRISCgpoYW5kbGVyX3VzGAYgASgNIpYBCgZFZmZlY3QSEgoIYmluZF91aWQYASABKAlIABIpCghzZXRfZGF0YRgCIAEoCzIVLnNoYWRkb2NrLnJwYy5TZXREYXRhSAASFAoKY2xlYXJfZGF0YRgDIAEoCUgAEg4KBGpvaW4YBCABKAlIABIPCgVsZWF2ZRgFIAEoCUgAEg4KBGtpY2sYBiABKAlIAEIGCgRraW5kIiUKB1NldERhdGESCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJIkcKDVNlc3Npb25DbG9zZWQSDAoEZ2F0ZRgBIAEoCRILCgNzaWQYAiABKAQSCwoDdWlkGAMgASgJEg4KBmdyb3VwcxgEIAMoCSIpCgpTZXJ2ZXJQdXNoEg0KBXJvdXRlGAEgASgJEgwKBGJvZHkYAiABKAwimwEKC1VzZXJDb21tYW5kEigKBHB1c2gYASABKAsyGC5zaGFkZG9jay5ycGMuU2VydmVyUHVzaEgAEg4KBGtpY2sYAiABKAlIABIkCgVjbGFpbRgDIAEoCzITLnNoYWRkb2NrLnJwYy5DbGFpbUgAEiQKBXByb2JlGAQgASgLMhMuc2hhZGRvY2sucnBjLlByb2JlSABCBgoEa2luZCIiCgVDbGFpbRIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBCIHCgVQcm9iZSKwAQoNU2VydmljZVNjaGVtYRIPCgdzZXJ2aWNlGAEgASgJEisKB21ldGhvZHMYAiADKAsyGi5zaGFkZG9jay5ycGMuTWV0aG9kU2NoZW1hEigKBnB1c2hlcxgDIAMoCzIYLnNoYWRkb2NrLnJwYy5QdXNoU2NoZW1hEhMKC2Rlc2NyaXB0b3JzGAQgASgMEiIKBWtleWVkGAUgASgLMhMuc2hhZGRvY2sucnBjLktleWVkIjAKBUtleWVkEhIKCnBhcnRpdGlvbnMYASABKA0SEwoLc2Vzc2lvbl9rZXkYAiABKAkiOAoLS2V5ZWRNZW1iZXISCgoCaWQYASABKAkSDAoEaGVsZBgCIAMoDRIPCgdsZWF2aW5nGAMgASgIIjoKCEhhbmRPdmVyEhEKCXBhcnRpdGlvbhgBIAEoDRINCgVzdGF0ZRgCIAEoDBIMCgRmcm9tGAMgASgJIksKDE1ldGhvZFNjaGVtYRIOCgZtZXRob2QYASABKAkSFAoMcmVxdWVzdF90eXBlGAIgASgJEhUKDXJlc3BvbnNlX3R5cGUYAyABKAkiMQoKUHVzaFNjaGVtYRINCgVyb3V0ZRgBIAEoCRIUCgxtZXNzYWdlX3R5cGUYAiABKAlCNAoQZGV2LnNoYWRkb2NrLnJwY1ABWh5zaGFkZG9jay5kZXYvcHJvdG8vcnBjcGI7cnBjcGJiBnByb3RvMw");
+  fileDesc("CglycGMucHJvdG8SDHNoYWRkb2NrLnJwYyKGAgoHU2Vzc2lvbhIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBBILCgN1aWQYAyABKAkSLQoEZGF0YRgEIAMoCzIfLnNoYWRkb2NrLnJwYy5TZXNzaW9uLkRhdGFFbnRyeRIxCgZjbGFpbXMYBSADKAsyIS5zaGFkZG9jay5ycGMuU2Vzc2lvbi5DbGFpbXNFbnRyeRIVCg1hdXRoZW50aWNhdGVkGAYgASgIGisKCURhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBGi0KC0NsYWltc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEikQEKClJwY1JlcXVlc3QSDQoFcm91dGUYASABKAkSDAoEYm9keRgCIAEoDBImCgdzZXNzaW9uGAMgASgLMhUuc2hhZGRvY2sucnBjLlNlc3Npb24SDgoGdGltaW5nGAQgASgIEgsKA2tleRgFIAEoCRISCgp0aW1lb3V0X21zGAYgASgNEg0KBXRyYWNlGAcgAygJIq4BCgtScGNSZXNwb25zZRIMCgRjb2RlGAEgASgNEgwKBGJvZHkYAiABKAwSDwoHbWVzc2FnZRgDIAEoCRIlCgdlZmZlY3RzGAQgAygLMhQuc2hhZGRvY2sucnBjLkVmZmVjdBIQCghxdWV1ZV91cxgFIAEoDRISCgpoYW5kbGVyX3VzGAYgASgNEiUKBWNhbGxzGAcgAygLMhYuc2hhZGRvY2sucnBjLkNhbGxTcGFuIkAKCENhbGxTcGFuEg0KBXJvdXRlGAEgASgJEgwKBGNvZGUYAiABKA0SCgoCdXMYAyABKA0SCwoDaG9wGAQgASgNIpYBCgZFZmZlY3QSEgoIYmluZF91aWQYASABKAlIABIpCghzZXRfZGF0YRgCIAEoCzIVLnNoYWRkb2NrLnJwYy5TZXREYXRhSAASFAoKY2xlYXJfZGF0YRgDIAEoCUgAEg4KBGpvaW4YBCABKAlIABIPCgVsZWF2ZRgFIAEoCUgAEg4KBGtpY2sYBiABKAlIAEIGCgRraW5kIiUKB1NldERhdGESCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJIkcKDVNlc3Npb25DbG9zZWQSDAoEZ2F0ZRgBIAEoCRILCgNzaWQYAiABKAQSCwoDdWlkGAMgASgJEg4KBmdyb3VwcxgEIAMoCSIpCgpTZXJ2ZXJQdXNoEg0KBXJvdXRlGAEgASgJEgwKBGJvZHkYAiABKAwimwEKC1VzZXJDb21tYW5kEigKBHB1c2gYASABKAsyGC5zaGFkZG9jay5ycGMuU2VydmVyUHVzaEgAEg4KBGtpY2sYAiABKAlIABIkCgVjbGFpbRgDIAEoCzITLnNoYWRkb2NrLnJwYy5DbGFpbUgAEiQKBXByb2JlGAQgASgLMhMuc2hhZGRvY2sucnBjLlByb2JlSABCBgoEa2luZCIiCgVDbGFpbRIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBCIHCgVQcm9iZSKwAQoNU2VydmljZVNjaGVtYRIPCgdzZXJ2aWNlGAEgASgJEisKB21ldGhvZHMYAiADKAsyGi5zaGFkZG9jay5ycGMuTWV0aG9kU2NoZW1hEigKBnB1c2hlcxgDIAMoCzIYLnNoYWRkb2NrLnJwYy5QdXNoU2NoZW1hEhMKC2Rlc2NyaXB0b3JzGAQgASgMEiIKBWtleWVkGAUgASgLMhMuc2hhZGRvY2sucnBjLktleWVkIjAKBUtleWVkEhIKCnBhcnRpdGlvbnMYASABKA0SEwoLc2Vzc2lvbl9rZXkYAiABKAkiOAoLS2V5ZWRNZW1iZXISCgoCaWQYASABKAkSDAoEaGVsZBgCIAMoDRIPCgdsZWF2aW5nGAMgASgIIjoKCEhhbmRPdmVyEhEKCXBhcnRpdGlvbhgBIAEoDRINCgVzdGF0ZRgCIAEoDBIMCgRmcm9tGAMgASgJIksKDE1ldGhvZFNjaGVtYRIOCgZtZXRob2QYASABKAkSFAoMcmVxdWVzdF90eXBlGAIgASgJEhUKDXJlc3BvbnNlX3R5cGUYAyABKAkiMQoKUHVzaFNjaGVtYRINCgVyb3V0ZRgBIAEoCRIUCgxtZXNzYWdlX3R5cGUYAiABKAlCNAoQZGV2LnNoYWRkb2NrLnJwY1ABWh5zaGFkZG9jay5kZXYvcHJvdG8vcnBjcGI7cnBjcGJiBnByb3RvMw");
 
 /**
  * Who asked: the session as the gate knows it.
@@ -108,6 +108,17 @@ export type RpcRequest = Message<"shaddock.rpc.RpcRequest"> & {
    * @generated from field: uint32 timeout_ms = 6;
    */
   timeoutMs: number;
+
+  /**
+   * A call's trace: the routes of the requests it was made for, outermost first (the
+   * call chat.login's handler makes to profile.get carries ["chat.login"]; one profile
+   * profile.get's handler made in turn would carry ["chat.login", "profile.get"]). Empty for a gate's
+   * request. A worker makes no call whose trace would pass 8 routes: a cycle of calls
+   * ends there, with a 500 to the caller (docs/workers.md, "Calling other services").
+   *
+   * @generated from field: repeated string trace = 7;
+   */
+  trace: string[];
 };
 
 /**
@@ -152,6 +163,15 @@ export type RpcResponse = Message<"shaddock.rpc.RpcResponse"> & {
    * @generated from field: uint32 handler_us = 6;
    */
   handlerUs: number;
+
+  /**
+   * With `timing`: the calls made for this request (by its handler and the
+   * continuations that answered it), in the order their results came back, each
+   * followed by the calls its callee reported (one hop deeper). At most 32.
+   *
+   * @generated from field: repeated shaddock.rpc.CallSpan calls = 7;
+   */
+  calls: CallSpan[];
 };
 
 /**
@@ -160,6 +180,49 @@ export type RpcResponse = Message<"shaddock.rpc.RpcResponse"> & {
  */
 export const RpcResponseSchema: GenMessage<RpcResponse> = /*@__PURE__*/
   messageDesc(file_rpc, 2);
+
+/**
+ * One call a worker made for a request, as the caller measured it.
+ *
+ * @generated from message shaddock.rpc.CallSpan
+ */
+export type CallSpan = Message<"shaddock.rpc.CallSpan"> & {
+  /**
+   * The route called, `service.method`.
+   *
+   * @generated from field: string route = 1;
+   */
+  route: string;
+
+  /**
+   * The result's code: the callee's, or the caller's own (503, 408, 400, 500).
+   *
+   * @generated from field: uint32 code = 2;
+   */
+  code: number;
+
+  /**
+   * Microseconds from the call going out to its result reaching the caller's loop.
+   *
+   * @generated from field: uint32 us = 3;
+   */
+  us: number;
+
+  /**
+   * 1 for a call made by the worker that answers the request, 2 for a call its callee
+   * made, and so on.
+   *
+   * @generated from field: uint32 hop = 4;
+   */
+  hop: number;
+};
+
+/**
+ * Describes the message shaddock.rpc.CallSpan.
+ * Use `create(CallSpanSchema)` to create a new message.
+ */
+export const CallSpanSchema: GenMessage<CallSpan> = /*@__PURE__*/
+  messageDesc(file_rpc, 3);
 
 /**
  * What a handler asks the gate to do to the session before it answers.
@@ -214,7 +277,7 @@ export type Effect = Message<"shaddock.rpc.Effect"> & {
  * Use `create(EffectSchema)` to create a new message.
  */
 export const EffectSchema: GenMessage<Effect> = /*@__PURE__*/
-  messageDesc(file_rpc, 3);
+  messageDesc(file_rpc, 4);
 
 /**
  * @generated from message shaddock.rpc.SetData
@@ -236,7 +299,7 @@ export type SetData = Message<"shaddock.rpc.SetData"> & {
  * Use `create(SetDataSchema)` to create a new message.
  */
 export const SetDataSchema: GenMessage<SetData> = /*@__PURE__*/
-  messageDesc(file_rpc, 4);
+  messageDesc(file_rpc, 5);
 
 /**
  * Published by a gate on `<prefix>.evt.session.closed` when a session ends.
@@ -270,7 +333,7 @@ export type SessionClosed = Message<"shaddock.rpc.SessionClosed"> & {
  * Use `create(SessionClosedSchema)` to create a new message.
  */
 export const SessionClosedSchema: GenMessage<SessionClosed> = /*@__PURE__*/
-  messageDesc(file_rpc, 5);
+  messageDesc(file_rpc, 6);
 
 /**
  * A message for players: published on <prefix>.grp.<group> (every member on every
@@ -295,7 +358,7 @@ export type ServerPush = Message<"shaddock.rpc.ServerPush"> & {
  * Use `create(ServerPushSchema)` to create a new message.
  */
 export const ServerPushSchema: GenMessage<ServerPush> = /*@__PURE__*/
-  messageDesc(file_rpc, 6);
+  messageDesc(file_rpc, 7);
 
 /**
  * Published on <prefix>.user.<uid>; the gate holding that player acts on it.
@@ -344,7 +407,7 @@ export type UserCommand = Message<"shaddock.rpc.UserCommand"> & {
  * Use `create(UserCommandSchema)` to create a new message.
  */
 export const UserCommandSchema: GenMessage<UserCommand> = /*@__PURE__*/
-  messageDesc(file_rpc, 7);
+  messageDesc(file_rpc, 8);
 
 /**
  * @generated from message shaddock.rpc.Claim
@@ -366,7 +429,7 @@ export type Claim = Message<"shaddock.rpc.Claim"> & {
  * Use `create(ClaimSchema)` to create a new message.
  */
 export const ClaimSchema: GenMessage<Claim> = /*@__PURE__*/
-  messageDesc(file_rpc, 8);
+  messageDesc(file_rpc, 9);
 
 /**
  * @generated from message shaddock.rpc.Probe
@@ -379,7 +442,7 @@ export type Probe = Message<"shaddock.rpc.Probe"> & {
  * Use `create(ProbeSchema)` to create a new message.
  */
 export const ProbeSchema: GenMessage<Probe> = /*@__PURE__*/
-  messageDesc(file_rpc, 9);
+  messageDesc(file_rpc, 10);
 
 /**
  * What a worker tells the gates about its service's message types, so a gate can
@@ -426,7 +489,7 @@ export type ServiceSchema = Message<"shaddock.rpc.ServiceSchema"> & {
  * Use `create(ServiceSchemaSchema)` to create a new message.
  */
 export const ServiceSchemaSchema: GenMessage<ServiceSchema> = /*@__PURE__*/
-  messageDesc(file_rpc, 10);
+  messageDesc(file_rpc, 11);
 
 /**
  * How a keyed service's requests are routed (docs/workers.md, "Keyed services"). A
@@ -454,7 +517,7 @@ export type Keyed = Message<"shaddock.rpc.Keyed"> & {
  * Use `create(KeyedSchema)` to create a new message.
  */
 export const KeyedSchema: GenMessage<Keyed> = /*@__PURE__*/
-  messageDesc(file_rpc, 11);
+  messageDesc(file_rpc, 12);
 
 /**
  * A keyed service's worker, to its peers, on <prefix>.keyed.<service>.members every
@@ -490,7 +553,7 @@ export type KeyedMember = Message<"shaddock.rpc.KeyedMember"> & {
  * Use `create(KeyedMemberSchema)` to create a new message.
  */
 export const KeyedMemberSchema: GenMessage<KeyedMember> = /*@__PURE__*/
-  messageDesc(file_rpc, 12);
+  messageDesc(file_rpc, 13);
 
 /**
  * A partition's state, from its old owner to its new one, sent as a request on
@@ -521,7 +584,7 @@ export type HandOver = Message<"shaddock.rpc.HandOver"> & {
  * Use `create(HandOverSchema)` to create a new message.
  */
 export const HandOverSchema: GenMessage<HandOver> = /*@__PURE__*/
-  messageDesc(file_rpc, 13);
+  messageDesc(file_rpc, 14);
 
 /**
  * A typed method: full protobuf names of its request and response messages. Raw
@@ -557,7 +620,7 @@ export type MethodSchema = Message<"shaddock.rpc.MethodSchema"> & {
  * Use `create(MethodSchemaSchema)` to create a new message.
  */
 export const MethodSchemaSchema: GenMessage<MethodSchema> = /*@__PURE__*/
-  messageDesc(file_rpc, 14);
+  messageDesc(file_rpc, 15);
 
 /**
  * A push route and its message type.
@@ -584,5 +647,5 @@ export type PushSchema = Message<"shaddock.rpc.PushSchema"> & {
  * Use `create(PushSchemaSchema)` to create a new message.
  */
 export const PushSchemaSchema: GenMessage<PushSchema> = /*@__PURE__*/
-  messageDesc(file_rpc, 15);
+  messageDesc(file_rpc, 16);
 
