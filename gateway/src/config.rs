@@ -126,9 +126,6 @@ pub const MAX_HANDED_BYTES: usize = 768 * 1024;
 pub const DEFAULT_RESUME_HANDOVER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest route (`service.method`) accepted.
 pub const MAX_ROUTE_LEN: usize = 64;
-/// Longest key a keyed service's request may be routed by (the client's, a session
-/// value or a uid): a key travels with every request of it.
-pub const MAX_KEY_LEN: usize = 256;
 
 /// Gate settings; see the constants for defaults and reasons.
 #[derive(Debug, Clone, clap::Args)]

@@ -2,10 +2,51 @@
 //! the workers (which own partitions): the hash, and the subjects. docs/workers.md,
 //! "Keyed services", is the contract for other languages.
 
+use crate::rpc::Session;
+
 /// The most partitions a keyed service may announce: a partition is a subscription on
 /// every gate's bus and a unit of hand-over, so thousands would cost more than they
 /// spread.
 pub const MAX_PARTITIONS: u32 = 1024;
+
+/// Longest key a keyed service's request may be routed by (the client's, a session
+/// value or a uid): a key travels with every request of it.
+pub const MAX_KEY_LEN: usize = 256;
+
+/// Why a keyed request has no key to route by (the caller gets 400 with this).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("keyed route: give a key, or log in first")]
+    Missing,
+    #[error("key too long")]
+    TooLong,
+}
+
+/// The key a keyed service's request is routed by: the caller's `explicit` one, else
+/// the session value the service names (`session_key`, empty for none), else the uid.
+/// Gates route clients' requests so, and workers their calls.
+pub fn key_of<'a>(
+    explicit: &'a str,
+    session_key: &str,
+    session: Option<&'a Session>,
+) -> Result<&'a str, KeyError> {
+    let named = session
+        .filter(|_| !session_key.is_empty())
+        .and_then(|session| session.data.get(session_key));
+    let key = match (named, session) {
+        _ if !explicit.is_empty() => explicit,
+        (Some(value), _) => value,
+        (None, Some(session)) => &session.uid,
+        (None, None) => "",
+    };
+    if key.is_empty() {
+        Err(KeyError::Missing)
+    } else if key.len() > MAX_KEY_LEN {
+        Err(KeyError::TooLong)
+    } else {
+        Ok(key)
+    }
+}
 
 /// FNV-1a, 32-bit: a few lines in any language; the tests pin values.
 pub fn fnv1a(bytes: &[u8]) -> u32 {
@@ -56,6 +97,29 @@ mod tests {
         assert_eq!(fnv1a(b"a"), 0xe40c_292c);
         assert_eq!(fnv1a(b"foobar"), 0xbf9c_f968);
         assert_eq!(partition_of(b"match-1", 64), 0x2268_96f0 % 64);
+    }
+
+    #[test]
+    fn keys_come_from_the_caller_then_the_named_value_then_the_uid() {
+        let session = Session {
+            uid: "ann".into(),
+            data: [("match".to_owned(), "m1".to_owned())].into(),
+            ..Session::default()
+        };
+        let s = Some(&session);
+        assert_eq!(key_of("k", "match", s), Ok("k"));
+        assert_eq!(key_of("", "match", s), Ok("m1"));
+        assert_eq!(key_of("", "other", s), Ok("ann"));
+        assert_eq!(key_of("", "", s), Ok("ann"));
+        assert_eq!(key_of("", "match", None), Err(KeyError::Missing));
+        assert_eq!(
+            key_of("", "", Some(&Session::default())),
+            Err(KeyError::Missing)
+        );
+        let long = "k".repeat(MAX_KEY_LEN);
+        assert_eq!(key_of(&long, "", None), Ok(long.as_str()));
+        let longer = "k".repeat(MAX_KEY_LEN + 1);
+        assert_eq!(key_of(&longer, "", None), Err(KeyError::TooLong));
     }
 
     #[test]

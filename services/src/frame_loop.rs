@@ -45,7 +45,7 @@ use tokio::sync::mpsc;
 use tokio::time::{self, Duration, Instant, Interval, MissedTickBehavior};
 
 use crate::config::FrameConfig;
-use crate::context::Later;
+use crate::context::{CallResult, Later};
 use crate::metrics::{IntakeMetrics, LoopMetrics};
 use crate::push::Outbound;
 use crate::service::{DEFAULT_COST, Service, Tick, error_response, resume};
@@ -151,9 +151,9 @@ pub trait ReplySink: Clone + Send + Sync + 'static {
     fn publish(&self, outbound: Outbound) -> impl Future<Output = ()> + Send;
 
     /// Sends a call to another service, whose result is to come back to the loop's
-    /// [`FrameLoop::returns`] as `call.id`'s. False when it could not be sent (its
-    /// continuation then gets 503).
-    fn call(&self, call: Outgoing) -> impl Future<Output = bool> + Send;
+    /// [`FrameLoop::returns`] as `call.id`'s. When it is not sent (the bus is gone, a
+    /// keyed callee without a key), the result its continuation gets at once.
+    fn call(&self, call: Outgoing) -> impl Future<Output = Result<(), CallResult>> + Send;
 }
 
 /// The loop's end of the bounded queue, made by [`queue`].
@@ -450,8 +450,8 @@ impl<O: ReplySink> FrameLoop<O> {
         for call in later.calls {
             if let Some(outgoing) = self.pending.start(call) {
                 let id = outgoing.id;
-                if !self.output.call(outgoing).await {
-                    self.pending.unsent(id);
+                if let Err(result) = self.output.call(outgoing).await {
+                    self.pending.unsent(id, result);
                 }
             }
         }

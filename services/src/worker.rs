@@ -209,6 +209,7 @@ impl Worker {
         let output = Output {
             pusher,
             reply_prefix: calls.reply_prefix.clone(),
+            callees: calls.callees.clone(),
         };
         let (intake, queue) = frame_loop::queue(&name, frames.queue_capacity, output.clone());
         let frame_loop = FrameLoop::new(service, frames, queue, output);

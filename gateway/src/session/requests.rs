@@ -10,14 +10,12 @@ use proto::client::{self, packet::Kind};
 use proto::code;
 use tokio::time::Instant;
 
-use proto::keyed::{partition_of, partition_subject};
+use proto::keyed::{key_of, partition_of, partition_subject};
 
 use super::blips::BUS_UNAVAILABLE;
 use super::{Closing, Io, Pending, Session};
 use crate::bus::BusError;
-use crate::config::MAX_KEY_LEN;
 use crate::route;
-use crate::schema::Keyed;
 
 fn micros(d: Duration) -> u32 {
     d.as_micros().try_into().unwrap_or(u32::MAX)
@@ -94,15 +92,16 @@ impl<S: Io> Session<S> {
         };
         let keyed = match self.gate.schemas.keyed(service) {
             None => None,
-            Some(keyed) => match self.key_of(&req, &keyed) {
+            Some(keyed) => match key_of(&req.key, &keyed.session_key, Some(self.wire.get())) {
                 Ok(key) => {
                     let partition = partition_of(key.as_bytes(), keyed.partitions);
                     let prefix = &self.gate.config.prefix;
                     let subject = partition_subject(prefix, service, partition) + "." + method;
-                    Some((Arc::<str>::from(subject), key))
+                    Some((Arc::<str>::from(subject), key.to_owned()))
                 }
-                Err(message) => {
-                    return reject(code::BAD_REQUEST, message, &self.gate.rejected.route);
+                Err(error) => {
+                    let message = error.to_string();
+                    return reject(code::BAD_REQUEST, &message, &self.gate.rejected.route);
                 }
             },
         };
@@ -201,27 +200,6 @@ impl<S: Io> Session<S> {
             return Ok(());
         }
         self.publish(id, pending)
-    }
-
-    /// The key a keyed service's request is routed by: the client's, else the session
-    /// value the service names, else the uid.
-    fn key_of(&self, req: &client::Request, keyed: &Keyed) -> Result<String, &'static str> {
-        let session = self.wire.get();
-        let named = (!keyed.session_key.is_empty())
-            .then(|| session.data.get(&keyed.session_key))
-            .flatten();
-        let key = match named {
-            _ if !req.key.is_empty() => &req.key,
-            Some(value) => value,
-            None => &session.uid,
-        };
-        if key.is_empty() {
-            Err("keyed route: give a key, or log in first")
-        } else if key.len() > MAX_KEY_LEN {
-            Err("key too long")
-        } else {
-            Ok(key.clone())
-        }
     }
 
     /// Answers a forwarded request and records its round trip.

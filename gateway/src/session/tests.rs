@@ -608,7 +608,7 @@ async fn a_keyed_request_goes_to_its_key_s_partition_by_explicit_key_then_sessio
             "keyed route: give a key, or log in first"
         )
     );
-    keyed_request(&mut client, 2, &"k".repeat(crate::config::MAX_KEY_LEN + 1)).await;
+    keyed_request(&mut client, 2, &"k".repeat(proto::keyed::MAX_KEY_LEN + 1)).await;
     assert_eq!(response(&mut client).await.message, "key too long");
     let subject = |key: &str| {
         format!(

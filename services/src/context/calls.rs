@@ -58,6 +58,11 @@ impl CallResult {
         }
     }
 
+    /// The result of a call the bus would not take.
+    pub(crate) fn bus_unavailable() -> CallResult {
+        CallResult::error(code::UNAVAILABLE, "bus unavailable")
+    }
+
     /// Whether the callee handled the call (200).
     pub fn is_ok(&self) -> bool {
         self.code == code::OK
@@ -96,6 +101,9 @@ pub(crate) struct Answer {
 pub(crate) struct Call {
     /// `service.method`, as the handler gave it (checked when it goes out).
     pub route: String,
+    /// The key to route a keyed service's call by; empty: the session's (see
+    /// [`Context::call_keyed`]).
+    pub key: String,
     pub body: Bytes,
     /// The caller's session, for the callee and for the continuation.
     pub session: Option<Session>,
@@ -171,12 +179,27 @@ impl Context {
     /// left of this request's deadline (the worker's `--call-timeout` without one).
     /// There are no retries. Continuations of several calls run in the order their
     /// results arrive (a timeout's when its deadline passes).
+    ///
+    /// A call to a keyed service is routed as a gate routes a client's request: by the
+    /// session value the service names, else the session's uid
+    /// ([`Context::call_keyed`] names the key itself).
     pub fn call<F>(&mut self, route: &str, body: impl Into<Bytes>, then: F)
+    where
+        F: FnOnce(&mut Context, CallResult) + Send + 'static,
+    {
+        self.call_keyed(route, "", body, then);
+    }
+
+    /// [`Context::call`] to a keyed service's route, routed by `key` (a match, a
+    /// player's uid) rather than by the session. A call to a service that is not keyed
+    /// ignores the key.
+    pub fn call_keyed<F>(&mut self, route: &str, key: &str, body: impl Into<Bytes>, then: F)
     where
         F: FnOnce(&mut Context, CallResult) + Send + 'static,
     {
         self.later.calls.push(Call {
             route: route.to_owned(),
+            key: key.to_owned(),
             body: body.into(),
             session: self.has_session.then(|| self.session.clone()),
             deadline: self.later.deadline,

@@ -180,6 +180,7 @@ impl<R> Pending<R> {
     pub fn start(&mut self, call: Call) -> Option<Outgoing> {
         let Call {
             route,
+            key,
             body,
             session,
             deadline: caller_deadline,
@@ -216,6 +217,7 @@ impl<R> Pending<R> {
             route: route.clone(),
             body,
             session: session.clone(),
+            key,
             // Whole milliseconds, rounded up: at least 1, since 0 says "unknown".
             timeout_ms: u32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u32::MAX),
             ..RpcRequest::default()
@@ -235,9 +237,9 @@ impl<R> Pending<R> {
         Some(Outgoing { id, request })
     }
 
-    /// Call `id` could not be sent (the bus is gone): its continuation gets 503.
-    pub fn unsent(&mut self, id: u64) {
-        self.finish(id, CallResult::error(code::UNAVAILABLE, "bus unavailable"));
+    /// Call `id` was not sent: its continuation gets `result` (why).
+    pub fn unsent(&mut self, id: u64, result: CallResult) {
+        self.finish(id, result);
     }
 
     /// A call's result came back: its continuation is ready, unless it timed out

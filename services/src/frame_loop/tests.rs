@@ -41,8 +41,10 @@ impl<T: Send + 'static> ReplySink for mpsc::Sender<Sent<T>> {
         let _ = mpsc::Sender::send(self, Sent::Publish(outbound)).await;
     }
 
-    async fn call(&self, call: Outgoing) -> bool {
-        mpsc::Sender::send(self, Sent::Call(call)).await.is_ok()
+    async fn call(&self, call: Outgoing) -> Result<(), CallResult> {
+        mpsc::Sender::send(self, Sent::Call(call))
+            .await
+            .map_err(|_| CallResult::bus_unavailable())
     }
 }
 
@@ -64,9 +66,9 @@ impl<T: Send + 'static> ReplySink for mpsc::Sender<(T, RpcResponse)> {
         tracing::warn!(?outbound, "an answers-only sink dropped a push");
     }
 
-    async fn call(&self, call: Outgoing) -> bool {
+    async fn call(&self, call: Outgoing) -> Result<(), CallResult> {
         tracing::warn!(?call, "an answers-only sink cannot call");
-        false
+        Err(CallResult::bus_unavailable())
     }
 }
 

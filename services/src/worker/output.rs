@@ -8,6 +8,7 @@ use proto::Message as _;
 use proto::rpc::RpcResponse;
 
 use super::calls;
+use crate::context::CallResult;
 use crate::frame_loop::{Outgoing, ReplySink};
 use crate::metrics::{PUBLISH_ERRORS_TOTAL, REPLY_ERRORS_TOTAL};
 use crate::push::{Outbound, Pusher};
@@ -19,6 +20,8 @@ pub(super) struct Output {
     pub pusher: Pusher,
     /// `<prefix>.call.<worker id>.`
     pub reply_prefix: String,
+    /// The keyed services heard of, to route calls by key.
+    pub callees: calls::Callees,
 }
 
 /// Answers go out as protobuf `RpcResponse`s on the request's reply subject, pushes on
@@ -48,23 +51,24 @@ impl ReplySink for Output {
         }
     }
 
-    async fn call(&self, call: Outgoing) -> bool {
+    async fn call(&self, mut call: Outgoing) -> Result<(), CallResult> {
         let (subject, reply) = calls::subjects(
             self.pusher.prefix(),
             &self.reply_prefix,
+            &self.callees,
             call.id,
-            &call.request,
-        );
+            &mut call.request,
+        )?;
         let payload = call.request.encode_to_vec().into();
         let sent = self
             .pusher
             .client()
             .publish_with_reply(subject, reply, payload)
             .await;
-        if let Err(error) = &sent {
+        sent.map_err(|error| {
             metrics::counter!(PUBLISH_ERRORS_TOTAL).increment(1);
             tracing::debug!(%error, "cannot publish a call");
-        }
-        sent.is_ok()
+            CallResult::bus_unavailable()
+        })
     }
 }
