@@ -55,9 +55,11 @@ enum Command {
     },
 }
 
-/// How long `up` waits for its gate to learn its own workers' message types: an
-/// announcement crosses the local broker in well under a millisecond.
-const UP_SCHEMA_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long `up` waits, before it says it is ready, for its gate to learn its own
+/// workers' message types (an announcement crosses the local broker in well under a
+/// millisecond), and then for each keyed worker to hold its partitions (a lone one
+/// takes them after two heartbeats: about a second).
+const UP_READY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[derive(Debug, clap::Args)]
 struct UpArgs {
@@ -192,11 +194,11 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_listen {
         telemetry::serve_metrics(addr, args.backlog.listen_backlog, shutdown.clone()).await?;
     }
-    let task = roles::start_worker(args.service, args.config, shutdown.clone()).await?;
+    let worker = roles::start_worker(args.service, args.config, shutdown.clone()).await?;
     info!("Worker is ready");
     signals.wait(&shutdown).await;
     shutdown.cancel();
-    roles::join(task).await
+    roles::join(worker.task).await
 }
 
 /// Starts every role against the embedded broker, all sharing one shutdown token, and
@@ -235,7 +237,10 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
         roles::start_worker(ServiceName::Echo, worker_config.clone(), shutdown.clone()).await?;
     let chat =
         roles::start_worker(ServiceName::Chat, worker_config.clone(), shutdown.clone()).await?;
-    let arena = roles::start_worker(ServiceName::Arena, worker_config, shutdown.clone()).await?;
+    let arena =
+        roles::start_worker(ServiceName::Arena, worker_config.clone(), shutdown.clone()).await?;
+    let profile =
+        roles::start_worker(ServiceName::Profile, worker_config, shutdown.clone()).await?;
     let web = !args.gate.no_web;
     // The gate, the hot part of the path, reaches the broker in process: no loopback
     // TCP, no kernel between them. (The workers' NATS client, async-nats, has no
@@ -263,11 +268,32 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
         services::echo::NAME,
         services::chat::NAME,
         services::arena::NAME,
+        services::profile::NAME,
     ];
-    if !gate.gate.wait_for_schemas(&local, UP_SCHEMA_WAIT).await {
+    if !gate.gate.wait_for_schemas(&local, UP_READY_WAIT).await {
         tracing::warn!(
             "the gate has not heard the workers' message types yet; JSON and pomelo clients may miss them for a moment"
         );
+    }
+    // And the keyed services' lone workers hold every partition: a client's request
+    // would wait for them, but a call between services is not sent again (chat.login's
+    // call to the profile service would get 503 meanwhile).
+    let keyed = [
+        (&arena.held, services::arena::PARTITIONS),
+        (&profile.held, services::profile::PARTITIONS),
+    ];
+    for (held, partitions) in keyed {
+        let Some(mut held) = held.clone() else {
+            continue;
+        };
+        let all = tokio::time::timeout(UP_READY_WAIT, held.at_least(partitions as usize));
+        if !matches!(all.await, Ok(true)) {
+            tracing::warn!(
+                held = held.count(),
+                partitions,
+                "a keyed worker does not hold its partitions yet: calls to it may get 503 for a moment"
+            );
+        }
     }
     info!("Server is ready");
     log_where(&Where {
@@ -293,15 +319,17 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     info!("Initiating Shutdown...");
     shutdown.cancel();
     let gate_result = roles::join(gate.task).await;
-    let echo_result = roles::join(echo).await;
-    let chat_result = roles::join(chat).await;
-    let arena_result = roles::join(arena).await;
+    let echo_result = roles::join(echo.task).await;
+    let chat_result = roles::join(chat.task).await;
+    let arena_result = roles::join(arena.task).await;
+    let profile_result = roles::join(profile.task).await;
     broker_shutdown.cancel();
     broker.stop().await?;
     gate_result
         .and(echo_result)
         .and(chat_result)
         .and(arena_result)
+        .and(profile_result)
 }
 
 /// Where the parts of `shaddock up` listen, as bound.

@@ -55,6 +55,8 @@ pub enum ServiceName {
     Chat,
     /// The reference keyed service (matches that move between workers).
     Arena,
+    /// Players' display names and colours (keyed by uid), which chat.login calls.
+    Profile,
 }
 
 impl ServiceName {
@@ -63,6 +65,7 @@ impl ServiceName {
             ServiceName::Echo => services::echo::service(),
             ServiceName::Chat => services::chat::service(),
             ServiceName::Arena => services::arena::service(),
+            ServiceName::Profile => services::profile::service(),
         }
     }
 }
@@ -195,15 +198,22 @@ pub async fn start_worker(
     service: ServiceName,
     config: WorkerConfig,
     shutdown: CancellationToken,
-) -> anyhow::Result<JoinHandle<anyhow::Result<()>>> {
+) -> anyhow::Result<StartedWorker> {
     let service = service.build();
     let name = services::worker_connection_name(service.name());
     let client = services::connect(&config.nats, &name, &config.security).await?;
     let worker = services::Worker::subscribe(client, service, config).await?;
     info!("Worker subscribed on {}", worker.subject());
-    Ok(tokio::spawn(async move {
-        worker.run(shutdown).await.context("worker")
-    }))
+    let held = worker.held();
+    let task = tokio::spawn(async move { worker.run(shutdown).await.context("worker") });
+    Ok(StartedWorker { task, held })
+}
+
+/// A worker serving, as [`start_worker`] left it.
+pub struct StartedWorker {
+    pub task: JoinHandle<anyhow::Result<()>>,
+    /// A keyed service's partitions held by this worker.
+    pub held: Option<services::HeldPartitions>,
 }
 
 /// How long a role has to stop after shutdown: a worker draining towards a broker that

@@ -104,19 +104,28 @@ async fn call(args: &[&str]) -> (ExitStatus, Vec<String>, String) {
 
 /// The status line and headers of a plain HTTP GET of `url` (`http://HOST:PORT/PATH`).
 async fn http_head(url: &str) -> String {
+    let response = http_get(url).await;
+    let head = response.split("\r\n\r\n").next().unwrap_or_default();
+    head.to_owned()
+}
+
+/// What `shaddock call` prints for `chat.login` as `name`: the name, and the display
+/// name and colour of its default profile (`up` runs the profile service).
+fn logged_in(name: &str) -> String {
+    let color = services::profile::default_profile(name).color;
+    format!(r#"{{"code":200,"body":{{"name":"{name}","display":"{name}","color":"{color}"}}}}"#)
+}
+
+/// The whole response to a plain HTTP GET of `url`.
+async fn http_get(url: &str) -> String {
     let rest = url.strip_prefix("http://").expect("an http:// URL");
     let (host, path) = rest.split_once('/').expect("a path");
     let mut stream = within(TcpStream::connect(host)).await.unwrap();
     let request = format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
-    let mut head = Vec::new();
-    let mut buf = [0; 4096];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = within(stream.read(&mut buf)).await.unwrap();
-        assert!(n > 0, "{url}: closed before the headers ended: {head:?}");
-        head.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&head).into_owned()
+    let mut response = Vec::new();
+    within(stream.read_to_end(&mut response)).await.unwrap();
+    String::from_utf8_lossy(&response).into_owned()
 }
 
 #[tokio::test]
@@ -157,9 +166,19 @@ async fn call_prints_one_answer_as_one_json_line() {
     let (status, json, log) = call(&[ws, "echo.echo", r#"{"body":"aGk="}"#]).await;
     assert!(status.success(), "{log}");
     assert_eq!(json, [r#"{"code":200,"body":{"body":"aGk="}}"#], "{log}");
+    // chat.login calls the profile service (keyed by uid) for the display name and
+    // colour, and the chat worker's metrics count the call.
     let (status, json, log) = call(&[ws, "chat.login", r#"{"name":"ann"}"#]).await;
     assert!(status.success(), "{log}");
-    assert_eq!(json, [r#"{"code":200,"body":{"name":"ann"}}"#], "{log}");
+    assert_eq!(json, [logged_in("ann")], "{log}");
+    let metrics = http_get(&up.metrics).await;
+    let counted = metrics.lines().any(|line| {
+        line.starts_with("worker_calls_total{")
+            && line.contains(r#"route="profile.get""#)
+            && line.contains(r#"code="200""#)
+            && line.ends_with(" 1")
+    });
+    assert!(counted, "no profile.get call counted:\n{metrics}");
     // A raw route: a JSON string in, a string out.
     let (status, json, log) = call(&[ws, "echo.raw", r#""hello""#]).await;
     assert!(status.success(), "{log}");
@@ -219,7 +238,7 @@ async fn call_listen_prints_pushes_until_stopped() {
             r#"{"name":"ann"}"#,
         ],
     );
-    ann.line(r#"{"code":200,"body":{"name":"ann"}}"#).await;
+    ann.line(&logged_in("ann")).await;
     // Two requests on one session, from stdin.
     let bob = call_with_input(
         "chat.login {\"name\":\"bob\"}\nchat.whisper {\"to\":\"ann\",\"text\":\"psst\"}\n",
@@ -229,14 +248,14 @@ async fn call_listen_prints_pushes_until_stopped() {
     assert!(status.success(), "{log}");
     assert_eq!(
         json,
-        [
-            r#"{"code":200,"body":{"name":"bob"}}"#,
-            r#"{"code":200,"body":{}}"#
-        ],
+        [logged_in("bob"), r#"{"code":200,"body":{}}"#.to_owned()],
         "{log}"
     );
-    ann.line(r#"{"push":"chat.whisper","body":{"from":"bob","text":"psst"}}"#)
-        .await;
+    let color = services::profile::default_profile("bob").color;
+    let whisper = format!(
+        r#"{{"push":"chat.whisper","body":{{"from":"bob","text":"psst","display":"bob","color":"{color}"}}}}"#
+    );
+    ann.line(&whisper).await;
     ann.signal(Signal::SIGTERM);
     let status = ann.exit().await;
     assert!(status.success(), "{status}: {}", ann.log());
@@ -273,14 +292,17 @@ arena.join@m1 {\"match\":\"m1\"}
         .filter(|l| !l.starts_with(r#"{"push":"arena.state""#))
         .collect();
     assert_eq!(lines.len(), 5, "{log}");
-    assert_eq!(lines[0], r#"{"code":200,"body":{"name":"cat"}}"#);
+    assert_eq!(*lines[0], logged_in("cat"));
     assert_eq!(
         lines[1],
         r#"{"code":200,"body":{"room":"lobby","members":["cat"]}}"#
     );
+    let color = services::profile::default_profile("cat").color;
     assert_eq!(
-        lines[2],
-        r#"{"push":"chat.message","body":{"room":"lobby","from":"cat","text":"hi"}}"#
+        *lines[2],
+        format!(
+            r#"{{"push":"chat.message","body":{{"room":"lobby","from":"cat","text":"hi","display":"cat","color":"{color}"}}}}"#
+        )
     );
     assert_eq!(lines[3], r#"{"code":200,"body":{}}"#);
     assert!(

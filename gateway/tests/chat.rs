@@ -20,6 +20,7 @@ use proto::chat::*;
 use proto::code;
 use sdk::{Client, ClientOptions, Push, Pushes};
 use services::chat::{self, REASON_DISCONNECTED, REASON_LEFT};
+use services::profile;
 use services::{Pusher, Worker, WorkerConfig};
 use testkit::{DEADLINE, within};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -40,6 +41,7 @@ broker::on_both_buses!(
     a_worker_back_from_a_lost_connection_catches_up,
     a_lone_worker_back_from_a_lost_connection_keeps_its_state,
     a_senders_own_message_arrives_before_its_answer,
+    a_login_takes_the_player_s_profile_by_a_call_to_the_keyed_profile_service,
 );
 
 const PREFIX: &str = "shaddock";
@@ -151,6 +153,42 @@ impl Cluster {
         let task = tokio::spawn(worker.run(shutdown.clone()));
         self.workers.push(RunningWorker { shutdown, task });
         client
+    }
+
+    /// Starts a worker of the profile service (keyed by uid), and returns once it
+    /// serves: a request for a profile through a gate is answered.
+    async fn add_profile_worker(&mut self) {
+        let url = self.bus.url().to_owned();
+        let client = services::connect(
+            std::slice::from_ref(&url),
+            "test-profile",
+            &Default::default(),
+        )
+        .await
+        .unwrap();
+        let config = WorkerConfig {
+            nats: vec![url],
+            ..WorkerConfig::default()
+        };
+        let worker = within(Worker::subscribe(client, profile::service(), config))
+            .await
+            .unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(worker.run(shutdown.clone()));
+        self.workers.push(RunningWorker { shutdown, task });
+        // Until the worker has taken its partitions, a gate's request waits and is
+        // sent again (its announcement came first); a call would get 503 meanwhile.
+        let probe = Player::connect(self.url(0), "probe").await;
+        within(async {
+            loop {
+                let get = probe.client.request_keyed(profile::ROUTE_GET, "probe", []);
+                if get.await.unwrap().code == code::OK {
+                    break;
+                }
+            }
+        })
+        .await;
+        probe.close().await;
     }
 
     /// Stops the first `n` workers and waits for them to finish.
@@ -912,4 +950,64 @@ async fn a_senders_own_message_arrives_before_its_answer(bus: Bus) {
     alice.close().await;
     bob.close().await;
     cluster.assert_no_leaks(&["lobby"], &["alice", "bob"]).await;
+}
+
+/// `chat.login` defers, calls `profile.get` (a keyed service: the call is routed by the
+/// player's name to its partition's subject, where a keyed worker serves), and answers
+/// with the profile; the session keeps it, and the player's messages carry it.
+async fn a_login_takes_the_player_s_profile_by_a_call_to_the_keyed_profile_service(bus: Bus) {
+    let mut cluster = Cluster::start(bus, UidConflict::Kick).await;
+    cluster.add_profile_worker().await;
+    let carol = Player::connect(cluster.url(0), "carol").await;
+    let first: LoginResponse = carol
+        .call(
+            "chat.login",
+            LoginRequest {
+                name: "carol".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let default = profile::default_profile("carol");
+    assert_eq!(
+        (first.display.as_str(), first.color.as_str()),
+        ("carol", default.color.as_str())
+    );
+    let set = proto::profile::SetRequest {
+        display: "Carol".into(),
+        color: "#00ff7f".into(),
+    };
+    let _: proto::profile::Profile = carol.call("profile.set", set).await.unwrap();
+    carol.close().await;
+
+    let mut bob = Player::login(cluster.url(1), "bob").await;
+    bob.join("lobby").await;
+    let carol = Player::connect(cluster.url(0), "carol").await;
+    let again: LoginResponse = carol
+        .call(
+            "chat.login",
+            LoginRequest {
+                name: "carol".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.display.as_str(), again.color.as_str()),
+        ("Carol", "#00ff7f")
+    );
+    carol.join("lobby").await;
+    carol.say("lobby", "hi").await.unwrap();
+    let heard = bob.next_message().await;
+    assert_eq!(
+        (
+            heard.from.as_str(),
+            heard.display.as_str(),
+            heard.color.as_str()
+        ),
+        ("carol", "Carol", "#00ff7f")
+    );
+    carol.close().await;
+    bob.close().await;
+    cluster.assert_no_leaks(&["lobby"], &["bob", "carol"]).await;
 }

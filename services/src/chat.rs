@@ -4,11 +4,11 @@
 //!
 //! | route | does | errors |
 //! |---|---|---|
-//! | `chat.login{name}` | binds uid `name` (one session per name: the gate kicks the older session, or answers 409 in refuse mode) and sets session data `nick`; a player signed in by token (JWT) may only use the token's name (`name` may then be empty) | 400 bad name or already logged in as another name; 403 a name not the token's |
+//! | `chat.login{name}` | binds uid `name` (one session per name: the gate kicks the older session, or answers 409 in refuse mode), sets session data `nick`, and `display` and `color` from the player's profile (a call to `profile.get`; the name and no colour when the profile service does not answer); answers `{name, display, color}`; a player signed in by token (JWT) may only use the token's name (`name` may then be empty) | 400 bad name or already logged in as another name; 403 a name not the token's |
 //! | `chat.join{room}` | enters `room`; answers its members; pushes `chat.joined` to the room | 401 not logged in, 400 bad room or too many rooms |
 //! | `chat.leave{room}` | leaves `room` (no-op when not in it); pushes `chat.left` (reason `left`) | 400 bad room |
-//! | `chat.say{room, text}` | pushes `chat.message` `ChatMessage{room, from, text}` to the room | 401, 400 bad room or text, 403 not in the room |
-//! | `chat.whisper{to, text}` | pushes `chat.whisper` `ChatMessage{from, text}` to player `to`, on whichever gate | 401, 400 |
+//! | `chat.say{room, text}` | pushes `chat.message` `ChatMessage{room, from, text, display, color}` to the room | 401, 400 bad room or text, 403 not in the room |
+//! | `chat.whisper{to, text}` | pushes `chat.whisper` `ChatMessage{from, text, display, color}` to player `to`, on whichever gate | 401, 400 |
 //! | `chat.members{room}` | the names in `room`, sorted | 400 |
 //!
 //! When a session in rooms closes, each of its rooms gets `chat.left` (reason
@@ -41,6 +41,7 @@ use proto::chat::{
     StateChange, WhisperRequest, WhisperResponse,
 };
 use proto::code;
+use proto::profile::{GetRequest, Profile};
 use proto::rpc::SessionClosed;
 
 pub use rooms::{MAX_TOMBSTONES, Rooms, SessionKey, TOMBSTONE_TTL};
@@ -48,6 +49,7 @@ pub use rooms::{MAX_TOMBSTONES, Rooms, SessionKey, TOMBSTONE_TTL};
 use crate::context::Context;
 use crate::handler_error::HandlerError;
 use crate::names::is_valid_token;
+use crate::profile;
 use crate::service::{Delivery, Service};
 
 /// The service's name: its routes' first token and its queue group.
@@ -245,10 +247,34 @@ fn on_login(ctx: &mut Context, mut req: LoginRequest) -> Result<LoginResponse, H
     }
     ctx.bind_uid(req.name.clone());
     ctx.set_data("nick", req.name.clone());
-    Ok(LoginResponse {
-        name: req.name,
-        ..LoginResponse::default()
-    })
+    // The answer waits for the player's profile (its display name and colour, kept in
+    // the session for this player's messages); a login does not fail for want of one.
+    let deferred = ctx.defer();
+    let key = req.name.clone();
+    ctx.call_keyed(
+        profile::ROUTE_GET,
+        &key,
+        GetRequest {}.encode_to_vec(),
+        move |ctx, result| {
+            let (display, color) = match result.decode::<Profile>() {
+                Ok(profile) => (profile.display, profile.color),
+                Err(error) => {
+                    tracing::debug!(%error, "no profile for a login: the name stands for it");
+                    (req.name.clone(), String::new())
+                }
+            };
+            ctx.set_data(DATA_DISPLAY, display.clone());
+            ctx.set_data(DATA_COLOR, color.clone());
+            let answer = LoginResponse {
+                name: req.name,
+                display,
+                color,
+            };
+            ctx.answer_with(deferred, &answer);
+        },
+    );
+    // Not sent: the answer is the continuation's.
+    Ok(LoginResponse::default())
 }
 
 fn on_join(

@@ -22,8 +22,8 @@
 //!
 //! The modules read bottom-up: leaves (`names`, [`config`], `metrics`, `handler_error`),
 //! parts (`bus`, `push`, `context`, `drain`), the service registry (`service`), the
-//! frame loop (`frame_loop`), and `worker`, which assembles them; [`echo`] and [`chat`]
-//! are services written with it. docs/workers.md is the protocol and
+//! frame loop (`frame_loop`), and `worker`, which assembles them; [`echo`], [`chat`],
+//! [`arena`] and [`profile`] are services written with it. docs/workers.md is the protocol and
 //! the operator's guide.
 
 pub mod arena;
@@ -38,6 +38,7 @@ mod handler_error;
 mod metrics;
 mod names;
 mod ownership;
+pub mod profile;
 mod push;
 mod service;
 pub mod tally;
@@ -50,4 +51,4 @@ pub use handler_error::HandlerError;
 pub use metrics::describe as describe_metrics;
 pub use push::{Outbound, PushError, Pusher};
 pub use service::{DEFAULT_COST, Delivery, EventHandled, Handled, Service, Tick};
-pub use worker::{Worker, WorkerError, run};
+pub use worker::{HeldPartitions, Worker, WorkerError, run};

@@ -44,6 +44,7 @@ use calls::CallReplies;
 pub use error::WorkerError;
 use hop::{Mover, Target};
 use inputs::{Subscribed, inputs};
+pub use keyed::HeldPartitions;
 use keyed::Keyed;
 use output::Output;
 use resync::Resync;
@@ -171,6 +172,13 @@ impl Worker {
     /// The subject this worker serves.
     pub fn subject(&self) -> &str {
         &self.subject
+    }
+
+    /// For a keyed service, how many of its partitions this worker holds, as it changes
+    /// (a lone worker takes them all a couple of heartbeats after it starts); `None`
+    /// for other services.
+    pub fn held(&self) -> Option<HeldPartitions> {
+        self.keyed.as_ref().map(Keyed::held)
     }
 
     /// A pusher on this worker's connection and prefix, for pushes from outside the

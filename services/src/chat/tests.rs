@@ -9,7 +9,10 @@ use proto::rpc::{
     RpcRequest, RpcResponse, ServerPush, Session, SessionClosed, effect, user_command,
 };
 
+use proto::profile::Profile;
+
 use super::*;
+use crate::context::CallResult;
 use crate::push::Outbound;
 use crate::service::Handled;
 
@@ -18,6 +21,8 @@ struct Player {
     gate: &'static str,
     sid: u64,
     uid: String,
+    /// Session data, as a login left it.
+    data: Vec<(&'static str, &'static str)>,
 }
 
 impl Player {
@@ -26,6 +31,7 @@ impl Player {
             gate,
             sid,
             uid: uid.into(),
+            data: Vec::new(),
         }
     }
 
@@ -37,6 +43,11 @@ impl Player {
                 gate: self.gate.into(),
                 sid: self.sid,
                 uid: self.uid.clone(),
+                data: self
+                    .data
+                    .iter()
+                    .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect(),
                 ..Session::default()
             }),
             timing: false,
@@ -90,24 +101,98 @@ fn join(service: &mut Service, player: &Player, room: &str) -> RpcResponse {
     call(service, player, "join", JoinRequest { room: room.into() }).response
 }
 
+/// Logs `player` in as `name`, the profile service's answer being `profile`: the effects
+/// the login's answer carries (the handler's, then its continuation's) and the answer.
+fn login(
+    service: &mut Service,
+    player: &Player,
+    name: &str,
+    profile: CallResult,
+) -> (Vec<effect::Kind>, LoginResponse) {
+    let request = LoginRequest { name: name.into() };
+    let mut handled = call(service, player, "login", request);
+    assert!(handled.deferred(), "{:?}", handled.response);
+    let call = handled
+        .later
+        .calls
+        .pop()
+        .expect("a call to the profile service");
+    assert_eq!(
+        (call.route.as_str(), call.key.as_str()),
+        (profile::ROUTE_GET, name)
+    );
+    let resumed = crate::service::resume(NAME, call.then, call.session, None, profile);
+    let [answer] = <[_; 1]>::try_from(resumed.later.answers).expect("one answer");
+    assert_eq!(Some(answer.deferred), handled.later.deferred);
+    let effects = handled.response.effects.into_iter().chain(answer.effects);
+    let kinds = effects.filter_map(|e| e.kind).collect();
+    (
+        kinds,
+        LoginResponse::decode(answer.result.unwrap()).unwrap(),
+    )
+}
+
+fn set_data(key: &str, value: &str) -> effect::Kind {
+    effect::Kind::SetData(proto::rpc::SetData {
+        key: key.into(),
+        value: value.into(),
+    })
+}
+
 #[test]
-fn login_binds_the_name_and_checks_it() {
+fn login_binds_the_name_and_takes_the_profile() {
     let mut chat = service();
     let anon = Player::new("g1", 1, "");
-    let ok = call(
-        &mut chat,
-        &anon,
-        "login",
-        LoginRequest {
-            name: "alice".into(),
-        },
-    )
-    .response;
-    assert_eq!(ok.code, code::OK);
-    let kinds: Vec<_> = ok.effects.into_iter().filter_map(|e| e.kind).collect();
-    assert_eq!(kinds[0], effect::Kind::BindUid("alice".into()));
-    assert!(matches!(&kinds[1], effect::Kind::SetData(d) if d.key == "nick" && d.value == "alice"));
+    let profile = Profile {
+        uid: "alice".into(),
+        display: "Alice".into(),
+        color: "#4363d8".into(),
+    };
+    let answered = CallResult {
+        code: code::OK,
+        body: profile.encode_to_vec().into(),
+        message: String::new(),
+    };
+    let (effects, answer) = login(&mut chat, &anon, "alice", answered);
+    assert_eq!(
+        effects,
+        [
+            effect::Kind::BindUid("alice".into()),
+            set_data("nick", "alice"),
+            set_data(DATA_DISPLAY, "Alice"),
+            set_data(DATA_COLOR, "#4363d8"),
+        ]
+    );
+    assert_eq!(
+        (
+            answer.name.as_str(),
+            answer.display.as_str(),
+            answer.color.as_str()
+        ),
+        ("alice", "Alice", "#4363d8")
+    );
+}
 
+#[test]
+fn login_without_a_profile_service_goes_by_the_name() {
+    let mut chat = service();
+    let anon = Player::new("g1", 1, "");
+    let silent = CallResult::error(code::UNAVAILABLE, "no worker available now");
+    let (effects, answer) = login(&mut chat, &anon, "alice", silent);
+    assert_eq!(
+        effects[2..],
+        [set_data(DATA_DISPLAY, "alice"), set_data(DATA_COLOR, "")]
+    );
+    assert_eq!(
+        (answer.display.as_str(), answer.color.as_str()),
+        ("alice", "")
+    );
+}
+
+#[test]
+fn login_checks_the_name() {
+    let mut chat = service();
+    let anon = Player::new("g1", 1, "");
     for bad in [
         "",
         "Alice",
@@ -120,16 +205,8 @@ fn login_binds_the_name_and_checks_it() {
         assert_eq!(r.code, code::BAD_REQUEST, "{bad:?}");
     }
     let alice = Player::new("g1", 1, "alice");
-    let again = call(
-        &mut chat,
-        &alice,
-        "login",
-        LoginRequest {
-            name: "alice".into(),
-        },
-    )
-    .response;
-    assert_eq!(again.code, code::OK);
+    let again = login(&mut chat, &alice, "alice", CallResult::bus_unavailable());
+    assert_eq!(again.1.name, "alice");
     let rename = call(
         &mut chat,
         &alice,
@@ -138,6 +215,33 @@ fn login_binds_the_name_and_checks_it() {
     )
     .response;
     assert_eq!(rename.code, code::BAD_REQUEST);
+}
+
+#[test]
+fn a_message_carries_the_sender_s_display_name_and_colour() {
+    let mut chat = service();
+    let mut alice = Player::new("g1", 1, "alice");
+    alice.data = vec![(DATA_DISPLAY, "Alice"), (DATA_COLOR, "#4363d8")];
+    assert_eq!(join(&mut chat, &alice, "lobby").code, code::OK);
+    let said = call(
+        &mut chat,
+        &alice,
+        "say",
+        SayRequest {
+            room: "lobby".into(),
+            text: "hi".into(),
+        },
+    );
+    let [(_, push)] = <[_; 1]>::try_from(pushes(&said.outbound)).unwrap();
+    let message = ChatMessage::decode(push.body).unwrap();
+    assert_eq!(
+        (
+            message.from.as_str(),
+            message.display.as_str(),
+            message.color.as_str()
+        ),
+        ("alice", "Alice", "#4363d8")
+    );
 }
 
 #[test]

@@ -63,6 +63,29 @@ pub(super) struct Keyed {
     drain: DrainConfig,
     members: Subscriber,
     handovers: Subscriber,
+    /// What this worker says in its heartbeats: whom it is, what it holds.
+    heartbeat: watch::Sender<KeyedMember>,
+}
+
+/// How many partitions a keyed worker holds, as it changes ([`Worker::held`]).
+///
+/// [`Worker::held`]: super::Worker::held
+#[derive(Debug, Clone)]
+pub struct HeldPartitions(watch::Receiver<KeyedMember>);
+
+impl HeldPartitions {
+    /// The partitions held now.
+    pub fn count(&self) -> usize {
+        self.0.borrow().held.len()
+    }
+
+    /// Waits until the worker holds at least `n` partitions; false if it stopped first.
+    pub async fn at_least(&mut self, n: usize) -> bool {
+        self.0
+            .wait_for(|member| member.held.len() >= n)
+            .await
+            .is_ok()
+    }
 }
 
 /// One partition's messages, and its end.
@@ -102,6 +125,10 @@ impl Keyed {
         };
         let members = subscribe(members_subject(prefix, service)).await?;
         let handovers = subscribe(handover_subject(prefix, service, &me)).await?;
+        let (heartbeat, _) = watch::channel(KeyedMember {
+            id: me.clone(),
+            ..KeyedMember::default()
+        });
         Ok(Keyed {
             client: client.clone(),
             prefix: prefix.to_owned(),
@@ -112,7 +139,13 @@ impl Keyed {
             drain,
             members,
             handovers,
+            heartbeat,
         })
+    }
+
+    /// Follows how many partitions this worker holds.
+    pub(super) fn held(&self) -> HeldPartitions {
+        HeldPartitions(self.heartbeat.subscribe())
     }
 
     /// Runs until `shutdown` and every partition is handed over; what the partitions
@@ -132,11 +165,9 @@ impl Keyed {
             drain,
             members,
             handovers,
+            heartbeat,
         } = self;
-        let (heartbeat, said) = watch::channel(KeyedMember {
-            id: me.clone(),
-            ..KeyedMember::default()
-        });
+        let said = heartbeat.subscribe();
         let (handed_tx, handed_rx) = mpsc::channel(partitions as usize);
         let timeouts = (config.keyed_member_timeout, config.keyed_heartbeat * 2);
         let coordinator = Coordinator {
