@@ -21,7 +21,7 @@ for path in files:
     assert docs, f"{path}: empty"
 compose = yaml.safe_load(open("compose.yaml"))
 services = compose["services"]
-for name in ["nats-1", "nats-2", "nats-3", "gate-1", "gate-2", "chat", "echo", "prometheus", "grafana"]:
+for name in ["nats-1", "nats-2", "nats-3", "gate-1", "gate-2", "chat", "echo", "profile", "prometheus", "grafana"]:
     assert name in services, f"compose.yaml: no service {name}"
 assert services["chat"]["deploy"]["replicas"] == 3 and services["echo"]["deploy"]["replicas"] == 1
 for name, svc in services.items():

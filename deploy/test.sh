@@ -139,10 +139,10 @@ phase "images (deploy/images.sh)"
 deploy/images.sh --shaddock-bin "${shaddock_bin}" --nats-server-bin "${nats_server_bin}"
 took
 
-phase "compose fleet up: 3 nats-server, 3 exporters, 2 gates, 3 chat, 1 echo, Prometheus"
+phase "compose fleet up: 3 nats-server, 3 exporters, 2 gates, 3 chat, 1 echo, 1 profile, Prometheus"
 export SHADDOCK_PUBLISH_ADDR=127.0.0.1 SHADDOCK_GATE1_PORT="" SHADDOCK_GATE2_PORT="" \
   SHADDOCK_NATS_PORT="" SHADDOCK_NATS_MONITOR_PORT="" SHADDOCK_PROMETHEUS_PORT="" SHADDOCK_GRAFANA_PORT=""
-services=(nats-1 nats-2 nats-3 nats-exporter-1 nats-exporter-2 nats-exporter-3 gate-1 gate-2 chat echo prometheus)
+services=(nats-1 nats-2 nats-3 nats-exporter-1 nats-exporter-2 nats-exporter-3 gate-1 gate-2 chat echo profile prometheus)
 fleet_up=true
 compose up -d --no-build "${services[@]}" 2>"${work}/up.log" || { cat "${work}/up.log" >&2; exit 1; }
 published() { compose port "$1" "$2" | tail -1; }
@@ -150,7 +150,7 @@ gate1="ws://$(published gate-1 3250)"
 gate2="ws://$(published gate-2 3250)"
 prom="http://$(published prometheus 9090)"
 echo "gates ${gate1} ${gate2}, Prometheus ${prom}"
-python3 deploy/test/prom.py targets "${prom}" gate=2 nats=3 worker=4
+python3 deploy/test/prom.py targets "${prom}" gate=2 nats=3 worker=5
 python3 deploy/test/prom.py cluster "http://$(published nats-1 8222)" 2
 took
 
@@ -191,7 +191,7 @@ took
 phase "--scale chat=6: every chat worker takes a share"
 compose up -d --no-build --no-recreate --scale chat=6 chat 2>"${work}/scale.log" \
   || { cat "${work}/scale.log" >&2; exit 1; }
-python3 deploy/test/prom.py targets "${prom}" gate=2 nats=3 worker=7
+python3 deploy/test/prom.py targets "${prom}" gate=2 nats=3 worker=8
 python3 deploy/test/prom.py counts "${prom}" chat >"${work}/baseline.json"
 "${shaddock_bin}" loadtest concurrency --url "${gate1},${gate2}" --service chat \
   --clients "${SCALE_CLIENTS}" --interval "${SCALE_INTERVAL}" --duration "${SCALE_DURATION}" \

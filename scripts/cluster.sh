@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the deploy/compose.yaml topology as local processes, no containers: a broker,
-# 2 gates, 3 chat workers and 1 echo worker, each its own `shaddock` process on
+# 2 gates, 3 chat workers, 1 echo worker and 1 profile worker, each its own `shaddock` process on
 # loopback. Prints the URLs, then waits; Ctrl-C (or SIGTERM) stops exactly the
 # processes it started, by pid: gates first (they drain in-flight requests), then
 # workers, then the broker. If one of them dies, the rest are stopped too.
@@ -25,6 +25,7 @@ Options:
   --gates N          gate processes (default 2)
   --chat N           chat workers (default 3)
   --echo N           echo workers (default 1)
+  --profile N        profile workers (default 1; chat.login calls the profile service)
   --nats-server      run nats-server (PATH or $(go env GOPATH)/bin) instead of
                      `shaddock broker`
   --nats URLS        use running NATS servers; start no broker
@@ -41,13 +42,14 @@ EOF
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-gates=2 chats=3 echos=1 broker=shaddock nats_urls="" broker_port=0 gate_port=0
+gates=2 chats=3 echos=1 profiles=1 broker=shaddock nats_urls="" broker_port=0 gate_port=0
 bin="${SHADDOCK_BIN:-}" log_dir="" env_file="" ready_timeout=30 stop_timeout=8
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --gates) gates="$2"; shift 2 ;;
     --chat) chats="$2"; shift 2 ;;
     --echo) echos="$2"; shift 2 ;;
+    --profile) profiles="$2"; shift 2 ;;
     --nats-server) broker="nats-server"; shift ;;
     --nats) broker=external nats_urls="$2"; shift 2 ;;
     --broker-port) broker_port="$2"; shift 2 ;;
@@ -200,9 +202,12 @@ for ((n = 1; n <= gates; n++)); do
   start "gate-${n}" "${bin}" gate --listen "127.0.0.1:${port}" --nats "${nats}" \
     --gate-id "gate-${n}" --metrics-listen 127.0.0.1:0
 done
-for service in chat echo; do
-  count="${chats}"
-  if [[ "${service}" == echo ]]; then count="${echos}"; fi
+for service in chat echo profile; do
+  case "${service}" in
+    chat) count="${chats}" ;;
+    echo) count="${echos}" ;;
+    profile) count="${profiles}" ;;
+  esac
   for ((n = 1; n <= count; n++)); do
     start "worker-${service}-${n}" "${bin}" worker --service "${service}" --nats "${nats}" \
       --metrics-listen 127.0.0.1:0
