@@ -96,8 +96,8 @@ function connect(encoding: Encoding): void {
     ui.kick.hidden = false;
   });
   client.onError((error) => showError(error));
-  chatApi.onMessage((m) => addLine({ kind: "msg", room: m.room, from: m.from, text: m.text }));
-  chatApi.onWhisper((m) => addLine({ kind: "whisper", room: "", from: m.from, text: m.text }));
+  chatApi.onMessage((m) => addLine({ kind: "msg", room: m.room, from: m.from, text: m.text, display: m.display, color: m.color }));
+  chatApi.onWhisper((m) => addLine({ kind: "whisper", room: "", from: m.from, text: m.text, display: m.display, color: m.color }));
   chatApi.onJoined((e) => {
     if (e.name !== me) addLine({ kind: "event", room: e.room, from: e.name, text: "joined" });
     if (e.room === current) void refreshMembers();
@@ -185,22 +185,34 @@ function showError(error: unknown): void {
 interface Line {
   kind: "msg" | "whisper" | "event";
   room: string;
+  /** The player's uid. */
   from: string;
   text: string;
+  /** The sender's display name and colour (#rrggbb) from its profile (the profile service, which chat.login calls); absent for events. */
+  display?: string;
+  color?: string;
 }
+
+/** A colour the page applies: the profile service's #rrggbb, nothing else. */
+const PROFILE_COLOR = /^#[0-9a-f]{6}$/;
 
 function addLine(line: Line): void {
   const el = document.createElement("div");
   el.className = `line ${line.kind}`;
-  Object.assign(el.dataset, { room: line.room, from: line.from, text: line.text });
+  Object.assign(el.dataset, { room: line.room, from: line.from, text: line.text, color: line.color ?? "" });
   if (line.room) {
     const room = document.createElement("span");
     room.className = "room";
     room.textContent = `#${line.room}`;
     el.append(room);
   }
-  const says = line.kind === "whisper" ? `${line.from} whispers: ${line.text}` : `${line.from}${line.kind === "event" ? " " : ": "}${line.text}`;
-  el.append(says);
+  const who = document.createElement("span");
+  who.className = "who";
+  who.textContent = line.display || line.from;
+  who.title = line.from;
+  if (line.color && PROFILE_COLOR.test(line.color)) who.style.color = line.color;
+  const says = line.kind === "whisper" ? ` whispers: ${line.text}` : `${line.kind === "event" ? " " : ": "}${line.text}`;
+  el.append(who, says);
   const atBottom = ui.log.scrollTop + ui.log.clientHeight >= ui.log.scrollHeight - 4;
   ui.log.append(el);
   if (atBottom) ui.log.scrollTop = ui.log.scrollHeight;

@@ -17,6 +17,7 @@ import {
   joinMatch,
   launchChromium,
   login,
+  messageColors,
   messages,
   openPage,
   say,
@@ -81,6 +82,15 @@ describe("the demo page in Chromium", { timeout: 120_000 }, () => {
     // Each says after seeing its previous line answered, so both pages see one order.
     assert.deepEqual(await waitForMessages(ann, 3), want);
     assert.deepEqual(await waitForMessages(bob, 3), want);
+    // chat.login took each player's colour from the profile service; every line shows
+    // its sender's name in it.
+    const colors = await messageColors(bob);
+    const rgb = (hex: string) => `rgb(${[1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16)).join(", ")})`;
+    for (const { color, shown } of colors) {
+      assert.match(color, /^#[0-9a-f]{6}$/);
+      assert.equal(shown, rgb(color));
+    }
+    assert.equal(colors[0]?.color, colors[2]?.color, "ann's lines share ann's colour");
   });
 
   test("a login with a taken name kicks the first page, which shows the reason", async () => {

@@ -73,6 +73,16 @@ export function messages(page: Page): Promise<string[]> {
   return page.$$eval("#log .msg", (els) => els.map((el) => `${(el as HTMLElement).dataset["from"]}: ${(el as HTMLElement).dataset["text"]}`));
 }
 
+/** The colour each room message's sender is shown in (its `data-color`, and the name's computed colour). */
+export function messageColors(page: Page): Promise<{ color: string; shown: string }[]> {
+  return page.$$eval("#log .msg", (els) =>
+    els.map((el) => ({
+      color: (el as HTMLElement).dataset["color"] ?? "",
+      shown: getComputedStyle(el.querySelector(".who") as HTMLElement).color,
+    })),
+  );
+}
+
 /** Waits until the page shows `count` room messages. */
 export async function waitForMessages(page: Page, count: number): Promise<string[]> {
   await page.waitForFunction((n) => document.querySelectorAll("#log .msg").length >= n, { timeout: WAIT_MS }, count);
