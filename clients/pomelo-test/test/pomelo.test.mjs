@@ -79,7 +79,11 @@ test('pushes reach pomelo clients, by dictionary code', async () => {
   const said = await ann.push();
   assert.equal(said.route, 'chat.message');
   assert.ok(said.compressed, 'the route came as its code');
-  assert.deepEqual(said.body, { room: 'hall', from: 'bob', text: 'hi ann' });
+  // The sender's display name and colour come from its profile (chat.login calls the
+  // profile service): a colour of the palette, by the uid's hash.
+  const { color, ...message } = said.body;
+  assert.match(color, /^#[0-9a-f]{6}$/);
+  assert.deepEqual(message, { room: 'hall', from: 'bob', text: 'hi ann', display: 'bob' });
   await ann.close();
   await bob.close();
 });
@@ -122,7 +126,9 @@ test('a pomelo client and a Shaddock client chat in one room', async () => {
   const joined = await pomelo.push();
   assert.equal(joined.route, 'chat.joined');
   const said = await pomelo.push();
-  assert.deepEqual(said.body, { room: 'mixed', from: 'shaddock', text: 'to pomelo' });
+  const { color, ...mixed } = said.body;
+  assert.match(color, /^#[0-9a-f]{6}$/);
+  assert.deepEqual(mixed, { room: 'mixed', from: 'shaddock', text: 'to pomelo', display: 'shaddock' });
   const own = await pomelo.push();
   assert.equal(own.body.text, 'to shaddock');
 
