@@ -143,6 +143,7 @@ pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
         broker: args.bus.spec(),
         workers: vec![
             ("chat".to_owned(), 1),
+            (super::target::PROFILE.to_owned(), 1),
             ("arena".to_owned(), args.arena_workers as usize),
         ],
         ..args.launch.spec(1, 1, &[])

@@ -29,6 +29,9 @@ pub enum ServiceKind {
     Chat,
 }
 
+/// The service `chat.login` calls for the player's profile: launched beside chat.
+pub const PROFILE: &str = "profile";
+
 /// The room `chat.members` asks about: nobody is in it, so the answer stays small.
 const CHAT_ROOM: &str = "hello-world";
 
@@ -194,14 +197,18 @@ impl TargetArgs {
             return Ok((gates, None));
         }
         let names: Vec<&str> = services.iter().map(|s| s.name()).collect();
-        let spec = TopologySpec {
+        let mut spec = TopologySpec {
             tls,
             one_process: self.topology == TopologyKind::OneProcess,
             ..self.launch.spec(gates, workers, &names)
         };
-        let (gates, workers) = (spec.gates as u32, self.launch.workers.unwrap_or(workers));
-        let fleet = (names.iter())
-            .map(|name| format!("{workers} {name} worker{}", plural(workers)))
+        if services.contains(&ServiceKind::Chat) {
+            // chat.login calls the profile service (as in `shaddock up`).
+            spec.workers.push((PROFILE.to_owned(), 1));
+        }
+        let gates = spec.gates as u32;
+        let fleet = (spec.workers.iter())
+            .map(|(name, n)| format!("{n} {name} worker{}", plural(*n as u32)))
             .collect::<Vec<_>>()
             .join(" + ");
         let topology = Topology::start(spec)
@@ -214,7 +221,7 @@ impl TargetArgs {
             threads: Threads::All,
         }));
         let mut setup = if self.topology == TopologyKind::OneProcess {
-            "one process (shaddock up: broker, gate in process, echo and chat workers), launched on loopback".to_owned()
+            "one process (shaddock up: broker, gate in process, echo, chat, arena and profile workers), launched on loopback".to_owned()
         } else {
             format!(
                 "{gates} gate{} + {fleet} + broker, launched on loopback",
