@@ -318,12 +318,19 @@ impl Player {
     /// Connects and logs in as `name`.
     async fn login(url: &str, name: &str) -> Player {
         let player = Player::connect(url, name).await;
-        let answer: LoginResponse = player
-            .call("chat.login", LoginRequest { name: name.into() })
+        player.log_in().await;
+        player
+    }
+
+    /// Logs in under this player's name; the answer.
+    async fn log_in(&self) -> LoginResponse {
+        let name = self.name.clone();
+        let answer: LoginResponse = self
+            .call("chat.login", LoginRequest { name })
             .await
             .unwrap();
-        assert_eq!(answer.name, name);
-        player
+        assert_eq!(answer.name, self.name);
+        answer
     }
 
     async fn call<Resp: Message + Default>(
@@ -959,15 +966,7 @@ async fn a_login_takes_the_player_s_profile_by_a_call_to_the_keyed_profile_servi
     let mut cluster = Cluster::start(bus, UidConflict::Kick).await;
     cluster.add_profile_worker().await;
     let carol = Player::connect(cluster.url(0), "carol").await;
-    let first: LoginResponse = carol
-        .call(
-            "chat.login",
-            LoginRequest {
-                name: "carol".into(),
-            },
-        )
-        .await
-        .unwrap();
+    let first = carol.log_in().await;
     let default = profile::default_profile("carol");
     assert_eq!(
         (first.display.as_str(), first.color.as_str()),
@@ -983,15 +982,7 @@ async fn a_login_takes_the_player_s_profile_by_a_call_to_the_keyed_profile_servi
     let mut bob = Player::login(cluster.url(1), "bob").await;
     bob.join("lobby").await;
     let carol = Player::connect(cluster.url(0), "carol").await;
-    let again: LoginResponse = carol
-        .call(
-            "chat.login",
-            LoginRequest {
-                name: "carol".into(),
-            },
-        )
-        .await
-        .unwrap();
+    let again = carol.log_in().await;
     assert_eq!(
         (again.display.as_str(), again.color.as_str()),
         ("Carol", "#00ff7f")

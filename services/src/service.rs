@@ -683,4 +683,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
 
 mod keyed;
 #[cfg(test)]
+pub(crate) use keyed::request as keyed_request;
+#[cfg(test)]
 mod tests;

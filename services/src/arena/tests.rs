@@ -1,30 +1,13 @@
 //! The arena without a bus: handlers, ticks and hand-overs called directly.
 
 use proto::Message;
-use proto::rpc::{RpcRequest, Session, effect};
+use proto::rpc::effect;
 use tokio::time::Instant;
 
 use super::*;
 use crate::push::Outbound;
+use crate::service::keyed_request as request;
 use crate::service::{Handled, Tick};
-
-fn request(uid: &str, key: &str, data: &[(&str, &str)], body: impl Message) -> RpcRequest {
-    RpcRequest {
-        body: body.encode_to_vec().into(),
-        session: Some(Session {
-            gate: "g".into(),
-            sid: 1,
-            uid: uid.into(),
-            data: data
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            ..Session::default()
-        }),
-        key: key.into(),
-        ..RpcRequest::default()
-    }
-}
 
 fn join(service: &mut Service, uid: &str, name: &str) -> Handled {
     let body = JoinRequest {

@@ -1,26 +1,12 @@
 //! The profile service without a bus: handlers and hand-overs called directly.
 
 use proto::Message;
-use proto::rpc::{RpcRequest, Session};
 
 use super::*;
-
-fn request(uid: &str, key: &str, body: impl Message) -> RpcRequest {
-    RpcRequest {
-        body: body.encode_to_vec().into(),
-        session: Some(Session {
-            gate: "g".into(),
-            sid: 1,
-            uid: uid.into(),
-            ..Session::default()
-        }),
-        key: key.into(),
-        ..RpcRequest::default()
-    }
-}
+use crate::service::keyed_request as request;
 
 fn get(service: &mut Service, key: &str) -> Profile {
-    let handled = service.call("get", request("", key, GetRequest {}));
+    let handled = service.call("get", request("", key, &[], GetRequest {}));
     assert_eq!(handled.response.code, code::OK, "{:?}", handled.response);
     Profile::decode(handled.response.body).unwrap()
 }
@@ -30,7 +16,7 @@ fn set(service: &mut Service, uid: &str, key: &str, display: &str, color: &str) 
         display: display.into(),
         color: color.into(),
     };
-    let response = service.call("set", request(uid, key, body)).response;
+    let response = service.call("set", request(uid, key, &[], body)).response;
     (response.code, response.message)
 }
 

@@ -147,3 +147,30 @@ impl Service {
         })
     }
 }
+
+/// A keyed service's request as a gate sends it, for unit tests of keyed services: from
+/// a session of gate `g` with `uid` and `data`, routed by `key`.
+#[cfg(test)]
+pub(crate) fn request(
+    uid: &str,
+    key: &str,
+    data: &[(&str, &str)],
+    body: impl proto::Message,
+) -> proto::rpc::RpcRequest {
+    use proto::rpc::{RpcRequest, Session};
+    RpcRequest {
+        body: body.encode_to_vec().into(),
+        session: Some(Session {
+            gate: "g".into(),
+            sid: 1,
+            uid: uid.into(),
+            data: data
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..Session::default()
+        }),
+        key: key.into(),
+        ..RpcRequest::default()
+    }
+}
