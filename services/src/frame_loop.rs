@@ -298,18 +298,31 @@ impl<O: ReplySink> FrameLoop<O> {
         self.returns_tx.clone()
     }
 
-    /// Runs frames until the intake is gone and the queue is empty; returns the service.
-    /// Requests still deferred then are answered 503, and calls' continuations dropped
-    /// (see [`pending`]).
+    /// Runs frames until the intake is gone and the queue is empty, then on until what
+    /// was pending then is settled: deferred requests answered (by a continuation, a
+    /// tick, or the worker's 408 at their deadline), calls' continuations run (with
+    /// their results, or 408 at their deadline). So a drain waits no longer than the
+    /// latest of those deadlines; calls made during the wait and still in flight then
+    /// are dropped (see [`pending`]). Returns the service.
     pub async fn run(mut self) -> Service {
         let mut ticks = Ticks::new(&self.service, self.config.tick_interval);
         // Work taken that did not fit in the last frame.
         let mut carried: Option<Work<O::To>> = None;
+        // Once the queue has ended: until when the loop waits for what was pending.
+        let mut drained_by: Option<Instant> = None;
         loop {
             if carried.is_none() && !self.pending.has_ready() {
+                if let Some(end) = drained_by
+                    && (self.pending.is_idle() || Instant::now() >= end)
+                {
+                    break;
+                }
                 // Taken out of `pending`: the loop's future must not hold a borrow of
                 // it (its continuations are not `Sync`) across an await.
-                let expiry = self.pending.next_deadline();
+                let expiry = match (self.pending.next_deadline(), drained_by) {
+                    (Some(at), Some(end)) => Some(at.min(end)),
+                    (at, end) => at.or(end),
+                };
                 tokio::select! {
                     biased;
                     tick = ticks.next() => {
@@ -324,9 +337,12 @@ impl<O: ReplySink> FrameLoop<O> {
                         self.pending.returned(returned);
                         continue;
                     }
-                    next = self.queue.recv() => match next {
+                    next = self.queue.recv(), if drained_by.is_none() => match next {
                         Some(incoming) => carried = Some(Work::Input(incoming)),
-                        None => break,
+                        None => {
+                            drained_by = Some(self.pending.drained_by());
+                            continue;
+                        }
                     },
                 }
             }
@@ -334,10 +350,7 @@ impl<O: ReplySink> FrameLoop<O> {
                 self.pause(&mut ticks).await;
             }
         }
-        for (to, response) in self.pending.shut(self.service.name()) {
-            self.metrics.requests.count(response.code);
-            self.output.send(to, response).await;
-        }
+        self.pending.shut();
         self.metrics.depth.set(0.0);
         self.service
     }

@@ -16,9 +16,11 @@
 //!   `--max-calls` are in flight; past it, and for a route that names no method, the
 //!   continuation is ready at once with the refusal. Nothing is retried.
 //!
-//! When the loop stops, still-deferred requests are answered 503 (the service is
-//! shutting down) and pending continuations are dropped: a drain that waits for them is
-//! for later.
+//! When the queue ends (a drain), the loop goes on until what is pending then is
+//! settled: every deferred request answered (at the latest its 408 at its deadline),
+//! every call's continuation run (at the latest with its 408). What is still in flight at
+//! the latest of those deadlines (calls made during the wait, by a tick or an event) is
+//! dropped with its continuation.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
@@ -31,7 +33,6 @@ use crate::context::{Answer, Call, CallResult, Deferred, Then};
 use crate::handler_error::HandlerError;
 use crate::metrics::CallMetrics;
 use crate::names::is_valid_token;
-use crate::service::error_response;
 
 /// A call's result, as it came back to the worker.
 #[derive(Debug, Clone)]
@@ -312,32 +313,43 @@ impl<R> Pending<R> {
         answers
     }
 
-    /// The loop stops: still-deferred requests' 503s to send; calls in flight are
-    /// dropped with their continuations, and so are those ready.
-    pub fn shut(&mut self, service: &str) -> Vec<(R, RpcResponse)> {
+    /// Nothing waits: no deferred request, no call in flight, no continuation ready.
+    pub fn is_idle(&self) -> bool {
+        self.deferred.is_empty() && self.calls.is_empty() && self.ready.is_empty()
+    }
+
+    /// The queue has ended: until when the loop waits for what is pending now (the
+    /// latest deadline; now, when nothing is).
+    pub fn drained_by(&self) -> Instant {
+        if !self.is_idle() {
+            tracing::info!(
+                deferred = self.deferred.len(),
+                calls = self.calls.len() + self.ready.len(),
+                "the queue is done: waiting for deferred requests and calls, each until its deadline at most"
+            );
+        }
+        self.deadlines
+            .last()
+            .map_or_else(Instant::now, |&(at, _)| at)
+    }
+
+    /// The loop stops, at the end of a drain: calls still in flight (made during the
+    /// drain's wait, by a tick or an event) are dropped with their continuations. No
+    /// deferred request is left: each was answered by its deadline, which the drain
+    /// waited for.
+    pub fn shut(&mut self) {
+        debug_assert!(
+            self.deferred.is_empty(),
+            "a drain outlived a deferred request"
+        );
         if !self.calls.is_empty() || !self.ready.is_empty() {
             tracing::info!(
                 calls = self.calls.len() + self.ready.len(),
-                "the loop stops: calls' continuations are dropped"
+                "the loop stops: continuations of calls made during the drain are dropped"
             );
         }
         self.calls.clear();
         self.ready.clear();
         self.deadlines.clear();
-        let closing = error_response(
-            code::UNAVAILABLE,
-            format!("service {service:?} is shutting down"),
-        );
-        self.deferred
-            .drain()
-            .map(|(_, waiting)| {
-                let response = RpcResponse {
-                    queue_us: waiting.response.queue_us,
-                    handler_us: waiting.response.handler_us,
-                    ..closing.clone()
-                };
-                (waiting.to, response)
-            })
-            .collect()
     }
 }
