@@ -10,6 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::{Bus, Holds, TestGate, TestWorker, echo_worker, gate_config, start_worker, within};
 use proto::code;
+use sdk::ClientOptions;
 use services::{CallResult, FrameConfig, HandlerError, Service};
 use tokio::sync::mpsc;
 
@@ -18,6 +19,7 @@ broker::on_both_buses!(
     a_call_to_a_service_without_workers_gets_503_and_the_client_the_handler_s_answer,
     a_slow_callee_times_the_call_out_while_the_caller_keeps_serving,
     the_built_in_echo_relay_answers_through_a_call_to_its_own_service,
+    server_timing_shows_the_calls_made_for_a_request,
 );
 
 /// `login` binds the uid in the body; `buy` defers, calls `bank.pay` with its body and
@@ -151,4 +153,32 @@ async fn the_built_in_echo_relay_answers_through_a_call_to_its_own_service(bus: 
             (code::OK, body.as_bytes())
         );
     }
+}
+
+/// A client that asked for server timing sees the call `echo.relay` made to `echo.raw`
+/// in its timing, as the relaying worker measured it; a plain `echo.raw` made none.
+async fn server_timing_shows_the_calls_made_for_a_request(bus: Bus) {
+    let _echo = echo_worker(&bus).await;
+    let gate = TestGate::start(&bus, gate_config(|_| {})).await;
+    let timed = ClientOptions {
+        server_timing: true,
+        ..ClientOptions::default()
+    };
+    let client = gate.client_with(timed).await;
+    let relayed = within(client.request("echo.relay", "x")).await.unwrap();
+    assert_eq!(relayed.code, code::OK, "{relayed:?}");
+    let timing = relayed.timing.expect("the handshake asked for timing");
+    let [call] = &timing.calls[..] else {
+        panic!("one call: {timing:?}");
+    };
+    assert_eq!(
+        (call.route.as_str(), call.code, call.hop),
+        ("echo.raw", code::OK, 1),
+        "{timing:?}"
+    );
+    assert!(call.us > 0 && call.us < timing.total_us, "{timing:?}");
+
+    let raw = within(client.request("echo.raw", "x")).await.unwrap();
+    let timing = raw.timing.expect("the handshake asked for timing");
+    assert!(timing.calls.is_empty(), "{timing:?}");
 }
