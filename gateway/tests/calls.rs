@@ -11,7 +11,7 @@ use bytes::Bytes;
 use common::{Bus, Holds, TestGate, TestWorker, echo_worker, gate_config, start_worker, within};
 use proto::code;
 use sdk::ClientOptions;
-use services::{CallResult, FrameConfig, HandlerError, Service};
+use services::{CallResult, FrameConfig, HandlerError, MAX_CALL_DEPTH, Service};
 use tokio::sync::mpsc;
 
 broker::on_both_buses!(
@@ -20,6 +20,7 @@ broker::on_both_buses!(
     a_slow_callee_times_the_call_out_while_the_caller_keeps_serving,
     the_built_in_echo_relay_answers_through_a_call_to_its_own_service,
     server_timing_shows_the_calls_made_for_a_request,
+    a_cycle_of_calls_ends_at_the_depth_bound_with_500,
 );
 
 /// `login` binds the uid in the body; `buy` defers, calls `bank.pay` with its body and
@@ -181,4 +182,43 @@ async fn server_timing_shows_the_calls_made_for_a_request(bus: Bus) {
     let raw = within(client.request("echo.raw", "x")).await.unwrap();
     let timing = raw.timing.expect("the handshake asked for timing");
     assert!(timing.calls.is_empty(), "{timing:?}");
+}
+
+/// `ring.turn` calls itself and answers what it got: the calls nest until the one whose
+/// trace would pass MAX_CALL_DEPTH routes is refused, and the 500 comes back up to the
+/// client through every level, each showing in the timing one hop deeper than the last.
+async fn a_cycle_of_calls_ends_at_the_depth_bound_with_500(bus: Bus) {
+    let ring = Service::new("ring").raw_method("turn", |ctx, body| {
+        let deferred = ctx.defer();
+        ctx.call("ring.turn", body, move |ctx, result| {
+            ctx.answer(deferred, result.into_result());
+        });
+        Ok(Bytes::new())
+    });
+    let _ring = start_worker(bus.url(), ring, FrameConfig::default()).await;
+    let gate = TestGate::start(&bus, gate_config(|_| {})).await;
+    let timed = ClientOptions {
+        server_timing: true,
+        ..ClientOptions::default()
+    };
+    let client = gate.client_with(timed).await;
+    let answer = within(client.request("ring.turn", "x")).await.unwrap();
+    assert_eq!(
+        (answer.code, answer.message.as_str()),
+        (
+            code::HANDLER_ERROR,
+            "calls nested deeper than 8: a cycle of calls?"
+        )
+    );
+    // 8 calls were made, the last carrying a trace of 8 routes; the call its request's
+    // handler made in turn would have carried 9, and was refused at once (0 µs).
+    let timing = answer.timing.expect("the handshake asked for timing");
+    let hops: Vec<(u32, u32)> = timing.calls.iter().map(|c| (c.hop, c.code)).collect();
+    let want: Vec<(u32, u32)> = (1..=MAX_CALL_DEPTH as u32 + 1)
+        .map(|hop| (hop, code::HANDLER_ERROR))
+        .collect();
+    assert_eq!(hops, want, "{timing:?}");
+    let us: Vec<u32> = timing.calls.iter().map(|c| c.us).collect();
+    assert!(us[..MAX_CALL_DEPTH].iter().all(|&us| us > 0), "{us:?}");
+    assert_eq!(us[MAX_CALL_DEPTH], 0, "{us:?}");
 }
