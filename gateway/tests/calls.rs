@@ -10,7 +10,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::{Bus, Holds, TestGate, TestWorker, echo_worker, gate_config, start_worker, within};
 use proto::code;
-use services::{CallResult, FrameConfig, HandlerError, Service};
+use sdk::ClientOptions;
+use services::{CallResult, FrameConfig, HandlerError, MAX_CALL_DEPTH, Service};
 use tokio::sync::mpsc;
 
 broker::on_both_buses!(
@@ -18,6 +19,8 @@ broker::on_both_buses!(
     a_call_to_a_service_without_workers_gets_503_and_the_client_the_handler_s_answer,
     a_slow_callee_times_the_call_out_while_the_caller_keeps_serving,
     the_built_in_echo_relay_answers_through_a_call_to_its_own_service,
+    server_timing_shows_the_calls_made_for_a_request,
+    a_cycle_of_calls_ends_at_the_depth_bound_with_500,
 );
 
 /// `login` binds the uid in the body; `buy` defers, calls `bank.pay` with its body and
@@ -151,4 +154,71 @@ async fn the_built_in_echo_relay_answers_through_a_call_to_its_own_service(bus: 
             (code::OK, body.as_bytes())
         );
     }
+}
+
+/// A client that asked for server timing sees the call `echo.relay` made to `echo.raw`
+/// in its timing, as the relaying worker measured it; a plain `echo.raw` made none.
+async fn server_timing_shows_the_calls_made_for_a_request(bus: Bus) {
+    let _echo = echo_worker(&bus).await;
+    let gate = TestGate::start(&bus, gate_config(|_| {})).await;
+    let timed = ClientOptions {
+        server_timing: true,
+        ..ClientOptions::default()
+    };
+    let client = gate.client_with(timed).await;
+    let relayed = within(client.request("echo.relay", "x")).await.unwrap();
+    assert_eq!(relayed.code, code::OK, "{relayed:?}");
+    let timing = relayed.timing.expect("the handshake asked for timing");
+    let [call] = &timing.calls[..] else {
+        panic!("one call: {timing:?}");
+    };
+    assert_eq!(
+        (call.route.as_str(), call.code, call.hop),
+        ("echo.raw", code::OK, 1),
+        "{timing:?}"
+    );
+    assert!(call.us > 0 && call.us < timing.total_us, "{timing:?}");
+
+    let raw = within(client.request("echo.raw", "x")).await.unwrap();
+    let timing = raw.timing.expect("the handshake asked for timing");
+    assert!(timing.calls.is_empty(), "{timing:?}");
+}
+
+/// `ring.turn` calls itself and answers what it got: the calls nest until the one whose
+/// trace would pass MAX_CALL_DEPTH routes is refused, and the 500 comes back up to the
+/// client through every level, each showing in the timing one hop deeper than the last.
+async fn a_cycle_of_calls_ends_at_the_depth_bound_with_500(bus: Bus) {
+    let ring = Service::new("ring").raw_method("turn", |ctx, body| {
+        let deferred = ctx.defer();
+        ctx.call("ring.turn", body, move |ctx, result| {
+            ctx.answer(deferred, result.into_result());
+        });
+        Ok(Bytes::new())
+    });
+    let _ring = start_worker(bus.url(), ring, FrameConfig::default()).await;
+    let gate = TestGate::start(&bus, gate_config(|_| {})).await;
+    let timed = ClientOptions {
+        server_timing: true,
+        ..ClientOptions::default()
+    };
+    let client = gate.client_with(timed).await;
+    let answer = within(client.request("ring.turn", "x")).await.unwrap();
+    assert_eq!(
+        (answer.code, answer.message.as_str()),
+        (
+            code::HANDLER_ERROR,
+            "calls nested deeper than 8: a cycle of calls?"
+        )
+    );
+    // 8 calls were made, the last carrying a trace of 8 routes; the call its request's
+    // handler made in turn would have carried 9, and was refused at once (0 µs).
+    let timing = answer.timing.expect("the handshake asked for timing");
+    let hops: Vec<(u32, u32)> = timing.calls.iter().map(|c| (c.hop, c.code)).collect();
+    let want: Vec<(u32, u32)> = (1..=MAX_CALL_DEPTH as u32 + 1)
+        .map(|hop| (hop, code::HANDLER_ERROR))
+        .collect();
+    assert_eq!(hops, want, "{timing:?}");
+    let us: Vec<u32> = timing.calls.iter().map(|c| c.us).collect();
+    assert!(us[..MAX_CALL_DEPTH].iter().all(|&us| us > 0), "{us:?}");
+    assert_eq!(us[MAX_CALL_DEPTH], 0, "{us:?}");
 }

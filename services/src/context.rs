@@ -9,8 +9,8 @@ use proto::rpc::{Effect, SetData, effect};
 use proto::rpc::{RpcRequest, Session};
 use tokio::time::{Duration, Instant};
 
-pub(crate) use calls::{Answer, Call, Later, Then};
-pub use calls::{CallResult, Deferred};
+pub(crate) use calls::{Answer, Call, Later, Stem, Then};
+pub use calls::{CallResult, Deferred, MAX_CALL_DEPTH, MAX_CALL_SPANS};
 
 use crate::push::{Outbound, PushError};
 
@@ -80,19 +80,32 @@ impl Context {
     }
 
     /// The context of `request` (its session and deadline: `received` plus the
-    /// caller's timeout, if it gave one), leaving the body to the handler.
+    /// caller's timeout, if it gave one; its route, trace and timing flag, for its
+    /// calls), leaving the body to the handler.
     pub(crate) fn for_request(request: &mut RpcRequest, received: Instant) -> Context {
         let mut ctx = Context::new(request.session.take());
         ctx.key = std::mem::take(&mut request.key);
         ctx.later.deadline = (request.timeout_ms > 0)
             .then(|| received + Duration::from_millis(u64::from(request.timeout_ms)));
+        ctx.later.route = std::mem::take(&mut request.route);
+        ctx.later.stem = Stem {
+            trace: std::mem::take(&mut request.trace),
+            timing: request.timing,
+            origin: None,
+        };
         ctx
     }
 
-    /// The context of a call's continuation: the caller's session and deadline.
-    pub(crate) fn resumed(session: Option<Session>, deadline: Option<Instant>) -> Context {
+    /// The context of a call's continuation: the caller's session and deadline, and
+    /// what the call stems from, which its own calls carry too.
+    pub(crate) fn resumed(
+        session: Option<Session>,
+        deadline: Option<Instant>,
+        stem: Stem,
+    ) -> Context {
         let mut ctx = Context::new(session);
         ctx.later.deadline = deadline;
+        ctx.later.stem = stem;
         ctx
     }
 

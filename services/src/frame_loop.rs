@@ -28,7 +28,8 @@
 //! A handler may defer its answer and call other services ([`pending`]): the loop keeps
 //! deferred requests until answered or expired, sends calls through the output, takes
 //! their results from [`FrameLoop::returns`], and runs their continuations in frames,
-//! among requests, at [`DEFAULT_COST`] each.
+//! among requests, at [`DEFAULT_COST`] each. A deferred request that asked for timing
+//! gets the spans of the calls made for it in its response.
 //!
 //! The loop is generic over where requests come from (any [`Stream`] of [`Incoming`]) and
 //! where answers go (a [`ReplySink`]), so tests drive it with channels under tokio's paused
@@ -266,10 +267,10 @@ pub struct FrameLoop<O: ReplySink> {
 }
 
 /// One turn of a frame: a request, event or snapshot from the queue, or a call's
-/// continuation.
+/// continuation (boxed: it is the larger by far, and requests are the common turn).
 enum Work<R> {
     Input(Incoming<R>),
-    Resume(Ready),
+    Resume(Box<Ready>),
 }
 
 impl<O: ReplySink> FrameLoop<O> {
@@ -360,7 +361,7 @@ impl<O: ReplySink> FrameLoop<O> {
     fn next_work(&mut self) -> Option<Work<O::To>> {
         loop {
             if let Some(ready) = self.pending.next_ready() {
-                return Some(Work::Resume(ready));
+                return Some(Work::Resume(Box::new(ready)));
             }
             match self.returns.try_recv() {
                 Ok(returned) => self.pending.returned(returned),
@@ -390,7 +391,7 @@ impl<O: ReplySink> FrameLoop<O> {
             spent = spent.saturating_add(cost);
             match next {
                 Work::Input(incoming) => self.handle(incoming).await,
-                Work::Resume(ready) => self.resume(ready).await,
+                Work::Resume(ready) => self.resume(*ready).await,
             }
         };
         self.metrics.frame.record(start.elapsed());
@@ -420,6 +421,7 @@ impl<O: ReplySink> FrameLoop<O> {
         let mut later = handled.later;
         match (later.deferred.take(), incoming.reply) {
             (Some(deferred), Some(to)) => {
+                later.time_calls_for(deferred);
                 let deadline = later.deadline;
                 self.pending
                     .defer(deferred, to, response, incoming.received, deadline);
@@ -441,9 +443,10 @@ impl<O: ReplySink> FrameLoop<O> {
             then,
             session,
             deadline,
+            stem,
             result,
         } = ready;
-        let handled = resume(self.service.name(), then, session, deadline, result);
+        let handled = resume(self.service.name(), then, session, deadline, stem, result);
         self.metrics.handler.record(started.elapsed());
         publish(&self.output, handled.outbound).await;
         self.settle(handled.later).await;

@@ -46,7 +46,7 @@ mod worker;
 
 pub use bus::{BusSecurity, connect, worker_connection_name};
 pub use config::{ConfigError, DrainConfig, FrameConfig, KeyedConfig, WorkerConfig};
-pub use context::{CallResult, Context, Deferred};
+pub use context::{CallResult, Context, Deferred, MAX_CALL_DEPTH, MAX_CALL_SPANS};
 pub use handler_error::HandlerError;
 pub use metrics::describe as describe_metrics;
 pub use push::{Outbound, PushError, Pusher};

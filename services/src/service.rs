@@ -16,7 +16,7 @@ use proto::rpc::{MethodSchema, PushSchema, RpcRequest, RpcResponse, ServiceSchem
 use proto::{Message, Name};
 use tokio::time::{Duration, Instant};
 
-use crate::context::{CallResult, Context, Later, Parts, Then};
+use crate::context::{CallResult, Context, Later, Parts, Stem, Then};
 use crate::handler_error::HandlerError;
 use crate::names::{MAX_NAME_LEN, is_valid_subject, is_valid_token};
 use crate::push::Outbound;
@@ -570,16 +570,17 @@ impl Service {
 }
 
 /// Runs a call's continuation `then` with `result`, in a context carrying the caller's
-/// `session` and `deadline`; a panic is logged and survived.
+/// `session` and `deadline` and the call's `stem`; a panic is logged and survived.
 pub(crate) fn resume(
     service: &str,
     then: Then,
     session: Option<Session>,
     deadline: Option<Instant>,
+    stem: Stem,
     result: CallResult,
 ) -> EventHandled {
     run_in(
-        Context::resumed(session, deadline),
+        Context::resumed(session, deadline, stem),
         service,
         "call",
         |ctx| {

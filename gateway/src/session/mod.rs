@@ -49,6 +49,7 @@ use resume::Resume;
 pub(crate) use context::Context;
 use opening::TOKEN_EXPIRED;
 pub(crate) use opening::run;
+use requests::call_timing;
 
 /// One owner reads and writes: the session never does both at once, so the socket is not
 /// split (a split puts a lock in front of every read and write).
@@ -606,14 +607,20 @@ impl<S: Io> Session<S> {
             id,
             ..Default::default()
         };
-        let mut worker_time = (0, 0);
+        let mut worker_time = client::Timing::default();
         let mut kick = None;
         match reply {
             WorkerReply::Response(r) => {
                 resp.code = r.code;
                 resp.body = r.body;
                 resp.message = r.message;
-                worker_time = (r.queue_us, r.handler_us);
+                worker_time = client::Timing {
+                    queue_us: r.queue_us,
+                    handler_us: r.handler_us,
+                    // Only a request that asked for timing has any.
+                    calls: r.calls.into_iter().map(call_timing).collect(),
+                    ..client::Timing::default()
+                };
                 kick = self.apply(r.effects, &mut resp).await;
             }
             // A service that announced itself here exists: none of its workers is

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use proto::client::{self, packet::Kind};
 use proto::code;
+use proto::rpc::CallSpan;
 use tokio::time::Instant;
 
 use proto::keyed::{key_of, partition_of, partition_subject};
@@ -19,6 +20,16 @@ use crate::route;
 
 fn micros(d: Duration) -> u32 {
     d.as_micros().try_into().unwrap_or(u32::MAX)
+}
+
+/// A call the worker made for a request, as the client's timing shows it.
+pub(super) fn call_timing(span: CallSpan) -> client::CallTiming {
+    client::CallTiming {
+        route: span.route,
+        code: span.code,
+        us: span.us,
+        hop: span.hop,
+    }
 }
 
 impl<S: Io> Session<S> {
@@ -202,12 +213,14 @@ impl<S: Io> Session<S> {
         self.publish(id, pending)
     }
 
-    /// Answers a forwarded request and records its round trip.
+    /// Answers a forwarded request and records its round trip. `worker` is the worker's
+    /// part of the timing (its `queue_us`, `handler_us` and calls): the client gets it,
+    /// with the gate's `total_us`, when it asked for timing.
     pub(super) fn answer(
         &mut self,
         mut resp: client::Response,
         pending: &Pending,
-        (queue_us, handler_us): (u32, u32),
+        worker: client::Timing,
     ) {
         let elapsed = pending.received.elapsed();
         self.gate.in_flight.give_back(1);
@@ -236,9 +249,7 @@ impl<S: Io> Session<S> {
         if self.timing {
             resp.timing = Some(client::Timing {
                 total_us: micros(elapsed),
-                queue_us,
-                handler_us,
-                calls: Vec::new(),
+                ..worker
             });
         }
         resp.seq = self.next_seq();
@@ -274,7 +285,7 @@ impl<S: Io> Session<S> {
                     message: "no answer in time".into(),
                     ..Default::default()
                 };
-                self.answer(resp, &pending, (0, 0));
+                self.answer(resp, &pending, client::Timing::default());
                 self.answered(id);
             }
         }
@@ -304,7 +315,7 @@ impl<S: Io> Session<S> {
             message: message.into(),
             ..Default::default()
         };
-        self.answer(resp, pending, (0, 0));
+        self.answer(resp, pending, client::Timing::default());
         self.answered(id);
     }
 }

@@ -154,10 +154,13 @@ pub struct Latencies<T = Summary> {
 pub struct ServerReport {
     /// Client + WebSocket both ways: from-send latency minus the gate's total.
     pub client_ws: Summary,
-    /// Gate + bus both ways: total - queue - handler.
+    /// Gate + bus both ways: total - queue - handler - calls.
     pub gate_bus: Summary,
     pub queue: Summary,
     pub handler: Summary,
+    /// Waiting on other services: the sum of the calls the worker made for a request
+    /// (hop 1), over the answers that made any; `None` when none did.
+    pub calls: Option<Summary>,
     /// Gate receive to gate answer.
     pub total: Summary,
 }
@@ -354,6 +357,7 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunReport> 
             gate_bus: s.gate_bus.summary(),
             queue: s.queue.summary(),
             handler: s.handler.summary(),
+            calls: (!s.calls.is_empty()).then(|| s.calls.summary()),
             total: s.total.summary(),
         }),
         limit: None,

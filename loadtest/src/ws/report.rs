@@ -213,8 +213,10 @@ impl RunReport {
                 ("gate + bus", &s.gate_bus),
                 ("queue", &s.queue),
                 ("handler", &s.handler),
-                ("server total", &s.total),
             ]);
+            let calls = s.calls.as_ref();
+            rows.extend(calls.map(|calls| ("calls (waiting on other services)", calls)));
+            rows.push(("server total", &s.total));
         }
         table.rows = rows
             .into_iter()

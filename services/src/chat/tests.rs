@@ -121,7 +121,7 @@ fn login(
         (call.route.as_str(), call.key.as_str()),
         (profile::ROUTE_GET, name)
     );
-    let resumed = crate::service::resume(NAME, call.then, call.session, None, profile);
+    let resumed = crate::service::resume(NAME, call.then, call.session, None, call.stem, profile);
     let [answer] = <[_; 1]>::try_from(resumed.later.answers).expect("one answer");
     assert_eq!(Some(answer.deferred), handled.later.deferred);
     let effects = handled.response.effects.into_iter().chain(answer.effects);
@@ -149,9 +149,8 @@ fn login_binds_the_name_and_takes_the_profile() {
         color: "#4363d8".into(),
     };
     let answered = CallResult {
-        code: code::OK,
         body: profile.encode_to_vec().into(),
-        message: String::new(),
+        ..CallResult::error(code::OK, "")
     };
     let (effects, answer) = login(&mut chat, &anon, "alice", answered);
     assert_eq!(

@@ -13,6 +13,10 @@
 //! answers and calls are dropped with its effects, so a request either succeeds with
 //! everything it asked for or changes nothing.
 //!
+//! A call carries what it stems from ([`Stem`]): its trace, the routes of the requests
+//! it was made for (at most [`MAX_CALL_DEPTH`]), and their `timing` flag; a request that
+//! asked for timing and was deferred gets its calls' spans (at most [`MAX_CALL_SPANS`]).
+//!
 //! [`Service`]: crate::Service
 
 use std::fmt;
@@ -21,11 +25,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use proto::Message;
 use proto::code;
-use proto::rpc::{Effect, Session};
+use proto::rpc::{CallSpan, Effect, Session};
 use tokio::time::Instant;
 
 use super::Context;
 use crate::handler_error::HandlerError;
+
+/// The most routes a call's trace may hold: a call that would carry more is refused at
+/// once (500), which ends a cycle of calls (a → b → a → ...).
+pub const MAX_CALL_DEPTH: usize = 8;
+
+/// The most call spans one response carries (`RpcResponse.calls`): those past it are
+/// dropped. They are only timing: the calls themselves are made and answered as ever.
+pub const MAX_CALL_SPANS: usize = 32;
 
 /// A request whose answer its handler deferred ([`Context::defer`]): what
 /// [`Context::answer`] takes to answer it later. Unique within the process.
@@ -42,10 +54,13 @@ static NEXT_DEFERRED: AtomicU64 = AtomicU64::new(1);
 #[non_exhaustive]
 pub struct CallResult {
     /// The callee's status code (200 when handled), or 503 (no worker of the service,
-    /// too many calls in flight), 408 (the call timed out) or 400 (a malformed route).
+    /// too many calls in flight), 408 (the call timed out), 400 (a malformed route) or
+    /// 500 (calls nested deeper than [`MAX_CALL_DEPTH`]).
     pub code: u32,
     pub body: Bytes,
     pub message: String,
+    /// The calls the callee made for the call, when it was timed (its `RpcResponse.calls`).
+    pub(crate) calls: Vec<CallSpan>,
 }
 
 impl CallResult {
@@ -55,6 +70,7 @@ impl CallResult {
             code,
             body: Bytes::new(),
             message: message.into(),
+            calls: Vec::new(),
         }
     }
 
@@ -97,6 +113,20 @@ pub(crate) struct Answer {
     pub effects: Vec<Effect>,
 }
 
+/// What a call carries of the request it was made for, to its callee and on to its
+/// continuation, whose own calls carry the same (docs/workers.md, "Trace and timing").
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Stem {
+    /// The call's trace: the routes of the requests it was made for, outermost first
+    /// (empty for a call made from a tick or an event).
+    pub trace: Vec<String>,
+    /// Whether the request asked for timing.
+    pub timing: bool,
+    /// The deferred request whose response gets the call's span: set when it asked for
+    /// timing and its handler deferred it.
+    pub origin: Option<Deferred>,
+}
+
 /// A call to make once the handler has returned.
 pub(crate) struct Call {
     /// `service.method`, as the handler gave it (checked when it goes out).
@@ -109,6 +139,7 @@ pub(crate) struct Call {
     pub session: Option<Session>,
     /// The caller's deadline, if it has one.
     pub deadline: Option<Instant>,
+    pub stem: Stem,
     pub then: Then,
 }
 
@@ -119,6 +150,11 @@ pub(crate) struct Later {
     pub deferred: Option<Deferred>,
     /// The deadline of the request being handled, when its caller gave one.
     pub deadline: Option<Instant>,
+    /// The route of the request being handled; empty outside a request.
+    pub route: String,
+    /// What calls made here carry: the request's, with its trace and without its own
+    /// route (see [`Later::call_stem`]); in a continuation, its call's.
+    pub stem: Stem,
     /// Answers to deferred requests, in the order given.
     pub answers: Vec<Answer>,
     /// Calls to make, in the order asked.
@@ -131,9 +167,34 @@ impl fmt::Debug for Later {
         f.debug_struct("Later")
             .field("deferred", &self.deferred)
             .field("deadline", &self.deadline)
+            .field("route", &self.route)
+            .field("stem", &self.stem)
             .field("answers", &self.answers)
             .field("calls", &routes)
             .finish()
+    }
+}
+
+impl Later {
+    /// What a call made here carries: the stem, with the route being served (if any)
+    /// added to its trace.
+    fn call_stem(&self) -> Stem {
+        let own = (!self.route.is_empty()).then_some(&self.route);
+        Stem {
+            trace: self.stem.trace.iter().chain(own).cloned().collect(),
+            timing: self.stem.timing,
+            origin: self.stem.origin,
+        }
+    }
+
+    /// The calls made for `deferred`, a request that asked for timing, report their
+    /// spans to its response.
+    pub fn time_calls_for(&mut self, deferred: Deferred) {
+        for call in &mut self.calls {
+            if call.stem.timing {
+                call.stem.origin = Some(deferred);
+            }
+        }
     }
 }
 
@@ -183,6 +244,10 @@ impl Context {
     /// A call to a keyed service is routed as a gate routes a client's request: by the
     /// session value the service names, else the session's uid
     /// ([`Context::call_keyed`] names the key itself).
+    ///
+    /// The call carries the request's trace with its route added, and its `timing`
+    /// flag; so do calls made from the continuation. One whose trace would hold more
+    /// than [`MAX_CALL_DEPTH`] routes is refused at once (500).
     pub fn call<F>(&mut self, route: &str, body: impl Into<Bytes>, then: F)
     where
         F: FnOnce(&mut Context, CallResult) + Send + 'static,
@@ -203,6 +268,7 @@ impl Context {
             body: body.into(),
             session: self.has_session.then(|| self.session.clone()),
             deadline: self.later.deadline,
+            stem: self.later.call_stem(),
             then: Box::new(then),
         });
     }
@@ -256,9 +322,8 @@ mod tests {
     #[test]
     fn results_read_as_results() {
         let ok = CallResult {
-            code: code::OK,
             body: EchoResponse { body: "x".into() }.encode_to_vec().into(),
-            message: String::new(),
+            ..CallResult::error(code::OK, "")
         };
         assert_eq!(
             ok.clone().decode::<EchoResponse>().unwrap().body,

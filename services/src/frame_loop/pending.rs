@@ -13,8 +13,13 @@
 //!   and its continuation becomes ready to run: a turn in a frame like a request,
 //!   costing [`DEFAULT_COST`](crate::service::DEFAULT_COST). So continuations run in the
 //!   order their results arrive, a timeout's when its deadline passes. At most
-//!   `--max-calls` are in flight; past it, and for a route that names no method, the
-//!   continuation is ready at once with the refusal. Nothing is retried.
+//!   `--max-calls` are in flight; past it, for a route that names no method, and for a
+//!   call nested deeper than [`MAX_CALL_DEPTH`], the continuation is ready at once with
+//!   the refusal. Nothing is retried.
+//! - A call made for a deferred request that asked for timing (its [`Stem`]'s `origin`)
+//!   adds its span to that request's response when its result reaches the loop (a
+//!   refusal's takes 0 µs), followed by its callee's spans one hop deeper, while the
+//!   request waits: at most [`MAX_CALL_SPANS`], the rest dropped.
 //!
 //! When the queue ends (a drain), the loop goes on until what is pending then is
 //! settled: every deferred request answered (at the latest its 408 at its deadline),
@@ -25,11 +30,14 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use proto::code;
-use proto::rpc::{RpcRequest, RpcResponse, Session};
+use proto::rpc::{CallSpan, RpcRequest, RpcResponse, Session};
 use tokio::time::{Duration, Instant};
 
+use super::micros;
 use crate::config::FrameConfig;
-use crate::context::{Answer, Call, CallResult, Deferred, Then};
+use crate::context::{
+    Answer, Call, CallResult, Deferred, MAX_CALL_DEPTH, MAX_CALL_SPANS, Stem, Then,
+};
 use crate::handler_error::HandlerError;
 use crate::metrics::CallMetrics;
 use crate::names::is_valid_token;
@@ -47,6 +55,7 @@ pub(crate) struct Ready {
     pub then: Then,
     pub session: Option<Session>,
     pub deadline: Option<Instant>,
+    pub stem: Stem,
     pub result: CallResult,
 }
 
@@ -73,6 +82,7 @@ struct InFlight {
     session: Option<Session>,
     /// The caller's deadline, for the continuation.
     caller_deadline: Option<Instant>,
+    stem: Stem,
     /// When the call times out.
     deadline: Instant,
     sent: Instant,
@@ -185,6 +195,7 @@ impl<R> Pending<R> {
             body,
             session,
             deadline: caller_deadline,
+            stem,
             then,
         } = call;
         let valid = route
@@ -194,21 +205,30 @@ impl<R> Pending<R> {
         let deadline = caller_deadline.unwrap_or(now + self.call_timeout);
         let left = deadline.saturating_duration_since(now);
         let refused = if !valid {
-            Some((code::BAD_REQUEST, "a call's route is service.method"))
+            Some((
+                code::BAD_REQUEST,
+                "a call's route is service.method".to_owned(),
+            ))
+        } else if stem.trace.len() > MAX_CALL_DEPTH {
+            let message = format!("calls nested deeper than {MAX_CALL_DEPTH}: a cycle of calls?");
+            Some((code::HANDLER_ERROR, message))
         } else if self.calls.len() >= self.max_calls {
-            Some((code::UNAVAILABLE, "too many calls in flight"))
+            Some((code::UNAVAILABLE, "too many calls in flight".to_owned()))
         } else if left.is_zero() {
-            Some((code::TIMEOUT, "call timed out"))
+            Some((code::TIMEOUT, "call timed out".to_owned()))
         } else {
             None
         };
         if let Some((code, message)) = refused {
             self.metrics.count_call(&route, code);
+            let mut result = CallResult::error(code, message);
+            self.report(&stem, &route, &mut result, Duration::ZERO);
             self.ready.push_back(Ready {
                 then,
                 session,
                 deadline: caller_deadline,
-                result: CallResult::error(code, message),
+                stem,
+                result,
             });
             return None;
         }
@@ -221,6 +241,8 @@ impl<R> Pending<R> {
             key,
             // Whole milliseconds, rounded up: at least 1, since 0 says "unknown".
             timeout_ms: u32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u32::MAX),
+            timing: stem.timing,
+            trace: stem.trace.clone(),
             ..RpcRequest::default()
         };
         self.deadlines.insert((deadline, Due::Call(id)));
@@ -231,6 +253,7 @@ impl<R> Pending<R> {
                 then,
                 session,
                 caller_deadline,
+                stem,
                 deadline,
                 sent: now,
             },
@@ -252,20 +275,54 @@ impl<R> Pending<R> {
     }
 
     /// Makes call `id`'s continuation ready with `result`; false if it is not in flight.
-    fn finish(&mut self, id: u64, result: CallResult) -> bool {
+    fn finish(&mut self, id: u64, mut result: CallResult) -> bool {
         let Some(call) = self.calls.remove(&id) else {
             return false;
         };
         self.deadlines.remove(&(call.deadline, Due::Call(id)));
+        let took = call.sent.elapsed();
         self.metrics.count_call(&call.route, result.code);
-        self.metrics.call_took(&call.route, call.sent.elapsed());
+        self.metrics.call_took(&call.route, took);
+        self.report(&call.stem, &call.route, &mut result, took);
         self.ready.push_back(Ready {
             then: call.then,
             session: call.session,
             deadline: call.caller_deadline,
+            stem: call.stem,
             result,
         });
         true
+    }
+
+    /// Adds a call's span (to `route`, with `result`'s code, after `took`) and then its
+    /// callee's spans, taken from `result`, one hop deeper, to the response of the
+    /// deferred request the call was made for (`stem.origin`) while it waits; past
+    /// [`MAX_CALL_SPANS`] they are dropped.
+    fn report(&mut self, stem: &Stem, route: &str, result: &mut CallResult, took: Duration) {
+        let Some(waiting) = stem
+            .origin
+            .and_then(|origin| self.deferred.get_mut(&origin))
+        else {
+            return;
+        };
+        let spans = &mut waiting.response.calls;
+        let room = MAX_CALL_SPANS.saturating_sub(spans.len());
+        if room == 0 {
+            return;
+        }
+        let own = CallSpan {
+            route: route.to_owned(),
+            code: result.code,
+            us: micros(took),
+            hop: 1,
+        };
+        let theirs = std::mem::take(&mut result.calls)
+            .into_iter()
+            .map(|span| CallSpan {
+                hop: span.hop.saturating_add(1),
+                ..span
+            });
+        spans.extend(std::iter::once(own).chain(theirs).take(room));
     }
 
     /// The next continuation ready to run.

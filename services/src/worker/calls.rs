@@ -182,6 +182,7 @@ pub(super) async fn forward(mut replies: CallReplies, returns: mpsc::Sender<Retu
                     code: response.code,
                     body: response.body,
                     message: response.message,
+                    calls: response.calls,
                 },
                 Err(e) => CallResult::error(
                     code::HANDLER_ERROR,

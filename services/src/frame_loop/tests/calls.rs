@@ -7,13 +7,13 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use proto::Message;
 use proto::code;
-use proto::rpc::{Effect, RpcRequest, RpcResponse, Session, effect};
+use proto::rpc::{CallSpan, Effect, RpcRequest, RpcResponse, Session, effect};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{self, Duration, Instant};
 
 use super::{MS, Sent, SentRx, config, sent_output};
-use crate::context::{CallResult, Deferred};
+use crate::context::{CallResult, Deferred, MAX_CALL_DEPTH, MAX_CALL_SPANS};
 use crate::frame_loop::{FrameConfig, FrameLoop, Incoming, Intake, Returned, queue};
 use crate::service::Service;
 
@@ -77,6 +77,12 @@ impl Running {
             Sent::Call(call) => (call.id, call.request),
             other => panic!("not a call: {other:?}"),
         }
+    }
+
+    /// Returns `result` as call `id`'s.
+    async fn give(&self, id: u64, result: CallResult) {
+        let returned = Returned { id, result };
+        self.returns.send(returned).await.unwrap();
     }
 
     /// Stops the loop and returns what it sent meanwhile.
@@ -206,9 +212,8 @@ async fn at_the_queue_s_end_the_loop_waits_for_a_deferred_request_s_call_to_answ
     time::sleep(300 * MS).await;
     assert!(!task.is_finished(), "the drain waits for the call");
     let result = CallResult {
-        code: code::OK,
         body: Bytes::from_static(b"paid"),
-        message: String::new(),
+        ..CallResult::error(code::OK, "")
     };
     returns.send(Returned { id: call, result }).await.unwrap();
     let Some(Sent::Response(1, response)) = rx.recv().await else {
@@ -330,9 +335,8 @@ async fn a_call_goes_out_with_the_session_and_what_is_left_and_its_result_answer
     assert_eq!(running.response().await.0, 2);
 
     let result = CallResult {
-        code: code::OK,
         body: Bytes::from_static(b"paid"),
-        message: String::new(),
+        ..CallResult::error(code::OK, "")
     };
     running
         .returns
@@ -423,5 +427,195 @@ async fn calls_past_max_calls_get_503_at_once_and_room_is_made_by_results() {
             code::UNAVAILABLE
         ]
     );
+    assert!(running.stop().await.is_empty());
+}
+
+/// A request for `method` (no session, no deadline) made by calls for the routes in
+/// `trace`, asking for timing or not.
+fn traced(method: &str, id: u32, trace: &[&str], timing: bool) -> Incoming<u32> {
+    let payload = RpcRequest {
+        route: format!("t.{method}"),
+        trace: trace.iter().map(|&route| route.to_owned()).collect(),
+        timing,
+        ..RpcRequest::default()
+    };
+    Incoming::new(method, payload.encode_to_vec().into(), Some(id))
+}
+
+fn span(route: &str, code: u32, us: u32, hop: u32) -> CallSpan {
+    CallSpan {
+        route: route.into(),
+        code,
+        us,
+        hop,
+    }
+}
+
+/// `trip` defers and calls `a.one`; that continuation calls `b.two`, whose continuation
+/// answers with what it got. `go` calls `a.one` and answers at once. `fan` defers and
+/// makes more calls than a response has spans for, to a route that names no method; the
+/// last continuation answers.
+fn trips() -> Service {
+    let fanned = MAX_CALL_SPANS + 8;
+    Service::new("t")
+        .raw_method("trip", |ctx, _| {
+            let deferred = ctx.defer();
+            ctx.call("a.one", "", move |ctx, _| {
+                ctx.call("b.two", "", move |ctx, result| {
+                    ctx.answer(deferred, result.into_result());
+                });
+            });
+            Ok(Bytes::new())
+        })
+        .raw_method("go", |ctx, _| {
+            ctx.call("a.one", "", |_, _| {});
+            Ok(Bytes::new())
+        })
+        .raw_method("fan", move |ctx, _| {
+            let deferred = ctx.defer();
+            for i in 1..=fanned {
+                ctx.call("nomethod", "", move |ctx, result| {
+                    if i == fanned {
+                        ctx.answer(deferred, result.into_result());
+                    }
+                });
+            }
+            Ok(Bytes::new())
+        })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timed_deferred_request_gets_a_span_per_call_and_its_callees_one_hop_deeper() {
+    let mut running = start(trips(), config(16, 100));
+    running
+        .intake
+        .offer(traced("trip", 1, &["x.outer"], true))
+        .await;
+
+    let (first, sent) = running.call().await;
+    assert_eq!(sent.route, "a.one");
+    assert_eq!(
+        sent.trace,
+        ["x.outer", "t.trip"],
+        "the request's trace and route"
+    );
+    assert!(sent.timing);
+    time::sleep(5 * MS).await;
+    let result = CallResult {
+        calls: vec![span("c.deep", code::OK, 7, 1)],
+        ..CallResult::error(code::OK, "")
+    };
+    running.give(first, result).await;
+
+    // The continuation's call carries the same trace and flag.
+    let (second, sent) = running.call().await;
+    assert_eq!(sent.route, "b.two");
+    assert_eq!(sent.trace, ["x.outer", "t.trip"]);
+    assert!(sent.timing);
+    time::sleep(3 * MS).await;
+    let result = CallResult::error(code::NOT_FOUND, "no such method");
+    running.give(second, result).await;
+
+    let (id, response) = running.response().await;
+    assert_eq!((id, response.code), (1, code::NOT_FOUND));
+    assert_eq!(
+        response.calls,
+        [
+            span("a.one", code::OK, 5_000, 1),
+            span("c.deep", code::OK, 7, 2),
+            span("b.two", code::NOT_FOUND, 3_000, 1),
+        ],
+        "in the order their results came, each followed by its callee's"
+    );
+    assert!(running.stop().await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_carry_the_trace_but_no_spans_come_without_timing_or_deferral() {
+    let mut running = start(trips(), config(16, 100));
+    running.intake.offer(traced("trip", 1, &[], false)).await;
+    let (first, sent) = running.call().await;
+    assert_eq!(
+        (sent.trace, sent.timing),
+        (vec!["t.trip".to_owned()], false)
+    );
+    let result = CallResult {
+        calls: vec![span("c.deep", code::OK, 7, 1)],
+        ..CallResult::error(code::OK, "")
+    };
+    running.give(first, result).await;
+    let (second, sent) = running.call().await;
+    assert_eq!(
+        (sent.trace, sent.timing),
+        (vec!["t.trip".to_owned()], false)
+    );
+    running.give(second, CallResult::error(code::OK, "")).await;
+    let (id, response) = running.response().await;
+    assert_eq!((id, response.code), (1, code::OK));
+    assert!(response.calls.is_empty(), "{:?}", response.calls);
+
+    // Timed but answered at once: its call's result comes after its answer.
+    running.intake.offer(traced("go", 2, &[], true)).await;
+    let (id, response) = running.response().await;
+    assert_eq!(id, 2);
+    assert!(response.calls.is_empty(), "{:?}", response.calls);
+    let (third, sent) = running.call().await;
+    assert!(sent.timing);
+    running.give(third, CallResult::error(code::OK, "")).await;
+    assert!(running.stop().await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_nested_deeper_than_max_call_depth_is_refused_500_at_once() {
+    let t0 = Instant::now();
+    let outer = [
+        "s1.m", "s2.m", "s3.m", "s4.m", "s5.m", "s6.m", "s7.m", "s8.m",
+    ];
+    assert_eq!(outer.len(), MAX_CALL_DEPTH);
+    let mut running = start(trips(), config(16, 100));
+
+    // Seven routes before the request's own: its call's trace holds eight, and goes out.
+    running
+        .intake
+        .offer(traced("trip", 1, &outer[1..], true))
+        .await;
+    let (first, sent) = running.call().await;
+    assert_eq!(sent.trace.len(), MAX_CALL_DEPTH);
+
+    // Eight before it: refused, and so is the continuation's call, which answers the 500.
+    running.intake.offer(traced("trip", 2, &outer, true)).await;
+    let (id, response) = running.response().await;
+    assert_eq!(Instant::now(), t0, "at once");
+    assert_eq!(
+        (id, response.code, response.message.as_str()),
+        (
+            2,
+            code::HANDLER_ERROR,
+            "calls nested deeper than 8: a cycle of calls?"
+        )
+    );
+    assert_eq!(
+        response.calls,
+        [
+            span("a.one", code::HANDLER_ERROR, 0, 1),
+            span("b.two", code::HANDLER_ERROR, 0, 1),
+        ]
+    );
+
+    running.give(first, CallResult::error(code::OK, "")).await;
+    let (second, _) = running.call().await;
+    running.give(second, CallResult::error(code::OK, "")).await;
+    assert_eq!(running.response().await.0, 1);
+    assert!(running.stop().await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn spans_past_max_call_spans_are_dropped() {
+    let mut running = start(trips(), config(16, 100));
+    running.intake.offer(traced("fan", 1, &[], true)).await;
+    let (id, response) = running.response().await;
+    assert_eq!((id, response.code), (1, code::BAD_REQUEST));
+    let refused = span("nomethod", code::BAD_REQUEST, 0, 1);
+    assert_eq!(response.calls, vec![refused; MAX_CALL_SPANS]);
     assert!(running.stop().await.is_empty());
 }
