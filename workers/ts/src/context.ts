@@ -53,11 +53,13 @@ export interface ContextOptions {
   readonly caller?: Caller;
   /** When the request's caller stops waiting (`performance.now()` ms), if it said. */
   readonly deadline?: number;
-  /**
-   * The trace the handler's calls carry: the request's own trace and route (none for
-   * events). A call whose trace would pass `MAX_CALL_DEPTH` routes is refused.
-   */
+  /** The request's trace (`RpcRequest.trace`): the routes of the requests it was made for. */
   readonly trace?: readonly string[];
+  /**
+   * The request's route: the handler's calls carry `trace` and it (none for events). A
+   * call whose trace would pass `MAX_CALL_DEPTH` routes is refused.
+   */
+  readonly route?: string;
   /**
    * Given when the request asked for timings: the handler's calls ask for them too, and
    * each call's span, followed by its callee's (a hop deeper), is appended here as its
@@ -84,8 +86,15 @@ export class Context {
    * caller did not say, and outside requests.
    */
   readonly deadline: number | undefined;
+  /**
+   * The routes of the requests this one was made for, outermost first
+   * (`RpcRequest.trace`): empty for a gate's request, `["shop.buy"]` for a call shop.buy's
+   * handler made. Empty outside requests.
+   */
+  readonly trace: readonly string[];
   readonly #caller: Caller;
-  readonly #trace: readonly string[];
+  /** What the handler's calls carry: the request's trace and route. */
+  readonly #callTrace: readonly string[];
   readonly #spans: CallSpan[] | undefined;
   readonly #effects: Effect[] = [];
   readonly #outbound: Outbound[] = [];
@@ -97,7 +106,8 @@ export class Context {
     this.key = key === "" ? undefined : key;
     this.deadline = options.deadline;
     this.#caller = options.caller ?? noBus;
-    this.#trace = options.trace ?? [];
+    this.trace = options.trace ?? [];
+    this.#callTrace = options.route === undefined ? [] : [...this.trace, options.route];
     this.#spans = options.spans;
   }
 
@@ -209,7 +219,7 @@ export class Context {
     if (!isValidRoute(route)) {
       return Promise.resolve(this.#refused(route, Status.BAD_REQUEST, CallFailure.BAD_ROUTE));
     }
-    if (this.#trace.length > MAX_CALL_DEPTH) {
+    if (this.#callTrace.length > MAX_CALL_DEPTH) {
       return Promise.resolve(this.#refused(route, Status.HANDLER_ERROR, CallFailure.TOO_DEEP));
     }
     const session = this.hasSession ? clone(SessionSchema, this.session) : undefined;
@@ -221,7 +231,7 @@ export class Context {
       session,
       deadline: this.deadline,
       key: options.key,
-      trace: this.#trace,
+      trace: this.#callTrace,
       timing: spans !== undefined,
     });
     if (spans === undefined) return result;

@@ -322,9 +322,9 @@ export class Service {
       return { response: errorResponse(Status.UNAVAILABLE, message), outbound: [] };
     }
     // The handler's calls carry this request's trace and route, and its timing.
-    const trace = [...request.trace, request.route === "" ? `${this.name}.${method}` : request.route];
+    const route = request.route === "" ? `${this.name}.${method}` : request.route;
     const spans = request.timing ? (options.spans ?? []) : undefined;
-    const ctx = new Context(request.session, request.key, { ...options, trace, spans });
+    const ctx = new Context(request.session, request.key, { ...options, trace: request.trace, route, spans });
     let response: RpcResponse;
     let outbound: readonly Outbound[] = [];
     try {
