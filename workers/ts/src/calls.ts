@@ -92,7 +92,8 @@ export class Calls {
   start(call: OutgoingCall, deliver: (result: CallResult) => void): CallResult | undefined {
     const now = performance.now();
     const deadline = call.deadline ?? now + this.#timeoutMs;
-    const left = deadline - now;
+    // Not `deadline - now` without one: (now + t) - now may round to a hair over t.
+    const left = call.deadline === undefined ? this.#timeoutMs : deadline - now;
     const destination = this.#routes.destination(call);
     if (destination instanceof CallResult) return destination;
     if (this.#inFlight.size >= this.#max) return CallResult.refusal(Status.UNAVAILABLE, CallFailure.TOO_MANY);
