@@ -125,6 +125,11 @@ test("a call to a keyed service reaches its key's partition: the caller's key, t
   const tooLong = `${Status.BAD_REQUEST} ${CallFailure.KEY_TOO_LONG}`;
   assert.equal(await go(gate, prefix, "k".repeat(MAX_KEY_LEN + 1), bob), tooLong);
   assert.equal(await go(gate, prefix, `${longest}é`, bob), tooLong);
+  // With timing, a refused call's span took no time.
+  const timed = create(RpcRequestSchema, { route: "front.go", session: anonymous, timing: true });
+  const reply = await gate.request(`${prefix}.svc.front.go`, toBinary(RpcRequestSchema, timed));
+  const spans = fromBinary(RpcResponseSchema, reply.data).calls.map((s) => [s.route, s.code, s.us, s.hop]);
+  assert.deepEqual(spans, [["vault.who", Status.BAD_REQUEST, 0, 1]]);
   // An event has no session: its calls go by the key given, or not at all.
   const event = async (key: string): Promise<string> =>
     utf8.decode((await gate.request(`${prefix}.go`, text.encode(key), { timeout: DEADLINE_MS })).data);
