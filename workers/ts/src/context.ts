@@ -299,6 +299,7 @@ function record(spans: CallSpan[], route: string, result: CallResult, us: number
   spans.push(create(CallSpanSchema, { route, code: result.code, us, hop: 1 }));
   for (const nested of result.calls) {
     if (spans.length >= MAX_CALL_SPANS) return;
-    spans.push(create(CallSpanSchema, { route: nested.route, code: nested.code, us: nested.us, hop: Math.min(MAX_US, nested.hop + 1) }));
+    const hop = Math.min(MAX_US, nested.hop + 1);
+    spans.push(create(CallSpanSchema, { route: nested.route, code: nested.code, us: nested.us, hop }));
   }
 }

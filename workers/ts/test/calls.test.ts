@@ -327,7 +327,10 @@ test("a call carries its request's trace and route: a cycle ends with 500 past M
   await gate.flush();
   const worker = await Worker.start(nc, service, { prefix: "ct" });
   const response = await timed(gate, "ct", "loop.again", "", false);
-  assert.deepEqual(said(response), [Status.OK, `${Status.HANDLER_ERROR} calls nested deeper than 8: a cycle of calls?`]);
+  assert.deepEqual(said(response), [
+    Status.OK,
+    `${Status.HANDLER_ERROR} calls nested deeper than 8: a cycle of calls?`,
+  ]);
   assert.equal(CallFailure.TOO_DEEP, `calls nested deeper than ${MAX_CALL_DEPTH}: a cycle of calls?`);
   // The gate's request (trace 0), then calls with traces 1 to 8; the 9th was never sent.
   assert.deepEqual(depths, [0, 1, 2, 3, 4, 5, 6, 7, 8]);
