@@ -7,9 +7,20 @@
 import { fromBinary } from "@bufbuild/protobuf";
 import type { DescMessage, MessageShape } from "@bufbuild/protobuf";
 import { HandlerError } from "./errors.js";
-import type { Session } from "./gen/rpc_pb.js";
+import type { CallSpan, Session } from "./gen/rpc_pb.js";
 import { Status } from "./gen/status_pb.js";
 import { isValidName } from "./subjects.js";
+
+/**
+ * The most routes a call's trace may hold (docs/workers.md, "Calling other services"):
+ * a call made for a request whose trace already holds this many, counting the request's
+ * own route, is refused with 500 `CallFailure.TOO_DEEP`. A cycle of calls ends there.
+ */
+export const MAX_CALL_DEPTH = 8;
+/** The most `CallSpan`s one `RpcResponse.calls` holds; the rest are dropped (timing only). */
+export const MAX_CALL_SPANS = 32;
+/** The longest key a keyed service's call may be routed by, in UTF-8 bytes (the gates' bound). */
+export const MAX_KEY_LEN = 256;
 
 /** The results a calling worker makes itself, when the callee gave none. */
 export const CallFailure = {
@@ -23,7 +34,23 @@ export const CallFailure = {
   TIMED_OUT: "call timed out",
   /** 400: the route is not two names. */
   BAD_ROUTE: "a call's route is service.method",
+  /** 400: the callee is keyed, and the call has no key: none given, no session value, no uid. */
+  NO_KEY: "keyed route: give a key, or log in first",
+  /** 400: the key is longer than `MAX_KEY_LEN` bytes. */
+  KEY_TOO_LONG: "key too long",
+  /** 500: the call's trace would pass `MAX_CALL_DEPTH` routes. */
+  TOO_DEEP: `calls nested deeper than ${MAX_CALL_DEPTH}: a cycle of calls?`,
 } as const;
+
+/** How a call is made, beyond its route and body. */
+export interface CallOptions {
+  /**
+   * The key to route a call to a keyed service by, first of all (else the caller's
+   * session value the service names, else its uid). Ignored for other services; empty
+   * counts as none.
+   */
+  readonly key?: string;
+}
 
 /** A call as a handler asked for it, for the worker to send. */
 export interface OutgoingCall {
@@ -34,6 +61,12 @@ export interface OutgoingCall {
   readonly session: Session | undefined;
   /** When the caller's own caller stops waiting (`performance.now()` ms), if it said. */
   readonly deadline: number | undefined;
+  /** The key the caller gave, for a keyed callee (`CallOptions.key`); empty or `undefined`: none. */
+  readonly key: string | undefined;
+  /** The routes of the requests the call is made for, outermost first (`RpcRequest.trace`). */
+  readonly trace: readonly string[];
+  /** Whether the request it is made for asked for timings (`RpcRequest.timing`). */
+  readonly timing: boolean;
 }
 
 /** Makes a handler's calls: the worker's, or a test's stand-in. It never rejects. */
@@ -48,19 +81,28 @@ export function isValidRoute(route: string): boolean {
 /**
  * What a call came back with: the callee's answer (its `RpcResponse` code, body and
  * message), or the calling worker's own when there was none (`CallFailure`: 503, 408,
- * 400). Nothing is retried: the handler decides.
+ * 400, 500). Nothing is retried: the handler decides.
  */
 export class CallResult {
   constructor(
-    /** The callee's status (200 when handled), or the worker's 503, 408 or 400. */
+    /** The callee's status (200 when handled), or the worker's 503, 408, 400 or 500. */
     readonly code: number,
     readonly body: Uint8Array,
     readonly message: string,
+    /** The calls the callee made for this one, as it reported them (`RpcResponse.calls`: with timing only). */
+    readonly calls: readonly CallSpan[] = [],
+    /** The worker refused the call at once: it never went out (its span then takes 0 µs). */
+    readonly refused = false,
   ) {}
 
-  /** A result the worker makes itself. */
+  /** A result the worker makes itself, for a call that went out (a timeout, no worker). */
   static error(code: number, message: string): CallResult {
     return new CallResult(code, new Uint8Array(), message);
+  }
+
+  /** A result the worker makes at once, for a call it did not send. */
+  static refusal(code: number, message: string): CallResult {
+    return new CallResult(code, new Uint8Array(), message, [], true);
   }
 
   /** Whether the callee handled the call (200). */
@@ -90,4 +132,4 @@ export class CallResult {
 }
 
 /** The caller of a context no worker serves: there is no bus to call on. */
-export const noBus: Caller = () => Promise.resolve(CallResult.error(Status.UNAVAILABLE, CallFailure.NO_BUS));
+export const noBus: Caller = () => Promise.resolve(CallResult.refusal(Status.UNAVAILABLE, CallFailure.NO_BUS));

@@ -3,13 +3,16 @@
  * services"): where they go, and how their results come back.
  *
  * A call for route `service.method` is an `RpcRequest` published on
- * `<prefix>.svc.<service>.<method>`, the subject a gate's request for that route takes,
- * with reply subject `<prefix>.call.<worker id>.<call id>`. The worker subscribes
+ * `<prefix>.svc.<service>.<method>`, the subject a gate's request for that route takes
+ * (for a keyed service, its key's partition's: `routes.ts`), with reply subject
+ * `<prefix>.call.<worker id>.<call id>`. The worker subscribes
  * `<prefix>.call.<worker id>.*` plainly (its id is random per start, so no other worker
  * shares it) and hands each answer to whoever made the call whose id is the last token;
  * the bus's "no responders" (no worker of that service) is a 503. The request carries
- * the caller's session and, as `timeout_ms`, what is left of the caller's deadline (or
- * the call timeout), and the call times out then. At most `maxCalls` are in flight.
+ * the caller's session, its trace and timing, and, as `timeout_ms`, what is left of the
+ * caller's deadline (or the call timeout), and the call times out then. The callee's
+ * answer comes back with the spans it reported (`RpcResponse.calls`). At most
+ * `maxCalls` are in flight.
  */
 import { randomBytes } from "node:crypto";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
@@ -17,6 +20,8 @@ import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node"
 import { CallFailure, CallResult } from "./call.js";
 import type { OutgoingCall } from "./call.js";
 import type { Deadlines, Due } from "./deadlines.js";
+import { Routes } from "./routes.js";
+import type { KeyedRoute } from "./routes.js";
 import { RpcRequestSchema, RpcResponseSchema } from "./gen/rpc_pb.js";
 import { Status } from "./gen/status_pb.js";
 
@@ -36,7 +41,7 @@ interface InFlight {
 /** A worker's calls in flight, and the subscription their answers come back on. */
 export class Calls {
   readonly #nc: NatsConnection;
-  readonly #prefix: string;
+  readonly #routes: Routes;
   /** `<prefix>.call.<worker id>.`: a call's reply subject is this and its id. */
   readonly #replyPrefix: string;
   readonly #max: number;
@@ -48,15 +53,19 @@ export class Calls {
 
   constructor(nc: NatsConnection, prefix: string, limits: { max: number; timeoutMs: number }, deadlines: Deadlines) {
     this.#nc = nc;
-    this.#prefix = prefix;
+    this.#routes = new Routes(nc, prefix);
     this.#replyPrefix = `${prefix}.call.${randomBytes(8).toString("hex")}.`;
     this.#max = limits.max;
     this.#timeoutMs = limits.timeoutMs;
     this.#deadlines = deadlines;
   }
 
-  /** Subscribes the reply subjects (the caller flushes). */
+  /**
+   * Subscribes the reply subjects, and the announcements that say which services are
+   * keyed (asking for them); the caller flushes.
+   */
   subscribe(): void {
+    this.#routes.subscribe();
     this.#sub = this.#nc.subscribe(`${this.#replyPrefix}*`, {
       callback: (error, msg) => {
         if (error === null) this.#returned(msg);
@@ -69,32 +78,44 @@ export class Calls {
     return this.#inFlight.size;
   }
 
+  /** The keyed services heard of so far, by name: calls to them are routed by key. */
+  get keyed(): ReadonlyMap<string, KeyedRoute> {
+    return this.#routes.keyed;
+  }
+
   /**
    * Sends `call`; `deliver` gets its result later, exactly once. Returns the result at
    * once instead, without sending, when the call is refused: 503 over `max` calls in
-   * flight or without a bus, 408 when the caller's deadline has passed.
+   * flight or without a bus, 408 when the caller's deadline has passed, 400 for a keyed
+   * callee without a usable key.
    */
   start(call: OutgoingCall, deliver: (result: CallResult) => void): CallResult | undefined {
     const now = performance.now();
     const deadline = call.deadline ?? now + this.#timeoutMs;
-    const left = deadline - now;
-    if (this.#inFlight.size >= this.#max) return CallResult.error(Status.UNAVAILABLE, CallFailure.TOO_MANY);
-    if (left <= 0) return CallResult.error(Status.TIMEOUT, CallFailure.TIMED_OUT);
+    // Not `deadline - now` without one: (now + t) - now may round to a hair over t.
+    const left = call.deadline === undefined ? this.#timeoutMs : deadline - now;
+    const destination = this.#routes.destination(call);
+    if (destination instanceof CallResult) return destination;
+    if (this.#inFlight.size >= this.#max) return CallResult.refusal(Status.UNAVAILABLE, CallFailure.TOO_MANY);
+    if (left <= 0) return CallResult.refusal(Status.TIMEOUT, CallFailure.TIMED_OUT);
     const id = this.#next++;
     const request = create(RpcRequestSchema, {
       route: call.route,
       body: call.body,
       session: call.session,
+      timing: call.timing,
+      key: destination.key ?? "",
       // Whole milliseconds, rounded up: at least 1, since 0 says "unknown".
       timeoutMs: Math.min(MAX_TIMEOUT_MS, Math.ceil(left)),
+      trace: [...call.trace],
     });
     try {
-      this.#nc.publish(`${this.#prefix}.svc.${call.route}`, toBinary(RpcRequestSchema, request), {
+      this.#nc.publish(destination.subject, toBinary(RpcRequestSchema, request), {
         reply: `${this.#replyPrefix}${id}`,
       });
     } catch {
       // The connection is closed or draining.
-      return CallResult.error(Status.UNAVAILABLE, CallFailure.NO_BUS);
+      return CallResult.refusal(Status.UNAVAILABLE, CallFailure.NO_BUS);
     }
     const due = this.#deadlines.add("call", deadline, () =>
       this.#finish(id, CallResult.error(Status.TIMEOUT, CallFailure.TIMED_OUT)),
@@ -106,6 +127,7 @@ export class Calls {
   /** Unsubscribes; calls still in flight get no result. */
   close(): void {
     this.#sub?.unsubscribe();
+    this.#routes.close();
     for (const { due } of this.#inFlight.values()) this.#deadlines.remove(due);
     this.#inFlight.clear();
   }
@@ -119,7 +141,7 @@ export class Calls {
     let result: CallResult;
     try {
       const response = fromBinary(RpcResponseSchema, msg.data);
-      result = new CallResult(response.code, response.body, response.message);
+      result = new CallResult(response.code, response.body, response.message, response.calls);
     } catch (error) {
       const why = error instanceof Error ? error.message : String(error);
       result = CallResult.error(Status.HANDLER_ERROR, `malformed answer to a call: ${why}`);

@@ -10,15 +10,16 @@
  * every gate before its answer is.
  *
  * A handler that needs another service awaits a call (`ctx.call`): the worker sends it
- * with the session and what is left of the request's time, and the handler goes on with
- * the result (docs/workers.md, "Calling other services").
+ * with the session, the request's trace and timing, and what is left of the request's
+ * time, and the handler goes on with the result (docs/workers.md, "Calling other
+ * services"). With timing, each call's span (and its callee's) is kept for the answer.
  */
 import { clone, create, toBinary } from "@bufbuild/protobuf";
 import type { DescMessage, MessageInitShape } from "@bufbuild/protobuf";
-import { CallFailure, CallResult, isValidRoute, noBus } from "./call.js";
-import type { Caller } from "./call.js";
-import type { Effect, ServerPush, Session, UserCommand } from "./gen/rpc_pb.js";
-import { EffectSchema, ServerPushSchema, SessionSchema, UserCommandSchema } from "./gen/rpc_pb.js";
+import { CallFailure, CallResult, MAX_CALL_DEPTH, MAX_CALL_SPANS, isValidRoute, noBus } from "./call.js";
+import type { CallOptions, Caller } from "./call.js";
+import type { CallSpan, Effect, ServerPush, Session, UserCommand } from "./gen/rpc_pb.js";
+import { CallSpanSchema, EffectSchema, ServerPushSchema, SessionSchema, UserCommandSchema } from "./gen/rpc_pb.js";
 import { Status } from "./gen/status_pb.js";
 import { HandlerError } from "./errors.js";
 import { isValidName, isValidSubject } from "./subjects.js";
@@ -52,6 +53,19 @@ export interface ContextOptions {
   readonly caller?: Caller;
   /** When the request's caller stops waiting (`performance.now()` ms), if it said. */
   readonly deadline?: number;
+  /** The request's trace (`RpcRequest.trace`): the routes of the requests it was made for. */
+  readonly trace?: readonly string[];
+  /**
+   * The request's route: the handler's calls carry `trace` and it (none for events). A
+   * call whose trace would pass `MAX_CALL_DEPTH` routes is refused.
+   */
+  readonly route?: string;
+  /**
+   * Given when the request asked for timings: the handler's calls ask for them too, and
+   * each call's span, followed by its callee's (a hop deeper), is appended here as its
+   * result arrives, `MAX_CALL_SPANS` at most.
+   */
+  readonly spans?: CallSpan[];
 }
 
 /** The session of one request, and everything its handler asks for. */
@@ -72,7 +86,16 @@ export class Context {
    * caller did not say, and outside requests.
    */
   readonly deadline: number | undefined;
+  /**
+   * The routes of the requests this one was made for, outermost first
+   * (`RpcRequest.trace`): empty for a gate's request, `["shop.buy"]` for a call shop.buy's
+   * handler made. Empty outside requests.
+   */
+  readonly trace: readonly string[];
   readonly #caller: Caller;
+  /** What the handler's calls carry: the request's trace and route. */
+  readonly #callTrace: readonly string[];
+  readonly #spans: CallSpan[] | undefined;
   readonly #effects: Effect[] = [];
   readonly #outbound: Outbound[] = [];
   #reply: Uint8Array | undefined;
@@ -83,6 +106,9 @@ export class Context {
     this.key = key === "" ? undefined : key;
     this.deadline = options.deadline;
     this.#caller = options.caller ?? noBus;
+    this.trace = options.trace ?? [];
+    this.#callTrace = options.route === undefined ? [] : [...this.trace, options.route];
+    this.#spans = options.spans;
   }
 
   /** The gate holding the session. */
@@ -171,30 +197,58 @@ export class Context {
   /**
    * Calls `route` (`service.method`) of another service with `body`, and resolves with
    * what came back: the callee's answer, or the worker's own 503 (no worker of the
-   * service, too many calls in flight, no bus), 408 (no answer in time) or 400 (a route
-   * that is not `service.method`). It never rejects, and nothing is retried.
+   * service, too many calls in flight, no bus), 408 (no answer in time), 400 (a route
+   * that is not `service.method`; a keyed callee and no key, or one too long) or 500
+   * (calls nested deeper than `MAX_CALL_DEPTH`). It never rejects, and nothing is
+   * retried.
    *
    * The call goes out at once, carrying this context's session as it is now (its own
-   * changes included) and what is left of the request's deadline (the worker's call
-   * timeout when there is none, as in an event). While a handler waits on a call the
-   * worker serves other requests; the result comes back as a turn of its loop, in the
-   * order results arrive (see `Worker`).
+   * changes included), the request's trace and route, its timing, and what is left of
+   * its deadline (the worker's call timeout when there is none, as in an event). A call
+   * to a keyed service goes to its key's partition: `options.key`, else the session value
+   * the service names, else the uid. While a handler waits on a call the worker serves
+   * other requests; the result comes back as a turn of its loop, in the order results
+   * arrive (see `Worker`).
    *
    * ```ts
    * .rawMethod("buy", async (ctx, body) => (await ctx.call("bank.pay", body)).orThrow())
+   * .rawMethod("move", async (ctx, body) => (await ctx.call("arena.input", body, { key: "m1" })).orThrow())
    * ```
    */
-  call(route: string, body: Body = new Uint8Array()): Promise<CallResult> {
+  call(route: string, body: Body = new Uint8Array(), options: CallOptions = {}): Promise<CallResult> {
     if (!isValidRoute(route)) {
-      return Promise.resolve(CallResult.error(Status.BAD_REQUEST, CallFailure.BAD_ROUTE));
+      return Promise.resolve(this.#refused(route, Status.BAD_REQUEST, CallFailure.BAD_ROUTE));
+    }
+    if (this.#callTrace.length > MAX_CALL_DEPTH) {
+      return Promise.resolve(this.#refused(route, Status.HANDLER_ERROR, CallFailure.TOO_DEEP));
     }
     const session = this.hasSession ? clone(SessionSchema, this.session) : undefined;
-    return this.#caller({ route, body: bytesOf(body), session, deadline: this.deadline });
+    const spans = this.#spans;
+    const started = performance.now();
+    const result = this.#caller({
+      route,
+      body: bytesOf(body),
+      session,
+      deadline: this.deadline,
+      key: options.key,
+      trace: this.#callTrace,
+      timing: spans !== undefined,
+    });
+    if (spans === undefined) return result;
+    return result.then((done) => {
+      record(spans, route, done, done.refused ? 0 : micros(performance.now() - started));
+      return done;
+    });
   }
 
   /** `call` with a message of type `schema`, encoded; `CallResult.decode` reads a typed answer. */
-  callWith<Req extends DescMessage>(route: string, schema: Req, message: MessageInitShape<Req>): Promise<CallResult> {
-    return this.call(route, toBinary(schema, create(schema, message)));
+  callWith<Req extends DescMessage>(
+    route: string,
+    schema: Req,
+    message: MessageInitShape<Req>,
+    options: CallOptions = {},
+  ): Promise<CallResult> {
+    return this.call(route, toBinary(schema, create(schema, message)), options);
   }
 
   /** Answers the event being handled, when its sender asked for an answer. */
@@ -217,7 +271,35 @@ export class Context {
     return this.#reply;
   }
 
+  /** A call refused before it reached the caller: its span, at once. */
+  #refused(route: string, code: number, message: string): CallResult {
+    const result = CallResult.refusal(code, message);
+    if (this.#spans !== undefined) record(this.#spans, route, result, 0);
+    return result;
+  }
+
   #effect(kind: Effect["kind"]): void {
     this.#effects.push(create(EffectSchema, { kind }));
+  }
+}
+
+/** The largest duration a span carries (a uint32). */
+const MAX_US = 0xffff_ffff;
+
+function micros(ms: number): number {
+  return Math.min(MAX_US, Math.max(0, Math.round(ms * 1000)));
+}
+
+/**
+ * Appends a call's span (hop 1) to `spans`, then the spans its callee reported, a hop
+ * deeper each, while `spans` has room for them (`MAX_CALL_SPANS`).
+ */
+function record(spans: CallSpan[], route: string, result: CallResult, us: number): void {
+  if (spans.length >= MAX_CALL_SPANS) return;
+  spans.push(create(CallSpanSchema, { route, code: result.code, us, hop: 1 }));
+  for (const nested of result.calls) {
+    if (spans.length >= MAX_CALL_SPANS) return;
+    const hop = Math.min(MAX_US, nested.hop + 1);
+    spans.push(create(CallSpanSchema, { route: nested.route, code: nested.code, us: nested.us, hop }));
   }
 }

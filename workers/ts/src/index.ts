@@ -3,8 +3,8 @@
  * by route; a `Worker` serves it on the bus beside workers in any other language (the
  * contract is docs/workers.md). A handler calls other services with `ctx.call`.
  */
-export { CallFailure, CallResult, isValidRoute } from "./call.js";
-export type { Caller, OutgoingCall } from "./call.js";
+export { CallFailure, CallResult, MAX_CALL_DEPTH, MAX_CALL_SPANS, MAX_KEY_LEN, isValidRoute } from "./call.js";
+export type { CallOptions, Caller, OutgoingCall } from "./call.js";
 export { Context, bytesOf } from "./context.js";
 export type { Body, ContextOptions, Outbound } from "./context.js";
 export { HandlerError } from "./errors.js";
@@ -17,6 +17,8 @@ export {
 export type { KeyedStats, KeyedView } from "./keyed.js";
 export { MAX_PARTITIONS, Members, fnv1a, partitionOf, score } from "./ownership.js";
 export type { MemberTimes, Step } from "./ownership.js";
+export { keyOf, keyedRouteOf } from "./routes.js";
+export type { Destination, KeyedRoute } from "./routes.js";
 export { Service, decodeRequest, errorResponse } from "./service.js";
 export type {
   Awaitable,

@@ -305,7 +305,9 @@ export class Service {
    * keyed service's request without a key, or 500 for anything else it threw. A failed
    * handler's effects and pushes are dropped. `options` give the handler's context its
    * caller (the worker's, or a test's stand-in; without one, calls get 503) and the
-   * request's deadline.
+   * request's deadline; its calls carry the request's trace and route. With
+   * `request.timing`, the answer's `calls` are the spans of the handler's calls (kept in
+   * `options.spans` when given, so the worker can send them with its own 408 too).
    */
   async call(method: string, request: RpcRequest, options: ContextOptions = {}): Promise<Handled> {
     const entry = this.#methods.get(method);
@@ -319,17 +321,24 @@ export class Service {
       const message = `service ${JSON.stringify(this.name)} is keyed and the request has no key: retry`;
       return { response: errorResponse(Status.UNAVAILABLE, message), outbound: [] };
     }
-    const ctx = new Context(request.session, request.key, options);
+    // The handler's calls carry this request's trace and route, and its timing.
+    const route = request.route === "" ? `${this.name}.${method}` : request.route;
+    const spans = request.timing ? (options.spans ?? []) : undefined;
+    const ctx = new Context(request.session, request.key, { ...options, trace: request.trace, route, spans });
+    let response: RpcResponse;
+    let outbound: readonly Outbound[] = [];
     try {
       const body = await entry.call(ctx, request.body);
-      const response = create(RpcResponseSchema, { code: Status.OK, body, effects: [...ctx.effects] });
-      return { response, outbound: ctx.outbound };
+      response = create(RpcResponseSchema, { code: Status.OK, body, effects: [...ctx.effects] });
+      outbound = ctx.outbound;
     } catch (error) {
-      if (error instanceof HandlerError) {
-        return { response: errorResponse(error.code, error.message), outbound: [] };
-      }
-      return { response: errorResponse(Status.HANDLER_ERROR, `internal error: ${messageOf(error)}`), outbound: [] };
+      response =
+        error instanceof HandlerError
+          ? errorResponse(error.code, error.message)
+          : errorResponse(Status.HANDLER_ERROR, `internal error: ${messageOf(error)}`);
     }
+    if (spans !== undefined) response.calls = [...spans];
+    return { response, outbound };
   }
 
   /** Decodes an `RpcRequest` as it came off the bus and calls `method`; garbage is a 400. */

@@ -21,7 +21,11 @@
  *   handler then holds the loop again until it settles or awaits another call. So
  *   handlers still run one at a time, and continuations run in the order their results
  *   arrive (a timeout's when its deadline passes), each a turn among the requests. At
- *   most `maxCalls` are in flight; nothing is retried.
+ *   most `maxCalls` are in flight; nothing is retried. The worker hears every service's
+ *   announcement (`<prefix>.schema.svc.*`, asking for them once it starts), so its calls
+ *   to keyed services go to their keys' partitions (`routes.ts`). A call carries its
+ *   request's trace and route (refused past `MAX_CALL_DEPTH`) and timing; with timing,
+ *   the answer lists the calls' spans (`RpcResponse.calls`).
  * - **Deadlines**: a request is answered by its deadline, its `timeout_ms` from when it
  *   arrived (or `answerTimeoutMs` when the caller did not say). A handler that has not
  *   answered by then (awaiting a call, or never resolving) gets the worker's 408, exactly
@@ -60,7 +64,8 @@ import {
   Partitions,
 } from "./keyed.js";
 import type { KeyedView } from "./keyed.js";
-import type { RpcResponse } from "./gen/rpc_pb.js";
+import type { KeyedRoute } from "./routes.js";
+import type { CallSpan, RpcResponse } from "./gen/rpc_pb.js";
 import { RpcResponseSchema, ServerPushSchema, ServiceSchemaSchema, UserCommandSchema } from "./gen/rpc_pb.js";
 import { Status } from "./gen/status_pb.js";
 import type { EventHandled, Handled, Service } from "./service.js";
@@ -167,7 +172,7 @@ type Incoming =
       readonly result: CallResult;
     }
   /** A request's deadline passed while results of its calls were queued: its 408, after them. */
-  | { readonly kind: "expire"; readonly task: Task; readonly msg: Msg };
+  | { readonly kind: "expire"; readonly task: Task; readonly msg: Msg; readonly spans: CallSpan[] | undefined };
 
 /** A service subscribed to the bus; see the module docs. */
 export class Worker {
@@ -272,6 +277,14 @@ export class Worker {
   /** Calls to other services in flight. */
   get callsInFlight(): number {
     return this.#calls.size;
+  }
+
+  /**
+   * The keyed services this worker has heard announced, by name: its calls to them go
+   * to their keys' partitions (a call to a service not here goes to its method's subject).
+   */
+  get keyedServices(): ReadonlyMap<string, KeyedRoute> {
+    return this.#calls.keyed;
   }
 
   /**
@@ -380,7 +393,7 @@ export class Worker {
         return task.turn(() => resolve(result));
       }
       case "expire":
-        return this.#timeOut(incoming.task, incoming.msg);
+        return this.#timeOut(incoming.task, incoming.msg, incoming.spans);
       case "takeOver": {
         const options = { caller: this.#directCaller };
         const handled = await this.#service.takeOver(incoming.partition, incoming.state, options);
@@ -409,9 +422,11 @@ export class Worker {
     const task = new Task();
     const deadline = request.timeoutMs > 0 ? received + request.timeoutMs : undefined;
     const at = deadline ?? received + this.#answerTimeoutMs;
-    task.due = this.#deadlines.add("request", at, () => this.#expire(task, msg));
+    // With timing, the spans of the handler's calls: in its answer, or in the worker's 408.
+    const spans: CallSpan[] | undefined = request.timing ? [] : undefined;
+    task.due = this.#deadlines.add("request", at, () => this.#expire(task, msg, spans));
     this.#open.add(task);
-    const options = { caller: this.#callerFor(task), deadline };
+    const options = { caller: this.#callerFor(task), deadline, spans };
     await task.turn(() => {
       void this.#service
         .call(method, request, options)
@@ -475,19 +490,22 @@ export class Worker {
    * A request's deadline passed: the worker's 408, now, or after the results of its
    * calls still queued (which may answer it yet). The loop stops waiting for it.
    */
-  #expire(task: Task, msg: Msg): void {
+  #expire(task: Task, msg: Msg, spans: CallSpan[] | undefined): void {
     task.expired = true;
     task.due = undefined;
-    if (task.queued > 0) this.#enqueue({ kind: "expire", task, msg });
-    else this.#timeOut(task, msg);
+    if (task.queued > 0) this.#enqueue({ kind: "expire", task, msg, spans });
+    else this.#timeOut(task, msg, spans);
     task.wake();
   }
 
-  #timeOut(task: Task, msg: Msg): void {
+  /** The worker's 408, with the spans of the calls whose results came back by then. */
+  #timeOut(task: Task, msg: Msg, spans: CallSpan[] | undefined): void {
     if (task.done) return;
     this.#settle(task);
     this.stats.expired += 1;
-    if (msg.reply) this.#respond(msg, encode(errorResponse(Status.TIMEOUT, NO_ANSWER_IN_TIME)));
+    const response = errorResponse(Status.TIMEOUT, NO_ANSWER_IN_TIME);
+    if (spans !== undefined) response.calls = [...spans];
+    if (msg.reply) this.#respond(msg, encode(response));
   }
 
   /** `task` is answered (or settled): its deadline goes, and the loop's wait on it ends. */

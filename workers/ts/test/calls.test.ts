@@ -5,10 +5,10 @@ import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
-import { Service, Status, Worker } from "../src/index.js";
+import { CallFailure, MAX_CALL_DEPTH, MAX_CALL_SPANS, Service, Status, Worker } from "../src/index.js";
 import type { CallResult, WorkerOptions } from "../src/index.js";
 import { EchoRequestSchema, EchoResponseSchema } from "../src/gen/echo_pb.js";
-import type { RpcRequest, RpcResponse } from "../src/gen/rpc_pb.js";
+import type { CallSpan, RpcRequest, RpcResponse } from "../src/gen/rpc_pb.js";
 import { RpcRequestSchema, RpcResponseSchema, SessionSchema } from "../src/gen/rpc_pb.js";
 import { echoService } from "../src/services/echo.js";
 import { bankService, shopService } from "../src/services/shop.js";
@@ -296,4 +296,156 @@ test("drain waits for a handler waiting on a call", async () => {
   await drained;
   assert.deepEqual(said(await bought), [Status.OK, "paid late"]);
   bank.stop();
+});
+
+/** Sends `route` with timing (or not) and decodes the answer. */
+async function timed(nc: NatsConnection, prefix: string, route: string, body: string, timing: boolean) {
+  const request = create(RpcRequestSchema, {
+    route,
+    body: text.encode(body),
+    timing,
+    timeoutMs: 5_000,
+    session: create(SessionSchema, { gate: "g1", sid: 1n, uid: "ann" }),
+  });
+  const reply = await nc.request(`${prefix}.svc.${route}`, toBinary(RpcRequestSchema, request), {
+    timeout: DEADLINE_MS,
+  });
+  return fromBinary(RpcResponseSchema, reply.data);
+}
+
+test("a call carries its request's trace and route: a cycle ends with 500 past MAX_CALL_DEPTH", async () => {
+  const [nc, gate] = [await bus.connect(), await bus.connect()];
+  const depths: number[] = [];
+  const service = new Service("loop").rawMethod("again", async (ctx) => {
+    depths.push(ctx.trace.length);
+    const result = await ctx.call("loop.again");
+    return result.ok ? result.body : `${result.code} ${result.message}`;
+  });
+  // What goes on the wire, seen on the gate's connection, which the answer comes back on too.
+  const wire: RpcRequest[] = [];
+  gate.subscribe("ct.svc.loop.>", { callback: (_e, msg) => void wire.push(fromBinary(RpcRequestSchema, msg.data)) });
+  await gate.flush();
+  const worker = await Worker.start(nc, service, { prefix: "ct" });
+  const response = await timed(gate, "ct", "loop.again", "", false);
+  assert.deepEqual(said(response), [
+    Status.OK,
+    `${Status.HANDLER_ERROR} calls nested deeper than 8: a cycle of calls?`,
+  ]);
+  assert.equal(CallFailure.TOO_DEEP, `calls nested deeper than ${MAX_CALL_DEPTH}: a cycle of calls?`);
+  // The gate's request (trace 0), then calls with traces 1 to 8; the 9th was never sent.
+  assert.deepEqual(depths, [0, 1, 2, 3, 4, 5, 6, 7, 8]);
+  assert.deepEqual(
+    wire.map((r) => r.trace),
+    depths.map((n) => Array<string>(n).fill("loop.again")),
+  );
+  assert.equal(worker.callsInFlight, 0);
+  await worker.drain();
+});
+
+test("a call carries its request's timing; an event's calls carry no trace and no timing", async () => {
+  const [nc, gate, callee] = [await bus.connect(), await bus.connect(), await bus.connect()];
+  const bank = new Callee(callee, "cu", "bank");
+  await callee.flush();
+  const service = new Service("shop")
+    .rawMethod("buy", async (ctx, body) => (await ctx.call("bank.pay", body)).orThrow())
+    .onEvent("tick", "queue", async (ctx) => void (await ctx.call("bank.pay", "")));
+  const worker = await Worker.start(nc, service, { prefix: "cu" });
+  for (const timing of [true, false]) {
+    const bought = timed(gate, "cu", "shop.buy", "1", timing);
+    const { msg, request } = await bank.next();
+    assert.deepEqual([request.trace, request.timing], [["shop.buy"], timing]);
+    answer(msg, "paid");
+    assert.deepEqual(said(await bought), [Status.OK, "paid"]);
+  }
+  gate.publish("cu.tick");
+  const { msg, request } = await bank.next();
+  assert.deepEqual([request.trace, request.timing, request.session], [[], false, undefined]);
+  answer(msg, "");
+  bank.stop();
+  await worker.drain();
+});
+
+/** `route code hop` of each span, and checks their times. */
+function spans(response: RpcResponse): string[] {
+  return response.calls.map((s: CallSpan) => `${s.route} ${s.code} ${s.hop}`);
+}
+
+test("with timing, an answer lists its calls' spans in order, each followed by its callee's a hop deeper", async () => {
+  const [a, b, gate] = [await bus.connect(), await bus.connect(), await bus.connect()];
+  // outer.two calls mid.one twice, in turn; mid.one calls leaf.x (and nobody.x, which nobody serves).
+  const leaf = new Service("leaf").rawMethod("x", (_ctx, body) => body);
+  const mid = new Service("mid").rawMethod("one", async (ctx, body) => {
+    await ctx.call("nobody.x");
+    return (await ctx.call("leaf.x", body)).orThrow();
+  });
+  const outer = new Service("outer")
+    .rawMethod("two", async (ctx) => {
+      const first = await ctx.call("mid.one", "1");
+      const second = await ctx.call("mid.one", "2");
+      await ctx.call("not-a-route"); // refused at once: 0 µs
+      return `${utf8.decode(first.orThrow())}${utf8.decode(second.orThrow())}`;
+    })
+    .rawMethod("many", async (ctx) => {
+      // Each call's span and its callee's two: past MAX_CALL_SPANS, the rest are dropped.
+      await Promise.all(Array.from({ length: MAX_CALL_SPANS }, () => ctx.call("mid.one", "")));
+      return "";
+    })
+    .rawMethod("fails", async (ctx) => {
+      await ctx.call("leaf.x");
+      throw new Error("after its call");
+    });
+  const workers = [
+    await Worker.start(b, leaf, { prefix: "cv" }),
+    await Worker.start(b, mid, { prefix: "cv" }),
+    await Worker.start(a, outer, { prefix: "cv" }),
+  ];
+  const response = await timed(gate, "cv", "outer.two", "", true);
+  assert.deepEqual(said(response), [Status.OK, "12"]);
+  const once = ["mid.one 200 1", "nobody.x 503 2", "leaf.x 200 2"];
+  assert.deepEqual(spans(response), [...once, ...once, "not-a-route 400 1"]);
+  const [mid1, nobody1, leaf1, mid2, , leaf2, refused] = response.calls;
+  for (const [outside, inside] of [
+    [mid1, leaf1],
+    [mid1, nobody1],
+    [mid2, leaf2],
+  ]) {
+    assert.ok((inside?.us ?? 0) > 0, "measured");
+    assert.ok((outside?.us ?? 0) > (inside?.us ?? 0), "a call takes longer than the calls made for it");
+  }
+  assert.equal(refused?.us, 0);
+
+  // Without timing: no spans, here or at the callees.
+  assert.deepEqual(spans(await timed(gate, "cv", "outer.two", "", false)), []);
+  // At most MAX_CALL_SPANS.
+  const many = await timed(gate, "cv", "outer.many", "", true);
+  assert.equal(many.calls.length, MAX_CALL_SPANS);
+  assert.deepEqual(
+    spans(many).slice(0, 6),
+    [...once, ...once],
+    "whole calls in the order their results came back",
+  );
+  // A handler that fails still reports its calls.
+  const failed = await timed(gate, "cv", "outer.fails", "", true);
+  assert.equal(failed.code, Status.HANDLER_ERROR);
+  assert.deepEqual(spans(failed), ["leaf.x 200 1"]);
+  await Promise.all(workers.map((w) => w.drain()));
+});
+
+test("with timing, the worker's own 408 lists the calls whose results came back by then", async () => {
+  const [nc, gate, callee] = [await bus.connect(), await bus.connect(), await bus.connect()];
+  const bank = new Callee(callee, "cw", "bank");
+  await callee.flush();
+  const service = new Service("slow").rawMethod("x", async (ctx) => {
+    await ctx.call("bank.pay");
+    await new Promise<never>(() => {}); // never answers
+    return "";
+  });
+  const worker = await Worker.start(nc, service, { prefix: "cw" });
+  const request = create(RpcRequestSchema, { route: "slow.x", timing: true, timeoutMs: 300 });
+  const pending = gate.request("cw.svc.slow.x", toBinary(RpcRequestSchema, request), { timeout: DEADLINE_MS });
+  answer((await bank.next()).msg, "", Status.CONFLICT);
+  const response = fromBinary(RpcResponseSchema, (await pending).data);
+  assert.deepEqual([response.code, spans(response)], [Status.TIMEOUT, ["bank.pay 409 1"]]);
+  bank.stop();
+  await worker.drain();
 });

@@ -6,7 +6,7 @@ import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
 import { CallResult, HandlerError, Service, Status } from "../src/index.js";
 import type { OutgoingCall } from "../src/index.js";
 import { EchoRequestSchema, EchoResponseSchema } from "../src/gen/echo_pb.js";
-import { RpcRequestSchema, SessionSchema } from "../src/gen/rpc_pb.js";
+import { CallSpanSchema, RpcRequestSchema, SessionSchema } from "../src/gen/rpc_pb.js";
 import { echoService } from "../src/services/echo.js";
 
 const text = new TextEncoder();
@@ -109,6 +109,38 @@ test("a handler answers from a call's result; the caller gets the session and th
   // The callee's failure, as it is.
   const robbed = await service.call("rob", request(new Uint8Array()), { caller });
   assert.deepEqual([robbed.response.code, robbed.response.message], [Status.NOT_FOUND, "no such method"]);
+});
+
+test("a stand-in caller sees the key, the trace and the timing; spans come back in the answer", async () => {
+  const calls: OutgoingCall[] = [];
+  const callee = [create(CallSpanSchema, { route: "leaf.x", code: 200, us: 5, hop: 1 })];
+  const caller = (call: OutgoingCall): Promise<CallResult> => {
+    calls.push(call);
+    return Promise.resolve(new CallResult(Status.OK, new Uint8Array(), "", callee));
+  };
+  const service = new Service("t").rawMethod("m", async (ctx) => {
+    await ctx.call("a.b", "", { key: "k1" });
+    await ctx.callWith("c.d", EchoRequestSchema, {}, { key: "k2" });
+    return ctx.trace.join(",");
+  });
+  const traced = create(RpcRequestSchema, { ...request(new Uint8Array()), trace: ["x.y"], timing: true });
+  const { response } = await service.call("m", traced, { caller });
+  assert.equal(utf8.decode(response.body), "x.y");
+  assert.deepEqual(
+    calls.map((c) => [c.route, c.key, c.trace, c.timing]),
+    [
+      ["a.b", "k1", ["x.y", "t.m"], true],
+      ["c.d", "k2", ["x.y", "t.m"], true],
+    ],
+  );
+  assert.deepEqual(
+    response.calls.map((c) => `${c.route} ${c.code} ${c.hop}`),
+    ["a.b 200 1", "leaf.x 200 2", "c.d 200 1", "leaf.x 200 2"],
+  );
+  assert.equal(response.calls[1]?.us, 5, "the callee's own measure");
+  // Without timing: no spans, and the calls ask for none.
+  const plain = await service.call("m", request(new Uint8Array()), { caller });
+  assert.deepEqual([plain.response.calls, calls[2]?.timing, calls[2]?.trace], [[], false, ["t.m"]]);
 });
 
 test("a call's route is checked, and without a bus a call gets 503", async () => {
