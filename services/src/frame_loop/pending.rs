@@ -243,7 +243,6 @@ impl<R> Pending<R> {
             timeout_ms: u32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u32::MAX),
             timing: stem.timing,
             trace: stem.trace.clone(),
-            ..RpcRequest::default()
         };
         self.deadlines.insert((deadline, Due::Call(id)));
         self.calls.insert(

@@ -122,13 +122,13 @@ impl Callees {
     /// key's partition subject (the key then set in the request); a keyed call without
     /// a usable key is refused with the 400 its caller gets.
     fn subject(&self, prefix: &str, request: &mut RpcRequest) -> Result<String, CallResult> {
-        let plain = || format!("{prefix}.svc.{}", request.route);
-        let Some((service, method)) = request.route.split_once('.') else {
-            return Ok(plain());
-        };
         let known = self.0.read().unwrap_or_else(PoisonError::into_inner);
-        let Some(keyed) = known.get(service) else {
-            return Ok(plain());
+        let keyed = (request.route.split_once('.'))
+            .and_then(|(service, method)| Some((service, method, known.get(service)?)));
+        let Some((service, method, keyed)) = keyed else {
+            // Not keyed, as far as this worker knows: a key would mean nothing there.
+            request.key.clear();
+            return Ok(format!("{prefix}.svc.{}", request.route));
         };
         let key = key_of(&request.key, &keyed.session_key, request.session.as_ref())
             .map_err(|error| CallResult::error(code::BAD_REQUEST, error.to_string()))?
@@ -239,10 +239,7 @@ mod tests {
         announce(&callees, "rooms", Some((8, "room")));
         let mut plain = call("echo.raw", "ignored", ann());
         assert_eq!(callees.subject("p", &mut plain).unwrap(), "p.svc.echo.raw");
-        assert_eq!(
-            plain.key, "ignored",
-            "a plain service's call is left as it is"
-        );
+        assert_eq!(plain.key, "", "a plain service's call goes without a key");
 
         let by_uid = |route| {
             let mut request = call(route, "", ann());
