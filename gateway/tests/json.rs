@@ -230,7 +230,8 @@ async fn a_json_client_uses_every_chat_route() {
     assert_eq!(said["code"], 200, "{said}");
     assert_eq!(
         ann.push().await,
-        json!({"route": "chat.message", "body": {"room": "den", "from": "cid", "text": "hello"}})
+        // No profile service here: the display name is the name, and there is no colour.
+        json!({"route": "chat.message", "body": {"room": "den", "from": "cid", "text": "hello", "display": "cid"}})
     );
 
     let whispered = cid

@@ -282,7 +282,7 @@ async fn a_pomelo_and_an_sdk_client_chat_in_one_room() {
         pushes[1],
         (
             "chat.message".into(),
-            json!({"room": "lobby", "from": "bob", "text": "from bob"})
+            json!({"room": "lobby", "from": "bob", "text": "from bob", "display": "bob"})
         )
     );
     assert_eq!(pushes[2].1["text"], "from ann");
@@ -380,10 +380,10 @@ async fn a_second_login_kicks_with_a_pomelo_kick() {
     let gate = TestGate::start(&bus, GateConfig::default()).await;
     let mut first = PomeloClient::connect_knowing(&gate, "chat.chat.login").await;
     let login = Route::Name("chat.chat.login");
-    let (error, _) = first
+    let (error, body) = first
         .call(login, json!({"name": "kim"}), &mut Vec::new())
         .await;
-    assert!(!error);
+    assert!(!error, "{body}");
     let mut second = PomeloClient::connect(&gate).await;
     let (error, body) = second
         .call(login, json!({"name": "kim"}), &mut Vec::new())

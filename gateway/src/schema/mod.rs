@@ -164,11 +164,10 @@ impl Schemas {
             }
             pushes.insert(p.route, find(&p.message_type)?);
         }
-        let mut names: Vec<&str> = methods.keys().map(String::as_str).collect();
+        let mut names: Vec<String> = methods.keys().cloned().collect();
         names.sort_unstable();
-        let mut push_routes: Vec<&str> = pushes.keys().map(String::as_str).collect();
+        let mut push_routes: Vec<String> = pushes.keys().cloned().collect();
         push_routes.sort_unstable();
-        self.pomelo.add(&service, &names, &push_routes);
         if keyed.is_some() {
             self.any_keyed.store(true, Ordering::Relaxed);
         }
@@ -179,6 +178,12 @@ impl Schemas {
             keyed,
         };
         self.services.insert(service.clone(), Arc::new(types));
+        // The types first: a pomelo client given a route's code by the dictionary must
+        // find its types when it sends a request by it (else its JSON body would go to
+        // the worker untranscoded).
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let push_routes: Vec<&str> = push_routes.iter().map(String::as_str).collect();
+        self.pomelo.add(&service, &names, &push_routes);
         self.learnt.send_modify(|n| *n += 1);
         Ok(service)
     }
