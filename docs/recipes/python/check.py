@@ -15,6 +15,7 @@ import chat_pb2
 import client_pb2
 import echo_pb2
 import greet_pb2
+import profile_pb2
 import resume_pb2
 import rpc_pb2
 import status_pb2
@@ -37,7 +38,9 @@ assert as_json == {"body": "aGk="}, as_json
 assert status_pb2.STATUS_UNAVAILABLE == 503 and status_pb2.Status.Name(401) == "STATUS_UNAUTHORIZED"
 
 # The descriptor set, built from the modules, holds what protoc's does.
-generated = (arena_pb2, chat_pb2, client_pb2, echo_pb2, greet_pb2, resume_pb2, rpc_pb2, status_pb2)
+generated = (
+    arena_pb2, chat_pb2, client_pb2, echo_pb2, greet_pb2, profile_pb2, resume_pb2, rpc_pb2, status_pb2,
+)
 modules = worker.descriptor_set(*(m.DESCRIPTOR for m in generated))
 with open(sys.argv[1], "rb") as f:
     from_protoc = descriptor_pb2.FileDescriptorSet.FromString(f.read())
