@@ -24,6 +24,15 @@ use tracing::info;
 
 use roles::{GateArgs, ServiceName, TlsArgs, WorkerArgs};
 
+/// jemalloc, not glibc's allocator: memory freed after a burst (a flood of slow clients,
+/// a backlog) goes back to the OS within a couple of seconds, where glibc's arenas kept
+/// tens of MB for good (docs/benchmarks.md, "Slow clients"). Not in the unit tests,
+/// which count the system allocator's bytes. Its options (a background thread that
+/// purges pages left free for a second) are built in: `.cargo/config.toml`.
+#[cfg(not(test))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Game-server RPC gateway on NATS pub/sub.
 #[derive(Debug, Parser)]
 #[command(name = "shaddock", version, about)]

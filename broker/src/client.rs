@@ -35,6 +35,10 @@ const MAX_READ_BUFFER: usize = 64 * 1024;
 /// enough that a busy subscriber reuses its buffers: freeing and re-allocating
 /// multi-megabyte buffers costs page faults and unmaps on every batch.
 const KEEP_WRITE_BUFFER: usize = 1024 * 1024;
+/// A batch no larger than this says the burst is over: the buffer that carried it gives
+/// back any room beyond this. Otherwise a long-lived connection (a gate's, a worker's)
+/// would keep two burst-sized buffers for good once traffic is back to normal.
+const CALM_WRITE_BATCH: usize = 64 * 1024;
 
 /// Slow consumers, one line a second at most: a peer that stops reading (or a thousand
 /// of them) must not flood the log.
@@ -857,6 +861,18 @@ async fn write_in_turns<W: AsyncWrite + Unpin>(
     Ok(Ok(()))
 }
 
+/// Empties a buffer whose bytes were written, for the next batch: a burst's room is
+/// dropped past [`KEEP_WRITE_BUFFER`], and past [`CALM_WRITE_BATCH`] once a batch fits
+/// in that again.
+fn reuse_written(buf: &mut BytesMut) {
+    let room = buf.capacity();
+    if room > KEEP_WRITE_BUFFER || (room > CALM_WRITE_BATCH && buf.len() <= CALM_WRITE_BATCH) {
+        *buf = BytesMut::new();
+    } else {
+        buf.clear();
+    }
+}
+
 /// Flushes the client's outbound buffer whenever woken, and PINGs it on schedule.
 async fn write_loop<W: AsyncWrite + Unpin>(me: Arc<ClientShared>, mut wr: W, server: Arc<Shared>) {
     let config = &server.config;
@@ -917,11 +933,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(me: Arc<ClientShared>, mut wr: W, ser
                 break;
             }
         }
-        if spare.capacity() > KEEP_WRITE_BUFFER {
-            spare = BytesMut::new();
-        } else {
-            spare.clear();
-        }
+        reuse_written(&mut spare);
     }
     me.close.cancel();
     {
@@ -931,4 +943,39 @@ async fn write_loop<W: AsyncWrite + Unpin>(me: Arc<ClientShared>, mut wr: W, ser
         me.writing.store(0, Ordering::Relaxed);
     }
     let _ = wr.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes `len` bytes through `buf` as the writer does: fill, write, reuse.
+    fn batch(buf: &mut BytesMut, len: usize) {
+        buf.put_bytes(b'x', len);
+        reuse_written(buf);
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn a_burst_s_room_goes_once_batches_are_calm_again() {
+        let mut buf = BytesMut::new();
+        // A busy subscriber keeps its room from batch to batch.
+        batch(&mut buf, 512 * 1024);
+        let room = buf.capacity();
+        assert!(room >= 512 * 1024);
+        batch(&mut buf, 300 * 1024);
+        assert_eq!(buf.capacity(), room);
+        // A calm batch after the burst gives it back.
+        batch(&mut buf, 100);
+        assert!(buf.capacity() <= CALM_WRITE_BATCH, "{}", buf.capacity());
+        // Calm batches keep their small room.
+        batch(&mut buf, CALM_WRITE_BATCH / 2);
+        let calm = buf.capacity();
+        assert!(calm > 0 && calm <= CALM_WRITE_BATCH);
+        batch(&mut buf, 100);
+        assert_eq!(buf.capacity(), calm);
+        // Past the keep bound even a busy one lets it go.
+        batch(&mut buf, 2 * KEEP_WRITE_BUFFER);
+        assert_eq!(buf.capacity(), 0);
+    }
 }
