@@ -5,7 +5,7 @@
 //!
 //! A crate of its own rather than a feature of the broker: nothing here is about our
 //! broker, so whatever starts processes (every crate's tests, and later the load
-//! tester's topology) takes it without linking a broker's test feature. The buses tests
+//! tester's topology, `loadtest::topology`) takes it without linking a broker's test feature. The buses tests
 //! run on (our broker in-process, or nats-server) and `on_both_buses!` are
 //! `broker::testing`, built on this.
 //!
@@ -23,7 +23,7 @@ mod nats;
 mod process;
 
 pub use cut::Cut;
-pub use nats::{NatsServer, find_go_binary, nats_server_path};
+pub use nats::{NatsServer, find_go_binary, go_binary, nats_server_path};
 pub use process::{Process, word_after};
 
 /// How long any single wait in a test may take before the test fails. Only a failing
