@@ -1,7 +1,7 @@
 //! Load generators for Shaddock, run as `shaddock loadtest <subcommand>`.
 //!
 //! Each subcommand is a bounded experiment: it stops by itself, counts errors instead of
-//! panicking, and prints one human-readable report (or one JSON line with `--json`) on
+//! panicking, and prints one human-readable report (or one JSON line with `--json -`) on
 //! stdout so `scripts/bench-broker.sh` can parse it. Progress goes to `tracing` (stderr).
 //!
 //! Layers, each importing only those before it in this list: the leaves
