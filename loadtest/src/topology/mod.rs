@@ -21,10 +21,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
 use nix::sys::signal::Signal;
-use testkit::Process;
+use testkit::{Pki, Process};
 use tokio::time::Instant;
-
-use crate::tls::Certs;
 
 mod cluster;
 
@@ -335,7 +333,7 @@ pub struct Topology {
     tls_args: Vec<String>,
     /// The gates' certificate files; a field, so they are removed only after `Drop` has
     /// stopped the gates that read them.
-    certs: Option<Certs>,
+    certs: Option<Pki>,
 }
 
 impl fmt::Debug for Topology {
@@ -399,7 +397,7 @@ impl Topology {
             _ => self.start_bus(deadline).await?,
         }
         if spec.tls && spec.gates > 0 {
-            self.make_tls_args()?;
+            self.make_tls_args();
         }
         let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
         for _ in 0..spec.gates {
@@ -414,18 +412,17 @@ impl Topology {
     }
 
     /// Makes the throwaway CA and the gates' `--tls-*` flags.
-    fn make_tls_args(&mut self) -> anyhow::Result<()> {
-        let certs = self.certs.insert(Certs::create()?);
+    fn make_tls_args(&mut self) {
+        let server = &self.certs.insert(Pki::new()).server;
         let path = |p: &Path| p.display().to_string();
         self.tls_args = vec![
             "--tls-listen".to_owned(),
             "127.0.0.1:0".to_owned(),
             "--tls-cert".to_owned(),
-            path(&certs.cert),
+            path(&server.cert),
             "--tls-key".to_owned(),
-            path(&certs.key),
+            path(&server.key),
         ];
-        Ok(())
     }
 
     /// Starts `shaddock up` on free ports and waits until it is ready.
@@ -442,7 +439,7 @@ impl Topology {
         .map(String::from)
         .to_vec();
         if self.spec.tls {
-            self.make_tls_args()?;
+            self.make_tls_args();
             args.extend(self.tls_args.iter().cloned());
         }
         args.extend(self.spec.gate_args.iter().cloned());
