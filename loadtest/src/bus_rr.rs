@@ -28,8 +28,8 @@ use futures::StreamExt;
 use serde::Serialize;
 use tokio::task::JoinSet;
 
-use crate::hist::Hist;
-use crate::report::{Doc, OutputArgs, Report, Section, Table, ms};
+use crate::hist::{Hist, Summary};
+use crate::report::{Doc, OutputArgs, Report, Section, Table};
 
 /// Upper bound on requesters: each is a socket and a task; past this the client machine,
 /// not the server, is what gets measured (and file-descriptor limits bite).
@@ -96,12 +96,8 @@ pub struct BusRr {
     pub elapsed_s: f64,
     pub requests: u64,
     pub req_per_s: f64,
-    pub mean_us: f64,
-    pub p50_us: f64,
-    pub p90_us: f64,
-    pub p99_us: f64,
-    pub p999_us: f64,
-    pub max_us: f64,
+    #[serde(flatten)]
+    pub latency: Summary,
     pub errors: u64,
     pub errors_timeout: u64,
     pub errors_no_responders: u64,
@@ -130,16 +126,7 @@ impl Section for BusRr {
             ),
             format!("throughput: {:.0} req/s", self.req_per_s),
         ]);
-        let mut table = Table::new(&["latency (ms)", "p50", "p90", "p99", "p99.9", "max", "mean"]);
-        let figures = [self.p50_us, self.p90_us, self.p99_us, self.p999_us];
-        let row = figures.into_iter().chain([self.max_us, self.mean_us]);
-        table.rows.push(
-            ["request".to_owned()]
-                .into_iter()
-                .chain(row.map(ms))
-                .collect(),
-        );
-        doc.table(table);
+        doc.table(Table::latency([("request", &self.latency)]));
     }
 }
 
@@ -238,12 +225,7 @@ pub async fn measure(args: &Args) -> anyhow::Result<BusRr> {
         } else {
             0.0
         },
-        mean_us: l.mean_us,
-        p50_us: l.p50_us,
-        p90_us: l.p90_us,
-        p99_us: l.p99_us,
-        p999_us: l.p999_us,
-        max_us: l.max_us,
+        latency: l,
         errors: errors.iter().sum(),
         errors_timeout: errors[0],
         errors_no_responders: errors[1],

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use serde::Serialize;
 
+use crate::hist::Summary;
+
 /// A report, whatever the scenario.
 #[derive(Debug, Clone)]
 pub struct Doc {
@@ -42,6 +44,20 @@ impl Table {
             columns,
             rows: Vec::new(),
         }
+    }
+
+    /// One row per named latency summary, in milliseconds.
+    pub fn latency<'a>(rows: impl IntoIterator<Item = (&'a str, &'a Summary)>) -> Self {
+        let mut table = Table::new(&["latency (ms)", "avg", "p50", "p90", "p99", "p99.9", "max"]);
+        table.rows = (rows.into_iter())
+            .map(|(name, s)| {
+                let figures = [s.mean_us, s.p50_us, s.p90_us, s.p99_us, s.p999_us, s.max_us];
+                std::iter::once(name.to_owned())
+                    .chain(figures.map(ms))
+                    .collect()
+            })
+            .collect();
+        table
     }
 }
 
