@@ -209,12 +209,12 @@ run_one() {
       ;;
     B6)
       timeout -k 5 "$RUN_TIMEOUT" "${LOADTEST[@]}" bus-rr --url "$url" --requesters 50 \
-        --responders 2 --size 16 --duration "$B6_DURATION" --warmup "$B6_WARMUP" --json \
+        --responders 2 --size 16 --duration "$B6_DURATION" --warmup "$B6_WARMUP" --json - \
         >"$out" 2>"$out.err" || rc=$?
       ;;
     MEM)
       timeout -k 5 "$RUN_TIMEOUT" "${LOADTEST[@]}" idle-conns --url "$url" --pid "$SERVER_PID" \
-        --conns "$MEM_CONNS" --json >"$out" 2>"$out.err" || rc=$?
+        --conns "$MEM_CONNS" --json - >"$out" 2>"$out.err" || rc=$?
       ;;
   esac
   if ! alive "$SERVER_PID"; then

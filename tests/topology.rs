@@ -139,7 +139,7 @@ async fn without_metrics_nothing_serves_them_and_requests_still_cross() {
 
 #[tokio::test]
 async fn the_same_topology_runs_on_nats_server() {
-    if loadtest::topology::find_nats_server().await.is_none() {
+    if testkit::go_binary("nats-server").is_none() {
         eprintln!("skipped: nats-server is not installed (scripts/test.sh installs it)");
         return;
     }
@@ -244,7 +244,7 @@ async fn a_worker_that_fails_to_start_fails_the_start_with_its_output() {
     let error = Topology::start(bad).await.unwrap_err();
     let message = format!("{error:#}");
     assert!(
-        message.contains("worker-no-such-service-0") && message.contains("stopped before"),
+        message.contains("worker-no-such-service-0") && message.contains("ended without logging"),
         "{message}"
     );
     // The child's own complaint (clap's) is in the error.

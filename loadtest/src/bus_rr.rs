@@ -28,8 +28,8 @@ use futures::StreamExt;
 use serde::Serialize;
 use tokio::task::JoinSet;
 
-use crate::hist::Hist;
-use crate::report::{ms, print_stdout};
+use crate::hist::{Hist, Summary};
+use crate::report::{Doc, OutputArgs, Report, Section, Table};
 
 /// Upper bound on requesters: each is a socket and a task; past this the client machine,
 /// not the server, is what gets measured (and file-descriptor limits bite).
@@ -79,17 +79,15 @@ pub struct Args {
     /// Subject the responders serve.
     #[arg(long, default_value = "shaddock.loadtest.rr")]
     pub subject: String,
-    /// Print one JSON object on one line instead of the human-readable report.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
-/// What one run measured: one JSON object on one line with `--json` (the fields
-/// scripts/bench-broker.sh reads), else a few lines of text. Errors are counted from
-/// requests sent inside the measured window.
+/// What one run measured (with `--json -`, one JSON object on one line: the fields
+/// scripts/bench-broker.sh reads). Errors are counted from requests sent inside the
+/// measured window.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Report {
-    pub scenario: &'static str,
+pub struct BusRr {
     pub requesters: u32,
     pub responders: u32,
     pub size: usize,
@@ -98,12 +96,8 @@ pub struct Report {
     pub elapsed_s: f64,
     pub requests: u64,
     pub req_per_s: f64,
-    pub mean_us: f64,
-    pub p50_us: f64,
-    pub p90_us: f64,
-    pub p99_us: f64,
-    pub p999_us: f64,
-    pub max_us: f64,
+    #[serde(flatten)]
+    pub latency: Summary,
     pub errors: u64,
     pub errors_timeout: u64,
     pub errors_no_responders: u64,
@@ -112,50 +106,38 @@ pub struct Report {
     pub responder_errors: u64,
 }
 
-impl Report {
-    fn to_text(&self) -> String {
-        format!(
-            "bus-rr: {} requesters (one connection each), {} responders (queue group), {} B, \
-             {:.2} s measured after {:.2} s warm-up\n\
-             requests: {} ok, {} errors (timeout {}, no responders {}, other {}), \
-             responder publish errors {}\n\
-             throughput: {:.0} req/s\n\
-             latency (ms): p50 {}, p90 {}, p99 {}, p99.9 {}, max {}, mean {}",
-            self.requesters,
-            self.responders,
-            self.size,
-            self.elapsed_s,
-            self.warmup_s,
-            self.requests,
-            self.errors,
-            self.errors_timeout,
-            self.errors_no_responders,
-            self.errors_other,
-            self.responder_errors,
-            self.req_per_s,
-            ms(self.p50_us),
-            ms(self.p90_us),
-            ms(self.p99_us),
-            ms(self.p999_us),
-            ms(self.max_us),
-            ms(self.mean_us),
-        )
+impl Section for BusRr {
+    fn add_to(&self, doc: &mut Doc) {
+        doc.lines(vec![
+            format!(
+                "{} requesters (one connection each), {} responders (queue group), {} B, \
+                 {:.2} s measured after {:.2} s warm-up",
+                self.requesters, self.responders, self.size, self.elapsed_s, self.warmup_s
+            ),
+            format!(
+                "requests: {} ok, {} errors (timeout {}, no responders {}, other {}), \
+                 responder publish errors {}",
+                self.requests,
+                self.errors,
+                self.errors_timeout,
+                self.errors_no_responders,
+                self.errors_other,
+                self.responder_errors
+            ),
+            format!("throughput: {:.0} req/s", self.req_per_s),
+        ]);
+        doc.table(Table::latency([("request", &self.latency)]));
     }
 }
 
-/// Runs the benchmark and prints its report on stdout.
+/// Runs the benchmark and prints its report.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let report = measure(&args).await?;
-    let out = if args.json {
-        serde_json::to_string(&report)?
-    } else {
-        report.to_text()
-    };
-    print_stdout(&(out + "\n"))
+    Report::new("bus-rr", format!("NATS server {}", args.url), report).write(&args.output)
 }
 
-/// Runs the benchmark and returns its report.
-pub async fn measure(args: &Args) -> anyhow::Result<Report> {
+/// Runs the benchmark and returns its figures.
+pub async fn measure(args: &Args) -> anyhow::Result<BusRr> {
     if args.size > MAX_PAYLOAD {
         bail!("--size {} exceeds {MAX_PAYLOAD} bytes", args.size);
     }
@@ -231,8 +213,7 @@ pub async fn measure(args: &Args) -> anyhow::Result<Report> {
         .as_secs_f64();
     responders.shutdown().await;
     let l = latency.summary();
-    Ok(Report {
-        scenario: "bus-rr",
+    Ok(BusRr {
         requesters: args.requesters,
         responders: args.responders,
         size: args.size,
@@ -244,12 +225,7 @@ pub async fn measure(args: &Args) -> anyhow::Result<Report> {
         } else {
             0.0
         },
-        mean_us: l.mean_us,
-        p50_us: l.p50_us,
-        p90_us: l.p90_us,
-        p99_us: l.p99_us,
-        p999_us: l.p999_us,
-        max_us: l.max_us,
+        latency: l,
         errors: errors.iter().sum(),
         errors_timeout: errors[0],
         errors_no_responders: errors[1],

@@ -14,6 +14,8 @@ use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::report::{Doc, OutputArgs, Report, Section};
+
 /// Upper bound on connections: each is a file descriptor in both processes.
 pub const MAX_CONNS: u32 = 50_000;
 /// Time one connection may take to complete its handshake before the run fails.
@@ -39,16 +41,14 @@ pub struct Args {
     #[arg(long, default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_CONNS)))]
     pub conns: u32,
-    /// Print one JSON object on one line instead of the human-readable report.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
-/// Result of one run: one JSON object on one line with `--json` (scripts/bench-broker.sh
-/// reads `bytes_per_conn`).
+/// Result of one run (with `--json -`, one JSON object on one line:
+/// scripts/bench-broker.sh reads `bytes_per_conn`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Report {
-    pub scenario: &'static str,
+pub struct IdleConns {
     pub conns: u32,
     pub rss_before: u64,
     pub rss_after: u64,
@@ -56,25 +56,26 @@ pub struct Report {
     pub bytes_per_conn: i64,
 }
 
-/// Runs the measurement and prints its report on stdout.
-pub async fn run(args: Args) -> anyhow::Result<()> {
-    let r = measure(&args).await?;
-    let out = if args.json {
-        serde_json::to_string(&r)?
-    } else {
-        format!(
-            "idle-conns: {} connections, RSS {} KiB -> {} KiB, {} bytes per connection",
-            r.conns,
-            r.rss_before / 1024,
-            r.rss_after / 1024,
-            r.bytes_per_conn
-        )
-    };
-    crate::report::print_stdout(&(out + "\n"))
+impl Section for IdleConns {
+    fn add_to(&self, doc: &mut Doc) {
+        doc.lines(vec![format!(
+            "{} connections, RSS {} KiB -> {} KiB, {} bytes per connection",
+            self.conns,
+            self.rss_before / 1024,
+            self.rss_after / 1024,
+            self.bytes_per_conn
+        )]);
+    }
 }
 
-/// Runs the measurement and returns its report; connections close when it returns.
-pub async fn measure(args: &Args) -> anyhow::Result<Report> {
+/// Runs the measurement and prints its report.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let setup = format!("NATS server {} (pid {})", args.url, args.pid);
+    Report::new("idle-conns", setup, measure(&args).await?).write(&args.output)
+}
+
+/// Runs the measurement and returns its figures; connections close when it returns.
+pub async fn measure(args: &Args) -> anyhow::Result<IdleConns> {
     let addr = host_port(&args.url);
     let read_rss = |pid| {
         crate::proc::rss_bytes(pid)
@@ -96,8 +97,7 @@ pub async fn measure(args: &Args) -> anyhow::Result<Report> {
     tracing::info!(conns = conns.len(), rss_before, rss_after, "measured");
     drop(conns);
     let delta = i128::from(rss_after) - i128::from(rss_before);
-    Ok(Report {
-        scenario: "idle-conns",
+    Ok(IdleConns {
         conns: args.conns,
         rss_before,
         rss_after,

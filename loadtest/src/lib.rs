@@ -1,11 +1,11 @@
 //! Load generators for Shaddock, run as `shaddock loadtest <subcommand>`.
 //!
 //! Each subcommand is a bounded experiment: it stops by itself, counts errors instead of
-//! panicking, and prints one human-readable report (or one JSON line with `--json`) on
+//! panicking, and prints one human-readable report (or one JSON line with `--json -`) on
 //! stdout so `scripts/bench-broker.sh` can parse it. Progress goes to `tracing` (stderr).
 //!
 //! Layers, each importing only those before it in this list: the leaves
-//! [`hist`], [`proc`], [`report`] and [`tls`]; the parts [`limit`] (the bare echo
+//! [`hist`], [`proc`] and [`report`]; the parts [`limit`] (the bare echo
 //! server) and [`topology`] (the launcher); the scenarios [`bus_rr`] and [`idle_conns`]
 //! (NATS), [`ws`] (WebSocket load through the gateway) and [`faults`] (which reuses the
 //! WebSocket pacing). `python3 scripts/check-layers.py loadtest` checks for cycles.
@@ -17,7 +17,6 @@ pub mod idle_conns;
 pub mod limit;
 pub mod proc;
 pub mod report;
-pub mod tls;
 pub mod topology;
 pub mod ws;
 

@@ -26,7 +26,6 @@ fn spec(clients: usize, count: u64, clock: ClockKind) -> LoadSpec {
         route: "echo.raw".into(),
         payload: Payload::Hello,
         codec: Codec::Protobuf,
-        server_timing: true,
         clock,
         progress: false,
     }

@@ -5,25 +5,30 @@
 //!
 //! A crate of its own rather than a feature of the broker: nothing here is about our
 //! broker, so whatever starts processes (every crate's tests, and later the load
-//! tester's topology) takes it without linking a broker's test feature. The buses tests
+//! tester's topology, `loadtest::topology`) takes it without linking a broker's test feature. The buses tests
 //! run on (our broker in-process, or nats-server) and `on_both_buses!` are
 //! `broker::testing`, built on this.
 //!
-//! [`Cut`] is a TCP hop a test (or the load tester) cuts, as a dropped link would.
+//! [`Cut`] is a TCP hop a test (or the load tester) cuts, as a dropped link would;
+//! [`Pki`] a throwaway CA and the certificates it signed.
 //!
 //! Everything else panics on failure, with the process's log: it is test code, and a panic
 //! is how a test fails.
 
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 mod cut;
 mod nats;
+mod pki;
 mod process;
 
 pub use cut::Cut;
-pub use nats::{NatsServer, find_go_binary, nats_server_path};
+pub use nats::{NatsServer, find_go_binary, go_binary, nats_server_path};
+pub use pki::{CertFiles, Pki};
 pub use process::{Process, word_after};
 
 /// How long any single wait in a test may take before the test fails. Only a failing
@@ -42,12 +47,20 @@ pub async fn within<F: Future>(future: F) -> F::Output {
         .expect("timed out waiting")
 }
 
-/// Writes `contents` to a fresh file in the temp dir and returns its path.
+/// Writes `contents` to a fresh file in the temp dir, readable by this user only (it may
+/// be a private key), and returns its path.
 pub fn temp_file(name: &str, contents: &str) -> PathBuf {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let path =
         std::env::temp_dir().join(format!("shaddock-test-{}-{n}-{name}", std::process::id()));
-    std::fs::write(&path, contents).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut file| file.write_all(contents.as_bytes()))
+        .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
     path
 }

@@ -72,11 +72,21 @@ pub fn nats_server_path() -> PathBuf {
 /// A Go-installed tool (`nats-server`, `nats-bench`, `nats-pub`, ...): on PATH, else in
 /// `$(go env GOPATH)/bin`. Panics with a hint when it is not installed.
 pub fn find_go_binary(name: &str) -> PathBuf {
+    go_binary(name).unwrap_or_else(|| {
+        panic!(
+            "{name} not found on PATH or in $(go env GOPATH)/bin; install it with `go install` \
+             (nats-server: `go install github.com/nats-io/nats-server/v2@latest`)"
+        )
+    })
+}
+
+/// [`find_go_binary`], `None` when it is not installed.
+pub fn go_binary(name: &str) -> Option<PathBuf> {
     if let Some(paths) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&paths) {
             let candidate = dir.join(name);
             if candidate.is_file() {
-                return candidate;
+                return Some(candidate);
             }
         }
     }
@@ -86,17 +96,8 @@ pub fn find_go_binary(name: &str) -> PathBuf {
         .ok()
         .filter(|out| out.status.success())
         .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-        .filter(|s| !s.is_empty());
-    if let Some(gopath) = gopath {
-        // GOPATH may be a list; the first entry is where `go install` puts binaries.
-        let first = std::env::split_paths(&gopath).next().unwrap_or_default();
-        let candidate = first.join("bin").join(name);
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    panic!(
-        "{name} not found on PATH or in $(go env GOPATH)/bin; install it with `go install` \
-         (nats-server: `go install github.com/nats-io/nats-server/v2@latest`)"
-    )
+        .filter(|s| !s.is_empty())?;
+    // GOPATH may be a list; the first entry is where `go install` puts binaries.
+    let first = std::env::split_paths(&gopath).next().unwrap_or_default();
+    Some(first.join("bin").join(name)).filter(|candidate| candidate.is_file())
 }

@@ -43,7 +43,13 @@ impl Process {
     /// stderr read into the log, and none of the test's own `SHADDOCK_*` variables
     /// unless `command` sets them: a setting exported in the shell must not change
     /// what a test starts.
-    pub fn spawn(name: &str, mut command: Command) -> Process {
+    pub fn spawn(name: &str, command: Command) -> Process {
+        Process::try_spawn(name, command).unwrap_or_else(|e| panic!("cannot start {name}: {e}"))
+    }
+
+    /// [`Process::spawn`] for a caller that is no test (the load tester): an error, not
+    /// a panic, when the program cannot be started.
+    pub fn try_spawn(name: &str, mut command: Command) -> std::io::Result<Process> {
         let set: Vec<OsString> = command.get_envs().map(|(k, _)| k.to_owned()).collect();
         for (key, _) in std::env::vars_os() {
             if key.to_str().is_some_and(|k| k.starts_with("SHADDOCK_")) && !set.contains(&key) {
@@ -54,8 +60,7 @@ impl Process {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+            .spawn()?;
         let (tx, log) = watch::channel(Log {
             lines: Vec::new(),
             open_pipes: 2,
@@ -63,13 +68,13 @@ impl Process {
         let tx = Arc::new(tx);
         read_lines(child.stdout.take().unwrap(), tx.clone());
         read_lines(child.stderr.take().unwrap(), tx);
-        Process {
+        Ok(Process {
             name: name.to_owned(),
             child,
             log,
             next: 0,
             temp_files: Vec::new(),
-        }
+        })
     }
 
     /// Its name, as given to [`Process::spawn`].
@@ -96,6 +101,14 @@ impl Process {
     /// [`Process::line`] with a wait of the test's own (one that is part of what it
     /// checks).
     pub async fn line_within(&mut self, needle: &str, wait: Duration) -> String {
+        self.wait_line(needle, wait)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Process::line_within`] that fails with the message (the log's tail in it)
+    /// instead of panicking.
+    pub async fn wait_line(&mut self, needle: &str, wait: Duration) -> Result<String, String> {
         let from = self.next;
         let mut found = None;
         let timed_out = tokio::time::timeout(
@@ -112,14 +125,14 @@ impl Process {
         .is_err();
         if let Some(i) = found {
             self.next = i + 1;
-            return self.log.borrow().lines[i].1.clone();
+            return Ok(self.log.borrow().lines[i].1.clone());
         }
         let how = if timed_out {
             "did not log in time"
         } else {
             "ended without logging"
         };
-        panic!("{} {how} {needle:?}; {}", self.describe(), self.tail())
+        Err(self.failure(&format!("{how} {needle:?}")))
     }
 
     /// The address in the next line containing `phrase`: the word right after it, with
@@ -163,20 +176,47 @@ impl Process {
     /// Waits, within [`DEADLINE`], for the process to exit on its own (it closes its
     /// pipes as it does) and returns how it exited.
     pub async fn exit(&mut self) -> ExitStatus {
-        let closed = tokio::time::timeout(DEADLINE, self.log.wait_for(|log| log.open_pipes == 0))
-            .await
-            .is_ok();
-        assert!(
-            closed,
-            "{} did not exit in time; {}",
-            self.describe(),
-            self.tail()
-        );
-        self.child.wait().unwrap()
+        match self.exit_within(DEADLINE).await {
+            Some(status) => status,
+            None => panic!("{}", self.failure("did not exit in time")),
+        }
     }
 
-    fn describe(&self) -> String {
-        format!("{} (pid {})", self.name, self.pid())
+    /// How it exited, once it has within `wait`; `None` if it is still running.
+    async fn exit_within(&mut self, wait: Duration) -> Option<ExitStatus> {
+        tokio::time::timeout(wait, self.exited()).await.ok()?;
+        self.child.wait().ok()
+    }
+
+    /// Resolves once the process has exited (it closes its pipes as it does).
+    pub async fn exited(&self) {
+        let mut log = self.log.clone();
+        let _ = log.wait_for(|log| log.open_pipes == 0).await;
+    }
+
+    /// How it exited, if it has (without waiting).
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Sends `signal` and waits up to `wait` for the process to exit; then kills it and
+    /// fails with its log's tail.
+    pub async fn stop(&mut self, signal: Signal, wait: Duration) -> Result<ExitStatus, String> {
+        self.signal(signal);
+        if let Some(status) = self.exit_within(wait).await {
+            return Ok(status);
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        Err(self.failure(&format!(
+            "did not stop in time after {signal} and was killed"
+        )))
+    }
+
+    /// `NAME (pid PID) WHAT; its log (...)`, the last lines of the log in it: what a
+    /// failure says.
+    pub fn failure(&self, what: &str) -> String {
+        format!("{} (pid {}) {what}; {}", self.name, self.pid(), self.tail())
     }
 
     /// The last lines of the log, for a failure message.

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use serde::Serialize;
 
+use crate::hist::Summary;
+
 /// A report, whatever the scenario.
 #[derive(Debug, Clone)]
 pub struct Doc {
@@ -42,6 +44,20 @@ impl Table {
             columns,
             rows: Vec::new(),
         }
+    }
+
+    /// One row per named latency summary, in milliseconds.
+    pub fn latency<'a>(rows: impl IntoIterator<Item = (&'a str, &'a Summary)>) -> Self {
+        let mut table = Table::new(&["latency (ms)", "avg", "p50", "p90", "p99", "p99.9", "max"]);
+        table.rows = (rows.into_iter())
+            .map(|(name, s)| {
+                let figures = [s.mean_us, s.p50_us, s.p90_us, s.p99_us, s.p999_us, s.max_us];
+                std::iter::once(name.to_owned())
+                    .chain(figures.map(ms))
+                    .collect()
+            })
+            .collect();
+        table
     }
 }
 
@@ -151,11 +167,9 @@ pub struct Meta {
 
 impl Meta {
     pub fn now() -> Self {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let t = time::OffsetDateTime::now_utc();
         Meta {
-            date: utc_text(secs),
+            date: utc_text(t),
             machine: Machine::this(),
             command: std::env::args().collect::<Vec<_>>().join(" "),
         }
@@ -180,44 +194,32 @@ pub struct Machine {
 
 impl Machine {
     fn this() -> Self {
-        let read = |path| std::fs::read_to_string(path).unwrap_or_default();
-        let field = |text: &str, key: &str| {
-            let line = text.lines().find(|l| l.starts_with(key))?;
-            Some(
-                line[key.len()..]
-                    .trim_start_matches([' ', '\t', ':'])
-                    .to_owned(),
-            )
-        };
-        let mem_kib: f64 = field(&read("/proc/meminfo"), "MemTotal")
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0.0);
+        use procfs::Current as _;
+        let memory = procfs::Meminfo::current().map_or(0, |m| m.mem_total);
+        let cpu_info = procfs::CpuInfo::current().ok();
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease");
         Machine {
             cpus: std::thread::available_parallelism().map_or(0, usize::from),
-            cpu_model: field(&read("/proc/cpuinfo"), "model name").unwrap_or_default(),
-            memory_gib: (mem_kib / 1024.0 / 1024.0 * 10.0).round() / 10.0,
-            kernel: read("/proc/sys/kernel/osrelease").trim().to_owned(),
+            cpu_model: (cpu_info.as_ref().and_then(|c| c.model_name(0)))
+                .unwrap_or_default()
+                .to_owned(),
+            memory_gib: (memory as f64 / f64::from(1 << 30) * 10.0).round() / 10.0,
+            kernel: release.unwrap_or_default().trim().to_owned(),
         }
     }
 }
 
-/// `YYYY-MM-DD HH:MM:SS UTC` from Unix seconds: days to a civil date by Howard Hinnant's
-/// algorithm, so no date crate for one line.
-fn utc_text(secs: u64) -> String {
-    let z = i64::try_from(secs / 86_400).unwrap_or(0) + 719_468;
-    let (era, doe) = (z.div_euclid(146_097), z.rem_euclid(146_097));
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let rem = secs % 86_400;
+/// `YYYY-MM-DD HH:MM:SS UTC`.
+fn utc_text(t: time::OffsetDateTime) -> String {
+    let (date, clock) = (t.date(), t.time());
     format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
+        date.year(),
+        u8::from(date.month()),
+        date.day(),
+        clock.hour(),
+        clock.minute(),
+        clock.second()
     )
 }
 
@@ -339,7 +341,8 @@ mod tests {
         assert_eq!(thousands(1_234_567.0), "1,234,567");
         assert_eq!(thousands(-1_500.0), "-1,500");
         assert_eq!(ms(2_500.0), "2.500");
-        assert_eq!(utc_text(951_782_400), "2000-02-29 00:00:00 UTC");
-        assert_eq!(utc_text(1_795_000_000), "2026-11-18 11:06:40 UTC");
+        let at = |secs| utc_text(time::OffsetDateTime::from_unix_timestamp(secs).unwrap());
+        assert_eq!(at(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(at(1_795_000_000), "2026-11-18 11:06:40 UTC");
     }
 }

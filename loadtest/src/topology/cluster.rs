@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::{BrokerSpec, Proc, READY_TIMEOUT, ROUTE_LINE, Role, Topology, find_nats_server};
+use super::{BrokerSpec, Proc, READY_TIMEOUT, ROUTE_LINE, Role, Topology};
 
 /// The cluster name every node is given (`--cluster_name`).
 const CLUSTER_NAME: &str = "shaddock-loadtest";
@@ -30,31 +30,6 @@ const MAX_MONITOR_BYTES: u64 = 1 << 20;
 /// and the shortest duration it accepts (30 s; it closes clients at most 1 s apart, so
 /// a node with a few clients is gone a few seconds after the grace).
 const NODE_CONF: &str = "lame_duck_grace_period: 1s\nlame_duck_duration: 30s\n";
-
-/// The config file of the cluster's nodes; removed when dropped.
-pub(super) struct NodeConf {
-    path: PathBuf,
-}
-
-impl NodeConf {
-    fn create() -> anyhow::Result<NodeConf> {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let path = std::env::temp_dir().join(format!(
-            "shaddock-loadtest-node-{}-{nanos}.conf",
-            std::process::id()
-        ));
-        std::fs::write(&path, NODE_CONF).with_context(|| format!("writing {}", path.display()))?;
-        Ok(NodeConf { path })
-    }
-}
-
-impl Drop for NodeConf {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
 
 /// One bus process: what runs it and the ports it took.
 #[derive(Debug, Clone)]
@@ -84,7 +59,7 @@ impl Topology {
         let program = if shaddock {
             self.spec.shaddock_bin.clone()
         } else {
-            find_nats_server().await.context(
+            testkit::go_binary("nats-server").context(
                 "nats-server not found on PATH nor in $(go env GOPATH)/bin \
                  (go install github.com/nats-io/nats-server/v2@latest)",
             )?
@@ -165,13 +140,12 @@ impl Topology {
         if self.spec.metrics || node.route.is_some() {
             args.extend(["-m".to_owned(), "-1".to_owned()]);
         }
-        if let Some(route) = node.route {
-            if self.node_conf.is_none() {
-                self.node_conf = Some(NodeConf::create()?);
-            }
-            if let Some(conf) = &self.node_conf {
-                args.extend(["-c".to_owned(), conf.path.display().to_string()]);
-            }
+        // Each node's own config file, removed when the node is gone.
+        let conf = node
+            .route
+            .map(|_| testkit::temp_file("nats-node.conf", NODE_CONF));
+        if let (Some(route), Some(conf)) = (node.route, &conf) {
+            args.extend(["-c".to_owned(), conf.display().to_string()]);
             let others: Vec<String> = self
                 .bus
                 .iter()
@@ -188,7 +162,16 @@ impl Topology {
                 args.extend(["--routes".to_owned(), others.join(",")]);
             }
         }
-        let mut proc = Proc::spawn(node.role.clone(), &node.program, &args)?;
+        let mut proc = match Proc::spawn(node.role.clone(), &node.program, &args) {
+            Ok(proc) => proc,
+            Err(e) => {
+                conf.map(std::fs::remove_file);
+                return Err(e);
+            }
+        };
+        if let Some(conf) = conf {
+            proc.process.remove_on_drop(conf);
+        }
         let waited = if node.route.is_some() {
             // Logged after "Server is ready": the route port is known only then.
             proc.wait_line(ROUTE_LINE, deadline).await

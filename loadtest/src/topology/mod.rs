@@ -4,32 +4,25 @@
 //! are real. A running topology can be changed (a worker or gate added, one process
 //! stopped, a bus node restarted), for `loadtest faults`.
 //!
-//! Every child binds port 0 and is trusted only once it has logged its readiness line on
-//! stderr within a deadline; the addresses it bound are read from the lines before it, so
-//! nothing sleeps and nothing guesses a port. Each child's stderr is drained for its whole
-//! life (a short tail is kept for error messages), so a chatty child never blocks.
-//! Teardown stops exactly the processes started here, by pid, gates first (they drain
-//! while workers still answer), then workers, then the bus: SIGTERM, a deadline, SIGKILL.
-//! `Drop` does the same synchronously, so a scenario that fails still leaves nothing.
+//! Each child is a [`testkit::Process`]: it binds port 0 and is trusted only once it has
+//! logged its readiness line within a deadline; the addresses it bound are read from its
+//! log, so nothing sleeps and nothing guesses a port. Teardown stops exactly the
+//! processes started here, by pid, gates first (they drain while workers still answer),
+//! then workers, then the bus: SIGTERM, a deadline, SIGKILL. Dropping the topology kills
+//! what is left (each `Process` does on drop), so a scenario that fails leaves nothing.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
-use tokio::time::{Instant, timeout, timeout_at};
-
-use crate::tls::Certs;
+use nix::sys::signal::Signal;
+use testkit::{Pki, Process};
+use tokio::time::Instant;
 
 mod cluster;
 
@@ -39,16 +32,6 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a stage of [`Topology::shutdown`] waits after SIGTERM before SIGKILL: above
 /// the gate's default shutdown grace (5 s), so in-flight requests can still be answered.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(8);
-/// The same wait in `Drop`, which blocks its thread: short, since it is the fallback.
-pub const DROP_STOP_TIMEOUT: Duration = Duration::from_secs(2);
-/// Lines of a child's stderr kept to explain a failure.
-const TAIL_LINES: usize = 40;
-/// Longest line kept in the tail (a line is still read whole, then cut).
-const TAIL_LINE_CHARS: usize = 2_000;
-/// Lines queued between a child's stderr reader and the readiness check.
-const LINE_QUEUE: usize = 256;
-/// How often `Drop` looks whether its children have exited.
-const DROP_POLL: Duration = Duration::from_millis(5);
 
 /// The environment variable naming the `shaddock` binary to launch.
 pub const SHADDOCK_BIN_ENV: &str = "SHADDOCK_BIN";
@@ -206,29 +189,6 @@ pub fn default_shaddock_bin() -> PathBuf {
     Path::new("target").join("release").join(name)
 }
 
-/// Finds `nats-server`: on `PATH`, else in `$(go env GOPATH)/bin`, where `go install`
-/// (and `scripts/test.sh`) puts it.
-pub async fn find_nats_server() -> Option<PathBuf> {
-    let name = format!("nats-server{}", std::env::consts::EXE_SUFFIX);
-    let on_path = std::env::var_os("PATH")
-        .map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .unwrap_or_default();
-    if let Some(found) = on_path.iter().map(|d| d.join(&name)).find(|p| p.is_file()) {
-        return Some(found);
-    }
-    let output = Command::new("go")
-        .args(["env", "GOPATH"])
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .await
-        .ok()?;
-    let gopath = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    std::env::split_paths(&gopath)
-        .map(|d| d.join("bin").join(&name))
-        .find(|p| p.is_file())
-}
-
 /// What one started process is for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Role {
@@ -269,26 +229,12 @@ impl fmt::Display for Role {
     }
 }
 
-/// The last lines a child wrote to stderr, to explain a failure.
-type SharedTail = Arc<Mutex<VecDeque<String>>>;
-
-fn render(tail: &SharedTail) -> String {
-    let tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
-    if tail.is_empty() {
-        return "    (no output)".to_owned();
-    }
-    let lines: Vec<String> = tail.iter().map(|l| format!("    {l}")).collect();
-    lines.join("\n")
-}
-
 /// One started child.
 struct Proc {
     role: Role,
-    pid: u32,
-    child: Child,
-    tail: SharedTail,
-    /// Stderr lines until the child is ready; dropped then, and the reader only drains.
-    lines: Option<mpsc::Receiver<String>>,
+    process: Process,
+    /// It has logged its readiness line (waiting again would wait for a second one).
+    ready: bool,
     /// Where clients connect: the broker's NATS port, a gate's WebSocket port.
     listen: Option<SocketAddr>,
     /// A gate's TLS WebSocket port, when it serves one.
@@ -321,44 +267,16 @@ fn word_after<'a>(line: &'a str, phrase: &str) -> Option<&'a str> {
 
 impl Proc {
     fn spawn(role: Role, program: &Path, args: &[String]) -> anyhow::Result<Proc> {
-        let mut command = Command::new(program);
-        command
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            // Readiness lines are at info.
-            .env("RUST_LOG", "info")
-            // A safety net for a panic between spawn and registration; teardown proper
-            // is SIGTERM first.
-            .kill_on_drop(true);
-        // The spec alone decides how a child runs: a SHADDOCK_GATE_ID or
-        // SHADDOCK_METRICS_LISTEN inherited from the caller would make gates collide.
-        for (key, _) in std::env::vars_os() {
-            if key.to_str().is_some_and(|k| k.starts_with("SHADDOCK_")) {
-                command.env_remove(key);
-            }
-        }
-        let mut child = command
-            .spawn()
+        let mut command = std::process::Command::new(program);
+        // Readiness lines are at info.
+        command.args(args).env("RUST_LOG", "info");
+        let process = Process::try_spawn(&role.to_string(), command)
             .with_context(|| format!("starting {role}: {}", program.display()))?;
-        let pid = child
-            .id()
-            .with_context(|| format!("{role} exited before it had a pid"))?;
-        let stderr = child
-            .stderr
-            .take()
-            .with_context(|| format!("{role}: no stderr pipe"))?;
-        let tail = SharedTail::default();
-        let (tx, rx) = mpsc::channel(LINE_QUEUE);
-        tokio::spawn(drain(role.to_string(), stderr, tail.clone(), tx));
-        tracing::debug!(%role, pid, "started {}", program.display());
+        tracing::debug!(%role, pid = process.pid(), "started {}", program.display());
         Ok(Proc {
             role,
-            pid,
-            child,
-            tail,
-            lines: Some(rx),
+            process,
+            ready: false,
             listen: None,
             tls_listen: None,
             metrics: None,
@@ -367,149 +285,34 @@ impl Proc {
         })
     }
 
-    /// Reads the child's output until a line that holds `what`, noting the addresses
-    /// logged before it and in it. Then only drains.
+    /// Waits for the child's line that holds `what` (once: a ready child is not waited
+    /// for again), then notes the addresses it has logged.
     async fn wait_line(&mut self, what: &str, deadline: Instant) -> anyhow::Result<()> {
-        let Some(mut lines) = self.lines.take() else {
+        if self.ready {
             return Ok(());
+        }
+        let wait = deadline.saturating_duration_since(Instant::now());
+        self.process
+            .wait_line(what, wait)
+            .await
+            .map_err(|e| anyhow!(e))?;
+        self.ready = true;
+        // The last line that gives one (`up` logs its broker's client port, then its gate's).
+        let log = self.process.log();
+        let word = |phrases: &[&str]| {
+            (log.lines().rev()).find_map(|line| phrases.iter().find_map(|p| word_after(line, p)))
         };
-        loop {
-            match timeout_at(deadline, lines.recv()).await {
-                Err(_) => bail!(
-                    "{} (pid {}) did not log {what:?} in time; its last output:\n{}",
-                    self.role,
-                    self.pid,
-                    render(&self.tail)
-                ),
-                Ok(None) => {
-                    // Stderr closed: the child is exiting. Its status says how.
-                    let status = match timeout(Duration::from_secs(2), self.child.wait()).await {
-                        Ok(Ok(status)) => status.to_string(),
-                        _ => "still running with stderr closed".to_owned(),
-                    };
-                    bail!(
-                        "{} (pid {}) stopped before it was ready ({status}); its output:\n{}",
-                        self.role,
-                        self.pid,
-                        render(&self.tail)
-                    )
-                }
-                Ok(Some(line)) => {
-                    self.scan(&line);
-                    if line.contains(what) {
-                        return Ok(());
-                    }
-                }
-            }
-        }
-    }
-
-    fn scan(&mut self, line: &str) {
-        let addr = |phrase| word_after(line, phrase).and_then(|w| w.parse::<SocketAddr>().ok());
-        if let Some(a) = LISTEN_LINES.iter().find_map(|p| addr(p)) {
-            self.listen = Some(a);
-        }
-        if let Some(a) = addr(TLS_LISTEN_LINE) {
-            self.tls_listen = Some(a);
-        }
-        if let Some(a) = addr(MONITOR_LINE) {
-            self.monitor = Some(a);
-        }
-        if let Some(a) = addr(ROUTE_LINE) {
-            self.route = Some(a);
-        }
-        if let Some(url) = word_after(line, METRICS_LINE) {
-            self.metrics = Some(url.to_owned());
-        }
+        let addr = |phrases: &[&str]| word(phrases).and_then(|w| w.parse::<SocketAddr>().ok());
+        self.listen = addr(&LISTEN_LINES);
+        self.tls_listen = addr(&[TLS_LISTEN_LINE]);
+        self.monitor = addr(&[MONITOR_LINE]);
+        self.route = addr(&[ROUTE_LINE]);
+        self.metrics = word(&[METRICS_LINE]).map(str::to_owned);
+        Ok(())
     }
 
     fn describe(&self) -> String {
-        format!("{} (pid {})", self.role, self.pid)
-    }
-
-    /// Signals the child, unless it has already exited and been reaped: only an unreaped
-    /// child's pid is still ours, so this never hits a process we did not start.
-    fn signal(&mut self, signal: Signal) {
-        if !matches!(self.child.try_wait(), Ok(None)) {
-            return;
-        }
-        let Ok(pid) = i32::try_from(self.pid) else {
-            return;
-        };
-        if let Err(e) = kill(Pid::from_raw(pid), signal) {
-            tracing::warn!(process = %self.describe(), error = %e, "sending {signal}");
-        }
-    }
-
-    /// Waits for the child to exit until `deadline`, then kills it. `Err` when it had to
-    /// be killed.
-    async fn stop(&mut self, deadline: Instant) -> Result<Option<ExitStatus>, String> {
-        if let Ok(waited) = timeout_at(deadline, self.child.wait()).await {
-            return Ok(waited.ok());
-        }
-        let _ = self.child.start_kill();
-        let _ = self.child.wait().await;
-        Err(format!(
-            "{} did not stop in time after SIGTERM and was killed; its last output:\n{}",
-            self.describe(),
-            render(&self.tail)
-        ))
-    }
-
-    /// `Drop`'s blocking version of [`Proc::stop`].
-    fn stop_blocking(&mut self, deadline: std::time::Instant) {
-        while matches!(self.child.try_wait(), Ok(None)) {
-            if std::time::Instant::now() >= deadline {
-                let _ = self.child.start_kill();
-                // kill_on_drop and tokio's orphan reaper collect it from here.
-                return;
-            }
-            std::thread::sleep(DROP_POLL);
-        }
-    }
-}
-
-/// Reads a child's stderr to its end: to the readiness check while it listens, then only
-/// into the tail and the debug log.
-async fn drain(
-    name: String,
-    stderr: impl AsyncRead + Unpin,
-    tail: SharedTail,
-    tx: mpsc::Sender<String>,
-) {
-    let mut reader = BufReader::new(stderr);
-    let mut tx = Some(tx);
-    let mut buf = Vec::new();
-    loop {
-        buf.clear();
-        // A read error ends the output the same as EOF does.
-        match reader.read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        // Lossy: a child's log line is for people; bad UTF-8 must not stop the drain.
-        let line = String::from_utf8_lossy(&buf).trim_end().to_owned();
-        tracing::debug!(process = %name, "{line}");
-        let mut kept = line.clone();
-        // A line is read whole, then cut (at a character boundary).
-        if kept.len() > TAIL_LINE_CHARS {
-            let cut = (0..=TAIL_LINE_CHARS)
-                .rev()
-                .find(|i| kept.is_char_boundary(*i));
-            kept.truncate(cut.unwrap_or(0));
-        }
-        {
-            let mut tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
-            if tail.len() == TAIL_LINES {
-                tail.pop_front();
-            }
-            tail.push_back(kept);
-        }
-        if let Some(sender) = &tx
-            && sender.send(line).await.is_err()
-        {
-            tx = None;
-        }
+        format!("{} (pid {})", self.role, self.process.pid())
     }
 }
 
@@ -530,9 +333,7 @@ pub struct Topology {
     tls_args: Vec<String>,
     /// The gates' certificate files; a field, so they are removed only after `Drop` has
     /// stopped the gates that read them.
-    certs: Option<Certs>,
-    /// The cluster nodes' config file, when the bus is a cluster.
-    node_conf: Option<cluster::NodeConf>,
+    certs: Option<Pki>,
 }
 
 impl fmt::Debug for Topology {
@@ -559,7 +360,6 @@ impl Topology {
             workers_started: HashMap::new(),
             tls_args: Vec::new(),
             certs: None,
-            node_conf: None,
         };
         match topology.start_all().await {
             Ok(()) => Ok(topology),
@@ -597,7 +397,7 @@ impl Topology {
             _ => self.start_bus(deadline).await?,
         }
         if spec.tls && spec.gates > 0 {
-            self.make_tls_args()?;
+            self.make_tls_args();
         }
         let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
         for _ in 0..spec.gates {
@@ -612,18 +412,17 @@ impl Topology {
     }
 
     /// Makes the throwaway CA and the gates' `--tls-*` flags.
-    fn make_tls_args(&mut self) -> anyhow::Result<()> {
-        let certs = self.certs.insert(Certs::create()?);
+    fn make_tls_args(&mut self) {
+        let server = &self.certs.insert(Pki::new()).server;
         let path = |p: &Path| p.display().to_string();
         self.tls_args = vec![
             "--tls-listen".to_owned(),
             "127.0.0.1:0".to_owned(),
             "--tls-cert".to_owned(),
-            path(&certs.cert),
+            path(&server.cert),
             "--tls-key".to_owned(),
-            path(&certs.key),
+            path(&server.key),
         ];
-        Ok(())
     }
 
     /// Starts `shaddock up` on free ports and waits until it is ready.
@@ -640,7 +439,7 @@ impl Topology {
         .map(String::from)
         .to_vec();
         if self.spec.tls {
-            self.make_tls_args()?;
+            self.make_tls_args();
             args.extend(self.tls_args.iter().cloned());
         }
         args.extend(self.spec.gate_args.iter().cloned());
@@ -764,7 +563,9 @@ impl Topology {
 
     /// Every process this topology started and still holds, with its role.
     pub fn pids(&self) -> Vec<(Role, u32)> {
-        self.procs.iter().map(|p| (p.role.clone(), p.pid)).collect()
+        (self.procs.iter())
+            .map(|p| (p.role.clone(), p.process.pid()))
+            .collect()
     }
 
     /// The gates' pids, in gate order.
@@ -772,7 +573,7 @@ impl Topology {
         self.procs
             .iter()
             .filter(|p| matches!(p.role, Role::Gate(_) | Role::Up))
-            .map(|p| p.pid)
+            .map(|p| p.process.pid())
             .collect()
     }
 
@@ -789,12 +590,8 @@ impl Topology {
     /// Fails when a started process has exited (crashed, or was killed from outside).
     pub fn check(&mut self) -> anyhow::Result<()> {
         for p in &mut self.procs {
-            if let Ok(Some(status)) = p.child.try_wait() {
-                bail!(
-                    "{} exited ({status}); its last output:\n{}",
-                    p.describe(),
-                    render(&p.tail)
-                );
+            if let Some(status) = p.process.try_status() {
+                bail!(p.process.failure(&format!("exited ({status})")));
             }
         }
         Ok(())
@@ -807,13 +604,11 @@ impl Topology {
         }
         let waits = self.procs.iter_mut().map(|p| {
             Box::pin(async move {
-                let status = p.child.wait().await;
-                let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
-                anyhow!(
-                    "{} exited ({status}); its last output:\n{}",
-                    p.describe(),
-                    render(&p.tail)
-                )
+                p.process.exited().await;
+                let status = p.process.try_status();
+                let status =
+                    status.map_or_else(|| "closed its output".to_owned(), |s| s.to_string());
+                anyhow!(p.process.failure(&format!("exited ({status})")))
             })
         });
         futures::future::select_all(waits).await.0
@@ -844,21 +639,14 @@ impl Topology {
         let mut procs = std::mem::take(&mut self.procs);
         let mut killed = Vec::new();
         for stage in 0..=2 {
-            let mut group: Vec<&mut Proc> = procs
-                .iter_mut()
-                .filter(|p| p.role.stage() == stage)
-                .collect();
-            for p in &mut group {
-                p.signal(Signal::SIGTERM);
-            }
-            let deadline = Instant::now() + STOP_TIMEOUT;
-            let stops = group.into_iter().map(|p| async move {
-                let stopped = p.stop(deadline).await;
+            let group = procs.iter_mut().filter(|p| p.role.stage() == stage);
+            let stops = group.map(|p| async move {
+                let stopped = p.process.stop(Signal::SIGTERM, STOP_TIMEOUT).await;
                 (p.describe(), stopped)
             });
             for (name, stopped) in futures::future::join_all(stops).await {
                 match stopped {
-                    Ok(Some(status)) if status.success() => {
+                    Ok(status) if status.success() => {
                         tracing::debug!(process = %name, "stopped");
                     }
                     Ok(status) => tracing::warn!(process = %name, ?status, "exited uncleanly"),
@@ -945,37 +733,18 @@ impl Topology {
             .with_context(|| format!("{role} is not running"))?;
         let mut proc = self.procs.remove(at);
         let started = Instant::now();
-        proc.signal(signal);
-        let stopped = proc.stop(started + STOP_TIMEOUT).await;
+        let stopped = proc.process.stop(signal, STOP_TIMEOUT).await;
         let took = started.elapsed();
         if let Err(why) = &stopped {
             tracing::warn!("{why}");
         }
         Ok(Stopped {
             role: proc.role.clone(),
-            pid: proc.pid,
+            pid: proc.process.pid(),
             took,
-            status: stopped.clone().ok().flatten(),
+            status: stopped.as_ref().ok().copied(),
             killed_after_timeout: stopped.is_err(),
         })
-    }
-}
-
-impl Drop for Topology {
-    fn drop(&mut self) {
-        if self.procs.is_empty() {
-            return;
-        }
-        let mut procs = std::mem::take(&mut self.procs);
-        for stage in 0..=2 {
-            let deadline = std::time::Instant::now() + DROP_STOP_TIMEOUT;
-            for p in procs.iter_mut().filter(|p| p.role.stage() == stage) {
-                p.signal(Signal::SIGTERM);
-            }
-            for p in procs.iter_mut().filter(|p| p.role.stage() == stage) {
-                p.stop_blocking(deadline);
-            }
-        }
     }
 }
 

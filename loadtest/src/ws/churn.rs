@@ -54,9 +54,6 @@ pub struct ChurnArgs {
     /// the gate and workers given by pid).
     #[arg(long, value_name = "NAME=PID", value_parser = parse_named_pid)]
     pub pid: Vec<(String, u32)>,
-    /// Fail when a process grew by more than this many KiB after the warm-up.
-    #[arg(long, value_name = "KIB")]
-    pub max_growth_kib: Option<u64>,
     #[command(flatten)]
     pub target: TargetArgs,
     #[command(flatten)]
@@ -137,19 +134,6 @@ pub async fn churn(args: ChurnArgs) -> anyhow::Result<()> {
         bail!(
             "no session did its steps: {}",
             report.first_error.unwrap_or_default()
-        );
-    }
-    if let Some(kib) = args.max_growth_kib {
-        let over: Vec<String> = report
-            .processes
-            .iter()
-            .filter(|p| p.growth_after_warmup > (kib * 1024) as i64)
-            .map(|p| format!("{} grew {} KiB", p.name, p.growth_after_warmup / 1024))
-            .collect();
-        ensure!(
-            over.is_empty(),
-            "after the warm-up, more than {kib} KiB: {}",
-            over.join(", ")
         );
     }
     Ok(())

@@ -57,7 +57,6 @@ pub struct LoadSpec {
     pub route: String,
     pub payload: Payload,
     pub codec: Codec,
-    pub server_timing: bool,
     pub clock: ClockKind,
     pub progress: bool,
 }
@@ -378,7 +377,7 @@ async fn connect_all(
 ) -> (Vec<Option<Conn>>, BTreeMap<String, u64>) {
     let urls = &target.urls;
     let options = ClientOptions {
-        server_timing: spec.server_timing,
+        server_timing: true,
         request_timeout: spec.timeout,
         client: concat!("shaddock-loadtest/", env!("CARGO_PKG_VERSION")).to_owned(),
         tls: target.tls.clone(),

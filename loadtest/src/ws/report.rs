@@ -200,7 +200,6 @@ impl RunReport {
             ));
         }
         doc.lines(lines);
-        let mut table = Table::new(&["latency (ms)", "avg", "p50", "p90", "p99", "p99.9", "max"]);
         let l = &self.latency;
         let mut rows = vec![
             ("from schedule", &l.from_schedule),
@@ -218,16 +217,7 @@ impl RunReport {
             rows.extend(calls.map(|calls| ("calls (waiting on other services)", calls)));
             rows.push(("server total", &s.total));
         }
-        table.rows = rows
-            .into_iter()
-            .map(|(name, s)| {
-                let figures = [s.mean_us, s.p50_us, s.p90_us, s.p99_us, s.p999_us, s.max_us];
-                std::iter::once(name.to_owned())
-                    .chain(figures.map(ms))
-                    .collect()
-            })
-            .collect();
-        doc.table(table);
+        doc.table(Table::latency(rows));
         let per_second = |f: fn(&SecondReport) -> f64| {
             self.timeline
                 .iter()

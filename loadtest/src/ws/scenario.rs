@@ -64,9 +64,6 @@ pub struct LoadArgs {
     /// docs/benchmarks.md.
     #[arg(long, value_enum, default_value_t)]
     pub clock: ClockKind,
-    /// Do not ask the gate for server timing (no latency split in the report).
-    #[arg(long)]
-    pub no_server_timing: bool,
     /// First run the same load against a bare WebSocket echo server in this process
     /// (the machine's limit) and report what fraction of it the gateway reaches.
     #[arg(long)]
@@ -132,7 +129,6 @@ impl LoadArgs {
                 None => service.default_payload(),
             },
             codec: Codec::Protobuf,
-            server_timing: !self.no_server_timing,
             clock: self.clock,
             progress: !self.output.quiet,
         };
