@@ -244,7 +244,7 @@ async fn a_json_client_uses_every_chat_route() {
     assert_eq!(whispered["code"], 200, "{whispered}");
     assert_eq!(
         ann.push().await,
-        json!({"route": "chat.whisper", "body": {"from": "cid", "text": "psst"}})
+        json!({"route": "chat.whisper", "body": {"from": "cid", "text": "psst", "display": "cid"}})
     );
 
     let left = cid
