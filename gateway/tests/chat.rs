@@ -136,15 +136,21 @@ impl Cluster {
     /// [`Cluster::add_worker`] with the worker's bus connection to `url`; returns the
     /// worker's client.
     async fn add_worker_via(&mut self, url: String) -> async_nats::Client {
-        let client =
-            services::connect(std::slice::from_ref(&url), "test-chat", &Default::default())
-                .await
-                .unwrap();
+        self.add_service(url, chat::service()).await
+    }
+
+    /// Starts a worker of `service` connected to `url`; returns the worker's client once
+    /// the broker has its subscriptions.
+    async fn add_service(&mut self, url: String, service: services::Service) -> async_nats::Client {
+        let name = format!("test-{}", service.name());
+        let client = services::connect(std::slice::from_ref(&url), &name, &Default::default())
+            .await
+            .unwrap();
         let config = WorkerConfig {
             nats: vec![url],
             ..WorkerConfig::default()
         };
-        let worker = within(Worker::subscribe(client.clone(), chat::service(), config))
+        let worker = within(Worker::subscribe(client.clone(), service, config))
             .await
             .unwrap();
         // The worker's subscriptions are at the broker before another worker can stop.
@@ -159,23 +165,7 @@ impl Cluster {
     /// serves: a request for a profile through a gate is answered.
     async fn add_profile_worker(&mut self) {
         let url = self.bus.url().to_owned();
-        let client = services::connect(
-            std::slice::from_ref(&url),
-            "test-profile",
-            &Default::default(),
-        )
-        .await
-        .unwrap();
-        let config = WorkerConfig {
-            nats: vec![url],
-            ..WorkerConfig::default()
-        };
-        let worker = within(Worker::subscribe(client, profile::service(), config))
-            .await
-            .unwrap();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(worker.run(shutdown.clone()));
-        self.workers.push(RunningWorker { shutdown, task });
+        self.add_service(url, profile::service()).await;
         // Until the worker has taken its partitions, a gate's request waits and is
         // sent again (its announcement came first); a call would get 503 meanwhile.
         let probe = Player::connect(self.url(0), "probe").await;

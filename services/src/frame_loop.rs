@@ -313,10 +313,20 @@ impl<O: ReplySink> FrameLoop<O> {
         let mut drained_by: Option<Instant> = None;
         loop {
             if carried.is_none() && !self.pending.has_ready() {
-                if let Some(end) = drained_by
-                    && (self.pending.is_idle() || Instant::now() >= end)
-                {
-                    break;
+                if let Some(end) = drained_by {
+                    if self.pending.is_idle() {
+                        break;
+                    }
+                    if Instant::now() >= end {
+                        // Every deferred request's deadline is by `end`: they get their
+                        // 408 now (a tick may have come first at this instant), once the
+                        // continuations of calls timing out with them have run.
+                        self.expire().await;
+                        if self.pending.has_ready() {
+                            continue;
+                        }
+                        break;
+                    }
                 }
                 // Taken out of `pending`: the loop's future must not hold a borrow of
                 // it (its continuations are not `Sync`) across an await.

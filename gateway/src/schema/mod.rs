@@ -164,25 +164,23 @@ impl Schemas {
             }
             pushes.insert(p.route, find(&p.message_type)?);
         }
-        let mut names: Vec<String> = methods.keys().cloned().collect();
-        names.sort_unstable();
-        let mut push_routes: Vec<String> = pushes.keys().cloned().collect();
-        push_routes.sort_unstable();
         if keyed.is_some() {
             self.any_keyed.store(true, Ordering::Relaxed);
         }
-        let types = ServiceTypes {
+        let types = Arc::new(ServiceTypes {
             announced: payload,
             methods,
             pushes,
             keyed,
-        };
-        self.services.insert(service.clone(), Arc::new(types));
+        });
+        self.services.insert(service.clone(), types.clone());
         // The types first: a pomelo client given a route's code by the dictionary must
         // find its types when it sends a request by it (else its JSON body would go to
         // the worker untranscoded).
-        let names: Vec<&str> = names.iter().map(String::as_str).collect();
-        let push_routes: Vec<&str> = push_routes.iter().map(String::as_str).collect();
+        let mut names: Vec<&str> = types.methods.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        let mut push_routes: Vec<&str> = types.pushes.keys().map(String::as_str).collect();
+        push_routes.sort_unstable();
         self.pomelo.add(&service, &names, &push_routes);
         self.learnt.send_modify(|n| *n += 1);
         Ok(service)

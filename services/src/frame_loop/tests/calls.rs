@@ -619,3 +619,79 @@ async fn spans_past_max_call_spans_are_dropped() {
     assert_eq!(response.calls, vec![refused; MAX_CALL_SPANS]);
     assert!(running.stop().await.is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_ends_at_its_deadline_though_a_tick_keeps_calling() {
+    // `wait` defers and nothing answers it; every tick calls `bank.pay` and nobody
+    // answers those either. The drain ends at the deferred request's deadline with its
+    // 408, the tick's calls (5 s each) dropped.
+    let service = Service::new("t")
+        .raw_method("wait", |ctx, _| {
+            ctx.defer();
+            Ok(Bytes::new())
+        })
+        .on_tick(|ctx, _| ctx.call("bank.pay", "", |_ctx, _result| {}));
+    let mut running = start(service, config(16, 100));
+    let begun = Instant::now();
+    running.intake.offer(request("wait", 1, "ann", 100)).await;
+    let Running {
+        intake,
+        mut rx,
+        task,
+        ..
+    } = running;
+    drop(intake);
+    let mut calls = 0;
+    loop {
+        match rx.recv().await {
+            Some(Sent::Call(_)) => calls += 1,
+            Some(Sent::Response(1, response)) => {
+                assert_eq!(response.code, code::TIMEOUT);
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    task.await.unwrap();
+    assert_eq!(begun.elapsed(), 100 * MS, "not a tick's call timeout later");
+    assert!(
+        calls >= 5,
+        "the ticks kept calling during the drain: {calls}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_the_drain_s_end_a_call_timing_out_still_answers_its_request() {
+    // As above, but `wait` calls too: its call times out with the request, and its
+    // continuation's answer (the 408 it got) is the one sent, before the loop stops.
+    let service = Service::new("t")
+        .raw_method("wait", |ctx, _| {
+            let deferred = ctx.defer();
+            ctx.call("bank.pay", "", move |ctx, result: CallResult| {
+                ctx.answer(deferred, result.into_result());
+            });
+            Ok(Bytes::new())
+        })
+        .on_tick(|ctx, _| ctx.call("bank.pay", "", |_ctx, _result| {}));
+    let mut running = start(service, config(16, 100));
+    running.intake.offer(request("wait", 1, "ann", 100)).await;
+    let Running {
+        intake,
+        mut rx,
+        task,
+        ..
+    } = running;
+    drop(intake);
+    let answer = loop {
+        match rx.recv().await {
+            Some(Sent::Call(_)) => {}
+            Some(Sent::Response(1, response)) => break response,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(
+        (answer.code, answer.message.as_str()),
+        (code::TIMEOUT, "call timed out")
+    );
+    task.await.unwrap();
+}
