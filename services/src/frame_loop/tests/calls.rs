@@ -631,7 +631,7 @@ async fn a_drain_ends_at_its_deadline_though_a_tick_keeps_calling() {
             Ok(Bytes::new())
         })
         .on_tick(|ctx, _| ctx.call("bank.pay", "", |_ctx, _result| {}));
-    let mut running = start(service, config(16, 100));
+    let running = start(service, config(16, 100));
     let begun = Instant::now();
     running.intake.offer(request("wait", 1, "ann", 100)).await;
     let Running {
@@ -673,7 +673,7 @@ async fn at_the_drain_s_end_a_call_timing_out_still_answers_its_request() {
             Ok(Bytes::new())
         })
         .on_tick(|ctx, _| ctx.call("bank.pay", "", |_ctx, _result| {}));
-    let mut running = start(service, config(16, 100));
+    let running = start(service, config(16, 100));
     running.intake.offer(request("wait", 1, "ann", 100)).await;
     let Running {
         intake,
