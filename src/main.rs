@@ -203,7 +203,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_listen {
         telemetry::serve_metrics(addr, args.backlog.listen_backlog, shutdown.clone()).await?;
     }
-    let worker = roles::start_worker(args.service, args.config, shutdown.clone()).await?;
+    let worker = roles::start_worker(args.service, args.config, &shutdown).await?;
     info!("Worker is ready");
     signals.wait(&shutdown).await;
     shutdown.cancel();
@@ -242,14 +242,10 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
         // One broker: nowhere to move to.
         ..WorkerConfig::default()
     };
-    let echo =
-        roles::start_worker(ServiceName::Echo, worker_config.clone(), shutdown.clone()).await?;
-    let chat =
-        roles::start_worker(ServiceName::Chat, worker_config.clone(), shutdown.clone()).await?;
-    let arena =
-        roles::start_worker(ServiceName::Arena, worker_config.clone(), shutdown.clone()).await?;
-    let profile =
-        roles::start_worker(ServiceName::Profile, worker_config, shutdown.clone()).await?;
+    let echo = roles::start_worker(ServiceName::Echo, worker_config.clone(), &shutdown).await?;
+    let chat = roles::start_worker(ServiceName::Chat, worker_config.clone(), &shutdown).await?;
+    let arena = roles::start_worker(ServiceName::Arena, worker_config.clone(), &shutdown).await?;
+    let profile = roles::start_worker(ServiceName::Profile, worker_config, &shutdown).await?;
     let web = !args.gate.no_web;
     // The gate, the hot part of the path, reaches the broker in process: no loopback
     // TCP, no kernel between them. (The workers' NATS client, async-nats, has no

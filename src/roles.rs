@@ -197,15 +197,13 @@ pub fn reload_tls_on_sighup(tls: Tls, shutdown: CancellationToken) -> anyhow::Re
 pub async fn start_worker(
     service: ServiceName,
     config: WorkerConfig,
-    shutdown: CancellationToken,
+    shutdown: &CancellationToken,
 ) -> anyhow::Result<StartedWorker> {
     let service = service.build();
     let name = services::worker_connection_name(service.name());
-    let client = services::connect(&config.nats, &name, &config.security).await?;
-    let worker = services::Worker::subscribe(client, service, config).await?;
-    info!("Worker subscribed on {}", worker.subject());
-    let held = worker.held();
-    let task = tokio::spawn(async move { worker.run(shutdown).await.context("worker") });
+    let mut running = services::Worker::start(service, config, &name, shutdown).await?;
+    let held = running.held();
+    let task = tokio::spawn(async move { running.join().await.context("worker") });
     Ok(StartedWorker { task, held })
 }
 

@@ -11,12 +11,15 @@
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
-//! use services::{WorkerConfig, echo};
+//! use services::{Worker, WorkerConfig, echo};
 //! use tokio_util::sync::CancellationToken;
 //!
-//! let config = WorkerConfig::default();
-//! let client = services::connect(&config.nats, "shaddock-worker-echo", &config.security).await?;
-//! services::run(client, echo::service(), config, CancellationToken::new()).await
+//! // Connects to `config.nats`, subscribes, and serves on a task until shutdown.
+//! let shutdown = CancellationToken::new();
+//! let worker = Worker::start(echo::service(), WorkerConfig::default(), "my-echo", &shutdown).await?;
+//! // ... and when the process is told to stop: drain, answer what was taken, return.
+//! worker.stop().await?;
+//! # Ok(())
 //! # }
 //! ```
 //!
@@ -51,4 +54,4 @@ pub use handler_error::HandlerError;
 pub use metrics::describe as describe_metrics;
 pub use push::{Outbound, PushError, Pusher};
 pub use service::{DEFAULT_COST, Delivery, EventHandled, Handled, Service, Tick};
-pub use worker::{HeldPartitions, Worker, WorkerError, run};
+pub use worker::{HeldPartitions, Running, Worker, WorkerError};

@@ -3,8 +3,8 @@
 //!
 //! Two phases, like a server that is handed a bound listener: [`Worker::subscribe`]
 //! subscribes and waits until the broker has the subscriptions (so a caller, or a test,
-//! knows requests will reach it), then [`Worker::run`] serves until shutdown. [`run`] does
-//! both.
+//! knows requests will reach it), then [`Worker::run`] serves until shutdown.
+//! [`Worker::start`] connects, does both, and serves on a task.
 //!
 //! The intake (reading the subscriptions, answering 503 when the queue is full) runs on
 //! the caller's tokio runtime; the frame loop on a thread of its own with a
@@ -24,6 +24,7 @@ mod inputs;
 mod keyed;
 mod output;
 mod resync;
+mod running;
 mod subscribe;
 
 use std::sync::atomic::Ordering;
@@ -48,6 +49,7 @@ pub use keyed::HeldPartitions;
 use keyed::Keyed;
 use output::Output;
 use resync::Resync;
+pub use running::Running;
 use subscribe::{EventSubscription, Subjects, SyncSubscription, fetch_snapshot, subscribe_event};
 
 /// A service subscribed to the bus, ready to [`run`](Worker::run).
@@ -290,23 +292,6 @@ impl Worker {
 /// A keyed service's partition inputs waiting for the intake: the coordinator waits
 /// (never the bus reader) when the intake is behind.
 const KEYED_INPUTS: usize = 1024;
-
-/// Subscribes `service` as a worker and serves until `shutdown`, then drains: stops taking
-/// requests, answers those it took, and returns.
-pub async fn run(
-    client: Client,
-    service: Service,
-    config: WorkerConfig,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    let worker = tokio::select! {
-        worker = Worker::subscribe(client, service, config) => worker?,
-        // The broker may be unreachable for now; shutting down must not wait for it.
-        () = shutdown.cancelled() => return Ok(()),
-    };
-    worker.run(shutdown).await?;
-    Ok(())
-}
 
 /// Runs `frame_loop` on a thread of its own; the receiver fires when it returns.
 fn spawn_loop_thread(

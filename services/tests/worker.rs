@@ -229,7 +229,7 @@ async fn shutdown_answers_what_was_taken_then_unsubscribes(bus: Bus) {
     // Request 5's 503 proves 1 to 4 are in the worker's queue (the intake is in order).
     assert_eq!(requester.next().await.0, 5);
 
-    worker.shutdown.cancel();
+    worker.0.shut_down();
     blocker.release();
     assert_eq!(
         requester.codes(5).await,

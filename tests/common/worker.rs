@@ -3,15 +3,11 @@
 
 #![allow(dead_code)] // each test file uses a different part of the harness
 
-use services::{Service, Worker, WorkerConfig, WorkerError};
+use services::{Service, Worker, WorkerConfig};
 use testkit::within;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub struct RustWorker {
-    shutdown: CancellationToken,
-    run: JoinHandle<Result<(), WorkerError>>,
-}
+pub struct RustWorker(services::Running);
 
 impl RustWorker {
     /// Connects to `url` as `name`, subscribes `service` (returning once the server has
@@ -22,20 +18,17 @@ impl RustWorker {
         service: Service,
         config: WorkerConfig,
     ) -> RustWorker {
-        let client = services::connect(&[url.to_owned()], name, &Default::default())
-            .await
-            .unwrap();
-        let worker = within(Worker::subscribe(client, service, config))
-            .await
-            .unwrap();
+        let config = WorkerConfig {
+            nats: vec![url.to_owned()],
+            ..config
+        };
         let shutdown = CancellationToken::new();
-        let run = tokio::spawn(worker.run(shutdown.clone()));
-        RustWorker { shutdown, run }
+        let running = Worker::start(service, config, name, &shutdown);
+        RustWorker(within(running).await.unwrap())
     }
 
     /// Stops it and waits until it has drained.
     pub async fn stop(self) {
-        self.shutdown.cancel();
-        within(self.run).await.unwrap().unwrap();
+        within(self.0.stop()).await.unwrap();
     }
 }

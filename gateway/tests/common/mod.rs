@@ -135,22 +135,12 @@ pub fn gate_config(f: impl FnOnce(&mut GateConfig)) -> GateConfig {
 }
 
 /// A worker serving on a task; stopped (gracefully) when dropped.
-pub struct TestWorker {
-    shutdown: CancellationToken,
-    handle: JoinHandle<Result<(), services::WorkerError>>,
-}
-
-impl Drop for TestWorker {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
+pub struct TestWorker(services::Running);
 
 impl TestWorker {
     /// Stops the worker and waits until it has drained and left its queue group.
-    pub async fn stop(mut self) {
-        self.shutdown.cancel();
-        within(&mut self.handle).await.unwrap().unwrap();
+    pub async fn stop(self) {
+        within(self.0.stop()).await.unwrap();
     }
 }
 
@@ -168,15 +158,9 @@ pub async fn start_worker(url: &str, service: Service, frames: FrameConfig) -> T
 /// [`start_worker`] connecting as `config` says (its URLs, credentials and TLS).
 pub async fn start_worker_with(service: Service, config: WorkerConfig) -> TestWorker {
     let name = format!("test-worker-{}", service.name());
-    let client = services::connect(&config.nats, &name, &config.security)
-        .await
-        .unwrap();
-    let worker = within(Worker::subscribe(client, service, config))
-        .await
-        .unwrap();
     let shutdown = CancellationToken::new();
-    let handle = tokio::spawn(worker.run(shutdown.clone()));
-    TestWorker { shutdown, handle }
+    let running = Worker::start(service, config, &name, &shutdown);
+    TestWorker(within(running).await.unwrap())
 }
 
 /// The built-in echo service as one worker on `bus`.

@@ -20,4 +20,6 @@ pub enum WorkerError {
     Thread(#[from] std::io::Error),
     #[error("the frame loop of service {0:?} stopped unexpectedly")]
     LoopStopped(String),
+    #[error("the worker's task panicked: {0}")]
+    Panicked(String),
 }

@@ -16,7 +16,6 @@ use proto::rpc::{RpcRequest, RpcResponse};
 use services::{Service, Worker, WorkerConfig};
 pub use testkit::{DEADLINE, within};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// What these tests need of a [`Bus`] beyond its URL.
@@ -36,40 +35,29 @@ impl BusExt for Bus {
 
     async fn worker(&self, service: Service, config: WorkerConfig) -> RunningWorker {
         let name = format!("test-worker-{}", service.name());
-        let client = services::connect(&[self.url().to_owned()], &name, &config.security)
-            .await
-            .unwrap();
-        let worker = within(Worker::subscribe(client, service, config))
-            .await
-            .unwrap();
+        let config = WorkerConfig {
+            nats: vec![self.url().to_owned()],
+            ..config
+        };
         let shutdown = CancellationToken::new();
-        let handle = tokio::spawn(worker.run(shutdown.clone()));
-        RunningWorker { shutdown, handle }
+        let running = Worker::start(service, config, &name, &shutdown);
+        RunningWorker(within(running).await.unwrap())
     }
 }
 
-/// A worker serving on a task.
-pub struct RunningWorker {
-    pub shutdown: CancellationToken,
-    pub handle: JoinHandle<Result<(), services::WorkerError>>,
-}
+/// A worker serving on a task; dropping it fires its shutdown.
+pub struct RunningWorker(pub services::Running);
 
 impl RunningWorker {
     /// Fires shutdown and waits for the worker to return.
     pub async fn stop(self) {
-        self.shutdown.cancel();
+        self.0.shut_down();
         self.join().await;
     }
 
     /// Waits for the worker to return and checks it returned `Ok`.
     pub async fn join(mut self) {
-        within(&mut self.handle).await.unwrap().unwrap();
-    }
-}
-
-impl Drop for RunningWorker {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
+        within(self.0.join()).await.unwrap();
     }
 }
 
