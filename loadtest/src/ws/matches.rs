@@ -86,9 +86,10 @@ pub struct MatchesArgs {
 }
 
 /// What `--fault` does halfway through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Fault {
+    #[default]
     None,
     AddWorker,
     DrainOwner,
@@ -97,7 +98,7 @@ pub enum Fault {
 }
 
 /// What one `matches` run measured.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, Default, serde::Serialize)]
 pub struct MatchesReport {
     pub matches: u32,
     pub players: u32,
@@ -299,21 +300,8 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
         fault: args.fault,
         seconds,
         events,
-        inputs_sent: 0,
-        inputs_ok: 0,
-        inputs_failed: Vec::new(),
-        positions_wrong: 0,
-        players_lost: 0,
-        moves_lost: 0,
-        state_pushes: 0,
-        pushes_per_s: 0.0,
-        ticks_skipped: 0,
-        ticks_repeated: 0,
-        longest_gap_ms: 0.0,
-        reconnects: 0,
-        resumes: 0,
-        latency: Summary::default(),
         cpu,
+        ..MatchesReport::default()
     };
     let mut latency = Hist::new();
     let outcomes = std::mem::take(&mut *results.lock().unwrap());
