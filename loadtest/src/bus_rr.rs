@@ -108,24 +108,7 @@ pub struct BusRr {
 
 impl Section for BusRr {
     fn add_to(&self, doc: &mut Doc) {
-        doc.lines(vec![
-            format!(
-                "{} requesters (one connection each), {} responders (queue group), {} B, \
-                 {:.2} s measured after {:.2} s warm-up",
-                self.requesters, self.responders, self.size, self.elapsed_s, self.warmup_s
-            ),
-            format!(
-                "requests: {} ok, {} errors (timeout {}, no responders {}, other {}), \
-                 responder publish errors {}",
-                self.requests,
-                self.errors,
-                self.errors_timeout,
-                self.errors_no_responders,
-                self.errors_other,
-                self.responder_errors
-            ),
-            format!("throughput: {:.0} req/s", self.req_per_s),
-        ]);
+        doc.fields(self);
         doc.table(Table::latency([("request", &self.latency)]));
     }
 }

@@ -58,13 +58,7 @@ pub struct IdleConns {
 
 impl Section for IdleConns {
     fn add_to(&self, doc: &mut Doc) {
-        doc.lines(vec![format!(
-            "{} connections, RSS {} KiB -> {} KiB, {} bytes per connection",
-            self.conns,
-            self.rss_before / 1024,
-            self.rss_after / 1024,
-            self.bytes_per_conn
-        )]);
+        doc.fields(self);
     }
 }
 

@@ -17,7 +17,8 @@ use super::frame::{self, Incoming};
 use super::resume::Resume;
 use super::stream::Stream;
 
-pub(crate) type Ws = WebSocketStream<Stream>;
+/// A WebSocket to a gate, as the SDK dials it.
+pub type Ws = WebSocketStream<Stream>;
 
 /// Ports a URL without one means, as browsers read them.
 const WS_PORT: u16 = 80;
@@ -57,18 +58,15 @@ pub(crate) async fn connect_in_turn(
 }
 
 /// Opens the WebSocket and handshakes, within `connect_timeout`, asking to take up the
-/// session of `resume` if given (the ack's `resume_code` says whether it was).
+/// session of `resume` if given (the ack's `resume_code` says whether it was). Public
+/// (without `resume`: [`crate::dial`]) for tools that drive the session themselves.
 pub(crate) async fn connect(
     url: &str,
     options: &ClientOptions,
     resume: Option<&Resume>,
 ) -> Result<(Ws, HandshakeAck), SdkError> {
     let handshake = async {
-        let config = WebSocketConfig::default()
-            .read_buffer_size(8 * 1024)
-            .max_message_size(Some(options.max_frame_bytes))
-            .max_frame_size(Some(options.max_frame_bytes));
-        let mut ws = open(url, options, config).await?;
+        let mut ws = open(url, options).await?;
         ws.send(frame::handshake(options, resume))
             .await
             .map_err(|e| SdkError::connect_io("sending the handshake", e))?;
@@ -117,8 +115,13 @@ pub(crate) async fn connect(
 }
 
 /// Opens the socket (TCP, then TLS for `wss://` with [`ClientOptions::tls`]) and
-/// upgrades it to a WebSocket.
-async fn open(url: &str, options: &ClientOptions, config: WebSocketConfig) -> Result<Ws, SdkError> {
+/// upgrades it to a WebSocket, without the handshake: public for tools that speak the
+/// protocol themselves over the SDK's dialing (the load generator).
+pub async fn open(url: &str, options: &ClientOptions) -> Result<Ws, SdkError> {
+    let config = WebSocketConfig::default()
+        .read_buffer_size(8 * 1024)
+        .max_message_size(Some(options.max_frame_bytes))
+        .max_frame_size(Some(options.max_frame_bytes));
     let request = url
         .into_client_request()
         .map_err(|e| SdkError::connect_io(url, e))?;

@@ -120,6 +120,18 @@ pub use tokio_rustls::rustls;
 
 pub use tls::{TlsError, client_config as tls_client_config};
 
+pub use connection::{Ws as WebSocket, open as open_websocket};
+
+/// A handshaken WebSocket with no [`Client`] over it, within
+/// [`ClientOptions::connect_timeout`]: for tools that drive the protocol themselves
+/// (the load generator) over the SDK's own dialing and handshake.
+pub async fn dial(
+    url: &str,
+    options: &ClientOptions,
+) -> Result<(WebSocket, proto::client::HandshakeAck), SdkError> {
+    connection::connect(url, options, None).await
+}
+
 use shared::{Refused, Shared, State, Waiter};
 use task::{Outgoing, Task};
 

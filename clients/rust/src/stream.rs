@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 /// A connected socket, with or without TLS.
-pub(crate) enum Stream {
+pub enum Stream {
     Plain(TcpStream),
     /// Boxed: a TLS session's state is some kilobytes, and the plain variant should not
     /// carry that much padding.

@@ -26,9 +26,9 @@ use testkit::Cut;
 
 use crate::proc::CpuSample;
 use crate::report::{OutputArgs, Report};
-use crate::topology::{Bus, LaunchArgs, Role, Stopped, Topology, TopologySpec};
+use crate::topology::{Bus, LaunchArgs, Role, Topology, TopologySpec};
 use load::{LoadConfig, PhaseClock};
-use phases::{Fault, FaultsReport, Limits, PHASES, PhaseRun, Struck};
+use phases::{Fault, FaultsReport, PHASES, PhaseRun, Struck};
 
 /// The request body: small, as a game's request is.
 const BODY: &[u8] = b"Hello World, faults";
@@ -65,12 +65,6 @@ pub struct FaultsArgs {
     /// request may still take before it counts as lost.
     #[arg(long, default_value = "2s", value_parser = net::duration::parse)]
     pub drain_timeout: Duration,
-    /// A 503 slower than this breaks the restarted broker's expectation ("fast 503s").
-    #[arg(long = "fast-503", default_value = "500ms", value_parser = net::duration::parse)]
-    pub fast_503: Duration,
-    /// Longest stretch without any 200 a restarted broker may cost.
-    #[arg(long, default_value = "2s", value_parser = net::duration::parse)]
-    pub max_bus_gap: Duration,
     /// Requests sent up to this long after a SIGKILL may still reach the killed process
     /// (the bus notices its connection closed a moment later): they count as held by it.
     #[arg(long, default_value = "10ms", value_parser = net::duration::parse)]
@@ -133,12 +127,7 @@ async fn run_phases(
         drain_timeout: args.drain_timeout,
     });
     let clock = Arc::new(PhaseClock::default());
-    let mut hops = Vec::new();
-    for url in fleet.gate_urls() {
-        let addr = url.trim_start_matches("ws://").parse()?;
-        hops.push(Cut::start(addr).await.context("starting a TCP hop")?);
-    }
-    let gates: Vec<String> = hops.iter().map(Cut::ws_url).collect();
+    let (hops, gates) = fleet.gate_hops().await?;
     let mut clients = load::start(config, &gates, clock.clone(), PHASES.len()).await?;
     let origin = Instant::now();
     let mut runs: Vec<PhaseRun> = Vec::new();
@@ -198,12 +187,7 @@ async fn run_phases(
             }
         }
     }
-    let limits = Limits {
-        fast_503: args.fast_503,
-        max_bus_gap: args.max_bus_gap,
-        held_slack: args.held_slack,
-    };
-    report.add_phases(&runs, &records, &limits, origin);
+    report.add_phases(&runs, &records, args.held_slack, origin);
     Ok((report, processes.join(", ")))
 }
 
@@ -260,14 +244,14 @@ async fn act(
             } else {
                 Signal::SIGTERM
             };
-            events.push(stop_line(signal, &fleet.stop_one(&role, signal).await?));
+            events.push(fleet.stop_one(&role, signal).await?.to_string());
         }
         Fault::DrainGate => {
             let role = first(fleet, |r| matches!(r, Role::Gate(_)))?;
             let addr =
                 (fleet.listen_addr(&role)).with_context(|| format!("{role} has no address"))?;
             let stopped = fleet.stop_one(&role, Signal::SIGTERM).await?;
-            events.push(stop_line(Signal::SIGTERM, &stopped));
+            events.push(stopped.to_string());
             let restart = Instant::now();
             let new = fleet.add_gate(addr).await?;
             let took = secs(restart.elapsed());
@@ -286,7 +270,7 @@ async fn act(
                 struck = Some(Instant::now());
                 Signal::SIGKILL
             };
-            events.push(stop_line(signal, &fleet.stop_one(&role, signal).await?));
+            events.push(fleet.stop_one(&role, signal).await?.to_string());
             let restart = Instant::now();
             fleet.restart_bus_node(0).await?;
             events.push(format!(
@@ -297,20 +281,6 @@ async fn act(
         }
     }
     Ok(struck)
-}
-
-fn stop_line(signal: Signal, s: &Stopped) -> String {
-    let status = (s.status).map_or_else(|| "status unknown".to_owned(), |st| st.to_string());
-    let killed = if s.killed_after_timeout {
-        ", killed after the stop timeout"
-    } else {
-        ""
-    };
-    let took = secs(s.took);
-    format!(
-        "{signal} {} (pid {}): exited in {took} ({status}{killed})",
-        s.role, s.pid
-    )
 }
 
 fn secs(d: Duration) -> String {

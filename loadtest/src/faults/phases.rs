@@ -85,9 +85,6 @@ pub enum Expectation {
     /// Nothing cut, lost or timed out; the only other answers are 408s, for requests the
     /// killed worker held: sent before the kill, no more than were in flight then.
     HeldOnly408,
-    /// Nothing cut, lost or timed out; the only other answers are fast 503s; no stretch
-    /// without a 200 longer than the allowed bus gap.
-    Fast503,
     /// Nothing cut, lost or timed out; the only other answers are 503s for requests in
     /// flight on the gate's connection when the broker died (`bus connection lost`: they
     /// may have reached a worker, so they are never sent again): no more than were in
@@ -96,35 +93,25 @@ pub enum Expectation {
     InFlightOnly503,
 }
 
-/// The limits the expectations are checked against (`--fast-503`, `--max-bus-gap`,
-/// `--held-slack`).
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub fast_503: Duration,
-    pub max_bus_gap: Duration,
-    pub held_slack: Duration,
-}
-
 impl Expectation {
-    fn describe(self, limits: &Limits) -> String {
-        let ms = |d: Duration| d.as_millis();
+    /// The one code besides 200 the phase may answer.
+    fn allowed(self) -> u32 {
+        match self {
+            Expectation::Clean => OK,
+            Expectation::HeldOnly408 => proto::code::TIMEOUT,
+            Expectation::InFlightOnly503 => proto::code::UNAVAILABLE,
+        }
+    }
+
+    /// `held_slack`: `--held-slack`.
+    fn describe(self, held_slack: Duration) -> String {
         match self {
             Expectation::Clean => "all 200: 0 errors, 0 cut, 0 lost".to_owned(),
-            Expectation::HeldOnly408 => format!(
-                "0 cut, 0 lost, no timeout; besides 200 only 408s, at most the requests in \
+            _ => format!(
+                "0 cut, 0 lost, no timeout; besides 200 only {}s, at most the requests in \
                  flight at the kill, all sent before it (or within {} ms after)",
-                ms(limits.held_slack)
-            ),
-            Expectation::Fast503 => format!(
-                "0 cut, 0 lost, no timeout; besides 200 only 503s, each within {} ms; \
-                 no 200 for at most {} ms",
-                ms(limits.fast_503),
-                ms(limits.max_bus_gap)
-            ),
-            Expectation::InFlightOnly503 => format!(
-                "0 cut, 0 lost, no timeout; besides 200 only 503s, at most the requests in \
-                 flight at the kill, all sent before it (or within {} ms after)",
-                ms(limits.held_slack)
+                self.allowed(),
+                held_slack.as_millis()
             ),
         }
     }
@@ -188,8 +175,6 @@ pub struct PhaseReport {
     /// after "no responders" (their counters over the phase).
     pub held: u64,
     pub resent: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub slowest_503_ms: Option<f64>,
     /// Requests (of every phase) sent before the fault struck and ended after it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub in_flight_at_fault: Option<u64>,
@@ -222,7 +207,7 @@ impl PhaseReport {
     }
 
     /// Why the phase misses `expectation`.
-    fn check(&self, expectation: Expectation, limits: &Limits) -> Vec<String> {
+    fn check(&self, expectation: Expectation) -> Vec<String> {
         let mut why: Vec<String> = [
             ("cut", self.cut),
             ("lost", self.lost),
@@ -233,20 +218,13 @@ impl PhaseReport {
         .map(|(what, n)| format!("{n} {what}"))
         .collect();
         why.extend(self.failed.iter().map(|(k, n)| format!("{n} failed ({k})")));
-        let allowed = match expectation {
-            Expectation::Clean => OK,
-            Expectation::HeldOnly408 => proto::code::TIMEOUT,
-            Expectation::Fast503 | Expectation::InFlightOnly503 => proto::code::UNAVAILABLE,
-        };
+        let allowed = expectation.allowed();
         for (code, n) in &self.answered {
             if ![OK, allowed].contains(code) {
                 why.push(format!("{n} answered {code}"));
             }
         }
-        if matches!(
-            expectation,
-            Expectation::HeldOnly408 | Expectation::InFlightOnly503
-        ) {
+        if expectation != Expectation::Clean {
             let held = self.in_flight_at_fault.unwrap_or(0);
             if let Some(n) = (self.answered.get(&allowed)).filter(|n| **n > held) {
                 why.push(format!(
@@ -258,15 +236,6 @@ impl PhaseReport {
                     "{n} {allowed}s for requests sent after the kill (the latest {} ms after)",
                     latest.as_millis()
                 ));
-            }
-        }
-        if expectation == Expectation::Fast503 {
-            let fast = ms(limits.fast_503);
-            if let Some(slow) = self.slowest_503_ms.filter(|s| *s > fast) {
-                why.push(format!("a 503 took {slow:.0} ms"));
-            }
-            if self.no_200_ms > ms(limits.max_bus_gap) {
-                why.push(format!("no 200 for {:.0} ms", self.no_200_ms));
             }
         }
         why
@@ -340,9 +309,6 @@ fn tally(records: &[ClientRecord], runs: &[PhaseRun]) -> Vec<PhaseReport> {
             match code {
                 OK => oks.push(o.done),
                 proto::code::UNAVAILABLE | proto::code::TIMEOUT => {
-                    if code == proto::code::UNAVAILABLE {
-                        p.slowest_503_ms = Some(p.slowest_503_ms.unwrap_or(0.0).max(ms(took)));
-                    }
                     if let Some(f) = runs[o.phase].struck.filter(|f| o.sent > f.held_until) {
                         let (n, latest) = p.late.entry(code).or_default();
                         *n += 1;
@@ -434,7 +400,7 @@ impl FaultsReport {
         &mut self,
         runs: &[PhaseRun],
         records: &[ClientRecord],
-        limits: &Limits,
+        held_slack: Duration,
         origin: Instant,
     ) {
         self.phases = tally(records, runs);
@@ -453,9 +419,9 @@ impl FaultsReport {
             (p.gap_max_ms, p.gap_p99_ms) = (ms(p.gaps.at(1.0)), ms(p.gaps.at(0.99)));
             (p.machine_percent, p.steal_percent) = (cpu(MACHINE), cpu(STEAL));
             p.expectation = expectation;
-            p.expected = expectation.describe(limits);
+            p.expected = expectation.describe(held_slack);
             p.seen = p.seen();
-            p.misses = p.check(expectation, limits);
+            p.misses = p.check(expectation);
         }
         let end = Instant::now();
         let bucket = TIMELINE_BUCKET.as_secs_f64();
@@ -578,12 +544,6 @@ mod tests {
     use super::*;
     use crate::faults::load::Outcome;
 
-    const LIMITS: Limits = Limits {
-        fast_503: Duration::from_millis(500),
-        max_bus_gap: Duration::from_secs(2),
-        held_slack: Duration::from_millis(10),
-    };
-
     #[test]
     fn requests_count_in_the_phase_they_were_sent_in() {
         let t0 = Instant::now();
@@ -634,7 +594,7 @@ mod tests {
         );
         assert_eq!((t[0].no_200_ms, t[1].no_200_ms), (999.0, 900.0));
         assert_eq!(
-            t[1].check(Expectation::HeldOnly408, &LIMITS),
+            t[1].check(Expectation::HeldOnly408),
             [
                 "1 lost",
                 "1 408s for requests sent after the kill (the latest 1 ms after)"
@@ -656,18 +616,9 @@ mod tests {
             answered: BTreeMap::from([(200, 10)]),
             ..PhaseReport::default()
         };
-        assert!(clean.check(Expectation::Clean, &LIMITS).is_empty());
+        assert!(clean.check(Expectation::Clean).is_empty());
         clean.answered.insert(503, 1);
-        assert_eq!(clean.check(Expectation::Clean, &LIMITS), ["1 answered 503"]);
-
-        let mut restart = clean.clone();
-        restart.slowest_503_ms = Some(500.0);
-        restart.no_200_ms = 2000.0;
-        let fast = |p: &PhaseReport| p.check(Expectation::Fast503, &LIMITS);
-        assert!(fast(&restart).is_empty(), "limits are inclusive");
-        restart.slowest_503_ms = Some(501.0);
-        restart.no_200_ms = 2001.0;
-        assert_eq!(fast(&restart), ["a 503 took 501 ms", "no 200 for 2001 ms"]);
+        assert_eq!(clean.check(Expectation::Clean), ["1 answered 503"]);
 
         let mut kill = PhaseReport {
             answered: BTreeMap::from([(200, 10), (408, 2)]),
@@ -676,7 +627,7 @@ mod tests {
             ..PhaseReport::default()
         };
         assert_eq!(
-            kill.check(Expectation::HeldOnly408, &LIMITS),
+            kill.check(Expectation::HeldOnly408),
             [
                 "1 timed out",
                 "2 answered 408, more than the 1 in flight at the kill"
@@ -684,7 +635,7 @@ mod tests {
         );
         kill.in_flight_at_fault = Some(2);
         kill.timed_out = 0;
-        assert!(kill.check(Expectation::HeldOnly408, &LIMITS).is_empty());
+        assert!(kill.check(Expectation::HeldOnly408).is_empty());
 
         // A broker killed: 503s only for what was in flight on the lost connection.
         let mut restart = PhaseReport {
@@ -692,7 +643,7 @@ mod tests {
             in_flight_at_fault: Some(1),
             ..PhaseReport::default()
         };
-        let in_flight = |p: &PhaseReport| p.check(Expectation::InFlightOnly503, &LIMITS);
+        let in_flight = |p: &PhaseReport| p.check(Expectation::InFlightOnly503);
         assert_eq!(
             in_flight(&restart),
             ["2 answered 503, more than the 1 in flight at the kill"]

@@ -12,6 +12,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 
 use crate::hist::Summary;
+use crate::proc::{CpuUse, STEAL};
 
 /// A report, whatever the scenario.
 #[derive(Debug, Clone)]
@@ -95,6 +96,22 @@ impl Doc {
         }
     }
 
+    /// The scalar fields of `data` as serialised, one `name  value` line each; an object
+    /// of scalars (a latency summary, counts by code) or a list of scalars on one line.
+    /// Lists of objects are left to tables.
+    pub fn fields(&mut self, data: &impl Serialize) {
+        let json = serde_json::to_string(data).unwrap_or_default();
+        let Ok(Ordered(fields)) = serde_json::from_str(&json) else {
+            return;
+        };
+        let shown: Vec<(&String, String)> = (fields.iter())
+            .filter_map(|(name, value)| Some((name, inline(value)?)))
+            .collect();
+        let width = shown.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+        let lines = shown.iter().map(|(name, v)| format!("{name:width$}  {v}"));
+        self.lines(lines.collect());
+    }
+
     pub fn table(&mut self, table: Table) {
         self.blocks.push(Block::Table(table));
     }
@@ -115,6 +132,76 @@ impl Doc {
     pub fn html(&self) -> String {
         html::render(self)
     }
+}
+
+/// A JSON object's fields in the order they were written (serde_json's map sorts them).
+struct Ordered(Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for Ordered {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = Ordered;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Ordered, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(field) = map.next_entry()? {
+                    fields.push(field);
+                }
+                Ok(Ordered(fields))
+            }
+        }
+        d.deserialize_map(Fields)
+    }
+}
+
+/// A JSON value on one line: a scalar, or a list or object of scalars.
+fn inline(value: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    let scalar = |v: &Value| match v {
+        Value::Null => Some("—".to_owned()),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Number(n) if n.is_f64() => n.as_f64().map(|x| format!("{x:.1}")),
+        Value::Number(n) => Some(n.to_string()),
+        Value::String(s) => Some(s.clone()),
+        Value::Array(_) | Value::Object(_) => None,
+    };
+    match value {
+        Value::Array(items) => {
+            let items: Option<Vec<String>> = items.iter().map(scalar).collect();
+            Some(items?.join(", "))
+        }
+        Value::Object(fields) => {
+            let fields = fields
+                .iter()
+                .map(|(k, v)| Some(format!("{k} {}", scalar(v)?)));
+            Some(fields.collect::<Option<Vec<_>>>()?.join(", "))
+        }
+        scalar_value => scalar(scalar_value),
+    }
+}
+
+/// The CPU each process used, as a report line: `% of one core` and, but for steal,
+/// µs of CPU per each of `count` `what`s.
+pub fn cpu_line(cpu: &[CpuUse], count: u64, what: &str) -> String {
+    let cpu: Vec<String> = (cpu.iter())
+        .map(|c| match count > 0 && c.name != STEAL {
+            true => {
+                let us = c.cpu_seconds * 1e6 / count as f64;
+                format!("{} {:.0}% {us:.1} µs", c.name, c.percent)
+            }
+            false => format!("{} {:.0}%", c.name, c.percent),
+        })
+        .collect();
+    format!(
+        "cpu       {} (100% = one core; µs of CPU per {what})",
+        cpu.join(", ")
+    )
 }
 
 /// Every scenario's report: its name, when and where it ran, what it loaded, and its
@@ -333,6 +420,31 @@ mod tests {
         for line in page.split("<line ").skip(1) {
             assert_eq!(attr(line, " y1="), attr(line, " y2="), "{line}");
         }
+    }
+
+    #[test]
+    fn fields_keep_their_order_inline_flat_values_and_leave_lists_of_objects_out() {
+        #[derive(Serialize)]
+        struct Data {
+            opened: u32,
+            rate: f64,
+            codes: std::collections::BTreeMap<u32, u64>,
+            events: Vec<&'static str>,
+            rows: Vec<Meta>,
+            pid: Option<u32>,
+        }
+        let mut doc = Doc::new(String::new(), Meta::now());
+        doc.fields(&Data {
+            opened: 50,
+            rate: 1.25,
+            codes: [(200, 3), (503, 1)].into(),
+            events: vec!["a", "b"],
+            rows: vec![Meta::now()],
+            pid: None,
+        });
+        let text = doc.text();
+        let lines = "opened  50\nrate    1.2\ncodes   200 3, 503 1\nevents  a, b\npid     —\n";
+        assert!(text.ends_with(lines), "{text}");
     }
 
     #[test]

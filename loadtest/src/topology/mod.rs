@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
 use nix::sys::signal::Signal;
-use testkit::{Pki, Process};
+use testkit::{Cut, Pki, Process};
 use tokio::time::Instant;
 
 mod cluster;
@@ -668,6 +668,7 @@ impl Topology {
 pub struct Stopped {
     pub role: Role,
     pub pid: u32,
+    pub signal: Signal,
     /// From the signal to the exit.
     pub took: Duration,
     /// The exit status, when it could be read.
@@ -676,7 +677,34 @@ pub struct Stopped {
     pub killed_after_timeout: bool,
 }
 
+impl fmt::Display for Stopped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (signal, role, pid, took) = (self.signal, &self.role, self.pid, self.took);
+        write!(f, "{signal} {role} (pid {pid}): exited in {took:.2?} (")?;
+        match self.status {
+            Some(status) => write!(f, "{status}")?,
+            None => f.write_str("status unknown")?,
+        }
+        if self.killed_after_timeout {
+            f.write_str(", killed after the stop timeout")?;
+        }
+        f.write_str(")")
+    }
+}
+
 impl Topology {
+    /// A TCP hop ([`Cut`]) in front of each gate, and the URLs through them: clients
+    /// that dial these lose their links all at once when the hops cut them.
+    pub async fn gate_hops(&self) -> anyhow::Result<(Vec<Cut>, Vec<String>)> {
+        let mut hops = Vec::new();
+        for url in self.gate_urls() {
+            let addr = url.trim_start_matches("ws://").parse()?;
+            hops.push(Cut::start(addr).await.context("starting a TCP hop")?);
+        }
+        let urls = hops.iter().map(Cut::ws_url).collect();
+        Ok((hops, urls))
+    }
+
     /// Starts one more worker of `service` and waits until it is ready.
     pub async fn add_worker(&mut self, service: &str) -> anyhow::Result<Role> {
         let role = self.spawn_worker(service)?;
@@ -741,6 +769,7 @@ impl Topology {
         Ok(Stopped {
             role: proc.role.clone(),
             pid: proc.process.pid(),
+            signal,
             took,
             status: stopped.as_ref().ok().copied(),
             killed_after_timeout: stopped.is_err(),

@@ -161,21 +161,7 @@ async fn measure(args: &BroadcastArgs, urls: &[String]) -> anyhow::Result<Broadc
 
 impl Section for BroadcastReport {
     fn add_to(&self, doc: &mut Doc) {
-        doc.lines(vec![
-            format!(
-                "{} messages × {} members on {} gate(s): {} of {} deliveries in {:.2} s",
-                self.messages,
-                self.members,
-                self.gates,
-                self.deliveries,
-                self.expected,
-                self.elapsed_s
-            ),
-            format!(
-                "{:.0} deliveries/s, {:.0} messages/s; {} dropped by full client queues",
-                self.deliveries_per_s, self.messages_per_s, self.dropped
-            ),
-        ]);
+        doc.fields(self);
     }
 }
 

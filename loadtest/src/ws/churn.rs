@@ -293,23 +293,7 @@ fn mib(bytes: u64) -> f64 {
 
 impl Section for ChurnReport {
     fn add_to(&self, doc: &mut Doc) {
-        let rate = if self.rate > 0 {
-            format!(", at most {}/s", self.rate)
-        } else {
-            String::new()
-        };
-        let mut lines = vec![format!(
-            "{} sessions ({} ok, {} failed), mix {}, {} at once{rate}, in {:.1} s ({:.0} sessions/s)",
-            self.sessions,
-            self.ok,
-            self.failed,
-            self.mix.join("+"),
-            self.concurrency,
-            self.elapsed_s,
-            self.sessions_per_s
-        )];
-        lines.extend(self.first_error.iter().map(|e| format!("first error: {e}")));
-        doc.lines(lines);
+        doc.fields(self);
         let after = format!("after {} sessions", self.warmup);
         let mut table = Table::new(&[
             "process",

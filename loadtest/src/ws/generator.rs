@@ -21,8 +21,8 @@ use tokio::task::JoinSet;
 use super::clock::{ClockKind, Metronome, Pacer};
 use super::lean::{CLOSE_TIMEOUT, ClientRun, Codec, Conn};
 use super::schedule::{Payload, Plan, Schedule, Stop, times};
-use super::stats::{Recorded, Recorder, SharedRecorded, Tally, rate};
-use crate::hist::Summary;
+use super::stats::{Latencies, Recorded, Recorder, ServerSplit, SharedRecorded, Tally, rate};
+use crate::hist::{Hist, Summary};
 use crate::proc::{CpuSample, CpuUse, Watched};
 
 /// Time between deciding the start and the first slot, so every task is ready for it.
@@ -121,10 +121,10 @@ pub struct RunReport {
     pub error_messages: BTreeMap<u32, String>,
     /// Requests cut by the connection ending (closed, kicked, protocol), by kind.
     pub failures: BTreeMap<&'static str, u64>,
-    pub latency: Latencies,
-    /// Where the time went, when the server sent timing: the parts add up to the
-    /// latency from send.
-    pub server: Option<ServerReport>,
+    pub latency: Latencies<Summary>,
+    /// Where the time went, when the server sent timing (`calls` empty when no answer
+    /// waited on other services).
+    pub server: Option<ServerSplit<Summary>>,
     /// The bare echo server under the same load, when measured in the same command.
     pub limit: Option<LimitComparison>,
     /// CPU over the measured window, per process (100 % = one core).
@@ -142,28 +142,6 @@ pub struct PerConn {
     pub max: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct Latencies<T = Summary> {
-    pub from_schedule: T,
-    pub from_send: T,
-    pub lag: T,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ServerReport {
-    /// Client + WebSocket both ways: from-send latency minus the gate's total.
-    pub client_ws: Summary,
-    /// Gate + bus both ways: total - queue - handler - calls.
-    pub gate_bus: Summary,
-    pub queue: Summary,
-    pub handler: Summary,
-    /// Waiting on other services: the sum of the calls the worker made for a request
-    /// (hop 1), over the answers that made any; `None` when none did.
-    pub calls: Option<Summary>,
-    /// Gate receive to gate answer.
-    pub total: Summary,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct LimitComparison {
     pub limit_rps: f64,
@@ -178,9 +156,8 @@ pub struct SecondReport {
     /// Answers that arrived in this second.
     pub answers: u64,
     /// Latency from the schedule of the requests scheduled in this second.
-    pub p50_us: f64,
-    pub p99_us: f64,
-    pub max_us: f64,
+    #[serde(flatten)]
+    pub from_schedule: Summary,
 }
 
 impl RunReport {
@@ -300,19 +277,11 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunReport> 
         .into_inner()
         .unwrap_or_else(PoisonError::into_inner);
     let end = t.last_answer.map_or(window_end, |l| l.max(window_end));
-    let (l, s) = (&t.latency, &t.server);
     let timeline = (timeline.iter().enumerate())
-        .map(|(second, h)| {
-            let s = h.summary();
-            let answers = t.answers_per_second.get(second).copied().unwrap_or(0);
-            let (p50_us, p99_us, max_us) = (s.p50_us, s.p99_us, s.max_us);
-            SecondReport {
-                second,
-                answers,
-                p50_us,
-                p99_us,
-                max_us,
-            }
+        .map(|(second, h)| SecondReport {
+            second,
+            answers: t.answers_per_second.get(second).copied().unwrap_or(0),
+            from_schedule: h.summary(),
         })
         .collect();
     Ok(RunReport {
@@ -346,27 +315,12 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunReport> 
         errors_by_code: t.codes.clone(),
         error_messages: t.messages.clone(),
         failures: t.failures.clone(),
-        latency: Latencies {
-            from_schedule: l.from_schedule.summary(),
-            from_send: l.from_send.summary(),
-            lag: l.lag.summary(),
-        },
-        server: (!s.total.is_empty()).then(|| ServerReport {
-            client_ws: s.client_ws.summary(),
-            gate_bus: s.gate_bus.summary(),
-            queue: s.queue.summary(),
-            handler: s.handler.summary(),
-            calls: (!s.calls.is_empty()).then(|| s.calls.summary()),
-            total: s.total.summary(),
-        }),
+        latency: t.latency.map(Hist::summary),
+        server: (!t.server.total.is_empty()).then(|| t.server.map(Hist::summary)),
         limit: None,
         cpu,
         timeline,
-        curves: Latencies {
-            from_schedule: l.from_schedule.curve(),
-            from_send: l.from_send.curve(),
-            lag: l.lag.curve(),
-        },
+        curves: t.latency.map(Hist::curve),
     })
 }
 

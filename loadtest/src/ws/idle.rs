@@ -28,7 +28,7 @@ use tokio::task::JoinSet;
 
 use super::target::{Gates, TargetArgs, with_topology};
 use crate::proc::rss_bytes;
-use crate::report::{Doc, OutputArgs, Report, Section, thousands};
+use crate::report::{Doc, OutputArgs, Report, Section};
 use crate::topology::{Role, scrape};
 
 /// Most sessions one run opens: each is a file descriptor here and in the gate.
@@ -205,35 +205,6 @@ async fn measure(
 
 impl Section for IdleReport {
     fn add_to(&self, doc: &mut Doc) {
-        doc.heading(format!("idle sessions on {} (pid {})", self.url, self.pid));
-        doc.lines(vec![
-            format!(
-                "opened {} of {} in {:.2} s ({} failed), {} still open at the second reading",
-                self.opened, self.sessions, self.open_seconds, self.failed, self.alive_after
-            ),
-            format!(
-                "RSS {} KiB → {} KiB: {} bytes per session",
-                self.rss_before / 1024,
-                self.rss_after / 1024,
-                thousands(self.bytes_per_session)
-            ),
-        ]);
-        if let (Some(detached), Some(refilled), Some(per)) = (
-            self.rss_detached,
-            self.rss_refilled,
-            self.bytes_per_detached,
-        ) {
-            doc.lines(vec![
-                format!(
-                    "detached (every link cut, the clients kept away): RSS {} KiB",
-                    detached / 1024
-                ),
-                format!(
-                    "as many live sessions again: RSS {} KiB: a detached session holds about {} bytes",
-                    refilled / 1024,
-                    thousands(per)
-                ),
-            ]);
-        }
+        doc.fields(self);
     }
 }

@@ -19,29 +19,19 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, anyhow, bail};
 use futures::{SinkExt as _, StreamExt as _};
 use gateway::pomelo::wire::{self, MessageKind, PackageType, Route};
-use proto::client::{Handshake, Heartbeat, Packet, Request, packet::Kind};
+use proto::client::packet::Kind;
+use proto::frame;
 use sdk::ClientOptions;
-use sdk::rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
 use tokio::time::{Interval, MissedTickBehavior, Sleep};
-use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 use super::clock::Pacer;
 use super::inflight::InFlight;
 use super::schedule::{Payload, Plan};
 use super::stats::{Answer, Outcome, Recorder, Tally};
 
-/// The byte stream under the WebSocket: TCP, or TLS over it for `wss://`.
-trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
-type Ws = WebSocketStream<Box<dyn Stream>>;
+type Ws = sdk::WebSocket;
 
-/// The WebSocket's read buffer: what the SDK client reads with.
-const READ_BUFFER: usize = 8 * 1024;
 /// How long closing a client may take at the end.
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -82,102 +72,32 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Opens a WebSocket to `url` (`wss://` trusting `options.tls`) and handshakes with
-    /// `options` in `codec`, all within `options.connect_timeout`.
+    /// Opens a WebSocket to `url` as the SDK does (`wss://` trusting `options.tls`) and
+    /// handshakes in `codec`, all within `options.connect_timeout`.
     pub async fn connect(url: &str, options: &ClientOptions, codec: Codec) -> anyhow::Result<Conn> {
-        let opening = async {
-            let ws = open(url, options).await.with_context(|| url.to_owned())?;
-            match codec {
-                Codec::Pomelo => pomelo_handshake(ws).await,
-                _ => handshake(ws, options, codec == Codec::Json).await,
-            }
+        let options = ClientOptions {
+            json: codec == Codec::Json,
+            ..options.clone()
         };
-        tokio::time::timeout(options.connect_timeout, opening)
-            .await
-            .map_err(|_| {
-                anyhow!(
-                    "{url}: no handshake ack within {:?}",
-                    options.connect_timeout
-                )
-            })?
-    }
-}
-
-async fn open(url: &str, options: &ClientOptions) -> anyhow::Result<Ws> {
-    let request = url.into_client_request()?;
-    let uri = request.uri();
-    let tls = uri.scheme_str() == Some("wss");
-    let host = uri
-        .host()
-        .context("no host")?
-        .trim_matches(['[', ']'])
-        .to_owned();
-    let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
-    let tcp = TcpStream::connect((host.as_str(), port)).await?;
-    tcp.set_nodelay(true)?;
-    let stream: Box<dyn Stream> = if tls {
-        let config = options
-            .tls
-            .clone()
-            .context("wss:// needs a TLS configuration")?;
-        let name = ServerName::try_from(host)?;
-        Box::new(
-            tokio_rustls::TlsConnector::from(config)
-                .connect(name, tcp)
-                .await?,
-        )
-    } else {
-        Box::new(tcp)
-    };
-    let config = WebSocketConfig::default()
-        .read_buffer_size(READ_BUFFER)
-        .max_message_size(Some(options.max_frame_bytes))
-        .max_frame_size(Some(options.max_frame_bytes));
-    let (ws, _) =
-        tokio_tungstenite::client_async_with_config(request, stream, Some(config)).await?;
-    Ok(ws)
-}
-
-async fn handshake(mut ws: Ws, options: &ClientOptions, json: bool) -> anyhow::Result<Conn> {
-    let hello = Packet::new(Kind::Handshake(Handshake {
-        token: options.token.clone(),
-        server_timing: options.server_timing,
-        client: options.client.clone(),
-        serial: options.serial,
-        ..Handshake::default()
-    }));
-    ws.send(sdk::frame::encode(&hello, json))
-        .await
-        .context("sending the handshake")?;
-    loop {
-        let frame = ws
-            .next()
-            .await
-            .ok_or_else(|| anyhow!("the server closed before the handshake ack"))?
-            .context("awaiting the handshake ack")?;
-        if let Message::Close(close) = &frame {
-            let reason = close.as_ref().map(|c| c.reason.as_str()).unwrap_or("");
-            bail!("the server closed before the handshake ack: {reason}");
+        if codec != Codec::Pomelo {
+            let (ws, ack) = sdk::dial(url, &options).await.context(url.to_owned())?;
+            let heartbeat = (ack.heartbeat_ms > 0)
+                .then(|| Duration::from_millis(u64::from(ack.heartbeat_ms)) / 2);
+            return Ok(Conn {
+                ws,
+                codec,
+                heartbeat,
+            });
         }
-        match sdk::frame::decode(&frame).and_then(|p| p.kind) {
-            Some(Kind::HandshakeAck(ack)) if ack.code == proto::code::OK => {
-                let heartbeat = (ack.heartbeat_ms > 0)
-                    .then(|| Duration::from_millis(u64::from(ack.heartbeat_ms)) / 2);
-                let codec = if json { Codec::Json } else { Codec::Protobuf };
-                return Ok(Conn {
-                    ws,
-                    codec,
-                    heartbeat,
-                });
-            }
-            Some(Kind::HandshakeAck(ack)) => {
-                bail!("handshake refused: {} {}", ack.code, ack.message)
-            }
-            // Control frames, and heartbeats before the ack.
-            None if !(frame.is_binary() || frame.is_text()) => {}
-            Some(Kind::Heartbeat(_)) => {}
-            other => bail!("expected a handshake ack, got {other:?}"),
-        }
+        let opening = async {
+            let ws = sdk::open_websocket(url, &options).await?;
+            pomelo_handshake(ws).await
+        };
+        let timeout = options.connect_timeout;
+        tokio::time::timeout(timeout, opening)
+            .await
+            .map_err(|_| anyhow!("{url}: no handshake answer within {timeout:?}"))?
+            .context(url.to_owned())
     }
 }
 
@@ -225,7 +145,7 @@ pub async fn drive(conn: Conn, run: ClientRun) -> Tally {
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
         interval
     });
-    let mut link = Link::new(Some(conn.ws), conn.codec, &route);
+    let mut link = Link::new(Some(conn.ws), conn.codec, route);
     // Set to the oldest waiting request's deadline or earlier whenever one waits.
     let expiry = tokio::time::sleep_until(hard_deadline.into());
     tokio::pin!(expiry);
@@ -299,12 +219,11 @@ struct Link {
     /// Frames in the WebSocket's buffer since the last completed flush.
     unflushed: bool,
     in_flight: InFlight,
-    /// The request packet, reused: only its id and body change.
-    request: Request,
+    route: Arc<str>,
 }
 
 impl Link {
-    fn new(ws: Option<Ws>, codec: Codec, route: &str) -> Self {
+    fn new(ws: Option<Ws>, codec: Codec, route: Arc<str>) -> Self {
         Link {
             ws,
             ended: None,
@@ -312,12 +231,7 @@ impl Link {
             outbox: VecDeque::new(),
             unflushed: false,
             in_flight: InFlight::default(),
-            request: Request {
-                id: 0,
-                route: route.to_owned(),
-                body: bytes::Bytes::new(),
-                key: String::new(),
-            },
+            route,
         }
     }
 
@@ -342,43 +256,37 @@ impl Link {
             return;
         }
         for slot in slots {
-            let frame = self.encode(slot + 1, payload.body(slot));
+            let frame = self.encode(slot + 1, &payload.body(slot));
             self.outbox.push_back(frame);
             self.in_flight.push(slot, now);
         }
     }
 
-    /// `Packet{request: Request{id, route, body}}` in the session's encoding.
-    fn encode(&mut self, id: u64, body: bytes::Bytes) -> Message {
-        if self.codec == Codec::Pomelo {
-            return Message::Binary(wire::encode_message(&wire::Message {
+    /// `Packet{request: Request{id, route, body}}` in the session's encoding, by the
+    /// protocol's one encoder ([`proto::frame`]). A JSON session's bodies are JSON
+    /// values, as the SDK sends typed bodies.
+    fn encode(&self, id: u64, body: &[u8]) -> Message {
+        let route = &*self.route;
+        match self.codec {
+            Codec::Protobuf => Message::Binary(frame::request(id, route, "", body)),
+            Codec::Json => {
+                Message::text(frame::request_json(id, route, "", body).unwrap_or_default())
+            }
+            Codec::Pomelo => Message::Binary(wire::encode_message(&wire::Message {
                 kind: MessageKind::Request(id),
-                route: Route::Name(&self.request.route),
+                route: Route::Name(route),
                 error: false,
                 gzip: false,
-                body: &body,
-            }));
+                body,
+            })),
         }
-        self.request.id = id;
-        self.request.body = body;
-        let packet = Packet::new(Kind::Request(std::mem::take(&mut self.request)));
-        let frame = if self.codec == Codec::Json {
-            // A body that is JSON goes as that value, anything else as a string, as the
-            // SDK sends typed bodies: sdk::frame sends bodies as strings only.
-            Message::text(proto::json::encode_typed(&packet, true).unwrap_or_default())
-        } else {
-            sdk::frame::encode(&packet, false)
-        };
-        if let Some(Kind::Request(request)) = packet.kind {
-            self.request = request;
-        }
-        frame
     }
 
     fn heartbeat(&mut self) {
-        let packet = Packet::new(Kind::Heartbeat(Heartbeat {}));
-        let json = self.codec == Codec::Json;
-        self.outbox.push_back(sdk::frame::encode(&packet, json));
+        self.outbox.push_back(match self.codec {
+            Codec::Json => Message::text(frame::HEARTBEAT_JSON),
+            _ => Message::Binary(frame::HEARTBEAT),
+        });
     }
 
     /// Writes the outbox and flushes, then handles every frame the socket holds.
@@ -609,40 +517,25 @@ mod tests {
     use proto::Message as _;
 
     #[test]
-    fn a_binary_request_is_the_protobuf_packet() {
-        let mut link = Link::new(None, Codec::Protobuf, "echo.raw");
-        let Message::Binary(frame) = link.encode(43, Payload::Hello.body(42)) else {
+    fn requests_are_the_protocols_frames_in_the_sessions_encoding() {
+        let link = |codec| Link::new(None, codec, Arc::from("chat.members"));
+        let Message::Binary(frame) = link(Codec::Protobuf).encode(43, b"Hello World #0042") else {
             panic!("not binary")
         };
-        let packet = Packet::decode(frame).expect("protobuf");
+        let packet = proto::client::Packet::decode(frame).expect("protobuf");
         let Some(Kind::Request(request)) = packet.kind else {
             panic!("not a request")
         };
         assert_eq!(
             (request.id, request.route.as_str(), &request.body[..]),
-            (43, "echo.raw", &b"Hello World #0042"[..])
+            (43, "chat.members", &b"Hello World #0042"[..])
         );
-        // The template keeps its route for the next request.
-        assert_eq!(link.request.route, "echo.raw");
-    }
-
-    #[test]
-    fn a_json_request_carries_a_json_body_as_its_value_and_other_bodies_as_text() {
-        let mut link = Link::new(None, Codec::Json, "chat.members");
-        let typed = bytes::Bytes::from_static(br#"{"room":"a"}"#);
-        let Message::Text(frame) = link.encode(1, typed) else {
+        let Message::Text(frame) = link(Codec::Json).encode(1, br#"{"room":"a"}"#) else {
             panic!("not text")
         };
         assert_eq!(
             frame.as_str(),
             r#"{"request":{"id":1,"route":"chat.members","body":{"room":"a"}}}"#
-        );
-        let Message::Text(frame) = link.encode(2, Payload::Hello.body(7)) else {
-            panic!("not text")
-        };
-        assert_eq!(
-            frame.as_str(),
-            r#"{"request":{"id":2,"route":"chat.members","body":"Hello World #0007"}}"#
         );
     }
 

@@ -36,8 +36,8 @@ use testkit::Cut;
 use super::broadcast::expect_ok;
 use super::target::this_process;
 use crate::hist::{Hist, Summary};
-use crate::proc::{CpuSample, CpuUse, STEAL, Threads, Watched};
-use crate::report::{Doc, OutputArgs, Report, Section, Table};
+use crate::proc::{CpuSample, CpuUse, Threads, Watched};
+use crate::report::{Doc, OutputArgs, Report, Section, Table, cpu_line};
 use crate::topology::{Bus, LaunchArgs, Role, Topology, TopologySpec};
 
 /// Players connecting at once.
@@ -86,9 +86,10 @@ pub struct MatchesArgs {
 }
 
 /// What `--fault` does halfway through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Fault {
+    #[default]
     None,
     AddWorker,
     DrainOwner,
@@ -97,7 +98,7 @@ pub enum Fault {
 }
 
 /// What one `matches` run measured.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, Default, serde::Serialize)]
 pub struct MatchesReport {
     pub matches: u32,
     pub players: u32,
@@ -253,16 +254,11 @@ impl Seen {
 }
 
 async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<MatchesReport> {
-    let mut urls = fleet.gate_urls();
     // Flapping players reach each gate through a hop that cuts their links.
-    let mut hops = Vec::new();
-    if args.fault == Fault::Flap {
-        for url in &urls {
-            let addr = url.trim_start_matches("ws://").parse()?;
-            hops.push(Cut::start(addr).await.context("starting a TCP hop")?);
-        }
-        urls = hops.iter().map(Cut::ws_url).collect();
-    }
+    let (hops, urls) = match args.fault {
+        Fault::Flap => fleet.gate_hops().await?,
+        _ => (Vec::new(), fleet.gate_urls()),
+    };
     let total = (args.matches * args.players) as usize;
     let players: Vec<Player> = stream::iter(0..total)
         .map(|i| join(&urls, i, args.players as usize))
@@ -304,21 +300,8 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
         fault: args.fault,
         seconds,
         events,
-        inputs_sent: 0,
-        inputs_ok: 0,
-        inputs_failed: Vec::new(),
-        positions_wrong: 0,
-        players_lost: 0,
-        moves_lost: 0,
-        state_pushes: 0,
-        pushes_per_s: 0.0,
-        ticks_skipped: 0,
-        ticks_repeated: 0,
-        longest_gap_ms: 0.0,
-        reconnects: 0,
-        resumes: 0,
-        latency: Summary::default(),
         cpu,
+        ..MatchesReport::default()
     };
     let mut latency = Hist::new();
     let outcomes = std::mem::take(&mut *results.lock().unwrap());
@@ -369,7 +352,7 @@ async fn strike(
         service: "arena".into(),
         index: 0,
     };
-    let (signal, verb) = match fault {
+    let signal = match fault {
         Fault::None => return Ok(String::new()),
         Fault::Flap => {
             hops.iter().for_each(Cut::cut);
@@ -380,14 +363,12 @@ async fn strike(
             let ready = started.elapsed().as_secs_f64() - at;
             return Ok(format!("{at:.2} s: started {role}, ready in {ready:.2} s"));
         }
-        Fault::DrainOwner => (Signal::SIGTERM, "drained"),
-        Fault::KillOwner => (Signal::SIGKILL, "killed"),
+        Fault::DrainOwner => Signal::SIGTERM,
+        Fault::KillOwner => Signal::SIGKILL,
     };
-    let stopped = fleet.stop_one(&owner, signal).await?;
     Ok(format!(
-        "{at:.2} s: {verb} {owner} (pid {}) in {:.2} s",
-        stopped.pid,
-        stopped.took.as_secs_f64()
+        "{at:.2} s: {}",
+        fleet.stop_one(&owner, signal).await?
     ))
 }
 
@@ -502,63 +483,13 @@ async fn position(client: &Client) -> anyhow::Result<Option<i64>> {
 
 impl Section for MatchesReport {
     fn add_to(&self, doc: &mut Doc) {
-        let failed: u64 = self.inputs_failed.iter().map(|(_, n)| n).sum();
-        let mut lines = vec![
-            format!(
-                "{} matches × {} players, {} inputs/s each, {} arena worker(s), {:.1} s",
-                self.matches, self.players, self.rate, self.arena_workers, self.seconds
-            ),
-            format!(
-                "inputs    {} sent, {} answered 200, {failed} otherwise; moves lost {} ({} players off); {} players' matches lost",
-                self.inputs_sent,
-                self.inputs_ok,
-                self.moves_lost,
-                self.positions_wrong,
-                self.players_lost
-            ),
-            format!(
-                "state     {} pushes, {:.0}/s; ticks skipped {}, repeated {}; longest gap {:.0} ms",
-                self.state_pushes,
-                self.pushes_per_s,
-                self.ticks_skipped,
-                self.ticks_repeated,
-                self.longest_gap_ms
-            ),
-        ];
-        if self.reconnects > 0 {
-            lines.push(format!(
-                "links     {} reconnections, {} resumed their session",
-                self.reconnects, self.resumes
-            ));
-        }
-        lines.extend(self.events.iter().map(|e| format!("event     {e}")));
-        lines.extend((self.inputs_failed.iter()).map(|(why, n)| format!("failed    {n} × {why}")));
-        let inputs = self.inputs_sent.max(1) as f64;
-        let cpu: Vec<String> = (self.cpu.iter())
-            .map(|c| match c.name != STEAL {
-                true => format!(
-                    "{} {:.0}% {:.1} µs",
-                    c.name,
-                    c.percent,
-                    c.cpu_seconds * 1e6 / inputs
-                ),
-                false => format!("{} {:.0}%", c.name, c.percent),
-            })
+        doc.fields(self);
+        let failed = self.inputs_failed.iter();
+        let mut lines: Vec<String> = failed
+            .map(|(why, n)| format!("failed    {n} × {why}"))
             .collect();
-        lines.push(format!(
-            "cpu       {} (100% = one core; µs of CPU per input)",
-            cpu.join(", ")
-        ));
+        lines.push(cpu_line(&self.cpu, self.inputs_sent, "input"));
         doc.lines(lines);
-        let l = &self.latency;
-        let mut table = Table::new(&["input to state (ms)", "p50", "p90", "p99", "max"]);
-        table.rows.push(vec![
-            format!("{} inputs shown", l.count),
-            format!("{:.1}", l.p50_us / 1e3),
-            format!("{:.1}", l.p90_us / 1e3),
-            format!("{:.1}", l.p99_us / 1e3),
-            format!("{:.1}", l.max_us / 1e3),
-        ]);
-        doc.table(table);
+        doc.table(Table::latency([("input to state", &self.latency)]));
     }
 }

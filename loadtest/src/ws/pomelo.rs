@@ -49,9 +49,10 @@ pub async fn pomelo_compare(args: PomeloCompareArgs) -> anyhow::Result<()> {
     serde_json::from_str::<serde_json::Value>(&args.body).context("--body is not JSON")?;
     let specs = (args.clients.iter())
         .map(|&clients| {
+            let (interval, count) = (args.load.interval, Length::Count(SEED_COUNT));
             let spec = args
                 .load
-                .spec(clients, Length::Count(SEED_COUNT), ServiceKind::Echo)?;
+                .spec(clients, interval, count, ServiceKind::Echo)?;
             Ok(LoadSpec {
                 route: (args.load.route.clone()).unwrap_or_else(|| ROUTE.to_owned()),
                 payload: Payload::Fixed(args.body.clone().into()),

@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::generator::{self, LoadSpec, RunReport, SecondReport, Target};
-use crate::proc::STEAL;
-use crate::report::{Doc, OutputArgs, Report, Section, Table, XAxis, ms, thousands};
+use crate::report::{Doc, OutputArgs, Report, Section, Table, XAxis, cpu_line, ms, thousands};
 
 /// What a WebSocket load scenario measured: its runs, and its search for `saturate`.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -87,13 +86,15 @@ impl Fraction {
             (false, true) => (
                 "at_most",
                 format!(
-                    "{g} ≤ {p:.1}% of the bare-echo limit: the limit passed every rate up to                      --limit-max-rate, so it is higher than measured"
+                    "{g} ≤ {p:.1}% of the bare-echo limit: the limit passed every rate up to \
+                     --limit-max-rate, so it is higher than measured"
                 ),
             ),
             (true, false) => (
                 "at_least",
                 format!(
-                    "{g} ≥ {p:.1}% of the bare-echo limit: the gateway passed every rate up to                      --max-rate, so it is higher than measured"
+                    "{g} ≥ {p:.1}% of the bare-echo limit: the gateway passed every rate up to \
+                     --max-rate, so it is higher than measured"
                 ),
             ),
             (true, true) => (
@@ -182,22 +183,7 @@ impl RunReport {
             ));
         }
         if !self.cpu.is_empty() {
-            let cpu: Vec<String> = self
-                .cpu
-                .iter()
-                .map(|c| {
-                    match (self.sent > 0 && c.name != STEAL)
-                        .then(|| c.cpu_seconds * 1e6 / self.sent as f64)
-                    {
-                        Some(us) => format!("{} {:.0}% {:.1} µs", c.name, c.percent, us),
-                        None => format!("{} {:.0}%", c.name, c.percent),
-                    }
-                })
-                .collect();
-            lines.push(format!(
-                "cpu       {} (100% = one core; µs of CPU per request sent)",
-                cpu.join(", ")
-            ));
+            lines.push(cpu_line(&self.cpu, self.sent, "request sent"));
         }
         doc.lines(lines);
         let l = &self.latency;
@@ -213,8 +199,9 @@ impl RunReport {
                 ("queue", &s.queue),
                 ("handler", &s.handler),
             ]);
-            let calls = s.calls.as_ref();
-            rows.extend(calls.map(|calls| ("calls (waiting on other services)", calls)));
+            if s.calls.count > 0 {
+                rows.push(("calls (waiting on other services)", &s.calls));
+            }
             rows.push(("server total", &s.total));
         }
         doc.table(Table::latency(rows));
@@ -228,8 +215,8 @@ impl RunReport {
             "Latency from schedule, per second (ms)",
             XAxis::Seconds,
             vec![
-                ("p50", per_second(|s| s.p50_us / 1e3)),
-                ("p99", per_second(|s| s.p99_us / 1e3)),
+                ("p50", per_second(|s| s.from_schedule.p50_us / 1e3)),
+                ("p99", per_second(|s| s.from_schedule.p99_us / 1e3)),
             ],
         );
         doc.chart(

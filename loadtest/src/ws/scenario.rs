@@ -77,22 +77,13 @@ impl LoadArgs {
     fn specs(&self, clients: &[usize], service: ServiceKind) -> anyhow::Result<Vec<LoadSpec>> {
         let length = Length::Duration(DEFAULT_DURATION);
         (clients.iter())
-            .map(|&n| self.spec(n, length, service))
+            .map(|&n| self.spec(n, self.interval, length, service))
             .collect()
     }
 
-    /// The load for `clients` clients of `service`; `length` unless --duration or
-    /// --count is given.
+    /// The load for `clients` clients of `service` at `interval`; `length` unless
+    /// --duration or --count is given.
     pub fn spec(
-        &self,
-        clients: usize,
-        length: Length,
-        service: ServiceKind,
-    ) -> anyhow::Result<LoadSpec> {
-        self.spec_at(clients, self.interval, length, service)
-    }
-
-    fn spec_at(
         &self,
         clients: usize,
         interval: Duration,
@@ -472,7 +463,7 @@ async fn saturate_step(
     per_client_rps: f64,
 ) -> anyhow::Result<(SaturateStep, RunReport)> {
     let interval = Duration::from_secs_f64(1.0 / per_client_rps);
-    let spec = args.load.spec_at(
+    let spec = args.load.spec(
         args.clients,
         interval,
         Length::Duration(args.step),

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
+
 use super::schedule::Plan;
 use crate::hist::Hist;
 
@@ -40,31 +42,56 @@ pub struct Outcome {
     pub answer: Answer,
 }
 
-/// The latency of answered requests, three ways.
-#[derive(Debug, Clone, Default)]
-pub struct Latency {
+/// The latency of answered requests, three ways: histograms while recording, then
+/// their summaries and curves in the report.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Latencies<T = Hist> {
     /// Answer minus scheduled send time: a stall of client or server is never hidden.
-    pub from_schedule: Hist,
-    pub from_send: Hist,
+    pub from_schedule: T,
+    pub from_send: T,
     /// Sent minus scheduled: the load generator's own lateness.
-    pub lag: Hist,
+    pub lag: T,
 }
 
-/// Where the time went according to the server (answers carrying timing only).
-#[derive(Debug, Clone, Default)]
-pub struct ServerSplit {
-    /// Gate receive to gate answer.
-    pub total: Hist,
-    pub queue: Hist,
-    pub handler: Hist,
+impl<T> Latencies<T> {
+    pub fn map<U>(&self, f: impl Fn(&T) -> U) -> Latencies<U> {
+        Latencies {
+            from_schedule: f(&self.from_schedule),
+            from_send: f(&self.from_send),
+            lag: f(&self.lag),
+        }
+    }
+}
+
+/// Where the time went according to the server (answers carrying timing only): the
+/// parts add up to the latency from send.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ServerSplit<T = Hist> {
+    /// From-send latency - total: the client and the WebSocket both ways.
+    pub client_ws: T,
+    /// total - queue - handler - calls: the gate's own work and the bus both ways.
+    pub gate_bus: T,
+    pub queue: T,
+    pub handler: T,
     /// Waiting on other services: the sum of the `us` of the calls the answering worker
     /// made for the request (hop 1), recorded for answers that made calls only. Calls in
     /// flight together overlap, so the sum may exceed the wait.
-    pub calls: Hist,
-    /// total - queue - handler - calls: the gate's own work and the bus both ways.
-    pub gate_bus: Hist,
-    /// From-send latency - total: the client and the WebSocket both ways.
-    pub client_ws: Hist,
+    pub calls: T,
+    /// Gate receive to gate answer.
+    pub total: T,
+}
+
+impl<T> ServerSplit<T> {
+    pub fn map<U>(&self, f: impl Fn(&T) -> U) -> ServerSplit<U> {
+        ServerSplit {
+            client_ws: f(&self.client_ws),
+            gate_bus: f(&self.gate_bus),
+            queue: f(&self.queue),
+            handler: f(&self.handler),
+            calls: f(&self.calls),
+            total: f(&self.total),
+        }
+    }
 }
 
 /// The record of the measured part of a run.
@@ -81,7 +108,7 @@ pub struct ClientStats {
     pub messages: BTreeMap<u32, String>,
     pub failures: BTreeMap<&'static str, u64>,
     pub last_answer: Option<Instant>,
-    pub latency: Latency,
+    pub latency: Latencies,
     pub server: ServerSplit,
     /// Answers by the second they arrived in (from the window start).
     pub answers_per_second: Vec<u64>,

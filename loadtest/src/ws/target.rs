@@ -136,15 +136,6 @@ pub fn this_process(name: &str) -> Watched {
     }
 }
 
-/// The bare echo server's threads in this process.
-fn echo_threads(name: &str) -> Watched {
-    Watched {
-        name: name.to_owned(),
-        pid: std::process::id(),
-        threads: Threads::Named(ECHO_THREADS),
-    }
-}
-
 /// What the bare echo server's threads are named (and only they): its CPU is told
 /// apart from the generator's in the same process by this.
 const ECHO_THREADS: &str = "limit-echo";
@@ -347,7 +338,13 @@ impl LimitServer {
             urls: vec![self.url.clone()],
             tls: None,
             // The echo server's threads are in this process: told apart by their name.
-            watched: vec![this_process("loadtest"), echo_threads("echo server")],
+            watched: vec![
+                this_process("loadtest"),
+                Watched {
+                    threads: Threads::Named(ECHO_THREADS),
+                    ..this_process("echo server")
+                },
+            ],
         }
     }
 }
