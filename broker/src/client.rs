@@ -17,13 +17,14 @@ use nats_wire::{ClientOp, Limits, ParseError};
 use net::LogLimiter;
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Deserialize;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Auth, FIRST_PING_INTERVAL};
+use crate::pipe::InProcessStream;
 use crate::server::Shared;
 use crate::sublist::{MATCH_CACHE_CAPACITY, MatchCache};
 
@@ -439,7 +440,7 @@ impl Transport for TcpStream {
     }
 }
 
-impl Transport for DuplexStream {
+impl Transport for InProcessStream {
     const IN_PROCESS: bool = true;
 
     async fn serve_after_info(self, server: Arc<Shared>, me: Arc<ClientShared>) {

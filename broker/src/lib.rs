@@ -10,7 +10,7 @@
 //! # In-process connections
 //!
 //! A program that runs the broker and its own NATS client in one process can connect
-//! without TCP: [`Server::connect_in_process`] returns a [`tokio::io::DuplexStream`]
+//! without TCP: [`Server::connect_in_process`] returns an [`InProcessStream`]
 //! (AsyncRead + AsyncWrite) that the server serves exactly like an accepted socket. The
 //! client speaks the NATS protocol over it: it reads INFO, sends CONNECT, then PUB, HPUB,
 //! SUB, UNSUB and PING as usual, in the same subject space and queue groups as TCP
@@ -33,8 +33,9 @@
 //! Authentication applies as on TCP (CONNECT carries the credentials when
 //! [`Config::auth`] asks for them); TLS does not, since the bytes never leave the
 //! process. Each direction buffers [`Config::in_process_buffer`] bytes
-//! ([`config::DEFAULT_IN_PROCESS_BUFFER`] by default); a client that stops reading is cut
-//! as a slow consumer like any other.
+//! ([`config::DEFAULT_IN_PROCESS_BUFFER`] by default), and lets a burst's room go once
+//! drained ([`pipe`]); a client that stops reading is cut as a slow consumer like any
+//! other.
 //!
 //! # Lame duck mode
 //!
@@ -49,6 +50,7 @@ pub mod conf_file;
 pub mod config;
 mod lame_duck;
 pub mod monitor;
+pub mod pipe;
 mod server;
 pub mod sublist;
 #[cfg(feature = "testing")]
@@ -56,5 +58,6 @@ pub mod testing;
 pub mod tls;
 
 pub use config::{Auth, Config};
+pub use pipe::InProcessStream;
 pub use server::Server;
 pub use tls::{Tls, TlsError};

@@ -9,13 +9,14 @@ use std::time::{Instant, SystemTime};
 use net::{AcceptStats, Acceptor, LogLimiter};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
-use tokio::io::{AsyncWriteExt, DuplexStream};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::client::{self, ClientShared, IN_PROCESS_ADDR, Subscription, Transport};
 use crate::config::Config;
+use crate::pipe::{self, InProcessStream};
 use crate::sublist::SubjectIndex;
 use crate::tls::HandshakeFailures;
 
@@ -218,10 +219,9 @@ impl Server {
     /// Must be called within a tokio runtime (the connection is served on a task of its
     /// own). Once the server stopped taking clients (lame duck mode or shutdown), the
     /// stream is closed before INFO: reading it gives end-of-file at once.
-    pub fn connect_in_process(&self) -> DuplexStream {
+    pub fn connect_in_process(&self) -> InProcessStream {
         // An empty pipe could never carry a byte: 0 counts as 1.
-        let buffer = self.0.config.in_process_buffer.max(1);
-        let (client_end, server_end) = tokio::io::duplex(buffer);
+        let (client_end, server_end) = pipe::pair(self.0.config.in_process_buffer);
         let shared = self.0.clone();
         self.0
             .tasks
