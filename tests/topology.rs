@@ -1,6 +1,6 @@
-//! `loadtest::topology` against the real `shaddock` binary: a broker, a gate and echo
-//! workers as separate processes, one request through them, and a teardown that leaves
-//! none of them behind.
+//! The fleet launcher (`testkit::fleet`, which the load tester and the fleet tests run
+//! on) against the real `shaddock` binary: a broker, a gate and echo workers as separate
+//! processes, one request through them, and a teardown that leaves none of them behind.
 //!
 //! These live in the root package because only here does Cargo build the `shaddock`
 //! binary before the tests and name it (`CARGO_BIN_EXE_shaddock`).
@@ -12,13 +12,13 @@ use broker::testing::pki::Pki;
 use broker::{Auth, Config};
 use bytes::Bytes;
 use futures::{SinkExt as _, StreamExt as _};
-use loadtest::topology::{BrokerSpec, Role, Topology, TopologySpec};
 use nix::errno::Errno;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
 use proto::Message as _;
 use proto::client::{self, Packet, packet::Kind};
 use proto::echo::{EchoRequest, EchoResponse};
+use testkit::fleet::{BrokerSpec, Role, Topology, TopologySpec};
 use testkit::{DEADLINE, NatsServer};
 use tokio::time::timeout;
 use tokio_tungstenite::tungstenite::Message;

@@ -15,12 +15,11 @@ mod fleet;
 #[path = "common/load.rs"]
 mod load;
 
-use fleet::{LameDuck, NatsCluster, echo_worker, gate, shaddock};
 use load::{
     CLIENTS, GATE_TIMEOUT, LOAD_BEFORE_STOP, assert_all_answered, assert_drained_by_count, load,
 };
 use nix::sys::signal::Signal;
-use testkit::{DEADLINE, Process};
+use testkit::fleet::{BrokerSpec, Topology};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -34,10 +33,15 @@ static SERIAL: Mutex<()> = Mutex::const_new(());
 /// Runs the load while `ROUNDS` times a worker is stopped with SIGTERM and replaced by a
 /// new one on the same URLs (`workers[i]` connects to `urls[i]`); returns the stopped
 /// workers' logs after checking each exited 0.
-async fn drain_under_load(gates: Vec<String>, urls: Vec<String>) -> Vec<String> {
+async fn drain_under_load(
+    fleet: &mut Topology,
+    gates: Vec<String>,
+    urls: Vec<String>,
+) -> Vec<String> {
     let mut workers = Vec::new();
-    for (i, url) in urls.iter().enumerate() {
-        workers.push(echo_worker(&format!("worker-{i}"), std::slice::from_ref(url), &[]).await);
+    for url in &urls {
+        let on_url = std::slice::from_ref(url);
+        workers.push(fleet.add_worker_on("echo", on_url).await.unwrap());
     }
     let stop = CancellationToken::new();
     let clients = tokio::spawn(load(gates, CLIENTS, stop.clone()));
@@ -47,13 +51,10 @@ async fn drain_under_load(gates: Vec<String>, urls: Vec<String>) -> Vec<String> 
         // The last worker first: on the cluster it shares no node with a gate, so every
         // request it gets crosses a route.
         let i = urls.len() - 1 - round % urls.len();
-        let replacement = echo_worker(
-            &format!("worker-{i}-r{round}"),
-            std::slice::from_ref(&urls[i]),
-            &[],
-        )
-        .await;
-        let mut victim: Process = std::mem::replace(&mut workers[i], replacement);
+        let on_url = std::slice::from_ref(&urls[i]);
+        let replacement = fleet.add_worker_on("echo", on_url).await.unwrap();
+        let victim = std::mem::replace(&mut workers[i], replacement);
+        let mut victim = fleet.take(&victim).unwrap();
         victim.signal(Signal::SIGTERM);
         let status = victim.exit().await;
         assert!(
@@ -70,33 +71,28 @@ async fn drain_under_load(gates: Vec<String>, urls: Vec<String>) -> Vec<String> 
     logs
 }
 
+/// The gates' flags: a request lost on the bus comes back 408.
+const GATE_ARGS: [&str; 2] = ["--request-timeout", GATE_TIMEOUT];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_worker_loses_nothing_on_a_nats_server_cluster() {
     let _one_at_a_time = SERIAL.lock().await;
-    let cluster = NatsCluster::start(3, &LameDuck { grace: DEADLINE }).await;
-    let urls = cluster.urls();
-    let timeout = ["--request-timeout", GATE_TIMEOUT];
-    let (_g0, gate0) = gate("gate-0", &urls[0], &timeout).await;
-    let (_g1, gate1) = gate("gate-1", &urls[1], &timeout).await;
-    let logs = drain_under_load(vec![gate0, gate1], urls).await;
+    let cluster = fleet::spec(BrokerSpec::NatsCluster(3), &GATE_ARGS);
+    let mut fleet = Topology::start(cluster).await.unwrap();
+    let urls = fleet.nats_urls().to_vec();
+    let (_, gate0) = fleet.add_gate_on(&urls[0..1]).await.unwrap();
+    let (_, gate1) = fleet.add_gate_on(&urls[1..2]).await.unwrap();
+    let logs = drain_under_load(&mut fleet, vec![gate0, gate1], urls).await;
     assert_drained_by_count(&logs);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_worker_loses_nothing_on_our_broker() {
     let _one_at_a_time = SERIAL.lock().await;
-    let mut broker = shaddock("broker", &["broker", "-a", "127.0.0.1", "-p", "-1"], &[]);
-    let listening = broker.line("Listening for client connections on ").await;
-    let addr = listening
-        .rsplit("client connections on ")
-        .next()
-        .unwrap()
-        .trim()
-        .to_owned();
-    broker.line("Server is ready").await;
-    let url = format!("nats://{addr}");
-    let timeout = ["--request-timeout", GATE_TIMEOUT];
-    let (_gate, gate_url) = gate("gate", &url, &timeout).await;
-    let logs = drain_under_load(vec![gate_url], vec![url; 3]).await;
+    let broker = fleet::spec(BrokerSpec::Embedded, &GATE_ARGS);
+    let mut fleet = Topology::start(broker).await.unwrap();
+    let urls = fleet.nats_urls().to_vec();
+    let (_, gate) = fleet.add_gate_on(&urls).await.unwrap();
+    let logs = drain_under_load(&mut fleet, vec![gate], vec![urls[0].clone(); 3]).await;
     assert_drained_by_count(&logs);
 }

@@ -12,7 +12,6 @@ mod load;
 
 use std::time::Duration;
 
-use fleet::{LameDuck, NatsCluster, echo_worker, gate, worker};
 use load::{
     CLIENTS, GATE_TIMEOUT, LOAD_BEFORE_STOP, assert_all_answered, assert_drained_by_count, load,
 };
@@ -23,7 +22,8 @@ use proto::chat::{
     MembersResponse, SayRequest, SayResponse,
 };
 use sdk::{Client, ClientOptions};
-use testkit::{DEADLINE, Process, word_after};
+use testkit::fleet::{BrokerSpec, Role, Topology, TopologySpec};
+use testkit::{DEADLINE, word_after};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -47,21 +47,18 @@ const LEFT_LAME_DUCK: &str = "left the server in lame duck mode";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_move_off_a_server_in_lame_duck_mode_losing_nothing() {
     let _one_at_a_time = SERIAL.lock().await;
-    let (mut cluster, urls, mut workers) =
-        two_workers_on_the_first_node("echo", LAME_DUCK_GRACE).await;
-    let timeout = ["--request-timeout", GATE_TIMEOUT];
-    let (_gate, gate_url) = gate("gate", &urls[1], &timeout).await;
+    let (mut fleet, urls, workers) =
+        two_workers_on_the_first_node("echo", LAME_DUCK_GRACE, &GATE_ARGS).await;
+    let (_, gate_url) = fleet.add_gate_on(&urls[1..2]).await.unwrap();
     let stop = CancellationToken::new();
     let clients = tokio::spawn(load(vec![gate_url], CLIENTS, stop.clone()));
     tokio::time::sleep(LOAD_BEFORE_STOP).await;
 
-    cluster.nodes[0].server.process.signal(Signal::SIGUSR2);
-    cluster.nodes[0]
-        .server
-        .process
-        .line("Entering lame duck mode")
-        .await;
-    for worker in &mut workers {
+    let node = fleet.process(&Role::Node(0)).unwrap();
+    node.signal(Signal::SIGUSR2);
+    node.line("Entering lame duck mode").await;
+    for worker in &workers {
+        let worker = fleet.process(worker).unwrap();
         let left = worker
             .line_within(LEFT_LAME_DUCK, LAME_DUCK_GRACE / 2)
             .await;
@@ -80,8 +77,8 @@ async fn workers_move_off_a_server_in_lame_duck_mode_losing_nothing() {
     }
     // Served from the new nodes alone for a while.
     tokio::time::sleep(LOAD_BEFORE_STOP).await;
-    let _replacement = echo_worker("replacement", std::slice::from_ref(&urls[2]), &[]).await;
-    let mut stopped = workers.remove(0);
+    fleet.add_worker_on("echo", &urls[2..3]).await.unwrap();
+    let mut stopped = fleet.take(&workers[0]).unwrap();
     stopped.signal(Signal::SIGTERM);
     assert!(stopped.exit().await.success(), "{}", stopped.log());
     tokio::time::sleep(LOAD_BEFORE_STOP).await;
@@ -90,20 +87,28 @@ async fn workers_move_off_a_server_in_lame_duck_mode_losing_nothing() {
     assert_drained_by_count(&[stopped.log()]);
 }
 
-/// A three-node cluster whose nodes have lame duck grace period `grace`, its URLs, and
-/// two `service` workers given only the first node's URL: both sit on it.
+/// The gates' flags: a request lost on the bus comes back 408.
+const GATE_ARGS: [&str; 2] = ["--request-timeout", GATE_TIMEOUT];
+
+/// A three-node cluster whose nodes have lame duck grace period `grace` (its gates to
+/// come given `gate_args`), its URLs, and two `service` workers given only the first
+/// node's URL: both sit on it.
 async fn two_workers_on_the_first_node(
     service: &str,
     grace: Duration,
-) -> (NatsCluster, Vec<String>, Vec<Process>) {
-    let cluster = NatsCluster::start(3, &LameDuck { grace }).await;
-    let urls = cluster.urls();
-    let first = std::slice::from_ref(&urls[0]);
+    gate_args: &[&str],
+) -> (Topology, Vec<String>, Vec<Role>) {
+    let spec = TopologySpec {
+        lame_duck_grace: grace,
+        ..fleet::spec(BrokerSpec::NatsCluster(3), gate_args)
+    };
+    let mut fleet = Topology::start(spec).await.unwrap();
+    let urls = fleet.nats_urls().to_vec();
     let mut workers = Vec::new();
-    for i in 0..2 {
-        workers.push(worker(&format!("{service}-{i}"), service, first, &[]).await);
+    for _ in 0..2 {
+        workers.push(fleet.add_worker_on(service, &urls[0..1]).await.unwrap());
     }
-    (cluster, urls, workers)
+    (fleet, urls, workers)
 }
 
 /// The port of a `nats://host:port` URL.
@@ -120,21 +125,22 @@ async fn workers_follow_two_nodes_going_one_after_the_other() {
     /// Short: each node's exit is waited for, and it comes only after the grace.
     const GRACE: Duration = Duration::from_secs(1);
     let _one_at_a_time = SERIAL.lock().await;
-    let (mut cluster, urls, workers) = two_workers_on_the_first_node("echo", GRACE).await;
-    let timeout = ["--request-timeout", GATE_TIMEOUT];
-    let (_gate, gate_url) = gate("gate", &urls[2], &timeout).await;
+    let (mut fleet, urls, workers) = two_workers_on_the_first_node("echo", GRACE, &GATE_ARGS).await;
+    let (_, gate_url) = fleet.add_gate_on(&urls[2..3]).await.unwrap();
     let stop = CancellationToken::new();
     let clients = tokio::spawn(load(vec![gate_url], CLIENTS, stop.clone()));
     tokio::time::sleep(LOAD_BEFORE_STOP).await;
-    for node in &mut cluster.nodes[..2] {
-        node.server.process.signal(Signal::SIGUSR2);
-        let status = node.server.process.exit().await;
-        assert!(status.success(), "{status}:\n{}", node.server.process.log());
+    for n in 0..2 {
+        let node = fleet.process(&Role::Node(n)).unwrap();
+        node.signal(Signal::SIGUSR2);
+        let status = node.exit().await;
+        assert!(status.success(), "{status}:\n{}", node.log());
         tokio::time::sleep(LOAD_BEFORE_STOP).await;
     }
     stop.cancel();
     assert_all_answered(clients).await;
     for worker in &workers {
+        let worker = fleet.process(worker).unwrap();
         let log = worker.log();
         let moves: Vec<&str> = log
             .lines()
@@ -153,13 +159,12 @@ async fn workers_follow_two_nodes_going_one_after_the_other() {
 async fn a_move_not_made_within_the_move_timeout_is_given_up() {
     const MOVE_TIMEOUT: Duration = Duration::from_millis(300);
     let _one_at_a_time = SERIAL.lock().await;
-    let mut cluster = NatsCluster::start(
-        1,
-        &LameDuck {
-            grace: LAME_DUCK_GRACE,
-        },
-    )
-    .await;
+    let spec = TopologySpec {
+        lame_duck_grace: LAME_DUCK_GRACE,
+        worker_args: vec!["--move-timeout".into(), "300ms".into()],
+        ..fleet::spec(BrokerSpec::NatsServer, &GATE_ARGS)
+    };
+    let mut fleet = Topology::start(spec).await.unwrap();
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let silent_url = format!("nats://{}", silent.local_addr().unwrap());
     let holding = tokio::spawn(async move {
@@ -168,23 +173,18 @@ async fn a_move_not_made_within_the_move_timeout_is_given_up() {
             held.push(connection);
         }
     });
-    let server = cluster.urls()[0].clone();
-    let timeout = ["--request-timeout", GATE_TIMEOUT];
-    let (_gate, gate_url) = gate("gate", &server, &timeout).await;
-    let mut worker = echo_worker(
-        "worker",
-        &[server, silent_url],
-        &["--move-timeout", "300ms"],
-    )
-    .await;
+    let server = fleet.nats_urls()[0].clone();
+    let (_, gate_url) = fleet
+        .add_gate_on(std::slice::from_ref(&server))
+        .await
+        .unwrap();
+    let worker = (fleet.add_worker_on("echo", &[server, silent_url]).await).unwrap();
     echo_once(&gate_url).await;
 
-    cluster.nodes[0].server.process.signal(Signal::SIGUSR2);
-    cluster.nodes[0]
-        .server
-        .process
-        .line("Entering lame duck mode")
-        .await;
+    let node = fleet.process(&Role::Broker).unwrap();
+    node.signal(Signal::SIGUSR2);
+    node.line("Entering lame duck mode").await;
+    let worker = fleet.process(&worker).unwrap();
     let notice = worker.line("the NATS server is going away").await;
     let gave_up = worker.line("cannot move").await;
     let took = logged_at(&gave_up) - logged_at(&notice);
@@ -228,16 +228,20 @@ fn logged_at(line: &str) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_workers_move_with_their_rooms() {
     let _one_at_a_time = SERIAL.lock().await;
-    let (mut cluster, urls, mut workers) =
-        two_workers_on_the_first_node("chat", LAME_DUCK_GRACE).await;
-    let (_gate, gate_url) = gate("gate", &urls[1], &[]).await;
+    let (mut fleet, urls, workers) =
+        two_workers_on_the_first_node("chat", LAME_DUCK_GRACE, &[]).await;
+    let (_, gate_url) = fleet.add_gate_on(&urls[1..2]).await.unwrap();
     let alice = Player::login(&gate_url, "alice").await;
     let mut bob = Player::login(&gate_url, "bob").await;
     alice.join("hall").await;
     bob.join("hall").await;
 
-    cluster.nodes[0].server.process.signal(Signal::SIGUSR2);
-    for worker in &mut workers {
+    fleet
+        .process(&Role::Node(0))
+        .unwrap()
+        .signal(Signal::SIGUSR2);
+    for worker in &workers {
+        let worker = fleet.process(worker).unwrap();
         worker
             .line_within("moved to another NATS server", LAME_DUCK_GRACE / 2)
             .await;

@@ -6,7 +6,7 @@
 //!
 //! Layers, each importing only those before it in this list: the leaves
 //! [`hist`], [`proc`] and [`report`]; the parts [`limit`] (the bare echo
-//! server) and [`topology`] (the launcher); the scenarios [`bus_rr`] and [`idle_conns`]
+//! server) and [`topology`] (the flags of the fleet launcher, `testkit::fleet`); the scenarios [`bus_rr`] and [`idle_conns`]
 //! (NATS), [`ws`] (WebSocket load through the gateway) and [`faults`] (which reuses the
 //! WebSocket pacing). `python3 scripts/check-layers.py loadtest` checks for cycles.
 

@@ -4,16 +4,17 @@
 //! takes the same flags), and one deadline for every wait ([`DEADLINE`], [`within`]).
 //!
 //! A crate of its own rather than a feature of the broker: nothing here is about our
-//! broker, so whatever starts processes (every crate's tests, and later the load
-//! tester's topology, `loadtest::topology`) takes it without linking a broker's test feature. The buses tests
-//! run on (our broker in-process, or nats-server) and `on_both_buses!` are
-//! `broker::testing`, built on this.
+//! broker, so whatever starts processes (every crate's tests, and the load tester)
+//! takes it without linking a broker's test feature. The buses tests run on (our broker
+//! in-process, or nats-server) and `on_both_buses!` are `broker::testing`, built on this.
 //!
-//! [`Cut`] is a TCP hop a test (or the load tester) cuts, as a dropped link would;
-//! [`Pki`] a throwaway CA and the certificates it signed.
+//! [`fleet`] launches a whole fleet of `shaddock` processes (a broker or a nats-server
+//! cluster, gates, workers) on [`Process`]: the root fleet tests and the load tester's
+//! scenarios run on it. [`Cut`] is a TCP hop a test (or the load tester) cuts, as a
+//! dropped link would; [`Pki`] a throwaway CA and the certificates it signed.
 //!
-//! Everything else panics on failure, with the process's log: it is test code, and a panic
-//! is how a test fails.
+//! [`fleet`] returns errors (the load tester reports them); everything else panics on
+//! failure, with the process's log: it is test code, and a panic is how a test fails.
 
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
@@ -22,6 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 mod cut;
+pub mod fleet;
 mod nats;
 mod pki;
 mod process;

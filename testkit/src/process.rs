@@ -261,8 +261,11 @@ fn read_lines(pipe: impl Read + Send + 'static, log: Arc<watch::Sender<Log>>) {
 
 /// The first whitespace-separated word after `phrase` in `line`; panics without one.
 pub fn word_after<'a>(line: &'a str, phrase: &str) -> &'a str {
-    let (_, rest) = line
-        .split_once(phrase)
-        .unwrap_or_else(|| panic!("no {phrase:?} in {line:?}"));
-    rest.split_whitespace().next().unwrap_or_default()
+    find_word_after(line, phrase).unwrap_or_else(|| panic!("no word after {phrase:?} in {line:?}"))
+}
+
+/// [`word_after`], `None` without one.
+pub(crate) fn find_word_after<'a>(line: &'a str, phrase: &str) -> Option<&'a str> {
+    let (_, rest) = line.split_once(phrase)?;
+    rest.split_whitespace().next()
 }

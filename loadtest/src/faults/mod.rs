@@ -23,10 +23,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use nix::sys::signal::Signal;
 use testkit::Cut;
+use testkit::fleet::{Role, Topology, TopologySpec};
 
 use crate::proc::CpuSample;
 use crate::report::{OutputArgs, Report};
-use crate::topology::{Bus, LaunchArgs, Role, Topology, TopologySpec};
+use crate::topology::{Bus, LaunchArgs};
 use load::{LoadConfig, PhaseClock};
 use phases::{Fault, FaultsReport, PHASES, PhaseRun, Struck};
 

@@ -465,46 +465,32 @@ impl Section for FaultsReport {
              time from its last answer before a lost connection to its first after"
                 .to_owned(),
         ]);
-        let mut table = Table::new(&[
-            "phase",
-            "sent",
-            "answered by code",
-            "cut",
-            "timed out",
-            "lost",
-            "reconnects",
-            "gap max",
-            "gap p99",
-            "no 200 for",
-            "held",
-            "resent",
-            "p99",
-            "steal %",
-            "expectation",
-        ]);
         let verdict = |p: &PhaseReport| if p.passed() { "met" } else { "MISSED" };
-        for p in &self.phases {
-            let codes: Vec<String> = p.answered.iter().map(|(c, n)| format!("{c}:{n}")).collect();
-            let failed: u64 = p.failed.values().sum();
-            table.rows.push(vec![
-                p.name.to_owned(),
-                p.sent.to_string(),
-                codes.join(" "),
-                p.cut.to_string(),
-                (p.timed_out + failed).to_string(),
-                p.lost.to_string(),
-                p.reconnects.to_string(),
-                format!("{:.0}", p.gap_max_ms),
-                format!("{:.0}", p.gap_p99_ms),
-                format!("{:.0}", p.no_200_ms),
-                p.held.to_string(),
-                p.resent.to_string(),
-                format!("{:.1}", p.latency_p99_ms),
-                format!("{:.1}", p.steal_percent),
-                verdict(p).to_owned(),
-            ]);
-        }
-        doc.table(table);
+        doc.table(Table::of(
+            &self.phases,
+            &[
+                ("phase", &|p| p.name.to_owned()),
+                ("sent", &|p| p.sent.to_string()),
+                ("answered by code", &|p| {
+                    let codes = p.answered.iter().map(|(c, n)| format!("{c}:{n}"));
+                    codes.collect::<Vec<_>>().join(" ")
+                }),
+                ("cut", &|p| p.cut.to_string()),
+                ("timed out", &|p| {
+                    (p.timed_out + p.failed.values().sum::<u64>()).to_string()
+                }),
+                ("lost", &|p| p.lost.to_string()),
+                ("reconnects", &|p| p.reconnects.to_string()),
+                ("gap max", &|p| format!("{:.0}", p.gap_max_ms)),
+                ("gap p99", &|p| format!("{:.0}", p.gap_p99_ms)),
+                ("no 200 for", &|p| format!("{:.0}", p.no_200_ms)),
+                ("held", &|p| p.held.to_string()),
+                ("resent", &|p| p.resent.to_string()),
+                ("p99", &|p| format!("{:.1}", p.latency_p99_ms)),
+                ("steal %", &|p| format!("{:.1}", p.steal_percent)),
+                ("expectation", &|p| verdict(p).to_owned()),
+            ],
+        ));
         for p in &self.phases {
             doc.heading(format!("{} [{}]", p.name, verdict(p)));
             let mut lines: Vec<String> =

@@ -47,6 +47,19 @@ impl Table {
         }
     }
 
+    /// One row per item, each column's header written beside how an item fills it, so
+    /// the two cannot drift apart.
+    pub fn of<T>(items: impl IntoIterator<Item = T>, columns: &[Column<'_, T>]) -> Self {
+        let rows = items.into_iter().map(|item| {
+            let cells = columns.iter().map(|(_, cell)| cell(&item));
+            cells.collect()
+        });
+        Table {
+            columns: columns.iter().map(|(name, _)| (*name).to_owned()).collect(),
+            rows: rows.collect(),
+        }
+    }
+
     /// One row per named latency summary, in milliseconds.
     pub fn latency<'a>(rows: impl IntoIterator<Item = (&'a str, &'a Summary)>) -> Self {
         let mut table = Table::new(&["latency (ms)", "avg", "p50", "p90", "p99", "p99.9", "max"]);
@@ -61,6 +74,9 @@ impl Table {
         table
     }
 }
+
+/// A column of [`Table::of`]: its header, and its cell for an item.
+pub type Column<'a, T> = (&'a str, &'a dyn Fn(&T) -> String);
 
 /// Lines over a shared x axis.
 #[derive(Debug, Clone)]
@@ -445,6 +461,19 @@ mod tests {
         let text = doc.text();
         let lines = "opened  50\nrate    1.2\ncodes   200 3, 503 1\nevents  a, b\npid     —\n";
         assert!(text.ends_with(lines), "{text}");
+    }
+
+    #[test]
+    fn a_table_of_items_has_a_row_each_in_column_order() {
+        let table = Table::of(
+            [(1, "a"), (2, "b")],
+            &[
+                ("n", &|(n, _)| n.to_string()),
+                ("name", &|(_, name)| (*name).to_owned()),
+            ],
+        );
+        assert_eq!(table.columns, ["n", "name"]);
+        assert_eq!(table.rows, [["1", "a"], ["2", "b"]]);
     }
 
     #[test]

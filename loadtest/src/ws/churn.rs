@@ -295,29 +295,20 @@ impl Section for ChurnReport {
     fn add_to(&self, doc: &mut Doc) {
         doc.fields(self);
         let after = format!("after {} sessions", self.warmup);
-        let mut table = Table::new(&[
-            "process",
-            "RSS first",
-            &after,
-            "last",
-            "growth after warm-up",
-            "bytes/session",
-        ]);
-        table.rows = self
-            .processes
-            .iter()
-            .map(|p| {
-                vec![
-                    p.name.clone(),
-                    format!("{:.1} MiB", mib(p.first)),
-                    format!("{:.1} MiB", mib(p.after_warmup)),
-                    format!("{:.1} MiB", mib(p.last)),
-                    format!("{:+.0} KiB", p.growth_after_warmup as f64 / 1024.0),
-                    format!("{:.1}", p.bytes_per_session),
-                ]
-            })
-            .collect();
-        doc.table(table);
+        let mib = |bytes: u64| format!("{:.1} MiB", mib(bytes));
+        doc.table(Table::of(
+            &self.processes,
+            &[
+                ("process", &|p| p.name.clone()),
+                ("RSS first", &|p| mib(p.first)),
+                (&after, &|p| mib(p.after_warmup)),
+                ("last", &|p| mib(p.last)),
+                ("growth after warm-up", &|p| {
+                    format!("{:+.0} KiB", p.growth_after_warmup as f64 / 1024.0)
+                }),
+                ("bytes/session", &|p| format!("{:.1}", p.bytes_per_session)),
+            ],
+        ));
         doc.heading("RSS (MiB) by sessions closed");
         let mut columns = vec!["sessions closed".to_owned(), "s".to_owned()];
         columns.extend(self.processes.iter().map(|p| p.name.clone()));

@@ -23,14 +23,13 @@ use anyhow::{Context as _, bail};
 use sdk::{Backoff, Client, ClientOptions};
 use serde::Serialize;
 use testkit::Cut;
+use testkit::fleet::{Role, scrape};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::target::{Gates, TargetArgs, with_topology};
 use crate::proc::rss_bytes;
 use crate::report::{Doc, OutputArgs, Report, Section};
-use crate::topology::{Role, scrape};
-
 /// Most sessions one run opens: each is a file descriptor here and in the gate.
 pub const MAX_SESSIONS: usize = 50_000;
 

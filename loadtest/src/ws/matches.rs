@@ -32,13 +32,14 @@ use proto::arena::{InputRequest, InputResponse, JoinRequest, State};
 use proto::chat::LoginRequest;
 use sdk::{Backoff, Client, ClientOptions};
 use testkit::Cut;
+use testkit::fleet::{Role, Topology, TopologySpec};
 
 use super::broadcast::expect_ok;
 use super::target::this_process;
 use crate::hist::{Hist, Summary};
 use crate::proc::{CpuSample, CpuUse, Threads, Watched};
 use crate::report::{Doc, OutputArgs, Report, Section, Table, cpu_line};
-use crate::topology::{Bus, LaunchArgs, Role, Topology, TopologySpec};
+use crate::topology::{Bus, LaunchArgs};
 
 /// Players connecting at once.
 const CONNECT_BATCH: usize = 100;

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::generator::{self, LoadSpec, RunReport, SecondReport, Target};
+use crate::hist::Summary;
 use crate::report::{Doc, OutputArgs, Report, Section, Table, XAxis, cpu_line, ms, thousands};
 
 /// What a WebSocket load scenario measured: its runs, and its search for `saturate`.
@@ -236,34 +237,6 @@ impl RunReport {
             ],
         );
     }
-
-    /// This run's row of the summary table.
-    fn summary_row(&self) -> Vec<String> {
-        let s = &self.latency.from_schedule;
-        let errors = self.errors_by_code.values().sum::<u64>() + self.lost() - self.timeouts;
-        vec![
-            self.label.clone(),
-            self.target.clone(),
-            self.clients.to_string(),
-            thousands(self.offered_rps),
-            thousands(self.achieved_rps),
-            format!(
-                "{:.1} / {:.1} / {:.1}",
-                self.per_conn.min, self.per_conn.avg, self.per_conn.max
-            ),
-            ms(s.p50_us),
-            ms(s.p90_us),
-            ms(s.p99_us),
-            ms(s.p999_us),
-            ms(s.max_us),
-            ms(self.latency.from_send.p99_us),
-            ms(self.latency.lag.p99_us),
-            self.timeouts.to_string(),
-            errors.to_string(),
-            self.limit
-                .map_or_else(|| "—".to_owned(), |c| format!("{:.1}%", c.fraction * 100.0)),
-        ]
-    }
 }
 
 impl Section for Runs {
@@ -273,32 +246,50 @@ impl Section for Runs {
         }
         if !self.runs.is_empty() {
             doc.heading("summary (latency in ms, from the schedule unless marked)");
-            let mut table = Table::new(&[
-                "run",
-                "target",
-                "clients",
-                "offered req/s",
-                "achieved req/s",
-                "per conn min / avg / max",
-                "p50",
-                "p90",
-                "p99",
-                "p99.9",
-                "max (ms, from schedule)",
-                "p99 from send",
-                "lag p99",
-                "timeouts",
-                "errors",
-                "% of limit",
-            ]);
-            table.rows = self.runs.iter().map(RunReport::summary_row).collect();
-            doc.table(table);
+            doc.table(summary(&self.runs));
         }
         if let Some(s) = &self.saturate {
             s.section(doc);
         }
         doc.lines(self.errors.iter().map(|e| format!("FAILED: {e}")).collect());
     }
+}
+
+/// The summary table: a row per run, latency in ms from the schedule unless marked.
+fn summary(runs: &[RunReport]) -> Table {
+    fn s(r: &RunReport) -> &Summary {
+        &r.latency.from_schedule
+    }
+    Table::of(
+        runs,
+        &[
+            ("run", &|r| r.label.clone()),
+            ("target", &|r| r.target.clone()),
+            ("clients", &|r| r.clients.to_string()),
+            ("offered req/s", &|r| thousands(r.offered_rps)),
+            ("achieved req/s", &|r| thousands(r.achieved_rps)),
+            ("per conn min / avg / max", &|r| {
+                let c = &r.per_conn;
+                format!("{:.1} / {:.1} / {:.1}", c.min, c.avg, c.max)
+            }),
+            ("p50", &|r| ms(s(r).p50_us)),
+            ("p90", &|r| ms(s(r).p90_us)),
+            ("p99", &|r| ms(s(r).p99_us)),
+            ("p99.9", &|r| ms(s(r).p999_us)),
+            ("max (ms, from schedule)", &|r| ms(s(r).max_us)),
+            ("p99 from send", &|r| ms(r.latency.from_send.p99_us)),
+            ("lag p99", &|r| ms(r.latency.lag.p99_us)),
+            ("timeouts", &|r| r.timeouts.to_string()),
+            ("errors", &|r| {
+                let errors = r.errors_by_code.values().sum::<u64>() + r.lost() - r.timeouts;
+                errors.to_string()
+            }),
+            ("% of limit", &|r| {
+                let limit = r.limit.map(|c| format!("{:.1}%", c.fraction * 100.0));
+                limit.unwrap_or_else(|| "—".to_owned())
+            }),
+        ],
+    )
 }
 
 impl ScenarioReport {
@@ -332,33 +323,21 @@ impl SaturateReport {
             self.clients,
             ms(self.p99_target_us)
         ));
-        let mut steps = Table::new(&[
-            "target",
-            "per client req/s",
-            "offered req/s",
-            "achieved req/s",
-            "p99 (ms)",
-            "lost",
-            "errors",
-            "within target",
-        ]);
-        steps.rows = self
-            .steps
-            .iter()
-            .map(|s| {
-                vec![
-                    s.target.clone(),
-                    thousands(s.per_client_rps),
-                    thousands(s.offered_rps),
-                    thousands(s.achieved_rps),
-                    ms(s.p99_from_schedule_us),
-                    s.lost.to_string(),
-                    s.errors.to_string(),
-                    if s.passed { "yes" } else { "no" }.to_owned(),
-                ]
-            })
-            .collect();
-        doc.table(steps);
+        doc.table(Table::of(
+            &self.steps,
+            &[
+                ("target", &|s| s.target.clone()),
+                ("per client req/s", &|s| thousands(s.per_client_rps)),
+                ("offered req/s", &|s| thousands(s.offered_rps)),
+                ("achieved req/s", &|s| thousands(s.achieved_rps)),
+                ("p99 (ms)", &|s| ms(s.p99_from_schedule_us)),
+                ("lost", &|s| s.lost.to_string()),
+                ("errors", &|s| s.errors.to_string()),
+                ("within target", &|s| {
+                    if s.passed { "yes" } else { "no" }.to_owned()
+                }),
+            ],
+        ));
         let mut lines: Vec<String> = self
             .best
             .iter()

@@ -1,22 +1,21 @@
 //! What a scenario loads: gates given by URL, a topology it launches itself (broker,
 //! gates and workers as separate `shaddock` processes on loopback, via
-//! [`crate::topology`]), or the bare WebSocket echo server ([`crate::limit`]) that stands
+//! [`testkit::fleet`]), or the bare WebSocket echo server ([`crate::limit`]) that stands
 //! for the machine's physical limit.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use sdk::{rustls, tls_client_config};
-
-use tokio_util::sync::CancellationToken;
-
 use proto::Message as _;
+use sdk::{rustls, tls_client_config};
+use testkit::fleet::{Topology, TopologySpec};
+use tokio_util::sync::CancellationToken;
 
 use super::generator::Target;
 use super::schedule::Payload;
 use crate::proc::{Threads, Watched};
-use crate::topology::{LaunchArgs, Topology, TopologySpec};
+use crate::topology::LaunchArgs;
 
 /// Services a launched topology can run; also what a churned session does between its
 /// handshake and its close (`churn --mix`).

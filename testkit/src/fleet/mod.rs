@@ -1,10 +1,12 @@
 //! Launches a Shaddock topology as separate processes on loopback: a broker (or
 //! nats-server nodes, `cluster.rs`), G gates and W workers, each its own `shaddock`
 //! process, the way a fleet runs them, so the bus hop and the scheduling between roles
-//! are real. A running topology can be changed (a worker or gate added, one process
-//! stopped, a bus node restarted), for `loadtest faults`.
+//! are real. A running topology can be changed (a worker or gate added, on the bus
+//! nodes it names or on all; one process stopped, signalled or taken out; a bus node
+//! restarted). The one fleet launcher: the load tester's scenarios run on it, and so do
+//! the root fleet tests (`tests/worker_drain.rs`, `tests/worker_lame_duck.rs`).
 //!
-//! Each child is a [`testkit::Process`]: it binds port 0 and is trusted only once it has
+//! Each child is a [`Process`]: it binds port 0 and is trusted only once it has
 //! logged its readiness line within a deadline; the addresses it bound are read from its
 //! log, so nothing sleeps and nothing guesses a port. Teardown stops exactly the
 //! processes started here, by pid, gates first (they drain while workers still answer),
@@ -19,9 +21,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::Duration;
 
+use crate::process::find_word_after;
+use crate::{Cut, Pki, Process};
 use anyhow::{Context as _, anyhow, bail};
 use nix::sys::signal::Signal;
-use testkit::{Cut, Pki, Process};
 use tokio::time::Instant;
 
 mod cluster;
@@ -35,37 +38,6 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// The environment variable naming the `shaddock` binary to launch.
 pub const SHADDOCK_BIN_ENV: &str = "SHADDOCK_BIN";
-
-/// The bus a launched fleet runs on (`--bus`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Bus {
-    /// One `shaddock broker`.
-    Shaddock,
-    /// Three `nats-server` nodes routed into one cluster.
-    NatsCluster,
-}
-
-/// Nodes of the nats-server cluster a [`Bus::NatsCluster`] fleet runs.
-const CLUSTER_NODES: usize = 3;
-
-impl Bus {
-    /// What the fleet starts for this bus.
-    pub fn spec(self) -> BrokerSpec {
-        match self {
-            Bus::Shaddock => BrokerSpec::Embedded,
-            Bus::NatsCluster => BrokerSpec::NatsCluster(CLUSTER_NODES),
-        }
-    }
-
-    /// The bus, as a report names it.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Bus::Shaddock => "shaddock broker",
-            Bus::NatsCluster => "3-node nats-server cluster",
-        }
-    }
-}
 
 /// Where the topology's bus comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,6 +78,11 @@ pub struct TopologySpec {
     /// (reaching the broker in process) and one echo and one chat worker; `broker`,
     /// `gates`, `workers` and `worker_args` are then not used.
     pub one_process: bool,
+    /// The lame duck grace period of every nats-server node (from a config file:
+    /// nats-server has no flag for it): how long a node in lame duck mode waits before
+    /// it starts closing clients. Its default is 10 s; a fleet's is short, so a restart
+    /// of a node does not wait for it.
+    pub lame_duck_grace: Duration,
 }
 
 impl Default for TopologySpec {
@@ -120,45 +97,7 @@ impl Default for TopologySpec {
             metrics: true,
             one_process: false,
             tls: false,
-        }
-    }
-}
-
-/// The flags that shape a launched topology, shared by every scenario that launches one.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct LaunchArgs {
-    /// Gate processes to launch (the scenario's default when absent).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub gates: Option<u32>,
-    /// Worker processes to launch, of each service (the scenario's default when absent).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub workers: Option<u32>,
-    /// Extra flag for every launched gate, repeatable: `--gate-arg=--max-in-flight=1024`.
-    #[arg(long, allow_hyphen_values = true)]
-    pub gate_arg: Vec<String>,
-    /// Extra flag for every launched worker, repeatable.
-    #[arg(long, allow_hyphen_values = true)]
-    pub worker_arg: Vec<String>,
-    /// The `shaddock` binary to launch (default: $SHADDOCK_BIN, else this executable
-    /// when it is `shaddock`, else `shaddock` beside it).
-    #[arg(long)]
-    pub bin: Option<PathBuf>,
-}
-
-impl LaunchArgs {
-    /// `gates` gates and `workers` workers of each of `services`, unless the flags say
-    /// otherwise, on the embedded broker.
-    pub fn spec(&self, gates: u32, workers: u32, services: &[&str]) -> TopologySpec {
-        let workers = self.workers.unwrap_or(workers) as usize;
-        TopologySpec {
-            gates: self.gates.unwrap_or(gates) as usize,
-            workers: (services.iter())
-                .map(|s| ((*s).to_owned(), workers))
-                .collect(),
-            gate_args: self.gate_arg.clone(),
-            worker_args: self.worker_arg.clone(),
-            shaddock_bin: self.bin.clone().unwrap_or_else(default_shaddock_bin),
-            ..TopologySpec::default()
+            lame_duck_grace: Duration::from_secs(1),
         }
     }
 }
@@ -259,12 +198,6 @@ const MONITOR_LINE: &str = "Starting http monitor on ";
 /// A nats-server cluster node's route port; logged after `Server is ready`.
 const ROUTE_LINE: &str = "Listening for route connections on ";
 
-/// The first whitespace-separated word after `phrase` in `line`.
-fn word_after<'a>(line: &'a str, phrase: &str) -> Option<&'a str> {
-    let (_, rest) = line.split_once(phrase)?;
-    rest.split_whitespace().next()
-}
-
 impl Proc {
     fn spawn(role: Role, program: &Path, args: &[String]) -> anyhow::Result<Proc> {
         let mut command = std::process::Command::new(program);
@@ -300,7 +233,8 @@ impl Proc {
         // The last line that gives one (`up` logs its broker's client port, then its gate's).
         let log = self.process.log();
         let word = |phrases: &[&str]| {
-            (log.lines().rev()).find_map(|line| phrases.iter().find_map(|p| word_after(line, p)))
+            (log.lines().rev())
+                .find_map(|line| phrases.iter().find_map(|p| find_word_after(line, p)))
         };
         let addr = |phrases: &[&str]| word(phrases).and_then(|w| w.parse::<SocketAddr>().ok());
         self.listen = addr(&LISTEN_LINES);
@@ -401,11 +335,11 @@ impl Topology {
         }
         let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
         for _ in 0..spec.gates {
-            self.spawn_gate(any_port)?;
+            self.spawn_gate(any_port, self.nats_url())?;
         }
         for (service, count) in &spec.workers {
             for _ in 0..*count {
-                self.spawn_worker(service)?;
+                self.spawn_worker(service, self.nats_url())?;
             }
         }
         self.wait_started(deadline).await
@@ -458,11 +392,12 @@ impl Topology {
         args.into_iter().filter(|_| self.spec.metrics).collect()
     }
 
-    /// Starts the next gate, listening on `listen`; [`Topology::wait_started`] waits for it.
-    fn spawn_gate(&mut self, listen: SocketAddr) -> anyhow::Result<Role> {
-        let nats = self.nats_url();
+    /// Starts the next gate, listening on `listen` and connecting to `nats` (URLs,
+    /// comma-separated); [`Topology::wait_started`] waits for it.
+    fn spawn_gate(&mut self, listen: SocketAddr, nats: String) -> anyhow::Result<Role> {
         let listen = listen.to_string();
-        // Every load-test client connects from 127.0.0.1: one address, no per-IP cap.
+        // Every client of a launched fleet connects from 127.0.0.1: one address, no
+        // per-IP cap.
         let mut args: Vec<String> = [
             "gate",
             "--listen",
@@ -488,9 +423,9 @@ impl Topology {
         Ok(role)
     }
 
-    /// Starts the next worker of `service`; [`Topology::wait_started`] waits for it.
-    fn spawn_worker(&mut self, service: &str) -> anyhow::Result<Role> {
-        let nats = self.nats_url();
+    /// Starts the next worker of `service`, connecting to `nats` (URLs, comma-separated);
+    /// [`Topology::wait_started`] waits for it.
+    fn spawn_worker(&mut self, service: &str, nats: String) -> anyhow::Result<Role> {
         let mut args: Vec<String> = ["worker", "--service", service, "--nats", &nats]
             .map(String::from)
             .to_vec();
@@ -559,6 +494,11 @@ impl Topology {
     /// The NATS URLs gates and workers were given, comma-separated.
     pub fn nats_url(&self) -> String {
         self.nats.join(",")
+    }
+
+    /// The NATS URL of each bus node (or each URL the spec gave), in node order.
+    pub fn nats_urls(&self) -> &[String] {
+        &self.nats
     }
 
     /// Every process this topology started and still holds, with its role.
@@ -707,7 +647,13 @@ impl Topology {
 
     /// Starts one more worker of `service` and waits until it is ready.
     pub async fn add_worker(&mut self, service: &str) -> anyhow::Result<Role> {
-        let role = self.spawn_worker(service)?;
+        self.add_worker_on(service, &self.nats.clone()).await
+    }
+
+    /// Starts one more worker of `service` given only the NATS URLs `nats` (a bus node
+    /// of this topology, or any server) and waits until it is ready.
+    pub async fn add_worker_on(&mut self, service: &str, nats: &[String]) -> anyhow::Result<Role> {
+        let role = self.spawn_worker(service, nats.join(","))?;
         self.wait_started(Instant::now() + READY_TIMEOUT).await?;
         Ok(role)
     }
@@ -715,9 +661,33 @@ impl Topology {
     /// Starts one more gate listening on `listen` (the port of a gate that was stopped,
     /// so its clients find it again) and waits until it is ready.
     pub async fn add_gate(&mut self, listen: SocketAddr) -> anyhow::Result<Role> {
-        let role = self.spawn_gate(listen)?;
+        let role = self.spawn_gate(listen, self.nats_url())?;
         self.wait_started(Instant::now() + READY_TIMEOUT).await?;
         Ok(role)
+    }
+
+    /// Starts one more gate on a free port, given only the NATS URLs `nats`, and waits
+    /// until it is ready; returns it with its `ws://` URL.
+    pub async fn add_gate_on(&mut self, nats: &[String]) -> anyhow::Result<(Role, String)> {
+        let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
+        let role = self.spawn_gate(any_port, nats.join(","))?;
+        self.wait_started(Instant::now() + READY_TIMEOUT).await?;
+        let url = self.listen_addr(&role).map(|a| format!("ws://{a}"));
+        Ok((role, url.context("a ready gate has a WebSocket address")?))
+    }
+
+    /// A running process, to signal, wait on or read: e.g. a bus node to put in lame
+    /// duck mode (SIGUSR2), or a worker whose log a test reads.
+    pub fn process(&mut self, role: &Role) -> Option<&mut Process> {
+        let proc = self.procs.iter_mut().find(|p| &p.role == role)?;
+        Some(&mut proc.process)
+    }
+
+    /// Takes a running process out of the topology (nor is it part of its teardown): the
+    /// caller stops it, or drops it to kill it.
+    pub fn take(&mut self, role: &Role) -> Option<Process> {
+        let at = self.procs.iter().position(|p| &p.role == role)?;
+        Some(self.procs.remove(at).process)
     }
 
     /// The running processes of a kind, in start order: e.g. every echo worker.
@@ -818,17 +788,27 @@ mod tests {
     fn addresses_are_read_from_log_lines() {
         let gate = "[1] 2026/01/01 00:00:00.000000 [INF] Gate listening for WebSocket clients \
                     on 127.0.0.1:34555 \u{1b}[3mgate\u{1b}[0m=\"g1\"";
-        assert_eq!(word_after(gate, LISTEN_LINES[1]), Some("127.0.0.1:34555"));
-        assert_eq!(word_after(gate, TLS_LISTEN_LINE), None);
+        assert_eq!(
+            find_word_after(gate, LISTEN_LINES[1]),
+            Some("127.0.0.1:34555")
+        );
+        assert_eq!(find_word_after(gate, TLS_LISTEN_LINE), None);
         let tls = "[INF] Gate listening for TLS WebSocket clients on 127.0.0.1:34556 gate=\"g1\"";
-        assert_eq!(word_after(tls, TLS_LISTEN_LINE), Some("127.0.0.1:34556"));
-        assert!(LISTEN_LINES.iter().all(|p| word_after(tls, p).is_none()));
+        assert_eq!(
+            find_word_after(tls, TLS_LISTEN_LINE),
+            Some("127.0.0.1:34556")
+        );
+        assert!(
+            LISTEN_LINES
+                .iter()
+                .all(|p| find_word_after(tls, p).is_none())
+        );
         let metrics = "[1] [INF] Serving Prometheus metrics on http://127.0.0.1:4242/metrics";
         assert_eq!(
-            word_after(metrics, METRICS_LINE),
+            find_word_after(metrics, METRICS_LINE),
             Some("http://127.0.0.1:4242/metrics")
         );
-        assert_eq!(word_after("nothing here", METRICS_LINE), None);
+        assert_eq!(find_word_after("nothing here", METRICS_LINE), None);
     }
 
     #[test]

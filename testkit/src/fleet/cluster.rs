@@ -7,29 +7,39 @@
 //! cluster's gossip completes the mesh. The cluster is ready when every node's
 //! monitoring `/routez` lists a route to each other node. A node started again takes
 //! its old client and route ports, and routes to the others' route ports.
+//!
+//! Every nats-server node runs from a config file of its own, for what nats-server has
+//! no flags for: its lame duck settings ([`TopologySpec::lame_duck_grace`]).
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+#[cfg(doc)]
+use super::TopologySpec;
 use super::{BrokerSpec, Proc, READY_TIMEOUT, ROUTE_LINE, Role, Topology};
 
 /// The cluster name every node is given (`--cluster_name`).
-const CLUSTER_NAME: &str = "shaddock-loadtest";
+const CLUSTER_NAME: &str = "shaddock-fleet";
 /// How often readiness of the routes is polled.
-const ROUTES_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+const ROUTES_POLL: Duration = Duration::from_millis(20);
 /// Largest `/routez` answer read (a few routes' JSON is a few KiB).
 const MAX_MONITOR_BYTES: u64 = 1 << 20;
-/// What every cluster node is configured with for lame duck mode, which nats-server has
-/// no flags for: a grace period short enough for a restart phase (its default is 10 s),
-/// and the shortest duration it accepts (30 s; it closes clients at most 1 s apart, so
-/// a node with a few clients is gone a few seconds after the grace).
-const NODE_CONF: &str = "lame_duck_grace_period: 1s\nlame_duck_duration: 30s\n";
+/// What every nats-server node is configured with for lame duck mode: the spec's grace
+/// period, and the shortest duration nats-server accepts (30 s; it closes clients at
+/// most 1 s apart, so a node with a few clients is gone a few seconds after the grace).
+fn node_conf(grace: Duration) -> String {
+    format!(
+        "lame_duck_grace_period: \"{}ms\"\nlame_duck_duration: \"30s\"\n",
+        grace.as_millis()
+    )
+}
 
 /// One bus process: what runs it and the ports it took.
 #[derive(Debug, Clone)]
@@ -59,7 +69,7 @@ impl Topology {
         let program = if shaddock {
             self.spec.shaddock_bin.clone()
         } else {
-            testkit::go_binary("nats-server").context(
+            crate::go_binary("nats-server").context(
                 "nats-server not found on PATH nor in $(go env GOPATH)/bin \
                  (go install github.com/nats-io/nats-server/v2@latest)",
             )?
@@ -140,12 +150,13 @@ impl Topology {
         if self.spec.metrics || node.route.is_some() {
             args.extend(["-m".to_owned(), "-1".to_owned()]);
         }
-        // Each node's own config file, removed when the node is gone.
-        let conf = node
-            .route
-            .map(|_| testkit::temp_file("nats-node.conf", NODE_CONF));
-        if let (Some(route), Some(conf)) = (node.route, &conf) {
+        // Each nats-server node's own config file, removed when the node is gone.
+        let conf = (!node.shaddock)
+            .then(|| crate::temp_file("nats-node.conf", &node_conf(self.spec.lame_duck_grace)));
+        if let Some(conf) = &conf {
             args.extend(["-c".to_owned(), conf.display().to_string()]);
+        }
+        if let Some(route) = node.route {
             let others: Vec<String> = self
                 .bus
                 .iter()
