@@ -77,7 +77,8 @@ scenario limit limit --clients 2,5 --duration 1s "${short[@]}"
 scenario broadcast broadcast --members 20 --messages 10
 # Sessions opened and closed, each with an echo and a chat login and join: every
 # process's RSS read before, after the warm-up and at the end (issue #34).
-scenario churn churn --sessions 400 --warmup 200 --samples 1 --concurrency 50 --mix echo,chat
+scenario churn churn --sessions 400 --warmup 200 --samples 1 --concurrency 50 --mix echo,chat \
+  --settle 0.5s
 # A keyed service: arena matches whose owner drains halfway (our broker), or is killed
 # (nats-server cluster); --check fails the run if an input is lost or applied twice, or a
 # match's ticks skip or repeat across the hand-over (after a kill: only the lost

@@ -43,6 +43,12 @@ pub struct ChurnArgs {
     /// Sessions before the after-warm-up reading, from which growth is counted.
     #[arg(long, default_value_t = 10_000)]
     pub warmup: u64,
+    /// Idle time, no session open, before the after-warm-up reading and the last one:
+    /// the allocator gives back what the last sessions freed within a second or two, so
+    /// growth counts what sessions left behind, not what was just freed. `0`: read at
+    /// once, as the readings between do.
+    #[arg(long, default_value = "3s", value_parser = net::duration::parse)]
+    pub settle: Duration,
     /// Readings between the warm-up and the end, evenly spaced by sessions.
     #[arg(long, default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(0..=1000))]
@@ -75,9 +81,9 @@ pub struct ProcessRss {
     pub pid: u32,
     /// Before the first session.
     pub first: u64,
-    /// After the warm-up's sessions closed.
+    /// After the warm-up's sessions closed, and the settle time.
     pub after_warmup: u64,
-    /// After the last session closed.
+    /// After the last session closed, and the settle time.
     pub last: u64,
     /// `last - after_warmup` (negative when memory went back to the system).
     pub growth_after_warmup: i64,
@@ -102,6 +108,7 @@ pub struct ChurnReport {
     pub concurrency: u64,
     pub rate: u64,
     pub warmup: u64,
+    pub settle_s: f64,
     /// Sessions that did all their steps.
     pub ok: u64,
     pub failed: u64,
@@ -191,6 +198,7 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
     let (mut ok, mut failed, mut first_error) = (0u64, 0u64, None);
     let mut running = JoinSet::new();
     let mut started = 0u64;
+    let mut idle = Duration::ZERO;
     for point in reading_points(args.sessions, args.warmup, args.samples) {
         while started < point || !running.is_empty() {
             if started < point && running.len() < concurrency {
@@ -215,6 +223,10 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
                     first_error.get_or_insert_with(|| format!("{e:#}"));
                 }
             }
+        }
+        if point == args.warmup || point == args.sessions {
+            tokio::time::sleep(args.settle).await;
+            idle += args.settle;
         }
         let elapsed_s = began.elapsed().as_secs_f64();
         samples.push(Sample {
@@ -249,11 +261,12 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
         concurrency: args.concurrency,
         rate: args.rate,
         warmup: args.warmup,
+        settle_s: args.settle.as_secs_f64(),
         ok,
         failed,
         first_error,
         elapsed_s,
-        sessions_per_s: args.sessions as f64 / elapsed_s,
+        sessions_per_s: args.sessions as f64 / (elapsed_s - idle.as_secs_f64()),
         processes,
         samples,
     })
