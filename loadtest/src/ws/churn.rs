@@ -308,14 +308,14 @@ impl Section for ChurnReport {
     fn add_to(&self, doc: &mut Doc) {
         doc.fields(self);
         let after = format!("after {} sessions", self.warmup);
-        let mib = |bytes: u64| format!("{:.1} MiB", mib(bytes));
+        let in_mib = |bytes: u64| format!("{:.1} MiB", mib(bytes));
         doc.table(Table::of(
             &self.processes,
             &[
                 ("process", &|p| p.name.clone()),
-                ("RSS first", &|p| mib(p.first)),
-                (&after, &|p| mib(p.after_warmup)),
-                ("last", &|p| mib(p.last)),
+                ("RSS first", &|p| in_mib(p.first)),
+                (&after, &|p| in_mib(p.after_warmup)),
+                ("last", &|p| in_mib(p.last)),
                 ("growth after warm-up", &|p| {
                     format!("{:+.0} KiB", p.growth_after_warmup as f64 / 1024.0)
                 }),
@@ -346,5 +346,45 @@ mod tests {
         assert_eq!(reading_points(100, 20, 3), vec![20, 40, 60, 80, 100]);
         assert_eq!(reading_points(10, 9, 4), vec![9, 10]);
         assert_eq!(reading_points(10, 0, 0), vec![0, 10]);
+    }
+
+    #[test]
+    fn the_text_report_gives_each_process_s_rss_in_mib_and_its_growth() {
+        let mib = 1024 * 1024;
+        let report = ChurnReport {
+            mix: vec!["echo"],
+            sessions: 20,
+            concurrency: 1,
+            rate: 0,
+            warmup: 10,
+            settle_s: 3.0,
+            ok: 20,
+            failed: 0,
+            first_error: None,
+            elapsed_s: 1.0,
+            sessions_per_s: 20.0,
+            processes: vec![ProcessRss {
+                name: "up".into(),
+                pid: 1,
+                first: 20 * mib,
+                after_warmup: 23 * mib,
+                last: 23 * mib + 512 * 1024,
+                growth_after_warmup: 512 * 1024,
+                bytes_per_session: 52428.8,
+            }],
+            samples: vec![Sample {
+                sessions: 10,
+                elapsed_s: 0.5,
+                rss: vec![23 * mib],
+            }],
+        };
+        let mut doc = Doc::new("churn".into(), crate::report::Meta::now());
+        report.add_to(&mut doc);
+        let text = doc.text();
+        assert!(
+            text.contains("| up | 20.0 MiB | 23.0 MiB | 23.5 MiB | +512 KiB | 52428.8 |"),
+            "{text}"
+        );
+        assert!(text.contains("| 10 | 0.5 | 23.0 |"), "{text}");
     }
 }
