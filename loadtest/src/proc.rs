@@ -9,6 +9,8 @@ use procfs::process::Process;
 use serde::Serialize;
 
 /// The pseudo-process names of the machine-wide figures.
+/// The load tester's own process, in every run's CPU.
+pub const LOADTEST: &str = "loadtest";
 pub const MACHINE: &str = "machine";
 pub const OTHERS: &str = "others";
 pub const STEAL: &str = "steal";

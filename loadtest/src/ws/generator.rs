@@ -23,7 +23,7 @@ use super::lean::{CLOSE_TIMEOUT, ClientRun, Codec, Conn};
 use super::schedule::{Payload, Plan, Schedule, Stop, times};
 use super::stats::{Latencies, Recorded, Recorder, ServerSplit, SharedRecorded, Tally, rate};
 use crate::hist::{Hist, Summary};
-use crate::proc::{CpuSample, CpuUse, Watched};
+use crate::proc::{CpuSample, CpuUse, LOADTEST, MACHINE, OTHERS, STEAL, Watched};
 
 /// Time between deciding the start and the first slot, so every task is ready for it.
 const LEAD: Duration = Duration::from_millis(20);
@@ -148,6 +148,25 @@ pub struct LimitComparison {
     /// Achieved ÷ the limit's achieved.
     pub fraction: f64,
     pub limit_p99_from_schedule_us: f64,
+    /// µs of CPU per request sent of this run's servers (every process but the load
+    /// tester's), and of the bare echo server, and the one ÷ the other: what a request
+    /// costs beyond a bare WebSocket echo under the same load.
+    pub server_cpu_us: Option<f64>,
+    pub limit_server_cpu_us: Option<f64>,
+    pub cpu_ratio: Option<f64>,
+}
+
+/// µs of CPU per request sent that a run's servers used: every process watched but the
+/// load tester itself, and none of the machine-wide entries.
+fn server_cpu_us(cpu: &[CpuUse], sent: u64) -> Option<f64> {
+    let servers: Vec<&CpuUse> = (cpu.iter())
+        .filter(|c| ![LOADTEST, MACHINE, OTHERS, STEAL].contains(&c.name.as_str()))
+        .collect();
+    if servers.is_empty() || sent == 0 {
+        return None;
+    }
+    let seconds: f64 = servers.iter().map(|c| c.cpu_seconds).sum();
+    Some(seconds * 1e6 / sent as f64)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -176,6 +195,12 @@ impl RunReport {
                 0.0
             },
             limit_p99_from_schedule_us: limit.latency.from_schedule.p99_us,
+            server_cpu_us: server_cpu_us(&self.cpu, self.sent),
+            limit_server_cpu_us: server_cpu_us(&limit.cpu, limit.sent),
+            cpu_ratio: server_cpu_us(&self.cpu, self.sent)
+                .zip(server_cpu_us(&limit.cpu, limit.sent))
+                .filter(|&(_, bare)| bare > 0.0)
+                .map(|(ours, bare)| ours / bare),
         });
     }
 }
@@ -410,4 +435,38 @@ fn progress_bar(
     }
     bar.set_prefix(format!("{} ({} clients)", target.label, spec.clients));
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpu(name: &str, cpu_seconds: f64) -> CpuUse {
+        CpuUse {
+            name: name.into(),
+            pid: 1,
+            cpu_seconds,
+            percent: 0.0,
+        }
+    }
+
+    #[test]
+    fn server_cpu_counts_every_server_process_and_nothing_machine_wide() {
+        let run = [
+            cpu(LOADTEST, 5.0),
+            cpu("broker", 0.1),
+            cpu("gate-0", 0.3),
+            cpu("worker-echo-0", 0.2),
+            cpu(MACHINE, 9.0),
+            cpu(OTHERS, 1.0),
+            cpu(STEAL, 1.0),
+        ];
+        let us = server_cpu_us(&run, 100_000).unwrap();
+        assert!((us - 6.0).abs() < 1e-9, "{us}");
+        assert_eq!(server_cpu_us(&run, 0), None);
+        assert_eq!(
+            server_cpu_us(&[cpu(LOADTEST, 1.0), cpu(MACHINE, 1.0)], 10),
+            None
+        );
+    }
 }

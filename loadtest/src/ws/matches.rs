@@ -37,7 +37,7 @@ use testkit::fleet::{Role, Topology, TopologySpec};
 use super::broadcast::expect_ok;
 use super::target::this_process;
 use crate::hist::{Hist, Summary};
-use crate::proc::{CpuSample, CpuUse, Threads, Watched};
+use crate::proc::{CpuSample, CpuUse, LOADTEST, Threads, Watched};
 use crate::report::{Doc, OutputArgs, Report, Section, Table, cpu_line};
 use crate::topology::{Bus, LaunchArgs};
 
@@ -266,7 +266,7 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
         .buffer_unordered(CONNECT_BATCH)
         .try_collect()
         .await?;
-    let mut watched = vec![this_process("loadtest")];
+    let mut watched = vec![this_process(LOADTEST)];
     watched.extend(fleet.pids().into_iter().map(|(role, pid)| Watched {
         name: role.to_string(),
         pid,

@@ -13,6 +13,7 @@ use super::report::{Runs, ScenarioReport};
 use super::scenario::LoadArgs;
 use super::schedule::Payload;
 use super::target::{ServiceKind, TargetArgs, this_process, with_topology};
+use crate::proc::LOADTEST;
 
 /// Requests per client in the measured window unless told otherwise: the seed's.
 const SEED_COUNT: u64 = 10_000;
@@ -71,7 +72,7 @@ pub async fn pomelo_compare(args: PomeloCompareArgs) -> anyhow::Result<()> {
         kind: "pomelo",
         urls: vec![url.clone()],
         tls: None,
-        watched: vec![this_process("loadtest")],
+        watched: vec![this_process(LOADTEST)],
     }));
     let work = async {
         let mut report =

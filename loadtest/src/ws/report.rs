@@ -182,6 +182,13 @@ impl RunReport {
                 ms(c.limit_p99_from_schedule_us),
                 c.fraction * 100.0
             ));
+            if let (Some(ours), Some(bare), Some(ratio)) =
+                (c.server_cpu_us, c.limit_server_cpu_us, c.cpu_ratio)
+            {
+                lines.push(format!(
+                    "cost      servers {ours:.1} µs of CPU per request = {ratio:.2}× the bare echo server's {bare:.1} µs"
+                ));
+            }
         }
         if !self.cpu.is_empty() {
             lines.push(cpu_line(&self.cpu, self.sent, "request sent"));

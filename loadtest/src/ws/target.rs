@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::generator::Target;
 use super::schedule::Payload;
-use crate::proc::{Threads, Watched};
+use crate::proc::{LOADTEST, Threads, Watched};
 use crate::topology::LaunchArgs;
 
 /// Services a launched topology can run; also what a churned session does between its
@@ -179,7 +179,7 @@ impl TargetArgs {
             let gates = Gates {
                 urls: self.url.clone(),
                 gate_pids: Vec::new(),
-                watched: vec![this_process("loadtest")],
+                watched: vec![this_process(LOADTEST)],
                 setup: format!("existing gate(s) {}", self.url.join(", ")),
                 tls,
                 tls_urls: Vec::new(),
@@ -204,7 +204,7 @@ impl TargetArgs {
         let topology = Topology::start(spec)
             .await
             .with_context(|| format!("launching {gates} gate(s) and {fleet}"))?;
-        let mut watched = vec![this_process("loadtest")];
+        let mut watched = vec![this_process(LOADTEST)];
         watched.extend(topology.pids().into_iter().map(|(role, pid)| Watched {
             name: role.to_string(),
             pid,
@@ -338,7 +338,7 @@ impl LimitServer {
             tls: None,
             // The echo server's threads are in this process: told apart by their name.
             watched: vec![
-                this_process("loadtest"),
+                this_process(LOADTEST),
                 Watched {
                     threads: Threads::Named(ECHO_THREADS),
                     ..this_process("echo server")
