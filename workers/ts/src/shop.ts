@@ -16,6 +16,7 @@ import { parseArgs } from "node:util";
 import { connect } from "@nats-io/transport-node";
 import { durationMs } from "./duration.js";
 import { BANK, SHOP, bankService, shopService } from "./services/shop.js";
+import { runMain, serveUntilSignalled } from "./process.js";
 import { DEFAULT_PREFIX } from "./subjects.js";
 import {
   DEFAULT_ANSWER_TIMEOUT_MS,
@@ -95,23 +96,13 @@ async function main(): Promise<void> {
   });
   console.log(`Worker is ready: serving ${worker.subject} in queue group ${service.name}`);
 
-  let stopping = false;
-  const stop = async (signal: string): Promise<void> => {
-    if (stopping) return;
-    stopping = true;
-    console.log(`${signal}: draining`);
-    await worker.drain();
-    await nc.drain();
-    const { served, rejected, expired } = worker.stats;
-    console.log(`Worker stopped: served=${served} rejected=${rejected} expired=${expired}`);
-  };
-  process.on("SIGTERM", () => void stop("SIGTERM"));
-  process.on("SIGINT", () => void stop("SIGINT"));
-  const closed = await nc.closed();
-  if (closed instanceof Error) throw closed;
+  await serveUntilSignalled(nc, worker, {
+    draining: "draining",
+    stopped: () => {
+      const { served, rejected, expired } = worker.stats;
+      return `Worker stopped: served=${served} rejected=${rejected} expired=${expired}`;
+    },
+  });
 }
 
-main().catch((error: unknown) => {
-  console.error(`error: ${error instanceof Error ? error.message : String(error)}`);
-  process.exit(1);
-});
+runMain(main);

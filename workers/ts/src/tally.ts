@@ -25,6 +25,7 @@ import {
 } from "./keyed.js";
 import { TALLY, TALLY_PARTITIONS, tallyService } from "./services/tally.js";
 import type { TallyStats } from "./services/tally.js";
+import { runMain, serveUntilSignalled } from "./process.js";
 import { DEFAULT_PREFIX, isValidName } from "./subjects.js";
 import { DEFAULT_QUEUE_CAPACITY, Worker } from "./worker.js";
 
@@ -103,27 +104,17 @@ async function main(): Promise<void> {
   const id = worker.keyed?.id ?? "";
   console.log(`Worker is ready: serving ${TALLY} (${TALLY_PARTITIONS} partitions) as ${values.name} id=${id}`);
 
-  let stopping = false;
-  const stop = async (signal: string): Promise<void> => {
-    if (stopping) return;
-    stopping = true;
-    console.log(`${signal}: handing the partitions over, then draining`);
-    await worker.drain();
-    await nc.drain();
-    const { served, rejected } = worker.stats;
-    const keyed = worker.keyed?.stats;
-    console.log(
-      `Worker stopped: served=${served} rejected=${rejected} fresh=${stats.fresh} handed=${stats.handed} ` +
-        `handed_ok=${keyed?.handedOk ?? 0} handed_kept=${keyed?.handedKept ?? 0}`,
-    );
-  };
-  process.on("SIGTERM", () => void stop("SIGTERM"));
-  process.on("SIGINT", () => void stop("SIGINT"));
-  const closed = await nc.closed();
-  if (closed instanceof Error) throw closed;
+  await serveUntilSignalled(nc, worker, {
+    draining: "handing the partitions over, then draining",
+    stopped: () => {
+      const { served, rejected } = worker.stats;
+      const keyed = worker.keyed?.stats;
+      return (
+        `Worker stopped: served=${served} rejected=${rejected} fresh=${stats.fresh} handed=${stats.handed} ` +
+        `handed_ok=${keyed?.handedOk ?? 0} handed_kept=${keyed?.handedKept ?? 0}`
+      );
+    },
+  });
 }
 
-main().catch((error: unknown) => {
-  console.error(`error: ${error instanceof Error ? error.message : String(error)}`);
-  process.exit(1);
-});
+runMain(main);
