@@ -6,20 +6,12 @@
  * finds the gate without it.
  */
 import assert from "node:assert/strict";
-import { after, before, describe, test, type TestContext } from "node:test";
+import { describe, test, type TestContext } from "node:test";
 import { arena, arenaRoutes, chat, ShaddockError, Status, type Arena, type arenaTypes, type Encoding } from "../src/index.js";
-import { startGate, type Gate } from "./gate.js";
-import { closeAll, collect, open, rejection, typedJsonUnsupported } from "./helpers.js";
+import { gateForTests, collect, open, rejection, typedJsonUnsupported } from "./helpers.js";
 import { waitFor } from "./wait.js";
 
-let gate: Gate;
-before(async () => {
-  gate = await startGate();
-});
-after(async () => {
-  closeAll();
-  await gate?.stop();
-});
+const gate = gateForTests();
 
 /** Names unique to each test, so tests on one gate never share players or matches. */
 let serial = 0;

@@ -4,21 +4,13 @@
  * skipped only when a run-time probe finds the gate without it.
  */
 import assert from "node:assert/strict";
-import { after, before, describe, test, type TestContext } from "node:test";
+import { describe, test, type TestContext } from "node:test";
 import { chat, ShaddockError, Status, type Chat, type Encoding } from "../src/index.js";
 import type { ChatMessage, MemberEvent } from "../src/gen/chat_pb.js";
-import { startGate, type Gate } from "./gate.js";
-import { closeAll, collect, open, rejection, typedJsonUnsupported, waitForCount } from "./helpers.js";
+import { gateForTests, collect, open, rejection, typedJsonUnsupported, waitForCount } from "./helpers.js";
 import { waitFor } from "./wait.js";
 
-let gate: Gate;
-before(async () => {
-  gate = await startGate();
-});
-after(async () => {
-  closeAll();
-  await gate?.stop();
-});
+const gate = gateForTests();
 
 /** Names unique to each test, so tests on one gate never share players or rooms. */
 let serial = 0;

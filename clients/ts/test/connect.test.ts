@@ -3,20 +3,13 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { bodyText, echo, ShaddockError, Status, type Encoding } from "../src/index.js";
 import { startGate, type Gate } from "./gate.js";
-import { closeAll, open, recorded, rejection, typedJsonUnsupported } from "./helpers.js";
+import { closeAll, gateForTests, open, recorded, rejection, typedJsonUnsupported } from "./helpers.js";
 import { within } from "./wait.js";
 
 const encodings: Encoding[] = ["protobuf", "json"];
 
 describe("against a gate", () => {
-  let gate: Gate;
-  before(async () => {
-    gate = await startGate();
-  });
-  after(async () => {
-    closeAll();
-    await gate?.stop();
-  });
+  const gate = gateForTests();
 
   for (const encoding of encodings) {
     describe(`${encoding} frames`, () => {
@@ -144,14 +137,7 @@ describe("a gate that does not answer", () => {
 });
 
 describe("a gate with a token", () => {
-  let gate: Gate;
-  before(async () => {
-    gate = await startGate({ args: ["--token", "sesame"] });
-  });
-  after(async () => {
-    closeAll();
-    await gate?.stop();
-  });
+  const gate = gateForTests({ args: ["--token", "sesame"] });
 
   test("the right token opens a session", async () => {
     const client = await open({ servers: gate.url, token: "sesame" });

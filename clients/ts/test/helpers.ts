@@ -1,6 +1,8 @@
 /** Clients for tests: Node's WebSocket is the `ws` package's, and every client made is closed after. */
+import { after, before } from "node:test";
 import { WebSocket } from "ws";
 import { chatRoutes, Client, ShaddockError, Status, type ClientOptions, type StateEvent } from "../src/index.js";
+import { startGate, type Gate } from "./gate.js";
 import { waitFor } from "./wait.js";
 
 export type TestOptions = Omit<ClientOptions, "WebSocket">;
@@ -22,6 +24,27 @@ export function recorded(options: TestOptions): { client: Client; events: StateE
   const events: StateEvent[] = [];
   client.onState((event) => events.push(event));
   return { client, events };
+}
+
+/**
+ * A real gate for the tests of a file (or a `describe` block): started before them, and
+ * stopped after them with every client they opened. Read `url` inside the tests.
+ */
+export function gateForTests(options: Parameters<typeof startGate>[0] = {}): { readonly url: string } {
+  let gate: Gate | undefined;
+  before(async () => {
+    gate = await startGate(options);
+  });
+  after(async () => {
+    closeAll();
+    await gate?.stop();
+  });
+  return {
+    get url(): string {
+      if (gate === undefined) throw new Error("the gate starts before the tests");
+      return gate.url;
+    },
+  };
 }
 
 export function closeAll(): void {

@@ -4,19 +4,11 @@
  * `chat.login` answering with the profile (the chat worker calls the profile service).
  */
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import { chatRoutes, profile, ShaddockError, Status } from "../src/index.js";
-import { startGate, type Gate } from "./gate.js";
-import { closeAll, open, rejection } from "./helpers.js";
+import { gateForTests, open, rejection } from "./helpers.js";
 
-let gate: Gate;
-before(async () => {
-  gate = await startGate();
-});
-after(async () => {
-  closeAll();
-  await gate?.stop();
-});
+const gate = gateForTests();
 
 const COLOR = /^#[0-9a-f]{6}$/;
 
