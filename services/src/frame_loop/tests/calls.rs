@@ -47,6 +47,21 @@ struct Running {
     task: JoinHandle<Service>,
 }
 
+impl Running {
+    /// Ends the queue (the loop starts its drain): what the loop sends, the way to
+    /// return call results, and the loop's task.
+    fn close_intake(self) -> (SentRx, mpsc::Sender<Returned>, JoinHandle<Service>) {
+        let Running {
+            intake,
+            rx,
+            returns,
+            task,
+        } = self;
+        drop(intake);
+        (rx, returns, task)
+    }
+}
+
 fn start(service: Service, config: FrameConfig) -> Running {
     let (out, rx) = sent_output();
     let (intake, queue) = queue(service.name(), config.queue_capacity, out.clone());
@@ -202,13 +217,7 @@ async fn at_the_queue_s_end_the_loop_waits_for_a_deferred_request_s_call_to_answ
     let mut running = start(shop(&results), config(16, 100));
     running.intake.offer(request("buy", 1, "ann", 1_000)).await;
     let (call, _) = running.call().await;
-    let Running {
-        intake,
-        mut rx,
-        returns,
-        task,
-    } = running;
-    drop(intake);
+    let (mut rx, returns, task) = running.close_intake();
     time::sleep(300 * MS).await;
     assert!(!task.is_finished(), "the drain waits for the call");
     let result = CallResult {
@@ -234,10 +243,7 @@ async fn a_drain_waits_no_longer_than_the_deadlines_pending_when_the_queue_ended
     let begun = Instant::now();
     running.intake.offer(request("buy", 1, "ann", 1_000)).await;
     let _ = running.call().await;
-    let Running {
-        intake, rx, task, ..
-    } = running;
-    drop(intake);
+    let (rx, _, task) = running.close_intake();
     // The callee never answers: at the request's deadline the call times out, its
     // continuation answers with the 408, and the loop stops then, not later.
     task.await.unwrap();
@@ -262,10 +268,7 @@ async fn a_request_deferred_at_the_queue_s_end_is_answered_by_a_tick_of_the_drai
     let handles = Handles::default();
     let running = start(deferring(&handles), config(16, 100));
     running.intake.offer(request("wait", 1, "ann", 0)).await;
-    let Running {
-        intake, rx, task, ..
-    } = running;
-    drop(intake);
+    let (rx, _, task) = running.close_intake();
     task.await.unwrap();
     running_rx_is(rx, |sent| {
         let answers: Vec<_> = sent
@@ -634,13 +637,7 @@ async fn a_drain_ends_at_its_deadline_though_a_tick_keeps_calling() {
     let running = start(service, config(16, 100));
     let begun = Instant::now();
     running.intake.offer(request("wait", 1, "ann", 100)).await;
-    let Running {
-        intake,
-        mut rx,
-        task,
-        ..
-    } = running;
-    drop(intake);
+    let (mut rx, _, task) = running.close_intake();
     let mut calls = 0;
     loop {
         match rx.recv().await {
@@ -675,13 +672,7 @@ async fn at_the_drain_s_end_a_call_timing_out_still_answers_its_request() {
         .on_tick(|ctx, _| ctx.call("bank.pay", "", |_ctx, _result| {}));
     let running = start(service, config(16, 100));
     running.intake.offer(request("wait", 1, "ann", 100)).await;
-    let Running {
-        intake,
-        mut rx,
-        task,
-        ..
-    } = running;
-    drop(intake);
+    let (mut rx, _, task) = running.close_intake();
     let answer = loop {
         match rx.recv().await {
             Some(Sent::Call(_)) => {}
