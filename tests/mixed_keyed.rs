@@ -443,6 +443,8 @@ async fn start_rust_worker(url: &str, fresh: Arc<AtomicUsize>) -> RustWorker {
             keyed_heartbeat: HEARTBEAT,
             keyed_member_timeout: MEMBER_TIMEOUT,
             handover_timeout: HANDOVER_TIMEOUT,
+
+            ..KeyedConfig::default()
         },
         ..WorkerConfig::default()
     };

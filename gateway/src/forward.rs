@@ -18,6 +18,8 @@ const SESSION: u32 = 3;
 const TIMING: u32 = 4;
 const KEY: u32 = 5;
 const TIMEOUT_MS: u32 = 6;
+const ORIGIN: u32 = 8;
+const SEQ: u32 = 9;
 
 /// A session as every request of it carries it, encoded once per change.
 pub(crate) struct SessionWire {
@@ -47,7 +49,7 @@ impl SessionWire {
     }
 }
 
-/// `RpcRequest { route, body, session, timing, key, timeout_ms }`, to be written straight into the
+/// `RpcRequest { route, body, session, timing, key, timeout_ms, origin, seq }`, to be written straight into the
 /// bus connection's outbound buffer: its exact length first, then its bytes.
 pub(crate) struct Request<'a> {
     pub route: &'a str,
@@ -58,6 +60,10 @@ pub(crate) struct Request<'a> {
     pub key: &'a str,
     /// How long the gate still waits for the answer, in ms (0 for a notify).
     pub timeout_ms: u32,
+    /// A keyed request's ordering (docs/workers.md, "Hand-over"): the session's reply
+    /// prefix and its number among the session's keyed requests; empty and 0 for others.
+    pub origin: &'a str,
+    pub seq: u64,
 }
 
 impl Request<'_> {
@@ -69,6 +75,8 @@ impl Request<'_> {
             + wire::varint_len(TIMING, u64::from(self.timing))
             + wire::bytes_len(KEY, self.key.len())
             + wire::varint_len(TIMEOUT_MS, u64::from(self.timeout_ms))
+            + wire::bytes_len(ORIGIN, self.origin.len())
+            + wire::varint_len(SEQ, self.seq)
     }
 
     /// Appends the encoding, [`Request::len`] bytes, to `buf`.
@@ -79,6 +87,8 @@ impl Request<'_> {
         wire::put_varint(buf, TIMING, u64::from(self.timing));
         wire::put_bytes(buf, KEY, self.key.as_bytes());
         wire::put_varint(buf, TIMEOUT_MS, u64::from(self.timeout_ms));
+        wire::put_bytes(buf, ORIGIN, self.origin.as_bytes());
+        wire::put_varint(buf, SEQ, self.seq);
     }
 }
 
@@ -105,6 +115,12 @@ mod tests {
             },
             timeout_ms,
             trace: Vec::new(),
+            origin: if timing {
+                "shaddock.gw.g1.7".into()
+            } else {
+                String::new()
+            },
+            seq: if timing { u64::from(timeout_ms) + 1 } else { 0 },
         }
         .encode_to_vec()
     }
@@ -136,6 +152,8 @@ mod tests {
                     timing,
                     key: if timing { "match-7" } else { "" },
                     timeout_ms,
+                    origin: if timing { "shaddock.gw.g1.7" } else { "" },
+                    seq: if timing { u64::from(timeout_ms) + 1 } else { 0 },
                 };
                 let mut ours = BytesMut::new();
                 request.put(&mut ours);
@@ -157,6 +175,8 @@ mod tests {
                 assert_eq!(decoded.timing, timing);
                 assert_eq!(decoded.key, request.key);
                 assert_eq!(decoded.timeout_ms, timeout_ms);
+                assert_eq!(decoded.origin, request.origin);
+                assert_eq!(decoded.seq, request.seq);
             }
         }
     }

@@ -39,6 +39,8 @@ fn worker_config(url: &str) -> WorkerConfig {
             keyed_heartbeat: Duration::from_millis(100),
             keyed_member_timeout: Duration::from_millis(500),
             handover_timeout: Duration::from_secs(1),
+
+            ..KeyedConfig::default()
         },
         ..WorkerConfig::default()
     }

@@ -63,16 +63,11 @@ pub fn partition_of(key: &[u8], partitions: u32) -> u32 {
     fnv1a(key) % partitions.max(1)
 }
 
-/// What a gate publishes a keyed request of `service.method` on, and what its worker
-/// subscribes (with `>` for the method) in the partition's queue group.
+/// What a gate publishes a keyed request of `service.method` on, and what its owner
+/// subscribes (with `>` for the method), plain: during a hand-over both owners receive
+/// every request, and its `origin` and `seq` tell them which is whose.
 pub fn partition_subject(prefix: &str, service: &str, partition: u32) -> String {
     format!("{prefix}.svc.{service}.p{partition}")
-}
-
-/// A partition's queue group: one per partition, so two workers subscribed to one
-/// partition (a moment of disagreement) never both take a message.
-pub fn partition_group(service: &str, partition: u32) -> String {
-    format!("{service}.p{partition}")
 }
 
 /// Where a keyed service's workers tell each other they live and what they hold

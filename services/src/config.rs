@@ -250,6 +250,17 @@ pub struct KeyedConfig {
     /// hands over before it keeps the partition and tries again later (e.g. 2s).
     #[arg(long, env = "SHADDOCK_HANDOVER_TIMEOUT", default_value = "2s", value_parser = net::duration::parse)]
     pub handover_timeout: Duration,
+
+    /// How long a partition's old owner keeps serving it after its new owner has
+    /// subscribed it too, before it leaves: long enough for every server of a NATS
+    /// cluster to learn of the new subscription (e.g. 200ms; docs/workers.md, "Hand-over").
+    #[arg(long, env = "SHADDOCK_HANDOVER_OVERLAP", default_value = "200ms", value_parser = net::duration::parse)]
+    pub handover_overlap: Duration,
+
+    /// The most requests a partition's new owner holds while it waits for the state; past
+    /// it, what arrives is dropped, counted and logged (e.g. 4096).
+    #[arg(long, env = "SHADDOCK_HANDOVER_BUFFER", default_value_t = DEFAULT_HANDOVER_BUFFER)]
+    pub handover_buffer: usize,
 }
 
 /// See [`KeyedConfig::keyed_heartbeat`].
@@ -258,6 +269,10 @@ pub const DEFAULT_KEYED_HEARTBEAT: Duration = Duration::from_millis(500);
 pub const DEFAULT_KEYED_MEMBER_TIMEOUT: Duration = Duration::from_secs(2);
 /// See [`KeyedConfig::handover_timeout`].
 pub const DEFAULT_HANDOVER_TIMEOUT: Duration = Duration::from_secs(2);
+/// See [`KeyedConfig::handover_overlap`].
+pub const DEFAULT_HANDOVER_OVERLAP: Duration = Duration::from_millis(200);
+/// See [`KeyedConfig::handover_buffer`].
+pub const DEFAULT_HANDOVER_BUFFER: usize = 4096;
 
 impl Default for KeyedConfig {
     fn default() -> Self {
@@ -265,6 +280,8 @@ impl Default for KeyedConfig {
             keyed_heartbeat: DEFAULT_KEYED_HEARTBEAT,
             keyed_member_timeout: DEFAULT_KEYED_MEMBER_TIMEOUT,
             handover_timeout: DEFAULT_HANDOVER_TIMEOUT,
+            handover_overlap: DEFAULT_HANDOVER_OVERLAP,
+            handover_buffer: DEFAULT_HANDOVER_BUFFER,
         }
     }
 }
@@ -277,6 +294,9 @@ impl KeyedConfig {
         }
         if self.handover_timeout.is_zero() {
             return Err(ConfigError::Zero("hand-over timeout"));
+        }
+        if self.handover_buffer == 0 {
+            return Err(ConfigError::Zero("hand-over buffer"));
         }
         if self.keyed_member_timeout <= self.keyed_heartbeat * 2 {
             return Err(ConfigError::Relation(

@@ -42,6 +42,9 @@ pub const PARTITIONS_TAKEN_TOTAL: &str = "worker_partitions_taken_total";
 pub const PARTITIONS_HANDED_TOTAL: &str = "worker_partitions_handed_total";
 /// Moments a peer claimed a partition this worker holds too.
 pub const PARTITION_CONFLICTS_TOTAL: &str = "worker_partition_conflicts_total";
+/// Requests a partition's new owner dropped while it waited for the state, its
+/// `--handover-buffer` full.
+pub const HANDOVER_OVERFLOW_TOTAL: &str = "worker_handover_overflow_total";
 /// Time from a deferred request's arrival to its answer (or its 408).
 pub const DEFERRED_WAIT_SECONDS: &str = "worker_deferred_wait_seconds";
 /// Deferred requests answered 408 by the worker: nothing answered them by their deadline.
@@ -128,6 +131,10 @@ pub fn describe() {
     metrics::describe_counter!(
         PARTITION_CONFLICTS_TOTAL,
         "Heartbeats in which a peer claimed a partition this worker holds"
+    );
+    metrics::describe_counter!(
+        HANDOVER_OVERFLOW_TOTAL,
+        "Requests a partition's new owner dropped while waiting for its state, its hand-over buffer full"
     );
 }
 

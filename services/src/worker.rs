@@ -133,7 +133,7 @@ impl Worker {
         };
         let keyed = match service.partitions() {
             Some(partitions) => {
-                let settings = (config.keyed, config.frames.subscription_drain());
+                let settings = config.keyed;
                 let keyed = Keyed::subscribe(
                     &client,
                     &config.prefix,

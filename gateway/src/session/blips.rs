@@ -45,6 +45,21 @@ impl<S: Io> Session<S> {
             timing: self.timing,
             key: &pending.key,
             timeout_ms,
+            origin: "",
+            seq: 0,
+        };
+        let request = if pending.key.is_empty() {
+            request
+        } else {
+            // A keyed request's place among the session's (docs/workers.md, "Hand-over"):
+            // the session publishes one at a time, so the numbers rise in publish order.
+            let seq = self.keyed_seq.get() + 1;
+            self.keyed_seq.set(seq);
+            Request {
+                origin: self.reply_prefix.trim_end_matches('.'),
+                seq,
+                ..request
+            }
         };
         let reply = if id == 0 {
             Reply::None

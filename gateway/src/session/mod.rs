@@ -21,6 +21,7 @@ mod resume;
 #[cfg(test)]
 mod tests;
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::sync::Arc;
@@ -171,6 +172,8 @@ struct Session<S> {
     expires: Option<Instant>,
     /// `<prefix>.gw.<gate>.<sid>.`: a request's reply subject is this and its id.
     reply_prefix: String,
+    /// The last `seq` given to a keyed request of this session (see `publish`).
+    keyed_seq: Cell<u64>,
     /// Each route seen, as a label, and its publish subject.
     routes: Cache<Arc<str>, (Arc<str>, Arc<str>)>,
     /// While the gate drains: until when requests are still forwarded, and when the

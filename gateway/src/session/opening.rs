@@ -2,6 +2,7 @@
 //! token check and, for a signed player token, the bind of its player before the
 //! acknowledgement; and the token's later life (expiry, `Refresh`).
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -198,6 +199,7 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
         wire,
         expires,
         reply_prefix: format!("{}.gw.{}.{sid}.", gate.config.prefix, gate.config.gate_id),
+        keyed_seq: Cell::new(0),
         routes: Cache::default(),
         drain: None,
         groups,

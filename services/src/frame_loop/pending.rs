@@ -243,6 +243,8 @@ impl<R> Pending<R> {
             timeout_ms: u32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u32::MAX),
             timing: stem.timing,
             trace: stem.trace.clone(),
+            // Set with the key, where the call is routed (`worker::calls`).
+            ..RpcRequest::default()
         };
         self.deadlines.insert((deadline, Due::Call(id)));
         self.calls.insert(

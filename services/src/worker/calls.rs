@@ -149,6 +149,12 @@ pub(super) fn subjects(
     request: &mut RpcRequest,
 ) -> Result<(String, String), CallResult> {
     let subject = callees.subject(prefix, request)?;
+    if !request.key.is_empty() {
+        // A keyed call's place among this worker's (docs/workers.md, "Hand-over"): calls
+        // leave in the order of their ids, through one connection.
+        request.origin = reply_prefix.trim_end_matches('.').to_owned();
+        request.seq = id;
+    }
     Ok((subject, format!("{reply_prefix}{id}")))
 }
 

@@ -6,24 +6,25 @@
 //! busy queue never delays it), asks [`Members`] what to do, and does it:
 //!
 //! - **Take fresh**: queue [`InputKind::Fresh`] for the loop, then subscribe the
-//!   partition, `<prefix>.svc.<service>.p<N>.>` in queue group `<service>.p<N>`. The
-//!   loop runs the take-over before any of the partition's requests.
-//! - **Hand over** to its owner: leave the partition's group by count (as a draining
-//!   worker does, so nothing the bus routed here is lost) and pass on everything it
-//!   delivered; then queue [`InputKind::HandOver`], whose answer (the state, from the
-//!   loop, after the partition's last request here) is sent as a `HandOver` request to
-//!   the new owner. Its answer means it has queued the state and subscribed. No answer
-//!   in time: this worker takes the partition back, with that state, and tries again.
-//!   Meanwhile the gates' requests for the partition find no responders and are sent
-//!   again until it is served (the gate's resend), so none is lost or answered 503.
-//! - **Take a hand-over**: queue [`InputKind::TakeOver`] with the state, subscribe, and
-//!   answer. A leaving worker refuses (a non-empty answer), so the sender tries another.
+//!   partition, `<prefix>.svc.<service>.p<N>.>`, plain. The loop runs the take-over
+//!   before any of the partition's requests.
+//! - **Hand over** to its owner, in two requests on the owner's hand-over subject: a
+//!   prepare (the owner subscribes the partition too and holds what it receives), the
+//!   overlap (this worker still serves, while every server learns of the new
+//!   subscription), then leaving the partition, the state from the loop after the
+//!   partition's last request here ([`InputKind::HandOver`]), and `seen`: per origin,
+//!   the highest `seq` this worker took since the prepare. No answer in time, or a
+//!   refusal: this worker keeps the partition (takes it back, after leaving) and tries
+//!   again later.
+//! - **Take a hand-over**: on a prepare, subscribe and hold; on the state, queue
+//!   [`InputKind::TakeOver`], then the held requests `seen` does not cover, and serve.
+//!   A leaving worker refuses a prepare (a non-empty answer), so the sender tries another.
 //!
 //! At shutdown the worker says it is leaving, hands every partition over to its owner
 //! among the others, and ends once it holds none; with no other worker left, its
-//! partitions just drain and their state ends with it.
+//! partitions are left and their state ends with it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use async_nats::{Client, Subject, Subscriber};
@@ -31,8 +32,8 @@ use bytes::Bytes;
 use futures::stream::SelectAll;
 use futures::{StreamExt, stream};
 use proto::Message as _;
-use proto::keyed::{handover_subject, members_subject, partition_group, partition_subject};
-use proto::rpc::{HandOver, KeyedMember};
+use proto::keyed::{handover_subject, members_subject, partition_subject};
+use proto::rpc::{HandOver, KeyedMember, RequestOrder};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -40,11 +41,11 @@ use tokio_util::sync::CancellationToken;
 use super::error::WorkerError;
 use super::subscribe::Boxed;
 use crate::bus::method_of;
-use crate::config::{DrainConfig, KeyedConfig};
-use crate::drain::{self, Draining};
+use crate::config::KeyedConfig;
 use crate::frame_loop::{Incoming, InputKind};
 use crate::metrics::{
-    PARTITION_CONFLICTS_TOTAL, PARTITIONS_HANDED_TOTAL, PARTITIONS_HELD, PARTITIONS_TAKEN_TOTAL,
+    HANDOVER_OVERFLOW_TOTAL, PARTITION_CONFLICTS_TOTAL, PARTITIONS_HANDED_TOTAL, PARTITIONS_HELD,
+    PARTITIONS_TAKEN_TOTAL,
 };
 use crate::ownership::{Members, Step};
 
@@ -60,7 +61,6 @@ pub(super) struct Keyed {
     partitions: u32,
     me: String,
     config: KeyedConfig,
-    drain: DrainConfig,
     members: Subscriber,
     handovers: Subscriber,
     /// What this worker says in its heartbeats: whom it is, what it holds.
@@ -88,24 +88,58 @@ impl HeldPartitions {
     }
 }
 
-/// One partition's messages, and its end.
+/// One partition subscription's messages, and its end; `sub` tells subscriptions of one
+/// partition apart (a request of one let go is not the partition's any more).
 enum Item {
-    /// A request of the partition, as the loop takes it.
-    Request(Incoming<Subject>),
-    Ended(u32),
+    Request {
+        partition: u32,
+        sub: u64,
+        request: Incoming<Subject>,
+    },
+    Ended {
+        partition: u32,
+        sub: u64,
+    },
+}
+
+/// A partition subscription: which, and how to leave it.
+struct Subscription {
+    sub: u64,
+    /// Cancelled to leave: the subscription ends at once, unsubscribed.
+    leave: CancellationToken,
 }
 
 /// A partition held here.
 struct Held {
-    /// Cancelled to leave the partition's group.
-    leave: CancellationToken,
-    /// Set while it is handed over: to whom (`None`: nobody, at shutdown with no other
-    /// worker left).
-    leaving_to: Option<Option<String>>,
+    subscription: Subscription,
+    /// Set while it is handed away.
+    out: Option<Out>,
 }
 
-/// A hand-over's end: the partition, and the state back if the new owner did not take it.
-type Handed = (u32, Result<(), Bytes>);
+/// A partition on its way out.
+struct Out {
+    /// To whom; `None`: nobody (at shutdown, with no other worker left).
+    to: Option<String>,
+    /// Per origin, the highest `seq` taken since the prepare.
+    seen: HashMap<String, u64>,
+}
+
+/// A partition handed to this worker, subscribed, its requests held until the state
+/// comes.
+struct Preparing {
+    subscription: Subscription,
+    since: Instant,
+    held: VecDeque<Incoming<Subject>>,
+    /// Requests dropped, the buffer full.
+    dropped: u64,
+}
+
+/// What a hand-over's task reports: `partition` prepared (the overlap over) or not, or
+/// handed over (or its state back, not taken).
+enum Handed {
+    Prepared { partition: u32, ok: bool },
+    Done { partition: u32, result: Result<(), Bytes> },
+}
 
 impl Keyed {
     /// Subscribes the peers' heartbeats and this worker's hand-over subject.
@@ -114,7 +148,7 @@ impl Keyed {
         prefix: &str,
         service: &str,
         partitions: u32,
-        (config, drain): (KeyedConfig, DrainConfig),
+        config: KeyedConfig,
     ) -> Result<Keyed, WorkerError> {
         let me = format!("{:016x}", fastrand::u64(..));
         let subscribe = async |subject: String| {
@@ -136,7 +170,6 @@ impl Keyed {
             partitions,
             me,
             config,
-            drain,
             members,
             handovers,
             heartbeat,
@@ -162,13 +195,12 @@ impl Keyed {
             partitions,
             me,
             config,
-            drain,
             members,
             handovers,
             heartbeat,
         } = self;
         let said = heartbeat.subscribe();
-        let (handed_tx, handed_rx) = mpsc::channel(partitions as usize);
+        let (handed_tx, handed_rx) = mpsc::channel(2 * partitions as usize);
         let timeouts = (config.keyed_member_timeout, config.keyed_heartbeat * 2);
         let coordinator = Coordinator {
             view: Members::new(me.clone(), partitions, timeouts, Instant::now().into_std()),
@@ -177,9 +209,10 @@ impl Keyed {
             service: service.clone(),
             me,
             config,
-            drain,
             held: BTreeMap::new(),
             moving: BTreeSet::new(),
+            preparing: BTreeMap::new(),
+            next_sub: 0,
             leaving: false,
             out,
             streams: SelectAll::new(),
@@ -226,10 +259,13 @@ struct Coordinator {
     service: String,
     me: String,
     config: KeyedConfig,
-    drain: DrainConfig,
     held: BTreeMap<u32, Held>,
-    /// Partitions on their way out (left, state not yet taken by the new owner).
+    /// Partitions on their way out (prepared or left, state not yet taken by the new
+    /// owner).
     moving: BTreeSet<u32>,
+    /// Partitions on their way in.
+    preparing: BTreeMap<u32, Preparing>,
+    next_sub: u64,
     leaving: bool,
     out: mpsc::Sender<Incoming<Subject>>,
     streams: SelectAll<Boxed<Item>>,
@@ -248,7 +284,7 @@ impl Coordinator {
     ) {
         let mut ticks = tokio::time::interval(self.config.keyed_heartbeat);
         loop {
-            if self.leaving && self.held.is_empty() {
+            if self.leaving && self.held.is_empty() && self.preparing.is_empty() {
                 break;
             }
             tokio::select! {
@@ -264,21 +300,25 @@ impl Coordinator {
                         tracing::warn!(?dead, "keyed peers not heard from: counted dead");
                     }
                     self.check_conflicts();
+                    self.let_go_stale();
                     self.act().await;
                 }
                 Some(message) = members.next() => self.heard(&message.payload).await,
                 Some(message) = handovers.next() => self.take_handed(message).await,
                 Some(item) = self.streams.next() => match item {
-                    Item::Request(request) => {
-                        let _ = self.out.send(request).await;
+                    Item::Request { partition, sub, request } => {
+                        self.request(partition, sub, request).await;
                     }
-                    Item::Ended(partition) => self.ended(partition).await,
+                    Item::Ended { partition, sub } => self.ended(partition, sub).await,
                 },
-                Some((partition, result)) = handed.recv() => self.handed(partition, result).await,
+                Some(handed) = handed.recv() => match handed {
+                    Handed::Prepared { partition, ok } => self.prepared(partition, ok),
+                    Handed::Done { partition, result } => self.handed(partition, result).await,
+                },
             }
         }
         tracing::info!(
-            "no partition left: each handed over, or drained with nobody left to take it"
+            "no partition left: each handed over, or left with nobody to take it"
         );
     }
 
@@ -329,6 +369,24 @@ impl Coordinator {
         }
     }
 
+    /// Lets go the partitions prepared here whose state did not come in time: their old
+    /// owner kept them (and served what was held here).
+    fn let_go_stale(&mut self) {
+        let config = &self.config;
+        // Longer than a dead old owner takes to be counted dead: then this worker takes
+        // the partition fresh, with what it held.
+        let wait = config.handover_overlap + config.handover_timeout * 2 + config.keyed_member_timeout;
+        let now = Instant::now();
+        self.preparing.retain(|partition, preparing| {
+            let fresh = now.duration_since(preparing.since) < wait;
+            if !fresh {
+                tracing::warn!(partition, "a prepared hand-over never came: let go");
+                preparing.subscription.leave.cancel();
+            }
+            fresh
+        });
+    }
+
     /// Does what the view says.
     async fn act(&mut self) {
         let held: BTreeSet<u32> = self.held.keys().copied().collect();
@@ -337,12 +395,13 @@ impl Coordinator {
             match step {
                 Step::HandOver { partition, to } => self.hand_over(partition, Some(to)),
                 Step::TakeFresh { partition } => {
-                    self.take(partition, InputKind::Fresh, Bytes::new()).await;
+                    self.take(partition, InputKind::Fresh, Bytes::new(), None)
+                        .await;
                 }
             }
         }
         if self.leaving {
-            // Nobody left to take them: they drain, and their state ends here.
+            // Nobody left to take them: they are left, and their state ends here.
             let orphans: Vec<u32> = self
                 .held
                 .keys()
@@ -355,20 +414,109 @@ impl Coordinator {
         }
     }
 
-    /// Starts handing `partition` over to `to`: leaves its group; the rest follows its
-    /// last message ([`Coordinator::ended`]).
+    /// Starts handing `partition` over to `to`: asks it to prepare and, once the overlap
+    /// is over, leaves ([`Coordinator::prepared`]); with nobody to hand it to, leaves at
+    /// once.
     fn hand_over(&mut self, partition: u32, to: Option<String>) {
         let Some(held) = self.held.get_mut(&partition) else {
             return;
         };
         tracing::debug!(partition, ?to, "handing over");
-        held.leaving_to = Some(to);
-        held.leave.cancel();
         self.moving.insert(partition);
+        held.out = Some(Out {
+            to: to.clone(),
+            seen: HashMap::new(),
+        });
+        let Some(to) = to else {
+            held.subscription.leave.cancel();
+            return;
+        };
+        let ask = self.ask(&to);
+        let overlap = self.config.handover_overlap;
+        let handed = self.handed_tx.clone();
+        let prepare = HandOver {
+            partition,
+            prepare: true,
+            ..HandOver::default()
+        };
+        tokio::spawn(async move {
+            let ok = ask.run(prepare).await;
+            if ok {
+                tokio::time::sleep(overlap).await;
+            }
+            let _ = handed.send(Handed::Prepared { partition, ok }).await;
+        });
     }
 
-    /// Queues the take-over for the loop, then subscribes `partition`.
-    async fn take(&mut self, partition: u32, kind: InputKind, state: Bytes) {
+    /// Asking worker `to` about a hand-over.
+    fn ask(&self, to: &str) -> Ask {
+        Ask {
+            client: self.client.clone(),
+            subject: handover_subject(&self.prefix, &self.service, to),
+            from: self.me.clone(),
+            timeout: self.config.handover_timeout,
+        }
+    }
+
+    /// `partition`'s new owner prepared and the overlap is over: leave it (the rest
+    /// follows its end, [`Coordinator::ended`]). Not prepared: keep it, as if nothing
+    /// happened, and try again later.
+    fn prepared(&mut self, partition: u32, ok: bool) {
+        let Some(held) = self.held.get_mut(&partition) else {
+            return;
+        };
+        if ok {
+            held.subscription.leave.cancel();
+        } else {
+            tracing::debug!(partition, "the new owner did not prepare: kept here");
+            held.out = None;
+            self.moving.remove(&partition);
+            metrics::counter!(PARTITIONS_HANDED_TOTAL, "service" => self.service.clone(), "outcome" => "kept")
+                .increment(1);
+        }
+    }
+
+    /// Subscribes `partition`, plain; its messages come as [`Item`]s.
+    async fn subscribe(&mut self, partition: u32) -> Option<Subscription> {
+        let subject = partition_subject(&self.prefix, &self.service, partition);
+        let subscriber = match self.client.subscribe(format!("{subject}.>")).await {
+            Ok(subscriber) => subscriber,
+            Err(error) => {
+                tracing::error!(partition, %error, "cannot subscribe a partition");
+                return None;
+            }
+        };
+        let sub = self.next_sub;
+        self.next_sub += 1;
+        let leave = CancellationToken::new();
+        // What precedes the method in the partition's subjects: made once, not per request.
+        let method_prefix = format!("{subject}.");
+        let messages = subscriber
+            .take_until(leave.clone().cancelled_owned())
+            .map(move |message| {
+                let method = method_of(&message.subject, &method_prefix).to_owned();
+                let request = Incoming::new(method, message.payload, message.reply);
+                Item::Request {
+                    partition,
+                    sub,
+                    request,
+                }
+            })
+            .chain(stream::once(async move { Item::Ended { partition, sub } }));
+        self.streams.push(messages.boxed());
+        Some(Subscription { sub, leave })
+    }
+
+    /// Queues the take-over for the loop, then what was held for `partition` (all of it
+    /// but what `seen` covers), and serves it: on the subscription made for a prepare,
+    /// or a new one.
+    async fn take(
+        &mut self,
+        partition: u32,
+        kind: InputKind,
+        state: Bytes,
+        seen: Option<&HashMap<String, u64>>,
+    ) {
         let how = if kind == InputKind::Fresh {
             "fresh"
         } else {
@@ -376,69 +524,74 @@ impl Coordinator {
         };
         metrics::counter!(PARTITIONS_TAKEN_TOTAL, "service" => self.service.clone(), "how" => how)
             .increment(1);
-        if self
-            .out
+        if (self.out)
             .send(Incoming::partition(kind, partition, state, None))
             .await
             .is_err()
         {
             return; // the worker is gone
         }
-        let subject = partition_subject(&self.prefix, &self.service, partition);
-        let group = partition_group(&self.service, partition);
-        let connects = self
-            .client
-            .statistics()
-            .connects
-            .load(std::sync::atomic::Ordering::Relaxed);
-        // What precedes the method in the partition's subjects: made once, not per request.
-        let method_prefix = format!("{subject}.");
-        let subscriber = match self
-            .client
-            .queue_subscribe(format!("{subject}.>"), group.clone())
-            .await
-        {
-            Ok(subscriber) => subscriber,
-            Err(error) => {
-                tracing::error!(partition, %error, "cannot subscribe a partition");
-                return;
+        let subscription = match self.preparing.remove(&partition) {
+            Some(preparing) => {
+                if preparing.dropped > 0 {
+                    tracing::warn!(partition, dropped = preparing.dropped, "requests dropped while the partition's state was on its way (--handover-buffer)");
+                }
+                for request in preparing.held {
+                    if seen.is_none_or(|seen| !covered(seen, &request.payload)) {
+                        let _ = self.out.send(request).await;
+                    }
+                }
+                preparing.subscription
             }
-        };
-        let leave = CancellationToken::new();
-        let draining = Draining {
-            subscriber,
-            client: self.client.clone(),
-            subject: format!("{subject}.>"),
-            group,
-            stats: self.client.statistics(),
-            connects,
-            config: self.drain,
-        };
-        let messages = drain::until_drained(draining, leave.clone(), |_| {})
-            .map(move |message| {
-                let method = method_of(&message.subject, &method_prefix).to_owned();
-                Item::Request(Incoming::new(method, message.payload, message.reply))
-            })
-            .chain(stream::once(async move { Item::Ended(partition) }));
-        self.streams.push(messages.boxed());
-        self.held.insert(
-            partition,
-            Held {
-                leave,
-                leaving_to: None,
+            None => match self.subscribe(partition).await {
+                Some(subscription) => subscription,
+                None => return,
             },
-        );
+        };
+        let held = Held {
+            subscription,
+            out: None,
+        };
+        self.held.insert(partition, held);
         self.say();
     }
 
-    /// `partition`'s subscription has ended: everything the bus routed here is queued
-    /// for the loop. When it is being handed over, its state follows.
-    async fn ended(&mut self, partition: u32) {
-        let Some(held) = self.held.get(&partition) else {
+    /// A request of `partition`'s subscription `sub`: the loop's if held here (noted in
+    /// `seen` while handed away), held if prepared, dropped if let go.
+    async fn request(&mut self, partition: u32, sub: u64, request: Incoming<Subject>) {
+        if let Some(held) = self.held.get_mut(&partition)
+            && held.subscription.sub == sub
+        {
+            if let Some(out) = &mut held.out {
+                note(&mut out.seen, &request.payload);
+            }
+            let _ = self.out.send(request).await;
+        } else if let Some(preparing) = self.preparing.get_mut(&partition)
+            && preparing.subscription.sub == sub
+        {
+            if preparing.held.len() < self.config.handover_buffer {
+                preparing.held.push_back(request);
+            } else {
+                preparing.dropped += 1;
+                metrics::counter!(HANDOVER_OVERFLOW_TOTAL, "service" => self.service.clone())
+                    .increment(1);
+            }
+        }
+    }
+
+    /// `partition`'s subscription `sub` has ended: everything it took is queued for the
+    /// loop. When it is being handed over, its state and `seen` follow.
+    async fn ended(&mut self, partition: u32, sub: u64) {
+        let Some(held) = self.held.get_mut(&partition) else {
             return;
         };
-        let Some(Some(to)) = held.leaving_to.clone() else {
-            // Dropped (nobody to hand it to), or the connection closed under it.
+        if held.subscription.sub != sub {
+            return;
+        }
+        let handing = (held.out.as_mut())
+            .and_then(|out| Some((out.to.clone()?, std::mem::take(&mut out.seen))));
+        let Some((to, seen)) = handing else {
+            // Left (nobody to hand it to), or the connection closed under it.
             self.held.remove(&partition);
             self.moving.remove(&partition);
             self.say();
@@ -462,16 +615,11 @@ impl Coordinator {
         if self.out.send(marker).await.is_err() {
             return;
         }
-        let send = SendState {
-            client: self.client.clone(),
-            subject: handover_subject(&self.prefix, &self.service, &to),
-            from: self.me.clone(),
-            timeout: self.config.handover_timeout,
-        };
+        let ask = self.ask(&to);
         let handed = self.handed_tx.clone();
         tokio::spawn(async move {
-            let result = send.run(partition, state).await;
-            let _ = handed.send((partition, result)).await;
+            let result = ask.state(partition, state, seen).await;
+            let _ = handed.send(Handed::Done { partition, result }).await;
         });
     }
 
@@ -490,7 +638,7 @@ impl Coordinator {
                     "the new owner did not take the partition: kept here"
                 );
                 self.held.remove(&partition);
-                self.take(partition, InputKind::TakeOver, state).await;
+                self.take(partition, InputKind::TakeOver, state, None).await;
                 "kept"
             }
         };
@@ -498,7 +646,7 @@ impl Coordinator {
             .increment(1);
     }
 
-    /// A peer hands a partition over to this worker.
+    /// A peer hands a partition over to this worker: a prepare, or the state.
     async fn take_handed(&mut self, message: async_nats::Message) {
         let Some(reply) = message.reply else {
             return;
@@ -508,16 +656,58 @@ impl Coordinator {
             return answer(self.client.clone(), reply, REFUSED).await;
         };
         let partition = handover.partition;
-        if self.leaving || self.moving.contains(&partition) {
-            return answer(self.client.clone(), reply, REFUSED).await;
+        let taken = if handover.prepare {
+            self.prepare(partition).await
+        } else {
+            self.take_state(handover).await
+        };
+        answer(self.client.clone(), reply, if taken { b"" } else { REFUSED }).await;
+    }
+
+    /// A prepare: subscribes `partition` and holds what comes, unless this worker is
+    /// leaving or has the partition already, coming or going.
+    async fn prepare(&mut self, partition: u32) -> bool {
+        if self.leaving
+            || self.moving.contains(&partition)
+            || self.held.contains_key(&partition)
+            || self.preparing.contains_key(&partition)
+        {
+            return false;
         }
-        if self.held.contains_key(&partition) {
+        let Some(subscription) = self.subscribe(partition).await else {
+            return false;
+        };
+        // Answered once the server has the subscription.
+        if let Err(error) = self.client.flush().await {
+            tracing::debug!(partition, %error, "cannot flush a prepared partition's subscription");
+            subscription.leave.cancel();
+            return false;
+        }
+        let preparing = Preparing {
+            subscription,
+            since: Instant::now(),
+            held: VecDeque::new(),
+            dropped: 0,
+        };
+        self.preparing.insert(partition, preparing);
+        true
+    }
+
+    /// The state: taken, on the subscription a prepare made if there was one (never
+    /// refused then), else on a new one unless this worker is leaving or handing the
+    /// partition away.
+    async fn take_state(&mut self, handover: HandOver) -> bool {
+        let partition = handover.partition;
+        let prepared = self.preparing.contains_key(&partition);
+        if !prepared && (self.leaving || self.moving.contains(&partition)) {
+            return false;
+        }
+        if !prepared && self.held.contains_key(&partition) {
             // Two views disagreed for a moment: the state handed over replaces this one.
             tracing::warn!(partition, from = %handover.from, "handed a partition held here already");
             metrics::counter!(PARTITION_CONFLICTS_TOTAL, "service" => self.service.clone())
                 .increment(1);
-            let _ = self
-                .out
+            let _ = (self.out)
                 .send(Incoming::partition(
                     InputKind::TakeOver,
                     partition,
@@ -525,13 +715,34 @@ impl Coordinator {
                     None,
                 ))
                 .await;
-        } else {
-            tracing::debug!(partition, from = %handover.from, "taking a partition handed over");
-            self.take(partition, InputKind::TakeOver, handover.state)
-                .await;
+            return true;
         }
-        answer(self.client.clone(), reply, b"").await;
+        tracing::debug!(partition, from = %handover.from, prepared, "taking a partition handed over");
+        let seen: HashMap<String, u64> = handover.seen.into_iter().collect();
+        (self.take(partition, InputKind::TakeOver, handover.state, Some(&seen))).await;
+        true
     }
+}
+
+/// Notes request `payload`'s origin and seq in `seen`.
+fn note(seen: &mut HashMap<String, u64>, payload: &[u8]) {
+    let Ok(order) = RequestOrder::decode(payload) else {
+        return;
+    };
+    if order.origin.is_empty() {
+        return;
+    }
+    let highest = seen.entry(order.origin).or_default();
+    *highest = (*highest).max(order.seq);
+}
+
+/// Whether `seen` covers request `payload`: the old owner took it (or a later one of
+/// its origin).
+fn covered(seen: &HashMap<String, u64>, payload: &[u8]) -> bool {
+    RequestOrder::decode(payload).is_ok_and(|order| {
+        seen.get(&order.origin)
+            .is_some_and(|&highest| order.seq <= highest)
+    })
 }
 
 /// Answers a hand-over: empty when taken.
@@ -541,18 +752,45 @@ async fn answer(client: Client, reply: Subject, body: &'static [u8]) {
     }
 }
 
-/// Sending a partition's state to its new owner.
-struct SendState {
+/// Asking a partition's new owner.
+struct Ask {
     client: Client,
     subject: String,
     from: String,
     timeout: Duration,
 }
 
-impl SendState {
-    /// Waits for the state from the loop, and sends it; `Err` gives it back when the new
-    /// owner did not take it in time (or refused).
-    async fn run(self, partition: u32, mut state: Subscriber) -> Result<(), Bytes> {
+impl Ask {
+    /// Sends `handover` (with `from`); true when answered empty in time.
+    async fn run(&self, handover: HandOver) -> bool {
+        let handover = HandOver {
+            from: self.from.clone(),
+            ..handover
+        };
+        let partition = handover.partition;
+        let asked = tokio::time::timeout(
+            self.timeout,
+            (self.client).request(self.subject.clone(), handover.encode_to_vec().into()),
+        )
+        .await;
+        match asked {
+            Ok(Ok(answer)) => answer.payload.is_empty(),
+            Ok(Err(error)) => {
+                tracing::debug!(partition, %error, "hand-over not taken");
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Waits for the state from the loop, and sends it with `seen`; `Err` gives it back
+    /// when the new owner did not take it in time (or refused).
+    async fn state(
+        self,
+        partition: u32,
+        mut state: Subscriber,
+        seen: HashMap<String, u64>,
+    ) -> Result<(), Bytes> {
         // The loop answers after the partition's last request; a stuck loop would leave
         // the partition nowhere, so this waits as long as a request may.
         let Some(state) = state.next().await else {
@@ -561,22 +799,53 @@ impl SendState {
         let handover = HandOver {
             partition,
             state: state.payload.clone(),
-            from: self.from,
+            seen: seen.into_iter().collect(),
+            ..HandOver::default()
         };
-        let asked = tokio::time::timeout(
-            self.timeout,
-            self.client
-                .request(self.subject, handover.encode_to_vec().into()),
-        )
-        .await;
-        match asked {
-            Ok(Ok(answer)) if answer.payload.is_empty() => Ok(()),
-            Ok(Ok(_)) => Err(state.payload),
-            Ok(Err(error)) => {
-                tracing::debug!(partition, %error, "hand-over not taken");
-                Err(state.payload)
-            }
-            Err(_) => Err(state.payload),
+        if self.run(handover).await {
+            Ok(())
+        } else {
+            Err(state.payload)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::rpc::RpcRequest;
+
+    fn request(origin: &str, seq: u64) -> Vec<u8> {
+        RpcRequest {
+            route: "arena.input".into(),
+            key: "m1".into(),
+            origin: origin.into(),
+            seq,
+            ..RpcRequest::default()
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn seen_covers_what_the_old_owner_took_and_nothing_after() {
+        let mut seen = HashMap::new();
+        for (origin, seq) in [("g.1", 3), ("g.1", 5), ("g.2", 9), ("", 4)] {
+            note(&mut seen, &request(origin, seq));
+        }
+        assert_eq!(seen.len(), 2, "a request without an origin is not noted");
+        assert_eq!(seen["g.1"], 5);
+        assert!(covered(&seen, &request("g.1", 5)));
+        assert!(covered(&seen, &request("g.1", 1)));
+        assert!(!covered(&seen, &request("g.1", 6)));
+        assert!(covered(&seen, &request("g.2", 9)));
+        assert!(
+            !covered(&seen, &request("g.3", 1)),
+            "an origin the old owner never saw"
+        );
+        assert!(
+            !covered(&seen, &request("", 1)),
+            "a request without an origin is kept"
+        );
+        assert!(!covered(&seen, b"\xff\xff"), "nor is one that does not decode");
     }
 }
