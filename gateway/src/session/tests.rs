@@ -688,7 +688,10 @@ async fn keyed_requests_behind_one_that_found_no_worker_wait_and_keep_their_orde
         .unwrap();
     let mut client = connect(&cx, client::Handshake::default()).await;
     keyed_request(&mut client, 1, "m").await;
-    assert_eq!(published(&cx.bus.written().await).len(), 1);
+    let sent = published(&cx.bus.written().await);
+    assert_eq!(sent.len(), 1);
+    let origin = sent[0].1.rsplit_once('.').unwrap().0.to_owned();
+    assert_eq!(origin, format!("shaddock.gw.g1.{}", client.sid));
     // The partition is moving: no worker for request 1.
     let reply = WorkerReply::NoResponders;
     cx.sessions
@@ -711,4 +714,11 @@ async fn keyed_requests_behind_one_that_found_no_worker_wait_and_keep_their_orde
     let again = published(&cx.bus.written().await);
     assert_eq!(ids(&again), ["1", "2", "3"]);
     assert!(start.elapsed() >= Duration::from_millis(90));
+    // Every publish of a keyed request is numbered, rising in publish order, the session's
+    // reply prefix its origin (docs/workers.md, "Hand-over").
+    let order: Vec<(&str, u64)> = (sent.iter().chain(&first).chain(&again))
+        .map(|(_, _, req)| (req.origin.as_str(), req.seq))
+        .collect();
+    let o = origin.as_str();
+    assert_eq!(order, [(o, 1), (o, 2), (o, 3), (o, 4), (o, 5)]);
 }

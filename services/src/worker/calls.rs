@@ -272,6 +272,19 @@ mod tests {
     }
 
     #[test]
+    fn keyed_calls_are_numbered_by_their_ids_and_others_not() {
+        let callees = Callees::default();
+        announce(&callees, "profile", Some((16, "")));
+        let mut keyed = call("profile.get", "ann", None);
+        let (_, reply) = subjects("p", "p.call.w1.", &callees, 41, &mut keyed).unwrap();
+        assert_eq!(reply, "p.call.w1.41");
+        assert_eq!((keyed.origin.as_str(), keyed.seq), ("p.call.w1", 41));
+        let mut plain = call("echo.raw", "", ann());
+        subjects("p", "p.call.w1.", &callees, 42, &mut plain).unwrap();
+        assert_eq!((plain.origin.as_str(), plain.seq), ("", 0));
+    }
+
+    #[test]
     fn a_keyed_call_without_a_usable_key_is_refused_400() {
         let callees = Callees::default();
         announce(&callees, "profile", Some((16, "")));

@@ -137,8 +137,14 @@ struct Preparing {
 /// What a hand-over's task reports: `partition` prepared (the overlap over) or not, or
 /// handed over (or its state back, not taken).
 enum Handed {
-    Prepared { partition: u32, ok: bool },
-    Done { partition: u32, result: Result<(), Bytes> },
+    Prepared {
+        partition: u32,
+        ok: bool,
+    },
+    Done {
+        partition: u32,
+        result: Result<(), Bytes>,
+    },
 }
 
 impl Keyed {
@@ -317,9 +323,7 @@ impl Coordinator {
                 },
             }
         }
-        tracing::info!(
-            "no partition left: each handed over, or left with nobody to take it"
-        );
+        tracing::info!("no partition left: each handed over, or left with nobody to take it");
     }
 
     /// A peer's heartbeat. A newcomer hears this worker's at once, so it need not wait
@@ -375,7 +379,8 @@ impl Coordinator {
         let config = &self.config;
         // Longer than a dead old owner takes to be counted dead: then this worker takes
         // the partition fresh, with what it held.
-        let wait = config.handover_overlap + config.handover_timeout * 2 + config.keyed_member_timeout;
+        let wait =
+            config.handover_overlap + config.handover_timeout * 2 + config.keyed_member_timeout;
         let now = Instant::now();
         self.preparing.retain(|partition, preparing| {
             let fresh = now.duration_since(preparing.since) < wait;
@@ -534,7 +539,11 @@ impl Coordinator {
         let subscription = match self.preparing.remove(&partition) {
             Some(preparing) => {
                 if preparing.dropped > 0 {
-                    tracing::warn!(partition, dropped = preparing.dropped, "requests dropped while the partition's state was on its way (--handover-buffer)");
+                    tracing::warn!(
+                        partition,
+                        dropped = preparing.dropped,
+                        "requests dropped while the partition's state was on its way (--handover-buffer)"
+                    );
                 }
                 for request in preparing.held {
                     if seen.is_none_or(|seen| !covered(seen, &request.payload)) {
@@ -661,7 +670,12 @@ impl Coordinator {
         } else {
             self.take_state(handover).await
         };
-        answer(self.client.clone(), reply, if taken { b"" } else { REFUSED }).await;
+        answer(
+            self.client.clone(),
+            reply,
+            if taken { b"" } else { REFUSED },
+        )
+        .await;
     }
 
     /// A prepare: subscribes `partition` and holds what comes, unless this worker is
@@ -846,6 +860,9 @@ mod tests {
             !covered(&seen, &request("", 1)),
             "a request without an origin is kept"
         );
-        assert!(!covered(&seen, b"\xff\xff"), "nor is one that does not decode");
+        assert!(
+            !covered(&seen, b"\xff\xff"),
+            "nor is one that does not decode"
+        );
     }
 }
