@@ -256,22 +256,33 @@ impl Link {
             return;
         }
         for slot in slots {
-            let frame = self.encode(slot + 1, &payload.body(slot));
-            self.outbox.push_back(frame);
-            self.in_flight.push(slot, now);
+            match self.encode(slot + 1, &payload.body(slot)) {
+                Some(frame) => {
+                    self.outbox.push_back(frame);
+                    self.in_flight.push(slot, now);
+                }
+                None => {
+                    // Counted as failed, never sent as something else.
+                    let outcome = Outcome {
+                        scheduled: plan.schedule.at(slot),
+                        sent: now,
+                        received: now,
+                        answer: Answer::Failed("the body is not JSON"),
+                    };
+                    rec.end(slot, outcome);
+                }
+            }
         }
     }
 
     /// `Packet{request: Request{id, route, body}}` in the session's encoding, by the
     /// protocol's one encoder ([`proto::frame`]). A JSON session's bodies are JSON
-    /// values, as the SDK sends typed bodies.
-    fn encode(&self, id: u64, body: &[u8]) -> Message {
+    /// values, as the SDK sends typed bodies: `None` for one that is not.
+    fn encode(&self, id: u64, body: &[u8]) -> Option<Message> {
         let route = &*self.route;
-        match self.codec {
+        Some(match self.codec {
             Codec::Protobuf => Message::Binary(frame::request(id, route, "", body)),
-            Codec::Json => {
-                Message::text(frame::request_json(id, route, "", body).unwrap_or_default())
-            }
+            Codec::Json => Message::text(frame::request_json(id, route, "", body).ok()?),
             Codec::Pomelo => Message::Binary(wire::encode_message(&wire::Message {
                 kind: MessageKind::Request(id),
                 route: Route::Name(route),
@@ -279,7 +290,7 @@ impl Link {
                 gzip: false,
                 body,
             })),
-        }
+        })
     }
 
     fn heartbeat(&mut self) {
