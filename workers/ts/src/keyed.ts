@@ -18,11 +18,11 @@
  *      hand-over timeout: stop noting, keep the partition, try again at a later
  *      heartbeat;
  *   2. keep serving the partition for the overlap;
- *   3. unsubscribe it outright, and queue the hand-over for the loop, whose answer (the
- *      state, after the partition's last request here) is
- *   4. sent with `seen`. An empty answer means the new owner has taken it. No answer in
- *      time: this worker takes the partition back with that state (subscribing it
- *      again), and tries again later.
+ *   3. unsubscribe it outright, and queue the hand-over for the loop, which answers
+ *      the state after the partition's last request here;
+ *   4. send the state with `seen`. An empty answer means the new owner has taken it.
+ *      No answer in time: this worker takes the partition back with that state
+ *      (subscribing it again), and tries again later.
  * - **Take a hand-over**: on `prepare`, subscribe the partition and hold what arrives
  *   (at most the hand-over buffer; past it, drop and count), answering empty once the
  *   server has the subscription; refuse (non-empty) when leaving, or holding, preparing
