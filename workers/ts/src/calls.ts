@@ -13,6 +13,10 @@
  * caller's deadline (or the call timeout), and the call times out then. The callee's
  * answer comes back with the spans it reported (`RpcResponse.calls`). At most
  * `maxCalls` are in flight.
+ *
+ * A call to a keyed service carries its order (docs/workers.md, "Hand-over"): `origin`
+ * `<prefix>.call.<worker id>`, and as `seq` its call id, which rises with each call in
+ * the order they are published.
  */
 import { randomBytes } from "node:crypto";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
@@ -42,6 +46,8 @@ interface InFlight {
 export class Calls {
   readonly #nc: NatsConnection;
   readonly #routes: Routes;
+  /** `<prefix>.call.<worker id>`: a keyed call's `origin`. */
+  readonly #origin: string;
   /** `<prefix>.call.<worker id>.`: a call's reply subject is this and its id. */
   readonly #replyPrefix: string;
   readonly #max: number;
@@ -54,7 +60,8 @@ export class Calls {
   constructor(nc: NatsConnection, prefix: string, limits: { max: number; timeoutMs: number }, deadlines: Deadlines) {
     this.#nc = nc;
     this.#routes = new Routes(nc, prefix);
-    this.#replyPrefix = `${prefix}.call.${randomBytes(8).toString("hex")}.`;
+    this.#origin = `${prefix}.call.${randomBytes(8).toString("hex")}`;
+    this.#replyPrefix = `${this.#origin}.`;
     this.#max = limits.max;
     this.#timeoutMs = limits.timeoutMs;
     this.#deadlines = deadlines;
@@ -98,7 +105,9 @@ export class Calls {
     if (destination instanceof CallResult) return destination;
     if (this.#inFlight.size >= this.#max) return CallResult.refusal(Status.UNAVAILABLE, CallFailure.TOO_MANY);
     if (left <= 0) return CallResult.refusal(Status.TIMEOUT, CallFailure.TIMED_OUT);
+    // Published at once, in id order: the id is a keyed call's `seq`.
     const id = this.#next++;
+    const keyed = destination.key !== undefined;
     const request = create(RpcRequestSchema, {
       route: call.route,
       body: call.body,
@@ -108,6 +117,8 @@ export class Calls {
       // Whole milliseconds, rounded up: at least 1, since 0 says "unknown".
       timeoutMs: Math.min(MAX_TIMEOUT_MS, Math.ceil(left)),
       trace: [...call.trace],
+      origin: keyed ? this.#origin : "",
+      seq: keyed ? BigInt(id) : 0n,
     });
     try {
       this.#nc.publish(destination.subject, toBinary(RpcRequestSchema, request), {

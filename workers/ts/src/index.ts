@@ -10,6 +10,8 @@ export type { Body, ContextOptions, Outbound } from "./context.js";
 export { HandlerError } from "./errors.js";
 export { Status } from "./gen/status_pb.js";
 export {
+  DEFAULT_HANDOVER_BUFFER,
+  DEFAULT_HANDOVER_OVERLAP_MS,
   DEFAULT_HANDOVER_TIMEOUT_MS,
   DEFAULT_KEYED_HEARTBEAT_MS,
   DEFAULT_KEYED_MEMBER_TIMEOUT_MS,

@@ -5,57 +5,84 @@
  *
  * The worker says every heartbeat on `<prefix>.keyed.<service>.members` that it lives,
  * what it holds and whether it is leaving (and at once when that changes, or when it
- * hears a new peer), hears its peers there, asks `Members` what to do, and does it:
+ * hears a new peer), hears its peers there, asks `Members` what to do, and does it. A
+ * partition's owner subscribes `<prefix>.svc.<service>.p<N>.>` plain (no queue group),
+ * so while a partition moves both its old and its new owner receive its requests.
  *
  * - **Take fresh**: queue the take-over (no state) for the loop, then subscribe the
- *   partition, `<prefix>.svc.<service>.p<N>.>` in queue group `<service>.p<N>`. The
- *   loop runs the take-over before any of the partition's requests.
- * - **Hand over** to its owner: drain the partition's subscription (UNSUB, and every
- *   message the bus routed here until the PING after it comes back is still queued), so
- *   nothing is lost; then queue the hand-over for the loop, whose answer (the state,
- *   after the partition's last request here) is sent as a `HandOver` request to
- *   `<prefix>.keyed.<service>.handover.<owner>`. An empty answer means the new owner
- *   has queued the state and subscribed. A refusal, or no answer within the hand-over
- *   timeout: this worker takes the partition back with that state, and tries again at
- *   a later heartbeat. Meanwhile the gates' requests for the partition find no
- *   responders and are sent again until it is served.
- * - **Take a hand-over**: queue the take-over with the state, subscribe, answer empty.
- *   A leaving worker, or one handing that partition away itself, refuses (non-empty).
+ *   partition. The loop runs the take-over before any of the partition's requests.
+ * - **Hand over** to its owner, as two `HandOver` requests to
+ *   `<prefix>.keyed.<service>.handover.<owner>` (docs/workers.md, "Hand-over"):
+ *   1. start noting `seen` (per origin, the highest `seq` of the partition's requests
+ *      taken from now on) and send `prepare`. A refusal, or no answer within the
+ *      hand-over timeout: stop noting, keep the partition, try again at a later
+ *      heartbeat;
+ *   2. keep serving the partition for the overlap;
+ *   3. unsubscribe it outright, and queue the hand-over for the loop, which answers
+ *      the state after the partition's last request here;
+ *   4. send the state with `seen`. An empty answer means the new owner has taken it.
+ *      No answer in time: this worker takes the partition back with that state
+ *      (subscribing it again), and tries again later.
+ * - **Take a hand-over**: on `prepare`, subscribe the partition and hold what arrives
+ *   (at most the hand-over buffer; past it, drop and count), answering empty once the
+ *   server has the subscription; refuse (non-empty) when leaving, or holding, preparing
+ *   or handing away that partition. Then, on the state: queue the take-over with it,
+ *   then every held request `seen` does not cover, in the order received, and serve
+ *   the partition; answer empty (never a refusal after a prepare). A state with no
+ *   prepare before it is taken as a take-over and a subscription. A prepared partition
+ *   whose state does not come within the overlap plus twice the hand-over timeout is
+ *   let go (its old owner kept it and served what was held here); one taken fresh
+ *   meanwhile (its old owner died) is taken with no state, then everything held.
  *
  * At shutdown (`leave`) the worker says it is leaving, hands every partition to its
  * owner among the others, and ends once it holds none; with nobody left to take them,
- * its partitions just drain and their state ends with it.
+ * it unsubscribes its partitions, and their state ends with it.
  */
 import { randomBytes } from "node:crypto";
+import { setTimeout as delay } from "node:timers/promises";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
+import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { HandOver, KeyedMember } from "./gen/rpc_pb.js";
-import { HandOverSchema, KeyedMemberSchema } from "./gen/rpc_pb.js";
+import { HandOverSchema, KeyedMemberSchema, RequestOrderSchema } from "./gen/rpc_pb.js";
 import { Members } from "./ownership.js";
-import { handoverSubject, membersSubject, partitionGroup, partitionSubject } from "./subjects.js";
+import { handoverSubject, membersSubject, partitionSubject } from "./subjects.js";
 
 /** Default heartbeat: how often a keyed worker tells its peers it lives and what it holds. */
 export const DEFAULT_KEYED_HEARTBEAT_MS = 500;
 /** Default member timeout: a peer unheard for longer is dead (more than two heartbeats). */
 export const DEFAULT_KEYED_MEMBER_TIMEOUT_MS = 2_000;
-/** Default hand-over timeout: how long the old owner waits for the new one to take a partition. */
+/** Default hand-over timeout: how long the old owner waits for each answer of the new one. */
 export const DEFAULT_HANDOVER_TIMEOUT_MS = 2_000;
+/** Default overlap: how long the old owner serves a partition after the new one has subscribed it. */
+export const DEFAULT_HANDOVER_OVERLAP_MS = 200;
+/** Default hand-over buffer: requests a new owner holds per partition while it waits for the state. */
+export const DEFAULT_HANDOVER_BUFFER = 4096;
 
 /** What a refusing worker answers a hand-over with: anything non-empty. */
 const REFUSED = new TextEncoder().encode("refused");
+const DONE = new Uint8Array();
 
 /** A keyed worker's timings, in milliseconds. */
 export interface KeyedTimes {
   readonly heartbeatMs: number;
   readonly memberTimeoutMs: number;
   readonly handoverTimeoutMs: number;
+  readonly handoverOverlapMs: number;
+}
+
+/** A keyed worker's settings: its timings, and what it holds of a partition it prepares to take. */
+export interface KeyedSettings extends KeyedTimes {
+  /** Requests held per prepared partition at most; past it they are dropped (and counted). */
+  readonly handoverBuffer: number;
 }
 
 /** Checks that a live worker, heard every heartbeat, is never counted dead. */
 export function checkKeyedTimes(times: KeyedTimes): void {
-  const { heartbeatMs, memberTimeoutMs, handoverTimeoutMs } = times;
+  const { heartbeatMs, memberTimeoutMs, handoverTimeoutMs, handoverOverlapMs } = times;
   if (!(heartbeatMs > 0)) throw new Error(`the keyed heartbeat must be positive, not ${heartbeatMs}`);
   if (!(handoverTimeoutMs > 0)) throw new Error(`the hand-over timeout must be positive, not ${handoverTimeoutMs}`);
+  if (!(handoverOverlapMs >= 0)) throw new Error(`the hand-over overlap must be 0 or more, not ${handoverOverlapMs}`);
   if (!(memberTimeoutMs > 2 * heartbeatMs)) {
     const why = `must be more than two heartbeats (${heartbeatMs} ms)`;
     throw new Error(`the keyed member timeout (${memberTimeoutMs} ms) ${why}`);
@@ -66,7 +93,7 @@ export function checkKeyedTimes(times: KeyedTimes): void {
 export interface KeyedStats {
   /** Partitions taken with no state (nobody held them, or their holder died). */
   takenFresh: number;
-  /** Partitions taken with the state a peer handed over (or taken back after a refusal). */
+  /** Partitions taken with the state a peer handed over (or taken back when unanswered). */
   takenHanded: number;
   /** Partitions handed over to their new owner. */
   handedOk: number;
@@ -74,6 +101,8 @@ export interface KeyedStats {
   handedKept: number;
   /** Times a peer said it held a partition held here too (settled by hand-over). */
   conflicts: number;
+  /** Requests dropped while preparing to take a partition: its hand-over buffer was full. */
+  handoverOverflow: number;
 }
 
 /** A keyed worker as its peers see it. */
@@ -82,8 +111,10 @@ export interface KeyedView {
   readonly id: string;
   /** The partitions it holds, ascending (those being handed over among them). */
   readonly held: readonly number[];
-  /** The partitions it is handing over (left, their new owner has not taken them yet). */
+  /** The partitions it is handing over (prepared or left, their new owner has not taken them yet). */
   readonly moving: readonly number[];
+  /** The partitions it prepares to take: subscribed, holding their requests until the state comes. */
+  readonly preparing: readonly number[];
   /** Whether it is leaving (draining). */
   readonly leaving: boolean;
   readonly stats: Readonly<KeyedStats>;
@@ -100,20 +131,82 @@ export interface PartitionHost {
   onError(error: unknown, where: string): void;
 }
 
+/** A request received on a partition's subscription, and its method. */
+interface Request {
+  readonly msg: Msg;
+  readonly method: string;
+}
+
+/** A partition held here. */
+interface Held {
+  /** Its subscription (unsubscribed once the partition has left, its state on its way). */
+  readonly sub: Subscription;
+  /** While it is handed away: per origin, the highest `seq` of its requests taken since the prepare. */
+  seen: Map<string, bigint> | undefined;
+}
+
+/** A partition this worker prepares to take: subscribed, holding what it receives. */
+interface Prepared {
+  readonly sub: Subscription;
+  readonly held: Request[];
+  /** Requests dropped: the buffer was full. */
+  dropped: number;
+  /** Lets the partition go if its state does not come. */
+  readonly expiry: NodeJS.Timeout;
+}
+
+/** Per origin, the highest `seq` of a partition's requests its old owner took. */
+type Seen = ReadonlyMap<string, bigint>;
+
+/** A request's origin and place in it; `undefined` without an origin (or when it does not decode). */
+function orderOf(payload: Uint8Array): { origin: string; seq: bigint } | undefined {
+  try {
+    const { origin, seq } = fromBinary(RequestOrderSchema, payload);
+    return origin === "" ? undefined : { origin, seq };
+  } catch {
+    return undefined;
+  }
+}
+
+/** Notes the request `payload` in `seen`: its seq is its origin's highest so far. */
+function noteSeen(seen: Map<string, bigint>, payload: Uint8Array): void {
+  const order = orderOf(payload);
+  if (order === undefined) return;
+  const highest = seen.get(order.origin);
+  if (highest === undefined || order.seq > highest) seen.set(order.origin, order.seq);
+}
+
+/** Whether the old owner, which took what `seen` says, did not take the request `payload`. */
+function unseen(seen: Seen, payload: Uint8Array): boolean {
+  const order = orderOf(payload);
+  if (order === undefined) return true;
+  const highest = seen.get(order.origin);
+  return highest === undefined || order.seq > highest;
+}
+
 /** A keyed service's partitions on this worker; see the module docs. */
 export class Partitions {
   readonly id = randomBytes(8).toString("hex");
-  readonly stats: KeyedStats = { takenFresh: 0, takenHanded: 0, handedOk: 0, handedKept: 0, conflicts: 0 };
+  readonly stats: KeyedStats = {
+    takenFresh: 0,
+    takenHanded: 0,
+    handedOk: 0,
+    handedKept: 0,
+    conflicts: 0,
+    handoverOverflow: 0,
+  };
   readonly #nc: NatsConnection;
   readonly #prefix: string;
   readonly #service: string;
   readonly #host: PartitionHost;
-  readonly #times: KeyedTimes;
+  readonly #settings: KeyedSettings;
   readonly #members: Members;
-  /** The partitions held here, with their subscriptions (draining while moving). */
-  readonly #held = new Map<number, Subscription>();
-  /** Partitions on their way out: left, state not yet taken by the new owner. */
+  /** The partitions held here (those being handed away among them). */
+  readonly #held = new Map<number, Held>();
+  /** Partitions on their way out: prepared or left, not yet taken by the new owner. */
   readonly #moving = new Set<number>();
+  /** Partitions on their way in: prepared, their state not come yet. */
+  readonly #preparing = new Map<number, Prepared>();
   readonly #subs: Subscription[] = [];
   #leaving = false;
   #stopped = false;
@@ -128,15 +221,15 @@ export class Partitions {
     service: string,
     partitions: number,
     host: PartitionHost,
-    times: KeyedTimes,
+    settings: KeyedSettings,
   ) {
-    checkKeyedTimes(times);
+    checkKeyedTimes(settings);
     this.#nc = nc;
     this.#prefix = prefix;
     this.#service = service;
     this.#host = host;
-    this.#times = times;
-    const memberTimes = { timeoutMs: times.memberTimeoutMs, listenMs: 2 * times.heartbeatMs };
+    this.#settings = settings;
+    const memberTimes = { timeoutMs: settings.memberTimeoutMs, listenMs: 2 * settings.heartbeatMs };
     this.#members = new Members(this.id, partitions, memberTimes, performance.now());
   }
 
@@ -145,7 +238,8 @@ export class Partitions {
     return {
       id: this.id,
       held: this.#heldList(),
-      moving: [...this.#moving].sort((a, b) => a - b),
+      moving: ascending(this.#moving),
+      preparing: ascending(this.#preparing.keys()),
       leaving: this.#leaving,
       stats: { ...this.stats },
     };
@@ -165,15 +259,16 @@ export class Partitions {
       this.#subs.push(sub);
     };
     listen(membersSubject(this.#prefix, this.#service), (msg) => this.#heard(msg.data));
-    listen(handoverSubject(this.#prefix, this.#service, this.id), (msg) => this.#takeHanded(msg));
-    this.#timer = setInterval(() => this.#tick(), this.#times.heartbeatMs);
+    listen(handoverSubject(this.#prefix, this.#service, this.id), (msg) => this.#handedOver(msg));
+    this.#timer = setInterval(() => this.#tick(), this.#settings.heartbeatMs);
     this.#publishHeartbeat();
     void this.#nc.closed().then(() => this.#stop());
   }
 
   /**
    * Says it is leaving, hands every partition over to its owner among the others (or
-   * drains it when there is none), and resolves once it holds none. Idempotent.
+   * unsubscribes it when there is none), and resolves once it holds and prepares none.
+   * Idempotent.
    */
   leave(): Promise<void> {
     this.#left ??= this.#leave();
@@ -194,6 +289,8 @@ export class Partitions {
     if (this.#stopped) return;
     this.#stopped = true;
     clearInterval(this.#timer);
+    for (const prepared of this.#preparing.values()) clearTimeout(prepared.expiry);
+    this.#preparing.clear();
     this.#held.clear();
     this.#moving.clear();
     if (!this.#nc.isClosed()) {
@@ -204,7 +301,7 @@ export class Partitions {
   }
 
   #heldList(): number[] {
-    return [...this.#held.keys()].sort((a, b) => a - b);
+    return ascending(this.#held.keys());
   }
 
   /** Every heartbeat: say it, count the silent peers dead, and act. */
@@ -270,72 +367,126 @@ export class Partitions {
       else this.#take(step.partition, undefined);
     }
     if (this.#leaving) {
-      // Nobody left to take them: they drain, and their state ends here.
       for (const partition of held) {
         if (!this.#moving.has(partition) && this.#members.owner(partition, true) === undefined) {
-          this.#handOver(partition, undefined);
+          this.#drop(partition);
         }
       }
     }
   }
 
-  /** Queues the take-over for the loop, then subscribes `partition`. */
-  #take(partition: number, state: Uint8Array | undefined): void {
-    if (state === undefined) this.stats.takenFresh += 1;
-    else this.stats.takenHanded += 1;
-    this.#host.takeOver(partition, state);
+  /** Subscribes `partition` (plain): what arrives goes where the partition's stage says. */
+  #subscribe(partition: number): Subscription {
     const subject = partitionSubject(this.#prefix, this.#service, partition);
     const methodAt = subject.length + 1;
+    return this.#nc.subscribe(`${subject}.>`, {
+      callback: (error, msg) => {
+        if (error === null) this.#received(partition, { msg, method: msg.subject.slice(methodAt) });
+      },
+    });
+  }
+
+  /** A partition's request: held while preparing, else taken (and noted while handed away). */
+  #received(partition: number, request: Request): void {
+    const prepared = this.#preparing.get(partition);
+    if (prepared !== undefined) {
+      this.#hold(partition, prepared, request);
+      return;
+    }
+    const held = this.#held.get(partition);
+    if (held === undefined) return;
+    if (held.seen !== undefined) noteSeen(held.seen, request.msg.data);
+    this.#host.offer(request.msg, request.method);
+  }
+
+  /** Holds a prepared partition's request, or drops it when the buffer is full. */
+  #hold(partition: number, prepared: Prepared, request: Request): void {
+    if (prepared.held.length < this.#settings.handoverBuffer) {
+      prepared.held.push(request);
+      return;
+    }
+    prepared.dropped += 1;
+    this.stats.handoverOverflow += 1;
+    if (prepared.dropped === 1) {
+      const why = `${prepared.held.length} requests held for its hand-over: dropping more until its state comes`;
+      this.#host.onError(new Error(`partition ${partition}: ${why}`), "keyed");
+    }
+  }
+
+  /** Takes `partition` (fresh, or back after an unanswered hand-over), adopting it if prepared. */
+  #take(partition: number, state: Uint8Array | undefined): void {
+    const prepared = this.#preparing.get(partition);
+    if (prepared !== undefined) {
+      // Its old owner died mid-hand-over: none of what was held here was served.
+      this.#adopt(partition, prepared, state, new Map());
+      return;
+    }
+    this.#takenOver(partition, state);
     try {
-      const sub = this.#nc.subscribe(`${subject}.>`, {
-        queue: partitionGroup(this.#service, partition),
-        callback: (error, msg) => {
-          if (error === null) this.#host.offer(msg, msg.subject.slice(methodAt));
-        },
-      });
-      this.#held.set(partition, sub);
+      this.#held.set(partition, { sub: this.#subscribe(partition), seen: undefined });
     } catch (error) {
       this.#host.onError(error, `cannot subscribe partition ${partition}`);
     }
     this.#sayChanged();
   }
 
-  /** Starts handing `partition` over to `to` (`undefined`: nobody, it just drains). */
-  #handOver(partition: number, to: string | undefined): void {
-    const sub = this.#held.get(partition);
-    if (sub === undefined || this.#moving.has(partition)) return;
-    this.#moving.add(partition);
-    void this.#move(partition, sub, to);
+  /**
+   * Serves a prepared partition: its take-over, then every held request `seen` does not
+   * cover, in the order received, then what arrives.
+   */
+  #adopt(partition: number, prepared: Prepared, state: Uint8Array | undefined, seen: Seen): void {
+    this.#preparing.delete(partition);
+    clearTimeout(prepared.expiry);
+    this.#takenOver(partition, state);
+    this.#held.set(partition, { sub: prepared.sub, seen: undefined });
+    for (const { msg, method } of prepared.held) {
+      if (unseen(seen, msg.data)) this.#host.offer(msg, method);
+    }
+    this.#sayChanged();
   }
 
-  async #move(partition: number, sub: Subscription, to: string | undefined): Promise<void> {
-    try {
-      // UNSUB; whatever the bus routed here before it is still queued.
-      await sub.drain();
-    } catch (error) {
-      this.#host.onError(error, `draining partition ${partition}`);
-    }
-    if (to === undefined) {
-      this.#held.delete(partition);
+  /** Queues the take-over of `partition` for the loop, and counts it. */
+  #takenOver(partition: number, state: Uint8Array | undefined): void {
+    if (state === undefined) this.stats.takenFresh += 1;
+    else this.stats.takenHanded += 1;
+    this.#host.takeOver(partition, state);
+  }
+
+  /** Nobody is left to take `partition`: unsubscribed, and its state ends here. */
+  #drop(partition: number): void {
+    this.#held.get(partition)?.sub.unsubscribe();
+    this.#held.delete(partition);
+    this.#sayChanged();
+    this.#settle();
+  }
+
+  /** Starts handing `partition` over to `to`, its owner. */
+  #handOver(partition: number, to: string): void {
+    const held = this.#held.get(partition);
+    if (held === undefined || this.#moving.has(partition)) return;
+    this.#moving.add(partition);
+    void this.#move(partition, held, to);
+  }
+
+  /** The old owner's side of a hand-over; see the module docs. */
+  async #move(partition: number, held: Held, to: string): Promise<void> {
+    const subject = handoverSubject(this.#prefix, this.#service, to);
+    const seen = new Map<string, bigint>();
+    held.seen = seen;
+    const prepared = await this.#ask(subject, { partition, from: this.id, prepare: true });
+    if (this.#stopped) return;
+    if (!prepared) {
+      held.seen = undefined;
       this.#moving.delete(partition);
-      this.#sayChanged();
-      this.#settle();
+      this.#kept(partition, to);
       return;
     }
+    await delay(this.#settings.handoverOverlapMs);
+    if (this.#stopped) return;
+    held.sub.unsubscribe();
     // The loop answers after the partition's last request here.
     const state = await this.#host.handOver(partition);
-    const handover = create(HandOverSchema, { partition, state, from: this.id });
-    let taken = false;
-    try {
-      const answer = await this.#nc.request(
-        handoverSubject(this.#prefix, this.#service, to),
-        toBinary(HandOverSchema, handover),
-        { timeout: this.#times.handoverTimeoutMs },
-      );
-      taken = answer.data.length === 0;
-    } catch {
-      // No answer in time, nobody there, or the connection closed: kept here.
-    }
+    const taken = await this.#ask(subject, { partition, from: this.id, state, seen: Object.fromEntries(seen) });
     if (this.#stopped) return;
     this.#moving.delete(partition);
     this.#held.delete(partition);
@@ -343,15 +494,31 @@ export class Partitions {
       this.stats.handedOk += 1;
       this.#sayChanged();
     } else {
-      this.stats.handedKept += 1;
-      this.#host.onError(new Error(`worker ${to} did not take partition ${partition}: kept here`), "keyed");
+      this.#kept(partition, to);
       this.#take(partition, state);
     }
     this.#settle();
   }
 
-  /** A peer hands a partition over to this worker. */
-  #takeHanded(msg: Msg): void {
+  /** Sends a hand-over request: true when answered empty, false when refused or unanswered in time. */
+  async #ask(subject: string, handover: MessageInitShape<typeof HandOverSchema>): Promise<boolean> {
+    try {
+      const payload = toBinary(HandOverSchema, create(HandOverSchema, handover));
+      const answer = await this.#nc.request(subject, payload, { timeout: this.#settings.handoverTimeoutMs });
+      return answer.data.length === 0;
+    } catch {
+      // No answer in time, nobody there, or the connection closed.
+      return false;
+    }
+  }
+
+  #kept(partition: number, to: string): void {
+    this.stats.handedKept += 1;
+    this.#host.onError(new Error(`worker ${to} did not take partition ${partition}: kept here`), "keyed");
+  }
+
+  /** A peer's hand-over request: a prepare, or the state. */
+  #handedOver(msg: Msg): void {
     if (!msg.reply) return;
     let handover: HandOver;
     try {
@@ -361,11 +528,45 @@ export class Partitions {
       this.#answer(msg, REFUSED);
       return;
     }
-    const { partition, state } = handover;
-    if (this.#leaving || this.#stopped || this.#moving.has(partition) || partition >= this.#members.partitions) {
+    if (this.#stopped || handover.partition >= this.#members.partitions) {
+      this.#answer(msg, REFUSED);
+    } else if (handover.prepare) {
+      void this.#prepare(msg, handover.partition);
+    } else {
+      this.#answer(msg, this.#takeHanded(handover));
+    }
+  }
+
+  /** Step 1 on the new owner: subscribe and hold, answering once the server has the subscription. */
+  async #prepare(msg: Msg, partition: number): Promise<void> {
+    if (this.#leaving || this.#held.has(partition) || this.#preparing.has(partition)) {
       this.#answer(msg, REFUSED);
       return;
     }
+    const { handoverOverlapMs, handoverTimeoutMs } = this.#settings;
+    try {
+      const sub = this.#subscribe(partition);
+      const expiry = setTimeout(() => this.#letGo(partition), handoverOverlapMs + 2 * handoverTimeoutMs);
+      this.#preparing.set(partition, { sub, held: [], dropped: 0, expiry });
+      await this.#nc.flush();
+    } catch (error) {
+      // Unanswered: the old owner keeps the partition, and this one lets it go in time.
+      this.#host.onError(error, `cannot prepare partition ${partition}`);
+      return;
+    }
+    this.#answer(msg, DONE);
+  }
+
+  /** Step 4 on the new owner: the state. Answers empty once taken, anything else when refused. */
+  #takeHanded(handover: HandOver): Uint8Array {
+    const { partition, state } = handover;
+    const prepared = this.#preparing.get(partition);
+    if (prepared !== undefined) {
+      this.#adopt(partition, prepared, state, new Map(Object.entries(handover.seen)));
+      return DONE;
+    }
+    // No prepare before it: taken as a take-over and a subscription.
+    if (this.#leaving || this.#moving.has(partition)) return REFUSED;
     if (this.#held.has(partition)) {
       // Two views disagreed for a moment: the state handed over replaces this one.
       this.stats.conflicts += 1;
@@ -374,7 +575,18 @@ export class Partitions {
     } else {
       this.#take(partition, state);
     }
-    this.#answer(msg, new Uint8Array());
+    return DONE;
+  }
+
+  /** A prepared partition whose state did not come: its old owner kept it, and served what was held here. */
+  #letGo(partition: number): void {
+    const prepared = this.#preparing.get(partition);
+    if (prepared === undefined) return;
+    this.#preparing.delete(partition);
+    prepared.sub.unsubscribe();
+    const why = `its state did not come: let go, ${prepared.held.length} held requests dropped`;
+    this.#host.onError(new Error(`partition ${partition} was prepared, but ${why}`), "keyed");
+    this.#settle();
   }
 
   #answer(msg: Msg, body: Uint8Array): void {
@@ -385,8 +597,12 @@ export class Partitions {
     }
   }
 
-  /** Ends the leaving once nothing is held. */
+  /** Ends the leaving once nothing is held or prepared. */
   #settle(): void {
-    if (this.#leaving && this.#held.size === 0) this.#allHandedOver();
+    if (this.#leaving && this.#held.size === 0 && this.#preparing.size === 0) this.#allHandedOver();
   }
+}
+
+function ascending(partitions: Iterable<number>): number[] {
+  return [...partitions].sort((a, b) => a - b);
 }

@@ -16,7 +16,8 @@
  * it), the session's uid. No key is 400 `CallFailure.NO_KEY`, a key over `MAX_KEY_LEN`
  * bytes 400 `CallFailure.KEY_TOO_LONG`, both without sending; otherwise the call goes to
  * `<prefix>.svc.<service>.p<fnv1a(key) % partitions>.<method>` with the key in
- * `RpcRequest.key`, as a gate's request would.
+ * `RpcRequest.key` and its order in `origin` and `seq` (`calls.ts`), as a gate's
+ * request would.
  */
 import { debuglog } from "node:util";
 import { fromBinary } from "@bufbuild/protobuf";

@@ -58,15 +58,11 @@ export function sessionClosedSubject(prefix: string): string {
 
 /**
  * Where a keyed service's workers take requests of `partition`, with `.<method>` after
- * it: a gate publishes `<prefix>.svc.<service>.p<N>.<method>`.
+ * it: a gate publishes `<prefix>.svc.<service>.p<N>.<method>`, and the partition's owner
+ * subscribes it plain (during a hand-over, its new owner too).
  */
 export function partitionSubject(prefix: string, service: string, partition: number): string {
   return `${prefix}.svc.${service}.p${partition}`;
-}
-
-/** A partition's queue group: one per partition, so two subscribers never both take a message. */
-export function partitionGroup(service: string, partition: number): string {
-  return `${service}.p${partition}`;
 }
 
 /** Where a keyed service's workers say they live and what they hold (`KeyedMember`). */

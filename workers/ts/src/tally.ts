@@ -6,7 +6,7 @@
  *
  *     node dist/tally.js --nats nats://127.0.0.1:4222 [--prefix shaddock] [--name ts]
  *         [--queue 1024] [--keyed-heartbeat 500ms] [--keyed-member-timeout 2s]
- *         [--handover-timeout 2s]
+ *         [--handover-timeout 2s] [--handover-overlap 200ms] [--handover-buffer 4096]
  *
  * Prints `Worker is ready: ... id=<its keyed id>` once it is subscribed and has said its
  * first heartbeat (its partitions follow: handed over by their holders, or taken fresh
@@ -18,6 +18,8 @@ import { parseArgs } from "node:util";
 import { connect } from "@nats-io/transport-node";
 import { durationMs } from "./duration.js";
 import {
+  DEFAULT_HANDOVER_BUFFER,
+  DEFAULT_HANDOVER_OVERLAP_MS,
   DEFAULT_HANDOVER_TIMEOUT_MS,
   DEFAULT_KEYED_HEARTBEAT_MS,
   DEFAULT_KEYED_MEMBER_TIMEOUT_MS,
@@ -31,6 +33,7 @@ import { DEFAULT_QUEUE_CAPACITY, Worker } from "./worker.js";
 
 const USAGE = `usage: tally [--nats URL[,URL...]] [--prefix PREFIX] [--name NAME] [--queue N]
              [--keyed-heartbeat D] [--keyed-member-timeout D] [--handover-timeout D]
+             [--handover-overlap D] [--handover-buffer N]
 
   --nats                  NATS server URLs, comma-separated
                           (env SHADDOCK_NATS; nats://127.0.0.1:4222)
@@ -41,8 +44,12 @@ const USAGE = `usage: tally [--nats URL[,URL...]] [--prefix PREFIX] [--name NAME
                           (env SHADDOCK_KEYED_HEARTBEAT; ${DEFAULT_KEYED_HEARTBEAT_MS}ms)
   --keyed-member-timeout  a peer unheard this long is dead
                           (env SHADDOCK_KEYED_MEMBER_TIMEOUT; ${DEFAULT_KEYED_MEMBER_TIMEOUT_MS}ms)
-  --handover-timeout      how long a hand-over waits for the new owner
+  --handover-timeout      how long a hand-over waits for each answer of the new owner
                           (env SHADDOCK_HANDOVER_TIMEOUT; ${DEFAULT_HANDOVER_TIMEOUT_MS}ms)
+  --handover-overlap      how long the old owner serves a partition the new one has subscribed
+                          (env SHADDOCK_HANDOVER_OVERLAP; ${DEFAULT_HANDOVER_OVERLAP_MS}ms)
+  --handover-buffer       requests a new owner holds per partition until its state comes
+                          (env SHADDOCK_HANDOVER_BUFFER; ${DEFAULT_HANDOVER_BUFFER})
 
 Durations as the Rust workers write them: a number and a unit, e.g. 100ms, 1.5s, 1m30s.
 Service "${TALLY}", keyed over ${TALLY_PARTITIONS} partitions; method "add" (raw) answers "<name> <count>".`;
@@ -67,6 +74,14 @@ async function main(): Promise<void> {
         type: "string",
         default: env("SHADDOCK_HANDOVER_TIMEOUT", `${DEFAULT_HANDOVER_TIMEOUT_MS}ms`),
       },
+      "handover-overlap": {
+        type: "string",
+        default: env("SHADDOCK_HANDOVER_OVERLAP", `${DEFAULT_HANDOVER_OVERLAP_MS}ms`),
+      },
+      "handover-buffer": {
+        type: "string",
+        default: env("SHADDOCK_HANDOVER_BUFFER", String(DEFAULT_HANDOVER_BUFFER)),
+      },
       help: { type: "boolean", short: "h", default: false },
     },
   });
@@ -74,10 +89,8 @@ async function main(): Promise<void> {
     console.log(USAGE);
     return;
   }
-  const queueCapacity = Number(values.queue);
-  if (!Number.isInteger(queueCapacity) || queueCapacity < 1) {
-    throw new Error(`--queue must be a positive integer, not ${JSON.stringify(values.queue)}`);
-  }
+  const queueCapacity = positiveInteger("queue", values.queue);
+  const handoverBuffer = positiveInteger("handover-buffer", values["handover-buffer"]);
   // The name is one word: the answer is "<name> <count>".
   if (!isValidName(values.name)) {
     throw new Error(`--name must be 1..=64 of [a-z0-9_-], not ${JSON.stringify(values.name)}`);
@@ -85,7 +98,13 @@ async function main(): Promise<void> {
   const keyedHeartbeatMs = durationMs("keyed-heartbeat", values["keyed-heartbeat"]);
   const keyedMemberTimeoutMs = durationMs("keyed-member-timeout", values["keyed-member-timeout"]);
   const handoverTimeoutMs = durationMs("handover-timeout", values["handover-timeout"]);
-  checkKeyedTimes({ heartbeatMs: keyedHeartbeatMs, memberTimeoutMs: keyedMemberTimeoutMs, handoverTimeoutMs });
+  const handoverOverlapMs = durationMs("handover-overlap", values["handover-overlap"]);
+  checkKeyedTimes({
+    heartbeatMs: keyedHeartbeatMs,
+    memberTimeoutMs: keyedMemberTimeoutMs,
+    handoverTimeoutMs,
+    handoverOverlapMs,
+  });
 
   const nc = await connect({
     servers: values.nats.split(","),
@@ -99,6 +118,8 @@ async function main(): Promise<void> {
     keyedHeartbeatMs,
     keyedMemberTimeoutMs,
     handoverTimeoutMs,
+    handoverOverlapMs,
+    handoverBuffer,
     onError: (error, where) => console.error(`warning: ${where}: ${String(error)}`),
   });
   const id = worker.keyed?.id ?? "";
@@ -115,6 +136,15 @@ async function main(): Promise<void> {
       );
     },
   });
+}
+
+/** `value`, given to option `--<name>`, as a positive integer; else an error naming the option. */
+function positiveInteger(name: string, value: string): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1) {
+    throw new Error(`--${name} must be a positive integer, not ${JSON.stringify(value)}`);
+  }
+  return n;
 }
 
 runMain(main);

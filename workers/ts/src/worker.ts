@@ -38,9 +38,9 @@
  *   `ServiceSchema` on `<prefix>.schema.svc.<service>` once it serves, and again on every
  *   message on `<prefix>.schema.ask`.
  * - **Keyed services** (`Service.keyed`): requests arrive on the partitions this worker
- *   holds, `<prefix>.svc.<service>.p<N>.>` in queue group `<service>.p<N>`; the worker
- *   agrees with its peers which partitions it holds and moves them with their state
- *   (`keyed.ts`). Take-overs and hand-overs run on the loop, in order with the
+ *   holds, `<prefix>.svc.<service>.p<N>.>` (plain: no queue group); the worker agrees
+ *   with its peers which partitions it holds and moves them with their state, with no
+ *   request lost or run twice (`keyed.ts`). Take-overs and hand-overs run on the loop, in order with the
  *   partition's requests. On `<prefix>.svc.<service>.*` (queue group `<service>`) it
  *   answers only the requests of a gate that has not learnt yet that the service is
  *   keyed: 503, retry.
@@ -48,7 +48,7 @@
  *   sends new requests to the other workers of the group, takes what the broker had
  *   already sent, answers everything it took (a handler waiting on a call is waited for,
  *   until its deadline at most), and resolves. A keyed worker first hands its partitions
- *   over to the others (or drains them when it is the last); a request of a partition
+ *   over to the others (or, the last, unsubscribes them); a request of a partition
  *   still waiting on a call then finishes after the partition's state has gone.
  */
 import { toBinary } from "@bufbuild/protobuf";
@@ -58,6 +58,8 @@ import { Calls, DEFAULT_CALL_TIMEOUT_MS, DEFAULT_MAX_CALLS } from "./calls.js";
 import type { Outbound } from "./context.js";
 import { Deadlines } from "./deadlines.js";
 import {
+  DEFAULT_HANDOVER_BUFFER,
+  DEFAULT_HANDOVER_OVERLAP_MS,
   DEFAULT_HANDOVER_TIMEOUT_MS,
   DEFAULT_KEYED_HEARTBEAT_MS,
   DEFAULT_KEYED_MEMBER_TIMEOUT_MS,
@@ -136,6 +138,18 @@ export interface WorkerOptions {
    * owner waits for the new one to take it before it keeps it and tries again later.
    */
   handoverTimeoutMs?: number;
+  /**
+   * A keyed service's hand-over overlap, ms (default 200): how long a partition's old
+   * owner keeps serving it once the new owner has subscribed it, long enough for every
+   * server of a cluster to learn of the new subscription.
+   */
+  handoverOverlapMs?: number;
+  /**
+   * A keyed service's hand-over buffer (default 4096): requests the new owner of a
+   * partition holds while it waits for the state; past it, it drops what arrives
+   * (counted in `keyed.stats.handoverOverflow`, and told to `onError`).
+   */
+  handoverBuffer?: number;
 }
 
 /** What a worker has done so far. */
@@ -227,10 +241,12 @@ export class Worker {
         ? serviceSubject(this.#prefix, service.name)
         : `${this.#prefix}.svc.${service.name}.*`;
     if (service.partitions !== undefined) {
-      const times = {
+      const settings = {
         heartbeatMs: options.keyedHeartbeatMs ?? DEFAULT_KEYED_HEARTBEAT_MS,
         memberTimeoutMs: options.keyedMemberTimeoutMs ?? DEFAULT_KEYED_MEMBER_TIMEOUT_MS,
         handoverTimeoutMs: options.handoverTimeoutMs ?? DEFAULT_HANDOVER_TIMEOUT_MS,
+        handoverOverlapMs: options.handoverOverlapMs ?? DEFAULT_HANDOVER_OVERLAP_MS,
+        handoverBuffer: options.handoverBuffer ?? DEFAULT_HANDOVER_BUFFER,
       };
       const host = {
         offer: (msg: Msg, method: string) => this.#offer(msg, method),
@@ -240,7 +256,7 @@ export class Worker {
           new Promise<Uint8Array>((done) => this.#enqueue({ kind: "handOver", partition, done })),
         onError: this.#onError,
       };
-      this.#partitions = new Partitions(nc, this.#prefix, service.name, service.partitions, host, times);
+      this.#partitions = new Partitions(nc, this.#prefix, service.name, service.partitions, host, settings);
     }
     this.#loop = this.#run();
   }

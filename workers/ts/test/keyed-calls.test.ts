@@ -194,7 +194,8 @@ test("a call to a keyed service not heard of goes to the method's subject, witho
   const seen: string[] = [];
   nc.subscribe(`${prefix}.svc.vault.>`, {
     callback: (_e, msg) => {
-      seen.push(`${msg.subject} key=${fromBinary(RpcRequestSchema, msg.data).key}`);
+      const { key, origin, seq } = fromBinary(RpcRequestSchema, msg.data);
+      seen.push(`${msg.subject} key=${key} origin=${origin} seq=${seq}`);
       const response = create(RpcResponseSchema, { code: Status.UNAVAILABLE, message: "keyed" });
       msg.respond(toBinary(RpcResponseSchema, response));
     },
@@ -202,6 +203,42 @@ test("a call to a keyed service not heard of goes to the method's subject, witho
   await nc.flush();
   const bob = create(SessionSchema, { gate: "g1", sid: 2n, uid: "bob" });
   assert.equal(await go(await bus.connect(), prefix, "k", bob), `${Status.UNAVAILABLE} keyed`);
-  assert.deepEqual(seen, [`${prefix}.svc.vault.who key=`], "without the key: the callee may not be keyed");
+  assert.deepEqual(
+    seen,
+    [`${prefix}.svc.vault.who key= origin= seq=0`],
+    "without the key, or an order: the callee may not be keyed",
+  );
+  await caller.drain();
+});
+
+test("a call to a keyed service carries its order: the caller's origin, and a seq rising with each call", async () => {
+  const prefix = "kc4";
+  const caller = await Worker.start(await bus.connect(), front, { prefix });
+  // A vault announced keyed, answered by a bare client that notes each request's order.
+  const nc = await bus.connect();
+  const orders: { origin: string; seq: bigint; reply: string }[] = [];
+  nc.subscribe(`${prefix}.svc.vault.>`, {
+    callback: (_e, msg) => {
+      const { origin, seq } = fromBinary(RpcRequestSchema, msg.data);
+      orders.push({ origin, seq, reply: msg.reply ?? "" });
+      msg.respond(toBinary(RpcResponseSchema, create(RpcResponseSchema, { code: Status.OK, body: text.encode("v") })));
+    },
+  });
+  const schema = create(ServiceSchemaSchema, { service: "vault", keyed: create(KeyedSchema, { partitions: PARTITIONS }) });
+  nc.publish(`${prefix}.schema.svc.vault`, toBinary(ServiceSchemaSchema, schema));
+  await until("the caller knows the vault is keyed", () => caller.keyedServices.has("vault"));
+
+  const gate = await bus.connect();
+  for (const key of ["k1", "k2"]) assert.equal(await go(gate, prefix, key, undefined), "200 v");
+  // Calls in flight together too: published in the order their handlers ran.
+  await Promise.all(["k3", "k4", "k5", "k6"].map((key) => go(gate, prefix, key, undefined)));
+  assert.equal(orders.length, 6);
+  const origin = orders[0]?.origin ?? "";
+  assert.match(origin, new RegExp(`^${prefix}\\.call\\.[0-9a-f]{16}$`), "the worker's call reply prefix");
+  for (const [i, order] of orders.entries()) {
+    assert.equal(order.origin, origin);
+    assert.equal(order.reply, `${origin}.${order.seq}`, "the seq is the call id");
+    if (i > 0) assert.ok(order.seq > (orders[i - 1]?.seq ?? 0n), `seq rises: ${orders.map((o) => o.seq).join(", ")}`);
+  }
   await caller.drain();
 });

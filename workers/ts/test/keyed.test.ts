@@ -1,10 +1,12 @@
 // Keyed services on a real nats-server: TypeScript workers of a per-key counter, with a
 // bare NATS client in the gate's place publishing each request on its key's partition
-// subject (the partition from the library's own FNV-1a) and sending it again, as a
-// gate does, while a partition is between owners (no responders).
+// subject (the partition from the library's own FNV-1a), numbered per origin as a gate
+// numbers a session's (`origin`, `seq`), and sending it again, as a gate does, while
+// nobody serves the partition (no responders).
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
+import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { Service, Status, Worker, partitionOf, score } from "../src/index.js";
 import type { HandOver } from "../src/gen/rpc_pb.js";
@@ -110,25 +112,45 @@ interface Answer {
   readonly count: number;
 }
 
+/** The last `seq` of each origin: a gate numbers each session's keyed requests. */
+const sequences = new Map<string, bigint>();
+
+/** The next place in `origin`'s stream. */
+function next(origin: string): { origin: string; seq: bigint } {
+  const seq = (sequences.get(origin) ?? 0n) + 1n;
+  sequences.set(origin, seq);
+  return { origin, seq };
+}
+
+/** A gate's `tally.add` request for `key`, at its place in an origin's stream (or with none). */
+function addRequest(key: string, order: { origin: string; seq: bigint } | undefined): Uint8Array {
+  const session = create(SessionSchema, { gate: "g1", sid: 1n });
+  return toBinary(RpcRequestSchema, create(RpcRequestSchema, { route: "tally.add", key, session, ...order }));
+}
+
+const addSubject = (prefix: string, key: string): string =>
+  `${prefix}.svc.tally.p${partitionOf(key, PARTITIONS)}.add`;
+
+/** A tally answer: who counted, and the count. */
+function answerOf(data: Uint8Array): Answer {
+  const response = fromBinary(RpcResponseSchema, data);
+  assert.equal(response.code, Status.OK, response.message);
+  const [worker = "", count = ""] = utf8.decode(response.body).split(" ");
+  return { worker, count: Number(count) };
+}
+
 /**
  * One `tally.add` for `key`, as a gate sends it: on the key's partition subject, with
- * the key; sent again after a short back-off while nobody serves the partition.
+ * the key, from one session per key; sent again after a short back-off while nobody
+ * serves the partition.
  */
 async function add(nc: NatsConnection, prefix: string, key: string): Promise<Answer> {
-  const request = create(RpcRequestSchema, {
-    route: "tally.add",
-    key,
-    session: create(SessionSchema, { gate: "g1", sid: 1n }),
-  });
-  const subject = `${prefix}.svc.tally.p${partitionOf(key, PARTITIONS)}.add`;
   const deadline = Date.now() + DEADLINE_MS;
   for (;;) {
     try {
-      const reply = await nc.request(subject, toBinary(RpcRequestSchema, request), { timeout: DEADLINE_MS });
-      const response = fromBinary(RpcResponseSchema, reply.data);
-      assert.equal(response.code, Status.OK, response.message);
-      const [worker = "", count = ""] = utf8.decode(response.body).split(" ");
-      return { worker, count: Number(count) };
+      const request = addRequest(key, next(`${prefix}.gw.g1.${key}`));
+      const reply = await nc.request(addSubject(prefix, key), request, { timeout: DEADLINE_MS });
+      return answerOf(reply.data);
     } catch (error) {
       const noResponders = /no responders/i.test(`${String(error)} ${String((error as Error).cause)}`);
       if (!noResponders || Date.now() > deadline) throw error;
@@ -271,49 +293,91 @@ test("a stopped worker hands its partitions over with their state; the last one 
   );
 });
 
-test("a refused hand-over keeps the partition here, with its state", async () => {
+/**
+ * A peer in a's place that wins some partitions and answers each hand-over request with
+ * `answer` (`undefined`: never answers), recording what it was offered.
+ */
+async function fakeNewOwner(
+  prefix: string,
+  answer: (handover: HandOver) => string | undefined,
+): Promise<{ id: string; offered: HandOver[]; say: (leaving: boolean) => void }> {
+  const peer = await bus.connect();
+  const id = "fffffffffffffff0";
+  const offered: HandOver[] = [];
+  peer.subscribe(`${prefix}.keyed.tally.handover.${id}`, {
+    callback: (_e, msg) => {
+      const handover = fromBinary(HandOverSchema, msg.data);
+      offered.push(handover);
+      const text = answer(handover);
+      if (text !== undefined) msg.respond(encoder.encode(text));
+    },
+  });
+  const say = (leaving: boolean): void => {
+    const member = create(KeyedMemberSchema, { id, leaving });
+    peer.publish(`${prefix}.keyed.tally.members`, toBinary(KeyedMemberSchema, member));
+  };
+  await peer.flush();
+  return { id, offered, say };
+}
+
+/** The partitions `fake` wins over `worker`. */
+function wonBy(fake: string, worker: Worker): Set<number> {
+  const id = worker.keyed?.id ?? "";
+  return new Set(Array.from({ length: PARTITIONS }, (_, p) => p).filter((p) => score(fake, p) > score(id, p)));
+}
+
+test("a refused prepare changes nothing: the partition stays here, and is offered again later", async () => {
   const prefix = "k4";
   const a = await start(prefix, "a");
   await until("a holds every partition", () => settled(a.worker));
   const client = await bus.connect();
   for (const key of KEYS) assert.equal((await add(client, prefix, key)).count, 1);
 
-  // A peer that wins some partitions but refuses every hand-over.
-  const peer = await bus.connect();
-  const fake = "fffffffffffffff0";
-  const offered: HandOver[] = [];
-  peer.subscribe(`${prefix}.keyed.tally.handover.${fake}`, {
-    callback: (_e, msg) => {
-      offered.push(fromBinary(HandOverSchema, msg.data));
-      msg.respond(encoder.encode("no"));
-    },
-  });
-  const say = (leaving: boolean): void => {
-    const member = create(KeyedMemberSchema, { id: fake, leaving });
-    peer.publish(`${prefix}.keyed.tally.members`, toBinary(KeyedMemberSchema, member));
-  };
-  await peer.flush();
-  say(false);
-  await until("a hand-over is refused", () => (a.worker.keyed?.stats.handedKept ?? 0) > 0);
-  say(true); // the peer leaves: a keeps everything
+  const fake = await fakeNewOwner(prefix, () => "no");
+  fake.say(false);
+  await until("prepares are refused", () => (a.worker.keyed?.stats.handedKept ?? 0) > 1);
+  fake.say(true); // the peer leaves: a keeps everything
   await until("a holds every partition again", () => settled(a.worker));
 
-  const idA = a.worker.keyed?.id ?? "";
-  const wonByFake = new Set(
-    Array.from({ length: PARTITIONS }, (_, p) => p).filter((p) => score(fake, p) > score(idA, p)),
-  );
-  assert.ok(offered.length > 0);
-  for (const handover of offered) {
-    assert.equal(handover.from, idA);
+  const wonByFake = wonBy(fake.id, a.worker);
+  assert.ok(fake.offered.length > 1);
+  for (const handover of fake.offered) {
+    assert.equal(handover.from, a.worker.keyed?.id);
     assert.ok(wonByFake.has(handover.partition), `offered ${handover.partition}, which a owns`);
-    // The state offered is the partition's counts.
+    // A prepare, refused: the partition never left, so no state went.
+    assert.deepEqual([handover.prepare, handover.state.length, Object.keys(handover.seen)], [true, 0, []]);
+  }
+  // Every count continues on a, which never let a partition go.
+  for (const key of KEYS) assert.deepEqual(await add(client, prefix, key), { worker: "a", count: 2 }, key);
+  assert.deepEqual([a.fresh(), a.worker.keyed?.stats.takenHanded], [PARTITIONS, 0]);
+  await a.worker.drain();
+});
+
+test("a state its new owner does not take in time is taken back, with its counts", async () => {
+  const prefix = "k6";
+  const a = await start(prefix, "a", { handoverTimeoutMs: 200, handoverOverlapMs: 0 });
+  await until("a holds every partition", () => settled(a.worker));
+  const client = await bus.connect();
+  for (const key of KEYS) assert.equal((await add(client, prefix, key)).count, 1);
+
+  // Prepares, then never answers the state.
+  const fake = await fakeNewOwner(prefix, (handover) => (handover.prepare ? "" : undefined));
+  fake.say(false);
+  await until("a takes a partition back", () => (a.worker.keyed?.stats.takenHanded ?? 0) > 0);
+  fake.say(true);
+  await until("a holds every partition again", () => settled(a.worker));
+
+  const states = fake.offered.filter((handover) => !handover.prepare);
+  assert.ok(states.length > 0);
+  for (const handover of states) {
+    // The partition's counts, and nothing seen: no request came meanwhile.
     const keys = KEYS.filter((key) => partitionOf(key, PARTITIONS) === handover.partition);
     const lines = utf8.decode(handover.state).split("\n").filter(Boolean).sort();
     assert.deepEqual(lines, keys.map((key) => `${key}=1`).sort());
+    assert.deepEqual(handover.seen, {});
   }
-  // Kept with its state: every count continues on a.
   for (const key of KEYS) assert.deepEqual(await add(client, prefix, key), { worker: "a", count: 2 }, key);
-  assert.equal(a.fresh(), PARTITIONS, "taken back with its state, not fresh");
+  assert.equal(a.worker.keyed?.stats.handedOk, 0);
   await a.worker.drain();
 });
 
@@ -335,4 +399,218 @@ test("a dead worker's partitions are taken fresh after the member timeout", asyn
     assert.deepEqual(await add(client, prefix, key), { worker: "a", count }, key);
   }
   await a.worker.drain();
+});
+
+/**
+ * Requests for every key, published without waiting for their answers, as a gate
+ * forwards its sessions' (each key its own origin), until `stop()`; their answers by
+ * key and seq.
+ */
+function stream(nc: NatsConnection, prefix: string): {
+  received: () => number;
+  stop: () => Promise<Map<string, Map<bigint, Uint8Array[]>>>;
+} {
+  const inbox = `${prefix}.inbox`;
+  const answers = new Map(KEYS.map((key) => [key, new Map<bigint, Uint8Array[]>()]));
+  let [published, received] = [0, 0];
+  nc.subscribe(`${inbox}.>`, {
+    callback: (_e, msg) => {
+      const [key = "", seq = ""] = msg.subject.slice(inbox.length + 1).split(".");
+      const bySeq = answers.get(key);
+      bySeq?.set(BigInt(seq), [...(bySeq.get(BigInt(seq)) ?? []), msg.data]);
+      received += 1;
+    },
+  });
+  let stopping = false;
+  const publishing = (async () => {
+    while (!stopping) {
+      for (const key of KEYS) {
+        const order = next(`${prefix}.gw.g2.${key}`);
+        nc.publish(addSubject(prefix, key), addRequest(key, order), { reply: `${inbox}.${key}.${order.seq}` });
+        published += 1;
+      }
+      await new Promise((resolve) => setTimeout(resolve, 2)); // a pace, not a wait for anything
+    }
+  })();
+  const stop = async (): Promise<Map<string, Map<bigint, Uint8Array[]>>> => {
+    stopping = true;
+    await publishing;
+    await until("every request is answered", () => received >= published);
+    await nc.flush(); // an answer twice would be here by now
+    return answers;
+  };
+  return { received: () => received, stop };
+}
+
+test("hand-overs under pipelined requests: each answered once, each origin's in order", async () => {
+  const prefix = "k7";
+  // Room for every request held during a move: none is answered 503.
+  const options = { queueCapacity: 1 << 16 };
+  const a = await start(prefix, "a", options);
+  await until("a holds every partition", () => settled(a.worker));
+  const traffic = stream(await bus.connect(), prefix);
+  const more = async (n: number): Promise<void> => {
+    const from = traffic.received();
+    await until(`${n} more answers`, () => traffic.received() >= from + n);
+  };
+  await more(500);
+  const b = await start(prefix, "b", options);
+  await until("b takes a share", () => heldBy(b.worker).length > 0 && settled(a.worker, b.worker));
+  await more(500);
+  await a.worker.drain(); // a hands the rest to b
+  await more(500);
+  const answers = await traffic.stop();
+
+  for (const [key, bySeq] of answers) {
+    const seqs = [...bySeq.keys()].sort((x, y) => (x < y ? -1 : 1));
+    assert.deepEqual(seqs, seqs.map((_, i) => BigInt(i + 1)), `${key}: every request answered`);
+    for (const [seq, replies] of bySeq) {
+      assert.equal(replies.length, 1, `${key} #${seq}: answered once`);
+      // The count is the request's place among its key's: each origin's handled in order.
+      assert.equal(answerOf(replies[0] ?? new Uint8Array()).count, Number(seq), `${key} #${seq}`);
+    }
+  }
+  assert.deepEqual([b.fresh(), b.worker.keyed?.stats.takenHanded], [0, PARTITIONS]);
+  await b.worker.drain();
+});
+
+/**
+ * A peer in an old owner's place: it says it holds every partition (so the worker takes
+ * none fresh), and sends hand-over requests and requests on one connection, so the
+ * worker receives them in the order sent.
+ */
+async function fakeOldOwner(prefix: string): Promise<{
+  id: string;
+  nc: NatsConnection;
+  handOver: (to: string, handover: MessageInitShape<typeof HandOverSchema>) => Promise<string>;
+  die: () => void;
+  leave: () => void;
+}> {
+  const nc = await bus.connect();
+  const id = "fffffffffffffff1";
+  const all = Array.from({ length: PARTITIONS }, (_, p) => p);
+  const say = (leaving: boolean): void => {
+    const member = create(KeyedMemberSchema, { id, held: all, leaving });
+    nc.publish(`${prefix}.keyed.tally.members`, toBinary(KeyedMemberSchema, member));
+  };
+  say(false);
+  // Unref'd: a failed test's process still ends.
+  const heartbeat = setInterval(() => say(false), TIMES.keyedHeartbeatMs).unref();
+  await nc.flush();
+  return {
+    id,
+    nc,
+    async handOver(to, handover) {
+      const payload = toBinary(HandOverSchema, create(HandOverSchema, { from: id, ...handover }));
+      const answer = await nc.request(`${prefix}.keyed.tally.handover.${to}`, payload, { timeout: DEADLINE_MS });
+      return utf8.decode(answer.data);
+    },
+    die: () => clearInterval(heartbeat),
+    leave: () => {
+      clearInterval(heartbeat);
+      say(true);
+    },
+  };
+}
+
+/** A partition `worker` wins over peer `other`, and a key of it. */
+function wonPartition(worker: Worker, other: string): { partition: number; key: string } {
+  const id = worker.keyed?.id ?? "";
+  const partition = Array.from({ length: PARTITIONS }, (_, p) => p).find((p) => score(id, p) > score(other, p)) ?? 0;
+  const key = Array.from({ length: 1000 }, (_, n) => `key-${n}`).find((k) => partitionOf(k, PARTITIONS) === partition);
+  return { partition, key: key ?? "" };
+}
+
+/**
+ * Publishes `tally.add` requests for `key` from `nc`, labelled `<origin>-<seq>` (no
+ * origin: `none`); the answers' `<label> <count>`, in the order they arrive.
+ */
+function publishLabelled(
+  nc: NatsConnection,
+  prefix: string,
+  key: string,
+  requests: readonly [origin: string, seq: number][],
+): string[] {
+  const inbox = `${prefix}.inbox.${key}`;
+  const answers: string[] = [];
+  nc.subscribe(`${inbox}.*`, {
+    callback: (_e, msg) => void answers.push(`${msg.subject.slice(inbox.length + 1)} ${answerOf(msg.data).count}`),
+  });
+  for (const [origin, seq] of requests) {
+    const order = origin === "" ? undefined : { origin, seq: BigInt(seq) };
+    const label = origin === "" ? "none" : `${origin}-${seq}`;
+    nc.publish(addSubject(prefix, key), addRequest(key, order), { reply: `${inbox}.${label}` });
+  }
+  return answers;
+}
+
+test("the new owner drops the held requests its old owner took (seen), and serves the rest in order", async () => {
+  const prefix = "k8";
+  const old = await fakeOldOwner(prefix);
+  const b = await start(prefix, "b");
+  const idB = b.worker.keyed?.id ?? "";
+  const { partition, key } = wonPartition(b.worker, old.id);
+  assert.equal(await old.handOver(idB, { partition, prepare: true }), "");
+  assert.deepEqual(b.worker.keyed?.preparing, [partition]);
+  assert.notEqual(await old.handOver(idB, { partition, prepare: true }), "", "a partition prepared already: refused");
+
+  const answers = publishLabelled(old.nc, prefix, key, [
+    ["o1", 1],
+    ["o2", 1],
+    ["o1", 2],
+    ["", 0],
+    ["o1", 3],
+    ["o2", 2],
+    ["o1", 4],
+    ["o1", 5],
+  ]);
+  // The old owner took o1 up to 3: the new owner holds them too, and drops them.
+  const state = encoder.encode(`${key}=10\n`);
+  assert.equal(await old.handOver(idB, { partition, state, seen: { o1: 3n } }), "");
+  assert.deepEqual([b.worker.keyed?.held, b.worker.keyed?.preparing], [[partition], []]);
+  // Answered after everything queued before it: the held requests' answers are in.
+  assert.equal((await add(old.nc, prefix, key)).count, 16);
+  assert.deepEqual(answers, ["o2-1 11", "none 12", "o2-2 13", "o1-4 14", "o1-5 15"]);
+  assert.deepEqual([b.fresh(), b.worker.keyed?.stats.takenHanded], [0, 1]);
+  old.leave();
+  await b.worker.drain();
+});
+
+test("a prepared partition holds at most the buffer, and is let go when its state does not come", async () => {
+  const prefix = "k9";
+  const old = await fakeOldOwner(prefix);
+  const b = await start(prefix, "b", { handoverBuffer: 2, handoverOverlapMs: 0, handoverTimeoutMs: 500 });
+  const idB = b.worker.keyed?.id ?? "";
+  const { partition, key } = wonPartition(b.worker, old.id);
+  assert.equal(await old.handOver(idB, { partition, prepare: true }), "");
+  const answers = publishLabelled(old.nc, prefix, key, [["o1", 1], ["o1", 2], ["o1", 3]]);
+  await until("the third is dropped", () => b.worker.keyed?.stats.handoverOverflow === 1);
+  assert.ok(b.errors.some((e) => e.includes(`partition ${partition}: 2 requests held`)), b.errors.join("\n"));
+  // No state within the overlap and twice the hand-over timeout: let go, nothing served.
+  await until("b lets the partition go", () => b.worker.keyed?.preparing.length === 0);
+  assert.ok(b.errors.some((e) => e.includes(`partition ${partition} was prepared`)), b.errors.join("\n"));
+  await assert.rejects(
+    old.nc.request(addSubject(prefix, key), addRequest(key, undefined), { timeout: DEADLINE_MS }),
+    /no responders/i,
+  );
+  assert.deepEqual([answers, b.worker.keyed?.held], [[], []]);
+  old.leave();
+  await b.worker.drain();
+});
+
+test("a partition taken fresh while prepared (its old owner died) serves everything held, in order", async () => {
+  const prefix = "k10";
+  const old = await fakeOldOwner(prefix);
+  const b = await start(prefix, "b", { keyedMemberTimeoutMs: 300 });
+  const idB = b.worker.keyed?.id ?? "";
+  const { partition, key } = wonPartition(b.worker, old.id);
+  assert.equal(await old.handOver(idB, { partition, prepare: true }), "");
+  const answers = publishLabelled(old.nc, prefix, key, [["o1", 1], ["", 0], ["o1", 2]]);
+  await old.nc.flush();
+  old.die();
+  await until("b holds every partition", () => settled(b.worker));
+  assert.equal((await add(old.nc, prefix, key)).count, 4);
+  assert.deepEqual(answers, ["o1-1 1", "none 2", "o1-2 3"]);
+  assert.deepEqual([b.fresh(), b.worker.keyed?.stats.takenHanded], [PARTITIONS, 0]);
+  await b.worker.drain();
 });

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file rpc.proto.
  */
 export const file_rpc: GenFile = /*@__PURE__*/
-  fileDesc("CglycGMucHJvdG8SDHNoYWRkb2NrLnJwYyKGAgoHU2Vzc2lvbhIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBBILCgN1aWQYAyABKAkSLQoEZGF0YRgEIAMoCzIfLnNoYWRkb2NrLnJwYy5TZXNzaW9uLkRhdGFFbnRyeRIxCgZjbGFpbXMYBSADKAsyIS5zaGFkZG9jay5ycGMuU2Vzc2lvbi5DbGFpbXNFbnRyeRIVCg1hdXRoZW50aWNhdGVkGAYgASgIGisKCURhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBGi0KC0NsYWltc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEikQEKClJwY1JlcXVlc3QSDQoFcm91dGUYASABKAkSDAoEYm9keRgCIAEoDBImCgdzZXNzaW9uGAMgASgLMhUuc2hhZGRvY2sucnBjLlNlc3Npb24SDgoGdGltaW5nGAQgASgIEgsKA2tleRgFIAEoCRISCgp0aW1lb3V0X21zGAYgASgNEg0KBXRyYWNlGAcgAygJIq4BCgtScGNSZXNwb25zZRIMCgRjb2RlGAEgASgNEgwKBGJvZHkYAiABKAwSDwoHbWVzc2FnZRgDIAEoCRIlCgdlZmZlY3RzGAQgAygLMhQuc2hhZGRvY2sucnBjLkVmZmVjdBIQCghxdWV1ZV91cxgFIAEoDRISCgpoYW5kbGVyX3VzGAYgASgNEiUKBWNhbGxzGAcgAygLMhYuc2hhZGRvY2sucnBjLkNhbGxTcGFuIkAKCENhbGxTcGFuEg0KBXJvdXRlGAEgASgJEgwKBGNvZGUYAiABKA0SCgoCdXMYAyABKA0SCwoDaG9wGAQgASgNIpYBCgZFZmZlY3QSEgoIYmluZF91aWQYASABKAlIABIpCghzZXRfZGF0YRgCIAEoCzIVLnNoYWRkb2NrLnJwYy5TZXREYXRhSAASFAoKY2xlYXJfZGF0YRgDIAEoCUgAEg4KBGpvaW4YBCABKAlIABIPCgVsZWF2ZRgFIAEoCUgAEg4KBGtpY2sYBiABKAlIAEIGCgRraW5kIiUKB1NldERhdGESCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJIkcKDVNlc3Npb25DbG9zZWQSDAoEZ2F0ZRgBIAEoCRILCgNzaWQYAiABKAQSCwoDdWlkGAMgASgJEg4KBmdyb3VwcxgEIAMoCSIpCgpTZXJ2ZXJQdXNoEg0KBXJvdXRlGAEgASgJEgwKBGJvZHkYAiABKAwimwEKC1VzZXJDb21tYW5kEigKBHB1c2gYASABKAsyGC5zaGFkZG9jay5ycGMuU2VydmVyUHVzaEgAEg4KBGtpY2sYAiABKAlIABIkCgVjbGFpbRgDIAEoCzITLnNoYWRkb2NrLnJwYy5DbGFpbUgAEiQKBXByb2JlGAQgASgLMhMuc2hhZGRvY2sucnBjLlByb2JlSABCBgoEa2luZCIiCgVDbGFpbRIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBCIHCgVQcm9iZSKwAQoNU2VydmljZVNjaGVtYRIPCgdzZXJ2aWNlGAEgASgJEisKB21ldGhvZHMYAiADKAsyGi5zaGFkZG9jay5ycGMuTWV0aG9kU2NoZW1hEigKBnB1c2hlcxgDIAMoCzIYLnNoYWRkb2NrLnJwYy5QdXNoU2NoZW1hEhMKC2Rlc2NyaXB0b3JzGAQgASgMEiIKBWtleWVkGAUgASgLMhMuc2hhZGRvY2sucnBjLktleWVkIjAKBUtleWVkEhIKCnBhcnRpdGlvbnMYASABKA0SEwoLc2Vzc2lvbl9rZXkYAiABKAkiOAoLS2V5ZWRNZW1iZXISCgoCaWQYASABKAkSDAoEaGVsZBgCIAMoDRIPCgdsZWF2aW5nGAMgASgIIjoKCEhhbmRPdmVyEhEKCXBhcnRpdGlvbhgBIAEoDRINCgVzdGF0ZRgCIAEoDBIMCgRmcm9tGAMgASgJIksKDE1ldGhvZFNjaGVtYRIOCgZtZXRob2QYASABKAkSFAoMcmVxdWVzdF90eXBlGAIgASgJEhUKDXJlc3BvbnNlX3R5cGUYAyABKAkiMQoKUHVzaFNjaGVtYRINCgVyb3V0ZRgBIAEoCRIUCgxtZXNzYWdlX3R5cGUYAiABKAlCNAoQZGV2LnNoYWRkb2NrLnJwY1ABWh5zaGFkZG9jay5kZXYvcHJvdG8vcnBjcGI7cnBjcGJiBnByb3RvMw");
+  fileDesc("CglycGMucHJvdG8SDHNoYWRkb2NrLnJwYyKGAgoHU2Vzc2lvbhIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBBILCgN1aWQYAyABKAkSLQoEZGF0YRgEIAMoCzIfLnNoYWRkb2NrLnJwYy5TZXNzaW9uLkRhdGFFbnRyeRIxCgZjbGFpbXMYBSADKAsyIS5zaGFkZG9jay5ycGMuU2Vzc2lvbi5DbGFpbXNFbnRyeRIVCg1hdXRoZW50aWNhdGVkGAYgASgIGisKCURhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBGi0KC0NsYWltc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEirgEKClJwY1JlcXVlc3QSDQoFcm91dGUYASABKAkSDAoEYm9keRgCIAEoDBImCgdzZXNzaW9uGAMgASgLMhUuc2hhZGRvY2sucnBjLlNlc3Npb24SDgoGdGltaW5nGAQgASgIEgsKA2tleRgFIAEoCRISCgp0aW1lb3V0X21zGAYgASgNEg0KBXRyYWNlGAcgAygJEg4KBm9yaWdpbhgIIAEoCRILCgNzZXEYCSABKAQiKwoMUmVxdWVzdE9yZGVyEg4KBm9yaWdpbhgIIAEoCRILCgNzZXEYCSABKAQirgEKC1JwY1Jlc3BvbnNlEgwKBGNvZGUYASABKA0SDAoEYm9keRgCIAEoDBIPCgdtZXNzYWdlGAMgASgJEiUKB2VmZmVjdHMYBCADKAsyFC5zaGFkZG9jay5ycGMuRWZmZWN0EhAKCHF1ZXVlX3VzGAUgASgNEhIKCmhhbmRsZXJfdXMYBiABKA0SJQoFY2FsbHMYByADKAsyFi5zaGFkZG9jay5ycGMuQ2FsbFNwYW4iQAoIQ2FsbFNwYW4SDQoFcm91dGUYASABKAkSDAoEY29kZRgCIAEoDRIKCgJ1cxgDIAEoDRILCgNob3AYBCABKA0ilgEKBkVmZmVjdBISCghiaW5kX3VpZBgBIAEoCUgAEikKCHNldF9kYXRhGAIgASgLMhUuc2hhZGRvY2sucnBjLlNldERhdGFIABIUCgpjbGVhcl9kYXRhGAMgASgJSAASDgoEam9pbhgEIAEoCUgAEg8KBWxlYXZlGAUgASgJSAASDgoEa2ljaxgGIAEoCUgAQgYKBGtpbmQiJQoHU2V0RGF0YRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAkiRwoNU2Vzc2lvbkNsb3NlZBIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBBILCgN1aWQYAyABKAkSDgoGZ3JvdXBzGAQgAygJIikKClNlcnZlclB1c2gSDQoFcm91dGUYASABKAkSDAoEYm9keRgCIAEoDCKbAQoLVXNlckNvbW1hbmQSKAoEcHVzaBgBIAEoCzIYLnNoYWRkb2NrLnJwYy5TZXJ2ZXJQdXNoSAASDgoEa2ljaxgCIAEoCUgAEiQKBWNsYWltGAMgASgLMhMuc2hhZGRvY2sucnBjLkNsYWltSAASJAoFcHJvYmUYBCABKAsyEy5zaGFkZG9jay5ycGMuUHJvYmVIAEIGCgRraW5kIiIKBUNsYWltEgwKBGdhdGUYASABKAkSCwoDc2lkGAIgASgEIgcKBVByb2JlIrABCg1TZXJ2aWNlU2NoZW1hEg8KB3NlcnZpY2UYASABKAkSKwoHbWV0aG9kcxgCIAMoCzIaLnNoYWRkb2NrLnJwYy5NZXRob2RTY2hlbWESKAoGcHVzaGVzGAMgAygLMhguc2hhZGRvY2sucnBjLlB1c2hTY2hlbWESEwoLZGVzY3JpcHRvcnMYBCABKAwSIgoFa2V5ZWQYBSABKAsyEy5zaGFkZG9jay5ycGMuS2V5ZWQiMAoFS2V5ZWQSEgoKcGFydGl0aW9ucxgBIAEoDRITCgtzZXNzaW9uX2tleRgCIAEoCSI4CgtLZXllZE1lbWJlchIKCgJpZBgBIAEoCRIMCgRoZWxkGAIgAygNEg8KB2xlYXZpbmcYAyABKAgiqAEKCEhhbmRPdmVyEhEKCXBhcnRpdGlvbhgBIAEoDRINCgVzdGF0ZRgCIAEoDBIMCgRmcm9tGAMgASgJEg8KB3ByZXBhcmUYBCABKAgSLgoEc2VlbhgFIAMoCzIgLnNoYWRkb2NrLnJwYy5IYW5kT3Zlci5TZWVuRW50cnkaKwoJU2VlbkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoBDoCOAEiSwoMTWV0aG9kU2NoZW1hEg4KBm1ldGhvZBgBIAEoCRIUCgxyZXF1ZXN0X3R5cGUYAiABKAkSFQoNcmVzcG9uc2VfdHlwZRgDIAEoCSIxCgpQdXNoU2NoZW1hEg0KBXJvdXRlGAEgASgJEhQKDG1lc3NhZ2VfdHlwZRgCIAEoCUI0ChBkZXYuc2hhZGRvY2sucnBjUAFaHnNoYWRkb2NrLmRldi9wcm90by9ycGNwYjtycGNwYmIGcHJvdG8z");
 
 /**
  * Who asked: the session as the gate knows it.
@@ -119,6 +119,24 @@ export type RpcRequest = Message<"shaddock.rpc.RpcRequest"> & {
    * @generated from field: repeated string trace = 7;
    */
   trace: string[];
+
+  /**
+   * A keyed service's request: who published it, and its place among that publisher's
+   * keyed requests. `origin` names one ordered stream of publishes (a gate's session:
+   * its reply prefix, `<prefix>.gw.<gate>.<sid>`; a worker's calls: `<prefix>.call.<worker
+   * id>`); `seq` rises with each publish of that stream, in the order published (gaps
+   * allowed). A partition's new owner uses them to tell, during a hand-over, which
+   * requests its old owner already handled (docs/workers.md, "Hand-over"). Empty and 0
+   * for other services.
+   *
+   * @generated from field: string origin = 8;
+   */
+  origin: string;
+
+  /**
+   * @generated from field: uint64 seq = 9;
+   */
+  seq: bigint;
 };
 
 /**
@@ -127,6 +145,30 @@ export type RpcRequest = Message<"shaddock.rpc.RpcRequest"> & {
  */
 export const RpcRequestSchema: GenMessage<RpcRequest> = /*@__PURE__*/
   messageDesc(file_rpc, 1);
+
+/**
+ * Only the ordering fields of an RpcRequest: decoding a payload as this skips the rest.
+ *
+ * @generated from message shaddock.rpc.RequestOrder
+ */
+export type RequestOrder = Message<"shaddock.rpc.RequestOrder"> & {
+  /**
+   * @generated from field: string origin = 8;
+   */
+  origin: string;
+
+  /**
+   * @generated from field: uint64 seq = 9;
+   */
+  seq: bigint;
+};
+
+/**
+ * Describes the message shaddock.rpc.RequestOrder.
+ * Use `create(RequestOrderSchema)` to create a new message.
+ */
+export const RequestOrderSchema: GenMessage<RequestOrder> = /*@__PURE__*/
+  messageDesc(file_rpc, 2);
 
 /**
  * @generated from message shaddock.rpc.RpcResponse
@@ -179,7 +221,7 @@ export type RpcResponse = Message<"shaddock.rpc.RpcResponse"> & {
  * Use `create(RpcResponseSchema)` to create a new message.
  */
 export const RpcResponseSchema: GenMessage<RpcResponse> = /*@__PURE__*/
-  messageDesc(file_rpc, 2);
+  messageDesc(file_rpc, 3);
 
 /**
  * One call a worker made for a request, as the caller measured it.
@@ -222,7 +264,7 @@ export type CallSpan = Message<"shaddock.rpc.CallSpan"> & {
  * Use `create(CallSpanSchema)` to create a new message.
  */
 export const CallSpanSchema: GenMessage<CallSpan> = /*@__PURE__*/
-  messageDesc(file_rpc, 3);
+  messageDesc(file_rpc, 4);
 
 /**
  * What a handler asks the gate to do to the session before it answers.
@@ -277,7 +319,7 @@ export type Effect = Message<"shaddock.rpc.Effect"> & {
  * Use `create(EffectSchema)` to create a new message.
  */
 export const EffectSchema: GenMessage<Effect> = /*@__PURE__*/
-  messageDesc(file_rpc, 4);
+  messageDesc(file_rpc, 5);
 
 /**
  * @generated from message shaddock.rpc.SetData
@@ -299,7 +341,7 @@ export type SetData = Message<"shaddock.rpc.SetData"> & {
  * Use `create(SetDataSchema)` to create a new message.
  */
 export const SetDataSchema: GenMessage<SetData> = /*@__PURE__*/
-  messageDesc(file_rpc, 5);
+  messageDesc(file_rpc, 6);
 
 /**
  * Published by a gate on `<prefix>.evt.session.closed` when a session ends.
@@ -333,7 +375,7 @@ export type SessionClosed = Message<"shaddock.rpc.SessionClosed"> & {
  * Use `create(SessionClosedSchema)` to create a new message.
  */
 export const SessionClosedSchema: GenMessage<SessionClosed> = /*@__PURE__*/
-  messageDesc(file_rpc, 6);
+  messageDesc(file_rpc, 7);
 
 /**
  * A message for players: published on <prefix>.grp.<group> (every member on every
@@ -358,7 +400,7 @@ export type ServerPush = Message<"shaddock.rpc.ServerPush"> & {
  * Use `create(ServerPushSchema)` to create a new message.
  */
 export const ServerPushSchema: GenMessage<ServerPush> = /*@__PURE__*/
-  messageDesc(file_rpc, 7);
+  messageDesc(file_rpc, 8);
 
 /**
  * Published on <prefix>.user.<uid>; the gate holding that player acts on it.
@@ -407,7 +449,7 @@ export type UserCommand = Message<"shaddock.rpc.UserCommand"> & {
  * Use `create(UserCommandSchema)` to create a new message.
  */
 export const UserCommandSchema: GenMessage<UserCommand> = /*@__PURE__*/
-  messageDesc(file_rpc, 8);
+  messageDesc(file_rpc, 9);
 
 /**
  * @generated from message shaddock.rpc.Claim
@@ -429,7 +471,7 @@ export type Claim = Message<"shaddock.rpc.Claim"> & {
  * Use `create(ClaimSchema)` to create a new message.
  */
 export const ClaimSchema: GenMessage<Claim> = /*@__PURE__*/
-  messageDesc(file_rpc, 9);
+  messageDesc(file_rpc, 10);
 
 /**
  * @generated from message shaddock.rpc.Probe
@@ -442,7 +484,7 @@ export type Probe = Message<"shaddock.rpc.Probe"> & {
  * Use `create(ProbeSchema)` to create a new message.
  */
 export const ProbeSchema: GenMessage<Probe> = /*@__PURE__*/
-  messageDesc(file_rpc, 10);
+  messageDesc(file_rpc, 11);
 
 /**
  * What a worker tells the gates about its service's message types, so a gate can
@@ -489,7 +531,7 @@ export type ServiceSchema = Message<"shaddock.rpc.ServiceSchema"> & {
  * Use `create(ServiceSchemaSchema)` to create a new message.
  */
 export const ServiceSchemaSchema: GenMessage<ServiceSchema> = /*@__PURE__*/
-  messageDesc(file_rpc, 11);
+  messageDesc(file_rpc, 12);
 
 /**
  * How a keyed service's requests are routed (docs/workers.md, "Keyed services"). A
@@ -517,7 +559,7 @@ export type Keyed = Message<"shaddock.rpc.Keyed"> & {
  * Use `create(KeyedSchema)` to create a new message.
  */
 export const KeyedSchema: GenMessage<Keyed> = /*@__PURE__*/
-  messageDesc(file_rpc, 12);
+  messageDesc(file_rpc, 13);
 
 /**
  * A keyed service's worker, to its peers, on <prefix>.keyed.<service>.members every
@@ -553,12 +595,15 @@ export type KeyedMember = Message<"shaddock.rpc.KeyedMember"> & {
  * Use `create(KeyedMemberSchema)` to create a new message.
  */
 export const KeyedMemberSchema: GenMessage<KeyedMember> = /*@__PURE__*/
-  messageDesc(file_rpc, 13);
+  messageDesc(file_rpc, 14);
 
 /**
- * A partition's state, from its old owner to its new one, sent as a request on
- * <prefix>.keyed.<service>.handover.<new owner's id>; the new owner answers (an empty
- * body) once it has restored the state and subscribed the partition.
+ * A hand-over, from a partition's old owner to its new one, in two requests on
+ * <prefix>.keyed.<service>.handover.<new owner's id> (docs/workers.md, "Hand-over"):
+ * first `prepare` (the new owner subscribes the partition and holds what it receives,
+ * answering empty, or refuses with a non-empty answer), then, once the old owner has
+ * left the partition, its `state` and `seen` (the new owner answers empty once it has
+ * queued the state and the held requests its old owner did not handle).
  *
  * @generated from message shaddock.rpc.HandOver
  */
@@ -577,6 +622,19 @@ export type HandOver = Message<"shaddock.rpc.HandOver"> & {
    * @generated from field: string from = 3;
    */
   from: string;
+
+  /**
+   * @generated from field: bool prepare = 4;
+   */
+  prepare: boolean;
+
+  /**
+   * Per origin, the highest `seq` of the partition's requests the old owner took since
+   * it sent `prepare`: the new owner drops held requests at or below it.
+   *
+   * @generated from field: map<string, uint64> seen = 5;
+   */
+  seen: { [key: string]: bigint };
 };
 
 /**
@@ -584,7 +642,7 @@ export type HandOver = Message<"shaddock.rpc.HandOver"> & {
  * Use `create(HandOverSchema)` to create a new message.
  */
 export const HandOverSchema: GenMessage<HandOver> = /*@__PURE__*/
-  messageDesc(file_rpc, 14);
+  messageDesc(file_rpc, 15);
 
 /**
  * A typed method: full protobuf names of its request and response messages. Raw
@@ -620,7 +678,7 @@ export type MethodSchema = Message<"shaddock.rpc.MethodSchema"> & {
  * Use `create(MethodSchemaSchema)` to create a new message.
  */
 export const MethodSchemaSchema: GenMessage<MethodSchema> = /*@__PURE__*/
-  messageDesc(file_rpc, 15);
+  messageDesc(file_rpc, 16);
 
 /**
  * A push route and its message type.
@@ -647,5 +705,5 @@ export type PushSchema = Message<"shaddock.rpc.PushSchema"> & {
  * Use `create(PushSchemaSchema)` to create a new message.
  */
 export const PushSchemaSchema: GenMessage<PushSchema> = /*@__PURE__*/
-  messageDesc(file_rpc, 16);
+  messageDesc(file_rpc, 17);
 
