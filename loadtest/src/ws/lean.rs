@@ -530,7 +530,8 @@ mod tests {
     #[test]
     fn requests_are_the_protocols_frames_in_the_sessions_encoding() {
         let link = |codec| Link::new(None, codec, Arc::from("chat.members"));
-        let Message::Binary(frame) = link(Codec::Protobuf).encode(43, b"Hello World #0042") else {
+        let Some(Message::Binary(frame)) = link(Codec::Protobuf).encode(43, b"Hello World #0042")
+        else {
             panic!("not binary")
         };
         let packet = proto::client::Packet::decode(frame).expect("protobuf");
@@ -541,12 +542,16 @@ mod tests {
             (request.id, request.route.as_str(), &request.body[..]),
             (43, "chat.members", &b"Hello World #0042"[..])
         );
-        let Message::Text(frame) = link(Codec::Json).encode(1, br#"{"room":"a"}"#) else {
+        let Some(Message::Text(frame)) = link(Codec::Json).encode(1, br#"{"room":"a"}"#) else {
             panic!("not text")
         };
         assert_eq!(
             frame.as_str(),
             r#"{"request":{"id":1,"route":"chat.members","body":{"room":"a"}}}"#
+        );
+        assert!(
+            link(Codec::Json).encode(2, b"Hello World").is_none(),
+            "a JSON session's body that is not JSON is not sent"
         );
     }
 
