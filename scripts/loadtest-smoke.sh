@@ -80,16 +80,18 @@ scenario broadcast broadcast --members 20 --messages 10
 scenario churn churn --sessions 400 --warmup 200 --samples 1 --concurrency 50 --mix echo,chat \
   --settle 0.5s
 # A keyed service: arena matches whose owner drains halfway (our broker and a nats-server
-# cluster), that gain a worker halfway (the cluster), or whose owner is killed (the
-# cluster); --check fails the run if an input is lost or applied twice, or a match's
-# ticks skip or repeat across the hand-over (after a kill: only the lost matches'
-# players may miss inputs).
+# cluster), that gain a worker halfway (the cluster), whose owner is killed (the
+# cluster), or whose workers' node enters lame duck mode (the cluster); --check fails
+# the run if an input is lost or applied twice, or a match's ticks skip or repeat across
+# the hand-over (after a kill: only the lost matches' players may miss inputs).
 scenario matches-drain matches --matches 8 --players 2 --duration 2s --arena-workers 2 \
   --fault drain-owner --check --quiet
 scenario matches-drain-cluster matches --matches 8 --players 2 --duration 2s --arena-workers 2 \
   --fault drain-owner --bus nats-cluster --check --quiet
 scenario matches-add-cluster matches --matches 8 --players 2 --duration 2s --arena-workers 2 \
   --fault add-worker --bus nats-cluster --check --quiet
+scenario matches-lame-duck matches --matches 8 --players 2 --duration 2s --arena-workers 2 \
+  --fault lame-duck --bus nats-cluster --check --quiet
 scenario matches-kill matches --matches 8 --players 2 --duration 2s --arena-workers 2 \
   --fault kill-owner --bus nats-cluster --check --quiet
 # Every player's link cut at once halfway, on both buses, 2 gates: each SDK client

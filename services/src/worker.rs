@@ -253,11 +253,11 @@ impl Worker {
             security: config.security.clone(),
             timeout: config.move_timeout,
         };
-        let mover = Mover::new(target, client.clone());
         let keyed = keyed.map(|keyed| {
             let (out, partitions) = mpsc::channel(KEYED_INPUTS);
-            (keyed.run(out, shutdown.clone()), partitions)
+            (keyed.run(out, target.clone(), shutdown.clone()), partitions)
         });
+        let mover = Mover::new(target, client.clone());
         let (coordinator, keyed) = keyed.unzip();
         let subscribed = Subscribed {
             client: client.clone(),

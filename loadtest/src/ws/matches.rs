@@ -17,7 +17,10 @@
 //! again, the rest play on), `flap` cuts every player's link at once (each player
 //! reaches the gates through a TCP hop of the load tester's, which drops every
 //! connection through it: the SDK resumes the session on the next gate of its list,
-//! docs/protocol.md "Resume", and nothing may be lost, repeated or applied twice).
+//! docs/protocol.md "Resume", and nothing may be lost, repeated or applied twice),
+//! `lame-duck` (a nats-server cluster; the arena workers all on its first node) puts that
+//! node in lame duck mode: each arena worker moves its partitions to another node
+//! (docs/workers.md, "Reconnecting and lame duck"), and nothing may be lost.
 //! `--bus` runs the fleet on our broker or a nats-server cluster.
 
 use std::collections::VecDeque;
@@ -65,7 +68,7 @@ pub struct MatchesArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub arena_workers: u32,
     /// What happens to the fleet halfway through (see the module docs). drain-owner and
-    /// kill-owner need --arena-workers 2 or more.
+    /// kill-owner need --arena-workers 2 or more, lame-duck --bus nats-cluster.
     #[arg(long, value_enum, default_value_t = Fault::None)]
     pub fault: Fault,
     /// The bus the fleet runs on.
@@ -96,6 +99,7 @@ pub enum Fault {
     DrainOwner,
     KillOwner,
     Flap,
+    LameDuck,
 }
 
 /// What one `matches` run measured.
@@ -141,18 +145,35 @@ pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
             || args.arena_workers >= 2,
         "--fault drain-owner and kill-owner need --arena-workers 2 or more: someone must take the matches"
     );
+    ensure!(
+        args.fault != Fault::LameDuck || args.bus == Bus::NatsCluster,
+        "--fault lame-duck needs --bus nats-cluster: another node to move to"
+    );
+    // For lame-duck the arena workers start on the first node alone, below.
+    let on_first_node = args.fault == Fault::LameDuck;
+    let arena = if on_first_node { 0 } else { args.arena_workers };
     let spec = TopologySpec {
         broker: args.bus.spec(),
         workers: vec![
             ("chat".to_owned(), 1),
             (super::target::PROFILE.to_owned(), 1),
-            ("arena".to_owned(), args.arena_workers as usize),
+            ("arena".to_owned(), arena as usize),
         ],
         ..args.launch.spec(1, 1, &[])
     };
     let gates = spec.gates;
     let mut fleet = Topology::start(spec).await.context("launching the fleet")?;
-    let outcome = run(&args, &mut fleet).await;
+    let first_node = fleet.nats_urls()[..1].to_vec();
+    let mut outcome = Ok(());
+    for _ in 0..args.arena_workers - arena {
+        if outcome.is_ok() {
+            outcome = fleet.add_worker_on("arena", &first_node).await.map(drop);
+        }
+    }
+    let outcome = match outcome {
+        Ok(()) => run(&args, &mut fleet).await,
+        Err(error) => Err(error),
+    };
     let stopped = fleet.shutdown().await;
     let report = outcome?;
     stopped.context("stopping the fleet")?;
@@ -364,12 +385,44 @@ async fn strike(
             let ready = started.elapsed().as_secs_f64() - at;
             return Ok(format!("{at:.2} s: started {role}, ready in {ready:.2} s"));
         }
+        Fault::LameDuck => return lame_duck(fleet, started).await,
         Fault::DrainOwner => Signal::SIGTERM,
         Fault::KillOwner => Signal::SIGKILL,
     };
     Ok(format!(
         "{at:.2} s: {}",
         fleet.stop_one(&owner, signal).await?
+    ))
+}
+
+/// How long each arena worker may take to move its partitions off the node in lame duck
+/// mode (the fleet's nodes close their clients from a second after the notice on).
+const MOVE_WITHIN: Duration = Duration::from_secs(5);
+
+/// Puts the first node in lame duck mode and waits until every arena worker (all on it)
+/// has moved its partitions to another node; says when each did.
+async fn lame_duck(fleet: &mut Topology, started: Instant) -> anyhow::Result<String> {
+    let at = started.elapsed().as_secs_f64();
+    let node = fleet.process(&Role::Node(0)).context("no first node")?;
+    node.signal(Signal::SIGUSR2);
+    let arena: Vec<Role> = (fleet.pids().into_iter())
+        .map(|(role, _)| role)
+        .filter(|role| matches!(role, Role::Worker { service, .. } if service == "arena"))
+        .collect();
+    let mut moved = Vec::new();
+    for role in arena {
+        let worker = fleet.process(&role).context("an arena worker is gone")?;
+        (worker.wait_line("the partitions moved to another NATS server", MOVE_WITHIN))
+            .await
+            .map_err(anyhow::Error::msg)?;
+        moved.push(format!(
+            "{role} {:.2} s",
+            started.elapsed().as_secs_f64() - at
+        ));
+    }
+    Ok(format!(
+        "{at:.2} s: nats-0 in lame duck mode; moved: {}",
+        moved.join(", ")
     ))
 }
 

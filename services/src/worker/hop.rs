@@ -48,7 +48,7 @@ pub(super) struct Arrival {
     pub queue: Vec<(String, Subscriber)>,
 }
 
-type Waiting<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+pub(super) type Waiting<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// Watches the inputs' connection and the worker's own (the pusher's, which answers)
 /// for lame duck notices, and makes the moves.
@@ -152,13 +152,13 @@ fn same(a: &Client, b: &Client) -> bool {
 }
 
 /// `client`'s next lame duck notice, when [`bus::connect`] made it.
-fn notice(client: &Client) -> Option<Waiting<()>> {
+pub(super) fn notice(client: &Client) -> Option<Waiting<()>> {
     let signals = bus::signals(client)?;
     Some(async move { signals.lame_duck().await }.boxed())
 }
 
 /// The output of the future in `slot`, or never when there is none.
-async fn until<T>(slot: &mut Option<Waiting<T>>) -> T {
+pub(super) async fn until<T>(slot: &mut Option<Waiting<T>>) -> T {
     match slot {
         Some(future) => future.await,
         None => std::future::pending().await,
@@ -184,35 +184,8 @@ async fn reconnect(client: Client) {
 /// why) when that cannot be done.
 async fn arrive(target: Arc<Target>, subjects: Subjects, old: Client) -> Option<Arrival> {
     let deadline = Instant::now() + target.timeout;
-    let from = old.server_info();
-    let urls = candidates(&target.urls, &from.connect_urls);
-    if urls.len() < 2 {
-        tracing::warn!(
-            "no other NATS server known: serving until this one closes the connection, then reconnecting"
-        );
-        return None;
-    }
-    let connected = tokio::time::timeout_at(
-        deadline,
-        bus::connect_now(&urls, &target.name, &target.security),
-    )
-    .await;
-    let client = match connected {
-        Ok(Ok(client)) => client,
-        Ok(Err(error)) => {
-            tracing::warn!(error = %format!("{error:#}"), "cannot move: no other NATS server accepted");
-            return None;
-        }
-        Err(_) => {
-            tracing::warn!(timeout = ?target.timeout, "cannot move: no other NATS server accepted in time");
-            return None;
-        }
-    };
-    let to = client.server_info();
-    if to.server_id == from.server_id {
-        tracing::warn!("cannot move: connected to the same NATS server again");
-        return None;
-    }
+    let client = connect_elsewhere(&target, &old, deadline).await?;
+    let (from, to) = (old.server_info(), client.server_info());
     let connects = client.statistics().connects.load(Ordering::Relaxed);
     let requests = queue_subscribe(&client, &subjects.requests, &subjects.group).await?;
     let mut queue = Vec::with_capacity(subjects.queue_events.len());
@@ -240,6 +213,44 @@ async fn arrive(target: Arc<Target>, subjects: Subjects, old: Client) -> Option<
     })
 }
 
+/// Connects to another server than `old`'s by `deadline`; `None` (having said why) when
+/// none accepts in time.
+pub(super) async fn connect_elsewhere(
+    target: &Target,
+    old: &Client,
+    deadline: Instant,
+) -> Option<Client> {
+    let from = old.server_info();
+    let urls = candidates(&target.urls, &from.connect_urls);
+    if urls.len() < 2 {
+        tracing::warn!(
+            "no other NATS server known: serving until this one closes the connection, then reconnecting"
+        );
+        return None;
+    }
+    let connected = tokio::time::timeout_at(
+        deadline,
+        bus::connect_now(&urls, &target.name, &target.security),
+    )
+    .await;
+    let client = match connected {
+        Ok(Ok(client)) => client,
+        Ok(Err(error)) => {
+            tracing::warn!(error = %format!("{error:#}"), "cannot move: no other NATS server accepted");
+            return None;
+        }
+        Err(_) => {
+            tracing::warn!(timeout = ?target.timeout, "cannot move: no other NATS server accepted in time");
+            return None;
+        }
+    };
+    if client.server_info().server_id == from.server_id {
+        tracing::warn!("cannot move: connected to the same NATS server again");
+        return None;
+    }
+    Some(client)
+}
+
 async fn queue_subscribe(client: &Client, subject: &str, group: &str) -> Option<Subscriber> {
     match client
         .queue_subscribe(subject.to_owned(), group.to_owned())
@@ -256,7 +267,7 @@ async fn queue_subscribe(client: &Client, subject: &str, group: &str) -> Option<
 /// True once a probe published through `old` reaches `new`: `old`'s server then knows
 /// every subscription `new` made before the probe's (one account's interest crosses a
 /// route in order). False when either connection is closed. Bounded by the caller.
-async fn interest_seen(old: &Client, new: &Client) -> bool {
+pub(super) async fn interest_seen(old: &Client, new: &Client) -> bool {
     let subject = new.new_inbox();
     let Ok(mut probe) = new.subscribe(subject.clone()).await else {
         return false;

@@ -98,8 +98,9 @@ impl Inputs {
             }
             let serving = !self.requests_done;
             let stopping = self.shutdown.is_cancelled();
-            // A keyed service's partitions stay on the worker's own connection: they do
-            // not move off a server in lame duck mode (docs/workers.md).
+            // A keyed service's partitions move off a server in lame duck mode by
+            // themselves (`super::keyed`); its other inputs stay on the worker's own
+            // connection, and move with its reconnect (docs/workers.md).
             let keyed = self.keyed.is_some();
             let stay = stopping || keyed;
             tokio::select! {

@@ -25,12 +25,13 @@
 //! partitions are left and their state ends with it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::{Client, Subject, Subscriber};
 use bytes::Bytes;
 use futures::stream::SelectAll;
-use futures::{StreamExt, stream};
+use futures::{FutureExt, StreamExt, stream};
 use proto::Message as _;
 use proto::keyed::{handover_subject, members_subject, partition_subject};
 use proto::rpc::{HandOver, KeyedMember, RequestOrder};
@@ -39,6 +40,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::error::WorkerError;
+use super::hop::{self, Target, Waiting, until};
 use super::subscribe::Boxed;
 use crate::bus::method_of;
 use crate::config::KeyedConfig;
@@ -118,10 +120,20 @@ struct Held {
 
 /// A partition on its way out.
 struct Out {
-    /// To whom; `None`: nobody (at shutdown, with no other worker left).
-    to: Option<String>,
+    to: To,
     /// Per origin, the highest `seq` taken since the prepare.
     seen: HashMap<String, u64>,
+}
+
+/// Where a partition on its way out goes.
+#[derive(Clone, PartialEq, Eq)]
+enum To {
+    /// A peer, by id.
+    Peer(String),
+    /// Nowhere: at shutdown, with no other worker left.
+    Nobody,
+    /// This worker's new connection, off a server in lame duck mode.
+    Myself,
 }
 
 /// A partition handed to this worker, subscribed, its requests held until the state
@@ -134,6 +146,17 @@ struct Preparing {
     dropped: u64,
 }
 
+impl Preparing {
+    fn new(subscription: Subscription) -> Self {
+        Preparing {
+            subscription,
+            since: Instant::now(),
+            held: VecDeque::new(),
+            dropped: 0,
+        }
+    }
+}
+
 /// What a hand-over's task reports: `partition` prepared (the overlap over) or not, or
 /// handed over (or its state back, not taken).
 enum Handed {
@@ -141,6 +164,9 @@ enum Handed {
         partition: u32,
         ok: bool,
     },
+    /// The server in lame duck mode knows this worker's new subscriptions (or the move's
+    /// time is up).
+    Proven,
     Done {
         partition: u32,
         result: Result<(), Bytes>,
@@ -192,6 +218,7 @@ impl Keyed {
     pub(super) fn run(
         self,
         out: mpsc::Sender<Incoming<Subject>>,
+        target: Target,
         shutdown: CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
         let Keyed {
@@ -206,11 +233,22 @@ impl Keyed {
             heartbeat,
         } = self;
         let said = heartbeat.subscribe();
-        let (handed_tx, handed_rx) = mpsc::channel(2 * partitions as usize);
+        let (handed_tx, handed_rx) = mpsc::channel(2 * partitions as usize + 1);
+        let (clients, heartbeat_client) = watch::channel(client.clone());
+        let hop = Hop {
+            notice: hop::notice(&client),
+            target: Arc::new(target),
+            connecting: None,
+            left: None,
+        };
         let timeouts = (config.keyed_member_timeout, config.keyed_heartbeat * 2);
         let coordinator = Coordinator {
             view: Members::new(me.clone(), partitions, timeouts, Instant::now().into_std()),
-            client: client.clone(),
+            client,
+            clients,
+            hop,
+            members,
+            handovers,
             prefix: prefix.clone(),
             service: service.clone(),
             me,
@@ -228,15 +266,16 @@ impl Keyed {
         };
         let subject = members_subject(&prefix, &service);
         let interval = config.keyed_heartbeat;
-        tokio::spawn(say_heartbeats(client, subject, interval, said));
-        tokio::spawn(coordinator.run(members, handovers, handed_rx, shutdown))
+        tokio::spawn(say_heartbeats(heartbeat_client, subject, interval, said));
+        tokio::spawn(coordinator.run(handed_rx, shutdown))
     }
 }
 
-/// Publishes this worker's heartbeat every `interval`, and at once whenever it changes;
-/// ends after the last one (sent once the coordinator is gone).
+/// Publishes this worker's heartbeat every `interval`, and at once whenever it changes,
+/// through the coordinator's connection of the moment; ends after the last one (sent
+/// once the coordinator is gone).
 async fn say_heartbeats(
-    client: Client,
+    client: watch::Receiver<Client>,
     subject: String,
     interval: Duration,
     mut said: watch::Receiver<KeyedMember>,
@@ -248,6 +287,7 @@ async fn say_heartbeats(
             changed = said.changed() => changed.is_err(),
         };
         let payload: Bytes = said.borrow_and_update().encode_to_vec().into();
+        let client = client.borrow().clone();
         if let Err(error) = client.publish(subject.clone(), payload).await {
             tracing::debug!(%error, "cannot publish a keyed heartbeat");
         }
@@ -258,9 +298,27 @@ async fn say_heartbeats(
     }
 }
 
+/// Moving off a server in lame duck mode.
+struct Hop {
+    target: Arc<Target>,
+    /// The connection's next lame duck notice.
+    notice: Option<Waiting<()>>,
+    /// A connection to another server being made.
+    connecting: Option<Waiting<Option<Client>>>,
+    /// The connection left, kept until every partition has left it.
+    left: Option<Client>,
+}
+
 struct Coordinator {
     view: Members,
+    /// The connection everything goes through, but for partitions that have not left
+    /// the one before it yet (`hop.left`).
     client: Client,
+    /// The same, for the heartbeats' task.
+    clients: watch::Sender<Client>,
+    hop: Hop,
+    members: Subscriber,
+    handovers: Subscriber,
     prefix: String,
     service: String,
     me: String,
@@ -281,13 +339,7 @@ struct Coordinator {
 }
 
 impl Coordinator {
-    async fn run(
-        mut self,
-        mut members: Subscriber,
-        mut handovers: Subscriber,
-        mut handed: mpsc::Receiver<Handed>,
-        shutdown: CancellationToken,
-    ) {
+    async fn run(mut self, mut handed: mpsc::Receiver<Handed>, shutdown: CancellationToken) {
         let mut ticks = tokio::time::interval(self.config.keyed_heartbeat);
         loop {
             if self.leaving && self.held.is_empty() && self.preparing.is_empty() {
@@ -309,8 +361,25 @@ impl Coordinator {
                     self.let_go_stale();
                     self.act().await;
                 }
-                Some(message) = members.next() => self.heard(&message.payload).await,
-                Some(message) = handovers.next() => self.take_handed(message).await,
+                Some(message) = self.members.next() => self.heard(&message.payload).await,
+                Some(message) = self.handovers.next() => self.take_handed(message).await,
+                () = until(&mut self.hop.notice), if !self.leaving && self.hop.left.is_none() => {
+                    self.hop.notice = None;
+                    tracing::warn!("the NATS server is going away: moving the partitions to another server");
+                    let (target, old) = (self.hop.target.clone(), self.client.clone());
+                    let deadline = Instant::now() + target.timeout;
+                    self.hop.connecting = Some(
+                        async move { hop::connect_elsewhere(&target, &old, deadline).await }.boxed(),
+                    );
+                }
+                new = until(&mut self.hop.connecting) => {
+                    self.hop.connecting = None;
+                    match new {
+                        Some(new) => self.arrive(new).await,
+                        // It said why; a later notice tries again.
+                        None => self.hop.notice = hop::notice(&self.client),
+                    }
+                }
                 Some(item) = self.streams.next() => match item {
                     Item::Request { partition, sub, request } => {
                         self.request(partition, sub, request).await;
@@ -319,6 +388,7 @@ impl Coordinator {
                 },
                 Some(handed) = handed.recv() => match handed {
                     Handed::Prepared { partition, ok } => self.prepared(partition, ok),
+                    Handed::Proven => self.leave_old(),
                     Handed::Done { partition, result } => self.handed(partition, result).await,
                 },
             }
@@ -429,7 +499,7 @@ impl Coordinator {
         tracing::debug!(partition, ?to, "handing over");
         self.moving.insert(partition);
         held.out = Some(Out {
-            to: to.clone(),
+            to: to.clone().map_or(To::Nobody, To::Peer),
             seen: HashMap::new(),
         });
         let Some(to) = to else {
@@ -597,14 +667,18 @@ impl Coordinator {
         if held.subscription.sub != sub {
             return;
         }
-        let handing = (held.out.as_mut())
-            .and_then(|out| Some((out.to.clone()?, std::mem::take(&mut out.seen))));
-        let Some((to, seen)) = handing else {
-            // Left (nobody to hand it to), or the connection closed under it.
-            self.held.remove(&partition);
-            self.moving.remove(&partition);
-            self.say();
-            return;
+        let handing =
+            (held.out.as_mut()).map(|out| (out.to.clone(), std::mem::take(&mut out.seen)));
+        let (to, seen) = match handing {
+            Some((To::Peer(to), seen)) => (to, seen),
+            Some((To::Myself, seen)) => return self.moved(partition, &seen).await,
+            Some((To::Nobody, _)) | None => {
+                // Left (nobody to hand it to), or the connection closed under it.
+                self.held.remove(&partition);
+                self.moving.remove(&partition);
+                self.say();
+                return;
+            }
         };
         // The loop answers the state here, after the partition's last request.
         let inbox = self.client.new_inbox();
@@ -630,6 +704,108 @@ impl Coordinator {
             let result = ask.state(partition, state, seen).await;
             let _ = handed.send(Handed::Done { partition, result }).await;
         });
+    }
+
+    /// Connected to another server (its server in lame duck mode): hears the peers and
+    /// hand-overs there, and subscribes there every partition held and not on its way
+    /// out, holding what comes; once the old server knows the new subscriptions
+    /// ([`Coordinator::leave_old`]), the old ones end, and each partition goes on with
+    /// what it held that the old subscription did not take ([`Coordinator::moved`]): a
+    /// hand-over to itself, without the state, which stays in the loop.
+    async fn arrive(&mut self, new: Client) {
+        let subscribe = async |subject: String| new.subscribe(subject).await;
+        let members = subscribe(members_subject(&self.prefix, &self.service)).await;
+        let handovers = subscribe(handover_subject(&self.prefix, &self.service, &self.me)).await;
+        let (Ok(members), Ok(handovers)) = (members, handovers) else {
+            tracing::warn!("cannot move: cannot subscribe on the new connection");
+            self.hop.notice = hop::notice(&self.client);
+            return;
+        };
+        // Hand-overs in flight to the old subscription are asked again by their senders.
+        (self.members, self.handovers) = (members, handovers);
+        let old = std::mem::replace(&mut self.client, new.clone());
+        self.clients.send_replace(new.clone());
+        let staying: Vec<u32> = (self.held.iter())
+            .filter(|(_, held)| held.out.is_none())
+            .map(|(partition, _)| *partition)
+            .collect();
+        for partition in staying {
+            let Some(subscription) = self.subscribe(partition).await else {
+                continue;
+            };
+            self.preparing
+                .insert(partition, Preparing::new(subscription));
+            self.moving.insert(partition);
+            if let Some(held) = self.held.get_mut(&partition) {
+                held.out = Some(Out {
+                    to: To::Myself,
+                    seen: HashMap::new(),
+                });
+            }
+        }
+        let deadline = Instant::now() + self.hop.target.timeout;
+        let proven = self.handed_tx.clone();
+        let left = old.clone();
+        tokio::spawn(async move {
+            let seen = tokio::time::timeout_at(deadline, hop::interest_seen(&left, &new)).await;
+            if seen != Ok(true) {
+                tracing::warn!(
+                    "the old NATS server did not show the new subscriptions in time: moving anyway"
+                );
+            }
+            let _ = proven.send(Handed::Proven).await;
+        });
+        self.hop.left = Some(old);
+    }
+
+    /// The old server knows the new subscriptions: the old ones end.
+    fn leave_old(&mut self) {
+        for held in self.held.values() {
+            if held.out.as_ref().is_some_and(|out| out.to == To::Myself) {
+                held.subscription.leave.cancel();
+            }
+        }
+        self.settle_hop();
+    }
+
+    /// `partition`'s old subscription has ended, on the connection left: it goes on on
+    /// the new one, with what that held and `seen` does not cover.
+    async fn moved(&mut self, partition: u32, seen: &HashMap<String, u64>) {
+        let subscription = match self.preparing.remove(&partition) {
+            Some(preparing) => {
+                for request in preparing.held {
+                    if !covered(seen, &request.payload) {
+                        let _ = self.out.send(request).await;
+                    }
+                }
+                Some(preparing.subscription)
+            }
+            None => self.subscribe(partition).await,
+        };
+        self.moving.remove(&partition);
+        match (self.held.get_mut(&partition), subscription) {
+            (Some(held), Some(subscription)) => {
+                held.subscription = subscription;
+                held.out = None;
+            }
+            _ => {
+                self.held.remove(&partition);
+                self.say();
+            }
+        }
+        self.settle_hop();
+    }
+
+    /// Once no partition is on the connection left, lets it go and listens for the new
+    /// one's notice.
+    fn settle_hop(&mut self) {
+        let on_old = (self.held.values())
+            .any(|held| held.out.as_ref().is_some_and(|out| out.to == To::Myself));
+        if self.hop.left.is_some() && !on_old {
+            self.hop.left = None;
+            self.hop.notice = hop::notice(&self.client);
+            tracing::info!("the partitions moved to another NATS server");
+        }
     }
 
     /// A hand-over ended: the partition is the new owner's, or it stays here.
@@ -697,13 +873,8 @@ impl Coordinator {
             subscription.leave.cancel();
             return false;
         }
-        let preparing = Preparing {
-            subscription,
-            since: Instant::now(),
-            held: VecDeque::new(),
-            dropped: 0,
-        };
-        self.preparing.insert(partition, preparing);
+        self.preparing
+            .insert(partition, Preparing::new(subscription));
         true
     }
 
