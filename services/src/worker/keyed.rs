@@ -452,8 +452,11 @@ impl Coordinator {
         let wait =
             config.handover_overlap + config.handover_timeout * 2 + config.keyed_member_timeout;
         let now = Instant::now();
+        let held = &self.held;
         self.preparing.retain(|partition, preparing| {
-            let fresh = now.duration_since(preparing.since) < wait;
+            // A partition moving to this worker's new connection ends with the move.
+            let own = held.contains_key(partition);
+            let fresh = own || now.duration_since(preparing.since) < wait;
             if !fresh {
                 tracing::warn!(partition, "a prepared hand-over never came: let go");
                 preparing.subscription.leave.cancel();
