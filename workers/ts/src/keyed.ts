@@ -30,7 +30,8 @@
  *   then every held request `seen` does not cover, in the order received, and serve
  *   the partition; answer empty (never a refusal after a prepare). A state with no
  *   prepare before it is taken as a take-over and a subscription. A prepared partition
- *   whose state does not come within the overlap plus twice the hand-over timeout is
+ *   whose state does not come within the overlap, twice the hand-over timeout and the
+ *   member timeout is
  *   let go (its old owner kept it and served what was held here); one taken fresh
  *   meanwhile (its old owner died) is taken with no state, then everything held.
  *
@@ -543,10 +544,13 @@ export class Partitions {
       this.#answer(msg, REFUSED);
       return;
     }
-    const { handoverOverlapMs, handoverTimeoutMs } = this.#settings;
+    const { handoverOverlapMs, handoverTimeoutMs, memberTimeoutMs } = this.#settings;
+    // Longer than a dead old owner takes to be counted dead: then this worker takes the
+    // partition fresh, with what it held.
+    const wait = handoverOverlapMs + 2 * handoverTimeoutMs + memberTimeoutMs;
     try {
       const sub = this.#subscribe(partition);
-      const expiry = setTimeout(() => this.#letGo(partition), handoverOverlapMs + 2 * handoverTimeoutMs);
+      const expiry = setTimeout(() => this.#letGo(partition), wait);
       this.#preparing.set(partition, { sub, held: [], dropped: 0, expiry });
       await this.#nc.flush();
     } catch (error) {

@@ -586,7 +586,8 @@ test("a prepared partition holds at most the buffer, and is let go when its stat
   const answers = publishLabelled(old.nc, prefix, key, [["o1", 1], ["o1", 2], ["o1", 3]]);
   await until("the third is dropped", () => b.worker.keyed?.stats.handoverOverflow === 1);
   assert.ok(b.errors.some((e) => e.includes(`partition ${partition}: 2 requests held`)), b.errors.join("\n"));
-  // No state within the overlap and twice the hand-over timeout: let go, nothing served.
+  // No state within the overlap, twice the hand-over timeout and the member timeout:
+  // let go, nothing served.
   await until("b lets the partition go", () => b.worker.keyed?.preparing.length === 0);
   assert.ok(b.errors.some((e) => e.includes(`partition ${partition} was prepared`)), b.errors.join("\n"));
   await assert.rejects(
