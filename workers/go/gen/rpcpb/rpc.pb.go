@@ -132,7 +132,16 @@ type RpcRequest struct {
 	// profile.get's handler made in turn would carry ["chat.login", "profile.get"]). Empty for a gate's
 	// request. A worker makes no call whose trace would pass 8 routes: a cycle of calls
 	// ends there, with a 500 to the caller (docs/workers.md, "Calling other services").
-	Trace         []string `protobuf:"bytes,7,rep,name=trace,proto3" json:"trace,omitempty"`
+	Trace []string `protobuf:"bytes,7,rep,name=trace,proto3" json:"trace,omitempty"`
+	// A keyed service's request: who published it, and its place among that publisher's
+	// keyed requests. `origin` names one ordered stream of publishes (a gate's session:
+	// its reply prefix, `<prefix>.gw.<gate>.<sid>`; a worker's calls: `<prefix>.call.<worker
+	// id>`); `seq` rises with each publish of that stream, in the order published (gaps
+	// allowed). A partition's new owner uses them to tell, during a hand-over, which
+	// requests its old owner already handled (docs/workers.md, "Hand-over"). Empty and 0
+	// for other services.
+	Origin        string `protobuf:"bytes,8,opt,name=origin,proto3" json:"origin,omitempty"`
+	Seq           uint64 `protobuf:"varint,9,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -216,6 +225,73 @@ func (x *RpcRequest) GetTrace() []string {
 	return nil
 }
 
+func (x *RpcRequest) GetOrigin() string {
+	if x != nil {
+		return x.Origin
+	}
+	return ""
+}
+
+func (x *RpcRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+// Only the ordering fields of an RpcRequest: decoding a payload as this skips the rest.
+type RequestOrder struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Origin        string                 `protobuf:"bytes,8,opt,name=origin,proto3" json:"origin,omitempty"`
+	Seq           uint64                 `protobuf:"varint,9,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestOrder) Reset() {
+	*x = RequestOrder{}
+	mi := &file_rpc_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestOrder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestOrder) ProtoMessage() {}
+
+func (x *RequestOrder) ProtoReflect() protoreflect.Message {
+	mi := &file_rpc_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestOrder.ProtoReflect.Descriptor instead.
+func (*RequestOrder) Descriptor() ([]byte, []int) {
+	return file_rpc_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RequestOrder) GetOrigin() string {
+	if x != nil {
+		return x.Origin
+	}
+	return ""
+}
+
+func (x *RequestOrder) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 type RpcResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A shaddock.status.Status (status.proto); 200 when handled.
@@ -235,7 +311,7 @@ type RpcResponse struct {
 
 func (x *RpcResponse) Reset() {
 	*x = RpcResponse{}
-	mi := &file_rpc_proto_msgTypes[2]
+	mi := &file_rpc_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -247,7 +323,7 @@ func (x *RpcResponse) String() string {
 func (*RpcResponse) ProtoMessage() {}
 
 func (x *RpcResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[2]
+	mi := &file_rpc_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -260,7 +336,7 @@ func (x *RpcResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RpcResponse.ProtoReflect.Descriptor instead.
 func (*RpcResponse) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{2}
+	return file_rpc_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RpcResponse) GetCode() uint32 {
@@ -330,7 +406,7 @@ type CallSpan struct {
 
 func (x *CallSpan) Reset() {
 	*x = CallSpan{}
-	mi := &file_rpc_proto_msgTypes[3]
+	mi := &file_rpc_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +418,7 @@ func (x *CallSpan) String() string {
 func (*CallSpan) ProtoMessage() {}
 
 func (x *CallSpan) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[3]
+	mi := &file_rpc_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +431,7 @@ func (x *CallSpan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallSpan.ProtoReflect.Descriptor instead.
 func (*CallSpan) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{3}
+	return file_rpc_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CallSpan) GetRoute() string {
@@ -404,7 +480,7 @@ type Effect struct {
 
 func (x *Effect) Reset() {
 	*x = Effect{}
-	mi := &file_rpc_proto_msgTypes[4]
+	mi := &file_rpc_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -416,7 +492,7 @@ func (x *Effect) String() string {
 func (*Effect) ProtoMessage() {}
 
 func (x *Effect) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[4]
+	mi := &file_rpc_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -429,7 +505,7 @@ func (x *Effect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Effect.ProtoReflect.Descriptor instead.
 func (*Effect) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{4}
+	return file_rpc_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Effect) GetKind() isEffect_Kind {
@@ -543,7 +619,7 @@ type SetData struct {
 
 func (x *SetData) Reset() {
 	*x = SetData{}
-	mi := &file_rpc_proto_msgTypes[5]
+	mi := &file_rpc_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +631,7 @@ func (x *SetData) String() string {
 func (*SetData) ProtoMessage() {}
 
 func (x *SetData) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[5]
+	mi := &file_rpc_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +644,7 @@ func (x *SetData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetData.ProtoReflect.Descriptor instead.
 func (*SetData) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{5}
+	return file_rpc_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SetData) GetKey() string {
@@ -598,7 +674,7 @@ type SessionClosed struct {
 
 func (x *SessionClosed) Reset() {
 	*x = SessionClosed{}
-	mi := &file_rpc_proto_msgTypes[6]
+	mi := &file_rpc_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -610,7 +686,7 @@ func (x *SessionClosed) String() string {
 func (*SessionClosed) ProtoMessage() {}
 
 func (x *SessionClosed) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[6]
+	mi := &file_rpc_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -623,7 +699,7 @@ func (x *SessionClosed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionClosed.ProtoReflect.Descriptor instead.
 func (*SessionClosed) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{6}
+	return file_rpc_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SessionClosed) GetGate() string {
@@ -666,7 +742,7 @@ type ServerPush struct {
 
 func (x *ServerPush) Reset() {
 	*x = ServerPush{}
-	mi := &file_rpc_proto_msgTypes[7]
+	mi := &file_rpc_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -678,7 +754,7 @@ func (x *ServerPush) String() string {
 func (*ServerPush) ProtoMessage() {}
 
 func (x *ServerPush) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[7]
+	mi := &file_rpc_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -691,7 +767,7 @@ func (x *ServerPush) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerPush.ProtoReflect.Descriptor instead.
 func (*ServerPush) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{7}
+	return file_rpc_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ServerPush) GetRoute() string {
@@ -724,7 +800,7 @@ type UserCommand struct {
 
 func (x *UserCommand) Reset() {
 	*x = UserCommand{}
-	mi := &file_rpc_proto_msgTypes[8]
+	mi := &file_rpc_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -736,7 +812,7 @@ func (x *UserCommand) String() string {
 func (*UserCommand) ProtoMessage() {}
 
 func (x *UserCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[8]
+	mi := &file_rpc_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -749,7 +825,7 @@ func (x *UserCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UserCommand.ProtoReflect.Descriptor instead.
 func (*UserCommand) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{8}
+	return file_rpc_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *UserCommand) GetKind() isUserCommand_Kind {
@@ -836,7 +912,7 @@ type Claim struct {
 
 func (x *Claim) Reset() {
 	*x = Claim{}
-	mi := &file_rpc_proto_msgTypes[9]
+	mi := &file_rpc_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +924,7 @@ func (x *Claim) String() string {
 func (*Claim) ProtoMessage() {}
 
 func (x *Claim) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[9]
+	mi := &file_rpc_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +937,7 @@ func (x *Claim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Claim.ProtoReflect.Descriptor instead.
 func (*Claim) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{9}
+	return file_rpc_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Claim) GetGate() string {
@@ -886,7 +962,7 @@ type Probe struct {
 
 func (x *Probe) Reset() {
 	*x = Probe{}
-	mi := &file_rpc_proto_msgTypes[10]
+	mi := &file_rpc_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +974,7 @@ func (x *Probe) String() string {
 func (*Probe) ProtoMessage() {}
 
 func (x *Probe) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[10]
+	mi := &file_rpc_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +987,7 @@ func (x *Probe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Probe.ProtoReflect.Descriptor instead.
 func (*Probe) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{10}
+	return file_rpc_proto_rawDescGZIP(), []int{11}
 }
 
 // What a worker tells the gates about its service's message types, so a gate can
@@ -934,7 +1010,7 @@ type ServiceSchema struct {
 
 func (x *ServiceSchema) Reset() {
 	*x = ServiceSchema{}
-	mi := &file_rpc_proto_msgTypes[11]
+	mi := &file_rpc_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -946,7 +1022,7 @@ func (x *ServiceSchema) String() string {
 func (*ServiceSchema) ProtoMessage() {}
 
 func (x *ServiceSchema) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[11]
+	mi := &file_rpc_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -959,7 +1035,7 @@ func (x *ServiceSchema) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceSchema.ProtoReflect.Descriptor instead.
 func (*ServiceSchema) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{11}
+	return file_rpc_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ServiceSchema) GetService() string {
@@ -1012,7 +1088,7 @@ type Keyed struct {
 
 func (x *Keyed) Reset() {
 	*x = Keyed{}
-	mi := &file_rpc_proto_msgTypes[12]
+	mi := &file_rpc_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1024,7 +1100,7 @@ func (x *Keyed) String() string {
 func (*Keyed) ProtoMessage() {}
 
 func (x *Keyed) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[12]
+	mi := &file_rpc_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1037,7 +1113,7 @@ func (x *Keyed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Keyed.ProtoReflect.Descriptor instead.
 func (*Keyed) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{12}
+	return file_rpc_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Keyed) GetPartitions() uint32 {
@@ -1070,7 +1146,7 @@ type KeyedMember struct {
 
 func (x *KeyedMember) Reset() {
 	*x = KeyedMember{}
-	mi := &file_rpc_proto_msgTypes[13]
+	mi := &file_rpc_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1082,7 +1158,7 @@ func (x *KeyedMember) String() string {
 func (*KeyedMember) ProtoMessage() {}
 
 func (x *KeyedMember) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[13]
+	mi := &file_rpc_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1095,7 +1171,7 @@ func (x *KeyedMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyedMember.ProtoReflect.Descriptor instead.
 func (*KeyedMember) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{13}
+	return file_rpc_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *KeyedMember) GetId() string {
@@ -1119,21 +1195,28 @@ func (x *KeyedMember) GetLeaving() bool {
 	return false
 }
 
-// A partition's state, from its old owner to its new one, sent as a request on
-// <prefix>.keyed.<service>.handover.<new owner's id>; the new owner answers (an empty
-// body) once it has restored the state and subscribed the partition.
+// A hand-over, from a partition's old owner to its new one, in two requests on
+// <prefix>.keyed.<service>.handover.<new owner's id> (docs/workers.md, "Hand-over"):
+// first `prepare` (the new owner subscribes the partition and holds what it receives,
+// answering empty, or refuses with a non-empty answer), then, once the old owner has
+// left the partition, its `state` and `seen` (the new owner answers empty once it has
+// queued the state and the held requests its old owner did not handle).
 type HandOver struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Partition     uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
-	State         []byte                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
-	From          string                 `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	State     []byte                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	From      string                 `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	Prepare   bool                   `protobuf:"varint,4,opt,name=prepare,proto3" json:"prepare,omitempty"`
+	// Per origin, the highest `seq` of the partition's requests the old owner took since
+	// it sent `prepare`: the new owner drops held requests at or below it.
+	Seen          map[string]uint64 `protobuf:"bytes,5,rep,name=seen,proto3" json:"seen,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HandOver) Reset() {
 	*x = HandOver{}
-	mi := &file_rpc_proto_msgTypes[14]
+	mi := &file_rpc_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1145,7 +1228,7 @@ func (x *HandOver) String() string {
 func (*HandOver) ProtoMessage() {}
 
 func (x *HandOver) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[14]
+	mi := &file_rpc_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1158,7 +1241,7 @@ func (x *HandOver) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandOver.ProtoReflect.Descriptor instead.
 func (*HandOver) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{14}
+	return file_rpc_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *HandOver) GetPartition() uint32 {
@@ -1182,6 +1265,20 @@ func (x *HandOver) GetFrom() string {
 	return ""
 }
 
+func (x *HandOver) GetPrepare() bool {
+	if x != nil {
+		return x.Prepare
+	}
+	return false
+}
+
+func (x *HandOver) GetSeen() map[string]uint64 {
+	if x != nil {
+		return x.Seen
+	}
+	return nil
+}
+
 // A typed method: full protobuf names of its request and response messages. Raw
 // methods are not listed: their bodies pass through as they are.
 type MethodSchema struct {
@@ -1199,7 +1296,7 @@ type MethodSchema struct {
 
 func (x *MethodSchema) Reset() {
 	*x = MethodSchema{}
-	mi := &file_rpc_proto_msgTypes[15]
+	mi := &file_rpc_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1211,7 +1308,7 @@ func (x *MethodSchema) String() string {
 func (*MethodSchema) ProtoMessage() {}
 
 func (x *MethodSchema) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[15]
+	mi := &file_rpc_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1224,7 +1321,7 @@ func (x *MethodSchema) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MethodSchema.ProtoReflect.Descriptor instead.
 func (*MethodSchema) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{15}
+	return file_rpc_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *MethodSchema) GetMethod() string {
@@ -1261,7 +1358,7 @@ type PushSchema struct {
 
 func (x *PushSchema) Reset() {
 	*x = PushSchema{}
-	mi := &file_rpc_proto_msgTypes[16]
+	mi := &file_rpc_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1273,7 +1370,7 @@ func (x *PushSchema) String() string {
 func (*PushSchema) ProtoMessage() {}
 
 func (x *PushSchema) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[16]
+	mi := &file_rpc_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1286,7 +1383,7 @@ func (x *PushSchema) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushSchema.ProtoReflect.Descriptor instead.
 func (*PushSchema) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{16}
+	return file_rpc_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PushSchema) GetRoute() string {
@@ -1320,7 +1417,7 @@ const file_rpc_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vClaimsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc6\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x01\n" +
 	"\n" +
 	"RpcRequest\x12\x14\n" +
 	"\x05route\x18\x01 \x01(\tR\x05route\x12\x12\n" +
@@ -1330,7 +1427,12 @@ const file_rpc_proto_rawDesc = "" +
 	"\x03key\x18\x05 \x01(\tR\x03key\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\x12\x14\n" +
-	"\x05trace\x18\a \x03(\tR\x05trace\"\xe7\x01\n" +
+	"\x05trace\x18\a \x03(\tR\x05trace\x12\x16\n" +
+	"\x06origin\x18\b \x01(\tR\x06origin\x12\x10\n" +
+	"\x03seq\x18\t \x01(\x04R\x03seq\"8\n" +
+	"\fRequestOrder\x12\x16\n" +
+	"\x06origin\x18\b \x01(\tR\x06origin\x12\x10\n" +
+	"\x03seq\x18\t \x01(\x04R\x03seq\"\xe7\x01\n" +
 	"\vRpcResponse\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x12\n" +
 	"\x04body\x18\x02 \x01(\fR\x04body\x12\x18\n" +
@@ -1391,11 +1493,16 @@ const file_rpc_proto_rawDesc = "" +
 	"\vKeyedMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04held\x18\x02 \x03(\rR\x04held\x12\x18\n" +
-	"\aleaving\x18\x03 \x01(\bR\aleaving\"R\n" +
+	"\aleaving\x18\x03 \x01(\bR\aleaving\"\xdb\x01\n" +
 	"\bHandOver\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\fR\x05state\x12\x12\n" +
-	"\x04from\x18\x03 \x01(\tR\x04from\"n\n" +
+	"\x04from\x18\x03 \x01(\tR\x04from\x12\x18\n" +
+	"\aprepare\x18\x04 \x01(\bR\aprepare\x124\n" +
+	"\x04seen\x18\x05 \x03(\v2 .shaddock.rpc.HandOver.SeenEntryR\x04seen\x1a7\n" +
+	"\tSeenEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"n\n" +
 	"\fMethodSchema\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\tR\x06method\x12!\n" +
 	"\frequest_type\x18\x02 \x01(\tR\vrequestType\x12#\n" +
@@ -1418,46 +1525,49 @@ func file_rpc_proto_rawDescGZIP() []byte {
 	return file_rpc_proto_rawDescData
 }
 
-var file_rpc_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_rpc_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_rpc_proto_goTypes = []any{
 	(*Session)(nil),       // 0: shaddock.rpc.Session
 	(*RpcRequest)(nil),    // 1: shaddock.rpc.RpcRequest
-	(*RpcResponse)(nil),   // 2: shaddock.rpc.RpcResponse
-	(*CallSpan)(nil),      // 3: shaddock.rpc.CallSpan
-	(*Effect)(nil),        // 4: shaddock.rpc.Effect
-	(*SetData)(nil),       // 5: shaddock.rpc.SetData
-	(*SessionClosed)(nil), // 6: shaddock.rpc.SessionClosed
-	(*ServerPush)(nil),    // 7: shaddock.rpc.ServerPush
-	(*UserCommand)(nil),   // 8: shaddock.rpc.UserCommand
-	(*Claim)(nil),         // 9: shaddock.rpc.Claim
-	(*Probe)(nil),         // 10: shaddock.rpc.Probe
-	(*ServiceSchema)(nil), // 11: shaddock.rpc.ServiceSchema
-	(*Keyed)(nil),         // 12: shaddock.rpc.Keyed
-	(*KeyedMember)(nil),   // 13: shaddock.rpc.KeyedMember
-	(*HandOver)(nil),      // 14: shaddock.rpc.HandOver
-	(*MethodSchema)(nil),  // 15: shaddock.rpc.MethodSchema
-	(*PushSchema)(nil),    // 16: shaddock.rpc.PushSchema
-	nil,                   // 17: shaddock.rpc.Session.DataEntry
-	nil,                   // 18: shaddock.rpc.Session.ClaimsEntry
+	(*RequestOrder)(nil),  // 2: shaddock.rpc.RequestOrder
+	(*RpcResponse)(nil),   // 3: shaddock.rpc.RpcResponse
+	(*CallSpan)(nil),      // 4: shaddock.rpc.CallSpan
+	(*Effect)(nil),        // 5: shaddock.rpc.Effect
+	(*SetData)(nil),       // 6: shaddock.rpc.SetData
+	(*SessionClosed)(nil), // 7: shaddock.rpc.SessionClosed
+	(*ServerPush)(nil),    // 8: shaddock.rpc.ServerPush
+	(*UserCommand)(nil),   // 9: shaddock.rpc.UserCommand
+	(*Claim)(nil),         // 10: shaddock.rpc.Claim
+	(*Probe)(nil),         // 11: shaddock.rpc.Probe
+	(*ServiceSchema)(nil), // 12: shaddock.rpc.ServiceSchema
+	(*Keyed)(nil),         // 13: shaddock.rpc.Keyed
+	(*KeyedMember)(nil),   // 14: shaddock.rpc.KeyedMember
+	(*HandOver)(nil),      // 15: shaddock.rpc.HandOver
+	(*MethodSchema)(nil),  // 16: shaddock.rpc.MethodSchema
+	(*PushSchema)(nil),    // 17: shaddock.rpc.PushSchema
+	nil,                   // 18: shaddock.rpc.Session.DataEntry
+	nil,                   // 19: shaddock.rpc.Session.ClaimsEntry
+	nil,                   // 20: shaddock.rpc.HandOver.SeenEntry
 }
 var file_rpc_proto_depIdxs = []int32{
-	17, // 0: shaddock.rpc.Session.data:type_name -> shaddock.rpc.Session.DataEntry
-	18, // 1: shaddock.rpc.Session.claims:type_name -> shaddock.rpc.Session.ClaimsEntry
+	18, // 0: shaddock.rpc.Session.data:type_name -> shaddock.rpc.Session.DataEntry
+	19, // 1: shaddock.rpc.Session.claims:type_name -> shaddock.rpc.Session.ClaimsEntry
 	0,  // 2: shaddock.rpc.RpcRequest.session:type_name -> shaddock.rpc.Session
-	4,  // 3: shaddock.rpc.RpcResponse.effects:type_name -> shaddock.rpc.Effect
-	3,  // 4: shaddock.rpc.RpcResponse.calls:type_name -> shaddock.rpc.CallSpan
-	5,  // 5: shaddock.rpc.Effect.set_data:type_name -> shaddock.rpc.SetData
-	7,  // 6: shaddock.rpc.UserCommand.push:type_name -> shaddock.rpc.ServerPush
-	9,  // 7: shaddock.rpc.UserCommand.claim:type_name -> shaddock.rpc.Claim
-	10, // 8: shaddock.rpc.UserCommand.probe:type_name -> shaddock.rpc.Probe
-	15, // 9: shaddock.rpc.ServiceSchema.methods:type_name -> shaddock.rpc.MethodSchema
-	16, // 10: shaddock.rpc.ServiceSchema.pushes:type_name -> shaddock.rpc.PushSchema
-	12, // 11: shaddock.rpc.ServiceSchema.keyed:type_name -> shaddock.rpc.Keyed
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	5,  // 3: shaddock.rpc.RpcResponse.effects:type_name -> shaddock.rpc.Effect
+	4,  // 4: shaddock.rpc.RpcResponse.calls:type_name -> shaddock.rpc.CallSpan
+	6,  // 5: shaddock.rpc.Effect.set_data:type_name -> shaddock.rpc.SetData
+	8,  // 6: shaddock.rpc.UserCommand.push:type_name -> shaddock.rpc.ServerPush
+	10, // 7: shaddock.rpc.UserCommand.claim:type_name -> shaddock.rpc.Claim
+	11, // 8: shaddock.rpc.UserCommand.probe:type_name -> shaddock.rpc.Probe
+	16, // 9: shaddock.rpc.ServiceSchema.methods:type_name -> shaddock.rpc.MethodSchema
+	17, // 10: shaddock.rpc.ServiceSchema.pushes:type_name -> shaddock.rpc.PushSchema
+	13, // 11: shaddock.rpc.ServiceSchema.keyed:type_name -> shaddock.rpc.Keyed
+	20, // 12: shaddock.rpc.HandOver.seen:type_name -> shaddock.rpc.HandOver.SeenEntry
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_rpc_proto_init() }
@@ -1465,7 +1575,7 @@ func file_rpc_proto_init() {
 	if File_rpc_proto != nil {
 		return
 	}
-	file_rpc_proto_msgTypes[4].OneofWrappers = []any{
+	file_rpc_proto_msgTypes[5].OneofWrappers = []any{
 		(*Effect_BindUid)(nil),
 		(*Effect_SetData)(nil),
 		(*Effect_ClearData)(nil),
@@ -1473,7 +1583,7 @@ func file_rpc_proto_init() {
 		(*Effect_Leave)(nil),
 		(*Effect_Kick)(nil),
 	}
-	file_rpc_proto_msgTypes[8].OneofWrappers = []any{
+	file_rpc_proto_msgTypes[9].OneofWrappers = []any{
 		(*UserCommand_Push)(nil),
 		(*UserCommand_Kick)(nil),
 		(*UserCommand_Claim)(nil),
@@ -1485,7 +1595,7 @@ func file_rpc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rpc_proto_rawDesc), len(file_rpc_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
