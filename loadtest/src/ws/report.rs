@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::generator::{self, LoadSpec, RunReport, SecondReport, Target};
+use super::generator::{self, LimitComparison, LoadSpec, RunReport, SecondReport, Target};
 use crate::hist::Summary;
 use crate::report::{Doc, OutputArgs, Report, Section, Table, XAxis, cpu_line, ms, thousands};
 
@@ -182,13 +182,7 @@ impl RunReport {
                 ms(c.limit_p99_from_schedule_us),
                 c.fraction * 100.0
             ));
-            if let (Some(ours), Some(bare), Some(ratio)) =
-                (c.server_cpu_us, c.limit_server_cpu_us, c.cpu_ratio)
-            {
-                lines.push(format!(
-                    "cost      servers {ours:.1} µs of CPU per request = {ratio:.2}× the bare echo server's {bare:.1} µs"
-                ));
-            }
+            lines.extend(cost_line(c));
         }
         if !self.cpu.is_empty() {
             lines.push(cpu_line(&self.cpu, self.sent, "request sent"));
@@ -404,9 +398,41 @@ impl SaturateReport {
     }
 }
 
+/// What a request cost the servers against the bare echo server, when both were measured.
+fn cost_line(c: &LimitComparison) -> Option<String> {
+    let (ours, bare, ratio) = (c.server_cpu_us?, c.limit_server_cpu_us?, c.cpu_ratio?);
+    Some(format!(
+        "cost      servers {ours:.1} µs of CPU per request = {ratio:.2}× the bare echo server's {bare:.1} µs"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cost_line_gives_both_costs_and_their_ratio_or_nothing() {
+        let measured = LimitComparison {
+            limit_rps: 10_000.0,
+            fraction: 1.0,
+            limit_p99_from_schedule_us: 900.0,
+            server_cpu_us: Some(41.15),
+            limit_server_cpu_us: Some(7.0),
+            cpu_ratio: Some(41.15 / 7.0),
+        };
+        assert_eq!(
+            cost_line(&measured).as_deref(),
+            Some(
+                "cost      servers 41.1 µs of CPU per request = 5.88× the bare echo server's 7.0 µs"
+            )
+        );
+        let unmeasured = LimitComparison {
+            limit_server_cpu_us: None,
+            cpu_ratio: None,
+            ..measured
+        };
+        assert_eq!(cost_line(&unmeasured), None);
+    }
 
     #[test]
     fn a_fraction_says_which_side_a_lower_bound_leaves_it() {
