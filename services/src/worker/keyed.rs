@@ -20,9 +20,16 @@
 //!   [`InputKind::TakeOver`], then the held requests `seen` does not cover, and serve.
 //!   A leaving worker refuses a prepare (a non-empty answer), so the sender tries another.
 //!
+//! - **Move** off a server in lame duck mode: a hand-over to itself on a connection to
+//!   another server, its state never leaving the loop.
+//!
 //! At shutdown the worker says it is leaving, hands every partition over to its owner
 //! among the others, and ends once it holds none; with no other worker left, its
-//! partitions are left and their state ends with it.
+//! partitions are left and their state ends with it. The hand-over's steps are in
+//! [`handover`], the move in [`lame_duck`].
+
+mod handover;
+mod lame_duck;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -34,22 +41,23 @@ use futures::stream::SelectAll;
 use futures::{FutureExt, StreamExt, stream};
 use proto::Message as _;
 use proto::keyed::{handover_subject, members_subject, partition_subject};
-use proto::rpc::{HandOver, KeyedMember, RequestOrder};
+use proto::rpc::KeyedMember;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::error::WorkerError;
-use super::hop::{self, Target, Waiting, until};
+use super::hop::{self, Target, until};
 use super::subscribe::Boxed;
 use crate::bus::method_of;
 use crate::config::KeyedConfig;
 use crate::frame_loop::{Incoming, InputKind};
 use crate::metrics::{
-    HANDOVER_OVERFLOW_TOTAL, PARTITION_CONFLICTS_TOTAL, PARTITIONS_HANDED_TOTAL, PARTITIONS_HELD,
-    PARTITIONS_TAKEN_TOTAL,
+    HANDOVER_OVERFLOW_TOTAL, PARTITION_CONFLICTS_TOTAL, PARTITIONS_HELD, PARTITIONS_TAKEN_TOTAL,
 };
 use crate::ownership::{Members, Step};
+use handover::{covered, note};
+use lame_duck::Hop;
 
 /// What a refusing worker answers a hand-over with (a leaving one, or one handing that
 /// partition away itself).
@@ -298,17 +306,6 @@ async fn say_heartbeats(
     }
 }
 
-/// Moving off a server in lame duck mode.
-struct Hop {
-    target: Arc<Target>,
-    /// The connection's next lame duck notice.
-    notice: Option<Waiting<()>>,
-    /// A connection to another server being made.
-    connecting: Option<Waiting<Option<Client>>>,
-    /// The connection left, kept until every partition has left it.
-    left: Option<Client>,
-}
-
 struct Coordinator {
     view: Members,
     /// The connection everything goes through, but for partitions that have not left
@@ -492,68 +489,6 @@ impl Coordinator {
         }
     }
 
-    /// Starts handing `partition` over to `to`: asks it to prepare and, once the overlap
-    /// is over, leaves ([`Coordinator::prepared`]); with nobody to hand it to, leaves at
-    /// once.
-    fn hand_over(&mut self, partition: u32, to: Option<String>) {
-        let Some(held) = self.held.get_mut(&partition) else {
-            return;
-        };
-        tracing::debug!(partition, ?to, "handing over");
-        self.moving.insert(partition);
-        held.out = Some(Out {
-            to: to.clone().map_or(To::Nobody, To::Peer),
-            seen: HashMap::new(),
-        });
-        let Some(to) = to else {
-            held.subscription.leave.cancel();
-            return;
-        };
-        let ask = self.ask(&to);
-        let overlap = self.config.handover_overlap;
-        let handed = self.handed_tx.clone();
-        let prepare = HandOver {
-            partition,
-            prepare: true,
-            ..HandOver::default()
-        };
-        tokio::spawn(async move {
-            let ok = ask.run(prepare).await;
-            if ok {
-                tokio::time::sleep(overlap).await;
-            }
-            let _ = handed.send(Handed::Prepared { partition, ok }).await;
-        });
-    }
-
-    /// Asking worker `to` about a hand-over.
-    fn ask(&self, to: &str) -> Ask {
-        Ask {
-            client: self.client.clone(),
-            subject: handover_subject(&self.prefix, &self.service, to),
-            from: self.me.clone(),
-            timeout: self.config.handover_timeout,
-        }
-    }
-
-    /// `partition`'s new owner prepared and the overlap is over: leave it (the rest
-    /// follows its end, [`Coordinator::ended`]). Not prepared: keep it, as if nothing
-    /// happened, and try again later.
-    fn prepared(&mut self, partition: u32, ok: bool) {
-        let Some(held) = self.held.get_mut(&partition) else {
-            return;
-        };
-        if ok {
-            held.subscription.leave.cancel();
-        } else {
-            tracing::debug!(partition, "the new owner did not prepare: kept here");
-            held.out = None;
-            self.moving.remove(&partition);
-            metrics::counter!(PARTITIONS_HANDED_TOTAL, "service" => self.service.clone(), "outcome" => "kept")
-                .increment(1);
-        }
-    }
-
     /// Subscribes `partition`, plain; its messages come as [`Item`]s.
     async fn subscribe(&mut self, partition: u32) -> Option<Subscription> {
         let subject = partition_subject(&self.prefix, &self.service, partition);
@@ -659,384 +594,5 @@ impl Coordinator {
                     .increment(1);
             }
         }
-    }
-
-    /// `partition`'s subscription `sub` has ended: everything it took is queued for the
-    /// loop. When it is being handed over, its state and `seen` follow.
-    async fn ended(&mut self, partition: u32, sub: u64) {
-        let Some(held) = self.held.get_mut(&partition) else {
-            return;
-        };
-        if held.subscription.sub != sub {
-            return;
-        }
-        let handing =
-            (held.out.as_mut()).map(|out| (out.to.clone(), std::mem::take(&mut out.seen)));
-        let (to, seen) = match handing {
-            Some((To::Peer(to), seen)) => (to, seen),
-            Some((To::Myself, seen)) => return self.moved(partition, &seen).await,
-            Some((To::Nobody, _)) | None => {
-                // Left (nobody to hand it to), or the connection closed under it.
-                self.held.remove(&partition);
-                self.moving.remove(&partition);
-                self.say();
-                return;
-            }
-        };
-        // The loop answers the state here, after the partition's last request.
-        let inbox = self.client.new_inbox();
-        let state = match self.client.subscribe(inbox.clone()).await {
-            Ok(subscriber) => subscriber,
-            Err(error) => {
-                tracing::error!(partition, %error, "cannot subscribe for a partition's state");
-                return;
-            }
-        };
-        let marker = Incoming::partition(
-            InputKind::HandOver,
-            partition,
-            Bytes::new(),
-            Some(Subject::from(inbox)),
-        );
-        if self.out.send(marker).await.is_err() {
-            return;
-        }
-        let ask = self.ask(&to);
-        let handed = self.handed_tx.clone();
-        tokio::spawn(async move {
-            let result = ask.state(partition, state, seen).await;
-            let _ = handed.send(Handed::Done { partition, result }).await;
-        });
-    }
-
-    /// Connected to another server (its server in lame duck mode): hears the peers and
-    /// hand-overs there, and subscribes there every partition held and not on its way
-    /// out, holding what comes; once the old server knows the new subscriptions
-    /// ([`Coordinator::leave_old`]), the old ones end, and each partition goes on with
-    /// what it held that the old subscription did not take ([`Coordinator::moved`]): a
-    /// hand-over to itself, without the state, which stays in the loop.
-    async fn arrive(&mut self, new: Client) {
-        let subscribe = async |subject: String| new.subscribe(subject).await;
-        let members = subscribe(members_subject(&self.prefix, &self.service)).await;
-        let handovers = subscribe(handover_subject(&self.prefix, &self.service, &self.me)).await;
-        let (Ok(members), Ok(handovers)) = (members, handovers) else {
-            tracing::warn!("cannot move: cannot subscribe on the new connection");
-            self.hop.notice = hop::notice(&self.client);
-            return;
-        };
-        // Hand-overs in flight to the old subscription are asked again by their senders.
-        (self.members, self.handovers) = (members, handovers);
-        let old = std::mem::replace(&mut self.client, new.clone());
-        self.clients.send_replace(new.clone());
-        let staying: Vec<u32> = (self.held.iter())
-            .filter(|(_, held)| held.out.is_none())
-            .map(|(partition, _)| *partition)
-            .collect();
-        for partition in staying {
-            let Some(subscription) = self.subscribe(partition).await else {
-                continue;
-            };
-            self.preparing
-                .insert(partition, Preparing::new(subscription));
-            self.moving.insert(partition);
-            if let Some(held) = self.held.get_mut(&partition) {
-                held.out = Some(Out {
-                    to: To::Myself,
-                    seen: HashMap::new(),
-                });
-            }
-        }
-        let deadline = Instant::now() + self.hop.target.timeout;
-        let proven = self.handed_tx.clone();
-        let left = old.clone();
-        tokio::spawn(async move {
-            let seen = tokio::time::timeout_at(deadline, hop::interest_seen(&left, &new)).await;
-            if seen != Ok(true) {
-                tracing::warn!(
-                    "the old NATS server did not show the new subscriptions in time: moving anyway"
-                );
-            }
-            let _ = proven.send(Handed::Proven).await;
-        });
-        self.hop.left = Some(old);
-    }
-
-    /// The old server knows the new subscriptions: the old ones end.
-    fn leave_old(&mut self) {
-        for held in self.held.values() {
-            if held.out.as_ref().is_some_and(|out| out.to == To::Myself) {
-                held.subscription.leave.cancel();
-            }
-        }
-        self.settle_hop();
-    }
-
-    /// `partition`'s old subscription has ended, on the connection left: it goes on on
-    /// the new one, with what that held and `seen` does not cover.
-    async fn moved(&mut self, partition: u32, seen: &HashMap<String, u64>) {
-        let subscription = match self.preparing.remove(&partition) {
-            Some(preparing) => {
-                for request in preparing.held {
-                    if !covered(seen, &request.payload) {
-                        let _ = self.out.send(request).await;
-                    }
-                }
-                Some(preparing.subscription)
-            }
-            None => self.subscribe(partition).await,
-        };
-        self.moving.remove(&partition);
-        match (self.held.get_mut(&partition), subscription) {
-            (Some(held), Some(subscription)) => {
-                held.subscription = subscription;
-                held.out = None;
-            }
-            _ => {
-                self.held.remove(&partition);
-                self.say();
-            }
-        }
-        self.settle_hop();
-    }
-
-    /// Once no partition is on the connection left, lets it go and listens for the new
-    /// one's notice.
-    fn settle_hop(&mut self) {
-        let on_old = (self.held.values())
-            .any(|held| held.out.as_ref().is_some_and(|out| out.to == To::Myself));
-        if self.hop.left.is_some() && !on_old {
-            self.hop.left = None;
-            self.hop.notice = hop::notice(&self.client);
-            tracing::info!("the partitions moved to another NATS server");
-        }
-    }
-
-    /// A hand-over ended: the partition is the new owner's, or it stays here.
-    async fn handed(&mut self, partition: u32, result: Result<(), Bytes>) {
-        self.moving.remove(&partition);
-        let outcome = match result {
-            Ok(()) => {
-                self.held.remove(&partition);
-                self.say();
-                "ok"
-            }
-            Err(state) => {
-                tracing::warn!(
-                    partition,
-                    "the new owner did not take the partition: kept here"
-                );
-                self.held.remove(&partition);
-                self.take(partition, InputKind::TakeOver, state, None).await;
-                "kept"
-            }
-        };
-        metrics::counter!(PARTITIONS_HANDED_TOTAL, "service" => self.service.clone(), "outcome" => outcome)
-            .increment(1);
-    }
-
-    /// A peer hands a partition over to this worker: a prepare, or the state.
-    async fn take_handed(&mut self, message: async_nats::Message) {
-        let Some(reply) = message.reply else {
-            return;
-        };
-        let Ok(handover) = HandOver::decode(message.payload) else {
-            tracing::warn!("a hand-over that does not decode: refused");
-            return answer(self.client.clone(), reply, REFUSED).await;
-        };
-        let partition = handover.partition;
-        let taken = if handover.prepare {
-            self.prepare(partition).await
-        } else {
-            self.take_state(handover).await
-        };
-        answer(
-            self.client.clone(),
-            reply,
-            if taken { b"" } else { REFUSED },
-        )
-        .await;
-    }
-
-    /// A prepare: subscribes `partition` and holds what comes, unless this worker is
-    /// leaving or has the partition already, coming or going.
-    async fn prepare(&mut self, partition: u32) -> bool {
-        if self.leaving
-            || self.moving.contains(&partition)
-            || self.held.contains_key(&partition)
-            || self.preparing.contains_key(&partition)
-        {
-            return false;
-        }
-        let Some(subscription) = self.subscribe(partition).await else {
-            return false;
-        };
-        // Answered once the server has the subscription.
-        if let Err(error) = self.client.flush().await {
-            tracing::debug!(partition, %error, "cannot flush a prepared partition's subscription");
-            subscription.leave.cancel();
-            return false;
-        }
-        self.preparing
-            .insert(partition, Preparing::new(subscription));
-        true
-    }
-
-    /// The state: taken, on the subscription a prepare made if there was one (never
-    /// refused then), else on a new one unless this worker is leaving or handing the
-    /// partition away.
-    async fn take_state(&mut self, handover: HandOver) -> bool {
-        let partition = handover.partition;
-        let prepared = self.preparing.contains_key(&partition);
-        if !prepared && (self.leaving || self.moving.contains(&partition)) {
-            return false;
-        }
-        if !prepared && self.held.contains_key(&partition) {
-            // Two views disagreed for a moment: the state handed over replaces this one.
-            tracing::warn!(partition, from = %handover.from, "handed a partition held here already");
-            metrics::counter!(PARTITION_CONFLICTS_TOTAL, "service" => self.service.clone())
-                .increment(1);
-            let _ = (self.out)
-                .send(Incoming::partition(
-                    InputKind::TakeOver,
-                    partition,
-                    handover.state,
-                    None,
-                ))
-                .await;
-            return true;
-        }
-        tracing::debug!(partition, from = %handover.from, prepared, "taking a partition handed over");
-        let seen: HashMap<String, u64> = handover.seen.into_iter().collect();
-        (self.take(partition, InputKind::TakeOver, handover.state, Some(&seen))).await;
-        true
-    }
-}
-
-/// Notes request `payload`'s origin and seq in `seen`.
-fn note(seen: &mut HashMap<String, u64>, payload: &[u8]) {
-    let Ok(order) = RequestOrder::decode(payload) else {
-        return;
-    };
-    if order.origin.is_empty() {
-        return;
-    }
-    let highest = seen.entry(order.origin).or_default();
-    *highest = (*highest).max(order.seq);
-}
-
-/// Whether `seen` covers request `payload`: the old owner took it (or a later one of
-/// its origin).
-fn covered(seen: &HashMap<String, u64>, payload: &[u8]) -> bool {
-    RequestOrder::decode(payload).is_ok_and(|order| {
-        seen.get(&order.origin)
-            .is_some_and(|&highest| order.seq <= highest)
-    })
-}
-
-/// Answers a hand-over: empty when taken.
-async fn answer(client: Client, reply: Subject, body: &'static [u8]) {
-    if let Err(error) = client.publish(reply, Bytes::from_static(body)).await {
-        tracing::debug!(%error, "cannot answer a hand-over");
-    }
-}
-
-/// Asking a partition's new owner.
-struct Ask {
-    client: Client,
-    subject: String,
-    from: String,
-    timeout: Duration,
-}
-
-impl Ask {
-    /// Sends `handover` (with `from`); true when answered empty in time.
-    async fn run(&self, handover: HandOver) -> bool {
-        let handover = HandOver {
-            from: self.from.clone(),
-            ..handover
-        };
-        let partition = handover.partition;
-        let asked = tokio::time::timeout(
-            self.timeout,
-            (self.client).request(self.subject.clone(), handover.encode_to_vec().into()),
-        )
-        .await;
-        match asked {
-            Ok(Ok(answer)) => answer.payload.is_empty(),
-            Ok(Err(error)) => {
-                tracing::debug!(partition, %error, "hand-over not taken");
-                false
-            }
-            Err(_) => false,
-        }
-    }
-
-    /// Waits for the state from the loop, and sends it with `seen`; `Err` gives it back
-    /// when the new owner did not take it in time (or refused).
-    async fn state(
-        self,
-        partition: u32,
-        mut state: Subscriber,
-        seen: HashMap<String, u64>,
-    ) -> Result<(), Bytes> {
-        // The loop answers after the partition's last request; a stuck loop would leave
-        // the partition nowhere, so this waits as long as a request may.
-        let Some(state) = state.next().await else {
-            return Err(Bytes::new());
-        };
-        let handover = HandOver {
-            partition,
-            state: state.payload.clone(),
-            seen: seen.into_iter().collect(),
-            ..HandOver::default()
-        };
-        if self.run(handover).await {
-            Ok(())
-        } else {
-            Err(state.payload)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proto::rpc::RpcRequest;
-
-    fn request(origin: &str, seq: u64) -> Vec<u8> {
-        RpcRequest {
-            route: "arena.input".into(),
-            key: "m1".into(),
-            origin: origin.into(),
-            seq,
-            ..RpcRequest::default()
-        }
-        .encode_to_vec()
-    }
-
-    #[test]
-    fn seen_covers_what_the_old_owner_took_and_nothing_after() {
-        let mut seen = HashMap::new();
-        for (origin, seq) in [("g.1", 3), ("g.1", 5), ("g.2", 9), ("", 4)] {
-            note(&mut seen, &request(origin, seq));
-        }
-        assert_eq!(seen.len(), 2, "a request without an origin is not noted");
-        assert_eq!(seen["g.1"], 5);
-        assert!(covered(&seen, &request("g.1", 5)));
-        assert!(covered(&seen, &request("g.1", 1)));
-        assert!(!covered(&seen, &request("g.1", 6)));
-        assert!(covered(&seen, &request("g.2", 9)));
-        assert!(
-            !covered(&seen, &request("g.3", 1)),
-            "an origin the old owner never saw"
-        );
-        assert!(
-            !covered(&seen, &request("", 1)),
-            "a request without an origin is kept"
-        );
-        assert!(
-            !covered(&seen, b"\xff\xff"),
-            "nor is one that does not decode"
-        );
     }
 }
