@@ -23,7 +23,10 @@ use services::tally::{NAME, PARTITIONS};
 use services::{KeyedConfig, WorkerConfig};
 use tokio::sync::Mutex;
 
-broker::on_both_buses!(a_new_owner_serves_what_it_held_past_seen_within_its_buffer);
+broker::on_both_buses!(
+    a_new_owner_serves_what_it_held_past_seen_within_its_buffer,
+    a_partition_held_by_both_is_settled_by_the_state_handed_over,
+);
 
 const PREFIX: &str = "shaddock";
 const HEARTBEAT: Duration = Duration::from_millis(100);
@@ -94,15 +97,8 @@ fn add(seq: u64) -> bytes::Bytes {
     .into()
 }
 
-async fn a_new_owner_serves_what_it_held_past_seen_within_its_buffer(bus: Bus) {
-    let _alone = ONE_AT_A_TIME.lock().await;
-    let overflowed_before = overflowed();
-    let client = bus.client().await;
-    let mut members = client
-        .subscribe(members_subject(PREFIX, NAME))
-        .await
-        .unwrap();
-    let heartbeats = old_owner_heartbeats(client.clone());
+/// The tally worker "new" with a short heartbeat and `--handover-buffer` [`BUFFER`].
+async fn new_owner(bus: &Bus) -> common::RunningWorker {
     let config = WorkerConfig {
         keyed: KeyedConfig {
             keyed_heartbeat: HEARTBEAT,
@@ -113,10 +109,13 @@ async fn a_new_owner_serves_what_it_held_past_seen_within_its_buffer(bus: Bus) {
         ..WorkerConfig::default()
     };
     let fresh = Arc::default();
-    let worker = bus
-        .worker(services::tally::service("new", fresh), config)
-        .await;
-    let new_id = within(async {
+    bus.worker(services::tally::service("new", fresh), config)
+        .await
+}
+
+/// The id the first heartbeat on `members` other than the made-up old owner's gives.
+async fn id_of_worker(members: &mut async_nats::Subscriber) -> String {
+    within(async {
         loop {
             let message = members.next().await.unwrap();
             let member = KeyedMember::decode(message.payload).unwrap();
@@ -125,7 +124,65 @@ async fn a_new_owner_serves_what_it_held_past_seen_within_its_buffer(bus: Bus) {
             }
         }
     })
-    .await;
+    .await
+}
+
+/// Two views disagreed, and both workers took a partition: the one that is not its
+/// owner hands it over, and the owner, holding it already, takes the prepare as it is
+/// and the state in place of its own, instead of refusing and leaving both acting on it.
+async fn a_partition_held_by_both_is_settled_by_the_state_handed_over(bus: Bus) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let client = bus.client().await;
+    let mut members = client
+        .subscribe(members_subject(PREFIX, NAME))
+        .await
+        .unwrap();
+    let worker = new_owner(&bus).await;
+    let mut held = worker.0.held().expect("a keyed worker");
+    assert!(within(held.at_least(PARTITIONS as usize)).await);
+    let new_id = id_of_worker(&mut members).await;
+    let partition = partition_of(b"k", PARTITIONS);
+    let prepare = HandOver {
+        partition,
+        from: "old".into(),
+        prepare: true,
+        ..HandOver::default()
+    };
+    assert_eq!(
+        ask(&client, &new_id, prepare).await,
+        "",
+        "held: taken as it is"
+    );
+    let state = HandOver {
+        partition,
+        from: "old".into(),
+        state: "k=10\n".into(),
+        ..HandOver::default()
+    };
+    assert_eq!(ask(&client, &new_id, state).await, "");
+    let mut requests = Requester::new(client.clone()).await;
+    let subject = format!("{}.add", partition_subject(PREFIX, NAME, partition));
+    requests.send(&subject, 1, add(1)).await;
+    let (_, response) = requests.next().await;
+    assert_eq!(
+        &response.body[..],
+        b"new 11",
+        "the count handed over goes on"
+    );
+    worker.stop().await;
+}
+
+async fn a_new_owner_serves_what_it_held_past_seen_within_its_buffer(bus: Bus) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let overflowed_before = overflowed();
+    let client = bus.client().await;
+    let mut members = client
+        .subscribe(members_subject(PREFIX, NAME))
+        .await
+        .unwrap();
+    let heartbeats = old_owner_heartbeats(client.clone());
+    let worker = new_owner(&bus).await;
+    let new_id = id_of_worker(&mut members).await;
 
     // 1. Prepare: the new owner subscribes the partition and holds what comes.
     let partition = partition_of(b"k", PARTITIONS);

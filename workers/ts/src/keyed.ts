@@ -25,8 +25,9 @@
  *      (subscribing it again), and tries again later.
  * - **Take a hand-over**: on `prepare`, subscribe the partition and hold what arrives
  *   (at most the hand-over buffer; past it, drop and count), answering empty once the
- *   server has the subscription; refuse (non-empty) when leaving, or holding, preparing
- *   or handing away that partition. Then, on the state: queue the take-over with it,
+ *   server has the subscription; refuse (non-empty) when leaving, or preparing or
+ *   handing away that partition; accept one it holds as it is (two views disagreed: the
+ *   state to come replaces its own). Then, on the state: queue the take-over with it,
  *   then every held request `seen` does not cover, in the order received, and serve
  *   the partition; answer empty (never a refusal after a prepare). A state with no
  *   prepare before it is taken as a take-over and a subscription. A prepared partition
@@ -540,8 +541,14 @@ export class Partitions {
 
   /** Step 1 on the new owner: subscribe and hold, answering once the server has the subscription. */
   async #prepare(msg: Msg, partition: number): Promise<void> {
-    if (this.#leaving || this.#held.has(partition) || this.#preparing.has(partition)) {
+    if (this.#leaving || this.#moving.has(partition) || this.#preparing.has(partition)) {
       this.#answer(msg, REFUSED);
+      return;
+    }
+    if (this.#held.has(partition)) {
+      // Two views disagreed for a moment and both took it: subscribed already, and the
+      // state handed over replaces this worker's own, which settles it.
+      this.#answer(msg, DONE);
       return;
     }
     const { handoverOverlapMs, handoverTimeoutMs, memberTimeoutMs } = this.#settings;

@@ -576,6 +576,23 @@ test("the new owner drops the held requests its old owner took (seen), and serve
   await b.worker.drain();
 });
 
+test("a prepare for a partition held already (two views disagreed) is taken as it is; the state settles it", async () => {
+  const prefix = "k12";
+  const b = await start(prefix, "b");
+  await until("b holds every partition", () => settled(b.worker));
+  const old = await fakeOldOwner(prefix);
+  const idB = b.worker.keyed?.id ?? "";
+  const { partition, key } = wonPartition(b.worker, old.id);
+  assert.equal(await old.handOver(idB, { partition, prepare: true }), "", "held: not refused");
+  assert.deepEqual(b.worker.keyed?.preparing, []);
+  const state = encoder.encode(`${key}=10\n`);
+  assert.equal(await old.handOver(idB, { partition, state }), "");
+  // The count handed over replaces b's own and goes on.
+  assert.deepEqual(await add(old.nc, prefix, key), { worker: "b", count: 11 });
+  old.leave();
+  await b.worker.drain();
+});
+
 test("a prepared partition holds at most the buffer, and is let go when its state does not come", async () => {
   const prefix = "k9";
   const old = await fakeOldOwner(prefix);

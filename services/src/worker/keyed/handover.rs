@@ -174,14 +174,20 @@ impl Coordinator {
     }
 
     /// A prepare: subscribes `partition` and holds what comes, unless this worker is
-    /// leaving or has the partition already, coming or going.
+    /// leaving or has the partition coming or going already; one it holds (a conflict)
+    /// is accepted as it is.
     async fn prepare(&mut self, partition: u32) -> bool {
         if self.leaving
             || self.moving.contains(&partition)
-            || self.held.contains_key(&partition)
             || self.preparing.contains_key(&partition)
         {
             return false;
+        }
+        if self.held.contains_key(&partition) {
+            // Two views disagreed for a moment and both took it: this worker is
+            // subscribed already, and the state handed over replaces its own
+            // ([`Coordinator::take_state`]), which settles it.
+            return true;
         }
         let Some(subscription) = self.subscribe(partition).await else {
             return false;
