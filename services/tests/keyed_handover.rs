@@ -84,6 +84,27 @@ async fn ask(client: &async_nats::Client, to: &str, handover: HandOver) -> bytes
     within(asked).await.unwrap().payload
 }
 
+/// The made-up old owner's prepare of `partition`.
+fn prepare(partition: u32) -> HandOver {
+    HandOver {
+        partition,
+        from: "old".into(),
+        prepare: true,
+        ..HandOver::default()
+    }
+}
+
+/// The made-up old owner's state of `partition`: key `k` counted 10, and `seen`.
+fn state(partition: u32, seen: &[(&str, u64)]) -> HandOver {
+    HandOver {
+        partition,
+        from: "old".into(),
+        state: "k=10\n".into(),
+        seen: seen.iter().map(|&(o, n)| (o.to_owned(), n)).collect(),
+        ..HandOver::default()
+    }
+}
+
 /// `tally.add` for key `k`, request `seq` of origin `o`.
 fn add(seq: u64) -> bytes::Bytes {
     RpcRequest {
@@ -142,24 +163,12 @@ async fn a_partition_held_by_both_is_settled_by_the_state_handed_over(bus: Bus) 
     assert!(within(held.at_least(PARTITIONS as usize)).await);
     let new_id = id_of_worker(&mut members).await;
     let partition = partition_of(b"k", PARTITIONS);
-    let prepare = HandOver {
-        partition,
-        from: "old".into(),
-        prepare: true,
-        ..HandOver::default()
-    };
     assert_eq!(
-        ask(&client, &new_id, prepare).await,
+        ask(&client, &new_id, prepare(partition)).await,
         "",
         "held: taken as it is"
     );
-    let state = HandOver {
-        partition,
-        from: "old".into(),
-        state: "k=10\n".into(),
-        ..HandOver::default()
-    };
-    assert_eq!(ask(&client, &new_id, state).await, "");
+    assert_eq!(ask(&client, &new_id, state(partition, &[])).await, "");
     let mut requests = Requester::new(client.clone()).await;
     let subject = format!("{}.add", partition_subject(PREFIX, NAME, partition));
     requests.send(&subject, 1, add(1)).await;
@@ -186,15 +195,9 @@ async fn a_new_owner_serves_what_it_held_past_seen_within_its_buffer(bus: Bus) {
 
     // 1. Prepare: the new owner subscribes the partition and holds what comes.
     let partition = partition_of(b"k", PARTITIONS);
-    let prepare = HandOver {
-        partition,
-        from: "old".into(),
-        prepare: true,
-        ..HandOver::default()
-    };
-    assert_eq!(ask(&client, &new_id, prepare.clone()).await, "");
+    assert_eq!(ask(&client, &new_id, prepare(partition)).await, "");
     assert_eq!(
-        ask(&client, &new_id, prepare).await,
+        ask(&client, &new_id, prepare(partition)).await,
         "refused",
         "a second prepare of the same partition is refused"
     );
@@ -212,14 +215,8 @@ async fn a_new_owner_serves_what_it_held_past_seen_within_its_buffer(bus: Bus) {
     .await;
 
     // 2. The state (k counted 10 by the old owner, which took request 1 too).
-    let state = HandOver {
-        partition,
-        from: "old".into(),
-        state: "k=10\n".into(),
-        seen: [("o".to_owned(), 1)].into(),
-        ..HandOver::default()
-    };
-    assert_eq!(ask(&client, &new_id, state).await, "");
+    let handed = state(partition, &[("o", 1)]);
+    assert_eq!(ask(&client, &new_id, handed).await, "");
     requests.send(&subject, 4, add(4)).await;
     let mut answers = Vec::new();
     while answers.last().map(|(n, _)| *n) != Some(4) {

@@ -163,17 +163,14 @@ pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
     };
     let gates = spec.gates;
     let mut fleet = Topology::start(spec).await.context("launching the fleet")?;
-    let first_node = fleet.nats_urls()[..1].to_vec();
-    let mut outcome = Ok(());
-    for _ in 0..args.arena_workers - arena {
-        if outcome.is_ok() {
-            outcome = fleet.add_worker_on("arena", &first_node).await.map(drop);
+    let outcome = async {
+        let first_node = fleet.nats_urls()[..1].to_vec();
+        for _ in arena..args.arena_workers {
+            fleet.add_worker_on("arena", &first_node).await?;
         }
+        run(&args, &mut fleet).await
     }
-    let outcome = match outcome {
-        Ok(()) => run(&args, &mut fleet).await,
-        Err(error) => Err(error),
-    };
+    .await;
     let stopped = fleet.shutdown().await;
     let report = outcome?;
     stopped.context("stopping the fleet")?;
