@@ -252,7 +252,6 @@ impl Keyed {
         let timeouts = (config.keyed_member_timeout, config.keyed_heartbeat * 2);
         let coordinator = Coordinator {
             view: Members::new(me.clone(), partitions, timeouts, Instant::now().into_std()),
-            client,
             clients,
             hop,
             members,
@@ -308,10 +307,8 @@ async fn say_heartbeats(
 
 struct Coordinator {
     view: Members,
-    /// The connection everything goes through, but for partitions that have not left
-    /// the one before it yet (`hop.left`).
-    client: Client,
-    /// The same, for the heartbeats' task.
+    /// The connection everything goes through (the heartbeats' task too), but for
+    /// partitions that have not left the one before it yet (`hop.left`).
     clients: watch::Sender<Client>,
     hop: Hop,
     members: Subscriber,
@@ -336,6 +333,11 @@ struct Coordinator {
 }
 
 impl Coordinator {
+    /// The connection of the moment.
+    fn client(&self) -> Client {
+        self.clients.borrow().clone()
+    }
+
     async fn run(mut self, mut handed: mpsc::Receiver<Handed>, shutdown: CancellationToken) {
         let mut ticks = tokio::time::interval(self.config.keyed_heartbeat);
         loop {
@@ -363,7 +365,7 @@ impl Coordinator {
                 () = until(&mut self.hop.notice), if !self.leaving && self.hop.left.is_none() => {
                     self.hop.notice = None;
                     tracing::warn!("the NATS server is going away: moving the partitions to another server");
-                    let (target, old) = (self.hop.target.clone(), self.client.clone());
+                    let (target, old) = (self.hop.target.clone(), self.client());
                     let deadline = Instant::now() + target.timeout;
                     self.hop.connecting = Some(
                         async move { hop::connect_elsewhere(&target, &old, deadline).await }.boxed(),
@@ -374,7 +376,7 @@ impl Coordinator {
                     match new {
                         Some(new) => self.arrive(new).await,
                         // It said why; a later notice tries again.
-                        None => self.hop.notice = hop::notice(&self.client),
+                        None => self.hop.notice = hop::notice(&self.client()),
                     }
                 }
                 Some(item) = self.streams.next() => match item {
@@ -492,7 +494,7 @@ impl Coordinator {
     /// Subscribes `partition`, plain; its messages come as [`Item`]s.
     async fn subscribe(&mut self, partition: u32) -> Option<Subscription> {
         let subject = partition_subject(&self.prefix, &self.service, partition);
-        let subscriber = match self.client.subscribe(format!("{subject}.>")).await {
+        let subscriber = match self.client().subscribe(format!("{subject}.>")).await {
             Ok(subscriber) => subscriber,
             Err(error) => {
                 tracing::error!(partition, %error, "cannot subscribe a partition");

@@ -40,8 +40,8 @@ impl Coordinator {
             }
         };
         // The loop answers the state here, after the partition's last request.
-        let inbox = self.client.new_inbox();
-        let state = match self.client.subscribe(inbox.clone()).await {
+        let inbox = self.client().new_inbox();
+        let state = match self.client().subscribe(inbox.clone()).await {
             Ok(subscriber) => subscriber,
             Err(error) => {
                 tracing::error!(partition, %error, "cannot subscribe for a partition's state");
@@ -102,7 +102,7 @@ impl Coordinator {
     /// Asking worker `to` about a hand-over.
     fn ask(&self, to: &str) -> Ask {
         Ask {
-            client: self.client.clone(),
+            client: self.client(),
             subject: handover_subject(&self.prefix, &self.service, to),
             from: self.me.clone(),
             timeout: self.config.handover_timeout,
@@ -157,7 +157,7 @@ impl Coordinator {
         };
         let Ok(handover) = HandOver::decode(message.payload) else {
             tracing::warn!("a hand-over that does not decode: refused");
-            return answer(self.client.clone(), reply, REFUSED).await;
+            return answer(self.client(), reply, REFUSED).await;
         };
         let partition = handover.partition;
         let taken = if handover.prepare {
@@ -165,12 +165,7 @@ impl Coordinator {
         } else {
             self.take_state(handover).await
         };
-        answer(
-            self.client.clone(),
-            reply,
-            if taken { b"" } else { REFUSED },
-        )
-        .await;
+        answer(self.client(), reply, if taken { b"" } else { REFUSED }).await;
     }
 
     /// A prepare: subscribes `partition` and holds what comes, unless this worker is
@@ -193,7 +188,7 @@ impl Coordinator {
             return false;
         };
         // Answered once the server has the subscription.
-        if let Err(error) = self.client.flush().await {
+        if let Err(error) = self.client().flush().await {
             tracing::debug!(partition, %error, "cannot flush a prepared partition's subscription");
             subscription.leave.cancel();
             return false;

@@ -35,13 +35,12 @@ impl Coordinator {
         let handovers = subscribe(handover_subject(&self.prefix, &self.service, &self.me)).await;
         let (Ok(members), Ok(handovers)) = (members, handovers) else {
             tracing::warn!("cannot move: cannot subscribe on the new connection");
-            self.hop.notice = hop::notice(&self.client);
+            self.hop.notice = hop::notice(&self.client());
             return;
         };
         // Hand-overs in flight to the old subscription are asked again by their senders.
         (self.members, self.handovers) = (members, handovers);
-        let old = std::mem::replace(&mut self.client, new.clone());
-        self.clients.send_replace(new.clone());
+        let old = self.clients.send_replace(new.clone());
         let staying: Vec<u32> = (self.held.iter())
             .filter(|(_, held)| held.out.is_none())
             .map(|(partition, _)| *partition)
@@ -120,7 +119,7 @@ impl Coordinator {
             .any(|held| held.out.as_ref().is_some_and(|out| out.to == To::Myself));
         if self.hop.left.is_some() && !on_old {
             self.hop.left = None;
-            self.hop.notice = hop::notice(&self.client);
+            self.hop.notice = hop::notice(&self.client());
             tracing::info!("the partitions moved to another NATS server");
         }
     }
