@@ -607,6 +607,9 @@ test("a prepared partition holds at most the buffer, and is let go when its stat
   // let go, nothing served.
   await until("b lets the partition go", () => b.worker.keyed?.preparing.length === 0);
   assert.ok(b.errors.some((e) => e.includes(`partition ${partition} was prepared`)), b.errors.join("\n"));
+  // b's UNSUB at the server before the request, or the server may still route it to b,
+  // whose client drops it (a timeout, not no responders).
+  await b.nc.flush();
   await assert.rejects(
     old.nc.request(addSubject(prefix, key), addRequest(key, undefined), { timeout: DEADLINE_MS }),
     /no responders/i,
