@@ -29,6 +29,7 @@
 //! this guarantees, and the window where replicas differ, is in `docs/chat.md`.
 
 mod rooms;
+mod tombstones;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -44,7 +45,8 @@ use proto::code;
 use proto::profile::{GetRequest, Profile};
 use proto::rpc::SessionClosed;
 
-pub use rooms::{MAX_TOMBSTONES, Rooms, SessionKey, TOMBSTONE_TTL};
+pub use rooms::{Rooms, SessionKey};
+pub use tombstones::{MAX_TOMBSTONES, TOMBSTONE_TTL};
 
 use crate::context::Context;
 use crate::handler_error::HandlerError;

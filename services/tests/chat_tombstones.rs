@@ -13,7 +13,7 @@ use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 #[global_allocator]
 static ALLOCATOR: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
-/// The most a tombstone may take, queue and set together.
+/// The most a tombstone may take, ring and set together.
 const MAX_BYTES_PER_TOMBSTONE: isize = 48;
 
 fn closed(gate: &str, sid: u64) -> StateChange {
@@ -51,8 +51,9 @@ fn tombstones_are_small_and_a_churn_at_the_bound_holds_no_more() {
         rooms.apply(closed(gates[(sid % 2) as usize], sid), now);
     }
     let churned = held();
-    assert!(
-        churned <= full + full / 8,
+    assert_eq!(
+        churned,
+        full,
         "at the bound, {} more closes took {full} bytes to {churned}",
         3 * bound
     );

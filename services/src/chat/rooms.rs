@@ -11,25 +11,15 @@
 //!
 //! One race is not ordered by causality: a join still in a worker's queue when its
 //! session closes. The close event may then be applied before the join's change. So a
-//! closed session is remembered (a tombstone) for [`TOMBSTONE_TTL`], and a join for a
+//! closed session is remembered (a tombstone) for [`super::TOMBSTONE_TTL`], and a join for a
 //! tombstoned session is ignored, by every replica alike.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Instant;
 
 use proto::chat::{Member, SessionRef, Snapshot, StateChange, state_change};
 
-/// How long a closed session is remembered. A join for it can only still be waiting if
-/// it sat in a worker's queue past the close: the gate gives up on a request after its
-/// request timeout (5 s by default), so a worker that far behind is already failing its
-/// clients. Three request timeouts is the margin. Longer costs memory under churn: a
-/// replica holds a tombstone for every logged-in session closed within the TTL (at 1,000
-/// closes a second, 15,000 of them, 0.7 MB).
-pub const TOMBSTONE_TTL: Duration = Duration::from_secs(15);
-/// Closed sessions remembered at most: bounds the memory a burst of disconnects takes
-/// (about 44 bytes a tombstone: 0.7 MB). Past it the oldest are forgotten early, which
-/// still leaves a TTL's worth up to about 1,100 closes a second per replica.
-pub const MAX_TOMBSTONES: usize = 16_384;
+use super::tombstones::Tombstones;
 
 /// A session, as the gates name it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -179,6 +169,7 @@ impl Rooms {
         let closed = self
             .closed
             .live(now)
+            .into_iter()
             .map(|key| SessionRef {
                 gate: key.gate,
                 sid: key.sid,
@@ -199,107 +190,6 @@ impl Rooms {
         }
         for member in snapshot.members {
             self.join(member, now);
-        }
-    }
-}
-
-/// Recently closed sessions, forgotten after [`TOMBSTONE_TTL`], or the oldest first when
-/// another comes while [`MAX_TOMBSTONES`] are held.
-///
-/// Every replica holds one for each logged-in session closed in the last minute: at a
-/// thousand sessions closed a second, sixty thousand. So they are kept small, by gate
-/// (a gate's id is stored once, not in every tombstone): a sid and its closing instant
-/// in the gate's queue, and the sid in the gate's set, about 44 bytes a tombstone where
-/// a key with its own gate string, in a queue and a hash set, took 140 (issue #34).
-#[derive(Debug, Default)]
-struct Tombstones {
-    /// By gate id; ordered, so snapshots list tombstones in the same order everywhere.
-    gates: BTreeMap<String, GateTombstones>,
-    /// Tombstones held, over all gates.
-    len: usize,
-}
-
-/// One gate's closed sessions.
-#[derive(Debug, Default)]
-struct GateTombstones {
-    /// In the order they were closed, with when.
-    order: VecDeque<(Instant, u64)>,
-    /// A B-tree rather than a hash set: under a steady churn at the bound (one in, one
-    /// out), a hash table's deleted slots make it rehash into twice the room, where a
-    /// B-tree frees the nodes it empties.
-    sids: BTreeSet<u64>,
-}
-
-impl Tombstones {
-    fn insert(&mut self, key: SessionKey, now: Instant) {
-        if self.contains(&key, now) {
-            return;
-        }
-        // Room first, so no queue ever holds more than the bound (nor doubles past it).
-        while self.len >= MAX_TOMBSTONES {
-            self.forget_oldest();
-        }
-        let gate = self.gates.entry(key.gate).or_default();
-        gate.sids.insert(key.sid);
-        gate.order.push_back((now, key.sid));
-        self.len += 1;
-    }
-
-    fn contains(&mut self, key: &SessionKey, now: Instant) -> bool {
-        self.expire(now);
-        self.gates
-            .get(&key.gate)
-            .is_some_and(|gate| gate.sids.contains(&key.sid))
-    }
-
-    fn live(&self, now: Instant) -> impl Iterator<Item = SessionKey> + '_ {
-        self.gates.iter().flat_map(move |(gate, tombstones)| {
-            tombstones
-                .order
-                .iter()
-                .filter(move |(at, _)| now.saturating_duration_since(*at) < TOMBSTONE_TTL)
-                .map(|&(_, sid)| SessionKey {
-                    gate: gate.clone(),
-                    sid,
-                })
-        })
-    }
-
-    fn expire(&mut self, now: Instant) {
-        let mut expired = 0;
-        self.gates.retain(|_, gate| {
-            while let Some(&(at, sid)) = gate.order.front() {
-                if now.saturating_duration_since(at) < TOMBSTONE_TTL {
-                    break;
-                }
-                gate.order.pop_front();
-                gate.sids.remove(&sid);
-                expired += 1;
-            }
-            !gate.order.is_empty()
-        });
-        self.len -= expired;
-    }
-
-    /// Forgets the tombstone held longest, whichever gate's it is.
-    fn forget_oldest(&mut self) {
-        let oldest = self
-            .gates
-            .iter()
-            .filter_map(|(id, gate)| Some((gate.order.front()?.0, id)))
-            .min()
-            .map(|(_, id)| id.clone());
-        let Some(id) = oldest else {
-            return;
-        };
-        if let Some(gate) = self.gates.get_mut(&id) {
-            if let Some((_, sid)) = gate.order.pop_front() {
-                gate.sids.remove(&sid);
-                self.len -= 1;
-            }
-            if gate.order.is_empty() {
-                self.gates.remove(&id);
-            }
         }
     }
 }
@@ -339,6 +229,9 @@ fn member(room: &str, name: &str, key: &SessionKey) -> Member {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use super::super::TOMBSTONE_TTL;
     use super::*;
 
     fn key(gate: &str, sid: u64) -> SessionKey {
@@ -408,7 +301,10 @@ mod tests {
         assert!(rooms.is_empty());
         // Once forgotten, the session key could only be a new session's.
         let mut rooms = state(&[closed_change(&a)], now);
-        rooms.apply(join_change("lobby", "alice", &a), now + TOMBSTONE_TTL);
+        rooms.apply(
+            join_change("lobby", "alice", &a),
+            now + TOMBSTONE_TTL + Duration::from_millis(100),
+        );
         assert_eq!(rooms.members("lobby"), ["alice"]);
     }
 
@@ -470,35 +366,5 @@ mod tests {
         // The peer's tombstone came along: a's join, if still queued, stays out.
         replica.apply(join_change("lobby", "alice", &a), now);
         assert!(replica.members("lobby").is_empty());
-    }
-
-    #[test]
-    fn tombstones_are_bounded() {
-        let now = Instant::now();
-        let mut t = Tombstones::default();
-        for sid in 0..(MAX_TOMBSTONES as u64 + 10) {
-            t.insert(key("g", sid), now);
-        }
-        assert_eq!(t.len, MAX_TOMBSTONES);
-        assert_eq!(t.gates["g"].sids.len(), MAX_TOMBSTONES);
-        assert!(!t.contains(&key("g", 0), now));
-        assert!(t.contains(&key("g", 20), now));
-        assert!(!t.contains(&key("g", 20), now + TOMBSTONE_TTL));
-        assert!(t.gates.is_empty());
-        assert_eq!(t.len, 0);
-    }
-
-    #[test]
-    fn past_the_bound_the_oldest_tombstone_goes_whichever_its_gate() {
-        let now = Instant::now();
-        let mut t = Tombstones::default();
-        t.insert(key("g2", 1), now);
-        for sid in 0..MAX_TOMBSTONES as u64 {
-            t.insert(key("g1", sid), now + Duration::from_millis(1));
-        }
-        assert_eq!(t.len, MAX_TOMBSTONES);
-        assert!(!t.contains(&key("g2", 1), now));
-        assert!(t.contains(&key("g1", 0), now));
-        assert!(!t.gates.contains_key("g2"), "an emptied gate is dropped");
     }
 }
