@@ -307,6 +307,21 @@ impl Ask {
             seen: seen.into_iter().collect(),
             ..HandOver::default()
         };
+        // One message carries it (docs/workers.md, "Limits"): the bus would refuse a
+        // larger one, so it is not sent, and said plainly.
+        let (size, max) = (
+            handover.encoded_len(),
+            self.client.server_info().max_payload,
+        );
+        if size > max {
+            tracing::error!(
+                partition,
+                size,
+                max,
+                "a partition's state and seen exceed the bus's max payload: it cannot move"
+            );
+            return Err(state.payload);
+        }
         if self.run(handover).await {
             Ok(())
         } else {
@@ -354,6 +369,88 @@ mod tests {
         assert!(
             !covered(&seen, b"\xff\xff"),
             "nor is one that does not decode"
+        );
+    }
+
+    /// The old owner's last step at the bus's max payload: a state and `seen` that fill
+    /// it exactly move; one byte more stays here, and nothing is sent.
+    #[tokio::test]
+    async fn a_state_past_the_max_payload_stays_here() {
+        const MAX: usize = 2048;
+        let config = broker::Config {
+            max_payload: MAX,
+            ..broker::Config::default()
+        };
+        let bus = broker::testing::Bus::embedded_with(config).await;
+        let client = async_nats::connect(bus.url()).await.expect("connects");
+        let mut new_owner = client.subscribe("new-owner").await.expect("subscribes");
+        let answering = client.clone();
+        let taken = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sizes = taken.clone();
+        let new_owner = tokio::spawn(async move {
+            while let Some(message) = new_owner.next().await {
+                sizes
+                    .lock()
+                    .expect("not poisoned")
+                    .push(message.payload.len());
+                let reply = message.reply.expect("a request");
+                answering
+                    .publish(reply, Bytes::new())
+                    .await
+                    .expect("answers");
+            }
+        });
+        let seen = HashMap::from([("gate.7f3a".to_owned(), 12)]);
+        let hand_over = |state: usize| {
+            let (client, seen) = (client.clone(), seen.clone());
+            async move {
+                let inbox = client.new_inbox();
+                let from_loop = client.subscribe(inbox.clone()).await.expect("subscribes");
+                let ask = Ask {
+                    client: client.clone(),
+                    subject: "new-owner".into(),
+                    from: "old-owner".into(),
+                    timeout: Duration::from_secs(5),
+                };
+                let loop_state = Bytes::from(vec![7; state]);
+                client
+                    .publish(inbox, loop_state)
+                    .await
+                    .expect("the loop answers");
+                ask.state(3, from_loop, seen).await
+            }
+        };
+        let size = |state: usize| {
+            HandOver {
+                partition: 3,
+                from: "old-owner".into(),
+                state: vec![7; state].into(),
+                seen: seen.clone().into_iter().collect(),
+                ..HandOver::default()
+            }
+            .encoded_len()
+        };
+        let fits = (0..MAX)
+            .rev()
+            .find(|&n| size(n) <= MAX)
+            .expect("a state fits");
+        assert_eq!(size(fits), MAX, "the edge is reachable");
+        testkit::within(async {
+            assert_eq!(
+                hand_over(fits).await,
+                Ok(()),
+                "exactly the max payload moves"
+            );
+            let kept = hand_over(fits + 1).await.expect_err("one byte more stays");
+            assert_eq!(kept.len(), fits + 1, "the state is given back whole");
+            client.flush().await.expect("flushes");
+        })
+        .await;
+        new_owner.abort();
+        assert_eq!(
+            *taken.lock().expect("not poisoned"),
+            [MAX],
+            "what the new owner got"
         );
     }
 }
