@@ -28,7 +28,7 @@ use tokio_tungstenite::tungstenite::Message;
 use super::clock::Pacer;
 use super::inflight::InFlight;
 use super::schedule::{Payload, Plan};
-use super::stats::{Answer, Outcome, Recorder, Tally};
+use super::stats::{Answer, Recorder, Tally};
 
 type Ws = sdk::WebSocket;
 
@@ -165,17 +165,17 @@ pub async fn drive(conn: Conn, run: ClientRun) -> Tally {
             biased;
             due = pacer.wait_due(&plan.schedule, next), if next < plan.end => {
                 let due = due.min(plan.end);
-                link.send(next..due, &plan, &payload, &mut rec);
+                link.send(next..due, &payload, &mut rec);
                 next = due;
                 if !armed {
                     armed = arm(expiry.as_mut(), &link.in_flight, timeout);
                 }
             }
-            why = std::future::poll_fn(|cx| link.poll_io(cx, &plan, &mut rec)), if link.is_open() => {
-                link.cut(why, &plan, &mut rec);
+            why = std::future::poll_fn(|cx| link.poll_io(cx, &mut rec)), if link.is_open() => {
+                link.cut(why, &mut rec);
             }
             () = &mut expiry, if armed => {
-                link.expire(timeout, &plan, &mut rec);
+                link.expire(timeout, &mut rec);
                 armed = arm(expiry.as_mut(), &link.in_flight, timeout);
             }
             () = tick(&mut heartbeat), if link.is_open() => link.heartbeat(),
@@ -240,37 +240,18 @@ impl Link {
     }
 
     /// Sends slots `slots`, or fails them at once when the connection is gone.
-    fn send(&mut self, slots: Range<u64>, plan: &Plan, payload: &Payload, rec: &mut Recorder) {
+    fn send(&mut self, slots: Range<u64>, payload: &Payload, rec: &mut Recorder) {
         let now = Instant::now();
         rec.sent(slots.clone());
-        if let Some(why) = self.ended {
-            for slot in slots {
-                let outcome = Outcome {
-                    scheduled: plan.schedule.at(slot),
-                    sent: now,
-                    received: now,
-                    answer: Answer::Failed(why),
-                };
-                rec.end(slot, outcome);
-            }
-            return;
-        }
         for slot in slots {
-            match self.encode(slot + 1, &payload.body(slot)) {
-                Some(frame) => {
-                    self.outbox.push_back(frame);
-                    self.in_flight.push(slot, now);
-                }
-                None => {
-                    // Counted as failed, never sent as something else.
-                    let outcome = Outcome {
-                        scheduled: plan.schedule.at(slot),
-                        sent: now,
-                        received: now,
-                        answer: Answer::Failed("the body is not JSON"),
-                    };
-                    rec.end(slot, outcome);
-                }
+            if let Some(why) = self.ended {
+                rec.end(slot, now, now, Answer::Failed(why));
+            } else if let Some(frame) = self.encode(slot + 1, &payload.body(slot)) {
+                self.outbox.push_back(frame);
+                self.in_flight.push(slot, now);
+            } else {
+                // Counted as failed, never sent as something else.
+                rec.end(slot, now, now, Answer::Failed("the body is not JSON"));
             }
         }
     }
@@ -302,12 +283,7 @@ impl Link {
 
     /// Writes the outbox and flushes, then handles every frame the socket holds.
     /// Ready with the reason when the connection ended.
-    fn poll_io(
-        &mut self,
-        cx: &mut Context<'_>,
-        plan: &Plan,
-        rec: &mut Recorder,
-    ) -> Poll<&'static str> {
+    fn poll_io(&mut self, cx: &mut Context<'_>, rec: &mut Recorder) -> Poll<&'static str> {
         let Some(ws) = self.ws.as_mut() else {
             return Poll::Ready(CLOSED);
         };
@@ -339,8 +315,8 @@ impl Link {
                     Poll::Pending => return Poll::Pending,
                 };
                 let handled = match self.codec {
-                    Codec::Pomelo => on_pomelo(frame, &mut self.in_flight, plan, rec),
-                    _ => on_frame(frame, &mut self.in_flight, plan, rec),
+                    Codec::Pomelo => on_pomelo(frame, &mut self.in_flight, rec),
+                    _ => on_frame(frame, &mut self.in_flight, rec),
                 };
                 match handled {
                     Ok(Handled::Done) => {}
@@ -360,33 +336,21 @@ impl Link {
     }
 
     /// The connection ended: the requests in flight fail with `why`.
-    fn cut(&mut self, why: &'static str, plan: &Plan, rec: &mut Recorder) {
+    fn cut(&mut self, why: &'static str, rec: &mut Recorder) {
         self.ws = None;
         self.ended = Some(why);
         self.outbox.clear();
         let now = Instant::now();
         for (slot, sent) in self.in_flight.drain() {
-            let outcome = Outcome {
-                scheduled: plan.schedule.at(slot),
-                sent,
-                received: now,
-                answer: Answer::Failed(why),
-            };
-            rec.end(slot, outcome);
+            rec.end(slot, sent, now, Answer::Failed(why));
         }
     }
 
     /// Requests waiting `timeout` or longer become timeouts.
-    fn expire(&mut self, timeout: Duration, plan: &Plan, rec: &mut Recorder) {
+    fn expire(&mut self, timeout: Duration, rec: &mut Recorder) {
         let now = Instant::now();
         while let Some((slot, sent)) = self.in_flight.pop_expired(now, timeout) {
-            let outcome = Outcome {
-                scheduled: plan.schedule.at(slot),
-                sent,
-                received: now,
-                answer: Answer::Timeout,
-            };
-            rec.end(slot, outcome);
+            rec.end(slot, sent, now, Answer::Timeout);
         }
     }
 
@@ -412,7 +376,6 @@ enum Handled {
 fn on_frame(
     frame: Message,
     in_flight: &mut InFlight,
-    plan: &Plan,
     rec: &mut Recorder,
 ) -> Result<Handled, &'static str> {
     match frame {
@@ -424,23 +387,12 @@ fn on_frame(
     let received = Instant::now();
     match sdk::frame::decode(&frame).and_then(|p| p.kind) {
         Some(Kind::Response(response)) => {
-            // Id 0 is never sent; an id not in flight was answered or timed out already.
-            let Some(slot) = response.id.checked_sub(1) else {
-                return Ok(Handled::Done);
+            let answer = Answer::Response {
+                code: response.code,
+                timing: response.timing,
+                message: response.message,
             };
-            if let Some(sent) = in_flight.take(slot) {
-                let outcome = Outcome {
-                    scheduled: plan.schedule.at(slot),
-                    sent,
-                    received,
-                    answer: Answer::Response {
-                        code: response.code,
-                        timing: response.timing,
-                        message: response.message,
-                    },
-                };
-                rec.end(slot, outcome);
-            }
+            answered(in_flight, rec, response.id, received, answer);
         }
         Some(Kind::Kick(_)) => return Err(KICKED),
         None => return Err(PROTOCOL),
@@ -456,7 +408,6 @@ fn on_frame(
 fn on_pomelo(
     frame: Message,
     in_flight: &mut InFlight,
-    plan: &Plan,
     rec: &mut Recorder,
 ) -> Result<Handled, &'static str> {
     let received = Instant::now();
@@ -480,36 +431,33 @@ fn on_pomelo(
                 let MessageKind::Response(id) = message.kind else {
                     continue;
                 };
-                let Some(sent) = id.checked_sub(1).and_then(|slot| in_flight.take(slot)) else {
-                    continue;
-                };
                 let failed = message.error || pomelo_error(message.body);
-                let code = if failed {
-                    proto::code::HANDLER_ERROR
-                } else {
-                    proto::code::OK
-                };
                 let answer = Answer::Response {
-                    code,
+                    code: if failed {
+                        proto::code::HANDLER_ERROR
+                    } else {
+                        proto::code::OK
+                    },
                     timing: None,
                     message: String::new(),
                 };
-                let scheduled = plan.schedule.at(id - 1);
-                rec.end(
-                    id - 1,
-                    Outcome {
-                        scheduled,
-                        sent,
-                        received,
-                        answer,
-                    },
-                );
+                answered(in_flight, rec, id, received, answer);
             }
             PackageType::Kick => return Err(KICKED),
             _ => {}
         }
     }
     Ok(handled)
+}
+
+/// Request `id` (its slot + 1) got `answer`. Id 0 is never sent; an id not in flight was
+/// answered or timed out already.
+fn answered(in_flight: &mut InFlight, rec: &mut Recorder, id: u64, at: Instant, answer: Answer) {
+    if let Some(slot) = id.checked_sub(1)
+        && let Some(sent) = in_flight.take(slot)
+    {
+        rec.end(slot, sent, at, answer);
+    }
 }
 
 /// Pomelo answers a failed request with a body `{"code": <not 200>, ...}`.

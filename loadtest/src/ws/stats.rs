@@ -248,21 +248,25 @@ impl Recorder {
         self.tally.sent += self.plan.measured_in(slots);
     }
 
-    /// Slot `slot` ended as `outcome`; recorded when it is a measured one.
-    pub fn end(&mut self, slot: u64, outcome: Outcome) {
+    /// Slot `slot`, sent at `sent`, ended at `received` as `answer`; recorded when it is
+    /// a measured one.
+    pub fn end(&mut self, slot: u64, sent: Instant, received: Instant, answer: Answer) {
         if !self.plan.is_measured(slot) {
             return;
         }
         let t = &mut self.tally;
         t.ended += 1;
-        if let Answer::Response { code, .. } = outcome.answer {
-            t.last_answer = Some(
-                t.last_answer
-                    .map_or(outcome.received, |l| l.max(outcome.received)),
-            );
+        if let Answer::Response { code, .. } = answer {
+            t.last_answer = Some(t.last_answer.map_or(received, |l| l.max(received)));
             t.ok += u64::from(code == OK);
         }
-        self.batch.push(outcome);
+        let scheduled = self.plan.schedule.at(slot);
+        self.batch.push(Outcome {
+            scheduled,
+            sent,
+            received,
+            answer,
+        });
         if self.batch.len() >= self.flush_at {
             self.flush();
             self.flush_at = BATCH;
@@ -391,7 +395,8 @@ mod tests {
         let ok = || shared.lock().expect("not poisoned").stats.ok;
         let record = |r: &mut Recorder, n: usize| {
             for i in 0..n as u32 {
-                r.end(u64::from(i), answered(t0, i, 0, 100));
+                let o = answered(t0, i, 0, 100);
+                r.end(u64::from(i), o.sent, o.received, o.answer);
             }
         };
         // Client 0 of 4 records after a full batch; client 1 after 3/4 of one, then
