@@ -1,27 +1,13 @@
 //! `matches`: a keyed service under a game's load. M arena matches × P players, each
 //! player sending `arena.input{dx: 1}` at `--rate` per second (without waiting for the
-//! answers) and receiving the match's `arena.state` at the workers' tick rate; on a
-//! fleet it launches (a broker, gates, one chat worker for the logins, `--arena-workers`
-//! arena workers).
+//! answers) and receiving its match's `arena.state` at the workers' tick rate, on a fleet
+//! it launches (a broker or a nats-server cluster, gates, one chat worker for the
+//! logins, `--arena-workers` arena workers). Halfway through, `--fault` changes the fleet.
 //!
-//! Reports the input-to-state latency (from sending an input until a state push shows
-//! the player's position counting it: a position counts inputs, since each moves it by
-//! one), the push rate, each process's CPU, and what the players saw: inputs answered by
-//! code, moves lost or applied twice (a player's final position against its inputs
-//! answered 200), state pushes missing (a match's tick jumping), ticks repeated, and the
-//! longest gap between two pushes of a match. Halfway through, `--fault` changes the
-//! fleet: `add-worker` starts one more arena worker (it takes a share of the matches
-//! with their state), `drain-owner` drains (SIGTERM) the first arena worker (its
-//! matches move to the others with their state), `kill-owner` kills it (SIGKILL: its
-//! matches are lost, their players' inputs answered 404 `match lost` until they join
-//! again, the rest play on), `flap` cuts every player's link at once (each player
-//! reaches the gates through a TCP hop of the load tester's, which drops every
-//! connection through it: the SDK resumes the session on the next gate of its list,
-//! docs/protocol.md "Resume", and nothing may be lost, repeated or applied twice),
-//! `lame-duck` (a nats-server cluster; the arena workers all on its first node) puts that
-//! node in lame duck mode: each arena worker moves its partitions to another node
-//! (docs/workers.md, "Reconnecting and lame duck"), and nothing may be lost.
-//! `--bus` runs the fleet on our broker or a nats-server cluster.
+//! A state push shows how many of a player's inputs were applied (each moves it by one),
+//! so it measures the input-to-state latency, and the player's final position against
+//! its inputs answered 200 shows moves lost or applied twice; a match's ticks show pushes
+//! skipped or repeated.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -38,9 +24,9 @@ use testkit::Cut;
 use testkit::fleet::{Role, Topology, TopologySpec};
 
 use super::broadcast::expect_ok;
-use super::target::this_process;
+use super::target::watched;
 use crate::hist::{Hist, Summary};
-use crate::proc::{CpuSample, CpuUse, LOADTEST, Threads, Watched};
+use crate::proc::{CpuSample, CpuUse};
 use crate::report::{Doc, OutputArgs, Report, Section, Table, cpu_line};
 use crate::topology::{Bus, LaunchArgs};
 
@@ -67,8 +53,8 @@ pub struct MatchesArgs {
     /// Arena worker processes.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub arena_workers: u32,
-    /// What happens to the fleet halfway through (see the module docs). drain-owner and
-    /// kill-owner need --arena-workers 2 or more, lame-duck --bus nats-cluster.
+    /// What happens to the fleet halfway through. drain-owner and kill-owner need
+    /// --arena-workers 2 or more, lame-duck --bus nats-cluster.
     #[arg(long, value_enum, default_value_t = Fault::None)]
     pub fault: Fault,
     /// The bus the fleet runs on.
@@ -95,10 +81,18 @@ pub struct MatchesArgs {
 pub enum Fault {
     #[default]
     None,
+    /// Start one more arena worker: it takes a share of the matches with their state.
     AddWorker,
+    /// SIGTERM the first arena worker: its matches move to the others with their state.
     DrainOwner,
+    /// SIGKILL the first arena worker: its matches are lost, their players' inputs
+    /// answered 404 `match lost`; the rest play on.
     KillOwner,
+    /// Cut every player's link at once (each reaches the gates through a TCP hop of
+    /// ours): the SDK resumes each session on the next gate (docs/protocol.md "Resume").
     Flap,
+    /// Put the first nats-server node, where every arena worker runs, in lame duck mode:
+    /// each worker moves its partitions to another node (docs/workers.md).
     LameDuck,
 }
 
@@ -232,6 +226,8 @@ struct Seen {
     /// Inputs sent and not yet shown by a state push: (count after it, when sent).
     unshown: VecDeque<(i64, Instant)>,
     sent: i64,
+    /// Inputs answered 200.
+    ok: i64,
     latency: Hist,
     pushes: u64,
     last_tick: Option<u64>,
@@ -284,12 +280,7 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
         .buffer_unordered(CONNECT_BATCH)
         .try_collect()
         .await?;
-    let mut watched = vec![this_process(LOADTEST)];
-    watched.extend(fleet.pids().into_iter().map(|(role, pid)| Watched {
-        name: role.to_string(),
-        pid,
-        threads: Threads::All,
-    }));
+    let watched = watched(fleet);
     let results = Arc::new(Mutex::new(Outcomes::default()));
     let started = Instant::now();
     let before = CpuSample::take(&watched);
@@ -324,23 +315,19 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
     };
     let mut latency = Hist::new();
     let outcomes = std::mem::take(&mut *results.lock().unwrap());
-    for (i, player) in players.iter().enumerate() {
-        // A player whose match went with a killed worker has nothing to count against.
-        let at = match outcomes.lost.get(i) {
-            Some(false) => position(&player.client).await?,
-            _ => None,
-        };
+    for player in &players {
+        let at = position(&player.client).await?;
+        let seen = player.seen.lock().unwrap();
         match at {
-            Some(at) => {
-                let ok = outcomes.ok.get(i).copied().unwrap_or(0);
-                if at != ok {
-                    report.positions_wrong += 1;
-                    report.moves_lost += ok - at;
-                }
+            Some(at) if at != seen.ok => {
+                report.positions_wrong += 1;
+                report.moves_lost += seen.ok - at;
             }
+            Some(_) => {}
+            // Its match went with a killed worker: nothing to count against.
             None => report.players_lost += 1,
         }
-        let seen = player.seen.lock().unwrap();
+        report.inputs_ok += seen.ok as u64;
         latency.merge(&seen.latency);
         report.state_pushes += seen.pushes;
         report.ticks_skipped += seen.skipped;
@@ -352,7 +339,6 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
         report.reconnects += player.client.reconnects();
         report.resumes += player.client.resumes();
     }
-    report.inputs_ok = outcomes.ok.iter().map(|&n| n as u64).sum();
     report.inputs_failed = outcomes.failed.into_iter().collect();
     report.pushes_per_s = report.state_pushes as f64 / seconds;
     report.latency = latency.summary();
@@ -423,12 +409,9 @@ async fn lame_duck(fleet: &mut Topology, started: Instant) -> anyhow::Result<Str
     ))
 }
 
-/// Inputs answered, by player: 200s, and the rest by `code message`.
+/// Inputs not answered 200, by `code message`, and inputs not answered yet.
 #[derive(Default)]
 struct Outcomes {
-    ok: Vec<i64>,
-    /// Players whose match was lost.
-    lost: Vec<bool>,
     failed: std::collections::BTreeMap<String, u64>,
     pending: u64,
 }
@@ -479,12 +462,6 @@ fn send_inputs(
     results: Arc<Mutex<Outcomes>>,
 ) -> tokio::task::JoinHandle<()> {
     let (client, seen) = (player.client.clone(), player.seen.clone());
-    let index = {
-        let mut r = results.lock().unwrap();
-        r.ok.push(0);
-        r.lost.push(false);
-        r.ok.len() - 1
-    };
     let (interval, count) = (
         Duration::from_secs(1) / args.rate,
         (args.duration.as_secs_f64() * f64::from(args.rate)) as u64,
@@ -502,12 +479,13 @@ fn send_inputs(
             }
             results.lock().unwrap().pending += 1;
             let (client, body, results) = (client.clone(), body.clone(), results.clone());
+            let seen = seen.clone();
             tokio::spawn(async move {
                 let answer = client.request("arena.input", body).await;
                 let mut r = results.lock().unwrap();
                 r.pending -= 1;
                 match answer {
-                    Ok(a) if a.code == proto::code::OK => r.ok[index] += 1,
+                    Ok(a) if a.code == proto::code::OK => seen.lock().unwrap().ok += 1,
                     Ok(a) => {
                         *r.failed
                             .entry(format!("{} {}", a.code, a.message))

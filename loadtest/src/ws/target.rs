@@ -135,6 +135,18 @@ pub fn this_process(name: &str) -> Watched {
     }
 }
 
+/// This process and every process of `topology`: whose CPU a run reports.
+pub fn watched(topology: &Topology) -> Vec<Watched> {
+    let fleet = topology.pids().into_iter().map(|(role, pid)| Watched {
+        name: role.to_string(),
+        pid,
+        threads: Threads::All,
+    });
+    std::iter::once(this_process(LOADTEST))
+        .chain(fleet)
+        .collect()
+}
+
 /// What the bare echo server's threads are named (and only they): its CPU is told
 /// apart from the generator's in the same process by this.
 const ECHO_THREADS: &str = "limit-echo";
@@ -204,12 +216,6 @@ impl TargetArgs {
         let topology = Topology::start(spec)
             .await
             .with_context(|| format!("launching {gates} gate(s) and {fleet}"))?;
-        let mut watched = vec![this_process(LOADTEST)];
-        watched.extend(topology.pids().into_iter().map(|(role, pid)| Watched {
-            name: role.to_string(),
-            pid,
-            threads: Threads::All,
-        }));
         let mut setup = if self.topology == TopologyKind::OneProcess {
             "one process (shaddock up: broker, gate in process, echo, chat, arena and profile workers), launched on loopback".to_owned()
         } else {
@@ -232,7 +238,7 @@ impl TargetArgs {
         let g = Gates {
             urls: topology.gate_urls(),
             gate_pids: topology.gate_pids(),
-            watched,
+            watched: watched(&topology),
             setup,
             tls,
             tls_urls: topology.gate_tls_urls(),
