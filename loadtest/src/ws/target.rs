@@ -184,10 +184,9 @@ impl TargetArgs {
                 "wss:// URLs need --tls-ca FILE: the CA certificate (PEM) that signed the \
                  gates' certificate"
             );
-            let tls = match &self.tls_ca {
-                Some(ca) => Some(tls_client_config(ca).context("--tls-ca")?),
-                None => None,
-            };
+            let tls = (self.tls_ca.as_deref().map(tls_client_config))
+                .transpose()
+                .context("--tls-ca")?;
             let gates = Gates {
                 urls: self.url.clone(),
                 gate_pids: Vec::new(),
@@ -231,10 +230,9 @@ impl TargetArgs {
             setup.push(' ');
             setup.push_str(arg);
         }
-        let tls = match topology.tls_ca() {
-            Some(ca) => Some(tls_client_config(ca).context("trusting the launched gates' CA")?),
-            None => None,
-        };
+        let tls = (topology.tls_ca().map(tls_client_config))
+            .transpose()
+            .context("trusting the launched gates' CA")?;
         let g = Gates {
             urls: topology.gate_urls(),
             gate_pids: topology.gate_pids(),
@@ -277,57 +275,40 @@ pub fn plural(n: u32) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 
-/// The bare WebSocket echo server, on its own runtime and threads (as a separate
+/// The bare WebSocket echo server, on a runtime and threads of its own (as a separate
 /// process would be) so the load generator's runtime does not schedule its tasks. Stops
 /// when dropped.
 #[derive(Debug)]
 pub struct LimitServer {
     url: String,
-    stop: CancellationToken,
-}
-
-/// Worker threads of the echo server's runtime: the machine's cores, as a separate
-/// process with a default tokio runtime would use.
-fn limit_threads() -> usize {
-    std::thread::available_parallelism().map_or(2, usize::from)
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl LimitServer {
     pub fn start() -> anyhow::Result<Self> {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")
-            .context("binding the bare echo server on loopback")?;
-        listener
-            .set_nonblocking(true)
-            .context("making the echo listener non-blocking")?;
-        let addr = listener.local_addr()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(limit_threads())
+            // The machine's cores, as a separate process's default runtime would use.
+            .worker_threads(std::thread::available_parallelism().map_or(2, usize::from))
             .thread_name(ECHO_THREADS)
             .enable_all()
             .build()
             .context("starting the echo server's runtime")?;
-        let stop = CancellationToken::new();
-        let stopped = stop.clone();
-        std::thread::Builder::new()
-            .name(format!("{ECHO_THREADS}-main"))
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            tracing::error!("bare echo server: {e}");
-                            return;
-                        }
-                    };
-                    if let Err(e) = crate::limit::serve(listener, stopped).await {
-                        tracing::error!("bare echo server stopped: {e}");
-                    }
-                });
-            })
-            .context("starting the echo server's thread")?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")
+            .context("binding the bare echo server on loopback")?;
+        listener.set_nonblocking(true)?;
+        let url = format!("ws://{}", listener.local_addr()?);
+        let listener = {
+            let _runtime = runtime.enter();
+            tokio::net::TcpListener::from_std(listener)?
+        };
+        runtime.spawn(async move {
+            if let Err(e) = crate::limit::serve(listener, CancellationToken::new()).await {
+                tracing::error!("bare echo server stopped: {e}");
+            }
+        });
         Ok(LimitServer {
-            url: format!("ws://{addr}"),
-            stop,
+            url,
+            runtime: Some(runtime),
         })
     }
 
@@ -356,7 +337,9 @@ impl LimitServer {
 
 impl Drop for LimitServer {
     fn drop(&mut self) {
-        // Its thread closes the sessions and exits on its own; nothing to wait for.
-        self.stop.cancel();
+        // Not waited for: its sessions' sockets close with its tasks.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
