@@ -1,5 +1,5 @@
-//! The scenarios of BENCHMARKS.md "Gateway end to end", one subcommand each: their
-//! flags, their defaults, and the order of their runs. Each builds one
+//! The request-load scenarios of docs/benchmarks.md "Gateway end to end", one
+//! subcommand each: their flags, their defaults, and the order of their runs. Each builds one
 //! [`ScenarioReport`], prints it, optionally writes it as JSON and HTML, and fails when a
 //! run had no successful answer at all.
 
@@ -135,7 +135,7 @@ impl LoadArgs {
     }
 }
 
-/// `concurrency`: the BENCHMARKS table, one run per client count.
+/// `concurrency`: one run per client count.
 #[derive(Debug, clap::Args)]
 pub struct ConcurrencyArgs {
     /// Client counts, run in turn.
@@ -185,10 +185,9 @@ pub struct SaturateArgs {
     /// 5,000/s).
     #[arg(long, default_value_t = 5_000.0)]
     pub max_rate: f64,
-    /// Highest per-client rate tried on the bare echo (`--with-limit`). It has no
-    /// per-session limit and batches many requests per write, so it passes rates far
-    /// above the gate's: capped at --max-rate, its search stopped before it failed and
-    /// the fraction of it was only an upper bound.
+    /// Highest per-client rate tried on the bare echo (`--with-limit`): with no
+    /// per-session limit it passes rates far above the gate's, and a search stopped
+    /// before it fails finds only a lower bound.
     #[arg(long, default_value_t = 20_000.0)]
     pub limit_max_rate: f64,
     /// Each passing step multiplies the rate by this.
