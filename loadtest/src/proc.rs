@@ -8,9 +8,9 @@ use procfs::CurrentSI as _;
 use procfs::process::Process;
 use serde::Serialize;
 
-/// The pseudo-process names of the machine-wide figures.
 /// The load tester's own process, in every run's CPU.
 pub const LOADTEST: &str = "loadtest";
+/// The pseudo-process names of the machine-wide figures.
 pub const MACHINE: &str = "machine";
 pub const OTHERS: &str = "others";
 pub const STEAL: &str = "steal";
@@ -54,23 +54,17 @@ impl Watched {
     fn cpu_time(&self) -> Option<Duration> {
         let process = Process::new(i32::try_from(self.pid).ok()?).ok()?;
         let used = |s: procfs::process::Stat| s.utime + s.stime;
-        let keep = |comm: &str| match self.threads {
-            Threads::All => true,
-            Threads::Named(p) => comm.starts_with(p),
-            Threads::Others(p) => !comm.starts_with(p),
+        let (prefix, named) = match self.threads {
+            Threads::All => return Some(ticks(used(process.stat().ok()?))),
+            Threads::Named(prefix) => (prefix, true),
+            Threads::Others(prefix) => (prefix, false),
         };
-        let total = match self.threads {
-            Threads::All => used(process.stat().ok()?),
-            _ => process
-                .tasks()
-                .ok()?
-                .flatten()
-                .filter_map(|task| task.stat().ok())
-                .filter(|s| keep(&s.comm))
-                .map(used)
-                .sum(),
-        };
-        Some(ticks(total))
+        let tasks = process.tasks().ok()?.flatten();
+        let stats = tasks.filter_map(|task| task.stat().ok());
+        let total = stats
+            .filter(|s| s.comm.starts_with(prefix) == named)
+            .map(used);
+        Some(ticks(total.sum()))
     }
 }
 
