@@ -2,7 +2,6 @@
 //! every request counts in the phase in which it was SENT, however late it ended.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -67,53 +66,30 @@ impl Fault {
         }
     }
 
-    /// What issue #15 expects of this phase on `bus`.
-    fn expectation(self, bus: Bus) -> Expectation {
+    /// The one code besides 200 issue #15 lets this phase answer on `bus`, and only for
+    /// requests in flight when the fault struck (sent before it, or within [`HELD_SLACK`]
+    /// after), no more than those: 408 for those a killed worker held; 503 for those on a
+    /// gate's bus connection when the broker died (they may have reached a worker, so
+    /// they are never sent again; requests sent while it is away wait for it,
+    /// docs/gateway.md "Bus blips"). In every phase nothing is cut, lost or timed out.
+    fn allowed(self, bus: Bus) -> u32 {
         match (self, bus) {
-            (Fault::KillWorker, _) => Expectation::HeldOnly408,
-            (Fault::RestartBus, Bus::Shaddock) => Expectation::InFlightOnly503,
-            _ => Expectation::Clean,
+            (Fault::KillWorker, _) => proto::code::TIMEOUT,
+            (Fault::RestartBus, Bus::Shaddock) => proto::code::UNAVAILABLE,
+            _ => OK,
         }
     }
 }
 
-/// What a phase may cost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Expectation {
-    /// Every request answered 200: no other code, no timeout, nothing cut or lost.
-    #[default]
-    Clean,
-    /// Nothing cut, lost or timed out; the only other answers are 408s, for requests the
-    /// killed worker held: sent before the kill, no more than were in flight then.
-    HeldOnly408,
-    /// Nothing cut, lost or timed out; the only other answers are 503s for requests in
-    /// flight on the gate's connection when the broker died (they may have reached a
-    /// worker, so they are never sent again): no more than were in flight then, all sent
-    /// before it. Requests sent while it is away wait for it (docs/gateway.md, "Bus blips").
-    InFlightOnly503,
-}
-
-impl Expectation {
-    /// The one code besides 200 the phase may answer.
-    fn allowed(self) -> u32 {
-        match self {
-            Expectation::Clean => OK,
-            Expectation::HeldOnly408 => proto::code::TIMEOUT,
-            Expectation::InFlightOnly503 => proto::code::UNAVAILABLE,
-        }
-    }
-
-    fn describe(self) -> String {
-        match self {
-            Expectation::Clean => "all 200: 0 errors, 0 cut, 0 lost".to_owned(),
-            _ => format!(
-                "0 cut, 0 lost, no timeout; besides 200 only {}s, at most the requests in \
-                 flight at the kill, all sent before it (or within {} ms after)",
-                self.allowed(),
-                HELD_SLACK.as_millis()
-            ),
-        }
+/// What a phase allowed to answer `allowed` besides 200 is expected to show.
+fn expected(allowed: u32) -> String {
+    match allowed {
+        OK => "all 200: 0 errors, 0 cut, 0 lost".to_owned(),
+        _ => format!(
+            "0 cut, 0 lost, no timeout; besides 200 only {allowed}s, at most the requests in \
+             flight at the kill, all sent before it (or within {} ms after)",
+            HELD_SLACK.as_millis()
+        ),
     }
 }
 
@@ -136,7 +112,6 @@ pub struct PhaseRun {
 /// summaries (µs).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PhaseReport {
-    pub name: &'static str,
     pub fault: Fault,
     pub started_s: f64,
     pub seconds: f64,
@@ -170,8 +145,9 @@ pub struct PhaseReport {
     /// The machine over the phase: busy and hypervisor steal, % of one core.
     pub machine_percent: f64,
     pub steal_percent: f64,
-    pub expectation: Expectation,
-    /// Why it missed the expectation; empty when it met it.
+    /// The one code besides 200 the phase may answer ([`Fault::allowed`]).
+    pub allowed: u32,
+    /// Why it missed its expectation; empty when it met it.
     pub misses: Vec<String>,
     /// By code, answers to requests sent after the fault struck, and the latest such send.
     #[serde(skip)]
@@ -183,8 +159,8 @@ impl PhaseReport {
         self.misses.is_empty()
     }
 
-    /// Why the phase misses `expectation`.
-    fn check(&self, expectation: Expectation) -> Vec<String> {
+    /// Why the phase misses its expectation.
+    fn check(&self) -> Vec<String> {
         let counts = [
             ("cut", self.cut),
             ("lost", self.lost),
@@ -195,13 +171,13 @@ impl PhaseReport {
             .map(|(what, n)| format!("{n} {what}"))
             .collect();
         why.extend(self.failed.iter().map(|(k, n)| format!("{n} failed ({k})")));
-        let allowed = expectation.allowed();
+        let allowed = self.allowed;
         let others = self
             .answered
             .iter()
             .filter(|(c, _)| ![OK, allowed].contains(c));
         why.extend(others.map(|(code, n)| format!("{n} answered {code}")));
-        if expectation != Expectation::Clean {
+        if allowed != OK {
             let held = self.in_flight_at_fault.unwrap_or(0);
             if let Some(n) = (self.answered.get(&allowed)).filter(|n| **n > held) {
                 why.push(format!(
@@ -216,30 +192,6 @@ impl PhaseReport {
             }
         }
         why
-    }
-
-    /// The outcome in one line: "19980 × 200, 20 × 408; 0 cut, 0 timed out, 0 lost".
-    fn seen(&self) -> String {
-        let codes: Vec<String> = (self.answered.iter())
-            .map(|(c, n)| format!("{n} × {c}"))
-            .collect();
-        let mut line = if codes.is_empty() {
-            "no answer".to_owned()
-        } else {
-            codes.join(", ")
-        };
-        let (cut, timed_out, lost) = (self.cut, self.timed_out, self.lost);
-        let _ = write!(line, "; {cut} cut, {timed_out} timed out, {lost} lost");
-        for (kind, n) in &self.failed {
-            let _ = write!(line, ", {n} failed ({kind})");
-        }
-        for (reason, n) in &self.clients_closed {
-            let _ = write!(line, "; {n} clients closed for good ({reason})");
-        }
-        if let Some(held) = self.in_flight_at_fault {
-            let _ = write!(line, "; {held} in flight at the fault");
-        }
-        line
     }
 }
 
@@ -311,15 +263,14 @@ fn tally(
             let held = outcomes.filter(|o| o.sent <= at + HELD_SLACK && o.done > at);
             held.count() as u64
         });
-        p.name = run.fault.name();
         p.fault = run.fault;
         p.started_s = run.start.saturating_duration_since(origin).as_secs_f64();
         p.seconds = run.end.saturating_duration_since(run.start).as_secs_f64();
         p.events.clone_from(&run.events);
         [p.held, p.resent] = run.blips;
         (p.machine_percent, p.steal_percent) = (cpu(MACHINE), cpu(STEAL));
-        p.expectation = run.fault.expectation(bus);
-        p.misses = p.check(p.expectation);
+        p.allowed = run.fault.allowed(bus);
+        p.misses = p.check();
     }
     phases
 }
@@ -404,7 +355,7 @@ impl FaultsReport {
     pub fn missed(&self) -> String {
         let missed: Vec<&str> = (self.phases.iter())
             .filter(|p| !p.passed())
-            .map(|p| p.name)
+            .map(|p| p.fault.name())
             .collect();
         missed.join(", ")
     }
@@ -426,7 +377,7 @@ impl Section for FaultsReport {
         doc.table(Table::of(
             &self.phases,
             &[
-                ("phase", &|p| p.name.to_owned()),
+                ("phase", &|p| p.fault.name().to_owned()),
                 ("sent", &|p| p.sent.to_string()),
                 ("answered by code", &|p| {
                     let codes = p.answered.iter().map(|(c, n)| format!("{c}:{n}"));
@@ -449,16 +400,20 @@ impl Section for FaultsReport {
             ],
         ));
         for p in &self.phases {
-            doc.heading(format!("{} [{}]", p.name, verdict(p)));
+            doc.heading(format!("{} [{}]", p.fault.name(), verdict(p)));
             let mut lines: Vec<String> =
                 p.events.iter().map(|e| format!("did:      {e}")).collect();
-            lines.push(format!("expected: {}", p.expectation.describe()));
-            lines.push(format!("seen:     {}", p.seen()));
+            lines.push(format!("expected: {}", expected(p.allowed)));
+            if let Some(n) = p.in_flight_at_fault {
+                lines.push(format!("in flight at the fault: {n}"));
+            }
             lines.extend(
                 p.reasons
                     .iter()
-                    .map(|(r, n)| format!("          {n} × {r}")),
+                    .map(|(r, n)| format!("answered: {n} × {r}")),
             );
+            let closed = p.clients_closed.iter();
+            lines.extend(closed.map(|(r, n)| format!("closed:   {n} clients for good ({r})")));
             lines.extend(p.misses.iter().map(|m| format!("missed:   {m}")));
             doc.lines(lines);
         }
@@ -535,7 +490,11 @@ mod tests {
         );
         assert_eq!((t[0].no_200_ms, t[1].no_200_ms), (999.0, 900.0));
         assert_eq!(
-            t[1].check(Expectation::HeldOnly408),
+            PhaseReport {
+                allowed: 408,
+                ..t[1].clone()
+            }
+            .check(),
             [
                 "1 lost",
                 "1 408s for requests sent after the kill (the latest 11 ms after)"
@@ -552,22 +511,24 @@ mod tests {
     #[test]
     fn expectations_allow_only_their_codes_within_their_limits() {
         let mut clean = PhaseReport {
+            allowed: OK,
             sent: 10,
             answered: BTreeMap::from([(200, 10)]),
             ..PhaseReport::default()
         };
-        assert!(clean.check(Expectation::Clean).is_empty());
+        assert!(clean.check().is_empty());
         clean.answered.insert(503, 1);
-        assert_eq!(clean.check(Expectation::Clean), ["1 answered 503"]);
+        assert_eq!(clean.check(), ["1 answered 503"]);
 
         let mut kill = PhaseReport {
+            allowed: 408,
             answered: BTreeMap::from([(200, 10), (408, 2)]),
             in_flight_at_fault: Some(1),
             timed_out: 1,
             ..PhaseReport::default()
         };
         assert_eq!(
-            kill.check(Expectation::HeldOnly408),
+            kill.check(),
             [
                 "1 timed out",
                 "2 answered 408, more than the 1 in flight at the kill"
@@ -575,24 +536,24 @@ mod tests {
         );
         kill.in_flight_at_fault = Some(2);
         kill.timed_out = 0;
-        assert!(kill.check(Expectation::HeldOnly408).is_empty());
+        assert!(kill.check().is_empty());
 
         // A broker killed: 503s only for what was in flight on the lost connection.
         let mut restart = PhaseReport {
+            allowed: 503,
             answered: BTreeMap::from([(200, 10), (503, 2)]),
             in_flight_at_fault: Some(1),
             ..PhaseReport::default()
         };
-        let in_flight = |p: &PhaseReport| p.check(Expectation::InFlightOnly503);
         assert_eq!(
-            in_flight(&restart),
+            restart.check(),
             ["2 answered 503, more than the 1 in flight at the kill"]
         );
         restart.in_flight_at_fault = Some(2);
-        assert!(in_flight(&restart).is_empty());
+        assert!(restart.check().is_empty());
         restart.late.insert(503, (1, Duration::from_millis(40)));
         assert_eq!(
-            in_flight(&restart),
+            restart.check(),
             ["1 503s for requests sent after the kill (the latest 40 ms after)"]
         );
     }
