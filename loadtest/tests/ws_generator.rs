@@ -2,6 +2,7 @@
 //! server (everything answered, in protobuf and JSON, latency from the schedule), and
 //! scripted servers that never answer, close, kick or answer too late.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt as _, StreamExt as _};
@@ -158,60 +159,37 @@ async fn scripted_session(stream: tokio::net::TcpStream, script: Script) {
     }
 }
 
-/// Nothing answered in time: every request counts as sent and timed out, and the run
-/// still ends by itself.
+/// What scripted servers make of 2 clients × 40 slots: answers after the timeout, or
+/// none, are timeouts; a close or a kick mid-run fails what is left at once (the timeout
+/// is far longer than the run then: nothing may wait for it). Every slot counts as sent,
+/// and the run ends by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_unanswered_in_time_are_timeouts_and_the_run_stops_by_itself() {
-    for (script, count, timeout, clock) in [
-        (Script::Silent, 40, 300, ClockKind::Thread),
-        // Answers after the timeout are timeouts, not answers.
-        (
-            Script::Late(Duration::from_millis(400)),
-            30,
-            150,
-            ClockKind::Tokio,
-        ),
+async fn every_slot_is_answered_timed_out_or_failed_and_the_run_ends_by_itself() {
+    let (thread, tokio, ms) = (ClockKind::Thread, ClockKind::Tokio, Duration::from_millis);
+    for (script, clock, timeout, failed) in [
+        (Script::Silent, thread, ms(300), None),
+        (Script::Late(ms(400)), tokio, ms(150), None),
+        (Script::CloseAfter(10), tokio, ms(30_000), Some("closed")),
+        (Script::KickAfter(10), tokio, ms(30_000), Some("kicked")),
     ] {
         let url = scripted_server(script).await;
-        let mut spec = spec(2, count, clock);
-        spec.timeout = Duration::from_millis(timeout);
-        let began = Instant::now();
-        let run = generator::run(&spec, &target(&url)).await.expect("run");
-        let what = format!("{script:?}");
-        assert_eq!(run.sent, 2 * count, "{what}: sent on schedule regardless");
-        assert_eq!((run.ok, run.timeouts, run.unanswered), (0, 2 * count, 0));
-        assert_eq!(run.latency.from_schedule.count, 0, "{what}");
-        // The slots of 2 ms + warm-up + timeout + margin, with room for a slow machine.
-        assert!(began.elapsed() < Duration::from_secs(3) + HARD_MARGIN);
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_close_or_kick_mid_run_fails_what_is_left_at_once() {
-    for (script, kind) in [
-        (Script::CloseAfter(10), "closed"),
-        (Script::KickAfter(10), "kicked"),
-    ] {
-        let url = scripted_server(script).await;
-        let mut spec = spec(2, 40, ClockKind::Tokio);
+        let mut spec = spec(2, 40, clock);
         spec.warmup = Duration::ZERO;
-        // Far longer than the run: nothing may wait for it.
-        spec.timeout = Duration::from_secs(30);
+        spec.timeout = timeout;
         let began = Instant::now();
         let run = generator::run(&spec, &target(&url)).await.expect("run");
-        assert_eq!(run.sent, 80, "{kind}: every slot still counts as sent");
-        assert_eq!(
-            run.ok, 20,
-            "{kind}: 10 answered per client (pushes ignored)"
-        );
-        assert_eq!(
-            run.failures.get(kind),
-            Some(&60),
-            "{kind}: {:?}",
-            run.failures
-        );
-        assert_eq!((run.timeouts, run.unanswered), (0, 0), "{kind}");
-        assert!(began.elapsed() < Duration::from_secs(5), "{kind}");
+        // A close or kick comes after 10 answers per client (pushes ignored) and fails
+        // the other 30 each; without one, all 80 time out.
+        let (ok, timeouts, failures) = match failed {
+            Some(kind) => (20, 0, BTreeMap::from([(kind, 60)])),
+            None => (0, 80, BTreeMap::new()),
+        };
+        let counts = (run.sent, run.ok, run.timeouts, run.unanswered);
+        assert_eq!(counts, (80, ok, timeouts, 0), "{script:?}");
+        assert_eq!(run.latency.from_schedule.count, ok, "{script:?}");
+        assert_eq!(run.failures, failures, "{script:?}");
+        // 40 slots of 2 ms + timeout + margin, with room for a slow machine.
+        assert!(began.elapsed() < Duration::from_secs(3) + HARD_MARGIN);
     }
 }
 
