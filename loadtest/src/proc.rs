@@ -17,12 +17,8 @@ pub const STEAL: &str = "steal";
 
 /// Resident set size of `pid` in bytes.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
-    let kib = Process::new(i32::try_from(pid).ok()?)
-        .ok()?
-        .status()
-        .ok()?
-        .vmrss?;
-    kib.checked_mul(1024)
+    let status = Process::new(i32::try_from(pid).ok()?).ok()?.status().ok()?;
+    status.vmrss?.checked_mul(1024)
 }
 
 fn ticks(t: u64) -> Duration {
@@ -117,18 +113,12 @@ impl CpuSample {
                 0.0
             },
         };
-        let mut uses: Vec<CpuUse> = self
-            .times
-            .iter()
-            .zip(&later.times)
-            .filter_map(|((w, before), (_, after))| {
-                Some(entry(
-                    &w.name,
-                    w.pid,
-                    after.as_ref()?.saturating_sub((*before)?),
-                ))
-            })
-            .collect();
+        let times = self.times.iter().zip(&later.times);
+        let mut uses: Vec<CpuUse> = (times.filter_map(|((w, before), (_, after))| {
+            let used = after.as_ref()?.saturating_sub((*before)?);
+            Some(entry(&w.name, w.pid, used))
+        }))
+        .collect();
         if let (Some((busy0, steal0)), Some((busy1, steal1))) = (self.machine, later.machine) {
             let machine = busy1.saturating_sub(busy0);
             let ours = Duration::from_secs_f64(uses.iter().map(|u| u.cpu_seconds).sum());
