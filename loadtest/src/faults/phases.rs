@@ -145,7 +145,7 @@ pub struct PhaseReport {
     /// The machine over the phase: busy and hypervisor steal, % of one core.
     pub machine_percent: f64,
     pub steal_percent: f64,
-    /// The one code besides 200 the phase may answer ([`Fault::allowed`]).
+    /// The one code besides 200 the phase may answer (`Fault::allowed`).
     pub allowed: u32,
     /// Why it missed its expectation; empty when it met it.
     pub misses: Vec<String>,
