@@ -15,10 +15,8 @@ use std::time::{Duration, Instant};
 
 use futures::SinkExt as _;
 use loadtest::proc::rss_bytes;
-use proto::Message as _;
 use proto::client::{Handshake, Heartbeat, Packet, Request, packet::Kind};
 use tokio::net::TcpSocket;
-use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream, client_async};
 
 type Ws = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
@@ -49,9 +47,9 @@ async fn session(url: &str) -> anyhow::Result<Ws> {
 }
 
 async fn send(ws: &mut Ws, kind: Kind) -> anyhow::Result<()> {
-    ws.feed(Message::binary(Packet::new(kind).encode_to_vec()))
-        .await?;
-    Ok(())
+    Ok(ws
+        .feed(sdk::frame::encode(&Packet::new(kind), false))
+        .await?)
 }
 
 /// An attacking session, its requests pipelined and flushed.
@@ -62,7 +60,7 @@ async fn attack(url: &str, body: &str) -> anyhow::Result<Ws> {
             id,
             route: "echo.raw".into(),
             body: body.to_owned().into(),
-            key: String::new(),
+            ..Request::default()
         };
         send(&mut ws, Kind::Request(request)).await?;
     }

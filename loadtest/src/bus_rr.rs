@@ -1,27 +1,19 @@
 //! `bus-rr`: request-reply throughput and latency over NATS (BENCHMARKS.md B6).
 //!
-//! Responders subscribe one subject in a queue group and echo each request's payload to its
-//! reply subject. Requesters loop `client.request()` closed-loop (next request only after
-//! the previous answer or error), so offered load adapts to the server and the figure is
-//! the round trip a service call pays through the bus.
+//! Responders in one queue group echo each request's payload to its reply subject;
+//! requesters loop `client.request()` closed-loop, so the figure is the round trip a
+//! service call pays through the bus. One connection per requester and per responder, as
+//! `nats-bench` does: a shared connection would coalesce many requests into one write,
+//! measuring the client's batching more than the server's per-connection work.
 //!
-//! **One connection per requester** (and per responder). That is what a Go measurement with
-//! the official client most naturally does (one `nats.Connect` per goroutine, as
-//! `nats-bench` does per publisher and subscriber), and it is the fair setup: with a shared
-//! connection the client library would coalesce many requests into one write and one
-//! socket, measuring client batching more than the server's per-connection work and
-//! hiding head-of-line effects the server causes. 50 requesters therefore mean 50 sockets
-//! on the server, the same as 50 service instances would.
-//!
-//! Requests sent during the warm-up are answered but not recorded; errors (timeouts, no
-//! responders, I/O) are counted, never fatal, and every request carries a timeout, so the
-//! run ends by itself after warm-up + duration (+ at most one request timeout).
+//! Requests sent during the warm-up are not recorded; errors are counted, never fatal,
+//! and every request carries a timeout, so the run ends by itself.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use async_nats::{Client, RequestErrorKind, Subject};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -37,12 +29,13 @@ pub const MAX_REQUESTERS: u32 = 10_000;
 /// Upper bound on responders, for the same reason.
 pub const MAX_RESPONDERS: u32 = 1_000;
 /// Largest payload accepted: nats-server's default `max_payload` (1 MiB).
-pub const MAX_PAYLOAD: usize = 1024 * 1024;
+const MAX_PAYLOAD: u32 = 1024 * 1024;
+/// The subject the responders serve.
+const SUBJECT: &str = "shaddock.loadtest.rr";
 /// Queue group the responders join, so each request is answered exactly once.
 const QUEUE_GROUP: &str = "shaddock-loadtest";
-/// Longest warm-up, duration or request timeout accepted: bounds the run (and keeps the
-/// deadline arithmetic far from `Instant` overflow).
-pub const MAX_PHASE: Duration = Duration::from_secs(3600);
+/// Longest warm-up, duration or request timeout accepted: bounds the run.
+const MAX_PHASE: Duration = Duration::from_secs(3600);
 /// How long connecting all clients may take before the run is abandoned.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Extra time allowed past warm-up + duration + request timeout before the run is
@@ -64,9 +57,10 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_RESPONDERS)))]
     pub responders: u32,
     /// Request (and echoed reply) payload in bytes.
-    #[arg(long, default_value_t = 16)]
-    pub size: usize,
-    /// Measured time, after the warm-up (`5s`, `500ms`, or bare seconds).
+    #[arg(long, default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_PAYLOAD)))]
+    pub size: u32,
+    /// Measured time, after the warm-up (`5s`, `500ms`).
     #[arg(long, default_value = "5s", value_parser = net::duration::parse)]
     pub duration: Duration,
     /// Time to run before recording starts, so connection setup, allocator growth and
@@ -76,9 +70,6 @@ pub struct Args {
     /// Per-request timeout; a request past it counts as a timeout error.
     #[arg(long, default_value = "2s", value_parser = net::duration::parse)]
     pub timeout: Duration,
-    /// Subject the responders serve.
-    #[arg(long, default_value = "shaddock.loadtest.rr")]
-    pub subject: String,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -90,7 +81,7 @@ pub struct Args {
 pub struct BusRr {
     pub requesters: u32,
     pub responders: u32,
-    pub size: usize,
+    pub size: u32,
     pub warmup_s: f64,
     /// From the end of the warm-up until the last requester finished.
     pub elapsed_s: f64,
@@ -120,21 +111,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// Runs the benchmark and returns its figures.
-pub async fn measure(args: &Args) -> anyhow::Result<BusRr> {
-    if args.size > MAX_PAYLOAD {
-        bail!("--size {} exceeds {MAX_PAYLOAD} bytes", args.size);
-    }
-    for (flag, value) in [
-        ("--duration", args.duration),
-        ("--warmup", args.warmup),
-        ("--timeout", args.timeout),
-    ] {
-        if value > MAX_PHASE {
-            bail!("{flag} {value:?} exceeds {MAX_PHASE:?}");
-        }
-    }
-    let subject = Subject::from(args.subject.as_str());
-    let payload = Bytes::from(vec![b'x'; args.size]);
+async fn measure(args: &Args) -> anyhow::Result<BusRr> {
+    let longest = args.duration.max(args.warmup).max(args.timeout);
+    anyhow::ensure!(
+        longest <= MAX_PHASE,
+        "--duration, --warmup and --timeout may be {MAX_PHASE:?} at most"
+    );
+    let subject = Subject::from_static(SUBJECT);
+    let payload = Bytes::from(vec![b'x'; args.size as usize]);
 
     let responder_errors = Arc::new(AtomicU64::new(0));
     // Dropping the set aborts the responders, whose loops otherwise never end.
@@ -180,14 +164,13 @@ pub async fn measure(args: &Args) -> anyhow::Result<BusRr> {
         requesters.spawn(request_loop(client, subject, payload, start, end));
     }
 
+    let deadline = end + args.timeout + FINISH_SLACK;
+    let joined = tokio::time::timeout_at(deadline.into(), requesters.join_all())
+        .await
+        .context("requesters did not finish in time; the server is hung")?;
     let mut latency = Hist::new();
     let mut errors = [0u64; 3];
-    let deadline = end + args.timeout + FINISH_SLACK;
-    while let Some(joined) = tokio::time::timeout_at(deadline.into(), requesters.join_next())
-        .await
-        .context("requesters did not finish in time; the server is hung")?
-    {
-        let (recorded, counted) = joined.context("requester task failed")?;
+    for (recorded, counted) in joined {
         latency.merge(&recorded);
         errors.iter_mut().zip(counted).for_each(|(e, n)| *e += n);
     }

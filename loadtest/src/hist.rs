@@ -107,6 +107,13 @@ impl Hist {
     }
 }
 
+/// A histogram in a report is its summary.
+impl Serialize for Hist {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.summary().serialize(serializer)
+    }
+}
+
 /// The figures every latency line of a report shows, in microseconds (0.1 µs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Summary {

@@ -1,11 +1,7 @@
-//! `idle-conns`: resident memory a NATS server spends per idle client connection.
-//!
-//! Reads the server's `VmRSS` from `/proc/<pid>/status`, opens N plain TCP connections
-//! that each complete the NATS handshake (`CONNECT` + `PING`, wait for `PONG`, so the
-//! server has fully set the connection up), reads `VmRSS` again while they are all still
-//! open, and reports the difference divided by N. Plain sockets rather than async-nats
-//! clients keep the client cheap and make "idle" exact: no subscriptions, no inbox, nothing
-//! sent after the handshake. Linux only, since it reads `/proc`.
+//! `idle-conns`: resident memory a NATS server spends per idle client connection: its
+//! RSS before and after N connections that each completed the handshake (`CONNECT`,
+//! `PING`, `PONG`), divided by N. Plain sockets rather than async-nats clients make
+//! "idle" exact: no subscription, no inbox, nothing sent after the handshake.
 
 use std::time::Duration;
 
@@ -45,8 +41,7 @@ pub struct Args {
     pub output: OutputArgs,
 }
 
-/// Result of one run (with `--json -`, one JSON object on one line:
-/// scripts/bench-broker.sh reads `bytes_per_conn`).
+/// Result of one run (scripts/bench-broker.sh reads `bytes_per_conn` of `--json -`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct IdleConns {
     pub conns: u32,
@@ -69,7 +64,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// Runs the measurement and returns its figures; connections close when it returns.
-pub async fn measure(args: &Args) -> anyhow::Result<IdleConns> {
+async fn measure(args: &Args) -> anyhow::Result<IdleConns> {
     let addr = host_port(&args.url);
     let read_rss = |pid| {
         crate::proc::rss_bytes(pid)
@@ -78,8 +73,7 @@ pub async fn measure(args: &Args) -> anyhow::Result<IdleConns> {
     let rss_before = read_rss(args.pid)?;
     let mut conns = Vec::with_capacity(usize::try_from(args.conns).unwrap_or(0));
     // Sequential on purpose: the server sees one new connection at a time, as idle
-    // clients trickling in would look, and 1,000 loopback handshakes take well under a
-    // second anyway.
+    // clients trickling in would look.
     for i in 0..args.conns {
         let conn = tokio::time::timeout(NETWORK_TIMEOUT, handshake(addr))
             .await

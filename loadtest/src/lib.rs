@@ -4,11 +4,12 @@
 //! panicking, and prints one human-readable report (or one JSON line with `--json -`) on
 //! stdout so `scripts/bench-broker.sh` can parse it. Progress goes to `tracing` (stderr).
 //!
-//! Layers, each importing only those before it in this list: the leaves
-//! [`hist`], [`proc`] and [`report`]; the parts [`limit`] (the bare echo
-//! server) and [`topology`] (the flags of the fleet launcher, `testkit::fleet`); the scenarios [`bus_rr`] and [`idle_conns`]
-//! (NATS), [`ws`] (WebSocket load through the gateway) and [`faults`] (which reuses the
-//! WebSocket pacing). `python3 scripts/check-layers.py loadtest` checks for cycles.
+//! Layers, each importing only those before it in this list: the leaves [`hist`],
+//! [`proc`] and [`report`]; the parts [`limit`] (the bare echo server) and [`topology`]
+//! (the flags of the fleet launcher, `testkit::fleet`); the scenarios [`bus_rr`] and
+//! [`idle_conns`] (NATS), [`ws`] (WebSocket load through the gateway) and [`faults`]
+//! (which reuses the WebSocket pacing). `python3 scripts/check-layers.py loadtest`
+//! checks for cycles.
 
 pub mod bus_rr;
 pub mod faults;

@@ -6,12 +6,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-/// mimalloc for the load generator only. Under overload (200 clients and up) glibc's
-/// per-thread arenas shrank and grew again with the generator's backlog, and re-faulting
-/// their pages made it fall further behind until it collapsed (3 of 10 runs at 200
-/// clients; none of 16 with mimalloc). The servers (the `shaddock` binary) are on
-/// jemalloc instead, which gives memory back after a burst (src/main.rs); with mimalloc
-/// their tail at 50 clients had doubled (docs/benchmarks.md).
+/// mimalloc for the load generator only: under overload glibc's per-thread arenas shrank
+/// and grew with the backlog, and re-faulting their pages made the generator collapse (3
+/// of 10 runs at 200 clients, none of 16 with mimalloc). The servers stay on jemalloc,
+/// which gives memory back after a burst (src/main.rs).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

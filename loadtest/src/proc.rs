@@ -8,21 +8,17 @@ use procfs::CurrentSI as _;
 use procfs::process::Process;
 use serde::Serialize;
 
-/// The pseudo-process names of the machine-wide figures.
 /// The load tester's own process, in every run's CPU.
 pub const LOADTEST: &str = "loadtest";
+/// The pseudo-process names of the machine-wide figures.
 pub const MACHINE: &str = "machine";
 pub const OTHERS: &str = "others";
 pub const STEAL: &str = "steal";
 
 /// Resident set size of `pid` in bytes.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
-    let kib = Process::new(i32::try_from(pid).ok()?)
-        .ok()?
-        .status()
-        .ok()?
-        .vmrss?;
-    kib.checked_mul(1024)
+    let status = Process::new(i32::try_from(pid).ok()?).ok()?.status().ok()?;
+    status.vmrss?.checked_mul(1024)
 }
 
 fn ticks(t: u64) -> Duration {
@@ -54,23 +50,17 @@ impl Watched {
     fn cpu_time(&self) -> Option<Duration> {
         let process = Process::new(i32::try_from(self.pid).ok()?).ok()?;
         let used = |s: procfs::process::Stat| s.utime + s.stime;
-        let keep = |comm: &str| match self.threads {
-            Threads::All => true,
-            Threads::Named(p) => comm.starts_with(p),
-            Threads::Others(p) => !comm.starts_with(p),
+        let (prefix, named) = match self.threads {
+            Threads::All => return Some(ticks(used(process.stat().ok()?))),
+            Threads::Named(prefix) => (prefix, true),
+            Threads::Others(prefix) => (prefix, false),
         };
-        let total = match self.threads {
-            Threads::All => used(process.stat().ok()?),
-            _ => process
-                .tasks()
-                .ok()?
-                .flatten()
-                .filter_map(|task| task.stat().ok())
-                .filter(|s| keep(&s.comm))
-                .map(used)
-                .sum(),
-        };
-        Some(ticks(total))
+        let tasks = process.tasks().ok()?.flatten();
+        let stats = tasks.filter_map(|task| task.stat().ok());
+        let total = stats
+            .filter(|s| s.comm.starts_with(prefix) == named)
+            .map(used);
+        Some(ticks(total.sum()))
     }
 }
 
@@ -123,18 +113,12 @@ impl CpuSample {
                 0.0
             },
         };
-        let mut uses: Vec<CpuUse> = self
-            .times
-            .iter()
-            .zip(&later.times)
-            .filter_map(|((w, before), (_, after))| {
-                Some(entry(
-                    &w.name,
-                    w.pid,
-                    after.as_ref()?.saturating_sub((*before)?),
-                ))
-            })
-            .collect();
+        let times = self.times.iter().zip(&later.times);
+        let mut uses: Vec<CpuUse> = (times.filter_map(|((w, before), (_, after))| {
+            let used = after.as_ref()?.saturating_sub((*before)?);
+            Some(entry(&w.name, w.pid, used))
+        }))
+        .collect();
         if let (Some((busy0, steal0)), Some((busy1, steal1))) = (self.machine, later.machine) {
             let machine = busy1.saturating_sub(busy0);
             let ours = Duration::from_secs_f64(uses.iter().map(|u| u.cpu_seconds).sum());

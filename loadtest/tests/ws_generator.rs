@@ -2,6 +2,7 @@
 //! server (everything answered, in protobuf and JSON, latency from the schedule), and
 //! scripted servers that never answer, close, kick or answer too late.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt as _, StreamExt as _};
@@ -108,14 +109,8 @@ async fn scripted_session(stream: tokio::net::TcpStream, script: Script) {
         return;
     };
     let (mut sink, mut stream) = ws.split();
-    let _hello = stream.next().await;
+    // One writer, so late answers can be sent from tasks of their own.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Message>();
-    let _ = tx.send(frame(Kind::HandshakeAck(HandshakeAck {
-        code: 200,
-        session_id: 1,
-        heartbeat_ms: 10_000,
-        ..HandshakeAck::default()
-    })));
     tokio::spawn(async move {
         while let Some(frame) = rx.recv().await {
             if sink.send(frame).await.is_err() {
@@ -123,14 +118,13 @@ async fn scripted_session(stream: tokio::net::TcpStream, script: Script) {
             }
         }
     });
-    let response = |id| {
-        let code = 200;
-        frame(Kind::Response(Response {
-            id,
-            code,
-            ..Response::default()
-        }))
-    };
+    let send = |kind| drop(tx.send(frame(kind)));
+    let _hello = stream.next().await;
+    send(Kind::HandshakeAck(HandshakeAck {
+        code: 200,
+        heartbeat_ms: 10_000,
+        ..HandshakeAck::default()
+    }));
     let mut answered = 0;
     while let Some(Ok(Message::Binary(bytes))) = stream.next().await {
         let Ok(Packet {
@@ -139,94 +133,64 @@ async fn scripted_session(stream: tokio::net::TcpStream, script: Script) {
         else {
             continue;
         };
+        let id = request.id;
+        let response = Kind::Response(Response {
+            id,
+            code: 200,
+            ..Response::default()
+        });
         match script {
             Script::CloseAfter(n) | Script::KickAfter(n) if answered < n => {
-                let route = "test.push".into();
-                let _ = tx.send(frame(Kind::Push(Push {
-                    route,
-                    ..Push::default()
-                })));
-                let _ = tx.send(response(request.id));
+                send(Kind::Push(Push::default()));
+                send(response);
                 answered += 1;
             }
-            Script::CloseAfter(_) => {
-                let _ = tx.send(Message::Close(None));
-                return;
-            }
-            Script::KickAfter(_) => {
-                let _ = tx.send(frame(Kind::Kick(Kick {
-                    reason: "test over".into(),
-                })));
-                return;
-            }
+            Script::CloseAfter(_) => return drop(tx.send(Message::Close(None))),
+            Script::KickAfter(_) => return send(Kind::Kick(Kick::default())),
             Script::Silent => {}
             Script::Late(delay) => {
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
-                    let _ = tx.send(response(request.id));
+                    let _ = tx.send(frame(response));
                 });
             }
         }
     }
 }
 
+/// What scripted servers make of 2 clients × 40 slots: answers after the timeout, or
+/// none, are timeouts; a close or a kick mid-run fails what is left at once (the timeout
+/// is far longer than the run then: nothing may wait for it). Every slot counts as sent,
+/// and the run ends by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn open_loop_keeps_sending_without_answers_and_stops_by_itself() {
-    let url = scripted_server(Script::Silent).await;
-    let mut spec = spec(2, 40, ClockKind::Thread);
-    spec.timeout = Duration::from_millis(300);
-    let began = Instant::now();
-    let run = generator::run(&spec, &target(&url)).await.expect("run");
-    assert_eq!(run.sent, 80, "sent on schedule although nothing came back");
-    assert_eq!((run.ok, run.timeouts, run.unanswered), (0, 80, 0));
-    assert_eq!(run.latency.from_schedule.count, 0);
-    // 40 slots of 2 ms + warm-up + timeout + margin, with room for a slow machine.
-    assert!(began.elapsed() < Duration::from_secs(3) + HARD_MARGIN);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_close_or_kick_mid_run_fails_what_is_left_at_once() {
-    for (script, kind) in [
-        (Script::CloseAfter(10), "closed"),
-        (Script::KickAfter(10), "kicked"),
+async fn every_slot_is_answered_timed_out_or_failed_and_the_run_ends_by_itself() {
+    let (thread, tokio, ms) = (ClockKind::Thread, ClockKind::Tokio, Duration::from_millis);
+    for (script, clock, timeout, failed) in [
+        (Script::Silent, thread, ms(300), None),
+        (Script::Late(ms(400)), tokio, ms(150), None),
+        (Script::CloseAfter(10), tokio, ms(30_000), Some("closed")),
+        (Script::KickAfter(10), tokio, ms(30_000), Some("kicked")),
     ] {
         let url = scripted_server(script).await;
-        let mut spec = spec(2, 40, ClockKind::Tokio);
+        let mut spec = spec(2, 40, clock);
         spec.warmup = Duration::ZERO;
-        // Far longer than the run: nothing may wait for it.
-        spec.timeout = Duration::from_secs(30);
+        spec.timeout = timeout;
         let began = Instant::now();
         let run = generator::run(&spec, &target(&url)).await.expect("run");
-        assert_eq!(run.sent, 80, "{kind}: every slot still counts as sent");
-        assert_eq!(
-            run.ok, 20,
-            "{kind}: 10 answered per client (pushes ignored)"
-        );
-        assert_eq!(
-            run.failures.get(kind),
-            Some(&60),
-            "{kind}: {:?}",
-            run.failures
-        );
-        assert_eq!((run.timeouts, run.unanswered), (0, 0), "{kind}");
-        assert!(began.elapsed() < Duration::from_secs(5), "{kind}");
+        // A close or kick comes after 10 answers per client (pushes ignored) and fails
+        // the other 30 each; without one, all 80 time out.
+        let (ok, timeouts, failures) = match failed {
+            Some(kind) => (20, 0, BTreeMap::from([(kind, 60)])),
+            None => (0, 80, BTreeMap::new()),
+        };
+        let counts = (run.sent, run.ok, run.timeouts, run.unanswered);
+        assert_eq!(counts, (80, ok, timeouts, 0), "{script:?}");
+        assert_eq!(run.latency.from_schedule.count, ok, "{script:?}");
+        assert_eq!(run.failures, failures, "{script:?}");
+        // 40 slots of 2 ms + timeout + margin, with room for a slow machine.
+        assert!(began.elapsed() < Duration::from_secs(3) + HARD_MARGIN);
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn answers_after_the_timeout_are_timeouts_not_answers() {
-    let url = scripted_server(Script::Late(Duration::from_millis(400))).await;
-    let mut spec = spec(2, 30, ClockKind::Tokio);
-    spec.timeout = Duration::from_millis(150);
-    let run = generator::run(&spec, &target(&url)).await.expect("run");
-    assert_eq!(
-        (run.sent, run.timeouts),
-        (60, 60),
-        "every request timed out"
-    );
-    assert_eq!((run.ok, run.unanswered), (0, 0));
-    assert_eq!(run.latency.from_schedule.count, 0);
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -3,14 +3,12 @@
 //! the last. Each request is stamped with the phase current when it was sent and kept
 //! with its outcome; the phases' figures are worked out from those afterwards.
 //!
-//! Clients hold every gate's URL and reconnect by themselves ([`ClientOptions::reconnect`]);
-//! a client's gap runs from its last answer before a connection loss (a request cut by
-//! the close, or the SDK's reconnection count grown) to its first answer after. A client
-//! the gate closed for good (a kick) is replaced by a new one on the next gate, as a game
-//! would reconnect; its requests due meanwhile come back cut.
+//! Clients hold every gate's URL and reconnect by themselves. A client the gate closed
+//! for good (a kick) is replaced by a new one on the next gate, as a game would
+//! reconnect; its requests due meanwhile come back cut.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -20,28 +18,17 @@ use futures::stream::FuturesUnordered;
 use sdk::{Backoff, Client, ClientOptions};
 use tokio::task::JoinSet;
 
+use super::FaultsArgs;
 use crate::ws::clock::Pacer;
 use crate::ws::schedule::Schedule;
 
 pub const ROUTE: &str = "echo.raw";
+/// The request body: small, as a game's request is.
+const BODY: &[u8] = b"Hello World, faults";
 /// Time between deciding the start and the first request, so every client is ready.
 const LEAD: Duration = Duration::from_millis(20);
 /// Between two attempts to replace a client closed for good.
 const RECONNECT_RETRY: Duration = Duration::from_millis(100);
-
-/// The load every phase runs under.
-#[derive(Debug, Clone)]
-pub struct LoadConfig {
-    pub clients: usize,
-    /// Between two requests of one client.
-    pub interval: Duration,
-    pub body: bytes::Bytes,
-    /// The client's request timeout.
-    pub timeout: Duration,
-    /// After the last request's timeout, how long a request may still be outstanding
-    /// before it counts as lost.
-    pub drain_timeout: Duration,
-}
 
 /// Connects client `index`, reconnecting by itself with the SDK's default backoff, given
 /// every gate starting from its own (round-robin by `index`, moved on by `attempt`): the
@@ -69,37 +56,33 @@ async fn connect_client(
 /// Which phase is current: requests are stamped with it when sent (past the last phase,
 /// clients stop sending). It also counts each phase's requests awaiting their outcome,
 /// so the next fault waits for them instead of striking requests of the phase before.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PhaseClock {
     current: AtomicUsize,
-    pending: Mutex<Vec<usize>>,
+    pending: Vec<AtomicUsize>,
 }
 
 impl PhaseClock {
+    pub fn new(phases: usize) -> Self {
+        let pending = (0..phases).map(|_| AtomicUsize::new(0)).collect();
+        PhaseClock {
+            current: AtomicUsize::new(0),
+            pending,
+        }
+    }
+
     pub fn set(&self, phase: usize) {
         self.current.store(phase, Ordering::Release);
     }
 
-    fn current(&self) -> usize {
-        self.current.load(Ordering::Acquire)
-    }
-
-    fn count(&self, phase: usize, add: bool) {
-        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        if pending.len() <= phase {
-            pending.resize(phase + 1, 0);
-        }
-        pending[phase] = if add {
-            pending[phase] + 1
-        } else {
-            pending[phase].saturating_sub(1)
-        };
+    /// The current phase, `None` past the last.
+    fn current(&self) -> Option<usize> {
+        Some(self.current.load(Ordering::Acquire)).filter(|p| *p < self.pending.len())
     }
 
     /// Whether every request sent in `phase` has its outcome.
     pub fn settled(&self, phase: usize) -> bool {
-        let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        pending.get(phase).is_none_or(|n| *n == 0)
+        self.pending[phase].load(Ordering::Acquire) == 0
     }
 }
 
@@ -139,31 +122,30 @@ pub struct ClientRecord {
 }
 
 /// Connects every client, then starts their load; sending stops once `clock` passes
-/// `phases - 1`. Fails when a client cannot connect.
+/// its last phase. Fails when a client cannot connect.
 pub async fn start(
-    config: Arc<LoadConfig>,
+    args: &FaultsArgs,
     gates: &[String],
     clock: Arc<PhaseClock>,
-    phases: usize,
 ) -> anyhow::Result<JoinSet<ClientRecord>> {
-    let connects = (0..config.clients).map(|i| connect_client(gates, i, 0, config.timeout));
-    let clients = futures::future::try_join_all(connects).await?;
+    let clients = args.clients as usize;
+    let connects = (0..clients).map(|i| connect_client(gates, i, 0, args.timeout));
+    let connected = futures::future::try_join_all(connects).await?;
     let gates: Arc<[String]> = Arc::from(gates);
+    let interval = Duration::from_secs(1) / args.rate;
     let start = Instant::now() + LEAD;
     let mut tasks = JoinSet::new();
-    for (index, client) in clients.into_iter().enumerate() {
+    for (index, client) in connected.into_iter().enumerate() {
         // Clients spread evenly over one interval, so they do not all send at once.
-        let offset = config
-            .interval
-            .mul_f64(index as f64 / config.clients as f64);
+        let offset = interval.mul_f64(index as f64 / clients as f64);
         let driver = Driver {
             client,
             index,
             gates: gates.clone(),
-            schedule: Schedule::new(start + offset, config.interval),
-            config: config.clone(),
+            schedule: Schedule::new(start + offset, interval),
             clock: clock.clone(),
-            phases,
+            timeout: args.timeout,
+            drain_timeout: args.drain_timeout,
         };
         tasks.spawn(driver.drive());
     }
@@ -176,15 +158,18 @@ struct Driver {
     index: usize,
     gates: Arc<[String]>,
     schedule: Schedule,
-    config: Arc<LoadConfig>,
     clock: Arc<PhaseClock>,
-    phases: usize,
+    /// The request timeout; past it and the drain timeout after sending stopped, what
+    /// is still outstanding counts as lost.
+    timeout: Duration,
+    drain_timeout: Duration,
 }
 
 impl Driver {
     async fn drive(mut self) -> ClientRecord {
+        let phases = self.clock.pending.len();
         let mut record = ClientRecord {
-            sent: vec![0; self.phases],
+            sent: vec![0; phases],
             ..ClientRecord::default()
         };
         let mut pacer = Pacer::tokio();
@@ -201,28 +186,26 @@ impl Driver {
             tokio::select! {
                 due = pacer.wait_due(&self.schedule, next), if give_up.is_none() => {
                     for _ in next..due {
-                        let phase = self.clock.current();
-                        let Some(sent) = record.sent.get_mut(phase) else {
-                            let c = &self.config;
-                            give_up = Some(Instant::now() + c.timeout + c.drain_timeout);
+                        let Some(phase) = self.clock.current() else {
+                            give_up = Some(Instant::now() + self.timeout + self.drain_timeout);
                             break;
                         };
-                        *sent += 1;
-                        self.clock.count(phase, true);
-                        in_flight.push(request(self.client.clone(), self.config.body.clone(), phase));
+                        record.sent[phase] += 1;
+                        self.clock.pending[phase].fetch_add(1, Ordering::AcqRel);
+                        in_flight.push(request(self.client.clone(), phase));
                     }
                     next = due;
                 }
                 Some(outcome) = in_flight.next(), if !in_flight.is_empty() => {
-                    self.clock.count(outcome.phase, false);
-                    let now = self.clock.current().min(self.phases - 1);
+                    self.clock.pending[outcome.phase].fetch_sub(1, Ordering::AcqRel);
+                    let now = self.clock.current().unwrap_or(phases - 1);
                     gaps.see(&outcome, self.client.reconnects(), now);
                     let cut = outcome.answer == Answer::Cut;
                     record.outcomes.push(outcome);
                     if cut && !is_replacing && self.client.is_closed() && give_up.is_none() {
                         record.closings.push((now, self.client.closed().await));
                         let gates = self.gates.clone();
-                        replacing.set(Some(replace(gates, self.index, self.config.timeout)).into());
+                        replacing.set(Some(replace(gates, self.index, self.timeout)).into());
                         is_replacing = true;
                     }
                 }
@@ -261,9 +244,9 @@ async fn replace(gates: Arc<[String]>, index: usize, timeout: Duration) -> Clien
     unreachable!("attempts never run out")
 }
 
-async fn request(client: Client, body: bytes::Bytes, phase: usize) -> Outcome {
+async fn request(client: Client, phase: usize) -> Outcome {
     let sent = Instant::now();
-    let result = client.request(ROUTE, &body).await;
+    let result = client.request(ROUTE, BODY).await;
     let answer = match result {
         Ok(r) if r.code == proto::code::OK => Answer::Code(r.code, None),
         Ok(r) => Answer::Code(r.code, Some(Arc::from(r.message.as_str()))),
@@ -279,7 +262,9 @@ async fn request(client: Client, body: bytes::Bytes, phase: usize) -> Outcome {
     }
 }
 
-/// Finds one client's reconnection gaps from its outcomes as they end.
+/// Finds one client's reconnection gaps from its outcomes as they end: a gap runs from
+/// its last answer before a connection loss (a request cut by the close, or the SDK's
+/// reconnection count grown) to its first answer after.
 #[derive(Debug, Default)]
 struct GapTracker {
     last_answer: Option<Instant>,
