@@ -30,8 +30,6 @@ pub const MAX_REQUESTERS: u32 = 10_000;
 pub const MAX_RESPONDERS: u32 = 1_000;
 /// Largest payload accepted: nats-server's default `max_payload` (1 MiB).
 const MAX_PAYLOAD: u32 = 1024 * 1024;
-/// The subject the responders serve.
-const SUBJECT: &str = "shaddock.loadtest.rr";
 /// Queue group the responders join, so each request is answered exactly once.
 const QUEUE_GROUP: &str = "shaddock-loadtest";
 /// Longest warm-up, duration or request timeout accepted: bounds the run.
@@ -70,6 +68,9 @@ pub struct Args {
     /// Per-request timeout; a request past it counts as a timeout error.
     #[arg(long, default_value = "2s", value_parser = net::duration::parse)]
     pub timeout: Duration,
+    /// Subject the responders serve.
+    #[arg(long, default_value = "shaddock.loadtest.rr")]
+    pub subject: String,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -117,7 +118,7 @@ async fn measure(args: &Args) -> anyhow::Result<BusRr> {
         longest <= MAX_PHASE,
         "--duration, --warmup and --timeout may be {MAX_PHASE:?} at most"
     );
-    let subject = Subject::from_static(SUBJECT);
+    let subject = Subject::from(args.subject.as_str());
     let payload = Bytes::from(vec![b'x'; args.size as usize]);
 
     let responder_errors = Arc::new(AtomicU64::new(0));

@@ -65,6 +65,10 @@ pub struct FaultsArgs {
     /// request may still take before it counts as lost.
     #[arg(long, default_value = "2s", value_parser = net::duration::parse)]
     pub drain_timeout: Duration,
+    /// Requests sent up to this long after a SIGKILL may still reach the killed process
+    /// (the bus notices its connection closed a moment later): they count as held by it.
+    #[arg(long, default_value = "10ms", value_parser = net::duration::parse)]
+    pub held_slack: Duration,
     /// The fleet: 2 gates (a drained one is replaced) and 3 echo workers (the phases add
     /// one, then drain one and kill one) unless told otherwise.
     #[command(flatten)]

@@ -15,9 +15,6 @@ use crate::topology::Bus;
 
 /// Width of one point of the answers-over-time chart.
 const TIMELINE_BUCKET: Duration = Duration::from_millis(100);
-/// Requests sent up to this long after a SIGKILL may still reach the killed process
-/// (the bus notices its connection closed a moment later): they count as held by it.
-const HELD_SLACK: Duration = Duration::from_millis(10);
 const OK: u32 = proto::code::OK;
 
 /// What a phase does to the fleet at its start.
@@ -67,7 +64,7 @@ impl Fault {
     }
 
     /// The one code besides 200 issue #15 lets this phase answer on `bus`, and only for
-    /// requests in flight when the fault struck (sent before it, or within [`HELD_SLACK`]
+    /// requests in flight when the fault struck (sent before it, or within `--held-slack`
     /// after), no more than those: 408 for those a killed worker held; 503 for those on a
     /// gate's bus connection when the broker died (they may have reached a worker, so
     /// they are never sent again; requests sent while it is away wait for it,
@@ -82,13 +79,12 @@ impl Fault {
 }
 
 /// What a phase allowed to answer `allowed` besides 200 is expected to show.
-fn expected(allowed: u32) -> String {
+fn expected(allowed: u32, held_slack_ms: u128) -> String {
     match allowed {
         OK => "all 200: 0 errors, 0 cut, 0 lost".to_owned(),
         _ => format!(
             "0 cut, 0 lost, no timeout; besides 200 only {allowed}s, at most the requests in \
-             flight at the kill, all sent before it (or within {} ms after)",
-            HELD_SLACK.as_millis()
+             flight at the kill, all sent before it (or within {held_slack_ms} ms after)"
         ),
     }
 }
@@ -205,6 +201,7 @@ fn tally(
     runs: &[PhaseRun],
     bus: Bus,
     origin: Instant,
+    held_slack: Duration,
 ) -> Vec<PhaseReport> {
     let mut phases = vec![PhaseReport::default(); runs.len()];
     let mut oks = Vec::new();
@@ -231,7 +228,7 @@ fn tally(
                     let reason = format!("{code} {}", message.as_deref().unwrap_or_default());
                     *p.reasons.entry(reason.trim_end().to_owned()).or_default() += 1;
                     let struck = runs[o.phase].struck;
-                    if let Some(at) = struck.filter(|at| o.sent > *at + HELD_SLACK) {
+                    if let Some(at) = struck.filter(|at| o.sent > *at + held_slack) {
                         let (n, latest) = p.late.entry(*code).or_default();
                         *n += 1;
                         *latest = (*latest).max(o.sent - at);
@@ -260,7 +257,7 @@ fn tally(
         p.no_200_ms = ms(longest_without(&oks, run.start, run.end));
         p.in_flight_at_fault = run.struck.map(|at| {
             let outcomes = records.iter().flat_map(|r| &r.outcomes);
-            let held = outcomes.filter(|o| o.sent <= at + HELD_SLACK && o.done > at);
+            let held = outcomes.filter(|o| o.sent <= at + held_slack && o.done > at);
             held.count() as u64
         });
         p.fault = run.fault;
@@ -318,6 +315,8 @@ pub struct FaultsReport {
     pub rps_per_client: f64,
     pub route: &'static str,
     pub client_timeout_ms: u128,
+    /// `--held-slack`.
+    pub held_slack_ms: u128,
     pub phases: Vec<PhaseReport>,
     /// Answers per 100 ms over the run, as rates: [seconds from the start, 200s, other
     /// codes, cut + timed out + failed], by the time they ended.
@@ -338,13 +337,14 @@ impl FaultsReport {
         origin: Instant,
         errors: Vec<String>,
     ) -> Self {
-        let phases = tally(records, runs, args.bus, origin);
+        let phases = tally(records, runs, args.bus, origin, args.held_slack);
         FaultsReport {
             bus: args.bus,
             clients: args.clients,
             rps_per_client: f64::from(args.rate),
             route: ROUTE,
             client_timeout_ms: args.timeout.as_millis(),
+            held_slack_ms: args.held_slack.as_millis(),
             passed: errors.is_empty() && phases.iter().all(PhaseReport::passed),
             phases,
             timeline: timeline(records, origin),
@@ -403,7 +403,10 @@ impl Section for FaultsReport {
             doc.heading(format!("{} [{}]", p.fault.name(), verdict(p)));
             let mut lines: Vec<String> =
                 p.events.iter().map(|e| format!("did:      {e}")).collect();
-            lines.push(format!("expected: {}", expected(p.allowed)));
+            lines.push(format!(
+                "expected: {}",
+                expected(p.allowed, self.held_slack_ms)
+            ));
             if let Some(n) = p.in_flight_at_fault {
                 lines.push(format!("in flight at the fault: {n}"));
             }
@@ -442,6 +445,9 @@ mod tests {
     use super::*;
     use crate::faults::load::Outcome;
 
+    /// `--held-slack` as it defaults.
+    const SLACK: Duration = Duration::from_millis(10);
+
     #[test]
     fn requests_count_in_the_phase_they_were_sent_in() {
         let t0 = Instant::now();
@@ -477,7 +483,13 @@ mod tests {
         };
         // Struck at 990: held until 1000.
         let runs = [run(0, 1000, None), run(1000, 2000, Some(990))];
-        let t = tally(std::slice::from_ref(&record), &runs, Bus::Shaddock, t0);
+        let t = tally(
+            std::slice::from_ref(&record),
+            &runs,
+            Bus::Shaddock,
+            t0,
+            SLACK,
+        );
         assert_eq!(t[0].sent, 3);
         assert_eq!(t[0].answered, BTreeMap::from([(200, 1), (408, 1)]));
         assert_eq!((t[0].cut, t[0].lost, t[1].lost), (1, 0, 1));
@@ -503,7 +515,7 @@ mod tests {
         // Struck a millisecond later, the slack reaches the 408's send: it was held, in
         // flight, not late.
         let runs = [run(0, 1000, None), run(1000, 2000, Some(991))];
-        let t = tally(&[record], &runs, Bus::Shaddock, t0);
+        let t = tally(&[record], &runs, Bus::Shaddock, t0, SLACK);
         assert!(t[1].late.is_empty());
         assert_eq!(t[1].in_flight_at_fault, Some(2));
     }
