@@ -29,6 +29,7 @@
 //! this guarantees, and the window where replicas differ, is in `docs/chat.md`.
 
 mod rooms;
+mod session_key;
 mod tombstones;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -45,7 +46,8 @@ use proto::code;
 use proto::profile::{GetRequest, Profile};
 use proto::rpc::SessionClosed;
 
-pub use rooms::{Rooms, SessionKey};
+pub use rooms::Rooms;
+pub use session_key::SessionKey;
 pub use tombstones::{MAX_TOMBSTONES, TOMBSTONE_TTL};
 
 use crate::context::Context;

@@ -19,32 +19,8 @@ use std::time::Instant;
 
 use proto::chat::{Member, SessionRef, Snapshot, StateChange, state_change};
 
+use super::session_key::SessionKey;
 use super::tombstones::Tombstones;
-
-/// A session, as the gates name it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SessionKey {
-    pub gate: String,
-    pub sid: u64,
-}
-
-impl From<&Member> for SessionKey {
-    fn from(m: &Member) -> Self {
-        SessionKey {
-            gate: m.gate.clone(),
-            sid: m.sid,
-        }
-    }
-}
-
-impl From<SessionRef> for SessionKey {
-    fn from(s: SessionRef) -> Self {
-        SessionKey {
-            gate: s.gate,
-            sid: s.sid,
-        }
-    }
-}
 
 /// One replica of the chat's membership state.
 #[derive(Debug, Default)]

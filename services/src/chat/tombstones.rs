@@ -12,7 +12,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::rooms::SessionKey;
+use super::session_key::SessionKey;
 
 /// How long a closed session is remembered. A join for it can only still be waiting if
 /// it sat in a worker's queue past the close: the gate gives up on a request after its
