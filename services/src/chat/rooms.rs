@@ -208,14 +208,8 @@ mod tests {
     use std::time::Duration;
 
     use super::super::TOMBSTONE_TTL;
+    use super::super::session_key::key;
     use super::*;
-
-    fn key(gate: &str, sid: u64) -> SessionKey {
-        SessionKey {
-            gate: gate.into(),
-            sid,
-        }
-    }
 
     fn state(changes: &[StateChange], now: Instant) -> Rooms {
         let mut rooms = Rooms::default();

@@ -26,3 +26,12 @@ impl From<SessionRef> for SessionKey {
         }
     }
 }
+
+/// Gate `gate`'s session `sid`, for tests.
+#[cfg(test)]
+pub(super) fn key(gate: &str, sid: u64) -> SessionKey {
+    SessionKey {
+        gate: gate.into(),
+        sid,
+    }
+}

@@ -191,14 +191,8 @@ impl Tombstones {
 
 #[cfg(test)]
 mod tests {
+    use super::super::session_key::key;
     use super::*;
-
-    fn key(gate: &str, sid: u64) -> SessionKey {
-        SessionKey {
-            gate: gate.into(),
-            sid,
-        }
-    }
 
     #[test]
     fn tombstones_are_bounded_and_expire() {
