@@ -85,7 +85,7 @@ impl Tombstones {
         }
         self.epoch.get_or_insert(now);
         let at = self.tenths(now);
-        let gate = match self.gates.iter().position(|g| g.id == key.gate) {
+        let gate = match self.gate(&key.gate) {
             Some(i) => i,
             None => self.free_gate(key.gate),
         };
@@ -100,15 +100,12 @@ impl Tombstones {
 
     pub(super) fn contains(&mut self, key: &SessionKey, now: Instant) -> bool {
         self.expire(now);
-        self.gates
-            .iter()
-            .position(|g| g.held > 0 && g.id == key.gate)
-            .is_some_and(|gate| {
-                self.keys.contains(&Key {
-                    gate: gate as u32,
-                    sid: key.sid,
-                })
+        self.gate(&key.gate).is_some_and(|gate| {
+            self.keys.contains(&Key {
+                gate: gate as u32,
+                sid: key.sid,
             })
+        })
     }
 
     /// Those held within the TTL, by gate id, in closing order within a gate: the same
@@ -166,6 +163,11 @@ impl Tombstones {
         if gate.held == 0 {
             gate.id = String::new();
         }
+    }
+
+    /// The slot of gate `id`, while it has tombstones.
+    fn gate(&self, id: &str) -> Option<usize> {
+        self.gates.iter().position(|g| g.held > 0 && g.id == id)
     }
 
     /// A slot for gate `id`: an emptied one, or a new one.

@@ -355,6 +355,9 @@ async fn a_reconnect_loses_nothing_after_it(bus: Bus) {
     assert_eq!(report.left, Some(Left::ByCount), "{}", bus.name());
 }
 
+/// How long `reconnect` waits for its probe before sending another.
+const PROBE_AGAIN: Duration = Duration::from_millis(250);
+
 /// Makes `client`'s connection again, and waits until it is back.
 async fn reconnect(client: &Client) {
     let connects = client.statistics().connects.load(Ordering::Relaxed);
@@ -372,7 +375,7 @@ async fn reconnect(client: &Client) {
     within(async {
         loop {
             client.publish(inbox.clone(), Bytes::new()).await.unwrap();
-            let back = tokio::time::timeout(Duration::from_millis(250), echo.next());
+            let back = tokio::time::timeout(PROBE_AGAIN, echo.next());
             if back.await.is_ok() {
                 break;
             }
