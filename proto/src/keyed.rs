@@ -63,6 +63,19 @@ pub fn partition_of(key: &[u8], partitions: u32) -> u32 {
     fnv1a(key) % partitions.max(1)
 }
 
+/// The rendezvous score of worker `member` for `partition`: among a keyed service's live
+/// workers that are not leaving, the highest owns it (ties to the greater id). FNV-1a 32
+/// of `"<member>:<partition>"`, mixed by MurmurHash3's 32-bit finalizer (FNV alone orders
+/// similar ids alike for every partition).
+pub fn score(member: &str, partition: u32) -> u32 {
+    let mut h = fnv1a(format!("{member}:{partition}").as_bytes());
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^ (h >> 16)
+}
+
 /// What a gate publishes a keyed request of `service.method` on, and what its owner
 /// subscribes (with `>` for the method), plain: during a hand-over both owners receive
 /// every request, and its `origin` and `seq` tell them which is whose.

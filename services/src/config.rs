@@ -246,8 +246,9 @@ pub struct KeyedConfig {
     #[arg(long, env = "SHADDOCK_KEYED_MEMBER_TIMEOUT", default_value = "2s", value_parser = net::duration::parse)]
     pub keyed_member_timeout: Duration,
 
-    /// How long a partition's old owner waits for its new owner to take the state it
-    /// hands over before it keeps the partition and tries again later (e.g. 2s).
+    /// How long a partition's old owner waits for each answer of its new owner: a prepare
+    /// unanswered keeps the partition here (tried again later); a state unanswered is
+    /// sent again at this pace while the new owner lives (e.g. 2s).
     #[arg(long, env = "SHADDOCK_HANDOVER_TIMEOUT", default_value = "2s", value_parser = net::duration::parse)]
     pub handover_timeout: Duration,
 

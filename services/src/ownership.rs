@@ -18,7 +18,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use proto::keyed::fnv1a;
+use proto::keyed::score;
 
 /// A peer as its last heartbeat described it.
 #[derive(Debug, Clone)]
@@ -47,16 +47,6 @@ pub(crate) struct Members {
     listen: Duration,
     started: Instant,
     peers: HashMap<String, Member>,
-}
-
-/// The rendezvous score of `member` for `partition` (see the module docs).
-pub(crate) fn score(member: &str, partition: u32) -> u32 {
-    let mut h = fnv1a(format!("{member}:{partition}").as_bytes());
-    h ^= h >> 16;
-    h = h.wrapping_mul(0x85eb_ca6b);
-    h ^= h >> 13;
-    h = h.wrapping_mul(0xc2b2_ae35);
-    h ^ (h >> 16)
 }
 
 impl Members {
@@ -103,6 +93,12 @@ impl Members {
             self.peers.remove(id);
         }
         dead
+    }
+
+    /// Whether peer `id` is alive: heard from within the timeout (as of the last
+    /// [`Members::expire`]).
+    pub(crate) fn lives(&self, id: &str) -> bool {
+        self.peers.contains_key(id)
     }
 
     /// The owner of `partition` among the live members that are not leaving (this
@@ -266,7 +262,9 @@ mod tests {
         assert!(m.plan(&none, &none, false, later).is_empty());
         // "z" dies: its partitions are nobody's, and "a" takes them fresh.
         let dead_at = t0 + TIMEOUT + Duration::from_millis(1);
+        assert!(m.lives("z"));
         assert_eq!(m.expire(dead_at), ["z"]);
+        assert!(!m.lives("z"));
         assert_eq!(
             fresh(&m.plan(&none, &none, false, dead_at)),
             (0..4).collect()

@@ -3,8 +3,10 @@
 //! its heartbeats, the prepare, requests numbered by origin and seq, the state with
 //! `seen`. What the new owner does with what it held is checked answer by answer: the
 //! requests `seen` covers are not run again, those past `--handover-buffer` are dropped
-//! (and counted), the rest run after the state, in order. On our broker and on
-//! nats-server.
+//! (and counted), the rest run after the state, in order; a state sent again is taken
+//! once. And a keyed worker handing a partition over, the new owner played by hand: a
+//! state answered late is sent again, the partition never taken back while its new owner
+//! lives. On our broker and on nats-server.
 
 mod common;
 
@@ -17,8 +19,8 @@ use futures::StreamExt;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use proto::Message;
 use proto::code;
-use proto::keyed::{handover_subject, members_subject, partition_of, partition_subject};
-use proto::rpc::{HandOver, KeyedMember, RpcRequest};
+use proto::keyed::{handover_subject, members_subject, partition_of, partition_subject, score};
+use proto::rpc::{HandOver, KeyedMember, RpcRequest, RpcResponse};
 use services::tally::{NAME, PARTITIONS};
 use services::{KeyedConfig, WorkerConfig};
 use tokio::sync::Mutex;
@@ -26,12 +28,17 @@ use tokio::sync::Mutex;
 broker::on_both_buses!(
     a_new_owner_serves_what_it_held_past_seen_within_its_buffer,
     a_partition_held_by_both_is_settled_by_the_state_handed_over,
+    a_state_sent_again_is_taken_once,
+    a_state_answered_late_is_sent_again_and_the_old_owner_never_serves_it_again,
+    a_state_never_answered_is_taken_back_once_its_new_owner_is_dead,
 );
 
 const PREFIX: &str = "shaddock";
 const HEARTBEAT: Duration = Duration::from_millis(100);
 /// The new owner's `--handover-buffer`: the third request held is one too many.
 const BUFFER: usize = 2;
+/// The old owner's `--handover-timeout`, short: the made-up new owner answers later.
+const HANDOVER_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// The one recorder of this test binary (the worker counts on its own threads), and one
 /// test at a time reading it.
@@ -231,5 +238,225 @@ async fn a_new_owner_serves_what_it_held_past_seen_within_its_buffer(bus: Bus) {
     );
     assert_eq!(overflowed(), overflowed_before + 1);
     heartbeats.abort();
+    worker.stop().await;
+}
+
+/// A hand-over's state sent again (its answer lost or late, docs/workers.md step 5) is
+/// answered taken and changes nothing: the count taken the first time goes on, not
+/// reset to the state sent again.
+async fn a_state_sent_again_is_taken_once(bus: Bus) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let client = bus.client().await;
+    let mut members = client
+        .subscribe(members_subject(PREFIX, NAME))
+        .await
+        .unwrap();
+    let heartbeats = old_owner_heartbeats(client.clone());
+    let worker = new_owner(&bus).await;
+    let new_id = id_of_worker(&mut members).await;
+    let partition = partition_of(b"k", PARTITIONS);
+    let named = |handover: HandOver| HandOver { id: 7, ..handover };
+    assert_eq!(ask(&client, &new_id, named(prepare(partition))).await, "");
+    let handed = named(state(partition, &[]));
+    assert_eq!(ask(&client, &new_id, handed.clone()).await, "");
+    let mut requests = Requester::new(client.clone()).await;
+    let subject = format!("{}.add", partition_subject(PREFIX, NAME, partition));
+    requests.send(&subject, 1, add(1)).await;
+    assert_eq!(&requests.next().await.1.body[..], b"new 11");
+    assert_eq!(
+        ask(&client, &new_id, handed).await,
+        "",
+        "the same state again: taken already"
+    );
+    requests.send(&subject, 2, add(2)).await;
+    assert_eq!(
+        &requests.next().await.1.body[..],
+        b"new 12",
+        "the count goes on, not replaced by the state sent again"
+    );
+    heartbeats.abort();
+    worker.stop().await;
+}
+
+/// A made-up new owner: says every [`HEARTBEAT`] that it lives and holds nothing, and
+/// leaves every hand-over request it gets to the test, to answer (or not) as it pleases.
+struct NewOwner {
+    handovers: async_nats::Subscriber,
+    heartbeats: tokio::task::JoinHandle<()>,
+}
+
+impl NewOwner {
+    /// Joins as `id`.
+    async fn start(client: &async_nats::Client, id: &str) -> NewOwner {
+        let handovers = client
+            .subscribe(handover_subject(PREFIX, NAME, id))
+            .await
+            .unwrap();
+        within(client.flush()).await.unwrap();
+        let me = KeyedMember {
+            id: id.into(),
+            ..KeyedMember::default()
+        };
+        let payload: bytes::Bytes = me.encode_to_vec().into();
+        let client = client.clone();
+        let heartbeats = tokio::spawn(async move {
+            loop {
+                let _ = (client.publish(members_subject(PREFIX, NAME), payload.clone())).await;
+                tokio::time::sleep(HEARTBEAT).await;
+            }
+        });
+        NewOwner {
+            handovers,
+            heartbeats,
+        }
+    }
+
+    /// The next hand-over request for `partition`, and where to answer it; those for
+    /// other partitions are answered taken meanwhile (they are not under test).
+    async fn next_for(
+        &mut self,
+        client: &async_nats::Client,
+        partition: u32,
+    ) -> (HandOver, async_nats::Subject) {
+        within(async {
+            loop {
+                let message = self.handovers.next().await.unwrap();
+                let reply = message.reply.unwrap();
+                let handover = HandOver::decode(message.payload).unwrap();
+                if handover.partition == partition {
+                    return (handover, reply);
+                }
+                client.publish(reply, bytes::Bytes::new()).await.unwrap();
+            }
+        })
+        .await
+    }
+}
+
+/// The tally worker "old", alone at first (it takes every partition fresh), with a short
+/// `--handover-timeout`; and its id.
+async fn old_owner(
+    bus: &Bus,
+    members: &mut async_nats::Subscriber,
+) -> (common::RunningWorker, String) {
+    let config = WorkerConfig {
+        keyed: KeyedConfig {
+            keyed_heartbeat: HEARTBEAT,
+            keyed_member_timeout: HEARTBEAT * 5,
+            handover_timeout: HANDOVER_TIMEOUT,
+            ..KeyedConfig::default()
+        },
+        ..WorkerConfig::default()
+    };
+    let worker = bus
+        .worker(services::tally::service("old", Arc::default()), config)
+        .await;
+    let mut held = worker.0.held().expect("a keyed worker");
+    assert!(within(held.at_least(PARTITIONS as usize)).await);
+    let id = id_of_worker(members).await;
+    (worker, id)
+}
+
+/// The answer to `request` on `subject`, sent again while nobody serves it, as a gate
+/// does (a worker's subscription may not be at the bus yet, or a partition is between
+/// owners).
+async fn served(client: &async_nats::Client, subject: &str, request: bytes::Bytes) -> RpcResponse {
+    within(async {
+        loop {
+            match client.request(subject.to_owned(), request.clone()).await {
+                Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                answer => return RpcResponse::decode(answer.unwrap().payload).unwrap(),
+            }
+        }
+    })
+    .await
+}
+
+/// A new owner joins, and takes the state of key `k`'s partition, but its answer comes
+/// after the old owner's hand-over timeout (a busy machine). The old owner must not take
+/// the partition back and serve it (the new owner serves it now, from the state it
+/// took: one request would run on both, and the two counts part); it sends the same
+/// state again, and is done once that is answered.
+async fn a_state_answered_late_is_sent_again_and_the_old_owner_never_serves_it_again(bus: Bus) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let client = bus.client().await;
+    let mut members = client
+        .subscribe(members_subject(PREFIX, NAME))
+        .await
+        .unwrap();
+    let (worker, old_id) = old_owner(&bus, &mut members).await;
+    let partition = partition_of(b"k", PARTITIONS);
+    let subject = format!("{}.add", partition_subject(PREFIX, NAME, partition));
+    assert_eq!(&served(&client, &subject, add(1)).await.body[..], b"old 1");
+
+    // A new owner whose id wins the partition.
+    let new_id = (0..)
+        .map(|n| format!("f{n:015x}"))
+        .find(|id| score(id, partition) > score(&old_id, partition))
+        .unwrap();
+    let mut new = NewOwner::start(&client, &new_id).await;
+    let (prepared, reply) = new.next_for(&client, partition).await;
+    assert!(prepared.prepare);
+    client.publish(reply, bytes::Bytes::new()).await.unwrap();
+    // The state: taken here (this made-up owner holds it now), but not answered in time.
+    let (first, _late) = new.next_for(&client, partition).await;
+    assert!(!first.prepare);
+    assert_eq!(&first.state[..], b"k=1\n");
+    // What the old owner does once its hand-over timeout is past, left unanswered while
+    // the partition is asked.
+    let (second, reply) = new.next_for(&client, partition).await;
+    if let Ok(answer) = within(client.request(subject.clone(), add(2))).await {
+        let answer = RpcResponse::decode(answer.payload).unwrap();
+        panic!(
+            "the old owner took back a partition whose state its new owner took, and \
+             served it: {:?} (then it sent {second:?})",
+            String::from_utf8_lossy(&answer.body)
+        );
+    }
+    assert!(
+        !second.prepare,
+        "the state again, not a new hand-over: {second:?}"
+    );
+    assert_eq!(second, first, "the same hand-over, the same state and seen");
+    client.publish(reply, bytes::Bytes::new()).await.unwrap();
+    // Nobody answers the partition's requests: the old owner left it, and this new owner is
+    // made up.
+    let asked = within(client.request(subject, add(3))).await;
+    assert!(asked.is_err(), "{asked:?}");
+    new.heartbeats.abort();
+    worker.stop().await;
+}
+
+/// A new owner dies with the state unanswered: once the old owner counts it dead, the
+/// old owner takes the partition back with its state, and the count goes on there.
+async fn a_state_never_answered_is_taken_back_once_its_new_owner_is_dead(bus: Bus) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let client = bus.client().await;
+    let mut members = client
+        .subscribe(members_subject(PREFIX, NAME))
+        .await
+        .unwrap();
+    let (worker, old_id) = old_owner(&bus, &mut members).await;
+    let partition = partition_of(b"k", PARTITIONS);
+    let subject = format!("{}.add", partition_subject(PREFIX, NAME, partition));
+    assert_eq!(&served(&client, &subject, add(1)).await.body[..], b"old 1");
+    let new_id = (0..)
+        .map(|n| format!("f{n:015x}"))
+        .find(|id| score(id, partition) > score(&old_id, partition))
+        .unwrap();
+    let mut new = NewOwner::start(&client, &new_id).await;
+    let (prepared, reply) = new.next_for(&client, partition).await;
+    assert!(prepared.prepare);
+    client.publish(reply, bytes::Bytes::new()).await.unwrap();
+    let (first, _never) = new.next_for(&client, partition).await;
+    assert!(!first.prepare);
+    new.heartbeats.abort();
+    assert_eq!(
+        &served(&client, &subject, add(2)).await.body[..],
+        b"old 2",
+        "taken back with its count"
+    );
     worker.stop().await;
 }

@@ -13,12 +13,16 @@
 //!   overlap (this worker still serves, while every server learns of the new
 //!   subscription), then leaving the partition, the state from the loop after the
 //!   partition's last request here ([`InputKind::HandOver`]), and `seen`: per origin,
-//!   the highest `seq` this worker took since the prepare. No answer in time, or a
-//!   refusal: this worker keeps the partition (takes it back, after leaving) and tries
-//!   again later.
+//!   the highest `seq` this worker took since the prepare. A refusal, or the prepare
+//!   unanswered in time: this worker keeps the partition (takes it back, after leaving)
+//!   and tries again later. The state unanswered in time: the new owner may have taken
+//!   it, so it is sent again, the same, until answered, and taken back only once the new
+//!   owner is counted dead.
 //! - **Take a hand-over**: on a prepare, subscribe and hold; on the state, queue
 //!   [`InputKind::TakeOver`], then the held requests `seen` does not cover, and serve.
 //!   A leaving worker refuses a prepare (a non-empty answer), so the sender tries another.
+//!   A state taken already (the same sender and hand-over id) is answered taken again,
+//!   and changes nothing.
 //!
 //! - **Move** off a server in lame duck mode: a hand-over to itself on a connection to
 //!   another server, its state never leaving the loop.
@@ -41,7 +45,7 @@ use futures::stream::SelectAll;
 use futures::{FutureExt, StreamExt, stream};
 use proto::Message as _;
 use proto::keyed::{handover_subject, members_subject, partition_subject};
-use proto::rpc::KeyedMember;
+use proto::rpc::{HandOver, KeyedMember};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -129,6 +133,8 @@ struct Held {
 /// A partition on its way out.
 struct Out {
     to: To,
+    /// Names this hand-over in its requests (`HandOver.id`).
+    id: u64,
     /// Per origin, the highest `seq` taken since the prepare.
     seen: HashMap<String, u64>,
 }
@@ -166,7 +172,7 @@ impl Preparing {
 }
 
 /// What a hand-over's task reports: `partition` prepared (the overlap over) or not, or
-/// handed over (or its state back, not taken).
+/// what became of its state.
 enum Handed {
     Prepared {
         partition: u32,
@@ -177,8 +183,19 @@ enum Handed {
     Proven,
     Done {
         partition: u32,
-        result: Result<(), Bytes>,
+        sent: Sent,
     },
+}
+
+/// What became of a partition's state sent to its new owner.
+enum Sent {
+    /// Taken (answered empty).
+    Taken,
+    /// Not taken: refused, or not sent (too large, or the loop gone); the state back.
+    Kept(Bytes),
+    /// Not answered in time: the new owner may have taken it or not, so it is sent again
+    /// while the new owner lives.
+    Unanswered(HandOver),
 }
 
 impl Keyed {
@@ -263,7 +280,9 @@ impl Keyed {
             held: BTreeMap::new(),
             moving: BTreeSet::new(),
             preparing: BTreeMap::new(),
+            taken: BTreeMap::new(),
             next_sub: 0,
+            last_handover: 0,
             leaving: false,
             out,
             streams: SelectAll::new(),
@@ -323,7 +342,12 @@ struct Coordinator {
     moving: BTreeSet<u32>,
     /// Partitions on their way in.
     preparing: BTreeMap<u32, Preparing>,
+    /// Per partition, the last hand-over taken here: its old owner and id. A state sent
+    /// again (its answer lost or late) is known by it; one entry per partition at most.
+    taken: BTreeMap<u32, (String, u64)>,
     next_sub: u64,
+    /// The id of the last hand-over started here: each new one counts one more.
+    last_handover: u64,
     leaving: bool,
     out: mpsc::Sender<Incoming<Subject>>,
     streams: SelectAll<Boxed<Item>>,
@@ -388,7 +412,7 @@ impl Coordinator {
                 Some(handed) = handed.recv() => match handed {
                     Handed::Prepared { partition, ok } => self.prepared(partition, ok),
                     Handed::Proven => self.leave_old(),
-                    Handed::Done { partition, result } => self.handed(partition, result).await,
+                    Handed::Done { partition, sent } => self.handed(partition, sent).await,
                 },
             }
         }

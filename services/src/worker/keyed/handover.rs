@@ -1,6 +1,7 @@
 //! Handing a partition over, and taking one (docs/workers.md, "Hand-over"): the two
-//! requests on the new owner's hand-over subject (a prepare, then the state with `seen`),
-//! and the old owner's side between them (the overlap, leaving).
+//! requests on the new owner's hand-over subject (a prepare, then the state with `seen`,
+//! sent again until answered while the new owner lives), and the old owner's side
+//! between them (the overlap, leaving).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use proto::Message as _;
 use proto::keyed::handover_subject;
 use proto::rpc::{HandOver, RequestOrder};
 
-use super::{Coordinator, Handed, Out, Preparing, REFUSED, To};
+use super::{Coordinator, Handed, Out, Preparing, REFUSED, Sent, To};
 use crate::frame_loop::{Incoming, InputKind};
 use crate::metrics::{PARTITION_CONFLICTS_TOTAL, PARTITIONS_HANDED_TOTAL};
 
@@ -27,11 +28,11 @@ impl Coordinator {
             return;
         }
         let handing =
-            (held.out.as_mut()).map(|out| (out.to.clone(), std::mem::take(&mut out.seen)));
-        let (to, seen) = match handing {
-            Some((To::Peer(to), seen)) => (to, seen),
-            Some((To::Myself, seen)) => return self.moved(partition, &seen).await,
-            Some((To::Nobody, _)) | None => {
+            (held.out.as_mut()).map(|out| (out.to.clone(), out.id, std::mem::take(&mut out.seen)));
+        let (to, id, seen) = match handing {
+            Some((To::Peer(to), id, seen)) => (to, id, seen),
+            Some((To::Myself, _, seen)) => return self.moved(partition, &seen).await,
+            Some((To::Nobody, ..)) | None => {
                 // Left (nobody to hand it to), or the connection closed under it.
                 self.held.remove(&partition);
                 self.moving.remove(&partition);
@@ -60,8 +61,8 @@ impl Coordinator {
         let ask = self.ask(&to);
         let handed = self.handed_tx.clone();
         tokio::spawn(async move {
-            let result = ask.state(partition, state, seen).await;
-            let _ = handed.send(Handed::Done { partition, result }).await;
+            let sent = ask.state(partition, id, state, seen).await;
+            let _ = handed.send(Handed::Done { partition, sent }).await;
         });
     }
 
@@ -74,8 +75,11 @@ impl Coordinator {
         };
         tracing::debug!(partition, ?to, "handing over");
         self.moving.insert(partition);
+        self.last_handover += 1;
+        let id = self.last_handover;
         held.out = Some(Out {
             to: to.clone().map_or(To::Nobody, To::Peer),
+            id,
             seen: HashMap::new(),
         });
         let Some(to) = to else {
@@ -88,10 +92,11 @@ impl Coordinator {
         let prepare = HandOver {
             partition,
             prepare: true,
+            id,
             ..HandOver::default()
         };
         tokio::spawn(async move {
-            let ok = ask.run(prepare).await;
+            let ok = ask.run(prepare).await == Answer::Taken;
             if ok {
                 tokio::time::sleep(overlap).await;
             }
@@ -127,27 +132,58 @@ impl Coordinator {
         }
     }
 
-    /// A hand-over ended: the partition is the new owner's, or it stays here.
-    pub(super) async fn handed(&mut self, partition: u32, result: Result<(), Bytes>) {
+    /// What became of `partition`'s state: the partition is the new owner's, or it stays
+    /// here; unanswered, it is sent again while the new owner lives, since that one may
+    /// have taken it (taking it back then would leave two owners, their states parting).
+    pub(super) async fn handed(&mut self, partition: u32, sent: Sent) {
+        let state = match sent {
+            Sent::Taken => None,
+            Sent::Kept(state) => Some(state),
+            Sent::Unanswered(handover) => match self.send_again(partition, handover) {
+                Ok(()) => return,
+                Err(state) => Some(state),
+            },
+        };
         self.moving.remove(&partition);
-        let outcome = match result {
-            Ok(()) => {
-                self.held.remove(&partition);
+        self.held.remove(&partition);
+        let outcome = match state {
+            None => {
                 self.say();
                 "ok"
             }
-            Err(state) => {
+            Some(state) => {
                 tracing::warn!(
                     partition,
                     "the new owner did not take the partition: kept here"
                 );
-                self.held.remove(&partition);
                 self.take(partition, InputKind::TakeOver, state, None).await;
                 "kept"
             }
         };
         metrics::counter!(PARTITIONS_HANDED_TOTAL, "service" => self.service.clone(), "outcome" => outcome)
             .increment(1);
+    }
+
+    /// Sends `partition`'s state again, unanswered so far, while its new owner lives;
+    /// gives it back once that one is counted dead.
+    fn send_again(&self, partition: u32, handover: HandOver) -> Result<(), Bytes> {
+        let to = (self.held.get(&partition))
+            .and_then(|held| held.out.as_ref())
+            .and_then(|out| match &out.to {
+                To::Peer(to) => Some(to.clone()),
+                To::Nobody | To::Myself => None,
+            });
+        let Some(to) = to.filter(|to| self.view.lives(to)) else {
+            return Err(handover.state);
+        };
+        tracing::warn!(partition, %to, "the new owner did not answer the state in time: sent again");
+        let ask = self.ask(&to);
+        let handed = self.handed_tx.clone();
+        tokio::spawn(async move {
+            let sent = ask.send(handover).await;
+            let _ = handed.send(Handed::Done { partition, sent }).await;
+        });
+        Ok(())
     }
 
     /// A peer hands a partition over to this worker: a prepare, or the state.
@@ -200,12 +236,21 @@ impl Coordinator {
 
     /// The state: taken, on the subscription a prepare made if there was one (never
     /// refused then), else on a new one unless this worker is leaving or handing the
-    /// partition away.
+    /// partition away. One taken already (sent again, its answer lost or late) is
+    /// answered taken, and changes nothing, wherever the partition is now.
     async fn take_state(&mut self, handover: HandOver) -> bool {
         let partition = handover.partition;
+        let named = (handover.id != 0).then(|| (handover.from.clone(), handover.id));
+        if named.is_some() && self.taken.get(&partition) == named.as_ref() {
+            tracing::debug!(partition, from = %handover.from, "a state taken already, sent again");
+            return true;
+        }
         let prepared = self.preparing.contains_key(&partition);
         if !prepared && (self.leaving || self.moving.contains(&partition)) {
             return false;
+        }
+        if let Some(named) = named {
+            self.taken.insert(partition, named);
         }
         if !prepared && self.held.contains_key(&partition) {
             // Two views disagreed for a moment: the state handed over replaces this one.
@@ -265,9 +310,20 @@ struct Ask {
     timeout: Duration,
 }
 
+/// How a hand-over request was answered.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    /// Empty: done.
+    Taken,
+    /// Non-empty: refused, nothing done.
+    Refused,
+    /// Not in time, or nobody to ask: done or not, nobody can tell here.
+    Unanswered,
+}
+
 impl Ask {
-    /// Sends `handover` (with `from`); true when answered empty in time.
-    async fn run(&self, handover: HandOver) -> bool {
+    /// Sends `handover` (with `from`), and waits for its answer at most the timeout.
+    async fn run(&self, handover: HandOver) -> Answer {
         let handover = HandOver {
             from: self.from.clone(),
             ..handover
@@ -279,32 +335,35 @@ impl Ask {
         )
         .await;
         match asked {
-            Ok(Ok(answer)) => answer.payload.is_empty(),
+            Ok(Ok(answer)) if answer.payload.is_empty() => Answer::Taken,
+            Ok(Ok(_)) => Answer::Refused,
             Ok(Err(error)) => {
-                tracing::debug!(partition, %error, "hand-over not taken");
-                false
+                tracing::debug!(partition, %error, "hand-over not answered");
+                Answer::Unanswered
             }
-            Err(_) => false,
+            Err(_) => Answer::Unanswered,
         }
     }
 
-    /// Waits for the state from the loop, and sends it with `seen`; `Err` gives it back
-    /// when the new owner did not take it in time (or refused).
+    /// Waits for the state from the loop, and sends it with `seen` as hand-over `id`.
     async fn state(
         self,
         partition: u32,
+        id: u64,
         mut state: Subscriber,
         seen: HashMap<String, u64>,
-    ) -> Result<(), Bytes> {
+    ) -> Sent {
         // The loop answers after the partition's last request; a stuck loop would leave
         // the partition nowhere, so this waits as long as a request may.
         let Some(state) = state.next().await else {
-            return Err(Bytes::new());
+            return Sent::Kept(Bytes::new());
         };
         let handover = HandOver {
             partition,
-            state: state.payload.clone(),
+            state: state.payload,
             seen: seen.into_iter().collect(),
+            from: self.from.clone(),
+            id,
             ..HandOver::default()
         };
         // One message carries it (docs/workers.md, "Limits"): the bus would refuse a
@@ -320,12 +379,23 @@ impl Ask {
                 max,
                 "a partition's state and seen exceed the bus's max payload: it cannot move"
             );
-            return Err(state.payload);
+            return Sent::Kept(handover.state);
         }
-        if self.run(handover).await {
-            Ok(())
-        } else {
-            Err(state.payload)
+        self.send(handover).await
+    }
+
+    /// Sends the state `handover`, the first time or again. Unanswered, it is told no
+    /// sooner than the timeout (nobody to ask fails at once), so that sending it again
+    /// goes at that pace.
+    async fn send(self, handover: HandOver) -> Sent {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        match self.run(handover.clone()).await {
+            Answer::Taken => Sent::Taken,
+            Answer::Refused => Sent::Kept(handover.state),
+            Answer::Unanswered => {
+                tokio::time::sleep_until(deadline).await;
+                Sent::Unanswered(handover)
+            }
         }
     }
 }
@@ -417,7 +487,7 @@ mod tests {
                     .publish(inbox, loop_state)
                     .await
                     .expect("the loop answers");
-                ask.state(3, from_loop, seen).await
+                ask.state(3, 1, from_loop, seen).await
             }
         };
         let size = |state: usize| {
@@ -426,6 +496,7 @@ mod tests {
                 from: "old-owner".into(),
                 state: vec![7; state].into(),
                 seen: seen.clone().into_iter().collect(),
+                id: 1,
                 ..HandOver::default()
             }
             .encoded_len()
@@ -436,12 +507,13 @@ mod tests {
             .expect("a state fits");
         assert_eq!(size(fits), MAX, "the edge is reachable");
         testkit::within(async {
-            assert_eq!(
-                hand_over(fits).await,
-                Ok(()),
+            assert!(
+                matches!(hand_over(fits).await, Sent::Taken),
                 "exactly the max payload moves"
             );
-            let kept = hand_over(fits + 1).await.expect_err("one byte more stays");
+            let Sent::Kept(kept) = hand_over(fits + 1).await else {
+                panic!("one byte more stays");
+            };
             assert_eq!(kept.len(), fits + 1, "the state is given back whole");
             client.flush().await.expect("flushes");
         })

@@ -55,6 +55,7 @@ impl Coordinator {
             if let Some(held) = self.held.get_mut(&partition) {
                 held.out = Some(Out {
                     to: To::Myself,
+                    id: 0, // no request names a move to itself
                     seen: HashMap::new(),
                 });
             }

@@ -1200,7 +1200,8 @@ func (x *KeyedMember) GetLeaving() bool {
 // first `prepare` (the new owner subscribes the partition and holds what it receives,
 // answering empty, or refuses with a non-empty answer), then, once the old owner has
 // left the partition, its `state` and `seen` (the new owner answers empty once it has
-// queued the state and the held requests its old owner did not handle).
+// queued the state and the held requests its old owner did not handle). The state is
+// sent again, the same, until answered or its new owner is counted dead.
 type HandOver struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
@@ -1209,7 +1210,12 @@ type HandOver struct {
 	Prepare   bool                   `protobuf:"varint,4,opt,name=prepare,proto3" json:"prepare,omitempty"`
 	// Per origin, the highest `seq` of the partition's requests the old owner took since
 	// it sent `prepare`: the new owner drops held requests at or below it.
-	Seen          map[string]uint64 `protobuf:"bytes,5,rep,name=seen,proto3" json:"seen,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Seen map[string]uint64 `protobuf:"bytes,5,rep,name=seen,proto3" json:"seen,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Names the hand-over among its old owner's (`from`): the same in its prepare and in
+	// every sending of its state, never used again by that worker (a counter from 1). The
+	// new owner answers a state it has taken already (the same `from` and `id`) empty
+	// again, changing nothing. 0: unnamed, every state taken as new.
+	Id            uint64 `protobuf:"varint,6,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1277,6 +1283,13 @@ func (x *HandOver) GetSeen() map[string]uint64 {
 		return x.Seen
 	}
 	return nil
+}
+
+func (x *HandOver) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
 }
 
 // A typed method: full protobuf names of its request and response messages. Raw
@@ -1493,13 +1506,14 @@ const file_rpc_proto_rawDesc = "" +
 	"\vKeyedMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04held\x18\x02 \x03(\rR\x04held\x12\x18\n" +
-	"\aleaving\x18\x03 \x01(\bR\aleaving\"\xdb\x01\n" +
+	"\aleaving\x18\x03 \x01(\bR\aleaving\"\xeb\x01\n" +
 	"\bHandOver\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\fR\x05state\x12\x12\n" +
 	"\x04from\x18\x03 \x01(\tR\x04from\x12\x18\n" +
 	"\aprepare\x18\x04 \x01(\bR\aprepare\x124\n" +
-	"\x04seen\x18\x05 \x03(\v2 .shaddock.rpc.HandOver.SeenEntryR\x04seen\x1a7\n" +
+	"\x04seen\x18\x05 \x03(\v2 .shaddock.rpc.HandOver.SeenEntryR\x04seen\x12\x0e\n" +
+	"\x02id\x18\x06 \x01(\x04R\x02id\x1a7\n" +
 	"\tSeenEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"n\n" +
