@@ -20,16 +20,23 @@
  *   2. keep serving the partition for the overlap;
  *   3. unsubscribe it outright, and queue the hand-over for the loop, which answers
  *      the state after the partition's last request here;
- *   4. send the state with `seen`. An empty answer means the new owner has taken it.
- *      No answer in time: this worker takes the partition back with that state
- *      (subscribing it again), and tries again later.
+ *   4. send the state with `seen`. An empty answer means the new owner has taken it;
+ *      a refusal, that it has not: this worker takes the partition back with that
+ *      state (subscribing it again), and tries again later. No answer in time: the new
+ *      owner may have taken it, so the same state is sent again, at most once a
+ *      hand-over timeout, until answered; taken back only once the new owner is
+ *      counted dead.
+ *   The prepare and every sending of the state carry the hand-over's `id`, a count of
+ *   this worker's hand-overs.
  * - **Take a hand-over**: on `prepare`, subscribe the partition and hold what arrives
  *   (at most the hand-over buffer; past it, drop and count), answering empty once the
  *   server has the subscription; refuse (non-empty) when leaving, or preparing or
  *   handing away that partition; accept one it holds as it is (two views disagreed: the
  *   state to come replaces its own). Then, on the state: queue the take-over with it,
  *   then every held request `seen` does not cover, in the order received, and serve
- *   the partition; answer empty (never a refusal after a prepare). A state with no
+ *   the partition; answer empty (never a refusal after a prepare). The last state taken
+ *   per partition is remembered by sender and `id`: the same state again (its answer
+ *   lost or late) is answered empty and changes nothing. A state with no
  *   prepare before it is taken as a take-over and a subscription. A prepared partition
  *   whose state does not come within the overlap, twice the hand-over timeout and the
  *   member timeout is
@@ -157,6 +164,15 @@ interface Prepared {
   readonly expiry: NodeJS.Timeout;
 }
 
+/** How a hand-over request was answered: empty, non-empty, or not in time (or nobody there). */
+type Answer = "taken" | "refused" | "unanswered";
+
+/** A hand-over taken: its old owner, and its id among that one's. */
+interface Taken {
+  readonly from: string;
+  readonly id: bigint;
+}
+
 /** Per origin, the highest `seq` of a partition's requests its old owner took. */
 type Seen = ReadonlyMap<string, bigint>;
 
@@ -209,6 +225,10 @@ export class Partitions {
   readonly #moving = new Set<number>();
   /** Partitions on their way in: prepared, their state not come yet. */
   readonly #preparing = new Map<number, Prepared>();
+  /** Per partition, the last hand-over taken here: a state sent again is known by it. */
+  readonly #taken = new Map<number, Taken>();
+  /** The id of the last hand-over started here. */
+  #lastHandover = 0n;
   readonly #subs: Subscription[] = [];
   #leaving = false;
   #stopped = false;
@@ -475,7 +495,9 @@ export class Partitions {
     const subject = handoverSubject(this.#prefix, this.#service, to);
     const seen = new Map<string, bigint>();
     held.seen = seen;
-    const prepared = await this.#ask(subject, { partition, from: this.id, prepare: true });
+    this.#lastHandover += 1n;
+    const id = this.#lastHandover;
+    const prepared = (await this.#ask(subject, { partition, from: this.id, prepare: true, id })) === "taken";
     if (this.#stopped) return;
     if (!prepared) {
       held.seen = undefined;
@@ -488,11 +510,19 @@ export class Partitions {
     held.sub.unsubscribe();
     // The loop answers after the partition's last request here.
     const state = await this.#host.handOver(partition);
-    const taken = await this.#ask(subject, { partition, from: this.id, state, seen: Object.fromEntries(seen) });
+    const handover = { partition, from: this.id, state, seen: Object.fromEntries(seen), id };
+    let answer = await this.#sendState(subject, handover);
+    // Unanswered, the new owner may have taken it: taking it back then would leave two
+    // owners, their states parting. So it goes again, the same, while the new owner lives.
+    while (answer === "unanswered" && !this.#stopped && this.#members.lives(to)) {
+      const why = `worker ${to} did not answer partition ${partition}'s state in time: sent again`;
+      this.#host.onError(new Error(why), "keyed");
+      answer = await this.#sendState(subject, handover);
+    }
     if (this.#stopped) return;
     this.#moving.delete(partition);
     this.#held.delete(partition);
-    if (taken) {
+    if (answer === "taken") {
       this.stats.handedOk += 1;
       this.#sayChanged();
     } else {
@@ -502,16 +532,29 @@ export class Partitions {
     this.#settle();
   }
 
-  /** Sends a hand-over request: true when answered empty, false when refused or unanswered in time. */
-  async #ask(subject: string, handover: MessageInitShape<typeof HandOverSchema>): Promise<boolean> {
+  /** Sends a hand-over request, and waits for its answer at most the hand-over timeout. */
+  async #ask(subject: string, handover: MessageInitShape<typeof HandOverSchema>): Promise<Answer> {
     try {
       const payload = toBinary(HandOverSchema, create(HandOverSchema, handover));
       const answer = await this.#nc.request(subject, payload, { timeout: this.#settings.handoverTimeoutMs });
-      return answer.data.length === 0;
+      return answer.data.length === 0 ? "taken" : "refused";
     } catch {
       // No answer in time, nobody there, or the connection closed.
-      return false;
+      return "unanswered";
     }
+  }
+
+  /**
+   * Sends a partition's state, the first time or again. Unanswered, it is told no sooner
+   * than the hand-over timeout (nobody there fails at once), so sending it again goes at
+   * that pace.
+   */
+  async #sendState(subject: string, handover: MessageInitShape<typeof HandOverSchema>): Promise<Answer> {
+    const { handoverTimeoutMs } = this.#settings;
+    const started = performance.now();
+    const answer = await this.#ask(subject, handover);
+    if (answer === "unanswered") await delay(Math.max(0, started + handoverTimeoutMs - performance.now()));
+    return answer;
   }
 
   #kept(partition: number, to: string): void {
@@ -568,16 +611,23 @@ export class Partitions {
     this.#answer(msg, DONE);
   }
 
-  /** Step 4 on the new owner: the state. Answers empty once taken, anything else when refused. */
+  /**
+   * Step 4 on the new owner: the state. Answers empty once taken (or when taken already:
+   * the same state sent again, its answer lost or late), anything else when refused.
+   */
   #takeHanded(handover: HandOver): Uint8Array {
-    const { partition, state } = handover;
+    const { partition, state, from, id } = handover;
+    const last = this.#taken.get(partition);
+    if (id !== 0n && last?.from === from && last.id === id) return DONE;
     const prepared = this.#preparing.get(partition);
+    // No prepare before it: taken as a take-over and a subscription, unless leaving or
+    // handing it away.
+    if (prepared === undefined && (this.#leaving || this.#moving.has(partition))) return REFUSED;
+    if (id !== 0n) this.#taken.set(partition, { from, id });
     if (prepared !== undefined) {
       this.#adopt(partition, prepared, state, new Map(Object.entries(handover.seen)));
       return DONE;
     }
-    // No prepare before it: taken as a take-over and a subscription.
-    if (this.#leaving || this.#moving.has(partition)) return REFUSED;
     if (this.#held.has(partition)) {
       // Two views disagreed for a moment: the state handed over replaces this one.
       this.stats.conflicts += 1;

@@ -105,6 +105,11 @@ export class Members {
     return dead;
   }
 
+  /** Whether peer `id` is alive: heard from within the timeout (as of the last `expire`). */
+  lives(id: string): boolean {
+    return this.#peers.has(id);
+  }
+
   /** The live peers' ids. */
   get peers(): string[] {
     return [...this.#peers.keys()];

@@ -135,7 +135,9 @@ export interface WorkerOptions {
   keyedMemberTimeoutMs?: number;
   /**
    * A keyed service's hand-over timeout, ms (default 2000): how long a partition's old
-   * owner waits for the new one to take it before it keeps it and tries again later.
+   * owner waits for each answer of the new one: a prepare unanswered keeps the partition
+   * (tried again later); a state unanswered is sent again at this pace while the new
+   * owner lives.
    */
   handoverTimeoutMs?: number;
   /**

@@ -353,23 +353,31 @@ test("a refused prepare changes nothing: the partition stays here, and is offere
   await a.worker.drain();
 });
 
-test("a state its new owner does not take in time is taken back, with its counts", async () => {
+test("a state its new owner never answers is taken back once that one is dead, with its counts", async () => {
   const prefix = "k6";
   const a = await start(prefix, "a", { handoverTimeoutMs: 200, handoverOverlapMs: 0 });
   await until("a holds every partition", () => settled(a.worker));
   const client = await bus.connect();
   for (const key of KEYS) assert.equal((await add(client, prefix, key)).count, 1);
 
-  // Prepares, then never answers the state.
+  // Prepares, then never answers the state; heard once, so counted dead after the
+  // member timeout.
   const fake = await fakeNewOwner(prefix, (handover) => (handover.prepare ? "" : undefined));
   fake.say(false);
   await until("a takes a partition back", () => (a.worker.keyed?.stats.takenHanded ?? 0) > 0);
+  assert.ok(a.errors.some((e) => e.includes("counted dead")), a.errors.join("\n"));
   fake.say(true);
   await until("a holds every partition again", () => settled(a.worker));
 
   const states = fake.offered.filter((handover) => !handover.prepare);
   assert.ok(states.length > 0);
   for (const handover of states) {
+    // Sent again, the same hand-over each time: the id of its prepare.
+    const prepares = fake.offered.filter((h) => h.prepare && h.partition === handover.partition);
+    assert.deepEqual(
+      prepares.map((h) => h.id),
+      [handover.id],
+    );
     // The partition's counts, and nothing seen: no request came meanwhile.
     const keys = KEYS.filter((key) => partitionOf(key, PARTITIONS) === handover.partition);
     const lines = utf8.decode(handover.state).split("\n").filter(Boolean).sort();
@@ -378,6 +386,50 @@ test("a state its new owner does not take in time is taken back, with its counts
   }
   for (const key of KEYS) assert.deepEqual(await add(client, prefix, key), { worker: "a", count: 2 }, key);
   assert.equal(a.worker.keyed?.stats.handedOk, 0);
+  await a.worker.drain();
+});
+
+test("a state answered late is sent again, never taken back while its new owner lives", async () => {
+  const prefix = "k13";
+  const a = await start(prefix, "a", { handoverTimeoutMs: 200, handoverOverlapMs: 0 });
+  await until("a holds every partition", () => settled(a.worker));
+  const client = await bus.connect();
+  for (const key of KEYS) assert.equal((await add(client, prefix, key)).count, 1);
+
+  // Takes every state, but answers each partition's first one too late (never).
+  const answered = new Set<number>();
+  const fake = await fakeNewOwner(prefix, (handover) => {
+    if (handover.prepare || answered.has(handover.partition)) return "";
+    answered.add(handover.partition);
+    return undefined;
+  });
+  fake.say(false);
+  const alive = setInterval(() => fake.say(false), TIMES.keyedHeartbeatMs).unref();
+  const wonByFake = wonBy(fake.id, a.worker);
+  await until("a hands the fake's partitions over", () => a.worker.keyed?.stats.handedOk === wonByFake.size);
+  clearInterval(alive);
+  fake.say(true);
+
+  assert.equal(a.worker.keyed?.stats.takenHanded, 0, "nothing taken back");
+  for (const partition of wonByFake) {
+    const offered = fake.offered.filter((handover) => handover.partition === partition);
+    // A prepare, then its state twice, the same: no hand-over begun again in between.
+    assert.deepEqual(
+      offered.map((h) => h.prepare),
+      [true, false, false],
+    );
+    const [prepare, first, again] = offered;
+    assert.ok(prepare && first && again && prepare.id > 0n);
+    assert.equal(first.id, prepare.id);
+    assert.deepEqual(again, first);
+    assert.ok(!heldBy(a.worker).includes(partition));
+  }
+  // a serves none of the partitions it handed over: nobody does (the new owner is made up).
+  const key = KEYS.find((k) => wonByFake.has(partitionOf(k, PARTITIONS))) ?? "";
+  await assert.rejects(
+    client.request(addSubject(prefix, key), addRequest(key, undefined), { timeout: DEADLINE_MS }),
+    /no responders/i,
+  );
   await a.worker.drain();
 });
 
@@ -572,6 +624,23 @@ test("the new owner drops the held requests its old owner took (seen), and serve
   assert.equal((await add(old.nc, prefix, key)).count, 16);
   assert.deepEqual(answers, ["o2-1 11", "none 12", "o2-2 13", "o1-4 14", "o1-5 15"]);
   assert.deepEqual([b.fresh(), b.worker.keyed?.stats.takenHanded], [0, 1]);
+  old.leave();
+  await b.worker.drain();
+});
+
+test("a state sent again (its answer lost or late) is taken once: the count goes on", async () => {
+  const prefix = "k14";
+  const old = await fakeOldOwner(prefix);
+  const b = await start(prefix, "b");
+  const idB = b.worker.keyed?.id ?? "";
+  const { partition, key } = wonPartition(b.worker, old.id);
+  assert.equal(await old.handOver(idB, { partition, prepare: true, id: 7n }), "");
+  const state = { partition, state: encoder.encode(`${key}=10\n`), id: 7n };
+  assert.equal(await old.handOver(idB, state), "");
+  assert.deepEqual(await add(old.nc, prefix, key), { worker: "b", count: 11 });
+  assert.equal(await old.handOver(idB, state), "", "taken already");
+  assert.deepEqual(await add(old.nc, prefix, key), { worker: "b", count: 12 }, "not replaced by the state again");
+  assert.deepEqual([b.worker.keyed?.stats.takenHanded, b.worker.keyed?.stats.conflicts], [1, 0]);
   old.leave();
   await b.worker.drain();
 });
