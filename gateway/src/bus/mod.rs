@@ -9,6 +9,10 @@
 //! - **Out**: a session appends its `PUB` straight into one outbound buffer under a
 //!   short lock ([`Bus::publish`]); the connection's writer takes the whole buffer and
 //!   writes it with one call, so a burst of requests from many sessions is one syscall.
+//!   Woken by a burst's first publish, the writer yields once before it takes the
+//!   buffer: the other sessions the same poll of the sockets made ready publish first
+//!   (tokio would otherwise run the writer right after the session that woke it, a
+//!   write per request), and the broker and the worker downstream wake once per burst.
 //!   The buffer has a byte limit (`--max-bus-pending`): beyond it a request is refused
 //!   at once (503), never queued without bound.
 //! - **In**: one reader task parses what the server sends and hands each message to its

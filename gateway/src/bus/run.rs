@@ -257,7 +257,11 @@ async fn write_loop(
             Taken::Empty => {}
         }
         tokio::select! {
-            () = bus.out.ready() => {}
+            () = bus.out.ready() => {
+                // Woken by the first publish of a batch: let the other sessions made
+                // ready in the same turn publish too, so the batch is one write.
+                tokio::task::yield_now().await;
+            }
             _ = ping.tick() => {
                 if pings_out.fetch_add(1, Ordering::Relaxed) >= MAX_PINGS_OUT {
                     return Err("the server stopped answering pings".into());
@@ -417,7 +421,128 @@ fn status(headers: &[u8]) -> Option<u16> {
 
 #[cfg(test)]
 mod tests {
+    use std::io;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll};
+    use std::time::Duration;
+
+    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+    use tokio::sync::Notify;
+
     use super::status;
+    use crate::bus::{Bus, BusOptions, Dispatch, Incoming, LocalStream, Reply, Target};
+
+    /// A connection that counts the writes made to it, and the bytes.
+    struct Counted {
+        inner: broker::InProcessStream,
+        writes: Arc<AtomicUsize>,
+        bytes: Arc<AtomicUsize>,
+    }
+
+    impl AsyncRead for Counted {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for Counted {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            let written = Pin::new(&mut self.inner).poll_write(cx, buf);
+            if let Poll::Ready(Ok(n)) = written {
+                self.writes.fetch_add(1, Ordering::Relaxed);
+                self.bytes.fetch_add(n, Ordering::Relaxed);
+            }
+            written
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+
+        fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    /// Hears only that the connection is up.
+    struct Up(Notify);
+
+    impl Dispatch for Up {
+        fn deliver(&self, _: &Target, _: Incoming<'_>) {}
+        fn connected(&self) {
+            self.0.notify_one();
+        }
+        fn lost(&self) {}
+    }
+
+    /// Waits until `bytes` counts `at_least`.
+    async fn until_written(bytes: &AtomicUsize, at_least: usize) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while bytes.load(Ordering::Relaxed) < at_least {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("the writer writes what was published");
+    }
+
+    /// Sessions made ready in one turn of the runtime (a burst of requests read in one
+    /// poll of the sockets) publish before the writer takes the buffer, so the burst
+    /// leaves in one write, not one per request. On one worker thread, where a task woken
+    /// by another would otherwise run right after it (tokio's LIFO slot): without the
+    /// writer's yield, this test sees a write per publish.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn publishes_of_one_turn_leave_in_one_write() {
+        let server = broker::Server::new(broker::Config::default());
+        let (writes, bytes) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let mut options = BusOptions::new(Vec::<String>::new());
+        let (dial_writes, dial_bytes) = (writes.clone(), bytes.clone());
+        options.dialer = Some(Arc::new(move || {
+            let stream = Counted {
+                inner: server.connect_in_process(),
+                writes: dial_writes.clone(),
+                bytes: dial_bytes.clone(),
+            };
+            Box::pin(async move { Ok(Box::new(stream) as LocalStream) })
+        }));
+        let bus = Bus::new(options, "t.gw.>".into(), 1 << 20);
+        let up = Arc::new(Up(Notify::new()));
+        let connection = tokio::spawn(super::run(bus.clone(), up.clone()));
+        up.0.notified().await;
+        // One publish first, so the writer is waiting on an empty buffer, as it is
+        // between bursts.
+        let line = b"PUB t.x 2\r\nhi\r\n".len();
+        bus.publish_bytes("t.x", Reply::None, b"hi").unwrap();
+        until_written(&bytes, bytes.load(Ordering::Relaxed) + line).await;
+        let (writes_before, bytes_before) = (
+            writes.load(Ordering::Relaxed),
+            bytes.load(Ordering::Relaxed),
+        );
+        const BURST: usize = 8;
+        let sessions: Vec<_> = (0..BURST)
+            .map(|_| {
+                let bus = bus.clone();
+                tokio::spawn(async move { bus.publish_bytes("t.x", Reply::None, b"hi").unwrap() })
+            })
+            .collect();
+        for session in sessions {
+            session.await.unwrap();
+        }
+        until_written(&bytes, bytes_before + BURST * line).await;
+        assert_eq!(writes.load(Ordering::Relaxed) - writes_before, 1);
+        bus.stop();
+        connection.await.unwrap();
+    }
 
     #[test]
     fn status_of_headers() {
