@@ -15,9 +15,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use broker::cli::{BrokerArgs, BrokerSignals, ShutdownSignals, Trapped, init_logging};
+use bus::{BusOptions, Dialer, LocalStream};
 use clap::{Parser, Subcommand};
 use gateway::GateConfig;
-use gateway::bus::{BusOptions, Dialer, LocalStream};
 use services::{BusSecurity, FrameConfig, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -134,7 +134,7 @@ fn renamed_flags(args: Vec<std::ffi::OsString>) -> (Vec<std::ffi::OsString>, Vec
     let gate_flags = gateway::config::MS_FLAGS;
     let names: Vec<&str> = match args.get(1).and_then(|a| a.to_str()) {
         Some("up") => gate_flags.to_vec(),
-        Some("gate") => [gate_flags, gateway::bus::MS_FLAGS].concat(),
+        Some("gate") => [gate_flags, bus::MS_FLAGS].concat(),
         _ => return (args, Vec::new()),
     };
     let flags = net::duration::MsFlags {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use gateway::bus::{BusOptions, BusTimings};
+use bus::{BusOptions, BusTimings};
 use gateway::tls::Tls;
 use gateway::{Gate, GateConfig, Listener};
 use services::{BusSecurity, Service, WorkerConfig};

@@ -6,16 +6,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use bus::{Bus, Reply};
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
 use tokio::sync::oneshot;
 
-use crate::bus::{Bus, Reply};
+use crate::bus_target::Target;
 use crate::config::GateConfig;
 use crate::sessions::GATE_SID;
 
 pub(crate) struct Asks {
-    bus: Arc<Bus>,
+    bus: Arc<Bus<Target>>,
     /// `<prefix>.gw.<gate>.0.`
     reply_prefix: String,
     waiting: Mutex<FxHashMap<u64, oneshot::Sender<Option<Bytes>>>>,
@@ -23,7 +24,7 @@ pub(crate) struct Asks {
 }
 
 impl Asks {
-    pub(crate) fn new(config: &GateConfig, bus: Arc<Bus>) -> Self {
+    pub(crate) fn new(config: &GateConfig, bus: Arc<Bus<Target>>) -> Self {
         Asks {
             bus,
             reply_prefix: format!("{}.gw.{}.{GATE_SID}.", config.prefix, config.gate_id),

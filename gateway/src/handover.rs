@@ -5,12 +5,13 @@
 
 use std::fmt::Write as _;
 
+use bus::{Bus, Reply};
 use proto::Message as _;
 use proto::code;
 use proto::resume::Mark;
 use proto::rpc::{RpcResponse, ServerPush, UserCommand, user_command};
 
-use crate::bus::{Bus, Reply};
+use crate::bus_target::Target;
 
 /// The refusal of a resume whose session is not (or no longer) anywhere.
 pub(crate) const NO_SUCH_SESSION: &str =
@@ -109,7 +110,7 @@ pub(crate) fn mark_pushes(mark: &Mark) -> (Vec<u8>, Vec<u8>) {
 /// on to it (`to` is the reply subject prefix there): `answer` as the worker sent it, or
 /// `None` for "no responders", which cannot be sent again from here and goes as the
 /// 503 the new gate would answer.
-pub(crate) fn relay(bus: &Bus, to: &str, id: u64, answer: Option<&[u8]>) {
+pub(crate) fn relay(bus: &Bus<Target>, to: &str, id: u64, answer: Option<&[u8]>) {
     let subject = format!("{to}{id}");
     let unavailable;
     let payload = match answer {

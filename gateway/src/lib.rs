@@ -9,7 +9,7 @@
 mod admission;
 mod asks;
 pub mod auth;
-pub mod bus;
+mod bus_target;
 mod codec;
 pub mod config;
 mod forward;

@@ -9,7 +9,7 @@
 //!   it is. Binding publishes a claim there, so a session holding `u` on another gate is
 //!   kicked (or, in refuse mode, the bind is refused when a holder answers a probe).
 //!
-//! Joining and binding subscribe on the gate's [bus connection](crate::bus), whose
+//! Joining and binding subscribe on the gate's [bus connection](bus), whose
 //! reader calls [`Presence::deliver_to_group`] and [`Presence::deliver_to_user`] for
 //! what arrives; leaving and unbinding unsubscribe. A subscription is queued towards the
 //! server before the join or bind is answered, on the connection the client's later
@@ -18,6 +18,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bus::{Bus, Reply};
 use bytes::Bytes;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
@@ -27,7 +28,7 @@ use proto::rpc::{Claim, Probe, ServerPush, UserCommand, user_command};
 use rustc_hash::FxHashSet;
 
 use crate::asks::Asks;
-use crate::bus::{Bus, Reply, Target};
+use crate::bus_target::Target;
 use crate::codec::PushFrame;
 use crate::config::{GateConfig, UidConflict};
 use crate::handover::{self, MARK_ROUTE};
@@ -36,7 +37,7 @@ use crate::sessions::{GATE_SID, Sessions};
 
 /// The groups and players of one gate's sessions, and the subscriptions that hold them.
 pub(crate) struct Presence {
-    bus: Arc<Bus>,
+    bus: Arc<Bus<Target>>,
     sessions: Arc<Sessions>,
     prefix: String,
     gate: String,
@@ -84,7 +85,7 @@ impl Presence {
     /// The presence of gate `config.gate_id`'s sessions on `bus`.
     pub(crate) fn new(
         config: &GateConfig,
-        bus: Arc<Bus>,
+        bus: Arc<Bus<Target>>,
         sessions: Arc<Sessions>,
         asks: Arc<Asks>,
     ) -> Self {
@@ -398,13 +399,13 @@ mod tests {
 
     fn presence(
         change: impl FnOnce(&mut GateConfig),
-    ) -> (Presence, Arc<Bus>, Arc<Sessions>, Arc<Asks>) {
+    ) -> (Presence, Arc<Bus<Target>>, Arc<Sessions>, Arc<Asks>) {
         let mut config = GateConfig {
             gate_id: "g1".into(),
             ..GateConfig::default()
         };
         change(&mut config);
-        let bus = Bus::detached(1 << 20);
+        let bus = Bus::detached(Target::Replies, 1 << 20);
         let sessions = Arc::new(Sessions::default());
         let asks = Arc::new(Asks::new(&config, bus.clone()));
         let presence = Presence::new(&config, bus.clone(), sessions.clone(), asks.clone());

@@ -23,12 +23,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use broker::testing::Bus;
+use bus::BusOptions;
 use common::{DEADLINE, TestGate, echo_worker, gate_config, within};
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt as _, StreamExt as _};
 use gateway::AnyToken;
-use gateway::bus::BusOptions;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use proto::code;
 use sdk::Client;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use broker::{Config, Server};
+use bus::BusOptions;
 use common::{Holds, TestGate, echo_worker_on, gate_config, queue_of, start_worker};
-use gateway::bus::BusOptions;
 use gateway::{AnyToken, GateConfig};
 use proto::code;
 use sdk::{Client, ClientOptions};

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use broker::testing::{Bus, round_trip};
+use bus::BusOptions;
 use futures::future::join_all;
-use gateway::bus::BusOptions;
 use gateway::{AnyToken, Gate, GateConfig, UidConflict};
 use proto::Message;
 use proto::chat::*;

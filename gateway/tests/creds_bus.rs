@@ -11,10 +11,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use broker::testing::Bus;
+use bus::BusOptions;
 use common::jwt::{Account, Operator, creds};
 use common::logs::Logs;
 use common::{TestGate, start_worker_with, within};
-use gateway::bus::BusOptions;
 use gateway::{AnyToken, Gate, GateConfig};
 use proto::code;
 use services::{BusSecurity, WorkerConfig};
@@ -80,7 +80,7 @@ async fn gate_is_refused(bus: &Bus, creds_text: &str) {
         Arc::new(AnyToken),
     ));
     let line = logs
-        .wait_for(&["gate cannot connect to the bus", bus.url()])
+        .wait_for(&["cannot connect to the bus", bus.url()])
         .await;
     assert!(
         line.contains("refused: Authorization Violation"),

@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use bus::BusOptions;
 use common::{Bus, echo_worker, within};
-use gateway::bus::BusOptions;
 use gateway::tls::Tls;
 use gateway::{AnyToken, Gate, GateConfig, Listener};
 use proto::code;

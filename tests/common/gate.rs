@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use gateway::bus::BusOptions;
+use bus::BusOptions;
 use gateway::{AnyToken, Gate, GateConfig};
 use sdk::{Client, ClientOptions};
 use testkit::within;

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use bus::{Bus, Dispatch, Incoming, Reply};
 use bytes::Bytes;
 use proto::Message as _;
 use proto::code;
@@ -14,7 +15,7 @@ use proto::rpc::RpcResponse;
 use tokio::sync::watch;
 
 use crate::asks::Asks;
-use crate::bus::{Bus, Dispatch, Incoming, Reply, Target};
+use crate::bus_target::Target;
 use crate::handover::{self, NO_SUCH_SESSION};
 use crate::inbox::{Refused, ToSession, WorkerReply};
 use crate::presence::Presence;
@@ -29,7 +30,7 @@ pub(super) struct Router {
     prefix: String,
     /// The length of `<prefix>.gw.<gate>.`, the head of every reply subject.
     reply_head: usize,
-    bus: Arc<Bus>,
+    bus: Arc<Bus<Target>>,
     sessions: Arc<Sessions>,
     presence: Arc<Presence>,
     asks: Arc<Asks>,
@@ -144,7 +145,7 @@ impl Router {
     }
 }
 
-impl Dispatch for Router {
+impl Dispatch<Target> for Router {
     fn deliver(&self, target: &Target, msg: Incoming<'_>) {
         match target {
             Target::Replies => self.route_reply(msg.subject, msg.status, msg.payload),

@@ -4,7 +4,7 @@
 //! Every gate has ONE wildcard subscription, `<prefix>.gw.<gate>.>`, for all its
 //! replies: a request's reply subject is `<prefix>.gw.<gate>.<sid>.<id>`, so a reply is
 //! routed by parsing its subject — no per-request subscription and no global pending
-//! map; each session keeps its own. The gate's own [bus connection](crate::bus) has one
+//! map; each session keeps its own. The gate's own [bus connection](bus) has one
 //! reader for it and for the group and player subscriptions, which hands each message to
 //! its sessions in the order the server sent them, so a reply never overtakes a push
 //! that reached the gate before it.
@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use bus::{Bus, BusOptions};
 use net::{Acceptor, LogLimiter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::MissedTickBehavior;
@@ -23,7 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admission::{Admission, Refusal};
 use crate::auth::TokenCheck;
-use crate::bus::{self, Bus, BusOptions, Target};
+use crate::bus_target::Target;
 use crate::config::GateConfig;
 use crate::schema::Schemas;
 use crate::session::{self, Context};
@@ -79,7 +80,7 @@ impl Gate {
             }
         }
         let replies = format!("{}.gw.{}.>", config.prefix, config.gate_id);
-        let bus = Bus::new(bus, replies, config.max_bus_pending);
+        let bus = Bus::new(bus, replies, Target::Replies, config.max_bus_pending);
         bus.subscribe(
             proto::schema::announcements(&config.prefix),
             Target::Schemas,

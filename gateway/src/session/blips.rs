@@ -16,10 +16,10 @@
 //! most once: one written to a connection that was then lost is never sent again (503
 //! `bus connection lost`, or its 408).
 
+use bus::{BusError, Reply};
 use tokio::time::Instant;
 
 use super::{Io, Pending, Session};
-use crate::bus::{BusError, Reply};
 use crate::config::MAX_RESEND_BACKOFF;
 use crate::forward::Request;
 

@@ -5,13 +5,14 @@
 
 use std::sync::Arc;
 
+use bus::Bus;
 use metrics::Counter;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::sync::CancellationToken;
 
 use crate::asks::Asks;
 use crate::auth::TokenCheck;
-use crate::bus::Bus;
+use crate::bus_target::Target;
 use crate::config::{GateConfig, WS_READ_BUFFER, WS_WRITE_BUFFER};
 use crate::labels::RouteLabels;
 use crate::limits::{Held, InFlight};
@@ -22,7 +23,7 @@ use crate::upgrade::{Origins, UpgradePolicy};
 
 pub(crate) struct Context {
     pub config: GateConfig,
-    pub bus: Arc<Bus>,
+    pub bus: Arc<Bus<Target>>,
     pub sessions: Arc<Sessions>,
     pub presence: Arc<Presence>,
     /// The gate's own requests over the bus.
@@ -48,7 +49,7 @@ impl Context {
     /// The context of gate `config` on `bus`.
     pub(crate) fn new(
         config: GateConfig,
-        bus: Arc<Bus>,
+        bus: Arc<Bus<Target>>,
         schemas: Arc<Schemas>,
         token_check: Arc<dyn TokenCheck>,
     ) -> Self {

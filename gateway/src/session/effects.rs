@@ -2,13 +2,13 @@
 //! kick), applied in order before the answer goes out; and leaving everything when the
 //! session ends.
 
+use bus::Reply;
 use proto::Message as _;
 use proto::client;
 use proto::code;
 use proto::rpc::{Effect, Session, SessionClosed, effect};
 
 use super::{Context, Io, Session as Live};
-use crate::bus::Reply;
 use crate::presence::BindError;
 use crate::route;
 

@@ -11,11 +11,11 @@ use proto::code;
 use proto::rpc::CallSpan;
 use tokio::time::Instant;
 
+use bus::BusError;
 use proto::keyed::{key_of, partition_of, partition_subject};
 
 use super::blips::BUS_UNAVAILABLE;
 use super::{Closing, Io, Pending, Session};
-use crate::bus::BusError;
 use crate::route;
 
 fn micros(d: Duration) -> u32 {

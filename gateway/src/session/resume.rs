@@ -22,6 +22,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bus::Reply;
 use proto::Message as _;
 use proto::client::{self, packet::Kind};
 use proto::code;
@@ -34,7 +35,6 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use super::effects::announce_closed;
 use super::replay::{Missing, Replay};
 use super::{Closing, Context, Io, Pending, Session, close};
-use crate::bus::Reply;
 use crate::codec::Codec;
 use crate::config::MAX_HANDED_BYTES;
 use crate::handover::{self, NO_SUCH_SESSION, Token};

@@ -8,6 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bus::Bus;
 use futures::{SinkExt, StreamExt};
 use proto::Message as _;
 use proto::client::{self, Packet, packet::Kind};
@@ -23,7 +24,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use super::{Context, run};
 use crate::admission::Admission;
 use crate::auth::AnyToken;
-use crate::bus::Bus;
+use crate::bus_target::Target;
 use crate::codec::PushFrame;
 use crate::config::GateConfig;
 use crate::inbox::{ToSession, WorkerReply};
@@ -35,7 +36,7 @@ fn gate(change: impl FnOnce(&mut GateConfig)) -> Arc<Context> {
         ..GateConfig::default()
     };
     change(&mut config);
-    let bus = Bus::detached(1 << 20);
+    let bus = Bus::detached(Target::Replies, 1 << 20);
     let schemas = Arc::new(Schemas::default());
     Arc::new(Context::new(config, bus, schemas, Arc::new(AnyToken)))
 }

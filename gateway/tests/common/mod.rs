@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
 
 pub use broker::testing::Bus;
-use gateway::bus::BusOptions;
+use bus::BusOptions;
 use gateway::{AnyToken, Gate, GateConfig, TokenCheck};
 use proto::code;
 use sdk::{Client, ClientOptions};

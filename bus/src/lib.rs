@@ -1,7 +1,8 @@
-//! The gate's own bus connection: one NATS client connection, spoken with the broker's
-//! protocol codec ([`nats_wire`]), built for the gate's request path.
+//! One NATS client connection, spoken with the broker's protocol codec ([`nats_wire`]),
+//! built for the gate's request path; generic over what a subscription's messages are
+//! for, so workers reach an embedded broker in process through it too.
 //!
-//! # Why the gate owns it
+//! # Why not a general client
 //!
 //! Through a general client, a request crossed three tasks (session -> the client's
 //! connection task -> a router task -> session) and every crossing was a wake-up. Here:
@@ -23,9 +24,9 @@
 //!
 //! # Subscriptions and reconnects
 //!
-//! Every subscription is recorded with its sid and what its messages are for
-//! ([`Target`]). A connection starts by sending them all, before any publish can reach
-//! it; so a reconnect (after a lost connection, or a lame-duck notice from the server)
+//! Every subscription is recorded with its sid and what its messages are for (its
+//! target, a `T` of the user's). A connection starts by sending them all, before any
+//! publish can reach it; so a reconnect (after a lost connection, or a lame-duck notice from the server)
 //! resubscribes everything. Servers are tried in turn with jittered exponential backoff
 //! between rounds ([`backoff`]). While no connection is up, publishing fails at once
 //! (the session answers 503), and the [`Dispatch`] hears of every loss so that requests
@@ -48,24 +49,9 @@ pub use options::{BusOptions, BusTimings, Dialer, LocalStream, MS_FLAGS};
 
 use outbound::Outbound;
 
-/// What a subscription's messages are for.
-#[derive(Debug, Clone)]
-pub(crate) enum Target {
-    /// `<prefix>.gw.<gate>.>`: replies to this gate's requests.
-    Replies,
-    /// `<prefix>.grp.<g>`: broadcasts to the group's local members.
-    Group(Arc<str>),
-    /// `<prefix>.user.<u>`: commands for the session bound to the player here.
-    User(Arc<str>),
-    /// Workers' schema announcements.
-    Schemas,
-    /// `<prefix>.resume.<gate>`: other gates asking for this gate's sessions.
-    Resume,
-}
-
 /// One message from the bus, as the reader hands it over. `subject` and `reply` borrow
 /// the read buffer; `payload` shares it.
-pub(crate) struct Incoming<'a> {
+pub struct Incoming<'a> {
     pub subject: &'a [u8],
     pub reply: Option<&'a [u8]>,
     /// The status of a header-only message (`503` for "no responders"), if any.
@@ -73,10 +59,10 @@ pub(crate) struct Incoming<'a> {
     pub payload: Bytes,
 }
 
-/// Who the reader hands messages and connection changes to (the gate).
-pub(crate) trait Dispatch: Send + Sync + 'static {
+/// Who the reader hands messages and connection changes to (the gate), for targets `T`.
+pub trait Dispatch<T>: Send + Sync + 'static {
     /// A message for `target`, in the order the server sent it.
-    fn deliver(&self, target: &Target, msg: Incoming<'_>);
+    fn deliver(&self, target: &T, msg: Incoming<'_>);
     /// A connection is up and every subscription is on it.
     fn connected(&self);
     /// The connection was lost: what was published on it may never be answered.
@@ -85,7 +71,7 @@ pub(crate) trait Dispatch: Send + Sync + 'static {
 
 /// Why a publish was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum BusError {
+pub enum BusError {
     #[error("bus unavailable")]
     Disconnected,
     #[error("bus backlogged")]
@@ -94,7 +80,7 @@ pub(crate) enum BusError {
 
 /// A message's reply subject.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Reply<'a> {
+pub enum Reply<'a> {
     None,
     /// A request's: `prefix` then the decimal `id`, written without a temporary string.
     Request {
@@ -103,58 +89,69 @@ pub(crate) enum Reply<'a> {
     },
 }
 
-struct Sub {
+struct Sub<T> {
     subject: String,
-    target: Target,
+    target: T,
 }
 
 /// The shared side of the bus connection: what sessions publish through and what the
 /// connection task reads from. Cheap to share behind an `Arc`.
-pub(crate) struct Bus {
+pub struct Bus<T> {
     options: BusOptions,
+    /// The first subscription's target ([`FIRST_SID`]).
+    first: T,
     out: Outbound,
     connected: AtomicBool,
-    subs: Mutex<FxHashMap<u64, Sub>>,
+    subs: Mutex<FxHashMap<u64, Sub<T>>>,
     next_sid: AtomicU64,
-    /// Fires the connection task's shutdown: the gate has stopped.
+    /// Fires the connection task's shutdown: the bus's user has stopped.
     stop: CancellationToken,
 }
 
-/// The sid of the reply wildcard, subscribed first by every gate: replies, the bulk of
-/// what a gate reads, are told apart without a map lookup.
-const REPLIES_SID: u64 = 1;
+/// The sid of the first subscription, made with the bus (the gate's reply wildcard):
+/// its messages, the bulk of what a gate reads, are told apart without a map lookup, and
+/// they are the only ones a connection lingering after a lame-duck move still delivers.
+/// It lasts as long as the bus.
+const FIRST_SID: u64 = 1;
 
-impl Bus {
-    /// A bus for `options`, subscribed to `replies` (sid [`REPLIES_SID`]), holding at
-    /// most `max_pending` bytes for its writer; nothing is connected until [`run`].
-    pub(crate) fn new(options: BusOptions, replies: String, max_pending: usize) -> Arc<Bus> {
+impl<T: Clone + Send + Sync + 'static> Bus<T> {
+    /// A bus for `options`, subscribed to `first_subject` for `first_target` (sid
+    /// [`FIRST_SID`]), holding at most `max_pending` bytes for its writer; nothing is
+    /// connected until [`run`].
+    pub fn new(
+        options: BusOptions,
+        first_subject: String,
+        first_target: T,
+        max_pending: usize,
+    ) -> Arc<Bus<T>> {
         let mut subs = FxHashMap::default();
         subs.insert(
-            REPLIES_SID,
+            FIRST_SID,
             Sub {
-                subject: replies,
-                target: Target::Replies,
+                subject: first_subject,
+                target: first_target.clone(),
             },
         );
         Arc::new(Bus {
             out: Outbound::new(max_pending),
             options,
+            first: first_target,
             connected: AtomicBool::new(false),
             subs: Mutex::new(subs),
-            next_sid: AtomicU64::new(REPLIES_SID + 1),
+            next_sid: AtomicU64::new(FIRST_SID + 1),
             stop: CancellationToken::new(),
         })
     }
 
     /// Whether a connection is up now.
-    pub(crate) fn is_connected(&self) -> bool {
+    pub fn is_connected(&self) -> bool {
         self.connected.load(Ordering::Acquire)
     }
 
     /// Appends `PUB subject [reply] len` and the payload `write` puts (exactly `len`
     /// bytes) to the outbound buffer. Never waits: refused at once when no connection
     /// is up or the buffer is over its limit.
-    pub(crate) fn publish(
+    pub fn publish(
         &self,
         subject: &str,
         reply: Reply<'_>,
@@ -190,7 +187,7 @@ impl Bus {
     }
 
     /// [`Bus::publish`] of a payload at hand.
-    pub(crate) fn publish_bytes(
+    pub fn publish_bytes(
         &self,
         subject: &str,
         reply: Reply<'_>,
@@ -204,7 +201,7 @@ impl Bus {
     /// Subscribes `subject` for `target`; returns the sid to unsubscribe with. Recorded
     /// first, so a connection made meanwhile subscribes it too; a `SUB` sent twice for
     /// one sid is harmless (the server keeps one).
-    pub(crate) fn subscribe(&self, subject: String, target: Target) -> u64 {
+    pub fn subscribe(&self, subject: String, target: T) -> u64 {
         let sid = self.next_sid.fetch_add(1, Ordering::Relaxed);
         let line = sub_line(&subject, sid);
         // Under the lock: a connection starting takes its snapshot of the subscriptions
@@ -216,7 +213,7 @@ impl Bus {
     }
 
     /// Unsubscribes `sid`: its messages are dropped from now on, here and at the server.
-    pub(crate) fn unsubscribe(&self, sid: u64) {
+    pub fn unsubscribe(&self, sid: u64) {
         let mut subs = self.subs_lock();
         if subs.remove(&sid).is_some() {
             let mut line = Vec::with_capacity(32);
@@ -227,11 +224,8 @@ impl Bus {
         }
     }
 
-    /// The target of `sid`, if it is still subscribed.
-    fn target(&self, sid: u64) -> Option<Target> {
-        if sid == REPLIES_SID {
-            return Some(Target::Replies);
-        }
+    /// The target of `sid` (not the first), if it is still subscribed.
+    fn target(&self, sid: u64) -> Option<T> {
         self.subs_lock().get(&sid).map(|s| s.target.clone())
     }
 
@@ -253,12 +247,12 @@ impl Bus {
         (lines, self.out.next_writer())
     }
 
-    fn subs_lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<u64, Sub>> {
+    fn subs_lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<u64, Sub<T>>> {
         self.subs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Stops the connection task: the gate has shut down.
-    pub(crate) fn stop(&self) {
+    /// Stops the connection task: its user has shut down.
+    pub fn stop(&self) {
         self.stop.cancel();
     }
 }
@@ -273,28 +267,29 @@ fn sub_line(subject: &str, sid: u64) -> Vec<u8> {
     line
 }
 
-pub(crate) use run::run;
+pub use run::run;
 
 /// A bus with no server behind it, for unit tests of what publishes and subscribes.
-#[cfg(test)]
-impl Bus {
-    /// Up as if connected; what is published stays queued for [`Bus::written`].
-    pub(crate) fn detached(max_pending: usize) -> Arc<Bus> {
+#[cfg(feature = "testing")]
+impl<T: Clone + Send + Sync + 'static> Bus<T> {
+    /// Up as if connected, its first subscription `test.gw.>` for `first_target`; what
+    /// is published stays queued for [`Bus::written`].
+    pub fn detached(first_target: T, max_pending: usize) -> Arc<Bus<T>> {
         let options = BusOptions::new(Vec::<String>::new());
-        let bus = Bus::new(options, "test.gw.>".into(), max_pending);
+        let bus = Bus::new(options, "test.gw.>".into(), first_target, max_pending);
         bus.connected.store(true, Ordering::Release);
         bus
     }
 
     /// Up or down, as a connection task would set it (the session hears of it from the
     /// gate's dispatch, which a test plays itself).
-    pub(crate) fn set_connected(&self, up: bool) {
+    pub fn set_connected(&self, up: bool) {
         self.connected.store(up, Ordering::Release);
     }
 
     /// Waits until something is queued, then takes all of it: the protocol lines a
     /// server would read, in order.
-    pub(crate) async fn written(&self) -> String {
+    pub async fn written(&self) -> String {
         loop {
             let now = self.written_now();
             if !now.is_empty() {
@@ -305,7 +300,7 @@ impl Bus {
     }
 
     /// Takes whatever is queued now (maybe nothing).
-    pub(crate) fn written_now(&self) -> String {
+    pub fn written_now(&self) -> String {
         let mut buf = BytesMut::new();
         let _ = self.out.take(self.out.next_writer(), &mut buf);
         // One char per byte, so a payload's binary bytes survive for tests that decode it.
@@ -314,7 +309,7 @@ impl Bus {
 }
 
 /// Checks a server URL the way a connection will read it.
-pub(crate) fn check_url(url: &str) -> anyhow::Result<()> {
+pub fn check_url(url: &str) -> anyhow::Result<()> {
     options::parse_url(url)
         .map(drop)
         .map_err(anyhow::Error::msg)

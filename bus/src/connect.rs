@@ -23,7 +23,7 @@ pub(super) const LIMITS: Limits = Limits {
 /// the control-line limit if a server sends more).
 const HANDSHAKE_BUFFER: usize = 4096;
 
-/// What a server says of itself in INFO (the fields the gate uses).
+/// What a server says of itself in INFO (the fields the bus uses).
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub(super) struct Info {
@@ -82,7 +82,7 @@ async fn handshake(options: &BusOptions, index: usize) -> Result<Conn, String> {
         && (wants_tls || info.tls_required)
     {
         let Some(config) = options.tls.clone() else {
-            return Err("the server requires TLS: give the gate --nats-tls or --nats-ca".into());
+            return Err("the server requires TLS: give --nats-tls or --nats-ca".into());
         };
         if !info.tls_required {
             return Err("TLS is required but the server offers none".into());

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::connect::{Conn, Info, LIMITS, open};
 use super::options::LocalStream;
 use super::outbound::Taken;
-use super::{Bus, Dispatch, Incoming, Target, backoff};
+use super::{Bus, Dispatch, FIRST_SID, Incoming, backoff};
 
 /// Read buffer room reserved before each read.
 const READ_CHUNK: usize = 64 * 1024;
@@ -33,18 +33,22 @@ enum Event {
 struct Current {
     id: u64,
     server: usize,
-    /// Set when the connection only lingers for replies (lame duck, replaced).
-    replies_only: Arc<AtomicBool>,
+    /// Set when the connection only lingers for the first subscription's messages (the
+    /// gate's replies) after a lame-duck move.
+    first_only: Arc<AtomicBool>,
     stop: CancellationToken,
     /// The connection's task: awaited at the end, so what it still had queued is
-    /// written before the gate returns.
+    /// written before [`run`] returns.
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 static CONNECT_LOG: LogLimiter = LogLimiter::per_second();
 
-/// Keeps the gate connected until [`Bus::stop`].
-pub(crate) async fn run(bus: Arc<Bus>, dispatch: Arc<dyn Dispatch>) {
+/// Keeps `bus` connected until [`Bus::stop`], handing what it reads to `dispatch`.
+pub async fn run<T: Clone + Send + Sync + 'static>(
+    bus: Arc<Bus<T>>,
+    dispatch: Arc<dyn Dispatch<T>>,
+) {
     let servers = bus.options.servers().max(1);
     // Unbounded, yet bounded by construction: a connection sends at most one `LameDuck`
     // (`lame_duck_told`) and one `Lost`, and there are at most the current connection
@@ -64,7 +68,7 @@ pub(crate) async fn run(bus: Arc<Bus>, dispatch: Arc<dyn Dispatch>) {
                 Some(conn) => {
                     failed_rounds = 0;
                     next_id += 1;
-                    tracing::info!(server = %server_name(&bus, conn.server), server_id = %conn.info.server_id, "gate connected to the bus");
+                    tracing::info!(name = %bus.options.name, server = %server_name(&bus, conn.server), server_id = %conn.info.server_id, "connected to the bus");
                     current = Some(start(&bus, &dispatch, conn, next_id, true, &events_tx).await);
                     bus.connected.store(true, Ordering::Release);
                     dispatch.connected();
@@ -87,28 +91,28 @@ pub(crate) async fn run(bus: Arc<Bus>, dispatch: Arc<dyn Dispatch>) {
         };
         match event {
             Some(Event::Lost { id, error }) if id == cur.id => {
-                tracing::warn!(server = %server_name(&bus, cur.server), %error, "gate lost its bus connection; reconnecting");
+                tracing::warn!(name = %bus.options.name, server = %server_name(&bus, cur.server), %error, "lost the bus connection; reconnecting");
                 bus.connected.store(false, Ordering::Release);
                 next_server = (cur.server + 1) % servers;
                 current = None;
                 dispatch.lost();
             }
             Some(Event::LameDuck { id }) if id == cur.id => {
-                tracing::info!(server = %server_name(&bus, cur.server), "bus server entering lame duck mode; moving to another");
+                tracing::info!(name = %bus.options.name, server = %server_name(&bus, cur.server), "bus server entering lame duck mode; moving to another");
                 let Some(conn) = open_any(&bus, cur.server + 1, Some(cur.server)).await else {
-                    tracing::warn!("no other bus server answered; staying until this one closes");
+                    tracing::warn!(name = %bus.options.name, "no other bus server answered; staying until this one closes");
                     continue;
                 };
                 next_id += 1;
                 let old = current.take().expect("checked above");
                 // Replies to what was published on the old connection still come there.
-                old.replies_only.store(true, Ordering::Release);
+                old.first_only.store(true, Ordering::Release);
                 let linger = bus.options.linger;
                 tokio::spawn(async move {
                     tokio::time::sleep(linger).await;
                     old.stop.cancel();
                 });
-                tracing::info!(server = %server_name(&bus, conn.server), "gate moved to another bus server");
+                tracing::info!(name = %bus.options.name, server = %server_name(&bus, conn.server), "moved to another bus server");
                 current = Some(start(&bus, &dispatch, conn, next_id, false, &events_tx).await);
             }
             // A lingering connection ended, or news of one already replaced.
@@ -124,7 +128,7 @@ pub(crate) async fn run(bus: Arc<Bus>, dispatch: Arc<dyn Dispatch>) {
     }
 }
 
-fn server_name(bus: &Bus, index: usize) -> &str {
+fn server_name<T>(bus: &Bus<T>, index: usize) -> &str {
     bus.options
         .urls
         .get(index)
@@ -132,7 +136,7 @@ fn server_name(bus: &Bus, index: usize) -> &str {
 }
 
 /// One round over the servers from `first`, skipping `avoid`; the first that opens.
-async fn open_any(bus: &Bus, first: usize, avoid: Option<usize>) -> Option<Conn> {
+async fn open_any<T>(bus: &Bus<T>, first: usize, avoid: Option<usize>) -> Option<Conn> {
     let servers = bus.options.servers().max(1);
     for i in 0..servers {
         let index = (first + i) % servers;
@@ -143,7 +147,7 @@ async fn open_any(bus: &Bus, first: usize, avoid: Option<usize>) -> Option<Conn>
             Ok(conn) => return Some(conn),
             Err(error) => {
                 if let Some(tally) = CONNECT_LOG.check() {
-                    tracing::warn!(%error, "gate cannot connect to the bus{tally}");
+                    tracing::warn!(name = %bus.options.name, %error, "cannot connect to the bus{tally}");
                 }
             }
         }
@@ -153,9 +157,9 @@ async fn open_any(bus: &Bus, first: usize, avoid: Option<usize>) -> Option<Conn>
 
 /// Sends every subscription on `conn`, makes its writer the outbound buffer's owner, and
 /// spawns its task. `fresh`: a connection after a loss, whose buffer starts empty.
-async fn start(
-    bus: &Arc<Bus>,
-    dispatch: &Arc<dyn Dispatch>,
+async fn start<T: Clone + Send + Sync + 'static>(
+    bus: &Arc<Bus<T>>,
+    dispatch: &Arc<dyn Dispatch<T>>,
     conn: Conn,
     id: u64,
     fresh: bool,
@@ -170,11 +174,11 @@ async fn start(
     let (rd, mut wr) = tokio::io::split(stream);
     let (lines, writer) = bus.take_over(fresh);
     let stop = CancellationToken::new();
-    let replies_only = Arc::new(AtomicBool::new(false));
+    let first_only = Arc::new(AtomicBool::new(false));
     let mut current = Current {
         id,
         server,
-        replies_only: replies_only.clone(),
+        first_only: first_only.clone(),
         stop: stop.clone(),
         task: None,
     };
@@ -186,7 +190,7 @@ async fn start(
     let reader = Reader {
         bus: bus.clone(),
         dispatch: dispatch.clone(),
-        replies_only,
+        first_only,
         pings_out: pings_out.clone(),
         id,
         events: events.clone(),
@@ -225,7 +229,7 @@ async fn start(
 
 /// The connection is stopped: writes what is still queued for it (nothing when another
 /// connection's writer took over), each write within the bus's write timeout.
-async fn flush_out(bus: &Bus, wr: &mut WriteHalf<LocalStream>, writer: u64) {
+async fn flush_out<T>(bus: &Bus<T>, wr: &mut WriteHalf<LocalStream>, writer: u64) {
     let mut chunk = BytesMut::new();
     while let Taken::Bytes = bus.out.take(writer, &mut chunk) {
         if write(bus, wr, &chunk).await.is_err() {
@@ -237,8 +241,8 @@ async fn flush_out(bus: &Bus, wr: &mut WriteHalf<LocalStream>, writer: u64) {
 
 /// Writes the outbound buffer whenever it has bytes, and pings when it has been idle;
 /// returns `Ok` when another connection's writer takes over.
-async fn write_loop(
-    bus: &Bus,
+async fn write_loop<T>(
+    bus: &Bus<T>,
     wr: &mut WriteHalf<LocalStream>,
     writer: u64,
     pings_out: &AtomicU32,
@@ -276,7 +280,11 @@ async fn write_loop(
 /// them by then has stopped reading, and the connection is dead. The timer is armed only
 /// when the first attempt leaves something unwritten: most writes go into the socket
 /// buffer at once, and cost no timer.
-async fn write(bus: &Bus, wr: &mut WriteHalf<LocalStream>, bytes: &[u8]) -> Result<(), String> {
+async fn write<T>(
+    bus: &Bus<T>,
+    wr: &mut WriteHalf<LocalStream>,
+    bytes: &[u8],
+) -> Result<(), String> {
     let mut write = std::pin::pin!(wr.write_all(bytes));
     if let Poll::Ready(written) = futures::poll!(write.as_mut()) {
         return written.map_err(|e| e.to_string());
@@ -291,10 +299,10 @@ async fn write(bus: &Bus, wr: &mut WriteHalf<LocalStream>, bytes: &[u8]) -> Resu
     }
 }
 
-struct Reader {
-    bus: Arc<Bus>,
-    dispatch: Arc<dyn Dispatch>,
-    replies_only: Arc<AtomicBool>,
+struct Reader<T> {
+    bus: Arc<Bus<T>>,
+    dispatch: Arc<dyn Dispatch<T>>,
+    first_only: Arc<AtomicBool>,
     pings_out: Arc<AtomicU32>,
     id: u64,
     events: mpsc::UnboundedSender<Event>,
@@ -310,7 +318,7 @@ struct MsgAt {
     payload: (usize, usize),
 }
 
-impl Reader {
+impl<T: Clone + Send + Sync + 'static> Reader<T> {
     /// Reads until the connection ends; `Ok` when the server closed it.
     async fn run(mut self, mut rd: ReadHalf<LocalStream>, mut buf: BytesMut) -> Result<(), String> {
         loop {
@@ -371,7 +379,7 @@ impl Reader {
     fn control(&mut self, op: ServerOp<'_>) {
         match op {
             ServerOp::Ping => {
-                if !self.replies_only.load(Ordering::Acquire) {
+                if !self.first_only.load(Ordering::Acquire) {
                     self.bus.out.push_control(b"PONG\r\n");
                 }
             }
@@ -394,19 +402,23 @@ impl Reader {
     }
 
     fn deliver(&self, frame: &bytes::Bytes, msg: MsgAt) {
-        let Some(target) = self.bus.target(msg.sid) else {
-            // Unsubscribed meanwhile.
-            return;
-        };
-        if self.replies_only.load(Ordering::Acquire) && !matches!(target, Target::Replies) {
-            // The new connection delivers these; taking them here too would double them.
-            return;
-        }
         let incoming = Incoming {
             subject: &frame[msg.subject.0..msg.subject.1],
             reply: msg.reply.map(|(a, b)| &frame[a..b]),
             status: msg.status,
             payload: frame.slice(msg.payload.0..msg.payload.1),
+        };
+        if msg.sid == FIRST_SID {
+            self.dispatch.deliver(&self.bus.first, incoming);
+            return;
+        }
+        if self.first_only.load(Ordering::Acquire) {
+            // The new connection delivers these; taking them here too would double them.
+            return;
+        }
+        let Some(target) = self.bus.target(msg.sid) else {
+            // Unsubscribed meanwhile.
+            return;
         };
         self.dispatch.deliver(&target, incoming);
     }
@@ -432,7 +444,7 @@ mod tests {
     use tokio::sync::Notify;
 
     use super::status;
-    use crate::bus::{Bus, BusOptions, Dispatch, Incoming, LocalStream, Reply, Target};
+    use crate::{Bus, BusOptions, Dispatch, Incoming, LocalStream, Reply};
 
     /// A connection that counts the writes made to it, and the bytes.
     struct Counted {
@@ -477,8 +489,8 @@ mod tests {
     /// Hears only that the connection is up.
     struct Up(Notify);
 
-    impl Dispatch for Up {
-        fn deliver(&self, _: &Target, _: Incoming<'_>) {}
+    impl Dispatch<()> for Up {
+        fn deliver(&self, _: &(), _: Incoming<'_>) {}
         fn connected(&self) {
             self.0.notify_one();
         }
@@ -515,7 +527,7 @@ mod tests {
             };
             Box::pin(async move { Ok(Box::new(stream) as LocalStream) })
         }));
-        let bus = Bus::new(options, "t.gw.>".into(), 1 << 20);
+        let bus = Bus::new(options, "t.gw.>".into(), (), 1 << 20);
         let up = Arc::new(Up(Notify::new()));
         let connection = tokio::spawn(super::run(bus.clone(), up.clone()));
         up.0.notified().await;

@@ -1,4 +1,4 @@
-//! How the gate reaches its bus: servers, credentials, TLS, limits.
+//! How a bus connection reaches its servers: URLs, credentials, TLS, limits.
 
 use std::fmt;
 use std::future::Future;
@@ -37,13 +37,13 @@ pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default for [`BusOptions::linger`]: after a server announces lame duck and the gate
 /// has moved to another, how long replies are still read from the old connection.
 pub const DEFAULT_LINGER: Duration = Duration::from_secs(5);
-/// The largest control line or INFO the gate reads from a server.
+/// The largest control line or INFO the bus reads from a server.
 pub(super) const MAX_CONTROL_LINE: usize = 64 * 1024;
-/// The largest message payload the gate accepts from a server (nats-server's maximum
+/// The largest message payload the bus accepts from a server (nats-server's maximum
 /// is 64 MiB).
 pub(super) const MAX_PAYLOAD: usize = 64 * 1024 * 1024;
 
-/// The gate's bus connection settings.
+/// A bus connection's settings.
 #[derive(Clone)]
 pub struct BusOptions {
     /// Servers, tried in turn: `nats://host:port`, `tls://host:port`, `host:port`; a
@@ -65,7 +65,7 @@ pub struct BusOptions {
     pub randomize: bool,
 }
 
-/// The bus connection's timings as gate flags (`shaddock gate`); a library user sets
+/// The bus connection's timings as flags (`shaddock gate`); a library user sets
 /// the fields of [`BusOptions`] instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
 pub struct BusTimings {
