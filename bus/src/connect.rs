@@ -27,11 +27,23 @@ const HANDSHAKE_BUFFER: usize = 4096;
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub(super) struct Info {
-    pub server_id: String,
+    #[serde(flatten)]
+    pub server: ServerInfo,
     pub tls_required: bool,
     pub nonce: Option<String>,
     /// Lame duck mode: the server is going away; move to another.
     pub ldm: bool,
+}
+
+/// What the server of the current connection says of itself ([`Bus::server_info`]).
+///
+/// [`Bus::server_info`]: crate::Bus::server_info
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct ServerInfo {
+    pub server_id: String,
+    /// The largest message payload the server accepts.
+    pub max_payload: usize,
 }
 
 impl Info {

@@ -24,19 +24,24 @@
 //!
 //! # Subscriptions and reconnects
 //!
-//! Every subscription is recorded with its sid and what its messages are for (its
-//! target, a `T` of the user's). A connection starts by sending them all, before any
-//! publish can reach it; so a reconnect (after a lost connection, or a lame-duck notice from the server)
-//! resubscribes everything. Servers are tried in turn with jittered exponential backoff
-//! between rounds ([`backoff`]). While no connection is up, publishing fails at once
-//! (the session answers 503), and the [`Dispatch`] hears of every loss so that requests
-//! in flight on the lost connection are answered at once rather than time out.
+//! Every subscription is recorded with its sid, its queue group and what its messages
+//! are for (its target, a `T` of the user's). A connection starts by sending them all,
+//! before any publish can reach it; so a reconnect (after a lost connection, or a
+//! lame-duck notice from the server) resubscribes everything, and a subscription that
+//! ends after a count ([`Bus::unsubscribe_after`]) asks only for what remains of it.
+//! Servers are tried in turn with jittered exponential backoff between rounds
+//! ([`backoff`]). While no connection is up, publishing fails at once (the session
+//! answers 503), and the [`Dispatch`] hears of every loss so that requests in flight on
+//! the lost connection are answered at once rather than time out.
 
 mod backoff;
 mod connect;
 mod options;
 mod outbound;
+mod pings;
 mod run;
+#[cfg(test)]
+mod tests;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -45,6 +50,7 @@ use bytes::{Bytes, BytesMut};
 use rustc_hash::FxHashMap;
 use tokio_util::sync::CancellationToken;
 
+pub use connect::ServerInfo;
 pub use options::{BusOptions, BusTimings, Dialer, LocalStream, MS_FLAGS};
 
 use outbound::Outbound;
@@ -87,11 +93,20 @@ pub enum Reply<'a> {
         prefix: &'a str,
         id: u64,
     },
+    /// Any subject, as it is.
+    Subject(&'a str),
 }
 
 struct Sub<T> {
     subject: String,
+    /// The queue group: the server hands each message to one member of the group.
+    queue: Option<String>,
     target: T,
+    /// Messages handed over so far, on every connection.
+    delivered: u64,
+    /// Set by [`Bus::unsubscribe_after`]: the subscription ends once this many were
+    /// handed over (so while it lasts, fewer were).
+    max: Option<u64>,
 }
 
 /// The shared side of the bus connection: what sessions publish through and what the
@@ -102,6 +117,8 @@ pub struct Bus<T> {
     first: T,
     out: Outbound,
     connected: AtomicBool,
+    /// The current connection's server; `None` while none is up.
+    server: Mutex<Option<ServerInfo>>,
     subs: Mutex<FxHashMap<u64, Sub<T>>>,
     next_sid: AtomicU64,
     /// Fires the connection task's shutdown: the bus's user has stopped.
@@ -129,7 +146,10 @@ impl<T: Clone + Send + Sync + 'static> Bus<T> {
             FIRST_SID,
             Sub {
                 subject: first_subject,
+                queue: None,
                 target: first_target.clone(),
+                delivered: 0,
+                max: None,
             },
         );
         Arc::new(Bus {
@@ -137,6 +157,7 @@ impl<T: Clone + Send + Sync + 'static> Bus<T> {
             options,
             first: first_target,
             connected: AtomicBool::new(false),
+            server: Mutex::new(None),
             subs: Mutex::new(subs),
             next_sid: AtomicU64::new(FIRST_SID + 1),
             stop: CancellationToken::new(),
@@ -146,6 +167,16 @@ impl<T: Clone + Send + Sync + 'static> Bus<T> {
     /// Whether a connection is up now.
     pub fn is_connected(&self) -> bool {
         self.connected.load(Ordering::Acquire)
+    }
+
+    /// What the current connection's server says of itself; `None` while no connection
+    /// is up.
+    pub fn server_info(&self) -> Option<ServerInfo> {
+        self.server_lock().clone()
+    }
+
+    fn server_lock(&self) -> std::sync::MutexGuard<'_, Option<ServerInfo>> {
+        self.server.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Appends `PUB subject [reply] len` and the payload `write` puts (exactly `len`
@@ -170,6 +201,10 @@ impl<T: Clone + Send + Sync + 'static> Bus<T> {
                     buf.extend_from_slice(b" ");
                     buf.extend_from_slice(prefix.as_bytes());
                     buf.extend_from_slice(itoa::Buffer::new().format(id).as_bytes());
+                }
+                Reply::Subject(subject) => {
+                    buf.extend_from_slice(b" ");
+                    buf.extend_from_slice(subject.as_bytes());
                 }
             }
             buf.extend_from_slice(b" ");
@@ -198,35 +233,91 @@ impl<T: Clone + Send + Sync + 'static> Bus<T> {
         })
     }
 
-    /// Subscribes `subject` for `target`; returns the sid to unsubscribe with. Recorded
-    /// first, so a connection made meanwhile subscribes it too; a `SUB` sent twice for
-    /// one sid is harmless (the server keeps one).
-    pub fn subscribe(&self, subject: String, target: T) -> u64 {
+    /// Subscribes `subject` for `target`, as a member of `queue` if given; returns the
+    /// sid to unsubscribe with. Recorded first, so a connection made meanwhile
+    /// subscribes it too; a `SUB` sent twice for one sid is harmless (the server keeps
+    /// one).
+    pub fn subscribe(&self, subject: String, queue: Option<String>, target: T) -> u64 {
         let sid = self.next_sid.fetch_add(1, Ordering::Relaxed);
-        let line = sub_line(&subject, sid);
+        let sub = Sub {
+            subject,
+            queue,
+            target,
+            delivered: 0,
+            max: None,
+        };
+        let line = sub.line(sid);
         // Under the lock: a connection starting takes its snapshot of the subscriptions
         // and empties the buffer under it too, so the line is in exactly one of them.
         let mut subs = self.subs_lock();
-        subs.insert(sid, Sub { subject, target });
+        subs.insert(sid, sub);
         self.out.push_control(&line);
         sid
     }
 
-    /// Unsubscribes `sid`: its messages are dropped from now on, here and at the server.
+    /// Unsubscribes `sid` (one [`Bus::subscribe`] returned): its messages are dropped
+    /// from now on, here and at the server.
     pub fn unsubscribe(&self, sid: u64) {
         let mut subs = self.subs_lock();
         if subs.remove(&sid).is_some() {
-            let mut line = Vec::with_capacity(32);
-            line.extend_from_slice(b"UNSUB ");
-            line.extend_from_slice(itoa::Buffer::new().format(sid).as_bytes());
-            line.extend_from_slice(b"\r\n");
-            self.out.push_control(&line);
+            self.out.push_control(&unsub_line(sid, None));
         }
     }
 
-    /// The target of `sid` (not the first), if it is still subscribed.
-    fn target(&self, sid: u64) -> Option<T> {
-        self.subs_lock().get(&sid).map(|s| s.target.clone())
+    /// Ends subscription `sid` once `max` messages in all were handed over on it (NATS
+    /// auto-unsubscribe: `UNSUB <sid> <max>`); at once if that many already were. The
+    /// bus counts them itself, so a reconnect asks the new server for what remains.
+    pub fn unsubscribe_after(&self, sid: u64, max: u64) {
+        let mut subs = self.subs_lock();
+        let Some(sub) = subs.get_mut(&sid) else {
+            return;
+        };
+        if sub.delivered >= max {
+            subs.remove(&sid);
+            self.out.push_control(&unsub_line(sid, None));
+        } else {
+            sub.max = Some(max);
+            self.out.push_control(&unsub_line(sid, Some(max)));
+        }
+    }
+
+    /// Counts a message for `sid` (not the first) and returns its target, if it is
+    /// still subscribed; the message that reaches its [`Bus::unsubscribe_after`] count
+    /// ends the subscription.
+    fn delivered(&self, sid: u64) -> Option<T> {
+        let mut subs = self.subs_lock();
+        let sub = subs.get_mut(&sid)?;
+        sub.delivered += 1;
+        let target = sub.target.clone();
+        if sub.max.is_some_and(|max| sub.delivered >= max) {
+            subs.remove(&sid);
+        }
+        Some(target)
+    }
+
+    /// Resolves once the server has answered a PING sent after everything published
+    /// before: it has processed all of that. Fails with [`BusError::Disconnected`] when
+    /// no connection is up, or the one the PING went out on is lost (or left after a
+    /// lame-duck notice) first.
+    pub async fn flush(&self) -> Result<(), BusError> {
+        if !self.is_connected() {
+            return Err(BusError::Disconnected);
+        }
+        let (answered, answer) = tokio::sync::oneshot::channel();
+        self.out.push_ping(Some(answered));
+        // A loss after the check above has failed the flushes waiting then, maybe
+        // before this one was queued.
+        if !self.is_connected() {
+            return Err(BusError::Disconnected);
+        }
+        answer.await.map_err(|_| BusError::Disconnected)
+    }
+
+    /// Resolves at once when the outbound buffer has room, else once the writer has
+    /// taken it (or a lost connection dropped it): a publish refused as
+    /// [`BusError::Backlogged`] is worth retrying then.
+    pub async fn writable(&self) {
+        self.out.writable().await;
     }
 
     /// Hands the outbound buffer to a new connection's writer; returns every
@@ -242,7 +333,11 @@ impl<T: Clone + Send + Sync + 'static> Bus<T> {
         }
         let mut lines = BytesMut::new();
         for (sid, sub) in subs.iter() {
-            lines.extend_from_slice(&sub_line(&sub.subject, *sid));
+            lines.extend_from_slice(&sub.line(*sid));
+            // Fewer than `max` were handed over, or the subscription would be gone.
+            if let Some(max) = sub.max {
+                lines.extend_from_slice(&unsub_line(*sid, Some(max - sub.delivered)));
+            }
         }
         (lines, self.out.next_writer())
     }
@@ -257,20 +352,41 @@ impl<T: Clone + Send + Sync + 'static> Bus<T> {
     }
 }
 
-fn sub_line(subject: &str, sid: u64) -> Vec<u8> {
-    let mut line = Vec::with_capacity(subject.len() + 32);
-    line.extend_from_slice(b"SUB ");
-    line.extend_from_slice(subject.as_bytes());
-    line.extend_from_slice(b" ");
+/// `UNSUB <sid> [max]`.
+fn unsub_line(sid: u64, max: Option<u64>) -> Vec<u8> {
+    let mut line = Vec::with_capacity(48);
+    line.extend_from_slice(b"UNSUB ");
     line.extend_from_slice(itoa::Buffer::new().format(sid).as_bytes());
+    if let Some(max) = max {
+        line.extend_from_slice(b" ");
+        line.extend_from_slice(itoa::Buffer::new().format(max).as_bytes());
+    }
     line.extend_from_slice(b"\r\n");
     line
+}
+
+impl<T> Sub<T> {
+    /// `SUB <subject> [queue] <sid>`.
+    fn line(&self, sid: u64) -> Vec<u8> {
+        let queue = self.queue.as_deref();
+        let mut line = Vec::with_capacity(self.subject.len() + queue.map_or(0, str::len) + 32);
+        line.extend_from_slice(b"SUB ");
+        line.extend_from_slice(self.subject.as_bytes());
+        if let Some(queue) = queue {
+            line.extend_from_slice(b" ");
+            line.extend_from_slice(queue.as_bytes());
+        }
+        line.extend_from_slice(b" ");
+        line.extend_from_slice(itoa::Buffer::new().format(sid).as_bytes());
+        line.extend_from_slice(b"\r\n");
+        line
+    }
 }
 
 pub use run::run;
 
 /// A bus with no server behind it, for unit tests of what publishes and subscribes.
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 impl<T: Clone + Send + Sync + 'static> Bus<T> {
     /// Up as if connected, its first subscription `test.gw.>` for `first_target`; what
     /// is published stays queued for [`Bus::written`].

@@ -3,9 +3,10 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use bytes::BytesMut;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 
 use super::BusError;
+use super::pings::Pings;
 
 /// The buffer's starting room: a batch of a few hundred requests without growing.
 const START_CAPACITY: usize = 64 * 1024;
@@ -20,6 +21,9 @@ pub(super) struct Outbound {
     /// Woken when the buffer goes from empty to not empty (a permit is kept when the
     /// writer is busy, so no wake-up is lost).
     ready: Notify,
+    /// Woken when the buffer is taken or dropped, if a publisher refused as backlogged
+    /// waits for it ([`Outbound::writable`]).
+    taken: Notify,
     max_pending: usize,
 }
 
@@ -28,6 +32,11 @@ struct State {
     /// The writer allowed to take the buffer; a lame-duck switch moves it to the new
     /// connection's writer and the old one stops.
     writer: u64,
+    /// The PINGs in the buffer and on the connection, under the buffer's lock.
+    pings: Pings,
+    /// A publisher waits on [`Outbound::taken`]: the writer's taking wakes it (and only
+    /// then, so the writer pays nothing when nobody waits).
+    wanted: bool,
 }
 
 /// What a writer finds when it comes for the buffer.
@@ -47,8 +56,11 @@ impl Outbound {
             state: Mutex::new(State {
                 buf: BytesMut::with_capacity(START_CAPACITY),
                 writer: 0,
+                pings: Pings::default(),
+                wanted: false,
             }),
             ready: Notify::new(),
+            taken: Notify::new(),
             max_pending,
         }
     }
@@ -85,9 +97,63 @@ impl Outbound {
         }
     }
 
+    /// Appends a PING, counted: `flush` hears when the server has answered it.
+    pub(super) fn push_ping(&self, flush: Option<oneshot::Sender<()>>) {
+        let mut state = self.lock();
+        let was_empty = state.buf.is_empty();
+        state.buf.extend_from_slice(b"PING\r\n");
+        state.pings.queued(flush);
+        drop(state);
+        if was_empty {
+            self.ready.notify_one();
+        }
+    }
+
+    /// `writer`'s connection read a PONG.
+    pub(super) fn pong(&self, writer: u64) {
+        self.lock().pings.pong(writer);
+    }
+
+    /// The connection was lost: flushes fail, and publishers waiting for room retry
+    /// (and hear that no connection is up).
+    pub(super) fn lost(&self) {
+        let mut state = self.lock();
+        state.pings.lost();
+        self.wake_writable(state);
+    }
+
     /// Drops everything queued (the connection it was for is gone).
     pub(super) fn clear(&self) {
-        self.lock().buf.clear();
+        let mut state = self.lock();
+        state.buf.clear();
+        state.pings.left_buffer();
+        self.wake_writable(state);
+    }
+
+    /// Resolves at once if the buffer has room, else once the writer has taken it (or
+    /// it was dropped with its connection): a publisher refused as backlogged retries
+    /// then.
+    pub(super) async fn writable(&self) {
+        let taken = self.taken.notified();
+        let mut taken = std::pin::pin!(taken);
+        // Registered before looking, so a taking in between is not missed.
+        taken.as_mut().enable();
+        {
+            let mut state = self.lock();
+            if state.buf.len() < self.max_pending {
+                return;
+            }
+            state.wanted = true;
+        }
+        taken.await;
+    }
+
+    fn wake_writable(&self, mut state: MutexGuard<'_, State>) {
+        let wanted = std::mem::take(&mut state.wanted);
+        drop(state);
+        if wanted {
+            self.taken.notify_waiters();
+        }
     }
 
     /// Takes the buffer for `writer` into `into`, leaving `into`'s emptied buffer in
@@ -105,6 +171,8 @@ impl Outbound {
             *into = BytesMut::with_capacity(START_CAPACITY);
         }
         std::mem::swap(&mut state.buf, into);
+        state.pings.left_buffer();
+        self.wake_writable(state);
         Taken::Bytes
     }
 
@@ -113,6 +181,7 @@ impl Outbound {
         let mut state = self.lock();
         state.writer += 1;
         let writer = state.writer;
+        state.pings.next_writer(writer);
         drop(state);
         // The old writer may be waiting: it must see that it was replaced.
         self.ready.notify_waiters();

@@ -68,7 +68,8 @@ pub async fn run<T: Clone + Send + Sync + 'static>(
                 Some(conn) => {
                     failed_rounds = 0;
                     next_id += 1;
-                    tracing::info!(name = %bus.options.name, server = %server_name(&bus, conn.server), server_id = %conn.info.server_id, "connected to the bus");
+                    tracing::info!(name = %bus.options.name, server = %server_name(&bus, conn.server), server_id = %conn.info.server.server_id, "connected to the bus");
+                    *bus.server_lock() = Some(conn.info.server.clone());
                     current = Some(start(&bus, &dispatch, conn, next_id, true, &events_tx).await);
                     bus.connected.store(true, Ordering::Release);
                     dispatch.connected();
@@ -93,6 +94,8 @@ pub async fn run<T: Clone + Send + Sync + 'static>(
             Some(Event::Lost { id, error }) if id == cur.id => {
                 tracing::warn!(name = %bus.options.name, server = %server_name(&bus, cur.server), %error, "lost the bus connection; reconnecting");
                 bus.connected.store(false, Ordering::Release);
+                *bus.server_lock() = None;
+                bus.out.lost();
                 next_server = (cur.server + 1) % servers;
                 current = None;
                 dispatch.lost();
@@ -113,6 +116,7 @@ pub async fn run<T: Clone + Send + Sync + 'static>(
                     old.stop.cancel();
                 });
                 tracing::info!(name = %bus.options.name, server = %server_name(&bus, conn.server), "moved to another bus server");
+                *bus.server_lock() = Some(conn.info.server.clone());
                 current = Some(start(&bus, &dispatch, conn, next_id, false, &events_tx).await);
             }
             // A lingering connection ended, or news of one already replaced.
@@ -120,6 +124,8 @@ pub async fn run<T: Clone + Send + Sync + 'static>(
         }
     }
     bus.connected.store(false, Ordering::Release);
+    *bus.server_lock() = None;
+    bus.out.lost();
     if let Some(cur) = current {
         cur.stop.cancel();
         if let Some(task) = cur.task {
@@ -192,6 +198,7 @@ async fn start<T: Clone + Send + Sync + 'static>(
         dispatch: dispatch.clone(),
         first_only,
         pings_out: pings_out.clone(),
+        writer,
         id,
         events: events.clone(),
         lame_duck_told: false,
@@ -270,7 +277,7 @@ async fn write_loop<T>(
                 if pings_out.fetch_add(1, Ordering::Relaxed) >= MAX_PINGS_OUT {
                     return Err("the server stopped answering pings".into());
                 }
-                bus.out.push_control(b"PING\r\n");
+                bus.out.push_ping(None);
             }
         }
     }
@@ -304,6 +311,8 @@ struct Reader<T> {
     dispatch: Arc<dyn Dispatch<T>>,
     first_only: Arc<AtomicBool>,
     pings_out: Arc<AtomicU32>,
+    /// This connection's writer, whose PINGs this reader reads the PONGs of.
+    writer: u64,
     id: u64,
     events: mpsc::UnboundedSender<Event>,
     lame_duck_told: bool,
@@ -383,7 +392,10 @@ impl<T: Clone + Send + Sync + 'static> Reader<T> {
                     self.bus.out.push_control(b"PONG\r\n");
                 }
             }
-            ServerOp::Pong => self.pings_out.store(0, Ordering::Relaxed),
+            ServerOp::Pong => {
+                self.pings_out.store(0, Ordering::Relaxed);
+                self.bus.out.pong(self.writer);
+            }
             ServerOp::Info(json) => {
                 let ldm = Info::parse(json).is_ok_and(|info| info.ldm);
                 if ldm && !self.lame_duck_told {
@@ -416,7 +428,7 @@ impl<T: Clone + Send + Sync + 'static> Reader<T> {
             // The new connection delivers these; taking them here too would double them.
             return;
         }
-        let Some(target) = self.bus.target(msg.sid) else {
+        let Some(target) = self.bus.delivered(msg.sid) else {
             // Unsubscribed meanwhile.
             return;
         };

@@ -128,7 +128,7 @@ impl Presence {
             }
             Entry::Vacant(v) => {
                 let target = Target::Group(group.into());
-                let bus_sid = self.bus.subscribe(self.group_subject(group), target);
+                let bus_sid = self.bus.subscribe(self.group_subject(group), None, target);
                 let mut g = Group {
                     members: FxHashSet::default(),
                     arriving: FxHashSet::default(),
@@ -240,7 +240,7 @@ impl Presence {
             Entry::Occupied(mut e) => change(e.get_mut()),
             Entry::Vacant(v) => {
                 let subject = self.user_subject(uid);
-                let bus_sid = self.bus.subscribe(subject, Target::User(uid.into()));
+                let bus_sid = self.bus.subscribe(subject, None, Target::User(uid.into()));
                 let mut b = Binding {
                     sid: GATE_SID,
                     arriving: None,

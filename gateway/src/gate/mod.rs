@@ -83,10 +83,12 @@ impl Gate {
         let bus = Bus::new(bus, replies, Target::Replies, config.max_bus_pending);
         bus.subscribe(
             proto::schema::announcements(&config.prefix),
+            None,
             Target::Schemas,
         );
         bus.subscribe(
             crate::handover::subject(&config.prefix, &config.gate_id),
+            None,
             Target::Resume,
         );
         let admission = Admission::new(config.max_sessions, config.max_connections_per_ip);
