@@ -65,7 +65,7 @@ pub struct Incoming<'a> {
     pub payload: Bytes,
 }
 
-/// Who the reader hands messages and connection changes to (the gate), for targets `T`.
+/// Who the reader hands messages and connection changes to (the gate, a worker).
 pub trait Dispatch<T>: Send + Sync + 'static {
     /// A message for `target`, in the order the server sent it.
     fn deliver(&self, target: &T, msg: Incoming<'_>);
@@ -75,7 +75,7 @@ pub trait Dispatch<T>: Send + Sync + 'static {
     fn lost(&self);
 }
 
-/// Why a publish was refused.
+/// Why a publish was refused, or a flush failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum BusError {
     #[error("bus unavailable")]
