@@ -12,10 +12,9 @@ mod telemetry;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use broker::cli::{BrokerArgs, BrokerSignals, ShutdownSignals, Trapped, init_logging};
-use bus::{BusOptions, Dialer, LocalStream};
+use bus::BusOptions;
 use clap::{Parser, Subcommand};
 use gateway::GateConfig;
 use services::{BusSecurity, FrameConfig, WorkerConfig};
@@ -203,7 +202,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_listen {
         telemetry::serve_metrics(addr, args.backlog.listen_backlog, shutdown.clone()).await?;
     }
-    let worker = roles::start_worker(args.service, args.config, &shutdown).await?;
+    let worker = roles::start_worker(args.service, args.config, None, &shutdown).await?;
     info!("Worker is ready");
     signals.wait(&shutdown).await;
     shutdown.cancel();
@@ -242,19 +241,17 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
         // One broker: nowhere to move to.
         ..WorkerConfig::default()
     };
-    let echo = roles::start_worker(ServiceName::Echo, worker_config.clone(), &shutdown).await?;
-    let chat = roles::start_worker(ServiceName::Chat, worker_config.clone(), &shutdown).await?;
-    let arena = roles::start_worker(ServiceName::Arena, worker_config.clone(), &shutdown).await?;
-    let profile = roles::start_worker(ServiceName::Profile, worker_config, &shutdown).await?;
-    let web = !args.gate.no_web;
-    // The gate, the hot part of the path, reaches the broker in process: no loopback
-    // TCP, no kernel between them. (The workers' NATS client, async-nats, has no
-    // in-process transport: they use loopback TCP.)
+    // Every role here reaches the broker in process: no loopback TCP, no kernel between
+    // them. Workers elsewhere join the same queue groups over TCP.
     let server = broker.server().clone();
-    let dialer: Dialer = Arc::new(move || {
-        let stream: LocalStream = Box::new(server.connect_in_process());
-        Box::pin(std::future::ready(Ok(stream)))
-    });
+    let dialer = bus::dial_with(move || server.connect_in_process());
+    let start =
+        |service| roles::start_worker(service, worker_config.clone(), Some(&dialer), &shutdown);
+    let echo = start(ServiceName::Echo).await?;
+    let chat = start(ServiceName::Chat).await?;
+    let arena = start(ServiceName::Arena).await?;
+    let profile = start(ServiceName::Profile).await?;
+    let web = !args.gate.no_web;
     let gate = roles::start_gate(
         SocketAddr::from((any, args.gate_port)),
         BusOptions::in_process(dialer),

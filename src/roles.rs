@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use bus::{BusOptions, BusTimings};
+use bus::{BusOptions, BusTimings, Dialer};
 use gateway::tls::Tls;
 use gateway::{Gate, GateConfig, Listener};
 use services::{BusSecurity, Service, WorkerConfig};
@@ -193,15 +193,23 @@ pub fn reload_tls_on_sighup(tls: Tls, shutdown: CancellationToken) -> anyhow::Re
     Ok(())
 }
 
-/// Connects to the bus and serves one worker of `service` until `shutdown`.
+/// Connects to the bus (`config.nats`, or the embedded broker `in_process` reaches) and
+/// serves one worker of `service` until `shutdown`.
 pub async fn start_worker(
     service: ServiceName,
     config: WorkerConfig,
+    in_process: Option<&Dialer>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<StartedWorker> {
     let service = service.build();
     let name = services::worker_connection_name(service.name());
-    let mut running = services::Worker::start(service, config, &name, shutdown).await?;
+    let mut running = match in_process {
+        Some(dial) => {
+            let client = services::connect_in_process(dial.clone(), &name).await?;
+            services::Worker::start_on(client, service, config, shutdown).await?
+        }
+        None => services::Worker::start(service, config, &name, shutdown).await?,
+    };
     let held = running.held();
     let task = tokio::spawn(async move { running.join().await.context("worker") });
     Ok(StartedWorker { task, held })

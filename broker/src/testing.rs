@@ -52,6 +52,9 @@ pub enum Bus {
     Embedded(EmbeddedServer),
     /// The real nats-server, as a child process.
     NatsServer(NatsServer),
+    /// Our broker, as [`Bus::Embedded`], for tests that attach their workers to it in
+    /// process (as `shaddock up` does); other clients use its TCP port.
+    InProcess(EmbeddedServer),
 }
 
 impl Bus {
@@ -63,6 +66,12 @@ impl Bus {
     /// Our broker with `config`, on 127.0.0.1:0.
     pub async fn embedded_with(config: Config) -> Bus {
         Bus::Embedded(EmbeddedServer::start(config).await)
+    }
+
+    /// Our broker with its default configuration, on 127.0.0.1:0, its workers to be
+    /// attached in process.
+    pub async fn in_process() -> Bus {
+        Bus::InProcess(EmbeddedServer::start(Config::default()).await)
     }
 
     /// The real nats-server with its default configuration, on a random port.
@@ -78,7 +87,7 @@ impl Bus {
     /// `nats://HOST:PORT`, for any NATS client.
     pub fn url(&self) -> &str {
         match self {
-            Bus::Embedded(server) => &server.url,
+            Bus::Embedded(server) | Bus::InProcess(server) => &server.url,
             Bus::NatsServer(server) => &server.url,
         }
     }
@@ -86,7 +95,7 @@ impl Bus {
     /// The client port's address, for raw TCP.
     pub fn addr(&self) -> SocketAddr {
         match self {
-            Bus::Embedded(server) => server.addr,
+            Bus::Embedded(server) | Bus::InProcess(server) => server.addr,
             Bus::NatsServer(server) => server.addr,
         }
     }
@@ -96,6 +105,7 @@ impl Bus {
         match self {
             Bus::Embedded(_) => "embedded broker",
             Bus::NatsServer(_) => "nats-server",
+            Bus::InProcess(_) => "embedded broker, workers in process",
         }
     }
 }
@@ -116,6 +126,23 @@ impl Bus {
 /// }
 /// async fn answers_ping(bus: broker::testing::Bus) { /* ... */ }
 /// ```
+/// Runs each named `async fn(Bus)` once more, as `in_process::<name>`, on
+/// [`Bus::in_process`]: our broker with the test's workers attached in process (the
+/// harness that starts them reads the variant), the way `shaddock up` attaches its own.
+#[macro_export]
+macro_rules! in_process {
+    ($($test:ident),* $(,)?) => {
+        mod in_process {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test($crate::testing::Bus::in_process().await).await;
+                }
+            )*
+        }
+    };
+}
+
 #[macro_export]
 macro_rules! on_both_buses {
     ($($test:ident),* $(,)?) => {

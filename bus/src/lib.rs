@@ -51,7 +51,7 @@ use rustc_hash::FxHashMap;
 use tokio_util::sync::CancellationToken;
 
 pub use connect::ServerInfo;
-pub use options::{BusOptions, BusTimings, Dialer, LocalStream, MS_FLAGS};
+pub use options::{BusOptions, BusTimings, Dialer, LocalStream, MS_FLAGS, dial_with};
 
 use outbound::Outbound;
 

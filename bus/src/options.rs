@@ -23,6 +23,15 @@ pub type Dialer = Arc<
     dyn Fn() -> Pin<Box<dyn Future<Output = std::io::Result<LocalStream>> + Send>> + Send + Sync,
 >;
 
+/// A [`Dialer`] opening each connection with `open` at once, e.g. an embedded broker's
+/// `connect_in_process`.
+pub fn dial_with<S: BusIo>(open: impl Fn() -> S + Send + Sync + 'static) -> Dialer {
+    Arc::new(move || {
+        let stream: LocalStream = Box::new(open());
+        Box::pin(std::future::ready(Ok(stream)))
+    })
+}
+
 /// Default for [`BusOptions::connect_timeout`]: TCP, TLS and the CONNECT round trip.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default for [`BusOptions::ping_interval`]: how often a quiet connection is checked;

@@ -531,13 +531,10 @@ mod tests {
         let (writes, bytes) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let mut options = BusOptions::new(Vec::<String>::new());
         let (dial_writes, dial_bytes) = (writes.clone(), bytes.clone());
-        options.dialer = Some(Arc::new(move || {
-            let stream = Counted {
-                inner: server.connect_in_process(),
-                writes: dial_writes.clone(),
-                bytes: dial_bytes.clone(),
-            };
-            Box::pin(async move { Ok(Box::new(stream) as LocalStream) })
+        options.dialer = Some(crate::dial_with(move || Counted {
+            inner: server.connect_in_process(),
+            writes: dial_writes.clone(),
+            bytes: dial_bytes.clone(),
         }));
         let bus = Bus::new(options, "t.gw.>".into(), (), 1 << 20);
         let up = Arc::new(Up(Notify::new()));

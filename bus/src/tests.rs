@@ -61,9 +61,8 @@ struct Tap {
 impl Tap {
     fn options(self: &Arc<Tap>, server: broker::Server) -> BusOptions {
         let tap = self.clone();
-        BusOptions::in_process(Arc::new(move || {
-            let stream = tap.connect(server.connect_in_process());
-            Box::pin(async move { Ok(stream) })
+        BusOptions::in_process(crate::dial_with(move || {
+            tap.connect(server.connect_in_process())
         }))
     }
 

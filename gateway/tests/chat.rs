@@ -81,7 +81,7 @@ impl Cluster {
     async fn start(bus: Bus, uid_conflict: UidConflict) -> Cluster {
         let monitor = match &bus {
             Bus::Embedded(server) => Some(server.start_monitor().await),
-            Bus::NatsServer(_) => None,
+            Bus::NatsServer(_) | Bus::InProcess(_) => None,
         };
         let mut cluster = Cluster {
             bus,

@@ -12,7 +12,11 @@
 //!
 //! Credentials and TLS for the connection are [`BusSecurity`] ([`security`]); the
 //! backoff between reconnect attempts and the lame-duck signal are in [`reconnect`].
+//! A worker reaches its bus through a [`Client`]: async-nats over the network
+//! ([`connect`]), or an embedded broker's in-process connection ([`connect_in_process`]).
 
+mod client;
+mod local;
 mod reconnect;
 mod security;
 
@@ -20,8 +24,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use async_nats::{Client, ConnectOptions, Event, ServerAddr};
+use async_nats::{ConnectOptions, Event, ServerAddr};
 
+#[cfg(test)]
+pub(crate) use client::round_trip;
+pub use client::{Client, Subscriber, Unsent};
+pub use local::SUBSCRIPTION_CAPACITY;
 pub use reconnect::{Backoff, Signals, signals};
 pub use security::BusSecurity;
 
@@ -76,6 +84,13 @@ enum First {
     Now,
 }
 
+/// Connects to the broker `dial` reaches in process (an embedded broker's
+/// `connect_in_process`, e.g. through [`::bus::dial_with`]) as connection `name`;
+/// returns once the broker has taken it. No socket: the connection is the broker's pipe.
+pub async fn connect_in_process(dial: ::bus::Dialer, name: &str) -> anyhow::Result<Client> {
+    Ok(Client::local(local::Local::connect(dial, name).await?))
+}
+
 /// The name of a worker's connections to the bus, shown by the server's monitoring.
 pub fn worker_connection_name(service: &str) -> String {
     format!("shaddock-worker-{service}")
@@ -126,7 +141,7 @@ async fn open(
         .await
         .with_context(|| format!("connecting to NATS at {}", urls.join(",")))?;
     reconnect::register(&client, signal);
-    Ok(client)
+    Ok(client.into())
 }
 
 /// Connection events are rare (connect, disconnect, errors): logged at info and warn.

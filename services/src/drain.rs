@@ -23,7 +23,9 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use async_nats::{Client, Message, Statistics, Subscriber};
+use async_nats::{Message, Statistics};
+
+use crate::bus::{Client, Subscriber};
 use futures::{Stream, StreamExt as _, stream};
 use tokio_util::sync::CancellationToken;
 

@@ -47,7 +47,10 @@ mod service;
 pub mod tally;
 mod worker;
 
-pub use bus::{BusSecurity, connect, worker_connection_name};
+pub use bus::{
+    BusSecurity, Client, SUBSCRIPTION_CAPACITY, Subscriber, Unsent, connect, connect_in_process,
+    worker_connection_name,
+};
 pub use config::{ConfigError, DrainConfig, FrameConfig, KeyedConfig, WorkerConfig};
 pub use context::{CallResult, Context, Deferred, MAX_CALL_DEPTH, MAX_CALL_SPANS};
 pub use handler_error::HandlerError;

@@ -56,6 +56,9 @@ pub const DEFERRED_LATE_TOTAL: &str = "worker_deferred_late_total";
 pub const CALLS_TOTAL: &str = "worker_calls_total";
 /// Time from a call's sending to its result (or its timeout), by route.
 pub const CALL_SECONDS: &str = "worker_call_seconds";
+/// Messages an in-process bus connection dropped because their subscription's queue was
+/// full (a slow consumer; `services::bus::SUBSCRIPTION_CAPACITY`).
+pub const SLOW_CONSUMER_DROPS_TOTAL: &str = "worker_slow_consumer_drops_total";
 
 /// Registers help text and units with the installed recorder (the Prometheus exporter
 /// prints them). Call once at startup, after installing it.
@@ -127,6 +130,10 @@ pub fn describe() {
         CALL_SECONDS,
         Unit::Seconds,
         "Time from a call's sending to its result or timeout"
+    );
+    metrics::describe_counter!(
+        SLOW_CONSUMER_DROPS_TOTAL,
+        "Messages an in-process bus connection dropped: their subscription's queue was full"
     );
     metrics::describe_counter!(
         PARTITION_CONFLICTS_TOTAL,

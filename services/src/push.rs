@@ -19,11 +19,11 @@
 
 use std::sync::Arc;
 
-use async_nats::Client;
 use bytes::Bytes;
 use proto::Message as _;
 use proto::rpc::{ServerPush, UserCommand, user_command};
 
+use crate::bus::Client;
 use crate::config::ConfigError;
 use crate::handler_error::HandlerError;
 use crate::names::{MAX_NAME_LEN, is_valid_subject, is_valid_token};
@@ -155,7 +155,8 @@ impl Outbound {
 }
 
 /// Publishes pushes, kicks and a service's own messages from outside a handler. Cheap to
-/// clone: an async-nats client and the subject prefix.
+/// clone: a bus [`Client`] (an async-nats client converts into one) and the subject
+/// prefix.
 ///
 /// ```no_run
 /// # async fn demo(client: async_nats::Client) -> anyhow::Result<()> {
@@ -183,7 +184,11 @@ impl std::fmt::Debug for Pusher {
 
 impl Pusher {
     /// A pusher publishing with `client` under `prefix` (the gates' `--prefix`).
-    pub fn new(client: Client, prefix: impl Into<String>) -> Result<Pusher, ConfigError> {
+    pub fn new(
+        client: impl Into<Client>,
+        prefix: impl Into<String>,
+    ) -> Result<Pusher, ConfigError> {
+        let client = client.into();
         let prefix = prefix.into();
         if !is_valid_subject(&prefix) {
             return Err(ConfigError::Prefix(prefix));

@@ -29,13 +29,13 @@ mod subscribe;
 
 use std::sync::atomic::Ordering;
 
-use async_nats::{Client, Subscriber};
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::bus::{self, service_subject};
+use crate::bus::{Client, Subscriber};
 use crate::config::WorkerConfig;
 use crate::frame_loop::{self, FrameLoop, Incoming};
 use crate::push::Pusher;
@@ -84,10 +84,11 @@ impl Worker {
     /// round trip through the broker will not. The order, and why, are in this module's
     /// `subscribe` part.
     pub async fn subscribe(
-        client: Client,
+        client: impl Into<Client>,
         service: Service,
         config: WorkerConfig,
     ) -> Result<Worker, WorkerError> {
+        let client = client.into();
         config.validate()?;
         let connects = client.statistics().connects.load(Ordering::Relaxed);
         let pusher = Pusher::new(client.clone(), config.prefix.clone())?;

@@ -32,6 +32,13 @@ broker::on_both_buses!(
     a_state_answered_late_is_sent_again_and_the_old_owner_never_serves_it_again,
     a_state_never_answered_is_taken_back_once_its_new_owner_is_dead,
 );
+broker::in_process!(
+    a_new_owner_serves_what_it_held_past_seen_within_its_buffer,
+    a_partition_held_by_both_is_settled_by_the_state_handed_over,
+    a_state_sent_again_is_taken_once,
+    a_state_answered_late_is_sent_again_and_the_old_owner_never_serves_it_again,
+    a_state_never_answered_is_taken_back_once_its_new_owner_is_dead,
+);
 
 const PREFIX: &str = "shaddock";
 const HEARTBEAT: Duration = Duration::from_millis(100);

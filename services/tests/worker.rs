@@ -23,6 +23,12 @@ broker::on_both_buses!(
     shutdown_answers_what_was_taken_then_unsubscribes,
     bursts_of_ten_leases_keep_the_only_worker_in_its_group,
 );
+broker::in_process!(
+    three_workers_in_the_group_all_get_a_share,
+    full_queue_gives_fast_503s,
+    shutdown_answers_what_was_taken_then_unsubscribes,
+    bursts_of_ten_leases_keep_the_only_worker_in_its_group,
+);
 
 fn config(queue_capacity: usize) -> WorkerConfig {
     WorkerConfig {
@@ -155,31 +161,63 @@ async fn notifies_are_handled_but_not_answered() {
     worker.stop().await;
 }
 
-async fn three_workers_in_the_group_all_get_a_share(bus: Bus) {
-    let mut workers = Vec::new();
-    for id in 0..3u8 {
-        let service =
-            Service::new("shard").raw_method("who", move |_ctx, _body| Ok(Bytes::from(vec![id])));
-        workers.push(bus.worker(service, config(64)).await);
-    }
-    let client = bus.client().await;
-    // All three are subscribed; the bus picks one per request. 150 requests leave a
-    // worker without any with probability 3 * (2/3)^150, about 1e-26.
-    let calls = (0..150).map(|_| call(&client, "shaddock.svc.shard.who", rpc("shard.who", "")));
+/// A `shard` service whose one method answers `id`: which worker took a request.
+fn who(id: u8) -> Service {
+    Service::new("shard").raw_method("who", move |_ctx, _body| Ok(Bytes::from(vec![id])))
+}
+
+/// Sends `calls` requests to `shard.who` at once; how many each worker answered.
+async fn shares(client: &async_nats::Client, calls: usize) -> BTreeMap<u8, usize> {
+    let calls = (0..calls).map(|_| call(client, "shaddock.svc.shard.who", rpc("shard.who", "")));
     let mut share = BTreeMap::new();
     for response in futures::future::join_all(calls).await {
         assert_eq!(response.code, code::OK);
         *share.entry(response.body[0]).or_insert(0) += 1;
     }
+    share
+}
+
+async fn three_workers_in_the_group_all_get_a_share(bus: Bus) {
+    let mut workers = Vec::new();
+    for id in 0..3u8 {
+        workers.push(bus.worker(who(id), config(64)).await);
+    }
+    // All three are subscribed; the bus picks one per request. 150 requests leave a
+    // worker without any with probability 3 * (2/3)^150, about 1e-26.
+    let share = shares(&bus.client().await, 150).await;
     assert_eq!(
         share.keys().copied().collect::<Vec<_>>(),
         [0, 1, 2],
         "{share:?}"
     );
-    assert_eq!(share.values().sum::<i32>(), 150);
+    assert_eq!(share.values().sum::<usize>(), 150);
     for worker in workers {
         worker.stop().await;
     }
+}
+
+/// A worker attached in process (`shaddock up`'s) and one over TCP (a worker added on
+/// another machine) are one queue group: each takes a share of the requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_in_process_and_one_over_tcp_share_their_group() {
+    let bus = Bus::in_process().await;
+    let inside = bus.worker(who(0), config(64)).await;
+    let tcp_config = WorkerConfig {
+        nats: vec![bus.url().to_owned()],
+        ..config(64)
+    };
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let outside = services::Worker::start(who(1), tcp_config, "tcp-worker", &shutdown);
+    let outside = common::RunningWorker(within(outside).await.unwrap());
+    // 100 requests leave one of two without any with probability 2 * (1/2)^100.
+    let share = shares(&bus.client().await, 100).await;
+    assert_eq!(
+        share.keys().copied().collect::<Vec<_>>(),
+        [0, 1],
+        "{share:?}"
+    );
+    inside.stop().await;
+    outside.stop().await;
 }
 
 async fn full_queue_gives_fast_503s(bus: Bus) {

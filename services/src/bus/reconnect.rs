@@ -25,8 +25,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use async_nats::{Client, Event, Statistics};
+use async_nats::{Event, Statistics};
 use tokio::sync::Notify;
+
+use super::Client;
 
 /// Reconnect attempts made without delay after [`Signals::hurry`]: enough to try every
 /// server of a small cluster once, the one going away included.
@@ -132,7 +134,7 @@ type Registry = Vec<(Weak<Statistics>, Arc<Signals>)>;
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 
 /// Remembers `signal` as `client`'s, forgetting the entries of clients that are gone.
-pub(crate) fn register(client: &Client, signal: Arc<Signals>) {
+pub(crate) fn register(client: &async_nats::Client, signal: Arc<Signals>) {
     let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
     registry.retain(|(stats, _)| stats.strong_count() > 0);
     registry.push((Arc::downgrade(&client.statistics()), signal));

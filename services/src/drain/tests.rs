@@ -3,13 +3,14 @@
 
 use std::time::{Duration, Instant};
 
-use broker::testing::{Bus, round_trip};
+use broker::testing::Bus;
 use bytes::Bytes;
 use futures::{FutureExt as _, StreamExt as _};
 use testkit::within;
 use tokio::sync::oneshot;
 
 use super::*;
+use crate::bus::round_trip;
 
 #[test]
 fn counts_agree_until_a_connection_is_made_again() {

@@ -10,7 +10,6 @@
 
 use std::sync::Arc;
 
-use async_nats::{Client, Subscriber};
 use bytes::Bytes;
 use futures::StreamExt;
 use proto::Message as _;
@@ -19,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::WorkerError;
 use crate::bus::Signals;
+use crate::bus::{Client, Subscriber};
 
 /// A worker's announcement, subscribed to the ask subject.
 pub(crate) struct Announcer {
@@ -78,14 +78,15 @@ impl Announcer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use broker::testing::{Bus, round_trip};
+    use crate::bus::round_trip;
+    use broker::testing::Bus;
     use futures::FutureExt as _;
     use testkit::within;
 
     /// A client subscribed to prefix `t`'s announcements, the broker holding the
     /// subscription before anything is published on it.
-    async fn listen(bus: &Bus) -> (async_nats::Client, async_nats::Subscriber) {
-        let listener = async_nats::connect(bus.url()).await.unwrap();
+    async fn listen(bus: &Bus) -> (Client, Subscriber) {
+        let listener = Client::from(async_nats::connect(bus.url()).await.unwrap());
         let heard = listener
             .subscribe(proto::schema::announcements("t"))
             .await
@@ -96,7 +97,7 @@ mod tests {
 
     /// A worker announces at start and again when asked; a gate starting later learns it.
     async fn announces_at_start_and_when_asked(bus: Bus) {
-        let client = async_nats::connect(bus.url()).await.unwrap();
+        let client = Client::from(async_nats::connect(bus.url()).await.unwrap());
         let (listener, mut heard) = listen(&bus).await;
         let schema = crate::echo::service().schema();
         let announcer = Announcer::subscribe(&client, "t", &schema).await.unwrap();

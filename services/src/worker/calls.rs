@@ -19,7 +19,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
-use async_nats::{Client, Subscriber};
 use bytes::Bytes;
 use futures::StreamExt;
 use proto::Message as _;
@@ -29,6 +28,7 @@ use proto::rpc::{RpcRequest, RpcResponse, ServiceSchema};
 use tokio::sync::mpsc;
 
 use super::error::WorkerError;
+use crate::bus::{Client, Subscriber};
 use crate::context::CallResult;
 use crate::frame_loop::Returned;
 use crate::names::is_valid_token;

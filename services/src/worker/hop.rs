@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use async_nats::{Client, Subscriber};
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
@@ -22,6 +21,7 @@ use tokio::time::Instant;
 
 use super::subscribe::Subjects;
 use crate::bus::{self, BusSecurity};
+use crate::bus::{Client, Subscriber};
 
 /// How often the probe is published through the old server until the new connection
 /// gets it.

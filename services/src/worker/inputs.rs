@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use async_nats::{Client, Subject, Subscriber};
+use async_nats::Subject;
 use futures::stream::SelectAll;
 use futures::{FutureExt, Stream, StreamExt, stream};
 use tokio::sync::mpsc;
@@ -23,6 +23,7 @@ use super::hop::{Arrival, Mover};
 use super::resync::Resync;
 use super::subscribe::{Boxed, EventSubscription, Subjects, subscribe_event, to_events};
 use crate::bus::method_of;
+use crate::bus::{Client, Subscriber};
 use crate::config::DrainConfig;
 use crate::drain::{self, Drained, Draining};
 use crate::frame_loop::Incoming;

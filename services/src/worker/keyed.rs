@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::{Client, Subject, Subscriber};
+use async_nats::Subject;
 use bytes::Bytes;
 use futures::stream::SelectAll;
 use futures::{FutureExt, StreamExt, stream};
@@ -54,6 +54,7 @@ use super::error::WorkerError;
 use super::hop::{self, Target, until};
 use super::subscribe::Boxed;
 use crate::bus::method_of;
+use crate::bus::{Client, Subscriber};
 use crate::config::KeyedConfig;
 use crate::frame_loop::{Incoming, InputKind};
 use crate::metrics::{

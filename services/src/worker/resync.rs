@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use async_nats::{Client, Statistics, Subject, Subscriber};
+use async_nats::{Statistics, Subject};
 use bytes::Bytes;
 use futures::{Stream, StreamExt, stream};
 use tokio_util::sync::CancellationToken;
@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::subscribe::{
     Boxed, SYNC_TIMEOUT, SyncSubscription, fetch_snapshot, subscribe_event, to_events,
 };
+use crate::bus::{Client, Subscriber};
 use crate::frame_loop::Incoming;
 use crate::service::Delivery;
 

@@ -21,6 +21,17 @@ impl Worker {
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Running> {
         let client = bus::connect(&config.nats, name, &config.security).await?;
+        Worker::start_on(client, service, config, shutdown).await
+    }
+
+    /// [`Worker::start`] on a connection made already (e.g. an embedded broker's, from
+    /// [`crate::connect_in_process`]).
+    pub async fn start_on(
+        client: bus::Client,
+        service: Service,
+        config: WorkerConfig,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<Running> {
         let worker = Worker::subscribe(client, service, config).await?;
         tracing::info!("Worker subscribed on {}", worker.subject());
         let held = worker.held();

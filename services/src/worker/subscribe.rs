@@ -13,12 +13,13 @@
 use std::pin::Pin;
 use std::time::Duration;
 
+use async_nats::Subject;
 use async_nats::client::RequestErrorKind;
-use async_nats::{Client, Subject, Subscriber};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 
 use super::error::WorkerError;
+use crate::bus::{Client, Subscriber};
 use crate::frame_loop::Incoming;
 use crate::service::Delivery;
 

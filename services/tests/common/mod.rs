@@ -24,7 +24,7 @@ pub trait BusExt {
     async fn client(&self) -> Client;
 
     /// Subscribes `service` as a worker (returning once the broker has the subscription)
-    /// and runs it on a task.
+    /// and runs it on a task: over TCP, or in process on a [`Bus::InProcess`].
     async fn worker(&self, service: Service, config: WorkerConfig) -> RunningWorker;
 }
 
@@ -40,7 +40,19 @@ impl BusExt for Bus {
             ..config
         };
         let shutdown = CancellationToken::new();
-        let running = Worker::start(service, config, &name, &shutdown);
+        let running = async {
+            match self {
+                Bus::InProcess(embedded) => {
+                    let server = embedded.server.clone();
+                    let dial = bus::dial_with(move || server.connect_in_process());
+                    let client = services::connect_in_process(dial, &name).await?;
+                    Worker::start_on(client, service, config, &shutdown).await
+                }
+                Bus::Embedded(_) | Bus::NatsServer(_) => {
+                    Worker::start(service, config, &name, &shutdown).await
+                }
+            }
+        };
         RunningWorker(within(running).await.unwrap())
     }
 }

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use async_nats::{Client, Subject, Subscriber};
+use async_nats::Subject;
 use bytes::Bytes;
 use futures::StreamExt;
 use proto::Message as _;
@@ -14,6 +14,7 @@ use proto::keyed::handover_subject;
 use proto::rpc::{HandOver, RequestOrder};
 
 use super::{Coordinator, Handed, Out, Preparing, REFUSED, Sent, To};
+use crate::bus::{Client, Subscriber};
 use crate::frame_loop::{Incoming, InputKind};
 use crate::metrics::{PARTITION_CONFLICTS_TOTAL, PARTITIONS_HANDED_TOTAL};
 
@@ -452,7 +453,7 @@ mod tests {
             ..broker::Config::default()
         };
         let bus = broker::testing::Bus::embedded_with(config).await;
-        let client = async_nats::connect(bus.url()).await.expect("connects");
+        let client = Client::from(async_nats::connect(bus.url()).await.expect("connects"));
         let mut new_owner = client.subscribe("new-owner").await.expect("subscribes");
         let answering = client.clone();
         let taken = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));

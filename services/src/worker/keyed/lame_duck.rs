@@ -4,12 +4,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use async_nats::Client;
 use proto::keyed::{handover_subject, members_subject};
 use tokio::time::Instant;
 
 use super::super::hop::{self, Target, Waiting};
 use super::{Coordinator, Handed, Out, Preparing, To, covered};
+use crate::bus::Client;
 
 /// Moving off a server in lame duck mode.
 pub(super) struct Hop {
