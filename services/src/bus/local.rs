@@ -66,7 +66,8 @@ struct Deliver {
     up: Notify,
 }
 
-static SLOW_LOG: LogLimiter = LogLimiter::per_second();
+/// One log line a second at most for what the reader drops.
+static DROP_LOG: LogLimiter = LogLimiter::per_second();
 
 impl Dispatch<Route> for Deliver {
     fn deliver(&self, route: &Route, msg: Incoming<'_>) {
@@ -74,6 +75,10 @@ impl Dispatch<Route> for Deliver {
         let len = msg.payload.len();
         self.stats.in_bytes.fetch_add(len as u64, Ordering::Relaxed);
         let Some(message) = message(&msg) else {
+            if let Some(tally) = DROP_LOG.check() {
+                let subject = String::from_utf8_lossy(msg.subject);
+                tracing::warn!(%subject, "a message whose subject or reply is not UTF-8 dropped{tally}");
+            }
             return;
         };
         match route {
@@ -88,7 +93,7 @@ impl Dispatch<Route> for Deliver {
             Route::Subscription(queue) => {
                 if let Err(mpsc::error::TrySendError::Full(message)) = queue.try_send(message) {
                     metrics::counter!(SLOW_CONSUMER_DROPS_TOTAL).increment(1);
-                    if let Some(tally) = SLOW_LOG.check() {
+                    if let Some(tally) = DROP_LOG.check() {
                         tracing::warn!(subject = %message.subject, "slow consumer: a subscription's queue is full, a message dropped{tally}");
                     }
                 }
@@ -106,13 +111,16 @@ impl Dispatch<Route> for Deliver {
     }
 }
 
-/// `msg` as async-nats' message; `None` for subjects that are not UTF-8 (the broker
-/// never delivers one).
+/// `msg` as async-nats' message; `None` for a subject or reply that is not UTF-8
+/// (async-nats' messages hold `str` subjects).
 fn message(msg: &Incoming<'_>) -> Option<Message> {
     let subject = |bytes: &[u8]| Subject::from_utf8(Bytes::copy_from_slice(bytes)).ok();
     Some(Message {
         subject: subject(msg.subject)?,
-        reply: msg.reply.and_then(subject),
+        reply: match msg.reply {
+            Some(reply) => Some(subject(reply)?),
+            None => None,
+        },
         payload: msg.payload.clone(),
         headers: None,
         status: msg.status.and_then(|s| StatusCode::from_u16(s).ok()),
