@@ -456,7 +456,7 @@ mod tests {
     use tokio::sync::Notify;
 
     use super::status;
-    use crate::{Bus, BusOptions, Dispatch, Incoming, LocalStream, Reply};
+    use crate::{Bus, BusOptions, Dispatch, Incoming, Reply};
 
     /// A connection that counts the writes made to it, and the bytes.
     struct Counted {

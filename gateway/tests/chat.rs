@@ -150,15 +150,16 @@ impl Cluster {
             nats: vec![url],
             ..WorkerConfig::default()
         };
-        let worker = within(Worker::subscribe(client.clone(), service, config))
+        let nats = client.as_nats().expect("a client over the network").clone();
+        let worker = within(Worker::subscribe(client, service, config))
             .await
             .unwrap();
         // The worker's subscriptions are at the broker before another worker can stop.
-        round_trip(&client).await;
+        round_trip(&nats).await;
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(worker.run(shutdown.clone()));
         self.workers.push(RunningWorker { shutdown, task });
-        client
+        nats
     }
 
     /// Starts a worker of the profile service (keyed by uid), and returns once it

@@ -163,6 +163,15 @@ impl Client {
         }
     }
 
+    /// The async-nats client underneath, for what only it has (its connection state,
+    /// say); `None` in process.
+    pub fn as_nats(&self) -> Option<&async_nats::Client> {
+        match &self.0 {
+            Inner::Nats(client) => Some(client),
+            Inner::Local(_) => None,
+        }
+    }
+
     /// Unsubscribes everything, lets what was already delivered be read, writes what is
     /// queued, and closes.
     pub async fn drain(&self) -> Result<(), Unsent> {
@@ -244,8 +253,8 @@ impl Stream for Subscriber {
 /// [`broker::testing::round_trip`] through a client over the network.
 #[cfg(test)]
 pub(crate) async fn round_trip(client: &Client) {
-    match &client.0 {
-        Inner::Nats(client) => broker::testing::round_trip(client).await,
-        Inner::Local(_) => unreachable!("the crate's unit tests connect over the network"),
-    }
+    let client = client
+        .as_nats()
+        .expect("the crate's unit tests connect over the network");
+    broker::testing::round_trip(client).await;
 }
