@@ -33,6 +33,7 @@
 //! [`handover`], the move in [`lame_duck`].
 
 mod handover;
+mod held;
 mod lame_duck;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -62,6 +63,7 @@ use crate::metrics::{
 };
 use crate::ownership::{Members, Step};
 use handover::{covered, note};
+pub use held::HeldPartitions;
 use lame_duck::Hop;
 
 /// What a refusing worker answers a hand-over with (a leaving one, or one handing that
@@ -80,27 +82,6 @@ pub(super) struct Keyed {
     handovers: Subscriber,
     /// What this worker says in its heartbeats: whom it is, what it holds.
     heartbeat: watch::Sender<KeyedMember>,
-}
-
-/// How many partitions a keyed worker holds, as it changes ([`Worker::held`]).
-///
-/// [`Worker::held`]: super::Worker::held
-#[derive(Debug, Clone)]
-pub struct HeldPartitions(watch::Receiver<KeyedMember>);
-
-impl HeldPartitions {
-    /// The partitions held now.
-    pub fn count(&self) -> usize {
-        self.0.borrow().held.len()
-    }
-
-    /// Waits until the worker holds at least `n` partitions; false if it stopped first.
-    pub async fn at_least(&mut self, n: usize) -> bool {
-        self.0
-            .wait_for(|member| member.held.len() >= n)
-            .await
-            .is_ok()
-    }
 }
 
 /// One partition subscription's messages, and its end; `sub` tells subscriptions of one
@@ -236,7 +217,7 @@ impl Keyed {
 
     /// Follows how many partitions this worker holds.
     pub(super) fn held(&self) -> HeldPartitions {
-        HeldPartitions(self.heartbeat.subscribe())
+        HeldPartitions::new(self.heartbeat.subscribe())
     }
 
     /// Runs until `shutdown` and every partition is handed over; what the partitions
