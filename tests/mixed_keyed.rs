@@ -11,7 +11,7 @@
 //! break the sequence.
 //!
 //! - The two agree on owners: their heartbeats settle on each partition held by its
-//!   rendezvous owner (the score of docs/workers.md, computed here), both hold some,
+//!   rendezvous owner (the score of docs/workers.md, `proto::keyed::score`), both hold some,
 //!   and while nothing changes each key is answered by that owner alone.
 //! - The TypeScript worker stopped (SIGTERM) under load hands its partitions to the Rust
 //!   one with their counts: every request is answered 200, no count lost or repeated,
@@ -44,7 +44,7 @@ use gate::TestGate;
 use nix::sys::signal::Signal;
 use proto::Message as _;
 use proto::code;
-use proto::keyed::{fnv1a, members_subject, partition_of};
+use proto::keyed::{members_subject, partition_of, score};
 use proto::rpc::KeyedMember;
 use sdk::Client;
 use services::{KeyedConfig, WorkerConfig};
@@ -261,16 +261,6 @@ fn keys() -> Vec<String> {
         .collect();
     keys.extend(more);
     keys
-}
-
-/// docs/workers.md, "Ownership": `fmix32(FNV-1a-32("<id>:<partition>"))`.
-fn score(member: &str, partition: u32) -> u32 {
-    let mut h = fnv1a(format!("{member}:{partition}").as_bytes());
-    h ^= h >> 16;
-    h = h.wrapping_mul(0x85eb_ca6b);
-    h ^= h >> 13;
-    h = h.wrapping_mul(0xc2b2_ae35);
-    h ^ (h >> 16)
 }
 
 /// The owner of `partition` among `members`: the highest score, ties to the greater id.

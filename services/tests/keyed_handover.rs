@@ -381,24 +381,29 @@ async fn served(client: &async_nats::Client, subject: &str, request: bytes::Byte
     .await
 }
 
-/// A new owner joins, and takes the state of key `k`'s partition, but its answer comes
-/// after the old owner's hand-over timeout (a busy machine). The old owner must not take
-/// the partition back and serve it (the new owner serves it now, from the state it
-/// took: one request would run on both, and the two counts part); it sends the same
-/// state again, and is done once that is answered.
-async fn a_state_answered_late_is_sent_again_and_the_old_owner_never_serves_it_again(bus: Bus) {
-    let _alone = ONE_AT_A_TIME.lock().await;
+/// The old owner serving key `k` ("old 1"), a made-up new owner whose id wins `k`'s
+/// partition, the prepare answered, and the state received there, not answered.
+struct Handing {
+    client: async_nats::Client,
+    worker: common::RunningWorker,
+    /// `k`'s partition's `add` subject.
+    subject: String,
+    partition: u32,
+    new: NewOwner,
+    /// The state as first sent.
+    first: HandOver,
+}
+
+async fn handing_to_a_made_up_owner(bus: &Bus) -> Handing {
     let client = bus.client().await;
     let mut members = client
         .subscribe(members_subject(PREFIX, NAME))
         .await
         .unwrap();
-    let (worker, old_id) = old_owner(&bus, &mut members).await;
+    let (worker, old_id) = old_owner(bus, &mut members).await;
     let partition = partition_of(b"k", PARTITIONS);
     let subject = format!("{}.add", partition_subject(PREFIX, NAME, partition));
     assert_eq!(&served(&client, &subject, add(1)).await.body[..], b"old 1");
-
-    // A new owner whose id wins the partition.
     let new_id = (0..)
         .map(|n| format!("f{n:015x}"))
         .find(|id| score(id, partition) > score(&old_id, partition))
@@ -407,9 +412,35 @@ async fn a_state_answered_late_is_sent_again_and_the_old_owner_never_serves_it_a
     let (prepared, reply) = new.next_for(&client, partition).await;
     assert!(prepared.prepare);
     client.publish(reply, bytes::Bytes::new()).await.unwrap();
-    // The state: taken here (this made-up owner holds it now), but not answered in time.
-    let (first, _late) = new.next_for(&client, partition).await;
+    let (first, _unanswered) = new.next_for(&client, partition).await;
     assert!(!first.prepare);
+    Handing {
+        client,
+        worker,
+        subject,
+        partition,
+        new,
+        first,
+    }
+}
+
+/// A new owner joins, and takes the state of key `k`'s partition, but its answer comes
+/// after the old owner's hand-over timeout (a busy machine). The old owner must not take
+/// the partition back and serve it (the new owner serves it now, from the state it
+/// took: one request would run on both, and the two counts part); it sends the same
+/// state again, and is done once that is answered.
+async fn a_state_answered_late_is_sent_again_and_the_old_owner_never_serves_it_again(bus: Bus) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Handing {
+        client,
+        worker,
+        subject,
+        partition,
+        mut new,
+        first,
+    } = handing_to_a_made_up_owner(&bus).await;
+    // The state was taken there (this made-up owner holds it now), but not answered in
+    // time.
     assert_eq!(&first.state[..], b"k=1\n");
     // What the old owner does once its hand-over timeout is past, left unanswered while
     // the partition is asked.
@@ -440,25 +471,13 @@ async fn a_state_answered_late_is_sent_again_and_the_old_owner_never_serves_it_a
 /// old owner takes the partition back with its state, and the count goes on there.
 async fn a_state_never_answered_is_taken_back_once_its_new_owner_is_dead(bus: Bus) {
     let _alone = ONE_AT_A_TIME.lock().await;
-    let client = bus.client().await;
-    let mut members = client
-        .subscribe(members_subject(PREFIX, NAME))
-        .await
-        .unwrap();
-    let (worker, old_id) = old_owner(&bus, &mut members).await;
-    let partition = partition_of(b"k", PARTITIONS);
-    let subject = format!("{}.add", partition_subject(PREFIX, NAME, partition));
-    assert_eq!(&served(&client, &subject, add(1)).await.body[..], b"old 1");
-    let new_id = (0..)
-        .map(|n| format!("f{n:015x}"))
-        .find(|id| score(id, partition) > score(&old_id, partition))
-        .unwrap();
-    let mut new = NewOwner::start(&client, &new_id).await;
-    let (prepared, reply) = new.next_for(&client, partition).await;
-    assert!(prepared.prepare);
-    client.publish(reply, bytes::Bytes::new()).await.unwrap();
-    let (first, _never) = new.next_for(&client, partition).await;
-    assert!(!first.prepare);
+    let Handing {
+        client,
+        worker,
+        subject,
+        new,
+        ..
+    } = handing_to_a_made_up_owner(&bus).await;
     new.heartbeats.abort();
     assert_eq!(
         &served(&client, &subject, add(2)).await.body[..],
