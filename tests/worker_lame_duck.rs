@@ -87,6 +87,53 @@ async fn workers_move_off_a_server_in_lame_duck_mode_losing_nothing() {
     assert_drained_by_count(&[stopped.log()]);
 }
 
+/// Two workers of a keyed service (arena) on the one node that enters lame duck mode:
+/// each moves its partitions to another node, then makes its own connection, which its
+/// answers leave through, again elsewhere, well within half the grace period. Left on
+/// the node, that connection would be closed under the answers on the wire (seen as
+/// 408s in `loadtest matches --fault lame-duck`), and a partition's state handed over
+/// meanwhile could be lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_workers_leave_a_server_in_lame_duck_mode_with_every_connection() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let (mut fleet, _, workers) =
+        two_workers_on_the_first_node("arena", LAME_DUCK_GRACE, &GATE_ARGS).await;
+    let name = services::worker_connection_name("arena");
+    let on_first_node = async |fleet: &Topology| {
+        let names = fleet.node_connection_names(0).await.unwrap();
+        names.iter().filter(|n| **n == name).count()
+    };
+    assert_eq!(
+        on_first_node(&fleet).await,
+        2,
+        "each worker starts on node 0"
+    );
+
+    let node = fleet.process(&Role::Node(0)).unwrap();
+    node.signal(Signal::SIGUSR2);
+    node.line("Entering lame duck mode").await;
+    for worker in &workers {
+        let worker = fleet.process(worker).unwrap();
+        (worker.line_within(
+            "the partitions moved to another NATS server",
+            LAME_DUCK_GRACE / 2,
+        ))
+        .await;
+    }
+    let deadline = tokio::time::Instant::now() + LAME_DUCK_GRACE / 2;
+    loop {
+        let left = on_first_node(&fleet).await;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{left} arena worker connections still on the node in lame duck mode"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The gates' flags: a request lost on the bus comes back 408.
 const GATE_ARGS: [&str; 2] = ["--request-timeout", GATE_TIMEOUT];
 

@@ -117,12 +117,7 @@ impl Mover {
                         arrive(target.clone(), subjects.clone(), inbound.clone()).boxed(),
                     );
                 }
-                () = until(output_notice) => {
-                    *output_notice = notice(output);
-                    tracing::warn!("the NATS server of the worker's answers is going away: reconnecting");
-                    // A task of its own: this future may be dropped at any await.
-                    tokio::spawn(reconnect(output.clone()));
-                }
+                () = until(output_notice) => *output_notice = reconnect_output(output),
             }
         }
     }
@@ -147,7 +142,8 @@ impl Mover {
     }
 }
 
-fn same(a: &Client, b: &Client) -> bool {
+/// Whether `a` and `b` are one connection.
+pub(super) fn same(a: &Client, b: &Client) -> bool {
     Arc::ptr_eq(&a.statistics(), &b.statistics())
 }
 
@@ -165,9 +161,18 @@ pub(super) async fn until<T>(slot: &mut Option<Waiting<T>>) -> T {
     }
 }
 
+/// The server of `output`, the connection the worker's answers leave through, is going
+/// away while the inputs are elsewhere: makes it again elsewhere ([`reconnect`], in a
+/// task of its own) and returns its next notice.
+pub(super) fn reconnect_output(output: &Client) -> Option<Waiting<()>> {
+    tracing::warn!("the NATS server of the worker's answers is going away: reconnecting");
+    tokio::spawn(reconnect(output.clone()));
+    notice(output)
+}
+
 /// Makes `client`'s connection again elsewhere at once: what it holds is written first,
 /// and the reconnect skips the backoff's delay (the answers it carries wait meanwhile).
-async fn reconnect(client: Client) {
+pub(super) async fn reconnect(client: Client) {
     if let Err(error) = client.flush().await {
         tracing::debug!(%error, "flushing before reconnecting");
     }

@@ -244,6 +244,7 @@ impl Keyed {
         let (clients, heartbeat_client) = watch::channel(client.clone());
         let hop = Hop {
             notice: hop::notice(&client),
+            output_notice: None,
             target: Arc::new(target),
             connecting: None,
             left: None,
@@ -251,6 +252,7 @@ impl Keyed {
         let timeouts = (config.keyed_member_timeout, config.keyed_heartbeat * 2);
         let coordinator = Coordinator {
             view: Members::new(me.clone(), partitions, timeouts, Instant::now().into_std()),
+            output: client.clone(),
             clients,
             hop,
             members,
@@ -308,6 +310,9 @@ async fn say_heartbeats(
 
 struct Coordinator {
     view: Members,
+    /// The worker's own connection: the loop's answers leave through it, a partition's
+    /// state handed over included.
+    output: Client,
     /// The connection everything goes through (the heartbeats' task too), but for
     /// partitions that have not left the one before it yet (`hop.left`).
     clients: watch::Sender<Client>,
@@ -376,6 +381,9 @@ impl Coordinator {
                     self.hop.connecting = Some(
                         async move { hop::connect_elsewhere(&target, &old, deadline).await }.boxed(),
                     );
+                }
+                () = until(&mut self.hop.output_notice) => {
+                    self.hop.output_notice = hop::reconnect_output(&self.output);
                 }
                 new = until(&mut self.hop.connecting) => {
                     self.hop.connecting = None;

@@ -240,6 +240,34 @@ impl Topology {
     }
 }
 
+impl Topology {
+    /// The names of the client connections bus node `index` has now, from its
+    /// monitoring `/connz`: which processes are connected to it.
+    pub async fn node_connection_names(&self, index: usize) -> anyhow::Result<Vec<String>> {
+        let role = &self.bus.get(index).context("no such bus node")?.role;
+        let monitor = (self.procs.iter())
+            .find(|p| &p.role == role)
+            .and_then(|p| p.monitor)
+            .with_context(|| format!("{role} is not running, or has no monitoring address"))?;
+        let connz = http_get(monitor, "/connz?limit=1024").await?;
+        Ok(connection_names(&connz))
+    }
+}
+
+/// The connection names a `/connz` answer lists (an unnamed connection: "").
+fn connection_names(connz: &str) -> Vec<String> {
+    let Ok(json) = serde_json::from_str::<serde_json::Value>(connz) else {
+        return Vec::new();
+    };
+    let connections = json["connections"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    (connections.iter())
+        .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
 /// Other nodes a `/routez` answer lists (nats-server opens a pool of routes to each).
 fn distinct_routes(routez: &str) -> usize {
     let Ok(json) = serde_json::from_str::<serde_json::Value>(routez) else {
@@ -288,6 +316,13 @@ mod tests {
             {"rid":3,"remote_id":"B"},{"rid":4,"remote_id":"B"}]}"#;
         assert_eq!(distinct_routes(routez), 2);
         assert_eq!(distinct_routes(r#"{"num_routes":0,"routes":null}"#), 0);
+    }
+
+    #[test]
+    fn connections_are_listed_by_name() {
+        let connz = r#"{"num_connections":2,"connections":[{"cid":5,"name":"shaddock-worker-arena"},{"cid":6}]}"#;
+        assert_eq!(connection_names(connz), ["shaddock-worker-arena", ""]);
+        assert!(connection_names(r#"{"connections":null}"#).is_empty());
         assert_eq!(distinct_routes("not json"), 0);
     }
 }

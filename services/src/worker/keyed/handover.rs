@@ -41,9 +41,12 @@ impl Coordinator {
                 return;
             }
         };
-        // The loop answers the state here, after the partition's last request.
-        let inbox = self.client().new_inbox();
-        let state = match self.client().subscribe(inbox.clone()).await {
+        // The loop answers the state here, after the partition's last request, through
+        // the worker's own connection: subscribed on that one, the subscription is
+        // known to its server before the answer arrives there (on the connection of the
+        // moment, after a move, it might not be yet, and the state would be lost).
+        let inbox = self.output.new_inbox();
+        let state = match self.output.subscribe(inbox.clone()).await {
             Ok(subscriber) => subscriber,
             Err(error) => {
                 tracing::error!(partition, %error, "cannot subscribe for a partition's state");

@@ -16,6 +16,9 @@ pub(super) struct Hop {
     pub(super) target: Arc<Target>,
     /// The connection's next lame duck notice.
     pub(super) notice: Option<Waiting<()>>,
+    /// The next lame duck notice of the worker's own connection (the answers'), once the
+    /// partitions have left it.
+    pub(super) output_notice: Option<Waiting<()>>,
     /// A connection to another server being made.
     pub(super) connecting: Option<Waiting<Option<Client>>>,
     /// The connection left, kept until every partition has left it.
@@ -114,14 +117,25 @@ impl Coordinator {
     }
 
     /// Once no partition is on the connection left, lets it go and listens for the new
-    /// one's notice.
+    /// one's notice. When that was the worker's own connection, which the answers leave
+    /// through, it is made again elsewhere, as a moved worker's is (`hop.rs`): left on the
+    /// server going away, it would lose the answers on the wire when that server closes
+    /// it.
     fn settle_hop(&mut self) {
         let on_old = (self.held.values())
             .any(|held| held.out.as_ref().is_some_and(|out| out.to == To::Myself));
-        if self.hop.left.is_some() && !on_old {
-            self.hop.left = None;
-            self.hop.notice = hop::notice(&self.client());
-            tracing::info!("the partitions moved to another NATS server");
+        if on_old {
+            return;
+        }
+        let Some(left) = self.hop.left.take() else {
+            return;
+        };
+        self.hop.notice = hop::notice(&self.client());
+        tracing::info!("the partitions moved to another NATS server");
+        if hop::same(&left, &self.output) {
+            tracing::info!("making the connection of the worker's answers again elsewhere");
+            tokio::spawn(hop::reconnect(left));
+            self.hop.output_notice = hop::notice(&self.output);
         }
     }
 }
