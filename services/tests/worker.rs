@@ -5,6 +5,8 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use common::{Bus, BusExt, Requester, blocking_service, call, rpc, within};
@@ -197,17 +199,26 @@ async fn three_workers_in_the_group_all_get_a_share(bus: Bus) {
 }
 
 /// A worker attached in process (`shaddock up`'s) and one over TCP (a worker added on
-/// another machine) are one queue group: each takes a share of the requests.
+/// another machine) are one queue group: each takes a share of the requests, and every
+/// request is handled once (either one outside the group would handle them all again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_in_process_and_one_over_tcp_share_their_group() {
+    let handled = Arc::new(AtomicUsize::new(0));
+    let counted = |id: u8| {
+        let handled = handled.clone();
+        Service::new("shard").raw_method("who", move |_ctx, _body| {
+            handled.fetch_add(1, Ordering::Relaxed);
+            Ok(Bytes::from(vec![id]))
+        })
+    };
     let bus = Bus::in_process().await;
-    let inside = bus.worker(who(0), config(64)).await;
+    let inside = bus.worker(counted(0), config(64)).await;
     let tcp_config = WorkerConfig {
         nats: vec![bus.url().to_owned()],
         ..config(64)
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let outside = services::Worker::start(who(1), tcp_config, "tcp-worker", &shutdown);
+    let outside = services::Worker::start(counted(1), tcp_config, "tcp-worker", &shutdown);
     let outside = common::RunningWorker(within(outside).await.unwrap());
     // 100 requests leave one of two without any with probability 2 * (1/2)^100.
     let share = shares(&bus.client().await, 100).await;
@@ -216,8 +227,10 @@ async fn a_worker_in_process_and_one_over_tcp_share_their_group() {
         [0, 1],
         "{share:?}"
     );
+    // Stopped, each has handled all it took.
     inside.stop().await;
     outside.stop().await;
+    assert_eq!(handled.load(Ordering::Relaxed), 100);
 }
 
 async fn full_queue_gives_fast_503s(bus: Bus) {
