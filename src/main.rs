@@ -252,9 +252,13 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     let arena = start(ServiceName::Arena).await?;
     let profile = start(ServiceName::Profile).await?;
     let web = !args.gate.no_web;
+    let gate_bus = BusOptions {
+        name: roles::GATE_CONNECTION_NAME.into(),
+        ..BusOptions::in_process(dialer)
+    };
     let gate = roles::start_gate(
         SocketAddr::from((any, args.gate_port)),
-        BusOptions::in_process(dialer),
+        gate_bus,
         args.gate,
         &args.tls,
         backlog,

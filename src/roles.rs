@@ -109,6 +109,9 @@ pub struct StartedGate {
     pub tls_addr: Option<SocketAddr>,
 }
 
+/// The name a gate's bus connection gives the server (its `/connz` shows it).
+pub const GATE_CONNECTION_NAME: &str = "shaddock-gate";
+
 /// The gate's own bus connection settings from the shared bus flags.
 pub fn gate_bus(
     nats: &[String],
@@ -116,6 +119,7 @@ pub fn gate_bus(
     timings: BusTimings,
 ) -> anyhow::Result<BusOptions> {
     let mut bus = BusOptions::new(nats.iter().cloned());
+    bus.name = GATE_CONNECTION_NAME.into();
     timings.apply(&mut bus);
     bus.auth = security.credentials()?;
     bus.tls = security.tls_config()?.map(Arc::new);

@@ -185,7 +185,7 @@ fn connect_json(
         "pedantic": false,
         "tls_required": options.tls.is_some(),
         "name": options.name,
-        "lang": "rust-shaddock-gate",
+        "lang": "rust-shaddock-bus",
         "version": env!("CARGO_PKG_VERSION"),
         "protocol": 1,
         "echo": true,

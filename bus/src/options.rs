@@ -58,7 +58,8 @@ pub struct BusOptions {
     /// Servers, tried in turn: `nats://host:port`, `tls://host:port`, `host:port`; a
     /// `user:password@` in one is used for it.
     pub urls: Vec<String>,
-    /// The connection's name, as servers show it.
+    /// The connection's name, as servers show it (default `shaddock`; a gate gives
+    /// `shaddock-gate`, an in-process worker `shaddock-worker-<service>`).
     pub name: String,
     pub auth: BusCredentials,
     /// TLS, required when set (and a server that offers none is refused).
@@ -148,7 +149,7 @@ impl BusOptions {
         } = BusTimings::default();
         BusOptions {
             urls: urls.into_iter().map(Into::into).collect(),
-            name: "shaddock-gate".into(),
+            name: "shaddock".into(),
             auth: BusCredentials::None,
             tls: None,
             dialer: None,
