@@ -42,6 +42,8 @@ pub const PARTITIONS_TAKEN_TOTAL: &str = "worker_partitions_taken_total";
 pub const PARTITIONS_HANDED_TOTAL: &str = "worker_partitions_handed_total";
 /// Moments a peer claimed a partition this worker holds too.
 pub const PARTITION_CONFLICTS_TOTAL: &str = "worker_partition_conflicts_total";
+/// Keyed peers counted dead: not heard from for `--keyed-member-timeout`.
+pub const KEYED_PEERS_DEAD_TOTAL: &str = "worker_keyed_peers_dead_total";
 /// Requests a partition's new owner dropped while it waited for the state, its
 /// `--handover-buffer` full.
 pub const HANDOVER_OVERFLOW_TOTAL: &str = "worker_handover_overflow_total";
@@ -138,6 +140,10 @@ pub fn describe() {
     metrics::describe_counter!(
         PARTITION_CONFLICTS_TOTAL,
         "Heartbeats in which a peer claimed a partition this worker holds"
+    );
+    metrics::describe_counter!(
+        KEYED_PEERS_DEAD_TOTAL,
+        "Keyed peers counted dead: not heard from for the member timeout"
     );
     metrics::describe_counter!(
         HANDOVER_OVERFLOW_TOTAL,

@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -31,6 +31,7 @@ broker::on_both_buses!(
     a_state_sent_again_is_taken_once,
     a_state_answered_late_is_sent_again_and_the_old_owner_never_serves_it_again,
     a_state_never_answered_is_taken_back_once_its_new_owner_is_dead,
+    a_worker_busy_past_the_member_timeout_counts_no_live_peer_dead,
 );
 broker::in_process!(
     a_new_owner_serves_what_it_held_past_seen_within_its_buffer,
@@ -38,6 +39,7 @@ broker::in_process!(
     a_state_sent_again_is_taken_once,
     a_state_answered_late_is_sent_again_and_the_old_owner_never_serves_it_again,
     a_state_never_answered_is_taken_back_once_its_new_owner_is_dead,
+    a_worker_busy_past_the_member_timeout_counts_no_live_peer_dead,
 );
 
 const PREFIX: &str = "shaddock";
@@ -59,29 +61,33 @@ static COUNTERS: LazyLock<Snapshotter> = LazyLock::new(|| {
 });
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
-/// `worker_handover_overflow_total` so far (a snapshot takes the counts since the last
-/// one, so they add up here).
+/// Counter `name` so far, over its labels, or gauge `name`'s last values summed: each
+/// snapshot takes the counts since the last one, so they add up here, for every name.
+fn metric(name: &str) -> f64 {
+    static SEEN: std::sync::Mutex<BTreeMap<String, f64>> = std::sync::Mutex::new(BTreeMap::new());
+    let mut seen = SEEN.lock().unwrap();
+    let mut gauges = BTreeMap::new();
+    for (key, _, _, value) in COUNTERS.snapshot().into_vec() {
+        let name = key.key().name().to_owned();
+        match value {
+            DebugValue::Counter(n) => *seen.entry(name).or_default() += n as f64,
+            DebugValue::Gauge(g) => *gauges.entry(name).or_default() += g.into_inner(),
+            DebugValue::Histogram(_) => {}
+        }
+    }
+    seen.extend(gauges);
+    seen.get(name).copied().unwrap_or_default()
+}
+
+/// `worker_handover_overflow_total` so far.
 fn overflowed() -> u64 {
-    static TOTAL: AtomicU64 = AtomicU64::new(0);
-    let since: u64 = (COUNTERS.snapshot().into_vec().into_iter())
-        .filter(|(key, ..)| key.key().name() == "worker_handover_overflow_total")
-        .map(|(.., value)| match value {
-            DebugValue::Counter(n) => n,
-            _ => 0,
-        })
-        .sum();
-    TOTAL.fetch_add(since, Ordering::Relaxed) + since
+    metric("worker_handover_overflow_total") as u64
 }
 
 /// Publishes the made-up old owner's heartbeat every [`HEARTBEAT`]: it holds every
 /// partition and is leaving, so the worker takes none fresh and owns them all.
 fn old_owner_heartbeats(client: async_nats::Client) -> tokio::task::JoinHandle<()> {
-    let me = KeyedMember {
-        id: "old".into(),
-        held: (0..PARTITIONS).collect(),
-        leaving: true,
-    };
-    let payload: bytes::Bytes = me.encode_to_vec().into();
+    let payload = old_owner_heartbeat();
     tokio::spawn(async move {
         loop {
             let subject = members_subject(PREFIX, NAME);
@@ -89,6 +95,16 @@ fn old_owner_heartbeats(client: async_nats::Client) -> tokio::task::JoinHandle<(
             tokio::time::sleep(HEARTBEAT).await;
         }
     })
+}
+
+/// The made-up old owner's heartbeat.
+fn old_owner_heartbeat() -> bytes::Bytes {
+    let me = KeyedMember {
+        id: "old".into(),
+        held: (0..PARTITIONS).collect(),
+        leaving: true,
+    };
+    me.encode_to_vec().into()
 }
 
 /// Asks the worker `to` on its hand-over subject; its answer's body (empty: done).
@@ -484,5 +500,109 @@ async fn a_state_never_answered_is_taken_back_once_its_new_owner_is_dead(bus: Bu
         b"old 2",
         "taken back with its count"
     );
+    worker.stop().await;
+}
+
+/// A keyed worker busy for longer than the member timeout (its loop held, its queue
+/// full, a take-over waiting for room there, and the partition's held requests behind
+/// it filling the channel to the loop) hears the heartbeats that came meanwhile before it
+/// counts anyone dead: the made-up old owner, heartbeating all along, is never counted
+/// dead. (Counting it dead would make the worker take its partitions fresh while it
+/// lives.)
+async fn a_worker_busy_past_the_member_timeout_counts_no_live_peer_dead(bus: Bus) {
+    const MEMBER_TIMEOUT: Duration = Duration::from_millis(250);
+    /// More than the channel from the partitions to the loop holds (1,024).
+    const HELD: usize = 1_100;
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let dead_before = metric("worker_keyed_peers_dead_total");
+    let client = bus.client().await;
+    let mut members = client
+        .subscribe(members_subject(PREFIX, NAME))
+        .await
+        .unwrap();
+    let heartbeats = old_owner_heartbeats(client.clone());
+    let (service, mut blocker) = common::blocking_service(NAME);
+    let config = WorkerConfig {
+        frames: services::FrameConfig {
+            queue_capacity: 1,
+            ..services::FrameConfig::default()
+        },
+        keyed: KeyedConfig {
+            // Its own heartbeats, many, come in between the old owner's (every
+            // HEARTBEAT): a tick has many chances to come before the first of those.
+            keyed_heartbeat: Duration::from_millis(5),
+            keyed_member_timeout: MEMBER_TIMEOUT,
+            handover_buffer: 2 * HELD,
+            ..KeyedConfig::default()
+        },
+        ..WorkerConfig::default()
+    };
+    let worker = bus.worker(service.keyed(PARTITIONS), config).await;
+    let id = id_of_worker(&mut members).await;
+    let call = |method: &str, key: &str| -> bytes::Bytes {
+        let request = RpcRequest {
+            route: format!("{NAME}.{method}"),
+            key: key.into(),
+            ..RpcRequest::default()
+        };
+        request.encode_to_vec().into()
+    };
+    let on = |partition: u32, method: &str| {
+        format!("{}.{method}", partition_subject(PREFIX, NAME, partition))
+    };
+    let key_of = |partition: u32| {
+        (0..)
+            .map(|n| format!("k{n}"))
+            .find(|k| partition_of(k.as_bytes(), PARTITIONS) == partition)
+            .unwrap()
+    };
+
+    // The worker hears the old owner before anything else here: its heartbeat goes
+    // first on this connection, the prepare after it.
+    let members_subject = members_subject(PREFIX, NAME);
+    (client.publish(members_subject, old_owner_heartbeat()))
+        .await
+        .unwrap();
+
+    // Partition 0 handed over; its loop held by `block`, the queue's one place taken.
+    let (a, b) = (0, 1);
+    assert_eq!(ask(&client, &id, prepare(a)).await, "");
+    assert_eq!(ask(&client, &id, state(a, &[])).await, "");
+    (client.publish(on(a, "block"), call("block", &key_of(a))))
+        .await
+        .unwrap();
+    blocker.started().await;
+    (client.publish(on(a, "fast"), call("fast", &key_of(a))))
+        .await
+        .unwrap();
+    within(async {
+        while metric("worker_queue_depth") < 1.0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // Partition 1 prepared, requests held for it, then its state: the take-over waits
+    // for room in the queue, and the worker, sending on what it held, for room behind.
+    assert_eq!(ask(&client, &id, prepare(b)).await, "");
+    for _ in 0..HELD {
+        (client.publish(on(b, "fast"), call("fast", &key_of(b))))
+            .await
+            .unwrap();
+    }
+    client.flush().await.unwrap();
+    let (asking, to) = (client.clone(), id.clone());
+    let handed = tokio::spawn(async move { ask(&asking, &to, state(b, &[])).await });
+    // Busy three member timeouts, heartbeats coming in all along.
+    tokio::time::sleep(MEMBER_TIMEOUT * 3).await;
+    blocker.release();
+    assert_eq!(handed.await.unwrap(), "", "the state was taken");
+    // Its ticks come at once now, overdue: a few member timeouts for them to count.
+    tokio::time::sleep(MEMBER_TIMEOUT * 2).await;
+    assert_eq!(
+        metric("worker_keyed_peers_dead_total"),
+        dead_before,
+        "a peer heartbeating all along was counted dead"
+    );
+    heartbeats.abort();
     worker.stop().await;
 }

@@ -59,7 +59,8 @@ use crate::bus::{Client, Subscriber};
 use crate::config::KeyedConfig;
 use crate::frame_loop::{Incoming, InputKind};
 use crate::metrics::{
-    HANDOVER_OVERFLOW_TOTAL, PARTITION_CONFLICTS_TOTAL, PARTITIONS_HELD, PARTITIONS_TAKEN_TOTAL,
+    HANDOVER_OVERFLOW_TOTAL, KEYED_PEERS_DEAD_TOTAL, PARTITION_CONFLICTS_TOTAL, PARTITIONS_HELD,
+    PARTITIONS_TAKEN_TOTAL,
 };
 use crate::ownership::{Members, Step};
 use handover::{covered, note};
@@ -363,10 +364,7 @@ impl Coordinator {
                     self.act().await;
                 }
                 _ = ticks.tick() => {
-                    let dead = self.view.expire(Instant::now().into_std());
-                    if !dead.is_empty() {
-                        tracing::warn!(?dead, "keyed peers not heard from: counted dead");
-                    }
+                    self.expire().await;
                     self.check_conflicts();
                     self.let_go_stale();
                     self.act().await;
@@ -426,6 +424,21 @@ impl Coordinator {
         }
         if new || member.leaving {
             self.act().await;
+        }
+    }
+
+    /// Counts dead the peers not heard from for the member timeout. The heartbeats that
+    /// came while this task was busy (waiting for room in the loop's queue) are heard
+    /// first: a peer is counted dead for its own silence, never for this worker's.
+    async fn expire(&mut self) {
+        while let Some(Some(message)) = self.members.next().now_or_never() {
+            self.heard(&message.payload).await;
+        }
+        let dead = self.view.expire(Instant::now().into_std());
+        if !dead.is_empty() {
+            metrics::counter!(KEYED_PEERS_DEAD_TOTAL, "service" => self.service.clone())
+                .increment(dead.len() as u64);
+            tracing::warn!(?dead, "keyed peers not heard from: counted dead");
         }
     }
 
