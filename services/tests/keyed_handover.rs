@@ -84,6 +84,24 @@ fn overflowed() -> u64 {
     metric("worker_handover_overflow_total") as u64
 }
 
+/// A client, its subscription to the heartbeats, and the made-up old owner heartbeating
+/// through it ([`old_owner_heartbeats`]).
+async fn old_owner_beside(
+    bus: &Bus,
+) -> (
+    async_nats::Client,
+    async_nats::Subscriber,
+    tokio::task::JoinHandle<()>,
+) {
+    let client = bus.client().await;
+    let members = client
+        .subscribe(members_subject(PREFIX, NAME))
+        .await
+        .unwrap();
+    let heartbeats = old_owner_heartbeats(client.clone());
+    (client, members, heartbeats)
+}
+
 /// Publishes the made-up old owner's heartbeat every [`HEARTBEAT`]: it holds every
 /// partition and is leaving, so the worker takes none fresh and owns them all.
 fn old_owner_heartbeats(client: async_nats::Client) -> tokio::task::JoinHandle<()> {
@@ -214,12 +232,7 @@ async fn a_partition_held_by_both_is_settled_by_the_state_handed_over(bus: Bus) 
 async fn a_new_owner_serves_what_it_held_past_seen_within_its_buffer(bus: Bus) {
     let _alone = ONE_AT_A_TIME.lock().await;
     let overflowed_before = overflowed();
-    let client = bus.client().await;
-    let mut members = client
-        .subscribe(members_subject(PREFIX, NAME))
-        .await
-        .unwrap();
-    let heartbeats = old_owner_heartbeats(client.clone());
+    let (client, mut members, heartbeats) = old_owner_beside(&bus).await;
     let worker = new_owner(&bus).await;
     let new_id = id_of_worker(&mut members).await;
 
@@ -269,12 +282,7 @@ async fn a_new_owner_serves_what_it_held_past_seen_within_its_buffer(bus: Bus) {
 /// reset to the state sent again.
 async fn a_state_sent_again_is_taken_once(bus: Bus) {
     let _alone = ONE_AT_A_TIME.lock().await;
-    let client = bus.client().await;
-    let mut members = client
-        .subscribe(members_subject(PREFIX, NAME))
-        .await
-        .unwrap();
-    let heartbeats = old_owner_heartbeats(client.clone());
+    let (client, mut members, heartbeats) = old_owner_beside(&bus).await;
     let worker = new_owner(&bus).await;
     let new_id = id_of_worker(&mut members).await;
     let partition = partition_of(b"k", PARTITIONS);
@@ -515,12 +523,7 @@ async fn a_worker_busy_past_the_member_timeout_counts_no_live_peer_dead(bus: Bus
     const HELD: usize = 1_100;
     let _alone = ONE_AT_A_TIME.lock().await;
     let dead_before = metric("worker_keyed_peers_dead_total");
-    let client = bus.client().await;
-    let mut members = client
-        .subscribe(members_subject(PREFIX, NAME))
-        .await
-        .unwrap();
-    let heartbeats = old_owner_heartbeats(client.clone());
+    let (client, mut members, heartbeats) = old_owner_beside(&bus).await;
     let (service, mut blocker) = common::blocking_service(NAME);
     let config = WorkerConfig {
         frames: services::FrameConfig {
