@@ -49,12 +49,15 @@ impl Dispatch<u32> for Heard {
 }
 
 /// Connections to a broker through a proxy: what the bus writes on each is recorded,
-/// [`Tap::hold`] stops passing it on (so the server answers nothing more), and
+/// [`Tap::hold`] stops passing it on (so the server answers nothing more),
+/// [`Tap::hold_answers`] keeps what the server sends until [`Tap::release_answers`], and
 /// [`Tap::cut`] closes the current one.
 #[derive(Default)]
 struct Tap {
     written: Mutex<Vec<Arc<Mutex<Vec<u8>>>>>,
     held: AtomicBool,
+    answers_held: AtomicBool,
+    answers_released: tokio::sync::Notify,
     cut: Mutex<CancellationToken>,
 }
 
@@ -93,6 +96,12 @@ impl Tap {
                         if read.unwrap_or(0) == 0 {
                             return;
                         }
+                        if !tap.answers_held.load(Ordering::Relaxed) {
+                            let _ = to_bus.write_all(&down).await;
+                            down.clear();
+                        }
+                    }
+                    () = tap.answers_released.notified(), if !down.is_empty() => {
                         let _ = to_bus.write_all(&down).await;
                         down.clear();
                     }
@@ -112,6 +121,16 @@ impl Tap {
         self.held.store(true, Ordering::Relaxed);
     }
 
+    fn hold_answers(&self) {
+        self.answers_held.store(true, Ordering::Relaxed);
+    }
+
+    /// Passes on what the server sent meanwhile, and all it sends from now on.
+    fn release_answers(&self) {
+        self.answers_held.store(false, Ordering::Relaxed);
+        self.answers_released.notify_one();
+    }
+
     fn cut(&self) {
         let mut cut = self.cut.lock().unwrap();
         cut.cancel();
@@ -124,8 +143,18 @@ impl Tap {
 async fn connected(
     server: &broker::Server,
 ) -> (Arc<Bus<u32>>, Arc<Tap>, mpsc::UnboundedReceiver<Event>) {
+    connected_with(server, |_| {}).await
+}
+
+/// [`connected`], its options changed by `change` first.
+async fn connected_with(
+    server: &broker::Server,
+    change: impl FnOnce(&mut BusOptions),
+) -> (Arc<Bus<u32>>, Arc<Tap>, mpsc::UnboundedReceiver<Event>) {
     let tap = Arc::new(Tap::default());
-    let bus = Bus::new(tap.options(server.clone()), "first.>".into(), 1, 1 << 20);
+    let mut options = tap.options(server.clone());
+    change(&mut options);
+    let bus = Bus::new(options, "first.>".into(), 1, 1 << 20);
     let (tx, mut heard) = mpsc::unbounded_channel();
     tokio::spawn(run(bus.clone(), Arc::new(Heard(tx))));
     assert_eq!(next(&mut heard).await, Event::Up);
@@ -249,6 +278,49 @@ async fn a_flush_resolves_once_the_server_has_answered_what_came_before() {
     bus.flush().await.unwrap();
     // The server sent the messages before the PONG, and one reader reads both in order.
     assert_eq!(heard_now(&mut heard).len(), 100);
+}
+
+/// The keep-alive PINGs are counted too: a flush resolves on the PONG of its own PING,
+/// not on the PONG of a keep-alive sent before it and answered after it was asked.
+#[tokio::test]
+async fn a_keep_alive_s_pong_answers_no_flush() {
+    /// Two unanswered keep-alives are allowed: the test's window is twice this.
+    const KEEP_ALIVE: Duration = Duration::from_millis(100);
+    let server = broker::Server::new(broker::Config::default());
+    let (bus, tap, mut heard) = connected_with(&server, |options| {
+        options.ping_interval = KEEP_ALIVE;
+    })
+    .await;
+    bus.subscribe("after".into(), None, 2);
+    bus.flush().await.unwrap();
+    let (other, _, _) = connected(&server).await;
+    // A keep-alive goes out; its PONG is held back.
+    tap.hold_answers();
+    let pings = |tap: &Tap| tap.written(0).matches("PING\r\n").count();
+    let before = pings(&tap);
+    tokio::time::timeout(DEADLINE, async {
+        while pings(&tap) == before {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("a keep-alive PING within the deadline");
+    // A flush, whose PING never reaches the server.
+    tap.hold();
+    let mut flush = std::pin::pin!(bus.flush());
+    assert!(futures::poll!(flush.as_mut()).is_pending());
+    // The keep-alive's PONG comes, then a message the server sent after it.
+    other.publish_bytes("after", Reply::None, b"1").unwrap();
+    other.flush().await.unwrap();
+    tap.release_answers();
+    assert!(matches!(
+        next(&mut heard).await,
+        Event::Msg { target: 2, .. }
+    ));
+    assert!(
+        futures::poll!(flush.as_mut()).is_pending(),
+        "a keep-alive's PONG answered the flush"
+    );
 }
 
 #[tokio::test]
