@@ -116,7 +116,7 @@ pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
 async fn run_phases(args: &FaultsArgs, fleet: &mut Topology) -> anyhow::Result<FaultsReport> {
     let clock = Arc::new(PhaseClock::new(PHASES.len()));
     let (hops, gates) = fleet.gate_hops().await?;
-    let clients = load::start(args, &gates, clock.clone()).await?;
+    let mut clients = load::start(args, &gates, clock.clone()).await?;
     let origin = Instant::now();
     let mut runs: Vec<PhaseRun> = Vec::new();
     let mut errors = Vec::new();
@@ -162,8 +162,16 @@ async fn run_phases(args: &FaultsArgs, fleet: &mut Topology) -> anyhow::Result<F
     // Past the last phase: clients stop sending and wait for their answers.
     clock.set(PHASES.len());
     let give_up = args.timeout + args.drain_timeout + CLIENT_END_SLACK;
-    let records = (tokio::time::timeout(give_up, clients.join_all()).await)
-        .context("load-test clients still running past their deadline")?;
+    // A client that panicked is an error here, not a panic of the whole tool.
+    let joined = tokio::time::timeout(give_up, async {
+        let mut records = Vec::with_capacity(clients.len());
+        while let Some(record) = clients.join_next().await {
+            records.push(record.context("a load-test client failed")?);
+        }
+        anyhow::Ok(records)
+    });
+    let records =
+        (joined.await).context("load-test clients still running past their deadline")??;
     Ok(FaultsReport::new(args, &runs, &records, origin, errors))
 }
 
