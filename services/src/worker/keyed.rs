@@ -309,6 +309,11 @@ async fn say_heartbeats(
     }
 }
 
+/// The most heartbeats already queued that a tick hears before it counts peers dead: all
+/// of a busy moment's (a few per peer a second), while a flood on the members subject
+/// cannot keep the tick from ever coming.
+const HEARD_BEFORE_EXPIRING: usize = 4096;
+
 struct Coordinator {
     view: Members,
     /// The worker's own connection: the loop's answers leave through it, a partition's
@@ -429,9 +434,13 @@ impl Coordinator {
 
     /// Counts dead the peers not heard from for the member timeout. The heartbeats that
     /// came while this task was busy (waiting for room in the loop's queue) are heard
-    /// first: a peer is counted dead for its own silence, never for this worker's.
+    /// first, up to [`HEARD_BEFORE_EXPIRING`]: a peer is counted dead for its own
+    /// silence, never for this worker's.
     async fn expire(&mut self) {
-        while let Some(Some(message)) = self.members.next().now_or_never() {
+        for _ in 0..HEARD_BEFORE_EXPIRING {
+            let Some(Some(message)) = self.members.next().now_or_never() else {
+                break;
+            };
             self.heard(&message.payload).await;
         }
         let dead = self.view.expire(Instant::now().into_std());
