@@ -34,16 +34,30 @@ trap 'rm -rf "${out}"' EXIT
 short=(--warmup 0.3s --ramp 0.2s --timeout 2s --quiet)
 failed=()
 
+# The launched processes' whole logs of scenario $1 (`--logs`), shown when it failed.
+show_logs() {
+  local log
+  for log in "${out}/logs/$1"/*.log; do
+    [[ -e "${log}" ]] || continue
+    echo "--- ${log##*/} (its last 200 lines)" >&2
+    tail -n 200 "${log}" >&2
+  done
+}
+
 scenario() {
   local name="$1"
   shift
   printf '+ shaddock loadtest %s\n' "$*"
+  # Every scenario but `limit` launches processes: their logs are kept for a failure.
+  local logs=()
+  [[ "$1" == limit ]] || logs=(--logs "${out}/logs/${name}")
   local started=${SECONDS} status=0
-  timeout --kill-after=5 "${SCENARIO_TIMEOUT}" "${BIN}" loadtest "$@" \
+  timeout --kill-after=5 "${SCENARIO_TIMEOUT}" "${BIN}" loadtest "$@" "${logs[@]}" \
     --json "${out}/${name}.json" >"${out}/${name}.txt" 2>"${out}/${name}.err" || status=$?
   if ((status)); then
     echo "FAILED: ${name} (exit status ${status})" >&2
     cat "${out}/${name}.txt" "${out}/${name}.err" >&2
+    show_logs "${name}"
     failed+=("${name}")
     return
   fi
@@ -52,6 +66,7 @@ scenario() {
   if grep -q '"ok": 0,' "${out}/${name}.json"; then
     echo "FAILED: ${name} reports a run with 0 successful answers" >&2
     cat "${out}/${name}.txt" >&2
+    show_logs "${name}"
     failed+=("${name}")
     return
   fi

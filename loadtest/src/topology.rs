@@ -56,6 +56,11 @@ pub struct LaunchArgs {
     /// when it is `shaddock`, else `shaddock` beside it).
     #[arg(long)]
     pub bin: Option<PathBuf>,
+    /// Write each launched process's whole log to this directory once it has stopped,
+    /// as `<role>-<pid>.log` (created if need be). Without it only the last lines of a
+    /// process that failed are shown.
+    #[arg(long, value_name = "DIR")]
+    pub logs: Option<PathBuf>,
 }
 
 impl LaunchArgs {
@@ -71,6 +76,7 @@ impl LaunchArgs {
             gate_args: self.gate_arg.clone(),
             worker_args: self.worker_arg.clone(),
             shaddock_bin: self.bin.clone().unwrap_or_else(default_shaddock_bin),
+            log_dir: self.logs.clone(),
             ..TopologySpec::default()
         }
     }

@@ -83,6 +83,10 @@ pub struct TopologySpec {
     /// it starts closing clients. Its default is 10 s; a fleet's is short, so a restart
     /// of a node does not wait for it.
     pub lame_duck_grace: Duration,
+    /// Where each process's whole log (its stdout and stderr) is written once it has
+    /// stopped, as `<role>-<pid>.log`, to read after the run (`loadtest --logs`); `None`:
+    /// kept in memory only, its last lines in a failure's message.
+    pub log_dir: Option<PathBuf>,
 }
 
 impl Default for TopologySpec {
@@ -98,6 +102,7 @@ impl Default for TopologySpec {
             one_process: false,
             tls: false,
             lame_duck_grace: Duration::from_secs(1),
+            log_dir: None,
         }
     }
 }
@@ -594,11 +599,29 @@ impl Topology {
                 }
             }
         }
+        for proc in &procs {
+            self.keep_log(proc);
+        }
         procs.clear();
         if killed.is_empty() {
             Ok(())
         } else {
             Err(anyhow!(killed.join("\n")))
+        }
+    }
+}
+
+impl Topology {
+    /// Writes `proc`'s whole log into the spec's `log_dir`, if it has one.
+    fn keep_log(&self, proc: &Proc) {
+        let Some(dir) = &self.spec.log_dir else {
+            return;
+        };
+        let path = dir.join(format!("{}-{}.log", proc.role, proc.process.pid()));
+        let written = std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(&path, proc.process.log() + "\n"));
+        if let Err(error) = written {
+            tracing::warn!(path = %path.display(), %error, "cannot keep a process's log");
         }
     }
 }
@@ -736,6 +759,7 @@ impl Topology {
         if let Err(why) = &stopped {
             tracing::warn!("{why}");
         }
+        self.keep_log(&proc);
         Ok(Stopped {
             role: proc.role.clone(),
             pid: proc.process.pid(),
