@@ -12,8 +12,9 @@
 #   scripts/loadtest-smoke.sh                      # uses target/debug/shaddock
 #   SHADDOCK_BIN=target/release/shaddock scripts/loadtest-smoke.sh
 #
-# Bounded: each scenario is killed after SCENARIO_TIMEOUT seconds (default 60); the
-# whole smoke takes about 60 s on a 2-core machine with a debug build.
+# Bounded: each scenario gets SIGTERM after SCENARIO_TIMEOUT seconds (default 60), which
+# stops what it launched and keeps their logs, and SIGKILL 30 s later; the whole smoke
+# takes about 60 s on a 2-core machine with a debug build.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -52,7 +53,7 @@ scenario() {
   local logs=()
   [[ "$1" == limit ]] || logs=(--logs "${out}/logs/${name}")
   local started=${SECONDS} status=0
-  timeout --kill-after=5 "${SCENARIO_TIMEOUT}" "${BIN}" loadtest "$@" "${logs[@]}" \
+  timeout --kill-after=30 "${SCENARIO_TIMEOUT}" "${BIN}" loadtest "$@" "${logs[@]}" \
     --json "${out}/${name}.json" >"${out}/${name}.txt" 2>"${out}/${name}.err" || status=$?
   if ((status)); then
     echo "FAILED: ${name} (exit status ${status})" >&2

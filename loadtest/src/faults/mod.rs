@@ -95,7 +95,10 @@ pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
     let processes: Vec<String> = (fleet.pids().iter())
         .map(|(role, pid)| format!("{role} {pid}"))
         .collect();
-    let outcome = run_phases(&args, &mut fleet).await;
+    let outcome = tokio::select! {
+        outcome = run_phases(&args, &mut fleet) => outcome,
+        stop = testkit::fleet::interrupted() => Err(stop),
+    };
     let stopped = fleet.shutdown().await;
     let report = outcome?;
     stopped.context("stopping the fleet")?;

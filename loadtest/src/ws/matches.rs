@@ -157,14 +157,17 @@ pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
     };
     let gates = spec.gates;
     let mut fleet = Topology::start(spec).await.context("launching the fleet")?;
-    let outcome = async {
+    let work = async {
         let first_node = fleet.nats_urls()[..1].to_vec();
         for _ in arena..args.arena_workers {
             fleet.add_worker_on("arena", &first_node).await?;
         }
         run(&args, &mut fleet).await
-    }
-    .await;
+    };
+    let outcome = tokio::select! {
+        outcome = work => outcome,
+        stop = testkit::fleet::interrupted() => Err(stop),
+    };
     let stopped = fleet.shutdown().await;
     let report = outcome?;
     stopped.context("stopping the fleet")?;

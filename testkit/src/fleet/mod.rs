@@ -560,14 +560,12 @@ impl Topology {
     }
 
     /// Runs `work` (a scenario) while the topology serves, then shuts everything down.
-    /// Stops early, with an error, on Ctrl-C or when a started process exits.
+    /// Stops early, with an error, on SIGINT or SIGTERM ([`interrupted`]) or when a
+    /// started process exits.
     pub async fn run<F: Future>(mut self, work: F) -> anyhow::Result<F::Output> {
         let stop = tokio::select! {
             output = work => Ok(output),
-            signal = tokio::signal::ctrl_c() => Err(match signal {
-                Ok(()) => anyhow!("interrupted by Ctrl-C"),
-                Err(e) => anyhow!(e).context("listening for Ctrl-C"),
-            }),
+            stop = interrupted() => Err(stop),
             exited = self.first_exit() => Err(exited),
         };
         let stopped = self.shutdown().await;
@@ -623,6 +621,27 @@ impl Topology {
         if let Err(error) = written {
             tracing::warn!(path = %path.display(), %error, "cannot keep a process's log");
         }
+    }
+}
+
+/// Resolves when this process gets SIGINT (Ctrl-C) or SIGTERM (`timeout`, `kill`), with
+/// the error a run stopped by it ends with: a caller then shuts its topology down, so
+/// what it started stops and their logs are kept ([`TopologySpec::log_dir`]).
+pub async fn interrupted() -> anyhow::Error {
+    use tokio::signal::unix::{SignalKind, signal};
+    let listen = || -> std::io::Result<_> {
+        Ok((
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+        ))
+    };
+    let (mut interrupt, mut terminate) = match listen() {
+        Ok(signals) => signals,
+        Err(e) => return anyhow!(e).context("listening for signals"),
+    };
+    tokio::select! {
+        _ = interrupt.recv() => anyhow!("interrupted (SIGINT)"),
+        _ = terminate.recv() => anyhow!("terminated (SIGTERM)"),
     }
 }
 
