@@ -553,7 +553,7 @@ async fn a_worker_busy_past_the_member_timeout_counts_no_live_peer_dead(bus: Bus
     let on = |partition: u32, method: &str| {
         format!("{}.{method}", partition_subject(PREFIX, NAME, partition))
     };
-    let key_of = |partition: u32| {
+    let key_in = |partition: u32| {
         (0..)
             .map(|n| format!("k{n}"))
             .find(|k| partition_of(k.as_bytes(), PARTITIONS) == partition)
@@ -571,11 +571,11 @@ async fn a_worker_busy_past_the_member_timeout_counts_no_live_peer_dead(bus: Bus
     let (a, b) = (0, 1);
     assert_eq!(ask(&client, &id, prepare(a)).await, "");
     assert_eq!(ask(&client, &id, state(a, &[])).await, "");
-    (client.publish(on(a, "block"), call("block", &key_of(a))))
+    (client.publish(on(a, "block"), call("block", &key_in(a))))
         .await
         .unwrap();
     blocker.started().await;
-    (client.publish(on(a, "fast"), call("fast", &key_of(a))))
+    (client.publish(on(a, "fast"), call("fast", &key_in(a))))
         .await
         .unwrap();
     within(async {
@@ -588,7 +588,7 @@ async fn a_worker_busy_past_the_member_timeout_counts_no_live_peer_dead(bus: Bus
     // for room in the queue, and the worker, sending on what it held, for room behind.
     assert_eq!(ask(&client, &id, prepare(b)).await, "");
     for _ in 0..HELD {
-        (client.publish(on(b, "fast"), call("fast", &key_of(b))))
+        (client.publish(on(b, "fast"), call("fast", &key_in(b))))
             .await
             .unwrap();
     }

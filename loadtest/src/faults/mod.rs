@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use nix::sys::signal::Signal;
 use testkit::Cut;
-use testkit::fleet::{Role, Topology, TopologySpec};
+use testkit::fleet::{Role, Topology, TopologySpec, or_interrupted};
 
 use crate::proc::CpuSample;
 use crate::report::{OutputArgs, Report};
@@ -95,10 +95,7 @@ pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
     let processes: Vec<String> = (fleet.pids().iter())
         .map(|(role, pid)| format!("{role} {pid}"))
         .collect();
-    let outcome = tokio::select! {
-        outcome = run_phases(&args, &mut fleet) => outcome,
-        stop = testkit::fleet::interrupted() => Err(stop),
-    };
+    let outcome = or_interrupted(run_phases(&args, &mut fleet)).await;
     let stopped = fleet.shutdown().await;
     let report = outcome?;
     stopped.context("stopping the fleet")?;

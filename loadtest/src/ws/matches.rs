@@ -21,7 +21,7 @@ use proto::arena::{InputRequest, InputResponse, JoinRequest, State};
 use proto::chat::LoginRequest;
 use sdk::{Backoff, Client, ClientOptions};
 use testkit::Cut;
-use testkit::fleet::{Role, Topology, TopologySpec};
+use testkit::fleet::{Role, Topology, TopologySpec, or_interrupted};
 
 use super::broadcast::expect_ok;
 use super::target::watched;
@@ -164,10 +164,7 @@ pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
         }
         run(&args, &mut fleet).await
     };
-    let outcome = tokio::select! {
-        outcome = work => outcome,
-        stop = testkit::fleet::interrupted() => Err(stop),
-    };
+    let outcome = or_interrupted(work).await;
     let stopped = fleet.shutdown().await;
     let report = outcome?;
     stopped.context("stopping the fleet")?;

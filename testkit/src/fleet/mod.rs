@@ -609,25 +609,19 @@ impl Topology {
     }
 }
 
-impl Topology {
-    /// Writes `proc`'s whole log into the spec's `log_dir`, if it has one.
-    fn keep_log(&self, proc: &Proc) {
-        let Some(dir) = &self.spec.log_dir else {
-            return;
-        };
-        let path = dir.join(format!("{}-{}.log", proc.role, proc.process.pid()));
-        let written = std::fs::create_dir_all(dir)
-            .and_then(|()| std::fs::write(&path, proc.process.log() + "\n"));
-        if let Err(error) = written {
-            tracing::warn!(path = %path.display(), %error, "cannot keep a process's log");
-        }
+/// `work`'s outcome, or an error if this process gets SIGINT or SIGTERM first
+/// ([`interrupted`]): the caller then shuts its topology down, as after `work`.
+pub async fn or_interrupted<T>(work: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::select! {
+        outcome = work => outcome,
+        stop = interrupted() => Err(stop),
     }
 }
 
 /// Resolves when this process gets SIGINT (Ctrl-C) or SIGTERM (`timeout`, `kill`), with
 /// the error a run stopped by it ends with: a caller then shuts its topology down, so
 /// what it started stops and their logs are kept ([`TopologySpec::log_dir`]).
-pub async fn interrupted() -> anyhow::Error {
+async fn interrupted() -> anyhow::Error {
     use tokio::signal::unix::{SignalKind, signal};
     let listen = || -> std::io::Result<_> {
         Ok((
@@ -787,6 +781,19 @@ impl Topology {
             status: stopped.as_ref().ok().copied(),
             killed_after_timeout: stopped.is_err(),
         })
+    }
+
+    /// Writes `proc`'s whole log into the spec's `log_dir`, if it has one.
+    fn keep_log(&self, proc: &Proc) {
+        let Some(dir) = &self.spec.log_dir else {
+            return;
+        };
+        let path = dir.join(format!("{}-{}.log", proc.role, proc.process.pid()));
+        let written = std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(&path, proc.process.log() + "\n"));
+        if let Err(error) = written {
+            tracing::warn!(path = %path.display(), %error, "cannot keep a process's log");
+        }
     }
 }
 
