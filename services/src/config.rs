@@ -262,6 +262,13 @@ pub struct KeyedConfig {
     /// it, what arrives is dropped, counted and logged (e.g. 4096).
     #[arg(long, env = "SHADDOCK_HANDOVER_BUFFER", default_value_t = DEFAULT_HANDOVER_BUFFER)]
     pub handover_buffer: usize,
+
+    /// The most peers' heartbeats, already queued, that a keyed service's worker hears
+    /// before it counts peers dead: all those of a busy moment (a few per peer a second),
+    /// while a flood on the members subject cannot keep its tick from ever coming
+    /// (e.g. 4096; docs/workers.md, "Ownership").
+    #[arg(long, env = "SHADDOCK_KEYED_HEARD_BEFORE_EXPIRING", default_value_t = DEFAULT_KEYED_HEARD_BEFORE_EXPIRING)]
+    pub keyed_heard_before_expiring: usize,
 }
 
 /// See [`KeyedConfig::keyed_heartbeat`].
@@ -274,6 +281,8 @@ pub const DEFAULT_HANDOVER_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_HANDOVER_OVERLAP: Duration = Duration::from_millis(200);
 /// See [`KeyedConfig::handover_buffer`].
 pub const DEFAULT_HANDOVER_BUFFER: usize = 4096;
+/// See [`KeyedConfig::keyed_heard_before_expiring`].
+pub const DEFAULT_KEYED_HEARD_BEFORE_EXPIRING: usize = 4096;
 
 impl Default for KeyedConfig {
     fn default() -> Self {
@@ -283,6 +292,7 @@ impl Default for KeyedConfig {
             handover_timeout: DEFAULT_HANDOVER_TIMEOUT,
             handover_overlap: DEFAULT_HANDOVER_OVERLAP,
             handover_buffer: DEFAULT_HANDOVER_BUFFER,
+            keyed_heard_before_expiring: DEFAULT_KEYED_HEARD_BEFORE_EXPIRING,
         }
     }
 }
@@ -298,6 +308,9 @@ impl KeyedConfig {
         }
         if self.handover_buffer == 0 {
             return Err(ConfigError::Zero("hand-over buffer"));
+        }
+        if self.keyed_heard_before_expiring == 0 {
+            return Err(ConfigError::Zero("keyed heartbeats heard before expiring"));
         }
         if self.keyed_member_timeout <= self.keyed_heartbeat * 2 {
             return Err(ConfigError::Relation(
@@ -498,6 +511,20 @@ mod tests {
             ..WorkerConfig::default()
         };
         assert!(matches!(config.validate(), Err(ConfigError::Prefix(_))));
+        let mut config = WorkerConfig::default();
+        config.keyed.keyed_heard_before_expiring = 1;
+        assert_eq!(config.validate(), Ok(()));
+        config.keyed.keyed_heard_before_expiring = 0;
+        assert_eq!(
+            config.validate(),
+            Err(ConfigError::Zero("keyed heartbeats heard before expiring"))
+        );
+        let mut config = WorkerConfig::default();
+        config.keyed.handover_buffer = 0;
+        assert_eq!(
+            config.validate(),
+            Err(ConfigError::Zero("hand-over buffer"))
+        );
     }
 
     #[test]

@@ -43,7 +43,7 @@ use std::time::Duration;
 use async_nats::Subject;
 use bytes::Bytes;
 use futures::stream::SelectAll;
-use futures::{FutureExt, StreamExt, stream};
+use futures::{FutureExt, Stream, StreamExt, stream};
 use proto::Message as _;
 use proto::keyed::{handover_subject, members_subject, partition_subject};
 use proto::rpc::{HandOver, KeyedMember};
@@ -309,11 +309,6 @@ async fn say_heartbeats(
     }
 }
 
-/// The most heartbeats already queued that a tick hears before it counts peers dead: all
-/// of a busy moment's (a few per peer a second), while a flood on the members subject
-/// cannot keep the tick from ever coming.
-const HEARD_BEFORE_EXPIRING: usize = 4096;
-
 struct Coordinator {
     view: Members,
     /// The worker's own connection: the loop's answers leave through it, a partition's
@@ -434,13 +429,12 @@ impl Coordinator {
 
     /// Counts dead the peers not heard from for the member timeout. The heartbeats that
     /// came while this task was busy (waiting for room in the loop's queue) are heard
-    /// first, up to [`HEARD_BEFORE_EXPIRING`]: a peer is counted dead for its own
-    /// silence, never for this worker's.
+    /// first, up to `--keyed-heard-before-expiring` of them (so a flood on the members
+    /// subject cannot hold the tick off): a peer is counted dead for its own silence,
+    /// never for this worker's.
     async fn expire(&mut self) {
-        for _ in 0..HEARD_BEFORE_EXPIRING {
-            let Some(Some(message)) = self.members.next().now_or_never() else {
-                break;
-            };
+        let limit = self.config.keyed_heard_before_expiring;
+        for message in ready(&mut self.members, limit) {
             self.heard(&message.payload).await;
         }
         let dead = self.view.expire(Instant::now().into_std());
@@ -632,5 +626,35 @@ impl Coordinator {
                     .increment(1);
             }
         }
+    }
+}
+
+/// What `stream` has ready now, `limit` items at most: never waits for more.
+fn ready<S: Stream + Unpin>(stream: &mut S, limit: usize) -> Vec<S::Item> {
+    let mut items = Vec::new();
+    while items.len() < limit {
+        match stream.next().now_or_never() {
+            Some(Some(item)) => items.push(item),
+            _ => break,
+        }
+    }
+    items
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tick hears what is queued up to its limit, and waits for nothing more: at the
+    /// limit exactly, all of it; past it, the limit's worth, the rest left in order.
+    #[test]
+    fn what_is_ready_is_taken_up_to_the_limit_without_waiting() {
+        // Three items queued, then nothing more for ever.
+        let mut queued = stream::iter(0..3).chain(stream::pending());
+        assert_eq!(ready(&mut queued, 3), [0, 1, 2]);
+        assert!(ready(&mut queued, 3).is_empty(), "nothing queued: no wait");
+        let mut queued = stream::iter(3..7).chain(stream::pending());
+        assert_eq!(ready(&mut queued, 3), [3, 4, 5]);
+        assert_eq!(ready(&mut queued, 3), [6]);
     }
 }
