@@ -133,12 +133,19 @@ impl Mover {
             .flatten();
         tokio::spawn(async move {
             while gone.recv().await.is_some() {}
-            if old_is_output {
-                reconnect(old).await;
-            } else if let Err(error) = old.drain().await {
-                tracing::debug!(%error, "closing the connection left");
-            }
+            let_go(old, old_is_output).await;
         });
+    }
+}
+
+/// Lets `old` go, a connection whose subscriptions have all moved: made again elsewhere
+/// when it is the worker's output ([`reconnect`]), else drained (what it holds written)
+/// and closed.
+pub(super) async fn let_go(old: Client, is_output: bool) {
+    if is_output {
+        reconnect(old).await;
+    } else if let Err(error) = old.drain().await {
+        tracing::debug!(%error, "closing the connection left");
     }
 }
 
@@ -172,7 +179,7 @@ pub(super) fn reconnect_output(output: &Client) -> Option<Waiting<()>> {
 
 /// Makes `client`'s connection again elsewhere at once: what it holds is written first,
 /// and the reconnect skips the backoff's delay (the answers it carries wait meanwhile).
-pub(super) async fn reconnect(client: Client) {
+async fn reconnect(client: Client) {
     if let Err(error) = client.flush().await {
         tracing::debug!(%error, "flushing before reconnecting");
     }

@@ -116,8 +116,9 @@ impl Coordinator {
         self.settle_hop();
     }
 
-    /// Once no partition is on the connection left, lets it go and listens for the new
-    /// one's notice. When that was the worker's own connection, which the answers leave
+    /// Once no partition is on the connection left, lets it go ([`hop::let_go`]: an
+    /// earlier move's connection is drained and closed) and listens for the new one's
+    /// notice. When that was the worker's own connection, which the answers leave
     /// through, it is made again elsewhere, as a moved worker's is (`hop.rs`): left on the
     /// server going away, it would lose the answers on the wire when that server closes
     /// it.
@@ -132,10 +133,11 @@ impl Coordinator {
         };
         self.hop.notice = hop::notice(&self.client());
         tracing::info!("the partitions moved to another NATS server");
-        if hop::same(&left, &self.output) {
+        let is_output = hop::same(&left, &self.output);
+        if is_output {
             tracing::info!("making the connection of the worker's answers again elsewhere");
-            tokio::spawn(hop::reconnect(left));
             self.hop.output_notice = hop::notice(&self.output);
         }
+        tokio::spawn(hop::let_go(left, is_output));
     }
 }
