@@ -98,13 +98,8 @@ async fn keyed_workers_leave_a_server_in_lame_duck_mode_with_every_connection() 
     let _one_at_a_time = SERIAL.lock().await;
     let (mut fleet, _, workers) =
         two_workers_on_the_first_node("arena", LAME_DUCK_GRACE, &GATE_ARGS).await;
-    let name = services::worker_connection_name("arena");
-    let on_first_node = async |fleet: &Topology| {
-        let names = fleet.node_connection_names(0).await.unwrap();
-        names.iter().filter(|n| **n == name).count()
-    };
     assert_eq!(
-        on_first_node(&fleet).await,
+        arena_connections_on(&fleet, 0).await,
         2,
         "each worker starts on node 0"
     );
@@ -120,18 +115,7 @@ async fn keyed_workers_leave_a_server_in_lame_duck_mode_with_every_connection() 
         ))
         .await;
     }
-    let deadline = tokio::time::Instant::now() + LAME_DUCK_GRACE / 2;
-    loop {
-        let left = on_first_node(&fleet).await;
-        if left == 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{left} arena worker connections still on the node in lame duck mode"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_arena_connections_on(&fleet, 0, 0).await;
 }
 
 /// The same two arena workers, then the second step of a rolling upgrade: the node now
@@ -148,34 +132,14 @@ async fn keyed_workers_leave_a_second_server_in_lame_duck_mode_with_every_connec
     let _one_at_a_time = SERIAL.lock().await;
     let (mut fleet, _, workers) =
         two_workers_on_the_first_node("arena", LAME_DUCK_GRACE, &GATE_ARGS).await;
-    let name = services::worker_connection_name("arena");
-    let on_node = async |fleet: &Topology, node: usize| {
-        let names = fleet.node_connection_names(node).await.unwrap();
-        names.iter().filter(|n| **n == name).count()
-    };
-    // Until `node` holds `count` of their connections, within half the grace period.
-    let until_holds = async |fleet: &Topology, node: usize, count: usize| {
-        let deadline = tokio::time::Instant::now() + LAME_DUCK_GRACE / 2;
-        loop {
-            let held = on_node(fleet, node).await;
-            if held == count {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "node {node} holds {held} arena worker connections, not {count}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
     for first in [true, false] {
         // First node 0; then the node holding most of their four connections (each
         // worker's partitions' and its answers', made again away from node 0).
         let node = if first {
             0
         } else {
-            let on_one = on_node(&fleet, 1).await;
-            let on_two = on_node(&fleet, 2).await;
+            let on_one = arena_connections_on(&fleet, 1).await;
+            let on_two = arena_connections_on(&fleet, 2).await;
             assert_eq!(
                 on_one + on_two,
                 4,
@@ -187,9 +151,9 @@ async fn keyed_workers_leave_a_second_server_in_lame_duck_mode_with_every_connec
         let process = fleet.process(&Role::Node(node)).unwrap();
         process.signal(Signal::SIGUSR2);
         process.line("Entering lame duck mode").await;
-        until_holds(&fleet, node, 0).await;
+        until_arena_connections_on(&fleet, node, 0).await;
         if !first {
-            until_holds(&fleet, 3 - node, 4).await;
+            until_arena_connections_on(&fleet, 3 - node, 4).await;
         }
     }
     for worker in &workers {
@@ -198,6 +162,30 @@ async fn keyed_workers_leave_a_second_server_in_lame_duck_mode_with_every_connec
             log.contains("the partitions moved to another NATS server"),
             "{log}"
         );
+    }
+}
+
+/// How many connections of arena workers `node` holds, by its `/connz`.
+async fn arena_connections_on(fleet: &Topology, node: usize) -> usize {
+    let name = services::worker_connection_name("arena");
+    let names = fleet.node_connection_names(node).await.unwrap();
+    names.iter().filter(|n| **n == name).count()
+}
+
+/// Waits until `node` holds `count` connections of arena workers, for half the grace
+/// period at most.
+async fn until_arena_connections_on(fleet: &Topology, node: usize, count: usize) {
+    let deadline = tokio::time::Instant::now() + LAME_DUCK_GRACE / 2;
+    loop {
+        let held = arena_connections_on(fleet, node).await;
+        if held == count {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node {node} holds {held} arena worker connections, not {count}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
