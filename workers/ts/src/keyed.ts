@@ -326,10 +326,23 @@ export class Partitions {
     return ascending(this.#held.keys());
   }
 
-  /** Every heartbeat: say it, count the silent peers dead, and act. */
+  /**
+   * Every heartbeat: say it, then count the silent peers dead and act, once what reached
+   * the socket meanwhile has been read. A tick runs in the event loop's timers phase,
+   * before its poll phase reads the socket: after a handler that blocked the loop, the
+   * peers' heartbeats that came during the block are still unread when the overdue tick
+   * fires. `setImmediate` runs after that poll phase, so a peer is counted dead for its
+   * own silence, never for this worker's.
+   */
   #tick(): void {
     if (this.#stopped) return;
     this.#publishHeartbeat();
+    setImmediate(() => this.#review());
+  }
+
+  /** Counts the silent peers dead, reports partitions a peer holds too, and acts. */
+  #review(): void {
+    if (this.#stopped) return;
     const dead = this.#members.expire(performance.now());
     if (dead.length > 0) {
       this.#host.onError(new Error(`keyed peers not heard from, counted dead: ${dead.join(", ")}`), "keyed");

@@ -4,6 +4,7 @@
 // numbers a session's (`origin`, `seq`), and sending it again, as a gate does, while
 // nobody serves the partition (no responders).
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
 import { after, before, test } from "node:test";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import type { MessageInitShape } from "@bufbuild/protobuf";
@@ -705,4 +706,74 @@ test("a partition taken fresh while prepared (its old owner died) serves everyth
   assert.deepEqual(answers, ["o1-1 1", "none 2", "o1-2 3"]);
   assert.deepEqual([b.fresh(), b.worker.keyed?.stats.takenHanded], [PARTITIONS, 0]);
   await b.worker.drain();
+});
+
+/**
+ * A peer in another process: `id`'s heartbeat (alive, holding nothing) published every
+ * 50 ms from its own connection, so it reaches this process's sockets even while this
+ * process's event loop is blocked. Resolves once the first one is on the server.
+ */
+async function peerInAnotherProcess(prefix: string, id: string): Promise<{ stop: () => void }> {
+  const heartbeat = toBinary(KeyedMemberSchema, create(KeyedMemberSchema, { id }));
+  const script = `
+    import { connect } from "@nats-io/transport-node";
+    const [url, subject, payload] = process.argv.slice(1);
+    const nc = await connect({ servers: url });
+    const data = Buffer.from(payload, "base64");
+    const say = () => nc.publish(subject, data);
+    say();
+    await nc.flush();
+    setInterval(say, 50);
+    console.log("ready");
+  `;
+  const args = ["--input-type=module", "-e", script, bus.url, `${prefix}.keyed.tally.members`];
+  const child = spawn(process.execPath, [...args, Buffer.from(heartbeat).toString("base64")], {
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error("the peer process did not start")), DEADLINE_MS);
+    child.stdout.setEncoding("utf8");
+    child.stdout.on("data", (chunk: string) => {
+      if (chunk.includes("ready")) {
+        clearTimeout(timer);
+        resolve();
+      }
+    });
+    child.on("exit", (code) => reject(new Error(`the peer process exited (${code})`)));
+  });
+  return { stop: () => child.kill() };
+}
+
+test("a handler blocking the loop past the member timeout counts no peer dead that heartbeat meanwhile", async () => {
+  const prefix = "k10";
+  const memberTimeoutMs = 300;
+  const a = await start(prefix, "a", { keyedMemberTimeoutMs: memberTimeoutMs });
+  await until("a holds every partition", () => settled(a.worker));
+  const peer = await peerInAnotherProcess(prefix, "fffffffffffffff2");
+  try {
+    // a has heard the peer once it offers it the partitions the peer wins.
+    await until("a offers the peer its partitions", () => (a.worker.keyed?.moving.length ?? 0) > 0);
+    // A handler's work, three member timeouts long, holding this process's event loop:
+    // meanwhile the peer's heartbeats reach a's socket, unread.
+    const end = performance.now() + 3 * memberTimeoutMs;
+    while (performance.now() < end) {
+      // busy
+    }
+    // Two of a's ticks after the block (each published its heartbeat, then reviewed the
+    // peers once what came meanwhile was read).
+    const watcher = await bus.connect();
+    let said = 0;
+    const id = a.worker.keyed?.id ?? "";
+    watcher.subscribe(`${prefix}.keyed.tally.members`, {
+      callback: (_e, msg) => {
+        if (fromBinary(KeyedMemberSchema, msg.data).id === id) said += 1;
+      },
+    });
+    await until("a has ticked twice more", () => said >= 2);
+    const dead = a.errors.filter((e) => e.includes("counted dead"));
+    assert.deepEqual(dead, [], "a live peer was counted dead for the worker's own block");
+  } finally {
+    peer.stop();
+  }
+  await a.worker.drain();
 });
