@@ -56,9 +56,9 @@ pub struct LaunchArgs {
     /// when it is `shaddock`, else `shaddock` beside it).
     #[arg(long)]
     pub bin: Option<PathBuf>,
-    /// Write each launched process's whole log to this directory once it has stopped,
-    /// as `<role>-<pid>.log` (created if need be). Without it only the last lines of a
-    /// process that failed are shown.
+    /// Write each launched process's whole log to this directory as it comes, as
+    /// `<role>-<pid>.log` (created if need be): a run killed midway leaves them too.
+    /// Without it only the last lines of a process that failed are shown.
     #[arg(long, value_name = "DIR")]
     pub logs: Option<PathBuf>,
 }

@@ -1,12 +1,14 @@
 //! A child process whose log lines (stdout and stderr) are read as it writes them and
 //! kept: a test waits for a line (never sleeps), reads the log, signals the process,
 //! and drops it to kill it (by its own pid, only while it is still ours: not yet
-//! reaped) and reap it. The log's last lines go into every failure message.
+//! reaped) and reap it. The log's last lines go into every failure message, and the
+//! whole log can be written to a file as it comes ([`Process::tee_to`]).
 
 use std::ffi::OsString;
-use std::io::{BufRead as _, BufReader, Read};
+use std::fs::File;
+use std::io::{BufRead as _, BufReader, Read, Write as _};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,6 +27,8 @@ pub struct Process {
     name: String,
     child: Child,
     log: watch::Receiver<Log>,
+    /// The log's writing end (the pipes' readers hold it too), to start a tee.
+    log_tx: Arc<watch::Sender<Log>>,
     /// Lines before this one have been waited past by [`Process::line`].
     next: usize,
     /// Files removed once the process is gone (its config file).
@@ -36,6 +40,27 @@ struct Log {
     lines: Vec<(Instant, String)>,
     /// Pipes not yet closed: none once the process has exited.
     open_pipes: usize,
+    /// Where each line is also written as it is read ([`Process::tee_to`]).
+    tee: Option<Tee>,
+}
+
+/// A file the log is written to, line by line.
+struct Tee {
+    path: PathBuf,
+    file: File,
+}
+
+impl Log {
+    fn push(&mut self, line: String) {
+        if let Some(tee) = &mut self.tee
+            && let Err(error) = tee.file.write_all(format!("{line}\n").as_bytes())
+        {
+            let path = tee.path.display();
+            tracing::warn!(%path, %error, "cannot write a process's log: it is kept in memory only");
+            self.tee = None;
+        }
+        self.lines.push((Instant::now(), line));
+    }
 }
 
 impl Process {
@@ -64,14 +89,16 @@ impl Process {
         let (tx, log) = watch::channel(Log {
             lines: Vec::new(),
             open_pipes: 2,
+            tee: None,
         });
         let tx = Arc::new(tx);
         read_lines(child.stdout.take().unwrap(), tx.clone());
-        read_lines(child.stderr.take().unwrap(), tx);
+        read_lines(child.stderr.take().unwrap(), tx.clone());
         Ok(Process {
             name: name.to_owned(),
             child,
             log,
+            log_tx: tx,
             next: 0,
             temp_files: Vec::new(),
         })
@@ -146,6 +173,29 @@ impl Process {
             addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
         }
         addr
+    }
+
+    /// Writes the log to `path` (its directory made if need be): what it logged so far
+    /// at once, then each line as it is read. So the file holds the log up to the last
+    /// line even if whoever started the process is killed before it can stop it.
+    pub fn tee_to(&self, path: &Path) -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut file = Some(File::create(path)?);
+        let mut written = Ok(());
+        self.log_tx.send_modify(|log| {
+            let so_far: String = log.lines.iter().map(|(_, l)| format!("{l}\n")).collect();
+            written = file
+                .as_mut()
+                .map_or(Ok(()), |f| f.write_all(so_far.as_bytes()));
+            if written.is_ok() {
+                let file = file.take().expect("taken once");
+                let path = path.to_owned();
+                log.tee = Some(Tee { path, file });
+            }
+        });
+        written
     }
 
     /// Everything it logged so far.
@@ -252,7 +302,7 @@ fn read_lines(pipe: impl Read + Send + 'static, log: Arc<watch::Sender<Log>>) {
             let line = String::from_utf8_lossy(&buf)
                 .trim_end_matches(['\r', '\n'])
                 .to_owned();
-            log.send_modify(|log| log.lines.push((Instant::now(), line)));
+            log.send_modify(|log| log.push(line));
             buf.clear();
         }
         log.send_modify(|log| log.open_pipes -= 1);
@@ -268,4 +318,32 @@ pub fn word_after<'a>(line: &'a str, phrase: &str) -> &'a str {
 pub(crate) fn find_word_after<'a>(line: &'a str, phrase: &str) -> Option<&'a str> {
     let (_, rest) = line.split_once(phrase)?;
     rest.split_whitespace().next()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The file holds every line as soon as it is read, those logged before the tee
+    /// included, while the process still runs.
+    #[tokio::test]
+    async fn a_tee_writes_the_lines_so_far_and_each_new_one_at_once() {
+        let dir = std::env::temp_dir().join(format!("testkit-tee-{}", std::process::id()));
+        let (flag, path) = (dir.join("go-on"), dir.join("logs").join("child.log"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut command = Command::new("sh");
+        let script = format!(
+            "echo one; while [ ! -e {} ]; do sleep 0.01; done; echo two; exec sleep 60",
+            flag.display()
+        );
+        command.args(["-c", &script]);
+        let mut child = Process::spawn("sh", command);
+        child.line("one").await;
+        child.tee_to(&path).unwrap();
+        std::fs::write(&flag, "").unwrap();
+        child.line("two").await;
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "one\ntwo\n");
+        drop(child);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

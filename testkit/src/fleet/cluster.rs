@@ -173,7 +173,8 @@ impl Topology {
                 args.extend(["--routes".to_owned(), others.join(",")]);
             }
         }
-        let mut proc = match Proc::spawn(node.role.clone(), &node.program, &args) {
+        let log_dir = self.spec.log_dir.as_deref();
+        let mut proc = match Proc::spawn(node.role.clone(), &node.program, &args, log_dir) {
             Ok(proc) => proc,
             Err(e) => {
                 conf.map(std::fs::remove_file);

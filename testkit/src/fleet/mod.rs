@@ -83,9 +83,10 @@ pub struct TopologySpec {
     /// it starts closing clients. Its default is 10 s; a fleet's is short, so a restart
     /// of a node does not wait for it.
     pub lame_duck_grace: Duration,
-    /// Where each process's whole log (its stdout and stderr) is written once it has
-    /// stopped, as `<role>-<pid>.log`, to read after the run (`loadtest --logs`); `None`:
-    /// kept in memory only, its last lines in a failure's message.
+    /// Where each process's whole log (its stdout and stderr) is written as it comes, as
+    /// `<role>-<pid>.log`, to read after the run (`loadtest --logs`): a run killed before
+    /// it could stop its processes leaves their logs too. `None`: kept in memory only,
+    /// its last lines in a failure's message.
     pub log_dir: Option<PathBuf>,
 }
 
@@ -204,13 +205,26 @@ const MONITOR_LINE: &str = "Starting http monitor on ";
 const ROUTE_LINE: &str = "Listening for route connections on ";
 
 impl Proc {
-    fn spawn(role: Role, program: &Path, args: &[String]) -> anyhow::Result<Proc> {
+    /// Starts `program` as `role`; with a `log_dir`, its log is written to
+    /// `<log_dir>/<role>-<pid>.log` as it comes ([`TopologySpec::log_dir`]).
+    fn spawn(
+        role: Role,
+        program: &Path,
+        args: &[String],
+        log_dir: Option<&Path>,
+    ) -> anyhow::Result<Proc> {
         let mut command = std::process::Command::new(program);
         // Readiness lines are at info.
         command.args(args).env("RUST_LOG", "info");
         let process = Process::try_spawn(&role.to_string(), command)
             .with_context(|| format!("starting {role}: {}", program.display()))?;
         tracing::debug!(%role, pid = process.pid(), "started {}", program.display());
+        if let Some(dir) = log_dir {
+            let path = dir.join(format!("{role}-{}.log", process.pid()));
+            if let Err(error) = process.tee_to(&path) {
+                tracing::warn!(path = %path.display(), %error, "cannot keep a process's log");
+            }
+        }
         Ok(Proc {
             role,
             process,
@@ -423,7 +437,8 @@ impl Topology {
 
     /// Starts `shaddock` with `args` as `role`; it is then part of the topology.
     fn spawn(&mut self, role: Role, args: &[String]) -> anyhow::Result<Role> {
-        let proc = Proc::spawn(role.clone(), &self.spec.shaddock_bin, args)?;
+        let log_dir = self.spec.log_dir.as_deref();
+        let proc = Proc::spawn(role.clone(), &self.spec.shaddock_bin, args, log_dir)?;
         self.procs.push(proc);
         Ok(role)
     }
@@ -597,9 +612,6 @@ impl Topology {
                 }
             }
         }
-        for proc in &procs {
-            self.keep_log(proc);
-        }
         procs.clear();
         if killed.is_empty() {
             Ok(())
@@ -620,7 +632,8 @@ pub async fn or_interrupted<T>(work: impl Future<Output = anyhow::Result<T>>) ->
 
 /// Resolves when this process gets SIGINT (Ctrl-C) or SIGTERM (`timeout`, `kill`), with
 /// the error a run stopped by it ends with: a caller then shuts its topology down, so
-/// what it started stops and their logs are kept ([`TopologySpec::log_dir`]).
+/// what it started stops (their logs, with a [`TopologySpec::log_dir`], are written as
+/// they come).
 async fn interrupted() -> anyhow::Error {
     use tokio::signal::unix::{SignalKind, signal};
     let listen = || -> std::io::Result<_> {
@@ -772,7 +785,6 @@ impl Topology {
         if let Err(why) = &stopped {
             tracing::warn!("{why}");
         }
-        self.keep_log(&proc);
         Ok(Stopped {
             role: proc.role.clone(),
             pid: proc.process.pid(),
@@ -781,19 +793,6 @@ impl Topology {
             status: stopped.as_ref().ok().copied(),
             killed_after_timeout: stopped.is_err(),
         })
-    }
-
-    /// Writes `proc`'s whole log into the spec's `log_dir`, if it has one.
-    fn keep_log(&self, proc: &Proc) {
-        let Some(dir) = &self.spec.log_dir else {
-            return;
-        };
-        let path = dir.join(format!("{}-{}.log", proc.role, proc.process.pid()));
-        let written = std::fs::create_dir_all(dir)
-            .and_then(|()| std::fs::write(&path, proc.process.log() + "\n"));
-        if let Err(error) = written {
-            tracing::warn!(path = %path.display(), %error, "cannot keep a process's log");
-        }
     }
 }
 
