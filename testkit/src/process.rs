@@ -182,17 +182,17 @@ impl Process {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let mut file = Some(File::create(path)?);
+        let mut file = File::create(path)?;
         let mut written = Ok(());
+        // Under the log's lock: no line is read between the copy and the tee.
         self.log_tx.send_modify(|log| {
             let so_far: String = log.lines.iter().map(|(_, l)| format!("{l}\n")).collect();
-            written = file
-                .as_mut()
-                .map_or(Ok(()), |f| f.write_all(so_far.as_bytes()));
+            written = file.write_all(so_far.as_bytes());
             if written.is_ok() {
-                let file = file.take().expect("taken once");
-                let path = path.to_owned();
-                log.tee = Some(Tee { path, file });
+                log.tee = Some(Tee {
+                    path: path.to_owned(),
+                    file,
+                });
             }
         });
         written

@@ -60,3 +60,28 @@ export async function startBus(): Promise<Bus> {
     },
   };
 }
+
+/**
+ * Collects a child process's stdout: `ready` resolves once it has printed `line`, and
+ * rejects if the child exits first or the deadline passes; `printed()` is all of it so
+ * far.
+ */
+export function watchOutput(child: ChildProcess, line: string): { ready: Promise<void>; printed: () => string } {
+  let out = "";
+  const ready = new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`never printed ${line}:\n${out}`)), DEADLINE_MS);
+    child.stdout?.setEncoding("utf8");
+    child.stdout?.on("data", (chunk: string) => {
+      out += chunk;
+      if (out.includes(line)) {
+        clearTimeout(timer);
+        resolve();
+      }
+    });
+    child.on("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`exited (${code}) before it printed ${line}:\n${out}`));
+    });
+  });
+  return { ready, printed: () => out };
+}

@@ -8,7 +8,7 @@ import { fileURLToPath } from "node:url";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { EchoRequestSchema, EchoResponseSchema } from "../src/gen/echo_pb.js";
 import { RpcRequestSchema, RpcResponseSchema } from "../src/gen/rpc_pb.js";
-import { DEADLINE_MS, startBus } from "./bus.js";
+import { DEADLINE_MS, startBus, watchOutput } from "./bus.js";
 
 // dist-test/test/echo.test.js -> dist-test/src/echo.js
 const ECHO = join(dirname(fileURLToPath(import.meta.url)), "..", "src", "echo.js");
@@ -19,19 +19,8 @@ test("the echo worker serves, then drains on SIGTERM and reports its count", asy
     stdio: ["ignore", "pipe", "inherit"],
   });
   try {
-    let out = "";
-    child.stdout.setEncoding("utf8");
-    const ready = new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`not ready:\n${out}`)), DEADLINE_MS);
-      child.stdout.on("data", (chunk: string) => {
-        out += chunk;
-        if (out.includes("Worker is ready")) {
-          clearTimeout(timer);
-          resolve();
-        }
-      });
-    });
-    await ready;
+    const output = watchOutput(child, "Worker is ready");
+    await output.ready;
     const nc = await bus.connect();
     const body = create(EchoRequestSchema, { body: new TextEncoder().encode("x") });
     for (let i = 0; i < 3; i++) {
@@ -45,7 +34,7 @@ test("the echo worker serves, then drains on SIGTERM and reports its count", asy
     child.kill("SIGTERM");
     const [code] = await exited;
     assert.equal(code, 0);
-    assert.match(out, /Worker stopped: served=3 rejected=0/);
+    assert.match(output.printed(), /Worker stopped: served=3 rejected=0/);
   } finally {
     child.kill("SIGKILL");
     bus.stop();

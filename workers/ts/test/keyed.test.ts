@@ -19,7 +19,7 @@ import {
   ServiceSchemaSchema,
   SessionSchema,
 } from "../src/gen/rpc_pb.js";
-import { DEADLINE_MS, startBus } from "./bus.js";
+import { DEADLINE_MS, startBus, watchOutput } from "./bus.js";
 import type { Bus } from "./bus.js";
 
 /** Enough partitions that a second worker wins some, whatever the two random ids. */
@@ -730,17 +730,7 @@ async function peerInAnotherProcess(prefix: string, id: string): Promise<{ stop:
   const child = spawn(process.execPath, [...args, Buffer.from(heartbeat).toString("base64")], {
     stdio: ["ignore", "pipe", "inherit"],
   });
-  await new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error("the peer process did not start")), DEADLINE_MS);
-    child.stdout.setEncoding("utf8");
-    child.stdout.on("data", (chunk: string) => {
-      if (chunk.includes("ready")) {
-        clearTimeout(timer);
-        resolve();
-      }
-    });
-    child.on("exit", (code) => reject(new Error(`the peer process exited (${code})`)));
-  });
+  await watchOutput(child, "ready").ready;
   return { stop: () => child.kill() };
 }
 
@@ -759,8 +749,9 @@ test("a handler blocking the loop past the member timeout counts no peer dead th
     while (performance.now() < end) {
       // busy
     }
-    // Two of a's ticks after the block (each published its heartbeat, then reviewed the
-    // peers once what came meanwhile was read).
+    // The overdue tick fires as the block ends, and its review runs in that same turn of
+    // the loop, before anything awaited here completes; two more of a's heartbeats seen
+    // here make sure ticks have gone on since.
     const watcher = await bus.connect();
     let said = 0;
     const id = a.worker.keyed?.id ?? "";
