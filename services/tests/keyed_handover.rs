@@ -571,6 +571,20 @@ async fn a_worker_busy_past_the_member_timeout_counts_no_live_peer_dead(bus: Bus
     let (a, b) = (0, 1);
     assert_eq!(ask(&client, &id, prepare(a)).await, "");
     assert_eq!(ask(&client, &id, state(a, &[])).await, "");
+    // The queue's one place is the take-over's until the loop runs it: a request
+    // arriving before that is answered 503, and `block` would never start. A `fast`
+    // answered 200 shows the loop past the take-over, the queue empty.
+    within(async {
+        loop {
+            let answer = client.request(on(a, "fast"), call("fast", &key_in(a)));
+            let answer = RpcResponse::decode(answer.await.unwrap().payload).unwrap();
+            if answer.code == code::OK {
+                break;
+            }
+            assert_eq!(answer.code, code::UNAVAILABLE, "{answer:?}");
+        }
+    })
+    .await;
     (client.publish(on(a, "block"), call("block", &key_in(a))))
         .await
         .unwrap();
