@@ -4,13 +4,14 @@
 //! reaped) and reap it. The log's last lines go into every failure message, and the
 //! whole log can be written to a file as it comes ([`Process::tee_to`]).
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
-use std::io::{BufRead as _, BufReader, Read, Write as _};
+use std::io::{BufRead as _, BufReader, ErrorKind, Read, Write as _};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, mpsc};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -81,11 +82,13 @@ impl Process {
                 command.env_remove(key);
             }
         }
-        let mut child = command
+        let mut command = tie(command)?;
+        command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
+            .stderr(Stdio::piped());
+        let mut child = spawn_from_one_thread(command)?;
+        until_tied(&mut child)?;
         let (tx, log) = watch::channel(Log {
             lines: Vec::new(),
             open_pipes: 2,
@@ -290,6 +293,126 @@ impl Drop for Process {
     }
 }
 
+/// The program that ties a child to this process ([`tie`]): util-linux's `setpriv`,
+/// in every Debian and Ubuntu.
+const SETPRIV: &str = "setpriv";
+
+/// `command` tied to this process: run by `setpriv --pdeathsig KILL`, which asks the
+/// kernel to kill it (SIGKILL) once the thread that started it ends, and then runs the
+/// program in its place (same pid); its arguments, environment and directory kept. So a
+/// child dies with this process however it ends, SIGKILL included, when nothing of its
+/// own can stop its children any more (a load tester killed midway, a test binary
+/// killed at a timeout). Started from [`spawn_from_one_thread`], as it must be. A
+/// program that cannot be found fails here, as a spawn of it would. Without `setpriv`,
+/// `command` itself, untied, and that is said once.
+fn tie(command: Command) -> std::io::Result<Command> {
+    static HAS_SETPRIV: LazyLock<bool> = LazyLock::new(|| {
+        let found = Command::new(SETPRIV)
+            .arg("--version")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        if !found {
+            eprintln!(
+                "testkit: no `{SETPRIV}` (util-linux): the processes started here outlive \
+                 this one if it is killed"
+            );
+        }
+        found
+    });
+    if !*HAS_SETPRIV {
+        return Ok(command);
+    }
+    let mut tied = Command::new(SETPRIV);
+    tied.args(["--pdeathsig", "KILL", "--"])
+        .arg(locate(&command)?)
+        .args(command.get_args());
+    for (key, value) in command.get_envs() {
+        match value {
+            Some(value) => tied.env(key, value),
+            None => tied.env_remove(key),
+        };
+    }
+    if let Some(dir) = command.get_current_dir() {
+        tied.current_dir(dir);
+    }
+    Ok(tied)
+}
+
+/// Where `command`'s program is, as its spawn would look: a path as given (from the
+/// command's directory if relative), a bare name on the `PATH` it runs with. Not there
+/// or not executable: the error its spawn would give.
+fn locate(command: &Command) -> std::io::Result<PathBuf> {
+    let program = Path::new(command.get_program());
+    let runnable = |path: &Path| {
+        path.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let found = if program.components().count() > 1 {
+        let dir = command.get_current_dir().unwrap_or(Path::new(""));
+        Some(dir.join(program)).filter(|path| runnable(path))
+    } else {
+        let path = match command.get_envs().find(|(key, _)| *key == "PATH") {
+            Some((_, path)) => path.map(OsStr::to_owned),
+            None => std::env::var_os("PATH"),
+        };
+        path.and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(program))
+                .find(|path| runnable(path))
+        })
+    };
+    found.ok_or_else(|| {
+        let program = program.display();
+        std::io::Error::new(ErrorKind::NotFound, format!("{program}: no such program"))
+    })
+}
+
+/// Waits until `child` runs its program, no longer `setpriv` ([`tie`]): until then it
+/// may not have asked for the signal yet, and a parent killed then leaves it running.
+/// One that ended meanwhile waits for nothing; one stuck past [`DEADLINE`] is killed.
+fn until_tied(child: &mut Child) -> std::io::Result<()> {
+    let exe = format!("/proc/{}/exe", child.id());
+    let started = Instant::now();
+    while std::fs::read_link(&exe).is_ok_and(|path| path.ends_with(SETPRIV)) {
+        if started.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::other(format!(
+                "{SETPRIV} did not run its program within {DEADLINE:?}"
+            )));
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    Ok(())
+}
+
+/// Starts `command` from one thread that lives as long as this process: the
+/// parent-death signal [`tie`] sets fires when the *thread* that started the child ends,
+/// and a test's thread or a runtime's ends while the process lives.
+fn spawn_from_one_thread(command: Command) -> std::io::Result<Child> {
+    type Job = (Command, mpsc::SyncSender<std::io::Result<Child>>);
+    static SPAWNER: LazyLock<mpsc::Sender<Job>> = LazyLock::new(|| {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let spawner = std::thread::Builder::new().name("testkit-spawner".into());
+        spawner
+            .spawn(move || {
+                // The sender is a static's: the queue never ends, nor this thread.
+                for (mut command, started) in queue {
+                    let _ = started.send(command.spawn());
+                }
+            })
+            .expect("cannot start the thread processes are started from");
+        jobs
+    });
+    let gone = || std::io::Error::other("the thread processes are started from is gone");
+    let (started, child) = mpsc::sync_channel(1);
+    SPAWNER.send((command, started)).map_err(|_| gone())?;
+    child.recv().map_err(|_| gone())?
+}
+
 /// Reads `pipe` into the log line by line until it closes, on a thread of its own so
 /// the child never blocks on a full pipe, with or without a runtime.
 fn read_lines(pipe: impl Read + Send + 'static, log: Arc<watch::Sender<Log>>) {
@@ -323,6 +446,81 @@ pub(crate) fn find_word_after<'a>(line: &'a str, phrase: &str) -> Option<&'a str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What [`the_parent_killed`] is told to do by [`a_child_dies_with_its_parent_even_killed`].
+    const PARENT_ROLE: &str = "TESTKIT_PARENT_TO_KILL";
+
+    /// A process that starts a child and is then killed by SIGKILL, which runs nothing
+    /// of its own, leaves no child running: the kernel kills it.
+    #[tokio::test]
+    async fn a_child_dies_with_its_parent_even_killed() {
+        let mut parent = Command::new(std::env::current_exe().unwrap());
+        parent
+            .args(["process::tests::the_parent_killed", "--exact", "--ignored"])
+            .args(["--nocapture", "--test-threads=1"])
+            .env(PARENT_ROLE, "1");
+        let mut parent = Process::spawn("the parent", parent);
+        let line = parent.line("child pid").await;
+        let child = Pid::from_raw(word_after(&line, "child pid").parse().unwrap());
+        let running = |pid| state_of(pid).is_some_and(|state| state != 'Z');
+        assert!(
+            running(child),
+            "the child ended with the thread that started it"
+        );
+        parent.signal(Signal::SIGKILL);
+        parent.exited().await;
+        let started = Instant::now();
+        // Gone, or a zombie left for whoever it was handed to.
+        while running(child) {
+            if started.elapsed() > DEADLINE {
+                let _ = kill(child, Signal::SIGKILL);
+                panic!("child {child} outlived its parent, killed by SIGKILL");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The parent [`a_child_dies_with_its_parent_even_killed`] starts: starts a child
+    /// from a thread that then ends (as a test's or a runtime's does), which must not
+    /// end the child, says its pid, and waits to be killed. Run only by it.
+    #[tokio::test]
+    #[ignore = "the process a_child_dies_with_its_parent_even_killed starts and kills"]
+    async fn the_parent_killed() {
+        assert!(
+            std::env::var_os(PARENT_ROLE).is_some(),
+            "run by its test only"
+        );
+        let child = std::thread::spawn(|| {
+            let mut sleep = Command::new("sleep");
+            sleep.arg("600");
+            Process::spawn("sleep", sleep)
+        });
+        let child = child.join().unwrap();
+        println!("child pid {}", child.pid());
+        std::future::pending::<()>().await;
+    }
+
+    /// A program that is not there fails the start at once, as a spawn of it would, on
+    /// the `PATH` it runs with.
+    #[test]
+    fn a_program_not_found_is_an_error_at_once() {
+        let error = Process::try_spawn("none", Command::new("testkit-no-such-program"));
+        assert_eq!(error.err().map(|e| e.kind()), Some(ErrorKind::NotFound));
+        let mut sh = Command::new("sh");
+        sh.env("PATH", "/nonexistent");
+        let error = Process::try_spawn("sh", sh);
+        assert_eq!(error.err().map(|e| e.kind()), Some(ErrorKind::NotFound));
+        let error = Process::try_spawn("none", Command::new("/nonexistent/sh"));
+        assert_eq!(error.err().map(|e| e.kind()), Some(ErrorKind::NotFound));
+    }
+
+    /// `pid`'s state letter (`S` sleeping, `Z` zombie...); `None` once it is gone.
+    fn state_of(pid: Pid) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // After the command name, in parentheses, which may hold spaces.
+        let (_, rest) = stat.rsplit_once(')')?;
+        rest.trim_start().chars().next()
+    }
 
     /// The file holds every line as soon as it is read, those logged before the tee
     /// included, while the process still runs.
