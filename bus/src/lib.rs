@@ -38,6 +38,7 @@ mod backoff;
 mod connect;
 mod options;
 mod outbound;
+mod pairing;
 mod pings;
 mod run;
 #[cfg(test)]

@@ -46,6 +46,8 @@ pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default for [`BusOptions::linger`]: after a server announces lame duck and the gate
 /// has moved to another, how long replies are still read from the old connection.
 pub const DEFAULT_LINGER: Duration = Duration::from_secs(5);
+/// Default for [`BusOptions::move_unpaired`].
+pub const DEFAULT_MOVE_UNPAIRED: usize = 65_536;
 /// The largest control line or INFO the bus reads from a server.
 pub(super) const MAX_CONTROL_LINE: usize = 64 * 1024;
 /// The largest message payload the bus accepts from a server (nats-server's maximum
@@ -70,6 +72,10 @@ pub struct BusOptions {
     pub ping_interval: Duration,
     pub write_timeout: Duration,
     pub linger: Duration,
+    /// While moving off a server in lame duck mode, the most messages kept that came on
+    /// one of the two connections only, to take each message once from the two
+    /// (`pairing.rs`); past it only the new connection's are taken.
+    pub move_unpaired: usize,
     /// Start from a random server of the list (as NATS clients do, so a fleet of gates
     /// spreads over the servers); off, the first is tried first.
     pub randomize: bool,
@@ -94,6 +100,12 @@ pub struct BusTimings {
     /// it (0: not at all).
     #[arg(long = "bus-linger", env = "SHADDOCK_BUS_LINGER", value_parser = net::duration::parse, default_value = "5s")]
     pub linger: Duration,
+    /// While moving off a server in lame duck mode (until the old connection ends), the
+    /// most messages kept that came on one connection only, so that each message
+    /// published meanwhile is taken once from the two; past it only the new
+    /// connection's are taken, and some may be lost (0: that at once).
+    #[arg(long = "bus-move-unpaired", env = "SHADDOCK_BUS_MOVE_UNPAIRED", default_value_t = DEFAULT_MOVE_UNPAIRED)]
+    pub move_unpaired: usize,
 }
 
 /// The bus flags that once took bare milliseconds as `--<name>-ms`; those names still
@@ -112,6 +124,7 @@ impl Default for BusTimings {
             ping_interval: DEFAULT_PING_INTERVAL,
             write_timeout: DEFAULT_WRITE_TIMEOUT,
             linger: DEFAULT_LINGER,
+            move_unpaired: DEFAULT_MOVE_UNPAIRED,
         }
     }
 }
@@ -123,6 +136,7 @@ impl BusTimings {
         options.ping_interval = self.ping_interval;
         options.write_timeout = self.write_timeout;
         options.linger = self.linger;
+        options.move_unpaired = self.move_unpaired;
     }
 }
 
@@ -146,6 +160,7 @@ impl BusOptions {
             ping_interval,
             write_timeout,
             linger,
+            move_unpaired,
         } = BusTimings::default();
         BusOptions {
             urls: urls.into_iter().map(Into::into).collect(),
@@ -157,6 +172,7 @@ impl BusOptions {
             ping_interval,
             write_timeout,
             linger,
+            move_unpaired,
             randomize: true,
         }
     }
@@ -286,6 +302,8 @@ mod tests {
             "3ms",
             "--bus-linger",
             "0",
+            "--bus-move-unpaired",
+            "7",
         ])
         .unwrap()
         .timings;
@@ -297,9 +315,10 @@ mod tests {
                 options.connect_timeout,
                 options.ping_interval,
                 options.write_timeout,
-                options.linger
+                options.linger,
+                options.move_unpaired,
             ),
-            (ms(1), ms(2), ms(3), ms(0))
+            (ms(1), ms(2), ms(3), ms(0), 7)
         );
         // Zero would leave nothing to work with (a zero ping interval would not even
         // start); only the linger may be zero.

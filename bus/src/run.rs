@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::connect::{Conn, Info, LIMITS, open};
 use super::options::LocalStream;
 use super::outbound::Taken;
+use super::pairing::{Pairing, Side, Slot};
 use super::{Bus, Dispatch, FIRST_SID, Incoming, backoff};
 
 /// Read buffer room reserved before each read.
@@ -33,9 +34,12 @@ enum Event {
 struct Current {
     id: u64,
     server: usize,
-    /// Set when the connection only lingers for the first subscription's messages (the
-    /// gate's replies) after a lame-duck move.
-    first_only: Arc<AtomicBool>,
+    /// Set when the connection was moved off: it lingers for what it is owed (the
+    /// gate's replies, and what only it received) and answers the server's pings no
+    /// more (its writes go to the new connection).
+    moved: Arc<AtomicBool>,
+    /// Its part in a move's pairing ([`pairing`]).
+    slot: Arc<Slot>,
     stop: CancellationToken,
     /// The connection's task: awaited at the end, so what it still had queued is
     /// written before [`run`] returns.
@@ -70,7 +74,9 @@ pub async fn run<T: Clone + Send + Sync + 'static>(
                     next_id += 1;
                     tracing::info!(name = %bus.options.name, server = %server_name(&bus, conn.server), server_id = %conn.info.server.server_id, "connected to the bus");
                     *bus.server_lock() = Some(conn.info.server.clone());
-                    current = Some(start(&bus, &dispatch, conn, next_id, true, &events_tx).await);
+                    let slot = Arc::new(Slot::default());
+                    current =
+                        Some(start(&bus, &dispatch, conn, next_id, true, slot, &events_tx).await);
                     bus.connected.store(true, Ordering::Release);
                     dispatch.connected();
                 }
@@ -108,8 +114,12 @@ pub async fn run<T: Clone + Send + Sync + 'static>(
                 };
                 next_id += 1;
                 let old = current.take().expect("checked above");
-                // Replies to what was published on the old connection still come there.
-                old.first_only.store(true, Ordering::Release);
+                // Replies to what was published on the old connection still come there,
+                // and so do messages published before every server knew of the new
+                // subscriptions: each message is taken once from the two.
+                old.moved.store(true, Ordering::Release);
+                let pairing = Pairing::new(bus.options.move_unpaired);
+                old.slot.pair(pairing.clone(), Side::Old);
                 let linger = bus.options.linger;
                 tokio::spawn(async move {
                     tokio::time::sleep(linger).await;
@@ -117,7 +127,10 @@ pub async fn run<T: Clone + Send + Sync + 'static>(
                 });
                 tracing::info!(name = %bus.options.name, server = %server_name(&bus, conn.server), "moved to another bus server");
                 *bus.server_lock() = Some(conn.info.server.clone());
-                current = Some(start(&bus, &dispatch, conn, next_id, false, &events_tx).await);
+                let slot = Arc::new(Slot::default());
+                slot.pair(pairing, Side::New);
+                current =
+                    Some(start(&bus, &dispatch, conn, next_id, false, slot, &events_tx).await);
             }
             // A lingering connection ended, or news of one already replaced.
             Some(_) | None => {}
@@ -163,12 +176,14 @@ async fn open_any<T>(bus: &Bus<T>, first: usize, avoid: Option<usize>) -> Option
 
 /// Sends every subscription on `conn`, makes its writer the outbound buffer's owner, and
 /// spawns its task. `fresh`: a connection after a loss, whose buffer starts empty.
+/// `slot`: its part in a move's pairing (the new side of one, after a lame-duck move).
 async fn start<T: Clone + Send + Sync + 'static>(
     bus: &Arc<Bus<T>>,
     dispatch: &Arc<dyn Dispatch<T>>,
     conn: Conn,
     id: u64,
     fresh: bool,
+    slot: Arc<Slot>,
     events: &mpsc::UnboundedSender<Event>,
 ) -> Current {
     let Conn {
@@ -180,11 +195,12 @@ async fn start<T: Clone + Send + Sync + 'static>(
     let (rd, mut wr) = tokio::io::split(stream);
     let (lines, writer) = bus.take_over(fresh);
     let stop = CancellationToken::new();
-    let first_only = Arc::new(AtomicBool::new(false));
+    let moved = Arc::new(AtomicBool::new(false));
     let mut current = Current {
         id,
         server,
-        first_only: first_only.clone(),
+        moved: moved.clone(),
+        slot: slot.clone(),
         stop: stop.clone(),
         task: None,
     };
@@ -196,7 +212,8 @@ async fn start<T: Clone + Send + Sync + 'static>(
     let reader = Reader {
         bus: bus.clone(),
         dispatch: dispatch.clone(),
-        first_only,
+        moved,
+        slot: slot.clone(),
         pings_out: pings_out.clone(),
         writer,
         id,
@@ -205,6 +222,8 @@ async fn start<T: Clone + Send + Sync + 'static>(
     };
     let (bus, events) = (bus.clone(), events.clone());
     current.task = Some(tokio::spawn(async move {
+        // However this task ends, the pairing this connection is the old side of ends.
+        let _ending = EndsPairing(slot);
         let writing = write_loop(&bus, &mut wr, writer, &pings_out);
         let reading = reader.run(rd, leftover);
         tokio::pin!(reading);
@@ -232,6 +251,15 @@ async fn start<T: Clone + Send + Sync + 'static>(
         let _ = events.send(Event::Lost { id, error });
     }));
     current
+}
+
+/// Ends, when dropped, the pairing a connection is the old side of.
+struct EndsPairing(Arc<Slot>);
+
+impl Drop for EndsPairing {
+    fn drop(&mut self) {
+        self.0.end();
+    }
 }
 
 /// The connection is stopped: writes what is still queued for it (nothing when another
@@ -309,7 +337,8 @@ async fn write<T>(
 struct Reader<T> {
     bus: Arc<Bus<T>>,
     dispatch: Arc<dyn Dispatch<T>>,
-    first_only: Arc<AtomicBool>,
+    moved: Arc<AtomicBool>,
+    slot: Arc<Slot>,
     pings_out: Arc<AtomicU32>,
     /// This connection's writer, whose PINGs this reader reads the PONGs of.
     writer: u64,
@@ -388,7 +417,7 @@ impl<T: Clone + Send + Sync + 'static> Reader<T> {
     fn control(&mut self, op: ServerOp<'_>) {
         match op {
             ServerOp::Ping => {
-                if !self.first_only.load(Ordering::Acquire) {
+                if !self.moved.load(Ordering::Acquire) {
                     self.bus.out.push_control(b"PONG\r\n");
                 }
             }
@@ -424,8 +453,8 @@ impl<T: Clone + Send + Sync + 'static> Reader<T> {
             self.dispatch.deliver(&self.bus.first, incoming);
             return;
         }
-        if self.first_only.load(Ordering::Acquire) {
-            // The new connection delivers these; taking them here too would double them.
+        if !self.slot.take(&incoming) {
+            // The other connection of a move delivered it.
             return;
         }
         let Some(target) = self.bus.delivered(msg.sid) else {

@@ -3,16 +3,20 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use broker::{Config, Server};
 use bus::BusOptions;
+use bytes::Bytes;
 use common::{Holds, TestGate, echo_worker_on, gate_config, queue_of, start_worker};
 use gateway::{AnyToken, GateConfig};
 use proto::code;
 use sdk::{Client, ClientOptions};
+use services::{FrameConfig, Service};
 use testkit::{DEADLINE, NatsServer, nats_server_path, within};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -297,4 +301,95 @@ async fn a_server_in_lame_duck_mode_loses_nothing() {
         client.request("echo.raw", "x").await.unwrap().code,
         code::OK
     );
+}
+
+/// How many pushes one `room.burst` broadcasts.
+const BURST: usize = 50;
+
+/// A room: `join` puts the session in group `r`; `burst` broadcasts the next [`BURST`]
+/// numbers of the room's count to it, one `room.n` push each.
+fn numbered_room() -> Service {
+    let next = Arc::new(AtomicUsize::new(0));
+    Service::new("room")
+        .raw_method("join", |ctx, _| {
+            ctx.join("r");
+            Ok(Bytes::new())
+        })
+        .raw_method("burst", move |ctx, _| {
+            for _ in 0..BURST {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                ctx.broadcast("r", "room.n", n.to_string())?;
+            }
+            Ok(Bytes::new())
+        })
+}
+
+/// Pushes published on the server the gate moves off, as it moves, arrive once each:
+/// until that server has heard of the gate's new subscriptions (a route away), they
+/// reach the old connection only, later ones both (docs/gateway.md, "Lame duck").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_published_as_the_gate_moves_off_a_server_arrive_once_each() {
+    let (route_a, route_b) = (free_port(), free_port());
+    let node = |own: u16, other: u16| {
+        format!(
+            "listen: 127.0.0.1:-1\nlame_duck_grace_period: 500ms\nlame_duck_duration: 30s\n\
+             cluster {{ name: ldm, listen: 127.0.0.1:{own}, routes: [nats-route://127.0.0.1:{other}] }}\n"
+        )
+    };
+    let a = NatsServer::with_config(&node(route_a, route_b)).await;
+    let b = NatsServer::with_config(&node(route_b, route_a)).await;
+    // The room's worker and the gate on A: the pushes are published where the gate
+    // leaves. The worker's own move off A would stop them; its server is the URL alone.
+    let _room = start_worker(&a.url, numbered_room(), FrameConfig::default()).await;
+    let mut options = BusOptions::new([a.url.clone(), b.url.clone()]);
+    options.randomize = false;
+    let gate = TestGate::start_on(options, GateConfig::default(), Arc::new(AnyToken)).await;
+    let client = gate.client().await;
+    // Read as they come (the client's push queue is bounded): how many times each came.
+    let (tx, mut counted) = tokio::sync::watch::channel(BTreeMap::<usize, u32>::new());
+    let mut pushes = client.pushes().unwrap();
+    tokio::spawn(async move {
+        while let Some(push) = pushes.recv().await {
+            let n: usize = std::str::from_utf8(&push.body).unwrap().parse().unwrap();
+            tx.send_modify(|seen| *seen.entry(n).or_default() += 1);
+        }
+    });
+    assert_eq!(
+        client.request("room.join", "").await.unwrap().code,
+        code::OK
+    );
+
+    // Bursts before, during and after the move.
+    let mut bursts = 0;
+    let mut signalled = false;
+    let moved_at = std::time::Instant::now() + Duration::from_millis(200);
+    let until = moved_at + Duration::from_millis(400);
+    while std::time::Instant::now() < until {
+        let answer = client.request("room.burst", "").await.unwrap();
+        assert_eq!(answer.code, code::OK, "{answer:?}");
+        bursts += 1;
+        if !signalled && std::time::Instant::now() >= moved_at {
+            let status = std::process::Command::new(nats_server_path())
+                .args(["--signal", &format!("ldm={}", a.process.pid())])
+                .status()
+                .unwrap();
+            assert!(status.success());
+            signalled = true;
+        }
+    }
+    assert!(signalled);
+    // Every push published has come, or the deadline passed: the check says which not.
+    let published = bursts * BURST;
+    let arrived = |seen: &BTreeMap<usize, u32>| seen.values().sum::<u32>() as usize >= published;
+    let _ = tokio::time::timeout(DEADLINE, counted.wait_for(arrived)).await;
+    let seen = counted.borrow().clone();
+    let wrong: Vec<(usize, u32)> = (0..published)
+        .map(|n| (n, seen.get(&n).copied().unwrap_or(0)))
+        .filter(|(_, times)| *times != 1)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "pushes not received once (number, times): {wrong:?}"
+    );
+    assert_eq!(client.pushes_dropped(), 0);
 }
