@@ -252,8 +252,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_in_lame_duck_mode_loses_nothing() {
+/// Two nats-server nodes routed to each other; told to, each goes into lame duck mode
+/// and closes its clients after 500 ms.
+async fn two_nodes() -> (NatsServer, NatsServer) {
     let (route_a, route_b) = (free_port(), free_port());
     let node = |own: u16, other: u16| {
         format!(
@@ -263,11 +264,31 @@ async fn a_server_in_lame_duck_mode_loses_nothing() {
     };
     let a = NatsServer::with_config(&node(route_a, route_b)).await;
     let b = NatsServer::with_config(&node(route_b, route_a)).await;
-    // The worker on B, the gate on A first: the gate's server goes away.
-    let _echo = echo_worker_on(&b.url).await;
+    (a, b)
+}
+
+/// A gate connected to `a` first, `b` next.
+async fn gate_on_first(a: &NatsServer, b: &NatsServer) -> TestGate {
     let mut options = BusOptions::new([a.url.clone(), b.url.clone()]);
     options.randomize = false;
-    let gate = TestGate::start_on(options, GateConfig::default(), Arc::new(AnyToken)).await;
+    TestGate::start_on(options, GateConfig::default(), Arc::new(AnyToken)).await
+}
+
+/// Puts `server` into lame duck mode, as `nats-server --signal ldm=PID` does.
+fn lame_duck(server: &NatsServer) {
+    let signalled = std::process::Command::new(nats_server_path())
+        .args(["--signal", &format!("ldm={}", server.process.pid())])
+        .status()
+        .unwrap();
+    assert!(signalled.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_in_lame_duck_mode_loses_nothing() {
+    let (a, b) = two_nodes().await;
+    // The worker on B, the gate on A first: the gate's server goes away.
+    let _echo = echo_worker_on(&b.url).await;
+    let gate = gate_on_first(&a, &b).await;
     let client = gate.client().await;
     // Once the route is up, requests cross it.
     codes_until(&client, |c| c == code::OK).await;
@@ -283,11 +304,7 @@ async fn a_server_in_lame_duck_mode_loses_nothing() {
             codes
         }
     });
-    let signalled = std::process::Command::new(testkit::nats_server_path())
-        .args(["--signal", &format!("ldm={}", a.process.pid())])
-        .status()
-        .unwrap();
-    assert!(signalled.success());
+    lame_duck(&a);
     let codes = within(steady).await.unwrap();
     let failed: Vec<&u32> = codes.iter().filter(|c| **c != code::OK).collect();
     assert!(
@@ -329,21 +346,11 @@ fn numbered_room() -> Service {
 /// reach the old connection only, later ones both (docs/gateway.md, "Lame duck").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pushes_published_as_the_gate_moves_off_a_server_arrive_once_each() {
-    let (route_a, route_b) = (free_port(), free_port());
-    let node = |own: u16, other: u16| {
-        format!(
-            "listen: 127.0.0.1:-1\nlame_duck_grace_period: 500ms\nlame_duck_duration: 30s\n\
-             cluster {{ name: ldm, listen: 127.0.0.1:{own}, routes: [nats-route://127.0.0.1:{other}] }}\n"
-        )
-    };
-    let a = NatsServer::with_config(&node(route_a, route_b)).await;
-    let b = NatsServer::with_config(&node(route_b, route_a)).await;
+    let (a, b) = two_nodes().await;
     // The room's worker and the gate on A: the pushes are published where the gate
     // leaves. The worker's own move off A would stop them; its server is the URL alone.
     let _room = start_worker(&a.url, numbered_room(), FrameConfig::default()).await;
-    let mut options = BusOptions::new([a.url.clone(), b.url.clone()]);
-    options.randomize = false;
-    let gate = TestGate::start_on(options, GateConfig::default(), Arc::new(AnyToken)).await;
+    let gate = gate_on_first(&a, &b).await;
     let client = gate.client().await;
     // Read as they come (the client's push queue is bounded): how many times each came.
     let (tx, mut counted) = tokio::sync::watch::channel(BTreeMap::<usize, u32>::new());
@@ -369,11 +376,7 @@ async fn pushes_published_as_the_gate_moves_off_a_server_arrive_once_each() {
         assert_eq!(answer.code, code::OK, "{answer:?}");
         bursts += 1;
         if !signalled && std::time::Instant::now() >= moved_at {
-            let status = std::process::Command::new(nats_server_path())
-                .args(["--signal", &format!("ldm={}", a.process.pid())])
-                .status()
-                .unwrap();
-            assert!(status.success());
+            lame_duck(&a);
             signalled = true;
         }
     }
