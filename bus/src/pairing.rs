@@ -16,7 +16,8 @@
 //! what is on its way on one side, or was published before the other subscription was
 //! known. That is bounded (`--bus-move-unpaired`): past the bound, or once the old
 //! connection ends (the linger, or its server closes it), only the new connection is
-//! taken, as before pairing.
+//! taken, as before pairing; once the new one ends (lost), the old one delivers nothing
+//! more, and the connection made next everything.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -114,7 +115,9 @@ impl Pairing {
         Some(deliver)
     }
 
-    /// The old connection has ended: only the new one is taken from now on.
+    /// One of the two connections has ended: the old one (its linger over, or closed by
+    /// its server), and only the new one is taken from now on; or the new one (lost),
+    /// and the connection made after it takes everything, the old one nothing.
     pub(crate) fn end(&self) {
         *self.lock() = None;
     }
@@ -160,10 +163,10 @@ impl Slot {
         true
     }
 
-    /// This connection's pairing, if it is the old side of one, ends with it.
+    /// This connection's pairing, if any, ends with it.
     pub(crate) fn end(&self) {
         let slot = self.pairing.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((pairing, Side::Old)) = slot.as_ref() {
+        if let Some((pairing, _)) = slot.as_ref() {
             pairing.end();
         }
     }
@@ -239,7 +242,7 @@ mod tests {
     }
 
     /// Once the old connection ends, the new one is taken whole and leaves the pairing,
-    /// and the old one delivers nothing more.
+    /// and the old one delivers nothing more; so too once the new one ends (lost).
     #[test]
     fn once_the_old_connection_ends_only_the_new_one_is_taken() {
         let (old, new) = paired(16);
@@ -248,11 +251,10 @@ mod tests {
         assert!(new.take(&msg("a", "1")), "no longer paired: doubled");
         assert!(!new.paired.load(Ordering::Acquire));
         assert!(!old.take(&msg("a", "2")));
-        // The new side's end is no pairing's end.
+        // The new one lost: the old one delivers nothing more either.
         let (old, new) = paired(16);
         new.end();
-        assert!(old.take(&msg("a", "1")));
-        assert!(!new.take(&msg("a", "1")));
+        assert!(!old.take(&msg("a", "1")));
     }
 
     /// Up to `--bus-move-unpaired` messages on one side only, pairing goes on; one more

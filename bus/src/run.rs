@@ -222,7 +222,7 @@ async fn start<T: Clone + Send + Sync + 'static>(
     };
     let (bus, events) = (bus.clone(), events.clone());
     current.task = Some(tokio::spawn(async move {
-        // However this task ends, the pairing this connection is the old side of ends.
+        // However this task ends, the pairing this connection is a side of ends.
         let _ending = EndsPairing(slot);
         let writing = write_loop(&bus, &mut wr, writer, &pings_out);
         let reading = reader.run(rd, leftover);
@@ -253,7 +253,7 @@ async fn start<T: Clone + Send + Sync + 'static>(
     current
 }
 
-/// Ends, when dropped, the pairing a connection is the old side of.
+/// Ends, when dropped, the pairing a connection is a side of.
 struct EndsPairing(Arc<Slot>);
 
 impl Drop for EndsPairing {
