@@ -205,6 +205,8 @@ async fn start<T: Clone + Send + Sync + 'static>(
         task: None,
     };
     if let Err(error) = write(bus, &mut wr, &lines).await {
+        // Lost before its task started: its pairing ends here, as the task's would.
+        slot.end();
         let _ = events.send(Event::Lost { id, error });
         return current;
     }
