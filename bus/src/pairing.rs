@@ -8,7 +8,9 @@
 //! published just after the move (seen in a cluster: a match's state push), taking both
 //! doubles the rest.
 //!
-//! For each message (subject, reply, headers' status, payload) the pairing counts the
+//! For each message (subject, reply, headers' status, payload; known by a 128-bit keyed
+//! hash of them, so what is kept per message is a few bytes whatever its size, and two
+//! messages would be taken for one only by a 2^-128 chance) the pairing counts the
 //! copies each connection brought, and a copy is delivered only when it raises the
 //! larger of the two counts: a message on both is delivered once, whichever comes
 //! first; one on a single connection once; the same message published twice, twice. A
@@ -19,10 +21,12 @@
 //! taken, as before pairing; once the new one ends (lost), the old one delivers nothing
 //! more, and the connection made next everything.
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
+use std::collections::hash_map::{Entry, RandomState};
+use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use rustc_hash::FxHashMap;
 
 use super::Incoming;
 
@@ -33,14 +37,9 @@ pub(crate) enum Side {
     New,
 }
 
-/// A message as the pairing tells messages apart.
-#[derive(PartialEq, Eq, Hash)]
-struct Key {
-    subject: Box<[u8]>,
-    reply: Option<Box<[u8]>>,
-    status: Option<u16>,
-    payload: Box<[u8]>,
-}
+/// A message as the pairing tells messages apart: a 128-bit keyed hash of its subject,
+/// reply, status and payload ([`Pairing::key`]).
+type Key = u128;
 
 /// Copies of one message seen on each side.
 #[derive(Default)]
@@ -65,33 +64,44 @@ impl Copies {
 pub(crate) struct Pairing {
     /// The most messages kept unpaired before pairing ends.
     limit: usize,
+    /// The two halves of a message's key, each a SipHash under a random key of its own.
+    halves: (RandomState, RandomState),
     /// `None` once pairing has ended.
-    unpaired: Mutex<Option<HashMap<Key, Copies>>>,
+    unpaired: Mutex<Option<FxHashMap<Key, Copies>>>,
 }
 
 impl Pairing {
     pub(crate) fn new(limit: usize) -> Arc<Pairing> {
         Arc::new(Pairing {
             limit,
-            unpaired: Mutex::new(Some(HashMap::new())),
+            halves: (RandomState::new(), RandomState::new()),
+            unpaired: Mutex::new(Some(FxHashMap::default())),
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<HashMap<Key, Copies>>> {
+    fn lock(&self) -> MutexGuard<'_, Option<FxHashMap<Key, Copies>>> {
         self.unpaired.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `msg`'s key: computed outside the lock, and nothing of the message kept.
+    fn key(&self, msg: &Incoming<'_>) -> Key {
+        let half = |state: &RandomState| {
+            let mut hasher = state.build_hasher();
+            msg.subject.hash(&mut hasher);
+            msg.reply.hash(&mut hasher);
+            msg.status.hash(&mut hasher);
+            msg.payload[..].hash(&mut hasher);
+            hasher.finish()
+        };
+        (u128::from(half(&self.halves.0)) << 64) | u128::from(half(&self.halves.1))
     }
 
     /// Whether the copy of `msg` that came on `side` is to be delivered; `None` once
     /// pairing has ended.
     fn take(&self, side: Side, msg: &Incoming<'_>) -> Option<bool> {
+        let key = self.key(msg);
         let mut unpaired = self.lock();
         let map = unpaired.as_mut()?;
-        let key = Key {
-            subject: msg.subject.into(),
-            reply: msg.reply.map(Into::into),
-            status: msg.status,
-            payload: msg.payload[..].into(),
-        };
         let deliver = match map.entry(key) {
             Entry::Occupied(mut entry) => {
                 let copies = entry.get_mut();

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::process::on_path;
 use crate::{Process, temp_file};
 
 /// A NATS server process on a random port; killed and reaped when dropped.
@@ -82,13 +83,9 @@ pub fn find_go_binary(name: &str) -> PathBuf {
 
 /// [`find_go_binary`], `None` when it is not installed.
 pub fn go_binary(name: &str) -> Option<PathBuf> {
-    if let Some(paths) = std::env::var_os("PATH") {
-        for dir in std::env::split_paths(&paths) {
-            let candidate = dir.join(name);
-            if candidate.is_file() {
-                return Some(candidate);
-            }
-        }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if let Some(found) = on_path(Path::new(name), &path) {
+        return Some(found);
     }
     let gopath = Command::new("go")
         .args(["env", "GOPATH"])

@@ -307,13 +307,8 @@ const SETPRIV: &str = "setpriv";
 /// `command` itself, untied, and that is said once.
 fn tie(command: Command) -> std::io::Result<Command> {
     static HAS_SETPRIV: LazyLock<bool> = LazyLock::new(|| {
-        let found = Command::new(SETPRIV)
-            .arg("--version")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success());
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let found = on_path(Path::new(SETPRIV), &path).is_some();
         if !found {
             eprintln!(
                 "testkit: no `{SETPRIV}` (util-linux): the processes started here outlive \
@@ -346,10 +341,6 @@ fn tie(command: Command) -> std::io::Result<Command> {
 /// or not executable: the error its spawn would give.
 fn locate(command: &Command) -> std::io::Result<PathBuf> {
     let program = Path::new(command.get_program());
-    let runnable = |path: &Path| {
-        path.metadata()
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
     let found = if program.components().count() > 1 {
         let dir = command.get_current_dir().unwrap_or(Path::new(""));
         Some(dir.join(program)).filter(|path| runnable(path))
@@ -358,16 +349,25 @@ fn locate(command: &Command) -> std::io::Result<PathBuf> {
             Some((_, path)) => path.map(OsStr::to_owned),
             None => std::env::var_os("PATH"),
         };
-        path.and_then(|path| {
-            std::env::split_paths(&path)
-                .map(|dir| dir.join(program))
-                .find(|path| runnable(path))
-        })
+        path.and_then(|path| on_path(program, &path))
     };
     found.ok_or_else(|| {
         let program = program.display();
         std::io::Error::new(ErrorKind::NotFound, format!("{program}: no such program"))
     })
+}
+
+/// The first runnable `name` in the directories of `path` (a `PATH` value).
+pub(crate) fn on_path(name: &Path, path: &OsStr) -> Option<PathBuf> {
+    (std::env::split_paths(path))
+        .map(|dir| dir.join(name))
+        .find(|candidate| runnable(candidate))
+}
+
+/// Whether `path` is a file this user may run.
+fn runnable(path: &Path) -> bool {
+    path.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// Waits until `child` runs its program, no longer `setpriv` ([`tie`]): until then it
