@@ -79,7 +79,7 @@ step "Lint"
 run cargo clippy --workspace --all-targets -- -D warnings
 
 step "Layers: no import cycles between modules (docs/layers.md)"
-run python3 scripts/check-layers.py gateway services loadtest
+run python3 scripts/check-layers.py gateway services loadtest broker bus proto net nats-wire testkit clients/rust
 
 step "Workers in other languages: TypeScript (workers/ts) and Go (workers/go)"
 # The mixed-language test in `cargo test` below runs these workers beside a Rust one.

@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep_until};
 use tracing::info;
 
-use crate::client::ClientShared;
-use crate::server::Shared;
+use crate::peer::ClientShared;
+use crate::state::Shared;
 
 /// The longest pause between two closes: a handful of clients over a two-minute duration
 /// need not take two minutes to leave (nats-server's cap).

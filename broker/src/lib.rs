@@ -50,8 +50,10 @@ pub mod conf_file;
 pub mod config;
 mod lame_duck;
 pub mod monitor;
+mod peer;
 pub mod pipe;
 mod server;
+mod state;
 pub mod sublist;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -19,7 +19,8 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::server::{Server, Stats, VERSION};
+use crate::server::Server;
+use crate::state::{Stats, VERSION};
 
 /// Connections `/connz` lists when the request names no limit (nats-server's default).
 pub const DEFAULT_CONNZ_LIMIT: usize = 1024;
