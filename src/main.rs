@@ -42,7 +42,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run everything in one process: embedded broker, a gate, and the echo and chat workers.
+    /// Run everything in one process: embedded broker, a gate, and the echo, chat, arena
+    /// and profile workers (`--services` picks which).
     Up(Box<UpArgs>),
     /// Run the embedded NATS-protocol broker alone; flags follow nats-server's.
     Broker(Box<BrokerArgs>),
@@ -90,6 +91,14 @@ struct UpArgs {
     #[arg(long, value_name = "PORT", default_value_t = roles::DEFAULT_METRICS_PORT)]
     #[arg(env = "SHADDOCK_UP_METRICS_PORT")]
     metrics_port: u16,
+
+    /// The built-in services to run a worker of, comma-separated (default: all four).
+    /// Leave one out to serve it with a worker of your own, in any language, connected
+    /// to this process's broker (the NATS URL it prints). `--services` with no value
+    /// runs none.
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 0..)]
+    #[arg(env = "SHADDOCK_UP_SERVICES", default_values_t = ServiceName::ALL)]
+    services: Vec<ServiceName>,
 
     #[command(flatten)]
     tls: TlsArgs,
@@ -247,10 +256,12 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     let dialer = bus::dial_with(move || server.connect_in_process());
     let start =
         |service| roles::start_worker(service, worker_config.clone(), Some(&dialer), &shutdown);
-    let echo = start(ServiceName::Echo).await?;
-    let chat = start(ServiceName::Chat).await?;
-    let arena = start(ServiceName::Arena).await?;
-    let profile = start(ServiceName::Profile).await?;
+    let mut workers = Vec::new();
+    for service in ServiceName::ALL {
+        if args.services.contains(&service) {
+            workers.push((service, start(service).await?));
+        }
+    }
     let web = !args.gate.no_web;
     let gate_bus = BusOptions {
         name: roles::GATE_CONNECTION_NAME.into(),
@@ -270,12 +281,7 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     }
     // Ready means every client can use every route: the gate has the local workers'
     // message types (JSON bodies, the pomelo dictionary) before the first client comes.
-    let local = [
-        services::echo::NAME,
-        services::chat::NAME,
-        services::arena::NAME,
-        services::profile::NAME,
-    ];
+    let local: Vec<&str> = workers.iter().map(|(service, _)| service.name()).collect();
     if !gate.gate.wait_for_schemas(&local, UP_READY_WAIT).await {
         tracing::warn!(
             "the gate has not heard the workers' message types yet; JSON and pomelo clients may miss them for a moment"
@@ -284,19 +290,17 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     // And the keyed services' lone workers hold every partition: a client's request
     // would wait for them, but a call between services is not sent again (chat.login's
     // call to the profile service would get 503 meanwhile).
-    let keyed = [
-        (&arena.held, services::arena::PARTITIONS),
-        (&profile.held, services::profile::PARTITIONS),
-    ];
-    for (held, partitions) in keyed {
-        let Some(mut held) = held.clone() else {
+    for (service, worker) in &workers {
+        let Some(mut held) = worker.held.clone() else {
             continue;
         };
+        let partitions = service.partitions();
         let all = tokio::time::timeout(UP_READY_WAIT, held.at_least(partitions as usize));
         if !matches!(all.await, Ok(true)) {
             tracing::warn!(
                 held = held.count(),
                 partitions,
+                service = service.name(),
                 "a keyed worker does not hold its partitions yet: calls to it may get 503 for a moment"
             );
         }
@@ -324,18 +328,13 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     }
     info!("Initiating Shutdown...");
     shutdown.cancel();
-    let gate_result = roles::join(gate.task).await;
-    let echo_result = roles::join(echo.task).await;
-    let chat_result = roles::join(chat.task).await;
-    let arena_result = roles::join(arena.task).await;
-    let profile_result = roles::join(profile.task).await;
+    let mut result = roles::join(gate.task).await;
+    for (_, worker) in workers {
+        result = result.and(roles::join(worker.task).await);
+    }
     broker_shutdown.cancel();
     broker.stop().await?;
-    gate_result
-        .and(echo_result)
-        .and(chat_result)
-        .and(arena_result)
-        .and(profile_result)
+    result
 }
 
 /// Where the parts of `shaddock up` listen, as bound.

@@ -49,7 +49,7 @@ pub struct GateArgs {
 }
 
 /// The services a worker process can run.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ServiceName {
     Echo,
     Chat,
@@ -60,6 +60,33 @@ pub enum ServiceName {
 }
 
 impl ServiceName {
+    /// Every built-in service: what `shaddock up` runs unless told otherwise.
+    pub const ALL: [ServiceName; 4] = [
+        ServiceName::Echo,
+        ServiceName::Chat,
+        ServiceName::Arena,
+        ServiceName::Profile,
+    ];
+
+    /// The service's name, its subject token.
+    pub fn name(self) -> &'static str {
+        match self {
+            ServiceName::Echo => services::echo::NAME,
+            ServiceName::Chat => services::chat::NAME,
+            ServiceName::Arena => services::arena::NAME,
+            ServiceName::Profile => services::profile::NAME,
+        }
+    }
+
+    /// A keyed service's partitions; 0 for the others.
+    pub fn partitions(self) -> u32 {
+        match self {
+            ServiceName::Echo | ServiceName::Chat => 0,
+            ServiceName::Arena => services::arena::PARTITIONS,
+            ServiceName::Profile => services::profile::PARTITIONS,
+        }
+    }
+
     fn build(self) -> Service {
         match self {
             ServiceName::Echo => services::echo::service(),

@@ -226,6 +226,60 @@ async fn call_routes_a_keyed_request_by_its_key() {
 }
 
 #[tokio::test]
+async fn up_runs_only_the_services_named_so_a_worker_of_ones_own_serves_the_others() {
+    let up = up(&["--services", "echo,arena"]).await;
+    // Echo and arena are served in process; chat and profile by nothing: no worker of
+    // theirs announces itself on the bus, and the gate knows no chat route.
+    let (status, json, log) = call(&[&up.ws, "echo.echo", r#"{"body":"aGk="}"#]).await;
+    assert!(status.success(), "{log}");
+    assert_eq!(json, [r#"{"code":200,"body":{"body":"aGk="}}"#], "{log}");
+    let announced = async || {
+        let routes = shaddock(
+            "shaddock routes --json",
+            &["routes", "--json", "--nats", &up.nats],
+        );
+        let (status, json, log) = finished(routes).await;
+        assert!(status.success(), "{log}");
+        let doc: serde_json::Value = serde_json::from_str(&json[0]).unwrap();
+        let services = doc["services"].as_array().unwrap().iter();
+        let mut names: Vec<String> = services.map(|s| s["service"].to_string()).collect();
+        names.sort();
+        names
+    };
+    assert_eq!(announced().await, [r#""arena""#, r#""echo""#]);
+    let (status, json, log) = call(&[&up.ws, "chat.login", r#"{"name":"ann"}"#]).await;
+    assert!(!status.success(), "{log}");
+    assert!(json[0].contains("no announced message types"), "{log}");
+    // A chat worker of one's own, a separate process on the printed NATS URL (as one in
+    // any language would be), serves it beside `up`. With no profile worker either,
+    // the login falls back to the name alone (docs/chat.md, "Profiles").
+    let mut command = Command::new(BIN);
+    command
+        .args(["worker", "--service", "chat", "--nats", &up.nats])
+        .env("RUST_LOG", "info");
+    let mut own = Process::spawn("own chat worker", command);
+    own.line("Worker is ready").await;
+    // The gate learns chat's types from the worker's announcement, a moment later.
+    let (json, log) = within(async {
+        loop {
+            let (status, json, log) = call(&[&up.ws, "chat.login", r#"{"name":"ann"}"#]).await;
+            if status.success() {
+                break (json, log);
+            }
+            assert!(json[0].contains("no announced message types"), "{log}");
+        }
+    })
+    .await;
+    let answer: serde_json::Value = serde_json::from_str(&json[0]).unwrap();
+    assert_eq!(answer["code"], 200, "{log}");
+    assert_eq!(answer["body"]["name"], "ann", "{log}");
+    // No profile: the name is the display name, and no colour.
+    assert_eq!(answer["body"]["display"], "ann", "{log}");
+    assert!(answer["body"].get("color").is_none_or(|c| c == ""), "{log}");
+    assert_eq!(announced().await, [r#""arena""#, r#""chat""#, r#""echo""#]);
+}
+
+#[tokio::test]
 async fn call_listen_prints_pushes_until_stopped() {
     let up = up(&[]).await;
     let mut ann = shaddock(

@@ -74,6 +74,23 @@ EOF
   run go run .
 )
 
+# A game's own .proto (greet.proto) generates the same way, from its own go_package.
+run buf generate docs/recipes/proto --template \
+  '{"version":"v2","plugins":[{"local":"protoc-gen-go","out":".","opt":["module=example.com/game"]}]}' \
+  -o "${tmp}/go/game"
+cat >"${tmp}/go/game/go.mod" <<EOF
+module example.com/game
+
+go 1.23
+
+require google.golang.org/protobuf ${PROTOBUF_GO_VERSION}
+EOF
+(
+  cd "${tmp}/go/game"
+  run go mod tidy
+  run go vet ./...
+)
+
 echo "--- Python: types from protoc (grpcio-tools); a worker's answers and announcement"
 cache="${XDG_CACHE_HOME:-${HOME}/.cache}/shaddock"
 venv="${cache}/recipes-python-$(printf '%s\n' "${PYTHON_PACKAGES[@]}" | sha256sum | cut -c1-12)"

@@ -111,3 +111,24 @@ fn a_partition_s_profiles_move_with_it_and_leave_the_old_owner() {
         }
     }
 }
+
+#[test]
+fn the_default_colour_is_the_documented_palette_by_fnv1a() {
+    // docs/chat.md, "Profiles": workers in other languages compute the same colours.
+    assert_eq!(
+        PALETTE,
+        [
+            "#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42a5b3", "#f032e6", "#7c9a00",
+            "#c0392b", "#008080", "#9a6324", "#6a5acd",
+        ]
+    );
+    for (uid, hash, color) in [
+        ("ann", 0x1529_cc18, "#c0392b"),
+        ("carol", 0x6708_8f12, "#4363d8"),
+        ("p1", 0xa04e_d67a, "#9a6324"),
+        ("player-42", 0xaf10_7e71, "#3cb44b"),
+    ] {
+        assert_eq!(fnv1a(uid.as_bytes()), hash, "{uid}");
+        assert_eq!(default_profile(uid).color, color, "{uid}");
+    }
+}

@@ -180,25 +180,37 @@ pub(super) async fn forward(mut replies: CallReplies, returns: mpsc::Sender<Retu
         else {
             continue;
         };
-        let result = if message.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
-            CallResult::error(code::UNAVAILABLE, "no worker available now")
-        } else {
-            match RpcResponse::decode(message.payload) {
-                Ok(response) => CallResult {
-                    code: response.code,
-                    body: response.body,
-                    message: response.message,
-                    calls: response.calls,
-                },
-                Err(e) => CallResult::error(
-                    code::HANDLER_ERROR,
-                    format!("malformed answer to a call: {e}"),
-                ),
-            }
-        };
+        let no_responders = message.status == Some(async_nats::StatusCode::NO_RESPONDERS);
+        let result = result_of(no_responders, message.payload);
         if returns.send(Returned { id, result }).await.is_err() {
             return;
         }
+    }
+}
+
+/// What a call's reply means (docs/workers.md, "Results"): the bus's no-responders
+/// status (a message with a 503 header and no payload) is 503 `no worker available
+/// now`; an `RpcResponse` is the callee's answer; anything else (a payload that does not
+/// decode, or one without a status code, as an empty payload decodes) is a 500.
+fn result_of(no_responders: bool, payload: Bytes) -> CallResult {
+    if no_responders {
+        return CallResult::error(code::UNAVAILABLE, "no worker available now");
+    }
+    match RpcResponse::decode(payload) {
+        Ok(response) if response.code == 0 => CallResult::error(
+            code::HANDLER_ERROR,
+            "malformed answer to a call: no status code",
+        ),
+        Ok(response) => CallResult {
+            code: response.code,
+            body: response.body,
+            message: response.message,
+            calls: response.calls,
+        },
+        Err(e) => CallResult::error(
+            code::HANDLER_ERROR,
+            format!("malformed answer to a call: {e}"),
+        ),
     }
 }
 
@@ -319,5 +331,36 @@ mod tests {
         assert_eq!(subject(&callees), keyed);
         announce(&callees, "profile", None);
         assert_eq!(subject(&callees), "p.svc.profile.get");
+    }
+    #[test]
+    fn a_reply_is_the_callees_answer_or_no_responders_else_a_500() {
+        let answer = RpcResponse {
+            code: code::CONFLICT,
+            body: Bytes::from_static(b"b"),
+            message: "taken".into(),
+            ..RpcResponse::default()
+        };
+        let result = result_of(false, answer.encode_to_vec().into());
+        assert_eq!(
+            (result.code, &result.body[..], result.message.as_str()),
+            (code::CONFLICT, &b"b"[..], "taken")
+        );
+        let none = result_of(true, Bytes::new());
+        assert_eq!(
+            (none.code, none.message.as_str()),
+            (code::UNAVAILABLE, "no worker available now")
+        );
+        // An empty payload without the no-responders status decodes as code 0.
+        let empty = result_of(false, Bytes::new());
+        assert_eq!(
+            (empty.code, empty.message.as_str()),
+            (
+                code::HANDLER_ERROR,
+                "malformed answer to a call: no status code"
+            )
+        );
+        let garbage = result_of(false, Bytes::from_static(&[0xff, 0xff]));
+        assert_eq!(garbage.code, code::HANDLER_ERROR);
+        assert!(garbage.message.starts_with("malformed answer to a call: "));
     }
 }

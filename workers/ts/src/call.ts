@@ -30,6 +30,8 @@ export const CallFailure = {
   TOO_MANY: "too many calls in flight",
   /** 503: the call could not be published (or there is no bus: a service called directly). */
   NO_BUS: "bus unavailable",
+  /** 500: the answer has no status code (code 0; an empty payload decodes so). */
+  MALFORMED_NO_CODE: "malformed answer to a call: no status code",
   /** 408: no answer by the call's deadline. */
   TIMED_OUT: "call timed out",
   /** 400: the route is not two names. */

@@ -152,7 +152,11 @@ export class Calls {
     let result: CallResult;
     try {
       const response = fromBinary(RpcResponseSchema, msg.data);
-      result = new CallResult(response.code, response.body, response.message, response.calls);
+      // An empty payload that is not the no-responders status decodes with code 0.
+      result =
+        response.code === 0
+          ? CallResult.error(Status.HANDLER_ERROR, CallFailure.MALFORMED_NO_CODE)
+          : new CallResult(response.code, response.body, response.message, response.calls);
     } catch (error) {
       const why = error instanceof Error ? error.message : String(error);
       result = CallResult.error(Status.HANDLER_ERROR, `malformed answer to a call: ${why}`);

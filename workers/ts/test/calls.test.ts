@@ -154,6 +154,27 @@ test("a call to a service nobody serves gets 503 at once", async () => {
   await worker.drain();
 });
 
+test("an answer without a status code, or that does not decode, is a 500 to the caller", async () => {
+  const [nc, gate, callee] = [await bus.connect(), await bus.connect(), await bus.connect()];
+  const bank = new Callee(callee, "cm", "bank");
+  await callee.flush();
+  const service = new Service("shop").rawMethod("buy", async (ctx, body) => {
+    const paid = await ctx.call("bank.pay", body);
+    return text.encode(`${paid.code} ${paid.message}`);
+  });
+  const worker = await Worker.start(nc, service, { prefix: "cm" });
+  const empty = send(gate, "cm", "shop.buy", "1", 3_000);
+  (await bank.next()).msg.respond(new Uint8Array());
+  assert.deepEqual(said(await empty), [Status.OK, `${Status.HANDLER_ERROR} ${CallFailure.MALFORMED_NO_CODE}`]);
+  const garbage = send(gate, "cm", "shop.buy", "2", 3_000);
+  (await bank.next()).msg.respond(new Uint8Array([0xff, 0xff]));
+  const [code, said500] = said(await garbage);
+  assert.equal(code, Status.OK);
+  assert.match(said500, /^500 malformed answer to a call: /);
+  bank.stop();
+  await worker.drain();
+});
+
 test("a call times out at the request's deadline, the handler still answers, the worker serves meanwhile", async () => {
   const [nc, gate, callee] = [await bus.connect(), await bus.connect(), await bus.connect()];
   const bank = new Callee(callee, "cd", "bank");
