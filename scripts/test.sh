@@ -100,6 +100,8 @@ run workers/go/scripts/check-generated.sh
 (
   cd workers/go
   run go vet ./...
+  # The worker as its own process against a real nats-server (on PATH, above).
+  run go test -count=1 ./...
   unformatted="$(gofmt -l .)"
   if [[ -n "${unformatted}" ]]; then
     echo "error: gofmt would change: ${unformatted}" >&2
