@@ -66,10 +66,14 @@ const READ_BATCH: usize = 64;
 
 /// Why a session's link ends, sent to the client in the close frame, and what becomes
 /// of the session.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Closing {
     code: CloseCode,
+    /// A fixed text: the close frame's reason, and a metric label.
     reason: &'static str,
+    /// What the close frame says instead of `reason` when the peer needs more (the
+    /// field it got wrong); never a label, as a peer wrote part of it.
+    detail: Option<Box<str>>,
     ending: Ending,
 }
 
@@ -88,6 +92,7 @@ impl Closing {
         Closing {
             code,
             reason,
+            detail: None,
             ending: Ending::Closed,
         }
     }
@@ -97,6 +102,7 @@ impl Closing {
         Closing {
             code,
             reason,
+            detail: None,
             ending: Ending::LinkLost,
         }
     }
@@ -104,7 +110,8 @@ impl Closing {
     const fn handed_over() -> Self {
         Closing {
             code: CloseCode::Away,
-            reason: "resumed elsewhere",
+            reason: RESUMED_ELSEWHERE,
+            detail: None,
             ending: Ending::HandedOver,
         }
     }
@@ -204,10 +211,10 @@ struct Session<S> {
 /// Sends the close frame saying why, waiting at most `wait` for the socket to take it
 /// (and what was queued before it): a client that stops reading must not hold the
 /// session's task, or its socket, for longer.
-async fn close<S: Io>(ws: &mut Ws<S>, closing: Closing, wait: Duration) {
+async fn close<S: Io>(ws: &mut Ws<S>, closing: &Closing, wait: Duration) {
     let frame = CloseFrame {
         code: closing.code,
-        reason: closing.reason.into(),
+        reason: closing.detail.as_deref().unwrap_or(closing.reason).into(),
     };
     let _ = tokio::time::timeout(wait, ws.send(Message::Close(Some(frame)))).await;
 }
@@ -252,6 +259,32 @@ fn invalid(reason: &'static str) -> Closing {
     metrics::counter!("gate_rejected_total", "reason" => "invalid_packet").increment(1);
     Closing::new(CloseCode::Invalid, reason)
 }
+
+/// Bytes a close frame's reason holds (RFC 6455: a control frame's 125 bytes, less the
+/// code's two); a longer one is cut at a character's boundary.
+const MAX_CLOSE_REASON: usize = 123;
+
+/// Closes a session whose JSON packet has a field its kind does not: `invalid packet:
+/// unknown field "x"`, so a misspelt field is never taken for an absent one.
+fn unknown_field(name: &str) -> Closing {
+    let mut reason = format!("{INVALID_PACKET}: unknown field {name:?}");
+    let mut end = reason.len().min(MAX_CLOSE_REASON);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason.truncate(end);
+    Closing {
+        detail: Some(reason.into()),
+        ..invalid(INVALID_PACKET)
+    }
+}
+
+/// The close reason of a frame that is no packet of the protocol.
+const INVALID_PACKET: &str = "invalid packet";
+
+/// The close reason of a socket whose session its client took up on another
+/// connection (docs/protocol.md, "Kicks and closes").
+const RESUMED_ELSEWHERE: &str = "resumed elsewhere";
 
 impl<S: Io> Session<S> {
     async fn serve(&mut self, inbox: &mut Inbox) -> Closing {
@@ -429,7 +462,7 @@ impl<S: Io> Session<S> {
     /// The session ends: what is queued goes out, then the close frame, within the
     /// write deadline; a session closed as too slow gets one try at the close frame and
     /// no more. Pushes it never got are counted as dropped.
-    async fn finish(&mut self, closing: Closing, inbox: &mut Inbox) {
+    async fn finish(&mut self, closing: &Closing, inbox: &mut Inbox) {
         let wait = if closing.reason == TOO_SLOW {
             Duration::ZERO
         } else {
@@ -517,7 +550,8 @@ impl<S: Io> Session<S> {
                 return Ok(());
             }
             Decoded::Invalid(reason) => return Err(invalid(reason)),
-            Decoded::Many(_) => return Err(invalid("invalid packet")),
+            Decoded::UnknownField(name) => return Err(unknown_field(&name)),
+            Decoded::Many(_) => return Err(invalid(INVALID_PACKET)),
         };
         match packet.kind {
             Some(Kind::Request(req)) => {
@@ -557,7 +591,7 @@ impl<S: Io> Session<S> {
             }
             Some(Kind::Handshake(_)) => Err(Closing::new(CloseCode::Policy, "handshake repeated")),
             Some(_) => Err(Closing::new(CloseCode::Policy, "packet not for the gate")),
-            None => Err(invalid("invalid packet")),
+            None => Err(invalid(INVALID_PACKET)),
         }
     }
 

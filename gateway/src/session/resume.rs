@@ -193,7 +193,7 @@ impl<S: Io> Session<S> {
 
     /// The link was lost (`closing` says how): a resumable session lets the socket go
     /// and waits for its client for the resume window. `false` when the session ends.
-    pub(super) async fn detach(&mut self, closing: Closing) -> bool {
+    pub(super) async fn detach(&mut self, closing: &Closing) -> bool {
         let window = self.gate.config.resume_window;
         let Some(r) = &mut self.resume else {
             return false;
@@ -279,7 +279,7 @@ impl<S: Io> Session<S> {
         if was_attached {
             // The client is elsewhere now: this socket is stale, and is let go.
             if let Some(mut ws) = self.ws.take() {
-                close(&mut ws, Closing::handed_over(), Duration::ZERO).await;
+                close(&mut ws, &Closing::handed_over(), Duration::ZERO).await;
             }
             metrics::gauge!("gate_sessions_detached").increment(1.0);
         }
