@@ -30,7 +30,6 @@ use proto::resume::{self as wire, Handed, Held, TakeOver};
 use proto::rpc::RpcResponse;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use super::effects::announce_closed;
 use super::replay::{Missing, Replay};
@@ -241,9 +240,10 @@ impl<S: Io> Session<S> {
                     ..Default::default()
                 },
             );
-            // A session that cannot be resumed whole is of no use to anyone now.
-            return (code == code::CONFLICT)
-                .then(|| Closing::new(CloseCode::Away, "resume impossible"));
+            // Never disturbed by a refused attempt: whoever holds a copy of the token
+            // (with a stale `last_seq`, say) must not end a session its client can
+            // still resume. One that let go of frames ends on its own (`broken`).
+            return None;
         }
         let now = Instant::now();
         let marks = self.groups.len() + usize::from(!self.wire.get().uid.is_empty());
