@@ -1,7 +1,8 @@
 //! What a resume keeps (docs/protocol.md, "Resume"), end to end over real WebSockets, a
-//! cuttable TCP hop and two gates on one bus: a resume refused, whatever its code,
-//! changes nothing of the session it named, whose client then resumes it. Runs on both
-//! brokers.
+//! cuttable TCP hop and two gates on one bus: a request that was waiting for a worker
+//! keeps waiting, and is answered when one comes; serial requests queued behind one in
+//! flight are forwarded in turn; and a resume refused, whatever its code, changes
+//! nothing of the session it named, whose client then resumes it. Runs on both brokers.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::sync::Arc;
 
 use common::raw::RawClient;
 use common::resumable::{Got, Player, PlayerTokens, room_service};
-use common::{Bus, TestGate, start_worker, within};
+use common::{Bus, DEADLINE, Holds, TestGate, start_worker, within};
 use gateway::GateConfig;
 use proto::client::{Handshake, HandshakeAck};
 use proto::code;
@@ -19,6 +20,10 @@ use testkit::Cut;
 use tokio_tungstenite::tungstenite::Message;
 
 broker::on_both_buses!(
+    a_request_waiting_for_a_worker_is_answered_when_one_comes_after_a_resume_here,
+    a_request_waiting_for_a_worker_is_answered_when_one_comes_after_a_resume_elsewhere,
+    queued_serial_requests_are_forwarded_after_a_resume_here,
+    queued_serial_requests_are_forwarded_after_a_resume_elsewhere,
     refused_resumes_leave_the_session_to_its_client,
     another_players_refused_resume_leaves_the_session_to_its_client,
     a_json_client_resumes_with_proto3_json_spellings,
@@ -38,6 +43,105 @@ async fn gate(bus: &Bus, tokens: Option<Arc<PlayerTokens>>) -> TestGate {
         Some(tokens) => TestGate::start_with_tokens(bus, GateConfig::default(), tokens).await,
         None => TestGate::start(bus, GateConfig::default()).await,
     }
+}
+
+/// `echo.raw` is sent while its service, known to both gates, has no worker; the link
+/// is cut, the client resumes (on the first gate again, or on the second) and sends it
+/// again as step 6 says; a worker starts: the one answer is the worker's, not a 408.
+async fn waiting_for_a_worker(bus: Bus, elsewhere: bool) {
+    let (first, second, hop) = two_gates(&bus, None).await;
+    let echo = common::echo_worker(&bus).await;
+    for gate in [&first, &second] {
+        assert!(gate.gate.wait_for_schemas(&["echo"], DEADLINE).await);
+    }
+    echo.stop().await;
+    let mut player = within(Player::open(&hop.ws_url(), "")).await;
+    let id = player.send("echo.raw", "late").await;
+    common::eventually("the request waits", || first.gate.in_flight() == 1).await;
+    hop.cut();
+    let to = if elsewhere {
+        second.url.clone()
+    } else {
+        hop.ws_url()
+    };
+    within(player.resume(&to)).await;
+    player.send_as(id, "echo.raw", "late").await;
+    let _echo = common::echo_worker(&bus).await;
+    assert_eq!(
+        within(player.next()).await,
+        Got::Response(id, code::OK, "late".into())
+    );
+    // Answered once: what comes next is the next request's answer.
+    let next = player.send("echo.raw", "next").await;
+    assert_eq!(
+        within(player.next()).await,
+        Got::Response(next, code::OK, "next".into())
+    );
+}
+
+async fn a_request_waiting_for_a_worker_is_answered_when_one_comes_after_a_resume_here(bus: Bus) {
+    waiting_for_a_worker(bus, false).await;
+}
+
+async fn a_request_waiting_for_a_worker_is_answered_when_one_comes_after_a_resume_elsewhere(
+    bus: Bus,
+) {
+    waiting_for_a_worker(bus, true).await;
+}
+
+/// A serial session has `park.hold` inside its handler and `park.who` queued behind it
+/// when its link is cut; it resumes and sends both again, same ids: each is answered
+/// once, in order, by the worker (none `503 ... send it again`).
+async fn queued_serial(bus: Bus, elsewhere: bool) {
+    let mut holds = Holds::default();
+    let _worker = start_worker(
+        bus.url(),
+        holds.service("park", "w"),
+        FrameConfig::default(),
+    )
+    .await;
+    let (_first, second, hop) = two_gates(&bus, None).await;
+    let serial = Handshake {
+        serial: true,
+        ..Handshake::default()
+    };
+    let mut player = within(Player::open_with(&hop.ws_url(), serial)).await;
+    let held = player.send("park.hold", "first").await;
+    assert_eq!(holds.started().await, "w");
+    let queued = player.send("park.who", "").await;
+    within(player.sync()).await;
+    hop.cut();
+    let to = if elsewhere {
+        second.url.clone()
+    } else {
+        hop.ws_url()
+    };
+    within(player.resume(&to)).await;
+    player.send_as(held, "park.hold", "first").await;
+    player.send_as(queued, "park.who", "").await;
+    holds.release("w");
+    assert_eq!(
+        within(player.next()).await,
+        Got::Response(held, code::OK, "first".into())
+    );
+    assert_eq!(
+        within(player.next()).await,
+        Got::Response(queued, code::OK, "w".into())
+    );
+    let last = player.send("park.who", "").await;
+    assert_eq!(
+        within(player.next()).await,
+        Got::Response(last, code::OK, "w".into())
+    );
+    assert_eq!(holds.started_now(), None, "the held handler ran once");
+}
+
+async fn queued_serial_requests_are_forwarded_after_a_resume_here(bus: Bus) {
+    queued_serial(bus, false).await;
+}
+
+async fn queued_serial_requests_are_forwarded_after_a_resume_elsewhere(bus: Bus) {
+    queued_serial(bus, true).await;
 }
 
 /// A binary resume attempt at `url` with `token` (the handshake's) for the session
