@@ -11,6 +11,7 @@
 
 mod blips;
 mod cache;
+mod closing;
 mod context;
 mod effects;
 mod opening;
@@ -28,7 +29,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use futures::{FutureExt, SinkExt, StreamExt};
+use futures::{FutureExt, StreamExt};
 use proto::client::{self, packet::Kind};
 use proto::code;
 use rustc_hash::FxHashMap;
@@ -36,7 +37,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, sleep_until};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use crate::codec::{Codec, Decoded};
@@ -44,6 +44,10 @@ use crate::forward::SessionWire;
 use crate::inbox::{Inbox, ToSession, WorkerReply};
 use crate::limits::TokenBucket;
 use cache::Cache;
+use closing::{
+    Closing, Ending, INVALID_PACKET, LINK_LOST, TOO_SLOW, WRITE_FAILED, close, frame_error,
+    invalid, too_slow, unknown_field,
+};
 use outbox::Outbox;
 use resume::Resume;
 
@@ -63,59 +67,6 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
 /// Frames handled after the first in one turn, before the answers are flushed; bounds
 /// how long replies already queued for the session wait behind a fast reader.
 const READ_BATCH: usize = 64;
-
-/// Why a session's link ends, sent to the client in the close frame, and what becomes
-/// of the session.
-#[derive(Clone)]
-struct Closing {
-    code: CloseCode,
-    /// A fixed text: the close frame's reason, and a metric label.
-    reason: &'static str,
-    /// What the close frame says instead of `reason` when the peer needs more (the
-    /// field it got wrong); never a label, as a peer wrote part of it.
-    detail: Option<Box<str>>,
-    ending: Ending,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Ending {
-    /// The session ends.
-    Closed,
-    /// The link was lost without a close: a resumable session waits for its client.
-    LinkLost,
-    /// The session went on at another gate (or as another session of this one).
-    HandedOver,
-}
-
-impl Closing {
-    const fn new(code: CloseCode, reason: &'static str) -> Self {
-        Closing {
-            code,
-            reason,
-            detail: None,
-            ending: Ending::Closed,
-        }
-    }
-
-    /// The link is lost (a resumable session outlives it).
-    const fn lost(code: CloseCode, reason: &'static str) -> Self {
-        Closing {
-            code,
-            reason,
-            detail: None,
-            ending: Ending::LinkLost,
-        }
-    }
-
-    const fn handed_over() -> Self {
-        Closing {
-            code: CloseCode::Away,
-            reason: RESUMED_ELSEWHERE,
-            detail: None,
-            ending: Ending::HandedOver,
-        }
-    }
-}
 
 /// The gate is draining: requests are forwarded until `forward_until` (the first half
 /// of the grace), answered 503 `gate draining` after it (never forwarded, so a client
@@ -207,84 +158,6 @@ struct Session<S> {
     /// A resumable session's numbered frames, and its resume's state.
     resume: Option<Resume>,
 }
-
-/// Sends the close frame saying why, waiting at most `wait` for the socket to take it
-/// (and what was queued before it): a client that stops reading must not hold the
-/// session's task, or its socket, for longer.
-async fn close<S: Io>(ws: &mut Ws<S>, closing: &Closing, wait: Duration) {
-    let frame = CloseFrame {
-        code: closing.code,
-        reason: closing.detail.as_deref().unwrap_or(closing.reason).into(),
-    };
-    let _ = tokio::time::timeout(wait, ws.send(Message::Close(Some(frame)))).await;
-}
-
-/// Closes a session whose client does not take what is sent to it (a resumable one
-/// waits for its client to resume: what it missed is kept).
-const fn too_slow() -> Closing {
-    Closing::lost(CloseCode::Policy, TOO_SLOW)
-}
-
-/// The close reason of a session closed as too slow.
-const TOO_SLOW: &str = "too slow";
-
-/// The close reason of a session whose socket refused a write.
-const WRITE_FAILED: &str = "write failed";
-
-/// Closes a connection whose client sent a frame WebSocket itself refuses, or whose
-/// link broke (a reset, a socket error: the link is lost).
-fn frame_error(e: &tokio_tungstenite::tungstenite::Error) -> Closing {
-    use tokio_tungstenite::tungstenite::Error as WsError;
-    use tokio_tungstenite::tungstenite::error::ProtocolError;
-    match e {
-        WsError::Capacity(_) => {
-            metrics::counter!("gate_rejected_total", "reason" => "frame_size").increment(1);
-            Closing::new(CloseCode::Size, "frame too large")
-        }
-        WsError::Io(_)
-        | WsError::ConnectionClosed
-        | WsError::AlreadyClosed
-        | WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => {
-            Closing::lost(CloseCode::Away, LINK_LOST)
-        }
-        _ => Closing::new(CloseCode::Protocol, "websocket error"),
-    }
-}
-
-/// The close reason of a session whose link broke.
-const LINK_LOST: &str = "link lost";
-
-/// Closes a session whose client sent what its protocol cannot mean.
-fn invalid(reason: &'static str) -> Closing {
-    metrics::counter!("gate_rejected_total", "reason" => "invalid_packet").increment(1);
-    Closing::new(CloseCode::Invalid, reason)
-}
-
-/// Bytes a close frame's reason holds (RFC 6455: a control frame's 125 bytes, less the
-/// code's two); a longer one is cut at a character's boundary.
-const MAX_CLOSE_REASON: usize = 123;
-
-/// Closes a session whose JSON packet has a field its kind does not: `invalid packet:
-/// unknown field "x"`, so a misspelt field is never taken for an absent one.
-fn unknown_field(name: &str) -> Closing {
-    let mut reason = format!("{INVALID_PACKET}: unknown field {name:?}");
-    let mut end = reason.len().min(MAX_CLOSE_REASON);
-    while !reason.is_char_boundary(end) {
-        end -= 1;
-    }
-    reason.truncate(end);
-    Closing {
-        detail: Some(reason.into()),
-        ..invalid(INVALID_PACKET)
-    }
-}
-
-/// The close reason of a frame that is no packet of the protocol.
-const INVALID_PACKET: &str = "invalid packet";
-
-/// The close reason of a socket whose session its client took up on another
-/// connection (docs/protocol.md, "Kicks and closes").
-const RESUMED_ELSEWHERE: &str = "resumed elsewhere";
 
 impl<S: Io> Session<S> {
     async fn serve(&mut self, inbox: &mut Inbox) -> Closing {
