@@ -25,9 +25,16 @@ pub fn check(input: &[u8], session: &mut Session, meter: Meter) {
     let decoded = assert_bounded(meter, "JSON frame", text.len(), PER_BYTE, || {
         session.decode(&message)
     });
-    let Ok((packet, typed)) = proto::json::decode_typed(&text) else {
-        assert_eq!(decoded, Decoded::Invalid("invalid packet"));
-        return;
+    let (packet, typed) = match proto::json::decode_typed(&text) {
+        Ok(decoded) => decoded,
+        Err(e) => {
+            let expected = match e.unknown_field() {
+                Some(name) => Decoded::UnknownField(name),
+                None => Decoded::Invalid("invalid packet"),
+            };
+            assert_eq!(decoded, expected);
+            return;
+        }
     };
     match (&packet.kind, typed) {
         (Some(Kind::Request(request)), true) => check_typed(session, request, decoded),

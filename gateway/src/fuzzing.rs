@@ -21,6 +21,8 @@ pub enum Decoded {
     BadBody(client::Response),
     /// Not a packet: the session closes with this reason.
     Invalid(&'static str),
+    /// A JSON packet with a field its kind has not: the session closes naming it.
+    UnknownField(String),
     /// Several packets of one frame (pomelo), in order.
     Many(Vec<Decoded>),
 }
@@ -31,6 +33,7 @@ impl From<codec::Decoded> for Decoded {
             codec::Decoded::Packet(packet) => Decoded::Packet(packet),
             codec::Decoded::BadBody(response) => Decoded::BadBody(response),
             codec::Decoded::Invalid(reason) => Decoded::Invalid(reason),
+            codec::Decoded::UnknownField(name) => Decoded::UnknownField(name),
             codec::Decoded::Many(many) => Decoded::Many(many.into_iter().map(Into::into).collect()),
         }
     }

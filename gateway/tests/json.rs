@@ -419,3 +419,34 @@ async fn the_rust_sdk_speaks_json() {
     let raw = client.request("echo.raw", br#""again""#).await.unwrap();
     assert_eq!(&raw.body[..], b"again");
 }
+
+/// docs/protocol.md, "Packets": a field a packet's kind does not have closes the
+/// session naming it, in the handshake and after it, rather than reading as its
+/// default; the proto3 JSON spellings of known fields are taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misspelt_packet_field_closes_the_session_naming_it() {
+    let bus = Bus::embedded().await;
+    let gate = TestGate::start(&bus, GateConfig::default()).await;
+    let mut raw = RawClient::connect(&gate.url).await;
+    raw.send(Message::text(
+        r#"{"handshake":{"resumable":true,"resume_tokn":"x"}}"#,
+    ))
+    .await;
+    raw.expect_close(1007, r#"invalid packet: unknown field "resume_tokn""#)
+        .await;
+
+    let mut raw = RawClient::connect(&gate.url).await;
+    raw.send(Message::text(
+        r#"{"handshake":{"serverTiming":true,"lastSeq":"0"}}"#,
+    ))
+    .await;
+    let ack: Value = serde_json::from_str(&raw.next_text().await).unwrap();
+    assert_eq!(ack["handshake_ack"]["code"], 200, "{ack}");
+    raw.send(Message::text(r#"{"ack":{"seq":"0"}}"#)).await;
+    raw.send(Message::text(
+        r#"{"request":{"id":"1","route":"echo.raw","bdy":"hi"}}"#,
+    ))
+    .await;
+    raw.expect_close(1007, r#"invalid packet: unknown field "bdy""#)
+        .await;
+}

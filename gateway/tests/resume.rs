@@ -7,16 +7,14 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::raw::RawClient;
+use common::resumable::{Got, Player, PlayerTokens, room_service};
 use common::{Bus, Holds, TestGate, gate_config, start_worker, within};
-use gateway::{AuthError, GateConfig, Identity, TokenCheck};
-use proto::client::{Ack, Handshake, HandshakeAck, packet::Kind};
+use gateway::GateConfig;
 use proto::code;
-use services::{FrameConfig, HandlerError, Service};
+use services::FrameConfig;
 use testkit::Cut;
 
 broker::on_both_buses!(
@@ -29,163 +27,10 @@ broker::on_both_buses!(
     more_missed_than_a_hand_over_carries_is_refused_409,
 );
 
-/// The room everyone enters.
-const HALL: &str = "hall";
 /// Messages said into the hall by the sender in each flood.
 const FLOOD: usize = 400;
 /// The victim's link is cut once it has read this many of them.
 const CUT_AFTER: usize = 100;
-
-/// `room.enter` binds the player named in the body and joins the hall; `room.say`
-/// broadcasts its body to the hall; `room.who` answers the session as services see it.
-fn room_service() -> Service {
-    Service::new("room")
-        .raw_method("enter", |ctx, body| {
-            let name = std::str::from_utf8(&body)
-                .map_err(|_| HandlerError::bad_request("name is not UTF-8"))?
-                .to_owned();
-            ctx.bind_uid(name);
-            ctx.join(HALL);
-            Ok(body)
-        })
-        .raw_method("say", |ctx, body| {
-            ctx.broadcast(HALL, "room.said", body.clone())?;
-            Ok(body)
-        })
-        .raw_method("who", |ctx, _body| {
-            Ok(format!("{} {} {}", ctx.gate(), ctx.sid(), ctx.uid().unwrap_or("")).into())
-        })
-}
-
-/// Handshake tokens `player:<name>` name the player, as a signed token would.
-struct PlayerTokens;
-
-impl TokenCheck for PlayerTokens {
-    fn check(&self, token: &str) -> Result<Option<Identity>, AuthError> {
-        let uid = token.strip_prefix("player:").ok_or(AuthError::Refused)?;
-        Ok(Some(Identity {
-            uid: uid.to_owned(),
-            claims: HashMap::new(),
-            expires: None,
-        }))
-    }
-}
-
-/// A client of a resumable session, as docs/protocol.md describes one: it keeps the
-/// latest resume token and the highest seq it handled, drops repeats, acks.
-struct Player {
-    raw: RawClient,
-    token: String,
-    last_seq: u64,
-    next_id: u64,
-}
-
-/// What a player handled: a push's body or a response's (id, code, body).
-#[derive(Debug, PartialEq, Eq)]
-enum Got {
-    Push(String),
-    Response(u64, u32, String),
-}
-
-impl Player {
-    /// Opens a resumable session at `url` with `token`.
-    async fn open(url: &str, token: &str) -> Player {
-        let mut raw = RawClient::connect(url).await;
-        let ack = raw
-            .handshake(Handshake {
-                token: token.into(),
-                resumable: true,
-                ..Handshake::default()
-            })
-            .await;
-        assert_eq!((ack.code, ack.resume_code), (code::OK, 0), "{ack:?}");
-        assert!(!ack.resume_token.is_empty(), "{ack:?}");
-        Player {
-            raw,
-            token: ack.resume_token,
-            last_seq: 0,
-            next_id: 1,
-        }
-    }
-
-    /// Opens a session and enters the hall as `name`.
-    async fn enter(url: &str, name: &str) -> Player {
-        let mut player = Player::open(url, "").await;
-        let id = player.send("room.enter", name).await;
-        assert_eq!(
-            player.next().await,
-            Got::Response(id, code::OK, name.into())
-        );
-        player
-    }
-
-    /// Resumes this player's session at `url` with `token`: the handshake's answer.
-    async fn try_resume(&mut self, url: &str, token: &str) -> HandshakeAck {
-        self.raw = RawClient::connect(url).await;
-        let ack = self
-            .raw
-            .handshake(Handshake {
-                token: token.into(),
-                resumable: true,
-                resume_token: self.token.clone(),
-                last_seq: self.last_seq,
-                ..Handshake::default()
-            })
-            .await;
-        self.token.clone_from(&ack.resume_token);
-        if ack.resume_code != code::OK {
-            // A fresh session counts from 1 again.
-            self.last_seq = 0;
-        }
-        ack
-    }
-
-    /// Resumes, which must succeed.
-    async fn resume(&mut self, url: &str) {
-        let ack = self.try_resume(url, "").await;
-        assert_eq!((ack.code, ack.resume_code), (code::OK, code::OK), "{ack:?}");
-        assert!(ack.last_seq >= self.last_seq, "{ack:?}");
-    }
-
-    /// Sends request `route` with `body` under the next id; returns the id.
-    async fn send(&mut self, route: &str, body: &str) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.send_as(id, route, body).await;
-        id
-    }
-
-    async fn send_as(&mut self, id: u64, route: &str, body: &str) {
-        self.raw.request(id, route, body).await;
-    }
-
-    /// The next push or response not handled before; acks every 64.
-    async fn next(&mut self) -> Got {
-        loop {
-            let packet = self.raw.next_packet().await;
-            let (seq, got) = match packet.kind {
-                Some(Kind::Push(p)) => (p.seq, Got::Push(text(&p.body))),
-                Some(Kind::Response(r)) => (r.seq, Got::Response(r.id, r.code, text(&r.body))),
-                Some(Kind::Heartbeat(_)) => continue,
-                other => panic!("unexpected {other:?}"),
-            };
-            assert_ne!(seq, 0, "a resumable session numbers {got:?}");
-            if seq <= self.last_seq {
-                continue;
-            }
-            assert_eq!(seq, self.last_seq + 1, "no gap before {got:?}");
-            self.last_seq = seq;
-            if seq % 64 == 0 {
-                self.raw.send_packet(Kind::Ack(Ack { seq })).await;
-            }
-            return got;
-        }
-    }
-}
-
-fn text(body: &[u8]) -> String {
-    String::from_utf8_lossy(body).into_owned()
-}
 
 /// Says `count` numbered messages into the hall from a session of its own at `url`,
 /// each answered before the next: `tag:0`, `tag:1`, ...

@@ -2,7 +2,12 @@
 //!
 //! Each packet is an object with one key naming its kind, as in
 //! `{"request":{"id":1,"route":"echo.raw","body":"hi"}}`. Absent fields take their
-//! protobuf defaults.
+//! protobuf defaults. Fields are written in snake_case with integers as numbers; read,
+//! the proto3 JSON mapping's spellings are taken too (`lastSeq`, `"12"`), as a proto3
+//! JSON parser takes them. A packet a client sends (handshake, request, refresh, ack,
+//! heartbeat) with a field its kind does not have is refused, naming the field
+//! ([`JsonError::unknown_field`]): a misspelt `last_seq` must not read as 0. Packets a
+//! gate sends are read leniently, so an SDK reads a newer gate's.
 //!
 //! A body is either a JSON string, carrying the body's bytes as text (raw routes; a body
 //! that is not UTF-8 is replaced lossily on the way out), or any other JSON value: a
@@ -11,7 +16,7 @@
 //! gate transcodes it to and from protobuf with the types the workers announce.
 
 use bytes::Bytes;
-use serde::de::Deserializer;
+use serde::de::{self, Deserializer, Visitor};
 use serde::ser::Serializer;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -22,10 +27,48 @@ use crate::client::{self, Packet, packet::Kind};
 #[error("invalid JSON packet: {0}")]
 pub struct JsonError(#[from] serde_json::Error);
 
+impl JsonError {
+    /// The field the packet had that its kind does not, when that is what is wrong.
+    pub fn unknown_field(&self) -> Option<String> {
+        // serde's `Error::unknown_field` is the one source of this text.
+        let text = self.0.to_string();
+        let rest = text.strip_prefix("unknown field `")?;
+        let end = rest
+            .find("`, expected")
+            .or_else(|| rest.find("`, there are no fields"))?;
+        Some(rest[..end].to_owned())
+    }
+}
+
+/// An integer field: a JSON number, or a string of its decimal digits (the proto3 JSON
+/// mapping writes 64-bit integers so, and lets a parser take any integer so).
+fn int<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: TryFrom<u64> + std::str::FromStr,
+{
+    struct Int<T>(std::marker::PhantomData<T>);
+    impl<T: TryFrom<u64> + std::str::FromStr> Visitor<'_> for Int<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an unsigned integer, as a number or a string")
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<T, E> {
+            T::try_from(v).map_err(|_| E::invalid_value(de::Unexpected::Unsigned(v), &self))
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+            v.parse()
+                .map_err(|_| E::invalid_value(de::Unexpected::Str(v), &self))
+        }
+    }
+    d.deserialize_any(Int(std::marker::PhantomData))
+}
+
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 enum JsonPacket {
     Handshake(Handshake),
+    #[serde(alias = "handshakeAck")]
     HandshakeAck(HandshakeAck),
     Heartbeat {},
     Request(Request),
@@ -33,14 +76,16 @@ enum JsonPacket {
     Push(Push),
     Kick(Kick),
     Refresh(Refresh),
+    #[serde(alias = "refreshAck")]
     RefreshAck(RefreshAck),
     Drain(Drain),
     Ack(Ack),
 }
 
 #[derive(Serialize, Deserialize, Default)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 struct Ack {
+    #[serde(deserialize_with = "int")]
     seq: u64,
 }
 
@@ -48,11 +93,12 @@ struct Ack {
 #[serde(default)]
 struct Drain {
     reason: String,
+    #[serde(alias = "graceMs", deserialize_with = "int")]
     grace_ms: u32,
 }
 
 #[derive(Serialize, Deserialize, Default)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 struct Refresh {
     token: String,
 }
@@ -60,22 +106,28 @@ struct Refresh {
 #[derive(Serialize, Deserialize, Default)]
 #[serde(default)]
 struct RefreshAck {
+    #[serde(deserialize_with = "int")]
     code: u32,
     message: String,
 }
 
 #[derive(Serialize, Deserialize, Default)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 struct Handshake {
     token: String,
+    #[serde(alias = "serverTiming")]
     server_timing: bool,
     client: String,
     serial: bool,
     #[serde(skip_serializing_if = "is_false")]
     resumable: bool,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(alias = "resumeToken", skip_serializing_if = "String::is_empty")]
     resume_token: String,
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(
+        alias = "lastSeq",
+        deserialize_with = "int",
+        skip_serializing_if = "is_zero"
+    )]
     last_seq: u64,
 }
 
@@ -90,15 +142,26 @@ fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
 #[derive(Serialize, Deserialize, Default)]
 #[serde(default)]
 struct HandshakeAck {
+    #[serde(deserialize_with = "int")]
     code: u32,
+    #[serde(alias = "sessionId", deserialize_with = "int")]
     session_id: u64,
+    #[serde(alias = "heartbeatMs", deserialize_with = "int")]
     heartbeat_ms: u32,
     message: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(alias = "resumeToken", skip_serializing_if = "String::is_empty")]
     resume_token: String,
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(
+        alias = "resumeCode",
+        deserialize_with = "int",
+        skip_serializing_if = "is_zero"
+    )]
     resume_code: u32,
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(
+        alias = "lastSeq",
+        deserialize_with = "int",
+        skip_serializing_if = "is_zero"
+    )]
     last_seq: u64,
 }
 
@@ -159,8 +222,9 @@ impl<'de> Deserialize<'de> for Body {
 }
 
 #[derive(Serialize, Deserialize, Default)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 struct Request {
+    #[serde(deserialize_with = "int")]
     id: u64,
     route: String,
     body: Body,
@@ -171,22 +235,27 @@ struct Request {
 #[derive(Serialize, Deserialize, Default)]
 #[serde(default)]
 struct Response {
+    #[serde(deserialize_with = "int")]
     id: u64,
+    #[serde(deserialize_with = "int")]
     code: u32,
     body: Body,
     #[serde(skip_serializing_if = "String::is_empty")]
     message: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     timing: Option<Timing>,
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(deserialize_with = "int", skip_serializing_if = "is_zero")]
     seq: u64,
 }
 
 #[derive(Serialize, Deserialize, Default)]
 #[serde(default)]
 struct Timing {
+    #[serde(alias = "totalUs", deserialize_with = "int")]
     total_us: u32,
+    #[serde(alias = "queueUs", deserialize_with = "int")]
     queue_us: u32,
+    #[serde(alias = "handlerUs", deserialize_with = "int")]
     handler_us: u32,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     calls: Vec<CallTiming>,
@@ -196,8 +265,11 @@ struct Timing {
 #[serde(default)]
 struct CallTiming {
     route: String,
+    #[serde(deserialize_with = "int")]
     code: u32,
+    #[serde(deserialize_with = "int")]
     us: u32,
+    #[serde(deserialize_with = "int")]
     hop: u32,
 }
 
@@ -206,7 +278,7 @@ struct CallTiming {
 struct Push {
     route: String,
     body: Body,
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(deserialize_with = "int", skip_serializing_if = "is_zero")]
     seq: u64,
 }
 
@@ -466,16 +538,66 @@ mod tests {
         assert!(decode(r#"{"request":{"id":-1}}"#).is_err());
     }
 
-    /// docs/protocol.md: an unknown field of a known kind is ignored, as binary protobuf
-    /// ignores it (a newer client, an older gate); an unknown kind is not.
+    /// docs/protocol.md, "Packets": a field a client's packet cannot have is refused,
+    /// naming it; one in a gate's packet is read past (an SDK reads a newer gate's).
     #[test]
-    fn unknown_fields_of_a_known_kind_are_ignored() {
-        let p =
-            decode(r#"{"request":{"id":7,"route":"echo.raw","added_later":[1,{"x":2}]}}"#).unwrap();
-        let Some(Kind::Request(request)) = p.kind else {
-            panic!("{p:?}");
-        };
-        assert_eq!((request.id, request.route.as_str()), (7, "echo.raw"));
+    fn unknown_fields_of_a_clients_packet_are_refused_by_name() {
+        let unknown = |frame: &str| decode(frame).unwrap_err().unknown_field();
+        for (frame, field) in [
+            (
+                r#"{"request":{"id":7,"route":"echo.raw","added_later":[1]}}"#,
+                "added_later",
+            ),
+            (r#"{"handshake":{"resume_tokn":"g.1.00"}}"#, "resume_tokn"),
+            (r#"{"handshake":{"lastseq":3}}"#, "lastseq"),
+            (r#"{"ack":{"sequence":3}}"#, "sequence"),
+            (r#"{"refresh":{"jwt":"x"}}"#, "jwt"),
+            (r#"{"heartbeat":{"x":1}}"#, "x"),
+        ] {
+            assert_eq!(unknown(frame).as_deref(), Some(field), "{frame}");
+        }
+        assert_eq!(unknown(r#"{"request":{"id":-1}}"#), None);
+        assert_eq!(unknown("not json"), None);
         assert!(decode(r#"{"request":{"id":7},"heartbeat":{}}"#).is_err());
+        let ack = decode(r#"{"handshake_ack":{"code":200,"added_later":1}}"#).unwrap();
+        assert!(matches!(ack.kind, Some(Kind::HandshakeAck(a)) if a.code == 200));
+    }
+
+    /// The proto3 JSON mapping's spellings read as the snake_case ones: lowerCamelCase
+    /// names, and integers as strings.
+    #[test]
+    fn proto3_json_spellings_are_read_too() {
+        let camel = decode(
+            r#"{"handshake":{"resumable":true,"resumeToken":"g.1.00","lastSeq":"12","serverTiming":true}}"#,
+        )
+        .unwrap();
+        let snake = decode(
+            r#"{"handshake":{"resumable":true,"resume_token":"g.1.00","last_seq":12,"server_timing":true}}"#,
+        )
+        .unwrap();
+        assert_eq!(camel, snake);
+        let Some(Kind::Handshake(h)) = &snake.kind else {
+            panic!("{snake:?}");
+        };
+        assert_eq!((h.resume_token.as_str(), h.last_seq), ("g.1.00", 12));
+        let max = decode(r#"{"request":{"id":"18446744073709551615","route":"a.b"}}"#).unwrap();
+        assert!(matches!(max.kind, Some(Kind::Request(r)) if r.id == u64::MAX));
+        assert_eq!(
+            decode(r#"{"ack":{"seq":"7"}}"#).unwrap(),
+            decode(r#"{"ack":{"seq":7}}"#).unwrap()
+        );
+        let ack = decode(r#"{"handshakeAck":{"code":"200","sessionId":"9"}}"#).unwrap();
+        assert!(
+            matches!(ack.kind, Some(Kind::HandshakeAck(a)) if (a.code, a.session_id) == (200, 9))
+        );
+        for bad in [
+            r#"{"ack":{"seq":"x"}}"#,
+            r#"{"ack":{"seq":"-1"}}"#,
+            r#"{"ack":{"seq":1.5}}"#,
+            r#"{"drain":{"grace_ms":"4294967296"}}"#,
+            r#"{"drain":{"grace_ms":4294967296}}"#,
+        ] {
+            assert!(decode(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -37,7 +37,8 @@
 //! ```
 //!
 //! **Reconnecting.** With [`ClientOptions::reconnect`], a dropped connection (not a
-//! kick, not [`Client::close`]) is re-established with exponential backoff and a new
+//! kick, not a close `resumed elsewhere`, which says another connection took the session
+//! up, not [`Client::close`]) is re-established with exponential backoff and a new
 //! handshake. Requests made while reconnecting wait for the new connection, within their
 //! timeout. [`Client::reconnects`] counts reconnections.
 //!

@@ -28,6 +28,10 @@ use super::shared::Shared;
 /// How long a closing link waits for its close frame to go out.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// The gate's close reason for a socket whose session was resumed on another
+/// connection.
+pub(crate) const RESUMED_ELSEWHERE: &str = "resumed elsewhere";
+
 /// How one connection ended.
 #[derive(Debug)]
 pub(crate) enum Exit {
@@ -194,6 +198,12 @@ async fn read_loop(
         };
         let packet = match frame::incoming(message) {
             Ok(Incoming::Packet(packet)) => packet,
+            // The session was taken up on another connection (not this client's: its
+            // old link would be gone): it lives there now, and is not this client's to
+            // resume or replace (docs/protocol.md, "Kicks and closes").
+            Ok(Incoming::Close(reason)) if reason == RESUMED_ELSEWHERE => {
+                break Exit::Kicked(reason);
+            }
             Ok(Incoming::Close(reason)) => {
                 break Exit::Lost(format!("the gate closed the connection: {reason}"));
             }

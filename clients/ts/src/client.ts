@@ -65,6 +65,8 @@ export const CLOSED_BY_CLIENT = "closed by client";
 export const STABLE_SESSION_MS = 5_000;
 /** WebSocket close code of a server going away: a kick followed by it reconnects. */
 const CLOSE_GOING_AWAY = 1001;
+/** The gate's close reason for a socket whose session was resumed on another connection. */
+export const RESUMED_ELSEWHERE = "resumed elsewhere";
 
 type Timer = ReturnType<typeof setTimeout>;
 
@@ -553,6 +555,11 @@ export class Client {
       // A kick ends the session for good, unless the gate itself is going away
       // (shutting down, or draining): then the client moves to another gate.
       return this.drop(conn, conn.kickReason, event.code === CLOSE_GOING_AWAY || conn.drained);
+    }
+    if (event.reason === RESUMED_ELSEWHERE) {
+      // Someone else took the session up (this client's own resume leaves no socket
+      // behind to be told): it lives there now, not this client's to resume or replace.
+      return this.drop(conn, RESUMED_ELSEWHERE, false);
     }
     this.drop(conn, `the gate closed the connection${closeSaid(event)}`, true, true);
   }

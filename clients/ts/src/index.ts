@@ -3,7 +3,7 @@
  * browsers and Node, two encodings (protobuf binary frames, JSON text frames), and typed
  * APIs for the built-in services.
  */
-export { Client, connect, CLOSED_BY_CLIENT } from "./client.js";
+export { Client, connect, CLOSED_BY_CLIENT, RESUMED_ELSEWHERE } from "./client.js";
 export {
   DEFAULT_CONNECT_TIMEOUT_MS,
   DEFAULT_MAX_FRAME_BYTES,

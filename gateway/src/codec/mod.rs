@@ -47,6 +47,9 @@ pub(crate) enum Decoded {
     BadBody(client::Response),
     /// Not a packet at all: the session closes, telling the client why.
     Invalid(&'static str),
+    /// A JSON packet with a field its kind does not have (named): the session closes
+    /// naming it, rather than reading the packet without it.
+    UnknownField(String),
     /// A frame holding several packets (pomelo packages), in order; never nested.
     Many(Vec<Decoded>),
 }
@@ -78,7 +81,12 @@ impl Codec {
             },
             Message::Text(t) => match frame::decode_text_typed(t.as_str()) {
                 Ok(decoded) => decoded,
-                Err(_) => return Decoded::Invalid(INVALID_PACKET),
+                Err(e) => {
+                    return match e.unknown_field() {
+                        Some(name) => Decoded::UnknownField(name),
+                        None => Decoded::Invalid(INVALID_PACKET),
+                    };
+                }
             },
             _ => return Decoded::Invalid(INVALID_PACKET),
         };

@@ -11,6 +11,7 @@
 
 mod blips;
 mod cache;
+mod closing;
 mod context;
 mod effects;
 mod opening;
@@ -28,7 +29,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use futures::{FutureExt, SinkExt, StreamExt};
+use futures::{FutureExt, StreamExt};
 use proto::client::{self, packet::Kind};
 use proto::code;
 use rustc_hash::FxHashMap;
@@ -36,7 +37,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, sleep_until};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use crate::codec::{Codec, Decoded};
@@ -44,6 +44,10 @@ use crate::forward::SessionWire;
 use crate::inbox::{Inbox, ToSession, WorkerReply};
 use crate::limits::TokenBucket;
 use cache::Cache;
+use closing::{
+    Closing, Ending, INVALID_PACKET, LINK_LOST, TOO_SLOW, WRITE_FAILED, close, frame_error,
+    invalid, too_slow, unknown_field,
+};
 use outbox::Outbox;
 use resume::Resume;
 
@@ -63,52 +67,6 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
 /// Frames handled after the first in one turn, before the answers are flushed; bounds
 /// how long replies already queued for the session wait behind a fast reader.
 const READ_BATCH: usize = 64;
-
-/// Why a session's link ends, sent to the client in the close frame, and what becomes
-/// of the session.
-#[derive(Clone, Copy)]
-struct Closing {
-    code: CloseCode,
-    reason: &'static str,
-    ending: Ending,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Ending {
-    /// The session ends.
-    Closed,
-    /// The link was lost without a close: a resumable session waits for its client.
-    LinkLost,
-    /// The session went on at another gate (or as another session of this one).
-    HandedOver,
-}
-
-impl Closing {
-    const fn new(code: CloseCode, reason: &'static str) -> Self {
-        Closing {
-            code,
-            reason,
-            ending: Ending::Closed,
-        }
-    }
-
-    /// The link is lost (a resumable session outlives it).
-    const fn lost(code: CloseCode, reason: &'static str) -> Self {
-        Closing {
-            code,
-            reason,
-            ending: Ending::LinkLost,
-        }
-    }
-
-    const fn handed_over() -> Self {
-        Closing {
-            code: CloseCode::Away,
-            reason: "resumed elsewhere",
-            ending: Ending::HandedOver,
-        }
-    }
-}
 
 /// The gate is draining: requests are forwarded until `forward_until` (the first half
 /// of the grace), answered 503 `gate draining` after it (never forwarded, so a client
@@ -199,58 +157,6 @@ struct Session<S> {
     durations: Cache<(Arc<str>, u32), metrics::Histogram>,
     /// A resumable session's numbered frames, and its resume's state.
     resume: Option<Resume>,
-}
-
-/// Sends the close frame saying why, waiting at most `wait` for the socket to take it
-/// (and what was queued before it): a client that stops reading must not hold the
-/// session's task, or its socket, for longer.
-async fn close<S: Io>(ws: &mut Ws<S>, closing: Closing, wait: Duration) {
-    let frame = CloseFrame {
-        code: closing.code,
-        reason: closing.reason.into(),
-    };
-    let _ = tokio::time::timeout(wait, ws.send(Message::Close(Some(frame)))).await;
-}
-
-/// Closes a session whose client does not take what is sent to it (a resumable one
-/// waits for its client to resume: what it missed is kept).
-const fn too_slow() -> Closing {
-    Closing::lost(CloseCode::Policy, TOO_SLOW)
-}
-
-/// The close reason of a session closed as too slow.
-const TOO_SLOW: &str = "too slow";
-
-/// The close reason of a session whose socket refused a write.
-const WRITE_FAILED: &str = "write failed";
-
-/// Closes a connection whose client sent a frame WebSocket itself refuses, or whose
-/// link broke (a reset, a socket error: the link is lost).
-fn frame_error(e: &tokio_tungstenite::tungstenite::Error) -> Closing {
-    use tokio_tungstenite::tungstenite::Error as WsError;
-    use tokio_tungstenite::tungstenite::error::ProtocolError;
-    match e {
-        WsError::Capacity(_) => {
-            metrics::counter!("gate_rejected_total", "reason" => "frame_size").increment(1);
-            Closing::new(CloseCode::Size, "frame too large")
-        }
-        WsError::Io(_)
-        | WsError::ConnectionClosed
-        | WsError::AlreadyClosed
-        | WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => {
-            Closing::lost(CloseCode::Away, LINK_LOST)
-        }
-        _ => Closing::new(CloseCode::Protocol, "websocket error"),
-    }
-}
-
-/// The close reason of a session whose link broke.
-const LINK_LOST: &str = "link lost";
-
-/// Closes a session whose client sent what its protocol cannot mean.
-fn invalid(reason: &'static str) -> Closing {
-    metrics::counter!("gate_rejected_total", "reason" => "invalid_packet").increment(1);
-    Closing::new(CloseCode::Invalid, reason)
 }
 
 impl<S: Io> Session<S> {
@@ -429,7 +335,7 @@ impl<S: Io> Session<S> {
     /// The session ends: what is queued goes out, then the close frame, within the
     /// write deadline; a session closed as too slow gets one try at the close frame and
     /// no more. Pushes it never got are counted as dropped.
-    async fn finish(&mut self, closing: Closing, inbox: &mut Inbox) {
+    async fn finish(&mut self, closing: &Closing, inbox: &mut Inbox) {
         let wait = if closing.reason == TOO_SLOW {
             Duration::ZERO
         } else {
@@ -517,7 +423,8 @@ impl<S: Io> Session<S> {
                 return Ok(());
             }
             Decoded::Invalid(reason) => return Err(invalid(reason)),
-            Decoded::Many(_) => return Err(invalid("invalid packet")),
+            Decoded::UnknownField(name) => return Err(unknown_field(&name)),
+            Decoded::Many(_) => return Err(invalid(INVALID_PACKET)),
         };
         match packet.kind {
             Some(Kind::Request(req)) => {
@@ -557,7 +464,7 @@ impl<S: Io> Session<S> {
             }
             Some(Kind::Handshake(_)) => Err(Closing::new(CloseCode::Policy, "handshake repeated")),
             Some(_) => Err(Closing::new(CloseCode::Policy, "packet not for the gate")),
-            None => Err(invalid("invalid packet")),
+            None => Err(invalid(INVALID_PACKET)),
         }
     }
 

@@ -19,7 +19,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use super::outbox::Outbox;
 use super::replay::Replay;
 use super::resume::{self, Resume};
-use super::{Cache, Closing, Context, Ending, Io, Session, Ws, close, frame_error};
+use super::{Cache, Closing, Context, Ending, Io, Session, Ws, close, frame_error, unknown_field};
 use crate::admission::Ticket;
 use crate::codec::{Codec, Decoded};
 use crate::forward::SessionWire;
@@ -46,14 +46,14 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
     let hello = match timeout(gate.config.handshake_timeout, ws.next()).await {
         Ok(Some(Ok(frame))) => frame,
         Ok(Some(Err(e))) => {
-            close(&mut ws, frame_error(&e), wait).await;
+            close(&mut ws, &frame_error(&e), wait).await;
             return;
         }
         Ok(None) => return,
         Err(_) => {
             close(
                 &mut ws,
-                Closing::new(CloseCode::Policy, "handshake timeout"),
+                &Closing::new(CloseCode::Policy, "handshake timeout"),
                 wait,
             )
             .await;
@@ -65,10 +65,15 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
         Decoded::Packet(Packet {
             kind: Some(Kind::Handshake(h)),
         }) => h,
+        // A handshake with a misspelt field says which, rather than "handshake required".
+        Decoded::UnknownField(name) => {
+            close(&mut ws, &unknown_field(&name), wait).await;
+            return;
+        }
         _ => {
             close(
                 &mut ws,
-                Closing::new(CloseCode::Policy, "handshake required"),
+                &Closing::new(CloseCode::Policy, "handshake required"),
                 wait,
             )
             .await;
@@ -222,7 +227,7 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
         Some(closing) => closing,
         None => session.serve(&mut inbox).await,
     };
-    while closing.ending == Ending::LinkLost && session.detach(closing).await {
+    while closing.ending == Ending::LinkLost && session.detach(&closing).await {
         closing = session.serve(&mut inbox).await;
     }
     // Everything it holds is given back before the client is told.
@@ -241,7 +246,7 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
     tracing::debug!(sid, reason = closing.reason, "session closed");
     metrics::counter!("gate_sessions_closed_total", "reason" => closing.reason).increment(1);
     if session.attached() {
-        session.finish(closing, &mut inbox).await;
+        session.finish(&closing, &mut inbox).await;
     } else {
         metrics::gauge!("gate_sessions_detached").decrement(1.0);
     }
@@ -250,7 +255,7 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
 /// Refuses a handshake: its answer, then a close saying why, each within `wait`.
 async fn refuse<S: Io>(ws: &mut Ws<S>, answer: Message, reason: &'static str, wait: Duration) {
     let _ = timeout(wait, ws.send(answer)).await;
-    close(ws, Closing::new(CloseCode::Policy, reason), wait).await;
+    close(ws, &Closing::new(CloseCode::Policy, reason), wait).await;
 }
 
 /// The kick reason, and close reason, of a session whose signed token expired.

@@ -69,6 +69,11 @@ impl<S: Io> Session<S> {
             return;
         }
         self.serial_pending = None;
+        self.next_serial();
+    }
+
+    /// Forwards the next queued serial request, none being in flight.
+    pub(super) fn next_serial(&mut self) {
         // A queued request the gate refuses at once is answered here, and the next goes.
         while self.serial_pending.is_none() {
             let Some(next) = self.serial_queue.pop_front() else {

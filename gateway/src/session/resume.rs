@@ -13,24 +13,27 @@
 //!   session before a mark is the old session's to hand over, what comes after is the
 //!   new one's. Once every mark is back (or `--resume-handover-timeout` passed) the old
 //!   session sends everything after the client's last seq, its requests still in
-//!   flight and the answers that came meanwhile (`Handed`), and ends without a word to
-//!   services: the session lives on. Replies to its requests still in flight are
-//!   relayed to the new gate.
+//!   flight (those waiting to be sent again after "no responders" as never sent), its
+//!   queued serial requests and the answers that came meanwhile (`Handed`), and ends
+//!   without a word to services: the session lives on. Replies to its requests still
+//!   in flight are relayed to the new gate.
+//! - **Refused** attempts (a wrong secret, player, encoding or `last_seq`) change
+//!   nothing of the session they name.
 //!
 //! The same steps serve a resume on the same gate (the bus carries them there too).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bus::Reply;
+use bus::{BusError, Reply};
 use proto::Message as _;
-use proto::client::{self, packet::Kind};
+use proto::client;
 use proto::code;
 use proto::resume::{self as wire, Handed, Held, TakeOver};
 use proto::rpc::RpcResponse;
+use rustc_hash::FxHashSet;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use super::effects::announce_closed;
 use super::replay::{Missing, Replay};
@@ -193,7 +196,7 @@ impl<S: Io> Session<S> {
 
     /// The link was lost (`closing` says how): a resumable session lets the socket go
     /// and waits for its client for the resume window. `false` when the session ends.
-    pub(super) async fn detach(&mut self, closing: Closing) -> bool {
+    pub(super) async fn detach(&mut self, closing: &Closing) -> bool {
         let window = self.gate.config.resume_window;
         let Some(r) = &mut self.resume else {
             return false;
@@ -211,14 +214,15 @@ impl<S: Io> Session<S> {
         true
     }
 
-    /// A request whose id this resumable session has seen: still in flight, it is
-    /// answered once when its answer comes; answered already, it gets the same frame
-    /// again. `false` for an id the session does not know.
+    /// A request whose id this resumable session has seen: still in flight (or queued
+    /// behind a serial one), it is answered once when its answer comes; answered
+    /// already, it gets the same frame again. `false` for an id the session does not
+    /// know.
     pub(super) fn resent(&mut self, id: u64) -> bool {
         let Some(r) = &self.resume else {
             return false;
         };
-        if self.pending.contains_key(&id) {
+        if self.pending.contains_key(&id) || self.serial_queue.iter().any(|q| q.id == id) {
             return true;
         }
         let Some(frame) = r.replay.answer(id).cloned() else {
@@ -241,9 +245,10 @@ impl<S: Io> Session<S> {
                     ..Default::default()
                 },
             );
-            // A session that cannot be resumed whole is of no use to anyone now.
-            return (code == code::CONFLICT)
-                .then(|| Closing::new(CloseCode::Away, "resume impossible"));
+            // Never disturbed by a refused attempt: whoever holds a copy of the token
+            // (with a stale `last_seq`, say) must not end a session its client can
+            // still resume. One that let go of frames ends on its own (`broken`).
+            return None;
         }
         let now = Instant::now();
         let marks = self.groups.len() + usize::from(!self.wire.get().uid.is_empty());
@@ -279,7 +284,7 @@ impl<S: Io> Session<S> {
         if was_attached {
             // The client is elsewhere now: this socket is stale, and is let go.
             if let Some(mut ws) = self.ws.take() {
-                close(&mut ws, Closing::handed_over(), Duration::ZERO).await;
+                close(&mut ws, &Closing::handed_over(), Duration::ZERO).await;
             }
             metrics::gauge!("gate_sessions_detached").increment(1.0);
         }
@@ -340,6 +345,14 @@ impl<S: Io> Session<S> {
     /// A reply that came while the session is handed over: kept for the new gate.
     /// `false` when the session is not being handed over.
     pub(super) fn hold_reply(&mut self, id: u64, reply: WorkerReply) -> Result<(), WorkerReply> {
+        if self.resume.as_ref().is_none_or(|r| r.handing.is_none()) {
+            return Err(reply);
+        }
+        // Reached no worker: it waits to be sent again, and is handed over unsent if it
+        // still waits then (the new gate sends it), as it would wait here.
+        if matches!(reply, WorkerReply::NoResponders) && self.resend_later(id) {
+            return Ok(());
+        }
         let Some(handing) = self.resume.as_mut().and_then(|r| r.handing.as_mut()) else {
             return Err(reply);
         };
@@ -370,19 +383,17 @@ impl<S: Io> Session<S> {
         (handing.marks_left == 0).then(|| self.hand_over())
     }
 
-    /// Sends the new gate everything the client missed, the requests in flight and the
-    /// answers that came meanwhile; the session then ends here.
+    /// Sends the new gate everything the client missed, the requests in flight, the
+    /// serial requests queued and the answers that came meanwhile; the session then
+    /// ends here.
     pub(super) fn hand_over(&mut self) -> Closing {
-        // Serial requests not yet forwarded were never sent: the client sends them again.
-        for req in std::mem::take(&mut self.serial_queue) {
-            self.send(Kind::Response(client::Response {
-                id: req.id,
-                code: code::UNAVAILABLE,
-                message: NOT_FORWARDED.into(),
-                ..Default::default()
-            }));
-        }
         let now = Instant::now();
+        for held in self.pending.values().filter(|p| !p.sent) {
+            self.gate.held.give_back(held.body_len());
+        }
+        // Waiting to be sent again reached no worker: the new gate sends them at once,
+        // and they go on waiting for a worker there, within their timeout.
+        let resending: FxHashSet<u64> = self.resends.iter().map(|&(_, id)| id).collect();
         let pending: Vec<wire::Pending> = self
             .pending
             .drain()
@@ -393,15 +404,15 @@ impl<S: Io> Session<S> {
                 has_body: p.body.is_some(),
                 body: p.body.clone().unwrap_or_default(),
                 key: p.key.clone(),
-                sent: p.sent,
+                sent: p.sent && !resending.contains(&id),
                 age_ms: u32::try_from(now.duration_since(p.received).as_millis())
                     .unwrap_or(u32::MAX),
             })
             .collect();
         self.gate.in_flight.give_back(pending.len());
-        for p in pending.iter().filter(|p| !p.sent) {
-            self.gate.held.give_back(p.body.len());
-        }
+        // Serial requests queued here were never forwarded: the new gate forwards them.
+        let queued = std::mem::take(&mut self.serial_queue).into();
+        let serial_pending = self.serial_pending.take().unwrap_or(0);
         self.deadlines.clear();
         self.held.clear();
         self.resends.clear();
@@ -427,6 +438,8 @@ impl<S: Io> Session<S> {
             seq: r.replay.seq(),
             pending,
             answers: handing.answers,
+            queued,
+            serial_pending,
         };
         let config = &self.gate.config;
         let to = format!("{}.gw.{}.{}.", config.prefix, handing.gate, handing.sid);
@@ -512,19 +525,29 @@ impl<S: Io> Session<S> {
                 resends: 0,
             };
             if !entry.sent {
-                // Never sent by the old gate: this one sends it now.
-                if self.publish(p.id, &entry).is_err() {
-                    self.pending.insert(p.id, entry);
-                    if let Some(gone) = self.pending.remove(&p.id) {
-                        self.answer_unavailable(p.id, &gone, super::blips::BUS_UNAVAILABLE);
+                // Never sent by the old gate, or it reached no worker there: this one
+                // sends it now, or holds it for the bus as it would a new request.
+                match self.publish(p.id, &entry) {
+                    Ok(()) => entry.mark_sent(),
+                    Err(BusError::Disconnected) if self.hold(p.id, entry.body_len()) => {}
+                    Err(e) => {
+                        self.bus_refused(e).increment(1);
+                        // Nothing of the gate's held budget is its: none to give back.
+                        entry.sent = true;
+                        self.answer_unavailable(p.id, &entry, super::blips::BUS_UNAVAILABLE);
+                        continue;
                     }
-                    continue;
                 }
-                entry.mark_sent();
             }
             self.pending.insert(p.id, entry);
             self.deadlines
                 .push_back((received + self.gate.config.request_timeout, p.id));
+        }
+        // Serial requests the old gate had queued go on in turn from here.
+        self.serial_queue = handed.queued.into();
+        match handed.serial_pending {
+            id if self.pending.contains_key(&id) => self.serial_pending = Some(id),
+            _ => self.next_serial(),
         }
         for answer in handed.answers {
             let reply = WorkerReply::Response(answer.response.unwrap_or_default());
@@ -550,7 +573,3 @@ const TOO_MUCH: &str = "the client missed more than a hand-over carries";
 
 /// The refusal of a resume whose session let go of frames its client missed.
 const GAP: &str = "the session let go of frames the client missed";
-
-/// The 503 of a serial request that was queued, never forwarded, when the session
-/// moved: safe to send again.
-const NOT_FORWARDED: &str = "not forwarded before the session moved: send it again";

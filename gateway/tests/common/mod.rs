@@ -7,7 +7,8 @@
 //! [`raw`] is a WebSocket client without the SDK's manners, for bad input and exact
 //! frame order; [`proxy`] puts a worker's bus connection behind a TCP hop the test can
 //! cut, which is how a worker dies abruptly. [`jwt`] makes NATS operator/account/user
-//! JWTs and `.creds` files; [`logs`] lets a test wait for a line the gate logs.
+//! JWTs and `.creds` files; [`logs`] lets a test wait for a line the gate logs;
+//! [`resumable`] is a client of resumable sessions, as docs/protocol.md has one.
 
 #![allow(dead_code)] // not every test uses every helper
 
@@ -15,6 +16,7 @@ pub mod jwt;
 pub mod logs;
 pub mod proxy;
 pub mod raw;
+pub mod resumable;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

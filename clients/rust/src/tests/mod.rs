@@ -194,6 +194,30 @@ async fn kick_closes_with_its_reason_and_does_not_reconnect() {
     assert_eq!(gate.connections.load(Ordering::SeqCst), 1);
 }
 
+/// docs/protocol.md, "Kicks and closes": `1001 resumed elsewhere` means someone else
+/// took the session up; the client ends as after a kick, while another close is a drop
+/// it reconnects after.
+#[tokio::test]
+async fn resumed_elsewhere_closes_and_does_not_reconnect() {
+    let gate = fake_gate(0).await;
+    let client = Client::connect(&gate.url, reconnecting()).await.unwrap();
+    // Failed, as the gate resumes nothing: what matters is the reconnect.
+    client.request("close.me", b"too slow").await.unwrap_err();
+    within(async {
+        while client.reconnects() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let e = client
+        .request("close.me", b"resumed elsewhere")
+        .await
+        .unwrap_err();
+    assert_eq!(closed_reason(&e), "resumed elsewhere");
+    assert_eq!(within(client.closed()).await, "resumed elsewhere");
+    assert_eq!(gate.connections.load(Ordering::SeqCst), 2);
+}
+
 #[tokio::test]
 async fn close_fails_later_requests() {
     let gate = fake_gate(0).await;

@@ -41,6 +41,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use super::super::DRAINING_MESSAGE;
 use resume::{Kept, Numbered};
@@ -473,6 +475,15 @@ impl Session {
                 let reason = String::from_utf8(body.to_vec()).unwrap();
                 ws.send(frame(Kind::Kick(Kick { reason }))).await.unwrap();
                 let _ = ws.close(None).await;
+                return Flow::End;
+            }
+            "close.me" => {
+                let reason = String::from_utf8(body.to_vec()).unwrap();
+                let close = CloseFrame {
+                    code: CloseCode::Away,
+                    reason: reason.into(),
+                };
+                let _ = ws.close(Some(close)).await;
                 return Flow::End;
             }
             "drop.me" => return Flow::End,
