@@ -6,7 +6,7 @@
 //! busy queue never delays it), asks [`Members`] what to do, and does it:
 //!
 //! - **Take fresh**: queue [`InputKind::Fresh`] for the loop, then subscribe the
-//!   partition, `<prefix>.svc.<service>.p<N>.>`, plain. The loop runs the take-over
+//!   partition, `<prefix>.part.<service>.<N>.>`, plain. The loop runs the take-over
 //!   before any of the partition's requests.
 //! - **Hand over** to its owner, in two requests on the owner's hand-over subject: a
 //!   prepare (the owner subscribes the partition too and holds what it receives), the
