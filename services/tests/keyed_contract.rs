@@ -1,10 +1,12 @@
 //! What docs/workers.md ("Keyed services") promises a worker in any language about the
-//! keyed subjects, checked against the Rust keyed worker with peers played by hand on
-//! the bus:
+//! keyed subjects and about leaving, checked against the Rust keyed worker with peers
+//! played by hand on the bus:
 //!
 //! - a plain worker that follows "Serving requests" (`<prefix>.svc.<service>.>` in the
 //!   queue group) beside a keyed service's owner never receives a keyed request, so each
-//!   is answered once, by its partition's owner.
+//!   is answered once, by its partition's owner;
+//! - a drained worker, Rust or any other whose last heartbeat says leaving with nothing
+//!   held, is never counted dead by its peers: it left.
 //!
 //! On our broker and on nats-server.
 
@@ -13,22 +15,30 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Bus, BusExt, Requester, within};
+use common::{Bus, BusExt, Requester, metric, within};
 use futures::{FutureExt, StreamExt};
 use proto::Message;
 use proto::code;
-use proto::keyed::{partition_of, partition_subject};
-use proto::rpc::RpcRequest;
+use proto::keyed::{members_subject, partition_of, partition_subject};
+use proto::rpc::{KeyedMember, RpcRequest};
 use services::tally::{NAME, PARTITIONS};
 use services::{KeyedConfig, WorkerConfig};
+use tokio::sync::Mutex;
 
 broker::on_both_buses!(
     a_plain_workers_wildcard_never_receives_a_keyed_request,
+    a_drained_worker_is_never_counted_dead,
+    a_peer_whose_last_heartbeat_leaves_holding_nothing_is_not_counted_dead,
 );
 
 const PREFIX: &str = "shaddock";
 const HEARTBEAT: Duration = Duration::from_millis(50);
 const MEMBER_TIMEOUT: Duration = Duration::from_millis(300);
+const DEAD: &str = "worker_keyed_peers_dead_total";
+const LEFT: &str = "worker_keyed_peers_left_total";
+
+/// One test at a time reading the binary's metrics.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
 /// The tally worker `name`, with short heartbeats and member timeout.
 async fn tally(bus: &Bus, name: &str) -> common::RunningWorker {
@@ -108,5 +118,72 @@ async fn a_plain_workers_wildcard_never_receives_a_keyed_request(bus: Bus) {
             message.subject
         );
     }
+    worker.stop().await;
+}
+
+/// Waits until a peer is forgotten, dead or left, beyond the counts before.
+async fn a_peer_forgotten(dead_before: f64, left_before: f64) {
+    within(async {
+        while metric(DEAD) + metric(LEFT) < dead_before + left_before + 1.0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+/// Two workers share the partitions; one is drained (SIGTERM): it hands its partitions
+/// over and says it leaves, holding nothing, in its last heartbeat. Its peer forgets it
+/// after the member timeout as a worker that left, not one that died.
+async fn a_drained_worker_is_never_counted_dead(bus: Bus) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (dead_before, left_before) = (metric(DEAD), metric(LEFT));
+    let stays = tally(&bus, "stays").await;
+    let mut held = stays.0.held().expect("a keyed worker");
+    assert!(within(held.at_least(PARTITIONS as usize)).await);
+    let drained = tally(&bus, "drained").await;
+    let mut share = drained.0.held().expect("a keyed worker");
+    assert!(
+        within(share.at_least(1)).await,
+        "the second worker takes a share"
+    );
+    drained.stop().await;
+    assert!(within(held.at_least(PARTITIONS as usize)).await);
+    a_peer_forgotten(dead_before, left_before).await;
+    assert_eq!(
+        (metric(DEAD), metric(LEFT)),
+        (dead_before, left_before + 1.0),
+        "the drained worker left; it did not die"
+    );
+    stays.stop().await;
+}
+
+/// A worker of another language joins holding nothing, then drains: it says leaving in
+/// every heartbeat from then on, the last one holding nothing, and stops. The Rust
+/// worker counts it left, not dead.
+async fn a_peer_whose_last_heartbeat_leaves_holding_nothing_is_not_counted_dead(bus: Bus) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (dead_before, left_before) = (metric(DEAD), metric(LEFT));
+    let worker = tally(&bus, "rust").await;
+    let peer = bus.client().await;
+    let say = async |leaving: bool| {
+        let me = KeyedMember {
+            id: "0123456789abcdef".into(),
+            held: Vec::new(),
+            leaving,
+        };
+        let subject = members_subject(PREFIX, NAME);
+        peer.publish(subject, me.encode_to_vec().into())
+            .await
+            .unwrap();
+        within(peer.flush()).await.unwrap();
+    };
+    say(false).await;
+    say(true).await;
+    a_peer_forgotten(dead_before, left_before).await;
+    assert_eq!(
+        (metric(DEAD), metric(LEFT)),
+        (dead_before, left_before + 1.0),
+        "a peer that said it left, holding nothing, is not dead"
+    );
     worker.stop().await;
 }

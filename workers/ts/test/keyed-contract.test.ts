@@ -1,12 +1,14 @@
 // What docs/workers.md ("Keyed services") promises a worker in any language about the
-// keyed subjects, on a real nats-server: a plain worker following "Serving requests"
-// (`<prefix>.svc.<service>.>` in the queue group) never receives a keyed request.
+// keyed subjects and about leaving, on a real nats-server: a plain worker following
+// "Serving requests" (`<prefix>.svc.<service>.>` in the queue group) never receives a
+// keyed request, and a drained worker (TypeScript, or any whose last heartbeat says
+// leaving with nothing held) is never counted dead by its peers.
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import type { Msg } from "@nats-io/transport-node";
-import { Service, Status, Worker, partitionOf, partitionSubject } from "../src/index.js";
-import { RpcRequestSchema, RpcResponseSchema } from "../src/gen/rpc_pb.js";
+import { Service, Status, Worker, membersSubject, partitionOf, partitionSubject } from "../src/index.js";
+import { KeyedMemberSchema, RpcRequestSchema, RpcResponseSchema } from "../src/gen/rpc_pb.js";
 import { startBus, until } from "./bus.js";
 import type { Bus } from "./bus.js";
 
@@ -70,5 +72,42 @@ test("a plain worker's wildcard in the queue group receives no keyed request", a
     const response = fromBinary(RpcResponseSchema, list[0]?.data ?? new Uint8Array());
     assert.equal(response.code, Status.OK, response.message);
   }
+  await worker.drain();
+});
+
+test("a drained worker is never counted dead: its peers count it left", async () => {
+  const prefix = "c2";
+  const stays = await start(prefix, "stays");
+  await until("the first worker holds every partition", () => heldBy(stays.worker) === PARTITIONS);
+  const drained = await start(prefix, "drained");
+  await until("the second takes a share", () => heldBy(drained.worker) > 0);
+  await drained.worker.drain();
+  const stats = (): { peersDead: number; peersLeft: number } =>
+    stays.worker.keyed?.stats ?? { peersDead: 0, peersLeft: 0 };
+  await until("the drained worker is forgotten", () => stats().peersDead + stats().peersLeft > 0);
+  assert.deepEqual([stats().peersDead, stats().peersLeft], [0, 1]);
+  assert.deepEqual(
+    stays.errors.filter((e) => e.includes("counted dead")),
+    [],
+  );
+  assert.equal(heldBy(stays.worker), PARTITIONS);
+  await stays.worker.drain();
+});
+
+test("a peer whose last heartbeat leaves holding nothing is not counted dead", async () => {
+  const prefix = "c3";
+  const { worker, errors } = await start(prefix, "ts");
+  // A worker of another language: heard, then its last word, then silence.
+  const peer = await bus.connect();
+  for (const leaving of [false, true]) {
+    const member = create(KeyedMemberSchema, { id: "0123456789abcdef", leaving });
+    peer.publish(membersSubject(prefix, "tally"), toBinary(KeyedMemberSchema, member));
+  }
+  await peer.flush();
+  const stats = (): { peersDead: number; peersLeft: number } =>
+    worker.keyed?.stats ?? { peersDead: 0, peersLeft: 0 };
+  await until("the peer is forgotten", () => stats().peersDead + stats().peersLeft > 0);
+  assert.deepEqual([stats().peersDead, stats().peersLeft], [0, 1]);
+  assert.deepEqual(errors, []);
   await worker.drain();
 });
