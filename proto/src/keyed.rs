@@ -76,11 +76,13 @@ pub fn score(member: &str, partition: u32) -> u32 {
     h ^ (h >> 16)
 }
 
-/// What a gate publishes a keyed request of `service.method` on, and what its owner
-/// subscribes (with `>` for the method), plain: during a hand-over both owners receive
-/// every request, and its `origin` and `seq` tell them which is whose.
+/// What a gate publishes a keyed request of `service.method` on (with `.<method>`),
+/// and what its owner subscribes (with `.>`), plain: during a hand-over both owners
+/// receive every request, and its `origin` and `seq` tell them which is whose. Its own
+/// namespace, `part`, outside `svc`: a plain worker's `<prefix>.svc.<service>.>` in the
+/// queue group never catches a keyed request, which would then be answered twice.
 pub fn partition_subject(prefix: &str, service: &str, partition: u32) -> String {
-    format!("{prefix}.svc.{service}.p{partition}")
+    format!("{prefix}.part.{service}.{partition}")
 }
 
 /// Where a keyed service's workers tell each other they live and what they hold
@@ -128,6 +130,14 @@ mod tests {
         assert_eq!(key_of(&long, "", None), Ok(long.as_str()));
         let longer = "k".repeat(MAX_KEY_LEN + 1);
         assert_eq!(key_of(&longer, "", None), Err(KeyError::TooLong));
+    }
+
+    #[test]
+    fn partition_subjects_are_outside_the_services_namespace() {
+        assert_eq!(
+            partition_subject("shaddock", "arena", 7),
+            "shaddock.part.arena.7"
+        );
     }
 
     #[test]

@@ -42,8 +42,12 @@ pub const PARTITIONS_TAKEN_TOTAL: &str = "worker_partitions_taken_total";
 pub const PARTITIONS_HANDED_TOTAL: &str = "worker_partitions_handed_total";
 /// Moments a peer claimed a partition this worker holds too.
 pub const PARTITION_CONFLICTS_TOTAL: &str = "worker_partition_conflicts_total";
-/// Keyed peers counted dead: not heard from for `--keyed-member-timeout`.
+/// Keyed peers counted dead: not heard from for `--keyed-member-timeout`, their last
+/// heartbeat not one of a worker that left (leaving, holding nothing).
 pub const KEYED_PEERS_DEAD_TOTAL: &str = "worker_keyed_peers_dead_total";
+/// Keyed peers that left: not heard from for `--keyed-member-timeout` after a heartbeat
+/// saying leaving, holding nothing (a drained worker).
+pub const KEYED_PEERS_LEFT_TOTAL: &str = "worker_keyed_peers_left_total";
 /// Requests a partition's new owner dropped while it waited for the state, its
 /// `--handover-buffer` full.
 pub const HANDOVER_OVERFLOW_TOTAL: &str = "worker_handover_overflow_total";
@@ -143,7 +147,11 @@ pub fn describe() {
     );
     metrics::describe_counter!(
         KEYED_PEERS_DEAD_TOTAL,
-        "Keyed peers counted dead: not heard from for the member timeout"
+        "Keyed peers counted dead: not heard from for the member timeout, not having left"
+    );
+    metrics::describe_counter!(
+        KEYED_PEERS_LEFT_TOTAL,
+        "Keyed peers that left: silent after saying leaving with nothing held"
     );
     metrics::describe_counter!(
         HANDOVER_OVERFLOW_TOTAL,

@@ -4,7 +4,11 @@
 //!
 //! - **Members**: every worker of the service says, each heartbeat, that it lives,
 //!   which partitions it holds, and whether it is leaving. One not heard from for the
-//!   member timeout is dead: what it held is nobody's.
+//!   member timeout is forgotten: what it held is nobody's. It *left* if its last
+//!   heartbeat said leaving with nothing held (the last word of a drained worker), and
+//!   is counted *dead* otherwise. A left peer stays a member until then, not at once:
+//!   a partition's old owner sends its state again while the new owner lives (it may
+//!   have taken it), and a leaving worker may still be taking one it prepared.
 //! - **Owner**: a partition's owner is the live, non-leaving member (this worker
 //!   included) with the highest rendezvous score: FNV-1a 32 of
 //!   `"<member id>:<partition>"`, mixed by MurmurHash3's 32-bit finalizer (FNV alone
@@ -35,6 +39,15 @@ pub(crate) enum Step {
     HandOver { partition: u32, to: String },
     /// Take the partition, which it owns and nobody holds, with fresh state.
     TakeFresh { partition: u32 },
+}
+
+/// The peers [`Members::expire`] forgot, by how they went.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Gone {
+    /// Silent without having left: crashed, cut off, or stopped before its last word.
+    pub dead: Vec<String>,
+    /// Silent after saying it was leaving and held nothing: drained.
+    pub left: Vec<String>,
 }
 
 /// This worker's view of its service's members.
@@ -80,19 +93,20 @@ impl Members {
         self.peers.insert(id.to_owned(), member).is_none()
     }
 
-    /// Forgets the peers not heard from for the timeout; returns their ids.
-    pub(crate) fn expire(&mut self, now: Instant) -> Vec<String> {
+    /// Forgets the peers not heard from for the timeout: those whose last heartbeat
+    /// said leaving with nothing held left, the others are dead.
+    pub(crate) fn expire(&mut self, now: Instant) -> Gone {
         let timeout = self.timeout;
-        let dead: Vec<String> = self
-            .peers
-            .iter()
-            .filter(|(_, m)| now.saturating_duration_since(m.seen) > timeout)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in &dead {
-            self.peers.remove(id);
-        }
-        dead
+        let mut gone = Gone::default();
+        self.peers.retain(|id, m| {
+            let silent = now.saturating_duration_since(m.seen) > timeout;
+            if silent {
+                let left = m.leaving && m.held.is_empty();
+                (if left { &mut gone.left } else { &mut gone.dead }).push(id.clone());
+            }
+            !silent
+        });
+        gone
     }
 
     /// Whether peer `id` is alive: heard from within the timeout (as of the last
@@ -263,12 +277,43 @@ mod tests {
         // "z" dies: its partitions are nobody's, and "a" takes them fresh.
         let dead_at = t0 + TIMEOUT + Duration::from_millis(1);
         assert!(m.lives("z"));
-        assert_eq!(m.expire(dead_at), ["z"]);
+        assert_eq!(m.expire(dead_at).dead, ["z"], "it held partitions: dead");
         assert!(!m.lives("z"));
         assert_eq!(
             fresh(&m.plan(&none, &none, false, dead_at)),
             (0..4).collect()
         );
+    }
+
+    #[test]
+    fn a_peer_silent_after_leaving_with_nothing_held_left_and_is_not_dead() {
+        let t0 = Instant::now();
+        let mut m = members("a", 4, t0);
+        m.heard("drained", &[1], true, t0);
+        m.heard("drained", &[], true, t0); // its last word
+        m.heard("crashed", &[], false, t0);
+        m.heard("crashed-leaving", &[2], true, t0);
+        let within = t0 + TIMEOUT;
+        assert_eq!(
+            m.expire(within),
+            Gone::default(),
+            "heard within the timeout"
+        );
+        assert!(
+            m.lives("drained"),
+            "a member until the timeout, as any other"
+        );
+        let owners: Vec<_> = (0..4).map(|p| m.owner(p, false)).collect();
+        assert!(
+            !owners.contains(&Some("drained")),
+            "owning nothing: it is leaving"
+        );
+        let mut gone = m.expire(within + Duration::from_millis(1));
+        gone.dead.sort();
+        assert_eq!(gone.left, ["drained"]);
+        assert_eq!(gone.dead, ["crashed", "crashed-leaving"]);
+        // Heard again after being forgotten: a newcomer.
+        assert!(m.heard("drained", &[], false, within));
     }
 
     #[test]

@@ -10,13 +10,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Bus, BusExt, Requester, within};
+use common::{Bus, BusExt, Requester, metric, within};
 use futures::StreamExt;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use proto::Message;
 use proto::code;
 use proto::keyed::{handover_subject, members_subject, partition_of, partition_subject, score};
@@ -27,6 +25,7 @@ use tokio::sync::Mutex;
 
 broker::on_both_buses!(
     a_new_owner_serves_what_it_held_past_seen_within_its_buffer,
+    a_request_the_old_owner_took_is_dropped_even_after_the_state,
     a_partition_held_by_both_is_settled_by_the_state_handed_over,
     a_state_sent_again_is_taken_once,
     a_state_answered_late_is_sent_again_and_the_old_owner_never_serves_it_again,
@@ -35,6 +34,7 @@ broker::on_both_buses!(
 );
 broker::in_process!(
     a_new_owner_serves_what_it_held_past_seen_within_its_buffer,
+    a_request_the_old_owner_took_is_dropped_even_after_the_state,
     a_partition_held_by_both_is_settled_by_the_state_handed_over,
     a_state_sent_again_is_taken_once,
     a_state_answered_late_is_sent_again_and_the_old_owner_never_serves_it_again,
@@ -49,35 +49,8 @@ const BUFFER: usize = 2;
 /// The old owner's `--handover-timeout`, short: the made-up new owner answers later.
 const HANDOVER_TIMEOUT: Duration = Duration::from_millis(300);
 
-/// The one recorder of this test binary (the worker counts on its own threads), and one
-/// test at a time reading it.
-static COUNTERS: LazyLock<Snapshotter> = LazyLock::new(|| {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
-        .expect("the only recorder of this binary");
-    snapshotter
-});
+/// One test at a time reading the binary's metrics ([`metric`]).
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
-
-/// Counter `name` so far, over its labels, or gauge `name`'s last values summed: each
-/// snapshot takes the counts since the last one, so they add up here, for every name.
-fn metric(name: &str) -> f64 {
-    static SEEN: std::sync::Mutex<BTreeMap<String, f64>> = std::sync::Mutex::new(BTreeMap::new());
-    let mut seen = SEEN.lock().unwrap();
-    let mut gauges = BTreeMap::new();
-    for (key, _, _, value) in COUNTERS.snapshot().into_vec() {
-        let name = key.key().name().to_owned();
-        match value {
-            DebugValue::Counter(n) => *seen.entry(name).or_default() += n as f64,
-            DebugValue::Gauge(g) => *gauges.entry(name).or_default() += g.into_inner(),
-            DebugValue::Histogram(_) => {}
-        }
-    }
-    seen.extend(gauges);
-    seen.get(name).copied().unwrap_or_default()
-}
 
 /// `worker_handover_overflow_total` so far.
 fn overflowed() -> u64 {
@@ -273,6 +246,34 @@ async fn a_new_owner_serves_what_it_held_past_seen_within_its_buffer(bus: Bus) {
         "1 was the old owner's (seen), 3 past the buffer: neither runs here"
     );
     assert_eq!(overflowed(), overflowed_before + 1);
+    heartbeats.abort();
+    worker.stop().await;
+}
+
+/// A request the old owner took (`seen` covers it) that the new owner reads only after
+/// the state is dropped, not run again: no order holds between a worker's subscriptions
+/// (nats-py runs each one's callbacks in a task of its own; the Rust worker's partition
+/// and hand-over streams are polled in either order), so the state may overtake it.
+async fn a_request_the_old_owner_took_is_dropped_even_after_the_state(bus: Bus) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (client, mut members, heartbeats) = old_owner_beside(&bus).await;
+    let worker = new_owner(&bus).await;
+    let new_id = id_of_worker(&mut members).await;
+    let partition = partition_of(b"k", PARTITIONS);
+    assert_eq!(ask(&client, &new_id, prepare(partition)).await, "");
+    let handed = state(partition, &[("o", 2)]);
+    assert_eq!(ask(&client, &new_id, handed).await, "");
+    let mut requests = Requester::new(client.clone()).await;
+    let subject = format!("{}.add", partition_subject(PREFIX, NAME, partition));
+    for seq in 1..=3 {
+        requests.send(&subject, seq, add(seq.into())).await;
+    }
+    let (n, response) = requests.next().await;
+    assert_eq!(
+        (n, String::from_utf8_lossy(&response.body).into_owned()),
+        (3, "new 11".to_owned()),
+        "1 and 2 were the old owner's (seen): neither runs here"
+    );
     heartbeats.abort();
     worker.stop().await;
 }

@@ -613,7 +613,7 @@ async fn a_keyed_request_goes_to_its_key_s_partition_by_explicit_key_then_sessio
     assert_eq!(response(&mut client).await.message, "key too long");
     let subject = |key: &str| {
         format!(
-            "shaddock.svc.arena.p{}.input",
+            "shaddock.part.arena.{}.input",
             partition_of(key.as_bytes(), 8)
         )
     };

@@ -9,7 +9,7 @@
 //! last token names; the bus's "no responders" (no worker of that service) is a 503.
 //!
 //! A call to a **keyed** service goes where a gate would send a client's request of
-//! that route: `<prefix>.svc.<service>.p<partition>.<method>`, by the call's key, else
+//! that route: `<prefix>.part.<service>.<partition>.<method>`, by the call's key, else
 //! the session value the service names, else the session's uid (`proto::keyed::key_of`;
 //! none is a 400 at once). The worker learns which services are keyed as the gates do,
 //! from their schema announcements: it listens on `<prefix>.schema.svc.*` and asks once
@@ -266,19 +266,19 @@ mod tests {
         let profile = partition_of(b"ann", 16);
         assert_eq!(
             by_uid("profile.get"),
-            (format!("p.svc.profile.p{profile}.get"), "ann".to_owned())
+            (format!("p.part.profile.{profile}.get"), "ann".to_owned())
         );
         let room = partition_of(b"r7", 8);
         assert_eq!(
             by_uid("rooms.say"),
-            (format!("p.svc.rooms.p{room}.say"), "r7".to_owned()),
+            (format!("p.part.rooms.{room}.say"), "r7".to_owned()),
             "the session value the service names comes before the uid"
         );
         let mut explicit = call("profile.get", "bob", ann());
         let bob = partition_of(b"bob", 16);
         assert_eq!(
             callees.subject("p", &mut explicit).unwrap(),
-            format!("p.svc.profile.p{bob}.get")
+            format!("p.part.profile.{bob}.get")
         );
         assert_eq!(explicit.key, "bob");
     }

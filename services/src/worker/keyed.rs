@@ -6,7 +6,7 @@
 //! busy queue never delays it), asks [`Members`] what to do, and does it:
 //!
 //! - **Take fresh**: queue [`InputKind::Fresh`] for the loop, then subscribe the
-//!   partition, `<prefix>.svc.<service>.p<N>.>`, plain. The loop runs the take-over
+//!   partition, `<prefix>.part.<service>.<N>.>`, plain. The loop runs the take-over
 //!   before any of the partition's requests.
 //! - **Hand over** to its owner, in two requests on the owner's hand-over subject: a
 //!   prepare (the owner subscribes the partition too and holds what it receives), the
@@ -35,6 +35,7 @@
 mod handover;
 mod held;
 mod lame_duck;
+mod taken;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -59,13 +60,14 @@ use crate::bus::{Client, Subscriber};
 use crate::config::KeyedConfig;
 use crate::frame_loop::{Incoming, InputKind};
 use crate::metrics::{
-    HANDOVER_OVERFLOW_TOTAL, KEYED_PEERS_DEAD_TOTAL, PARTITION_CONFLICTS_TOTAL, PARTITIONS_HELD,
-    PARTITIONS_TAKEN_TOTAL,
+    HANDOVER_OVERFLOW_TOTAL, KEYED_PEERS_DEAD_TOTAL, KEYED_PEERS_LEFT_TOTAL,
+    PARTITION_CONFLICTS_TOTAL, PARTITIONS_HELD, PARTITIONS_TAKEN_TOTAL,
 };
-use crate::ownership::{Members, Step};
+use crate::ownership::{Gone, Members, Step};
 use handover::{covered, note};
 pub use held::HeldPartitions;
 use lame_duck::Hop;
+use taken::TakenBefore;
 
 /// What a refusing worker answers a hand-over with (a leaving one, or one handing that
 /// partition away itself).
@@ -111,6 +113,9 @@ struct Held {
     subscription: Subscription,
     /// Set while it is handed away.
     out: Option<Out>,
+    /// What its last holder took (nothing when taken fresh): requests of it that come
+    /// after the state are dropped.
+    taken_before: TakenBefore,
 }
 
 /// A partition on its way out.
@@ -427,21 +432,27 @@ impl Coordinator {
         }
     }
 
-    /// Counts dead the peers not heard from for the member timeout. The heartbeats that
-    /// came while this task was busy (waiting for room in the loop's queue) are heard
-    /// first, up to `--keyed-heard-before-expiring` of them (so a flood on the members
-    /// subject cannot hold the tick off): a peer is counted dead for its own silence,
-    /// never for this worker's.
+    /// Forgets the peers not heard from for the member timeout: counted dead, or left
+    /// when their last heartbeat said leaving with nothing held (a drained worker's last
+    /// word). The heartbeats that came while this task was busy (waiting for room in the
+    /// loop's queue) are heard first, up to `--keyed-heard-before-expiring` of them (so
+    /// a flood on the members subject cannot hold the tick off): a peer is counted dead
+    /// for its own silence, never for this worker's.
     async fn expire(&mut self) {
         let limit = self.config.keyed_heard_before_expiring;
         for message in ready(&mut self.members, limit) {
             self.heard(&message.payload).await;
         }
-        let dead = self.view.expire(Instant::now().into_std());
+        let Gone { dead, left } = self.view.expire(Instant::now().into_std());
         if !dead.is_empty() {
             metrics::counter!(KEYED_PEERS_DEAD_TOTAL, "service" => self.service.clone())
                 .increment(dead.len() as u64);
             tracing::warn!(?dead, "keyed peers not heard from: counted dead");
+        }
+        if !left.is_empty() {
+            metrics::counter!(KEYED_PEERS_LEFT_TOTAL, "service" => self.service.clone())
+                .increment(left.len() as u64);
+            tracing::info!(?left, "keyed peers left");
         }
     }
 
@@ -600,17 +611,25 @@ impl Coordinator {
         let held = Held {
             subscription,
             out: None,
+            taken_before: TakenBefore::new(
+                seen.cloned().unwrap_or_default(),
+                self.config.keyed_member_timeout,
+            ),
         };
         self.held.insert(partition, held);
         self.say();
     }
 
     /// A request of `partition`'s subscription `sub`: the loop's if held here (noted in
-    /// `seen` while handed away), held if prepared, dropped if let go.
+    /// `seen` while handed away; dropped if its last holder took it), held if prepared,
+    /// dropped if let go.
     async fn request(&mut self, partition: u32, sub: u64, request: Incoming<Subject>) {
         if let Some(held) = self.held.get_mut(&partition)
             && held.subscription.sub == sub
         {
+            if held.taken_before.took(&request.payload) {
+                return;
+            }
             if let Some(out) = &mut held.out {
                 note(&mut out.seen, &request.payload);
             }

@@ -5,12 +5,15 @@
 
 #![allow(dead_code)] // each test file uses a different part of the harness
 
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
 use std::sync::mpsc as std_mpsc;
 
 use async_nats::Client;
 pub use broker::testing::Bus;
 use bytes::Bytes;
 use futures::StreamExt;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use proto::Message;
 use proto::rpc::{RpcRequest, RpcResponse};
 use services::{Service, Worker, WorkerConfig};
@@ -180,4 +183,35 @@ impl Blocker {
     pub fn release(&self) {
         self.release.send(()).unwrap();
     }
+}
+
+/// The one recorder of a test binary (the worker counts on its own threads), installed
+/// on first use.
+static COUNTERS: LazyLock<Snapshotter> = LazyLock::new(|| {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this binary");
+    snapshotter
+});
+
+/// Counter `name` so far, over its labels, or gauge `name`'s last values summed: each
+/// snapshot takes the counts since the last one, so they add up here, for every name.
+/// Workers of tests running at once count into the same recorder: a test reading it
+/// runs alone.
+pub fn metric(name: &str) -> f64 {
+    static SEEN: std::sync::Mutex<BTreeMap<String, f64>> = std::sync::Mutex::new(BTreeMap::new());
+    let mut seen = SEEN.lock().unwrap();
+    let mut gauges = BTreeMap::new();
+    for (key, _, _, value) in COUNTERS.snapshot().into_vec() {
+        let name = key.key().name().to_owned();
+        match value {
+            DebugValue::Counter(n) => *seen.entry(name).or_default() += n as f64,
+            DebugValue::Gauge(g) => *gauges.entry(name).or_default() += g.into_inner(),
+            DebugValue::Histogram(_) => {}
+        }
+    }
+    seen.extend(gauges);
+    seen.get(name).copied().unwrap_or_default()
 }

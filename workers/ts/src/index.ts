@@ -18,7 +18,7 @@ export {
 } from "./keyed.js";
 export type { KeyedStats, KeyedView } from "./keyed.js";
 export { MAX_PARTITIONS, Members, fnv1a, partitionOf, score } from "./ownership.js";
-export type { MemberTimes, Step } from "./ownership.js";
+export type { Gone, MemberTimes, Step } from "./ownership.js";
 export { keyOf, keyedRouteOf } from "./routes.js";
 export type { Destination, KeyedRoute } from "./routes.js";
 export { Service, decodeRequest, errorResponse } from "./service.js";

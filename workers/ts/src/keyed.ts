@@ -6,7 +6,7 @@
  * The worker says every heartbeat on `<prefix>.keyed.<service>.members` that it lives,
  * what it holds and whether it is leaving (and at once when that changes, or when it
  * hears a new peer), hears its peers there, asks `Members` what to do, and does it. A
- * partition's owner subscribes `<prefix>.svc.<service>.p<N>.>` plain (no queue group),
+ * partition's owner subscribes `<prefix>.part.<service>.<N>.>` plain (no queue group),
  * so while a partition moves both its old and its new owner receive its requests.
  *
  * - **Take fresh**: queue the take-over (no state) for the loop, then subscribe the
@@ -112,6 +112,10 @@ export interface KeyedStats {
   conflicts: number;
   /** Requests dropped while preparing to take a partition: its hand-over buffer was full. */
   handoverOverflow: number;
+  /** Peers counted dead: silent for the member timeout, not having left. */
+  peersDead: number;
+  /** Peers that left: silent after saying leaving with nothing held (drained). */
+  peersLeft: number;
 }
 
 /** A keyed worker as its peers see it. */
@@ -212,6 +216,8 @@ export class Partitions {
     handedKept: 0,
     conflicts: 0,
     handoverOverflow: 0,
+    peersDead: 0,
+    peersLeft: 0,
   };
   readonly #nc: NatsConnection;
   readonly #prefix: string;
@@ -340,10 +346,15 @@ export class Partitions {
     setImmediate(() => this.#review());
   }
 
-  /** Counts the silent peers dead, reports partitions a peer holds too, and acts. */
+  /**
+   * Forgets the silent peers (dead, or left after their last word), reports partitions a
+   * peer holds too, and acts.
+   */
   #review(): void {
     if (this.#stopped) return;
-    const dead = this.#members.expire(performance.now());
+    const { dead, left } = this.#members.expire(performance.now());
+    this.stats.peersDead += dead.length;
+    this.stats.peersLeft += left.length;
     if (dead.length > 0) {
       this.#host.onError(new Error(`keyed peers not heard from, counted dead: ${dead.join(", ")}`), "keyed");
     }

@@ -8,7 +8,10 @@
  *   partitions (what the gates route by).
  * - **Members**: every worker of the service says, each heartbeat, that it lives, which
  *   partitions it holds, and whether it is leaving. One not heard from for the member
- *   timeout is dead: what it held is nobody's.
+ *   timeout is forgotten: what it held is nobody's. It *left* if its last heartbeat said
+ *   leaving with nothing held (a drained worker's last word), and is *dead* otherwise.
+ *   A left peer stays a member until then, not at once: an old owner sends a state again
+ *   while its new owner lives, and a leaving worker may still take one it prepared.
  * - **Owner**: among the live members that are not leaving (this worker included), the
  *   one with the highest score `fmix32(FNV-1a-32("<id>:<partition>"))`; ties go to the
  *   greater id. A member joining moves only the partitions it now wins; one leaving,
@@ -68,6 +71,14 @@ interface Member {
   leaving: boolean;
 }
 
+/** The peers `Members.expire` forgot, by how they went. */
+export interface Gone {
+  /** Silent without having left: crashed, cut off, or stopped before its last word. */
+  readonly dead: string[];
+  /** Silent after saying it was leaving and held nothing: drained. */
+  readonly left: string[];
+}
+
 /** How long a member may go unheard, and how long a starting worker listens, in ms. */
 export interface MemberTimes {
   readonly timeoutMs: number;
@@ -96,13 +107,18 @@ export class Members {
     return isNew;
   }
 
-  /** Forgets the peers not heard from for the timeout; returns their ids. */
-  expire(now: number): string[] {
-    const dead = [...this.#peers]
-      .filter(([, member]) => now - member.seen > this.times.timeoutMs)
-      .map(([id]) => id);
-    for (const id of dead) this.#peers.delete(id);
-    return dead;
+  /**
+   * Forgets the peers not heard from for the timeout: those whose last heartbeat said
+   * leaving with nothing held left, the others are dead.
+   */
+  expire(now: number): Gone {
+    const gone: Gone = { dead: [], left: [] };
+    for (const [id, member] of this.#peers) {
+      if (now - member.seen <= this.times.timeoutMs) continue;
+      this.#peers.delete(id);
+      (member.leaving && member.held.size === 0 ? gone.left : gone.dead).push(id);
+    }
+    return gone;
   }
 
   /** Whether peer `id` is alive: heard from within the timeout (as of the last `expire`). */

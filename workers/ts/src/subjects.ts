@@ -58,11 +58,13 @@ export function sessionClosedSubject(prefix: string): string {
 
 /**
  * Where a keyed service's workers take requests of `partition`, with `.<method>` after
- * it: a gate publishes `<prefix>.svc.<service>.p<N>.<method>`, and the partition's owner
- * subscribes it plain (during a hand-over, its new owner too).
+ * it: a gate publishes `<prefix>.part.<service>.<N>.<method>`, and the partition's owner
+ * subscribes it plain (during a hand-over, its new owner too). Its own namespace, outside
+ * `svc`: a plain worker's `<prefix>.svc.<service>.>` in the queue group never catches a
+ * keyed request, which would then be answered twice.
  */
 export function partitionSubject(prefix: string, service: string, partition: number): string {
-  return `${prefix}.svc.${service}.p${partition}`;
+  return `${prefix}.part.${service}.${partition}`;
 }
 
 /** Where a keyed service's workers say they live and what they hold (`KeyedMember`). */

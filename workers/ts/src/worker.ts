@@ -38,7 +38,7 @@
  *   `ServiceSchema` on `<prefix>.schema.svc.<service>` once it serves, and again on every
  *   message on `<prefix>.schema.ask`.
  * - **Keyed services** (`Service.keyed`): requests arrive on the partitions this worker
- *   holds, `<prefix>.svc.<service>.p<N>.>` (plain: no queue group); the worker agrees
+ *   holds, `<prefix>.part.<service>.<N>.>` (plain: no queue group); the worker agrees
  *   with its peers which partitions it holds and moves them with their state, with no
  *   request lost or run twice (`keyed.ts`). Take-overs and hand-overs run on the loop, in order with the
  *   partition's requests. On `<prefix>.svc.<service>.*` (queue group `<service>`) it

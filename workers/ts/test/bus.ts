@@ -9,6 +9,15 @@ import type { NatsConnection } from "@nats-io/transport-node";
 
 export const DEADLINE_MS = 10_000;
 
+/** Polls `condition` until it holds, failing after the deadline. */
+export async function until(what: string, condition: () => boolean): Promise<void> {
+  const deadline = Date.now() + DEADLINE_MS;
+  while (!condition()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting until ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+}
+
 export function findNatsServer(): string {
   for (const dir of (process.env["PATH"] ?? "").split(delimiter)) {
     const candidate = join(dir, "nats-server");

@@ -15,7 +15,7 @@ import {
   ServiceSchemaSchema,
   SessionSchema,
 } from "../src/gen/rpc_pb.js";
-import { DEADLINE_MS, startBus } from "./bus.js";
+import { DEADLINE_MS, startBus, until } from "./bus.js";
 import type { Bus } from "./bus.js";
 
 /** Enough partitions that each of two workers holds some, whatever their random ids. */
@@ -30,15 +30,6 @@ before(async () => {
   bus = await startBus();
 });
 after(() => bus.stop());
-
-/** Polls `condition` until it holds, failing after the deadline. */
-async function until(what: string, condition: () => boolean): Promise<void> {
-  const deadline = Date.now() + DEADLINE_MS;
-  while (!condition()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting until ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 5));
-  }
-}
 
 /** A keyed service answering which worker took the call, and by which key. */
 function vault(name: string, taken: string[]): Service {
@@ -214,10 +205,11 @@ test("a call to a keyed service not heard of goes to the method's subject, witho
 test("a call to a keyed service carries its order: the caller's origin, and a seq rising with each call", async () => {
   const prefix = "kc4";
   const caller = await Worker.start(await bus.connect(), front, { prefix });
-  // A vault announced keyed, answered by a bare client that notes each request's order.
+  // A vault announced keyed, answered by a bare client on every partition that notes
+  // each request's order.
   const nc = await bus.connect();
   const orders: { origin: string; seq: bigint; reply: string }[] = [];
-  nc.subscribe(`${prefix}.svc.vault.>`, {
+  nc.subscribe(`${prefix}.part.vault.>`, {
     callback: (_e, msg) => {
       const { origin, seq } = fromBinary(RpcRequestSchema, msg.data);
       orders.push({ origin, seq, reply: msg.reply ?? "" });

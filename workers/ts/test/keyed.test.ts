@@ -19,7 +19,7 @@ import {
   ServiceSchemaSchema,
   SessionSchema,
 } from "../src/gen/rpc_pb.js";
-import { DEADLINE_MS, startBus, watchOutput } from "./bus.js";
+import { DEADLINE_MS, startBus, until, watchOutput } from "./bus.js";
 import type { Bus } from "./bus.js";
 
 /** Enough partitions that a second worker wins some, whatever the two random ids. */
@@ -90,15 +90,6 @@ async function start(prefix: string, name: string, options = {}): Promise<Starte
   return { worker, fresh, nc, errors };
 }
 
-/** Polls `condition` until it holds, failing after the deadline. */
-async function until(what: string, condition: () => boolean): Promise<void> {
-  const deadline = Date.now() + DEADLINE_MS;
-  while (!condition()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting until ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 5));
-  }
-}
-
 const heldBy = (worker: Worker): readonly number[] => worker.keyed?.held ?? [];
 
 /** Every partition is held, by exactly one of `workers`, and none is moving. */
@@ -130,7 +121,7 @@ function addRequest(key: string, order: { origin: string; seq: bigint } | undefi
 }
 
 const addSubject = (prefix: string, key: string): string =>
-  `${prefix}.svc.tally.p${partitionOf(key, PARTITIONS)}.add`;
+  `${prefix}.part.tally.${partitionOf(key, PARTITIONS)}.add`;
 
 /** A tally answer: who counted, and the count. */
 function answerOf(data: Uint8Array): Answer {
@@ -289,7 +280,7 @@ test("a stopped worker hands its partitions over with their state; the last one 
   assert.deepEqual(b.worker.keyed?.held, []);
   const client = await bus.connect();
   await assert.rejects(
-    client.request(`${prefix}.svc.tally.p0.add`, new Uint8Array(), { timeout: DEADLINE_MS }),
+    client.request(`${prefix}.part.tally.0.add`, new Uint8Array(), { timeout: DEADLINE_MS }),
     /no responders/i,
   );
 });

@@ -109,8 +109,25 @@ test("a claimed partition waits for its hand-over, and a dead claim frees it", (
   assert.deepEqual(m.plan(none, none, false, TIMES.timeoutMs), []);
   // "z" dies: its partitions are nobody's, and "a" takes them fresh.
   const deadAt = TIMES.timeoutMs + 1;
-  assert.deepEqual(m.expire(deadAt), ["z"]);
+  assert.deepEqual(m.expire(deadAt), { dead: ["z"], left: [] }, "it held partitions: dead");
   assert.deepEqual(fresh(m.plan(none, none, false, deadAt)), range(4));
+});
+
+test("a peer silent after leaving with nothing held left, and is not counted dead", () => {
+  const m = new Members("a", 4, TIMES, 0);
+  m.heard("drained", [1], true, 0);
+  m.heard("drained", [], true, 0); // its last word
+  m.heard("crashed", [], false, 0);
+  m.heard("crashed-leaving", [2], true, 0);
+  assert.deepEqual(m.expire(TIMES.timeoutMs), { dead: [], left: [] }, "heard within the timeout");
+  assert.ok(m.lives("drained"), "a member until the timeout, as any other");
+  assert.ok(!range(4).some((p) => m.owner(p, false) === "drained"), "owning nothing: it is leaving");
+  const gone = m.expire(TIMES.timeoutMs + 1);
+  assert.deepEqual({ dead: [...gone.dead].sort(), left: gone.left }, {
+    dead: ["crashed", "crashed-leaving"],
+    left: ["drained"],
+  });
+  assert.equal(m.heard("drained", [], false, TIMES.timeoutMs), true, "heard again after: a newcomer");
 });
 
 test("conflicts are seen, and a worker's own heartbeat is ignored", () => {

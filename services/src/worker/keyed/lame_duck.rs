@@ -8,7 +8,7 @@ use proto::keyed::{handover_subject, members_subject};
 use tokio::time::Instant;
 
 use super::super::hop::{self, Target, Waiting};
-use super::{Coordinator, Handed, Out, Preparing, To, covered};
+use super::{Coordinator, Handed, Out, Preparing, TakenBefore, To, covered};
 use crate::bus::Client;
 
 /// Moving off a server in lame duck mode.
@@ -107,6 +107,8 @@ impl Coordinator {
             (Some(held), Some(subscription)) => {
                 held.subscription = subscription;
                 held.out = None;
+                held.taken_before =
+                    TakenBefore::new(seen.clone(), self.config.keyed_member_timeout);
             }
             _ => {
                 self.held.remove(&partition);

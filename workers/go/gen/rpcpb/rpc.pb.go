@@ -1077,7 +1077,8 @@ func (x *ServiceSchema) GetKeyed() *Keyed {
 // request's key is the client's explicit key, else the session data value under
 // `session_key` (when named and set), else the player's uid; its partition is
 // FNV-1a-32(key bytes) % partitions; it is published on
-// <prefix>.svc.<service>.p<partition>.<method>.
+// <prefix>.part.<service>.<partition>.<method> (the partition in decimal), outside
+// <prefix>.svc., so no queue group's wildcard receives it.
 type Keyed struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Partitions    uint32                 `protobuf:"varint,1,opt,name=partitions,proto3" json:"partitions,omitempty"`
@@ -1131,14 +1132,17 @@ func (x *Keyed) GetSessionKey() string {
 }
 
 // A keyed service's worker, to its peers, on <prefix>.keyed.<service>.members every
-// heartbeat, and once with `leaving` when it starts draining.
+// heartbeat and at once when it changes (docs/workers.md, "Ownership").
 type KeyedMember struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Unique per worker process and start.
+	// Unique per worker process and start: one [a-z0-9] subject token.
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	// The partitions it holds now, ascending.
+	// The partitions it holds now, ascending: those it serves, and those it is handing
+	// over until their new owner has taken the state.
 	Held []uint32 `protobuf:"varint,2,rep,packed,name=held,proto3" json:"held,omitempty"`
-	// Draining: it takes no partitions and hands over those it holds.
+	// Draining, in every heartbeat from the start of its drain until it stops: it takes
+	// no partitions and hands over those it holds. Its last heartbeat says leaving with
+	// nothing held; its peers then count it left when it falls silent, not dead.
 	Leaving       bool `protobuf:"varint,3,opt,name=leaving,proto3" json:"leaving,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1209,7 +1213,8 @@ type HandOver struct {
 	From      string                 `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
 	Prepare   bool                   `protobuf:"varint,4,opt,name=prepare,proto3" json:"prepare,omitempty"`
 	// Per origin, the highest `seq` of the partition's requests the old owner took since
-	// it sent `prepare`: the new owner drops held requests at or below it.
+	// it sent `prepare`: the new owner drops requests at or below it, those it held and
+	// those that reach it after the state (docs/workers.md, "Order across subscriptions").
 	Seen map[string]uint64 `protobuf:"bytes,5,rep,name=seen,proto3" json:"seen,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// Names the hand-over among its old owner's (`from`): the same in its prepare and in
 	// every sending of its state, never used again by that worker (a counter from 1). The

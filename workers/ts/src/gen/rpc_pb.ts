@@ -538,7 +538,8 @@ export const ServiceSchemaSchema: GenMessage<ServiceSchema> = /*@__PURE__*/
  * request's key is the client's explicit key, else the session data value under
  * `session_key` (when named and set), else the player's uid; its partition is
  * FNV-1a-32(key bytes) % partitions; it is published on
- * <prefix>.svc.<service>.p<partition>.<method>.
+ * <prefix>.part.<service>.<partition>.<method> (the partition in decimal), outside
+ * <prefix>.svc., so no queue group's wildcard receives it.
  *
  * @generated from message shaddock.rpc.Keyed
  */
@@ -563,27 +564,30 @@ export const KeyedSchema: GenMessage<Keyed> = /*@__PURE__*/
 
 /**
  * A keyed service's worker, to its peers, on <prefix>.keyed.<service>.members every
- * heartbeat, and once with `leaving` when it starts draining.
+ * heartbeat and at once when it changes (docs/workers.md, "Ownership").
  *
  * @generated from message shaddock.rpc.KeyedMember
  */
 export type KeyedMember = Message<"shaddock.rpc.KeyedMember"> & {
   /**
-   * Unique per worker process and start.
+   * Unique per worker process and start: one [a-z0-9] subject token.
    *
    * @generated from field: string id = 1;
    */
   id: string;
 
   /**
-   * The partitions it holds now, ascending.
+   * The partitions it holds now, ascending: those it serves, and those it is handing
+   * over until their new owner has taken the state.
    *
    * @generated from field: repeated uint32 held = 2;
    */
   held: number[];
 
   /**
-   * Draining: it takes no partitions and hands over those it holds.
+   * Draining, in every heartbeat from the start of its drain until it stops: it takes
+   * no partitions and hands over those it holds. Its last heartbeat says leaving with
+   * nothing held; its peers then count it left when it falls silent, not dead.
    *
    * @generated from field: bool leaving = 3;
    */
@@ -631,7 +635,8 @@ export type HandOver = Message<"shaddock.rpc.HandOver"> & {
 
   /**
    * Per origin, the highest `seq` of the partition's requests the old owner took since
-   * it sent `prepare`: the new owner drops held requests at or below it.
+   * it sent `prepare`: the new owner drops requests at or below it, those it held and
+   * those that reach it after the state (docs/workers.md, "Order across subscriptions").
    *
    * @generated from field: map<string, uint64> seen = 5;
    */
