@@ -17,6 +17,7 @@ use broker::cli::{BrokerArgs, BrokerSignals, ShutdownSignals, Trapped, init_logg
 use bus::BusOptions;
 use clap::{Parser, Subcommand};
 use gateway::GateConfig;
+use services::chat::ChatConfig;
 use services::{BusSecurity, FrameConfig, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -102,6 +103,9 @@ struct UpArgs {
 
     #[command(flatten)]
     frames: FrameConfig,
+
+    #[command(flatten)]
+    chat: ChatConfig,
 }
 
 #[tokio::main]
@@ -202,7 +206,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_listen {
         telemetry::serve_metrics(addr, args.backlog.listen_backlog, shutdown.clone()).await?;
     }
-    let worker = roles::start_worker(args.service, args.config, None, &shutdown).await?;
+    let worker = roles::start_worker(args.service, args.config, args.chat, None, &shutdown).await?;
     info!("Worker is ready");
     signals.wait(&shutdown).await;
     shutdown.cancel();
@@ -245,8 +249,11 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     // them. Workers elsewhere join the same queue groups over TCP.
     let server = broker.server().clone();
     let dialer = bus::dial_with(move || server.connect_in_process());
-    let start =
-        |service| roles::start_worker(service, worker_config.clone(), Some(&dialer), &shutdown);
+    let chat_config = args.chat;
+    let start = |service| {
+        let config = worker_config.clone();
+        roles::start_worker(service, config, chat_config, Some(&dialer), &shutdown)
+    };
     let echo = start(ServiceName::Echo).await?;
     let chat = start(ServiceName::Chat).await?;
     let arena = start(ServiceName::Arena).await?;

@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use bus::{BusOptions, BusTimings, Dialer};
 use gateway::tls::Tls;
 use gateway::{Gate, GateConfig, Listener};
+use services::chat::ChatConfig;
 use services::{BusSecurity, Service, WorkerConfig};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -60,10 +61,10 @@ pub enum ServiceName {
 }
 
 impl ServiceName {
-    fn build(self) -> Service {
+    fn build(self, chat: ChatConfig) -> Service {
         match self {
             ServiceName::Echo => services::echo::service(),
-            ServiceName::Chat => services::chat::service(),
+            ServiceName::Chat => services::chat::service_with(chat),
             ServiceName::Arena => services::arena::service(),
             ServiceName::Profile => services::profile::service(),
         }
@@ -83,6 +84,8 @@ pub struct WorkerArgs {
     pub backlog: net::BacklogArg,
     #[command(flatten)]
     pub config: WorkerConfig,
+    #[command(flatten)]
+    pub chat: ChatConfig,
 }
 
 /// `wss://` beside `ws://`: where, and with which certificate.
@@ -198,14 +201,17 @@ pub fn reload_tls_on_sighup(tls: Tls, shutdown: CancellationToken) -> anyhow::Re
 }
 
 /// Connects to the bus (`config.nats`, or the embedded broker `in_process` reaches) and
-/// serves one worker of `service` until `shutdown`.
+/// serves one worker of `service` (with `chat`'s settings, for the chat service) until
+/// `shutdown`.
 pub async fn start_worker(
     service: ServiceName,
     config: WorkerConfig,
+    chat: ChatConfig,
     in_process: Option<&Dialer>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<StartedWorker> {
-    let service = service.build();
+    chat.validate()?;
+    let service = service.build(chat);
     let name = services::worker_connection_name(service.name());
     let mut running = match in_process {
         Some(dial) => {

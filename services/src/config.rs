@@ -36,6 +36,14 @@ pub const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 /// for has no deadline (a tick's, an event's call, or a caller that did not say).
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How much sooner than its caller's deadline a call times out (docs/workers.md,
+/// "Calling other services"). The caller's deadline is the gate's: an answer made at it
+/// reaches the gate after its 408. So a call made for a request gives up this much
+/// earlier, and the continuation's answer (a fallback, or the failure as it is) still
+/// has this long to reach the gate: past the worker's queue and frame (milliseconds)
+/// and the bus, both ways, under load.
+pub const DEFAULT_CALL_MARGIN: Duration = Duration::from_millis(250);
+
 /// Calls to other services a worker has in flight at most; past it a call's
 /// continuation gets 503 at once. Bounds the continuations (and the sessions they
 /// hold) a worker keeps for callees that are slow to answer.
@@ -120,6 +128,12 @@ pub struct FrameConfig {
     #[arg(long, env = "SHADDOCK_CALL_TIMEOUT", default_value = "5s", value_parser = net::duration::parse)]
     pub call_timeout: Duration,
 
+    /// How much sooner than the deadline of the request it is made for a call times out,
+    /// so that the handler's answer (its fallback) still reaches the gate before the
+    /// gate's 408 (e.g. 250ms; 0 shares the deadline).
+    #[arg(long, env = "SHADDOCK_CALL_MARGIN", default_value = "250ms", value_parser = net::duration::parse)]
+    pub call_margin: Duration,
+
     /// Calls to other services in flight at most; past it a call's continuation gets
     /// 503 at once.
     #[arg(long, env = "SHADDOCK_MAX_CALLS", default_value_t = DEFAULT_MAX_CALLS)]
@@ -176,6 +190,7 @@ impl Default for FrameConfig {
             tick_interval: DEFAULT_TICK_INTERVAL,
             answer_timeout: DEFAULT_ANSWER_TIMEOUT,
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            call_margin: DEFAULT_CALL_MARGIN,
             max_calls: DEFAULT_MAX_CALLS,
             drain: DrainConfig::default(),
         }
@@ -442,6 +457,8 @@ mod tests {
             "3s",
             "--call-timeout",
             "2s",
+            "--call-margin",
+            "0s",
             "--max-calls",
             "9",
         ])
@@ -459,6 +476,7 @@ mod tests {
                 tick_interval: Duration::from_secs(2),
                 answer_timeout: Duration::from_secs(3),
                 call_timeout: Duration::from_secs(2),
+                call_margin: Duration::ZERO,
                 max_calls: 9,
                 drain: DrainConfig {
                     drain_allowance: 0,

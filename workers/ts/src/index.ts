@@ -36,6 +36,7 @@ export type {
 export * from "./subjects.js";
 export {
   DEFAULT_ANSWER_TIMEOUT_MS,
+  DEFAULT_CALL_MARGIN_MS,
   DEFAULT_CALL_TIMEOUT_MS,
   DEFAULT_FRAME_BUDGET,
   DEFAULT_MAX_CALLS,
