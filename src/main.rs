@@ -195,7 +195,7 @@ async fn gate(args: GateArgs, deprecated: &[String]) -> anyhow::Result<()> {
     info!("Gate is ready");
     signals.wait(&shutdown).await;
     shutdown.cancel();
-    roles::join(started.task).await
+    roles::join(started.task, roles::STOP_GRACE).await
 }
 
 async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
@@ -210,7 +210,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     info!("Worker is ready");
     signals.wait(&shutdown).await;
     shutdown.cancel();
-    roles::join(worker.task).await
+    roles::join(worker.task, worker.stop_within).await
 }
 
 /// Starts every role against the embedded broker, all sharing one shutdown token, and
@@ -331,11 +331,11 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     }
     info!("Initiating Shutdown...");
     shutdown.cancel();
-    let gate_result = roles::join(gate.task).await;
-    let echo_result = roles::join(echo.task).await;
-    let chat_result = roles::join(chat.task).await;
-    let arena_result = roles::join(arena.task).await;
-    let profile_result = roles::join(profile.task).await;
+    let gate_result = roles::join(gate.task, roles::STOP_GRACE).await;
+    let echo_result = roles::join(echo.task, echo.stop_within).await;
+    let chat_result = roles::join(chat.task, chat.stop_within).await;
+    let arena_result = roles::join(arena.task, arena.stop_within).await;
+    let profile_result = roles::join(profile.task, profile.stop_within).await;
     broker_shutdown.cancel();
     broker.stop().await?;
     gate_result

@@ -211,6 +211,7 @@ pub async fn start_worker(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<StartedWorker> {
     chat.validate()?;
+    let stop_within = config.frames.drain_grace + STOP_SLACK;
     let service = service.build(chat);
     let name = services::worker_connection_name(service.name());
     let mut running = match in_process {
@@ -222,7 +223,11 @@ pub async fn start_worker(
     };
     let held = running.held();
     let task = tokio::spawn(async move { running.join().await.context("worker") });
-    Ok(StartedWorker { task, held })
+    Ok(StartedWorker {
+        task,
+        held,
+        stop_within,
+    })
 }
 
 /// A worker serving, as [`start_worker`] left it.
@@ -230,21 +235,29 @@ pub struct StartedWorker {
     pub task: JoinHandle<anyhow::Result<()>>,
     /// A keyed service's partitions held by this worker.
     pub held: Option<services::HeldPartitions>,
+    /// How long to wait for it after shutdown ([`join`]): its drain grace, and some.
+    pub stop_within: std::time::Duration,
 }
 
-/// How long a role has to stop after shutdown: a worker draining towards a broker that
-/// is gone would otherwise wait for it forever.
+/// How long a gate has to stop after shutdown, at most.
 pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Waits, at most [`STOP_GRACE`], for a role's task after shutdown was signalled, and
-/// turns a panic, an error or a hang into one error.
-pub async fn join(task: JoinHandle<anyhow::Result<()>>) -> anyhow::Result<()> {
+/// How long past its drain grace a worker is waited for: it ends by itself within its
+/// grace (`--drain-grace`), so this is only a backstop against a bug.
+pub const STOP_SLACK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Waits, at most `within`, for a role's task after shutdown was signalled, and turns a
+/// panic, an error or a hang into one error.
+pub async fn join(
+    task: JoinHandle<anyhow::Result<()>>,
+    within: std::time::Duration,
+) -> anyhow::Result<()> {
     let abort = task.abort_handle();
-    match tokio::time::timeout(STOP_GRACE, task).await {
+    match tokio::time::timeout(within, task).await {
         Ok(joined) => joined.context("task panicked")?,
         Err(_) => {
             abort.abort();
-            anyhow::bail!("did not stop within {STOP_GRACE:?}")
+            anyhow::bail!("did not stop within {within:?}")
         }
     }
 }

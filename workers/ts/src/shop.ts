@@ -6,17 +6,18 @@
  *
  *     node dist/shop.js --service shop|bank --nats nats://127.0.0.1:4222
  *         [--prefix shaddock] [--queue 1024] [--max-calls 1024] [--call-timeout 5s]
- *         [--call-margin 250ms] [--answer-timeout 5s]
+ *         [--call-margin 250ms] [--answer-timeout 5s] [--drain-grace 10s]
  *
  * Prints `Worker is ready` once it serves. On SIGTERM or SIGINT it drains (answers what
  * it took, a request waiting on a call included), prints `Worker stopped: served=N
- * rejected=M expired=E`, and exits 0.
+ * rejected=M expired=E`, and exits 0 (or 1, saying what it could not deliver, when the
+ * drain has not ended within its grace).
  */
 import { parseArgs } from "node:util";
 import { connect } from "@nats-io/transport-node";
 import { durationMs } from "./duration.js";
 import { BANK, SHOP, bankService, shopService } from "./services/shop.js";
-import { runMain, serveUntilSignalled } from "./process.js";
+import { DRAIN_GRACE_OPTION, DRAIN_GRACE_USAGE, drainGraceMs, runMain, serveUntilSignalled } from "./process.js";
 import { DEFAULT_PREFIX } from "./subjects.js";
 import {
   DEFAULT_ANSWER_TIMEOUT_MS,
@@ -29,6 +30,7 @@ import {
 
 const USAGE = `usage: shop --service shop|bank [--nats URL[,URL...]] [--prefix PREFIX] [--queue N]
             [--max-calls N] [--call-timeout D] [--call-margin D] [--answer-timeout D]
+            [--drain-grace D]
 
   --service         which to serve: "${SHOP}" (buy calls ${BANK}.pay) or "${BANK}" (pay)
   --nats            NATS server URLs, comma-separated (env SHADDOCK_NATS; nats://127.0.0.1:4222)
@@ -43,6 +45,7 @@ const USAGE = `usage: shop --service shop|bank [--nats URL[,URL...]] [--prefix P
                     (env SHADDOCK_CALL_MARGIN; ${DEFAULT_CALL_MARGIN_MS}ms)
   --answer-timeout  how long a request may take when its caller did not say, then 408
                     (env SHADDOCK_ANSWER_TIMEOUT; ${DEFAULT_ANSWER_TIMEOUT_MS}ms)
+  --drain-grace     ${DRAIN_GRACE_USAGE}
 
 Durations as the Rust workers write them: a number and a unit, e.g. 100ms, 1.5s, 1m30s.`;
 
@@ -66,6 +69,7 @@ async function main(): Promise<void> {
       "call-timeout": { type: "string", default: env("SHADDOCK_CALL_TIMEOUT", `${DEFAULT_CALL_TIMEOUT_MS}ms`) },
       "call-margin": { type: "string", default: env("SHADDOCK_CALL_MARGIN", `${DEFAULT_CALL_MARGIN_MS}ms`) },
       "answer-timeout": { type: "string", default: env("SHADDOCK_ANSWER_TIMEOUT", `${DEFAULT_ANSWER_TIMEOUT_MS}ms`) },
+      "drain-grace": DRAIN_GRACE_OPTION,
       help: { type: "boolean", short: "h", default: false },
     },
   });
@@ -86,6 +90,7 @@ async function main(): Promise<void> {
   const callTimeoutMs = durationMs("call-timeout", values["call-timeout"]);
   const callMarginMs = durationMs("call-margin", values["call-margin"], true);
   const answerTimeoutMs = durationMs("answer-timeout", values["answer-timeout"]);
+  const graceMs = drainGraceMs(values["drain-grace"]);
 
   const nc = await connect({
     servers: values.nats.split(","),
@@ -109,7 +114,7 @@ async function main(): Promise<void> {
       const { served, rejected, expired } = worker.stats;
       return `Worker stopped: served=${served} rejected=${rejected} expired=${expired}`;
     },
-  });
+  }, graceMs);
 }
 
 runMain(main);

@@ -58,6 +58,8 @@ import type { CallResult, Caller } from "./call.js";
 import { Calls, DEFAULT_CALL_MARGIN_MS, DEFAULT_CALL_TIMEOUT_MS, DEFAULT_MAX_CALLS } from "./calls.js";
 import type { Outbound } from "./context.js";
 import { Deadlines } from "./deadlines.js";
+import { Held } from "./held.js";
+import type { Undelivered } from "./held.js";
 import {
   DEFAULT_HANDOVER_BUFFER,
   DEFAULT_HANDOVER_OVERLAP_MS,
@@ -201,6 +203,8 @@ type Incoming =
 export class Worker {
   readonly stats: WorkerStats = { served: 0, rejected: 0, events: 0, expired: 0, late: 0 };
   readonly #nc: NatsConnection;
+  /** What was published while the connection was down. */
+  readonly #held: Held;
   readonly #service: Service;
   readonly #prefix: string;
   readonly #capacity: number;
@@ -268,6 +272,7 @@ export class Worker {
       };
       this.#partitions = new Partitions(nc, this.#prefix, service.name, service.partitions, host, settings);
     }
+    this.#held = new Held(nc);
     this.#loop = this.#run();
   }
 
@@ -322,6 +327,15 @@ export class Worker {
   drain(): Promise<void> {
     this.#draining ??= this.#drain();
     return this.#draining;
+  }
+
+  /**
+   * What the worker could not deliver so far: the answers and pushes it published while
+   * its connection was down, since the connection was last made (they leave only if it
+   * comes back). Zeros while it is up.
+   */
+  get undelivered(): Undelivered {
+    return this.#held.undelivered;
   }
 
   async #subscribe(): Promise<void> {
@@ -544,6 +558,7 @@ export class Worker {
   }
 
   #publishAll(outbound: readonly Outbound[]): void {
+    this.#held.pushed(outbound.length);
     for (const out of outbound) {
       switch (out.kind) {
         case "group":
@@ -571,6 +586,7 @@ export class Worker {
   #respond(msg: Msg, payload: Uint8Array): void {
     try {
       msg.respond(payload);
+      this.#held.answered();
     } catch (error) {
       this.#onError(error, msg.subject);
     }
