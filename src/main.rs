@@ -17,6 +17,7 @@ use broker::cli::{BrokerArgs, BrokerSignals, ShutdownSignals, Trapped, init_logg
 use bus::BusOptions;
 use clap::{Parser, Subcommand};
 use gateway::GateConfig;
+use services::chat::ChatConfig;
 use services::{BusSecurity, FrameConfig, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -111,6 +112,9 @@ struct UpArgs {
 
     #[command(flatten)]
     frames: FrameConfig,
+
+    #[command(flatten)]
+    chat: ChatConfig,
 }
 
 #[tokio::main]
@@ -200,7 +204,7 @@ async fn gate(args: GateArgs, deprecated: &[String]) -> anyhow::Result<()> {
     info!("Gate is ready");
     signals.wait(&shutdown).await;
     shutdown.cancel();
-    roles::join(started.task).await
+    roles::join(started.task, roles::STOP_GRACE).await
 }
 
 async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
@@ -211,11 +215,11 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_listen {
         telemetry::serve_metrics(addr, args.backlog.listen_backlog, shutdown.clone()).await?;
     }
-    let worker = roles::start_worker(args.service, args.config, None, &shutdown).await?;
+    let worker = roles::start_worker(args.service, args.config, args.chat, None, &shutdown).await?;
     info!("Worker is ready");
     signals.wait(&shutdown).await;
     shutdown.cancel();
-    roles::join(worker.task).await
+    roles::join(worker.task, worker.stop_within).await
 }
 
 /// Starts every role against the embedded broker, all sharing one shutdown token, and
@@ -254,8 +258,11 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     // them. Workers elsewhere join the same queue groups over TCP.
     let server = broker.server().clone();
     let dialer = bus::dial_with(move || server.connect_in_process());
-    let start =
-        |service| roles::start_worker(service, worker_config.clone(), Some(&dialer), &shutdown);
+    let chat_config = args.chat;
+    let start = |service| {
+        let config = worker_config.clone();
+        roles::start_worker(service, config, chat_config, Some(&dialer), &shutdown)
+    };
     let mut workers = Vec::new();
     for service in ServiceName::ALL {
         if args.services.contains(&service) {
@@ -328,9 +335,9 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     }
     info!("Initiating Shutdown...");
     shutdown.cancel();
-    let mut result = roles::join(gate.task).await;
+    let mut result = roles::join(gate.task, roles::STOP_GRACE).await;
     for (_, worker) in workers {
-        result = result.and(roles::join(worker.task).await);
+        result = result.and(roles::join(worker.task, worker.stop_within).await);
     }
     broker_shutdown.cancel();
     broker.stop().await?;

@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use bus::{BusOptions, BusTimings, Dialer};
 use gateway::tls::Tls;
 use gateway::{Gate, GateConfig, Listener};
+use services::chat::ChatConfig;
 use services::{BusSecurity, Service, WorkerConfig};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -87,10 +88,10 @@ impl ServiceName {
         }
     }
 
-    fn build(self) -> Service {
+    fn build(self, chat: ChatConfig) -> Service {
         match self {
             ServiceName::Echo => services::echo::service(),
-            ServiceName::Chat => services::chat::service(),
+            ServiceName::Chat => services::chat::service_with(chat),
             ServiceName::Arena => services::arena::service(),
             ServiceName::Profile => services::profile::service(),
         }
@@ -110,6 +111,8 @@ pub struct WorkerArgs {
     pub backlog: net::BacklogArg,
     #[command(flatten)]
     pub config: WorkerConfig,
+    #[command(flatten)]
+    pub chat: ChatConfig,
 }
 
 /// `wss://` beside `ws://`: where, and with which certificate.
@@ -225,14 +228,18 @@ pub fn reload_tls_on_sighup(tls: Tls, shutdown: CancellationToken) -> anyhow::Re
 }
 
 /// Connects to the bus (`config.nats`, or the embedded broker `in_process` reaches) and
-/// serves one worker of `service` until `shutdown`.
+/// serves one worker of `service` (with `chat`'s settings, for the chat service) until
+/// `shutdown`.
 pub async fn start_worker(
     service: ServiceName,
     config: WorkerConfig,
+    chat: ChatConfig,
     in_process: Option<&Dialer>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<StartedWorker> {
-    let service = service.build();
+    chat.validate()?;
+    let stop_within = config.frames.drain_grace + STOP_SLACK;
+    let service = service.build(chat);
     let name = services::worker_connection_name(service.name());
     let mut running = match in_process {
         Some(dial) => {
@@ -243,7 +250,11 @@ pub async fn start_worker(
     };
     let held = running.held();
     let task = tokio::spawn(async move { running.join().await.context("worker") });
-    Ok(StartedWorker { task, held })
+    Ok(StartedWorker {
+        task,
+        held,
+        stop_within,
+    })
 }
 
 /// A worker serving, as [`start_worker`] left it.
@@ -251,21 +262,29 @@ pub struct StartedWorker {
     pub task: JoinHandle<anyhow::Result<()>>,
     /// A keyed service's partitions held by this worker.
     pub held: Option<services::HeldPartitions>,
+    /// How long to wait for it after shutdown ([`join`]): its drain grace, and some.
+    pub stop_within: std::time::Duration,
 }
 
-/// How long a role has to stop after shutdown: a worker draining towards a broker that
-/// is gone would otherwise wait for it forever.
+/// How long a gate has to stop after shutdown, at most.
 pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Waits, at most [`STOP_GRACE`], for a role's task after shutdown was signalled, and
-/// turns a panic, an error or a hang into one error.
-pub async fn join(task: JoinHandle<anyhow::Result<()>>) -> anyhow::Result<()> {
+/// How long past its drain grace a worker is waited for: it ends by itself within its
+/// grace (`--drain-grace`), so this is only a backstop against a bug.
+pub const STOP_SLACK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Waits, at most `within`, for a role's task after shutdown was signalled, and turns a
+/// panic, an error or a hang into one error.
+pub async fn join(
+    task: JoinHandle<anyhow::Result<()>>,
+    within: std::time::Duration,
+) -> anyhow::Result<()> {
     let abort = task.abort_handle();
-    match tokio::time::timeout(STOP_GRACE, task).await {
+    match tokio::time::timeout(within, task).await {
         Ok(joined) => joined.context("task panicked")?,
         Err(_) => {
             abort.abort();
-            anyhow::bail!("did not stop within {STOP_GRACE:?}")
+            anyhow::bail!("did not stop within {within:?}")
         }
     }
 }

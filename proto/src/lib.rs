@@ -101,6 +101,11 @@ pub mod code {
     /// send again on another gate.
     pub const GATE_DRAINING: &str = "gate draining";
 
+    /// The message of the gate's own 408: no answer within its request timeout. A
+    /// worker's 408 says something else (`no answer in time`: its handler did not answer
+    /// by the deadline the gate gave it), so a client can tell where the time ran out.
+    pub const GATE_TIMEOUT: &str = "gate: no answer in time";
+
     #[cfg(test)]
     mod tests {
         use super::*;

@@ -33,7 +33,7 @@ mod session_key;
 mod tombstones;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use proto::Message as _;
@@ -50,7 +50,8 @@ pub use rooms::Rooms;
 pub use session_key::SessionKey;
 pub use tombstones::{MAX_TOMBSTONES, TOMBSTONE_TTL};
 
-use crate::context::Context;
+use crate::config::ConfigError;
+use crate::context::{CallOptions, Context};
 use crate::handler_error::HandlerError;
 use crate::names::is_valid_token;
 use crate::profile;
@@ -97,10 +98,49 @@ pub const MAX_TEXT_BYTES: usize = 1024;
 /// Rooms one session may be in at once: bounds what one player adds to every replica.
 pub const MAX_ROOMS_PER_SESSION: usize = 32;
 
+/// How long `chat.login` waits for the player's profile before it answers with the name
+/// as display name: well within a gate's request timeout (5 s by default), so a slow or
+/// missing profile service costs a login at most this long, never the login itself.
+pub const DEFAULT_PROFILE_CALL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The chat service's own settings (flags of `shaddock worker` and `shaddock up`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
+pub struct ChatConfig {
+    /// How long chat.login waits for the player's profile (its call to profile.get)
+    /// before it answers with the name as display name and no colour; keep it well
+    /// within the gates' request timeout (e.g. 1s). Used by the chat service only.
+    #[arg(long, env = "SHADDOCK_CHAT_PROFILE_CALL_TIMEOUT", default_value = "1s", value_parser = net::duration::parse)]
+    pub chat_profile_call_timeout: Duration,
+}
+
+impl Default for ChatConfig {
+    fn default() -> Self {
+        ChatConfig {
+            chat_profile_call_timeout: DEFAULT_PROFILE_CALL_TIMEOUT,
+        }
+    }
+}
+
+impl ChatConfig {
+    /// A login that never waits for its profile would never show one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.chat_profile_call_timeout.is_zero() {
+            return Err(ConfigError::Zero("chat profile call timeout"));
+        }
+        Ok(())
+    }
+}
+
 type Shared = Arc<Mutex<Rooms>>;
 
-/// The chat service; each call makes an independent replica (one per worker).
+/// The chat service with the default [`ChatConfig`]; each call makes an independent
+/// replica (one per worker).
 pub fn service() -> Service {
+    service_with(ChatConfig::default())
+}
+
+/// The chat service with `config`; each call makes an independent replica.
+pub fn service_with(config: ChatConfig) -> Service {
     // Every handler and event of one worker runs on its loop's thread, one at a time:
     // the mutex is never contended, it only makes the state shareable between closures.
     let state: Shared = Arc::default();
@@ -112,7 +152,9 @@ pub fn service() -> Service {
         .push::<ChatMessage>(ROUTE_WHISPER)
         .push::<MemberEvent>(ROUTE_JOINED)
         .push::<MemberEvent>(ROUTE_LEFT)
-        .method("login", on_login)
+        .method("login", move |ctx: &mut Context, req: LoginRequest| {
+            on_login(ctx, req, config.chat_profile_call_timeout)
+        })
         .method("join", move |ctx: &mut Context, req: JoinRequest| {
             on_join(&lock(&join), ctx, req)
         })
@@ -229,7 +271,11 @@ fn member_event(room: &str, name: &str, reason: &str) -> Vec<u8> {
     .encode_to_vec()
 }
 
-fn on_login(ctx: &mut Context, mut req: LoginRequest) -> Result<LoginResponse, HandlerError> {
+fn on_login(
+    ctx: &mut Context,
+    mut req: LoginRequest,
+    profile_timeout: Duration,
+) -> Result<LoginResponse, HandlerError> {
     if ctx.authenticated() {
         // The player's signed token named them: that is the only name they may use.
         let uid = ctx.uid().unwrap_or_default();
@@ -252,13 +298,16 @@ fn on_login(ctx: &mut Context, mut req: LoginRequest) -> Result<LoginResponse, H
     ctx.bind_uid(req.name.clone());
     ctx.set_data("nick", req.name.clone());
     // The answer waits for the player's profile (its display name and colour, kept in
-    // the session for this player's messages); a login does not fail for want of one.
+    // the session for this player's messages); a login does not fail for want of one,
+    // and waits for it at most its own timeout: the fallback must beat the gate's 408.
     let deferred = ctx.defer();
-    let key = req.name.clone();
-    ctx.call_keyed(
+    let options = CallOptions::default()
+        .key(req.name.clone())
+        .timeout(profile_timeout);
+    ctx.call_with_options(
         profile::ROUTE_GET,
-        &key,
         GetRequest {}.encode_to_vec(),
+        options,
         move |ctx, result| {
             let (display, color) = match result.decode::<Profile>() {
                 Ok(profile) => (profile.display, profile.color),

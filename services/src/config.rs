@@ -36,6 +36,14 @@ pub const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 /// for has no deadline (a tick's, an event's call, or a caller that did not say).
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How much sooner than its caller's deadline a call times out (docs/workers.md,
+/// "Calling other services"). The caller's deadline is the gate's: an answer made at it
+/// reaches the gate after its 408. So a call made for a request gives up this much
+/// earlier, and the continuation's answer (a fallback, or the failure as it is) still
+/// has this long to reach the gate: past the worker's queue and frame (milliseconds)
+/// and the bus, both ways, under load.
+pub const DEFAULT_CALL_MARGIN: Duration = Duration::from_millis(250);
+
 /// Calls to other services a worker has in flight at most; past it a call's
 /// continuation gets 503 at once. Bounds the continuations (and the sessions they
 /// hold) a worker keeps for callees that are slow to answer.
@@ -85,6 +93,13 @@ pub const DEFAULT_PREFIX: &str = "shaddock";
 /// another server (docs/workers.md, "Reconnecting and lame duck").
 pub const DEFAULT_MOVE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a worker told to stop has to drain before it exits anyway (docs/workers.md,
+/// "Draining on shutdown"): a healthy drain takes the drain window and then at most the
+/// longer of the answer and call timeouts (5.5 s with the defaults); a bus that is down
+/// would keep it for ever, and an orchestrator kills it at its own grace (Kubernetes:
+/// 30 s) without a word of what was lost.
+pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(10);
+
 /// Where the bus is when nothing says otherwise: a local nats-server or embedded broker.
 pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 
@@ -120,10 +135,23 @@ pub struct FrameConfig {
     #[arg(long, env = "SHADDOCK_CALL_TIMEOUT", default_value = "5s", value_parser = net::duration::parse)]
     pub call_timeout: Duration,
 
+    /// How much sooner than the deadline of the request it is made for a call times out,
+    /// so that the handler's answer (its fallback) still reaches the gate before the
+    /// gate's 408 (e.g. 250ms; 0 shares the deadline).
+    #[arg(long, env = "SHADDOCK_CALL_MARGIN", default_value = "250ms", value_parser = net::duration::parse)]
+    pub call_margin: Duration,
+
     /// Calls to other services in flight at most; past it a call's continuation gets
     /// 503 at once.
     #[arg(long, env = "SHADDOCK_MAX_CALLS", default_value_t = DEFAULT_MAX_CALLS)]
     pub max_calls: usize,
+
+    /// How long a worker told to stop (SIGTERM) has to drain: leave its groups, answer
+    /// what it took, flush. Past it (the bus is down, say) it exits anyway, logging the
+    /// answers and pushes it could not deliver. More than --drain-window plus the longer
+    /// of --answer-timeout and --call-timeout (e.g. 10s).
+    #[arg(long, env = "SHADDOCK_DRAIN_GRACE", default_value = "10s", value_parser = net::duration::parse)]
+    pub drain_grace: Duration,
 
     #[command(flatten)]
     pub drain: DrainConfig,
@@ -176,7 +204,9 @@ impl Default for FrameConfig {
             tick_interval: DEFAULT_TICK_INTERVAL,
             answer_timeout: DEFAULT_ANSWER_TIMEOUT,
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            call_margin: DEFAULT_CALL_MARGIN,
             max_calls: DEFAULT_MAX_CALLS,
+            drain_grace: DEFAULT_DRAIN_GRACE,
             drain: DrainConfig::default(),
         }
     }
@@ -193,6 +223,12 @@ impl FrameConfig {
             queue_lease: self.drain.queue_lease.max(floor),
             ..self.drain
         }
+    }
+
+    /// The longest a drain takes with the bus up: the subscriptions' window, then the
+    /// wait for deferred requests and calls, each until its deadline at most.
+    pub fn longest_drain(&self) -> Duration {
+        self.drain.drain_window + self.answer_timeout.max(self.call_timeout)
     }
 
     /// Checks the limits the loop cannot run with.
@@ -214,6 +250,11 @@ impl FrameConfig {
         }
         if self.max_calls == 0 {
             return Err(ConfigError::Zero("max calls"));
+        }
+        if self.drain_grace <= self.longest_drain() {
+            return Err(ConfigError::Relation(
+                "drain grace must be more than the drain window plus the longer of the answer and call timeouts",
+            ));
         }
         if self.drain.drain_allowance > MAX_DRAIN_ALLOWANCE {
             return Err(ConfigError::TooLarge(
@@ -438,10 +479,14 @@ mod tests {
             "64",
             "--move-timeout",
             "1ms",
+            "--drain-grace",
+            "5s",
             "--answer-timeout",
             "3s",
             "--call-timeout",
             "2s",
+            "--call-margin",
+            "0s",
             "--max-calls",
             "9",
         ])
@@ -459,7 +504,9 @@ mod tests {
                 tick_interval: Duration::from_secs(2),
                 answer_timeout: Duration::from_secs(3),
                 call_timeout: Duration::from_secs(2),
+                call_margin: Duration::ZERO,
                 max_calls: 9,
+                drain_grace: Duration::from_secs(5),
                 drain: DrainConfig {
                     drain_allowance: 0,
                     drain_window: Duration::from_secs(1),
@@ -506,6 +553,12 @@ mod tests {
             ..WorkerConfig::default()
         };
         assert_eq!(config.validate(), Err(ConfigError::Zero("move timeout")));
+        // The grace must outlast a healthy drain: 500ms + 5s by default.
+        let mut config = WorkerConfig::default();
+        config.frames.drain_grace = config.frames.longest_drain() + Duration::from_millis(1);
+        assert_eq!(config.validate(), Ok(()));
+        config.frames.drain_grace = config.frames.longest_drain();
+        assert!(matches!(config.validate(), Err(ConfigError::Relation(_))));
         let config = WorkerConfig {
             prefix: "a.>".into(),
             ..WorkerConfig::default()

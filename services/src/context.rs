@@ -10,7 +10,7 @@ use proto::rpc::{RpcRequest, Session};
 use tokio::time::{Duration, Instant};
 
 pub(crate) use calls::{Answer, Call, Later, Stem, Then};
-pub use calls::{CallResult, Deferred, MAX_CALL_DEPTH, MAX_CALL_SPANS};
+pub use calls::{CallOptions, CallResult, Deferred, MAX_CALL_DEPTH, MAX_CALL_SPANS};
 
 use crate::push::{Outbound, PushError};
 

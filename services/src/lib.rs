@@ -52,9 +52,9 @@ pub use bus::{
     worker_connection_name,
 };
 pub use config::{ConfigError, DrainConfig, FrameConfig, KeyedConfig, WorkerConfig};
-pub use context::{CallResult, Context, Deferred, MAX_CALL_DEPTH, MAX_CALL_SPANS};
+pub use context::{CallOptions, CallResult, Context, Deferred, MAX_CALL_DEPTH, MAX_CALL_SPANS};
 pub use handler_error::HandlerError;
 pub use metrics::describe as describe_metrics;
 pub use push::{Outbound, PushError, Pusher};
 pub use service::{DEFAULT_COST, Delivery, EventHandled, Handled, Service, Tick};
-pub use worker::{HeldPartitions, Running, Worker, WorkerError};
+pub use worker::{HeldPartitions, Running, Undelivered, Worker, WorkerError};

@@ -47,7 +47,8 @@ use hop::{Mover, Target};
 use inputs::{Subscribed, inputs};
 pub use keyed::HeldPartitions;
 use keyed::Keyed;
-use output::Output;
+pub use output::Undelivered;
+use output::{Held, Output};
 use resync::Resync;
 pub use running::Running;
 use subscribe::{EventSubscription, Subjects, SyncSubscription, fetch_snapshot, subscribe_event};
@@ -192,7 +193,9 @@ impl Worker {
 
     /// Serves requests until `shutdown` fires, then drains: leaves its groups without
     /// losing what the bus already routed to it, and answers everything it took
-    /// (docs/workers.md, "Draining on shutdown").
+    /// (docs/workers.md, "Draining on shutdown"). A drain that has not ended within
+    /// `--drain-grace` (the bus is down) ends with [`WorkerError::DrainGrace`], saying
+    /// what could not be delivered.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
         let span = tracing::info_span!("worker", service = %self.service.name());
         self.serve(shutdown).instrument(span).await
@@ -216,11 +219,14 @@ impl Worker {
         let client = pusher.client().clone();
         let name = service.name().to_owned();
         let frames = config.frames;
+        let grace = frames.drain_grace;
         let drain_config = frames.subscription_drain();
+        let held = Held::default();
         let output = Output {
             pusher,
             reply_prefix: calls.reply_prefix.clone(),
             callees: calls.callees.clone(),
+            held: held.clone(),
         };
         let (intake, queue) = frame_loop::queue(&name, frames.queue_capacity, output.clone());
         let frame_loop = FrameLoop::new(service, frames, queue, output);
@@ -268,26 +274,50 @@ impl Worker {
             resync,
             keyed,
         };
+        let given_up = give_up_after(shutdown.clone(), grace);
         let input = inputs(subscribed, subjects, mover, drain_config, shutdown);
+        let drained = async {
+            tokio::select! {
+                () = intake.feed(input) => {}
+                // The loop ends only after the intake does, unless something broke.
+                _ = &mut stopped => return Err(WorkerError::LoopStopped(name)),
+            }
+            // The intake is gone: the loop finishes the queue, then stops.
+            stopped
+                .await
+                .map_err(|_| WorkerError::LoopStopped(name.clone()))??;
+            if let Some(coordinator) = coordinator {
+                // Ended with the inputs; a panic in it is the only thing left to report.
+                if let Err(error) = coordinator.await {
+                    tracing::error!(%error, "the keyed partitions' task failed");
+                }
+            }
+            client.flush().await?;
+            Ok(())
+        };
         tokio::select! {
-            () = intake.feed(input) => {}
-            // The loop ends only after the intake does, unless something broke.
-            _ = &mut stopped => return Err(WorkerError::LoopStopped(name)),
-        }
-        // The intake is gone: the loop finishes the queue, then stops.
-        stopped
-            .await
-            .map_err(|_| WorkerError::LoopStopped(name.clone()))??;
-        if let Some(coordinator) = coordinator {
-            // Ended with the inputs; a panic in it is the only thing left to report.
-            if let Err(error) = coordinator.await {
-                tracing::error!(%error, "the keyed partitions' task failed");
+            drained = drained => drained?,
+            () = given_up => {
+                // What the connection holds leaves only if it comes back: lost, and said.
+                let undelivered = held.undelivered(&client);
+                tracing::error!(
+                    ?grace,
+                    answers = undelivered.answers,
+                    pushes = undelivered.pushes,
+                    "the drain did not end within its grace (is the bus down?): stopping with {undelivered}"
+                );
+                return Err(WorkerError::DrainGrace { grace, undelivered });
             }
         }
-        client.flush().await?;
         tracing::info!("worker stopped");
         Ok(())
     }
+}
+
+/// Resolves `grace` after `shutdown` fires: the drain's end at the latest.
+async fn give_up_after(shutdown: CancellationToken, grace: std::time::Duration) {
+    shutdown.cancelled().await;
+    tokio::time::sleep(grace).await;
 }
 
 /// A keyed service's partition inputs waiting for the intake: the coordinator waits

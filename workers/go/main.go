@@ -1,11 +1,12 @@
 // Command echo serves Shaddock's echo service from Go, beside Rust and TypeScript
 // workers in the same queue group (the contract is docs/workers.md):
 //
-//	go run . --nats nats://127.0.0.1:4222 [--prefix shaddock] [--queue 1024]
+//	go run . --nats nats://127.0.0.1:4222 [--prefix shaddock] [--queue 1024] [--drain-grace 10s]
 //
 // echo.echo answers an EchoRequest with an EchoResponse holding the same body; echo.raw
 // answers the body unchanged. It prints "Worker is ready" once it serves; on SIGTERM or
-// SIGINT it drains, prints "Worker stopped: served=N rejected=M" and exits.
+// SIGINT it drains, prints "Worker stopped: served=N rejected=M" and exits 0, or 1 when
+// the drain fails or outlasts --drain-grace (the bus is down), saying what it lost.
 package main
 
 //go:generate buf generate
@@ -34,22 +35,35 @@ import (
 
 const service = "echo"
 
-// The counts printed at exit: requests answered by a handler, and refused with 503.
-var served, rejected atomic.Int64
+// The counts printed at exit: requests answered by a handler, and refused with 503;
+// answers made while the connection was down, since it was last made (lost unless it
+// comes back).
+var served, rejected, held atomic.Int64
+
+// The connection, for respond to know whether it is up.
+var bus *nats.Conn
 
 func main() {
 	urls := flag.String("nats", envOr("SHADDOCK_NATS", nats.DefaultURL), "NATS server URLs, comma-separated (env SHADDOCK_NATS)")
 	prefix := flag.String("prefix", envOr("SHADDOCK_PREFIX", "shaddock"), "subject prefix shared with the gates (env SHADDOCK_PREFIX)")
 	capacity := flag.Int("queue", 1024, "requests queued before the worker answers 503")
+	grace, err := time.ParseDuration(envOr("SHADDOCK_DRAIN_GRACE", "10s"))
+	if err != nil {
+		log.Fatalf("SHADDOCK_DRAIN_GRACE: %v", err)
+	}
+	flag.DurationVar(&grace, "drain-grace", grace, "how long a drain may take before the worker exits anyway, saying what it could not deliver (env SHADDOCK_DRAIN_GRACE)")
 	flag.Parse()
 	if *capacity < 1 {
 		log.Fatal("--queue must be at least 1")
 	}
 
-	nc, err := nats.Connect(*urls, nats.Name("shaddock-worker-echo-go"), nats.MaxReconnects(-1))
+	// Whatever was held while the connection was down is written first on reconnecting.
+	reconnected := nats.ReconnectHandler(func(*nats.Conn) { held.Store(0) })
+	nc, err := nats.Connect(*urls, nats.Name("shaddock-worker-echo-go"), nats.MaxReconnects(-1), reconnected)
 	if err != nil {
 		log.Fatalf("connecting to NATS at %s: %v", *urls, err)
 	}
+	bus = nc
 	// Bounded: when full, a request is answered 503 at once instead of waiting where
 	// it could only time out.
 	queue := make(chan queued, *capacity)
@@ -79,6 +93,9 @@ func main() {
 	if err := nc.Flush(); err != nil { // a round trip: the server has the subscriptions
 		log.Fatalf("flushing: %v", err)
 	}
+	// Trapped before saying it is ready: a SIGTERM right after must drain, not kill.
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	fmt.Printf("Worker is ready: serving %s> in queue group %s\n", methodPrefix, service)
 
 	// One handler at a time, in arrival order, like the Rust and TypeScript workers.
@@ -90,21 +107,28 @@ func main() {
 		}
 	}()
 
-	signals := make(chan os.Signal, 1)
-	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	fmt.Printf("%v: draining\n", <-signals)
 	// Drain: unsubscribe (new requests go to the group's other workers), take what the
-	// server already sent, answer everything taken, then close.
-	_ = asks.Unsubscribe()
-	if err := sub.Drain(); err != nil {
-		log.Printf("draining: %v", err)
-	} else {
-		<-closed // every message the server sent has been queued or refused
+	// server already sent, answer everything taken, then close; within the grace.
+	drained := make(chan error, 1)
+	go func() {
+		_ = asks.Unsubscribe()
+		if err := sub.Drain(); err != nil {
+			log.Printf("draining: %v", err)
+		} else {
+			<-closed // every message the server sent has been queued or refused
+		}
+		close(queue)
+		<-done
+		drained <- nc.Drain()
+	}()
+	select {
+	case err = <-drained:
+	case <-time.After(grace):
+		err = fmt.Errorf("did not end within its grace of %v", grace)
 	}
-	close(queue)
-	<-done
-	if err := nc.Drain(); err != nil {
-		log.Printf("closing: %v", err)
+	if err != nil {
+		log.Fatalf("the drain failed: %v (is the bus down?): %d answers not delivered", err, held.Load())
 	}
 	fmt.Printf("Worker stopped: served=%d rejected=%d\n", served.Load(), rejected.Load())
 }
@@ -177,6 +201,8 @@ func respond(m *nats.Msg, payload []byte) {
 	}
 	if err := m.Respond(payload); err != nil {
 		log.Printf("answering on %s: %v", m.Reply, err)
+	} else if !bus.IsConnected() {
+		held.Add(1)
 	}
 }
 

@@ -531,7 +531,19 @@ impl<S: Io> Session<S> {
                     calls: r.calls.into_iter().map(call_timing).collect(),
                     ..client::Timing::default()
                 };
-                kick = self.apply(r.effects, &mut resp).await;
+                if resp.code == code::OK {
+                    kick = self.apply(r.effects, &mut resp).await;
+                } else if !r.effects.is_empty() {
+                    // Effects go with 200 only (docs/workers.md, "RpcResponse"): a
+                    // request either succeeds with its effects or changes nothing.
+                    metrics::counter!("gate_effects_ignored_total").increment(1);
+                    tracing::debug!(
+                        id,
+                        code = resp.code,
+                        effects = r.effects.len(),
+                        "a non-200 answer's effects are ignored"
+                    );
+                }
             }
             // A service that announced itself here exists: none of its workers is
             // reachable now (they are restarting, or the bus is), which is worth a retry.

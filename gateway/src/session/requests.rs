@@ -287,7 +287,7 @@ impl<S: Io> Session<S> {
                 let resp = client::Response {
                     id,
                     code: code::TIMEOUT,
-                    message: "no answer in time".into(),
+                    message: code::GATE_TIMEOUT.into(),
                     ..Default::default()
                 };
                 self.answer(resp, &pending, client::Timing::default());

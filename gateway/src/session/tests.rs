@@ -30,6 +30,8 @@ use crate::config::GateConfig;
 use crate::inbox::{ToSession, WorkerReply};
 use crate::schema::Schemas;
 
+mod effects;
+
 fn gate(change: impl FnOnce(&mut GateConfig)) -> Arc<Context> {
     let mut config = GateConfig {
         gate_id: "g1".into(),
@@ -236,6 +238,10 @@ async fn a_request_no_worker_answers_gets_408_at_its_deadline_and_a_late_answer_
     request(&mut client, 5, "echo.echo").await;
     let resp = response(&mut client).await;
     assert_eq!((resp.id, resp.code), (5, code::TIMEOUT));
+    assert_eq!(
+        resp.message, "gate: no answer in time",
+        "not a worker's 408"
+    );
     assert!(start.elapsed() >= Duration::from_secs(2));
     assert_eq!(cx.in_flight.taken(), 0);
     // The worker's answer after the 408 is not a second answer.

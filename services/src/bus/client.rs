@@ -128,6 +128,17 @@ impl Client {
         }
     }
 
+    /// Whether the connection is up now (in process, always): what is published while
+    /// it is not waits in the client until it is back.
+    pub fn is_connected(&self) -> bool {
+        match &self.0 {
+            Inner::Nats(client) => {
+                client.connection_state() == async_nats::connection::State::Connected
+            }
+            Inner::Local(_) => true,
+        }
+    }
+
     /// What the server said of itself when the connection was made.
     pub fn server_info(&self) -> ServerInfo {
         match &self.0 {

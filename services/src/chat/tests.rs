@@ -118,7 +118,7 @@ fn login(
         .pop()
         .expect("a call to the profile service");
     assert_eq!(
-        (call.route.as_str(), call.key.as_str()),
+        (call.route.as_str(), call.options.key.as_str()),
         (profile::ROUTE_GET, name)
     );
     let resumed = crate::service::resume(NAME, call.then, call.session, None, call.stem, profile);
@@ -170,6 +170,54 @@ fn login_binds_the_name_and_takes_the_profile() {
         ),
         ("alice", "Alice", "#4363d8")
     );
+}
+
+#[test]
+fn login_waits_for_the_profile_its_configured_time_at_most() {
+    let wait = |mut chat: Service| {
+        let anon = Player::new("g1", 1, "");
+        let mut handled = call(
+            &mut chat,
+            &anon,
+            "login",
+            LoginRequest { name: "ann".into() },
+        );
+        let call = handled
+            .later
+            .calls
+            .pop()
+            .expect("a call to the profile service");
+        call.options.timeout
+    };
+    assert_eq!(wait(service()), Some(DEFAULT_PROFILE_CALL_TIMEOUT));
+    let config = ChatConfig {
+        chat_profile_call_timeout: Duration::from_millis(300),
+    };
+    assert_eq!(wait(service_with(config)), Some(Duration::from_millis(300)));
+}
+
+#[test]
+fn the_profile_call_timeout_is_a_flag() {
+    use clap::Parser;
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        chat: ChatConfig,
+    }
+    let parsed = |args: &[&str]| Cli::try_parse_from(args).unwrap().chat;
+    assert_eq!(parsed(&["worker"]), ChatConfig::default());
+    let flag = parsed(&["worker", "--chat-profile-call-timeout", "250ms"]);
+    assert_eq!(flag.chat_profile_call_timeout, Duration::from_millis(250));
+}
+
+#[test]
+fn the_profile_call_timeout_must_not_be_zero() {
+    let mut config = ChatConfig {
+        chat_profile_call_timeout: Duration::from_millis(1),
+    };
+    assert_eq!(config.validate(), Ok(()));
+    config.chat_profile_call_timeout = Duration::ZERO;
+    assert!(config.validate().is_err());
 }
 
 #[test]

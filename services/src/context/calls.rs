@@ -21,6 +21,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
 use proto::Message;
@@ -102,6 +103,34 @@ impl CallResult {
     }
 }
 
+/// How a call is made, beyond its route and body ([`Context::call_with_options`]); the
+/// TypeScript library's `CallOptions` has the same two.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallOptions {
+    /// The key to route a call to a keyed service by, first of all (else the session
+    /// value the service names, else the uid); empty: none. Ignored for other services.
+    pub key: String,
+    /// The most the call waits for its answer (then 408 `call timed out`), for a handler
+    /// that must still answer its own request with a fallback. Never past the caller's
+    /// deadline less the worker's `--call-margin`, whatever is asked; `None`: until then
+    /// (`--call-timeout` for a call made without a deadline).
+    pub timeout: Option<Duration>,
+}
+
+impl CallOptions {
+    /// Routes the call to a keyed service by `key`.
+    pub fn key(mut self, key: impl Into<String>) -> CallOptions {
+        self.key = key.into();
+        self
+    }
+
+    /// Waits at most `timeout` for the answer.
+    pub fn timeout(mut self, timeout: Duration) -> CallOptions {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
 /// A call's continuation.
 pub(crate) type Then = Box<dyn FnOnce(&mut Context, CallResult) + Send>;
 
@@ -131,9 +160,8 @@ pub(crate) struct Stem {
 pub(crate) struct Call {
     /// `service.method`, as the handler gave it (checked when it goes out).
     pub route: String,
-    /// The key to route a keyed service's call by; empty: the session's (see
-    /// [`Context::call_keyed`]).
-    pub key: String,
+    /// The key to route a keyed service's call by, and the call's own timeout.
+    pub options: CallOptions,
     pub body: Bytes,
     /// The caller's session, for the callee and for the continuation.
     pub session: Option<Session>,
@@ -237,8 +265,10 @@ impl Context {
     /// with the result in this service's frame loop, with a context carrying this
     /// context's session and deadline, so it may answer a deferred request and call
     /// again. The call goes out when the handler returns; it waits at most what is
-    /// left of this request's deadline (the worker's `--call-timeout` without one).
-    /// There are no retries. Continuations of several calls run in the order their
+    /// left of this request's deadline less the worker's `--call-margin`, so that the
+    /// continuation can still answer before the caller gives up (the worker's
+    /// `--call-timeout` without a deadline; [`Context::call_with_options`] sets a
+    /// shorter wait). There are no retries. Continuations of several calls run in the order their
     /// results arrive (a timeout's when its deadline passes).
     ///
     /// A call to a keyed service is routed as a gate routes a client's request: by the
@@ -262,9 +292,25 @@ impl Context {
     where
         F: FnOnce(&mut Context, CallResult) + Send + 'static,
     {
+        self.call_with_options(route, body, CallOptions::default().key(key), then);
+    }
+
+    /// [`Context::call`] with [`CallOptions`]: a keyed callee's key, and how long the
+    /// call may wait at most. A handler that answers with a fallback when the call fails
+    /// gives it a timeout well within its own request's (`chat.login`'s call to
+    /// `profile.get`), so the fallback is an answer and not the gate's 408.
+    pub fn call_with_options<F>(
+        &mut self,
+        route: &str,
+        body: impl Into<Bytes>,
+        options: CallOptions,
+        then: F,
+    ) where
+        F: FnOnce(&mut Context, CallResult) + Send + 'static,
+    {
         self.later.calls.push(Call {
             route: route.to_owned(),
-            key: key.to_owned(),
+            options,
             body: body.into(),
             session: self.has_session.then(|| self.session.clone()),
             deadline: self.later.deadline,

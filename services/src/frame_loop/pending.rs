@@ -107,6 +107,7 @@ pub(crate) struct Pending<R> {
     next_call: u64,
     answer_timeout: Duration,
     call_timeout: Duration,
+    call_margin: Duration,
     max_calls: usize,
     metrics: CallMetrics,
 }
@@ -121,6 +122,7 @@ impl<R> Pending<R> {
             next_call: 1,
             answer_timeout: config.answer_timeout,
             call_timeout: config.call_timeout,
+            call_margin: config.call_margin,
             max_calls: config.max_calls.max(1),
             metrics: CallMetrics::new(service),
         }
@@ -191,7 +193,7 @@ impl<R> Pending<R> {
     pub fn start(&mut self, call: Call) -> Option<Outgoing> {
         let Call {
             route,
-            key,
+            options,
             body,
             session,
             deadline: caller_deadline,
@@ -202,7 +204,7 @@ impl<R> Pending<R> {
             .split_once('.')
             .is_some_and(|(service, method)| is_valid_token(service) && is_valid_token(method));
         let now = Instant::now();
-        let deadline = caller_deadline.unwrap_or(now + self.call_timeout);
+        let deadline = self.call_deadline(now, caller_deadline, options.timeout);
         let left = deadline.saturating_duration_since(now);
         let refused = if !valid {
             Some((
@@ -238,7 +240,7 @@ impl<R> Pending<R> {
             route: route.clone(),
             body,
             session: session.clone(),
-            key,
+            key: options.key,
             // Whole milliseconds, rounded up: at least 1, since 0 says "unknown".
             timeout_ms: u32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u32::MAX),
             timing: stem.timing,
@@ -260,6 +262,27 @@ impl<R> Pending<R> {
             },
         );
         Some(Outgoing { id, request })
+    }
+
+    /// When a call made at `now` times out: at `timeout` (`--call-timeout` if none is
+    /// asked and the caller has no deadline), and never later than the caller's deadline
+    /// less `--call-margin`. A call's result at the caller's deadline itself would come
+    /// too late: the caller's caller (a gate) answers 408 then, so the continuation's
+    /// answer, its fallback, would reach nobody.
+    fn call_deadline(
+        &self,
+        now: Instant,
+        caller_deadline: Option<Instant>,
+        timeout: Option<Duration>,
+    ) -> Instant {
+        let own = timeout.map(|timeout| now + timeout);
+        match caller_deadline {
+            Some(caller) => {
+                let cap = caller.checked_sub(self.call_margin).unwrap_or(now).max(now);
+                own.map_or(cap, |own| own.min(cap))
+            }
+            None => own.unwrap_or(now + self.call_timeout),
+        }
     }
 
     /// Call `id` was not sent: its continuation gets `result` (why).

@@ -532,4 +532,5 @@ async fn events_wait_for_room_instead_of_being_rejected() {
     );
 }
 
+mod call_deadlines;
 mod calls;

@@ -22,4 +22,11 @@ pub enum WorkerError {
     LoopStopped(String),
     #[error("the worker's task panicked: {0}")]
     Panicked(String),
+    #[error(
+        "the drain did not end within its grace of {grace:?} (is the bus down?): {undelivered}"
+    )]
+    DrainGrace {
+        grace: std::time::Duration,
+        undelivered: super::output::Undelivered,
+    },
 }

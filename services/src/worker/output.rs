@@ -2,12 +2,17 @@
 //! other services all leave through one connection, so they reach each gate in the
 //! order the loop produced them (a handler's pushes before its answer).
 
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+
 use async_nats::Subject;
 use bytes::Bytes;
 use proto::Message as _;
 use proto::rpc::RpcResponse;
 
 use super::calls;
+use crate::bus::Client;
 use crate::context::CallResult;
 use crate::frame_loop::{Outgoing, ReplySink};
 use crate::metrics::{PUBLISH_ERRORS_TOTAL, REPLY_ERRORS_TOTAL};
@@ -22,6 +27,60 @@ pub(super) struct Output {
     pub reply_prefix: String,
     /// The keyed services heard of, to route calls by key.
     pub callees: calls::Callees,
+    /// What was handed to the connection while it was down.
+    pub held: Held,
+}
+
+/// What a worker could not deliver: answers and pushes it handed its connection while
+/// the connection was down, since it was last made (they leave only if it comes back).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Undelivered {
+    pub answers: u64,
+    pub pushes: u64,
+}
+
+impl fmt::Display for Undelivered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Undelivered { answers, pushes } = self;
+        write!(f, "{answers} answers and {pushes} pushes not delivered")
+    }
+}
+
+/// Counts what the worker publishes while its connection is down (see
+/// [`Undelivered`]); a connection made since forgets them: async-nats writes what it
+/// held first thing on reconnecting.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Held(Arc<Mutex<(u64, Undelivered)>>);
+
+impl Held {
+    /// Counts one answer (or push) just published, if the connection is down.
+    fn count(&self, client: &Client, push: bool) {
+        if client.is_connected() {
+            return;
+        }
+        let connects = client.statistics().connects.load(Ordering::Relaxed);
+        let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.0 != connects {
+            *held = (connects, Undelivered::default());
+        }
+        let counter = if push {
+            &mut held.1.pushes
+        } else {
+            &mut held.1.answers
+        };
+        *counter += 1;
+    }
+
+    /// What is still held: nothing once a connection was made since.
+    pub fn undelivered(&self, client: &Client) -> Undelivered {
+        let connects = client.statistics().connects.load(Ordering::Relaxed);
+        let held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.0 == connects && !client.is_connected() {
+            held.1
+        } else {
+            Undelivered::default()
+        }
+    }
 }
 
 /// Answers go out as protobuf `RpcResponse`s on the request's reply subject, pushes on
@@ -31,23 +90,34 @@ impl ReplySink for Output {
 
     async fn send(&self, to: Subject, response: RpcResponse) {
         let payload = response.encode_to_vec().into();
-        if let Err(error) = self.pusher.client().publish(to, payload).await {
-            metrics::counter!(REPLY_ERRORS_TOTAL).increment(1);
-            tracing::debug!(%error, "cannot publish a reply");
+        let client = self.pusher.client();
+        match client.publish(to, payload).await {
+            Ok(()) => self.held.count(client, false),
+            Err(error) => {
+                metrics::counter!(REPLY_ERRORS_TOTAL).increment(1);
+                tracing::debug!(%error, "cannot publish a reply");
+            }
         }
     }
 
     async fn answer(&self, to: Subject, body: Bytes) {
-        if let Err(error) = self.pusher.client().publish(to, body).await {
-            metrics::counter!(REPLY_ERRORS_TOTAL).increment(1);
-            tracing::debug!(%error, "cannot publish an event's answer");
+        let client = self.pusher.client();
+        match client.publish(to, body).await {
+            Ok(()) => self.held.count(client, false),
+            Err(error) => {
+                metrics::counter!(REPLY_ERRORS_TOTAL).increment(1);
+                tracing::debug!(%error, "cannot publish an event's answer");
+            }
         }
     }
 
     async fn publish(&self, outbound: Outbound) {
-        if let Err(error) = self.pusher.send(outbound).await {
-            metrics::counter!(PUBLISH_ERRORS_TOTAL).increment(1);
-            tracing::debug!(%error, "cannot publish a push");
+        match self.pusher.send(outbound).await {
+            Ok(()) => self.held.count(self.pusher.client(), true),
+            Err(error) => {
+                metrics::counter!(PUBLISH_ERRORS_TOTAL).increment(1);
+                tracing::debug!(%error, "cannot publish a push");
+            }
         }
     }
 

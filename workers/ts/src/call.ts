@@ -52,6 +52,13 @@ export interface CallOptions {
    * counts as none.
    */
   readonly key?: string;
+  /**
+   * The most the call waits for its answer, ms (then 408 `call timed out`): for a
+   * handler that must still answer with a fallback when the call fails. Never past the
+   * caller's deadline less the worker's `callMarginMs`, whatever is asked; without it the
+   * call waits until then (`callTimeoutMs` when the caller has no deadline).
+   */
+  readonly timeoutMs?: number;
 }
 
 /** A call as a handler asked for it, for the worker to send. */
@@ -65,6 +72,8 @@ export interface OutgoingCall {
   readonly deadline: number | undefined;
   /** The key the caller gave, for a keyed callee (`CallOptions.key`); empty or `undefined`: none. */
   readonly key: string | undefined;
+  /** The call's own timeout, ms (`CallOptions.timeoutMs`), if it has one. */
+  readonly timeoutMs: number | undefined;
   /** The routes of the requests the call is made for, outermost first (`RpcRequest.trace`). */
   readonly trace: readonly string[];
   /** Whether the request it is made for asked for timings (`RpcRequest.timing`). */

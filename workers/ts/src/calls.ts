@@ -33,6 +33,12 @@ import { Status } from "./gen/status_pb.js";
 export const DEFAULT_MAX_CALLS = 1024;
 /** Default for `WorkerOptions.callTimeoutMs`. */
 export const DEFAULT_CALL_TIMEOUT_MS = 5_000;
+/**
+ * Default for `WorkerOptions.callMarginMs`: how much sooner than its caller's deadline a
+ * call times out. The caller's deadline is the gate's, whose 408 an answer made at it
+ * would follow; this leaves the handler's answer (its fallback) time to reach the gate.
+ */
+export const DEFAULT_CALL_MARGIN_MS = 250;
 /** The most `timeout_ms` carries (a uint32). */
 const MAX_TIMEOUT_MS = 0xffff_ffff;
 
@@ -52,18 +58,25 @@ export class Calls {
   readonly #replyPrefix: string;
   readonly #max: number;
   readonly #timeoutMs: number;
+  readonly #marginMs: number;
   readonly #deadlines: Deadlines;
   readonly #inFlight = new Map<number, InFlight>();
   #next = 1;
   #sub: Subscription | undefined;
 
-  constructor(nc: NatsConnection, prefix: string, limits: { max: number; timeoutMs: number }, deadlines: Deadlines) {
+  constructor(
+    nc: NatsConnection,
+    prefix: string,
+    limits: { max: number; timeoutMs: number; marginMs: number },
+    deadlines: Deadlines,
+  ) {
     this.#nc = nc;
     this.#routes = new Routes(nc, prefix);
     this.#origin = `${prefix}.call.${randomBytes(8).toString("hex")}`;
     this.#replyPrefix = `${this.#origin}.`;
     this.#max = limits.max;
     this.#timeoutMs = limits.timeoutMs;
+    this.#marginMs = limits.marginMs;
     this.#deadlines = deadlines;
   }
 
@@ -93,14 +106,12 @@ export class Calls {
   /**
    * Sends `call`; `deliver` gets its result later, exactly once. Returns the result at
    * once instead, without sending, when the call is refused: 503 over `max` calls in
-   * flight or without a bus, 408 when the caller's deadline has passed, 400 for a keyed
-   * callee without a usable key.
+   * flight or without a bus, 408 when no more than the margin is left of the caller's
+   * deadline, 400 for a keyed callee without a usable key.
    */
   start(call: OutgoingCall, deliver: (result: CallResult) => void): CallResult | undefined {
     const now = performance.now();
-    const deadline = call.deadline ?? now + this.#timeoutMs;
-    // Not `deadline - now` without one: (now + t) - now may round to a hair over t.
-    const left = call.deadline === undefined ? this.#timeoutMs : deadline - now;
+    const { deadline, left } = this.#deadlineOf(call, now);
     const destination = this.#routes.destination(call);
     if (destination instanceof CallResult) return destination;
     if (this.#inFlight.size >= this.#max) return CallResult.refusal(Status.UNAVAILABLE, CallFailure.TOO_MANY);
@@ -133,6 +144,21 @@ export class Calls {
     );
     this.#inFlight.set(id, { deliver, due });
     return undefined;
+  }
+
+  /**
+   * When a call made at `now` times out, and how long that leaves it: at its own
+   * timeout (`callTimeoutMs` if it has none and its caller no deadline), and never later
+   * than the caller's deadline less the margin, so the handler still answers in time.
+   */
+  #deadlineOf(call: OutgoingCall, now: number): { deadline: number; left: number } {
+    const own = call.timeoutMs ?? (call.deadline === undefined ? this.#timeoutMs : Number.POSITIVE_INFINITY);
+    if (call.deadline !== undefined) {
+      const cap = call.deadline - this.#marginMs;
+      if (cap <= now + own) return { deadline: cap, left: cap - now };
+    }
+    // Not `deadline - now`: (now + t) - now may round to a hair over t.
+    return { deadline: now + own, left: own };
   }
 
   /** Unsubscribes; calls still in flight get no result. */

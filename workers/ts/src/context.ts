@@ -204,7 +204,9 @@ export class Context {
    *
    * The call goes out at once, carrying this context's session as it is now (its own
    * changes included), the request's trace and route, its timing, and what is left of
-   * its deadline (the worker's call timeout when there is none, as in an event). A call
+   * its deadline less the worker's `callMarginMs`, so the handler can still answer in
+   * time (the worker's call timeout when there is none, as in an event;
+   * `options.timeoutMs` waits less). A call
    * to a keyed service goes to its key's partition: `options.key`, else the session value
    * the service names, else the uid. While a handler waits on a call the worker serves
    * other requests; the result comes back as a turn of its loop, in the order results
@@ -231,6 +233,7 @@ export class Context {
       session,
       deadline: this.deadline,
       key: options.key,
+      timeoutMs: options.timeoutMs,
       trace: this.#callTrace,
       timing: spans !== undefined,
     });

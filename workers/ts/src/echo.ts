@@ -3,23 +3,26 @@
  * The echo service as a worker process, written with `@shaddock/worker`:
  *
  *     node dist/echo.js --nats nats://127.0.0.1:4222 [--prefix shaddock] [--queue 1024]
+ *         [--drain-grace 10s]
  *
  * Prints `Worker is ready` once it serves. On SIGTERM or SIGINT it drains (stops taking
  * requests, answers those it took), prints `Worker stopped: served=N rejected=M`, and
- * exits 0.
+ * exits 0; or, when the drain has not ended within its grace (the bus is down), says
+ * what it could not deliver and exits 1.
  */
 import { parseArgs } from "node:util";
 import { connect } from "@nats-io/transport-node";
 import { echoService } from "./services/echo.js";
-import { runMain, serveUntilSignalled } from "./process.js";
+import { DRAIN_GRACE_OPTION, DRAIN_GRACE_USAGE, drainGraceMs, runMain, serveUntilSignalled } from "./process.js";
 import { DEFAULT_PREFIX } from "./subjects.js";
 import { DEFAULT_QUEUE_CAPACITY, Worker } from "./worker.js";
 
-const USAGE = `usage: echo [--nats URL[,URL...]] [--prefix PREFIX] [--queue N]
+const USAGE = `usage: echo [--nats URL[,URL...]] [--prefix PREFIX] [--queue N] [--drain-grace D]
 
-  --nats    NATS server URLs, comma-separated (env SHADDOCK_NATS; nats://127.0.0.1:4222)
-  --prefix  subject prefix shared with the gates (env SHADDOCK_PREFIX; ${DEFAULT_PREFIX})
-  --queue   requests queued before answering 503 (${DEFAULT_QUEUE_CAPACITY})`;
+  --nats            NATS server URLs, comma-separated (env SHADDOCK_NATS; nats://127.0.0.1:4222)
+  --prefix          subject prefix shared with the gates (env SHADDOCK_PREFIX; ${DEFAULT_PREFIX})
+  --queue           requests queued before answering 503 (${DEFAULT_QUEUE_CAPACITY})
+  --drain-grace     ${DRAIN_GRACE_USAGE}`;
 
 async function main(): Promise<void> {
   const { values } = parseArgs({
@@ -27,6 +30,7 @@ async function main(): Promise<void> {
       nats: { type: "string", default: process.env["SHADDOCK_NATS"] ?? "nats://127.0.0.1:4222" },
       prefix: { type: "string", default: process.env["SHADDOCK_PREFIX"] ?? DEFAULT_PREFIX },
       queue: { type: "string", default: String(DEFAULT_QUEUE_CAPACITY) },
+      "drain-grace": DRAIN_GRACE_OPTION,
       help: { type: "boolean", short: "h", default: false },
     },
   });
@@ -38,6 +42,7 @@ async function main(): Promise<void> {
   if (!Number.isInteger(queueCapacity) || queueCapacity < 1) {
     throw new Error(`--queue must be a positive integer, not ${JSON.stringify(values.queue)}`);
   }
+  const graceMs = drainGraceMs(values["drain-grace"]);
   const nc = await connect({
     servers: values.nats.split(","),
     name: "shaddock-worker-echo-ts",
@@ -56,7 +61,7 @@ async function main(): Promise<void> {
       const { served, rejected } = worker.stats;
       return `Worker stopped: served=${served} rejected=${rejected}`;
     },
-  });
+  }, graceMs);
 }
 
 runMain(main);

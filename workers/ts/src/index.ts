@@ -16,6 +16,7 @@ export {
   DEFAULT_KEYED_HEARTBEAT_MS,
   DEFAULT_KEYED_MEMBER_TIMEOUT_MS,
 } from "./keyed.js";
+export type { Undelivered } from "./held.js";
 export type { KeyedStats, KeyedView } from "./keyed.js";
 export { MAX_PARTITIONS, Members, fnv1a, partitionOf, score } from "./ownership.js";
 export type { Gone, MemberTimes, Step } from "./ownership.js";
@@ -36,6 +37,7 @@ export type {
 export * from "./subjects.js";
 export {
   DEFAULT_ANSWER_TIMEOUT_MS,
+  DEFAULT_CALL_MARGIN_MS,
   DEFAULT_CALL_TIMEOUT_MS,
   DEFAULT_FRAME_BUDGET,
   DEFAULT_MAX_CALLS,

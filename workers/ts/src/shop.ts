@@ -6,20 +6,22 @@
  *
  *     node dist/shop.js --service shop|bank --nats nats://127.0.0.1:4222
  *         [--prefix shaddock] [--queue 1024] [--max-calls 1024] [--call-timeout 5s]
- *         [--answer-timeout 5s]
+ *         [--call-margin 250ms] [--answer-timeout 5s] [--drain-grace 10s]
  *
  * Prints `Worker is ready` once it serves. On SIGTERM or SIGINT it drains (answers what
  * it took, a request waiting on a call included), prints `Worker stopped: served=N
- * rejected=M expired=E`, and exits 0.
+ * rejected=M expired=E`, and exits 0 (or 1, saying what it could not deliver, when the
+ * drain has not ended within its grace).
  */
 import { parseArgs } from "node:util";
 import { connect } from "@nats-io/transport-node";
 import { durationMs } from "./duration.js";
 import { BANK, SHOP, bankService, shopService } from "./services/shop.js";
-import { runMain, serveUntilSignalled } from "./process.js";
+import { DRAIN_GRACE_OPTION, DRAIN_GRACE_USAGE, drainGraceMs, runMain, serveUntilSignalled } from "./process.js";
 import { DEFAULT_PREFIX } from "./subjects.js";
 import {
   DEFAULT_ANSWER_TIMEOUT_MS,
+  DEFAULT_CALL_MARGIN_MS,
   DEFAULT_CALL_TIMEOUT_MS,
   DEFAULT_MAX_CALLS,
   DEFAULT_QUEUE_CAPACITY,
@@ -27,7 +29,8 @@ import {
 } from "./worker.js";
 
 const USAGE = `usage: shop --service shop|bank [--nats URL[,URL...]] [--prefix PREFIX] [--queue N]
-            [--max-calls N] [--call-timeout D] [--answer-timeout D]
+            [--max-calls N] [--call-timeout D] [--call-margin D] [--answer-timeout D]
+            [--drain-grace D]
 
   --service         which to serve: "${SHOP}" (buy calls ${BANK}.pay) or "${BANK}" (pay)
   --nats            NATS server URLs, comma-separated (env SHADDOCK_NATS; nats://127.0.0.1:4222)
@@ -37,8 +40,12 @@ const USAGE = `usage: shop --service shop|bank [--nats URL[,URL...]] [--prefix P
                     (env SHADDOCK_MAX_CALLS; ${DEFAULT_MAX_CALLS})
   --call-timeout    how long a call waits when its request has no deadline
                     (env SHADDOCK_CALL_TIMEOUT; ${DEFAULT_CALL_TIMEOUT_MS}ms)
+  --call-margin     how much sooner than its request's deadline a call times out, so
+                    the handler still answers in time; 0s shares the deadline
+                    (env SHADDOCK_CALL_MARGIN; ${DEFAULT_CALL_MARGIN_MS}ms)
   --answer-timeout  how long a request may take when its caller did not say, then 408
                     (env SHADDOCK_ANSWER_TIMEOUT; ${DEFAULT_ANSWER_TIMEOUT_MS}ms)
+  --drain-grace     ${DRAIN_GRACE_USAGE}
 
 Durations as the Rust workers write them: a number and a unit, e.g. 100ms, 1.5s, 1m30s.`;
 
@@ -60,7 +67,9 @@ async function main(): Promise<void> {
       queue: { type: "string", default: String(DEFAULT_QUEUE_CAPACITY) },
       "max-calls": { type: "string", default: env("SHADDOCK_MAX_CALLS", String(DEFAULT_MAX_CALLS)) },
       "call-timeout": { type: "string", default: env("SHADDOCK_CALL_TIMEOUT", `${DEFAULT_CALL_TIMEOUT_MS}ms`) },
+      "call-margin": { type: "string", default: env("SHADDOCK_CALL_MARGIN", `${DEFAULT_CALL_MARGIN_MS}ms`) },
       "answer-timeout": { type: "string", default: env("SHADDOCK_ANSWER_TIMEOUT", `${DEFAULT_ANSWER_TIMEOUT_MS}ms`) },
+      "drain-grace": DRAIN_GRACE_OPTION,
       help: { type: "boolean", short: "h", default: false },
     },
   });
@@ -79,7 +88,9 @@ async function main(): Promise<void> {
   const queueCapacity = positiveInteger("queue", values.queue);
   const maxCalls = positiveInteger("max-calls", values["max-calls"]);
   const callTimeoutMs = durationMs("call-timeout", values["call-timeout"]);
+  const callMarginMs = durationMs("call-margin", values["call-margin"], true);
   const answerTimeoutMs = durationMs("answer-timeout", values["answer-timeout"]);
+  const graceMs = drainGraceMs(values["drain-grace"]);
 
   const nc = await connect({
     servers: values.nats.split(","),
@@ -91,6 +102,7 @@ async function main(): Promise<void> {
     queueCapacity,
     maxCalls,
     callTimeoutMs,
+    callMarginMs,
     answerTimeoutMs,
     onError: (error, where) => console.error(`warning: ${where}: ${String(error)}`),
   });
@@ -102,7 +114,7 @@ async function main(): Promise<void> {
       const { served, rejected, expired } = worker.stats;
       return `Worker stopped: served=${served} rejected=${rejected} expired=${expired}`;
     },
-  });
+  }, graceMs);
 }
 
 runMain(main);

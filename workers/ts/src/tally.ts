@@ -7,12 +7,14 @@
  *     node dist/tally.js --nats nats://127.0.0.1:4222 [--prefix shaddock] [--name ts]
  *         [--queue 1024] [--keyed-heartbeat 500ms] [--keyed-member-timeout 2s]
  *         [--handover-timeout 2s] [--handover-overlap 200ms] [--handover-buffer 4096]
+ *         [--drain-grace 10s]
  *
  * Prints `Worker is ready: ... id=<its keyed id>` once it is subscribed and has said its
  * first heartbeat (its partitions follow: handed over by their holders, or taken fresh
  * after two heartbeats). On SIGTERM or SIGINT it hands its partitions to the other
  * workers with their counts, drains, prints `Worker stopped: served=N rejected=M fresh=F
- * handed=H handed_ok=O handed_kept=K`, and exits 0.
+ * handed=H handed_ok=O handed_kept=K`, and exits 0 (or 1, saying what it could not
+ * deliver, when the drain has not ended within its grace).
  */
 import { parseArgs } from "node:util";
 import { connect } from "@nats-io/transport-node";
@@ -27,13 +29,13 @@ import {
 } from "./keyed.js";
 import { TALLY, TALLY_PARTITIONS, tallyService } from "./services/tally.js";
 import type { TallyStats } from "./services/tally.js";
-import { runMain, serveUntilSignalled } from "./process.js";
+import { DRAIN_GRACE_OPTION, DRAIN_GRACE_USAGE, drainGraceMs, runMain, serveUntilSignalled } from "./process.js";
 import { DEFAULT_PREFIX, isValidName } from "./subjects.js";
 import { DEFAULT_QUEUE_CAPACITY, Worker } from "./worker.js";
 
 const USAGE = `usage: tally [--nats URL[,URL...]] [--prefix PREFIX] [--name NAME] [--queue N]
              [--keyed-heartbeat D] [--keyed-member-timeout D] [--handover-timeout D]
-             [--handover-overlap D] [--handover-buffer N]
+             [--handover-overlap D] [--handover-buffer N] [--drain-grace D]
 
   --nats                  NATS server URLs, comma-separated
                           (env SHADDOCK_NATS; nats://127.0.0.1:4222)
@@ -50,6 +52,7 @@ const USAGE = `usage: tally [--nats URL[,URL...]] [--prefix PREFIX] [--name NAME
                           (env SHADDOCK_HANDOVER_OVERLAP; ${DEFAULT_HANDOVER_OVERLAP_MS}ms)
   --handover-buffer       requests a new owner holds per partition until its state comes
                           (env SHADDOCK_HANDOVER_BUFFER; ${DEFAULT_HANDOVER_BUFFER})
+  --drain-grace           ${DRAIN_GRACE_USAGE}
 
 Durations as the Rust workers write them: a number and a unit, e.g. 100ms, 1.5s, 1m30s.
 Service "${TALLY}", keyed over ${TALLY_PARTITIONS} partitions; method "add" (raw) answers "<name> <count>".`;
@@ -82,6 +85,7 @@ async function main(): Promise<void> {
         type: "string",
         default: env("SHADDOCK_HANDOVER_BUFFER", String(DEFAULT_HANDOVER_BUFFER)),
       },
+      "drain-grace": DRAIN_GRACE_OPTION,
       help: { type: "boolean", short: "h", default: false },
     },
   });
@@ -99,6 +103,7 @@ async function main(): Promise<void> {
   const keyedMemberTimeoutMs = durationMs("keyed-member-timeout", values["keyed-member-timeout"]);
   const handoverTimeoutMs = durationMs("handover-timeout", values["handover-timeout"]);
   const handoverOverlapMs = durationMs("handover-overlap", values["handover-overlap"]);
+  const graceMs = drainGraceMs(values["drain-grace"]);
   checkKeyedTimes({
     heartbeatMs: keyedHeartbeatMs,
     memberTimeoutMs: keyedMemberTimeoutMs,
@@ -135,7 +140,7 @@ async function main(): Promise<void> {
         `handed_ok=${keyed?.handedOk ?? 0} handed_kept=${keyed?.handedKept ?? 0}`
       );
     },
-  });
+  }, graceMs);
 }
 
 /** `value`, given to option `--<name>`, as a positive integer; else an error naming the option. */

@@ -30,8 +30,9 @@
  *   arrived (or `answerTimeoutMs` when the caller did not say). A handler that has not
  *   answered by then (awaiting a call, or never resolving) gets the worker's 408, exactly
  *   once, and the loop stops waiting for it; what it answers later is dropped, pushes
- *   and effects with it. A call made for the request times out at that same deadline,
- *   and its result reaches the handler before the 408, so the handler can still answer.
+ *   and effects with it. A call made for the request times out `callMarginMs` before
+ *   that deadline (or sooner, at its own `timeoutMs`), so the handler's answer to its
+ *   result still reaches the gate before the gate's 408.
  * - **Pushes** a handler asked for are published before its answer, on the same
  *   connection, so they reach every gate first.
  * - **The schema announcement**: with typed methods or pushes, the worker publishes its
@@ -54,9 +55,11 @@
 import { toBinary } from "@bufbuild/protobuf";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { CallResult, Caller } from "./call.js";
-import { Calls, DEFAULT_CALL_TIMEOUT_MS, DEFAULT_MAX_CALLS } from "./calls.js";
+import { Calls, DEFAULT_CALL_MARGIN_MS, DEFAULT_CALL_TIMEOUT_MS, DEFAULT_MAX_CALLS } from "./calls.js";
 import type { Outbound } from "./context.js";
 import { Deadlines } from "./deadlines.js";
+import { Held } from "./held.js";
+import type { Undelivered } from "./held.js";
 import {
   DEFAULT_HANDOVER_BUFFER,
   DEFAULT_HANDOVER_OVERLAP_MS,
@@ -89,7 +92,7 @@ export const DEFAULT_QUEUE_CAPACITY = 1024;
 export const DEFAULT_FRAME_BUDGET = 64;
 /** Default for `WorkerOptions.answerTimeoutMs`: the gates' default request timeout. */
 export const DEFAULT_ANSWER_TIMEOUT_MS = 5_000;
-export { DEFAULT_CALL_TIMEOUT_MS, DEFAULT_MAX_CALLS };
+export { DEFAULT_CALL_MARGIN_MS, DEFAULT_CALL_TIMEOUT_MS, DEFAULT_MAX_CALLS };
 /** The worker's 408 to a request its handler did not answer by its deadline. */
 const NO_ANSWER_IN_TIME = "no answer in time";
 /** The largest duration `queue_us` and `handler_us` can carry (they are uint32). */
@@ -114,6 +117,12 @@ export interface WorkerOptions {
    * deadline (an event's call, or a caller that did not say): default 5000.
    */
   callTimeoutMs?: number;
+  /**
+   * How much sooner than the deadline of the request it is made for a call times out,
+   * ms (default 250), so the handler's answer, its fallback, still reaches the gate
+   * before the gate's 408; 0 shares the deadline.
+   */
+  callMarginMs?: number;
   /**
    * How long a request's handler may take to answer, ms, when its caller did not say
    * (`timeout_ms` 0): default 5000, the gates' request timeout. Then the worker answers
@@ -194,6 +203,8 @@ type Incoming =
 export class Worker {
   readonly stats: WorkerStats = { served: 0, rejected: 0, events: 0, expired: 0, late: 0 };
   readonly #nc: NatsConnection;
+  /** What was published while the connection was down. */
+  readonly #held: Held;
   readonly #service: Service;
   readonly #prefix: string;
   readonly #capacity: number;
@@ -229,6 +240,7 @@ export class Worker {
     const callLimits = {
       max: Math.max(1, options.maxCalls ?? DEFAULT_MAX_CALLS),
       timeoutMs: Math.max(1, options.callTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS),
+      marginMs: Math.max(0, options.callMarginMs ?? DEFAULT_CALL_MARGIN_MS),
     };
     this.#calls = new Calls(nc, this.#prefix, callLimits, this.#deadlines);
     this.#onError = options.onError ?? (() => {});
@@ -260,6 +272,7 @@ export class Worker {
       };
       this.#partitions = new Partitions(nc, this.#prefix, service.name, service.partitions, host, settings);
     }
+    this.#held = new Held(nc);
     this.#loop = this.#run();
   }
 
@@ -314,6 +327,15 @@ export class Worker {
   drain(): Promise<void> {
     this.#draining ??= this.#drain();
     return this.#draining;
+  }
+
+  /**
+   * What the worker could not deliver so far: the answers and pushes it published while
+   * its connection was down, since the connection was last made (they leave only if it
+   * comes back). Zeros while it is up.
+   */
+  get undelivered(): Undelivered {
+    return this.#held.undelivered;
   }
 
   async #subscribe(): Promise<void> {
@@ -536,6 +558,7 @@ export class Worker {
   }
 
   #publishAll(outbound: readonly Outbound[]): void {
+    this.#held.pushed(outbound.length);
     for (const out of outbound) {
       switch (out.kind) {
         case "group":
@@ -563,6 +586,7 @@ export class Worker {
   #respond(msg: Msg, payload: Uint8Array): void {
     try {
       msg.respond(payload);
+      this.#held.answered();
     } catch (error) {
       this.#onError(error, msg.subject);
     }

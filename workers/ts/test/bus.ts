@@ -2,6 +2,7 @@
 // on PATH or in $(go env GOPATH)/bin, where scripts/test.sh installs it.
 import { execFileSync, spawn } from "node:child_process";
 import type { ChildProcess } from "node:child_process";
+import { once } from "node:events";
 import { existsSync } from "node:fs";
 import { delimiter, join } from "node:path";
 import { connect } from "@nats-io/transport-node";
@@ -32,7 +33,8 @@ export function findNatsServer(): string {
 export interface Bus {
   readonly url: string;
   connect(): Promise<NatsConnection>;
-  stop(): void;
+  /** Kills the server; resolves once it has exited. */
+  stop(): Promise<void>;
 }
 
 /** Starts nats-server on 127.0.0.1, port chosen by the server, and waits until it is ready. */
@@ -63,9 +65,11 @@ export async function startBus(): Promise<Bus> {
       clients.push(nc);
       return nc;
     },
-    stop() {
+    async stop() {
       for (const nc of clients) void nc.close();
+      const exited = child.exitCode === null ? once(child, "exit") : Promise.resolve();
       child.kill();
+      await exited;
     },
   };
 }

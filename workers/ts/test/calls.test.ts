@@ -175,20 +175,21 @@ test("an answer without a status code, or that does not decode, is a 500 to the 
   await worker.drain();
 });
 
-test("a call times out at the request's deadline, the handler still answers, the worker serves meanwhile", async () => {
+test("a call times out the margin before the request's deadline, the handler answers in time, the worker serves meanwhile", async () => {
   const [nc, gate, callee] = [await bus.connect(), await bus.connect(), await bus.connect()];
   const bank = new Callee(callee, "cd", "bank");
   await callee.flush();
-  const worker = await shop(nc, "cd");
+  const worker = await shop(nc, "cd", { callMarginMs: 100 });
   const started = performance.now();
   const stalled = send(gate, "cd", "shop.buy", "1 coin", 300);
   const { request } = await bank.next();
-  assert.ok(request.timeoutMs <= 300);
+  assert.ok(request.timeoutMs <= 200, `the deadline less the margin: ${request.timeoutMs}`);
   // The shop is not waiting for the bank: it serves.
   assert.deepEqual(said(await send(gate, "cd", "shop.login", "bob")), [Status.OK, ""]);
-  // At the deadline the call's 408 reaches the handler before the worker's own 408.
+  // The margin before the deadline the call's 408 reaches the handler, which answers.
   assert.deepEqual(said(await stalled), [Status.OK, "no sale: 408 call timed out"]);
-  assert.ok(performance.now() - started >= 299, "not before the deadline");
+  const took = performance.now() - started;
+  assert.ok(took >= 199 && took < 300, `within the caller's time, less the margin: ${took}`);
   assert.equal(worker.stats.expired, 0);
   bank.stop();
   await worker.drain();
@@ -203,6 +204,42 @@ test("a call made without a deadline waits the call timeout", async () => {
   const { request } = await bank.next();
   assert.equal(request.timeoutMs, 200);
   assert.deepEqual(said(await stalled), [Status.OK, "no sale: 408 call timed out"]);
+  bank.stop();
+  await worker.drain();
+});
+
+test("a call's own timeout holds within its caller's deadline less the margin; with no more left, 408 at once", async () => {
+  const [nc, gate, callee] = [await bus.connect(), await bus.connect(), await bus.connect()];
+  const bank = new Callee(callee, "cx", "bank");
+  await callee.flush();
+  // `ask` waits for the bank at most the milliseconds its body says.
+  const service = new Service("shop").rawMethod("ask", async (ctx, body) => {
+    const result = await ctx.call("bank.pay", "", { timeoutMs: Number(utf8.decode(body)) });
+    return `${result.code} ${result.message}`;
+  });
+  const worker = await Worker.start(nc, service, { prefix: "cx", callMarginMs: 100 });
+  const ask = async (waitMs: number, callerMs: number): Promise<[number, string, number]> => {
+    const started = performance.now();
+    const response = await send(gate, "cx", "shop.ask", String(waitMs), callerMs);
+    return [...said(response), performance.now() - started];
+  };
+  // Its own 100 ms, well within the caller's 3 s; or none given by the caller.
+  for (const callerMs of [3_000, 0]) {
+    const asked = ask(100, callerMs);
+    assert.equal((await bank.next()).request.timeoutMs, 100);
+    const [code, text, took] = await asked;
+    assert.deepEqual([code, text], [Status.OK, "408 call timed out"]);
+    assert.ok(took >= 99 && took < 1_000, `its own timeout: ${took}`);
+  }
+  // Beyond the caller's 400 ms: capped at 300 ms, the caller's less the margin.
+  const capped = ask(5_000, 400);
+  const { request } = await bank.next();
+  assert.ok(request.timeoutMs > 200 && request.timeoutMs <= 300, `capped: ${request.timeoutMs}`);
+  assert.deepEqual((await capped).slice(0, 2), [Status.OK, "408 call timed out"]);
+  // No more than the margin left: refused at once, never sent.
+  const [code, text, took] = await ask(5_000, 100);
+  assert.deepEqual([code, text], [Status.OK, "408 call timed out"]);
+  assert.ok(took < 100, `at once: ${took}`);
   bank.stop();
   await worker.drain();
 });

@@ -40,3 +40,32 @@ test("the echo worker serves, then drains on SIGTERM and reports its count", asy
     bus.stop();
   }
 });
+
+test("stopped while its bus is down, the echo worker exits within its drain grace saying what it lost", async () => {
+  const bus = await startBus();
+  const graceMs = 1_000;
+  const child = spawn(process.execPath, [ECHO, "--nats", bus.url, "--drain-grace", `${graceMs}ms`], {
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  try {
+    let errors = "";
+    child.stderr?.setEncoding("utf8");
+    child.stderr?.on("data", (chunk: string) => (errors += chunk));
+    await watchOutput(child, "Worker is ready").ready;
+    // One answer: the worker is serving, its signal handlers in place.
+    const nc = await bus.connect();
+    const request = create(RpcRequestSchema, { route: "echo.raw" });
+    await nc.request("shaddock.svc.echo.raw", toBinary(RpcRequestSchema, request), { timeout: DEADLINE_MS });
+    await bus.stop();
+    const exited = once(child, "exit");
+    const stopping = performance.now();
+    child.kill("SIGTERM");
+    const [code, signal] = await exited;
+    const took = performance.now() - stopping;
+    assert.equal(code, 1, `${String(signal)} ${errors}`);
+    assert.ok(took < graceMs + 1_000, `within its grace: ${took}`);
+    assert.match(errors, /the drain .* \(is the bus down\?\): \d+ answers and \d+ pushes not delivered/);
+  } finally {
+    child.kill("SIGKILL");
+  }
+});

@@ -83,8 +83,10 @@ export enum Status {
   NOT_FOUND = 404,
 
   /**
-   * Gate: no answer within the request timeout (5 s by default); the request may or may
-   * not have been handled. Retry only if it is idempotent.
+   * Gate or worker: no answer in time. The gate's, `gate: no answer in time`: none within
+   * its request timeout (5 s by default), and the request may or may not have been
+   * handled. A worker's, `no answer in time`: its handler did not answer by the deadline
+   * the gate gave it. Retry only if it is idempotent.
    *
    * @generated from enum value: STATUS_TIMEOUT = 408;
    */

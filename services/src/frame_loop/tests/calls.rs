@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{self, Duration, Instant};
 
 use super::{MS, Sent, SentRx, config, sent_output};
+use crate::config::DEFAULT_CALL_MARGIN;
 use crate::context::{CallResult, Deferred, MAX_CALL_DEPTH, MAX_CALL_SPANS};
 use crate::frame_loop::{FrameConfig, FrameLoop, Incoming, Intake, Returned, queue};
 use crate::service::Service;
@@ -23,7 +24,7 @@ type Out = mpsc::Sender<Sent<u32>>;
 
 /// A request for `method` from player `uid`, answered to `id`, whose caller waits
 /// `timeout_ms` (0: did not say).
-fn request(method: &str, id: u32, uid: &str, timeout_ms: u32) -> Incoming<u32> {
+pub(super) fn request(method: &str, id: u32, uid: &str, timeout_ms: u32) -> Incoming<u32> {
     let payload = RpcRequest {
         route: format!("t.{method}"),
         body: Bytes::from(format!("body {id}")),
@@ -40,8 +41,8 @@ fn request(method: &str, id: u32, uid: &str, timeout_ms: u32) -> Incoming<u32> {
 }
 
 /// The loop on a task, its intake, and what it sends.
-struct Running {
-    intake: Intake<Out>,
+pub(super) struct Running {
+    pub intake: Intake<Out>,
     rx: SentRx,
     returns: mpsc::Sender<Returned>,
     task: JoinHandle<Service>,
@@ -62,7 +63,7 @@ impl Running {
     }
 }
 
-fn start(service: Service, config: FrameConfig) -> Running {
+pub(super) fn start(service: Service, config: FrameConfig) -> Running {
     let (out, rx) = sent_output();
     let (intake, queue) = queue(service.name(), config.queue_capacity, out.clone());
     let frame_loop = FrameLoop::new(service, config, queue, out);
@@ -76,18 +77,18 @@ fn start(service: Service, config: FrameConfig) -> Running {
 }
 
 impl Running {
-    async fn next(&mut self) -> Sent<u32> {
+    pub async fn next(&mut self) -> Sent<u32> {
         self.rx.recv().await.expect("the loop runs")
     }
 
-    async fn response(&mut self) -> (u32, RpcResponse) {
+    pub async fn response(&mut self) -> (u32, RpcResponse) {
         match self.next().await {
             Sent::Response(id, response) => (id, response),
             other => panic!("not a response: {other:?}"),
         }
     }
 
-    async fn call(&mut self) -> (u64, RpcRequest) {
+    pub async fn call(&mut self) -> (u64, RpcRequest) {
         match self.next().await {
             Sent::Call(call) => (call.id, call.request),
             other => panic!("not a call: {other:?}"),
@@ -101,7 +102,7 @@ impl Running {
     }
 
     /// Stops the loop and returns what it sent meanwhile.
-    async fn stop(mut self) -> Vec<Sent<u32>> {
+    pub async fn stop(mut self) -> Vec<Sent<u32>> {
         drop(self.intake);
         self.task.await.unwrap();
         let mut rest = Vec::new();
@@ -244,10 +245,10 @@ async fn a_drain_waits_no_longer_than_the_deadlines_pending_when_the_queue_ended
     running.intake.offer(request("buy", 1, "ann", 1_000)).await;
     let _ = running.call().await;
     let (rx, _, task) = running.close_intake();
-    // The callee never answers: at the request's deadline the call times out, its
-    // continuation answers with the 408, and the loop stops then, not later.
+    // The callee never answers: the margin before the request's deadline the call times
+    // out, its continuation answers with the 408, and the loop stops then, not later.
     task.await.unwrap();
-    assert_eq!(begun.elapsed(), 1_000 * MS);
+    assert_eq!(begun.elapsed(), 1_000 * MS - DEFAULT_CALL_MARGIN);
     running_rx_is(rx, |sent| {
         let [Sent::Response(1, response)] = sent else {
             panic!("one answer: {sent:?}");
@@ -330,7 +331,12 @@ async fn a_call_goes_out_with_the_session_and_what_is_left_and_its_result_answer
     assert_eq!(sent.route, "bank.pay");
     assert_eq!(&sent.body[..], b"body 1");
     assert_eq!(sent.session.as_ref().map(|s| s.uid.as_str()), Some("ann"));
-    assert_eq!(sent.timeout_ms, 1_000, "all of the caller's time is left");
+    let margin = DEFAULT_CALL_MARGIN.as_millis();
+    assert_eq!(
+        u128::from(sent.timeout_ms),
+        1_000 - margin,
+        "the caller's time less the margin"
+    );
 
     // The loop goes on meanwhile.
     time::sleep(200 * MS).await;
@@ -367,20 +373,24 @@ async fn a_call_goes_out_with_the_session_and_what_is_left_and_its_result_answer
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_call_times_out_at_the_caller_s_deadline_and_its_continuation_still_answers() {
+async fn a_call_times_out_the_margin_before_the_caller_s_deadline_and_its_continuation_answers() {
     let t0 = Instant::now();
     let results = Results::default();
-    let mut running = start(shop(&results), config(16, 100));
+    let config = FrameConfig {
+        call_margin: 100 * MS,
+        ..config(16, 100)
+    };
+    let mut running = start(shop(&results), config);
     running.intake.offer(request("buy", 1, "ann", 300)).await;
     let (_call, sent) = running.call().await;
-    assert_eq!(sent.timeout_ms, 300);
+    assert_eq!(sent.timeout_ms, 200);
 
-    // No result: at the request's deadline the continuation gets 408 first, and its
-    // answer (the 408 as it is) is the request's, not the worker's own.
+    // No result: the margin before the request's deadline the continuation gets 408,
+    // and its answer (the 408 as it is) is the request's, in time for the caller.
     let (id, response) = running.response().await;
     assert_eq!(
         (id, response.code, Instant::now() - t0),
-        (1, code::TIMEOUT, 300 * MS)
+        (1, code::TIMEOUT, 200 * MS)
     );
     assert_eq!(response.message, "call timed out");
     assert_eq!(
@@ -670,7 +680,11 @@ async fn at_the_drain_s_end_a_call_timing_out_still_answers_its_request() {
             Ok(Bytes::new())
         })
         .on_tick(|ctx, _| ctx.call("bank.pay", "", |_ctx, _result| {}));
-    let running = start(service, config(16, 100));
+    let config = FrameConfig {
+        call_margin: Duration::ZERO,
+        ..config(16, 100)
+    };
+    let running = start(service, config);
     running.intake.offer(request("wait", 1, "ann", 100)).await;
     let (mut rx, _, task) = running.close_intake();
     let answer = loop {

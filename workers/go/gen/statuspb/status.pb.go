@@ -61,8 +61,10 @@ const (
 	// request names is gone (`arena.input`: `match lost: join again`). Do not retry: it
 	// will not appear by waiting (unlike 503).
 	Status_STATUS_NOT_FOUND Status = 404
-	// Gate: no answer within the request timeout (5 s by default); the request may or may
-	// not have been handled. Retry only if it is idempotent.
+	// Gate or worker: no answer in time. The gate's, `gate: no answer in time`: none within
+	// its request timeout (5 s by default), and the request may or may not have been
+	// handled. A worker's, `no answer in time`: its handler did not answer by the deadline
+	// the gate gave it. Retry only if it is idempotent.
 	Status_STATUS_TIMEOUT Status = 408
 	// Gate or worker: a conflict. The player is connected already and the gate refuses a
 	// second session (`--uid-conflict refuse`: in HandshakeAck, or answering the login

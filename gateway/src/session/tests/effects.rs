@@ -1,0 +1,73 @@
+//! Effects go with 200 only (docs/workers.md, "RpcResponse"): the gate ignores those of
+//! any other answer.
+
+use proto::rpc::{Effect, SetData, effect};
+
+use super::*;
+
+/// Answers request `id` with `code` and one `set_data` effect `key = value`.
+fn answer_setting(cx: &Context, sid: u64, id: u64, code: u32, key: &str, value: &str) {
+    let resp = RpcResponse {
+        code,
+        message: if code == code::OK { "" } else { "refused" }.into(),
+        effects: vec![Effect {
+            kind: Some(effect::Kind::SetData(SetData {
+                key: key.into(),
+                value: value.into(),
+            })),
+        }],
+        ..Default::default()
+    };
+    let reply = WorkerReply::Response(resp);
+    cx.sessions
+        .offer(sid, ToSession::Reply { id, reply })
+        .expect("the session's queue takes it");
+}
+
+/// The session's data as the next request carries it.
+async fn data_sent_with(cx: &Context, client: &mut Client, id: u64) -> Vec<(String, String)> {
+    request(client, id, "echo.echo").await;
+    let sent = published(&cx.bus.written().await);
+    let [(_, _, req)] = &sent[..] else {
+        panic!("one request: {sent:?}");
+    };
+    let session = req.session.as_ref().expect("the session rides along");
+    let mut data: Vec<_> = session.data.clone().into_iter().collect();
+    data.sort();
+    data
+}
+
+#[tokio::test]
+async fn a_non_200_answer_s_effects_are_ignored() {
+    let cx = gate(|_| {});
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    assert_eq!(data_sent_with(&cx, &mut client, 1).await, []);
+    answer_setting(&cx, client.sid, 1, code::OK, "kept", "yes");
+    assert_eq!(response(&mut client).await.code, code::OK);
+
+    for (id, refusal) in [
+        (2, code::CONFLICT),
+        (3, code::BAD_REQUEST),
+        (4, code::TIMEOUT),
+    ] {
+        let data = data_sent_with(&cx, &mut client, id).await;
+        assert_eq!(
+            data,
+            [("kept".to_owned(), "yes".to_owned())],
+            "200's effects apply"
+        );
+        answer_setting(&cx, client.sid, id, refusal, "stolen", "yes");
+        let resp = response(&mut client).await;
+        assert_eq!(
+            (resp.id, resp.code, resp.message.as_str()),
+            (id, refusal, "refused"),
+            "answered as the worker said"
+        );
+    }
+    let data = data_sent_with(&cx, &mut client, 5).await;
+    assert_eq!(
+        data,
+        [("kept".to_owned(), "yes".to_owned())],
+        "no refusal's effect was applied"
+    );
+}
