@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
 use serde::Serialize;
 
 use super::FaultsArgs;
@@ -39,6 +40,29 @@ pub enum Fault {
     RestartBus,
 }
 
+/// How the restart phase stops a node of a nats-server cluster (`--node-stop`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeStop {
+    /// SIGUSR2: lame duck mode; the node's clients move before it closes them.
+    #[default]
+    LameDuck,
+    /// SIGTERM: nats-server shuts down at once, closing its clients.
+    Term,
+    /// SIGKILL.
+    Kill,
+}
+
+impl NodeStop {
+    pub fn signal(self) -> Signal {
+        match self {
+            NodeStop::LameDuck => Signal::SIGUSR2,
+            NodeStop::Term => Signal::SIGTERM,
+            NodeStop::Kill => Signal::SIGKILL,
+        }
+    }
+}
+
 /// The phases, in order.
 pub const PHASES: [Fault; 7] = [
     Fault::Baseline,
@@ -63,16 +87,21 @@ impl Fault {
         }
     }
 
-    /// The one code besides 200 issue #15 lets this phase answer on `bus`, and only for
-    /// requests in flight when the fault struck (sent before it, or within `--held-slack`
-    /// after), no more than those: 408 for those a killed worker held; 503 for those on a
-    /// gate's bus connection when the broker died (they may have reached a worker, so
-    /// they are never sent again; requests sent while it is away wait for it,
-    /// docs/gateway.md "Bus blips"). In every phase nothing is cut, lost or timed out.
-    fn allowed(self, bus: Bus) -> u32 {
-        match (self, bus) {
-            (Fault::KillWorker, _) => proto::code::TIMEOUT,
-            (Fault::RestartBus, Bus::Shaddock) => proto::code::UNAVAILABLE,
+    /// The one code besides 200 issue #15 lets this phase answer on `bus` (a cluster
+    /// node stopped as `stop` says), and only for requests in flight when the fault
+    /// struck (sent before it, or within `--held-slack` after), no more than those: 408
+    /// for those a killed worker held; 503 for those on a gate's bus connection when the
+    /// broker, or a cluster node stopped at once, died (they may have reached a worker,
+    /// so they are never sent again; requests sent while it is away wait for it,
+    /// docs/gateway.md "Bus blips"). A node in lame duck mode costs nothing. In every
+    /// phase nothing is cut, lost or timed out.
+    fn allowed(self, bus: Bus, stop: NodeStop) -> u32 {
+        match (self, bus, stop) {
+            (Fault::KillWorker, ..) => proto::code::TIMEOUT,
+            (Fault::RestartBus, Bus::Shaddock, _) => proto::code::UNAVAILABLE,
+            (Fault::RestartBus, Bus::NatsCluster, NodeStop::Term | NodeStop::Kill) => {
+                proto::code::UNAVAILABLE
+            }
             _ => OK,
         }
     }
@@ -199,7 +228,7 @@ fn ms(d: Duration) -> f64 {
 fn tally(
     records: &[ClientRecord],
     runs: &[PhaseRun],
-    bus: Bus,
+    (bus, stop): (Bus, NodeStop),
     origin: Instant,
     held_slack: Duration,
 ) -> Vec<PhaseReport> {
@@ -266,7 +295,7 @@ fn tally(
         p.events.clone_from(&run.events);
         [p.held, p.resent] = run.blips;
         (p.machine_percent, p.steal_percent) = (cpu(MACHINE), cpu(STEAL));
-        p.allowed = run.fault.allowed(bus);
+        p.allowed = run.fault.allowed(bus, stop);
         p.misses = p.check();
     }
     phases
@@ -311,6 +340,7 @@ fn timeline(records: &[ClientRecord], origin: Instant) -> Vec<[f64; 4]> {
 #[derive(Debug, Clone, Serialize)]
 pub struct FaultsReport {
     pub bus: Bus,
+    pub node_stop: NodeStop,
     pub clients: u32,
     pub rps_per_client: f64,
     pub route: &'static str,
@@ -337,9 +367,16 @@ impl FaultsReport {
         origin: Instant,
         errors: Vec<String>,
     ) -> Self {
-        let phases = tally(records, runs, args.bus, origin, args.held_slack);
+        let phases = tally(
+            records,
+            runs,
+            (args.bus, args.node_stop),
+            origin,
+            args.held_slack,
+        );
         FaultsReport {
             bus: args.bus,
+            node_stop: args.node_stop,
             clients: args.clients,
             rps_per_client: f64::from(args.rate),
             route: ROUTE,
@@ -486,7 +523,7 @@ mod tests {
         let t = tally(
             std::slice::from_ref(&record),
             &runs,
-            Bus::Shaddock,
+            (Bus::Shaddock, NodeStop::LameDuck),
             t0,
             SLACK,
         );
@@ -515,7 +552,8 @@ mod tests {
         // Struck a millisecond later, the slack reaches the 408's send: it was held, in
         // flight, not late.
         let runs = [run(0, 1000, None), run(1000, 2000, Some(991))];
-        let t = tally(&[record], &runs, Bus::Shaddock, t0, SLACK);
+        let stop = (Bus::Shaddock, NodeStop::LameDuck);
+        let t = tally(&[record], &runs, stop, t0, SLACK);
         assert!(t[1].late.is_empty());
         assert_eq!(t[1].in_flight_at_fault, Some(2));
     }
@@ -549,6 +587,14 @@ mod tests {
         kill.in_flight_at_fault = Some(2);
         kill.timed_out = 0;
         assert!(kill.check().is_empty());
+
+        // A cluster node in lame duck mode costs nothing; one stopped at once, like the
+        // broker killed, 503s for what was in flight on the gates' connections to it.
+        let restart = |bus, stop| Fault::RestartBus.allowed(bus, stop);
+        assert_eq!(restart(Bus::NatsCluster, NodeStop::LameDuck), OK);
+        assert_eq!(restart(Bus::NatsCluster, NodeStop::Term), 503);
+        assert_eq!(restart(Bus::NatsCluster, NodeStop::Kill), 503);
+        assert_eq!(restart(Bus::Shaddock, NodeStop::LameDuck), 503);
 
         // A broker killed: 503s only for what was in flight on the lost connection.
         let mut restart = PhaseReport {
