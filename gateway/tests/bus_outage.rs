@@ -13,6 +13,7 @@ use broker::{Config, Server};
 use bus::BusOptions;
 use bytes::Bytes;
 use common::{Holds, TestGate, echo_worker_on, gate_config, queue_of, start_worker};
+use futures::StreamExt as _;
 use gateway::{AnyToken, GateConfig};
 use proto::code;
 use sdk::{Client, ClientOptions};
@@ -340,10 +341,14 @@ async fn an_answer_owed_when_the_gate_s_node_dies_comes_through_its_next_connect
     options.randomize = false;
     // A wait beyond the test's deadline: the answer is what ends it, not the window.
     let config = gate_config(|c| c.bus_lost_wait = DEADLINE * 2);
+    let ask = proto::schema::ask_subject(&config.prefix);
     let gate = TestGate::start_on(options, config, Arc::new(AnyToken)).await;
     let client = gate.client().await;
     // Once the route is up, requests cross it.
     codes_until(&client, |c| c == code::OK).await;
+    let watcher = async_nats::connect(&b.url).await.unwrap();
+    let mut asks = watcher.subscribe(ask).await.unwrap();
+    watcher.flush().await.unwrap();
     let held = tokio::spawn({
         let client = client.clone();
         async move { client.request("park.hold", "owed").await }
@@ -351,8 +356,9 @@ async fn an_answer_owed_when_the_gate_s_node_dies_comes_through_its_next_connect
     holds.started().await;
 
     drop(a); // killed by its pid and reaped: no lame duck notice
-    // Answered through B once the gate is there.
-    codes_until(&client, |c| c == code::OK).await;
+    // A new connection asks the workers for their schemas once it has sent every
+    // subscription: seen on B, the gate's replies are subscribed there.
+    within(asks.next()).await.unwrap();
     holds.release("p");
     let answer = within(held).await.unwrap().unwrap();
     assert_eq!(answer.code, code::OK, "{answer:?}");
