@@ -82,6 +82,14 @@ pub const DEFAULT_LIGHT_IN_FLIGHT: usize = 4;
 /// takes well under a second; two cover it, and a client waiting longer than that for
 /// a request the gate could not send is better told at once.
 pub const DEFAULT_BUS_HOLD: Duration = Duration::from_secs(2);
+/// How long a request written to a bus connection that was then lost waits for its
+/// answer through the next connection before it is answered 503 `bus connection lost`
+/// (never past its own timeout). In a cluster the worker it reached lives on: its answer
+/// goes to the gate's reply subject, which the next connection subscribes again a few
+/// milliseconds after the loss. A second covers that and a worker's own reconnect
+/// (its first attempt within 100 ms); a request that died with the server waits that
+/// long for its 503.
+pub const DEFAULT_BUS_LOST_WAIT: Duration = Duration::from_secs(1);
 /// Requests the whole gate holds while its bus connection is down; past it a request is
 /// answered 503 at once. As many as it lets await workers (`--max-gate-in-flight`):
 /// once the bus is back, held requests go to the workers like any others, and the same
@@ -210,6 +218,11 @@ pub struct GateConfig {
     /// own timeout) before it is answered 503; 0 answers 503 at once.
     #[arg(long, env = "SHADDOCK_BUS_HOLD", value_parser = net::duration::parse, default_value = "2s")]
     pub bus_hold: Duration,
+    /// How long a request written to a bus connection that was then lost waits for its
+    /// answer through the next connection (never past its own timeout) before it is
+    /// answered 503 `bus connection lost`; 0 answers it at once. It is never sent again.
+    #[arg(long, env = "SHADDOCK_BUS_LOST_WAIT", value_parser = net::duration::parse, default_value = "1s")]
+    pub bus_lost_wait: Duration,
     /// Requests the whole gate holds while its bus connection is down.
     #[arg(long, env = "SHADDOCK_MAX_HELD", default_value_t = DEFAULT_MAX_HELD)]
     pub max_held: usize,
@@ -309,6 +322,7 @@ impl Default for GateConfig {
             gate_reserve: DEFAULT_GATE_RESERVE,
             light_in_flight: DEFAULT_LIGHT_IN_FLIGHT,
             bus_hold: DEFAULT_BUS_HOLD,
+            bus_lost_wait: DEFAULT_BUS_LOST_WAIT,
             max_held: DEFAULT_MAX_HELD,
             max_held_bytes: DEFAULT_MAX_HELD_BYTES,
             resend_backoff: DEFAULT_RESEND_BACKOFF,

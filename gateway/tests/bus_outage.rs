@@ -13,6 +13,7 @@ use broker::{Config, Server};
 use bus::BusOptions;
 use bytes::Bytes;
 use common::{Holds, TestGate, echo_worker_on, gate_config, queue_of, start_worker};
+use futures::StreamExt as _;
 use gateway::{AnyToken, GateConfig};
 use proto::code;
 use sdk::{Client, ClientOptions};
@@ -209,13 +210,18 @@ async fn away_past_the_hold<F: Future>(client: &Client, restart: F) -> F::Output
     restarted
 }
 
+/// Its worker dead with the broker, a request written to the lost connection is
+/// answered 503 once `--bus-lost-wait` has passed, never sent again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_in_flight_on_a_lost_connection_are_answered_at_once() {
+async fn requests_in_flight_on_a_lost_connection_are_answered_503_after_the_lost_wait() {
     let mut broker = Restartable::start().await;
     let mut holds = Holds::default();
     let _park = start_worker(&broker.url(), holds.service("park", "p"), queue_of(8)).await;
     // A request timeout far beyond the test's deadline: a 408 could not arrive in time.
-    let config = gate_config(|c| c.request_timeout = DEADLINE * 6);
+    let config = gate_config(|c| {
+        c.request_timeout = DEADLINE * 6;
+        c.bus_lost_wait = Duration::from_millis(200);
+    });
     let gate = broker.gate(config).await;
     let options = ClientOptions {
         request_timeout: DEADLINE * 6,
@@ -318,6 +324,45 @@ async fn a_server_in_lame_duck_mode_loses_nothing() {
         client.request("echo.raw", "x").await.unwrap().code,
         code::OK
     );
+}
+
+/// The gate's node of a cluster stopped at once (killed) while a worker on another node
+/// holds one of its requests: the worker answers the gate's reply subject, which the
+/// gate's next connection subscribes again, and the answer comes through it within
+/// `--bus-lost-wait` (docs/gateway.md, "Bus blips"). Answered 503 `bus connection lost`
+/// at the loss before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_owed_when_the_gate_s_node_dies_comes_through_its_next_connection() {
+    let (a, b) = two_nodes().await;
+    let mut holds = Holds::default();
+    let _park = start_worker(&b.url, holds.service("park", "p"), queue_of(8)).await;
+    let _echo = echo_worker_on(&b.url).await;
+    let mut options = BusOptions::new([a.url.clone(), b.url.clone()]);
+    options.randomize = false;
+    // A wait beyond the test's deadline: the answer is what ends it, not the window.
+    let config = gate_config(|c| c.bus_lost_wait = DEADLINE * 2);
+    let ask = proto::schema::ask_subject(&config.prefix);
+    let gate = TestGate::start_on(options, config, Arc::new(AnyToken)).await;
+    let client = gate.client().await;
+    // Once the route is up, requests cross it.
+    codes_until(&client, |c| c == code::OK).await;
+    let watcher = async_nats::connect(&b.url).await.unwrap();
+    let mut asks = watcher.subscribe(ask).await.unwrap();
+    watcher.flush().await.unwrap();
+    let held = tokio::spawn({
+        let client = client.clone();
+        async move { client.request("park.hold", "owed").await }
+    });
+    holds.started().await;
+
+    drop(a); // killed by its pid and reaped: no lame duck notice
+    // A new connection asks the workers for their schemas once it has sent every
+    // subscription: seen on B, the gate's replies are subscribed there.
+    within(asks.next()).await.unwrap();
+    holds.release("p");
+    let answer = within(held).await.unwrap().unwrap();
+    assert_eq!(answer.code, code::OK, "{answer:?}");
+    assert_eq!(&answer.body[..], b"owed");
 }
 
 /// How many pushes one `room.burst` broadcasts.

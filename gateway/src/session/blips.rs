@@ -12,9 +12,14 @@
 //!   to [`MAX_RESEND_BACKOFF`], while its timeout leaves room for an answer; then 503
 //!   `no worker available now`, as before.
 //!
-//! Both only ever send what provably reached no worker, so a request is executed at
-//! most once: one written to a connection that was then lost is never sent again (503
-//! `bus connection lost`, or its 408).
+//! - **Answered through the next connection**: a request written to a connection that
+//!   was then lost may have reached a worker that lives on (on another server of a
+//!   cluster, or reconnecting itself); its answer goes to the gate's reply subject,
+//!   which the next connection subscribes again. It waits for it `--bus-lost-wait`,
+//!   then is answered 503 `bus connection lost` (its 408 if its timeout comes first).
+//!
+//! Only what provably reached no worker is ever sent again, so a request is executed at
+//! most once: one written to a connection that was then lost never is.
 
 use bus::{BusError, Reply};
 use tokio::time::Instant;
@@ -25,6 +30,9 @@ use crate::forward::Request;
 
 /// The answer to a request the gate could not send.
 pub(super) const BUS_UNAVAILABLE: &str = "bus unavailable";
+/// The answer to a request written to a bus connection that was then lost, and whose
+/// answer did not come through the next one in time.
+const BUS_CONNECTION_LOST: &str = "bus connection lost";
 
 impl<S: Io> Session<S> {
     /// Publishes request `id` as `pending` describes it; id 0 is a notify, with no
@@ -135,6 +143,50 @@ impl<S: Io> Session<S> {
             if let Some(pending) = self.pending.remove(&id) {
                 self.gate.rejected.bus.increment(1);
                 self.answer_unavailable(id, &pending, BUS_UNAVAILABLE);
+            }
+        }
+    }
+
+    /// The bus connection was lost. What was written on it may have reached a worker: it
+    /// is never sent again (at most once), but its worker may live on (on another server
+    /// of a cluster, or reconnecting itself) and answer the gate's reply subject, which
+    /// the next connection subscribes again: it waits for that answer `--bus-lost-wait`,
+    /// then is answered 503 (its 408 if its timeout comes first). What waits to be sent
+    /// again after "no responders" reached no worker: it stays to be sent (held if the
+    /// bus is still away). Held requests were never written: they wait for the bus.
+    pub(super) fn bus_lost(&mut self) {
+        let mut ids: Vec<(Instant, u64)> = (self.pending.iter())
+            .filter(|&(&id, p)| {
+                p.sent
+                    && !self.resends.iter().any(|&(_, r)| r == id)
+                    && !self.lost.iter().any(|&(_, l)| l == id)
+            })
+            .map(|(&id, p)| (p.received, id))
+            .collect();
+        // In the order they came, so the 503s too.
+        ids.sort_unstable();
+        let until = Instant::now() + self.gate.config.bus_lost_wait;
+        self.lost.extend(ids.into_iter().map(|(_, id)| (until, id)));
+        // With no wait, at once.
+        self.end_lost_waits();
+    }
+
+    /// Answers 503 the requests of a lost connection whose wait for an answer through
+    /// the next one has passed.
+    pub(super) fn end_lost_waits(&mut self) {
+        let now = Instant::now();
+        while let Some(&(until, id)) = self.lost.front() {
+            if until > now {
+                break;
+            }
+            self.lost.pop_front();
+            // Only the request that was in flight at the loss: once it is answered, a
+            // request sent later under the same id is a new one.
+            let lost_at = until - self.gate.config.bus_lost_wait;
+            if self.pending.get(&id).is_some_and(|p| p.received <= lost_at)
+                && let Some(pending) = self.pending.remove(&id)
+            {
+                self.answer_unavailable(id, &pending, BUS_CONNECTION_LOST);
             }
         }
     }

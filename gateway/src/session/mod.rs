@@ -149,6 +149,9 @@ struct Session<S> {
     deadlines: VecDeque<(Instant, u64)>,
     /// Requests waiting for the bus connection to come back, (until when, id) in order.
     held: VecDeque<(Instant, u64)>,
+    /// Requests written to a bus connection that was then lost, waiting for their
+    /// answer through the next one, (until when, id) in order.
+    lost: VecDeque<(Instant, u64)>,
     /// Requests that reached no worker, (when to send again, id).
     resends: Vec<(Instant, u64)>,
     bucket: TokenBucket,
@@ -187,6 +190,8 @@ impl<S: Io> Session<S> {
         let mut write_armed = false;
         let hold_end = sleep_until(Instant::now());
         tokio::pin!(hold_end);
+        let lost_end = sleep_until(Instant::now());
+        tokio::pin!(lost_end);
         let resend = sleep_until(Instant::now());
         tokio::pin!(resend);
         // While detached: when the resume window (or a hand-over) ends.
@@ -205,6 +210,9 @@ impl<S: Io> Session<S> {
             }
             if let Some(&(until, _)) = self.held.front() {
                 hold_end.as_mut().reset(until);
+            }
+            if let Some(&(until, _)) = self.lost.front() {
+                lost_end.as_mut().reset(until);
             }
             if let Some(at) = self.resends.iter().map(|&(at, _)| at).min() {
                 resend.as_mut().reset(at);
@@ -258,6 +266,7 @@ impl<S: Io> Session<S> {
                 }
                 () = &mut expiry, if !self.deadlines.is_empty() => self.expire(),
                 () = &mut hold_end, if !self.held.is_empty() => self.end_holds(),
+                () = &mut lost_end, if !self.lost.is_empty() => self.end_lost_waits(),
                 () = &mut resend, if !self.resends.is_empty() => self.resend_due(),
                 () = &mut silence, if attached => {
                     // Checked lazily so a busy client costs no timer reset per frame.
@@ -492,9 +501,7 @@ impl<S: Io> Session<S> {
                 return Some(Closing::new(CloseCode::Policy, "kicked"));
             }
             ToSession::BusLost => {
-                // Written on the lost connection, these may have reached a worker: never
-                // sent again (at most once). Held ones were never written: they wait.
-                self.answer_pending("bus connection lost", |p| p.sent);
+                self.bus_lost();
                 return None;
             }
             ToSession::BusBack => {

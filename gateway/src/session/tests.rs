@@ -250,9 +250,11 @@ async fn a_request_no_worker_answers_gets_408_at_its_deadline_and_a_late_answer_
     assert!(matches!(next(&mut client.ws).await, Kind::Heartbeat(_)));
 }
 
-#[tokio::test]
+/// With `--bus-lost-wait 0`, what was written on a lost connection is answered at once.
+#[tokio::test(start_paused = true)]
 async fn no_responders_is_404_for_an_unknown_service_and_a_lost_bus_answers_everything_503() {
-    let cx = gate(|_| {});
+    let cx = gate(|c| c.bus_lost_wait = Duration::ZERO);
+    let start = tokio::time::Instant::now();
     let mut client = connect(&cx, client::Handshake::default()).await;
     request(&mut client, 1, "nobody.home").await;
     request(&mut client, 2, "echo.echo").await;
@@ -275,6 +277,7 @@ async fn no_responders_is_404_for_an_unknown_service_and_a_lost_bus_answers_ever
     ids.sort_unstable();
     assert_eq!(ids, [2, 3]);
     assert_eq!(cx.in_flight.taken(), 0);
+    assert_eq!(start.elapsed(), Duration::ZERO);
 }
 
 #[tokio::test]
@@ -495,6 +498,53 @@ async fn a_lost_connection_answers_what_was_sent_and_keeps_what_was_held() {
     let sent = published(&cx.bus.written().await);
     assert_eq!(sent.len(), 1);
     assert!(sent[0].1.ends_with(".2"), "only the held one: {sent:?}");
+}
+
+/// Its worker may live on (another server of a cluster): its answer, through the next
+/// connection, is taken within `--bus-lost-wait`; after it, what did not come is 503.
+#[tokio::test(start_paused = true)]
+async fn a_request_in_flight_on_a_lost_connection_takes_its_answer_from_the_next_one() {
+    let wait = Duration::from_millis(500);
+    let cx = gate(|c| c.bus_lost_wait = wait);
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    request(&mut client, 1, "echo.echo").await;
+    request(&mut client, 2, "echo.echo").await;
+    assert_eq!(published(&cx.bus.written().await).len(), 2);
+    let lost = tokio::time::Instant::now();
+    cx.sessions.offer(client.sid, ToSession::BusLost).unwrap();
+    cx.sessions.offer(client.sid, ToSession::BusBack).unwrap();
+    answer(&cx, client.sid, 1, code::OK, b"late");
+    let resp = response(&mut client).await;
+    assert_eq!((resp.id, resp.code), (1, code::OK), "{resp:?}");
+    let resp = response(&mut client).await;
+    assert_eq!(
+        (resp.id, resp.code, resp.message.as_str()),
+        (2, code::UNAVAILABLE, "bus connection lost")
+    );
+    assert!(lost.elapsed() >= wait);
+    assert_eq!(cx.bus.written_now(), "", "never sent again");
+}
+
+/// One that the bus answered "no responders" reached no worker: a lost connection
+/// leaves it to be sent again.
+#[tokio::test(start_paused = true)]
+async fn a_request_waiting_to_be_sent_again_outlives_a_lost_connection() {
+    let cx = gate(|c| c.resend_backoff = Duration::from_millis(100));
+    announce(&cx, "echo");
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    request(&mut client, 1, "echo.echo").await;
+    cx.bus.written().await;
+    let reply = WorkerReply::NoResponders;
+    cx.sessions
+        .offer(client.sid, ToSession::Reply { id: 1, reply })
+        .unwrap();
+    cx.sessions.offer(client.sid, ToSession::BusLost).unwrap();
+    let again = tokio::time::timeout(Duration::from_secs(1), cx.bus.written())
+        .await
+        .expect("sent again, not answered");
+    assert!(published(&again)[0].1.ends_with(".1"));
+    answer(&cx, client.sid, 1, code::OK, b"at last");
+    assert_eq!(response(&mut client).await.code, code::OK);
 }
 
 #[tokio::test(start_paused = true)]

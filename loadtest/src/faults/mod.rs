@@ -27,7 +27,7 @@ use crate::proc::CpuSample;
 use crate::report::{OutputArgs, Report};
 use crate::topology::{Bus, LaunchArgs};
 use load::PhaseClock;
-use phases::{Fault, FaultsReport, PHASES, PhaseRun};
+use phases::{Fault, FaultsReport, NodeStop, PHASES, PhaseRun};
 
 /// The service the load goes to.
 const SERVICE: &str = "echo";
@@ -48,6 +48,12 @@ pub struct FaultsArgs {
     /// The bus: one `shaddock broker`, or 3 nats-server nodes in a cluster.
     #[arg(long, value_enum, default_value_t = Bus::Shaddock)]
     pub bus: Bus,
+    /// How the restart phase stops a node of the nats-server cluster: in lame duck mode
+    /// (SIGUSR2, as operators restart one: its clients move first), or at once, with
+    /// SIGTERM (nats-server's shutdown: `docker restart`, a plain `systemctl restart`)
+    /// or SIGKILL (a crash). The single broker is always killed.
+    #[arg(long, value_enum, default_value_t = NodeStop::LameDuck)]
+    pub node_stop: NodeStop,
     /// Clients, spread over the gates round-robin.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub clients: u32,
@@ -99,7 +105,11 @@ pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
     let stopped = fleet.shutdown().await;
     let report = outcome?;
     stopped.context("stopping the fleet")?;
-    let setup = format!("{}: {}", args.bus.describe(), processes.join(", "));
+    let stop = match args.bus {
+        Bus::Shaddock => String::new(),
+        Bus::NatsCluster => format!(" (a node stopped by {:?})", args.node_stop.signal()),
+    };
+    let setup = format!("{}{stop}: {}", args.bus.describe(), processes.join(", "));
     let report = Report::new("faults", setup, report);
     report.write(&args.output)?;
     let report = report.data;
@@ -137,7 +147,7 @@ async fn run_phases(args: &FaultsArgs, fleet: &mut Topology) -> anyhow::Result<F
             eprintln!("phase {}: {}", index + 1, fault.name());
         }
         let mut events = Vec::new();
-        let acted = act(fleet, &hops, fault, &mut events).await;
+        let acted = act(fleet, &hops, fault, args.node_stop, &mut events).await;
         tokio::time::sleep(args.phase).await;
         let struck = acted.unwrap_or_else(|e| {
             errors.push(format!("{}: {e:#}", fault.name()));
@@ -196,6 +206,7 @@ async fn act(
     fleet: &mut Topology,
     hops: &[Cut],
     fault: Fault,
+    node_stop: NodeStop,
     events: &mut Vec<String>,
 ) -> anyhow::Result<Option<Instant>> {
     let started = Instant::now();
@@ -240,16 +251,19 @@ async fn act(
         Fault::RestartBus => {
             let roles = fleet.bus_roles();
             let role = roles.first().context("the fleet runs no bus")?.clone();
-            // A cluster node is restarted as operators do, in lame duck mode (SIGUSR2, as
-            // `nats-server --signal ldm` sends): its clients move to the other nodes
-            // before it goes. The single broker is killed: there is nowhere to move, and
-            // the gap is what is measured.
-            let signal = if roles.len() > 1 {
-                Signal::SIGUSR2
+            // A cluster node is restarted as `--node-stop` says: by default as operators
+            // do, in lame duck mode (SIGUSR2, as `nats-server --signal ldm` sends), its
+            // clients moving to the other nodes before it goes. The single broker is
+            // killed: there is nowhere to move, and the gap is what is measured.
+            let stop = if roles.len() > 1 {
+                node_stop
             } else {
-                struck = Some(Instant::now());
-                Signal::SIGKILL
+                NodeStop::Kill
             };
+            let signal = stop.signal();
+            if stop != NodeStop::LameDuck {
+                struck = Some(Instant::now());
+            }
             events.push(fleet.stop_one(&role, signal).await?.to_string());
             let restart = Instant::now();
             fleet.restart_bus_node(0).await?;

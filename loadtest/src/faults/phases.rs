@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
 use serde::Serialize;
 
 use super::FaultsArgs;
@@ -39,6 +40,29 @@ pub enum Fault {
     RestartBus,
 }
 
+/// How the restart phase stops a node of a nats-server cluster (`--node-stop`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeStop {
+    /// SIGUSR2: lame duck mode; the node's clients move before it closes them.
+    #[default]
+    LameDuck,
+    /// SIGTERM: nats-server shuts down at once, closing its clients.
+    Term,
+    /// SIGKILL.
+    Kill,
+}
+
+impl NodeStop {
+    pub fn signal(self) -> Signal {
+        match self {
+            NodeStop::LameDuck => Signal::SIGUSR2,
+            NodeStop::Term => Signal::SIGTERM,
+            NodeStop::Kill => Signal::SIGKILL,
+        }
+    }
+}
+
 /// The phases, in order.
 pub const PHASES: [Fault; 7] = [
     Fault::Baseline,
@@ -63,30 +87,40 @@ impl Fault {
         }
     }
 
-    /// The one code besides 200 issue #15 lets this phase answer on `bus`, and only for
-    /// requests in flight when the fault struck (sent before it, or within `--held-slack`
-    /// after), no more than those: 408 for those a killed worker held; 503 for those on a
-    /// gate's bus connection when the broker died (they may have reached a worker, so
-    /// they are never sent again; requests sent while it is away wait for it,
-    /// docs/gateway.md "Bus blips"). In every phase nothing is cut, lost or timed out.
-    fn allowed(self, bus: Bus) -> u32 {
-        match (self, bus) {
-            (Fault::KillWorker, _) => proto::code::TIMEOUT,
-            (Fault::RestartBus, Bus::Shaddock) => proto::code::UNAVAILABLE,
-            _ => OK,
+    /// The codes besides 200 issue #15 lets this phase answer on `bus` (a cluster node
+    /// stopped as `stop` says), and only for requests in flight when the fault struck
+    /// (sent before it, or within `--held-slack` after), no more than those: 408 for
+    /// those a killed worker held; 503 for those on a gate's bus connection when the
+    /// broker, or a cluster node stopped at once, died, and whose answer did not come
+    /// through the next connection (they may have reached a worker, so they are never
+    /// sent again; requests sent while it is away wait for it, docs/gateway.md "Bus
+    /// blips"); a cluster node stopped at once also takes the requests on its way to
+    /// or held by the workers connected to it: 408. A node in lame duck mode costs
+    /// nothing. In every phase nothing is cut, lost or timed out.
+    fn allowed(self, bus: Bus, stop: NodeStop) -> Vec<u32> {
+        use proto::code::{TIMEOUT, UNAVAILABLE};
+        match (self, bus, stop) {
+            (Fault::KillWorker, ..) => vec![TIMEOUT],
+            (Fault::RestartBus, Bus::Shaddock, _) => vec![UNAVAILABLE],
+            (Fault::RestartBus, Bus::NatsCluster, NodeStop::Term | NodeStop::Kill) => {
+                vec![UNAVAILABLE, TIMEOUT]
+            }
+            _ => Vec::new(),
         }
     }
 }
 
 /// What a phase allowed to answer `allowed` besides 200 is expected to show.
-fn expected(allowed: u32, held_slack_ms: u128) -> String {
-    match allowed {
-        OK => "all 200: 0 errors, 0 cut, 0 lost".to_owned(),
-        _ => format!(
-            "0 cut, 0 lost, no timeout; besides 200 only {allowed}s, at most the requests in \
-             flight at the kill, all sent before it (or within {held_slack_ms} ms after)"
-        ),
+fn expected(allowed: &[u32], held_slack_ms: u128) -> String {
+    if allowed.is_empty() {
+        return "all 200: 0 errors, 0 cut, 0 lost".to_owned();
     }
+    let codes: Vec<String> = allowed.iter().map(|c| format!("{c}s")).collect();
+    format!(
+        "0 cut, 0 lost, no timeout; besides 200 only {}, at most the requests in flight at \
+         the kill, all sent before it (or within {held_slack_ms} ms after)",
+        codes.join(" and ")
+    )
 }
 
 /// One phase as it ran.
@@ -141,8 +175,8 @@ pub struct PhaseReport {
     /// The machine over the phase: busy and hypervisor steal, % of one core.
     pub machine_percent: f64,
     pub steal_percent: f64,
-    /// The one code besides 200 the phase may answer (`Fault::allowed`).
-    pub allowed: u32,
+    /// The codes besides 200 the phase may answer (`Fault::allowed`); none: all 200.
+    pub allowed: Vec<u32>,
     /// Why it missed its expectation; empty when it met it.
     pub misses: Vec<String>,
     /// By code, answers to requests sent after the fault struck, and the latest such send.
@@ -167,24 +201,26 @@ impl PhaseReport {
             .map(|(what, n)| format!("{n} {what}"))
             .collect();
         why.extend(self.failed.iter().map(|(k, n)| format!("{n} failed ({k})")));
-        let allowed = self.allowed;
-        let others = self
-            .answered
-            .iter()
-            .filter(|(c, _)| ![OK, allowed].contains(c));
+        let allowed = &self.allowed;
+        let others = (self.answered.iter()).filter(|(c, _)| **c != OK && !allowed.contains(c));
         why.extend(others.map(|(code, n)| format!("{n} answered {code}")));
-        if allowed != OK {
+        if !allowed.is_empty() {
             let held = self.in_flight_at_fault.unwrap_or(0);
-            if let Some(n) = (self.answered.get(&allowed)).filter(|n| **n > held) {
+            let n: u64 = allowed.iter().filter_map(|c| self.answered.get(c)).sum();
+            if n > held {
+                let codes: Vec<String> = allowed.iter().map(u32::to_string).collect();
                 why.push(format!(
-                    "{n} answered {allowed}, more than the {held} in flight at the kill"
+                    "{n} answered {}, more than the {held} in flight at the kill",
+                    codes.join(" or ")
                 ));
             }
-            if let Some((n, latest)) = self.late.get(&allowed) {
-                why.push(format!(
-                    "{n} {allowed}s for requests sent after the kill (the latest {} ms after)",
-                    latest.as_millis()
-                ));
+            for code in allowed {
+                if let Some((n, latest)) = self.late.get(code) {
+                    why.push(format!(
+                        "{n} {code}s for requests sent after the kill (the latest {} ms after)",
+                        latest.as_millis()
+                    ));
+                }
             }
         }
         why
@@ -199,7 +235,7 @@ fn ms(d: Duration) -> f64 {
 fn tally(
     records: &[ClientRecord],
     runs: &[PhaseRun],
-    bus: Bus,
+    (bus, stop): (Bus, NodeStop),
     origin: Instant,
     held_slack: Duration,
 ) -> Vec<PhaseReport> {
@@ -266,7 +302,7 @@ fn tally(
         p.events.clone_from(&run.events);
         [p.held, p.resent] = run.blips;
         (p.machine_percent, p.steal_percent) = (cpu(MACHINE), cpu(STEAL));
-        p.allowed = run.fault.allowed(bus);
+        p.allowed = run.fault.allowed(bus, stop);
         p.misses = p.check();
     }
     phases
@@ -311,6 +347,7 @@ fn timeline(records: &[ClientRecord], origin: Instant) -> Vec<[f64; 4]> {
 #[derive(Debug, Clone, Serialize)]
 pub struct FaultsReport {
     pub bus: Bus,
+    pub node_stop: NodeStop,
     pub clients: u32,
     pub rps_per_client: f64,
     pub route: &'static str,
@@ -337,9 +374,16 @@ impl FaultsReport {
         origin: Instant,
         errors: Vec<String>,
     ) -> Self {
-        let phases = tally(records, runs, args.bus, origin, args.held_slack);
+        let phases = tally(
+            records,
+            runs,
+            (args.bus, args.node_stop),
+            origin,
+            args.held_slack,
+        );
         FaultsReport {
             bus: args.bus,
+            node_stop: args.node_stop,
             clients: args.clients,
             rps_per_client: f64::from(args.rate),
             route: ROUTE,
@@ -405,7 +449,7 @@ impl Section for FaultsReport {
                 p.events.iter().map(|e| format!("did:      {e}")).collect();
             lines.push(format!(
                 "expected: {}",
-                expected(p.allowed, self.held_slack_ms)
+                expected(&p.allowed, self.held_slack_ms)
             ));
             if let Some(n) = p.in_flight_at_fault {
                 lines.push(format!("in flight at the fault: {n}"));
@@ -486,7 +530,7 @@ mod tests {
         let t = tally(
             std::slice::from_ref(&record),
             &runs,
-            Bus::Shaddock,
+            (Bus::Shaddock, NodeStop::LameDuck),
             t0,
             SLACK,
         );
@@ -503,7 +547,7 @@ mod tests {
         assert_eq!((t[0].no_200_ms, t[1].no_200_ms), (999.0, 900.0));
         assert_eq!(
             PhaseReport {
-                allowed: 408,
+                allowed: vec![408],
                 ..t[1].clone()
             }
             .check(),
@@ -515,7 +559,8 @@ mod tests {
         // Struck a millisecond later, the slack reaches the 408's send: it was held, in
         // flight, not late.
         let runs = [run(0, 1000, None), run(1000, 2000, Some(991))];
-        let t = tally(&[record], &runs, Bus::Shaddock, t0, SLACK);
+        let stop = (Bus::Shaddock, NodeStop::LameDuck);
+        let t = tally(&[record], &runs, stop, t0, SLACK);
         assert!(t[1].late.is_empty());
         assert_eq!(t[1].in_flight_at_fault, Some(2));
     }
@@ -523,7 +568,7 @@ mod tests {
     #[test]
     fn expectations_allow_only_their_codes_within_their_limits() {
         let mut clean = PhaseReport {
-            allowed: OK,
+            allowed: Vec::new(),
             sent: 10,
             answered: BTreeMap::from([(200, 10)]),
             ..PhaseReport::default()
@@ -533,7 +578,7 @@ mod tests {
         assert_eq!(clean.check(), ["1 answered 503"]);
 
         let mut kill = PhaseReport {
-            allowed: 408,
+            allowed: vec![408],
             answered: BTreeMap::from([(200, 10), (408, 2)]),
             in_flight_at_fault: Some(1),
             timed_out: 1,
@@ -550,9 +595,31 @@ mod tests {
         kill.timed_out = 0;
         assert!(kill.check().is_empty());
 
+        // A cluster node in lame duck mode costs nothing; one stopped at once, like the
+        // broker killed, 503s for what was in flight on the gates' connections to it,
+        // and 408s for what was on its way to its workers, in all no more than was in
+        // flight.
+        let restart = |bus, stop| Fault::RestartBus.allowed(bus, stop);
+        assert!(restart(Bus::NatsCluster, NodeStop::LameDuck).is_empty());
+        assert_eq!(restart(Bus::NatsCluster, NodeStop::Term), [503, 408]);
+        assert_eq!(restart(Bus::NatsCluster, NodeStop::Kill), [503, 408]);
+        assert_eq!(restart(Bus::Shaddock, NodeStop::LameDuck), [503]);
+        let mut node = PhaseReport {
+            allowed: restart(Bus::NatsCluster, NodeStop::Kill),
+            answered: BTreeMap::from([(200, 10), (503, 2), (408, 1)]),
+            in_flight_at_fault: Some(2),
+            ..PhaseReport::default()
+        };
+        assert_eq!(
+            node.check(),
+            ["3 answered 503 or 408, more than the 2 in flight at the kill"]
+        );
+        node.in_flight_at_fault = Some(3);
+        assert!(node.check().is_empty());
+
         // A broker killed: 503s only for what was in flight on the lost connection.
         let mut restart = PhaseReport {
-            allowed: 503,
+            allowed: vec![503],
             answered: BTreeMap::from([(200, 10), (503, 2)]),
             in_flight_at_fault: Some(1),
             ..PhaseReport::default()
