@@ -1,5 +1,7 @@
 //! Why a worker could not start or did not stop cleanly.
 
+use std::fmt;
+
 use crate::config::ConfigError;
 
 /// Why a worker could not start or did not stop cleanly.
@@ -27,6 +29,21 @@ pub enum WorkerError {
     )]
     DrainGrace {
         grace: std::time::Duration,
-        undelivered: super::output::Undelivered,
+        undelivered: Undelivered,
     },
+}
+
+/// What a worker could not deliver: answers and pushes it handed its connection while
+/// the connection was down, since it was last made (they leave only if it comes back).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Undelivered {
+    pub answers: u64,
+    pub pushes: u64,
+}
+
+impl fmt::Display for Undelivered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Undelivered { answers, pushes } = self;
+        write!(f, "{answers} answers and {pushes} pushes not delivered")
+    }
 }

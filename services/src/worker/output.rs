@@ -2,7 +2,6 @@
 //! other services all leave through one connection, so they reach each gate in the
 //! order the loop produced them (a handler's pushes before its answer).
 
-use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -12,6 +11,7 @@ use proto::Message as _;
 use proto::rpc::RpcResponse;
 
 use super::calls;
+use super::error::Undelivered;
 use crate::bus::Client;
 use crate::context::CallResult;
 use crate::frame_loop::{Outgoing, ReplySink};
@@ -29,21 +29,6 @@ pub(super) struct Output {
     pub callees: calls::Callees,
     /// What was handed to the connection while it was down.
     pub held: Held,
-}
-
-/// What a worker could not deliver: answers and pushes it handed its connection while
-/// the connection was down, since it was last made (they leave only if it comes back).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Undelivered {
-    pub answers: u64,
-    pub pushes: u64,
-}
-
-impl fmt::Display for Undelivered {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Undelivered { answers, pushes } = self;
-        write!(f, "{answers} answers and {pushes} pushes not delivered")
-    }
 }
 
 /// Counts what the worker publishes while its connection is down (see
