@@ -24,6 +24,8 @@
 #  6. `--scale chat=6`: each of the 6 chat workers takes a share of a load;
 #  7. `docker stop` of gate 1 under load (SIGTERM, then the gate's drain within the
 #     compose stop grace): no request fails, every client carries on on gate 2.
+#  8. `docker restart` of each nats-server node in turn under load on gate 2 (compose
+#     stops a node in lame duck mode): no request fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -220,6 +222,29 @@ stop_start=${SECONDS}
 docker stop "${gate1_container}" >/dev/null
 echo "   gate-1 stopped in $((SECONDS - stop_start))s (stop grace $(docker inspect -f '{{.Config.StopTimeout}}' "${gate1_container}")s), exit code $(docker inspect -f '{{.State.ExitCode}}' "${gate1_container}")"
 echo "${gate1}" >&"${load_in}"
+exec {load_in}>&-
+while read -r line <&"${load_out}"; do echo "${line}"; done
+wait "${load_pid}"
+took
+
+phase "docker restart of each nats node under load (lame duck mode): nothing lost"
+coproc LOAD { node deploy/test/drain-load.mjs "${gate2}" "${gate2}" "${DRAIN_CLIENTS}" "${DRAIN_INTERVAL_MS}" 2>&1; }
+# shellcheck disable=SC2153 # LOAD_PID is set by coproc
+load_pid=${LOAD_PID}
+exec {load_out}<&"${LOAD[0]}" {load_in}>&"${LOAD[1]}"
+while read -r line <&"${load_out}"; do
+  echo "   ${line}"
+  [[ "${line}" == loaded ]] && break
+done
+[[ "${line:-}" == loaded ]] || { wait "${load_pid}" || true; echo "FAIL  the load never started" >&2; exit 1; }
+for node in nats-1 nats-2 nats-3; do
+  restart_start=${SECONDS}
+  docker restart "$(compose ps -q "${node}")" >/dev/null
+  # Back in the cluster (its host port may change with the restart) before the next.
+  python3 deploy/test/prom.py cluster "http://$(published nats-1 8222)" 2 | sed 's/^/   /'
+  echo "   ${node} restarted and routed in $((SECONDS - restart_start))s"
+done
+echo bus >&"${load_in}"
 exec {load_in}>&-
 while read -r line <&"${load_out}"; do echo "${line}"; done
 wait "${load_pid}"

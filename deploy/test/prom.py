@@ -148,7 +148,10 @@ def dashboard(prom, dashboard_file, *metrics_urls):
 
 def cluster(monitor, peers):
     def probe():
-        routes = json.loads(get(f"{monitor}/routez"))["routes"]
+        try:
+            routes = json.loads(get(f"{monitor}/routez"))["routes"] or []
+        except OSError as e:  # a node just restarted may not listen yet
+            return False, str(e)
         names = sorted({r["remote_name"] for r in routes})
         return len(names) == int(peers), names
 
