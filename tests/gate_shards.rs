@@ -50,7 +50,8 @@ struct Sharded {
 }
 
 impl Sharded {
-    async fn start() -> Sharded {
+    /// Starts the broker, the worker and the gate, with `extra` gate flags.
+    async fn start(extra: &[&str]) -> Sharded {
         let broker = EmbeddedServer::start(broker::Config::default()).await;
         let worker =
             RustWorker::start(&broker.url, "room", room_service(), WorkerConfig::default()).await;
@@ -58,6 +59,7 @@ impl Sharded {
         command
             .args(["gate", "--shards", "2", "--listen", "127.0.0.1:0"])
             .args(["--metrics-listen", "127.0.0.1:0", "--nats", &broker.url])
+            .args(extra)
             .env("RUST_LOG", "info");
         let mut gate = Process::spawn("gate", command);
         let line = gate.line("Serving Prometheus metrics on ").await;
@@ -121,7 +123,7 @@ async fn eventually<F: Future<Output = bool>>(what: &str, mut check: impl FnMut(
 
 #[tokio::test]
 async fn connections_spread_over_the_shards_and_each_is_served_by_its_own() {
-    let sharded = Sharded::start().await;
+    let sharded = Sharded::start(&[]).await;
     let mut players = one_per_shard(&sharded.url).await;
     let ids: Vec<&String> = players.keys().collect();
     let base = ids[0].strip_suffix("-0").expect("shard ids end in -<n>");
@@ -141,7 +143,7 @@ async fn connections_spread_over_the_shards_and_each_is_served_by_its_own() {
 
 #[tokio::test]
 async fn a_group_push_reaches_members_on_both_shards_once_each() {
-    let sharded = Sharded::start().await;
+    let sharded = Sharded::start(&[]).await;
     let mut players: Vec<Player> = one_per_shard(&sharded.url).await.into_values().collect();
     for (n, player) in players.iter_mut().enumerate() {
         ask(player, "room.enter", &format!("p{n}")).await;
@@ -159,7 +161,7 @@ async fn a_group_push_reaches_members_on_both_shards_once_each() {
 
 #[tokio::test]
 async fn the_same_player_on_another_shard_kicks_the_older_session() {
-    let sharded = Sharded::start().await;
+    let sharded = Sharded::start(&[]).await;
     let players = one_per_shard(&sharded.url).await;
     let [mut older, mut newer]: [Player; 2] = players
         .into_values()
@@ -184,7 +186,7 @@ async fn the_same_player_on_another_shard_kicks_the_older_session() {
 
 #[tokio::test]
 async fn a_session_resumes_on_either_shard_with_what_it_missed() {
-    let sharded = Sharded::start().await;
+    let sharded = Sharded::start(&[]).await;
     let gate: std::net::SocketAddr = sharded.url.trim_start_matches("ws://").parse().unwrap();
     let mut sayer = Player::open(&sharded.url, "").await;
     let mut hop = Cut::start(gate).await.unwrap();
@@ -211,7 +213,8 @@ async fn a_session_resumes_on_either_shard_with_what_it_missed() {
 
 #[tokio::test]
 async fn sigterm_drains_every_shard_and_the_process_exits() {
-    let mut sharded = Sharded::start().await;
+    // Sessions close at the end of the grace: a short one keeps the test short.
+    let mut sharded = Sharded::start(&["--shutdown-grace", "1s"]).await;
     let players = one_per_shard(&sharded.url).await;
     sharded.gate.signal(Signal::SIGTERM);
     for (on, mut player) in players {
