@@ -108,6 +108,9 @@ struct UpArgs {
     backlog: net::BacklogArg,
 
     #[command(flatten)]
+    shards: gateway::ShardsArg,
+
+    #[command(flatten)]
     gate: GateConfig,
 
     #[command(flatten)]
@@ -193,6 +196,7 @@ async fn gate(args: GateArgs, deprecated: &[String]) -> anyhow::Result<()> {
         args.listen,
         bus,
         args.gate,
+        args.shards.shards,
         &args.tls,
         backlog,
         shutdown.clone(),
@@ -278,18 +282,19 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
         SocketAddr::from((any, args.gate_port)),
         gate_bus,
         args.gate,
+        args.shards.shards,
         &args.tls,
         backlog,
         shutdown.clone(),
     )
     .await?;
-    if let Some(tls) = gate.tls {
+    if let Some(tls) = gate.tls.clone() {
         roles::reload_tls_on_sighup(tls, shutdown.clone())?;
     }
     // Ready means every client can use every route: the gate has the local workers'
     // message types (JSON bodies, the pomelo dictionary) before the first client comes.
     let local: Vec<&str> = workers.iter().map(|(service, _)| service.name()).collect();
-    if !gate.gate.wait_for_schemas(&local, UP_READY_WAIT).await {
+    if !gate.wait_for_schemas(&local, UP_READY_WAIT).await {
         tracing::warn!(
             "the gate has not heard the workers' message types yet; JSON and pomelo clients may miss them for a moment"
         );

@@ -4,11 +4,12 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use bus::{BusOptions, BusTimings, Dialer};
 use gateway::tls::Tls;
-use gateway::{Gate, GateConfig, Listener};
+use gateway::{Gate, GateConfig, Listener, ShardListeners, Shards};
 use services::chat::ChatConfig;
 use services::{BusSecurity, Service, WorkerConfig};
 use tokio::task::JoinHandle;
@@ -45,6 +46,8 @@ pub struct GateArgs {
     pub tls: TlsArgs,
     #[command(flatten)]
     pub backlog: net::BacklogArg,
+    #[command(flatten)]
+    pub shards: gateway::ShardsArg,
     #[command(flatten)]
     pub gate: GateConfig,
 }
@@ -129,14 +132,29 @@ pub struct TlsArgs {
     pub tls_key: Option<PathBuf>,
 }
 
-/// A started gate: a handle, its task, its TLS for reloads, and where it listens (as
-/// bound: the real ports when 0 was asked for).
+/// A started gate: its shards' handles (one, unsharded), its task, its TLS for reloads,
+/// and where it listens (as bound: the real ports when 0 was asked for).
 pub struct StartedGate {
-    pub gate: Gate,
+    pub gates: Vec<Gate>,
     pub task: JoinHandle<anyhow::Result<()>>,
     pub tls: Option<Tls>,
     pub addr: SocketAddr,
     pub tls_addr: Option<SocketAddr>,
+}
+
+impl StartedGate {
+    /// Waits until every shard has heard the message types of `services`
+    /// ([`Gate::wait_for_schemas`]), all within `deadline`; whether they all have.
+    pub async fn wait_for_schemas(&self, services: &[&str], deadline: Duration) -> bool {
+        let until = Instant::now() + deadline;
+        for gate in &self.gates {
+            let left = until.saturating_duration_since(Instant::now());
+            if !gate.wait_for_schemas(services, left).await {
+                return false;
+            }
+        }
+        true
+    }
 }
 
 /// The name a gate's bus connection gives the server (its `/connz` shows it).
@@ -157,52 +175,85 @@ pub fn gate_bus(
 }
 
 /// Connects to the bus, binds `listen` (and the TLS listener, if asked for) with
-/// `backlog`, and serves a gate until `shutdown`.
+/// `backlog`, and serves a gate of `shards` shards until `shutdown`: one gate on this
+/// runtime when 1, else one per shard, each on its own thread ([`Shards`]).
 pub async fn start_gate(
     listen: SocketAddr,
     bus: BusOptions,
     config: GateConfig,
+    shards: u16,
     tls: &TlsArgs,
     backlog: net::Backlog,
     shutdown: CancellationToken,
 ) -> anyhow::Result<StartedGate> {
     let token_check = gateway::auth::from_config(&config).context("the gate's token check")?;
-    let gate = Gate::new(bus, config, token_check).await?;
-    let bind = |addr: SocketAddr| async move {
-        net::listen(addr, backlog)
-            .await
-            .with_context(|| format!("binding the gate on {addr}"))
-    };
-    let listener = bind(listen).await?;
-    let addr = listener.local_addr()?;
-    info!(
-        gate = gate.id(),
-        "Gate listening for WebSocket clients on {addr}"
-    );
-    let mut listeners = vec![Listener::plain(listener)];
-    let mut tls_addr = None;
     let tls = match (&tls.tls_listen, &tls.tls_cert, &tls.tls_key) {
         (Some(listen), Some(cert), Some(key)) => {
             let tls = Tls::load(cert, key).context("the gate's TLS certificate")?;
-            let listener = bind(*listen).await?;
-            let addr = listener.local_addr()?;
-            info!(
-                gate = gate.id(),
-                "Gate listening for TLS WebSocket clients on {addr}"
-            );
-            listeners.push(Listener::tls(listener, tls.clone()));
-            tls_addr = Some(addr);
-            Some(tls)
+            Some((*listen, tls))
         }
         _ => None,
     };
-    let serving = gate.clone();
-    let task =
-        tokio::spawn(async move { serving.serve(listeners, shutdown).await.context("gate") });
+    let (gates, task, addr, tls_addr) = if shards == 1 {
+        let gate = Gate::new(bus, config, token_check).await?;
+        let bind = |addr: SocketAddr| async move {
+            net::listen(addr, backlog)
+                .await
+                .with_context(|| format!("binding the gate on {addr}"))
+        };
+        let listener = bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let mut listeners = vec![Listener::plain(listener)];
+        let mut tls_addr = None;
+        if let Some((listen, tls)) = &tls {
+            let listener = bind(*listen).await?;
+            tls_addr = Some(listener.local_addr()?);
+            listeners.push(Listener::tls(listener, tls.clone()));
+        }
+        let serving = gate.clone();
+        let task =
+            tokio::spawn(async move { serving.serve(listeners, shutdown).await.context("gate") });
+        (vec![gate], task, addr, tls_addr)
+    } else {
+        let count = usize::from(shards);
+        let bind = |addr: SocketAddr| async move {
+            net::listen_shared(addr, backlog, count)
+                .await
+                .with_context(|| format!("binding the gate's {count} shards on {addr}"))
+        };
+        let plain = bind(listen).await?;
+        let addr = plain[0].local_addr()?;
+        let mut tls_addr = None;
+        let mut tls_sockets: Vec<_> = (0..count).map(|_| None).collect();
+        if let Some((listen, tls)) = &tls {
+            let sockets = bind(*listen).await?;
+            tls_addr = Some(sockets[0].local_addr()?);
+            tls_sockets = sockets
+                .into_iter()
+                .map(|s| Some((s, tls.clone())))
+                .collect();
+        }
+        let listeners = (plain.into_iter().zip(tls_sockets))
+            .map(|(plain, tls)| ShardListeners { plain, tls })
+            .collect();
+        let shards = Shards::start(bus, &config, token_check, listeners, shutdown).await?;
+        let gates = shards.gates().to_vec();
+        let task = tokio::spawn(async move { shards.join().await.context("gate") });
+        (gates, task, addr, tls_addr)
+    };
+    let ids: Vec<&str> = gates.iter().map(Gate::id).collect();
+    let ids = ids.join(",");
+    info!(gate = ids, "Gate listening for WebSocket clients on {addr}");
+    if let Some(addr) = tls_addr {
+        info!(
+            gate = ids,
+            "Gate listening for TLS WebSocket clients on {addr}"
+        );
+    }
     Ok(StartedGate {
-        gate,
+        gates,
         task,
-        tls,
+        tls: tls.map(|(_, tls)| tls),
         addr,
         tls_addr,
     })

@@ -134,6 +134,30 @@ pub const MAX_HANDED_BYTES: usize = 768 * 1024;
 pub const DEFAULT_RESUME_HANDOVER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest route (`service.method`) accepted.
 pub const MAX_ROUTE_LEN: usize = 64;
+/// Shards a gate process runs unless told otherwise (`--shards`): one, today's gate, the
+/// small-footprint setting. Issue 47 makes it one per core once measured.
+pub const DEFAULT_SHARDS: u16 = 1;
+/// The most shards a gate process runs: each is a thread, a runtime and a bus
+/// connection, and a machine has not more cores than this to give them.
+pub const MAX_SHARDS: u16 = 256;
+
+/// How many shards a gate process runs (docs/gateway.md, "Shards"): flattened into every
+/// role that runs a gate.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct ShardsArg {
+    /// Shards of the gate: each a thread with its own runtime, sessions, timers and bus
+    /// connection, under its own gate id (`<gate-id>-<n>`), all on the same listening
+    /// addresses. 1 (the default) runs one gate as before.
+    #[arg(long = "shards", env = "SHADDOCK_SHARDS", value_name = "N", default_value_t = DEFAULT_SHARDS)]
+    #[arg(value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_SHARDS)))]
+    pub shards: u16,
+}
+
+/// A gate's id when it is given none: random, so that gates started without one do not
+/// collide on a bus.
+pub fn random_gate_id() -> String {
+    format!("g{:08x}", fastrand::u32(..))
+}
 
 /// Gate settings; see the constants for defaults and reasons.
 #[derive(Debug, Clone, clap::Args)]
@@ -296,6 +320,35 @@ pub const MS_FLAGS: &[&str] = &[
     "bind-probe-timeout",
 ];
 
+impl GateConfig {
+    /// The configurations of `count` shards of this gate: gate ids `<id>-0`,
+    /// `<id>-1`... (the id random when none is set), and the budgets of the whole gate
+    /// (`--max-gate-in-flight`, `--gate-reserve`, `--max-held`, `--max-held-bytes`,
+    /// `--max-bus-pending`) split evenly among them, rounded up, so the process keeps
+    /// the totals it was given. Per-session limits hold in every shard as they are.
+    /// (`--max-sessions` and `--max-connections-per-ip` are counted once over the
+    /// process: the shards share their admission.)
+    pub fn shards(&self, count: usize) -> Vec<GateConfig> {
+        let base = match self.gate_id.as_str() {
+            "" => random_gate_id(),
+            id => id.to_owned(),
+        };
+        let count = count.max(1);
+        let share = |total: usize| total.div_ceil(count);
+        (0..count)
+            .map(|index| GateConfig {
+                gate_id: format!("{base}-{index}"),
+                max_gate_in_flight: share(self.max_gate_in_flight),
+                gate_reserve: share(self.gate_reserve),
+                max_held: share(self.max_held),
+                max_held_bytes: share(self.max_held_bytes),
+                max_bus_pending: share(self.max_bus_pending),
+                ..self.clone()
+            })
+            .collect()
+    }
+}
+
 impl Default for GateConfig {
     fn default() -> Self {
         GateConfig {
@@ -362,6 +415,50 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         gate: GateConfig,
+    }
+
+    #[test]
+    fn shards_get_their_own_ids_and_split_the_gate_wide_budgets() {
+        let gate = GateConfig {
+            gate_id: "eu".into(),
+            max_gate_in_flight: 2049,
+            gate_reserve: 0,
+            ..GateConfig::default()
+        };
+        let shards = gate.shards(2);
+        let ids: Vec<&str> = shards.iter().map(|s| s.gate_id.as_str()).collect();
+        assert_eq!(ids, ["eu-0", "eu-1"]);
+        for shard in &shards {
+            crate::route::check_token(&shard.gate_id).unwrap();
+            // Rounded up: the shards together hold at least the total, never 0 of a
+            // budget that was not 0.
+            assert_eq!(shard.max_gate_in_flight, 1025);
+            assert_eq!(shard.gate_reserve, 0);
+            assert_eq!(shard.max_held, DEFAULT_MAX_HELD / 2);
+            assert_eq!(shard.max_held_bytes, DEFAULT_MAX_HELD_BYTES / 2);
+            assert_eq!(shard.max_bus_pending, DEFAULT_MAX_BUS_PENDING / 2);
+            assert_eq!(shard.max_in_flight, DEFAULT_MAX_IN_FLIGHT);
+            assert_eq!(shard.max_sessions, DEFAULT_MAX_SESSIONS);
+        }
+        // Without an id the shards share one random one.
+        let random = GateConfig::default().shards(3);
+        let base = random[0].gate_id.strip_suffix("-0").unwrap();
+        assert!(random[2].gate_id == format!("{base}-2"), "{random:?}");
+        assert_eq!(GateConfig::default().shards(MAX_SHARDS.into()).len(), 256);
+    }
+
+    #[test]
+    fn shards_are_one_to_max_shards() {
+        #[derive(Debug, clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            shards: ShardsArg,
+        }
+        let parse = |argv: &[&str]| Cli::try_parse_from(argv).map(|cli| cli.shards.shards);
+        assert_eq!(parse(&["gate"]).unwrap(), DEFAULT_SHARDS);
+        assert_eq!(parse(&["gate", "--shards", "256"]).unwrap(), MAX_SHARDS);
+        assert!(parse(&["gate", "--shards", "0"]).is_err());
+        assert!(parse(&["gate", "--shards", "257"]).is_err());
     }
 
     #[test]

@@ -31,5 +31,5 @@ mod web;
 
 pub use auth::{AnyToken, AuthError, Identity, JwtCheck, StaticToken, TokenCheck};
 pub use codec::pomelo;
-pub use config::{GateConfig, UidConflict};
-pub use gate::{Gate, Listener};
+pub use config::{GateConfig, ShardsArg, UidConflict};
+pub use gate::{Gate, Listener, ShardListeners, Shards};

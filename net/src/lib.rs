@@ -15,5 +15,5 @@ pub mod nofile;
 
 pub use accept::{AcceptErrorKind, AcceptStats, Acceptor};
 pub use credentials::BusCredentials;
-pub use listen::{Backlog, BacklogArg, DEFAULT_LISTEN_BACKLOG, listen};
+pub use listen::{Backlog, BacklogArg, DEFAULT_LISTEN_BACKLOG, listen, listen_shared};
 pub use log_limit::{LogLimiter, Tally};

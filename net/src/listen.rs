@@ -11,6 +11,11 @@
 //! (nginx and nats-server ask for the kernel's maximum; HAProxy for its maxconn). The
 //! kernel quietly truncates any backlog to `net.core.somaxconn`, so a larger one is
 //! clamped here and the value in force logged.
+//!
+//! A gate of several shards ([`listen_shared`]) binds one listener per shard on the same
+//! address with SO_REUSEPORT: the kernel spreads new connections over them by a hash of
+//! each connection's addresses, so no thread accepts for another and hands the socket
+//! over (what nginx's and envoy's `reuseport` do).
 
 use std::fmt;
 use std::io;
@@ -103,6 +108,37 @@ pub fn somaxconn() -> Option<u32> {
 /// while its old connections linger in TIME_WAIT) and `backlog`, clamped to the
 /// kernel's cap (logged at info when it is).
 pub async fn listen(addr: impl ToSocketAddrs, backlog: Backlog) -> io::Result<TcpListener> {
+    first_bound(addr, backlog, false).await
+}
+
+/// Binds `count` listeners (at least one) on the first address `addr` resolves to that
+/// binds, as [`listen`] does and with SO_REUSEPORT, so that they share it: with port 0
+/// the first takes a free port and the others bind that one. They come back as std
+/// listeners (non-blocking) for each shard's runtime to adopt
+/// (`tokio::net::TcpListener::from_std`), so that each is driven by its own shard's
+/// reactor.
+///
+/// SO_REUSEPORT also lets another process of the same user bind the address while
+/// these listen (and share its connections): run one gate per address.
+pub async fn listen_shared(
+    addr: impl ToSocketAddrs,
+    backlog: Backlog,
+    count: usize,
+) -> io::Result<Vec<std::net::TcpListener>> {
+    let first = first_bound(addr, backlog, true).await?;
+    let at = first.local_addr()?;
+    let mut listeners = vec![first.into_std()?];
+    for _ in 1..count {
+        listeners.push(bind(at, backlog.effective(), true)?.into_std()?);
+    }
+    Ok(listeners)
+}
+
+async fn first_bound(
+    addr: impl ToSocketAddrs,
+    backlog: Backlog,
+    shared: bool,
+) -> io::Result<TcpListener> {
     let effective = backlog.effective();
     if effective < backlog.get() {
         info!(
@@ -112,7 +148,7 @@ pub async fn listen(addr: impl ToSocketAddrs, backlog: Backlog) -> io::Result<Tc
     }
     let mut last_error = None;
     for addr in lookup_host(addr).await? {
-        match bind(addr, effective) {
+        match bind(addr, effective, shared) {
             Ok(listener) => return Ok(listener),
             Err(error) => last_error = Some(error),
         }
@@ -121,12 +157,15 @@ pub async fn listen(addr: impl ToSocketAddrs, backlog: Backlog) -> io::Result<Tc
         .unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address to listen on")))
 }
 
-fn bind(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+fn bind(addr: SocketAddr, backlog: u32, shared: bool) -> io::Result<TcpListener> {
     let socket = match addr {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
     };
     socket.set_reuseaddr(true)?;
+    if shared {
+        socket.set_reuseport(true)?;
+    }
     socket.bind(addr)?;
     socket.listen(backlog)
 }
@@ -145,5 +184,27 @@ mod tests {
         assert!("many".parse::<Backlog>().is_err());
         assert_eq!(Backlog::default().get(), DEFAULT_LISTEN_BACKLOG);
         assert_eq!(Backlog::default().to_string(), "1024");
+    }
+
+    #[tokio::test]
+    async fn shared_listeners_take_one_free_port_a_plain_bind_cannot_take() {
+        let listeners = listen_shared("127.0.0.1:0", Backlog::default(), 3)
+            .await
+            .unwrap();
+        let ports: Vec<u16> = (listeners.iter())
+            .map(|l| l.local_addr().unwrap().port())
+            .collect();
+        assert_eq!(ports.len(), 3);
+        assert!(
+            ports[0] != 0 && ports.iter().all(|p| *p == ports[0]),
+            "{ports:?}"
+        );
+        // A plain bind of the same port is refused: only the shards share it.
+        let taken = listen(("127.0.0.1", ports[0]), Backlog::default()).await;
+        assert_eq!(
+            taken.unwrap_err().kind(),
+            io::ErrorKind::AddrInUse,
+            "a listener without SO_REUSEPORT joined the shards"
+        );
     }
 }

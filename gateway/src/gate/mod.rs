@@ -10,6 +10,7 @@
 //! that reached the gate before it.
 
 mod dispatch;
+mod shards;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +31,8 @@ use crate::schema::Schemas;
 use crate::session::{self, Context};
 use crate::tls::Tls;
 use dispatch::Router;
+
+pub use shards::{ShardListeners, Shards};
 
 /// What a gate holds beyond its sessions' context: the connections it admits and the
 /// bus connection's task.
@@ -62,11 +65,23 @@ impl Gate {
     /// up (retrying with backoff until then: wrap it in a timeout to bound the wait).
     pub async fn new(
         bus: BusOptions,
-        mut config: GateConfig,
+        config: GateConfig,
         token_check: Arc<dyn TokenCheck>,
     ) -> anyhow::Result<Gate> {
+        let admission = Admission::new(config.max_sessions, config.max_connections_per_ip);
+        Gate::admitting(bus, config, token_check, admission).await
+    }
+
+    /// [`Gate::new`] counting its connections in `admission`, which the shards of one
+    /// process share.
+    async fn admitting(
+        bus: BusOptions,
+        mut config: GateConfig,
+        token_check: Arc<dyn TokenCheck>,
+        admission: Admission,
+    ) -> anyhow::Result<Gate> {
         if config.gate_id.is_empty() {
-            config.gate_id = format!("g{:08x}", fastrand::u32(..));
+            config.gate_id = crate::config::random_gate_id();
         }
         crate::route::check_token(&config.gate_id).context("invalid gate id")?;
         crate::route::check_token(&config.prefix).context("invalid subject prefix")?;
@@ -91,7 +106,6 @@ impl Gate {
             None,
             Target::Resume,
         );
-        let admission = Admission::new(config.max_sessions, config.max_connections_per_ip);
         let schemas = Arc::new(Schemas::default());
         let cx = Arc::new(Context::new(config, bus.clone(), schemas, token_check));
         let router = Router::new(&cx);
@@ -181,8 +195,8 @@ impl Gate {
             accepting.spawn(accept_loop(gate, listener, sessions, shutdown));
         }
         accepting.close();
-        let in_flight = metrics::gauge!("gate_in_flight");
-        let held = metrics::gauge!("gate_requests_held");
+        let mut in_flight = Share::of(metrics::gauge!("gate_in_flight"));
+        let mut held = Share::of(metrics::gauge!("gate_requests_held"));
         let mut sample = tokio::time::interval(IN_FLIGHT_SAMPLE);
         sample.set_missed_tick_behavior(MissedTickBehavior::Skip);
         loop {
@@ -202,6 +216,25 @@ impl Gate {
         self.0.cx.bus.stop();
         self.0.tasks.wait().await;
         Ok(())
+    }
+}
+
+/// This gate's share of a process-wide gauge that the shards of a process sum into
+/// (the `metrics` recorder is one per process): each moves the gauge by how much its
+/// own value changed, so no shard overwrites another's. Alone, the gauge reads as set.
+struct Share {
+    gauge: metrics::Gauge,
+    mine: f64,
+}
+
+impl Share {
+    fn of(gauge: metrics::Gauge) -> Share {
+        Share { gauge, mine: 0.0 }
+    }
+
+    fn set(&mut self, value: f64) {
+        self.gauge.increment(value - self.mine);
+        self.mine = value;
     }
 }
 
@@ -295,4 +328,32 @@ fn refuse(stream: TcpStream, addr: std::net::SocketAddr, refusal: Refusal) {
     // with unread input resets it, and the client would see a reset, not the status.
     let _ = stream.try_read(&mut [0u8; 1024]);
     let _ = stream.try_write(refusal.response());
+}
+
+#[cfg(test)]
+mod tests {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    use super::Share;
+
+    #[test]
+    fn shards_sum_their_shares_of_a_gauge_instead_of_overwriting_it() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let _guard = metrics::set_default_local_recorder(&recorder);
+        let read = || {
+            let values = snapshotter.snapshot().into_vec();
+            match values.as_slice() {
+                [(_, _, _, DebugValue::Gauge(v))] => v.into_inner(),
+                other => panic!("one gauge expected: {other:?}"),
+            }
+        };
+        let mut one = Share::of(metrics::gauge!("gate_in_flight"));
+        let mut two = Share::of(metrics::gauge!("gate_in_flight"));
+        one.set(3.0);
+        two.set(5.0);
+        one.set(1.0);
+        // (A snapshot of this recorder resets what it read: one read, at the end.)
+        assert_eq!(read(), 6.0);
+    }
 }
