@@ -206,37 +206,40 @@ grep -E '^(achieved|errors)' "${work}/scale.txt" | sed 's/^/   /'
 python3 deploy/test/prom.py shares "${prom}" chat "${work}/baseline.json" "${answered}" "${SCALE_MIN_SHARE}"
 took
 
+# drain-load.mjs on gates $1 and $2, started and waited on until every client is answered.
+start_load() {
+  coproc LOAD { node deploy/test/drain-load.mjs "$1" "$2" "${DRAIN_CLIENTS}" "${DRAIN_INTERVAL_MS}" 2>&1; }
+  # shellcheck disable=SC2153 # LOAD_PID is set by coproc
+  load_pid=${LOAD_PID}
+  # Copies: bash drops the coproc's descriptors when it exits.
+  exec {load_out}<&"${LOAD[0]}" {load_in}>&"${LOAD[1]}"
+  local line
+  while read -r line <&"${load_out}"; do
+    echo "   ${line}"
+    [[ "${line}" == loaded ]] && break
+  done
+  [[ "${line:-}" == loaded ]] || { wait "${load_pid}" || true; echo "FAIL  the load never started" >&2; exit 1; }
+}
+# Tells the load what happened ($1: the stopped gate's URL, or `bus`); it checks, reports, ends.
+finish_load() {
+  echo "$1" >&"${load_in}"
+  exec {load_in}>&-
+  local line
+  while read -r line <&"${load_out}"; do echo "${line}"; done
+  wait "${load_pid}"
+}
+
 phase "docker stop gate-1 under load: nothing lost"
 gate1_container="$(compose ps -q gate-1)"
-coproc LOAD { node deploy/test/drain-load.mjs "${gate1}" "${gate2}" "${DRAIN_CLIENTS}" "${DRAIN_INTERVAL_MS}" 2>&1; }
-# shellcheck disable=SC2153 # LOAD_PID is set by coproc
-load_pid=${LOAD_PID}
-# Copies: bash drops the coproc's descriptors when it exits.
-exec {load_out}<&"${LOAD[0]}" {load_in}>&"${LOAD[1]}"
-while read -r line <&"${load_out}"; do
-  echo "   ${line}"
-  [[ "${line}" == loaded ]] && break
-done
-[[ "${line:-}" == loaded ]] || { wait "${load_pid}" || true; echo "FAIL  the load never started" >&2; exit 1; }
+start_load "${gate1}" "${gate2}"
 stop_start=${SECONDS}
 docker stop "${gate1_container}" >/dev/null
 echo "   gate-1 stopped in $((SECONDS - stop_start))s (stop grace $(docker inspect -f '{{.Config.StopTimeout}}' "${gate1_container}")s), exit code $(docker inspect -f '{{.State.ExitCode}}' "${gate1_container}")"
-echo "${gate1}" >&"${load_in}"
-exec {load_in}>&-
-while read -r line <&"${load_out}"; do echo "${line}"; done
-wait "${load_pid}"
+finish_load "${gate1}"
 took
 
 phase "docker restart of each nats node under load (lame duck mode): nothing lost"
-coproc LOAD { node deploy/test/drain-load.mjs "${gate2}" "${gate2}" "${DRAIN_CLIENTS}" "${DRAIN_INTERVAL_MS}" 2>&1; }
-# shellcheck disable=SC2153 # LOAD_PID is set by coproc
-load_pid=${LOAD_PID}
-exec {load_out}<&"${LOAD[0]}" {load_in}>&"${LOAD[1]}"
-while read -r line <&"${load_out}"; do
-  echo "   ${line}"
-  [[ "${line}" == loaded ]] && break
-done
-[[ "${line:-}" == loaded ]] || { wait "${load_pid}" || true; echo "FAIL  the load never started" >&2; exit 1; }
+start_load "${gate2}" "${gate2}"
 for node in nats-1 nats-2 nats-3; do
   restart_start=${SECONDS}
   docker restart "$(compose ps -q "${node}")" >/dev/null
@@ -244,8 +247,5 @@ for node in nats-1 nats-2 nats-3; do
   python3 deploy/test/prom.py cluster "http://$(published nats-1 8222)" 2 | sed 's/^/   /'
   echo "   ${node} restarted and routed in $((SECONDS - restart_start))s"
 done
-echo bus >&"${load_in}"
-exec {load_in}>&-
-while read -r line <&"${load_out}"; do echo "${line}"; done
-wait "${load_pid}"
+finish_load bus
 took
