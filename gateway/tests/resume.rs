@@ -7,10 +7,9 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::resumable::{Got, Player, PlayerTokens, room_service};
+use common::resumable::{Got, Player, room_service};
 use common::{Bus, Holds, TestGate, gate_config, start_worker, within};
 use gateway::GateConfig;
 use proto::code;
@@ -22,7 +21,6 @@ broker::on_both_buses!(
     a_member_cut_mid_flood_resumes_on_the_other_gate_with_every_message,
     a_request_sent_again_after_a_resume_is_answered_once,
     spent_stale_and_garbled_tokens_get_a_fresh_session,
-    another_players_token_resumes_nothing,
     a_session_detached_on_a_draining_gate_resumes_on_another,
     more_missed_than_a_hand_over_carries_is_refused_409,
 );
@@ -205,32 +203,6 @@ async fn spent_stale_and_garbled_tokens_get_a_fresh_session(bus: Bus) {
         stale.next().await,
         Got::Response(id, code::OK, "bea".into())
     );
-}
-
-/// With player tokens, a resume token taken from another player resumes nothing, and
-/// the session it names goes on undisturbed.
-async fn another_players_token_resumes_nothing(bus: Bus) {
-    let _worker = start_worker(bus.url(), room_service(), FrameConfig::default()).await;
-    let gate =
-        TestGate::start_with_tokens(&bus, GateConfig::default(), Arc::new(PlayerTokens)).await;
-    let mut ada = within(Player::open(&gate.url, "player:ada")).await;
-    let mut eve = within(Player::open(&gate.url, "player:eve")).await;
-    eve.token.clone_from(&ada.token);
-    let ack = within(eve.try_resume(&gate.url, "player:eve")).await;
-    assert_eq!(
-        (ack.code, ack.resume_code),
-        (code::OK, code::FORBIDDEN),
-        "{ack:?}"
-    );
-    // Ada's session was not touched: it answers, numbered on from where it was.
-    let id = ada.send("room.say", "still here").await;
-    assert_eq!(
-        within(ada.next()).await,
-        Got::Response(id, code::OK, "still here".into())
-    );
-    // Ada herself resumes with her own player token.
-    let ack = within(ada.try_resume(&gate.url, "player:ada")).await;
-    assert_eq!((ack.code, ack.resume_code), (code::OK, code::OK), "{ack:?}");
 }
 
 /// A gate that starts draining while a session is detached still hands it over to the

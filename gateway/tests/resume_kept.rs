@@ -45,6 +45,15 @@ async fn gate(bus: &Bus, tokens: Option<Arc<PlayerTokens>>) -> TestGate {
     }
 }
 
+/// Where a cut session resumes: the other gate, or the same one through its cut link.
+fn resume_at(elsewhere: bool, second: &TestGate, hop: &Cut) -> String {
+    if elsewhere {
+        second.url.clone()
+    } else {
+        hop.ws_url()
+    }
+}
+
 /// `echo.raw` is sent while its service, known to both gates, has no worker; the link
 /// is cut, the client resumes (on the first gate again, or on the second) and sends it
 /// again as step 6 says; a worker starts: the one answer is the worker's, not a 408.
@@ -59,12 +68,7 @@ async fn waiting_for_a_worker(bus: Bus, elsewhere: bool) {
     let id = player.send("echo.raw", "late").await;
     common::eventually("the request waits", || first.gate.in_flight() == 1).await;
     hop.cut();
-    let to = if elsewhere {
-        second.url.clone()
-    } else {
-        hop.ws_url()
-    };
-    within(player.resume(&to)).await;
+    within(player.resume(&resume_at(elsewhere, &second, &hop))).await;
     player.send_as(id, "echo.raw", "late").await;
     let _echo = common::echo_worker(&bus).await;
     assert_eq!(
@@ -111,12 +115,7 @@ async fn queued_serial(bus: Bus, elsewhere: bool) {
     let queued = player.send("park.who", "").await;
     within(player.sync()).await;
     hop.cut();
-    let to = if elsewhere {
-        second.url.clone()
-    } else {
-        hop.ws_url()
-    };
-    within(player.resume(&to)).await;
+    within(player.resume(&resume_at(elsewhere, &second, &hop))).await;
     player.send_as(held, "park.hold", "first").await;
     player.send_as(queued, "park.who", "").await;
     holds.release("w");

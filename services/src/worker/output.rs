@@ -68,32 +68,32 @@ impl Held {
     }
 }
 
+impl Output {
+    /// Publishes `what` (an answer) on `to`, counted as held while the connection is down.
+    async fn reply(&self, to: Subject, payload: Bytes, what: &str) {
+        let client = self.pusher.client();
+        match client.publish(to, payload).await {
+            Ok(()) => self.held.count(client, false),
+            Err(error) => {
+                metrics::counter!(REPLY_ERRORS_TOTAL).increment(1);
+                tracing::debug!(%error, "cannot publish {what}");
+            }
+        }
+    }
+}
+
 /// Answers go out as protobuf `RpcResponse`s on the request's reply subject, pushes on
 /// their subjects. A failure means the client is closing: counted, and logged below info.
 impl ReplySink for Output {
     type To = Subject;
 
     async fn send(&self, to: Subject, response: RpcResponse) {
-        let payload = response.encode_to_vec().into();
-        let client = self.pusher.client();
-        match client.publish(to, payload).await {
-            Ok(()) => self.held.count(client, false),
-            Err(error) => {
-                metrics::counter!(REPLY_ERRORS_TOTAL).increment(1);
-                tracing::debug!(%error, "cannot publish a reply");
-            }
-        }
+        self.reply(to, response.encode_to_vec().into(), "a reply")
+            .await;
     }
 
     async fn answer(&self, to: Subject, body: Bytes) {
-        let client = self.pusher.client();
-        match client.publish(to, body).await {
-            Ok(()) => self.held.count(client, false),
-            Err(error) => {
-                metrics::counter!(REPLY_ERRORS_TOTAL).increment(1);
-                tracing::debug!(%error, "cannot publish an event's answer");
-            }
-        }
+        self.reply(to, body, "an event's answer").await;
     }
 
     async fn publish(&self, outbound: Outbound) {
