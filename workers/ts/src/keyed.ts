@@ -338,12 +338,24 @@ export class Partitions {
    * before its poll phase reads the socket: after a handler that blocked the loop, the
    * peers' heartbeats that came during the block are still unread when the overdue tick
    * fires. `setImmediate` runs after that poll phase, so a peer is counted dead for its
-   * own silence, never for this worker's.
+   * own silence, never for this worker's. A block can also fall between the tick and its
+   * review (a handler run in that same turn's poll phase): a review that comes late is
+   * put off once more, so it too runs after a poll that followed the block.
    */
   #tick(): void {
     if (this.#stopped) return;
     this.#publishHeartbeat();
-    setImmediate(() => this.#review());
+    this.#reviewAfterPoll();
+  }
+
+  #reviewAfterPoll(late = false): void {
+    const queued = performance.now();
+    setImmediate(() => {
+      // Queued from the check phase, the next one runs after the next turn's poll. Once
+      // only: a loop blocked turn after turn still gets its peers reviewed.
+      if (!late && performance.now() - queued > this.#settings.heartbeatMs) this.#reviewAfterPoll(true);
+      else this.#review();
+    });
   }
 
   /**
