@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use bus::{BusOptions, BusTimings, Dialer};
 use gateway::tls::Tls;
-use gateway::{Gate, GateConfig, Listener, ShardListeners, Shards};
+use gateway::{Gate, GateConfig, ShardListeners, Shards};
 use services::chat::ChatConfig;
 use services::{BusSecurity, Service, WorkerConfig};
 use tokio::task::JoinHandle;
@@ -175,8 +175,9 @@ pub fn gate_bus(
 }
 
 /// Connects to the bus, binds `listen` (and the TLS listener, if asked for) with
-/// `backlog`, and serves a gate of `shards` shards until `shutdown`: one gate on this
-/// runtime when 1, else one per shard, each on its own thread ([`Shards`]).
+/// `backlog`, and serves a gate of `shards` shards until `shutdown`, each on its own
+/// thread with a single-threaded runtime ([`Shards`]): one shard is the gate itself on
+/// one thread, so a request's read, forward, answer and write never change threads.
 pub async fn start_gate(
     listen: SocketAddr,
     bus: BusOptions,
@@ -194,53 +195,30 @@ pub async fn start_gate(
         }
         _ => None,
     };
-    let (gates, task, addr, tls_addr) = if shards == 1 {
-        let gate = Gate::new(bus, config, token_check).await?;
-        let bind = |addr: SocketAddr| async move {
-            net::listen(addr, backlog)
-                .await
-                .with_context(|| format!("binding the gate on {addr}"))
-        };
-        let listener = bind(listen).await?;
-        let addr = listener.local_addr()?;
-        let mut listeners = vec![Listener::plain(listener)];
-        let mut tls_addr = None;
-        if let Some((listen, tls)) = &tls {
-            let listener = bind(*listen).await?;
-            tls_addr = Some(listener.local_addr()?);
-            listeners.push(Listener::tls(listener, tls.clone()));
-        }
-        let serving = gate.clone();
-        let task =
-            tokio::spawn(async move { serving.serve(listeners, shutdown).await.context("gate") });
-        (vec![gate], task, addr, tls_addr)
-    } else {
-        let count = usize::from(shards);
-        let bind = |addr: SocketAddr| async move {
-            net::listen_shared(addr, backlog, count)
-                .await
-                .with_context(|| format!("binding the gate's {count} shards on {addr}"))
-        };
-        let plain = bind(listen).await?;
-        let addr = plain[0].local_addr()?;
-        let mut tls_addr = None;
-        let mut tls_sockets: Vec<_> = (0..count).map(|_| None).collect();
-        if let Some((listen, tls)) = &tls {
-            let sockets = bind(*listen).await?;
-            tls_addr = Some(sockets[0].local_addr()?);
-            tls_sockets = sockets
-                .into_iter()
-                .map(|s| Some((s, tls.clone())))
-                .collect();
-        }
-        let listeners = (plain.into_iter().zip(tls_sockets))
-            .map(|(plain, tls)| ShardListeners { plain, tls })
-            .collect();
-        let shards = Shards::start(bus, &config, token_check, listeners, shutdown).await?;
-        let gates = shards.gates().to_vec();
-        let task = tokio::spawn(async move { shards.join().await.context("gate") });
-        (gates, task, addr, tls_addr)
+    let count = usize::from(shards);
+    let bind = |addr: SocketAddr| async move {
+        net::listen_shared(addr, backlog, count)
+            .await
+            .with_context(|| format!("binding the gate on {addr}"))
     };
+    let plain = bind(listen).await?;
+    let addr = plain[0].local_addr()?;
+    let mut tls_addr = None;
+    let mut tls_sockets: Vec<_> = (0..count).map(|_| None).collect();
+    if let Some((listen, tls)) = &tls {
+        let sockets = bind(*listen).await?;
+        tls_addr = Some(sockets[0].local_addr()?);
+        tls_sockets = sockets
+            .into_iter()
+            .map(|s| Some((s, tls.clone())))
+            .collect();
+    }
+    let listeners = (plain.into_iter().zip(tls_sockets))
+        .map(|(plain, tls)| ShardListeners { plain, tls })
+        .collect();
+    let shards = Shards::start(bus, &config, token_check, listeners, shutdown).await?;
+    let gates = shards.gates().to_vec();
+    let task = tokio::spawn(async move { shards.join().await.context("gate") });
     let ids: Vec<&str> = gates.iter().map(Gate::id).collect();
     let ids = ids.join(",");
     info!(gate = ids, "Gate listening for WebSocket clients on {addr}");

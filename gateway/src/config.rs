@@ -322,7 +322,7 @@ pub const MS_FLAGS: &[&str] = &[
 
 impl GateConfig {
     /// The configurations of `count` shards of this gate: gate ids `<id>-0`,
-    /// `<id>-1`... (the id random when none is set), and the budgets of the whole gate
+    /// `<id>-1`... (the id random when none is set; one shard keeps the id), and the budgets of the whole gate
     /// (`--max-gate-in-flight`, `--gate-reserve`, `--max-held`, `--max-held-bytes`,
     /// `--max-bus-pending`) split evenly among them, rounded up, so the process keeps
     /// the totals it was given. Per-session limits hold in every shard as they are.
@@ -337,7 +337,11 @@ impl GateConfig {
         let share = |total: usize| total.div_ceil(count);
         (0..count)
             .map(|index| GateConfig {
-                gate_id: format!("{base}-{index}"),
+                gate_id: if count == 1 {
+                    base.clone()
+                } else {
+                    format!("{base}-{index}")
+                },
                 max_gate_in_flight: share(self.max_gate_in_flight),
                 gate_reserve: share(self.gate_reserve),
                 max_held: share(self.max_held),
@@ -445,6 +449,10 @@ mod tests {
         let base = random[0].gate_id.strip_suffix("-0").unwrap();
         assert!(random[2].gate_id == format!("{base}-2"), "{random:?}");
         assert_eq!(GateConfig::default().shards(MAX_SHARDS.into()).len(), 256);
+        // One shard is the gate itself: its id and budgets as given.
+        let one = gate.shards(1);
+        assert_eq!(one[0].gate_id, "eu");
+        assert_eq!(one[0].max_gate_in_flight, 2049);
     }
 
     #[test]

@@ -112,20 +112,22 @@ pub async fn listen(addr: impl ToSocketAddrs, backlog: Backlog) -> io::Result<Tc
 }
 
 /// Binds `count` listeners (at least one) on the first address `addr` resolves to that
-/// binds, as [`listen`] does and with SO_REUSEPORT, so that they share it: with port 0
-/// the first takes a free port and the others bind that one. They come back as std
+/// binds, as [`listen`] does and, when there are several, with SO_REUSEPORT, so that
+/// they share it: with port 0 the first takes a free port and the others bind that one. They come back as std
 /// listeners (non-blocking) for each shard's runtime to adopt
 /// (`tokio::net::TcpListener::from_std`), so that each is driven by its own shard's
 /// reactor.
 ///
 /// SO_REUSEPORT also lets another process of the same user bind the address while
-/// these listen (and share its connections): run one gate per address.
+/// these listen (and share its connections): run one gate per address. A single
+/// listener is bound without it, so a second gate on its address fails as with
+/// [`listen`].
 pub async fn listen_shared(
     addr: impl ToSocketAddrs,
     backlog: Backlog,
     count: usize,
 ) -> io::Result<Vec<std::net::TcpListener>> {
-    let first = first_bound(addr, backlog, true).await?;
+    let first = first_bound(addr, backlog, count > 1).await?;
     let at = first.local_addr()?;
     let mut listeners = vec![first.into_std()?];
     for _ in 1..count {
@@ -206,5 +208,17 @@ mod tests {
             io::ErrorKind::AddrInUse,
             "a listener without SO_REUSEPORT joined the shards"
         );
+    }
+
+    #[tokio::test]
+    async fn a_single_listener_is_not_shared() {
+        let one = listen_shared("127.0.0.1:0", Backlog::default(), 1)
+            .await
+            .unwrap();
+        let port = one[0].local_addr().unwrap().port();
+        // Another gate's shards on the same address are refused: a lone listener has
+        // no SO_REUSEPORT for them to join.
+        let joined = listen_shared(("127.0.0.1", port), Backlog::default(), 2).await;
+        assert_eq!(joined.unwrap_err().kind(), io::ErrorKind::AddrInUse);
     }
 }
