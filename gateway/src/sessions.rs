@@ -12,8 +12,29 @@ use tokio::time::Instant;
 use crate::inbox::{Refused, SessionTx, ToSession};
 
 /// The sid a session never has: sid 0 of a reply subject is the gate's own (bind
-/// probes), so sessions count from 1.
+/// probes), so sessions count from above it.
 pub(crate) const GATE_SID: u64 = 0;
+
+/// Bits of a gate's first sid below its start time in milliseconds: sessions a gate
+/// may open per millisecond it has run (1,024, a million a second) before its sids
+/// could reach those of a later start under the same `--gate-id`. Kept small so sids
+/// stay below 2^53 (exact as a JavaScript number) for two centuries.
+const SID_TIME_SHIFT: u32 = 10;
+
+/// The first sid of a gate started now: its start time, in milliseconds since the
+/// Unix epoch, shifted by [`SID_TIME_SHIFT`]. A session's reply prefix
+/// (`<prefix>.gw.<gate>.<sid>`) is the origin keyed workers remember requests by
+/// (docs/workers.md, "Order across subscriptions"), so a gate restarted under the
+/// same id must not hand out the sids of its previous run: their requests would look
+/// like ones already taken.
+fn first_sid(now: std::time::SystemTime) -> u64 {
+    let millis = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        });
+    (millis << SID_TIME_SHIFT).max(GATE_SID + 1)
+}
 
 #[derive(Debug)]
 pub(crate) struct Sessions {
@@ -30,7 +51,7 @@ impl Default for Sessions {
     fn default() -> Self {
         Sessions {
             queues: DashMap::new(),
-            next_sid: AtomicU64::new(GATE_SID + 1),
+            next_sid: AtomicU64::new(first_sid(std::time::SystemTime::now())),
             moved: DashMap::new(),
             moved_until: Mutex::default(),
         }
@@ -129,5 +150,22 @@ mod tests {
         sessions.remove(sid);
         assert_eq!(sessions.len(), 0);
         assert_eq!(sessions.offer(sid, ToSession::BusLost), Err(Refused::Gone));
+    }
+
+    #[test]
+    fn a_gate_started_later_never_reuses_the_sids_of_an_earlier_start() {
+        use std::time::{Duration, UNIX_EPOCH};
+        let start = UNIX_EPOCH + Duration::from_millis(1_765_000_000_000);
+        let first = first_sid(start);
+        // A run that opened a session for every millisecond's whole share, then a
+        // restart one millisecond later: the ranges meet and do not overlap.
+        let earlier_last = first + (1 << SID_TIME_SHIFT) - 1;
+        assert_eq!(
+            first_sid(start + Duration::from_millis(1)),
+            earlier_last + 1
+        );
+        // A clock before 1970 still gives a sid that is not the gate's own.
+        assert_eq!(first_sid(UNIX_EPOCH - Duration::from_secs(1)), GATE_SID + 1);
+        assert!(Sessions::default().next_sid() > first);
     }
 }
