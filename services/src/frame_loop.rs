@@ -473,11 +473,27 @@ impl<O: ReplySink> FrameLoop<O> {
                 self.output.send(to, response).await;
             }
         }
-        for call in later.calls {
-            if let Some(outgoing) = self.pending.start(call) {
-                let id = outgoing.id;
-                if let Err(result) = self.output.call(outgoing).await {
-                    self.pending.unsent(id, result);
+        for mut call in later.calls {
+            let job = call.job.take();
+            let Some(outgoing) = self.pending.start(call) else {
+                continue;
+            };
+            let id = outgoing.id;
+            match job {
+                // Work in process: its result comes back as a call's answer would. A
+                // task of its own, so the loop never waits on a disk or the network.
+                Some(job) => {
+                    let (work, returns) = (job(), self.returns_tx.clone());
+                    tokio::spawn(async move {
+                        let result = work.await;
+                        // The loop gone (stopped) has no use for the result.
+                        let _ = returns.send(Returned { id, result }).await;
+                    });
+                }
+                None => {
+                    if let Err(result) = self.output.call(outgoing).await {
+                        self.pending.unsent(id, result);
+                    }
                 }
             }
         }

@@ -44,6 +44,7 @@ mod ownership;
 pub mod profile;
 mod push;
 mod service;
+pub mod store;
 pub mod tally;
 mod worker;
 
