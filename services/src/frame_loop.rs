@@ -29,7 +29,9 @@
 //! deferred requests until answered or expired, sends calls through the output, takes
 //! their results from [`FrameLoop::returns`], and runs their continuations in frames,
 //! among requests, at [`DEFAULT_COST`] each. A deferred request that asked for timing
-//! gets the spans of the calls made for it in its response.
+//! gets the spans of the calls made for it in its response. Work a handler hands off
+//! the loop (`Context::wait_on`: a store's write) is a call that runs as a task of its
+//! own instead of going out on the bus; its result comes back the same way.
 //!
 //! The loop is generic over where requests come from (any [`Stream`] of [`Incoming`]) and
 //! where answers go (a [`ReplySink`]), so tests drive it with channels under tokio's paused
