@@ -209,8 +209,10 @@ for service in chat echo profile; do
     profile) count="${profiles}" ;;
   esac
   for ((n = 1; n <= count; n++)); do
+    # Each its own data directory beside the logs: a directory is one process's
+    # (docs/stores.md); a profile worker's profiles are lost with the cluster's folder.
     start "worker-${service}-${n}" "${bin}" worker --service "${service}" --nats "${nats}" \
-      --metrics-listen 127.0.0.1:0
+      --metrics-listen 127.0.0.1:0 --data-dir "${log_dir}/data-${service}-${n}"
   done
 done
 

@@ -18,6 +18,7 @@ use bus::BusOptions;
 use clap::{Parser, Subcommand};
 use gateway::GateConfig;
 use services::chat::ChatConfig;
+use services::store::StoreConfig;
 use services::{BusSecurity, FrameConfig, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -118,6 +119,9 @@ struct UpArgs {
 
     #[command(flatten)]
     chat: ChatConfig,
+
+    #[command(flatten)]
+    store: StoreConfig,
 }
 
 #[tokio::main]
@@ -219,7 +223,15 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_listen {
         telemetry::serve_metrics(addr, args.backlog.listen_backlog, shutdown.clone()).await?;
     }
-    let worker = roles::start_worker(args.service, args.config, args.chat, None, &shutdown).await?;
+    let worker = roles::start_worker(
+        args.service,
+        args.config,
+        args.chat,
+        &args.store,
+        None,
+        &shutdown,
+    )
+    .await?;
     info!("Worker is ready");
     signals.wait(&shutdown).await;
     shutdown.cancel();
@@ -263,9 +275,17 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     let server = broker.server().clone();
     let dialer = bus::dial_with(move || server.connect_in_process());
     let chat_config = args.chat;
+    let store = args.store;
     let start = |service| {
         let config = worker_config.clone();
-        roles::start_worker(service, config, chat_config, Some(&dialer), &shutdown)
+        roles::start_worker(
+            service,
+            config,
+            chat_config,
+            &store,
+            Some(&dialer),
+            &shutdown,
+        )
     };
     let mut workers = Vec::new();
     for service in ServiceName::ALL {

@@ -11,6 +11,7 @@ use bus::{BusOptions, BusTimings, Dialer};
 use gateway::tls::Tls;
 use gateway::{Gate, GateConfig, ShardListeners, Shards};
 use services::chat::ChatConfig;
+use services::store::{Store, StoreConfig};
 use services::{BusSecurity, Service, WorkerConfig};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -91,13 +92,21 @@ impl ServiceName {
         }
     }
 
-    fn build(self, chat: ChatConfig) -> Service {
-        match self {
+    /// Whether the service keeps player data in a store (docs/stores.md).
+    fn keeps_data(self) -> bool {
+        self == ServiceName::Profile
+    }
+
+    /// The service, over `store` for one that keeps data.
+    fn build(self, chat: ChatConfig, store: Option<Store>) -> anyhow::Result<Service> {
+        Ok(match self {
             ServiceName::Echo => services::echo::service(),
             ServiceName::Chat => services::chat::service_with(chat),
             ServiceName::Arena => services::arena::service(),
-            ServiceName::Profile => services::profile::service(),
-        }
+            ServiceName::Profile => {
+                services::profile::service(store.context("the profile service needs a store")?)
+            }
+        })
     }
 }
 
@@ -116,6 +125,8 @@ pub struct WorkerArgs {
     pub config: WorkerConfig,
     #[command(flatten)]
     pub chat: ChatConfig,
+    #[command(flatten)]
+    pub store: StoreConfig,
 }
 
 /// `wss://` beside `ws://`: where, and with which certificate.
@@ -257,18 +268,23 @@ pub fn reload_tls_on_sighup(tls: Tls, shutdown: CancellationToken) -> anyhow::Re
 }
 
 /// Connects to the bus (`config.nats`, or the embedded broker `in_process` reaches) and
-/// serves one worker of `service` (with `chat`'s settings, for the chat service) until
-/// `shutdown`.
+/// serves one worker of `service` (with `chat`'s settings, for the chat service; over
+/// the store `store` names, for one that keeps player data) until `shutdown`.
 pub async fn start_worker(
     service: ServiceName,
     config: WorkerConfig,
     chat: ChatConfig,
+    store: &StoreConfig,
     in_process: Option<&Dialer>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<StartedWorker> {
     chat.validate()?;
     let stop_within = config.frames.drain_grace + STOP_SLACK;
-    let service = service.build(chat);
+    let store = match service.keeps_data() {
+        true => Some(Store::open(store, &config.nats, &config.security).await?),
+        false => None,
+    };
+    let service = service.build(chat, store)?;
     let name = services::worker_connection_name(service.name());
     let mut running = match in_process {
         Some(dial) => {

@@ -35,6 +35,8 @@ async fn up(extra: &[&str]) -> Up {
             "--monitor-port=0",
             "--gate-port=0",
             "--metrics-port=0",
+            // Tests run side by side: no two share the default data directory.
+            "--store=memory",
         ])
         .args(extra)
         .env("RUST_LOG", "info");

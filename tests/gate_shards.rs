@@ -243,6 +243,7 @@ async fn up_serves_every_shard_on_its_in_process_bus_and_stops_on_sigterm() {
     let mut command = Command::new(env!("CARGO_BIN_EXE_shaddock"));
     command
         .args(["up", "--shards", "2", "--broker-port=0", "--monitor-port=0"])
+        .arg("--store=memory")
         .args(["--gate-port=0", "--metrics-port=0"])
         .env("RUST_LOG", "info");
     let mut up = Process::spawn("shaddock up", command);

@@ -166,7 +166,8 @@ impl Cluster {
     /// serves: a request for a profile through a gate is answered.
     async fn add_profile_worker(&mut self) {
         let url = self.bus.url().to_owned();
-        self.add_service(url, profile::service()).await;
+        self.add_service(url, profile::service(services::store::Store::memory()))
+            .await;
         // Until the worker has taken its partitions, a gate's request waits and is
         // sent again (its announcement came first); a call would get 503 meanwhile.
         let probe = Player::connect(self.url(0), "probe").await;

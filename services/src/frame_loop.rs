@@ -29,7 +29,9 @@
 //! deferred requests until answered or expired, sends calls through the output, takes
 //! their results from [`FrameLoop::returns`], and runs their continuations in frames,
 //! among requests, at [`DEFAULT_COST`] each. A deferred request that asked for timing
-//! gets the spans of the calls made for it in its response.
+//! gets the spans of the calls made for it in its response. Work a handler hands off
+//! the loop (`Context::wait_on`: a store's write) is a call that runs as a task of its
+//! own instead of going out on the bus; its result comes back the same way.
 //!
 //! The loop is generic over where requests come from (any [`Stream`] of [`Incoming`]) and
 //! where answers go (a [`ReplySink`]), so tests drive it with channels under tokio's paused
@@ -473,11 +475,27 @@ impl<O: ReplySink> FrameLoop<O> {
                 self.output.send(to, response).await;
             }
         }
-        for call in later.calls {
-            if let Some(outgoing) = self.pending.start(call) {
-                let id = outgoing.id;
-                if let Err(result) = self.output.call(outgoing).await {
-                    self.pending.unsent(id, result);
+        for mut call in later.calls {
+            let job = call.job.take();
+            let Some(outgoing) = self.pending.start(call) else {
+                continue;
+            };
+            let id = outgoing.id;
+            match job {
+                // Work in process: its result comes back as a call's answer would. A
+                // task of its own, so the loop never waits on a disk or the network.
+                Some(job) => {
+                    let (work, returns) = (job(), self.returns_tx.clone());
+                    tokio::spawn(async move {
+                        let result = work.await;
+                        // The loop gone (stopped) has no use for the result.
+                        let _ = returns.send(Returned { id, result }).await;
+                    });
+                }
+                None => {
+                    if let Err(result) = self.output.call(outgoing).await {
+                        self.pending.unsent(id, result);
+                    }
                 }
             }
         }

@@ -24,7 +24,7 @@
 //! ```
 //!
 //! The modules read bottom-up: leaves (`names`, [`config`], `metrics`, `handler_error`),
-//! parts (`bus`, `push`, `context`, `drain`), the service registry (`service`), the
+//! parts (`bus`, `push`, `context`, `drain`, [`store`]), the service registry (`service`), the
 //! frame loop (`frame_loop`), and `worker`, which assembles them; [`echo`], [`chat`],
 //! [`arena`] and [`profile`] are services written with it. docs/workers.md is the protocol and
 //! the operator's guide.
@@ -44,6 +44,7 @@ mod ownership;
 pub mod profile;
 mod push;
 mod service;
+pub mod store;
 pub mod tally;
 mod worker;
 

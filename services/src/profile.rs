@@ -12,22 +12,24 @@
 //!   name is 1 to [`MAX_DISPLAY_LEN`] bytes without control characters, a colour
 //!   `#rrggbb` in lowercase hex.
 //!
-//! Profiles live in memory: they move with their partition when workers come and go,
-//! and a worker that dies loses those it held (their players are back to defaults). At
-//! most [`MAX_PROFILES`] set profiles per worker: past it a set is answered 503.
+//! Profiles are kept in a store ([`crate::store`], docs/stores.md) and in memory:
+//! `profile.set` writes through before it answers 200 (the store's failure is a 503,
+//! and memory keeps what it had), `profile.get` reads memory. A partition taken (at
+//! start, on a hand-over, after a worker's death) loads its profiles from the store;
+//! requests for it meanwhile wait for the load ([`held`]). At most [`MAX_PROFILES`] set
+//! profiles per worker in memory: past it a new player's set is answered 503.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+mod held;
 
-use bytes::Bytes;
-use proto::Message as _;
 use proto::code;
 use proto::keyed::{fnv1a, partition_of};
-use proto::profile::{GetRequest, Profile, Profiles, SetRequest};
+use proto::profile::{GetRequest, Profile, SetRequest};
 
 use crate::context::Context;
 use crate::handler_error::HandlerError;
 use crate::service::Service;
+use crate::store::Store;
+use held::Held;
 
 /// The service's name: its subject token.
 pub const NAME: &str = "profile";
@@ -37,8 +39,8 @@ pub const ROUTE_GET: &str = "profile.get";
 pub const PARTITIONS: u32 = 16;
 /// Longest display name, in bytes.
 pub const MAX_DISPLAY_LEN: usize = 32;
-/// Most profiles a worker keeps set (defaults cost nothing): each is a player's name
-/// and colour in memory.
+/// Most profiles a worker keeps set in memory (defaults cost nothing): each is a
+/// player's name and colour.
 pub const MAX_PROFILES: usize = 65_536;
 /// Default colours, picked by the uid's hash: readable on a light and a dark page.
 pub const PALETTE: [&str; 12] = [
@@ -46,34 +48,15 @@ pub const PALETTE: [&str; 12] = [
     "#c0392b", "#008080", "#9a6324", "#6a5acd",
 ];
 
-/// A player's set profile (the uid is its key).
-#[derive(Debug, Clone)]
-struct Set {
-    display: String,
-    color: String,
+/// The profile service over `store`, keeping at most [`MAX_PROFILES`] set profiles.
+pub fn service(store: Store) -> Service {
+    with_limit(store, MAX_PROFILES)
 }
 
-type Shared = Arc<Mutex<HashMap<String, Set>>>;
-
-fn lock(profiles: &Shared) -> MutexGuard<'_, HashMap<String, Set>> {
-    // Each change is one insert or remove: a poisoned lock's data is still whole.
-    profiles.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The profile service, keeping at most [`MAX_PROFILES`] set profiles.
-pub fn service() -> Service {
-    with_limit(MAX_PROFILES)
-}
-
-/// The profile service, keeping at most `max_profiles` set profiles.
-pub fn with_limit(max_profiles: usize) -> Service {
-    let profiles: Shared = Arc::default();
-    let (get, set, hand_over, take_over) = (
-        profiles.clone(),
-        profiles.clone(),
-        profiles.clone(),
-        profiles,
-    );
+/// The profile service over `store`, keeping at most `max_profiles` set profiles.
+pub fn with_limit(store: Store, max_profiles: usize) -> Service {
+    let held = Held::new(store, max_profiles);
+    let (get, set, hand_over, take_over) = (held.clone(), held.clone(), held.clone(), held);
     Service::new(NAME)
         .descriptors(proto::DESCRIPTORS)
         .keyed(PARTITIONS)
@@ -81,14 +64,10 @@ pub fn with_limit(max_profiles: usize) -> Service {
             on_get(&get, ctx)
         })
         .method("set", move |ctx: &mut Context, req: SetRequest| {
-            on_set(&set, max_profiles, ctx, req)
+            on_set(&set, ctx, req)
         })
-        .on_hand_over(move |_, partition| give(&hand_over, partition))
-        .on_take_over(move |_, _, state| {
-            if let Some(state) = state {
-                restore(&take_over, max_profiles, state);
-            }
-        })
+        .on_hand_over(move |ctx, partition| hand_over.give(ctx, partition))
+        .on_take_over(move |ctx, partition, state| take_over.take(ctx, partition, state))
 }
 
 /// `uid`'s profile before it sets one.
@@ -101,35 +80,26 @@ pub fn default_profile(uid: &str) -> Profile {
     }
 }
 
-fn profile_of(profiles: &HashMap<String, Set>, uid: &str) -> Profile {
-    match profiles.get(uid) {
-        Some(set) => Profile {
-            uid: uid.to_owned(),
-            display: set.display.clone(),
-            color: set.color.clone(),
-        },
-        None => default_profile(uid),
-    }
+/// The partition `uid` belongs to.
+fn partition_of_uid(uid: &str) -> u32 {
+    partition_of(uid.as_bytes(), PARTITIONS)
 }
 
-fn on_get(profiles: &Shared, ctx: &Context) -> Result<Profile, HandlerError> {
+fn on_get(held: &Held, ctx: &mut Context) -> Result<Profile, HandlerError> {
     // A keyed request always has its key: the gate or the caller routed it by one.
     let uid = ctx
         .key()
-        .ok_or_else(|| HandlerError::bad_request("send profile.get with the player as its key"))?;
-    Ok(profile_of(&lock(profiles), uid))
+        .ok_or_else(|| HandlerError::bad_request("send profile.get with the player as its key"))?
+        .to_owned();
+    held.get(ctx, uid)
 }
 
-fn on_set(
-    profiles: &Shared,
-    max_profiles: usize,
-    ctx: &Context,
-    req: SetRequest,
-) -> Result<Profile, HandlerError> {
+fn on_set(held: &Held, ctx: &mut Context, req: SetRequest) -> Result<Profile, HandlerError> {
     let uid = ctx
         .uid()
-        .ok_or_else(|| HandlerError::unauthorized("log in first"))?;
-    if ctx.key() != Some(uid) {
+        .ok_or_else(|| HandlerError::unauthorized("log in first"))?
+        .to_owned();
+    if ctx.key() != Some(uid.as_str()) {
         return Err(HandlerError::with_code(
             code::FORBIDDEN,
             "a player sets its own profile only",
@@ -137,21 +107,9 @@ fn on_set(
     }
     check_display(&req.display)?;
     check_color(&req.color)?;
-    let mut profiles = lock(profiles);
-    let current = profile_of(&profiles, uid);
-    if !profiles.contains_key(uid) && profiles.len() >= max_profiles {
-        return Err(HandlerError::with_code(
-            code::UNAVAILABLE,
-            format!("this worker holds {max_profiles} profiles already"),
-        ));
-    }
-    let keep = |new: String, old: String| if new.is_empty() { old } else { new };
-    let set = Set {
-        display: keep(req.display, current.display),
-        color: keep(req.color, current.color),
-    };
-    profiles.insert(uid.to_owned(), set);
-    Ok(profile_of(&profiles, uid))
+    held.set(ctx, uid, req)?;
+    // Deferred: the answer comes once the store has the profile.
+    Ok(Profile::default())
 }
 
 fn check_display(display: &str) -> Result<(), HandlerError> {
@@ -175,60 +133,6 @@ fn check_color(color: &str) -> Result<(), HandlerError> {
         ));
     }
     Ok(())
-}
-
-/// The profiles of `partition`, handed over (and forgotten here).
-fn give(profiles: &Shared, partition: u32) -> Bytes {
-    let mut profiles = lock(profiles);
-    let uids: Vec<String> = profiles
-        .keys()
-        .filter(|uid| partition_of(uid.as_bytes(), PARTITIONS) == partition)
-        .cloned()
-        .collect();
-    let handed = uids
-        .iter()
-        .filter_map(|uid| {
-            let set = profiles.remove(uid)?;
-            Some(Profile {
-                uid: uid.clone(),
-                display: set.display,
-                color: set.color,
-            })
-        })
-        .collect();
-    Profiles { profiles: handed }.encode_to_vec().into()
-}
-
-/// Profiles handed over by their old owner. The bound holds here too: a worker taking
-/// more than it has room for keeps the first that fit and logs the rest as lost.
-fn restore(profiles: &Shared, max_profiles: usize, state: Bytes) {
-    let handed = match Profiles::decode(state) {
-        Ok(handed) => handed.profiles,
-        Err(error) => {
-            tracing::error!(%error, "a hand-over's profiles do not decode: they are lost");
-            return;
-        }
-    };
-    let mut profiles = lock(profiles);
-    let mut lost = 0;
-    for p in handed {
-        if profiles.len() >= max_profiles && !profiles.contains_key(&p.uid) {
-            lost += 1;
-            continue;
-        }
-        let set = Set {
-            display: p.display,
-            color: p.color,
-        };
-        profiles.insert(p.uid, set);
-    }
-    if lost > 0 {
-        tracing::warn!(
-            lost,
-            max_profiles,
-            "profiles handed over past the worker's limit are lost (back to defaults)"
-        );
-    }
 }
 
 #[cfg(test)]

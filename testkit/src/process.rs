@@ -288,7 +288,8 @@ impl Drop for Process {
             let _ = self.child.wait();
         }
         for path in &self.temp_files {
-            let _ = std::fs::remove_file(path);
+            // A file, or a directory the process kept its data in.
+            let _ = std::fs::remove_file(path).or_else(|_| std::fs::remove_dir_all(path));
         }
     }
 }

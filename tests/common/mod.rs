@@ -13,6 +13,8 @@ pub fn up(nofile: u64, extra: &[&str]) -> Process {
         "--monitor-port=0",
         "--gate-port=0",
         "--metrics-port=0",
+        // Tests run side by side: no two share the default data directory.
+        "--store=memory",
     ];
     args.extend_from_slice(extra);
     spawn_limited(nofile, env!("CARGO_BIN_EXE_shaddock").as_ref(), &args)

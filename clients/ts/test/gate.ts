@@ -53,6 +53,8 @@ export async function startGate(options: { gatePort?: number; args?: readonly st
     "--monitor-port", "0",
     "--metrics-port", "0",
     "--gate-port", String(options.gatePort ?? 0),
+    // Tests run side by side: no two share the default data directory.
+    "--store", "memory",
     ...(options.args ?? []),
   ];
   const child = spawn(SHADDOCK_BIN, args, { stdio: ["ignore", "pipe", "pipe"] });

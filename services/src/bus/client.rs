@@ -52,6 +52,15 @@ impl Client {
         Client(Inner::Local(Arc::new(local)))
     }
 
+    /// The async-nats client under a network connection (for its JetStream API, which
+    /// the in-process connection to an embedded broker does not have).
+    pub(crate) fn nats(&self) -> Option<&async_nats::Client> {
+        match &self.0 {
+            Inner::Nats(client) => Some(client),
+            Inner::Local(_) => None,
+        }
+    }
+
     /// Publishes `payload` on `subject`.
     pub async fn publish<S: ToSubject>(
         &self,

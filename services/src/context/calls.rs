@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use proto::Message;
 use proto::code;
 use proto::rpc::{CallSpan, Effect, Session};
@@ -134,6 +135,11 @@ impl CallOptions {
 /// A call's continuation.
 pub(crate) type Then = Box<dyn FnOnce(&mut Context, CallResult) + Send>;
 
+/// Work done off the frame loop in place of a call on the bus (a store's write or
+/// load, [`Context::wait_on`]): started when the call is taken on, in the order
+/// handlers asked, so a store sees its writes in that order.
+pub(crate) type Job = Box<dyn FnOnce() -> BoxFuture<'static, CallResult> + Send>;
+
 /// An answer to a deferred request, with the effects that travel with it.
 #[derive(Debug)]
 pub(crate) struct Answer {
@@ -169,6 +175,9 @@ pub(crate) struct Call {
     pub deadline: Option<Instant>,
     pub stem: Stem,
     pub then: Then,
+    /// Set for work done in process ([`Context::wait_on`]): the call is not sent on
+    /// the bus, the job's result comes back as its answer.
+    pub job: Option<Job>,
 }
 
 /// Everything a handler asked for that acts beyond its own return: see the module docs.
@@ -316,6 +325,30 @@ impl Context {
             deadline: self.later.deadline,
             stem: self.later.call_stem(),
             then: Box::new(then),
+            job: None,
+        });
+    }
+
+    /// Runs `job` off the frame loop (a store's write, whose disk or network wait must
+    /// not stall the loop) and `then` with its result in this service's frame loop, as
+    /// a call's continuation: the same deadline (408 past it), the same bound on calls
+    /// in flight (`--max-calls`, 503 past it), counted under route `what`. `job` is
+    /// started when the handler has returned, after the jobs asked before it, so work
+    /// it queues (a store's writes) is queued in the order handlers asked.
+    pub(crate) fn wait_on<J, F>(&mut self, what: &str, job: J, then: F)
+    where
+        J: FnOnce() -> BoxFuture<'static, CallResult> + Send + 'static,
+        F: FnOnce(&mut Context, CallResult) + Send + 'static,
+    {
+        self.later.calls.push(Call {
+            route: what.to_owned(),
+            options: CallOptions::default(),
+            body: Bytes::new(),
+            session: self.has_session.then(|| self.session.clone()),
+            deadline: self.later.deadline,
+            stem: self.later.call_stem(),
+            then: Box::new(then),
+            job: Some(Box::new(job)),
         });
     }
 

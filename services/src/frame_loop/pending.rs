@@ -199,6 +199,8 @@ impl<R> Pending<R> {
             deadline: caller_deadline,
             stem,
             then,
+            // The loop took it out: it starts the job when the call is taken on.
+            job: _,
         } = call;
         let valid = route
             .split_once('.')

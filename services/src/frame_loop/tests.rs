@@ -534,3 +534,4 @@ async fn events_wait_for_room_instead_of_being_rejected() {
 
 mod call_deadlines;
 mod calls;
+mod jobs;

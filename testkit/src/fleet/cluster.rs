@@ -14,6 +14,7 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -39,6 +40,13 @@ fn node_conf(grace: Duration) -> String {
         "lame_duck_grace_period: \"{}ms\"\nlame_duck_duration: \"30s\"\n",
         grace.as_millis()
     )
+}
+
+/// A port free on 127.0.0.1 now (the kernel's pick, its listener closed again): a
+/// JetStream cluster's route port, which every node must know before any starts.
+fn free_port() -> anyhow::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).context("picking a route port")?;
+    Ok(listener.local_addr()?)
 }
 
 /// One bus process: what runs it and the ports it took.
@@ -75,20 +83,38 @@ impl Topology {
             )?
         };
         let cluster = nodes > 1;
-        for n in 0..nodes {
+        // A JetStream cluster starts only with its routes configured: each node is
+        // given every other's route port, picked free beforehand (and so planned in
+        // `bus` before any starts).
+        let planned = cluster && self.spec.jetstream;
+        let count = nodes;
+        let mut nodes: Vec<BusNode> = Vec::with_capacity(count);
+        for n in 0..count {
             let role = if cluster { Role::Node(n) } else { Role::Broker };
-            let node = BusNode {
+            let route = match planned {
+                true => Some(free_port()?),
+                false => cluster.then(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+            };
+            nodes.push(BusNode {
                 role,
                 program: program.clone(),
                 shaddock,
                 client: SocketAddr::from(([127, 0, 0, 1], 0)),
-                route: cluster.then(|| SocketAddr::from(([127, 0, 0, 1], 0))),
-            };
+                route,
+            });
+        }
+        if planned {
+            self.bus.clone_from(&nodes);
+        }
+        for (n, node) in nodes.into_iter().enumerate() {
             let started = self.start_node(node, deadline).await?;
-            self.bus.push(started);
+            match planned {
+                true => self.bus[n] = started,
+                false => self.bus.push(started),
+            }
         }
         if cluster {
-            for n in 0..nodes {
+            for n in 0..count {
                 self.await_routes(n, deadline).await?;
             }
         }
@@ -173,6 +199,18 @@ impl Topology {
                 args.extend(["--routes".to_owned(), others.join(",")]);
             }
         }
+        // JetStream's files: a directory per node start, removed with the process.
+        let store_dir = (self.spec.jetstream && !node.shaddock).then(|| {
+            static STARTS: AtomicUsize = AtomicUsize::new(0);
+            let start = STARTS.fetch_add(1, Ordering::Relaxed);
+            std::env::temp_dir().join(format!("shaddock-js-{}-{start}", std::process::id()))
+        });
+        if let Some(dir) = &store_dir {
+            args.extend(["--jetstream".to_owned(), "--store_dir".to_owned()]);
+            args.push(dir.display().to_string());
+            // A JetStream cluster's nodes are named (its RAFT groups know them by name).
+            args.extend(["--server_name".to_owned(), node.role.to_string()]);
+        }
         let log_dir = self.spec.log_dir.as_deref();
         let mut proc = match Proc::spawn(node.role.clone(), &node.program, &args, log_dir) {
             Ok(proc) => proc,
@@ -183,6 +221,9 @@ impl Topology {
         };
         if let Some(conf) = conf {
             proc.process.remove_on_drop(conf);
+        }
+        if let Some(dir) = store_dir {
+            proc.process.remove_on_drop(dir);
         }
         let waited = if node.route.is_some() {
             // Logged after "Server is ready": the route port is known only then.

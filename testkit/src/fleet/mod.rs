@@ -88,6 +88,14 @@ pub struct TopologySpec {
     /// it could stop its processes leaves their logs too. `None`: kept in memory only,
     /// its last lines in a failure's message.
     pub log_dir: Option<PathBuf>,
+    /// Flags for the store of `up` and of every worker (docs/stores.md). Memory by
+    /// default: fleets run side by side in tests, and two processes never share the
+    /// default data directory (the second would be refused).
+    pub store_args: Vec<String>,
+    /// Run nats-server nodes with JetStream on (`--jetstream`, a store directory per
+    /// node, removed with it: a node started again starts empty, as a replaced machine
+    /// would), for workers with `--store nats-kv`.
+    pub jetstream: bool,
 }
 
 impl Default for TopologySpec {
@@ -104,6 +112,8 @@ impl Default for TopologySpec {
             tls: false,
             lame_duck_grace: Duration::from_secs(1),
             log_dir: None,
+            store_args: vec!["--store=memory".to_owned()],
+            jetstream: false,
         }
     }
 }
@@ -396,6 +406,7 @@ impl Topology {
             args.extend(self.tls_args.iter().cloned());
         }
         args.extend(self.spec.gate_args.iter().cloned());
+        args.extend(self.spec.store_args.iter().cloned());
         self.spawn(Role::Up, &args)?;
         let up = self.procs.last_mut().context("up was just started")?;
         up.wait_line("Server is ready", deadline).await?;
@@ -451,6 +462,7 @@ impl Topology {
             .to_vec();
         args.extend(self.metrics_args());
         args.extend(self.spec.worker_args.iter().cloned());
+        args.extend(self.spec.store_args.iter().cloned());
         let started = self.workers_started.entry(service.to_owned()).or_default();
         *started += 1;
         let index = *started - 1;
