@@ -3,7 +3,7 @@
 //! sets of its own profile going for SECONDS; prints sets per second and the p50, p99
 //! and max latency of the sets answered 200, and how many were not.
 //!
-//!     cargo run --example profile_set -- ws://127.0.0.1:3250 [CLIENTS] [IN_FLIGHT] [SECONDS]
+//!     cargo run -p shaddock-sdk --release --example profile_set -- ws://127.0.0.1:3250 [CLIENTS] [IN_FLIGHT] [SECONDS]
 
 use std::time::{Duration, Instant};
 

@@ -2,8 +2,8 @@
 //! their own, one put after another, for SECONDS, through one [`Store`] (so its group
 //! commit gathers them); prints puts per second and the p50 and p99 latency.
 //!
-//!     cargo run --example store_put -- embedded DATA_DIR [WRITERS] [SECONDS]
-//!     cargo run --example store_put -- nats-kv NATS_URLS REPLICAS [WRITERS] [SECONDS]
+//!     cargo run -p shaddock-services --release --example store_put -- embedded DATA_DIR [WRITERS] [SECONDS]
+//!     cargo run -p shaddock-services --release --example store_put -- nats-kv NATS_URLS REPLICAS [WRITERS] [SECONDS]
 
 use std::time::{Duration, Instant};
 
