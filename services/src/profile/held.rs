@@ -372,8 +372,9 @@ impl Held {
         lost
     }
 
-    /// The profiles of `partition`, handed over (and forgotten here); requests waiting
-    /// for its load are answered 503, to be sent again to the new owner.
+    /// The profiles of `partition`, handed over (and forgotten here), each as its newest
+    /// set asked; requests waiting for its load are answered 503, to be sent again to
+    /// the new owner.
     pub fn give(&self, ctx: &mut Context, partition: u32) -> Bytes {
         let mut state = self.lock();
         if let Some(Partition::Loading(waiting)) = state.partitions.remove(&partition) {
@@ -385,7 +386,16 @@ impl Held {
                 ctx.answer(waiter.deferred, Err(moved));
             }
         }
-        let handed = state.clear(partition);
+        let mut handed = state.clear(partition);
+        // A set still being written goes as asked: the old owner answers it once the
+        // store has it (or 503), and the new owner, whose load may come before that
+        // write lands, must not serve the profile from before it.
+        for (uid, writing) in &state.writing {
+            if partition_of_uid(uid) == partition {
+                handed.retain(|held| held.uid != *uid);
+                handed.push(profile(uid, &writing.latest));
+            }
+        }
         Profiles { profiles: handed }.encode_to_vec().into()
     }
 

@@ -204,6 +204,23 @@ async fn a_partition_s_profiles_move_with_it_and_leave_the_old_owner() {
 }
 
 #[tokio::test]
+async fn a_set_in_flight_at_a_hand_over_reaches_the_new_owner_as_asked() {
+    let store = Store::memory();
+    let (mut old, mut new) = (service(store.clone()), service(store));
+    assert_eq!(set(&mut old, "ann", "ann", "Ann", "").await.0, code::OK);
+    // A set asked, its write not yet run, when the partition leaves.
+    let writing = old.call("set", set_request("ann", "ann", "Anna", ""));
+    let partition = partition_of(b"ann", PARTITIONS);
+    let state = old.hand_over(partition).reply.unwrap();
+    // The new owner takes it and loads from the store before the write lands.
+    let taken = new.take_over(partition, Some(state));
+    settle(taken.later).await;
+    let answers = settle(writing.later).await;
+    assert!(answers.iter().all(|a| a.result.is_ok()), "{answers:?}");
+    assert_eq!(get(&mut new, "ann").await.display, "Anna");
+}
+
+#[tokio::test]
 async fn a_set_is_stored_before_its_answer_and_a_worker_taking_the_partition_loads_it() {
     let store = Store::memory();
     let mut first = service(store.clone());
