@@ -100,6 +100,11 @@ pub const DEFAULT_MOVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// 30 s) without a word of what was lost.
 pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(10);
 
+/// How long a step of the frame loop (a frame, a tick) may run before the watchdog drives
+/// the worker's bus I/O in its stead: past it, heartbeats and keyed ownership would go
+/// late (the keyed heartbeat is 500 ms), and answers would wait behind the handler.
+pub const DEFAULT_HANDLER_STALL: Duration = Duration::from_millis(20);
+
 /// Where the bus is when nothing says otherwise: a local nats-server or embedded broker.
 pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 
@@ -152,6 +157,13 @@ pub struct FrameConfig {
     /// of --answer-timeout and --call-timeout (e.g. 10s).
     #[arg(long, env = "SHADDOCK_DRAIN_GRACE", default_value = "10s", value_parser = net::duration::parse)]
     pub drain_grace: Duration,
+
+    /// How long one frame (or tick) of handlers may run on the worker's thread before a
+    /// watchdog thread drives the worker's bus I/O (heartbeats, keyed ownership, drains)
+    /// until it returns; each time is counted in worker_io_takeovers_total and logged
+    /// (e.g. 20ms, 5ms).
+    #[arg(long, env = "SHADDOCK_HANDLER_STALL", default_value = "20ms", value_parser = net::duration::parse)]
+    pub handler_stall: Duration,
 
     #[command(flatten)]
     pub drain: DrainConfig,
@@ -207,6 +219,7 @@ impl Default for FrameConfig {
             call_margin: DEFAULT_CALL_MARGIN,
             max_calls: DEFAULT_MAX_CALLS,
             drain_grace: DEFAULT_DRAIN_GRACE,
+            handler_stall: DEFAULT_HANDLER_STALL,
             drain: DrainConfig::default(),
         }
     }
@@ -241,6 +254,9 @@ impl FrameConfig {
         }
         if self.tick_interval.is_zero() {
             return Err(ConfigError::Zero("tick interval"));
+        }
+        if self.handler_stall.is_zero() {
+            return Err(ConfigError::Zero("handler stall"));
         }
         if self.answer_timeout.is_zero() {
             return Err(ConfigError::Zero("answer timeout"));
@@ -489,6 +505,8 @@ mod tests {
             "0s",
             "--max-calls",
             "9",
+            "--handler-stall",
+            "5ms",
         ])
         .unwrap();
         let worker = cli.worker;
@@ -507,6 +525,7 @@ mod tests {
                 call_margin: Duration::ZERO,
                 max_calls: 9,
                 drain_grace: Duration::from_secs(5),
+                handler_stall: Duration::from_millis(5),
                 drain: DrainConfig {
                     drain_allowance: 0,
                     drain_window: Duration::from_secs(1),
@@ -522,6 +541,9 @@ mod tests {
         let mut config = WorkerConfig::default();
         config.frames.max_cost = 0;
         assert_eq!(config.validate(), Err(ConfigError::Zero("max cost")));
+        let mut config = WorkerConfig::default();
+        config.frames.handler_stall = Duration::ZERO;
+        assert_eq!(config.validate(), Err(ConfigError::Zero("handler stall")));
         let mut config = WorkerConfig::default();
         config.frames.drain.drain_allowance = MAX_DRAIN_ALLOWANCE;
         assert_eq!(config.validate(), Ok(()));
