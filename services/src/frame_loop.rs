@@ -15,8 +15,14 @@
 //!
 //! Each response carries `queue_us` (arrival to handler start) and `handler_us`.
 //!
-//! What a handler pushes (see [`crate::push`]) is published right after it returns and
-//! before its answer, through the same output, so it reaches every gate first.
+//! The loop turns in three parts: [`FrameLoop::wait`] (async: waits for work, a tick,
+//! a deadline, the pause's end), [`FrameLoop::run_step`] (synchronous: the handlers;
+//! what they send is kept, in order), [`FrameLoop::flush`] (async: sends it). The
+//! worker runs the middle part outside its runtime, on the thread that runs the bus
+//! I/O, with a watchdog for a step that overruns ([`driver`]).
+//!
+//! What a handler pushes (see [`crate::push`]) is published after it returns and before
+//! its answer, through the same output, so it reaches every gate first.
 //!
 //! Events (a service's subscribed subjects) and a starting worker's snapshot share the
 //! queue with requests and run in the same frames, in queue order. They are never

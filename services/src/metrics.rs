@@ -66,7 +66,7 @@ pub const CALL_SECONDS: &str = "worker_call_seconds";
 /// full (a slow consumer; `services::bus::SUBSCRIPTION_CAPACITY`).
 pub const SLOW_CONSUMER_DROPS_TOTAL: &str = "worker_slow_consumer_drops_total";
 /// Frames that ran past `--handler-stall`, during which the watchdog thread drove the
-/// worker's bus I/O (docs/workers.md, "Threads").
+/// worker's bus I/O (docs/workers.md, "In Rust: threads, and the handler that overruns").
 pub const IO_TAKEOVERS_TOTAL: &str = "worker_io_takeovers_total";
 
 /// Registers help text and units with the installed recorder (the Prometheus exporter
