@@ -288,8 +288,8 @@ pub async fn start_worker(
     let name = services::worker_connection_name(service.name());
     let mut running = match in_process {
         Some(dial) => {
-            let client = services::connect_in_process(dial.clone(), &name).await?;
-            services::Worker::start_on(client, service, config, shutdown).await?
+            services::Worker::start_in_process(dial.clone(), service, config, &name, shutdown)
+                .await?
         }
         None => services::Worker::start(service, config, &name, shutdown).await?,
     };

@@ -15,8 +15,14 @@
 //!
 //! Each response carries `queue_us` (arrival to handler start) and `handler_us`.
 //!
-//! What a handler pushes (see [`crate::push`]) is published right after it returns and
-//! before its answer, through the same output, so it reaches every gate first.
+//! The loop turns in three parts: [`FrameLoop::wait`] (async: waits for work, a tick,
+//! a deadline, the pause's end), [`FrameLoop::run_step`] (synchronous: the handlers;
+//! what they send is kept, in order), [`FrameLoop::flush`] (async: sends it). The
+//! worker runs the middle part outside its runtime, on the thread that runs the bus
+//! I/O, with a watchdog for a step that overruns ([`driver`]).
+//!
+//! What a handler pushes (see [`crate::push`]) is published after it returns and before
+//! its answer, through the same output, so it reaches every gate first.
 //!
 //! Events (a service's subscribed subjects) and a starting worker's snapshot share the
 //! queue with requests and run in the same frames, in queue order. They are never
@@ -41,21 +47,27 @@
 use std::future::Future;
 
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
-use proto::code;
 use proto::rpc::RpcResponse;
 use tokio::sync::mpsc;
-use tokio::time::{self, Duration, Instant, Interval, MissedTickBehavior};
+use tokio::time::{self, Duration, Instant};
 
 use crate::config::FrameConfig;
 use crate::context::{CallResult, Later};
-use crate::metrics::{IntakeMetrics, LoopMetrics};
+use crate::metrics::LoopMetrics;
 use crate::push::Outbound;
-use crate::service::{DEFAULT_COST, Service, Tick, error_response, resume};
+use crate::service::{DEFAULT_COST, Service, Tick, resume};
+pub use driver::drive;
+#[cfg(test)]
+use intake::{Intake, Offer};
+pub use intake::{Queue, queue};
 pub use pending::{Outgoing, Returned};
 use pending::{Pending, Ready};
+use ticks::Ticks;
 
+mod driver;
+mod intake;
 mod pending;
+mod ticks;
 
 /// What an [`Incoming`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,101 +171,6 @@ pub trait ReplySink: Clone + Send + Sync + 'static {
     fn call(&self, call: Outgoing) -> impl Future<Output = Result<(), CallResult>> + Send;
 }
 
-/// The loop's end of the bounded queue, made by [`queue`].
-#[derive(Debug)]
-pub struct Queue<R>(mpsc::Receiver<Incoming<R>>);
-
-/// Makes the bounded queue between an [`Intake`] and a [`FrameLoop`]: `capacity`
-/// requests (at least 1) before the intake rejects.
-pub fn queue<O: ReplySink>(service: &str, capacity: usize, output: O) -> (Intake<O>, Queue<O::To>) {
-    let capacity = capacity.max(1);
-    let (tx, rx) = mpsc::channel(capacity);
-    let intake = Intake {
-        tx,
-        output,
-        overloaded: error_response(
-            code::UNAVAILABLE,
-            format!("service {service:?} is overloaded: its queue of {capacity} is full"),
-        ),
-        closed: error_response(
-            code::UNAVAILABLE,
-            format!("service {service:?} is shutting down"),
-        ),
-        metrics: IntakeMetrics::new(service),
-    };
-    (intake, Queue(rx))
-}
-
-/// What became of an offered request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Offer {
-    /// Queued for a frame.
-    Queued,
-    /// The queue was full: answered 503 (a notify is dropped and counted).
-    Rejected,
-    /// The loop has stopped: answered 503; stop offering.
-    Closed,
-}
-
-/// The receiving half: queues requests for the loop, or rejects them when it is full.
-/// Dropping it tells the loop no more requests will come; the loop then finishes the
-/// queue and returns.
-pub struct Intake<O: ReplySink> {
-    tx: mpsc::Sender<Incoming<O::To>>,
-    output: O,
-    overloaded: RpcResponse,
-    closed: RpcResponse,
-    metrics: IntakeMetrics,
-}
-
-impl<O: ReplySink> Intake<O> {
-    /// Queues a request without waiting; if the queue is full, answers 503 at once. An
-    /// event or snapshot waits for room instead (see the module docs).
-    pub async fn offer(&self, incoming: Incoming<O::To>) -> Offer {
-        if incoming.kind != InputKind::Request {
-            return match self.tx.send(incoming).await {
-                Ok(()) => Offer::Queued,
-                Err(_) => Offer::Closed,
-            };
-        }
-        match self.tx.try_send(incoming) {
-            Ok(()) => {
-                let depth = self.tx.max_capacity() - self.tx.capacity();
-                self.metrics.depth.set(depth as f64);
-                Offer::Queued
-            }
-            Err(mpsc::error::TrySendError::Full(incoming)) => {
-                self.metrics.rejected.increment(1);
-                self.metrics.overloaded.increment(1);
-                if let Some(to) = incoming.reply {
-                    self.output.send(to, self.overloaded.clone()).await;
-                }
-                Offer::Rejected
-            }
-            Err(mpsc::error::TrySendError::Closed(incoming)) => {
-                if let Some(to) = incoming.reply {
-                    self.output.send(to, self.closed.clone()).await;
-                }
-                Offer::Closed
-            }
-        }
-    }
-
-    /// Offers everything `input` yields until it ends (or the loop stops), then drops the
-    /// intake, which lets the loop finish.
-    pub async fn feed<S>(self, input: S)
-    where
-        S: Stream<Item = Incoming<O::To>>,
-    {
-        let mut input = std::pin::pin!(input);
-        while let Some(incoming) = input.next().await {
-            if self.offer(incoming).await == Offer::Closed {
-                break;
-            }
-        }
-    }
-}
-
 /// The handler loop of one service.
 pub struct FrameLoop<O: ReplySink> {
     service: Service,
@@ -266,6 +183,17 @@ pub struct FrameLoop<O: ReplySink> {
     /// Calls' results, and the sender handed out for them.
     returns: mpsc::Receiver<Returned>,
     returns_tx: mpsc::Sender<Returned>,
+    ticks: Ticks,
+    /// Work taken that did not fit in the last frame.
+    carried: Option<Work<O::To>>,
+    /// Once the queue has ended: until when the loop waits for what was pending.
+    drained_by: Option<Instant>,
+    /// After an overrun: when the pause ends.
+    paused_until: Option<Instant>,
+    /// The last step expired what was pending at the drain's end.
+    expired_at_end: bool,
+    /// What the last step produced, for [`FrameLoop::flush`], in order.
+    out: Vec<Out<O::To>>,
 }
 
 /// One turn of a frame: a request, event or snapshot from the queue, or a call's
@@ -275,14 +203,34 @@ enum Work<R> {
     Resume(Box<Ready>),
 }
 
+/// What the loop does next, as [`FrameLoop::wait`] found it.
+pub enum Step {
+    /// The service's tick is due.
+    Tick(Tick),
+    /// Deferred requests or calls reached their deadline.
+    Expire,
+    /// Work is ready: a frame.
+    Frame,
+}
+
+/// One thing a step sends, kept until [`FrameLoop::flush`].
+enum Out<R> {
+    Send(R, RpcResponse),
+    Answer(R, Bytes),
+    Publish(Outbound),
+    Call(Outgoing),
+}
+
 impl<O: ReplySink> FrameLoop<O> {
     /// A loop running `service` over `queue`, answering through `output`. Zero limits
     /// in `config` are raised to the smallest that work (see [`FrameConfig::validate`]).
+    /// Made inside the runtime that will run it (its tick schedule starts now).
     pub fn new(service: Service, config: FrameConfig, queue: Queue<O::To>, output: O) -> Self {
         let metrics = LoopMetrics::new(service.name());
         let pending = Pending::new(service.name(), &config);
         // A result per call in flight, at most: the channel never holds more.
         let (returns_tx, returns) = mpsc::channel(config.max_calls.max(1));
+        let ticks = Ticks::new(&service, config.tick_interval);
         FrameLoop {
             service,
             config,
@@ -292,6 +240,12 @@ impl<O: ReplySink> FrameLoop<O> {
             pending,
             returns,
             returns_tx,
+            ticks,
+            carried: None,
+            drained_by: None,
+            paused_until: None,
+            expired_at_end: false,
+            out: Vec::new(),
         }
     }
 
@@ -307,62 +261,103 @@ impl<O: ReplySink> FrameLoop<O> {
     /// their results, or 408 at their deadline). So a drain waits no longer than the
     /// latest of those deadlines; calls made during the wait and still in flight then
     /// are dropped (see [`pending`]). Returns the service.
+    ///
+    /// The worker drives the same three parts itself, the middle one outside the
+    /// runtime ([`driver`]); this is them on one future, for the paused-clock tests.
+    #[cfg(test)]
     pub async fn run(mut self) -> Service {
-        let mut ticks = Ticks::new(&self.service, self.config.tick_interval);
-        // Work taken that did not fit in the last frame.
-        let mut carried: Option<Work<O::To>> = None;
-        // Once the queue has ended: until when the loop waits for what was pending.
-        let mut drained_by: Option<Instant> = None;
+        while let Some(step) = self.wait().await {
+            self.run_step(step);
+            self.flush().await;
+        }
+        self.finish()
+    }
+
+    /// Waits for the next step: a tick, a deadline, work (the pause after an overrun
+    /// first). `None` once the loop is done (see [`FrameLoop::run`]). Runs no handler.
+    pub async fn wait(&mut self) -> Option<Step> {
         loop {
-            if carried.is_none() && !self.pending.has_ready() {
-                if let Some(end) = drained_by {
-                    if self.pending.is_idle() {
-                        break;
-                    }
-                    if Instant::now() >= end {
-                        // Every deferred request's deadline is by `end`: they get their
-                        // 408 now (a tick may have come first at this instant), once the
-                        // continuations of calls timing out with them have run.
-                        self.expire().await;
-                        if self.pending.has_ready() {
-                            continue;
-                        }
-                        break;
-                    }
-                }
-                // Taken out of `pending`: the loop's future must not hold a borrow of
-                // it (its continuations are not `Sync`) across an await.
-                let expiry = match (self.pending.next_deadline(), drained_by) {
-                    (Some(at), Some(end)) => Some(at.min(end)),
-                    (at, end) => at.or(end),
-                };
+            if let Some(end) = self.paused_until {
                 tokio::select! {
                     biased;
-                    tick = ticks.next() => {
-                        self.tick(&tick).await;
-                        continue;
-                    }
-                    () = until(expiry) => {
-                        self.expire().await;
-                        continue;
-                    }
-                    Some(returned) = self.returns.recv() => {
-                        self.pending.returned(returned);
-                        continue;
-                    }
-                    next = self.queue.recv(), if drained_by.is_none() => match next {
-                        Some(incoming) => carried = Some(Work::Input(incoming)),
-                        None => {
-                            drained_by = Some(self.pending.drained_by());
-                            continue;
-                        }
-                    },
+                    tick = self.ticks.next() => return Some(Step::Tick(tick)),
+                    () = time::sleep_until(end) => self.paused_until = None,
+                }
+                continue;
+            }
+            if self.carried.is_some() || self.pending.has_ready() {
+                self.expired_at_end = false;
+                return Some(Step::Frame);
+            }
+            if let Some(end) = self.drained_by {
+                // Once the deadlines are past, every deferred request got its 408 in
+                // the last step (a tick may have come first at this instant), and the
+                // continuations of calls timing out with them have run.
+                if self.pending.is_idle() || std::mem::take(&mut self.expired_at_end) {
+                    return None;
+                }
+                if Instant::now() >= end {
+                    self.expired_at_end = true;
+                    return Some(Step::Expire);
                 }
             }
-            if self.frame(&mut carried).await {
-                self.pause(&mut ticks).await;
+            // Taken out of `pending`: the loop's future must not hold a borrow of it
+            // (its continuations are not `Sync`) across an await.
+            let expiry = match (self.pending.next_deadline(), self.drained_by) {
+                (Some(at), Some(end)) => Some(at.min(end)),
+                (at, end) => at.or(end),
+            };
+            tokio::select! {
+                biased;
+                tick = self.ticks.next() => return Some(Step::Tick(tick)),
+                () = until(expiry) => return Some(Step::Expire),
+                Some(returned) = self.returns.recv() => self.pending.returned(returned),
+                next = self.queue.recv(), if self.drained_by.is_none() => match next {
+                    Some(incoming) => self.carried = Some(Work::Input(incoming)),
+                    None => self.drained_by = Some(self.pending.drained_by()),
+                },
             }
         }
+    }
+
+    /// Runs `step`'s handlers, synchronously: what they send is kept, in order, for
+    /// [`FrameLoop::flush`]. A frame that overran starts the pause.
+    pub fn run_step(&mut self, step: Step) {
+        match step {
+            Step::Tick(tick) => self.tick(&tick),
+            Step::Expire => self.expire(),
+            Step::Frame => {
+                if self.frame() {
+                    self.paused_until = Some(Instant::now() + self.config.overrun_pause);
+                }
+            }
+        }
+    }
+
+    /// Sends what the last step produced, in order: each handler's pushes before its
+    /// answer, and one request's before the next's.
+    pub async fn flush(&mut self) {
+        let mut out = std::mem::take(&mut self.out);
+        for next in out.drain(..) {
+            match next {
+                Out::Send(to, response) => self.output.send(to, response).await,
+                Out::Answer(to, body) => self.output.answer(to, body).await,
+                Out::Publish(outbound) => self.output.publish(outbound).await,
+                Out::Call(call) => {
+                    let id = call.id;
+                    if let Err(result) = self.output.call(call).await {
+                        self.pending.unsent(id, result);
+                    }
+                }
+            }
+        }
+        // Kept for the next step: its capacity is the frame's usual output.
+        self.out = out;
+    }
+
+    /// The loop is done ([`FrameLoop::wait`] said so): drops what is left, returns the
+    /// service.
+    pub fn finish(mut self) -> Service {
         self.pending.shut();
         self.metrics.depth.set(0.0);
         self.service
@@ -384,12 +379,12 @@ impl<O: ReplySink> FrameLoop<O> {
 
     /// One frame: handles requests until the queue is empty or the budget is spent.
     /// Returns whether it overran, i.e. left work in `carried`.
-    async fn frame(&mut self, carried: &mut Option<Work<O::To>>) -> bool {
+    fn frame(&mut self) -> bool {
         let start = Instant::now();
         let budget = self.config.max_cost.max(1);
         let mut spent: u32 = 0;
         let overran = loop {
-            let Some(next) = carried.take().or_else(|| self.next_work()) else {
+            let Some(next) = self.carried.take().or_else(|| self.next_work()) else {
                 break false;
             };
             let cost = match &next {
@@ -397,28 +392,28 @@ impl<O: ReplySink> FrameLoop<O> {
                 Work::Resume(_) => DEFAULT_COST,
             };
             if spent > 0 && spent.saturating_add(cost) > budget {
-                *carried = Some(next);
+                self.carried = Some(next);
                 break true;
             }
             spent = spent.saturating_add(cost);
             match next {
-                Work::Input(incoming) => self.handle(incoming).await,
-                Work::Resume(ready) => self.resume(*ready).await,
+                Work::Input(incoming) => self.handle(incoming),
+                Work::Resume(ready) => self.resume(*ready),
             }
         };
         self.metrics.frame.record(start.elapsed());
-        let depth = self.queue.len() + usize::from(matches!(carried, Some(Work::Input(_))));
-        self.metrics.depth.set(depth as f64);
+        let carried = usize::from(matches!(self.carried, Some(Work::Input(_))));
+        self.metrics.depth.set((self.queue.len() + carried) as f64);
         overran
     }
 
-    /// Calls the handler, publishes what it pushed, and answers, stamping the response
+    /// Calls the handler, keeps what it pushed, then its answer, stamping the response
     /// with its timings.
-    async fn handle(&mut self, incoming: Incoming<O::To>) {
+    fn handle(&mut self, incoming: Incoming<O::To>) {
         let started = Instant::now();
         let waited = started.saturating_duration_since(incoming.received);
         if incoming.kind != InputKind::Request {
-            return self.handle_event(incoming, started, waited).await;
+            return self.handle_event(incoming, started, waited);
         }
         let handled =
             self.service
@@ -429,7 +424,7 @@ impl<O: ReplySink> FrameLoop<O> {
         response.handler_us = micros(took);
         self.metrics.queue_wait.record(waited);
         self.metrics.handler.record(took);
-        publish(&self.output, handled.outbound).await;
+        self.publish(handled.outbound);
         let mut later = handled.later;
         match (later.deferred.take(), incoming.reply) {
             (Some(deferred), Some(to)) => {
@@ -442,14 +437,14 @@ impl<O: ReplySink> FrameLoop<O> {
             (_, None) => self.metrics.requests.count(response.code),
             (None, Some(to)) => {
                 self.metrics.requests.count(response.code);
-                self.output.send(to, response).await;
+                self.out.push(Out::Send(to, response));
             }
         }
-        self.settle(later).await;
+        self.settle(later);
     }
 
-    /// Runs a call's continuation, publishes what it pushed, and settles what it asked.
-    async fn resume(&mut self, ready: Ready) {
+    /// Runs a call's continuation, keeps what it pushed, and settles what it asked.
+    fn resume(&mut self, ready: Ready) {
         let started = Instant::now();
         let Ready {
             then,
@@ -460,19 +455,19 @@ impl<O: ReplySink> FrameLoop<O> {
         } = ready;
         let handled = resume(self.service.name(), then, session, deadline, stem, result);
         self.metrics.handler.record(started.elapsed());
-        publish(&self.output, handled.outbound).await;
-        self.settle(handled.later).await;
+        self.publish(handled.outbound);
+        self.settle(handled.later);
     }
 
-    /// Sends the answers to deferred requests a handler gave, then the calls it made.
-    async fn settle(&mut self, later: Later) {
+    /// Keeps the answers to deferred requests a handler gave, then the calls it made.
+    fn settle(&mut self, later: Later) {
         if later.deferred.is_some() {
             tracing::warn!("defer() outside a request defers nothing");
         }
         for answer in later.answers {
             if let Some((to, response)) = self.pending.answer(answer) {
                 self.metrics.requests.count(response.code);
-                self.output.send(to, response).await;
+                self.out.push(Out::Send(to, response));
             }
         }
         for mut call in later.calls {
@@ -480,44 +475,34 @@ impl<O: ReplySink> FrameLoop<O> {
             let Some(outgoing) = self.pending.start(call) else {
                 continue;
             };
-            let id = outgoing.id;
             match job {
                 // Work in process: its result comes back as a call's answer would. A
                 // task of its own, so the loop never waits on a disk or the network.
                 Some(job) => {
-                    let (work, returns) = (job(), self.returns_tx.clone());
+                    let (id, work, returns) = (outgoing.id, job(), self.returns_tx.clone());
                     tokio::spawn(async move {
                         let result = work.await;
                         // The loop gone (stopped) has no use for the result.
                         let _ = returns.send(Returned { id, result }).await;
                     });
                 }
-                None => {
-                    if let Err(result) = self.output.call(outgoing).await {
-                        self.pending.unsent(id, result);
-                    }
-                }
+                None => self.out.push(Out::Call(outgoing)),
             }
         }
     }
 
     /// Answers 408 the deferred requests whose deadline has passed, and readies the
     /// continuations of calls whose deadline has.
-    async fn expire(&mut self) {
+    fn expire(&mut self) {
         for (to, response) in self.pending.expire() {
             self.metrics.requests.count(response.code);
-            self.output.send(to, response).await;
+            self.out.push(Out::Send(to, response));
         }
     }
 
-    /// Runs an event's handler (or the restore callback), publishes what it pushed,
-    /// then sends its answer if it has one and its sender asked.
-    async fn handle_event(
-        &mut self,
-        incoming: Incoming<O::To>,
-        started: Instant,
-        waited: Duration,
-    ) {
+    /// Runs an event's handler (or the restore callback), keeps what it pushed, then
+    /// its answer if it has one and its sender asked.
+    fn handle_event(&mut self, incoming: Incoming<O::To>, started: Instant, waited: Duration) {
         let partition = || incoming.method.parse().unwrap_or_default();
         let handled = match incoming.kind {
             InputKind::Snapshot => self.service.restore(incoming.payload),
@@ -531,40 +516,23 @@ impl<O: ReplySink> FrameLoop<O> {
         self.metrics.queue_wait.record(waited);
         self.metrics.handler.record(started.elapsed());
         self.metrics.count_event(handled.ok);
-        publish(&self.output, handled.outbound).await;
+        self.publish(handled.outbound);
         if let (Some(to), Some(body)) = (incoming.reply, handled.reply) {
-            self.output.answer(to, body).await;
+            self.out.push(Out::Answer(to, body));
         }
-        self.settle(handled.later).await;
+        self.settle(handled.later);
     }
 
-    /// Runs the tick callback, publishes what it pushed, and settles what it asked.
-    async fn tick(&mut self, tick: &Tick) {
+    /// Runs the tick callback, keeps what it pushed, and settles what it asked.
+    fn tick(&mut self, tick: &Tick) {
         let handled = self.service.run_tick(tick);
-        publish(&self.output, handled.outbound).await;
-        self.settle(handled.later).await;
+        self.publish(handled.outbound);
+        self.settle(handled.later);
     }
 
-    /// The pause after an overrun, running the tick if it falls due meanwhile.
-    async fn pause(&mut self, ticks: &mut Ticks) {
-        let pause = time::sleep(self.config.overrun_pause);
-        let mut pause = std::pin::pin!(pause);
-        loop {
-            tokio::select! {
-                biased;
-                tick = ticks.next() => self.tick(&tick).await,
-                () = &mut pause => return,
-            }
-        }
-    }
-}
-
-/// Publishes a handler's pushes, in order. A free function over the output alone: the
-/// loop's future must not hold a borrow of the service (its closures are not `Sync`)
-/// across an await.
-async fn publish<O: ReplySink>(output: &O, outbound: Vec<Outbound>) {
-    for message in outbound {
-        output.publish(message).await;
+    /// Keeps a handler's pushes, in order.
+    fn publish(&mut self, outbound: Vec<Outbound>) {
+        self.out.extend(outbound.into_iter().map(Out::Publish));
     }
 }
 
@@ -573,55 +541,6 @@ async fn until(deadline: Option<Instant>) {
     match deadline {
         Some(at) => time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// The tick schedule: a fixed-rate interval if the service has a tick callback, else a
-/// future that never fires.
-struct Ticks {
-    interval: Option<Interval>,
-    seq: u64,
-    last: Instant,
-}
-
-impl Ticks {
-    /// The shortest interval the loop accepts (a zero interval cannot be scheduled).
-    const MIN_INTERVAL: Duration = Duration::from_micros(100);
-
-    fn new(service: &Service, period: Duration) -> Ticks {
-        let now = Instant::now();
-        let interval = service.has_tick().then(|| {
-            let period = period.max(Self::MIN_INTERVAL);
-            let mut interval = time::interval_at(now + period, period);
-            // After a stall, resume on the original grid rather than firing a burst of
-            // catch-up ticks: a game step uses `since_last` as its `dt`.
-            interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
-            interval
-        });
-        Ticks {
-            interval,
-            seq: 0,
-            last: now,
-        }
-    }
-
-    /// Waits for the next tick (forever, if there is no tick callback).
-    async fn next(&mut self) -> Tick {
-        match self.interval.as_mut() {
-            Some(interval) => {
-                interval.tick().await;
-            }
-            None => std::future::pending::<()>().await,
-        }
-        let now = Instant::now();
-        self.seq += 1;
-        let tick = Tick {
-            seq: self.seq,
-            now,
-            since_last: now - self.last,
-        };
-        self.last = now;
-        tick
     }
 }
 

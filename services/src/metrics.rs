@@ -65,6 +65,9 @@ pub const CALL_SECONDS: &str = "worker_call_seconds";
 /// Messages an in-process bus connection dropped because their subscription's queue was
 /// full (a slow consumer; `services::bus::SUBSCRIPTION_CAPACITY`).
 pub const SLOW_CONSUMER_DROPS_TOTAL: &str = "worker_slow_consumer_drops_total";
+/// Frames that ran past `--handler-stall`, during which the watchdog thread drove the
+/// worker's bus I/O (docs/workers.md, "In Rust: threads, and the handler that overruns").
+pub const IO_TAKEOVERS_TOTAL: &str = "worker_io_takeovers_total";
 
 /// Registers help text and units with the installed recorder (the Prometheus exporter
 /// prints them). Call once at startup, after installing it.
@@ -140,6 +143,10 @@ pub fn describe() {
     metrics::describe_counter!(
         SLOW_CONSUMER_DROPS_TOTAL,
         "Messages an in-process bus connection dropped: their subscription's queue was full"
+    );
+    metrics::describe_counter!(
+        IO_TAKEOVERS_TOTAL,
+        "Frames that ran past the handler stall budget: the watchdog drove the bus I/O meanwhile"
     );
     metrics::describe_counter!(
         PARTITION_CONFLICTS_TOTAL,

@@ -6,11 +6,16 @@
 //! knows requests will reach it), then [`Worker::run`] serves until shutdown.
 //! [`Worker::start`] connects, does both, and serves on a task.
 //!
-//! The intake (reading the subscriptions, answering 503 when the queue is full) runs on
-//! the caller's tokio runtime; the frame loop on a thread of its own with a
-//! single-threaded runtime for its timers. Handlers are synchronous game logic: a long
-//! frame delays only this service, never the network I/O of the process, which in
-//! `shaddock up` also runs the broker and the gate.
+//! A worker runs on one thread of its own (`loop_thread`), with a current-thread
+//! runtime: its connection (made there by [`Worker::start`]), subscriptions, heartbeats
+//! and intake (reading the subscriptions, answering 503 when the queue is full) are
+//! tasks of that runtime, and the frame loop runs between them on the same thread
+//! ([`crate::frame_loop::drive`]), so a request is read, handled and answered without
+//! crossing a thread. Handlers are synchronous game logic: a handler that runs past
+//! `--handler-stall` gets the watchdog thread to drive the bus I/O until it returns, so
+//! heartbeats, keyed ownership and drains go on; a long frame delays only this service,
+//! never the network I/O of the process, which in `shaddock up` also runs the broker
+//! and the gate.
 //!
 //! At shutdown the queue subscriptions leave their groups by count (`drain.rs`), the
 //! loop finishes what it took, and the answers are flushed; how that loses nothing, and
@@ -22,6 +27,7 @@ mod error;
 mod hop;
 mod inputs;
 mod keyed;
+mod loop_thread;
 mod output;
 mod resync;
 mod running;
@@ -32,7 +38,6 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use crate::bus::{self, service_subject};
 use crate::bus::{Client, Subscriber};
@@ -195,13 +200,26 @@ impl Worker {
     /// losing what the bus already routed to it, and answers everything it took
     /// (docs/workers.md, "Draining on shutdown"). A drain that has not ended within
     /// `--drain-grace` (the bus is down) ends with [`WorkerError::DrainGrace`], saying
-    /// what could not be delivered.
+    /// what could not be delivered. Serves on a loop thread of its own (see the module
+    /// docs); the connection stays where it was made ([`Worker::start`] makes it there).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
-        let span = tracing::info_span!("worker", service = %self.service.name());
-        self.serve(shutdown).instrument(span).await
+        let (done_tx, done) = oneshot::channel();
+        let name = self.service.name().to_owned();
+        loop_thread::spawn(&name, move |rt| {
+            let _ = done_tx.send(self.serve_on(rt, shutdown));
+        })?;
+        done.await
+            .unwrap_or_else(|_| Err(loop_thread::vanished(&name)))
     }
 
-    async fn serve(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
+    /// The worker's I/O, on the loop thread's runtime: hands the frame loop it made to
+    /// `frames` (the loop thread drives it), and learns from `stopped` that it is done.
+    async fn serve(
+        self,
+        shutdown: CancellationToken,
+        frames: oneshot::Sender<FrameLoop<Output>>,
+        mut stopped: oneshot::Receiver<Result<(), WorkerError>>,
+    ) -> Result<(), WorkerError> {
         let Worker {
             pusher,
             service,
@@ -218,9 +236,9 @@ impl Worker {
         } = self;
         let client = pusher.client().clone();
         let name = service.name().to_owned();
-        let frames = config.frames;
-        let grace = frames.drain_grace;
-        let drain_config = frames.subscription_drain();
+        let limits = config.frames;
+        let grace = limits.drain_grace;
+        let drain_config = limits.subscription_drain();
         let held = Held::default();
         let output = Output {
             pusher,
@@ -228,10 +246,12 @@ impl Worker {
             callees: calls.callees.clone(),
             held: held.clone(),
         };
-        let (intake, queue) = frame_loop::queue(&name, frames.queue_capacity, output.clone());
-        let frame_loop = FrameLoop::new(service, frames, queue, output);
+        let (intake, queue) = frame_loop::queue(&name, limits.queue_capacity, output.clone());
+        let frame_loop = FrameLoop::new(service, limits, queue, output);
         tokio::spawn(calls::forward(calls, frame_loop.returns()));
-        let mut stopped = spawn_loop_thread(&name, frame_loop)?;
+        if frames.send(frame_loop).is_err() {
+            return Err(WorkerError::LoopStopped(name));
+        }
         tracing::info!(%subject, "worker serving");
         tokio::spawn(announcer.run(bus::signals(&client), shutdown.clone()));
         if let Some(snapshot) = snapshot {
@@ -323,26 +343,3 @@ async fn give_up_after(shutdown: CancellationToken, grace: std::time::Duration) 
 /// A keyed service's partition inputs waiting for the intake: the coordinator waits
 /// (never the bus reader) when the intake is behind.
 const KEYED_INPUTS: usize = 1024;
-
-/// Runs `frame_loop` on a thread of its own; the receiver fires when it returns.
-fn spawn_loop_thread(
-    name: &str,
-    frame_loop: FrameLoop<Output>,
-) -> Result<oneshot::Receiver<Result<(), WorkerError>>, WorkerError> {
-    let (done_tx, done_rx) = oneshot::channel();
-    let span = tracing::Span::current();
-    std::thread::Builder::new()
-        .name(format!("frames-{name}"))
-        .spawn(move || {
-            let _entered = span.enter();
-            let result = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .map(|runtime| {
-                    runtime.block_on(frame_loop.run());
-                })
-                .map_err(WorkerError::Thread);
-            let _ = done_tx.send(result);
-        })?;
-    Ok(done_rx)
-}

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use futures::stream;
+use futures::{Stream, stream};
 use proto::Message;
 use proto::code;
 use proto::rpc::{RpcRequest, RpcResponse};

@@ -1,10 +1,13 @@
-//! Starting a worker in one call: connect, subscribe, serve on a task. The `shaddock`
-//! binary and every test start workers this way.
+//! Starting a worker in one call: connect, subscribe, serve, all on the worker's loop
+//! thread (its connection's tasks live on that thread's runtime). The `shaddock` binary
+//! and every test start workers this way.
 
-use tokio::task::JoinHandle;
+use std::future::Future;
+
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::{HeldPartitions, Worker, WorkerError};
+use super::{HeldPartitions, Worker, WorkerError, loop_thread};
 use crate::bus;
 use crate::config::WorkerConfig;
 use crate::service::Service;
@@ -12,47 +15,86 @@ use crate::service::Service;
 impl Worker {
     /// Connects to `config.nats` as `name` (with `config.security`'s credentials and
     /// TLS), subscribes `service`, returning once the server has the subscriptions (so
-    /// requests sent next reach it), and serves it on a task until `shutdown` fires or
-    /// the returned [`Running`] is stopped or dropped.
+    /// requests sent next reach it), and serves it on its loop thread until `shutdown`
+    /// fires or the returned [`Running`] is stopped or dropped.
     pub async fn start(
         service: Service,
         config: WorkerConfig,
         name: &str,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Running> {
-        let client = bus::connect(&config.nats, name, &config.security).await?;
-        Worker::start_on(client, service, config, shutdown).await
+        let (urls, security, name) = (
+            config.nats.clone(),
+            config.security.clone(),
+            name.to_owned(),
+        );
+        let connect = async move { bus::connect(&urls, &name, &security).await };
+        Worker::start_with(connect, service, config, shutdown).await
     }
 
-    /// [`Worker::start`] on a connection made already (e.g. an embedded broker's, from
-    /// [`crate::connect_in_process`]).
-    pub async fn start_on(
-        client: bus::Client,
+    /// [`Worker::start`] on the in-process connection of the embedded broker `dial`
+    /// reaches (see [`crate::connect_in_process`]), made on the worker's loop thread.
+    pub async fn start_in_process(
+        dial: ::bus::Dialer,
+        service: Service,
+        config: WorkerConfig,
+        name: &str,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<Running> {
+        let name = name.to_owned();
+        let connect = async move { bus::connect_in_process(dial, &name).await };
+        Worker::start_with(connect, service, config, shutdown).await
+    }
+
+    async fn start_with(
+        connect: impl Future<Output = anyhow::Result<bus::Client>> + Send + 'static,
         service: Service,
         config: WorkerConfig,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Running> {
-        let worker = Worker::subscribe(client, service, config).await?;
-        tracing::info!("Worker subscribed on {}", worker.subject());
-        let held = worker.held();
         // A child: stopping this worker leaves the rest of the process running.
         let shutdown = shutdown.child_token();
-        let task = tokio::spawn(worker.run(shutdown.clone()));
+        let name = service.name().to_owned();
+        let (started_tx, started) = oneshot::channel();
+        let (done_tx, done) = oneshot::channel();
+        let stop = shutdown.clone();
+        loop_thread::spawn(&name, move |rt| {
+            let subscribed = rt.block_on(async move {
+                let client = connect.await?;
+                anyhow::Ok(Worker::subscribe(client, service, config).await?)
+            });
+            let worker = match subscribed {
+                Ok(worker) => worker,
+                Err(error) => {
+                    let _ = started_tx.send(Err(error));
+                    return;
+                }
+            };
+            tracing::info!("Worker subscribed on {}", worker.subject());
+            // The caller gone, nobody would stop the worker: it does not serve.
+            if started_tx.send(Ok(worker.held())).is_ok() {
+                let _ = done_tx.send(worker.serve_on(rt, stop));
+            }
+        })?;
+        let held = started.await.map_err(|_| loop_thread::vanished(&name))??;
         Ok(Running {
             shutdown,
-            task,
+            done,
             held,
+            name,
         })
     }
 }
 
-/// A worker serving on a task, from [`Worker::start`]. Dropping it fires its shutdown:
-/// it then drains on its own.
+/// A worker serving on its loop thread, from [`Worker::start`]. Dropping it fires its
+/// shutdown: it then drains on its own.
 #[derive(Debug)]
 pub struct Running {
     shutdown: CancellationToken,
-    task: JoinHandle<Result<(), WorkerError>>,
+    /// The worker's result, when its thread is done.
+    done: oneshot::Receiver<Result<(), WorkerError>>,
     held: Option<HeldPartitions>,
+    name: String,
 }
 
 impl Running {
@@ -74,9 +116,9 @@ impl Running {
 
     /// Waits for the worker to return: after its shutdown fired, once it has drained.
     pub async fn join(&mut self) -> Result<(), WorkerError> {
-        match (&mut self.task).await {
+        match (&mut self.done).await {
             Ok(result) => result,
-            Err(panicked) => Err(WorkerError::Panicked(panicked.to_string())),
+            Err(_) => Err(loop_thread::vanished(&self.name)),
         }
     }
 }

@@ -48,8 +48,7 @@ impl BusExt for Bus {
                 Bus::InProcess(embedded) => {
                     let server = embedded.server.clone();
                     let dial = bus::dial_with(move || server.connect_in_process());
-                    let client = services::connect_in_process(dial, &name).await?;
-                    Worker::start_on(client, service, config, &shutdown).await
+                    Worker::start_in_process(dial, service, config, &name, &shutdown).await
                 }
                 Bus::Embedded(_) | Bus::NatsServer(_) => {
                     Worker::start(service, config, &name, &shutdown).await
