@@ -71,6 +71,12 @@ impl<O: ReplySink> Intake<O> {
             Ok(()) => {
                 let depth = self.tx.max_capacity() - self.tx.capacity();
                 self.metrics.depth.set(depth as f64);
+                if depth >= self.tx.max_capacity().div_ceil(2) {
+                    // The loop runs on this thread between the intake's turns: a burst
+                    // read at once lets it take a frame at half a queue, rather than
+                    // answering the rest 503 while it never had a turn.
+                    tokio::task::yield_now().await;
+                }
                 Offer::Queued
             }
             Err(mpsc::error::TrySendError::Full(incoming)) => {

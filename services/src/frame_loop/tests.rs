@@ -255,6 +255,22 @@ async fn full_queue_answers_503_at_once() {
     assert_eq!(answered, [(0, code::OK), (1, code::OK), (2, code::OK)]);
 }
 
+/// The worker runs its intake and its loop on one thread: a burst read at once must
+/// leave the loop a turn before the queue is full, or the rest of it is answered 503
+/// with the loop never having run.
+#[tokio::test(start_paused = true)]
+async fn a_burst_read_at_once_lets_the_loop_take_frames_before_the_queue_fills() {
+    let log = Log::default();
+    let (out, mut rx) = output();
+    let burst = stream::iter((0..8).map(|id| request("one", id)));
+    run(service(&log), config(4, 100), burst, out).await;
+    let answered: Vec<(u32, u32)> = drain(&mut rx).iter().map(|(id, r)| (*id, r.code)).collect();
+    assert_eq!(
+        answered,
+        (0..8).map(|id| (id, code::OK)).collect::<Vec<_>>()
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn tick_keeps_its_rate_under_load() {
     let t0 = Instant::now();
