@@ -416,6 +416,12 @@ impl<T: Clone + Send + Sync + 'static> Bus<T> {
         }
     }
 
+    /// Answers the oldest PING taken by [`Bus::written`] and not answered yet, as a
+    /// server's PONG would: the flush waiting on it resolves.
+    pub fn answer_ping(&self) {
+        self.out.pong_current();
+    }
+
     /// Takes whatever is queued now (maybe nothing).
     pub fn written_now(&self) -> String {
         let mut buf = BytesMut::new();

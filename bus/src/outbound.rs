@@ -114,6 +114,14 @@ impl Outbound {
         self.lock().pings.pong(writer);
     }
 
+    /// The current writer's connection read a PONG (a test playing the server).
+    #[cfg(any(test, feature = "testing"))]
+    pub(super) fn pong_current(&self) {
+        let mut state = self.lock();
+        let writer = state.writer;
+        state.pings.pong(writer);
+    }
+
     /// The connection was lost: flushes fail, and publishers waiting for room retry
     /// (and hear that no connection is up).
     pub(super) fn lost(&self) {

@@ -110,9 +110,10 @@ impl Presence {
         format!("{}.user.{uid}", self.prefix)
     }
 
-    /// Adds a session to a group, subscribing the group's subject if it is new here.
-    pub(crate) fn join(&self, group: &str, sid: u64) {
-        self.group_entry(group, |g| g.members.insert(sid));
+    /// Adds a session to a group, subscribing the group's subject if it is new here;
+    /// whether it did (the subscription is in place once the bus is flushed).
+    pub(crate) fn join(&self, group: &str, sid: u64) -> bool {
+        self.group_entry(group, |g| g.members.insert(sid))
     }
 
     /// Adds a resumed session to a group from its hand-over mark on: what the group's
@@ -121,10 +122,12 @@ impl Presence {
         self.group_entry(group, |g| g.arriving.insert(sid));
     }
 
-    fn group_entry(&self, group: &str, add: impl FnOnce(&mut Group) -> bool) {
+    /// Whether it subscribed the group's subject.
+    fn group_entry(&self, group: &str, add: impl FnOnce(&mut Group) -> bool) -> bool {
         match self.groups.entry(group.to_owned()) {
             Entry::Occupied(mut e) => {
                 add(e.get_mut());
+                false
             }
             Entry::Vacant(v) => {
                 let target = Target::Group(group.into());
@@ -136,6 +139,7 @@ impl Presence {
                 };
                 add(&mut g);
                 v.insert(g);
+                true
             }
         }
     }
@@ -190,13 +194,14 @@ impl Presence {
         self.users.len()
     }
 
-    /// Binds `uid` to session `sid` on this gate, enforcing one session per uid.
-    pub(crate) async fn bind(&self, uid: &str, sid: u64) -> Result<(), BindError> {
+    /// Binds `uid` to session `sid` on this gate, enforcing one session per uid;
+    /// whether it subscribed the player's subject (in place once the bus is flushed).
+    pub(crate) async fn bind(&self, uid: &str, sid: u64) -> Result<bool, BindError> {
         crate::route::check_token(uid).map_err(|_| BindError::Invalid)?;
         let subject = self.user_subject(uid);
         let holder = self.users.get(uid).map(|b| b.sid);
         if holder == Some(sid) {
-            return Ok(());
+            return Ok(false);
         }
         if self.uid_conflict == UidConflict::Refuse {
             if holder.is_some() {
@@ -216,7 +221,7 @@ impl Presence {
         if let Some(old) = holder {
             self.kick_local(old, "logged in elsewhere");
         }
-        self.user_entry(uid, |b| b.sid = sid);
+        let subscribed = self.user_entry(uid, |b| b.sid = sid);
         let claim = UserCommand {
             kind: Some(user_command::Kind::Claim(Claim {
                 gate: self.gate.clone(),
@@ -225,7 +230,16 @@ impl Presence {
         };
         self.bus
             .publish_bytes(&subject, Reply::None, &claim.encode_to_vec())
-            .map_err(|e| BindError::Bus(e.to_string()))
+            .map_err(|e| BindError::Bus(e.to_string()))?;
+        Ok(subscribed)
+    }
+
+    /// Waits until the bus server has taken every subscription made before (a PING's
+    /// answer), so a push published after an answer that joined or bound reaches the
+    /// session; at once when the bus is down (its subscriptions go with the next
+    /// connection).
+    pub(crate) async fn subscriptions_in_place(&self) {
+        let _ = self.bus.flush().await;
     }
 
     /// Binds `uid` to a resumed session from its hand-over mark on (no claim: the
@@ -234,10 +248,14 @@ impl Presence {
         self.user_entry(uid, |b| b.arriving = Some(sid));
     }
 
-    fn user_entry(&self, uid: &str, change: impl FnOnce(&mut Binding)) {
+    /// Whether it subscribed the player's subject.
+    fn user_entry(&self, uid: &str, change: impl FnOnce(&mut Binding)) -> bool {
         match self.users.entry(uid.to_owned()) {
             // Already subscribed for this uid: the binding just changes hands.
-            Entry::Occupied(mut e) => change(e.get_mut()),
+            Entry::Occupied(mut e) => {
+                change(e.get_mut());
+                false
+            }
             Entry::Vacant(v) => {
                 let subject = self.user_subject(uid);
                 let bus_sid = self.bus.subscribe(subject, None, Target::User(uid.into()));
@@ -248,6 +266,7 @@ impl Presence {
                 };
                 change(&mut b);
                 v.insert(b);
+                true
             }
         }
     }

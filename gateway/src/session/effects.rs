@@ -22,6 +22,10 @@ impl<S: Io> Live<S> {
         resp: &mut client::Response,
     ) -> Option<String> {
         let mut kick = None;
+        // A subscription made here (a group new on this gate, a player bound) is in
+        // place at the bus server before the answer goes out: a push published after
+        // the client saw the answer must reach it.
+        let mut subscribed = false;
         for kind in effects.into_iter().filter_map(|e| e.kind) {
             match kind {
                 effect::Kind::BindUid(uid) => {
@@ -33,15 +37,18 @@ impl<S: Io> Live<S> {
                         resp.body = Default::default();
                         break;
                     }
-                    if let Err(e) = self.gate.presence.bind(&uid, self.sid).await {
-                        resp.code = match e {
-                            BindError::Taken => code::CONFLICT,
-                            BindError::Invalid => code::BAD_REQUEST,
-                            BindError::Bus(_) => code::UNAVAILABLE,
-                        };
-                        resp.message = e.to_string();
-                        resp.body = Default::default();
-                        break;
+                    match self.gate.presence.bind(&uid, self.sid).await {
+                        Ok(new) => subscribed |= new,
+                        Err(e) => {
+                            resp.code = match e {
+                                BindError::Taken => code::CONFLICT,
+                                BindError::Invalid => code::BAD_REQUEST,
+                                BindError::Bus(_) => code::UNAVAILABLE,
+                            };
+                            resp.message = e.to_string();
+                            resp.body = Default::default();
+                            break;
+                        }
                     }
                     let mut old = uid;
                     self.wire.update(|s| std::mem::swap(&mut s.uid, &mut old));
@@ -63,7 +70,7 @@ impl<S: Io> Live<S> {
                     if route::check_token(&group).is_err() || self.groups.contains(&group) {
                         continue;
                     }
-                    self.gate.presence.join(&group, self.sid);
+                    subscribed |= self.gate.presence.join(&group, self.sid);
                     self.groups.push(group);
                 }
                 effect::Kind::Leave(group) => {
@@ -74,6 +81,9 @@ impl<S: Io> Live<S> {
                 }
                 effect::Kind::Kick(reason) => kick = Some(reason),
             }
+        }
+        if subscribed {
+            self.gate.presence.subscriptions_in_place().await;
         }
         kick
     }

@@ -144,13 +144,18 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
     }
     if let Some(identity) = identity {
         if arrival.is_none() {
-            // Bound before the ack: the first request already carries the player.
-            if let Err(e) = gate.presence.bind(&identity.uid, sid).await {
-                gate.sessions.remove(sid);
-                let answer =
-                    codec.encode(Kind::HandshakeAck(ack(bind_refusal(&e), &e.to_string())));
-                refuse(&mut ws, answer, "uid refused", wait).await;
-                return;
+            // Bound before the ack: the first request already carries the player, and
+            // a push to the player published after the ack reaches it.
+            match gate.presence.bind(&identity.uid, sid).await {
+                Ok(true) => gate.presence.subscriptions_in_place().await,
+                Ok(false) => {}
+                Err(e) => {
+                    gate.sessions.remove(sid);
+                    let answer =
+                        codec.encode(Kind::HandshakeAck(ack(bind_refusal(&e), &e.to_string())));
+                    refuse(&mut ws, answer, "uid refused", wait).await;
+                    return;
+                }
             }
         }
         // A resumed session takes the fresh token's expiry and claims: its player was

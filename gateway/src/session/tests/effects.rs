@@ -71,3 +71,35 @@ async fn a_non_200_answer_s_effects_are_ignored() {
         "no refusal's effect was applied"
     );
 }
+
+/// A join that subscribes the group here is answered only once the bus server has
+/// taken the subscription (the answer to a PING sent after it): a push the client
+/// makes happen after seeing the answer must reach it (docs/workers.md, "Effects").
+#[tokio::test(start_paused = true)]
+async fn a_join_is_answered_once_its_subscription_is_in_place_at_the_server() {
+    let cx = gate(|_| {});
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    request(&mut client, 1, "chat.join").await;
+    assert_eq!(published(&cx.bus.written().await).len(), 1);
+    let resp = RpcResponse {
+        code: code::OK,
+        effects: vec![Effect {
+            kind: Some(effect::Kind::Join("lobby".into())),
+        }],
+        ..Default::default()
+    };
+    let reply = WorkerReply::Response(resp);
+    cx.sessions
+        .offer(client.sid, ToSession::Reply { id: 1, reply })
+        .expect("the session's queue takes it");
+    let written = cx.bus.written().await;
+    let sub = written.find("SUB shaddock.grp.lobby ").expect("subscribed");
+    assert!(written[sub..].contains("PING\r\n"), "{written:?}");
+    let early = tokio::time::timeout(Duration::from_secs(1), client.ws.next()).await;
+    assert!(
+        early.is_err(),
+        "answered before the server had the SUB: {early:?}"
+    );
+    cx.bus.answer_ping();
+    assert_eq!(response(&mut client).await.code, code::OK);
+}
