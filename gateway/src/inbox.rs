@@ -16,7 +16,6 @@ use std::task::{Poll, Waker};
 
 use proto::resume::{Handed, TakeOver};
 use proto::rpc::RpcResponse;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::codec::PushFrame;
 
@@ -44,6 +43,9 @@ pub(crate) enum ToSession {
     Marked,
     /// This (resumed) session's old gate handed over what it held.
     Handed(Box<Handed>),
+    /// The queue was found full and a message dropped: the session closes as too slow.
+    /// Made by the queue itself, and taken before anything still waiting.
+    Overflowed,
 }
 
 #[derive(Debug)]
@@ -59,14 +61,11 @@ pub(crate) enum WorkerReply {
 #[derive(Debug)]
 pub(crate) struct SessionTx {
     queue: Arc<Shared>,
-    /// Cancelled when the queue was found full: the session closes as too slow.
-    overflowed: CancellationToken,
 }
 
 /// The session's end of its queue.
 pub(crate) struct Inbox {
     pub rx: Receiver,
-    overflowed: CancellationToken,
 }
 
 /// Takes what the session's queue holds.
@@ -91,6 +90,8 @@ struct State {
     receiver_gone: bool,
     /// The gate's end is gone: nothing more comes.
     sender_gone: bool,
+    /// A message was dropped, the queue being full; told once ([`ToSession::Overflowed`]).
+    overflowed: bool,
 }
 
 impl Shared {
@@ -106,15 +107,12 @@ pub(crate) fn channel(capacity: usize) -> (SessionTx, Inbox) {
         capacity: capacity.max(1),
         state: Mutex::default(),
     });
-    let overflowed = CancellationToken::new();
     (
         SessionTx {
             queue: queue.clone(),
-            overflowed: overflowed.clone(),
         },
         Inbox {
             rx: Receiver(queue),
-            overflowed,
         },
     )
 }
@@ -149,9 +147,12 @@ impl Receiver {
     }
 }
 
-/// The oldest message; the queue's room is given back once it is empty, so a quiet
-/// session holds none.
+/// The oldest message (after an overflow, first of all that); the queue's room is given
+/// back once it is empty, so a quiet session holds none.
 fn take(state: &mut State) -> Option<ToSession> {
+    if std::mem::take(&mut state.overflowed) {
+        return Some(ToSession::Overflowed);
+    }
     let msg = state.messages.pop_front()?;
     if state.messages.is_empty() {
         state.messages = VecDeque::new();
@@ -193,43 +194,44 @@ impl SessionTx {
     /// Queues `msg` if there is room, and nothing else: what a peer asks of a session
     /// (another gate's hand-over request) must not close it by filling its queue.
     pub(crate) fn offer_if_room(&self, msg: ToSession) -> Result<(), Refused> {
-        let waker = {
-            let mut state = self.queue.lock();
-            if state.receiver_gone {
-                return Err(Refused::Gone);
-            }
-            if state.messages.len() >= self.queue.capacity {
-                return Err(Refused::Full);
-            }
-            state.messages.push_back(msg);
-            state.waker.take()
-        };
-        // Woken outside the lock: the session takes it as soon as it runs.
-        if let Some(waker) = waker {
-            waker.wake();
-        }
-        Ok(())
+        self.push(msg, false)
     }
 
     /// Queues `msg` without waiting. A full queue drops it (the caller counts it) and
     /// tells the session to close as too slow, so nothing is ever dropped from a
     /// session that stays open.
     pub(crate) fn offer(&self, msg: ToSession) -> Result<(), Refused> {
-        let offered = self.offer_if_room(msg);
-        if offered == Err(Refused::Full) {
-            self.overflowed.cancel();
+        self.push(msg, true)
+    }
+
+    /// Queues `msg` if there is room; when there is none and `tell`, the session is
+    /// told it overflowed.
+    fn push(&self, msg: ToSession, tell: bool) -> Result<(), Refused> {
+        let (pushed, waker) = {
+            let mut state = self.queue.lock();
+            if state.receiver_gone {
+                return Err(Refused::Gone);
+            }
+            let pushed = if state.messages.len() < self.queue.capacity {
+                state.messages.push_back(msg);
+                Ok(())
+            } else if tell {
+                state.overflowed = true;
+                Err(Refused::Full)
+            } else {
+                return Err(Refused::Full);
+            };
+            (pushed, state.waker.take())
+        };
+        // Woken outside the lock: the session takes it as soon as it runs.
+        if let Some(waker) = waker {
+            waker.wake();
         }
-        offered
+        pushed
     }
 }
 
 impl Inbox {
-    /// Completes once the queue overflowed; made once per session (a fresh future each
-    /// turn would lock the token's waiter list each time).
-    pub(crate) fn overflowed(&self) -> WaitForCancellationFutureOwned {
-        self.overflowed.clone().cancelled_owned()
-    }
-
     /// Room the queue holds now (0 while nothing waits).
     #[cfg(test)]
     pub(crate) fn room(&self) -> usize {
@@ -249,19 +251,16 @@ impl Inbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures::FutureExt as _;
 
-    #[test]
-    fn a_full_queue_tells_its_session_to_close() {
+    #[tokio::test]
+    async fn a_full_queue_tells_its_session_to_close_before_anything_else() {
         let (tx, mut inbox) = channel(2);
-        let overflowed = inbox.overflowed();
-        tokio::pin!(overflowed);
         assert_eq!(tx.offer(ToSession::BusLost), Ok(()));
         assert_eq!(tx.offer(ToSession::Kick("a".into())), Ok(()));
-        assert!(overflowed.as_mut().now_or_never().is_none());
-        // The third does not fit: dropped, and the session is told.
+        // The third does not fit: dropped, and the session is told, first, once.
         assert_eq!(tx.offer(ToSession::BusLost), Err(Refused::Full));
-        assert!(overflowed.now_or_never().is_some());
+        assert!(matches!(inbox.rx.recv().await, Some(ToSession::Overflowed)));
+        assert!(matches!(inbox.rx.try_recv(), Ok(ToSession::BusLost)));
         assert_eq!(inbox.queued_pushes(), 0);
         drop(inbox);
         assert_eq!(tx.offer(ToSession::BusLost), Err(Refused::Gone));
@@ -269,12 +268,11 @@ mod tests {
 
     #[test]
     fn an_offer_if_room_never_tells_a_full_queue_to_close() {
-        let (tx, inbox) = channel(1);
-        let overflowed = inbox.overflowed();
-        tokio::pin!(overflowed);
+        let (tx, mut inbox) = channel(1);
         assert_eq!(tx.offer_if_room(ToSession::Marked), Ok(()));
         assert_eq!(tx.offer_if_room(ToSession::Marked), Err(Refused::Full));
-        assert!(overflowed.now_or_never().is_none());
+        assert!(matches!(inbox.rx.try_recv(), Ok(ToSession::Marked)));
+        assert!(inbox.rx.try_recv().is_err(), "no overflow told");
         drop(inbox);
         assert_eq!(tx.offer_if_room(ToSession::Marked), Err(Refused::Gone));
     }

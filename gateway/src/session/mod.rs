@@ -178,8 +178,6 @@ impl<S: Io> Session<S> {
         let draining = self.gate.draining.child_token();
         let drain = draining.cancelled();
         tokio::pin!(drain);
-        let overflowed = inbox.overflowed();
-        tokio::pin!(overflowed);
         loop {
             let attached = self.attached();
             self.arm_write(&mut checks);
@@ -211,8 +209,6 @@ impl<S: Io> Session<S> {
                         break closing;
                     }
                 }
-                // A push was dropped: resuming could not make up for it.
-                () = &mut overflowed => break Closing::new(CloseCode::Policy, TOO_SLOW),
                 () = &mut timer, if due.is_some() => {
                     if let Some(closing) = self.on_due(&mut checks, Instant::now()) {
                         break closing;
@@ -423,6 +419,8 @@ impl<S: Io> Session<S> {
                 return Box::pin(self.on_take_over(*request, &reply)).await;
             }
             ToSession::Marked => return self.on_marked(),
+            // A push was dropped: resuming could not make up for it.
+            ToSession::Overflowed => return Some(Closing::new(CloseCode::Policy, TOO_SLOW)),
             // Only a session arriving waits for one (`resume::arrive`).
             ToSession::Handed(_) => return None,
             ToSession::Kick(reason) => {
