@@ -1,7 +1,7 @@
 //! A session's socket that holds no read buffer while its client is quiet.
 //!
 //! The WebSocket reader (tungstenite) keeps a read buffer for the whole life of a
-//! connection; at the size one read of the socket wants (4 KiB) that buffer was a third
+//! connection; at the size one read of the socket wants (4 KiB) that buffer was a quarter
 //! of what an idle session cost. So the WebSocket's own buffer is kept small
 //! (`--ws-buffer`), and this wrapper makes the socket reads: each takes up to
 //! [`READ_CHUNK`] bytes into the stack, hands the reader what it asked for, and keeps

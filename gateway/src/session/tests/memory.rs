@@ -3,7 +3,7 @@
 //! thread the sessions run on, clients on another. A debug build's futures are larger
 //! than a release build's, so these bounds are met with room in production; the RSS
 //! figures measured with `loadtest idle` are in docs/benchmarks.md. (Before the cuts of
-//! docs/gateway.md, "Memory per session", this counted 16.4 KB live and 15.8 KB
+//! docs/gateway.md, "Memory per session", this counted 16.4 KB live and 16.3 KB
 //! detached.)
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
