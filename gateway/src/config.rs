@@ -111,8 +111,15 @@ pub const DEFAULT_RESEND_BACKOFF: Duration = Duration::from_millis(25);
 pub const MAX_RESENT_BODY: usize = 4 * 1024;
 /// The longest wait between two sends of a request that reached no worker.
 pub const MAX_RESEND_BACKOFF: Duration = Duration::from_millis(400);
-/// WebSocket read buffer per session; small, so idle sessions stay cheap.
+/// Most bytes one read of a session's socket takes: a busy client's frames come in
+/// with one system call per this much. Taken on the stack; what the WebSocket does not
+/// take at once waits in a buffer of its size, freed once taken (`gateway/src/lean_io.rs`).
 pub const WS_READ_BUFFER: usize = 4 * 1024;
+/// The read buffer a session's WebSocket keeps for its whole life, and the most it asks
+/// of the socket reader at once (from memory, see [`WS_READ_BUFFER`]): 256 bytes hold
+/// a game's usual frames whole, and an idle session pays for no more. It grows to the
+/// largest frame the session received.
+pub const DEFAULT_WS_BUFFER: usize = 256;
 /// Bytes tungstenite collects before writing; flushes write everything anyway.
 pub const WS_WRITE_BUFFER: usize = 8 * 1024;
 /// How long a refusing bind waits for a holder of the uid to answer its probe.
@@ -171,6 +178,10 @@ pub struct GateConfig {
     /// Largest WebSocket frame a client may send, in bytes.
     #[arg(long, env = "SHADDOCK_MAX_FRAME", default_value_t = DEFAULT_MAX_FRAME)]
     pub max_frame: usize,
+    /// Bytes of read buffer each session's WebSocket keeps while it lives (grown to the
+    /// largest frame it received); socket reads take up to 4 KiB whatever this is.
+    #[arg(long, env = "SHADDOCK_WS_BUFFER", default_value_t = DEFAULT_WS_BUFFER)]
+    pub ws_buffer: usize,
     /// Connections this gate holds at once: sessions and connections not yet upgraded or
     /// handshaken alike (more are answered 503).
     #[arg(long, env = "SHADDOCK_MAX_SESSIONS", default_value_t = DEFAULT_MAX_SESSIONS)]
@@ -359,6 +370,7 @@ impl Default for GateConfig {
             gate_id: String::new(),
             prefix: DEFAULT_PREFIX.into(),
             max_frame: DEFAULT_MAX_FRAME,
+            ws_buffer: DEFAULT_WS_BUFFER,
             max_sessions: DEFAULT_MAX_SESSIONS,
             max_connections_per_ip: DEFAULT_MAX_CONNECTIONS_PER_IP,
             upgrade_timeout: DEFAULT_UPGRADE_TIMEOUT,

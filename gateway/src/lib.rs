@@ -19,6 +19,7 @@ mod gate;
 mod handover;
 mod inbox;
 mod labels;
+mod lean_io;
 mod limits;
 mod presence;
 pub mod route;

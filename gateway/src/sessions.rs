@@ -144,6 +144,7 @@ mod tests {
         assert_eq!(sessions.len(), 1);
         assert_eq!(sessions.offer(sid, ToSession::BusLost), Ok(()));
         assert_eq!(sessions.offer(sid, ToSession::BusLost), Err(Refused::Full));
+        assert!(matches!(rx.rx.try_recv(), Ok(ToSession::Overflowed)));
         assert!(matches!(rx.rx.try_recv(), Ok(ToSession::BusLost)));
         sessions.offer_all(|| ToSession::Kick("bye".into()));
         assert!(matches!(rx.rx.try_recv(), Ok(ToSession::Kick(r)) if r == "bye"));

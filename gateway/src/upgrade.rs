@@ -16,6 +16,8 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
+use crate::lean_io::LeanIo;
+
 /// Most header lines a request head may have; a browser's upgrade sends about 15.
 /// More is answered 431 like a head that is too long.
 pub const MAX_HEADERS: usize = 32;
@@ -228,15 +230,17 @@ impl UpgradeError {
 }
 
 /// Reads the upgrade request and answers it, all within `limits.timeout`; returns the
-/// WebSocket, with any bytes the client sent after its head kept for it.
+/// WebSocket (reading through a [`LeanIo`]), with any bytes the client sent after its
+/// head kept for it.
 pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     stream: S,
     policy: &UpgradePolicy,
     config: WebSocketConfig,
-) -> Result<WebSocketStream<S>, UpgradeError> {
+) -> Result<WebSocketStream<LeanIo<S>>, UpgradeError> {
     let mut stream = stream;
     let handshake = timeout(policy.timeout, answer(&mut stream, policy)).await;
     let leftover = handshake.map_err(|_| UpgradeError::Timeout)??;
+    let stream = LeanIo::new(stream);
     Ok(WebSocketStream::from_partially_read(stream, leftover, Role::Server, Some(config)).await)
 }
 

@@ -86,7 +86,8 @@ impl Router {
             WorkerReply::NoResponders
         } else {
             // A shared handle, not a copy: kept only to relay it if the session moved.
-            RpcResponse::decode(payload.clone()).map_or(WorkerReply::Invalid, WorkerReply::Response)
+            RpcResponse::decode(payload.clone())
+                .map_or(WorkerReply::Invalid, |r| WorkerReply::Response(Box::new(r)))
         };
         // The queue has room for max_in_flight answers plus outbound_queue pushes; it is
         // full only when pushes flood a session that does not keep up. The reader must
@@ -122,8 +123,8 @@ impl Router {
         };
         let sid = request.sid;
         let msg = ToSession::TakeOver {
-            request,
-            reply: reply.to_owned(),
+            request: Box::new(request),
+            reply: reply.into(),
         };
         // A flood of bogus requests must not close the session they name.
         match self.sessions.offer_if_room(sid, msg) {

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::asks::Asks;
 use crate::auth::TokenCheck;
 use crate::bus_target::Target;
-use crate::config::{GateConfig, WS_READ_BUFFER, WS_WRITE_BUFFER};
+use crate::config::{GateConfig, WS_WRITE_BUFFER};
 use crate::labels::RouteLabels;
 use crate::limits::{Held, InFlight};
 use crate::presence::Presence;
@@ -62,7 +62,7 @@ impl Context {
             asks.clone(),
         ));
         let ws_config = WebSocketConfig::default()
-            .read_buffer_size(WS_READ_BUFFER)
+            .read_buffer_size(config.ws_buffer)
             .write_buffer_size(WS_WRITE_BUFFER)
             .max_write_buffer_size(WS_WRITE_BUFFER + 2 * config.max_frame)
             .max_frame_size(Some(config.max_frame))

@@ -21,6 +21,7 @@ mod requests;
 mod resume;
 #[cfg(test)]
 mod tests;
+mod timers;
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -42,6 +43,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use crate::codec::{Codec, Decoded};
 use crate::forward::SessionWire;
 use crate::inbox::{Inbox, ToSession, WorkerReply};
+use crate::lean_io::LeanIo;
 use crate::limits::TokenBucket;
 use cache::Cache;
 use closing::{
@@ -52,13 +54,12 @@ use outbox::Outbox;
 use resume::Resume;
 
 pub(crate) use context::Context;
-use opening::TOKEN_EXPIRED;
 pub(crate) use opening::run;
 use requests::call_timing;
 
 /// One owner reads and writes: the session never does both at once, so the socket is not
 /// split (a split puts a lock in front of every read and write).
-type Ws<S> = WebSocketStream<S>;
+type Ws<S> = WebSocketStream<LeanIo<S>>;
 
 /// What a session runs on: a TCP socket, or TLS over one.
 pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
@@ -138,8 +139,9 @@ struct Session<S> {
     /// session closes.
     drain: Option<Drain>,
     groups: Vec<String>,
-    /// `None` once a resumable session is detached: its socket and buffers are let go.
-    ws: Option<Ws<S>>,
+    /// `None` once a resumable session is detached: its socket and buffers are let go
+    /// (boxed, so a detached session's task does not keep their room).
+    ws: Option<Box<Ws<S>>>,
     /// Frames waiting for the socket.
     outbox: Outbox,
     /// The outbox was full: the session closes as too slow.
@@ -158,18 +160,17 @@ struct Session<S> {
     last_seen: Instant,
     /// `gate_request_duration_seconds` handles by (route, code).
     durations: Cache<(Arc<str>, u32), metrics::Histogram>,
-    /// A resumable session's numbered frames, and its resume's state.
-    resume: Option<Resume>,
+    /// A resumable session's numbered frames, and its resume's state (boxed: most
+    /// sessions have none).
+    resume: Option<Box<Resume>>,
 }
 
 impl<S: Io> Session<S> {
     async fn serve(&mut self, inbox: &mut Inbox) -> Closing {
-        let heartbeat = self.codec.heartbeat(self.gate.config.heartbeat);
-        let write_timeout = self.gate.config.write_timeout;
-        let silence = sleep_until(self.last_seen + 2 * heartbeat);
-        tokio::pin!(silence);
-        let expiry = sleep_until(Instant::now() + self.gate.config.request_timeout);
-        tokio::pin!(expiry);
+        let mut checks = self.checks();
+        // Every deadline of the session, behind one timer (see `timers`).
+        let timer = sleep_until(Instant::now());
+        tokio::pin!(timer);
         // A child of the gate's token, registered with once: the gate's own token has
         // one waiter list for every session, and a fresh `cancelled()` each turn locked
         // it twice per turn, from both cores (polling a registered waiter still locks
@@ -177,53 +178,14 @@ impl<S: Io> Session<S> {
         let draining = self.gate.draining.child_token();
         let drain = draining.cancelled();
         tokio::pin!(drain);
-        let overflowed = inbox.overflowed();
-        tokio::pin!(overflowed);
-        let token_expiry = sleep_until(self.expires.unwrap_or_else(Instant::now));
-        tokio::pin!(token_expiry);
-        // Served again after a detach, a draining session keeps its drain's end.
-        let drain_end = sleep_until(self.drain.map_or_else(Instant::now, |d| d.ends));
-        tokio::pin!(drain_end);
-        // Armed while output waits; checked lazily, like the heartbeat.
-        let write_deadline = sleep_until(Instant::now());
-        tokio::pin!(write_deadline);
-        let mut write_armed = false;
-        let hold_end = sleep_until(Instant::now());
-        tokio::pin!(hold_end);
-        let lost_end = sleep_until(Instant::now());
-        tokio::pin!(lost_end);
-        let resend = sleep_until(Instant::now());
-        tokio::pin!(resend);
-        // While detached: when the resume window (or a hand-over) ends.
-        let detached_end = sleep_until(Instant::now());
-        tokio::pin!(detached_end);
         loop {
             let attached = self.attached();
-            if let Some(r) = &self.resume
-                && let Some(until) = r.detached_until
+            self.arm_write(&mut checks);
+            let due = self.next_due(&checks);
+            if let Some(due) = due
+                && due != timer.deadline()
             {
-                let until = r.handing.as_ref().map_or(until, |h| h.until);
-                detached_end.as_mut().reset(until);
-            }
-            if let Some(&(deadline, _)) = self.deadlines.front() {
-                expiry.as_mut().reset(deadline);
-            }
-            if let Some(&(until, _)) = self.held.front() {
-                hold_end.as_mut().reset(until);
-            }
-            if let Some(&(until, _)) = self.lost.front() {
-                lost_end.as_mut().reset(until);
-            }
-            if let Some(at) = self.resends.iter().map(|&(at, _)| at).min() {
-                resend.as_mut().reset(at);
-            }
-            match self.outbox.waiting_since() {
-                Some(since) if !write_armed => {
-                    write_deadline.as_mut().reset(since + write_timeout);
-                    write_armed = true;
-                }
-                None => write_armed = false,
-                Some(_) => {}
+                timer.as_mut().reset(due);
             }
             tokio::select! {
                 frame = poll_fn(|cx| self.poll_socket(cx)), if attached => {
@@ -247,51 +209,13 @@ impl<S: Io> Session<S> {
                         break closing;
                     }
                 }
-                // A push was dropped: resuming could not make up for it.
-                () = &mut overflowed => break Closing::new(CloseCode::Policy, TOO_SLOW),
-                () = &mut detached_end, if !attached => {
-                    if self.resume.as_ref().is_some_and(|r| r.handing.is_some()) {
-                        break self.hand_over();
-                    }
-                    break Closing::new(CloseCode::Away, "resume window passed");
-                }
-                () = &mut write_deadline, if write_armed && attached => {
-                    match self.outbox.waiting_since() {
-                        Some(since) if since + write_timeout <= Instant::now() => {
-                            break too_slow();
-                        }
-                        Some(since) => write_deadline.as_mut().reset(since + write_timeout),
-                        None => write_armed = false,
+                () = &mut timer, if due.is_some() => {
+                    if let Some(closing) = self.on_due(&mut checks, Instant::now()) {
+                        break closing;
                     }
                 }
-                () = &mut expiry, if !self.deadlines.is_empty() => self.expire(),
-                () = &mut hold_end, if !self.held.is_empty() => self.end_holds(),
-                () = &mut lost_end, if !self.lost.is_empty() => self.end_lost_waits(),
-                () = &mut resend, if !self.resends.is_empty() => self.resend_due(),
-                () = &mut silence, if attached => {
-                    // Checked lazily so a busy client costs no timer reset per frame.
-                    let due = self.last_seen + 2 * heartbeat;
-                    if due <= Instant::now() {
-                        break Closing::lost(CloseCode::Policy, "heartbeat missed");
-                    }
-                    silence.as_mut().reset(due);
-                }
-                () = &mut drain, if self.drain.is_none() => {
-                    self.begin_drain();
-                    let ends = self.drain.map_or_else(Instant::now, |d| d.ends);
-                    drain_end.as_mut().reset(ends);
-                }
-                () = &mut drain_end, if self.drain.is_some() => break self.end_drain(),
-                () = &mut token_expiry, if self.expires.is_some() => {
-                    // Checked lazily, like the heartbeat: a Refresh only moves `expires`.
-                    match self.expires {
-                        Some(due) if due > Instant::now() => token_expiry.as_mut().reset(due),
-                        _ => {
-                            self.send(Kind::Kick(client::Kick { reason: TOKEN_EXPIRED.into() }));
-                            break Closing::new(CloseCode::Policy, TOKEN_EXPIRED);
-                        }
-                    }
-                }
+                // Its end is one of the deadlines from now on.
+                () = &mut drain, if self.drain.is_none() => self.begin_drain(),
             }
             // Coalesce: everything else already waiting goes out with the same flush.
             let mut kicked = None;
@@ -491,9 +415,12 @@ impl<S: Io> Session<S> {
                 return None;
             }
             ToSession::TakeOver { request, reply } => {
-                return self.on_take_over(request, &reply).await;
+                // Boxed: rare, and its state would otherwise sit in every session's task.
+                return Box::pin(self.on_take_over(*request, &reply)).await;
             }
             ToSession::Marked => return self.on_marked(),
+            // A push was dropped: resuming could not make up for it.
+            ToSession::Overflowed => return Some(Closing::new(CloseCode::Policy, TOO_SLOW)),
             // Only a session arriving waits for one (`resume::arrive`).
             ToSession::Handed(_) => return None,
             ToSession::Kick(reason) => {
@@ -528,6 +455,7 @@ impl<S: Io> Session<S> {
         let mut kick = None;
         match reply {
             WorkerReply::Response(r) => {
+                let r = *r;
                 resp.code = r.code;
                 resp.body = r.body;
                 resp.message = r.message;
@@ -538,8 +466,10 @@ impl<S: Io> Session<S> {
                     calls: r.calls.into_iter().map(call_timing).collect(),
                     ..client::Timing::default()
                 };
-                if resp.code == code::OK {
-                    kick = self.apply(r.effects, &mut resp).await;
+                if resp.code == code::OK && !r.effects.is_empty() {
+                    // Boxed, like every await a session makes rarely: its state would
+                    // otherwise sit in every session's task, idle or not.
+                    kick = Box::pin(self.apply(r.effects, &mut resp)).await;
                 } else if !r.effects.is_empty() {
                     // Effects go with 200 only (docs/workers.md, "RpcResponse"): a
                     // request either succeeds with its effects or changes nothing.

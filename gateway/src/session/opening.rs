@@ -32,12 +32,62 @@ use crate::upgrade;
 /// Serves one connection from WebSocket upgrade to close; `_ticket` holds its place
 /// among the gate's connections until then.
 pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, _ticket: Ticket) {
+    // The opening and the rare steps are boxed: their state would otherwise sit in
+    // every session's task for its whole life (a task is as large as the largest state
+    // its future can be in).
+    let Some((mut session, mut inbox, arrival)) = Box::pin(open(&gate, stream, addr)).await else {
+        return;
+    };
+    let adopted = match arrival {
+        Some(arrived) => Box::pin(session.adopt(arrived)).await,
+        None => None,
+    };
+    let mut closing = match adopted {
+        Some(closing) => closing,
+        None => session.serve(&mut inbox).await,
+    };
+    while closing.ending == Ending::LinkLost && Box::pin(session.detach(&closing)).await {
+        closing = session.serve(&mut inbox).await;
+    }
+    // Everything it holds is given back before the client is told.
+    gate.sessions.remove(session.sid);
+    if closing.ending == Ending::HandedOver {
+        session.leave_quietly();
+        session.relay_leftovers(&mut inbox);
+    } else {
+        session.leave_everything().await;
+    }
+    metrics::gauge!("gate_sessions").decrement(1.0);
+    gate.in_flight.give_back(session.pending.len());
+    for held in session.pending.values().filter(|p| !p.sent) {
+        gate.held.give_back(held.body_len());
+    }
+    tracing::debug!(sid = session.sid, reason = closing.reason, "session closed");
+    metrics::counter!("gate_sessions_closed_total", "reason" => closing.reason).increment(1);
+    if session.attached() {
+        session.finish(&closing, &mut inbox).await;
+    } else {
+        metrics::gauge!("gate_sessions_detached").decrement(1.0);
+    }
+}
+
+/// From the WebSocket upgrade to the handshake's acknowledgement: the session, its
+/// queue and, for a resume, what its old gate handed over; `None` when it was refused
+/// (the client was told why). Its own function so that what only the opening needs (the
+/// first frame, the handshake, the identity) is gone once the session runs: a task
+/// keeps every local of its future alive to the end of its scope, and the first
+/// frame's payload would pin the whole read buffer it was read into.
+async fn open<S: Io>(
+    gate: &Arc<Context>,
+    stream: S,
+    addr: SocketAddr,
+) -> Option<(Session<S>, inbox::Inbox, Option<resume::Arrival>)> {
     let mut ws = match upgrade::accept(stream, &gate.upgrade, gate.ws_config).await {
         Ok(ws) => ws,
         Err(e) => {
             metrics::counter!("gate_upgrade_failed_total", "reason" => e.label()).increment(1);
             tracing::debug!(%addr, error = %e, "no websocket upgrade");
-            return;
+            return None;
         }
     };
     // Every refusal from here on is a close frame saying why, sent within the write
@@ -47,9 +97,9 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
         Ok(Some(Ok(frame))) => frame,
         Ok(Some(Err(e))) => {
             close(&mut ws, &frame_error(&e), wait).await;
-            return;
+            return None;
         }
-        Ok(None) => return,
+        Ok(None) => return None,
         Err(_) => {
             close(
                 &mut ws,
@@ -57,7 +107,7 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
                 wait,
             )
             .await;
-            return;
+            return None;
         }
     };
     let mut codec = Codec::of(&hello);
@@ -68,7 +118,7 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
         // A handshake with a misspelt field says which, rather than "handshake required".
         Decoded::UnknownField(name) => {
             close(&mut ws, &unknown_field(&name), wait).await;
-            return;
+            return None;
         }
         _ => {
             close(
@@ -77,7 +127,7 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
                 wait,
             )
             .await;
-            return;
+            return None;
         }
     };
     let sid = gate.sessions.next_sid();
@@ -99,7 +149,7 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
             metrics::counter!("gate_auth_failures_total", "reason" => e.reason()).increment(1);
             let answer = codec.encode(Kind::HandshakeAck(ack(code::UNAUTHORIZED, &e.to_string())));
             refuse(&mut ws, answer, "unauthorized", wait).await;
-            return;
+            return None;
         }
     };
     // Room for every in-flight answer plus pushes: the router never blocks, and a queue
@@ -117,7 +167,7 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
     let mut arrival = None;
     if token.is_some() && !handshake.resume_token.is_empty() {
         let player = identity.as_ref().map_or("", |i| i.uid.as_str());
-        match resume::arrive(&gate, sid, &handshake, player, json, &mut inbox).await {
+        match resume::arrive(gate, sid, &handshake, player, json, &mut inbox).await {
             Ok(arrived) => {
                 resume_code = code::OK;
                 arrival = Some(arrived);
@@ -154,7 +204,7 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
                     let answer =
                         codec.encode(Kind::HandshakeAck(ack(bind_refusal(&e), &e.to_string())));
                     refuse(&mut ws, answer, "uid refused", wait).await;
-                    return;
+                    return None;
                 }
             }
         }
@@ -183,7 +233,7 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
     ) {
         gate.sessions.remove(sid);
         gate.presence.depart(&groups, &wire.get().uid, sid);
-        return;
+        return None;
     }
     metrics::gauge!("gate_sessions").increment(1.0);
     tracing::debug!(sid, %addr, resume_code, "session open");
@@ -195,9 +245,9 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
     let resume = token.map(|token| {
         let config = &gate.config;
         let replay = Replay::new(first_seq, config.resume_buffer, config.resume_buffer_bytes);
-        Resume::new(token, replay)
+        Box::new(Resume::new(token, replay))
     });
-    let mut session = Session {
+    let session = Session {
         bucket: TokenBucket::new(gate.config.rate, gate.config.burst),
         gate: gate.clone(),
         sid,
@@ -213,7 +263,7 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
         routes: Cache::default(),
         drain: None,
         groups,
-        ws: Some(ws),
+        ws: Some(Box::new(ws)),
         outbox: Outbox::new(gate.config.outbound_queue, gate.config.outbound_bytes),
         overflow: false,
         pending: FxHashMap::default(),
@@ -225,37 +275,7 @@ pub(crate) async fn run<S: Io>(gate: Arc<Context>, stream: S, addr: SocketAddr, 
         durations: Cache::default(),
         resume,
     };
-    let adopted = match arrival {
-        Some(arrived) => session.adopt(arrived).await,
-        None => None,
-    };
-    let mut closing = match adopted {
-        Some(closing) => closing,
-        None => session.serve(&mut inbox).await,
-    };
-    while closing.ending == Ending::LinkLost && session.detach(&closing).await {
-        closing = session.serve(&mut inbox).await;
-    }
-    // Everything it holds is given back before the client is told.
-    gate.sessions.remove(sid);
-    if closing.ending == Ending::HandedOver {
-        session.leave_quietly();
-        session.relay_leftovers(&mut inbox);
-    } else {
-        session.leave_everything().await;
-    }
-    metrics::gauge!("gate_sessions").decrement(1.0);
-    gate.in_flight.give_back(session.pending.len());
-    for held in session.pending.values().filter(|p| !p.sent) {
-        gate.held.give_back(held.body_len());
-    }
-    tracing::debug!(sid, reason = closing.reason, "session closed");
-    metrics::counter!("gate_sessions_closed_total", "reason" => closing.reason).increment(1);
-    if session.attached() {
-        session.finish(&closing, &mut inbox).await;
-    } else {
-        metrics::gauge!("gate_sessions_detached").decrement(1.0);
-    }
+    Some((session, inbox, arrival))
 }
 
 /// Refuses a handshake: its answer, then a close saying why, each within `wait`.

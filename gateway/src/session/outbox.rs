@@ -67,6 +67,12 @@ impl Outbox {
         self.waiting_since
     }
 
+    /// Frames the queue has room for without growing (0 while nothing waits).
+    #[cfg(test)]
+    pub(super) fn room(&self) -> usize {
+        self.frames.capacity()
+    }
+
     /// Pushes not yet handed to the socket.
     pub(super) fn queued_pushes(&self) -> usize {
         self.frames.iter().filter(|o| o.push).count()
@@ -115,7 +121,12 @@ impl Outbox {
             }
         };
         match result {
-            Poll::Ready(Ok(())) => self.waiting_since = None,
+            Poll::Ready(Ok(())) => {
+                self.waiting_since = None;
+                // Everything is written: the queue's room goes back too, so a quiet
+                // session holds none (the next frame makes it again).
+                self.frames = VecDeque::new();
+            }
             Poll::Pending if progress => self.waiting_since = Some(Instant::now()),
             _ => {}
         }
@@ -198,6 +209,7 @@ mod tests {
             Poll::Ready(Ok(()))
         ));
         assert!(outbox.waiting_since().is_none());
+        assert_eq!(outbox.room(), 0, "a drained outbox holds no room");
         let written: Vec<String> = socket
             .written
             .iter()

@@ -357,7 +357,7 @@ impl<S: Io> Session<S> {
             return Err(reply);
         };
         let response = match reply {
-            WorkerReply::Response(r) => r,
+            WorkerReply::Response(r) => *r,
             WorkerReply::NoResponders => RpcResponse {
                 code: code::UNAVAILABLE,
                 message: "no worker available now".into(),
@@ -550,7 +550,7 @@ impl<S: Io> Session<S> {
             _ => self.next_serial(),
         }
         for answer in handed.answers {
-            let reply = WorkerReply::Response(answer.response.unwrap_or_default());
+            let reply = WorkerReply::Response(Box::new(answer.response.unwrap_or_default()));
             let msg = ToSession::Reply {
                 id: answer.id,
                 reply,

@@ -31,6 +31,7 @@ use crate::inbox::{ToSession, WorkerReply};
 use crate::schema::Schemas;
 
 mod effects;
+mod memory;
 
 fn gate(change: impl FnOnce(&mut GateConfig)) -> Arc<Context> {
     let mut config = GateConfig {
@@ -151,7 +152,7 @@ fn answer(cx: &Context, sid: u64, id: u64, code: u32, body: &[u8]) {
         body: body.to_vec().into(),
         ..Default::default()
     };
-    let reply = WorkerReply::Response(resp);
+    let reply = WorkerReply::Response(Box::new(resp));
     cx.sessions
         .offer(sid, ToSession::Reply { id, reply })
         .expect("the session's queue takes it");
@@ -709,7 +710,7 @@ async fn a_keyed_request_goes_to_its_key_s_partition_by_explicit_key_then_sessio
             effects,
             ..Default::default()
         };
-        let reply = WorkerReply::Response(resp);
+        let reply = WorkerReply::Response(Box::new(resp));
         cx.sessions
             .offer(client.sid, ToSession::Reply { id, reply })
             .expect("queued");

@@ -18,7 +18,7 @@ fn answer_setting(cx: &Context, sid: u64, id: u64, code: u32, key: &str, value: 
         }],
         ..Default::default()
     };
-    let reply = WorkerReply::Response(resp);
+    let reply = WorkerReply::Response(Box::new(resp));
     cx.sessions
         .offer(sid, ToSession::Reply { id, reply })
         .expect("the session's queue takes it");
