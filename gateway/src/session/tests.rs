@@ -714,6 +714,13 @@ async fn a_keyed_request_goes_to_its_key_s_partition_by_explicit_key_then_sessio
         cx.sessions
             .offer(client.sid, ToSession::Reply { id, reply })
             .expect("queued");
+        if id == 3 {
+            // The bind subscribed the player's subject: the answer waits for the
+            // server to have it (a PING's answer), which the test plays.
+            let written = cx.bus.written().await;
+            assert!(written.ends_with("PING\r\n"), "{written:?}");
+            cx.bus.answer_ping();
+        }
         assert_eq!(response(client).await.code, code::OK);
     };
     keyed_request(&mut client, 3, "m1").await;

@@ -88,7 +88,7 @@ async fn a_join_is_answered_once_its_subscription_is_in_place_at_the_server() {
         }],
         ..Default::default()
     };
-    let reply = WorkerReply::Response(resp);
+    let reply = WorkerReply::Response(Box::new(resp));
     cx.sessions
         .offer(client.sid, ToSession::Reply { id: 1, reply })
         .expect("the session's queue takes it");
