@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::{Command, ExitStatus};
 
 use nix::sys::signal::Signal;
+use testkit::fleet::UP_FREE_PORTS;
 use testkit::{Process, temp_file, within, word_after};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -29,15 +30,10 @@ struct Up {
 async fn up(extra: &[&str]) -> Up {
     let mut command = Command::new(BIN);
     command
-        .args([
-            "up",
-            "--broker-port=0",
-            "--monitor-port=0",
-            "--gate-port=0",
-            "--metrics-port=0",
-            // Tests run side by side: no two share the default data directory.
-            "--store=memory",
-        ])
+        .arg("up")
+        .args(UP_FREE_PORTS)
+        // Tests run side by side: no two share the default data directory.
+        .arg("--store=memory")
         .args(extra)
         .env("RUST_LOG", "info");
     let mut process = Process::spawn("shaddock up", command);

@@ -27,6 +27,7 @@ use proto::code;
 use raw::Frame;
 use resumable::{Got, Player, room_service};
 use services::WorkerConfig;
+use testkit::fleet::UP_FREE_PORTS;
 use testkit::{Cut, DEADLINE, Process, within, word_after};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_tungstenite::tungstenite::Message;
@@ -242,9 +243,8 @@ async fn sigterm_drains_every_shard_and_the_process_exits() {
 async fn up_serves_every_shard_on_its_in_process_bus_and_stops_on_sigterm() {
     let mut command = Command::new(env!("CARGO_BIN_EXE_shaddock"));
     command
-        .args(["up", "--shards", "2", "--broker-port=0", "--monitor-port=0"])
-        .arg("--store=memory")
-        .args(["--gate-port=0", "--metrics-port=0"])
+        .args(["up", "--shards", "2", "--store=memory"])
+        .args(UP_FREE_PORTS)
         .env("RUST_LOG", "info");
     let mut up = Process::spawn("shaddock up", command);
     up.line("Server is ready").await;

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use nix::sys::signal::Signal;
 use sdk::{Client, ClientOptions};
-use testkit::fleet::{BrokerSpec, Role, Topology, TopologySpec};
+use testkit::fleet::{BrokerSpec, Role, Topology, TopologySpec, UP_FREE_PORTS};
 use testkit::{Process, within, word_after};
 
 const BIN: &str = env!("CARGO_BIN_EXE_shaddock");
@@ -18,14 +18,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_shaddock");
 fn up(data: &Path) -> Process {
     let mut command = Command::new(BIN);
     command
-        .args([
-            "up",
-            "--broker-port=0",
-            "--monitor-port=0",
-            "--gate-port=0",
-            "--metrics-port=0",
-            "--store=embedded",
-        ])
+        .arg("up")
+        .args(UP_FREE_PORTS)
+        .arg("--store=embedded")
         .arg("--data-dir")
         .arg(data)
         .env("RUST_LOG", "info");

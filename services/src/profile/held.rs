@@ -141,15 +141,7 @@ impl Held {
             return Ok(state.profile_of(&uid));
         }
         let deferred = ctx.defer();
-        self.wait(
-            ctx,
-            &mut state,
-            Waiter {
-                deferred,
-                uid,
-                set: None,
-            },
-        );
+        self.wait(ctx, &mut state, deferred, uid, None);
         Ok(Profile::default())
     }
 
@@ -160,22 +152,23 @@ impl Held {
         if state.loaded(partition_of_uid(&uid)) {
             self.write(ctx, &mut state, deferred, uid, req);
         } else {
-            self.wait(
-                ctx,
-                &mut state,
-                Waiter {
-                    deferred,
-                    uid,
-                    set: Some(req),
-                },
-            );
+            self.wait(ctx, &mut state, deferred, uid, Some(req));
         }
         Ok(())
     }
 
-    /// Queues `waiter` for its partition's load, starting one if none is running.
-    fn wait(&self, ctx: &mut Context, state: &mut State, waiter: Waiter) {
-        let partition = partition_of_uid(&waiter.uid);
+    /// Queues `uid`'s request (`set`, or a get) for its partition's load, starting one
+    /// if none is running.
+    fn wait(
+        &self,
+        ctx: &mut Context,
+        state: &mut State,
+        deferred: Deferred,
+        uid: String,
+        set: Option<SetRequest>,
+    ) {
+        let partition = partition_of_uid(&uid);
+        let waiter = Waiter { deferred, uid, set };
         match state.partitions.get_mut(&partition) {
             Some(Partition::Loading(waiting)) => waiting.push(waiter),
             _ => {

@@ -39,6 +39,15 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(8);
 /// The environment variable naming the `shaddock` binary to launch.
 pub const SHADDOCK_BIN_ENV: &str = "SHADDOCK_BIN";
 
+/// The flags that put every listener of `shaddock up` on a port the kernel picks (its
+/// addresses are then read from its log).
+pub const UP_FREE_PORTS: [&str; 4] = [
+    "--broker-port=0",
+    "--monitor-port=0",
+    "--gate-port=0",
+    "--metrics-port=0",
+];
+
 /// Where the topology's bus comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BrokerSpec {
@@ -390,17 +399,13 @@ impl Topology {
 
     /// Starts `shaddock up` on free ports and waits until it is ready.
     async fn start_up(&mut self, deadline: Instant) -> anyhow::Result<()> {
-        let mut args: Vec<String> = [
-            "up",
-            "--broker-port=0",
-            "--monitor-port=0",
-            "--gate-port=0",
-            "--metrics-port=0",
+        let mut args: Vec<String> = ["up"]
+            .into_iter()
+            .chain(UP_FREE_PORTS)
             // Every load-test client connects from 127.0.0.1: one address, no per-IP cap.
-            "--max-connections-per-ip=0",
-        ]
-        .map(String::from)
-        .to_vec();
+            .chain(["--max-connections-per-ip=0"])
+            .map(String::from)
+            .collect();
         if self.spec.tls {
             self.make_tls_args();
             args.extend(self.tls_args.iter().cloned());
