@@ -50,10 +50,22 @@ impl Hist {
     pub fn merge(&mut self, other: &Hist) {
         // Same bounds on both sides, so `add` cannot fail; saturate rather than lose a run.
         if self.0.add(&other.0).is_err() {
-            for v in other.0.iter_recorded() {
-                self.0
-                    .saturating_record_n(v.value_iterated_to(), v.count_at_value());
-            }
+            self.record_counts(&other.counts());
+        }
+    }
+
+    /// Each value recorded and its count: a histogram as a load process sends it.
+    pub fn counts(&self) -> Vec<(u64, u64)> {
+        let recorded = self.0.iter_recorded();
+        recorded
+            .map(|v| (v.value_iterated_to(), v.count_at_value()))
+            .collect()
+    }
+
+    /// Records what [`Hist::counts`] gave.
+    pub fn record_counts(&mut self, counts: &[(u64, u64)]) {
+        for (value, count) in counts {
+            self.0.saturating_record_n(*value, *count);
         }
     }
 

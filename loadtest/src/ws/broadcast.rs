@@ -7,20 +7,31 @@
 //! one flush). A warm-up message first makes sure every member receives; the clock then
 //! runs from the first measured send to the last delivery. Every member decodes every
 //! push, so the clients' cost is in the figure too (they share the machine's cores).
+//!
+//! Each message's text starts with the time it was sent (Unix nanoseconds, 20 digits),
+//! so each member records how long its push took; `--rate` paces the sender (a game's
+//! room at 20 messages a second), and the report gives the deliveries' latency and the
+//! CPU every process used per delivered push. With `--procs N` the members are held by
+//! N load processes ([`crate::spread`]), the sender by this one; the latency compares
+//! the clocks of one machine.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use futures::stream::{self, StreamExt as _, TryStreamExt as _};
 use proto::Message as _;
-use proto::chat::{JoinRequest, LoginRequest, SayRequest};
+use proto::chat::{ChatMessage, JoinRequest, LoginRequest, SayRequest};
 use sdk::{Client, ClientOptions, Response};
+use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use super::target::{ServiceKind, TargetArgs, with_topology};
-use crate::report::{Doc, OutputArgs, Report, Section};
+use super::target::{Gates, ServiceKind, TargetArgs, with_topology};
+use crate::hist::Hist;
+use crate::proc::{CpuSample, CpuUse};
+use crate::report::{Doc, OutputArgs, Report, Section, Table, cpu_line};
+use crate::spread::{Children, SpreadArgs, Stop, unix_nanos};
 
 /// How long to wait for the last deliveries before reporting what arrived.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -30,6 +41,8 @@ const CONNECT_BATCH: usize = 100;
 const MESSAGE_ROUTE: &str = "chat.message";
 /// The room every member joins.
 const ROOM: &str = "bench";
+/// Digits of the send time a message's text starts with.
+const STAMP: usize = 20;
 
 /// `broadcast`: room fan-out deliveries per second.
 #[derive(Debug, clap::Args)]
@@ -40,16 +53,22 @@ pub struct BroadcastArgs {
     /// Messages the sender sends (after one warm-up message).
     #[arg(long, default_value_t = 200)]
     pub messages: usize,
+    /// Messages the sender sends per second; 0: as fast as --window allows.
+    #[arg(long, default_value_t = 0)]
+    pub rate: u32,
     /// `chat.say` requests the sender keeps in flight.
     #[arg(long, default_value_t = 32)]
     pub window: usize,
-    /// Bytes of text per message.
-    #[arg(long, default_value_t = 64)]
-    pub size: usize,
+    /// Bytes of text per message (the first 20 are its send time).
+    #[arg(long, default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(STAMP as u64..=1024))]
+    pub size: u64,
     /// The sender's session is not serial: its window is handled in parallel, in no
     /// particular order, so pushes to a member coalesce.
     #[arg(long)]
     pub unordered: bool,
+    #[command(flatten)]
+    pub spread: SpreadArgs,
     #[command(flatten)]
     pub target: TargetArgs,
     #[command(flatten)]
@@ -57,11 +76,13 @@ pub struct BroadcastArgs {
 }
 
 /// What one broadcast run measured.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, Serialize)]
 pub struct BroadcastReport {
     pub members: usize,
     pub gates: usize,
+    pub procs: u32,
     pub messages: usize,
+    pub rate: u32,
     pub unordered: bool,
     pub deliveries: u64,
     pub expected: u64,
@@ -69,6 +90,10 @@ pub struct BroadcastReport {
     pub elapsed_s: f64,
     pub deliveries_per_s: f64,
     pub messages_per_s: f64,
+    /// From the send time in the text to the member's receipt of the push.
+    pub latency: Hist,
+    /// Over the sending, from the first measured message to the last one's answer.
+    pub cpu: Vec<CpuUse>,
 }
 
 /// Runs the scenario: 2 gates and 1 chat worker unless the flags say otherwise.
@@ -77,9 +102,12 @@ pub async fn broadcast(mut args: BroadcastArgs) -> anyhow::Result<()> {
         args.members > 0 && args.window > 0,
         "--members and --window must be positive"
     );
+    if args.spread.child {
+        return child(&args).await;
+    }
     args.target.service = ServiceKind::Chat;
     let (gates, topology) = args.target.gates(2, 1).await?;
-    let report = with_topology(topology, measure(&args, &gates.urls)).await?;
+    let report = with_topology(topology, measure(&args, &gates)).await?;
     let report = Report::new("broadcast", gates.setup.clone(), report);
     report.write(&args.output)?;
     let report = report.data;
@@ -89,86 +117,175 @@ pub async fn broadcast(mut args: BroadcastArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn measure(args: &BroadcastArgs, urls: &[String]) -> anyhow::Result<BroadcastReport> {
-    let expected_per_member = args.messages as u64 + 1;
-    let counts = Arc::new(Counts::default());
-    let members: Vec<Client> = stream::iter(0..args.members)
-        .map(|i| member(&urls[i % urls.len()], format!("m{i}"), true))
-        .buffer_unordered(CONNECT_BATCH)
-        .try_collect()
-        .await?;
-    for client in &members {
-        let mut pushes = client.pushes().context("push stream taken")?;
-        let counts = counts.clone();
-        tokio::spawn(async move {
-            let mut got = 0;
-            while let Some(push) = pushes.recv().await {
-                if push.route != MESSAGE_ROUTE {
-                    continue;
-                }
-                got += 1;
-                // The first is the warm-up message: not counted.
-                let count = match got {
-                    1 => &counts.warmed,
-                    _ => &counts.received,
-                };
-                count.fetch_add(1, Ordering::Relaxed);
-                let last = got == expected_per_member;
-                if last {
-                    counts.finished.fetch_add(1, Ordering::Relaxed);
-                }
-                if got == 1 || last {
-                    counts.done.notify_one();
-                }
-                if last {
-                    break;
-                }
-            }
-        });
+async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<BroadcastReport> {
+    let urls = &gates.urls;
+    let (mut local, mut children) = (None, None);
+    if args.spread.procs > 1 {
+        let procs = args.spread.procs as usize;
+        ensure!(args.members >= procs, "fewer --members than --procs");
+        let mut started = Children::start(&args.spread, |i| {
+            let share = args.members / procs + usize::from(i < args.members % procs);
+            let mut child = ["broadcast", "--url", &urls.join(",")]
+                .map(String::from)
+                .to_vec();
+            child.extend(["--members".into(), share.to_string()]);
+            child.extend(["--messages".into(), args.messages.to_string()]);
+            child
+        })?;
+        let _: Vec<usize> = started.ready().await?;
+        children = Some(started);
+    } else {
+        local = Some(Members::join(args, urls, "m").await?);
     }
-    let total = args.members as u64;
-    let all = |count: &AtomicU64| count.load(Ordering::Relaxed) == total;
-    let sender = member(&urls[0], "sender".into(), !args.unordered).await?;
-    let text = "x".repeat(args.size);
-    say(&sender, &text).await?;
-    wait_for(&counts.done, || all(&counts.warmed))
-        .await
-        .context("the warm-up message did not reach every member")?;
-
+    let sender = member(&urls[0], "sender".into(), !args.unordered, None).await?;
+    say(&sender, args.size).await?;
+    if let Some(members) = &local {
+        let all = || members.counts.warmed.load(Ordering::Relaxed) == args.members as u64;
+        wait_for(&members.counts.done, all)
+            .await
+            .context("the warm-up message did not reach every member")?;
+    }
+    let watched = [
+        gates.watched.clone(),
+        children.iter().flat_map(Children::watched).collect(),
+    ]
+    .concat();
+    let before = CpuSample::take(&watched);
     let started = Instant::now();
-    stream::iter(0..args.messages)
-        .map(|_| say(&sender, &text))
+    let period = (args.rate > 0).then(|| Duration::from_secs(1) / args.rate);
+    stream::iter(0..args.messages as u32)
+        .then(|n| async move {
+            if let Some(period) = period {
+                tokio::time::sleep_until((started + period * n).into()).await;
+            }
+        })
+        .map(|()| say(&sender, args.size))
         .buffer_unordered(args.window)
         .try_collect::<()>()
         .await?;
-    // Missing deliveries are reported, not an error here: the caller decides.
-    let _ = wait_for(&counts.done, || all(&counts.finished)).await;
+    let cpu = before.until(&CpuSample::take(&watched));
+    let tallies = match (local, children) {
+        (Some(members), _) => {
+            let all = || members.counts.finished.load(Ordering::Relaxed) == args.members as u64;
+            // Missing deliveries are reported, not an error here: the caller decides.
+            let _ = wait_for(&members.counts.done, all).await;
+            vec![members.tally()]
+        }
+        (None, Some(children)) => children.finish(PATIENCE).await?,
+        (None, None) => Vec::new(),
+    };
     let elapsed = started.elapsed().as_secs_f64();
-    let deliveries = counts.received.load(Ordering::Relaxed);
+    let mut latency = Hist::new();
+    tallies
+        .iter()
+        .for_each(|t| latency.record_counts(&t.latency));
+    let deliveries = tallies.iter().map(|t| t.received).sum();
     Ok(BroadcastReport {
         members: args.members,
         gates: urls.len(),
+        procs: args.spread.procs,
         messages: args.messages,
+        rate: args.rate,
         unordered: args.unordered,
         deliveries,
-        expected: args.messages as u64 * total,
-        dropped: members.iter().map(Client::pushes_dropped).sum(),
+        expected: (args.messages * args.members) as u64,
+        dropped: tallies.iter().map(|t| t.dropped).sum(),
         elapsed_s: elapsed,
         deliveries_per_s: deliveries as f64 / elapsed,
         messages_per_s: args.messages as f64 / elapsed,
+        latency,
+        cpu,
     })
 }
 
+/// A load process of `--procs`: its share of the members, until each has every message
+/// or SIGTERM.
+async fn child(args: &BroadcastArgs) -> anyhow::Result<()> {
+    let mut stop = Stop::install()?;
+    let members =
+        Members::join(args, &args.target.url, &format!("m{}-", std::process::id())).await?;
+    stop.ready(&members.clients.len())?;
+    let all = || members.counts.finished.load(Ordering::Relaxed) == members.clients.len() as u64;
+    tokio::select! {
+        () = stop.wait() => {}
+        _ = wait_for(&members.counts.done, all) => {}
+    }
+    stop.result(&members.tally())?;
+    futures::future::join_all(members.clients.iter().map(Client::close)).await;
+    Ok(())
+}
+
+/// What a process's members received.
+#[derive(Debug, Serialize, Deserialize)]
+struct Tally {
+    received: u64,
+    dropped: u64,
+    /// [`Hist::counts`] of the deliveries' latency.
+    latency: Vec<(u64, u64)>,
+}
+
+/// This process's members of the room, each counting its pushes in a task of its own.
+struct Members {
+    clients: Vec<Client>,
+    counts: Arc<Counts>,
+}
+
+impl Members {
+    /// `args.members` members (or, in a load process, its share), `{prefix}{i}` on
+    /// `urls[i mod len]`, each with the address `--source-addrs` gives it.
+    async fn join(args: &BroadcastArgs, urls: &[String], prefix: &str) -> anyhow::Result<Self> {
+        let counts = Arc::new(Counts::default());
+        let clients: Vec<Client> = stream::iter(0..args.members)
+            .map(|i| {
+                member(
+                    &urls[i % urls.len()],
+                    format!("{prefix}{i}"),
+                    true,
+                    args.spread.source(i),
+                )
+            })
+            .buffer_unordered(CONNECT_BATCH)
+            .try_collect()
+            .await?;
+        let expected = args.messages as u64 + 1;
+        for client in &clients {
+            let pushes = client.pushes().context("push stream taken")?;
+            tokio::spawn(counts.clone().count(pushes, expected));
+        }
+        Ok(Members { clients, counts })
+    }
+
+    fn tally(&self) -> Tally {
+        let latency = self
+            .counts
+            .latency
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Tally {
+            received: self.counts.received.load(Ordering::Relaxed),
+            dropped: self.clients.iter().map(Client::pushes_dropped).sum(),
+            latency: latency.counts(),
+        }
+    }
+}
 impl Section for BroadcastReport {
     fn add_to(&self, doc: &mut Doc) {
         doc.fields(self);
+        doc.table(Table::latency([("push", &self.latency.summary())]));
+        doc.lines(vec![cpu_line(&self.cpu, self.deliveries, "delivered push")]);
     }
 }
 
 /// A session, logged in as `name`, in the room.
-async fn member(url: &str, name: String, serial: bool) -> anyhow::Result<Client> {
+async fn member(
+    url: &str,
+    name: String,
+    serial: bool,
+    source_addr: Option<std::net::IpAddr>,
+) -> anyhow::Result<Client> {
     let options = ClientOptions {
         serial,
+        source_addr,
         ..ClientOptions::default()
     };
     let client = Client::connect(url, options)
@@ -193,10 +310,16 @@ pub(crate) async fn login_and_join(
     expect_ok(client.request("chat.join", join.encode_to_vec()).await?)
 }
 
-async fn say(sender: &Client, text: &str) -> anyhow::Result<()> {
+/// Says a message of `size` bytes, its send time first.
+async fn say(sender: &Client, size: u64) -> anyhow::Result<()> {
+    let mut text = format!("{:0STAMP$}", unix_nanos());
+    text.extend(std::iter::repeat_n(
+        'x',
+        (size as usize).saturating_sub(text.len()),
+    ));
     let say = SayRequest {
         room: ROOM.into(),
-        text: text.into(),
+        text,
     };
     expect_ok(sender.request("chat.say", say.encode_to_vec()).await?)
 }
@@ -216,6 +339,46 @@ struct Counts {
     received: AtomicU64,
     finished: AtomicU64,
     done: Notify,
+    latency: Mutex<Hist>,
+}
+
+impl Counts {
+    /// Counts one member's pushes of [`MESSAGE_ROUTE`] until it has `expected`.
+    async fn count(self: Arc<Self>, mut pushes: sdk::Pushes, expected: u64) {
+        let mut got = 0;
+        while let Some(push) = pushes.recv().await {
+            if push.route != MESSAGE_ROUTE {
+                continue;
+            }
+            got += 1;
+            // The first is the warm-up message: not counted.
+            let count = match got {
+                1 => &self.warmed,
+                _ => &self.received,
+            };
+            count.fetch_add(1, Ordering::Relaxed);
+            let sent = ChatMessage::decode(push.body)
+                .ok()
+                .and_then(|m| m.text.get(..STAMP)?.parse().ok());
+            if let Some(sent) = sent.filter(|_| got > 1) {
+                let took = Duration::from_nanos(unix_nanos().saturating_sub(sent));
+                self.latency
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .record(took);
+            }
+            let last = got == expected;
+            if last {
+                self.finished.fetch_add(1, Ordering::Relaxed);
+            }
+            if got == 1 || last {
+                self.done.notify_one();
+            }
+            if last {
+                break;
+            }
+        }
+    }
 }
 
 /// Waits until `condition` holds (re-checked whenever `notify` fires), up to [`PATIENCE`].
