@@ -11,9 +11,9 @@
 //! Each message's text starts with the time it was sent (Unix nanoseconds, 20 digits),
 //! so each member records how long its push took; `--rate` paces the sender (a game's
 //! room at 20 messages a second), and the report gives the deliveries' latency and the
-//! CPU every process used per delivered push. With `--procs N` the members are held by
-//! N load processes ([`crate::spread`]), the sender by this one; the latency compares
-//! the clocks of one machine.
+//! CPU every process used per delivered push. The members are held by `--procs` load
+//! processes ([`crate::spread`]), the sender by this one; the latency compares the
+//! clocks of one machine.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -33,8 +33,10 @@ use crate::proc::{CpuSample, CpuUse};
 use crate::report::{Doc, OutputArgs, Report, Section, Table, cpu_line};
 use crate::spread::{Children, SpreadArgs, Stop, unix_nanos};
 
-/// How long to wait for the last deliveries before reporting what arrived.
-const PATIENCE: Duration = Duration::from_secs(60);
+/// How long to wait for the warm-up to reach every member (after the announcements
+/// of every join: a 10,000-member room's are 50 million pushes), and for the last
+/// deliveries before reporting what arrived.
+const PATIENCE: Duration = Duration::from_secs(120);
 /// Members connecting at once: enough to be quick, few enough not to trip timeouts.
 const CONNECT_BATCH: usize = 100;
 /// The route chat pushes room messages on.
@@ -119,37 +121,23 @@ pub async fn broadcast(mut args: BroadcastArgs) -> anyhow::Result<()> {
 
 async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<BroadcastReport> {
     let urls = &gates.urls;
-    let (mut local, mut children) = (None, None);
-    if args.spread.procs > 1 {
-        let procs = args.spread.procs as usize;
-        ensure!(args.members >= procs, "fewer --members than --procs");
-        let mut started = Children::start(&args.spread, |i| {
-            let share = args.members / procs + usize::from(i < args.members % procs);
-            let mut child = ["broadcast", "--url", &urls.join(",")]
-                .map(String::from)
-                .to_vec();
-            child.extend(["--members".into(), share.to_string()]);
-            child.extend(["--messages".into(), args.messages.to_string()]);
-            child
-        })?;
-        let _: Vec<usize> = started.ready().await?;
-        children = Some(started);
-    } else {
-        local = Some(Members::join(args, urls, "m").await?);
-    }
+    let procs = args.spread.procs as usize;
+    ensure!(args.members >= procs, "fewer --members than --procs");
+    let mut children = Children::start(&args.spread, |i| {
+        let share = args.members / procs + usize::from(i < args.members % procs);
+        let mut child = ["broadcast", "--url", &urls.join(",")]
+            .map(String::from)
+            .to_vec();
+        child.extend(["--members".into(), share.to_string()]);
+        child.extend(["--messages".into(), args.messages.to_string()]);
+        child
+    })?;
+    let _joined: Vec<u64> = children.ready().await?;
     let sender = member(&urls[0], "sender".into(), !args.unordered, None).await?;
     say(&sender, args.size).await?;
-    if let Some(members) = &local {
-        let all = || members.counts.warmed.load(Ordering::Relaxed) == args.members as u64;
-        wait_for(&members.counts.done, all)
-            .await
-            .context("the warm-up message did not reach every member")?;
-    }
-    let watched = [
-        gates.watched.clone(),
-        children.iter().flat_map(Children::watched).collect(),
-    ]
-    .concat();
+    // Every member has the warm-up, so no join's announcement is still on its way.
+    let _warmed: Vec<u64> = children.ready().await?;
+    let watched = [gates.watched.clone(), children.watched()].concat();
     let before = CpuSample::take(&watched);
     let started = Instant::now();
     let period = (args.rate > 0).then(|| Duration::from_secs(1) / args.rate);
@@ -164,16 +152,8 @@ async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<Broadcas
         .try_collect::<()>()
         .await?;
     let cpu = before.until(&CpuSample::take(&watched));
-    let tallies = match (local, children) {
-        (Some(members), _) => {
-            let all = || members.counts.finished.load(Ordering::Relaxed) == args.members as u64;
-            // Missing deliveries are reported, not an error here: the caller decides.
-            let _ = wait_for(&members.counts.done, all).await;
-            vec![members.tally()]
-        }
-        (None, Some(children)) => children.finish(PATIENCE).await?,
-        (None, None) => Vec::new(),
-    };
+    // Missing deliveries are reported, not an error here: the caller decides.
+    let tallies: Vec<Tally> = children.finish(PATIENCE).await?;
     let elapsed = started.elapsed().as_secs_f64();
     let mut latency = Hist::new();
     tallies
@@ -198,20 +178,52 @@ async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<Broadcas
     })
 }
 
-/// A load process of `--procs`: its share of the members, until each has every message
-/// or SIGTERM.
+/// A load process: its share of the members, `m{pid}-{i}` on `--url` gate `i mod N`
+/// (each with its `--source-addrs` address), counting their pushes in a task each. Says
+/// READY once they joined, again once each has the warm-up message, and its RESULT once
+/// each has every message, or on SIGTERM.
 async fn child(args: &BroadcastArgs) -> anyhow::Result<()> {
     let mut stop = Stop::install()?;
-    let members =
-        Members::join(args, &args.target.url, &format!("m{}-", std::process::id())).await?;
-    stop.ready(&members.clients.len())?;
-    let all = || members.counts.finished.load(Ordering::Relaxed) == members.clients.len() as u64;
+    let (urls, prefix) = (&args.target.url, format!("m{}-", std::process::id()));
+    let counts = Arc::new(Counts::default());
+    let clients: Vec<Client> = stream::iter(0..args.members)
+        .map(|i| {
+            member(
+                &urls[i % urls.len()],
+                format!("{prefix}{i}"),
+                true,
+                args.spread.source(i),
+            )
+        })
+        .buffer_unordered(CONNECT_BATCH)
+        .try_collect()
+        .await?;
+    for client in &clients {
+        let pushes = client.pushes().context("push stream taken")?;
+        tokio::spawn(counts.clone().count(pushes, args.messages as u64 + 1));
+    }
+    let members = clients.len() as u64;
+    stop.ready(&members)?;
+    let all = |count: &AtomicU64| count.load(Ordering::Relaxed) == members;
+    wait_for(&counts.done, || all(&counts.warmed))
+        .await
+        .context("the warm-up message did not reach every member")?;
+    stop.ready(&members)?;
     tokio::select! {
         () = stop.wait() => {}
-        _ = wait_for(&members.counts.done, all) => {}
+        _ = wait_for(&counts.done, || all(&counts.finished)) => {}
     }
-    stop.result(&members.tally())?;
-    futures::future::join_all(members.clients.iter().map(Client::close)).await;
+    let latency = counts
+        .latency
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .counts();
+    stop.result(&Tally {
+        received: counts.received.load(Ordering::Relaxed),
+        dropped: clients.iter().map(Client::pushes_dropped).sum(),
+        latency,
+    })?;
+    futures::future::join_all(clients.iter().map(Client::close)).await;
     Ok(())
 }
 
@@ -224,50 +236,6 @@ struct Tally {
     latency: Vec<(u64, u64)>,
 }
 
-/// This process's members of the room, each counting its pushes in a task of its own.
-struct Members {
-    clients: Vec<Client>,
-    counts: Arc<Counts>,
-}
-
-impl Members {
-    /// `args.members` members (or, in a load process, its share), `{prefix}{i}` on
-    /// `urls[i mod len]`, each with the address `--source-addrs` gives it.
-    async fn join(args: &BroadcastArgs, urls: &[String], prefix: &str) -> anyhow::Result<Self> {
-        let counts = Arc::new(Counts::default());
-        let clients: Vec<Client> = stream::iter(0..args.members)
-            .map(|i| {
-                member(
-                    &urls[i % urls.len()],
-                    format!("{prefix}{i}"),
-                    true,
-                    args.spread.source(i),
-                )
-            })
-            .buffer_unordered(CONNECT_BATCH)
-            .try_collect()
-            .await?;
-        let expected = args.messages as u64 + 1;
-        for client in &clients {
-            let pushes = client.pushes().context("push stream taken")?;
-            tokio::spawn(counts.clone().count(pushes, expected));
-        }
-        Ok(Members { clients, counts })
-    }
-
-    fn tally(&self) -> Tally {
-        let latency = self
-            .counts
-            .latency
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        Tally {
-            received: self.counts.received.load(Ordering::Relaxed),
-            dropped: self.clients.iter().map(Client::pushes_dropped).sum(),
-            latency: latency.counts(),
-        }
-    }
-}
 impl Section for BroadcastReport {
     fn add_to(&self, doc: &mut Doc) {
         doc.fields(self);
