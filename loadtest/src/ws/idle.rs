@@ -355,11 +355,10 @@ async fn detach(
 impl Section for IdleReport {
     fn add_to(&self, doc: &mut Doc) {
         doc.fields(self);
-        doc.lines(vec![cpu_line(
-            &self.cpu,
-            self.opened as u64,
-            "session held",
-        )]);
+        if self.hold_s > 0.0 {
+            let line = cpu_line(&self.cpu, self.opened as u64, "session held");
+            doc.lines(vec![line]);
+        }
         if let Some(drain) = &self.drain {
             doc.heading("the first gate drained");
             doc.fields(drain);
