@@ -3,23 +3,15 @@
 //! spread over several load processes that one command starts and reports as one
 //! (`--procs`).
 //!
-//! A child is this program again, given its share of the scenario's flags and
-//! `--child`: it opens its sessions, prints one [`READY`] line (JSON) on stdout, and
-//! prints one [`RESULT`] line when its part is done or on SIGTERM, whichever is first,
-//! then exits. The parent starts the children with the one process launcher
-//! ([`testkit::Process`]: each tied to this process, stopped by its own pid), reads
-//! those lines, and stops any child still running with SIGTERM. A child that fails (it
-//! exits, or says nothing in time) fails the run, with its log's last lines.
+//! A child is this program again ([`testkit::copies`]), given its share of the
+//! scenario's flags and `--child`: it opens its sessions, says READY (JSON on stdout),
+//! and its RESULT when its part is done or on SIGTERM.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context as _, anyhow, ensure};
-use nix::sys::signal::Signal;
-use serde::{Serialize, de::DeserializeOwned};
-use testkit::Process;
-use tokio::signal::unix::{SignalKind, signal};
+use anyhow::Context as _;
+use testkit::copies::Copies;
 
 use crate::proc::{Threads, Watched};
 
@@ -29,13 +21,6 @@ pub const MAX_PROCS: u32 = 64;
 /// Most source addresses: a /24 of them, each good for Linux's 28,232 default
 /// ephemeral ports, is 7 million sockets; more is a typo.
 pub const MAX_SOURCE_ADDRS: usize = 256;
-/// What a child's READY and RESULT lines start with.
-const READY: &str = "loadtest-child-ready ";
-const RESULT: &str = "loadtest-child-result ";
-/// How long a child may take to open its share (thousands of handshakes on a loaded
-/// machine) or to close it after SIGTERM; one that fails says so at once, not at this.
-const CHILD_TIMEOUT: Duration = Duration::from_secs(300);
-
 /// The flags that spread a scenario's sessions over addresses and processes.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct SpreadArgs {
@@ -124,118 +109,39 @@ fn ensure_str(ok: bool, why: impl FnOnce() -> String) -> Result<(), String> {
     if ok { Ok(()) } else { Err(why()) }
 }
 
-/// Load processes started by this one, each running `args` and its own share.
-pub struct Children(Vec<Process>);
+/// Load processes started by this one: copies of this program ([`testkit::copies`]).
+pub struct Children(pub Copies);
 
 impl Children {
     /// Starts `spread.procs` copies of this program, child `i` running the subcommand
     /// `args(i)` (its name first) with its share of `spread`'s flags.
     pub fn start(spread: &SpreadArgs, args: impl Fn(usize) -> Vec<String>) -> anyhow::Result<Self> {
-        let exe = std::env::current_exe().context("finding this program to start its copies")?;
+        let exe = std::env::current_exe().context("finding this program")?;
         // `shaddock loadtest <subcommand>` or `shaddock-loadtest <subcommand>`.
         let prefix = (exe.file_stem())
             .filter(|name| *name == "shaddock")
-            .map(|_| "loadtest");
-        let children = (0..spread.procs as usize).map(|i| {
-            let mut command = Command::new(&exe);
-            command
-                .args(prefix)
-                .args(args(i))
-                .args(spread.child_args(i));
-            Process::try_spawn(&format!("load process {i}"), command)
-                .with_context(|| format!("starting load process {i} ({})", exe.display()))
+            .map(|_| "loadtest".to_owned());
+        let copies = Copies::start(spread.procs as usize, |i| {
+            prefix
+                .iter()
+                .cloned()
+                .chain(args(i))
+                .chain(spread.child_args(i))
+                .collect()
         });
-        Ok(Children(children.collect::<anyhow::Result<_>>()?))
+        Ok(Children(copies?))
     }
 
     /// Each child, as a process whose CPU a run reports.
     pub fn watched(&self) -> Vec<Watched> {
-        (self.0.iter().enumerate())
-            .map(|(i, p)| Watched {
-                name: format!("loadtest-{i}"),
-                pid: p.pid(),
-                threads: Threads::All,
-            })
-            .collect()
+        let pids = self.0.pids().into_iter().enumerate();
+        pids.map(|(i, pid)| Watched {
+            name: format!("loadtest-{i}"),
+            pid,
+            threads: Threads::All,
+        })
+        .collect()
     }
-
-    /// Every child's READY line, in order.
-    pub async fn ready<T: DeserializeOwned>(&mut self) -> anyhow::Result<Vec<T>> {
-        let lines = self.0.iter_mut().map(|p| said(p, READY, CHILD_TIMEOUT));
-        futures::future::join_all(lines).await.into_iter().collect()
-    }
-
-    /// Every child's RESULT line, waiting up to `wait` for each to say it by itself,
-    /// then asking those that have not (SIGTERM); every child has exited when this
-    /// returns.
-    pub async fn finish<T: DeserializeOwned>(self, wait: Duration) -> anyhow::Result<Vec<T>> {
-        let results = self.0.into_iter().map(|mut p| async move {
-            let result = match said(&mut p, RESULT, wait).await {
-                Ok(result) => result,
-                Err(_) => {
-                    p.signal(Signal::SIGTERM);
-                    said(&mut p, RESULT, CHILD_TIMEOUT).await?
-                }
-            };
-            let status = (p.stop(Signal::SIGTERM, CHILD_TIMEOUT).await).map_err(|e| anyhow!(e))?;
-            ensure!(status.success(), p.failure(&format!("exited ({status})")));
-            Ok(result)
-        });
-        futures::future::join_all(results)
-            .await
-            .into_iter()
-            .collect()
-    }
-}
-
-/// The JSON after `marker` on the child's next line that has it, within `wait`.
-async fn said<T: DeserializeOwned>(
-    p: &mut Process,
-    marker: &str,
-    wait: Duration,
-) -> anyhow::Result<T> {
-    let line = p.wait_line(marker, wait).await.map_err(|e| anyhow!(e))?;
-    let json = line.split_once(marker).map_or("", |(_, json)| json);
-    serde_json::from_str(json).with_context(|| p.failure(&format!("said {line:?}")))
-}
-
-/// A child's side: SIGTERM (or SIGINT), caught from the start so that one arriving
-/// early still lets the child say its RESULT.
-pub struct Stop(tokio::signal::unix::Signal, tokio::signal::unix::Signal);
-
-impl Stop {
-    pub fn install() -> anyhow::Result<Stop> {
-        let listen = |kind| signal(kind).context("listening for SIGTERM and SIGINT");
-        Ok(Stop(
-            listen(SignalKind::terminate())?,
-            listen(SignalKind::interrupt())?,
-        ))
-    }
-
-    pub async fn wait(&mut self) {
-        tokio::select! {
-            _ = self.0.recv() => {}
-            _ = self.1.recv() => {}
-        }
-    }
-
-    /// Says the child is ready, with `value`.
-    pub fn ready(&self, value: &impl Serialize) -> anyhow::Result<()> {
-        say(READY, value)
-    }
-
-    /// Says the child's result.
-    pub fn result(&self, value: &impl Serialize) -> anyhow::Result<()> {
-        say(RESULT, value)
-    }
-}
-
-fn say(marker: &str, value: &impl Serialize) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    let line = format!("{marker}{}\n", serde_json::to_string(value)?);
-    let mut out = std::io::stdout().lock();
-    out.write_all(line.as_bytes())?;
-    Ok(out.flush()?)
 }
 
 /// Nanoseconds since the Unix epoch: the one clock the load processes share.

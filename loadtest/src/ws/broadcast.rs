@@ -25,13 +25,14 @@ use proto::Message as _;
 use proto::chat::{ChatMessage, JoinRequest, LoginRequest, SayRequest};
 use sdk::{Client, ClientOptions, Response};
 use serde::{Deserialize, Serialize};
+use testkit::copies::AsCopy;
 use tokio::sync::Notify;
 
 use super::target::{Gates, ServiceKind, TargetArgs, with_topology};
 use crate::hist::Hist;
 use crate::proc::{CpuSample, CpuUse};
 use crate::report::{Doc, OutputArgs, Report, Section, Table, cpu_line};
-use crate::spread::{Children, SpreadArgs, Stop, unix_nanos};
+use crate::spread::{Children, SpreadArgs, unix_nanos};
 
 /// How long to wait for the warm-up to reach every member (after the announcements
 /// of every join: a 10,000-member room's are 50 million pushes), and for the last
@@ -132,11 +133,11 @@ async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<Broadcas
         child.extend(["--messages".into(), args.messages.to_string()]);
         child
     })?;
-    let _joined: Vec<u64> = children.ready().await?;
+    let _joined: Vec<u64> = children.0.ready().await?;
     let sender = member(&urls[0], "sender".into(), !args.unordered, None).await?;
     say(&sender, args.size).await?;
     // Every member has the warm-up, so no join's announcement is still on its way.
-    let _warmed: Vec<u64> = children.ready().await?;
+    let _warmed: Vec<u64> = children.0.ready().await?;
     let watched = [gates.watched.clone(), children.watched()].concat();
     let before = CpuSample::take(&watched);
     let started = Instant::now();
@@ -153,7 +154,7 @@ async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<Broadcas
         .await?;
     let cpu = before.until(&CpuSample::take(&watched));
     // Missing deliveries are reported, not an error here: the caller decides.
-    let tallies: Vec<Tally> = children.finish(PATIENCE).await?;
+    let tallies: Vec<Tally> = children.0.finish(PATIENCE).await?;
     let elapsed = started.elapsed().as_secs_f64();
     let mut latency = Hist::new();
     tallies
@@ -183,7 +184,7 @@ async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<Broadcas
 /// READY once they joined, again once each has the warm-up message, and its RESULT once
 /// each has every message, or on SIGTERM.
 async fn child(args: &BroadcastArgs) -> anyhow::Result<()> {
-    let mut stop = Stop::install()?;
+    let mut stop = AsCopy::install()?;
     let (urls, prefix) = (&args.target.url, format!("m{}-", std::process::id()));
     let counts = Arc::new(Counts::default());
     let clients: Vec<Client> = stream::iter(0..args.members)
@@ -210,7 +211,7 @@ async fn child(args: &BroadcastArgs) -> anyhow::Result<()> {
         .context("the warm-up message did not reach every member")?;
     stop.ready(&members)?;
     tokio::select! {
-        () = stop.wait() => {}
+        () = stop.stopped() => {}
         _ = wait_for(&counts.done, || all(&counts.finished)) => {}
     }
     let latency = counts

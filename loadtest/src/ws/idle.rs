@@ -29,6 +29,7 @@ use anyhow::{Context as _, ensure};
 use nix::sys::signal::Signal;
 use sdk::{Backoff, Client, ClientOptions};
 use serde::{Deserialize, Serialize};
+use testkit::copies::AsCopy;
 use testkit::fleet::{Role, scrape};
 use testkit::{Cut, Process};
 use tokio::sync::Semaphore;
@@ -37,7 +38,7 @@ use tokio::task::JoinSet;
 use super::target::{Gates, TargetArgs, with_topology};
 use crate::proc::{CpuSample, CpuUse, rss_bytes};
 use crate::report::{Doc, OutputArgs, Report, Section, cpu_line};
-use crate::spread::{Children, SpreadArgs, Stop, explain, unix_ms};
+use crate::spread::{Children, SpreadArgs, explain, unix_ms};
 
 /// Most sessions one run opens: each is a file descriptor in a load process and a gate.
 pub const MAX_SESSIONS: usize = 1_000_000;
@@ -231,7 +232,7 @@ async fn measure(
                 child.extend(args.drain.then(|| "--drain".to_owned()));
                 child
             })?;
-            let opened: Vec<Opened> = children.ready().await?;
+            let opened: Vec<Opened> = children.0.ready().await?;
             (opened, rss()?, None, Some(children))
         }
     };
@@ -256,7 +257,7 @@ async fn measure(
         Duration::ZERO
     };
     let moved: Vec<Moved> = match children {
-        Some(children) => children.finish(wait).await?,
+        Some(children) => children.0.finish(wait).await?,
         None => Vec::new(),
     };
     let total: usize = opened.iter().map(|o| o.opened).sum();
@@ -403,7 +404,7 @@ async fn open(
 /// `--drain`: the first gate, then the others from a different one each), held until
 /// the parent's SIGTERM.
 async fn child(args: &IdleArgs) -> anyhow::Result<()> {
-    let mut stop = Stop::install()?;
+    let mut stop = AsCopy::install()?;
     let urls = &args.target.url;
     let options = ClientOptions {
         // A drained gate's player moves, or reconnects after the kick at the grace's end.
@@ -432,7 +433,7 @@ async fn child(args: &IdleArgs) -> anyhow::Result<()> {
         false => Moved::default(),
     };
     if !args.drain {
-        stop.wait().await;
+        stop.stopped().await;
     }
     stop.result(&moved)?;
     futures::future::join_all(clients.iter().map(Client::close)).await;
@@ -441,14 +442,14 @@ async fn child(args: &IdleArgs) -> anyhow::Result<()> {
 
 /// Until every client has moved (or reconnected) and had a request answered 200 on its
 /// new gate, or SIGTERM: how many were, and when the last was.
-async fn served_elsewhere(clients: &[Client], stop: &mut Stop) -> Moved {
+async fn served_elsewhere(clients: &[Client], stop: &mut AsCopy) -> Moved {
     let mut asked = vec![false; clients.len()];
     let mut confirms = JoinSet::new();
     let mut moved = Moved::default();
     let mut poll = tokio::time::interval(MOVE_POLL);
     while moved.served < clients.len() {
         tokio::select! {
-            () = stop.wait() => break,
+            () = stop.stopped() => break,
             Some(Ok(true)) = confirms.join_next() => {
                 moved.served += 1;
                 moved.last_served_ms = unix_ms();
