@@ -97,6 +97,8 @@ pub struct IdleReport {
     /// From the first process's first handshake to the last one's last.
     pub open_seconds: f64,
     pub handshakes_per_s: f64,
+    /// Every process's CPU while the sessions opened.
+    pub open_cpu: Vec<CpuUse>,
     pub rss_before: Vec<u64>,
     pub rss_after: Vec<u64>,
     /// The gates' RSS growth over the sessions opened.
@@ -214,11 +216,11 @@ async fn measure(
         pids.iter().map(read).collect()
     };
     let rss_before = rss()?;
-    let (opened, rss_after, detached, children) = match metrics {
+    let (opened, rss_after, detached, children, open_cpu) = match metrics {
         Some(metrics) => {
             let (opened, rss_after, detached) =
                 detach(args, &gates.urls[0], &metrics, &rss).await?;
-            (vec![opened], rss_after, Some(detached), None)
+            (vec![opened], rss_after, Some(detached), None, Vec::new())
         }
         None => {
             let procs = u64::from(args.spread.procs);
@@ -232,8 +234,11 @@ async fn measure(
                 child.extend(args.drain.then(|| "--drain".to_owned()));
                 child
             })?;
+            let watched = [gates.watched.clone(), children.watched()].concat();
+            let opening = CpuSample::take(&watched);
             let opened: Vec<Opened> = children.0.ready().await?;
-            (opened, rss()?, None, Some(children))
+            let open_cpu = opening.until(&CpuSample::take(&watched));
+            (opened, rss()?, None, Some(children), open_cpu)
         }
     };
     let watched = [
@@ -290,6 +295,7 @@ async fn measure(
             .unwrap_or_default(),
         open_seconds,
         handshakes_per_s: total as f64 / open_seconds.max(1e-3),
+        open_cpu,
         bytes_per_session: per_session(sum(&rss_after) - sum(&rss_before)),
         rss_before,
         rss_after,
@@ -356,6 +362,13 @@ async fn detach(
 impl Section for IdleReport {
     fn add_to(&self, doc: &mut Doc) {
         doc.fields(self);
+        if !self.open_cpu.is_empty() {
+            doc.lines(vec![cpu_line(
+                &self.open_cpu,
+                self.opened as u64,
+                "handshake",
+            )]);
+        }
         if self.hold_s > 0.0 {
             let line = cpu_line(&self.cpu, self.opened as u64, "session held");
             doc.lines(vec![line]);
