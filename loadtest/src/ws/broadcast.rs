@@ -4,7 +4,7 @@
 //! Members and the sender use serial sessions, as chat clients should; the sender keeps
 //! `--window` `chat.say` requests pipelined (`--unordered` lets the gate forward them all
 //! at once, so several messages fan out together and a gate writes them to a member in
-//! one flush). A warm-up message first makes sure every member receives; the clock then
+//! one flush). Warm-up messages first make sure every member receives; the clock then
 //! runs from the first measured send to the last delivery. Every member decodes every
 //! push, so the clients' cost is in the figure too (they share the machine's cores).
 //!
@@ -46,6 +46,8 @@ const MESSAGE_ROUTE: &str = "chat.message";
 const ROOM: &str = "bench";
 /// Digits of the send time a message's text starts with.
 const STAMP: usize = 20;
+/// How often the sender says a warm-up message until every member has one.
+const WARM_UP_EVERY: Duration = Duration::from_secs(1);
 
 /// `broadcast`: room fan-out deliveries per second.
 #[derive(Debug, clap::Args)]
@@ -53,7 +55,7 @@ pub struct BroadcastArgs {
     /// Members of the room (besides the sender), spread round-robin over the gates.
     #[arg(long, default_value_t = 1000)]
     pub members: usize,
-    /// Messages the sender sends (after one warm-up message).
+    /// Messages the sender sends (after warm-up messages until every member has one).
     #[arg(long, default_value_t = 200)]
     pub messages: usize,
     /// Messages the sender sends per second; 0: as fast as --window allows.
@@ -135,9 +137,21 @@ async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<Broadcas
     })?;
     let _joined: Vec<u64> = children.0.ready().await?;
     let sender = member(&urls[0], "sender".into(), !args.unordered, None).await?;
-    say(&sender, args.size).await?;
-    // Every member has the warm-up, so no join's announcement is still on its way.
-    let _warmed: Vec<u64> = children.0.ready().await?;
+    // A warm-up message every second until every member has one: a member's pushes
+    // queue may drop one under the joins' announcements (a 10,000-member room's are 50
+    // million pushes); once every member has one, none is still on its way.
+    let warm = async {
+        loop {
+            if let Err(e) = say(&sender, args.size, true).await {
+                return e;
+            }
+            tokio::time::sleep(WARM_UP_EVERY).await;
+        }
+    };
+    let _warmed: Vec<u64> = tokio::select! {
+        warmed = children.0.ready() => warmed?,
+        failed = warm => return Err(failed),
+    };
     let watched = [gates.watched.clone(), children.watched()].concat();
     let before = CpuSample::take(&watched);
     let started = Instant::now();
@@ -148,7 +162,7 @@ async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<Broadcas
                 tokio::time::sleep_until((started + period * n).into()).await;
             }
         })
-        .map(|()| say(&sender, args.size))
+        .map(|()| say(&sender, args.size, false))
         .buffer_unordered(args.window)
         .try_collect::<()>()
         .await?;
@@ -201,7 +215,7 @@ async fn child(args: &BroadcastArgs) -> anyhow::Result<()> {
         .await?;
     for client in &clients {
         let pushes = client.pushes().context("push stream taken")?;
-        tokio::spawn(counts.clone().count(pushes, args.messages as u64 + 1));
+        tokio::spawn(counts.clone().count(pushes, args.messages as u64));
     }
     let members = clients.len() as u64;
     stop.ready(&members)?;
@@ -210,6 +224,8 @@ async fn child(args: &BroadcastArgs) -> anyhow::Result<()> {
         .await
         .context("the warm-up message did not reach every member")?;
     stop.ready(&members)?;
+    // What the joins' announcements had dropped is not the messages'.
+    let dropped: u64 = clients.iter().map(Client::pushes_dropped).sum();
     tokio::select! {
         () = stop.stopped() => {}
         _ = wait_for(&counts.done, || all(&counts.finished)) => {}
@@ -221,7 +237,7 @@ async fn child(args: &BroadcastArgs) -> anyhow::Result<()> {
         .counts();
     stop.result(&Tally {
         received: counts.received.load(Ordering::Relaxed),
-        dropped: clients.iter().map(Client::pushes_dropped).sum(),
+        dropped: clients.iter().map(Client::pushes_dropped).sum::<u64>() - dropped,
         latency,
     })?;
     futures::future::join_all(clients.iter().map(Client::close)).await;
@@ -279,9 +295,10 @@ pub(crate) async fn login_and_join(
     expect_ok(client.request("chat.join", join.encode_to_vec()).await?)
 }
 
-/// Says a message of `size` bytes, its send time first.
-async fn say(sender: &Client, size: u64) -> anyhow::Result<()> {
-    let mut text = format!("{:0STAMP$}", unix_nanos());
+/// Says a message of `size` bytes, its send time first (0 for a warm-up message).
+async fn say(sender: &Client, size: u64, warm_up: bool) -> anyhow::Result<()> {
+    let sent = if warm_up { 0 } else { unix_nanos() };
+    let mut text = format!("{sent:0STAMP$}");
     text.extend(std::iter::repeat_n(
         'x',
         (size as usize).saturating_sub(text.len()),
@@ -300,8 +317,8 @@ pub(crate) fn expect_ok(response: Response) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What the members' tasks count: members that got the warm-up message, deliveries
-/// after it, members that got every message; `done` wakes the waiter on each change.
+/// What the members' tasks count: members that got a warm-up message, deliveries,
+/// members that got every message; `done` wakes the waiter on each change.
 #[derive(Debug, Default)]
 struct Counts {
     warmed: AtomicU64,
@@ -312,38 +329,37 @@ struct Counts {
 }
 
 impl Counts {
-    /// Counts one member's pushes of [`MESSAGE_ROUTE`] until it has `expected`.
+    /// Counts one member's pushes of [`MESSAGE_ROUTE`]: the first warm-up message, then
+    /// (later warm-ups skipped) each message and its latency until it has `expected`.
     async fn count(self: Arc<Self>, mut pushes: sdk::Pushes, expected: u64) {
-        let mut got = 0;
+        let (mut warmed, mut got) = (false, 0);
         while let Some(push) = pushes.recv().await {
             if push.route != MESSAGE_ROUTE {
                 continue;
             }
-            got += 1;
-            // The first is the warm-up message: not counted.
-            let count = match got {
-                1 => &self.warmed,
-                _ => &self.received,
+            let text = ChatMessage::decode(push.body)
+                .map(|m| m.text)
+                .unwrap_or_default();
+            let Some(sent) = text.get(..STAMP).and_then(|t| t.parse::<u64>().ok()) else {
+                continue;
             };
-            count.fetch_add(1, Ordering::Relaxed);
-            let sent = ChatMessage::decode(push.body)
-                .ok()
-                .and_then(|m| m.text.get(..STAMP)?.parse().ok());
-            if let Some(sent) = sent.filter(|_| got > 1) {
-                let took = Duration::from_nanos(unix_nanos().saturating_sub(sent));
-                self.latency
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .record(took);
+            if sent == 0 {
+                if !warmed {
+                    warmed = true;
+                    self.warmed.fetch_add(1, Ordering::Relaxed);
+                    self.done.notify_one();
+                }
+                continue;
             }
-            let last = got == expected;
-            if last {
+            got += 1;
+            self.received.fetch_add(1, Ordering::Relaxed);
+            let took = Duration::from_nanos(unix_nanos().saturating_sub(sent));
+            let mut latency = self.latency.lock().unwrap_or_else(PoisonError::into_inner);
+            latency.record(took);
+            drop(latency);
+            if got == expected {
                 self.finished.fetch_add(1, Ordering::Relaxed);
-            }
-            if got == 1 || last {
                 self.done.notify_one();
-            }
-            if last {
                 break;
             }
         }
