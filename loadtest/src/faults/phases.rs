@@ -377,12 +377,12 @@ impl FaultsReport {
         let phases = tally(
             records,
             runs,
-            (args.bus, args.node_stop),
+            (args.launch.bus, args.node_stop),
             origin,
             args.held_slack,
         );
         FaultsReport {
-            bus: args.bus,
+            bus: args.launch.bus,
             node_stop: args.node_stop,
             clients: args.clients,
             rps_per_client: f64::from(args.rate),

@@ -57,9 +57,6 @@ pub struct MatchesArgs {
     /// --arena-workers 2 or more, lame-duck --bus nats-cluster.
     #[arg(long, value_enum, default_value_t = Fault::None)]
     pub fault: Fault,
-    /// The bus the fleet runs on.
-    #[arg(long, value_enum, default_value_t = Bus::Shaddock)]
-    pub bus: Bus,
     /// Fail unless every input is answered 200 and counted exactly once, and every
     /// match's ticks go on one by one (none skipped or repeated); after kill-owner, only
     /// the players of lost matches may miss inputs, each answered 404 `match lost` or
@@ -140,14 +137,13 @@ pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
         "--fault drain-owner and kill-owner need --arena-workers 2 or more: someone must take the matches"
     );
     ensure!(
-        args.fault != Fault::LameDuck || args.bus == Bus::NatsCluster,
+        args.fault != Fault::LameDuck || args.launch.bus == Bus::NatsCluster,
         "--fault lame-duck needs --bus nats-cluster: another node to move to"
     );
     // For lame-duck the arena workers start on the first node alone, below.
     let on_first_node = args.fault == Fault::LameDuck;
     let arena = if on_first_node { 0 } else { args.arena_workers };
     let spec = TopologySpec {
-        broker: args.bus.spec(),
         workers: vec![
             ("chat".to_owned(), 1),
             (super::target::PROFILE.to_owned(), 1),
@@ -171,7 +167,7 @@ pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
     let setup = format!(
         "{gates} gate(s) + 1 chat worker + {} arena worker(s), {}, launched on loopback",
         args.arena_workers,
-        args.bus.describe()
+        args.launch.bus.describe()
     );
     let report = Report::new("matches", setup, report);
     report.write(&args.output)?;
@@ -197,7 +193,7 @@ pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
         // A hand-over's mark cuts a subject exactly on one server; across a
         // nats-server cluster a push published as the mark travels can reach both
         // gates (docs/gateway.md, "Resume"): repeated, never lost.
-        let repeats_allowed = args.fault == Fault::Flap && args.bus == Bus::NatsCluster;
+        let repeats_allowed = args.fault == Fault::Flap && args.launch.bus == Bus::NatsCluster;
         ensure!(
             report.ticks_skipped == 0 && (report.ticks_repeated == 0 || repeats_allowed),
             "ticks skipped {}, repeated {}",

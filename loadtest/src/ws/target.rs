@@ -219,8 +219,9 @@ impl TargetArgs {
             "one process (shaddock up: broker, gate in process, echo, chat, arena and profile workers), launched on loopback".to_owned()
         } else {
             format!(
-                "{gates} gate{} + {fleet} + broker, launched on loopback",
-                plural(gates)
+                "{gates} gate{} + {fleet} + {}, launched on loopback",
+                plural(gates),
+                self.launch.bus.describe()
             )
         };
         if tls {
