@@ -113,19 +113,33 @@ fn ensure_str(ok: bool, why: impl FnOnce() -> String) -> Result<(), String> {
 pub struct Children(pub Copies);
 
 impl Children {
-    /// Starts `spread.procs` copies of this program, child `i` running the subcommand
-    /// `args(i)` (its name first) with its share of `spread`'s flags.
-    pub fn start(spread: &SpreadArgs, args: impl Fn(usize) -> Vec<String>) -> anyhow::Result<Self> {
+    /// Starts `spread.procs` copies of this program running `subcommand` on the gates
+    /// `urls` with `flags`, child `i` with its share of the `share` count flag (`i < n
+    /// mod procs` get one more) and of `spread`'s flags.
+    pub fn start(
+        spread: &SpreadArgs,
+        subcommand: &str,
+        urls: &[String],
+        (count_flag, count): (&str, u64),
+        flags: Vec<String>,
+    ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("finding this program")?;
         // `shaddock loadtest <subcommand>` or `shaddock-loadtest <subcommand>`.
         let prefix = (exe.file_stem())
             .filter(|name| *name == "shaddock")
-            .map(|_| "loadtest".to_owned());
+            .map(|_| "loadtest");
+        let procs = u64::from(spread.procs);
         let copies = Copies::start(spread.procs as usize, |i| {
-            prefix
-                .iter()
-                .cloned()
-                .chain(args(i))
+            let share = count / procs + u64::from((i as u64) < count % procs);
+            let head = [
+                subcommand,
+                "--url",
+                &urls.join(","),
+                count_flag,
+                &share.to_string(),
+            ];
+            let head = prefix.into_iter().chain(head).map(str::to_owned);
+            head.chain(flags.iter().cloned())
                 .chain(spread.child_args(i))
                 .collect()
         });

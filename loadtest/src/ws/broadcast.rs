@@ -126,15 +126,9 @@ async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<Broadcas
     let urls = &gates.urls;
     let procs = args.spread.procs as usize;
     ensure!(args.members >= procs, "fewer --members than --procs");
-    let mut children = Children::start(&args.spread, |i| {
-        let share = args.members / procs + usize::from(i < args.members % procs);
-        let mut child = ["broadcast", "--url", &urls.join(",")]
-            .map(String::from)
-            .to_vec();
-        child.extend(["--members".into(), share.to_string()]);
-        child.extend(["--messages".into(), args.messages.to_string()]);
-        child
-    })?;
+    let share = ("--members", args.members as u64);
+    let flags = vec!["--messages".into(), args.messages.to_string()];
+    let mut children = Children::start(&args.spread, "broadcast", urls, share, flags)?;
     let _joined: Vec<u64> = children.0.ready().await?;
     let sender = member(&urls[0], "sender".into(), !args.unordered, None).await?;
     // A warm-up message every second until every member has one: a member's pushes

@@ -223,17 +223,10 @@ async fn measure(
             (vec![opened], rss_after, Some(detached), None, Vec::new())
         }
         None => {
-            let procs = u64::from(args.spread.procs);
-            let mut children = Children::start(&args.spread, |i| {
-                let share = args.sessions / procs + u64::from((i as u64) < args.sessions % procs);
-                let mut child = ["idle", "--url", &gates.urls.join(",")]
-                    .map(String::from)
-                    .to_vec();
-                child.extend(["--sessions".into(), share.to_string()]);
-                child.extend(["--concurrency".into(), args.concurrency.to_string()]);
-                child.extend(args.drain.then(|| "--drain".to_owned()));
-                child
-            })?;
+            let mut flags = vec!["--concurrency".into(), args.concurrency.to_string()];
+            flags.extend(args.drain.then(|| "--drain".to_owned()));
+            let share = ("--sessions", args.sessions);
+            let mut children = Children::start(&args.spread, "idle", &gates.urls, share, flags)?;
             let watched = [gates.watched.clone(), children.watched()].concat();
             let opening = CpuSample::take(&watched);
             let opened: Vec<Opened> = children.0.ready().await?;
@@ -324,15 +317,7 @@ async fn detach(
         reconnect: Some(Backoff::default()),
         ..ClientOptions::default()
     };
-    let started_ms = unix_ms();
-    let (clients, first_error) = open(args, |_| (vec![hop.ws_url()], options.clone())).await?;
-    let opened = Opened {
-        opened: clients.len(),
-        failed: usize::try_from(args.sessions)? - clients.len(),
-        first_error,
-        started_ms,
-        ended_ms: unix_ms(),
-    };
+    let (clients, opened) = open(args, |_| (vec![hop.ws_url()], options.clone())).await?;
     let rss_after = rss()?;
     // Every link cut, and no redial gets through: the hop is gone.
     hop.cut();
@@ -382,11 +367,12 @@ impl Section for IdleReport {
 
 /// Opens `args.sessions` sessions, `args.concurrency` handshakes at a time, the `k`-th
 /// to the gates and with the options `dial(k)` gives (its `--source-addrs` address set
-/// here): those that opened, and the first error of those that did not.
+/// here): those that opened, and what the opening was.
 async fn open(
     args: &IdleArgs,
     dial: impl Fn(usize) -> (Vec<String>, ClientOptions),
-) -> anyhow::Result<(Vec<Client>, Option<String>)> {
+) -> anyhow::Result<(Vec<Client>, Opened)> {
+    let started_ms = unix_ms();
     let permits = Arc::new(Semaphore::new(usize::try_from(args.concurrency)?));
     let mut set = JoinSet::new();
     for k in 0..usize::try_from(args.sessions)? {
@@ -410,7 +396,14 @@ async fn open(
             Err(e) => drop(first_error.get_or_insert(e.to_string())),
         }
     }
-    Ok((clients, first_error))
+    let opened = Opened {
+        opened: clients.len(),
+        failed: usize::try_from(args.sessions)? - clients.len(),
+        first_error,
+        started_ms,
+        ended_ms: unix_ms(),
+    };
+    Ok((clients, opened))
 }
 
 /// A load process: its share of sessions over the `--url` gates round-robin (with
@@ -424,8 +417,7 @@ async fn child(args: &IdleArgs) -> anyhow::Result<()> {
         reconnect: args.drain.then(Backoff::default),
         ..ClientOptions::default()
     };
-    let started_ms = unix_ms();
-    let (clients, first_error) = open(args, |k| {
+    let (clients, opened) = open(args, |k| {
         let mut order = urls.clone();
         match args.drain {
             true => order[1..].rotate_left(k % (urls.len() - 1).max(1)),
@@ -434,13 +426,7 @@ async fn child(args: &IdleArgs) -> anyhow::Result<()> {
         (order, options.clone())
     })
     .await?;
-    stop.ready(&Opened {
-        opened: clients.len(),
-        failed: usize::try_from(args.sessions)? - clients.len(),
-        first_error,
-        started_ms,
-        ended_ms: unix_ms(),
-    })?;
+    stop.ready(&opened)?;
     let moved = match args.drain {
         true => served_elsewhere(&clients, &mut stop).await,
         false => Moved::default(),
