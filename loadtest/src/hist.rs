@@ -26,10 +26,8 @@ impl Default for Hist {
 impl Hist {
     pub fn new() -> Self {
         // The counts array is touched only where values land: mostly lazily committed.
-        Hist(
-            Histogram::new_with_bounds(1, MAX_TRACKABLE_NS, SIGNIFICANT_DIGITS)
-                .expect("valid bounds"),
-        )
+        let histogram = Histogram::new_with_bounds(1, MAX_TRACKABLE_NS, SIGNIFICANT_DIGITS);
+        Hist(histogram.expect("valid bounds"))
     }
 
     /// 2 significant digits from 1 µs (~22 KB instead of ~220 KB): for the per-second

@@ -103,14 +103,9 @@ pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
         Bus::Shaddock => String::new(),
         Bus::NatsCluster => format!(" (a node stopped by {:?})", args.node_stop.signal()),
     };
-    let setup = format!(
-        "{}{stop}: {}",
-        args.launch.bus.describe(),
-        processes.join(", ")
-    );
-    let report = Report::new("faults", setup, report);
-    report.write(&args.output)?;
-    let report = report.data;
+    let (bus, processes) = (args.launch.bus.describe(), processes.join(", "));
+    let setup = format!("{bus}{stop}: {processes}");
+    let report = Report::new("faults", setup, report).written(&args.output)?;
     if !report.errors.is_empty() {
         bail!("the run stopped early: {}", report.errors.join("; "));
     }
@@ -220,10 +215,8 @@ async fn act(
         }
         Fault::AddWorker => {
             let role = fleet.add_worker(SERVICE).await?;
-            events.push(format!(
-                "started {role}: ready in {:.2?}",
-                started.elapsed()
-            ));
+            let took = started.elapsed();
+            events.push(format!("started {role}: ready in {took:.2?}"));
         }
         Fault::DrainWorker | Fault::KillWorker => {
             let role = first(fleet, |r| matches!(r, Role::Worker { .. }))?;
@@ -253,11 +246,8 @@ async fn act(
             // do, in lame duck mode (SIGUSR2, as `nats-server --signal ldm` sends), its
             // clients moving to the other nodes before it goes. The single broker is
             // killed: there is nowhere to move, and the gap is what is measured.
-            let stop = if roles.len() > 1 {
-                node_stop
-            } else {
-                NodeStop::Kill
-            };
+            let single = roles.len() == 1;
+            let stop = if single { NodeStop::Kill } else { node_stop };
             let signal = stop.signal();
             if stop != NodeStop::LameDuck {
                 struck = Some(Instant::now());

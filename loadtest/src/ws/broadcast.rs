@@ -113,9 +113,7 @@ pub async fn broadcast(mut args: BroadcastArgs) -> anyhow::Result<()> {
     args.target.service = ServiceKind::Chat;
     let (gates, topology) = args.target.gates(2, 1).await?;
     let report = with_topology(topology, measure(&args, &gates)).await?;
-    let report = Report::new("broadcast", gates.setup.clone(), report);
-    report.write(&args.output)?;
-    let report = report.data;
+    let report = Report::new("broadcast", gates.setup.clone(), report).written(&args.output)?;
     if report.deliveries < report.expected {
         bail!("{} deliveries missing", report.expected - report.deliveries);
     }
@@ -280,28 +278,32 @@ pub(crate) async fn login_and_join(
     name: String,
     room: &str,
 ) -> anyhow::Result<()> {
-    expect_ok(
-        client
-            .request("chat.login", LoginRequest { name }.encode_to_vec())
-            .await?,
-    )?;
-    let join = JoinRequest { room: room.into() };
-    expect_ok(client.request("chat.join", join.encode_to_vec()).await?)
+    request_ok(client, "chat.login", LoginRequest { name }).await?;
+    request_ok(client, "chat.join", JoinRequest { room: room.into() }).await
 }
 
 /// Says a message of `size` bytes, its send time first (0 for a warm-up message).
 async fn say(sender: &Client, size: u64, warm_up: bool) -> anyhow::Result<()> {
     let sent = if warm_up { 0 } else { unix_nanos() };
-    let mut text = format!("{sent:0STAMP$}");
-    text.extend(std::iter::repeat_n(
-        'x',
-        (size as usize).saturating_sub(text.len()),
-    ));
+    // The stamp is always STAMP digits (u64::MAX has 20).
+    let text = format!(
+        "{sent:0STAMP$}{}",
+        "x".repeat((size as usize).saturating_sub(STAMP))
+    );
     let say = SayRequest {
         room: ROOM.into(),
         text,
     };
-    expect_ok(sender.request("chat.say", say.encode_to_vec()).await?)
+    request_ok(sender, "chat.say", say).await
+}
+
+/// Sends `body` on `route`; fails unless it is answered 200.
+pub(crate) async fn request_ok(
+    client: &Client,
+    route: &str,
+    body: impl proto::Message,
+) -> anyhow::Result<()> {
+    expect_ok(client.request(route, body.encode_to_vec()).await?)
 }
 
 pub(crate) fn expect_ok(response: Response) -> anyhow::Result<()> {

@@ -180,18 +180,11 @@ pub async fn idle(args: IdleArgs) -> anyhow::Result<()> {
         drained,
     );
     let idle = with_topology(topology, measured).await?;
-    Report::new("idle", gates.setup.clone(), idle.clone()).write(&args.output)?;
-    ensure!(
-        idle.opened > 0,
-        "no session could be opened: {}",
-        idle.first_error
-    );
+    let idle = Report::new("idle", gates.setup.clone(), idle).written(&args.output)?;
+    let why = &idle.first_error;
+    ensure!(idle.opened > 0, "no session could be opened: {why}");
     if idle.failed > 0 {
-        tracing::warn!(
-            "{} session(s) failed to open, first: {}",
-            idle.failed,
-            idle.first_error
-        );
+        tracing::warn!("{} session(s) failed to open, first: {why}", idle.failed);
     }
     let lost = idle.drain.as_ref().map_or(0, |d| d.lost);
     ensure!(
@@ -234,11 +227,13 @@ async fn measure(
             (opened, rss()?, None, Some(children), open_cpu)
         }
     };
-    let watched = [
-        gates.watched.clone(),
-        children.iter().flat_map(Children::watched).collect(),
-    ]
-    .concat();
+    let children_watched = children.iter().flat_map(Children::watched);
+    let watched: Vec<_> = gates
+        .watched
+        .iter()
+        .cloned()
+        .chain(children_watched)
+        .collect();
     let before = CpuSample::take(&watched);
     // The measurement's window: sessions held as a game's idle players are.
     tokio::time::sleep(args.hold).await;
@@ -249,11 +244,7 @@ async fn measure(
         let status = gate.stop(Signal::SIGTERM, DRAIN_TIMEOUT).await;
         stopped = Some((at, status.map_or_else(|e| e, |s| s.to_string())));
     }
-    let wait = if stopped.is_some() {
-        DRAIN_TIMEOUT
-    } else {
-        Duration::ZERO
-    };
+    let wait = stopped.as_ref().map_or(Duration::ZERO, |_| DRAIN_TIMEOUT);
     let moved: Vec<Moved> = match children {
         Some(children) => children.0.finish(wait).await?,
         None => Vec::new(),
@@ -347,16 +338,12 @@ async fn detach(
 impl Section for IdleReport {
     fn add_to(&self, doc: &mut Doc) {
         doc.fields(self);
+        let opened = self.opened as u64;
         if !self.open_cpu.is_empty() {
-            doc.lines(vec![cpu_line(
-                &self.open_cpu,
-                self.opened as u64,
-                "handshake",
-            )]);
+            doc.lines(vec![cpu_line(&self.open_cpu, opened, "handshake")]);
         }
         if self.hold_s > 0.0 {
-            let line = cpu_line(&self.cpu, self.opened as u64, "session held");
-            doc.lines(vec![line]);
+            doc.lines(vec![cpu_line(&self.cpu, opened, "session held")]);
         }
         if let Some(drain) = &self.drain {
             doc.heading("the first gate drained");

@@ -23,7 +23,7 @@ use sdk::{Backoff, Client, ClientOptions};
 use testkit::Cut;
 use testkit::fleet::{Role, Topology, TopologySpec, or_interrupted};
 
-use super::broadcast::expect_ok;
+use super::broadcast::{expect_ok, request_ok};
 use super::target::watched;
 use crate::hist::{Hist, Summary};
 use crate::proc::{CpuSample, CpuUse};
@@ -169,9 +169,7 @@ pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
         args.arena_workers,
         args.launch.bus.describe()
     );
-    let report = Report::new("matches", setup, report);
-    report.write(&args.output)?;
-    let report = report.data;
+    let report = Report::new("matches", setup, report).written(&args.output)?;
     if report.inputs_ok == 0 {
         bail!("no input was answered 200");
     }
@@ -328,9 +326,8 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
         report.state_pushes += seen.pushes;
         report.ticks_skipped += seen.skipped;
         report.ticks_repeated += seen.repeated;
-        report.longest_gap_ms = report
-            .longest_gap_ms
-            .max(seen.longest_gap.as_secs_f64() * 1e3);
+        let gap_ms = seen.longest_gap.as_secs_f64() * 1e3;
+        report.longest_gap_ms = report.longest_gap_ms.max(gap_ms);
         report.inputs_sent += seen.sent as u64;
         report.reconnects += player.client.reconnects();
         report.resumes += player.client.resumes();
@@ -368,10 +365,8 @@ async fn strike(
         Fault::DrainOwner => Signal::SIGTERM,
         Fault::KillOwner => Signal::SIGKILL,
     };
-    Ok(format!(
-        "{at:.2} s: {}",
-        fleet.stop_one(&owner, signal).await?
-    ))
+    let stopped = fleet.stop_one(&owner, signal).await?;
+    Ok(format!("{at:.2} s: {stopped}"))
 }
 
 /// How long each arena worker may take to move its partitions off the node in lame duck
@@ -394,14 +389,12 @@ async fn lame_duck(fleet: &mut Topology, started: Instant) -> anyhow::Result<Str
         (worker.wait_line("the partitions moved to another NATS server", MOVE_WITHIN))
             .await
             .map_err(anyhow::Error::msg)?;
-        moved.push(format!(
-            "{role} {:.2} s",
-            started.elapsed().as_secs_f64() - at
-        ));
+        let after = started.elapsed().as_secs_f64() - at;
+        moved.push(format!("{role} {after:.2} s"));
     }
+    let moved = moved.join(", ");
     Ok(format!(
-        "{at:.2} s: nats-0 in lame duck mode; moved: {}",
-        moved.join(", ")
+        "{at:.2} s: nats-0 in lame duck mode; moved: {moved}"
     ))
 }
 
@@ -425,8 +418,7 @@ async fn join(urls: &[String], i: usize, players: usize) -> anyhow::Result<Playe
         .await
         .with_context(|| format!("connecting {}", urls[0]))?;
     let uid = format!("p{i}");
-    let login = LoginRequest { name: uid.clone() };
-    expect_ok(client.request("chat.login", login.encode_to_vec()).await?)?;
+    request_ok(&client, "chat.login", LoginRequest { name: uid.clone() }).await?;
     let name = format!("m{}", i / players);
     let join = JoinRequest {
         r#match: name.clone(),

@@ -297,22 +297,14 @@ impl ScenarioReport {
     /// Prints and writes the report, then fails if a run failed or had no success.
     pub fn finish(&self, output: &OutputArgs) -> anyhow::Result<()> {
         self.write(output)?;
-        let errors = &self.data.errors;
-        anyhow::ensure!(
-            errors.is_empty(),
-            "{} run(s) failed: {}",
-            errors.len(),
-            errors.join("; ")
-        );
+        let (n, errors) = (self.data.errors.len(), self.data.errors.join("; "));
+        anyhow::ensure!(n == 0, "{n} run(s) failed: {errors}");
         let failed: Vec<&str> = (self.data.runs.iter())
             .filter(|r| r.ok == 0)
             .map(|r| r.label.as_str())
             .collect();
-        anyhow::ensure!(
-            failed.is_empty(),
-            "no successful answer in: {}",
-            failed.join(", ")
-        );
+        let list = failed.join(", ");
+        anyhow::ensure!(failed.is_empty(), "no successful answer in: {list}");
         Ok(())
     }
 }

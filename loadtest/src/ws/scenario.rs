@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, ensure};
+use anyhow::ensure;
 
 use super::clock::ClockKind;
 use super::generator::{self, Length, LoadSpec, RunReport, Target};
@@ -356,13 +356,11 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
     }
     report.data.saturate = Some(sat);
     report.finish(&args.load.output)?;
-    if !missing.is_empty() {
-        bail!(
-            "no step met the target for {}, not even {} req/s per client",
-            missing.join(", "),
-            args.start_rate
-        );
-    }
+    let (missing, rate) = (missing.join(", "), args.start_rate);
+    ensure!(
+        missing.is_empty(),
+        "no step met the target for {missing}, not even {rate} req/s per client"
+    );
     Ok(())
 }
 
