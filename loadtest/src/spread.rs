@@ -128,16 +128,10 @@ impl Children {
         let prefix = (exe.file_stem())
             .filter(|name| *name == "shaddock")
             .map(|_| "loadtest");
-        let procs = u64::from(spread.procs);
+        let (procs, urls) = (u64::from(spread.procs), urls.join(","));
         let copies = Copies::start(spread.procs as usize, |i| {
-            let share = count / procs + u64::from((i as u64) < count % procs);
-            let head = [
-                subcommand,
-                "--url",
-                &urls.join(","),
-                count_flag,
-                &share.to_string(),
-            ];
+            let share = (count / procs + u64::from((i as u64) < count % procs)).to_string();
+            let head = [subcommand, "--url", &urls, count_flag, &share];
             let head = prefix.into_iter().chain(head).map(str::to_owned);
             head.chain(flags.iter().cloned())
                 .chain(spread.child_args(i))

@@ -193,15 +193,12 @@ async fn child(args: &BroadcastArgs) -> anyhow::Result<()> {
     let mut stop = AsCopy::install()?;
     let (urls, prefix) = (&args.target.url, format!("m{}-", std::process::id()));
     let counts = Arc::new(Counts::default());
+    let join = |i: usize| {
+        let name = format!("{prefix}{i}");
+        member(&urls[i % urls.len()], name, true, args.spread.source(i))
+    };
     let clients: Vec<Client> = stream::iter(0..args.members)
-        .map(|i| {
-            member(
-                &urls[i % urls.len()],
-                format!("{prefix}{i}"),
-                true,
-                args.spread.source(i),
-            )
-        })
+        .map(join)
         .buffer_unordered(CONNECT_BATCH)
         .try_collect()
         .await?;
@@ -222,11 +219,8 @@ async fn child(args: &BroadcastArgs) -> anyhow::Result<()> {
         () = stop.stopped() => {}
         _ = wait_for(&counts.done, || all(&counts.finished)) => {}
     }
-    let latency = counts
-        .latency
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .counts();
+    let latency = counts.latency.lock();
+    let latency = latency.unwrap_or_else(PoisonError::into_inner).counts();
     stop.result(&Tally {
         received: counts.received.load(Ordering::Relaxed),
         dropped: clients.iter().map(Client::pushes_dropped).sum::<u64>() - dropped,

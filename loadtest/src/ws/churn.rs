@@ -323,10 +323,8 @@ impl Section for ChurnReport {
             row.extend(s.rss.iter().map(|&b| format!("{:.1}", mib(b))));
             row
         });
-        doc.table(Table {
-            columns,
-            rows: rows.collect(),
-        });
+        let rows = rows.collect();
+        doc.table(Table { columns, rows });
     }
 }
 

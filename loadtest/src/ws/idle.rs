@@ -172,13 +172,8 @@ pub async fn idle(args: IdleArgs) -> anyhow::Result<()> {
         ),
         false => None,
     };
-    let measured = measure(
-        &args,
-        &gates,
-        &pids,
-        metrics.filter(|_| args.detached),
-        drained,
-    );
+    let metrics = metrics.filter(|_| args.detached);
+    let measured = measure(&args, &gates, &pids, metrics, drained);
     let idle = with_topology(topology, measured).await?;
     let idle = Report::new("idle", gates.setup.clone(), idle).written(&args.output)?;
     let why = &idle.first_error;
@@ -252,6 +247,7 @@ async fn measure(
     let total: usize = opened.iter().map(|o| o.opened).sum();
     let started = opened.iter().map(|o| o.started_ms).fold(f64::MAX, f64::min);
     let open_seconds = (opened.iter().map(|o| o.ended_ms).fold(0.0, f64::max) - started) / 1e3;
+    let first_error = opened.iter().find_map(|o| o.first_error.clone());
     let per_session = |grown: i64| grown as f64 / total.max(1) as f64;
     let sum = |rss: &[u64]| rss.iter().sum::<u64>() as i64;
     let drain = stopped.map(|(at, gate_stopped)| {
@@ -273,10 +269,7 @@ async fn measure(
         sessions: args.sessions,
         opened: total,
         failed: opened.iter().map(|o| o.failed).sum(),
-        first_error: opened
-            .iter()
-            .find_map(|o| o.first_error.clone())
-            .unwrap_or_default(),
+        first_error: first_error.unwrap_or_default(),
         open_seconds,
         handshakes_per_s: total as f64 / open_seconds.max(1e-3),
         open_cpu,
@@ -300,9 +293,8 @@ async fn detach(
     metrics: &str,
     rss: &impl Fn() -> anyhow::Result<Vec<u64>>,
 ) -> anyhow::Result<(Opened, Vec<u64>, (u64, u64))> {
-    let hop = Cut::start(url.trim_start_matches("ws://").parse()?)
-        .await
-        .context("starting a TCP hop")?;
+    let gate = url.trim_start_matches("ws://").parse()?;
+    let hop = Cut::start(gate).await.context("starting a TCP hop")?;
     let options = ClientOptions {
         // Resumable sessions ask to be, and a resume needs a client that redials.
         reconnect: Some(Backoff::default()),
@@ -313,12 +305,9 @@ async fn detach(
     // Every link cut, and no redial gets through: the hop is gone.
     hop.cut();
     drop(hop);
+    let (gauge, n) = (["gate_sessions_detached"], clients.len() as f64);
     let detached = async {
-        loop {
-            let counted = scrape(metrics, &["gate_sessions_detached"]).await;
-            if counted.is_some_and(|c| c[0] >= clients.len() as f64) {
-                break;
-            }
+        while !scrape(metrics, &gauge).await.is_some_and(|c| c[0] >= n) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };

@@ -142,9 +142,8 @@ pub fn watched(topology: &Topology) -> Vec<Watched> {
         pid,
         threads: Threads::All,
     });
-    std::iter::once(this_process(LOADTEST))
-        .chain(fleet)
-        .collect()
+    let this = std::iter::once(this_process(LOADTEST));
+    this.chain(fleet).collect()
 }
 
 /// What the bare echo server's threads are named (and only they): its CPU is told
@@ -218,19 +217,14 @@ impl TargetArgs {
         let mut setup = if self.topology == TopologyKind::OneProcess {
             "one process (shaddock up: broker, gate in process, echo, chat, arena and profile workers), launched on loopback".to_owned()
         } else {
-            format!(
-                "{gates} gate{} + {fleet} + {}, launched on loopback",
-                plural(gates),
-                self.launch.bus.describe()
-            )
+            let (s, bus) = (plural(gates), self.launch.bus.describe());
+            format!("{gates} gate{s} + {fleet} + {bus}, launched on loopback")
         };
         if tls {
             setup.push_str(", serving ws:// and wss://");
         }
-        for arg in self.launch.gate_arg.iter().chain(&self.launch.worker_arg) {
-            setup.push(' ');
-            setup.push_str(arg);
-        }
+        let extra = self.launch.gate_arg.iter().chain(&self.launch.worker_arg);
+        setup.extend(extra.map(|arg| format!(" {arg}")));
         let tls = (topology.tls_ca().map(tls_client_config))
             .transpose()
             .context("trusting the launched gates' CA")?;
