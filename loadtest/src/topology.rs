@@ -75,9 +75,7 @@ impl LaunchArgs {
         let workers = self.workers.unwrap_or(workers) as usize;
         TopologySpec {
             gates: self.gates.unwrap_or(gates) as usize,
-            workers: (services.iter())
-                .map(|s| ((*s).to_owned(), workers))
-                .collect(),
+            workers: services.iter().map(|s| (s.to_string(), workers)).collect(),
             gate_args: self.gate_arg.clone(),
             worker_args: self.worker_arg.clone(),
             shaddock_bin: self.bin.clone().unwrap_or_else(default_shaddock_bin),

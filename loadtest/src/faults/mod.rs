@@ -255,10 +255,9 @@ async fn act(
             events.push(fleet.stop_one(&role, signal).await?.to_string());
             let restart = Instant::now();
             fleet.restart_bus_node(0).await?;
+            let (took, all) = (restart.elapsed(), started.elapsed());
             events.push(format!(
-                "started {role} again on its ports: ready in {:.2?} ({:.2?} after the signal)",
-                restart.elapsed(),
-                started.elapsed()
+                "started {role} again on its ports: ready in {took:.2?} ({all:.2?} after the signal)"
             ));
         }
     }

@@ -239,10 +239,9 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunReport> 
     let mut tasks = JoinSet::new();
     for (i, conn) in clients.into_iter().enumerate() {
         let Some(conn) = conn else { continue };
-        let pacer = match &metronome {
-            Some(m) => m.pacer(),
-            None => Pacer::tokio(),
-        };
+        let pacer = metronome
+            .as_ref()
+            .map_or_else(Pacer::tokio, Metronome::pacer);
         let rec = Recorder::new(recorded.clone(), plan, window_start, (i, spec.clients));
         let run = ClientRun {
             plan,

@@ -450,10 +450,8 @@ fn send_inputs(
     results: Arc<Mutex<Outcomes>>,
 ) -> tokio::task::JoinHandle<()> {
     let (client, seen) = (player.client.clone(), player.seen.clone());
-    let (interval, count) = (
-        Duration::from_secs(1) / args.rate,
-        (args.duration.as_secs_f64() * f64::from(args.rate)) as u64,
-    );
+    let interval = Duration::from_secs(1) / args.rate;
+    let count = (args.duration.as_secs_f64() * f64::from(args.rate)) as u64;
     tokio::spawn(async move {
         let body = InputRequest { dx: 1, dy: 0 }.encode_to_vec();
         let mut ticks = tokio::time::interval(interval);
@@ -472,15 +470,12 @@ fn send_inputs(
                 let answer = client.request("arena.input", body).await;
                 let mut r = results.lock().unwrap();
                 r.pending -= 1;
-                match answer {
-                    Ok(a) if a.code == proto::code::OK => seen.lock().unwrap().ok += 1,
-                    Ok(a) => {
-                        *r.failed
-                            .entry(format!("{} {}", a.code, a.message))
-                            .or_default() += 1
-                    }
-                    Err(e) => *r.failed.entry(e.to_string()).or_default() += 1,
-                }
+                let failed = match answer {
+                    Ok(a) if a.code == proto::code::OK => return seen.lock().unwrap().ok += 1,
+                    Ok(a) => format!("{} {}", a.code, a.message),
+                    Err(e) => e.to_string(),
+                };
+                *r.failed.entry(failed).or_default() += 1;
             });
         }
     })

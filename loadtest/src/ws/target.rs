@@ -109,6 +109,9 @@ pub struct TargetArgs {
     pub launch: LaunchArgs,
 }
 
+/// The gates, and the topology serving them when this command launched one.
+pub type Launched = (Gates, Option<Topology>);
+
 /// Where the load of a scenario goes.
 #[derive(Debug, Clone)]
 pub struct Gates {
@@ -154,11 +157,7 @@ impl TargetArgs {
     /// The scenario's gates: the given URLs, or a launched topology with `gates` and
     /// `workers` unless the flags override them. A launched topology comes back too:
     /// run the scenario inside [`with_topology`].
-    pub async fn gates(
-        &self,
-        gates: u32,
-        workers: u32,
-    ) -> anyhow::Result<(Gates, Option<Topology>)> {
+    pub async fn gates(&self, gates: u32, workers: u32) -> anyhow::Result<Launched> {
         self.launch(gates, workers, &[self.service], false).await
     }
 
@@ -170,7 +169,7 @@ impl TargetArgs {
         workers: u32,
         services: &[ServiceKind],
         tls: bool,
-    ) -> anyhow::Result<(Gates, Option<Topology>)> {
+    ) -> anyhow::Result<Launched> {
         anyhow::ensure!(
             !tls || self.url.is_empty(),
             "serving wss:// beside ws:// needs gates this command launches (it makes their \
