@@ -47,9 +47,8 @@ async fn session(url: &str) -> anyhow::Result<Ws> {
 }
 
 async fn send(ws: &mut Ws, kind: Kind) -> anyhow::Result<()> {
-    Ok(ws
-        .feed(sdk::frame::encode(&Packet::new(kind), false))
-        .await?)
+    let frame = sdk::frame::encode(&Packet::new(kind), false);
+    Ok(ws.feed(frame).await?)
 }
 
 /// An attacking session, its requests pipelined and flushed.

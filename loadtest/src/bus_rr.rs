@@ -175,9 +175,7 @@ async fn measure(args: &Args) -> anyhow::Result<BusRr> {
         latency.merge(&recorded);
         errors.iter_mut().zip(counted).for_each(|(e, n)| *e += n);
     }
-    let elapsed = Instant::now()
-        .saturating_duration_since(start)
-        .as_secs_f64();
+    let elapsed = start.elapsed().as_secs_f64();
     responders.shutdown().await;
     let l = latency.summary();
     Ok(BusRr {

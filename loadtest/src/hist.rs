@@ -26,10 +26,8 @@ impl Default for Hist {
 impl Hist {
     pub fn new() -> Self {
         // The counts array is touched only where values land: mostly lazily committed.
-        Hist(
-            Histogram::new_with_bounds(1, MAX_TRACKABLE_NS, SIGNIFICANT_DIGITS)
-                .expect("valid bounds"),
-        )
+        let histogram = Histogram::new_with_bounds(1, MAX_TRACKABLE_NS, SIGNIFICANT_DIGITS);
+        Hist(histogram.expect("valid bounds"))
     }
 
     /// 2 significant digits from 1 µs (~22 KB instead of ~220 KB): for the per-second
@@ -50,10 +48,22 @@ impl Hist {
     pub fn merge(&mut self, other: &Hist) {
         // Same bounds on both sides, so `add` cannot fail; saturate rather than lose a run.
         if self.0.add(&other.0).is_err() {
-            for v in other.0.iter_recorded() {
-                self.0
-                    .saturating_record_n(v.value_iterated_to(), v.count_at_value());
-            }
+            self.record_counts(&other.counts());
+        }
+    }
+
+    /// Each value recorded and its count: a histogram as a load process sends it.
+    pub fn counts(&self) -> Vec<(u64, u64)> {
+        let recorded = self.0.iter_recorded();
+        recorded
+            .map(|v| (v.value_iterated_to(), v.count_at_value()))
+            .collect()
+    }
+
+    /// Records what [`Hist::counts`] gave.
+    pub fn record_counts(&mut self, counts: &[(u64, u64)]) {
+        for (value, count) in counts {
+            self.0.saturating_record_n(*value, *count);
         }
     }
 

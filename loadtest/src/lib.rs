@@ -5,8 +5,9 @@
 //! stdout so `scripts/bench-broker.sh` can parse it. Progress goes to `tracing` (stderr).
 //!
 //! Layers, each importing only those before it in this list: the leaves [`hist`],
-//! [`proc`] and [`report`]; the parts [`limit`] (the bare echo server) and [`topology`]
-//! (the flags of the fleet launcher, `testkit::fleet`); the scenarios [`bus_rr`] and
+//! [`proc`] and [`report`]; the parts [`limit`] (the bare echo server), [`topology`]
+//! (the flags of the fleet launcher, `testkit::fleet`) and [`spread`] (source addresses
+//! and load processes); the scenarios [`bus_rr`] and
 //! [`idle_conns`] (NATS), [`ws`] (WebSocket load through the gateway) and [`faults`]
 //! (which reuses the WebSocket pacing). `python3 scripts/check-layers.py loadtest`
 //! checks for cycles.
@@ -18,6 +19,7 @@ pub mod idle_conns;
 pub mod limit;
 pub mod proc;
 pub mod report;
+pub mod spread;
 pub mod topology;
 pub mod ws;
 
@@ -54,6 +56,9 @@ pub enum Command {
 
 /// Runs one load-test subcommand.
 pub async fn run(command: Command) -> anyhow::Result<()> {
+    // Every session is a descriptor: hold as many as the hard limit allows
+    // (spread::explain names it when a connect hits it).
+    net::nofile::raise().map_err(|e| anyhow::anyhow!("raising the open-file limit: {e}"))?;
     match command {
         Command::BusRr(args) => bus_rr::run(args).await,
         Command::IdleConns(args) => idle_conns::run(args).await,

@@ -7,10 +7,11 @@ use std::path::PathBuf;
 use testkit::fleet::{BrokerSpec, TopologySpec, default_shaddock_bin};
 
 /// The bus a launched fleet runs on (`--bus`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Bus {
     /// One `shaddock broker`.
+    #[default]
     Shaddock,
     /// Three `nats-server` nodes routed into one cluster.
     NatsCluster,
@@ -43,6 +44,10 @@ pub struct LaunchArgs {
     /// Gate processes to launch (the scenario's default when absent).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub gates: Option<u32>,
+    /// The bus the launched fleet runs on: one `shaddock broker`, or 3 nats-server
+    /// nodes in a cluster.
+    #[arg(long, value_enum, default_value_t = Bus::Shaddock)]
+    pub bus: Bus,
     /// Worker processes to launch, of each service (the scenario's default when absent).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub workers: Option<u32>,
@@ -65,18 +70,17 @@ pub struct LaunchArgs {
 
 impl LaunchArgs {
     /// `gates` gates and `workers` workers of each of `services`, unless the flags say
-    /// otherwise, on the embedded broker.
+    /// otherwise, on `--bus`.
     pub fn spec(&self, gates: u32, workers: u32, services: &[&str]) -> TopologySpec {
         let workers = self.workers.unwrap_or(workers) as usize;
         TopologySpec {
             gates: self.gates.unwrap_or(gates) as usize,
-            workers: (services.iter())
-                .map(|s| ((*s).to_owned(), workers))
-                .collect(),
+            workers: services.iter().map(|s| (s.to_string(), workers)).collect(),
             gate_args: self.gate_arg.clone(),
             worker_args: self.worker_arg.clone(),
             shaddock_bin: self.bin.clone().unwrap_or_else(default_shaddock_bin),
             log_dir: self.logs.clone(),
+            broker: self.bus.spec(),
             ..TopologySpec::default()
         }
     }

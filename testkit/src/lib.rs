@@ -8,6 +8,9 @@
 //! takes it without linking a broker's test feature. The buses tests run on (our broker
 //! in-process, or nats-server) and `on_both_buses!` are `broker::testing`, built on this.
 //!
+//! [`copies`] starts copies of this program that each do a share of one job and say how
+//! it went in JSON lines (the load tester past one process's open-file limit).
+//!
 //! [`fleet`] launches a whole fleet of `shaddock` processes (a broker or a nats-server
 //! cluster, gates, workers) on [`Process`]: the root fleet tests and the load tester's
 //! scenarios run on it. [`Cut`] is a TCP hop a test (or the load tester) cuts, as a
@@ -22,6 +25,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+pub mod copies;
 mod cut;
 pub mod fleet;
 mod nats;

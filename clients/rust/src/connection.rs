@@ -1,9 +1,11 @@
 //! Dialing a gate: TCP, TLS for `wss://`, the WebSocket upgrade and the handshake,
 //! within the connect timeout; and dialing one of several gates in turn.
 
+use std::net::{IpAddr, SocketAddr};
+
 use futures::{SinkExt, StreamExt};
 use proto::client::{HandshakeAck, packet::Kind};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_tungstenite::WebSocketStream;
@@ -151,7 +153,7 @@ pub async fn open(url: &str, options: &ClientOptions) -> Result<Ws, SdkError> {
     let port = uri
         .port_u16()
         .unwrap_or(if tls.is_some() { WSS_PORT } else { WS_PORT });
-    let tcp = TcpStream::connect((host.as_str(), port))
+    let tcp = tcp_connect(&host, port, options.source_addr)
         .await
         .map_err(|e| SdkError::connect_io(url, e))?;
     // The writer batches frames itself; Nagle would only delay the flush it asked for.
@@ -172,4 +174,27 @@ pub async fn open(url: &str, options: &ClientOptions) -> Result<Ws, SdkError> {
         .await
         .map_err(|e| SdkError::connect_io(url, e))?;
     Ok(ws)
+}
+
+/// TCP to `host:port`, from `source` when given: the socket is bound to it (any port)
+/// before it connects, to the first of the host's addresses of the same family.
+async fn tcp_connect(host: &str, port: u16, source: Option<IpAddr>) -> std::io::Result<TcpStream> {
+    let Some(source) = source else {
+        return TcpStream::connect((host, port)).await;
+    };
+    let mut addrs = tokio::net::lookup_host((host, port)).await?;
+    let Some(addr) = addrs.find(|a| a.is_ipv4() == source.is_ipv4()) else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AddrNotAvailable,
+            format!("{host} has no address of the family of the source address {source}"),
+        ));
+    };
+    let socket = match source {
+        IpAddr::V4(_) => TcpSocket::new_v4()?,
+        IpAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.bind(SocketAddr::new(source, 0)).map_err(|e| {
+        std::io::Error::new(e.kind(), format!("binding to source address {source}: {e}"))
+    })?;
+    socket.connect(addr).await
 }

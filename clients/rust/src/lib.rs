@@ -209,6 +209,11 @@ pub struct ClientOptions {
     /// [`rustls::ClientConfig`] does (built with the ring provider, as this crate's
     /// rustls has no other).
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// The local address every socket of this client is bound to before it connects
+    /// (port chosen by the system); `None` lets the system pick the address too. For a
+    /// host with several addresses, or a load tester that spreads its sockets over
+    /// several so as to open more than one address's ephemeral ports allow.
+    pub source_addr: Option<std::net::IpAddr>,
 }
 
 impl Default for ClientOptions {
@@ -227,6 +232,7 @@ impl Default for ClientOptions {
             serial: false,
             json: false,
             tls: None,
+            source_addr: None,
         }
     }
 }

@@ -290,8 +290,8 @@ impl GapTracker {
             Answer::Code(..) => {
                 if self.cut || reconnects != self.reconnects {
                     if let Some(last) = self.last_answer {
-                        self.found
-                            .push((phase, outcome.done.saturating_duration_since(last)));
+                        let gap = outcome.done.saturating_duration_since(last);
+                        self.found.push((phase, gap));
                     }
                     self.cut = false;
                     self.reconnects = reconnects;

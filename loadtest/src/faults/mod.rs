@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use nix::sys::signal::Signal;
 use testkit::Cut;
-use testkit::fleet::{Role, Topology, TopologySpec, or_interrupted};
+use testkit::fleet::{Role, Topology, or_interrupted};
 
 use crate::proc::CpuSample;
 use crate::report::{OutputArgs, Report};
@@ -45,9 +45,6 @@ const BLIP_COUNTERS: [&str; 2] = ["gate_requests_held_total", "gate_requests_res
 /// `loadtest faults` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct FaultsArgs {
-    /// The bus: one `shaddock broker`, or 3 nats-server nodes in a cluster.
-    #[arg(long, value_enum, default_value_t = Bus::Shaddock)]
-    pub bus: Bus,
     /// How the restart phase stops a node of the nats-server cluster: in lame duck mode
     /// (SIGUSR2, as operators restart one: its clients move first), or at once, with
     /// SIGTERM (nats-server's shutdown: `docker restart`, a plain `systemctl restart`)
@@ -89,10 +86,7 @@ pub struct FaultsArgs {
 
 /// Runs the scenario: launches the fleet, runs the phases under load, reports.
 pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
-    let spec = TopologySpec {
-        broker: args.bus.spec(),
-        ..args.launch.spec(2, 3, &[SERVICE])
-    };
+    let spec = args.launch.spec(2, 3, &[SERVICE]);
     anyhow::ensure!(
         spec.workers[0].1 >= 2,
         "--workers: at least 2, one to drain and one to kill"
@@ -105,14 +99,13 @@ pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
     let stopped = fleet.shutdown().await;
     let report = outcome?;
     stopped.context("stopping the fleet")?;
-    let stop = match args.bus {
+    let stop = match args.launch.bus {
         Bus::Shaddock => String::new(),
         Bus::NatsCluster => format!(" (a node stopped by {:?})", args.node_stop.signal()),
     };
-    let setup = format!("{}{stop}: {}", args.bus.describe(), processes.join(", "));
-    let report = Report::new("faults", setup, report);
-    report.write(&args.output)?;
-    let report = report.data;
+    let (bus, processes) = (args.launch.bus.describe(), processes.join(", "));
+    let setup = format!("{bus}{stop}: {processes}");
+    let report = Report::new("faults", setup, report).written(&args.output)?;
     if !report.errors.is_empty() {
         bail!("the run stopped early: {}", report.errors.join("; "));
     }
@@ -222,10 +215,8 @@ async fn act(
         }
         Fault::AddWorker => {
             let role = fleet.add_worker(SERVICE).await?;
-            events.push(format!(
-                "started {role}: ready in {:.2?}",
-                started.elapsed()
-            ));
+            let took = started.elapsed();
+            events.push(format!("started {role}: ready in {took:.2?}"));
         }
         Fault::DrainWorker | Fault::KillWorker => {
             let role = first(fleet, |r| matches!(r, Role::Worker { .. }))?;
@@ -255,11 +246,8 @@ async fn act(
             // do, in lame duck mode (SIGUSR2, as `nats-server --signal ldm` sends), its
             // clients moving to the other nodes before it goes. The single broker is
             // killed: there is nowhere to move, and the gap is what is measured.
-            let stop = if roles.len() > 1 {
-                node_stop
-            } else {
-                NodeStop::Kill
-            };
+            let single = roles.len() == 1;
+            let stop = if single { NodeStop::Kill } else { node_stop };
             let signal = stop.signal();
             if stop != NodeStop::LameDuck {
                 struck = Some(Instant::now());
@@ -267,10 +255,9 @@ async fn act(
             events.push(fleet.stop_one(&role, signal).await?.to_string());
             let restart = Instant::now();
             fleet.restart_bus_node(0).await?;
+            let (took, all) = (restart.elapsed(), started.elapsed());
             events.push(format!(
-                "started {role} again on its ports: ready in {:.2?} ({:.2?} after the signal)",
-                restart.elapsed(),
-                started.elapsed()
+                "started {role} again on its ports: ready in {took:.2?} ({all:.2?} after the signal)"
             ));
         }
     }

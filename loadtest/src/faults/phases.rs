@@ -374,15 +374,10 @@ impl FaultsReport {
         origin: Instant,
         errors: Vec<String>,
     ) -> Self {
-        let phases = tally(
-            records,
-            runs,
-            (args.bus, args.node_stop),
-            origin,
-            args.held_slack,
-        );
+        let stop = (args.launch.bus, args.node_stop);
+        let phases = tally(records, runs, stop, origin, args.held_slack);
         FaultsReport {
-            bus: args.bus,
+            bus: args.launch.bus,
             node_stop: args.node_stop,
             clients: args.clients,
             rps_per_client: f64::from(args.rate),
@@ -447,18 +442,13 @@ impl Section for FaultsReport {
             doc.heading(format!("{} [{}]", p.fault.name(), verdict(p)));
             let mut lines: Vec<String> =
                 p.events.iter().map(|e| format!("did:      {e}")).collect();
-            lines.push(format!(
-                "expected: {}",
-                expected(&p.allowed, self.held_slack_ms)
-            ));
+            let expected = expected(&p.allowed, self.held_slack_ms);
+            lines.push(format!("expected: {expected}"));
             if let Some(n) = p.in_flight_at_fault {
                 lines.push(format!("in flight at the fault: {n}"));
             }
-            lines.extend(
-                p.reasons
-                    .iter()
-                    .map(|(r, n)| format!("answered: {n} × {r}")),
-            );
+            let reasons = p.reasons.iter();
+            lines.extend(reasons.map(|(r, n)| format!("answered: {n} × {r}")));
             let closed = p.clients_closed.iter();
             lines.extend(closed.map(|(r, n)| format!("closed:   {n} clients for good ({r})")));
             lines.extend(p.misses.iter().map(|m| format!("missed:   {m}")));
@@ -527,13 +517,8 @@ mod tests {
         };
         // Struck at 990: held until 1000.
         let runs = [run(0, 1000, None), run(1000, 2000, Some(990))];
-        let t = tally(
-            std::slice::from_ref(&record),
-            &runs,
-            (Bus::Shaddock, NodeStop::LameDuck),
-            t0,
-            SLACK,
-        );
+        let stop = (Bus::Shaddock, NodeStop::LameDuck);
+        let t = tally(std::slice::from_ref(&record), &runs, stop, t0, SLACK);
         assert_eq!(t[0].sent, 3);
         assert_eq!(t[0].answered, BTreeMap::from([(200, 1), (408, 1)]));
         assert_eq!((t[0].cut, t[0].lost, t[1].lost), (1, 0, 1));
@@ -559,7 +544,6 @@ mod tests {
         // Struck a millisecond later, the slack reaches the 408's send: it was held, in
         // flight, not late.
         let runs = [run(0, 1000, None), run(1000, 2000, Some(991))];
-        let stop = (Bus::Shaddock, NodeStop::LameDuck);
         let t = tally(&[record], &runs, stop, t0, SLACK);
         assert!(t[1].late.is_empty());
         assert_eq!(t[1].in_flight_at_fault, Some(2));

@@ -27,9 +27,7 @@ pub fn render(doc: &Doc) -> String {
     );
     for block in &doc.blocks {
         match block {
-            Block::Heading(h) => {
-                let _ = writeln!(out, "<h2>{}</h2>", esc(h));
-            }
+            Block::Heading(h) => _ = writeln!(out, "<h2>{}</h2>", esc(h)),
             Block::Lines(lines) => {
                 let lines: Vec<String> = lines.iter().map(|l| esc(l)).collect();
                 let _ = writeln!(out, "<p>{}</p>", lines.join("<br>"));
@@ -97,12 +95,8 @@ fn svg(chart: &Chart) -> String {
         XAxis::Seconds => {
             let step = nice_step(x_max / 8.0).max(1.0);
             (0..=(x_max / step) as u32)
-                .map(|i| {
-                    (
-                        f64::from(i) * step,
-                        format!("{}s", axis_number(f64::from(i) * step)),
-                    )
-                })
+                .map(|i| f64::from(i) * step)
+                .map(|x| (x, format!("{}s", axis_number(x))))
                 .collect()
         }
         XAxis::Nines => (0..=x_max as u32)

@@ -256,6 +256,12 @@ impl<T: Serialize + Section> Report<T> {
         self.data.add_to(&mut doc);
         output.write(self, &doc)
     }
+
+    /// [`Report::write`], then the scenario's data, for its verdict.
+    pub fn written(self, output: &OutputArgs) -> anyhow::Result<T> {
+        self.write(output)?;
+        Ok(self.data)
+    }
 }
 
 /// When, where and how a report was made.

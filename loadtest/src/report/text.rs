@@ -5,20 +5,12 @@ use std::fmt::Write as _;
 use super::{Block, Doc};
 
 pub fn render(doc: &Doc) -> String {
-    let mut out = format!(
-        "# {}\n{}\n{}\n",
-        doc.title,
-        doc.meta.line(),
-        doc.meta.command
-    );
+    let m = &doc.meta;
+    let mut out = format!("# {}\n{}\n{}\n", doc.title, m.line(), m.command);
     for block in &doc.blocks {
         match block {
-            Block::Heading(h) => {
-                let _ = write!(out, "\n## {h}\n");
-            }
-            Block::Lines(lines) => lines.iter().for_each(|l| {
-                let _ = writeln!(out, "{l}");
-            }),
+            Block::Heading(h) => _ = write!(out, "\n## {h}\n"),
+            Block::Lines(lines) => lines.iter().for_each(|l| _ = writeln!(out, "{l}")),
             Block::Table(t) => {
                 let row = |cells: &[String]| format!("| {} |\n", cells.join(" | "));
                 out.push_str(&row(&t.columns));

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use sdk::{Client, ClientOptions};
 use serde::Serialize;
 use tokio::task::JoinSet;
@@ -134,15 +134,9 @@ pub async fn churn(args: ChurnArgs) -> anyhow::Result<()> {
     );
     let (gates, topology) = args.target.launch(1, 1, &services, false).await?;
     let report = with_topology(topology, run(&args, &gates)).await?;
-    let report = Report::new("churn", gates.setup.clone(), report);
-    report.write(&args.output)?;
-    let report = report.data;
-    if report.ok == 0 {
-        bail!(
-            "no session did its steps: {}",
-            report.first_error.unwrap_or_default()
-        );
-    }
+    let report = Report::new("churn", gates.setup.clone(), report).written(&args.output)?;
+    let why = report.first_error.unwrap_or_default();
+    ensure!(report.ok > 0, "no session did its steps: {why}");
     Ok(())
 }
 
@@ -286,10 +280,9 @@ async fn session(
     let mut done = Ok(());
     for step in &mix {
         done = match step {
-            ServiceKind::Echo => match client.request("echo.raw", b"churn").await {
-                Ok(response) => expect_ok(response),
-                Err(e) => Err(e.into()),
-            },
+            ServiceKind::Echo => (client.request("echo.raw", b"churn").await)
+                .map_err(Into::into)
+                .and_then(expect_ok),
             ServiceKind::Chat => login_and_join(&client, name.clone(), &room).await,
         };
         if done.is_err() {
@@ -330,10 +323,8 @@ impl Section for ChurnReport {
             row.extend(s.rss.iter().map(|&b| format!("{:.1}", mib(b))));
             row
         });
-        doc.table(Table {
-            columns,
-            rows: rows.collect(),
-        });
+        let rows = rows.collect();
+        doc.table(Table { columns, rows });
     }
 }
 

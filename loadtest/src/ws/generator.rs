@@ -187,20 +187,16 @@ impl RunReport {
 
     /// Sets the comparison with a bare-echo run under the same load.
     pub fn compare_with_limit(&mut self, limit: &RunReport) {
+        let ours = server_cpu_us(&self.cpu, self.sent);
+        let bare = server_cpu_us(&limit.cpu, limit.sent);
+        let (rps, fraction) = (limit.achieved_rps, self.achieved_rps / limit.achieved_rps);
         self.limit = Some(LimitComparison {
-            limit_rps: limit.achieved_rps,
-            fraction: if limit.achieved_rps > 0.0 {
-                self.achieved_rps / limit.achieved_rps
-            } else {
-                0.0
-            },
+            limit_rps: rps,
+            fraction: if rps > 0.0 { fraction } else { 0.0 },
             limit_p99_from_schedule_us: limit.latency.from_schedule.p99_us,
-            server_cpu_us: server_cpu_us(&self.cpu, self.sent),
-            limit_server_cpu_us: server_cpu_us(&limit.cpu, limit.sent),
-            cpu_ratio: server_cpu_us(&self.cpu, self.sent)
-                .zip(server_cpu_us(&limit.cpu, limit.sent))
-                .filter(|&(_, bare)| bare > 0.0)
-                .map(|(ours, bare)| ours / bare),
+            server_cpu_us: ours,
+            limit_server_cpu_us: bare,
+            cpu_ratio: ours.zip(bare).filter(|&(_, b)| b > 0.0).map(|(o, b)| o / b),
         });
     }
 }
@@ -214,10 +210,8 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunReport> 
     let connected = clients.iter().filter(|c| c.is_some()).count();
     if connected == 0 {
         let why = connect_errors.keys().next().cloned().unwrap_or_default();
-        bail!(
-            "no client could connect to {}: {why}",
-            target.urls.join(", ")
-        );
+        let urls = target.urls.join(", ");
+        bail!("no client could connect to {urls}: {why}");
     }
 
     let start = Instant::now() + LEAD;
@@ -245,10 +239,9 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunReport> 
     let mut tasks = JoinSet::new();
     for (i, conn) in clients.into_iter().enumerate() {
         let Some(conn) = conn else { continue };
-        let pacer = match &metronome {
-            Some(m) => m.pacer(),
-            None => Pacer::tokio(),
-        };
+        let pacer = metronome
+            .as_ref()
+            .map_or_else(Pacer::tokio, Metronome::pacer);
         let rec = Recorder::new(recorded.clone(), plan, window_start, (i, spec.clients));
         let run = ClientRun {
             plan,
@@ -370,12 +363,8 @@ async fn connect_all(
         let at = began + spec.ramp.mul_f64(i as f64 / spec.clients as f64);
         set.spawn(async move {
             tokio::time::sleep_until(at.into()).await;
-            (
-                i,
-                Conn::connect(&url, &options, codec)
-                    .await
-                    .map_err(|e| format!("{e:#}")),
-            )
+            let conn = Conn::connect(&url, &options, codec).await;
+            (i, conn.map_err(|e| format!("{e:#}")))
         });
     }
     let mut clients: Vec<Option<Conn>> = (0..spec.clients).map(|_| None).collect();

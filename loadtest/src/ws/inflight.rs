@@ -28,9 +28,7 @@ impl InFlight {
         if slot < end {
             return;
         }
-        for _ in end..slot {
-            self.sent.push_back(None);
-        }
+        self.sent.extend((end..slot).map(|_| None));
         self.sent.push_back(Some(sent));
     }
 
@@ -56,10 +54,7 @@ impl InFlight {
 
     /// The oldest request still waiting: its slot and send time.
     pub fn oldest(&self) -> Option<(u64, Instant)> {
-        match self.sent.front() {
-            Some(Some(sent)) => Some((self.first, *sent)),
-            _ => None,
-        }
+        (*self.sent.front()?).map(|sent| (self.first, sent))
     }
 
     /// Every request still waiting, oldest first; the ring is then empty.

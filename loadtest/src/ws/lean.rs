@@ -20,6 +20,7 @@ use anyhow::{Context as _, anyhow, bail};
 use futures::{SinkExt as _, StreamExt as _};
 use gateway::pomelo::wire::{self, MessageKind, PackageType, Route};
 use proto::client::packet::Kind;
+use proto::code::{HANDLER_ERROR, OK};
 use proto::frame;
 use sdk::ClientOptions;
 use tokio::time::{Interval, MissedTickBehavior, Sleep};
@@ -79,31 +80,30 @@ impl Conn {
             json: codec == Codec::Json,
             ..options.clone()
         };
-        if codec != Codec::Pomelo {
+        let (ws, heartbeat) = if codec == Codec::Pomelo {
+            let opening =
+                async { pomelo_handshake(sdk::open_websocket(url, &options).await?).await };
+            let timeout = options.connect_timeout;
+            let opened = tokio::time::timeout(timeout, opening).await;
+            let opened =
+                opened.map_err(|_| anyhow!("{url}: no handshake answer within {timeout:?}"))?;
+            (opened.context(url.to_owned())?, None)
+        } else {
             let (ws, ack) = sdk::dial(url, &options).await.context(url.to_owned())?;
-            let heartbeat = (ack.heartbeat_ms > 0)
-                .then(|| Duration::from_millis(u64::from(ack.heartbeat_ms)) / 2);
-            return Ok(Conn {
-                ws,
-                codec,
-                heartbeat,
-            });
-        }
-        let opening = async {
-            let ws = sdk::open_websocket(url, &options).await?;
-            pomelo_handshake(ws).await
+            let beat = Duration::from_millis(u64::from(ack.heartbeat_ms)) / 2;
+            (ws, (ack.heartbeat_ms > 0).then_some(beat))
         };
-        let timeout = options.connect_timeout;
-        tokio::time::timeout(timeout, opening)
-            .await
-            .map_err(|_| anyhow!("{url}: no handshake answer within {timeout:?}"))?
-            .context(url.to_owned())
+        Ok(Conn {
+            ws,
+            codec,
+            heartbeat,
+        })
     }
 }
 
 /// A pomelo session: handshake, its answer, the ack. The server sends heartbeats, which
 /// the client answers ([`on_pomelo`]), so it sends none of its own.
-async fn pomelo_handshake(mut ws: Ws) -> anyhow::Result<Conn> {
+async fn pomelo_handshake(mut ws: Ws) -> anyhow::Result<Ws> {
     let hello = br#"{"sys":{"type":"shaddock-loadtest","version":"0.0.1"},"user":{}}"#;
     let hello = wire::encode_package(PackageType::Handshake, hello);
     ws.send(Message::Binary(hello)).await?;
@@ -121,12 +121,7 @@ async fn pomelo_handshake(mut ws: Ws) -> anyhow::Result<Conn> {
     anyhow::ensure!(json["code"] == 200, "handshake refused: {json}");
     let ack = wire::encode_package(PackageType::HandshakeAck, &[]);
     ws.send(Message::Binary(ack)).await?;
-    let (codec, heartbeat) = (Codec::Pomelo, None);
-    Ok(Conn {
-        ws,
-        codec,
-        heartbeat,
-    })
+    Ok(ws)
 }
 
 /// Runs one client until its last request ended or the hard deadline passed.
@@ -189,20 +184,16 @@ pub async fn drive(conn: Conn, run: ClientRun) -> Tally {
 
 /// Sets `expiry` to the oldest waiting request's deadline; false when none waits.
 fn arm(expiry: Pin<&mut Sleep>, in_flight: &InFlight, timeout: Duration) -> bool {
-    match in_flight.oldest() {
-        Some((_, sent)) => {
-            expiry.reset((sent + timeout).into());
-            true
-        }
-        None => false,
+    let oldest = in_flight.oldest();
+    if let Some((_, sent)) = oldest {
+        expiry.reset((sent + timeout).into());
     }
+    oldest.is_some()
 }
 
 async fn tick(interval: &mut Option<Interval>) {
     match interval {
-        Some(interval) => {
-            interval.tick().await;
-        }
+        Some(interval) => _ = interval.tick().await,
         None => std::future::pending().await,
     }
 }
@@ -371,13 +362,12 @@ enum Handled {
     Reply(Message),
 }
 
+/// A frame handled, or why it ended the connection.
+type Handling = Result<Handled, &'static str>;
+
 /// One frame from the server: a response ends its request; a kick, a close or a frame
 /// that does not decode ends the connection.
-fn on_frame(
-    frame: Message,
-    in_flight: &mut InFlight,
-    rec: &mut Recorder,
-) -> Result<Handled, &'static str> {
+fn on_frame(frame: Message, in_flight: &mut InFlight, rec: &mut Recorder) -> Handling {
     match frame {
         Message::Binary(_) | Message::Text(_) => {}
         Message::Close(_) => return Err(CLOSED),
@@ -405,11 +395,7 @@ fn on_frame(
 /// One pomelo frame: its responses end their requests, a heartbeat is answered; a
 /// kick or a frame that does not parse ends the connection. A response with the error
 /// flag or an error `code` in its body counts as a 500 answer.
-fn on_pomelo(
-    frame: Message,
-    in_flight: &mut InFlight,
-    rec: &mut Recorder,
-) -> Result<Handled, &'static str> {
+fn on_pomelo(frame: Message, in_flight: &mut InFlight, rec: &mut Recorder) -> Handling {
     let received = Instant::now();
     let Message::Binary(bytes) = frame else {
         return match frame {
@@ -432,12 +418,9 @@ fn on_pomelo(
                     continue;
                 };
                 let failed = message.error || pomelo_error(message.body);
+                let code = if failed { HANDLER_ERROR } else { OK };
                 let answer = Answer::Response {
-                    code: if failed {
-                        proto::code::HANDLER_ERROR
-                    } else {
-                        proto::code::OK
-                    },
+                    code,
                     timing: None,
                     message: String::new(),
                 };

@@ -23,7 +23,7 @@ use sdk::{Backoff, Client, ClientOptions};
 use testkit::Cut;
 use testkit::fleet::{Role, Topology, TopologySpec, or_interrupted};
 
-use super::broadcast::expect_ok;
+use super::broadcast::{expect_ok, request_ok};
 use super::target::watched;
 use crate::hist::{Hist, Summary};
 use crate::proc::{CpuSample, CpuUse};
@@ -57,9 +57,6 @@ pub struct MatchesArgs {
     /// --arena-workers 2 or more, lame-duck --bus nats-cluster.
     #[arg(long, value_enum, default_value_t = Fault::None)]
     pub fault: Fault,
-    /// The bus the fleet runs on.
-    #[arg(long, value_enum, default_value_t = Bus::Shaddock)]
-    pub bus: Bus,
     /// Fail unless every input is answered 200 and counted exactly once, and every
     /// match's ticks go on one by one (none skipped or repeated); after kill-owner, only
     /// the players of lost matches may miss inputs, each answered 404 `match lost` or
@@ -140,14 +137,13 @@ pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
         "--fault drain-owner and kill-owner need --arena-workers 2 or more: someone must take the matches"
     );
     ensure!(
-        args.fault != Fault::LameDuck || args.bus == Bus::NatsCluster,
+        args.fault != Fault::LameDuck || args.launch.bus == Bus::NatsCluster,
         "--fault lame-duck needs --bus nats-cluster: another node to move to"
     );
     // For lame-duck the arena workers start on the first node alone, below.
     let on_first_node = args.fault == Fault::LameDuck;
     let arena = if on_first_node { 0 } else { args.arena_workers };
     let spec = TopologySpec {
-        broker: args.bus.spec(),
         workers: vec![
             ("chat".to_owned(), 1),
             (super::target::PROFILE.to_owned(), 1),
@@ -171,11 +167,9 @@ pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
     let setup = format!(
         "{gates} gate(s) + 1 chat worker + {} arena worker(s), {}, launched on loopback",
         args.arena_workers,
-        args.bus.describe()
+        args.launch.bus.describe()
     );
-    let report = Report::new("matches", setup, report);
-    report.write(&args.output)?;
-    let report = report.data;
+    let report = Report::new("matches", setup, report).written(&args.output)?;
     if report.inputs_ok == 0 {
         bail!("no input was answered 200");
     }
@@ -197,7 +191,7 @@ pub async fn matches(args: MatchesArgs) -> anyhow::Result<()> {
         // A hand-over's mark cuts a subject exactly on one server; across a
         // nats-server cluster a push published as the mark travels can reach both
         // gates (docs/gateway.md, "Resume"): repeated, never lost.
-        let repeats_allowed = args.fault == Fault::Flap && args.bus == Bus::NatsCluster;
+        let repeats_allowed = args.fault == Fault::Flap && args.launch.bus == Bus::NatsCluster;
         ensure!(
             report.ticks_skipped == 0 && (report.ticks_repeated == 0 || repeats_allowed),
             "ticks skipped {}, repeated {}",
@@ -332,9 +326,8 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
         report.state_pushes += seen.pushes;
         report.ticks_skipped += seen.skipped;
         report.ticks_repeated += seen.repeated;
-        report.longest_gap_ms = report
-            .longest_gap_ms
-            .max(seen.longest_gap.as_secs_f64() * 1e3);
+        let gap_ms = seen.longest_gap.as_secs_f64() * 1e3;
+        report.longest_gap_ms = report.longest_gap_ms.max(gap_ms);
         report.inputs_sent += seen.sent as u64;
         report.reconnects += player.client.reconnects();
         report.resumes += player.client.resumes();
@@ -372,10 +365,8 @@ async fn strike(
         Fault::DrainOwner => Signal::SIGTERM,
         Fault::KillOwner => Signal::SIGKILL,
     };
-    Ok(format!(
-        "{at:.2} s: {}",
-        fleet.stop_one(&owner, signal).await?
-    ))
+    let stopped = fleet.stop_one(&owner, signal).await?;
+    Ok(format!("{at:.2} s: {stopped}"))
 }
 
 /// How long each arena worker may take to move its partitions off the node in lame duck
@@ -398,14 +389,12 @@ async fn lame_duck(fleet: &mut Topology, started: Instant) -> anyhow::Result<Str
         (worker.wait_line("the partitions moved to another NATS server", MOVE_WITHIN))
             .await
             .map_err(anyhow::Error::msg)?;
-        moved.push(format!(
-            "{role} {:.2} s",
-            started.elapsed().as_secs_f64() - at
-        ));
+        let after = started.elapsed().as_secs_f64() - at;
+        moved.push(format!("{role} {after:.2} s"));
     }
+    let moved = moved.join(", ");
     Ok(format!(
-        "{at:.2} s: nats-0 in lame duck mode; moved: {}",
-        moved.join(", ")
+        "{at:.2} s: nats-0 in lame duck mode; moved: {moved}"
     ))
 }
 
@@ -429,8 +418,7 @@ async fn join(urls: &[String], i: usize, players: usize) -> anyhow::Result<Playe
         .await
         .with_context(|| format!("connecting {}", urls[0]))?;
     let uid = format!("p{i}");
-    let login = LoginRequest { name: uid.clone() };
-    expect_ok(client.request("chat.login", login.encode_to_vec()).await?)?;
+    request_ok(&client, "chat.login", LoginRequest { name: uid.clone() }).await?;
     let name = format!("m{}", i / players);
     let join = JoinRequest {
         r#match: name.clone(),
@@ -462,10 +450,8 @@ fn send_inputs(
     results: Arc<Mutex<Outcomes>>,
 ) -> tokio::task::JoinHandle<()> {
     let (client, seen) = (player.client.clone(), player.seen.clone());
-    let (interval, count) = (
-        Duration::from_secs(1) / args.rate,
-        (args.duration.as_secs_f64() * f64::from(args.rate)) as u64,
-    );
+    let interval = Duration::from_secs(1) / args.rate;
+    let count = (args.duration.as_secs_f64() * f64::from(args.rate)) as u64;
     tokio::spawn(async move {
         let body = InputRequest { dx: 1, dy: 0 }.encode_to_vec();
         let mut ticks = tokio::time::interval(interval);
@@ -484,15 +470,12 @@ fn send_inputs(
                 let answer = client.request("arena.input", body).await;
                 let mut r = results.lock().unwrap();
                 r.pending -= 1;
-                match answer {
-                    Ok(a) if a.code == proto::code::OK => seen.lock().unwrap().ok += 1,
-                    Ok(a) => {
-                        *r.failed
-                            .entry(format!("{} {}", a.code, a.message))
-                            .or_default() += 1
-                    }
-                    Err(e) => *r.failed.entry(e.to_string()).or_default() += 1,
-                }
+                let failed = match answer {
+                    Ok(a) if a.code == proto::code::OK => return seen.lock().unwrap().ok += 1,
+                    Ok(a) => format!("{} {}", a.code, a.message),
+                    Err(e) => e.to_string(),
+                };
+                *r.failed.entry(failed).or_default() += 1;
             });
         }
     })

@@ -88,7 +88,6 @@ pub async fn pomelo_compare(args: PomeloCompareArgs) -> anyhow::Result<()> {
         }
         Ok(report)
     };
-    with_topology(topology, work)
-        .await?
-        .finish(&args.load.output)
+    let report = with_topology(topology, work).await?;
+    report.finish(&args.load.output)
 }

@@ -127,17 +127,16 @@ impl RunReport {
             Some(n) => format!("{} requests per client", thousands(n as f64)),
             None => format!("{:.1} s window", self.window_s),
         };
-        let mut errors: Vec<String> = self
+        let message = |code| self.error_messages.get(code).filter(|m| !m.is_empty());
+        let by_code = self
             .errors_by_code
             .iter()
-            .map(
-                |(code, n)| match self.error_messages.get(code).filter(|m| !m.is_empty()) {
-                    Some(m) => format!("{code} × {n} ({m})"),
-                    None => format!("{code} × {n}"),
-                },
-            )
-            .chain(self.failures.iter().map(|(k, n)| format!("{k} × {n}")))
-            .collect();
+            .map(|(code, n)| match message(code) {
+                Some(m) => format!("{code} × {n} ({m})"),
+                None => format!("{code} × {n}"),
+            });
+        let failures = self.failures.iter().map(|(k, n)| format!("{k} × {n}"));
+        let mut errors: Vec<String> = by_code.chain(failures).collect();
         if errors.is_empty() {
             errors.push("no error answers".to_owned());
         }
@@ -170,11 +169,8 @@ impl RunReport {
                 errors.join(", ")
             ),
         ];
-        lines.extend(
-            self.connect_errors
-                .iter()
-                .map(|(e, n)| format!("connect   {n} × {e}")),
-        );
+        let connects = self.connect_errors.iter();
+        lines.extend(connects.map(|(e, n)| format!("connect   {n} × {e}")));
         if let Some(c) = &self.limit {
             lines.push(format!(
                 "limit     bare echo, same load: {} req/s, p99 {} ms from schedule → this run reaches {:.1}%",
@@ -208,10 +204,8 @@ impl RunReport {
         }
         doc.table(Table::latency(rows));
         let per_second = |f: fn(&SecondReport) -> f64| {
-            self.timeline
-                .iter()
-                .map(|s| (s.second as f64, f(s)))
-                .collect()
+            let points = self.timeline.iter().map(|s| (s.second as f64, f(s)));
+            points.collect()
         };
         doc.chart(
             "Latency from schedule, per second (ms)",
@@ -297,22 +291,14 @@ impl ScenarioReport {
     /// Prints and writes the report, then fails if a run failed or had no success.
     pub fn finish(&self, output: &OutputArgs) -> anyhow::Result<()> {
         self.write(output)?;
-        let errors = &self.data.errors;
-        anyhow::ensure!(
-            errors.is_empty(),
-            "{} run(s) failed: {}",
-            errors.len(),
-            errors.join("; ")
-        );
+        let (n, errors) = (self.data.errors.len(), self.data.errors.join("; "));
+        anyhow::ensure!(n == 0, "{n} run(s) failed: {errors}");
         let failed: Vec<&str> = (self.data.runs.iter())
             .filter(|r| r.ok == 0)
             .map(|r| r.label.as_str())
             .collect();
-        anyhow::ensure!(
-            failed.is_empty(),
-            "no successful answer in: {}",
-            failed.join(", ")
-        );
+        let list = failed.join(", ");
+        anyhow::ensure!(failed.is_empty(), "no successful answer in: {list}");
         Ok(())
     }
 }
@@ -377,11 +363,8 @@ impl SaturateReport {
         let mut previous = None;
         for s in &self.scaling {
             let rps = best(s);
-            let bound = if self.at_max_rate.contains(&s.target) {
-                "≥ "
-            } else {
-                ""
-            };
+            let capped = self.at_max_rate.contains(&s.target);
+            let bound = if capped { "≥ " } else { "" };
             let shown = rps.map_or_else(
                 || "none met the target".to_owned(),
                 |r| format!("{bound}{}", thousands(r)),

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, ensure};
+use anyhow::ensure;
 
 use super::clock::ClockKind;
 use super::generator::{self, Length, LoadSpec, RunReport, Target};
@@ -222,9 +222,8 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
     );
     let service = args.target.service;
     let specs = args.load.specs(&args.clients, service)?;
-    let (gates, topology) = (args.target)
-        .launch(1, 1, &[service], args.tls_beside)
-        .await?;
+    let services = [service];
+    let (gates, topology) = args.target.launch(1, 1, &services, args.tls_beside).await?;
     ensure!(
         !args.tls_beside || !gates.tls_urls.is_empty(),
         "the gates serve no wss://"
@@ -267,9 +266,8 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
         }
         Ok(report)
     };
-    with_topology(topology, work)
-        .await?
-        .finish(&args.load.output)
+    let report = with_topology(topology, work).await?;
+    report.finish(&args.load.output)
 }
 
 pub async fn limit(args: LimitArgs) -> anyhow::Result<()> {
@@ -301,21 +299,14 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
         ..SaturateReport::default()
     };
     if let Some(server) = args.load.with_limit.then(LimitServer::start).transpose()? {
-        search_into(
-            &args,
-            args.limit_max_rate,
-            &server.target("limit"),
-            &mut sat,
-            &mut report,
-        )
-        .await?;
+        let target = server.target("limit");
+        search_into(&args, args.limit_max_rate, &target, &mut sat, &mut report).await?;
     }
     // One search on the topology the flags describe, or one per worker count.
-    let counts: Vec<Option<u32>> = if args.scale_workers.is_empty() {
-        vec![None]
-    } else {
-        args.scale_workers.iter().copied().map(Some).collect()
-    };
+    let mut counts: Vec<Option<u32>> = args.scale_workers.iter().copied().map(Some).collect();
+    if counts.is_empty() {
+        counts.push(None);
+    }
     let mut setups = Vec::new();
     let mut missing = Vec::new();
     // The best gateway search: its rate, and whether it is a lower bound.
@@ -356,13 +347,11 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
     }
     report.data.saturate = Some(sat);
     report.finish(&args.load.output)?;
-    if !missing.is_empty() {
-        bail!(
-            "no step met the target for {}, not even {} req/s per client",
-            missing.join(", "),
-            args.start_rate
-        );
-    }
+    let (missing, rate) = (missing.join(", "), args.start_rate);
+    ensure!(
+        missing.is_empty(),
+        "no step met the target for {missing}, not even {rate} req/s per client"
+    );
     Ok(())
 }
 
@@ -462,12 +451,10 @@ async fn saturate_step(
     per_client_rps: f64,
 ) -> anyhow::Result<(SaturateStep, RunReport)> {
     let interval = Duration::from_secs_f64(1.0 / per_client_rps);
-    let spec = args.load.spec(
-        args.clients,
-        interval,
-        Length::Duration(args.step),
-        args.target.service,
-    )?;
+    let length = Length::Duration(args.step);
+    let spec = args
+        .load
+        .spec(args.clients, interval, length, args.target.service)?;
     let mut target = target.clone();
     let name = std::mem::take(&mut target.label);
     target.label = format!("{name} at {per_client_rps:.0}/s per client");
@@ -528,16 +515,8 @@ mod tests {
             #[command(flatten)]
             args: SaturateArgs,
         }
-        let argv = [
-            "saturate",
-            "--start-rate",
-            "100",
-            "--max-rate",
-            "1000",
-            "--factor",
-            "2",
-        ];
-        <Cli as clap::Parser>::parse_from(argv.iter().chain(flags)).args
+        let argv = "saturate --start-rate 100 --max-rate 1000 --factor 2".split(' ');
+        <Cli as clap::Parser>::parse_from(argv.chain(flags.iter().copied())).args
     }
 
     /// Searches up to `max_rate` with a fake measurement: a rate passes when

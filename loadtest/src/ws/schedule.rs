@@ -30,24 +30,18 @@ impl Schedule {
 
     /// How many slots are due at `now`: slots `0..due(now)` have `at(slot) <= now`.
     pub fn due(&self, now: Instant) -> u64 {
-        match now.checked_duration_since(self.start) {
-            Some(elapsed) => {
-                let slots = elapsed.as_nanos() / self.interval.as_nanos() + 1;
-                u64::try_from(slots).unwrap_or(u64::MAX)
-            }
-            None => 0,
-        }
+        let Some(elapsed) = now.checked_duration_since(self.start) else {
+            return 0;
+        };
+        let slots = elapsed.as_nanos() / self.interval.as_nanos() + 1;
+        u64::try_from(slots).unwrap_or(u64::MAX)
     }
 
     /// The first slot due at or after `t`.
     pub fn first_at_or_after(&self, t: Instant) -> u64 {
-        match t.checked_duration_since(self.start) {
-            Some(elapsed) if !elapsed.is_zero() => {
-                let slots = elapsed.as_nanos().div_ceil(self.interval.as_nanos());
-                u64::try_from(slots).unwrap_or(u64::MAX)
-            }
-            _ => 0,
-        }
+        let elapsed = t.saturating_duration_since(self.start);
+        let slots = elapsed.as_nanos().div_ceil(self.interval.as_nanos());
+        u64::try_from(slots).unwrap_or(u64::MAX)
     }
 }
 

@@ -117,9 +117,8 @@ pub struct ClientStats {
 impl ClientStats {
     /// Records a measured request's outcome.
     pub fn record(&mut self, window_start: Instant, o: &Outcome) {
-        self.latency
-            .lag
-            .record(o.sent.saturating_duration_since(o.scheduled));
+        let l = &mut self.latency;
+        l.lag.record(o.sent.saturating_duration_since(o.scheduled));
         let (code, timing, message) = match &o.answer {
             Answer::Response {
                 code,
@@ -136,40 +135,28 @@ impl ClientStats {
             self.messages.entry(code).or_insert_with(|| message.clone());
         }
         let from_send = o.received.saturating_duration_since(o.sent);
-        self.latency
-            .from_schedule
+        let l = &mut self.latency;
+        l.from_schedule
             .record(o.received.saturating_duration_since(o.scheduled));
-        self.latency.from_send.record(from_send);
+        l.from_send.record(from_send);
         if let Some(t) = timing {
             let s = &mut self.server;
-            let (total, queue, handler) = (
-                u64::from(t.total_us),
-                u64::from(t.queue_us),
-                u64::from(t.handler_us),
-            );
-            let calls: u64 = t
-                .calls
-                .iter()
-                .filter(|call| call.hop == 1)
-                .map(|call| u64::from(call.us))
-                .sum();
+            let [total, queue, handler] = [t.total_us, t.queue_us, t.handler_us].map(u64::from);
+            let hop_1 = t.calls.iter().filter(|call| call.hop == 1);
+            let calls: u64 = hop_1.map(|call| u64::from(call.us)).sum();
             s.total.record_us(total);
             s.queue.record_us(queue);
             s.handler.record_us(handler);
             if !t.calls.is_empty() {
                 s.calls.record_us(calls);
             }
-            s.gate_bus.record_us(
-                total
-                    .saturating_sub(queue)
-                    .saturating_sub(handler)
-                    .saturating_sub(calls),
-            );
-            s.client_ws
-                .record(from_send.saturating_sub(Duration::from_micros(total)));
+            s.gate_bus
+                .record_us(total.saturating_sub(queue + handler + calls));
+            let client_ws = from_send.saturating_sub(Duration::from_micros(total));
+            s.client_ws.record(client_ws);
         }
         self.last_answer = Some(self.last_answer.map_or(o.received, |l| l.max(o.received)));
-        let second = o.received.saturating_duration_since(window_start).as_secs() as usize;
+        let second = second_of(window_start, o.received);
         if second < MAX_TIMELINE_SECONDS {
             if self.answers_per_second.len() <= second {
                 self.answers_per_second.resize(second + 1, 0);
@@ -177,6 +164,11 @@ impl ClientStats {
             self.answers_per_second[second] += 1;
         }
     }
+}
+
+/// The second of the window `at` falls in.
+fn second_of(window_start: Instant, at: Instant) -> usize {
+    at.saturating_duration_since(window_start).as_secs() as usize
 }
 
 /// Achieved rate: answers ÷ the time from the window's start until the later of its
@@ -292,10 +284,7 @@ impl Recorder {
         let Recorded { stats, timeline } = &mut *shared;
         for o in self.batch.drain(..) {
             stats.record(self.window_start, &o);
-            let second = o
-                .scheduled
-                .saturating_duration_since(self.window_start)
-                .as_secs() as usize;
+            let second = second_of(self.window_start, o.scheduled);
             if matches!(o.answer, Answer::Response { .. }) && second < MAX_TIMELINE_SECONDS {
                 if timeline.len() <= second {
                     timeline.resize_with(second + 1, Hist::coarse);

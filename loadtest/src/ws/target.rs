@@ -109,6 +109,9 @@ pub struct TargetArgs {
     pub launch: LaunchArgs,
 }
 
+/// The gates, and the topology serving them when this command launched one.
+pub type Launched = (Gates, Option<Topology>);
+
 /// Where the load of a scenario goes.
 #[derive(Debug, Clone)]
 pub struct Gates {
@@ -142,9 +145,8 @@ pub fn watched(topology: &Topology) -> Vec<Watched> {
         pid,
         threads: Threads::All,
     });
-    std::iter::once(this_process(LOADTEST))
-        .chain(fleet)
-        .collect()
+    let this = std::iter::once(this_process(LOADTEST));
+    this.chain(fleet).collect()
 }
 
 /// What the bare echo server's threads are named (and only they): its CPU is told
@@ -155,11 +157,7 @@ impl TargetArgs {
     /// The scenario's gates: the given URLs, or a launched topology with `gates` and
     /// `workers` unless the flags override them. A launched topology comes back too:
     /// run the scenario inside [`with_topology`].
-    pub async fn gates(
-        &self,
-        gates: u32,
-        workers: u32,
-    ) -> anyhow::Result<(Gates, Option<Topology>)> {
+    pub async fn gates(&self, gates: u32, workers: u32) -> anyhow::Result<Launched> {
         self.launch(gates, workers, &[self.service], false).await
     }
 
@@ -171,7 +169,7 @@ impl TargetArgs {
         workers: u32,
         services: &[ServiceKind],
         tls: bool,
-    ) -> anyhow::Result<(Gates, Option<Topology>)> {
+    ) -> anyhow::Result<Launched> {
         anyhow::ensure!(
             !tls || self.url.is_empty(),
             "serving wss:// beside ws:// needs gates this command launches (it makes their \
@@ -218,18 +216,14 @@ impl TargetArgs {
         let mut setup = if self.topology == TopologyKind::OneProcess {
             "one process (shaddock up: broker, gate in process, echo, chat, arena and profile workers), launched on loopback".to_owned()
         } else {
-            format!(
-                "{gates} gate{} + {fleet} + broker, launched on loopback",
-                plural(gates)
-            )
+            let (s, bus) = (plural(gates), self.launch.bus.describe());
+            format!("{gates} gate{s} + {fleet} + {bus}, launched on loopback")
         };
         if tls {
             setup.push_str(", serving ws:// and wss://");
         }
-        for arg in self.launch.gate_arg.iter().chain(&self.launch.worker_arg) {
-            setup.push(' ');
-            setup.push_str(arg);
-        }
+        let extra = self.launch.gate_arg.iter().chain(&self.launch.worker_arg);
+        setup.extend(extra.map(|arg| format!(" {arg}")));
         let tls = (topology.tls_ca().map(tls_client_config))
             .transpose()
             .context("trusting the launched gates' CA")?;

@@ -70,6 +70,30 @@ async fn connect_to_nothing_is_a_connect_error() {
     assert_eq!(e.kind(), &ErrorKind::Connect);
 }
 
+/// A client given a source address connects from it; one the host does not have fails
+/// the connect, naming it.
+#[tokio::test]
+async fn a_source_address_is_where_the_socket_comes_from() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}/", listener.local_addr().unwrap());
+    let from = |ip: &str| ClientOptions {
+        source_addr: Some(ip.parse().unwrap()),
+        connect_timeout: DEADLINE,
+        ..options()
+    };
+    let dialing = tokio::spawn({
+        let url = url.clone();
+        async move { Client::connect(&url, from("127.0.0.3")).await }
+    });
+    let (stream, peer) = within(listener.accept()).await.unwrap();
+    assert_eq!(peer.ip().to_string(), "127.0.0.3");
+    drop(stream);
+    let refused = within(dialing).await.unwrap().unwrap_err();
+    assert_eq!(refused.kind(), &ErrorKind::Connect);
+    let e = Client::connect(&url, from("192.0.2.1")).await.unwrap_err();
+    assert!(e.to_string().contains("source address 192.0.2.1"), "{e}");
+}
+
 #[tokio::test]
 async fn concurrent_requests_get_their_own_responses() {
     let gate = fake_gate(0).await;
