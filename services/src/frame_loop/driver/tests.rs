@@ -1,7 +1,7 @@
 //! The driver on a real runtime and the real clock: handlers here block the thread, as
 //! an overrunning handler does, so the watchdog's budget is measured in wall time. The
-//! edge cases keep a margin of a third of the budget either side for the scheduler of a
-//! loaded machine.
+//! edge cases keep 150 ms either side of the budget: a loaded 2-core machine running
+//! the suite wakes a sleeping thread tens of milliseconds late.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -127,14 +127,14 @@ fn handlers_within_the_stall_keep_the_io_on_the_loop_thread() {
 
 #[test]
 fn a_frame_just_under_the_stall_is_not_taken_over() {
-    let run = drive_sleeps(150 * MS, &[100 * MS]);
+    let run = drive_sleeps(250 * MS, &[100 * MS]);
     assert_eq!(run.takeovers, 0);
     assert_eq!(run.beats, [0], "nothing drove the I/O during the frame");
 }
 
 #[test]
 fn a_frame_just_over_the_stall_is_taken_over_once() {
-    let run = drive_sleeps(100 * MS, &[150 * MS]);
+    let run = drive_sleeps(100 * MS, &[250 * MS]);
     assert_eq!(run.takeovers, 1);
     assert!(run.beats[0] >= 1, "the I/O ran from the budget's end");
 }
