@@ -33,7 +33,8 @@ export async function startShaddock(args = []) {
   const bin = process.env.SHADDOCK_BIN ?? path.resolve(here, '../../../target/debug/shaddock');
   const child = spawn(
     bin,
-    ['up', '--broker-port', '0', '--monitor-port', '0', '--gate-port', '0', '--metrics-port', '0', ...args],
+    // Profiles in memory: a test writes no data directory into the source tree.
+    ['up', '--broker-port', '0', '--monitor-port', '0', '--gate-port', '0', '--metrics-port', '0', '--store', 'memory', ...args],
     { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, NO_COLOR: '1' } },
   );
   let log = '';
