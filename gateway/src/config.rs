@@ -294,7 +294,9 @@ pub struct GateConfig {
         default_value = "kick"
     )]
     pub uid_conflict: UidConflict,
-    /// How long a refusing bind waits for another gate's holder to answer.
+    /// How long a bus round trip of a bind waits: a refusing bind for another gate's
+    /// holder to answer, and an answer that joined or bound for the bus server to
+    /// confirm its new subscription (past it the answer goes out anyway).
     #[arg(long = "bind-probe-timeout", env = "SHADDOCK_BIND_PROBE_TIMEOUT", value_parser = net::duration::parse, default_value = "200ms")]
     pub bind_probe_timeout: Duration,
     /// Routes whose requests a session sends strictly one after another (comma-separated),

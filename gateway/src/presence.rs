@@ -237,9 +237,10 @@ impl Presence {
     /// Waits until the bus server has taken every subscription made before (a PING's
     /// answer), so a push published after an answer that joined or bound reaches the
     /// session; at once when the bus is down (its subscriptions go with the next
-    /// connection).
+    /// connection), and no longer than `--bind-probe-timeout` on a bus that does not
+    /// answer: the session's other work waits meanwhile.
     pub(crate) async fn subscriptions_in_place(&self) {
-        let _ = self.bus.flush().await;
+        let _ = tokio::time::timeout(self.probe_timeout, self.bus.flush()).await;
     }
 
     /// Binds `uid` to a resumed session from its hand-over mark on (no claim: the

@@ -95,11 +95,36 @@ async fn a_join_is_answered_once_its_subscription_is_in_place_at_the_server() {
     let written = cx.bus.written().await;
     let sub = written.find("SUB shaddock.grp.lobby ").expect("subscribed");
     assert!(written[sub..].contains("PING\r\n"), "{written:?}");
-    let early = tokio::time::timeout(Duration::from_secs(1), client.ws.next()).await;
+    // Short of `--bind-probe-timeout` (200 ms), past which the answer would go anyway.
+    let early = tokio::time::timeout(Duration::from_millis(150), client.ws.next()).await;
     assert!(
         early.is_err(),
         "answered before the server had the SUB: {early:?}"
     );
     cx.bus.answer_ping();
     assert_eq!(response(&mut client).await.code, code::OK);
+}
+
+/// A bus server that never answers the PING holds the answer no longer than
+/// `--bind-probe-timeout`: then it goes out anyway.
+#[tokio::test(start_paused = true)]
+async fn a_join_s_wait_for_its_subscription_is_bounded_by_the_bind_probe_timeout() {
+    let cx = gate(|c| c.bind_probe_timeout = Duration::from_millis(300));
+    let mut client = connect(&cx, client::Handshake::default()).await;
+    request(&mut client, 1, "chat.join").await;
+    assert_eq!(published(&cx.bus.written().await).len(), 1);
+    let resp = RpcResponse {
+        code: code::OK,
+        effects: vec![Effect {
+            kind: Some(effect::Kind::Join("lobby".into())),
+        }],
+        ..Default::default()
+    };
+    let reply = WorkerReply::Response(Box::new(resp));
+    cx.sessions
+        .offer(client.sid, ToSession::Reply { id: 1, reply })
+        .expect("the session's queue takes it");
+    let started = tokio::time::Instant::now();
+    assert_eq!(response(&mut client).await.code, code::OK);
+    assert_eq!(started.elapsed(), Duration::from_millis(300));
 }
