@@ -96,6 +96,11 @@ pub fn handover_subject(prefix: &str, service: &str, member: &str) -> String {
     format!("{prefix}.keyed.{service}.handover.{member}")
 }
 
+/// Where a worker keeps replicas of the partitions it stands by for (`rpc::Replica`).
+pub fn replica_subject(prefix: &str, service: &str, member: &str) -> String {
+    format!("{prefix}.keyed.{service}.replica.{member}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

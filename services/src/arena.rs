@@ -15,9 +15,11 @@
 //!   step for the match's whole life, hand-overs included (it moves with the state).
 //!
 //! A player whose session closes leaves its match (the gates' `evt.session.closed`,
-//! seen by every arena worker, acted on by the match's owner). A partition that starts
-//! fresh (its owner died) starts with no matches: the players' next input is answered
-//! 404 `match lost: join again`.
+//! seen by every arena worker, acted on by the match's owner). Every tick and input
+//! reaches the partition's standby before it is pushed or answered: a partition whose
+//! owner died is taken by its standby with its matches, ticks going on from the last one
+//! pushed. Only one whose owner and standby both died starts fresh, with no matches: the
+//! players' next input is answered 404 `match lost: join again`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -81,7 +83,8 @@ fn group(name: &str) -> String {
 pub fn service() -> Service {
     let arena: Shared = Arc::default();
     let (join, input, leave) = (arena.clone(), arena.clone(), arena.clone());
-    let (tick, closed, hand_over, take_over) = (arena.clone(), arena.clone(), arena.clone(), arena);
+    let (tick, closed, hand_over) = (arena.clone(), arena.clone(), arena.clone());
+    let (snapshot, take_over) = (arena.clone(), arena);
     Service::new(NAME)
         .descriptors(proto::DESCRIPTORS)
         .keyed(PARTITIONS)
@@ -97,10 +100,11 @@ pub fn service() -> Service {
         })
         .push::<State>(STATE_ROUTE)
         .on_tick(move |ctx, _| step(&tick, ctx))
-        .on_event(SESSION_CLOSED, Delivery::All, move |_, payload| {
-            on_closed(&closed, payload)
+        .on_event(SESSION_CLOSED, Delivery::All, move |ctx, payload| {
+            on_closed(&closed, ctx, payload)
         })
         .on_hand_over(move |_, partition| give(&hand_over, partition))
+        .on_snapshot(move |partition| copy(&snapshot, partition))
         .on_take_over(move |_, _, state| {
             if let Some(state) = state {
                 restore(&take_over, state);
@@ -201,7 +205,7 @@ fn remove_player(arena: &mut Arena, name: &str, uid: &str) {
     }
 }
 
-fn on_closed(arena: &Shared, payload: Bytes) -> Result<(), HandlerError> {
+fn on_closed(arena: &Shared, ctx: &mut Context, payload: Bytes) -> Result<(), HandlerError> {
     let closed = SessionClosed::decode(payload)
         .map_err(|e| HandlerError::bad_request(format!("bad SessionClosed: {e}")))?;
     if closed.uid.is_empty() {
@@ -209,8 +213,11 @@ fn on_closed(arena: &Shared, payload: Bytes) -> Result<(), HandlerError> {
     }
     let mut arena = lock(arena);
     for joined in &closed.groups {
-        if let Some(name) = joined.strip_prefix("arena-") {
+        if let Some(name) = joined.strip_prefix("arena-")
+            && arena.matches.contains_key(name)
+        {
             remove_player(&mut arena, name, &closed.uid);
+            ctx.changed(partition_of(name.as_bytes(), PARTITIONS));
         }
     }
     Ok(())
@@ -237,6 +244,7 @@ fn step(arena: &Shared, ctx: &mut Context) {
     let mut arena = lock(arena);
     for (name, game) in &mut arena.matches {
         game.tick += 1;
+        ctx.changed(partition_of(name.as_bytes(), PARTITIONS));
         let state = state_of(name, game).encode_to_vec();
         if let Err(error) = ctx.broadcast(&group(name), STATE_ROUTE, state) {
             tracing::warn!(%error, "cannot push a match's state");
@@ -247,15 +255,22 @@ fn step(arena: &Shared, ctx: &mut Context) {
 /// The matches of `partition`, handed over (and forgotten here).
 fn give(arena: &Shared, partition: u32) -> Bytes {
     let mut arena = lock(arena);
-    let names: Vec<String> = arena
+    let state = matches_of(&arena, partition);
+    arena
         .matches
-        .keys()
-        .filter(|name| partition_of(name.as_bytes(), PARTITIONS) == partition)
-        .cloned()
-        .collect();
-    let matches = names
-        .iter()
-        .filter_map(|name| Some(state_of(name, &arena.matches.remove(name)?)))
+        .retain(|name, _| partition_of(name.as_bytes(), PARTITIONS) != partition);
+    state
+}
+
+/// The matches of `partition` as they are now, for its standby (kept here).
+fn copy(arena: &Shared, partition: u32) -> Bytes {
+    matches_of(&lock(arena), partition)
+}
+
+fn matches_of(arena: &Arena, partition: u32) -> Bytes {
+    let matches = (arena.matches.iter())
+        .filter(|(name, _)| partition_of(name.as_bytes(), PARTITIONS) == partition)
+        .map(|(name, game)| state_of(name, game))
         .collect();
     Matches { matches }.encode_to_vec().into()
 }

@@ -326,6 +326,19 @@ pub struct KeyedConfig {
     /// (e.g. 4096; docs/workers.md, "Ownership").
     #[arg(long, env = "SHADDOCK_KEYED_HEARD_BEFORE_EXPIRING", default_value_t = DEFAULT_KEYED_HEARD_BEFORE_EXPIRING)]
     pub keyed_heard_before_expiring: usize,
+
+    /// Whether a keyed service's partitions have standbys: the owner sends what each
+    /// frame changed to the partition's next worker in rendezvous order before the
+    /// frame's answers leave, and that worker takes the partition with it when the owner
+    /// dies (docs/workers.md, "Standbys"). Only for services that give snapshots.
+    #[arg(long, env = "SHADDOCK_STANDBY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub standby: bool,
+
+    /// How long a frame's answers wait for its standby to hold what the frame changed;
+    /// past it they leave anyway, the partitions are counted unreplicated, and frames
+    /// stop waiting for that standby until it answers again (e.g. 100ms).
+    #[arg(long, env = "SHADDOCK_REPLICA_TIMEOUT", default_value = "100ms", value_parser = net::duration::parse)]
+    pub replica_timeout: Duration,
 }
 
 /// See [`KeyedConfig::keyed_heartbeat`].
@@ -340,6 +353,8 @@ pub const DEFAULT_HANDOVER_OVERLAP: Duration = Duration::from_millis(200);
 pub const DEFAULT_HANDOVER_BUFFER: usize = 4096;
 /// See [`KeyedConfig::keyed_heard_before_expiring`].
 pub const DEFAULT_KEYED_HEARD_BEFORE_EXPIRING: usize = 4096;
+/// See [`KeyedConfig::replica_timeout`].
+pub const DEFAULT_REPLICA_TIMEOUT: Duration = Duration::from_millis(100);
 
 impl Default for KeyedConfig {
     fn default() -> Self {
@@ -350,6 +365,8 @@ impl Default for KeyedConfig {
             handover_overlap: DEFAULT_HANDOVER_OVERLAP,
             handover_buffer: DEFAULT_HANDOVER_BUFFER,
             keyed_heard_before_expiring: DEFAULT_KEYED_HEARD_BEFORE_EXPIRING,
+            standby: true,
+            replica_timeout: DEFAULT_REPLICA_TIMEOUT,
         }
     }
 }
@@ -368,6 +385,9 @@ impl KeyedConfig {
         }
         if self.keyed_heard_before_expiring == 0 {
             return Err(ConfigError::Zero("keyed heartbeats heard before expiring"));
+        }
+        if self.replica_timeout.is_zero() {
+            return Err(ConfigError::Zero("replica timeout"));
         }
         if self.keyed_member_timeout <= self.keyed_heartbeat * 2 {
             return Err(ConfigError::Relation(

@@ -244,6 +244,14 @@ impl Context {
         Ok(())
     }
 
+    /// Says this handler changed keyed `partition`'s state, so its standby gets the
+    /// partition's snapshot before this frame's answers leave (docs/workers.md,
+    /// "Standbys"). A keyed request's own partition is marked by itself; ticks, events
+    /// and continuations that change a partition say so here.
+    pub fn changed(&mut self, partition: u32) {
+        self.later.changed.push(partition);
+    }
+
     /// Answers the event being handled, when its sender asked for an answer (a NATS
     /// request); otherwise ignored. The last call wins.
     pub fn reply(&mut self, body: impl Into<Bytes>) {

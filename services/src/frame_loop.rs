@@ -44,6 +44,7 @@
 //! clock and assert exact instants; [`crate::worker`] plugs in the NATS subscription and
 //! client. All time is `tokio::time`, so a paused clock governs frames, pauses and ticks.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 
 use bytes::Bytes;
@@ -85,6 +86,9 @@ pub enum InputKind {
     Fresh,
     /// A keyed service's partition leaving: its state is answered to `reply`.
     HandOver,
+    /// A keyed service's partition to be snapshotted for its standby after this frame,
+    /// though nothing changed it (its standby is new, or missed the last snapshot).
+    Replicate,
 }
 
 /// One request, event or snapshot as it reached the worker, before decoding.
@@ -100,6 +104,8 @@ pub struct Incoming<R> {
     pub reply: Option<R>,
     /// When the worker received it: the start of its queue wait.
     pub received: Instant,
+    /// A keyed service's request: the partition it came on (its state changes).
+    pub partition: Option<u32>,
 }
 
 impl<R> Incoming<R> {
@@ -111,6 +117,15 @@ impl<R> Incoming<R> {
             payload,
             reply,
             received: Instant::now(),
+            partition: None,
+        }
+    }
+
+    /// The same request, come on a keyed service's `partition`.
+    pub fn in_partition(self, partition: u32) -> Incoming<R> {
+        Incoming {
+            partition: Some(partition),
+            ..self
         }
     }
 
@@ -169,6 +184,15 @@ pub trait ReplySink: Clone + Send + Sync + 'static {
     /// [`FrameLoop::returns`] as `call.id`'s. When it is not sent (the bus is gone, a
     /// keyed callee without a key), the result its continuation gets at once.
     fn call(&self, call: Outgoing) -> impl Future<Output = Result<(), CallResult>> + Send;
+
+    /// Sends keyed partitions' snapshots to their standbys, returning once each standby
+    /// holds them or a bound has passed (docs/workers.md, "Standbys"): what this step
+    /// produced leaves after it. What did not get there is the sink's to count and send
+    /// again. Nothing to do without standbys.
+    fn replicate(&self, states: Vec<(u32, Bytes)>) -> impl Future<Output = ()> + Send {
+        let _ = states;
+        async {}
+    }
 }
 
 /// The handler loop of one service.
@@ -194,6 +218,10 @@ pub struct FrameLoop<O: ReplySink> {
     expired_at_end: bool,
     /// What the last step produced, for [`FrameLoop::flush`], in order.
     out: Vec<Out<O::To>>,
+    /// Keyed partitions the step changed, snapshotted at its end for their standbys.
+    changed: BTreeSet<u32>,
+    /// Their snapshots, sent before `out` ([`ReplySink::replicate`]).
+    replica: Vec<(u32, Bytes)>,
 }
 
 /// One turn of a frame: a request, event or snapshot from the queue, or a call's
@@ -246,6 +274,8 @@ impl<O: ReplySink> FrameLoop<O> {
             paused_until: None,
             expired_at_end: false,
             out: Vec::new(),
+            changed: BTreeSet::new(),
+            replica: Vec::new(),
         }
     }
 
@@ -321,7 +351,8 @@ impl<O: ReplySink> FrameLoop<O> {
     }
 
     /// Runs `step`'s handlers, synchronously: what they send is kept, in order, for
-    /// [`FrameLoop::flush`]. A frame that overran starts the pause.
+    /// [`FrameLoop::flush`], with the snapshots of the keyed partitions they changed. A
+    /// frame that overran starts the pause.
     pub fn run_step(&mut self, step: Step) {
         match step {
             Step::Tick(tick) => self.tick(&tick),
@@ -332,11 +363,22 @@ impl<O: ReplySink> FrameLoop<O> {
                 }
             }
         }
+        for partition in std::mem::take(&mut self.changed) {
+            if let Some(state) = self.service.snapshot(partition) {
+                self.replica.push((partition, state));
+            }
+        }
     }
 
     /// Sends what the last step produced, in order: each handler's pushes before its
     /// answer, and one request's before the next's.
     pub async fn flush(&mut self) {
+        if !self.replica.is_empty() {
+            // A standby holds what the step changed before any of its answers leave.
+            self.output
+                .replicate(std::mem::take(&mut self.replica))
+                .await;
+        }
         let mut out = std::mem::take(&mut self.out);
         for next in out.drain(..) {
             match next {
@@ -415,6 +457,11 @@ impl<O: ReplySink> FrameLoop<O> {
         if incoming.kind != InputKind::Request {
             return self.handle_event(incoming, started, waited);
         }
+        if let Some(partition) = incoming.partition
+            && self.service.replicates()
+        {
+            self.changed.insert(partition);
+        }
         let handled =
             self.service
                 .call_encoded(&incoming.method, incoming.payload, incoming.received);
@@ -464,6 +511,9 @@ impl<O: ReplySink> FrameLoop<O> {
         if later.deferred.is_some() {
             tracing::warn!("defer() outside a request defers nothing");
         }
+        if self.service.replicates() {
+            self.changed.extend(later.changed);
+        }
         for answer in later.answers {
             if let Some((to, response)) = self.pending.answer(answer) {
                 self.metrics.requests.count(response.code);
@@ -504,11 +554,30 @@ impl<O: ReplySink> FrameLoop<O> {
     /// its answer if it has one and its sender asked.
     fn handle_event(&mut self, incoming: Incoming<O::To>, started: Instant, waited: Duration) {
         let partition = || incoming.method.parse().unwrap_or_default();
+        let replicates = self.service.replicates();
         let handled = match incoming.kind {
             InputKind::Snapshot => self.service.restore(incoming.payload),
-            InputKind::TakeOver => self.service.take_over(partition(), Some(incoming.payload)),
-            InputKind::Fresh => self.service.take_over(partition(), None),
-            InputKind::HandOver => self.service.hand_over(partition()),
+            InputKind::TakeOver | InputKind::Fresh => {
+                // Its standby gets it whole, after the take-over.
+                let partition = partition();
+                if replicates {
+                    self.changed.insert(partition);
+                }
+                let state = (incoming.kind == InputKind::TakeOver).then_some(incoming.payload);
+                self.service.take_over(partition, state)
+            }
+            InputKind::HandOver => {
+                // Its new owner's standby gets it from the new owner.
+                let partition = partition();
+                self.changed.remove(&partition);
+                self.service.hand_over(partition)
+            }
+            InputKind::Replicate => {
+                if replicates {
+                    self.changed.insert(partition());
+                }
+                return;
+            }
             InputKind::Request | InputKind::Event => {
                 self.service.event(&incoming.method, incoming.payload)
             }

@@ -35,11 +35,18 @@ pub const LEASE_LAPSES_TOTAL: &str = "worker_queue_lease_lapses_total";
 /// A keyed service's partitions this worker holds.
 pub const PARTITIONS_HELD: &str = "worker_partitions_held";
 /// Partitions a keyed service's worker took on, by how (`handed`: with the state its
-/// old owner gave; `fresh`: with none).
+/// old owner gave; `standby`: with the replica it held of a dead owner's; `fresh`: with
+/// none).
 pub const PARTITIONS_TAKEN_TOTAL: &str = "worker_partitions_taken_total";
 /// Partitions handed over to another worker, by outcome (`ok`; `kept`: the new owner did
 /// not take it in time, so this worker kept it and tries again).
 pub const PARTITIONS_HANDED_TOTAL: &str = "worker_partitions_handed_total";
+/// Partitions held here whose latest state is not at a standby: none (one worker), or
+/// one that did not answer in time (docs/workers.md, "Standbys").
+pub const KEYED_PARTITIONS_UNREPLICATED: &str = "worker_partitions_unreplicated";
+/// Replicas a standby did not answer in time, or refused: the frame's answers left
+/// without waiting further.
+pub const KEYED_REPLICA_FAILURES_TOTAL: &str = "worker_replica_failures_total";
 /// Moments a peer claimed a partition this worker holds too.
 pub const PARTITION_CONFLICTS_TOTAL: &str = "worker_partition_conflicts_total";
 /// Keyed peers counted dead: not heard from for `--keyed-member-timeout`, their last
@@ -112,7 +119,15 @@ pub fn describe() {
     metrics::describe_gauge!(PARTITIONS_HELD, "A keyed service's partitions held here");
     metrics::describe_counter!(
         PARTITIONS_TAKEN_TOTAL,
-        "Partitions taken on, handed over with their state or fresh"
+        "Partitions taken on: handed over with their state, from a standby's replica, or fresh"
+    );
+    metrics::describe_gauge!(
+        KEYED_PARTITIONS_UNREPLICATED,
+        "Partitions held here whose latest state no standby holds"
+    );
+    metrics::describe_counter!(
+        KEYED_REPLICA_FAILURES_TOTAL,
+        "Replicas a standby did not hold in time: the frame's answers left without it"
     );
     metrics::describe_counter!(
         PARTITIONS_HANDED_TOTAL,

@@ -118,15 +118,50 @@ impl Members {
     /// The owner of `partition` among the live members that are not leaving (this
     /// worker among them unless it is); `None` when there is none.
     pub(crate) fn owner(&self, partition: u32, leaving: bool) -> Option<&str> {
+        first(self.candidates(leaving), partition)
+    }
+
+    /// Who takes `partition` if `member` dies: the owner among the others (this worker
+    /// among them unless it is leaving). `member` holding the partition keeps its
+    /// standby there (docs/workers.md, "Standbys").
+    pub(crate) fn successor(&self, partition: u32, member: &str, leaving: bool) -> Option<&str> {
+        let others = self.candidates(leaving).filter(|id| *id != member);
+        first(others, partition)
+    }
+
+    /// The live members that are not leaving, this worker among them unless it is.
+    fn candidates(&self, leaving: bool) -> impl Iterator<Item = &str> {
         let me = (!leaving).then_some(self.me.as_str());
         let peers = self
             .peers
             .iter()
             .filter(|(_, m)| !m.leaving)
             .map(|(id, _)| id.as_str());
-        me.into_iter()
-            .chain(peers)
-            .max_by_key(|id| (score(id, partition), *id))
+        me.into_iter().chain(peers)
+    }
+
+    /// This worker's id.
+    pub(crate) fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// The service's partition count.
+    pub(crate) fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    /// Whether live peer `id` says it holds `partition`.
+    pub(crate) fn holds(&self, id: &str, partition: u32) -> bool {
+        self.peers
+            .get(id)
+            .is_some_and(|m| m.held.contains(&partition))
+    }
+
+    /// When the first peer not heard from since falls past the timeout: the moment
+    /// [`Members::expire`] would forget it.
+    pub(crate) fn next_expiry(&self) -> Option<Instant> {
+        let first = self.peers.values().map(|m| m.seen).min()?;
+        Some(first + self.timeout + Duration::from_millis(1))
     }
 
     /// Whether a live peer says it holds `partition`.
@@ -168,6 +203,11 @@ impl Members {
     pub(crate) fn conflicts(&self, held: &BTreeSet<u32>) -> Vec<u32> {
         held.iter().copied().filter(|&p| self.claimed(p)).collect()
     }
+}
+
+/// The first of `members` in `partition`'s rendezvous order.
+fn first<'a>(members: impl Iterator<Item = &'a str>, partition: u32) -> Option<&'a str> {
+    members.max_by_key(|id| (score(id, partition), *id))
 }
 
 #[cfg(test)]

@@ -56,7 +56,8 @@ pub fn service(store: Store) -> Service {
 /// The profile service over `store`, keeping at most `max_profiles` set profiles.
 pub fn with_limit(store: Store, max_profiles: usize) -> Service {
     let held = Held::new(store, max_profiles);
-    let (get, set, hand_over, take_over) = (held.clone(), held.clone(), held.clone(), held);
+    let (get, set, hand_over) = (held.clone(), held.clone(), held.clone());
+    let (snapshot, take_over) = (held.clone(), held);
     Service::new(NAME)
         .descriptors(proto::DESCRIPTORS)
         .keyed(PARTITIONS)
@@ -67,6 +68,7 @@ pub fn with_limit(store: Store, max_profiles: usize) -> Service {
             on_set(&set, ctx, req)
         })
         .on_hand_over(move |ctx, partition| hand_over.give(ctx, partition))
+        .on_snapshot(move |partition| snapshot.copy(partition))
         .on_take_over(move |ctx, partition, state| take_over.take(ctx, partition, state))
 }
 

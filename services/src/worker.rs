@@ -141,14 +141,9 @@ impl Worker {
         let keyed = match service.partitions() {
             Some(partitions) => {
                 let settings = config.keyed;
-                let keyed = Keyed::subscribe(
-                    &client,
-                    &config.prefix,
-                    service.name(),
-                    partitions,
-                    settings,
-                );
-                Some(keyed.await?)
+                let replicates = settings.standby && service.replicates();
+                let names = (config.prefix.as_str(), service.name(), partitions);
+                Some(Keyed::subscribe(&client, names, settings, replicates).await?)
             }
             None => None,
         };
@@ -245,6 +240,7 @@ impl Worker {
             reply_prefix: calls.reply_prefix.clone(),
             callees: calls.callees.clone(),
             held: held.clone(),
+            replicator: keyed.as_ref().and_then(Keyed::replicator),
         };
         let (intake, queue) = frame_loop::queue(&name, limits.queue_capacity, output.clone());
         let frame_loop = FrameLoop::new(service, limits, queue, output);

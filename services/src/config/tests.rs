@@ -144,6 +144,11 @@ fn validation_rejects_zero_limits_and_wildcard_prefixes() {
         config.validate(),
         Err(ConfigError::Zero("hand-over buffer"))
     );
+    let mut config = WorkerConfig::default();
+    config.keyed.replica_timeout = Duration::from_millis(1);
+    assert_eq!(config.validate(), Ok(()));
+    config.keyed.replica_timeout = Duration::ZERO;
+    assert_eq!(config.validate(), Err(ConfigError::Zero("replica timeout")));
 }
 
 #[test]

@@ -196,6 +196,8 @@ pub(crate) struct Later {
     pub answers: Vec<Answer>,
     /// Calls to make, in the order asked.
     pub calls: Vec<Call>,
+    /// A keyed service's partitions this handler changed, for their standbys.
+    pub changed: Vec<u32>,
 }
 
 impl fmt::Debug for Later {
@@ -208,6 +210,7 @@ impl fmt::Debug for Later {
             .field("stem", &self.stem)
             .field("answers", &self.answers)
             .field("calls", &routes)
+            .field("changed", &self.changed)
             .finish()
     }
 }

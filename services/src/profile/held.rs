@@ -108,15 +108,19 @@ impl State {
         matches!(self.partitions.get(&partition), Some(Partition::Loaded))
     }
 
-    /// Forgets what memory holds of `partition`.
-    fn clear(&mut self, partition: u32) -> Vec<Profile> {
-        let uids: Vec<String> = (self.set.keys())
-            .filter(|uid| partition_of_uid(uid) == partition)
-            .cloned()
-            .collect();
-        uids.iter()
-            .filter_map(|uid| Some(profile(uid, &self.set.remove(uid)?.0)))
+    /// What memory holds of `partition`.
+    fn profiles(&self, partition: u32) -> Vec<Profile> {
+        (self.set.iter())
+            .filter(|(uid, _)| partition_of_uid(uid) == partition)
+            .map(|(uid, (set, _))| profile(uid, set))
             .collect()
+    }
+
+    /// Forgets what memory holds of `partition`, returning it.
+    fn clear(&mut self, partition: u32) -> Vec<Profile> {
+        let profiles = self.profiles(partition);
+        self.set.retain(|uid, _| partition_of_uid(uid) != partition);
+        profiles
     }
 }
 
@@ -262,8 +266,11 @@ impl Held {
         let answer = profile(&uid, &set);
         let newer = state.set.get(&uid).is_none_or(|(_, stored)| *stored < seq);
         // A partition handed away meanwhile is its new owner's: it loads the set.
-        if newer && state.loaded(partition_of_uid(&uid)) {
+        let partition = partition_of_uid(&uid);
+        if newer && state.loaded(partition) {
             state.set.insert(uid, (set, seq));
+            // Its standby holds it before the 200 leaves.
+            ctx.changed(partition);
         }
         ctx.answer(deferred, Ok(answer.encode_to_vec().into()));
     }
@@ -332,6 +339,7 @@ impl Held {
             );
         }
         state.partitions.insert(partition, Partition::Loaded);
+        ctx.changed(partition);
         for waiter in waiting {
             match waiter.set {
                 Some(req) => self.write(ctx, &mut state, waiter.deferred, waiter.uid, req),
@@ -390,6 +398,12 @@ impl Held {
             }
         }
         Profiles { profiles: handed }.encode_to_vec().into()
+    }
+
+    /// The profiles of `partition` held now, for its standby (kept here).
+    pub fn copy(&self, partition: u32) -> Bytes {
+        let profiles = self.lock().profiles(partition);
+        Profiles { profiles }.encode_to_vec().into()
     }
 
     /// A partition taken: what its old owner handed over (if it could) is held at

@@ -17,6 +17,7 @@ use crate::names::is_valid_token;
 
 type HandOverHandler = Box<dyn FnMut(&mut Context, u32) -> Bytes + Send>;
 type TakeOverHandler = Box<dyn FnMut(&mut Context, u32, Option<Bytes>) + Send>;
+type SnapshotHandler = Box<dyn FnMut(u32) -> Bytes + Send>;
 
 /// What makes a service keyed.
 pub(crate) struct Keyed {
@@ -26,6 +27,7 @@ pub(crate) struct Keyed {
     pub session_key: String,
     hand_over: Option<HandOverHandler>,
     take_over: Option<TakeOverHandler>,
+    snapshot: Option<SnapshotHandler>,
 }
 
 impl Service {
@@ -48,6 +50,7 @@ impl Service {
             session_key: String::new(),
             hand_over: None,
             take_over: None,
+            snapshot: None,
         });
         self
     }
@@ -104,6 +107,43 @@ impl Service {
     {
         self.keyed_mut("on_take_over").take_over = Some(Box::new(take_over));
         self
+    }
+
+    /// Registers what gives a partition's whole state as it is now, without forgetting
+    /// it (the same bytes [`Service::on_hand_over`] would give): the worker calls it
+    /// after each frame for every partition the frame changed (a keyed request of it,
+    /// or [`Context::changed`]) and sends the result to the partition's standby before
+    /// the frame's answers and pushes leave. When the owner dies, the standby takes the
+    /// partition with the last snapshot it holds, through [`Service::on_take_over`]
+    /// (docs/workers.md, "Standbys"). Without it, a crash loses the partition's state.
+    ///
+    /// # Panics
+    ///
+    /// If the service is not keyed.
+    pub fn on_snapshot<F>(mut self, snapshot: F) -> Service
+    where
+        F: FnMut(u32) -> Bytes + Send + 'static,
+    {
+        self.keyed_mut("on_snapshot").snapshot = Some(Box::new(snapshot));
+        self
+    }
+
+    /// Whether the service gives snapshots of its partitions for standbys.
+    pub(crate) fn replicates(&self) -> bool {
+        self.keyed.as_ref().is_some_and(|k| k.snapshot.is_some())
+    }
+
+    /// `partition`'s snapshot; `None` without a snapshot callback, or when it panicked
+    /// (logged: the standby keeps the last one it had).
+    pub(crate) fn snapshot(&mut self, partition: u32) -> Option<Bytes> {
+        let callback = self.keyed.as_mut()?.snapshot.as_mut()?;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(partition))) {
+            Ok(state) => Some(state),
+            Err(_) => {
+                tracing::error!(service = %self.name, partition, "the snapshot callback panicked");
+                None
+            }
+        }
     }
 
     /// The number of partitions of a keyed service; `None` for another.

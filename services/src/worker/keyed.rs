@@ -35,6 +35,8 @@
 mod handover;
 mod held;
 mod lame_duck;
+mod replicate;
+mod standby;
 mod taken;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -46,7 +48,7 @@ use bytes::Bytes;
 use futures::stream::SelectAll;
 use futures::{FutureExt, Stream, StreamExt, stream};
 use proto::Message as _;
-use proto::keyed::{handover_subject, members_subject, partition_subject};
+use proto::keyed::{handover_subject, members_subject, partition_subject, replica_subject};
 use proto::rpc::{HandOver, KeyedMember};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -60,13 +62,16 @@ use crate::bus::{Client, Subscriber};
 use crate::config::KeyedConfig;
 use crate::frame_loop::{Incoming, InputKind};
 use crate::metrics::{
-    HANDOVER_OVERFLOW_TOTAL, KEYED_PEERS_DEAD_TOTAL, KEYED_PEERS_LEFT_TOTAL,
-    PARTITION_CONFLICTS_TOTAL, PARTITIONS_HELD, PARTITIONS_TAKEN_TOTAL,
+    HANDOVER_OVERFLOW_TOTAL, KEYED_PARTITIONS_UNREPLICATED, KEYED_PEERS_DEAD_TOTAL,
+    KEYED_PEERS_LEFT_TOTAL, PARTITION_CONFLICTS_TOTAL, PARTITIONS_HELD, PARTITIONS_TAKEN_TOTAL,
 };
 use crate::ownership::{Gone, Members, Step};
 use handover::{covered, note};
 pub use held::HeldPartitions;
 use lame_duck::Hop;
+pub(crate) use replicate::Replicator;
+use replicate::Standbys;
+use standby::Replicas;
 use taken::TakenBefore;
 
 /// What a refusing worker answers a hand-over with (a leaving one, or one handing that
@@ -85,6 +90,16 @@ pub(super) struct Keyed {
     handovers: Subscriber,
     /// What this worker says in its heartbeats: whom it is, what it holds.
     heartbeat: watch::Sender<KeyedMember>,
+    /// With standbys: the replicas sent to this worker, and what sends this worker's.
+    standby: Option<Standby>,
+}
+
+/// A keyed service's standbys, on one worker: where its own partitions' standbys are
+/// (the frame loop's output sends there), and the replicas others send it.
+struct Standby {
+    replicas: Subscriber,
+    standbys: watch::Sender<Standbys>,
+    replicator: Arc<Replicator>,
 }
 
 /// One partition subscription's messages, and its end; `sub` tells subscriptions of one
@@ -188,12 +203,13 @@ enum Sent {
 
 impl Keyed {
     /// Subscribes the peers' heartbeats and this worker's hand-over subject.
+    /// With `replicates` (the service gives snapshots, and `--standby` is on), subscribes
+    /// the replicas sent to this worker too.
     pub(super) async fn subscribe(
         client: &Client,
-        prefix: &str,
-        service: &str,
-        partitions: u32,
+        (prefix, service, partitions): (&str, &str, u32),
         config: KeyedConfig,
+        replicates: bool,
     ) -> Result<Keyed, WorkerError> {
         let me = format!("{:016x}", fastrand::u64(..));
         let subscribe = async |subject: String| {
@@ -208,6 +224,20 @@ impl Keyed {
             id: me.clone(),
             ..KeyedMember::default()
         });
+        let standby = if replicates {
+            let replicas = subscribe(replica_subject(prefix, service, &me)).await?;
+            let (standbys, follows) = watch::channel(Standbys::default());
+            let timeouts = (config.replica_timeout, config.keyed_heartbeat);
+            let names = (prefix, service, me.as_str());
+            let replicator = Replicator::new(client.clone(), names, timeouts, follows);
+            Some(Standby {
+                replicas,
+                standbys,
+                replicator: Arc::new(replicator),
+            })
+        } else {
+            None
+        };
         Ok(Keyed {
             client: client.clone(),
             prefix: prefix.to_owned(),
@@ -218,7 +248,13 @@ impl Keyed {
             members,
             handovers,
             heartbeat,
+            standby,
         })
+    }
+
+    /// What sends this worker's partitions to their standbys, when they have any.
+    pub(super) fn replicator(&self) -> Option<Arc<Replicator>> {
+        self.standby.as_ref().map(|s| s.replicator.clone())
     }
 
     /// Follows how many partitions this worker holds.
@@ -244,7 +280,12 @@ impl Keyed {
             members,
             handovers,
             heartbeat,
+            standby,
         } = self;
+        let (replicas_sub, standbys, replicator) = match standby {
+            Some(s) => (Some(s.replicas), s.standbys, Some(s.replicator)),
+            None => (None, watch::Sender::new(Standbys::default()), None),
+        };
         let said = heartbeat.subscribe();
         let (handed_tx, handed_rx) = mpsc::channel(2 * partitions as usize + 1);
         let (clients, heartbeat_client) = watch::channel(client.clone());
@@ -279,6 +320,11 @@ impl Keyed {
             heartbeat,
             handed_tx,
             held_gauge: metrics::gauge!(PARTITIONS_HELD, "service" => service.clone()),
+            replicas_sub,
+            replicas: Replicas::default(),
+            standbys,
+            replicator,
+            unreplicated_gauge: metrics::gauge!(KEYED_PARTITIONS_UNREPLICATED, "service" => service.clone()),
         };
         let subject = members_subject(&prefix, &service);
         let interval = config.keyed_heartbeat;
@@ -347,6 +393,13 @@ struct Coordinator {
     heartbeat: watch::Sender<KeyedMember>,
     handed_tx: mpsc::Sender<Handed>,
     held_gauge: metrics::Gauge,
+    /// Where replicas come to this worker as a standby (with standbys on).
+    replicas_sub: Option<Subscriber>,
+    replicas: Replicas,
+    /// Each held partition's standby, for the frame loop's output.
+    standbys: watch::Sender<Standbys>,
+    replicator: Option<Arc<Replicator>>,
+    unreplicated_gauge: metrics::Gauge,
 }
 
 impl Coordinator {
@@ -361,6 +414,9 @@ impl Coordinator {
             if self.leaving && self.held.is_empty() && self.preparing.is_empty() {
                 break;
             }
+            // A dead peer is counted dead the moment its time is up, not at the next
+            // tick: its partitions' pause is the member timeout, no more.
+            let expiry = self.view.next_expiry().map(Instant::from_std);
             tokio::select! {
                 () = shutdown.cancelled(), if !self.leaving => {
                     self.leaving = true;
@@ -373,7 +429,13 @@ impl Coordinator {
                     self.check_conflicts();
                     self.let_go_stale();
                     self.act().await;
+                    self.prune_replicas();
                 }
+                () = at(expiry) => {
+                    self.expire().await;
+                    self.act().await;
+                }
+                Some(message) = next_of(&mut self.replicas_sub) => self.replica(message).await,
                 Some(message) = self.members.next() => self.heard(&message.payload).await,
                 Some(message) = self.handovers.next() => self.take_handed(message).await,
                 () = until(&mut self.hop.notice), if !self.leaving && self.hop.left.is_none() => {
@@ -456,8 +518,9 @@ impl Coordinator {
         }
     }
 
-    /// Publishes what this worker holds now.
-    fn say(&self) {
+    /// Publishes what this worker holds now, and follows its standbys.
+    fn say(&mut self) {
+        self.follow_standbys();
         let held: Vec<u32> = self.held.keys().copied().collect();
         self.held_gauge.set(held.len() as f64);
         self.heartbeat.send_modify(|m| {
@@ -512,10 +575,21 @@ impl Coordinator {
         for step in self.view.plan(&held, &self.moving, self.leaving, now) {
             match step {
                 Step::HandOver { partition, to } => self.hand_over(partition, Some(to)),
-                Step::TakeFresh { partition } => {
-                    self.take(partition, InputKind::Fresh, Bytes::new(), None)
-                        .await;
-                }
+                Step::TakeFresh { partition } => match self.replicas.take(partition, &self.view) {
+                    // Its owner died, and this worker stood by for it: with its state.
+                    Some(state) => {
+                        tracing::info!(
+                            partition,
+                            "a dead owner's partition taken with its standby's replica"
+                        );
+                        let how = (InputKind::TakeOver, "standby");
+                        self.take(partition, how, state, None).await;
+                    }
+                    None => {
+                        let how = (InputKind::Fresh, "fresh");
+                        self.take(partition, how, Bytes::new(), None).await;
+                    }
+                },
             }
         }
         if self.leaving {
@@ -530,6 +604,8 @@ impl Coordinator {
                 self.hand_over(partition, None);
             }
         }
+        // Who lives may have changed: so may the standbys.
+        self.follow_standbys();
     }
 
     /// Subscribes `partition`, plain; its messages come as [`Item`]s.
@@ -551,7 +627,8 @@ impl Coordinator {
             .take_until(leave.clone().cancelled_owned())
             .map(move |message| {
                 let method = method_of(&message.subject, &method_prefix).to_owned();
-                let request = Incoming::new(method, message.payload, message.reply);
+                let request =
+                    Incoming::new(method, message.payload, message.reply).in_partition(partition);
                 Item::Request {
                     partition,
                     sub,
@@ -569,15 +646,10 @@ impl Coordinator {
     async fn take(
         &mut self,
         partition: u32,
-        kind: InputKind,
+        (kind, how): (InputKind, &'static str),
         state: Bytes,
         seen: Option<&HashMap<String, u64>>,
     ) {
-        let how = if kind == InputKind::Fresh {
-            "fresh"
-        } else {
-            "handed"
-        };
         metrics::counter!(PARTITIONS_TAKEN_TOTAL, "service" => self.service.clone(), "how" => how)
             .increment(1);
         if (self.out)
@@ -645,6 +717,22 @@ impl Coordinator {
                     .increment(1);
             }
         }
+    }
+}
+
+/// Resolves at `deadline`; never without one.
+async fn at(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next message of `subscriber`; never without one.
+async fn next_of(subscriber: &mut Option<Subscriber>) -> Option<async_nats::Message> {
+    match subscriber {
+        Some(subscriber) => subscriber.next().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -12,6 +12,7 @@ use proto::rpc::RpcResponse;
 
 use super::calls;
 use super::error::Undelivered;
+use super::keyed::Replicator;
 use crate::bus::Client;
 use crate::context::CallResult;
 use crate::frame_loop::{Outgoing, ReplySink};
@@ -29,6 +30,8 @@ pub(super) struct Output {
     pub callees: calls::Callees,
     /// What was handed to the connection while it was down.
     pub held: Held,
+    /// Where a keyed service's partitions' snapshots go, with standbys.
+    pub replicator: Option<Arc<Replicator>>,
 }
 
 /// Counts what the worker publishes while its connection is down (see
@@ -125,5 +128,11 @@ impl ReplySink for Output {
             tracing::debug!(%error, "cannot publish a call");
             CallResult::bus_unavailable()
         })
+    }
+
+    async fn replicate(&self, states: Vec<(u32, Bytes)>) {
+        if let Some(replicator) = &self.replicator {
+            replicator.send(states).await;
+        }
     }
 }

@@ -160,7 +160,8 @@ impl Coordinator {
                     partition,
                     "the new owner did not take the partition: kept here"
                 );
-                self.take(partition, InputKind::TakeOver, state, None).await;
+                let how = (InputKind::TakeOver, "handed");
+                self.take(partition, how, state, None).await;
                 "kept"
             }
         };
@@ -273,7 +274,8 @@ impl Coordinator {
         }
         tracing::debug!(partition, from = %handover.from, prepared, "taking a partition handed over");
         let seen: HashMap<String, u64> = handover.seen.into_iter().collect();
-        (self.take(partition, InputKind::TakeOver, handover.state, Some(&seen))).await;
+        let how = (InputKind::TakeOver, "handed");
+        (self.take(partition, how, handover.state, Some(&seen))).await;
         true
     }
 }

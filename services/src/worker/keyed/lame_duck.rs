@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use proto::keyed::{handover_subject, members_subject};
+use proto::keyed::{handover_subject, members_subject, replica_subject};
 use tokio::time::Instant;
 
 use super::super::hop::{self, Target, Waiting};
@@ -36,13 +36,21 @@ impl Coordinator {
         let subscribe = async |subject: String| new.subscribe(subject).await;
         let members = subscribe(members_subject(&self.prefix, &self.service)).await;
         let handovers = subscribe(handover_subject(&self.prefix, &self.service, &self.me)).await;
-        let (Ok(members), Ok(handovers)) = (members, handovers) else {
+        let replicas = match self.replicas_sub {
+            Some(_) => {
+                Some(subscribe(replica_subject(&self.prefix, &self.service, &self.me)).await)
+            }
+            None => None,
+        };
+        let replicas = replicas.transpose();
+        let (Ok(members), Ok(handovers), Ok(replicas)) = (members, handovers, replicas) else {
             tracing::warn!("cannot move: cannot subscribe on the new connection");
             self.hop.notice = hop::notice(&self.client());
             return;
         };
-        // Hand-overs in flight to the old subscription are asked again by their senders.
-        (self.members, self.handovers) = (members, handovers);
+        // Hand-overs and replicas in flight to the old subscriptions are asked again
+        // by their senders (a replica missed is sent again whole).
+        (self.members, self.handovers, self.replicas_sub) = (members, handovers, replicas);
         let old = self.clients.send_replace(new.clone());
         let staying: Vec<u32> = (self.held.iter())
             .filter(|(_, held)| held.out.is_none())

@@ -1297,6 +1297,129 @@ func (x *HandOver) GetId() uint64 {
 	return 0
 }
 
+// What frames changed on a keyed partition's owner, to the partition's standby (the next
+// worker in its rendezvous order), as a request on
+// <prefix>.keyed.<service>.replica.<standby's id> (docs/workers.md, "Standbys"). Sent
+// after a frame and before its answers and pushes leave; the standby answers empty once
+// it holds every state here, or refuses with a non-empty answer saying why. The standby
+// keeps the latest state per partition and takes the partition with it when the owner
+// is counted dead.
+type Replica struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The owner's worker id.
+	From string `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	// Rises with each Replica the owner sends: a standby keeps, per partition, the state
+	// of the highest `seq` from the same owner (a late copy never replaces a newer one).
+	Seq           uint64            `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Partitions    []*PartitionState `protobuf:"bytes,3,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Replica) Reset() {
+	*x = Replica{}
+	mi := &file_rpc_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Replica) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Replica) ProtoMessage() {}
+
+func (x *Replica) ProtoReflect() protoreflect.Message {
+	mi := &file_rpc_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Replica.ProtoReflect.Descriptor instead.
+func (*Replica) Descriptor() ([]byte, []int) {
+	return file_rpc_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *Replica) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *Replica) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *Replica) GetPartitions() []*PartitionState {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+// One partition's whole state, as its service's hand-over would give it.
+type PartitionState struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Partition     uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	State         []byte                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartitionState) Reset() {
+	*x = PartitionState{}
+	mi := &file_rpc_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionState) ProtoMessage() {}
+
+func (x *PartitionState) ProtoReflect() protoreflect.Message {
+	mi := &file_rpc_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionState.ProtoReflect.Descriptor instead.
+func (*PartitionState) Descriptor() ([]byte, []int) {
+	return file_rpc_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *PartitionState) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *PartitionState) GetState() []byte {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
 // A typed method: full protobuf names of its request and response messages. Raw
 // methods are not listed: their bodies pass through as they are.
 type MethodSchema struct {
@@ -1314,7 +1437,7 @@ type MethodSchema struct {
 
 func (x *MethodSchema) Reset() {
 	*x = MethodSchema{}
-	mi := &file_rpc_proto_msgTypes[16]
+	mi := &file_rpc_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1326,7 +1449,7 @@ func (x *MethodSchema) String() string {
 func (*MethodSchema) ProtoMessage() {}
 
 func (x *MethodSchema) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[16]
+	mi := &file_rpc_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1339,7 +1462,7 @@ func (x *MethodSchema) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MethodSchema.ProtoReflect.Descriptor instead.
 func (*MethodSchema) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{16}
+	return file_rpc_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *MethodSchema) GetMethod() string {
@@ -1376,7 +1499,7 @@ type PushSchema struct {
 
 func (x *PushSchema) Reset() {
 	*x = PushSchema{}
-	mi := &file_rpc_proto_msgTypes[17]
+	mi := &file_rpc_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1388,7 +1511,7 @@ func (x *PushSchema) String() string {
 func (*PushSchema) ProtoMessage() {}
 
 func (x *PushSchema) ProtoReflect() protoreflect.Message {
-	mi := &file_rpc_proto_msgTypes[17]
+	mi := &file_rpc_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1401,7 +1524,7 @@ func (x *PushSchema) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushSchema.ProtoReflect.Descriptor instead.
 func (*PushSchema) Descriptor() ([]byte, []int) {
-	return file_rpc_proto_rawDescGZIP(), []int{17}
+	return file_rpc_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PushSchema) GetRoute() string {
@@ -1521,7 +1644,16 @@ const file_rpc_proto_rawDesc = "" +
 	"\x02id\x18\x06 \x01(\x04R\x02id\x1a7\n" +
 	"\tSeenEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"n\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"m\n" +
+	"\aReplica\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12<\n" +
+	"\n" +
+	"partitions\x18\x03 \x03(\v2\x1c.shaddock.rpc.PartitionStateR\n" +
+	"partitions\"D\n" +
+	"\x0ePartitionState\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\fR\x05state\"n\n" +
 	"\fMethodSchema\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\tR\x06method\x12!\n" +
 	"\frequest_type\x18\x02 \x01(\tR\vrequestType\x12#\n" +
@@ -1544,33 +1676,35 @@ func file_rpc_proto_rawDescGZIP() []byte {
 	return file_rpc_proto_rawDescData
 }
 
-var file_rpc_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_rpc_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_rpc_proto_goTypes = []any{
-	(*Session)(nil),       // 0: shaddock.rpc.Session
-	(*RpcRequest)(nil),    // 1: shaddock.rpc.RpcRequest
-	(*RequestOrder)(nil),  // 2: shaddock.rpc.RequestOrder
-	(*RpcResponse)(nil),   // 3: shaddock.rpc.RpcResponse
-	(*CallSpan)(nil),      // 4: shaddock.rpc.CallSpan
-	(*Effect)(nil),        // 5: shaddock.rpc.Effect
-	(*SetData)(nil),       // 6: shaddock.rpc.SetData
-	(*SessionClosed)(nil), // 7: shaddock.rpc.SessionClosed
-	(*ServerPush)(nil),    // 8: shaddock.rpc.ServerPush
-	(*UserCommand)(nil),   // 9: shaddock.rpc.UserCommand
-	(*Claim)(nil),         // 10: shaddock.rpc.Claim
-	(*Probe)(nil),         // 11: shaddock.rpc.Probe
-	(*ServiceSchema)(nil), // 12: shaddock.rpc.ServiceSchema
-	(*Keyed)(nil),         // 13: shaddock.rpc.Keyed
-	(*KeyedMember)(nil),   // 14: shaddock.rpc.KeyedMember
-	(*HandOver)(nil),      // 15: shaddock.rpc.HandOver
-	(*MethodSchema)(nil),  // 16: shaddock.rpc.MethodSchema
-	(*PushSchema)(nil),    // 17: shaddock.rpc.PushSchema
-	nil,                   // 18: shaddock.rpc.Session.DataEntry
-	nil,                   // 19: shaddock.rpc.Session.ClaimsEntry
-	nil,                   // 20: shaddock.rpc.HandOver.SeenEntry
+	(*Session)(nil),        // 0: shaddock.rpc.Session
+	(*RpcRequest)(nil),     // 1: shaddock.rpc.RpcRequest
+	(*RequestOrder)(nil),   // 2: shaddock.rpc.RequestOrder
+	(*RpcResponse)(nil),    // 3: shaddock.rpc.RpcResponse
+	(*CallSpan)(nil),       // 4: shaddock.rpc.CallSpan
+	(*Effect)(nil),         // 5: shaddock.rpc.Effect
+	(*SetData)(nil),        // 6: shaddock.rpc.SetData
+	(*SessionClosed)(nil),  // 7: shaddock.rpc.SessionClosed
+	(*ServerPush)(nil),     // 8: shaddock.rpc.ServerPush
+	(*UserCommand)(nil),    // 9: shaddock.rpc.UserCommand
+	(*Claim)(nil),          // 10: shaddock.rpc.Claim
+	(*Probe)(nil),          // 11: shaddock.rpc.Probe
+	(*ServiceSchema)(nil),  // 12: shaddock.rpc.ServiceSchema
+	(*Keyed)(nil),          // 13: shaddock.rpc.Keyed
+	(*KeyedMember)(nil),    // 14: shaddock.rpc.KeyedMember
+	(*HandOver)(nil),       // 15: shaddock.rpc.HandOver
+	(*Replica)(nil),        // 16: shaddock.rpc.Replica
+	(*PartitionState)(nil), // 17: shaddock.rpc.PartitionState
+	(*MethodSchema)(nil),   // 18: shaddock.rpc.MethodSchema
+	(*PushSchema)(nil),     // 19: shaddock.rpc.PushSchema
+	nil,                    // 20: shaddock.rpc.Session.DataEntry
+	nil,                    // 21: shaddock.rpc.Session.ClaimsEntry
+	nil,                    // 22: shaddock.rpc.HandOver.SeenEntry
 }
 var file_rpc_proto_depIdxs = []int32{
-	18, // 0: shaddock.rpc.Session.data:type_name -> shaddock.rpc.Session.DataEntry
-	19, // 1: shaddock.rpc.Session.claims:type_name -> shaddock.rpc.Session.ClaimsEntry
+	20, // 0: shaddock.rpc.Session.data:type_name -> shaddock.rpc.Session.DataEntry
+	21, // 1: shaddock.rpc.Session.claims:type_name -> shaddock.rpc.Session.ClaimsEntry
 	0,  // 2: shaddock.rpc.RpcRequest.session:type_name -> shaddock.rpc.Session
 	5,  // 3: shaddock.rpc.RpcResponse.effects:type_name -> shaddock.rpc.Effect
 	4,  // 4: shaddock.rpc.RpcResponse.calls:type_name -> shaddock.rpc.CallSpan
@@ -1578,15 +1712,16 @@ var file_rpc_proto_depIdxs = []int32{
 	8,  // 6: shaddock.rpc.UserCommand.push:type_name -> shaddock.rpc.ServerPush
 	10, // 7: shaddock.rpc.UserCommand.claim:type_name -> shaddock.rpc.Claim
 	11, // 8: shaddock.rpc.UserCommand.probe:type_name -> shaddock.rpc.Probe
-	16, // 9: shaddock.rpc.ServiceSchema.methods:type_name -> shaddock.rpc.MethodSchema
-	17, // 10: shaddock.rpc.ServiceSchema.pushes:type_name -> shaddock.rpc.PushSchema
+	18, // 9: shaddock.rpc.ServiceSchema.methods:type_name -> shaddock.rpc.MethodSchema
+	19, // 10: shaddock.rpc.ServiceSchema.pushes:type_name -> shaddock.rpc.PushSchema
 	13, // 11: shaddock.rpc.ServiceSchema.keyed:type_name -> shaddock.rpc.Keyed
-	20, // 12: shaddock.rpc.HandOver.seen:type_name -> shaddock.rpc.HandOver.SeenEntry
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	22, // 12: shaddock.rpc.HandOver.seen:type_name -> shaddock.rpc.HandOver.SeenEntry
+	17, // 13: shaddock.rpc.Replica.partitions:type_name -> shaddock.rpc.PartitionState
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_rpc_proto_init() }
@@ -1614,7 +1749,7 @@ func file_rpc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rpc_proto_rawDesc), len(file_rpc_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

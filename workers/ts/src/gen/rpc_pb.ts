@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file rpc.proto.
  */
 export const file_rpc: GenFile = /*@__PURE__*/
-  fileDesc("CglycGMucHJvdG8SDHNoYWRkb2NrLnJwYyKGAgoHU2Vzc2lvbhIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBBILCgN1aWQYAyABKAkSLQoEZGF0YRgEIAMoCzIfLnNoYWRkb2NrLnJwYy5TZXNzaW9uLkRhdGFFbnRyeRIxCgZjbGFpbXMYBSADKAsyIS5zaGFkZG9jay5ycGMuU2Vzc2lvbi5DbGFpbXNFbnRyeRIVCg1hdXRoZW50aWNhdGVkGAYgASgIGisKCURhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBGi0KC0NsYWltc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEirgEKClJwY1JlcXVlc3QSDQoFcm91dGUYASABKAkSDAoEYm9keRgCIAEoDBImCgdzZXNzaW9uGAMgASgLMhUuc2hhZGRvY2sucnBjLlNlc3Npb24SDgoGdGltaW5nGAQgASgIEgsKA2tleRgFIAEoCRISCgp0aW1lb3V0X21zGAYgASgNEg0KBXRyYWNlGAcgAygJEg4KBm9yaWdpbhgIIAEoCRILCgNzZXEYCSABKAQiKwoMUmVxdWVzdE9yZGVyEg4KBm9yaWdpbhgIIAEoCRILCgNzZXEYCSABKAQirgEKC1JwY1Jlc3BvbnNlEgwKBGNvZGUYASABKA0SDAoEYm9keRgCIAEoDBIPCgdtZXNzYWdlGAMgASgJEiUKB2VmZmVjdHMYBCADKAsyFC5zaGFkZG9jay5ycGMuRWZmZWN0EhAKCHF1ZXVlX3VzGAUgASgNEhIKCmhhbmRsZXJfdXMYBiABKA0SJQoFY2FsbHMYByADKAsyFi5zaGFkZG9jay5ycGMuQ2FsbFNwYW4iQAoIQ2FsbFNwYW4SDQoFcm91dGUYASABKAkSDAoEY29kZRgCIAEoDRIKCgJ1cxgDIAEoDRILCgNob3AYBCABKA0ilgEKBkVmZmVjdBISCghiaW5kX3VpZBgBIAEoCUgAEikKCHNldF9kYXRhGAIgASgLMhUuc2hhZGRvY2sucnBjLlNldERhdGFIABIUCgpjbGVhcl9kYXRhGAMgASgJSAASDgoEam9pbhgEIAEoCUgAEg8KBWxlYXZlGAUgASgJSAASDgoEa2ljaxgGIAEoCUgAQgYKBGtpbmQiJQoHU2V0RGF0YRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAkiRwoNU2Vzc2lvbkNsb3NlZBIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBBILCgN1aWQYAyABKAkSDgoGZ3JvdXBzGAQgAygJIikKClNlcnZlclB1c2gSDQoFcm91dGUYASABKAkSDAoEYm9keRgCIAEoDCKbAQoLVXNlckNvbW1hbmQSKAoEcHVzaBgBIAEoCzIYLnNoYWRkb2NrLnJwYy5TZXJ2ZXJQdXNoSAASDgoEa2ljaxgCIAEoCUgAEiQKBWNsYWltGAMgASgLMhMuc2hhZGRvY2sucnBjLkNsYWltSAASJAoFcHJvYmUYBCABKAsyEy5zaGFkZG9jay5ycGMuUHJvYmVIAEIGCgRraW5kIiIKBUNsYWltEgwKBGdhdGUYASABKAkSCwoDc2lkGAIgASgEIgcKBVByb2JlIrABCg1TZXJ2aWNlU2NoZW1hEg8KB3NlcnZpY2UYASABKAkSKwoHbWV0aG9kcxgCIAMoCzIaLnNoYWRkb2NrLnJwYy5NZXRob2RTY2hlbWESKAoGcHVzaGVzGAMgAygLMhguc2hhZGRvY2sucnBjLlB1c2hTY2hlbWESEwoLZGVzY3JpcHRvcnMYBCABKAwSIgoFa2V5ZWQYBSABKAsyEy5zaGFkZG9jay5ycGMuS2V5ZWQiMAoFS2V5ZWQSEgoKcGFydGl0aW9ucxgBIAEoDRITCgtzZXNzaW9uX2tleRgCIAEoCSI4CgtLZXllZE1lbWJlchIKCgJpZBgBIAEoCRIMCgRoZWxkGAIgAygNEg8KB2xlYXZpbmcYAyABKAgitAEKCEhhbmRPdmVyEhEKCXBhcnRpdGlvbhgBIAEoDRINCgVzdGF0ZRgCIAEoDBIMCgRmcm9tGAMgASgJEg8KB3ByZXBhcmUYBCABKAgSLgoEc2VlbhgFIAMoCzIgLnNoYWRkb2NrLnJwYy5IYW5kT3Zlci5TZWVuRW50cnkSCgoCaWQYBiABKAQaKwoJU2VlbkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoBDoCOAEiSwoMTWV0aG9kU2NoZW1hEg4KBm1ldGhvZBgBIAEoCRIUCgxyZXF1ZXN0X3R5cGUYAiABKAkSFQoNcmVzcG9uc2VfdHlwZRgDIAEoCSIxCgpQdXNoU2NoZW1hEg0KBXJvdXRlGAEgASgJEhQKDG1lc3NhZ2VfdHlwZRgCIAEoCUI0ChBkZXYuc2hhZGRvY2sucnBjUAFaHnNoYWRkb2NrLmRldi9wcm90by9ycGNwYjtycGNwYmIGcHJvdG8z");
+  fileDesc("CglycGMucHJvdG8SDHNoYWRkb2NrLnJwYyKGAgoHU2Vzc2lvbhIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBBILCgN1aWQYAyABKAkSLQoEZGF0YRgEIAMoCzIfLnNoYWRkb2NrLnJwYy5TZXNzaW9uLkRhdGFFbnRyeRIxCgZjbGFpbXMYBSADKAsyIS5zaGFkZG9jay5ycGMuU2Vzc2lvbi5DbGFpbXNFbnRyeRIVCg1hdXRoZW50aWNhdGVkGAYgASgIGisKCURhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBGi0KC0NsYWltc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEirgEKClJwY1JlcXVlc3QSDQoFcm91dGUYASABKAkSDAoEYm9keRgCIAEoDBImCgdzZXNzaW9uGAMgASgLMhUuc2hhZGRvY2sucnBjLlNlc3Npb24SDgoGdGltaW5nGAQgASgIEgsKA2tleRgFIAEoCRISCgp0aW1lb3V0X21zGAYgASgNEg0KBXRyYWNlGAcgAygJEg4KBm9yaWdpbhgIIAEoCRILCgNzZXEYCSABKAQiKwoMUmVxdWVzdE9yZGVyEg4KBm9yaWdpbhgIIAEoCRILCgNzZXEYCSABKAQirgEKC1JwY1Jlc3BvbnNlEgwKBGNvZGUYASABKA0SDAoEYm9keRgCIAEoDBIPCgdtZXNzYWdlGAMgASgJEiUKB2VmZmVjdHMYBCADKAsyFC5zaGFkZG9jay5ycGMuRWZmZWN0EhAKCHF1ZXVlX3VzGAUgASgNEhIKCmhhbmRsZXJfdXMYBiABKA0SJQoFY2FsbHMYByADKAsyFi5zaGFkZG9jay5ycGMuQ2FsbFNwYW4iQAoIQ2FsbFNwYW4SDQoFcm91dGUYASABKAkSDAoEY29kZRgCIAEoDRIKCgJ1cxgDIAEoDRILCgNob3AYBCABKA0ilgEKBkVmZmVjdBISCghiaW5kX3VpZBgBIAEoCUgAEikKCHNldF9kYXRhGAIgASgLMhUuc2hhZGRvY2sucnBjLlNldERhdGFIABIUCgpjbGVhcl9kYXRhGAMgASgJSAASDgoEam9pbhgEIAEoCUgAEg8KBWxlYXZlGAUgASgJSAASDgoEa2ljaxgGIAEoCUgAQgYKBGtpbmQiJQoHU2V0RGF0YRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAkiRwoNU2Vzc2lvbkNsb3NlZBIMCgRnYXRlGAEgASgJEgsKA3NpZBgCIAEoBBILCgN1aWQYAyABKAkSDgoGZ3JvdXBzGAQgAygJIikKClNlcnZlclB1c2gSDQoFcm91dGUYASABKAkSDAoEYm9keRgCIAEoDCKbAQoLVXNlckNvbW1hbmQSKAoEcHVzaBgBIAEoCzIYLnNoYWRkb2NrLnJwYy5TZXJ2ZXJQdXNoSAASDgoEa2ljaxgCIAEoCUgAEiQKBWNsYWltGAMgASgLMhMuc2hhZGRvY2sucnBjLkNsYWltSAASJAoFcHJvYmUYBCABKAsyEy5zaGFkZG9jay5ycGMuUHJvYmVIAEIGCgRraW5kIiIKBUNsYWltEgwKBGdhdGUYASABKAkSCwoDc2lkGAIgASgEIgcKBVByb2JlIrABCg1TZXJ2aWNlU2NoZW1hEg8KB3NlcnZpY2UYASABKAkSKwoHbWV0aG9kcxgCIAMoCzIaLnNoYWRkb2NrLnJwYy5NZXRob2RTY2hlbWESKAoGcHVzaGVzGAMgAygLMhguc2hhZGRvY2sucnBjLlB1c2hTY2hlbWESEwoLZGVzY3JpcHRvcnMYBCABKAwSIgoFa2V5ZWQYBSABKAsyEy5zaGFkZG9jay5ycGMuS2V5ZWQiMAoFS2V5ZWQSEgoKcGFydGl0aW9ucxgBIAEoDRITCgtzZXNzaW9uX2tleRgCIAEoCSI4CgtLZXllZE1lbWJlchIKCgJpZBgBIAEoCRIMCgRoZWxkGAIgAygNEg8KB2xlYXZpbmcYAyABKAgitAEKCEhhbmRPdmVyEhEKCXBhcnRpdGlvbhgBIAEoDRINCgVzdGF0ZRgCIAEoDBIMCgRmcm9tGAMgASgJEg8KB3ByZXBhcmUYBCABKAgSLgoEc2VlbhgFIAMoCzIgLnNoYWRkb2NrLnJwYy5IYW5kT3Zlci5TZWVuRW50cnkSCgoCaWQYBiABKAQaKwoJU2VlbkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoBDoCOAEiVgoHUmVwbGljYRIMCgRmcm9tGAEgASgJEgsKA3NlcRgCIAEoBBIwCgpwYXJ0aXRpb25zGAMgAygLMhwuc2hhZGRvY2sucnBjLlBhcnRpdGlvblN0YXRlIjIKDlBhcnRpdGlvblN0YXRlEhEKCXBhcnRpdGlvbhgBIAEoDRINCgVzdGF0ZRgCIAEoDCJLCgxNZXRob2RTY2hlbWESDgoGbWV0aG9kGAEgASgJEhQKDHJlcXVlc3RfdHlwZRgCIAEoCRIVCg1yZXNwb25zZV90eXBlGAMgASgJIjEKClB1c2hTY2hlbWESDQoFcm91dGUYASABKAkSFAoMbWVzc2FnZV90eXBlGAIgASgJQjQKEGRldi5zaGFkZG9jay5ycGNQAVoec2hhZGRvY2suZGV2L3Byb3RvL3JwY3BiO3JwY3BiYgZwcm90bzM");
 
 /**
  * Who asked: the session as the gate knows it.
@@ -661,6 +661,70 @@ export const HandOverSchema: GenMessage<HandOver> = /*@__PURE__*/
   messageDesc(file_rpc, 15);
 
 /**
+ * What frames changed on a keyed partition's owner, to the partition's standby (the next
+ * worker in its rendezvous order), as a request on
+ * <prefix>.keyed.<service>.replica.<standby's id> (docs/workers.md, "Standbys"). Sent
+ * after a frame and before its answers and pushes leave; the standby answers empty once
+ * it holds every state here, or refuses with a non-empty answer saying why. The standby
+ * keeps the latest state per partition and takes the partition with it when the owner
+ * is counted dead.
+ *
+ * @generated from message shaddock.rpc.Replica
+ */
+export type Replica = Message<"shaddock.rpc.Replica"> & {
+  /**
+   * The owner's worker id.
+   *
+   * @generated from field: string from = 1;
+   */
+  from: string;
+
+  /**
+   * Rises with each Replica the owner sends: a standby keeps, per partition, the state
+   * of the highest `seq` from the same owner (a late copy never replaces a newer one).
+   *
+   * @generated from field: uint64 seq = 2;
+   */
+  seq: bigint;
+
+  /**
+   * @generated from field: repeated shaddock.rpc.PartitionState partitions = 3;
+   */
+  partitions: PartitionState[];
+};
+
+/**
+ * Describes the message shaddock.rpc.Replica.
+ * Use `create(ReplicaSchema)` to create a new message.
+ */
+export const ReplicaSchema: GenMessage<Replica> = /*@__PURE__*/
+  messageDesc(file_rpc, 16);
+
+/**
+ * One partition's whole state, as its service's hand-over would give it.
+ *
+ * @generated from message shaddock.rpc.PartitionState
+ */
+export type PartitionState = Message<"shaddock.rpc.PartitionState"> & {
+  /**
+   * @generated from field: uint32 partition = 1;
+   */
+  partition: number;
+
+  /**
+   * @generated from field: bytes state = 2;
+   */
+  state: Uint8Array;
+};
+
+/**
+ * Describes the message shaddock.rpc.PartitionState.
+ * Use `create(PartitionStateSchema)` to create a new message.
+ */
+export const PartitionStateSchema: GenMessage<PartitionState> = /*@__PURE__*/
+  messageDesc(file_rpc, 17);
+
+/**
  * A typed method: full protobuf names of its request and response messages. Raw
  * methods are not listed: their bodies pass through as they are.
  *
@@ -694,7 +758,7 @@ export type MethodSchema = Message<"shaddock.rpc.MethodSchema"> & {
  * Use `create(MethodSchemaSchema)` to create a new message.
  */
 export const MethodSchemaSchema: GenMessage<MethodSchema> = /*@__PURE__*/
-  messageDesc(file_rpc, 16);
+  messageDesc(file_rpc, 18);
 
 /**
  * A push route and its message type.
@@ -721,5 +785,5 @@ export type PushSchema = Message<"shaddock.rpc.PushSchema"> & {
  * Use `create(PushSchemaSchema)` to create a new message.
  */
 export const PushSchemaSchema: GenMessage<PushSchema> = /*@__PURE__*/
-  messageDesc(file_rpc, 17);
+  messageDesc(file_rpc, 19);
 
