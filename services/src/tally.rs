@@ -4,8 +4,9 @@
 //!
 //! `tally.add` (raw, any body) counts one for the request's key and answers
 //! `"<worker> <count>"`: a key whose answers count 1, 2, 3, ... lost no request and ran
-//! none twice, whichever workers answered. A partition's counts move with it as
-//! `<key>=<count>\n` lines (the count after the last `=`).
+//! none twice, whichever workers answered. A partition's counts move with it, and reach
+//! its standby after every frame, as `<key>=<count>\n` lines (the count after the last
+//! `=`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,7 +28,8 @@ pub const PARTITIONS: u32 = 8;
 pub fn service(worker: impl Into<String>, fresh: Arc<AtomicUsize>) -> Service {
     let worker = worker.into();
     let counts: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
-    let (on_add, on_hand_over, on_take_over) = (counts.clone(), counts.clone(), counts);
+    let (on_add, on_hand_over) = (counts.clone(), counts.clone());
+    let (on_snapshot, on_take_over) = (counts.clone(), counts);
     Service::new(NAME)
         .keyed(PARTITIONS)
         .raw_method("add", move |ctx, _| {
@@ -40,18 +42,8 @@ pub fn service(worker: impl Into<String>, fresh: Arc<AtomicUsize>) -> Service {
             *count += 1;
             Ok(Bytes::from(format!("{worker} {count}")))
         })
-        .on_hand_over(move |_, partition| {
-            let mut state = String::new();
-            let mut counts = on_hand_over.lock().unwrap_or_else(PoisonError::into_inner);
-            counts.retain(|key, count| {
-                let here = partition_of(key.as_bytes(), PARTITIONS) == partition;
-                if here {
-                    state.push_str(&format!("{key}={count}\n"));
-                }
-                !here
-            });
-            Bytes::from(state)
-        })
+        .on_hand_over(move |_, partition| lines(&on_hand_over, partition, true))
+        .on_snapshot(move |partition| lines(&on_snapshot, partition, false))
         .on_take_over(move |_, _, state| match state {
             Some(state) => {
                 let mut counts = on_take_over.lock().unwrap_or_else(PoisonError::into_inner);
@@ -71,4 +63,18 @@ pub fn service(worker: impl Into<String>, fresh: Arc<AtomicUsize>) -> Service {
                 fresh.fetch_add(1, Ordering::Relaxed);
             }
         })
+}
+
+/// `partition`'s counts as `<key>=<count>` lines, forgotten here when `forget`.
+fn lines(counts: &Mutex<HashMap<String, u64>>, partition: u32, forget: bool) -> Bytes {
+    let mut state = String::new();
+    let mut counts = counts.lock().unwrap_or_else(PoisonError::into_inner);
+    counts.retain(|key, count| {
+        let here = partition_of(key.as_bytes(), PARTITIONS) == partition;
+        if here {
+            state.push_str(&format!("{key}={count}\n"));
+        }
+        !(here && forget)
+    });
+    Bytes::from(state)
 }
