@@ -1,0 +1,301 @@
+//! Standbys (docs/workers.md, "Standbys"), the peer played by hand on the bus exactly as
+//! the contract says a worker in any language does it. As an owner, the worker's answer
+//! leaves only once its standby holds what the answer's frame changed; a standby that
+//! does not answer costs one frame `--replica-timeout` and no more, and gets the
+//! partition whole once it is back. As a standby, the worker keeps what an owner sends
+//! and takes the partition with it when the owner dies; it refuses a replica it cannot
+//! keep. On our broker, on nats-server, and in process.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Bus, BusExt, metric, within};
+use futures::StreamExt;
+use proto::Message;
+use proto::keyed::{members_subject, partition_of, partition_subject, replica_subject, score};
+use proto::rpc::{KeyedMember, PartitionState, Replica, RpcRequest, RpcResponse};
+use services::tally::{NAME, PARTITIONS};
+use services::{KeyedConfig, WorkerConfig};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+broker::on_both_buses!(
+    an_answer_leaves_once_its_standby_holds_the_state,
+    a_silent_standby_costs_one_frame_its_timeout_then_gets_the_partition_whole,
+    a_dead_owners_partition_is_taken_with_the_replica_its_standby_held,
+);
+broker::in_process!(
+    an_answer_leaves_once_its_standby_holds_the_state,
+    a_silent_standby_costs_one_frame_its_timeout_then_gets_the_partition_whole,
+    a_dead_owners_partition_is_taken_with_the_replica_its_standby_held,
+);
+
+const PREFIX: &str = "shaddock";
+const HEARTBEAT: Duration = Duration::from_millis(100);
+/// The worker's `--replica-timeout` in these tests.
+const REPLICA_TIMEOUT: Duration = Duration::from_millis(300);
+/// The made-up peer's id.
+const PEER: &str = "peer";
+
+/// One test at a time reading the binary's metrics ([`metric`]).
+static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
+
+/// The tally worker "w" with a short heartbeat and [`REPLICA_TIMEOUT`]; `rest` is its
+/// keyed heartbeat (how long a failed standby is not waited for).
+async fn worker(bus: &Bus, rest: Duration) -> common::RunningWorker {
+    let config = WorkerConfig {
+        keyed: KeyedConfig {
+            keyed_heartbeat: rest,
+            keyed_member_timeout: rest * 5,
+            replica_timeout: REPLICA_TIMEOUT,
+            ..KeyedConfig::default()
+        },
+        ..WorkerConfig::default()
+    };
+    bus.worker(services::tally::service("w", Arc::default()), config)
+        .await
+}
+
+/// Publishes the made-up peer's heartbeat (holding `held`, not leaving) every
+/// [`HEARTBEAT`] until aborted.
+fn heartbeats(client: async_nats::Client, held: Vec<u32>) -> tokio::task::JoinHandle<()> {
+    let payload: bytes::Bytes = KeyedMember {
+        id: PEER.into(),
+        held,
+        leaving: false,
+    }
+    .encode_to_vec()
+    .into();
+    tokio::spawn(async move {
+        loop {
+            let subject = members_subject(PREFIX, NAME);
+            let _ = client.publish(subject, payload.clone()).await;
+            tokio::time::sleep(HEARTBEAT).await;
+        }
+    })
+}
+
+/// The worker's id, from its first heartbeat on `members`.
+async fn id_of_worker(members: &mut async_nats::Subscriber) -> String {
+    within(async {
+        loop {
+            let message = members.next().await.unwrap();
+            let member = KeyedMember::decode(message.payload).unwrap();
+            if member.id != PEER {
+                return member.id;
+            }
+        }
+    })
+    .await
+}
+
+/// A key whose partition `owner` wins over `other`, and that partition.
+fn key_owned_by(owner: &str, other: &str) -> (String, u32) {
+    (0..)
+        .map(|n| format!("k{n}"))
+        .map(|key| {
+            let partition = partition_of(key.as_bytes(), PARTITIONS);
+            (key, partition)
+        })
+        .find(|(_, p)| (score(owner, *p), owner) > (score(other, *p), other))
+        .unwrap()
+}
+
+/// `tally.add` for `key`, as a gate sends it; the answer's body.
+async fn add(client: &async_nats::Client, key: &str) -> String {
+    let partition = partition_of(key.as_bytes(), PARTITIONS);
+    let subject = format!("{}.add", partition_subject(PREFIX, NAME, partition));
+    let request = RpcRequest {
+        route: "tally.add".into(),
+        key: key.into(),
+        ..RpcRequest::default()
+    };
+    let answer = within(client.request(subject, request.encode_to_vec().into()))
+        .await
+        .unwrap();
+    let response = RpcResponse::decode(answer.payload).unwrap();
+    String::from_utf8(response.body.to_vec()).unwrap()
+}
+
+/// Waits until the worker holds `partition` (its heartbeats on `members` say so).
+async fn until_held(members: &mut async_nats::Subscriber, id: &str, partition: u32) {
+    within(async {
+        loop {
+            let message = members.next().await.unwrap();
+            let member = KeyedMember::decode(message.payload).unwrap();
+            if member.id == id && member.held.contains(&partition) {
+                return;
+            }
+        }
+    })
+    .await;
+}
+
+/// The made-up peer, live and holding nothing, is the standby of the partitions the
+/// worker owns. It answers the first replica late: the request's answer comes after
+/// that answer, never before, and the replica held the request's count.
+async fn an_answer_leaves_once_its_standby_holds_the_state(bus: Bus) {
+    let client = bus.client().await;
+    let mut members = client
+        .subscribe(members_subject(PREFIX, NAME))
+        .await
+        .unwrap();
+    let mut replicas = (client.subscribe(replica_subject(PREFIX, NAME, PEER)))
+        .await
+        .unwrap();
+    let peer = heartbeats(client.clone(), Vec::new());
+    let _worker = worker(&bus, HEARTBEAT).await;
+    let id = id_of_worker(&mut members).await;
+    let (key, partition) = key_owned_by(&id, PEER);
+    until_held(&mut members, &id, partition).await;
+    // The take-over sends the partition whole first: held at once.
+    let counted = format!("{key}=1\n");
+    let standby = tokio::spawn(async move {
+        let mut answered_at = None;
+        loop {
+            let message = replicas.next().await.unwrap();
+            let replica = Replica::decode(message.payload.clone()).unwrap();
+            assert_eq!(replica.from, id);
+            let state = (replica.partitions.iter()).find(|s| s.partition == partition);
+            if let Some(state) = state
+                && state.state.as_ref() == counted.as_bytes()
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                answered_at = Some(Instant::now());
+            }
+            let reply = message.reply.unwrap();
+            client.publish(reply, bytes::Bytes::new()).await.unwrap();
+            if let Some(at) = answered_at {
+                return at;
+            }
+        }
+    });
+    let requester = bus.client().await;
+    assert_eq!(add(&requester, &key).await, "w 1");
+    let answered = Instant::now();
+    let held_at = within(standby).await.unwrap();
+    assert!(
+        held_at <= answered,
+        "the answer left {:?} before the standby held its state",
+        held_at - answered
+    );
+    peer.abort();
+}
+
+/// The made-up standby never answers: the first request's frame waits its
+/// `--replica-timeout` and no more, the partition is counted unreplicated, the next
+/// request (within the rest) is answered without waiting; after the rest, the partition
+/// is sent to the standby again whole, though nothing changed it.
+async fn a_silent_standby_costs_one_frame_its_timeout_then_gets_the_partition_whole(bus: Bus) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let rest = Duration::from_secs(1);
+    let client = bus.client().await;
+    let mut members = client
+        .subscribe(members_subject(PREFIX, NAME))
+        .await
+        .unwrap();
+    let mut replicas = (client.subscribe(replica_subject(PREFIX, NAME, PEER)))
+        .await
+        .unwrap();
+    let peer = heartbeats(client.clone(), Vec::new());
+    let failures = metric("worker_replica_failures_total");
+    let _worker = worker(&bus, rest).await;
+    let id = id_of_worker(&mut members).await;
+    let (key, partition) = key_owned_by(&id, PEER);
+    until_held(&mut members, &id, partition).await;
+    // Whatever the take-over sent has timed out: the standby rests.
+    tokio::time::sleep(REPLICA_TIMEOUT * 2).await;
+    let requester = bus.client().await;
+    let started = Instant::now();
+    assert_eq!(add(&requester, &key).await, "w 1");
+    assert!(
+        started.elapsed() < REPLICA_TIMEOUT,
+        "a resting standby is not waited for: {:?}",
+        started.elapsed()
+    );
+    assert!(metric("worker_replica_failures_total") > failures);
+    within(async {
+        while metric("worker_partitions_unreplicated") < 1.0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // After the rest, the partition whole, with the count, without a request.
+    within(async {
+        loop {
+            let message = replicas.next().await.unwrap();
+            let replica = Replica::decode(message.payload).unwrap();
+            let whole = (replica.partitions.iter()).any(|s| {
+                s.partition == partition && s.state.as_ref() == format!("{key}=1\n").as_bytes()
+            });
+            if whole {
+                return;
+            }
+        }
+    })
+    .await;
+    // Still silent: one frame waits the timeout, once more.
+    let started = Instant::now();
+    assert_eq!(add(&requester, &key).await, "w 2");
+    let waited = started.elapsed();
+    assert!(waited < REPLICA_TIMEOUT * 3, "bounded: {waited:?}");
+    peer.abort();
+}
+
+/// The made-up peer owns every partition and sends the worker, its standby, a replica of
+/// one; a replica naming a partition out of range is refused. Then the peer dies: the
+/// worker takes that partition with the replica (the count goes on) and the others fresh.
+async fn a_dead_owners_partition_is_taken_with_the_replica_its_standby_held(bus: Bus) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let client = bus.client().await;
+    let mut members = client
+        .subscribe(members_subject(PREFIX, NAME))
+        .await
+        .unwrap();
+    let peer = heartbeats(client.clone(), (0..PARTITIONS).collect());
+    let standby_takes = metric("worker_partitions_taken_total");
+    let _worker = worker(&bus, HEARTBEAT).await;
+    let id = id_of_worker(&mut members).await;
+    let (key, partition) = key_owned_by(PEER, &id);
+    let (other, other_partition) = (0..)
+        .map(|n| format!("o{n}"))
+        .map(|k| {
+            let p = partition_of(k.as_bytes(), PARTITIONS);
+            (k, p)
+        })
+        .find(|(_, p)| *p != partition)
+        .unwrap();
+    let send = async |states: Vec<(u32, &str)>| {
+        let replica = Replica {
+            from: PEER.into(),
+            seq: 1,
+            partitions: (states.into_iter())
+                .map(|(partition, state)| PartitionState {
+                    partition,
+                    state: state.as_bytes().to_vec().into(),
+                })
+                .collect(),
+        };
+        let subject = replica_subject(PREFIX, NAME, &id);
+        let asked = client.request(subject, replica.encode_to_vec().into());
+        within(asked).await.unwrap().payload
+    };
+    let refused = send(vec![(partition, "x=1\n"), (PARTITIONS, "y=1\n")]).await;
+    let refused = String::from_utf8_lossy(&refused).into_owned();
+    assert!(refused.contains("out of range"), "{refused}");
+    let state = format!("{key}=10\n");
+    assert!(send(vec![(partition, &state)]).await.is_empty(), "held");
+    peer.abort();
+    until_held(&mut members, &id, partition).await;
+    let requester = bus.client().await;
+    assert_eq!(
+        add(&requester, &key).await,
+        "w 11",
+        "taken with the replica"
+    );
+    assert_eq!(add(&requester, &other).await, "w 1", "taken fresh");
+    assert_ne!(partition, other_partition);
+    assert!(metric("worker_partitions_taken_total") >= standby_takes + f64::from(PARTITIONS));
+}
