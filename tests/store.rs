@@ -63,12 +63,12 @@ fn assert_profile(json: &str) {
     );
 }
 
-/// What `profile.get` and `chat.login` answer for ann on `ws`. The get is asked again
+/// What `profile.get` and `chat.login` answer for `name` on `ws`. The get is asked again
 /// until answered 200 (new profile workers take their partitions after a heartbeat or
 /// two: meanwhile a request may find none), before the login, whose call to the
 /// profile service falls back to a default when it finds none.
-async fn read_back(ws: &str) {
-    let (client, _) = login(ws, "ann").await;
+async fn read_back(ws: &str, name: &str) {
+    let (client, _) = login(ws, name).await;
     let got = within(async {
         loop {
             let got = client.request("profile.get", "{}").await.unwrap();
@@ -79,9 +79,8 @@ async fn read_back(ws: &str) {
     })
     .await;
     assert_profile(&String::from_utf8_lossy(&got.body));
-    let again = within(client.request("chat.login", r#"{"name":"ann"}"#))
-        .await
-        .unwrap();
+    let again = format!(r#"{{"name":"{name}"}}"#);
+    let again = within(client.request("chat.login", again)).await.unwrap();
     assert_eq!(again.code, 200, "{again:?}");
     assert_profile(&String::from_utf8_lossy(&again.body));
     client.close().await;
@@ -99,7 +98,7 @@ async fn up_keeps_profiles_through_a_sigkill() {
 
     let mut second = up(data.path());
     let (ws, _) = ready(&mut second).await;
-    read_back(&ws).await;
+    read_back(&ws, "ann").await;
 }
 
 #[tokio::test]
@@ -130,7 +129,45 @@ async fn a_fleet_on_jetstream_keeps_profiles_when_every_profile_worker_is_killed
     for _ in 0..2 {
         within(fleet.add_worker("profile")).await.unwrap();
     }
-    read_back(&ws).await;
+    read_back(&ws, "ann").await;
+    fleet.shutdown().await.unwrap();
+}
+
+/// Without a store that outlives them (`--store=memory`), profiles survive their
+/// worker's SIGKILL through its partitions' standbys alone: sixteen players spread over
+/// the partitions (the killed worker owned some of them: 1 in 65,536 it owned none), each
+/// set, then one of the two profile workers killed; every profile reads back.
+#[tokio::test]
+async fn profiles_survive_a_sigkill_of_their_worker_through_its_standby() {
+    let spec = TopologySpec {
+        workers: vec![("chat".to_owned(), 1), ("profile".to_owned(), 2)],
+        store_args: vec!["--store=memory".to_owned()],
+        metrics: false,
+        ..TopologySpec::default()
+    };
+    let mut fleet = Topology::start(spec).await.unwrap();
+    let ws = fleet.gate_urls()[0].clone();
+    let names: Vec<String> = (0..16).map(|n| format!("ann{n}")).collect();
+    for name in &names {
+        let (client, _) = login(&ws, name).await;
+        within(async {
+            // The workers take their partitions a heartbeat or two after starting.
+            while client.request("profile.get", "{}").await.unwrap().code != 200 {}
+        })
+        .await;
+        set_and_read(&client).await;
+        client.close().await;
+    }
+    let first = Role::Worker {
+        service: "profile".into(),
+        index: 0,
+    };
+    let mut killed = fleet.take(&first).unwrap();
+    killed.signal(Signal::SIGKILL);
+    killed.exit().await;
+    for name in &names {
+        read_back(&ws, name).await;
+    }
     fleet.shutdown().await.unwrap();
 }
 
