@@ -339,6 +339,13 @@ pub struct KeyedConfig {
     /// stop waiting for that standby until it answers again (e.g. 100ms).
     #[arg(long, env = "SHADDOCK_REPLICA_TIMEOUT", default_value = "100ms", value_parser = net::duration::parse)]
     pub replica_timeout: Duration,
+
+    /// The most snapshot bytes a frame sends to standbys: a frame that changed more
+    /// sends its partitions in order up to it, and the rest are counted unreplicated and
+    /// sent at the next keyed heartbeat (its answers do not wait for them), so a huge
+    /// frame cannot hold its answers behind megabytes (e.g. 8388608).
+    #[arg(long, env = "SHADDOCK_REPLICA_MAX_BYTES", default_value_t = DEFAULT_REPLICA_MAX_BYTES)]
+    pub replica_max_bytes: usize,
 }
 
 /// See [`KeyedConfig::keyed_heartbeat`].
@@ -355,6 +362,8 @@ pub const DEFAULT_HANDOVER_BUFFER: usize = 4096;
 pub const DEFAULT_KEYED_HEARD_BEFORE_EXPIRING: usize = 4096;
 /// See [`KeyedConfig::replica_timeout`].
 pub const DEFAULT_REPLICA_TIMEOUT: Duration = Duration::from_millis(100);
+/// See [`KeyedConfig::replica_max_bytes`].
+pub const DEFAULT_REPLICA_MAX_BYTES: usize = 8 * 1024 * 1024;
 
 impl Default for KeyedConfig {
     fn default() -> Self {
@@ -367,6 +376,7 @@ impl Default for KeyedConfig {
             keyed_heard_before_expiring: DEFAULT_KEYED_HEARD_BEFORE_EXPIRING,
             standby: true,
             replica_timeout: DEFAULT_REPLICA_TIMEOUT,
+            replica_max_bytes: DEFAULT_REPLICA_MAX_BYTES,
         }
     }
 }
@@ -388,6 +398,9 @@ impl KeyedConfig {
         }
         if self.replica_timeout.is_zero() {
             return Err(ConfigError::Zero("replica timeout"));
+        }
+        if self.replica_max_bytes == 0 {
+            return Err(ConfigError::Zero("replica max bytes"));
         }
         if self.keyed_member_timeout <= self.keyed_heartbeat * 2 {
             return Err(ConfigError::Relation(

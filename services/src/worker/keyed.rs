@@ -227,9 +227,8 @@ impl Keyed {
         let standby = if replicates {
             let replicas = subscribe(replica_subject(prefix, service, &me)).await?;
             let (standbys, follows) = watch::channel(Standbys::default());
-            let timeouts = (config.replica_timeout, config.keyed_heartbeat);
             let names = (prefix, service, me.as_str());
-            let replicator = Replicator::new(client.clone(), names, timeouts, follows);
+            let replicator = Replicator::new(client.clone(), names, &config, follows);
             Some(Standby {
                 replicas,
                 standbys,

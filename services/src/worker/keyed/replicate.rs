@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::bus::Client;
+use crate::config::KeyedConfig;
 use crate::metrics::KEYED_REPLICA_FAILURES_TOTAL;
 
 /// Each partition held here (and not on its way out) with its standby's worker id.
@@ -34,6 +35,8 @@ pub(crate) struct Replicator {
     timeout: Duration,
     /// How long a standby that failed is not waited for.
     rest: Duration,
+    /// The most snapshot bytes one frame sends (`--replica-max-bytes`).
+    max_bytes: usize,
     standbys: watch::Receiver<Standbys>,
     sending: Mutex<Sending>,
     warned: LogLimiter,
@@ -53,7 +56,7 @@ impl Replicator {
     pub(crate) fn new(
         client: Client,
         (prefix, service, me): (&str, &str, &str),
-        (timeout, rest): (Duration, Duration),
+        config: &KeyedConfig,
         standbys: watch::Receiver<Standbys>,
     ) -> Replicator {
         Replicator {
@@ -61,8 +64,9 @@ impl Replicator {
             prefix: prefix.to_owned(),
             service: service.to_owned(),
             me: me.to_owned(),
-            timeout,
-            rest,
+            timeout: config.replica_timeout,
+            rest: config.keyed_heartbeat,
+            max_bytes: config.replica_max_bytes,
             standbys,
             sending: Mutex::default(),
             warned: LogLimiter::per_second(),
@@ -77,6 +81,14 @@ impl Replicator {
     /// most `--replica-timeout`; a partition without a standby is skipped.
     pub(crate) async fn send(&self, states: Vec<(u32, Bytes)>) {
         let standbys = self.standbys.borrow().clone();
+        let (states, over) = within_budget(states, self.max_bytes);
+        if !over.is_empty() {
+            self.sending().unreplicated.extend(&over);
+            tracing::debug!(
+                partitions = over.len(),
+                "a frame's snapshots past --replica-max-bytes: sent at the next heartbeat"
+            );
+        }
         let mut by_standby: BTreeMap<&str, Vec<PartitionState>> = BTreeMap::new();
         for (partition, state) in states {
             if let Some(standby) = standbys.get(&partition) {
@@ -185,6 +197,22 @@ impl Replicator {
     }
 }
 
+/// The first of `states` whose sizes add up to at most `budget` bytes (always the first
+/// one, whatever its size: a frame sends something), and the partitions of the rest.
+fn within_budget(mut states: Vec<(u32, Bytes)>, budget: usize) -> (Vec<(u32, Bytes)>, Vec<u32>) {
+    let mut total = 0;
+    let fit = (states.iter())
+        .take_while(|(_, state)| {
+            total += state.len();
+            total <= budget
+        })
+        .count()
+        .max(1)
+        .min(states.len());
+    let over = states.split_off(fit).into_iter().map(|(p, _)| p).collect();
+    (states, over)
+}
+
 /// `states` in requests the bus takes (`max` bytes of payload each); a state too large
 /// for one alone goes alone, and the bus refuses it (counted, said, unreplicated).
 fn batches(states: Vec<PartitionState>, max: usize) -> Vec<Vec<PartitionState>> {
@@ -215,6 +243,27 @@ mod tests {
             partition,
             state: vec![7; len].into(),
         }
+    }
+
+    /// A frame sends its snapshots up to `--replica-max-bytes` exactly, in order; one
+    /// byte more and the last waits; the first always goes.
+    #[test]
+    fn a_frame_sends_snapshots_up_to_its_byte_budget() {
+        let states = || {
+            (0..4)
+                .map(|p| (p, Bytes::from(vec![0; 100])))
+                .collect::<Vec<_>>()
+        };
+        let sent = |(sent, over): (Vec<(u32, Bytes)>, Vec<u32>)| {
+            (sent.into_iter().map(|(p, _)| p).collect::<Vec<_>>(), over)
+        };
+        assert_eq!(
+            sent(within_budget(states(), 400)),
+            (vec![0, 1, 2, 3], vec![])
+        );
+        assert_eq!(sent(within_budget(states(), 399)), (vec![0, 1, 2], vec![3]));
+        assert_eq!(sent(within_budget(states(), 10)), (vec![0], vec![1, 2, 3]));
+        assert_eq!(sent(within_budget(Vec::new(), 10)), (vec![], vec![]));
     }
 
     /// States share a request up to the bus's payload limit; one too large goes alone.
