@@ -55,6 +55,8 @@ const SESSION_CLOSED: &str = "evt.session.closed";
 /// One match: its tick and its players' positions, by uid.
 #[derive(Debug, Default)]
 struct Match {
+    /// Its partition, worked out once (the tick snapshots it every step).
+    partition: u32,
     tick: u64,
     players: BTreeMap<String, (i64, i64)>,
 }
@@ -136,7 +138,10 @@ fn on_join(
         ));
     }
     let mut arena = lock(arena);
-    let game = arena.matches.entry(name.clone()).or_default();
+    let game = (arena.matches.entry(name.clone())).or_insert_with(|| Match {
+        partition: partition_of(name.as_bytes(), PARTITIONS),
+        ..Match::default()
+    });
     if !game.players.contains_key(&uid) && game.players.len() >= MAX_PLAYERS {
         return Err(HandlerError::with_code(
             code::CONFLICT,
@@ -244,7 +249,7 @@ fn step(arena: &Shared, ctx: &mut Context) {
     let mut arena = lock(arena);
     for (name, game) in &mut arena.matches {
         game.tick += 1;
-        ctx.changed(partition_of(name.as_bytes(), PARTITIONS));
+        ctx.changed(game.partition);
         let state = state_of(name, game).encode_to_vec();
         if let Err(error) = ctx.broadcast(&group(name), STATE_ROUTE, state) {
             tracing::warn!(%error, "cannot push a match's state");
@@ -258,7 +263,7 @@ fn give(arena: &Shared, partition: u32) -> Bytes {
     let state = matches_of(&arena, partition);
     arena
         .matches
-        .retain(|name, _| partition_of(name.as_bytes(), PARTITIONS) != partition);
+        .retain(|_, game| game.partition != partition);
     state
 }
 
@@ -269,7 +274,7 @@ fn copy(arena: &Shared, partition: u32) -> Bytes {
 
 fn matches_of(arena: &Arena, partition: u32) -> Bytes {
     let matches = (arena.matches.iter())
-        .filter(|(name, _)| partition_of(name.as_bytes(), PARTITIONS) == partition)
+        .filter(|(_, game)| game.partition == partition)
         .map(|(name, game)| state_of(name, game))
         .collect();
     Matches { matches }.encode_to_vec().into()
@@ -292,6 +297,7 @@ fn restore(arena: &Shared, state: Bytes) {
             .map(|p| (p.uid, (p.x, p.y)))
             .collect();
         let game = Match {
+            partition: partition_of(state.r#match.as_bytes(), PARTITIONS),
             tick: state.tick,
             players,
         };

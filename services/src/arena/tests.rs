@@ -155,3 +155,27 @@ fn leaving_or_a_closed_session_removes_the_player_and_an_empty_match_ends() {
     );
     assert!(tick(&mut arena, 2).is_empty(), "the match ended");
 }
+
+/// What a standby gets of a match: each tick says the partition of every match it
+/// stepped changed, and the snapshot gives the match without forgetting it here; a
+/// take-over from that snapshot goes on from the tick it holds.
+#[test]
+fn each_tick_marks_its_matches_partitions_and_a_snapshot_keeps_them() {
+    let mut arena = service();
+    join(&mut arena, "ann", "m1");
+    input(&mut arena, "ann", "m1", 2, 3);
+    let partition = partition_of(b"m1", PARTITIONS);
+    let step = Tick {
+        seq: 1,
+        now: Instant::now(),
+        since_last: std::time::Duration::from_millis(50),
+    };
+    assert_eq!(arena.run_tick(&step).later.changed, [partition]);
+    let copy = arena.snapshot(partition).unwrap();
+    assert_eq!(tick(&mut arena, 2)[0].tick, 2, "kept by its owner");
+    let mut standby = service();
+    assert!(standby.take_over(partition, Some(copy)).ok);
+    let states = tick(&mut standby, 1);
+    assert_eq!(states[0].tick, 2, "from the tick the snapshot held");
+    assert_eq!((states[0].players[0].x, states[0].players[0].y), (2, 3));
+}
