@@ -261,9 +261,7 @@ fn step(arena: &Shared, ctx: &mut Context) {
 fn give(arena: &Shared, partition: u32) -> Bytes {
     let mut arena = lock(arena);
     let state = matches_of(&arena, partition);
-    arena
-        .matches
-        .retain(|_, game| game.partition != partition);
+    arena.matches.retain(|_, game| game.partition != partition);
     state
 }
 

@@ -22,6 +22,7 @@ enum Sent<T> {
     Answer(T, Bytes),
     Publish(Outbound),
     Call(Outgoing),
+    Replicate(Vec<(u32, Bytes)>),
 }
 
 /// A channel as a sink that sees everything, in the order the loop sent it.
@@ -45,6 +46,10 @@ impl<T: Send + 'static> ReplySink for mpsc::Sender<Sent<T>> {
         mpsc::Sender::send(self, Sent::Call(call))
             .await
             .map_err(|_| CallResult::bus_unavailable())
+    }
+
+    async fn replicate(&self, states: Vec<(u32, Bytes)>) {
+        let _ = mpsc::Sender::send(self, Sent::Replicate(states)).await;
     }
 }
 
@@ -439,6 +444,7 @@ fn sent(rx: &mut SentRx) -> Vec<String> {
             Sent::Answer(id, body) => format!("answer:{id}:{}", String::from_utf8_lossy(&body)),
             Sent::Response(id, r) => format!("response:{id}:{}", r.code),
             Sent::Call(call) => format!("call:{}:{}", call.id, call.request.route),
+            Sent::Replicate(states) => format!("replicate:{}", states.len()),
         });
     }
     out
@@ -551,3 +557,4 @@ async fn events_wait_for_room_instead_of_being_rejected() {
 mod call_deadlines;
 mod calls;
 mod jobs;
+mod standbys;
