@@ -25,7 +25,8 @@ broker::on_both_buses!(
     one_key_reaches_one_worker_in_order_from_every_gate,
     a_worker_added_under_load_takes_a_share_and_nothing_is_lost,
     a_drained_owner_hands_its_state_over_and_nothing_is_lost,
-    a_dead_owner_s_partitions_start_fresh_elsewhere,
+    a_dead_owner_s_partitions_go_on_at_their_standby,
+    without_standbys_a_dead_owner_s_partitions_start_fresh_elsewhere,
     an_arena_match_moves_twice_under_inputs_without_losing_a_move_or_a_tick,
 );
 
@@ -47,12 +48,13 @@ fn worker_config(url: &str) -> WorkerConfig {
 }
 
 async fn start(url: &str, name: &'static str) -> (TestWorker, Arc<AtomicUsize>) {
+    start_as(name, worker_config(url)).await
+}
+
+/// A tally worker answering as `name`, and the partitions it took fresh.
+async fn start_as(name: &'static str, config: WorkerConfig) -> (TestWorker, Arc<AtomicUsize>) {
     let fresh = Arc::new(AtomicUsize::new(0));
-    let worker = start_worker_with(
-        services::tally::service(name, fresh.clone()),
-        worker_config(url),
-    )
-    .await;
+    let worker = start_worker_with(services::tally::service(name, fresh.clone()), config).await;
     (worker, fresh)
 }
 
@@ -301,27 +303,49 @@ async fn a_drained_owner_hands_its_state_over_and_nothing_is_lost(bus: Bus) {
     );
 }
 
-async fn a_dead_owner_s_partitions_start_fresh_elsewhere(bus: Bus) {
+/// Worker a is cut off the bus (its connection dies, as in a crash): b, standing by for
+/// every partition of a's, serves all keys, a's going on from their counts.
+async fn a_dead_owner_s_partitions_go_on_at_their_standby(bus: Bus) {
+    a_dead_owner(&bus, true).await;
+}
+
+/// The same with `--standby false`: a's keys start over at b, which is told they start
+/// fresh.
+async fn without_standbys_a_dead_owner_s_partitions_start_fresh_elsewhere(bus: Bus) {
+    a_dead_owner(&bus, false).await;
+}
+
+async fn a_dead_owner(bus: &Bus, standby: bool) {
     let proxy = Proxy::start(bus.addr()).await;
-    let (_a, fresh_a) = start(proxy.url(), "a").await;
-    let (_b, fresh_b) = start(bus.url(), "b").await;
+    let config = |url: &str| {
+        let mut config = worker_config(url);
+        config.keyed.standby = standby;
+        config
+    };
+    let (_a, fresh_a) = start_as("a", config(proxy.url())).await;
+    let (_b, fresh_b) = start_as("b", config(bus.url())).await;
     all_taken(&[&fresh_a, &fresh_b]).await;
-    let gate = gate(&bus).await;
+    let gate = gate(bus).await;
     let client = gate.client().await;
     let (owners, counts) = settled(&client).await;
     let before = fresh_b.load(Ordering::Relaxed);
     proxy.cut().await;
     let cut = std::time::Instant::now();
-    // Every key is served again, by b; a's keys start over, b's go on.
+    // Every key is served again, by b; b's go on, and a's too with standbys.
     for (n, owner) in owners.iter().enumerate() {
         let answer = add(&client, &key(n)).await.unwrap();
         assert_eq!(answer.worker, "b", "key {n}");
-        let expected = if owner == "a" { 1 } else { counts[n] + 1 };
+        let expected = if owner == "a" && !standby {
+            1
+        } else {
+            counts[n] + 1
+        };
         assert_eq!(answer.count, expected, "key {n}, was {owner}'s");
     }
-    assert!(
-        fresh_b.load(Ordering::Relaxed) > before,
-        "b was told the partitions start fresh"
+    let told_fresh = fresh_b.load(Ordering::Relaxed) > before;
+    assert_eq!(
+        told_fresh, !standby,
+        "b took a's partitions fresh: {told_fresh}"
     );
     // Re-homed within the member timeout, a heartbeat to notice, and the gate's resend
     // back-off (at most 400 ms): docs/workers.md, "Crashes"; plus a second for a busy

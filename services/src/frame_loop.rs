@@ -193,6 +193,13 @@ pub trait ReplySink: Clone + Send + Sync + 'static {
         let _ = states;
         async {}
     }
+
+    /// Whether `partition` has a standby now: a changed partition without one is not
+    /// snapshotted (a standby that comes later gets it whole).
+    fn stands_by(&self, partition: u32) -> bool {
+        let _ = partition;
+        false
+    }
 }
 
 /// The handler loop of one service.
@@ -364,6 +371,9 @@ impl<O: ReplySink> FrameLoop<O> {
             }
         }
         for partition in std::mem::take(&mut self.changed) {
+            if !self.output.stands_by(partition) {
+                continue;
+            }
             if let Some(state) = self.service.snapshot(partition) {
                 self.replica.push((partition, state));
             }

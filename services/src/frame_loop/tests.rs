@@ -51,6 +51,11 @@ impl<T: Send + 'static> ReplySink for mpsc::Sender<Sent<T>> {
     async fn replicate(&self, states: Vec<(u32, Bytes)>) {
         let _ = mpsc::Sender::send(self, Sent::Replicate(states)).await;
     }
+
+    /// Every partition but 6 has a standby.
+    fn stands_by(&self, partition: u32) -> bool {
+        partition != 6
+    }
 }
 
 /// A channel as a sink of answers only: each arrives as `(to, response)`. For running a

@@ -135,4 +135,8 @@ impl ReplySink for Output {
             replicator.send(states).await;
         }
     }
+
+    fn stands_by(&self, partition: u32) -> bool {
+        (self.replicator.as_ref()).is_some_and(|r| r.stands_by(partition))
+    }
 }

@@ -42,13 +42,14 @@ fn p(partition: u32) -> (u32, Bytes) {
 
 /// A frame's changed partitions (each once, however many requests) reach the sink
 /// before the frame's answers, with a take-over's and a Replicate's; a partition handed
-/// over in the frame is not sent; a tick sends what it marked.
+/// over in the frame is not sent, nor one without a standby (6); a tick sends what it
+/// marked.
 #[tokio::test(start_paused = true)]
 async fn a_steps_snapshots_go_before_its_answers() {
     let mut config = config(64, 100);
     config.tick_interval = 1000 * MS;
     let mut running = start(keyed(true), config);
-    for (partition, id) in [(3, 1), (3, 2), (5, 3)] {
+    for (partition, id) in [(3, 1), (3, 2), (5, 3), (6, 4)] {
         running.intake.offer(set(partition, id)).await;
     }
     let take = Incoming::partition(InputKind::Fresh, 1, Bytes::new(), None);
@@ -58,7 +59,7 @@ async fn a_steps_snapshots_go_before_its_answers() {
     let leave = Incoming::partition(InputKind::HandOver, 5, Bytes::new(), Some(9));
     running.intake.offer(leave).await;
     assert_eq!(states(running.next().await), [p(1), p(2), p(3)]);
-    for id in [1, 2, 3] {
+    for id in [1, 2, 3, 4] {
         assert_eq!(running.response().await.0, id);
     }
     assert!(

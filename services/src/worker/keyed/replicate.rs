@@ -73,6 +73,11 @@ impl Replicator {
         }
     }
 
+    /// Whether `partition` has a standby now.
+    pub(crate) fn stands_by(&self, partition: u32) -> bool {
+        self.standbys.borrow().contains_key(&partition)
+    }
+
     fn sending(&self) -> std::sync::MutexGuard<'_, Sending> {
         self.sending.lock().unwrap_or_else(PoisonError::into_inner)
     }
