@@ -1,13 +1,8 @@
-//! `bus-rr`: request-reply throughput and latency over NATS (BENCHMARKS.md B6).
-//!
-//! Responders in one queue group echo each request's payload to its reply subject;
-//! requesters loop `client.request()` closed-loop, so the figure is the round trip a
-//! service call pays through the bus. One connection per requester and per responder, as
-//! `nats-bench` does: a shared connection would coalesce many requests into one write,
-//! measuring the client's batching more than the server's per-connection work.
-//!
-//! Requests sent during the warm-up are not recorded; errors are counted, never fatal,
-//! and every request carries a timeout, so the run ends by itself.
+//! `bus-rr`: request-reply over NATS (BENCHMARKS.md B6). Responders in one queue group
+//! echo each payload; requesters loop `client.request()` closed-loop: the round trip a
+//! service call pays. One connection each, as `nats-bench`: a shared one would coalesce
+//! requests into one write and measure the client's batching. Warm-up requests are not
+//! recorded; errors are counted, never fatal; every request has a timeout.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,14 +1,10 @@
-//! The bare WebSocket echo server: the gate's client protocol with nothing behind it. It
-//! acks a `Handshake`, answers a `Heartbeat` and echoes every `Request`'s body at once (no
-//! route check, bus or worker), so a run against it measures what this machine's
-//! WebSocket stack, the load generator and the kernel can do at all: the physical limit
-//! the gateway's numbers are read against.
-//!
-//! To be fair it does the gate's per-frame work and no less: the same WebSocket settings,
-//! protobuf in binary frames and JSON in text ones (a session answers in its
-//! handshake's encoding), and the same write coalescing (answers to every frame already
-//! received are fed, then flushed once). It skips heartbeat deadlines, rate and
-//! in-flight limits, and metrics.
+//! The bare WebSocket echo server: the gate's client protocol with nothing behind it
+//! (acks a `Handshake`, answers a `Heartbeat`, echoes every `Request`'s body at once), so
+//! a run against it measures what this machine's WebSocket stack, generator and kernel
+//! can do at all: the limit the gateway's numbers are read against. To be fair it does
+//! the gate's per-frame work: the same WebSocket settings, protobuf or JSON as the
+//! handshake chose, answers to every frame received fed then flushed once; it skips
+//! heartbeat deadlines, rate and in-flight limits, and metrics.
 
 use std::io;
 use std::sync::Arc;

@@ -1,11 +1,7 @@
-//! Past one process's and one address's limits (docs/capacity.md): client sockets
-//! bound to several local source addresses in turn (`--source-addrs`), and sessions
-//! spread over several load processes that one command starts and reports as one
-//! (`--procs`).
-//!
-//! A child is this program again ([`testkit::copies`]), given its share of the
-//! scenario's flags and `--child`: it opens its sessions, says READY (JSON on stdout),
-//! and its RESULT when its part is done or on SIGTERM.
+//! Past one process's and one address's limits (docs/capacity.md): sockets bound to
+//! several source addresses in turn (`--source-addrs`), and sessions spread over
+//! `--procs` load processes, copies of this program ([`testkit::copies`]) given a share
+//! and `--child`, that say READY then RESULT (JSON on stdout); one report for all.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{SystemTime, UNIX_EPOCH};

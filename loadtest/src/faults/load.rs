@@ -1,11 +1,7 @@
-//! The steady load of `loadtest faults`: N SDK clients, each sending one request per
-//! interval on an absolute schedule (open loop), from before the first phase until after
-//! the last. Each request is stamped with the phase current when it was sent and kept
-//! with its outcome; the phases' figures are worked out from those afterwards.
-//!
-//! Clients hold every gate's URL and reconnect by themselves. A client the gate closed
-//! for good (a kick) is replaced by a new one on the next gate, as a game would
-//! reconnect; its requests due meanwhile come back cut.
+//! The steady load of `loadtest faults`: N SDK clients, one request per interval each on
+//! an absolute schedule, stamped with the phase current when sent and kept with its
+//! outcome. Clients reconnect by themselves; one closed for good (kicked) is replaced on
+//! the next gate, as a game would, its requests due meanwhile coming back cut.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

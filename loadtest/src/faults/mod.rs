@@ -1,15 +1,9 @@
-//! `shaddock loadtest faults`: what clients see while the fleet changes under steady
-//! load (issue #15). The fleet is a bus (one `shaddock broker`, or 3 nats-server nodes
-//! routed into a cluster: `--bus`), 2 gates and 3 echo workers, each its own process.
-//! N clients send `echo.raw` at a steady rate through the gates for the whole run, while
-//! seven phases (baseline, cut every client's link, add/drain/kill a worker, drain a
-//! gate, restart a bus node) do one thing each at their start, then run `--phase` longer
-//! under the same load. The clients reach the gates through TCP hops of the load
-//! tester's ([`testkit::Cut`]), which the flap phase cuts: the clients resume.
-//!
-//! Every request counts in the phase it was sent in: answered (by code), cut, timed out,
-//! or lost (no outcome by the end, plus `--drain-timeout`). The report checks each phase
-//! against what the issue expects of it; `--check` makes a miss the command's failure.
+//! `shaddock loadtest faults` (issue #15): N clients send `echo.raw` at a steady rate,
+//! through TCP hops of ours ([`testkit::Cut`]), to a fleet of a bus (`--bus`), 2 gates
+//! and 3 echo workers, while seven phases each do one thing at their start (baseline,
+//! cut every link, add/drain/kill a worker, drain a gate, restart a bus node) and run
+//! `--phase` on. A request counts in the phase it was sent in: answered (by code), cut,
+//! timed out or lost; each phase is checked against the issue (`--check`: a miss fails).
 
 mod load;
 mod phases;

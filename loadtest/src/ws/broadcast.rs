@@ -1,19 +1,10 @@
 //! `broadcast`: room fan-out. One chat room, `--members` members spread round-robin over
-//! the gates, one sender; measures pushes delivered to members per second.
-//!
-//! Members and the sender use serial sessions, as chat clients should; the sender keeps
-//! `--window` `chat.say` requests pipelined (`--unordered` lets the gate forward them all
-//! at once, so several messages fan out together and a gate writes them to a member in
-//! one flush). Warm-up messages first make sure every member receives; the clock then
-//! runs from the first measured send to the last delivery. Every member decodes every
-//! push, so the clients' cost is in the figure too (they share the machine's cores).
-//!
-//! Each message's text starts with the time it was sent (Unix nanoseconds, 20 digits),
-//! so each member records how long its push took; `--rate` paces the sender (a game's
-//! room at 20 messages a second), and the report gives the deliveries' latency and the
-//! CPU every process used per delivered push. The members are held by `--procs` load
-//! processes ([`crate::spread`]), the sender by this one; the latency compares the
-//! clocks of one machine.
+//! the gates (held by `--procs` load processes, [`crate::spread`]), one sender keeping
+//! `--window` `chat.say` requests pipelined on a serial session (`--unordered`: the gate
+//! forwards them at once, so a gate writes several to a member in one flush), paced by
+//! `--rate`. Warm-up messages first make sure every member receives. Each text starts
+//! with its send time (Unix ns, 20 digits), so each member records its push's latency;
+//! members decode every push, so their cost is in the CPU per delivered push too.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -1,11 +1,8 @@
-//! Pacing: what wakes a client when its next slot is due (`--clock`).
-//!
-//! tokio's timer wheel ticks in whole milliseconds, so a client paced by `sleep_until`
-//! sends up to ~2 ms late, lag charged to the server. The alternative is a metronome: one
-//! OS thread sleeping on an hrtimer (~50 µs slack, no spinning, which would steal the
-//! measured server's CPU) that wakes one task on the runtime per slot, which wakes the
-//! clients through a `watch` channel. docs/benchmarks.md ("The pacing clock") has the
-//! measurements behind [`ClockKind::Auto`]. Either way the schedule is absolute: a late
+//! Pacing: what wakes a client when its next slot is due (`--clock`). tokio's timer
+//! wheel ticks in whole milliseconds, so `sleep_until` sends up to ~2 ms late, lag charged
+//! to the server; the metronome is one OS thread on an hrtimer (~50 µs slack, no spinning
+//! to steal the server's CPU) waking the clients through a `watch` channel
+//! (docs/benchmarks.md, "The pacing clock"). The schedule is absolute either way: a late
 //! wake-up makes every missed slot due at once, as an open-loop client must.
 
 use std::pin::Pin;

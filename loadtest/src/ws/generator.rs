@@ -1,12 +1,8 @@
 //! The open-loop WebSocket load generator: N clients, each sending one request per
-//! interval on an absolute schedule whether or not earlier answers came back.
-//!
-//! A run has four phases: connect (clients spread over `ramp`), warm-up (sent, not
-//! recorded), the measured window (a duration, or a count of requests per client), and
-//! the drain (answers to the window's requests, up to the request timeout). It ends by
-//! itself at the latest at a hard deadline: the last slot + request timeout +
-//! [`HARD_MARGIN`]; anything still in flight then is reported as unanswered. Each client
-//! is one task with its own recorder: no spawn and no lock per request.
+//! interval on an absolute schedule, answered or not. A run connects (over `ramp`), warms
+//! up, measures (a duration or a count per client) and drains; it ends by itself by the
+//! last slot + request timeout + [`HARD_MARGIN`], what is still in flight then counted
+//! unanswered. One task and recorder per client: no spawn and no lock per request.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError};

@@ -1,36 +1,27 @@
 //! `idle`: resident memory a gate spends per idle session, and what a box of gates full
-//! of idle players costs (docs/capacity.md).
+//! of idle players costs (docs/capacity.md). `--procs` load processes ([`crate::spread`])
+//! open N SDK sessions over the gates round-robin (a gate has set one up fully when its
+//! ack arrives); the gates' `VmRSS` growth ÷ N is the cost. `--hold` keeps them, only
+//! heartbeating, while every process's CPU is read; `--drain` then drains (SIGTERM) the
+//! first gate, which every session dialled: how soon each is served elsewhere.
 //!
-//! Reads the gates' `VmRSS`, has `--procs` load processes ([`crate::spread`]) open N
-//! sessions with the SDK over every gate round-robin (WebSocket + handshake, so a gate
-//! has fully set each one up when its ack arrives), reads `VmRSS` again while they are
-//! all open, and divides the growth by the sessions opened; then holds them for
-//! `--hold`, sending nothing but the SDK's heartbeats, and reports every process's CPU
-//! over it. With `--drain` every session dials the first gate (then the others, from a
-//! different one each), which is drained (SIGTERM) after the hold: how soon each player
-//! is served by another gate (a request answered there), and how many never are.
-//!
-//! With `--detached` (a gate it launches) the sessions are opened here instead, are
-//! resumable and reach the first gate through a TCP hop ([`testkit::Cut`]); once open,
-//! the hop cuts every link and refuses the clients' redials, so each session waits on
-//! the gate, detached, for a client that does not come (docs/protocol.md, "Resume").
-//! When the gate counts them all detached (`gate_sessions_detached`), `VmRSS` is read a
-//! third time. It hardly moves: what a detached session lets go (its socket's buffers)
-//! stays with the allocator. So as many sessions again are opened, live, and `VmRSS`
-//! read a last time: they are built mostly from what the detached ones let go, and what
-//! they add on top, per session, is an estimate of what each detached session still
-//! holds. Each detached session costs the load tester three descriptors (its client and
-//! the hop's two sockets).
+//! `--detached` opens resumable sessions here, through a TCP hop ([`testkit::Cut`]) that
+//! then cuts every link and refuses redials: each waits on the gate, detached
+//! (docs/protocol.md, "Resume"). What a detached session lets go (its socket buffers)
+//! stays with the allocator, so `VmRSS` hardly moves; as many live sessions again are
+//! built mostly from it, and what they add on top estimates what a detached one still
+//! holds. Each costs this process three descriptors (client and the hop's two sockets).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
+use futures::future::OptionFuture;
 use nix::sys::signal::Signal;
 use sdk::{Backoff, Client, ClientOptions};
 use serde::{Deserialize, Serialize};
 use testkit::copies::AsCopy;
-use testkit::fleet::{Role, scrape};
+use testkit::fleet::{Role, Topology, scrape};
 use testkit::{Cut, Process};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -148,10 +139,12 @@ pub async fn idle(args: IdleArgs) -> anyhow::Result<()> {
         return child(&args).await;
     }
     let (gates, mut topology) = args.target.gates(1, 1).await?;
-    let pids = match args.pid.is_empty() {
-        true => gates.gate_pids.clone(),
-        false => args.pid.clone(),
-    };
+    let pids = if args.pid.is_empty() {
+        &gates.gate_pids
+    } else {
+        &args.pid
+    }
+    .clone();
     ensure!(
         !pids.is_empty(),
         "--pid is required with --url: a gate's RSS is read from /proc/<pid>"
@@ -164,14 +157,11 @@ pub async fn idle(args: IdleArgs) -> anyhow::Result<()> {
         "--detached needs a gate this command launches (it reads the gate's metrics)"
     );
     // The drained gate is the scenario's to stop: its exit is no failure.
-    let drained = match args.drain {
-        true => Some(
-            (topology.as_mut().and_then(|t| t.take(&Role::Gate(0))))
-                .filter(|_| gates.urls.len() > 1)
-                .context("--drain needs two gates or more that this command launches")?,
-        ),
-        false => None,
-    };
+    let take = |t: &mut Topology| t.take(&Role::Gate(0)).filter(|_| gates.urls.len() > 1);
+    let drained = (args.drain)
+        .then(|| topology.as_mut().and_then(take))
+        .map(|g| g.context("--drain needs two gates or more that this command launches"))
+        .transpose()?;
     let metrics = metrics.filter(|_| args.detached);
     let measured = measure(&args, &gates, &pids, metrics, drained);
     let idle = with_topology(topology, measured).await?;
@@ -198,11 +188,8 @@ async fn measure(
     metrics: Option<String>,
     drained: Option<Process>,
 ) -> anyhow::Result<IdleReport> {
-    let rss = || -> anyhow::Result<Vec<u64>> {
-        let read =
-            |pid: &u32| rss_bytes(*pid).with_context(|| format!("reading VmRSS of pid {pid}"));
-        pids.iter().map(read).collect()
-    };
+    let read = |pid: &u32| rss_bytes(*pid).with_context(|| format!("reading VmRSS of pid {pid}"));
+    let rss = || -> anyhow::Result<Vec<u64>> { pids.iter().map(read).collect() };
     let rss_before = rss()?;
     let (opened, rss_after, detached, children, open_cpu) = match metrics {
         Some(metrics) => {
@@ -240,10 +227,10 @@ async fn measure(
         stopped = Some((at, status.map_or_else(|e| e, |s| s.to_string())));
     }
     let wait = stopped.as_ref().map_or(Duration::ZERO, |_| DRAIN_TIMEOUT);
-    let moved: Vec<Moved> = match children {
-        Some(children) => children.0.finish(wait).await?,
-        None => Vec::new(),
-    };
+    let moved: Vec<Moved> = OptionFuture::from(children.map(|c| c.0.finish(wait)))
+        .await
+        .transpose()?
+        .unwrap_or_default();
     let total: usize = opened.iter().map(|o| o.opened).sum();
     let started = opened.iter().map(|o| o.started_ms).fold(f64::MAX, f64::min);
     let open_seconds = (opened.iter().map(|o| o.ended_ms).fold(0.0, f64::max) - started) / 1e3;
@@ -316,7 +303,7 @@ async fn detach(
         .context("the gate did not count every session detached")?;
     let rss_detached = rss()?.iter().sum();
     let mut refill = Vec::new();
-    for _ in 0..clients.len() {
+    for _ in &clients {
         refill.push(Client::connect(url, ClientOptions::default()).await?);
     }
     let rss_refilled = rss()?.iter().sum();
@@ -405,11 +392,11 @@ async fn child(args: &IdleArgs) -> anyhow::Result<()> {
     stop.ready(&opened)?;
     let moved = match args.drain {
         true => served_elsewhere(&clients, &mut stop).await,
-        false => Moved::default(),
+        false => {
+            stop.stopped().await;
+            Moved::default()
+        }
     };
-    if !args.drain {
-        stop.stopped().await;
-    }
     stop.result(&moved)?;
     futures::future::join_all(clients.iter().map(Client::close)).await;
     Ok(())

@@ -1,13 +1,10 @@
-//! The load generator's client: one task per client that owns its WebSocket and speaks
-//! the client protocol itself (docs/benchmarks.md, "How the load is generated"). The
-//! SDK's client serves a game, any number of callers each awaiting an answer, at a cost
-//! per request (a oneshot, a channel hop, a wake-up) taken from the servers measured on
-//! the same cores; a load-test client has one caller that knows every request it made.
-//!
-//! A close, a kick, a broken socket or an undecodable frame ends the connection: its
-//! requests in flight fail then and every later slot as it comes due, so a run still
-//! counts what it offered and ends on schedule (no reconnect). The outbox has no cap of
-//! its own: the run's slots bound it.
+//! The generator's client: one task that owns its WebSocket and speaks the protocol
+//! itself (docs/benchmarks.md, "How the load is generated"). The SDK serves many callers
+//! each awaiting an answer, at a cost per request (a oneshot, a hop, a wake-up) taken
+//! from the servers on the same cores; a load client has one caller. A close, a kick, a
+//! broken socket or a bad frame ends it: its requests in flight fail, then each later
+//! slot as it comes due, so a run counts what it offered and ends on time (no
+//! reconnect). The run's slots bound the outbox.
 
 use std::collections::VecDeque;
 use std::ops::Range;

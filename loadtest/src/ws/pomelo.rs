@@ -1,9 +1,7 @@
-//! `pomelo-compare`: the same pomelo-protocol clients (the generator's, speaking the
-//! gate's own pomelo codec, [`Codec::Pomelo`]), the same route and the same schedule,
-//! against a Shaddock gate and against a real pomelo server (scripts/pomelo-peer.sh:
-//! pomelo 2.2.7, 1 connector + 1 echo server, as the seed's comparison), in one run.
-//! A request counts as answered when its response has neither the error flag nor an
-//! error `code` in its body.
+//! `pomelo-compare`: the same pomelo-protocol clients ([`Codec::Pomelo`]), route and
+//! schedule against a Shaddock gate and a real pomelo server (scripts/pomelo-peer.sh:
+//! pomelo 2.2.7, 1 connector + 1 echo server), in one run. A request counts as answered
+//! when its response has neither the error flag nor an error `code` in its body.
 
 use anyhow::{Context as _, ensure};
 

@@ -54,7 +54,7 @@ pub struct SaturateReport {
     pub scaling: Vec<WorkerScaling>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SaturateStep {
     pub target: String,
     pub per_client_rps: f64,
@@ -64,6 +64,26 @@ pub struct SaturateStep {
     pub lost: u64,
     pub errors: u64,
     pub passed: bool,
+}
+
+#[cfg(test)]
+impl SaturateStep {
+    /// A step at `rps` that did or did not meet its target, nothing lost.
+    pub fn fake(target: &str, rps: f64, passed: bool) -> Self {
+        let (lost, errors, p99_from_schedule_us) = (0, 0, 0.0);
+        let (per_client_rps, offered_rps, achieved_rps) = (rps, rps, rps);
+        let target = target.to_owned();
+        SaturateStep {
+            target,
+            per_client_rps,
+            offered_rps,
+            achieved_rps,
+            p99_from_schedule_us,
+            lost,
+            errors,
+            passed,
+        }
+    }
 }
 
 /// The gateway's saturation point as a fraction of the bare echo's, and how far to trust
@@ -431,16 +451,7 @@ mod tests {
 
     #[test]
     fn worker_scaling_rows_show_the_change_and_lower_bounds() {
-        let step = |target: &str, rps| SaturateStep {
-            target: target.into(),
-            per_client_rps: rps / 50.0,
-            offered_rps: rps,
-            achieved_rps: rps,
-            p99_from_schedule_us: 1000.0,
-            lost: 0,
-            errors: 0,
-            passed: true,
-        };
+        let step = |target, rps| SaturateStep::fake(target, rps, true);
         let report = SaturateReport {
             best: BTreeMap::from([
                 ("w1".into(), step("w1", 10_000.0)),

@@ -1,7 +1,6 @@
-//! The request-load scenarios of docs/benchmarks.md "Gateway end to end", one
-//! subcommand each: their flags, their defaults, and the order of their runs. Each builds one
-//! [`ScenarioReport`], prints it, optionally writes it as JSON and HTML, and fails when a
-//! run had no successful answer at all.
+//! The request-load subcommands of docs/benchmarks.md "Gateway end to end": flags,
+//! defaults and run order. Each builds one [`ScenarioReport`] and fails when a run had no
+//! successful answer at all.
 
 use std::time::Duration;
 
@@ -103,6 +102,7 @@ impl LoadArgs {
             (None, Some(n)) => Length::Count(n),
             (None, None) => length,
         };
+        let route = self.route.as_deref().unwrap_or(service.default_route());
         let spec = LoadSpec {
             clients,
             interval,
@@ -110,10 +110,7 @@ impl LoadArgs {
             warmup: self.warmup,
             ramp: self.ramp,
             timeout: self.timeout,
-            route: self
-                .route
-                .clone()
-                .unwrap_or_else(|| service.default_route().to_owned()),
+            route: route.to_owned(),
             payload: match &self.body_hex {
                 Some(bytes) => Payload::Fixed(bytes.clone()),
                 None if self.route.is_some() => Payload::Hello,
@@ -222,8 +219,10 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
     );
     let service = args.target.service;
     let specs = args.load.specs(&args.clients, service)?;
-    let services = [service];
-    let (gates, topology) = args.target.launch(1, 1, &services, args.tls_beside).await?;
+    let (gates, topology) = args
+        .target
+        .launch(1, 1, &[service], args.tls_beside)
+        .await?;
     ensure!(
         !args.tls_beside || !gates.tls_urls.is_empty(),
         "the gates serve no wss://"
@@ -482,18 +481,12 @@ async fn saturate_step(
 /// Parses `--body-hex`.
 fn parse_hex(text: &str) -> Result<bytes::Bytes, String> {
     let text = text.trim();
-    if text.len() % 2 != 0 {
-        return Err("an even number of hex digits is needed".to_owned());
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| {
-            text.get(i..i + 2)
-                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
-                .ok_or_else(|| format!("`{text}` is not hex"))
-        })
-        .collect::<Result<Vec<u8>, String>>()
-        .map(bytes::Bytes::from)
+    let pair = |i: usize| u8::from_str_radix(text.get(i..i + 2)?, 16).ok();
+    let bytes: Option<Vec<u8>> = (0..text.len()).step_by(2).map(pair).collect();
+    let bytes = bytes.filter(|_| text.len() % 2 == 0);
+    bytes
+        .map(Into::into)
+        .ok_or_else(|| format!("`{text}` is not an even number of hex digits"))
 }
 
 #[cfg(test)]
@@ -531,20 +524,8 @@ mod tests {
         let measure = |rate: f64| {
             let attempt = attempts.iter().filter(|r| **r == rate).count();
             attempts.push(rate);
-            let passed = passes(rate, attempt);
-            async move {
-                let step = SaturateStep {
-                    target: "fake".into(),
-                    per_client_rps: rate,
-                    offered_rps: rate,
-                    achieved_rps: rate,
-                    p99_from_schedule_us: 0.0,
-                    lost: 0,
-                    errors: 0,
-                    passed,
-                };
-                Ok((step, ()))
-            }
+            let step = SaturateStep::fake("fake", rate, passes(rate, attempt));
+            async move { Ok((step, ())) }
         };
         let mut steps = Vec::new();
         let searched = futures::executor::block_on(search(args, max_rate, measure, &mut steps));

@@ -1,8 +1,7 @@
 //! The open-loop send schedule: request `k` of a client is due at `start + k * interval`,
-//! computed from the slot number, never by adding intervals up, so a late wake-up never
-//! shifts the slots after it (no drift) and a stall shows up as lag instead of a quietly
-//! lower rate. Also the per-client plan (which slots are warm-up, which are measured) and
-//! the request body.
+//! never by adding intervals up, so a late wake-up never shifts later slots and a stall
+//! shows as lag, not a quietly lower rate. Also each client's plan (warm-up and measured
+//! slots) and the request body.
 
 use std::time::{Duration, Instant};
 
