@@ -139,12 +139,8 @@ impl Children {
     /// Each child, as a process whose CPU a run reports.
     pub fn watched(&self) -> Vec<Watched> {
         let pids = self.0.pids().into_iter().enumerate();
-        pids.map(|(i, pid)| Watched {
-            name: format!("loadtest-{i}"),
-            pid,
-            threads: Threads::All,
-        })
-        .collect()
+        pids.map(|(i, pid)| Watched::new(format!("loadtest-{i}"), pid, Threads::All))
+            .collect()
     }
 }
 

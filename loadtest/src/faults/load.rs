@@ -104,6 +104,17 @@ pub struct Outcome {
     pub answer: Answer,
 }
 
+impl Outcome {
+    pub fn new(phase: usize, sent: Instant, done: Instant, answer: Answer) -> Self {
+        Outcome {
+            phase,
+            sent,
+            done,
+            answer,
+        }
+    }
+}
+
 /// Everything one client did.
 #[derive(Debug, Default)]
 pub struct ClientRecord {
@@ -250,12 +261,7 @@ async fn request(client: Client, phase: usize) -> Outcome {
         Err(e) if e.is_timeout() => Answer::Timeout,
         Err(e) => Answer::Failed(e.kind().to_string()),
     };
-    Outcome {
-        phase,
-        sent,
-        done: Instant::now(),
-        answer,
-    }
+    Outcome::new(phase, sent, Instant::now(), answer)
 }
 
 /// Finds one client's reconnection gaps from its outcomes as they end: a gap runs from
@@ -310,14 +316,7 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let see = |gaps: &mut GapTracker, ms, answer, reconnects, phase| {
-            let (sent, done) = (at(ms), at(ms));
-            let o = Outcome {
-                phase: 0,
-                sent,
-                done,
-                answer,
-            };
-            gaps.see(&o, reconnects, phase);
+            gaps.see(&Outcome::new(0, at(ms), at(ms), answer), reconnects, phase);
         };
         let ok = || Answer::Code(200, None);
         let mut gaps = GapTracker::new(0);

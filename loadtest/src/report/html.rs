@@ -34,11 +34,8 @@ pub fn render(doc: &Doc) -> String {
             }
             Block::Table(t) => {
                 let row = |tag: &str, cells: &[String]| {
-                    let cells: String = cells
-                        .iter()
-                        .map(|c| format!("<{tag}>{}</{tag}>", esc(c)))
-                        .collect();
-                    format!("<tr>{cells}</tr>\n")
+                    let cells = cells.iter().map(|c| format!("<{tag}>{}</{tag}>", esc(c)));
+                    format!("<tr>{}</tr>\n", cells.collect::<String>())
                 };
                 out.push_str("<table>");
                 out.push_str(&row("th", &t.columns));
@@ -145,22 +142,18 @@ fn nice_step(raw: f64) -> f64 {
         return 1.0;
     }
     let magnitude = 10f64.powf(raw.log10().floor());
-    let nice = [1.0, 2.0, 5.0]
-        .into_iter()
-        .find(|n| raw / magnitude <= *n)
-        .unwrap_or(10.0);
-    nice * magnitude
+    let nice = [1.0, 2.0, 5.0].into_iter().find(|n| raw / magnitude <= *n);
+    nice.unwrap_or(10.0) * magnitude
 }
 
 fn axis_number(x: f64) -> String {
     if x == 0.0 || x.abs() >= 10.0 {
-        thousands(x)
-    } else {
-        format!("{x:.3}")
-            .trim_end_matches('0')
-            .trim_end_matches('.')
-            .to_owned()
+        return thousands(x);
     }
+    format!("{x:.3}")
+        .trim_end_matches('0')
+        .trim_end_matches('.')
+        .to_owned()
 }
 
 fn nines_label(n: u32) -> String {

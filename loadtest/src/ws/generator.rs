@@ -230,25 +230,20 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunReport> 
     };
 
     let recorded = SharedRecorded::default();
-    let route: Arc<str> = Arc::from(spec.route.as_str());
-    let payload = Arc::new(spec.payload.clone());
+    let run = ClientRun {
+        plan,
+        route: Arc::from(spec.route.as_str()),
+        payload: Arc::new(spec.payload.clone()),
+        timeout: spec.timeout,
+        hard_deadline,
+    };
     let mut tasks = JoinSet::new();
     for (i, conn) in clients.into_iter().enumerate() {
         let Some(conn) = conn else { continue };
-        let pacer = metronome
-            .as_ref()
-            .map_or_else(Pacer::tokio, Metronome::pacer);
+        let (m, run) = (metronome.as_ref(), run.clone());
+        let pacer = m.map_or_else(Pacer::tokio, Metronome::pacer);
         let rec = Recorder::new(recorded.clone(), plan, window_start, (i, spec.clients));
-        let run = ClientRun {
-            plan,
-            pacer,
-            route: route.clone(),
-            payload: payload.clone(),
-            timeout: spec.timeout,
-            hard_deadline,
-            rec,
-        };
-        tasks.spawn(async move { (i, super::lean::drive(conn, run).await) });
+        tasks.spawn(async move { (i, super::lean::drive(conn, run, pacer, rec).await) });
     }
 
     let cpu = sample_cpu_over_window(&target.watched, window_start, window_end);

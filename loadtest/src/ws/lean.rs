@@ -49,16 +49,15 @@ pub enum Codec {
     Pomelo,
 }
 
-/// What one client's task is given.
+/// What every client's task of a run is given, besides its pacer and recorder.
+#[derive(Clone)]
 pub struct ClientRun {
     pub plan: Plan,
-    pub pacer: Pacer,
     pub route: Arc<str>,
     pub payload: Arc<Payload>,
     /// Client-side request timeout.
     pub timeout: Duration,
     pub hard_deadline: Instant,
-    pub rec: Recorder,
 }
 
 /// A connection that has handshaken, ready to drive.
@@ -73,10 +72,8 @@ impl Conn {
     /// Opens a WebSocket to `url` as the SDK does (`wss://` trusting `options.tls`) and
     /// handshakes in `codec`, all within `options.connect_timeout`.
     pub async fn connect(url: &str, options: &ClientOptions, codec: Codec) -> anyhow::Result<Conn> {
-        let options = ClientOptions {
-            json: codec == Codec::Json,
-            ..options.clone()
-        };
+        let mut options = options.clone();
+        options.json = codec == Codec::Json;
         let (ws, heartbeat) = if codec == Codec::Pomelo {
             let opening =
                 async { pomelo_handshake(sdk::open_websocket(url, &options).await?).await };
@@ -122,22 +119,14 @@ async fn pomelo_handshake(mut ws: Ws) -> anyhow::Result<Ws> {
 }
 
 /// Runs one client until its last request ended or the hard deadline passed.
-pub async fn drive(conn: Conn, run: ClientRun) -> Tally {
-    let ClientRun {
-        plan,
-        mut pacer,
-        route,
-        payload,
-        timeout,
-        hard_deadline,
-        mut rec,
-    } = run;
+pub async fn drive(conn: Conn, run: ClientRun, mut pacer: Pacer, mut rec: Recorder) -> Tally {
+    let (plan, timeout, hard_deadline) = (run.plan, run.timeout, run.hard_deadline);
     let mut heartbeat = conn.heartbeat.map(|period| {
         let mut interval = tokio::time::interval_at((Instant::now() + period).into(), period);
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
         interval
     });
-    let mut link = Link::new(Some(conn.ws), conn.codec, route);
+    let mut link = Link::new(Some(conn.ws), conn.codec, run.route);
     // Set to the oldest waiting request's deadline or earlier whenever one waits.
     let expiry = tokio::time::sleep_until(hard_deadline.into());
     tokio::pin!(expiry);
@@ -157,7 +146,7 @@ pub async fn drive(conn: Conn, run: ClientRun) -> Tally {
             biased;
             due = pacer.wait_due(&plan.schedule, next), if next < plan.end => {
                 let due = due.min(plan.end);
-                link.send(next..due, &payload, &mut rec);
+                link.send(next..due, &run.payload, &mut rec);
                 next = due;
                 if !armed {
                     armed = arm(expiry.as_mut(), &link.in_flight, timeout);

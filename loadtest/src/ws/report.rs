@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::generator::{self, LimitComparison, LoadSpec, RunReport, SecondReport, Target};
+use super::generator::{self, LimitComparison, LoadSpec, PerConn, RunReport, SecondReport, Target};
 use crate::hist::Summary;
 use crate::report::{Doc, OutputArgs, Report, Section, Table, XAxis, cpu_line, ms, thousands};
 
@@ -102,29 +102,27 @@ impl Fraction {
     pub fn of(gateway: f64, gateway_bound: bool, limit: f64, limit_bound: bool) -> Fraction {
         let value = gateway / limit;
         let (p, g) = (value * 100.0, "gateway saturation");
+        let of = format!("{p:.1}% of the bare-echo limit");
+        let higher = |who, max| format!("the {who} passed every rate up to {max}, so it is");
+        let (limit_higher, gateway_higher) = (
+            higher("limit", "--limit-max-rate"),
+            higher("gateway", "--max-rate"),
+        );
+        let nothing = format!(
+            "{g}: both searches passed every rate they tried, so the {p:.1}% between their \
+             figures says nothing"
+        );
         let (relation, sentence) = match (gateway_bound, limit_bound) {
-            (false, false) => ("exact", format!("{g} = {p:.1}% of the bare-echo limit")),
+            (false, false) => ("exact", format!("{g} = {of}")),
             (false, true) => (
                 "at_most",
-                format!(
-                    "{g} ≤ {p:.1}% of the bare-echo limit: the limit passed every rate up to \
-                     --limit-max-rate, so it is higher than measured"
-                ),
+                format!("{g} ≤ {of}: {limit_higher} higher than measured"),
             ),
             (true, false) => (
                 "at_least",
-                format!(
-                    "{g} ≥ {p:.1}% of the bare-echo limit: the gateway passed every rate up to \
-                     --max-rate, so it is higher than measured"
-                ),
+                format!("{g} ≥ {of}: {gateway_higher} higher than measured"),
             ),
-            (true, true) => (
-                "unknown",
-                format!(
-                    "{g}: both searches passed every rate they tried, so the {p:.1}% between \
-                     their figures says nothing"
-                ),
-            ),
+            (true, true) => ("unknown", nothing),
         };
         Fraction {
             value,
@@ -160,43 +158,35 @@ impl RunReport {
         if errors.is_empty() {
             errors.push("no error answers".to_owned());
         }
+        let (clients, connected, route) = (self.clients, self.connected, &self.route);
+        let (every, warmup, clock) = (self.interval_us, self.warmup_s, &self.clock);
+        let (offered, achieved) = (thousands(self.offered_rps), thousands(self.achieved_rps));
+        let (ok, sent, took) = (
+            thousands(self.ok as f64),
+            thousands(self.sent as f64),
+            self.elapsed_s,
+        );
+        let PerConn { min, avg, max } = self.per_conn;
+        let (timeouts, unanswered, errors) = (self.timeouts, self.unanswered, errors.join(", "));
         let mut lines = vec![
             format!(
-                "load      {} clients ({} connected) × 1 {} per {:.0} µs = {} req/s offered; {length}, \
-                 warm-up {:.1} s; clock {}",
-                self.clients,
-                self.connected,
-                self.route,
-                self.interval_us,
-                thousands(self.offered_rps),
-                self.warmup_s,
-                self.clock
+                "load      {clients} clients ({connected} connected) × 1 {route} per {every:.0} µs = \
+                 {offered} req/s offered; {length}, warm-up {warmup:.1} s; clock {clock}"
             ),
             format!(
-                "achieved  {} req/s ({} ok of {} sent in {:.2} s); per connection min {:.1} / avg {:.1} / max {:.1}",
-                thousands(self.achieved_rps),
-                thousands(self.ok as f64),
-                thousands(self.sent as f64),
-                self.elapsed_s,
-                self.per_conn.min,
-                self.per_conn.avg,
-                self.per_conn.max
+                "achieved  {achieved} req/s ({ok} ok of {sent} sent in {took:.2} s); per connection \
+                 min {min:.1} / avg {avg:.1} / max {max:.1}"
             ),
-            format!(
-                "errors    timeouts {}, unanswered {}, {}",
-                self.timeouts,
-                self.unanswered,
-                errors.join(", ")
-            ),
+            format!("errors    timeouts {timeouts}, unanswered {unanswered}, {errors}"),
         ];
         let connects = self.connect_errors.iter();
         lines.extend(connects.map(|(e, n)| format!("connect   {n} × {e}")));
         if let Some(c) = &self.limit {
+            let (rps, p99) = (thousands(c.limit_rps), ms(c.limit_p99_from_schedule_us));
+            let fraction = c.fraction * 100.0;
             lines.push(format!(
-                "limit     bare echo, same load: {} req/s, p99 {} ms from schedule → this run reaches {:.1}%",
-                thousands(c.limit_rps),
-                ms(c.limit_p99_from_schedule_us),
-                c.fraction * 100.0
+                "limit     bare echo, same load: {rps} req/s, p99 {p99} ms from schedule → this run \
+                 reaches {fraction:.1}%"
             ));
             lines.extend(cost_line(c));
         }

@@ -89,14 +89,10 @@ impl LoadArgs {
         length: Length,
         service: ServiceKind,
     ) -> anyhow::Result<LoadSpec> {
-        ensure!(
-            (1..=MAX_CLIENTS).contains(&clients),
-            "clients must be 1..={MAX_CLIENTS}, not {clients}"
-        );
-        ensure!(
-            interval >= MIN_INTERVAL,
-            "interval must be at least {MIN_INTERVAL:?}"
-        );
+        let (max, min) = (MAX_CLIENTS, MIN_INTERVAL);
+        let why =
+            format!("clients must be 1..={max} (not {clients}), the interval {min:?} or more");
+        ensure!((1..=max).contains(&clients) && interval >= min, why);
         let length = match (self.duration, self.count) {
             (Some(d), _) => Length::Duration(d),
             (None, Some(n)) => Length::Count(n),
@@ -120,13 +116,13 @@ impl LoadArgs {
             clock: self.clock,
             progress: !self.output.quiet,
         };
+        let longest = [spec.window(), self.warmup, self.ramp, self.timeout]
+            .into_iter()
+            .max();
+        let why = "the measured window must be above zero; it, warm-up, ramp and timeout";
         ensure!(
-            spec.window() <= MAX_WINDOW && !spec.window().is_zero(),
-            "the measured window must be above zero and at most {MAX_WINDOW:?}"
-        );
-        ensure!(
-            self.warmup <= MAX_WINDOW && self.ramp <= MAX_WINDOW && self.timeout <= MAX_WINDOW,
-            "warm-up, ramp and timeout must each be at most {MAX_WINDOW:?}"
+            !spec.window().is_zero() && longest <= Some(MAX_WINDOW),
+            "{why} at most {MAX_WINDOW:?}"
         );
         Ok(spec)
     }
@@ -219,10 +215,8 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
     );
     let service = args.target.service;
     let specs = args.load.specs(&args.clients, service)?;
-    let (gates, topology) = args
-        .target
-        .launch(1, 1, &[service], args.tls_beside)
-        .await?;
+    let tls = args.tls_beside;
+    let (gates, topology) = args.target.launch(1, 1, &[service], tls).await?;
     ensure!(
         !args.tls_beside || !gates.tls_urls.is_empty(),
         "the gates serve no wss://"
@@ -377,11 +371,9 @@ async fn search_into(
 }
 
 /// Raises the per-client rate by `factor` while steps pass, then bisects between the
-/// last pass and the first failure. Returns the best passing step and its run.
-/// Also says whether every rate up to `max_rate` passed (the best is then only a lower
-/// bound of the saturation point).
-/// `measure` runs one step at a per-client rate (generic so that tests can drive the
-/// search without a network).
+/// last pass and the first failure: the best passing step and its run, and whether every
+/// rate up to `max_rate` passed (the best is then a lower bound). `measure` runs a step
+/// (generic so that tests drive the search without a network).
 async fn search<R, F, Fut>(
     args: &SaturateArgs,
     max_rate: f64,
@@ -433,15 +425,14 @@ async fn confirmed_step<R, Fut>(
 where
     Fut: Future<Output = anyhow::Result<(SaturateStep, R)>>,
 {
-    let mut tries = 0;
-    loop {
+    for tries in 0.. {
         let (step, run) = measure(per_client_rps).await?;
         steps.push(step.clone());
         if step.passed || tries == args.retries {
             return Ok((step, run));
         }
-        tries += 1;
     }
+    unreachable!("tries never run out")
 }
 
 async fn saturate_step(
@@ -450,14 +441,11 @@ async fn saturate_step(
     per_client_rps: f64,
 ) -> anyhow::Result<(SaturateStep, RunReport)> {
     let interval = Duration::from_secs_f64(1.0 / per_client_rps);
-    let length = Length::Duration(args.step);
-    let spec = args
-        .load
-        .spec(args.clients, interval, length, args.target.service)?;
-    let mut target = target.clone();
-    let name = std::mem::take(&mut target.label);
-    target.label = format!("{name} at {per_client_rps:.0}/s per client");
-    let run = generator::run(&spec, &target).await?;
+    let (length, service) = (Length::Duration(args.step), args.target.service);
+    let spec = args.load.spec(args.clients, interval, length, service)?;
+    let mut step_target = target.clone();
+    step_target.label = format!("{} at {per_client_rps:.0}/s per client", target.label);
+    let run = generator::run(&spec, &step_target).await?;
     let lost = run.lost();
     let errors = run.errors_by_code.values().sum::<u64>();
     let p99 = run.latency.from_schedule.p99_us;
@@ -466,7 +454,7 @@ async fn saturate_step(
         && errors == 0
         && run.achieved_rps >= run.offered_rps * SATURATE_MIN_ACHIEVED;
     let step = SaturateStep {
-        target: name,
+        target: target.label.clone(),
         per_client_rps,
         offered_rps: run.offered_rps,
         achieved_rps: run.achieved_rps,

@@ -131,22 +131,16 @@ pub struct Gates {
 /// The load generator: this process but for the bare echo server's threads, always
 /// reported.
 pub fn this_process(name: &str) -> Watched {
-    Watched {
-        name: name.to_owned(),
-        pid: std::process::id(),
-        threads: Threads::Others(ECHO_THREADS),
-    }
+    Watched::new(name, std::process::id(), Threads::Others(ECHO_THREADS))
 }
 
 /// This process and every process of `topology`: whose CPU a run reports.
 pub fn watched(topology: &Topology) -> Vec<Watched> {
-    let fleet = topology.pids().into_iter().map(|(role, pid)| Watched {
-        name: role.to_string(),
-        pid,
-        threads: Threads::All,
-    });
-    let this = std::iter::once(this_process(LOADTEST));
-    this.chain(fleet).collect()
+    let fleet = topology.pids().into_iter();
+    let fleet = fleet.map(|(role, pid)| Watched::new(role.to_string(), pid, Threads::All));
+    std::iter::once(this_process(LOADTEST))
+        .chain(fleet)
+        .collect()
 }
 
 /// What the bare echo server's threads are named (and only they): its CPU is told
@@ -295,11 +289,7 @@ impl LimitServer {
             let _runtime = runtime.enter();
             tokio::net::TcpListener::from_std(listener)?
         };
-        runtime.spawn(async move {
-            if let Err(e) = crate::limit::serve(listener, CancellationToken::new()).await {
-                tracing::error!("bare echo server stopped: {e}");
-            }
-        });
+        runtime.spawn(crate::limit::serve(listener, CancellationToken::new()));
         Ok(LimitServer {
             url,
             runtime: Some(runtime),
@@ -320,10 +310,11 @@ impl LimitServer {
             // The echo server's threads are in this process: told apart by their name.
             watched: vec![
                 this_process(LOADTEST),
-                Watched {
-                    threads: Threads::Named(ECHO_THREADS),
-                    ..this_process("echo server")
-                },
+                Watched::new(
+                    "echo server",
+                    std::process::id(),
+                    Threads::Named(ECHO_THREADS),
+                ),
             ],
         }
     }
