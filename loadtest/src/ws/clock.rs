@@ -140,19 +140,15 @@ mod tests {
 
     #[tokio::test]
     async fn both_clocks_wake_on_or_after_the_slot() {
-        let schedule = Schedule::new(
-            Instant::now() + Duration::from_millis(5),
-            Duration::from_millis(2),
-        );
+        let ms = Duration::from_millis;
+        let schedule = Schedule::new(Instant::now() + ms(5), ms(2));
         let metronome = Metronome::start(schedule, 5).expect("thread starts");
         for mut pacer in [metronome.pacer(), Pacer::tokio()] {
             let mut next = 0;
             while next < 5 {
                 let due = pacer.wait_due(&schedule, next).await;
-                assert!(
-                    due > next && Instant::now() >= schedule.at(due - 1),
-                    "woke before its slot"
-                );
+                let on_time = due > next && Instant::now() >= schedule.at(due - 1);
+                assert!(on_time, "woke before its slot");
                 next = due;
             }
         }

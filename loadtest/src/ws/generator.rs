@@ -444,9 +444,7 @@ mod tests {
         let us = server_cpu_us(&run, 100_000).unwrap();
         assert!((us - 6.0).abs() < 1e-9, "{us}");
         assert_eq!(server_cpu_us(&run, 0), None);
-        assert_eq!(
-            server_cpu_us(&[cpu(LOADTEST, 1.0), cpu(MACHINE, 1.0)], 10),
-            None
-        );
+        let no_server = [cpu(LOADTEST, 1.0), cpu(MACHINE, 1.0)];
+        assert_eq!(server_cpu_us(&no_server, 10), None);
     }
 }

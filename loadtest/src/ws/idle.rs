@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
-use futures::future::OptionFuture;
 use nix::sys::signal::Signal;
 use sdk::{Backoff, Client, ClientOptions};
 use serde::{Deserialize, Serialize};
@@ -139,19 +138,16 @@ pub async fn idle(args: IdleArgs) -> anyhow::Result<()> {
         return child(&args).await;
     }
     let (gates, mut topology) = args.target.gates(1, 1).await?;
-    let pids = if args.pid.is_empty() {
-        &gates.gate_pids
-    } else {
-        &args.pid
-    }
-    .clone();
+    let pids = match args.pid.is_empty() {
+        true => gates.gate_pids.clone(),
+        false => args.pid.clone(),
+    };
     ensure!(
         !pids.is_empty(),
         "--pid is required with --url: a gate's RSS is read from /proc/<pid>"
     );
-    let metrics = (topology.iter())
-        .flat_map(|t| t.metrics_urls())
-        .find_map(|(role, url)| matches!(role, Role::Gate(_)).then_some(url));
+    let mut metrics = topology.iter().flat_map(|t| t.metrics_urls());
+    let metrics = metrics.find_map(|(role, url)| matches!(role, Role::Gate(_)).then_some(url));
     ensure!(
         !args.detached || metrics.is_some(),
         "--detached needs a gate this command launches (it reads the gate's metrics)"
@@ -172,10 +168,8 @@ pub async fn idle(args: IdleArgs) -> anyhow::Result<()> {
         tracing::warn!("{} session(s) failed to open, first: {why}", idle.failed);
     }
     let lost = idle.drain.as_ref().map_or(0, |d| d.lost);
-    ensure!(
-        lost == 0,
-        "{lost} player(s) of the drained gate were not served elsewhere"
-    );
+    let why = "player(s) of the drained gate were not served elsewhere";
+    ensure!(lost == 0, "{lost} {why}");
     Ok(())
 }
 
@@ -209,13 +203,8 @@ async fn measure(
             (opened, rss()?, None, Some(children), open_cpu)
         }
     };
-    let children_watched = children.iter().flat_map(Children::watched);
-    let watched: Vec<_> = gates
-        .watched
-        .iter()
-        .cloned()
-        .chain(children_watched)
-        .collect();
+    let children_watched: Vec<_> = children.iter().flat_map(Children::watched).collect();
+    let watched = [gates.watched.clone(), children_watched].concat();
     let before = CpuSample::take(&watched);
     // The measurement's window: sessions held as a game's idle players are.
     tokio::time::sleep(args.hold).await;
@@ -227,10 +216,10 @@ async fn measure(
         stopped = Some((at, status.map_or_else(|e| e, |s| s.to_string())));
     }
     let wait = stopped.as_ref().map_or(Duration::ZERO, |_| DRAIN_TIMEOUT);
-    let moved: Vec<Moved> = OptionFuture::from(children.map(|c| c.0.finish(wait)))
-        .await
-        .transpose()?
-        .unwrap_or_default();
+    let moved: Vec<Moved> = match children {
+        Some(children) => children.0.finish(wait).await?,
+        None => Vec::new(),
+    };
     let total: usize = opened.iter().map(|o| o.opened).sum();
     let started = opened.iter().map(|o| o.started_ms).fold(f64::MAX, f64::min);
     let open_seconds = (opened.iter().map(|o| o.ended_ms).fold(0.0, f64::max) - started) / 1e3;

@@ -413,12 +413,9 @@ mod tests {
             limit_server_cpu_us: Some(7.0),
             cpu_ratio: Some(41.15 / 7.0),
         };
-        assert_eq!(
-            cost_line(&measured).as_deref(),
-            Some(
-                "cost      servers 41.1 µs of CPU per request = 5.88× the bare echo server's 7.0 µs"
-            )
-        );
+        let line =
+            "cost      servers 41.1 µs of CPU per request = 5.88× the bare echo server's 7.0 µs";
+        assert_eq!(cost_line(&measured).as_deref(), Some(line));
         let unmeasured = LimitComparison {
             limit_server_cpu_us: None,
             cpu_ratio: None,
@@ -433,10 +430,8 @@ mod tests {
         let all = [(false, false), (false, true), (true, false), (true, true)];
         let relations = all.map(|(g, l)| relation(g, l));
         assert_eq!(relations, ["exact", "at_most", "at_least", "unknown"]);
-        assert_eq!(
-            Fraction::of(1.0, false, 4.0, false).sentence,
-            "gateway saturation = 25.0% of the bare-echo limit"
-        );
+        let exact = "gateway saturation = 25.0% of the bare-echo limit";
+        assert_eq!(Fraction::of(1.0, false, 4.0, false).sentence, exact);
     }
 
     #[test]

@@ -137,7 +137,7 @@ pub struct ConcurrencyArgs {
     /// Also run each client count with JSON clients (typed bodies the gate transcodes)
     /// on the service's default route, right after the protobuf run: what transcoding
     /// costs, in one run. Not with --route or --body-hex.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["route", "body_hex"])]
     pub json_beside: bool,
     /// Also run each client count over `wss://`, right after the plain run, against the
     /// same gates: what TLS costs the gate, in one run. The launched gates serve TLS on a
@@ -198,8 +198,8 @@ pub struct SaturateArgs {
     pub retries: u32,
     /// Search once per worker count, each on a topology launched with that many
     /// workers, and report how much each added worker raised the saturation point:
-    /// `--scale-workers 1,2,3` (instead of --workers).
-    #[arg(long, value_delimiter = ',', conflicts_with = "workers",
+    /// `--scale-workers 1,2,3` (instead of --workers; not with --url).
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["workers", "url"],
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub scale_workers: Vec<u32>,
     #[command(flatten)]
@@ -209,10 +209,6 @@ pub struct SaturateArgs {
 }
 
 pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
-    ensure!(
-        !args.json_beside || (args.load.route.is_none() && args.load.body_hex.is_none()),
-        "--json-beside runs the service's default route: not with --route or --body-hex"
-    );
     let service = args.target.service;
     let specs = args.load.specs(&args.clients, service)?;
     let tls = args.tls_beside;
@@ -280,10 +276,6 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
             && args.limit_max_rate >= args.start_rate
             && args.factor > 1.0,
         "need 0 < --start-rate <= --max-rate, --limit-max-rate and --factor > 1"
-    );
-    ensure!(
-        args.scale_workers.is_empty() || args.target.url.is_empty(),
-        "--scale-workers launches its own topologies: it cannot load --url gates"
     );
     let mut report = ScenarioReport::new("saturate", String::new(), Runs::default());
     let mut sat = SaturateReport {
@@ -490,14 +482,20 @@ mod tests {
         assert!(parse_hex("é0").is_err());
     }
 
-    fn saturate_args(flags: &[&str]) -> SaturateArgs {
+    /// `flags` parsed as `T`'s, after `base`.
+    fn parse<T: clap::Args>(base: &str, flags: &str) -> Result<T, clap::Error> {
         #[derive(clap::Parser)]
-        struct Cli {
+        struct Cli<T: clap::Args> {
             #[command(flatten)]
-            args: SaturateArgs,
+            args: T,
         }
-        let argv = "saturate --start-rate 100 --max-rate 1000 --factor 2".split(' ');
-        <Cli as clap::Parser>::parse_from(argv.chain(flags.iter().copied())).args
+        let argv = base.split(' ').chain(flags.split_whitespace());
+        Ok(<Cli<T> as clap::Parser>::try_parse_from(argv)?.args)
+    }
+
+    fn saturate_args(flags: &str) -> SaturateArgs {
+        let base = "saturate --start-rate 100 --max-rate 1000 --factor 2";
+        parse(base, flags).expect("valid flags")
     }
 
     /// Searches up to `max_rate` with a fake measurement: a rate passes when
@@ -523,8 +521,17 @@ mod tests {
     }
 
     #[test]
+    fn json_beside_and_scale_workers_refuse_what_they_cannot_do() {
+        let concurrency = |flags| parse::<ConcurrencyArgs>("concurrency", flags).is_ok();
+        assert!(concurrency("--json-beside") && !concurrency("--json-beside --route echo.raw"));
+        assert!(!concurrency("--json-beside --body-hex 00"));
+        let saturate = |flags| parse::<SaturateArgs>("saturate", flags).is_ok();
+        assert!(saturate("--scale-workers 1,2") && !saturate("--scale-workers 1 --url ws://a"));
+    }
+
+    #[test]
     fn the_search_climbs_then_bisects_and_confirms_each_miss() {
-        let args = saturate_args(&["--refine", "2"]);
+        let args = saturate_args("--refine 2");
         let (best, bound, steps) = run_search(&args, args.max_rate, |rate, _| rate <= 300.0);
         assert_eq!(best, Some(300.0));
         assert!(!bound);
@@ -546,15 +553,12 @@ mod tests {
     fn one_stall_does_not_end_the_climb_unless_retries_are_off() {
         // The first attempt at 200 stalls; the retry passes.
         let stall = |rate: f64, attempt: usize| !(rate == 200.0 && attempt == 0);
-        let args = saturate_args(&["--refine", "0"]);
+        let args = saturate_args("--refine 0");
         let (best, bound, _) = run_search(&args, args.max_rate, stall);
-        assert_eq!(
-            (best, bound),
-            (Some(800.0), true),
-            "every rate to --max-rate"
-        );
+        let every_rate = (Some(800.0), true);
+        assert_eq!((best, bound), every_rate, "every rate to --max-rate");
 
-        let args = saturate_args(&["--refine", "0", "--retries", "0"]);
+        let args = saturate_args("--refine 0 --retries 0");
         let (best, bound, steps) = run_search(&args, args.max_rate, stall);
         assert_eq!((best, bound), (Some(100.0), false));
         assert_eq!(steps, [(100.0, true), (200.0, false)]);
@@ -562,7 +566,7 @@ mod tests {
 
     #[test]
     fn nothing_passing_is_no_best() {
-        let args = saturate_args(&[]);
+        let args = saturate_args("");
         let (best, bound, steps) = run_search(&args, args.max_rate, |_, _| false);
         assert_eq!((best, bound), (None, false));
         assert_eq!(steps, [(100.0, false), (100.0, false)]);

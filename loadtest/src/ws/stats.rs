@@ -404,10 +404,8 @@ mod tests {
         record(&mut first, 1);
         let tally = first.finish();
         drop(second);
-        assert_eq!(
-            (tally.ended, tally.ok),
-            (BATCH as u64 + 1, BATCH as u64 + 1)
-        );
+        let all = BATCH as u64 + 1;
+        assert_eq!((tally.ended, tally.ok), (all, all));
         assert_eq!(
             ok(),
             (BATCH * 11 / 4) as u64 + 1,
