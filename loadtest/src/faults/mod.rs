@@ -81,14 +81,12 @@ pub struct FaultsArgs {
 /// Runs the scenario: launches the fleet, runs the phases under load, reports.
 pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
     let spec = args.launch.spec(2, 3, &[SERVICE]);
-    anyhow::ensure!(
-        spec.workers[0].1 >= 2,
-        "--workers: at least 2, one to drain and one to kill"
-    );
+    let why = "--workers: at least 2, one to drain and one to kill";
+    anyhow::ensure!(spec.workers[0].1 >= 2, why);
     let mut fleet = Topology::start(spec).await.context("launching the fleet")?;
-    let processes: Vec<String> = (fleet.pids().iter())
-        .map(|(role, pid)| format!("{role} {pid}"))
-        .collect();
+    let pids = fleet.pids().into_iter();
+    let processes: Vec<String> = pids.map(|(role, pid)| format!("{role} {pid}")).collect();
+    let processes = processes.join(", ");
     let outcome = or_interrupted(run_phases(&args, &mut fleet)).await;
     let stopped = fleet.shutdown().await;
     let report = outcome?;
@@ -97,8 +95,7 @@ pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
         Bus::Shaddock => String::new(),
         Bus::NatsCluster => format!(" (a node stopped by {:?})", args.node_stop.signal()),
     };
-    let (bus, processes) = (args.launch.bus.describe(), processes.join(", "));
-    let setup = format!("{bus}{stop}: {processes}");
+    let setup = format!("{}{stop}: {processes}", args.launch.bus.describe());
     let report = Report::new("faults", setup, report).written(&args.output)?;
     if !report.errors.is_empty() {
         bail!("the run stopped early: {}", report.errors.join("; "));
@@ -214,8 +211,9 @@ async fn act(
         }
         Fault::DrainWorker | Fault::KillWorker => {
             let role = first(fleet, |r| matches!(r, Role::Worker { .. }))?;
-            let signal = if fault == Fault::KillWorker {
-                struck = Some(Instant::now());
+            let kill = fault == Fault::KillWorker;
+            struck = kill.then(Instant::now);
+            let signal = if kill {
                 Signal::SIGKILL
             } else {
                 Signal::SIGTERM
@@ -242,11 +240,8 @@ async fn act(
             // killed: there is nowhere to move, and the gap is what is measured.
             let single = roles.len() == 1;
             let stop = if single { NodeStop::Kill } else { node_stop };
-            let signal = stop.signal();
-            if stop != NodeStop::LameDuck {
-                struck = Some(Instant::now());
-            }
-            events.push(fleet.stop_one(&role, signal).await?.to_string());
+            struck = (stop != NodeStop::LameDuck).then(Instant::now);
+            events.push(fleet.stop_one(&role, stop.signal()).await?.to_string());
             let restart = Instant::now();
             fleet.restart_bus_node(0).await?;
             let (took, all) = (restart.elapsed(), started.elapsed());

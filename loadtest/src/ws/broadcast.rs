@@ -94,10 +94,8 @@ pub struct BroadcastReport {
 
 /// Runs the scenario: 2 gates and 1 chat worker unless the flags say otherwise.
 pub async fn broadcast(mut args: BroadcastArgs) -> anyhow::Result<()> {
-    ensure!(
-        args.members > 0 && args.window > 0,
-        "--members and --window must be positive"
-    );
+    let positive = args.members > 0 && args.window > 0;
+    ensure!(positive, "--members and --window must be positive");
     if args.spread.child {
         return child(&args).await;
     }
@@ -250,9 +248,8 @@ async fn member(
         source_addr,
         ..ClientOptions::default()
     };
-    let client = Client::connect(url, options)
-        .await
-        .with_context(|| format!("connecting {url}"))?;
+    let client = Client::connect(url, options).await;
+    let client = client.with_context(|| format!("connecting {url}"))?;
     login_and_join(&client, name, ROOM).await?;
     Ok(client)
 }
@@ -271,15 +268,10 @@ pub(crate) async fn login_and_join(
 async fn say(sender: &Client, size: u64, warm_up: bool) -> anyhow::Result<()> {
     let sent = if warm_up { 0 } else { unix_nanos() };
     // The stamp is always STAMP digits (u64::MAX has 20).
-    let text = format!(
-        "{sent:0STAMP$}{}",
-        "x".repeat((size as usize).saturating_sub(STAMP))
-    );
-    let say = SayRequest {
-        room: ROOM.into(),
-        text,
-    };
-    request_ok(sender, "chat.say", say).await
+    let pad = "x".repeat((size as usize).saturating_sub(STAMP));
+    let text = format!("{sent:0STAMP$}{pad}");
+    let room = ROOM.into();
+    request_ok(sender, "chat.say", SayRequest { room, text }).await
 }
 
 /// Sends `body` on `route`; fails unless it is answered 200.
@@ -318,9 +310,8 @@ impl Counts {
             if push.route != MESSAGE_ROUTE {
                 continue;
             }
-            let text = ChatMessage::decode(push.body)
-                .map(|m| m.text)
-                .unwrap_or_default();
+            let text = ChatMessage::decode(push.body).map(|m| m.text);
+            let text = text.unwrap_or_default();
             let Some(sent) = text.get(..STAMP).and_then(|t| t.parse::<u64>().ok()) else {
                 continue;
             };

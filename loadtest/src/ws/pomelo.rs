@@ -48,10 +48,10 @@ pub async fn pomelo_compare(args: PomeloCompareArgs) -> anyhow::Result<()> {
     serde_json::from_str::<serde_json::Value>(&args.body).context("--body is not JSON")?;
     let specs = (args.clients.iter())
         .map(|&clients| {
-            let (interval, count) = (args.load.interval, Length::Count(SEED_COUNT));
+            let count = Length::Count(SEED_COUNT);
             let spec = args
                 .load
-                .spec(clients, interval, count, ServiceKind::Echo)?;
+                .spec(clients, args.load.interval, count, ServiceKind::Echo)?;
             Ok(LoadSpec {
                 route: (args.load.route.clone()).unwrap_or_else(|| ROUTE.to_owned()),
                 payload: Payload::Fixed(args.body.clone().into()),
@@ -61,10 +61,8 @@ pub async fn pomelo_compare(args: PomeloCompareArgs) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let (gates, topology) = args.target.gates(1, 1).await?;
-    let mut targets = vec![Target {
-        urls: vec![gates.urls[0].clone()],
-        ..gates.target("shaddock")
-    }];
+    let mut targets = vec![gates.target("shaddock")];
+    targets[0].urls.truncate(1);
     targets.extend(args.pomelo_url.iter().map(|url| Target {
         label: "pomelo 2.2.7".to_owned(),
         kind: "pomelo",
@@ -77,10 +75,8 @@ pub async fn pomelo_compare(args: PomeloCompareArgs) -> anyhow::Result<()> {
             ScenarioReport::new("pomelo-compare", gates.setup.clone(), Runs::default());
         for spec in &specs {
             for target in &targets {
-                let target = Target {
-                    label: format!("{}, {} clients", target.label, spec.clients),
-                    ..target.clone()
-                };
+                let mut target = target.clone();
+                target.label = format!("{}, {} clients", target.label, spec.clients);
                 report.data.run(spec, &target).await;
             }
         }
