@@ -6,10 +6,12 @@
 mod html;
 mod text;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use serde::Serialize;
+use serde_json::value::RawValue;
 
 use crate::hist::Summary;
 use crate::proc::{CpuUse, STEAL};
@@ -117,11 +119,15 @@ impl Doc {
     /// Lists of objects are left to tables.
     pub fn fields(&mut self, data: &impl Serialize) {
         let json = serde_json::to_string(data).unwrap_or_default();
-        let Ok(Ordered(fields)) = serde_json::from_str(&json) else {
+        let Ok(fields) = serde_json::from_str::<HashMap<String, &RawValue>>(&json) else {
             return;
         };
+        // In the order they were written: each raw value is a slice of `json`.
+        let mut fields: Vec<_> = fields.into_iter().collect();
+        fields.sort_by_key(|(_, raw)| raw.get().as_ptr());
+        let value = |raw: &RawValue| inline(&serde_json::from_str(raw.get()).ok()?);
         let shown: Vec<(&String, String)> = (fields.iter())
-            .filter_map(|(name, value)| Some((name, inline(value)?)))
+            .filter_map(|(name, raw)| Some((name, value(raw)?)))
             .collect();
         let width = shown.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
         let lines = shown.iter().map(|(name, v)| format!("{name:width$}  {v}"));
@@ -147,32 +153,6 @@ impl Doc {
 
     pub fn html(&self) -> String {
         html::render(self)
-    }
-}
-
-/// A JSON object's fields in the order they were written (serde_json's map sorts them).
-struct Ordered(Vec<(String, serde_json::Value)>);
-
-impl<'de> serde::Deserialize<'de> for Ordered {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Fields;
-        impl<'de> serde::de::Visitor<'de> for Fields {
-            type Value = Ordered;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Ordered, A::Error> {
-                let mut fields = Vec::new();
-                while let Some(field) = map.next_entry()? {
-                    fields.push(field);
-                }
-                Ok(Ordered(fields))
-            }
-        }
-        d.deserialize_map(Fields)
     }
 }
 
