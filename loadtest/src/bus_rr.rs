@@ -109,10 +109,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 /// Runs the benchmark and returns its figures.
 async fn measure(args: &Args) -> anyhow::Result<BusRr> {
     let longest = args.duration.max(args.warmup).max(args.timeout);
-    anyhow::ensure!(
-        longest <= MAX_PHASE,
-        "--duration, --warmup and --timeout may be {MAX_PHASE:?} at most"
-    );
+    let why = format!("--duration, --warmup and --timeout may be {MAX_PHASE:?} at most");
+    anyhow::ensure!(longest <= MAX_PHASE, why);
     let subject = Subject::from(args.subject.as_str());
     let payload = Bytes::from(vec![b'x'; args.size as usize]);
 

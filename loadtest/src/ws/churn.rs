@@ -164,10 +164,8 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
         .map(|w| (w.name.clone(), w.pid))
         .chain(args.pid.iter().cloned())
         .collect();
-    ensure!(
-        !processes.is_empty(),
-        "no process to read: launch a topology (no --url) or name them with --pid NAME=PID"
-    );
+    let why = "no process to read: launch a topology (no --url) or name them with --pid NAME=PID";
+    ensure!(!processes.is_empty(), why);
     let read =
         |(name, pid): &(String, u32)| rss_bytes(*pid).context(format!("reading VmRSS of {name}"));
     let read_all = || -> anyhow::Result<Vec<u64>> { processes.iter().map(read).collect() };

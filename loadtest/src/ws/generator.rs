@@ -5,6 +5,7 @@
 //! unanswered. One task and recorder per client: no spawn and no lock per request.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use anyhow::{Context as _, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use sdk::ClientOptions;
 use serde::Serialize;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 
 use super::clock::{ClockKind, Metronome, Pacer};
 use super::lean::{CLOSE_TIMEOUT, ClientRun, Codec, Conn};
@@ -246,8 +247,8 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunReport> 
         tasks.spawn(async move { (i, super::lean::drive(conn, run, pacer, rec).await) });
     }
 
-    let cpu = sample_cpu_over_window(&target.watched, window_start, window_end);
-    let bar = progress_bar(spec, target, start, last_due);
+    let cpu = sample_cpu_over_window(&target.watched, window_start..window_end);
+    let bar = progress_bar(spec, target, last_due.saturating_duration_since(start));
     let mut per_client: Vec<Option<Tally>> = vec![None; spec.clients];
     let mut tick = tokio::time::interval(PROGRESS_TICK);
     // Every task ends by the hard deadline; this only guards against a bug in one.
@@ -333,11 +334,11 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunReport> 
     })
 }
 
+/// Connect errors and how often each came.
+type Counts = BTreeMap<String, u64>;
+
 /// Opens the clients, client `i` at `i / clients` of the ramp, on URL `i mod urls`.
-async fn connect_all(
-    spec: &LoadSpec,
-    target: &Target,
-) -> (Vec<Option<Conn>>, BTreeMap<String, u64>) {
+async fn connect_all(spec: &LoadSpec, target: &Target) -> (Vec<Option<Conn>>, Counts) {
     let urls = &target.urls;
     let options = ClientOptions {
         server_timing: true,
@@ -371,45 +372,37 @@ async fn connect_all(
 }
 
 fn note_error(errors: &mut BTreeMap<String, u64>, error: String) {
-    if errors.len() < MAX_CONNECT_ERRORS || errors.contains_key(&error) {
-        *errors.entry(error).or_default() += 1;
+    let kept = errors.len() < MAX_CONNECT_ERRORS || errors.contains_key(&error);
+    let key = if kept {
+        error
     } else {
-        *errors.entry("(other errors)".to_owned()).or_default() += 1;
-    }
+        "(other errors)".to_owned()
+    };
+    *errors.entry(key).or_default() += 1;
 }
 
 /// CPU use of the watched processes between the window's start and end, sampled by a
 /// task that sleeps until each edge.
-fn sample_cpu_over_window(
-    watched: &[Watched],
-    window_start: Instant,
-    window_end: Instant,
-) -> tokio::task::JoinHandle<Vec<CpuUse>> {
+fn sample_cpu_over_window(watched: &[Watched], window: Range<Instant>) -> JoinHandle<Vec<CpuUse>> {
     let watched = watched.to_vec();
     tokio::spawn(async move {
         if watched.is_empty() {
             return Vec::new();
         }
-        tokio::time::sleep_until(window_start.into()).await;
+        tokio::time::sleep_until(window.start.into()).await;
         let before = CpuSample::take(&watched);
-        tokio::time::sleep_until(window_end.into()).await;
+        tokio::time::sleep_until(window.end.into()).await;
         before.until(&CpuSample::take(&watched))
     })
 }
 
 /// A bar over the run's time (warm-up to last slot) on stderr; hidden when stderr is
 /// not a terminal or `--quiet`.
-fn progress_bar(
-    spec: &LoadSpec,
-    target: &Target,
-    start: Instant,
-    last_due: Instant,
-) -> ProgressBar {
+fn progress_bar(spec: &LoadSpec, target: &Target, total: Duration) -> ProgressBar {
     if !spec.progress {
         return ProgressBar::hidden();
     }
-    let total = last_due.saturating_duration_since(start).as_millis();
-    let bar = ProgressBar::new(u64::try_from(total).unwrap_or(u64::MAX));
+    let bar = ProgressBar::new(u64::try_from(total.as_millis()).unwrap_or(u64::MAX));
     if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:30}] {elapsed_precise}") {
         bar.set_style(style.progress_chars("=> "));
     }

@@ -142,16 +142,12 @@ pub async fn idle(args: IdleArgs) -> anyhow::Result<()> {
         true => gates.gate_pids.clone(),
         false => args.pid.clone(),
     };
-    ensure!(
-        !pids.is_empty(),
-        "--pid is required with --url: a gate's RSS is read from /proc/<pid>"
-    );
+    let why = "--pid is required with --url: a gate's RSS is read from /proc/<pid>";
+    ensure!(!pids.is_empty(), why);
     let mut metrics = topology.iter().flat_map(|t| t.metrics_urls());
     let metrics = metrics.find_map(|(role, url)| matches!(role, Role::Gate(_)).then_some(url));
-    ensure!(
-        !args.detached || metrics.is_some(),
-        "--detached needs a gate this command launches (it reads the gate's metrics)"
-    );
+    let why = "--detached needs a gate this command launches (it reads the gate's metrics)";
+    ensure!(!args.detached || metrics.is_some(), why);
     // The drained gate is the scenario's to stop: its exit is no failure.
     let take = |t: &mut Topology| t.take(&Role::Gate(0)).filter(|_| gates.urls.len() > 1);
     let drained = (args.drain)

@@ -185,6 +185,7 @@ async fn tick(interval: &mut Option<Interval>) {
 }
 
 /// One client's side of its connection.
+#[derive(Default)]
 struct Link {
     /// `None` once the connection ended.
     ws: Option<Ws>,
@@ -201,14 +202,12 @@ struct Link {
 
 impl Link {
     fn new(ws: Option<Ws>, codec: Codec, route: Arc<str>) -> Self {
+        let link = Link::default();
         Link {
             ws,
-            ended: None,
             codec,
-            outbox: VecDeque::new(),
-            unflushed: false,
-            in_flight: InFlight::default(),
             route,
+            ..link
         }
     }
 
@@ -363,11 +362,7 @@ fn on_frame(frame: Message, in_flight: &mut InFlight, rec: &mut Recorder) -> Han
     let received = Instant::now();
     match sdk::frame::decode(&frame).and_then(|p| p.kind) {
         Some(Kind::Response(response)) => {
-            let answer = Answer::Response {
-                code: response.code,
-                timing: response.timing,
-                message: response.message,
-            };
+            let answer = Answer::response(response.code, response.timing, response.message);
             answered(in_flight, rec, response.id, received, answer);
         }
         Some(Kind::Kick(_)) => return Err(KICKED),
@@ -405,11 +400,7 @@ fn on_pomelo(frame: Message, in_flight: &mut InFlight, rec: &mut Recorder) -> Ha
                 };
                 let failed = message.error || pomelo_error(message.body);
                 let code = if failed { HANDLER_ERROR } else { OK };
-                let answer = Answer::Response {
-                    code,
-                    timing: None,
-                    message: String::new(),
-                };
+                let answer = Answer::response(code, None, String::new());
                 answered(in_flight, rec, id, received, answer);
             }
             PackageType::Kick => return Err(KICKED),

@@ -41,10 +41,8 @@ pub struct PomeloCompareArgs {
 }
 
 pub async fn pomelo_compare(args: PomeloCompareArgs) -> anyhow::Result<()> {
-    ensure!(
-        !args.load.with_limit && args.load.body_hex.is_none(),
-        "the bare echo speaks no pomelo (--with-limit), and the body is --body"
-    );
+    let why = "the bare echo speaks no pomelo (--with-limit), and the body is --body";
+    ensure!(!args.load.with_limit && args.load.body_hex.is_none(), why);
     serde_json::from_str::<serde_json::Value>(&args.body).context("--body is not JSON")?;
     let specs = (args.clients.iter())
         .map(|&clients| {

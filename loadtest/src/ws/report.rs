@@ -161,11 +161,8 @@ impl RunReport {
         let (clients, connected, route) = (self.clients, self.connected, &self.route);
         let (every, warmup, clock) = (self.interval_us, self.warmup_s, &self.clock);
         let (offered, achieved) = (thousands(self.offered_rps), thousands(self.achieved_rps));
-        let (ok, sent, took) = (
-            thousands(self.ok as f64),
-            thousands(self.sent as f64),
-            self.elapsed_s,
-        );
+        let (ok, sent) = (thousands(self.ok as f64), thousands(self.sent as f64));
+        let took = self.elapsed_s;
         let PerConn { min, avg, max } = self.per_conn;
         let (timeouts, unanswered, errors) = (self.timeouts, self.unanswered, errors.join(", "));
         let mut lines = vec![
@@ -213,9 +210,9 @@ impl RunReport {
             rows.push(("server total", &s.total));
         }
         doc.table(Table::latency(rows));
+        let timeline = self.timeline.iter();
         let per_second = |f: fn(&SecondReport) -> f64| {
-            let points = self.timeline.iter().map(|s| (s.second as f64, f(s)));
-            points.collect()
+            timeline.clone().map(|s| (s.second as f64, f(s))).collect()
         };
         doc.chart(
             "Latency from schedule, per second (ms)",
@@ -303,10 +300,8 @@ impl ScenarioReport {
         self.write(output)?;
         let (n, errors) = (self.data.errors.len(), self.data.errors.join("; "));
         anyhow::ensure!(n == 0, "{n} run(s) failed: {errors}");
-        let failed: Vec<&str> = (self.data.runs.iter())
-            .filter(|r| r.ok == 0)
-            .map(|r| r.label.as_str())
-            .collect();
+        let failed = self.data.runs.iter().filter(|r| r.ok == 0);
+        let failed: Vec<&str> = failed.map(|r| r.label.as_str()).collect();
         let list = failed.join(", ");
         anyhow::ensure!(failed.is_empty(), "no successful answer in: {list}");
         Ok(())
@@ -331,7 +326,7 @@ impl SaturateReport {
                 ("lost", &|s| s.lost.to_string()),
                 ("errors", &|s| s.errors.to_string()),
                 ("within target", &|s| {
-                    if s.passed { "yes" } else { "no" }.to_owned()
+                    (if s.passed { "yes" } else { "no" }).into()
                 }),
             ],
         ));
@@ -339,10 +334,9 @@ impl SaturateReport {
             .best
             .iter()
             .map(|(target, best)| {
-                let bound = if self.at_max_rate.contains(target) {
-                    " — every rate it tried passed: a lower bound"
-                } else {
-                    ""
+                let bound = match self.at_max_rate.contains(target) {
+                    true => " — every rate it tried passed: a lower bound",
+                    false => "",
                 };
                 format!(
                     "best {target}: {} req/s ({} per client, p99 {} ms){bound}",
@@ -375,10 +369,8 @@ impl SaturateReport {
             let rps = best(s);
             let capped = self.at_max_rate.contains(&s.target);
             let bound = if capped { "≥ " } else { "" };
-            let shown = rps.map_or_else(
-                || "none met the target".to_owned(),
-                |r| format!("{bound}{}", thousands(r)),
-            );
+            let shown = rps.map(|r| format!("{bound}{}", thousands(r)));
+            let shown = shown.unwrap_or_else(|| "none met the target".to_owned());
             table.rows.push(vec![
                 s.workers.to_string(),
                 shown,

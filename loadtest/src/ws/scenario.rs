@@ -90,8 +90,7 @@ impl LoadArgs {
         service: ServiceKind,
     ) -> anyhow::Result<LoadSpec> {
         let (max, min) = (MAX_CLIENTS, MIN_INTERVAL);
-        let why =
-            format!("clients must be 1..={max} (not {clients}), the interval {min:?} or more");
+        let why = format!("clients must be 1..={max} (not {clients}), the interval ≥ {min:?}");
         ensure!((1..=max).contains(&clients) && interval >= min, why);
         let length = match (self.duration, self.count) {
             (Some(d), _) => Length::Duration(d),
@@ -116,14 +115,13 @@ impl LoadArgs {
             clock: self.clock,
             progress: !self.output.quiet,
         };
-        let longest = [spec.window(), self.warmup, self.ramp, self.timeout]
-            .into_iter()
-            .max();
-        let why = "the measured window must be above zero; it, warm-up, ramp and timeout";
-        ensure!(
-            !spec.window().is_zero() && longest <= Some(MAX_WINDOW),
-            "{why} at most {MAX_WINDOW:?}"
+        let lengths = [spec.window(), self.warmup, self.ramp, self.timeout];
+        let longest = lengths.into_iter().max();
+        let max = MAX_WINDOW;
+        let why = format!(
+            "the measured window must be above zero; it, warm-up, ramp and timeout at most {max:?}"
         );
+        ensure!(!spec.window().is_zero() && longest <= Some(MAX_WINDOW), why);
         Ok(spec)
     }
 }
@@ -213,10 +211,8 @@ pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
     let specs = args.load.specs(&args.clients, service)?;
     let tls = args.tls_beside;
     let (gates, topology) = args.target.launch(1, 1, &[service], tls).await?;
-    ensure!(
-        !args.tls_beside || !gates.tls_urls.is_empty(),
-        "the gates serve no wss://"
-    );
+    let why = "the gates serve no wss://";
+    ensure!(!args.tls_beside || !gates.tls_urls.is_empty(), why);
     let limit = args.load.with_limit.then(LimitServer::start).transpose()?;
     let work = async {
         let mut report = ScenarioReport::new("concurrency", gates.setup.clone(), Runs::default());
@@ -333,10 +329,8 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
     report.data.saturate = Some(sat);
     report.finish(&args.load.output)?;
     let (missing, rate) = (missing.join(", "), args.start_rate);
-    ensure!(
-        missing.is_empty(),
-        "no step met the target for {missing}, not even {rate} req/s per client"
-    );
+    let why = format!("no step met the target for {missing}, not even {rate} req/s per client");
+    ensure!(missing.is_empty(), why);
     Ok(())
 }
 

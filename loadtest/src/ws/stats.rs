@@ -33,6 +33,16 @@ pub enum Answer {
     Failed(&'static str),
 }
 
+impl Answer {
+    pub fn response(code: u32, timing: Option<proto::client::Timing>, message: String) -> Self {
+        Answer::Response {
+            code,
+            timing,
+            message,
+        }
+    }
+}
+
 /// One finished request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
@@ -325,11 +335,7 @@ mod tests {
             scheduled,
             sent,
             received: sent + Duration::from_micros(rtt_us),
-            answer: Answer::Response {
-                code: OK,
-                timing: Some(timing),
-                message: String::new(),
-            },
+            answer: Answer::response(OK, Some(timing), String::new()),
         }
     }
 
