@@ -116,17 +116,15 @@ async fn scripted_session(stream: tokio::net::TcpStream, script: Script) {
     });
     let send = |kind| drop(tx.send(frame(kind)));
     let _hello = stream.next().await;
+    let (code, heartbeat_ms) = (200, 10_000);
     send(Kind::HandshakeAck(HandshakeAck {
-        code: 200,
-        heartbeat_ms: 10_000,
+        code,
+        heartbeat_ms,
         ..HandshakeAck::default()
     }));
     let mut answered = 0;
     while let Some(Ok(Message::Binary(bytes))) = stream.next().await {
-        let Ok(Packet {
-            kind: Some(Kind::Request(request)),
-        }) = Packet::decode(bytes)
-        else {
+        let Ok(Some(Kind::Request(request))) = Packet::decode(bytes).map(|p| p.kind) else {
             continue;
         };
         let response = Response {

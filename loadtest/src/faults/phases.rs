@@ -269,17 +269,15 @@ fn tally(
                 }
             }
         }
-        for (phase, length) in &record.gaps {
-            phases
-                .get_mut(*phase)
-                .into_iter()
-                .for_each(|p| p.gaps.record(*length));
+        for &(phase, length) in &record.gaps {
+            if let Some(p) = phases.get_mut(phase) {
+                p.gaps.record(length);
+            }
         }
         for (phase, reason) in &record.closings {
-            let closed = phases.get_mut(*phase).map(|p| &mut p.clients_closed);
-            closed
-                .into_iter()
-                .for_each(|c| *c.entry(reason.clone()).or_default() += 1);
+            if let Some(p) = phases.get_mut(*phase) {
+                *p.clients_closed.entry(reason.clone()).or_default() += 1;
+            }
         }
     }
     oks.sort_unstable();

@@ -65,14 +65,13 @@ impl Table {
     /// One row per named latency summary, in milliseconds.
     pub fn latency<'a>(rows: impl IntoIterator<Item = (&'a str, &'a Summary)>) -> Self {
         let mut table = Table::new(&["latency (ms)", "avg", "p50", "p90", "p99", "p99.9", "max"]);
-        table.rows = (rows.into_iter())
-            .map(|(name, s)| {
-                let figures = [s.mean_us, s.p50_us, s.p90_us, s.p99_us, s.p999_us, s.max_us];
-                std::iter::once(name.to_owned())
-                    .chain(figures.map(ms))
-                    .collect()
-            })
-            .collect();
+        let row = |(name, s): (&str, &Summary)| {
+            let figures = [s.mean_us, s.p50_us, s.p90_us, s.p99_us, s.p999_us, s.max_us];
+            std::iter::once(name.to_owned())
+                .chain(figures.map(ms))
+                .collect()
+        };
+        table.rows = rows.into_iter().map(row).collect();
         table
     }
 }
@@ -173,9 +172,8 @@ fn inline(value: &serde_json::Value) -> Option<String> {
             Some(items?.join(", "))
         }
         Value::Object(fields) => {
-            let fields = fields
-                .iter()
-                .map(|(k, v)| Some(format!("{k} {}", scalar(v)?)));
+            let field = |(k, v): (&String, &Value)| Some(format!("{k} {}", scalar(v)?));
+            let fields = fields.iter().map(field);
             Some(fields.collect::<Option<Vec<_>>>()?.join(", "))
         }
         scalar_value => scalar(scalar_value),
@@ -287,11 +285,10 @@ impl Machine {
         let memory = procfs::Meminfo::current().map_or(0, |m| m.mem_total);
         let cpu_info = procfs::CpuInfo::current().ok();
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease");
+        let model = cpu_info.as_ref().and_then(|c| c.model_name(0));
         Machine {
             cpus: std::thread::available_parallelism().map_or(0, usize::from),
-            cpu_model: (cpu_info.as_ref().and_then(|c| c.model_name(0)))
-                .unwrap_or_default()
-                .to_owned(),
+            cpu_model: model.unwrap_or_default().to_owned(),
             memory_gib: (memory as f64 / f64::from(1 << 30) * 10.0).round() / 10.0,
             kernel: release.unwrap_or_default().trim().to_owned(),
         }
@@ -350,8 +347,8 @@ impl OutputArgs {
 
 pub fn print_stdout(text: &str) -> anyhow::Result<()> {
     use std::io::Write as _;
-    std::io::stdout()
-        .lock()
+    let mut stdout = std::io::stdout().lock();
+    stdout
         .write_all(text.as_bytes())
         .context("writing the report")
 }
@@ -413,11 +410,8 @@ mod tests {
         assert!(!page.contains("<script"), "no script");
         // Grid lines and legend marks are horizontal.
         let attr = |line: &str, name: &str| {
-            line.split(name)
-                .nth(1)?
-                .split('"')
-                .nth(1)
-                .map(str::to_owned)
+            let value = line.split_once(name)?.1;
+            value.split('"').nth(1).map(str::to_owned)
         };
         for line in page.split("<line ").skip(1) {
             assert_eq!(attr(line, " y1="), attr(line, " y2="), "{line}");

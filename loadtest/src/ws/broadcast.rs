@@ -186,11 +186,8 @@ async fn child(args: &BroadcastArgs) -> anyhow::Result<()> {
         let name = format!("{prefix}{i}");
         member(&urls[i % urls.len()], name, true, args.spread.source(i))
     };
-    let clients: Vec<Client> = stream::iter(0..args.members)
-        .map(join)
-        .buffer_unordered(CONNECT_BATCH)
-        .try_collect()
-        .await?;
+    let joins = stream::iter(0..args.members).map(join);
+    let clients: Vec<Client> = joins.buffer_unordered(CONNECT_BATCH).try_collect().await?;
     for client in &clients {
         let pushes = client.pushes().context("push stream taken")?;
         tokio::spawn(counts.clone().count(pushes, args.messages as u64));
@@ -198,9 +195,8 @@ async fn child(args: &BroadcastArgs) -> anyhow::Result<()> {
     let members = clients.len() as u64;
     stop.ready(&members)?;
     let all = |count: &AtomicU64| count.load(Ordering::Relaxed) == members;
-    wait_for(&counts.done, || all(&counts.warmed))
-        .await
-        .context("the warm-up message did not reach every member")?;
+    let warmed = wait_for(&counts.done, || all(&counts.warmed)).await;
+    warmed.context("the warm-up message did not reach every member")?;
     stop.ready(&members)?;
     // What the joins' announcements had dropped is not the messages'.
     let dropped: u64 = clients.iter().map(Client::pushes_dropped).sum();

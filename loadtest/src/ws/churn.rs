@@ -110,7 +110,7 @@ impl Sample {
 }
 
 /// What one churn run measured.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct ChurnReport {
     pub mix: Vec<&'static str>,
     pub sessions: u64,
@@ -342,17 +342,7 @@ mod tests {
     fn the_text_report_gives_each_process_s_rss_in_mib_and_its_growth() {
         let mib = 1024 * 1024;
         let report = ChurnReport {
-            mix: vec!["echo"],
-            sessions: 20,
-            concurrency: 1,
-            rate: 0,
             warmup: 10,
-            settle_s: 3.0,
-            ok: 20,
-            failed: 0,
-            first_error: None,
-            elapsed_s: 1.0,
-            sessions_per_s: 20.0,
             processes: vec![ProcessRss {
                 name: "up".into(),
                 pid: 1,
@@ -363,6 +353,7 @@ mod tests {
                 bytes_per_session: 52428.8,
             }],
             samples: vec![Sample::new(10, 0.5, vec![23 * mib])],
+            ..ChurnReport::default()
         };
         let mut doc = Doc::new("churn".into(), crate::report::Meta::now());
         report.add_to(&mut doc);

@@ -283,9 +283,8 @@ async fn detach(
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };
-    tokio::time::timeout(DETACH_TIMEOUT, detached)
-        .await
-        .context("the gate did not count every session detached")?;
+    let counted = tokio::time::timeout(DETACH_TIMEOUT, detached).await;
+    counted.context("the gate did not count every session detached")?;
     let rss_detached = rss()?.iter().sum();
     let mut refill = Vec::new();
     for _ in &clients {

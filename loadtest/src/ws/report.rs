@@ -435,16 +435,12 @@ mod tests {
                 ("w2".into(), step("w2", 15_000.0)),
             ]),
             at_max_rate: vec!["w2".into()],
-            scaling: vec![
-                WorkerScaling {
-                    workers: 1,
-                    target: "w1".into(),
-                },
-                WorkerScaling {
-                    workers: 2,
-                    target: "w2".into(),
-                },
-            ],
+            scaling: [(1, "w1"), (2, "w2")]
+                .map(|(workers, t)| WorkerScaling {
+                    workers,
+                    target: t.into(),
+                })
+                .into(),
             ..SaturateReport::default()
         };
         let mut doc = Doc::new(String::new(), crate::report::Meta::now());

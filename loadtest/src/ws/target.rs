@@ -164,21 +164,17 @@ impl TargetArgs {
         services: &[ServiceKind],
         tls: bool,
     ) -> anyhow::Result<Launched> {
-        anyhow::ensure!(
-            !tls || self.url.is_empty(),
-            "serving wss:// beside ws:// needs gates this command launches (it makes their \
-             certificate); to load running gates over TLS, give their wss:// URLs to --url \
-             with --tls-ca"
-        );
+        let why = "serving wss:// beside ws:// needs gates this command launches (it makes \
+                   their certificate); to load running gates over TLS, give their wss:// URLs \
+                   to --url with --tls-ca";
+        anyhow::ensure!(!tls || self.url.is_empty(), why);
         if !self.url.is_empty() {
-            anyhow::ensure!(
-                self.tls_ca.is_some() || !self.url.iter().any(|u| u.starts_with("wss://")),
-                "wss:// URLs need --tls-ca FILE: the CA certificate (PEM) that signed the \
-                 gates' certificate"
-            );
-            let tls = (self.tls_ca.as_deref().map(tls_client_config))
-                .transpose()
-                .context("--tls-ca")?;
+            let wss = self.url.iter().any(|u| u.starts_with("wss://"));
+            let why = "wss:// URLs need --tls-ca FILE: the CA certificate (PEM) that signed \
+                       the gates' certificate";
+            anyhow::ensure!(self.tls_ca.is_some() || !wss, why);
+            let tls = self.tls_ca.as_deref().map(tls_client_config);
+            let tls = tls.transpose().context("--tls-ca")?;
             let gates = Gates {
                 urls: self.url.clone(),
                 gate_pids: Vec::new(),
@@ -204,9 +200,9 @@ impl TargetArgs {
             .map(|(name, n)| format!("{n} {name} worker{}", plural(*n as u32)))
             .collect::<Vec<_>>()
             .join(" + ");
-        let topology = Topology::start(spec)
-            .await
-            .with_context(|| format!("launching {gates} gate(s) and {fleet}"))?;
+        let topology = Topology::start(spec).await;
+        let topology =
+            topology.with_context(|| format!("launching {gates} gate(s) and {fleet}"))?;
         let mut setup = if self.topology == TopologyKind::OneProcess {
             "one process (shaddock up: broker, gate in process, echo, chat, arena and profile workers), launched on loopback".to_owned()
         } else {
@@ -218,9 +214,8 @@ impl TargetArgs {
         }
         let extra = self.launch.gate_arg.iter().chain(&self.launch.worker_arg);
         setup.extend(extra.map(|arg| format!(" {arg}")));
-        let tls = (topology.tls_ca().map(tls_client_config))
-            .transpose()
-            .context("trusting the launched gates' CA")?;
+        let tls = topology.tls_ca().map(tls_client_config).transpose();
+        let tls = tls.context("trusting the launched gates' CA")?;
         let g = Gates {
             urls: topology.gate_urls(),
             gate_pids: topology.gate_pids(),

@@ -27,7 +27,7 @@ pub(super) struct Seen {
     /// Inputs sent and not yet shown by a state push: (count after it, when sent).
     pub unshown: VecDeque<(i64, Instant)>,
     pub sent: i64,
-    /// Inputs answered 200, and answered otherwise but 408 (so not applied).
+    /// Inputs answered 200; and answered with a code but 200 or 408: not applied.
     pub ok: i64,
     pub refused: i64,
     pub latency: Hist,
@@ -92,10 +92,8 @@ pub(super) async fn join(urls: &[String], i: usize, players: usize) -> anyhow::R
     let uid = format!("p{i}");
     request_ok(&client, "chat.login", LoginRequest { name: uid.clone() }).await?;
     let name = format!("m{}", i / players);
-    let join = JoinRequest {
-        r#match: name.clone(),
-    }
-    .encode_to_vec();
+    let r#match = name.clone();
+    let join = JoinRequest { r#match }.encode_to_vec();
     let joined = client.request_keyed("arena.join", &name, join).await;
     expect_ok(joined.with_context(|| format!("{uid} joining {name}"))?)?;
     let seen = Arc::new(Mutex::new(Seen::default()));
