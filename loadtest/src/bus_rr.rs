@@ -126,10 +126,10 @@ async fn measure(args: &Args) -> anyhow::Result<BusRr> {
     .with_context(|| format!("connecting to {} took over {CONNECT_TIMEOUT:?}", args.url))??;
 
     for client in responder_clients {
-        let mut requests = client
+        let requests = client
             .queue_subscribe(subject.clone(), QUEUE_GROUP.to_owned())
-            .await
-            .context("responder subscribe")?;
+            .await;
+        let mut requests = requests.context("responder subscribe")?;
         // A flush round-trips a PING, so the server has the SUB before any request is sent
         // and early requests do not fail with "no responders".
         client.flush().await.context("responder flush")?;
@@ -159,9 +159,8 @@ async fn measure(args: &Args) -> anyhow::Result<BusRr> {
     }
 
     let deadline = end + args.timeout + FINISH_SLACK;
-    let joined = tokio::time::timeout_at(deadline.into(), requesters.join_all())
-        .await
-        .context("requesters did not finish in time; the server is hung")?;
+    let joined = tokio::time::timeout_at(deadline.into(), requesters.join_all()).await;
+    let joined = joined.context("requesters did not finish in time; the server is hung")?;
     let mut latency = Hist::new();
     let mut errors = [0u64; 3];
     for (recorded, counted) in joined {
@@ -235,7 +234,6 @@ async fn connect_all(
             .request_timeout(Some(request_timeout))
             .connect(url)
     });
-    futures::future::try_join_all(connects)
-        .await
-        .with_context(|| format!("connecting {count} {role}s to {url}"))
+    let connected = futures::future::try_join_all(connects).await;
+    connected.with_context(|| format!("connecting {count} {role}s to {url}"))
 }

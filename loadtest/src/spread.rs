@@ -121,9 +121,8 @@ impl Children {
     ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("finding this program")?;
         // `shaddock loadtest <subcommand>` or `shaddock-loadtest <subcommand>`.
-        let prefix = (exe.file_stem())
-            .filter(|name| *name == "shaddock")
-            .map(|_| "loadtest");
+        let prefix = exe.file_stem().filter(|name| *name == "shaddock");
+        let prefix = prefix.map(|_| "loadtest");
         let (procs, urls) = (u64::from(spread.procs), urls.join(","));
         let copies = Copies::start(spread.procs as usize, |i| {
             let share = (count / procs + u64::from((i as u64) < count % procs)).to_string();
@@ -139,8 +138,8 @@ impl Children {
     /// Each child, as a process whose CPU a run reports.
     pub fn watched(&self) -> Vec<Watched> {
         let pids = self.0.pids().into_iter().enumerate();
-        pids.map(|(i, pid)| Watched::new(format!("loadtest-{i}"), pid, Threads::All))
-            .collect()
+        let child = |(i, pid)| Watched::new(format!("loadtest-{i}"), pid, Threads::All);
+        pids.map(child).collect()
     }
 }
 

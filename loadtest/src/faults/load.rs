@@ -44,9 +44,8 @@ async fn connect_client(
         client: format!("loadtest-faults-{index}"),
         ..ClientOptions::default()
     };
-    Client::connect_any(&urls, options)
-        .await
-        .with_context(|| format!("client {index} connecting to {}", urls[0]))
+    let client = Client::connect_any(&urls, options).await;
+    client.with_context(|| format!("client {index} connecting to {}", urls[0]))
 }
 
 /// Which phase is current: requests are stamped with it when sent (past the last phase,

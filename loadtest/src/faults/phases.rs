@@ -390,10 +390,8 @@ impl FaultsReport {
 
     pub fn missed(&self) -> String {
         let missed = self.phases.iter().filter(|p| !p.passed());
-        missed
-            .map(|p| p.fault.name())
-            .collect::<Vec<_>>()
-            .join(", ")
+        let missed: Vec<&str> = missed.map(|p| p.fault.name()).collect();
+        missed.join(", ")
     }
 }
 

@@ -114,10 +114,8 @@ fn svg(chart: &Chart) -> String {
     );
     for (i, (name, points)) in chart.series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let points: Vec<String> = points
-            .iter()
-            .map(|(x, y)| format!("{:.1},{:.1}", sx(*x), sy(*y)))
-            .collect();
+        let point = |&(x, y): &(f64, f64)| format!("{:.1},{:.1}", sx(x), sy(y));
+        let points: Vec<String> = points.iter().map(point).collect();
         let ly = TOP + 14.0 + 14.0 * i as f64;
         let _ = write!(
             svg,
@@ -150,10 +148,8 @@ fn axis_number(x: f64) -> String {
     if x == 0.0 || x.abs() >= 10.0 {
         return thousands(x);
     }
-    format!("{x:.3}")
-        .trim_end_matches('0')
-        .trim_end_matches('.')
-        .to_owned()
+    let x = format!("{x:.3}");
+    x.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
 fn nines_label(n: u32) -> String {

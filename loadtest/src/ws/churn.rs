@@ -66,9 +66,8 @@ pub struct ChurnArgs {
 }
 
 fn parse_named_pid(text: &str) -> Result<(String, u32), String> {
-    let (name, pid) = text
-        .split_once('=')
-        .ok_or_else(|| format!("{text:?} is not NAME=PID"))?;
+    let split = text.split_once('=');
+    let (name, pid) = split.ok_or_else(|| format!("{text:?} is not NAME=PID"))?;
     let pid = pid.parse().map_err(|e| format!("pid {pid:?}: {e}"))?;
     Ok((name.to_owned(), pid))
 }
@@ -271,9 +270,8 @@ async fn session(
     name: String,
     room: String,
 ) -> anyhow::Result<()> {
-    let client = Client::connect(&url, options)
-        .await
-        .with_context(|| format!("connecting {url}"))?;
+    let client = Client::connect(&url, options).await;
+    let client = client.with_context(|| format!("connecting {url}"))?;
     let mut done = Ok(());
     for step in &mix {
         done = match step {

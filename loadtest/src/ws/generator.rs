@@ -156,9 +156,8 @@ pub struct LimitComparison {
 /// µs of CPU per request sent that a run's servers used: every process watched but the
 /// load tester itself, and none of the machine-wide entries.
 fn server_cpu_us(cpu: &[CpuUse], sent: u64) -> Option<f64> {
-    let servers: Vec<&CpuUse> = (cpu.iter())
-        .filter(|c| ![LOADTEST, MACHINE, OTHERS, STEAL].contains(&c.name.as_str()))
-        .collect();
+    let server = |c: &&CpuUse| ![LOADTEST, MACHINE, OTHERS, STEAL].contains(&c.name.as_str());
+    let servers: Vec<&CpuUse> = cpu.iter().filter(server).collect();
     if servers.is_empty() || sent == 0 {
         return None;
     }
@@ -278,9 +277,9 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunReport> 
     drop(metronome);
     let cpu = cpu.await.unwrap_or_default();
 
-    let per_conn: Vec<f64> = (per_client.iter())
-        .map(|t| t.map_or(0.0, |t| rate(t.ok, window_start, window_end, t.last_answer)))
-        .collect();
+    let conn_rate =
+        |t: &Option<Tally>| t.map_or(0.0, |t| rate(t.ok, window_start, window_end, t.last_answer));
+    let per_conn: Vec<f64> = per_client.iter().map(conn_rate).collect();
     // Every client has ended and dropped its recorder: this is the last handle.
     let Recorded { stats: t, timeline } = Arc::try_unwrap(recorded)
         .map_err(|_| anyhow::anyhow!("a load-test client still holds the record"))?

@@ -146,13 +146,11 @@ impl RunReport {
             None => format!("{:.1} s window", self.window_s),
         };
         let message = |code| self.error_messages.get(code).filter(|m| !m.is_empty());
-        let by_code = self
-            .errors_by_code
-            .iter()
-            .map(|(code, n)| match message(code) {
-                Some(m) => format!("{code} × {n} ({m})"),
-                None => format!("{code} × {n}"),
-            });
+        let by_code = self.errors_by_code.iter();
+        let by_code = by_code.map(|(code, n)| match message(code) {
+            Some(m) => format!("{code} × {n} ({m})"),
+            None => format!("{code} × {n}"),
+        });
         let failures = self.failures.iter().map(|(k, n)| format!("{k} × {n}"));
         let mut errors: Vec<String> = by_code.chain(failures).collect();
         if errors.is_empty() {
@@ -330,22 +328,16 @@ impl SaturateReport {
                 }),
             ],
         ));
-        let mut lines: Vec<String> = self
-            .best
-            .iter()
-            .map(|(target, best)| {
-                let bound = match self.at_max_rate.contains(target) {
-                    true => " — every rate it tried passed: a lower bound",
-                    false => "",
-                };
-                format!(
-                    "best {target}: {} req/s ({} per client, p99 {} ms){bound}",
-                    thousands(best.achieved_rps),
-                    thousands(best.per_client_rps),
-                    ms(best.p99_from_schedule_us)
-                )
-            })
-            .collect();
+        let best_line = |(target, best): (&String, &SaturateStep)| {
+            let bound = match self.at_max_rate.contains(target) {
+                true => " — every rate it tried passed: a lower bound",
+                false => "",
+            };
+            let (rps, each) = (thousands(best.achieved_rps), thousands(best.per_client_rps));
+            let p99 = ms(best.p99_from_schedule_us);
+            format!("best {target}: {rps} req/s ({each} per client, p99 {p99} ms){bound}")
+        };
+        let mut lines: Vec<String> = self.best.iter().map(best_line).collect();
         lines.extend(self.fraction_of_limit.as_ref().map(|f| f.sentence.clone()));
         doc.lines(lines);
         if self.scaling.is_empty() {

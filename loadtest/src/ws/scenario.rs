@@ -75,9 +75,8 @@ impl LoadArgs {
     /// One load per client count, each for the default duration unless told otherwise.
     fn specs(&self, clients: &[usize], service: ServiceKind) -> anyhow::Result<Vec<LoadSpec>> {
         let length = Length::Duration(DEFAULT_DURATION);
-        (clients.iter())
-            .map(|&n| self.spec(n, self.interval, length, service))
-            .collect()
+        let spec = |&n: &usize| self.spec(n, self.interval, length, service);
+        clients.iter().map(spec).collect()
     }
 
     /// The load for `clients` clients of `service` at `interval`; `length` unless
@@ -458,9 +457,8 @@ fn parse_hex(text: &str) -> Result<bytes::Bytes, String> {
     let pair = |i: usize| u8::from_str_radix(text.get(i..i + 2)?, 16).ok();
     let bytes: Option<Vec<u8>> = (0..text.len()).step_by(2).map(pair).collect();
     let bytes = bytes.filter(|_| text.len() % 2 == 0);
-    bytes
-        .map(Into::into)
-        .ok_or_else(|| format!("`{text}` is not an even number of hex digits"))
+    let why = || format!("`{text}` is not an even number of hex digits");
+    bytes.map(Into::into).ok_or_else(why)
 }
 
 #[cfg(test)]

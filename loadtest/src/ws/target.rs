@@ -138,9 +138,8 @@ pub fn this_process(name: &str) -> Watched {
 pub fn watched(topology: &Topology) -> Vec<Watched> {
     let fleet = topology.pids().into_iter();
     let fleet = fleet.map(|(role, pid)| Watched::new(role.to_string(), pid, Threads::All));
-    std::iter::once(this_process(LOADTEST))
-        .chain(fleet)
-        .collect()
+    let this = std::iter::once(this_process(LOADTEST));
+    this.chain(fleet).collect()
 }
 
 /// What the bare echo server's threads are named (and only they): its CPU is told

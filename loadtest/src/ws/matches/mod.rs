@@ -373,9 +373,8 @@ async fn lame_duck(fleet: &mut Topology, started: Instant) -> anyhow::Result<Str
     let mut moved = Vec::new();
     for role in fleet.running(is_arena) {
         let worker = fleet.process(&role).context("an arena worker is gone")?;
-        (worker.wait_line("the partitions moved to another NATS server", MOVE_WITHIN))
-            .await
-            .map_err(anyhow::Error::msg)?;
+        let line = worker.wait_line("the partitions moved to another NATS server", MOVE_WITHIN);
+        line.await.map_err(anyhow::Error::msg)?;
         let after = started.elapsed().as_secs_f64() - at;
         moved.push(format!("{role} {after:.2} s"));
     }
@@ -388,10 +387,8 @@ async fn lame_duck(fleet: &mut Topology, started: Instant) -> anyhow::Result<Str
 impl Section for MatchesReport {
     fn add_to(&self, doc: &mut Doc) {
         doc.fields(self);
-        let failed = self.inputs_failed.iter();
-        let mut lines: Vec<String> = failed
-            .map(|(why, n)| format!("failed    {n} × {why}"))
-            .collect();
+        let failed = |(why, n): &(String, u64)| format!("failed    {n} × {why}");
+        let mut lines: Vec<String> = self.inputs_failed.iter().map(failed).collect();
         lines.push(cpu_line(&self.cpu, self.inputs_sent, "input"));
         doc.lines(lines);
         doc.table(Table::latency([("input to state", &self.latency)]));
@@ -448,6 +445,7 @@ mod tests {
     #[test]
     fn after_a_kill_only_ambiguous_inputs_and_gaps_within_max_gap_pass_the_check() {
         let kill = args("--fault kill-owner --check").unwrap();
+        let why = |report: &MatchesReport| check(&kill, report).unwrap_err().to_string();
         let mut report = MatchesReport {
             longest_gap_ms: 2_050.0,
             ..MatchesReport::default()
@@ -459,29 +457,13 @@ mod tests {
             "only after a kill"
         );
         report.longest_gap_ms = 2_051.0;
-        assert!(
-            check(&kill, &report)
-                .unwrap_err()
-                .to_string()
-                .contains("--max-gap 2050 ms")
-        );
+        assert!(why(&report).contains("--max-gap 2050 ms"));
         report.longest_gap_ms = 0.0;
         report.players_lost = 1;
-        assert!(
-            check(&kill, &report)
-                .unwrap_err()
-                .to_string()
-                .contains("lost their match")
-        );
+        assert!(why(&report).contains("lost their match"));
         report.players_lost = 0;
-        report
-            .inputs_failed
-            .push(("404 match lost: join again".into(), 1));
-        assert!(
-            check(&kill, &report)
-                .unwrap_err()
-                .to_string()
-                .contains("404 match lost")
-        );
+        let lost = ("404 match lost: join again".to_owned(), 1);
+        report.inputs_failed.push(lost);
+        assert!(why(&report).contains("404 match lost"));
     }
 }

@@ -86,9 +86,8 @@ pub(super) async fn join(urls: &[String], i: usize, players: usize) -> anyhow::R
         reconnect: Some(Backoff::default()),
         ..ClientOptions::default()
     };
-    let client = Client::connect_any(&urls, options)
-        .await
-        .with_context(|| format!("connecting {}", urls[0]))?;
+    let client = Client::connect_any(&urls, options).await;
+    let client = client.with_context(|| format!("connecting {}", urls[0]))?;
     let uid = format!("p{i}");
     request_ok(&client, "chat.login", LoginRequest { name: uid.clone() }).await?;
     let name = format!("m{}", i / players);
