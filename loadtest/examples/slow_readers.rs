@@ -95,9 +95,9 @@ async fn main() -> anyhow::Result<()> {
     drop(attackers);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = rss_mib(pid);
+    let kib = BODY / 1024;
     println!(
-        "gate RSS: baseline {baseline:.1} MiB, peak {peak:.1} MiB, after {after:.1} MiB ({sessions} sessions × {REQUESTS} requests of {} KiB never read, {HEARTBEATS} heartbeats never read; {cut_early} cut before their last request was out)",
-        BODY / 1024
+        "gate RSS: baseline {baseline:.1} MiB, peak {peak:.1} MiB, after {after:.1} MiB ({sessions} sessions × {REQUESTS} requests of {kib} KiB never read, {HEARTBEATS} heartbeats never read; {cut_early} cut before their last request was out)"
     );
     Ok(())
 }

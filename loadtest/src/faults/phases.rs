@@ -115,10 +115,10 @@ fn expected(allowed: &[u32], held_slack_ms: u128) -> String {
         return "all 200: 0 errors, 0 cut, 0 lost".to_owned();
     }
     let codes: Vec<String> = allowed.iter().map(|c| format!("{c}s")).collect();
+    let codes = codes.join(" and ");
     format!(
-        "0 cut, 0 lost, no timeout; besides 200 only {}, at most the requests in flight at \
-         the kill, all sent before it (or within {held_slack_ms} ms after)",
-        codes.join(" and ")
+        "0 cut, 0 lost, no timeout; besides 200 only {codes}, at most the requests in flight \
+         at the kill, all sent before it (or within {held_slack_ms} ms after)"
     )
 }
 
@@ -206,16 +206,16 @@ impl PhaseReport {
             let n: u64 = allowed.iter().filter_map(|c| self.answered.get(c)).sum();
             if n > held {
                 let codes: Vec<String> = allowed.iter().map(u32::to_string).collect();
+                let codes = codes.join(" or ");
                 why.push(format!(
-                    "{n} answered {}, more than the {held} in flight at the kill",
-                    codes.join(" or ")
+                    "{n} answered {codes}, more than the {held} in flight at the kill"
                 ));
             }
             for code in allowed {
                 if let Some((n, latest)) = self.late.get(code) {
+                    let ms = latest.as_millis();
                     why.push(format!(
-                        "{n} {code}s for requests sent after the kill (the latest {} ms after)",
-                        latest.as_millis()
+                        "{n} {code}s for requests sent after the kill (the latest {ms} ms after)"
                     ));
                 }
             }
@@ -397,11 +397,10 @@ impl FaultsReport {
 
 impl Section for FaultsReport {
     fn add_to(&self, doc: &mut Doc) {
+        let (clients, rate, route) = (self.clients, self.rps_per_client, self.route);
+        let timeout = self.client_timeout_ms;
         doc.lines(vec![
-            format!(
-                "{} clients × {} req/s of {}, client timeout {} ms",
-                self.clients, self.rps_per_client, self.route, self.client_timeout_ms
-            ),
+            format!("{clients} clients × {rate} req/s of {route}, client timeout {timeout} ms"),
             "each request counts in the phase it was sent in; times in ms; a gap is a client's \
              time from its last answer before a lost connection to its first after"
                 .to_owned(),

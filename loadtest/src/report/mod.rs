@@ -192,10 +192,8 @@ pub fn cpu_line(cpu: &[CpuUse], count: u64, what: &str) -> String {
             false => format!("{} {:.0}%", c.name, c.percent),
         })
         .collect();
-    format!(
-        "cpu       {} (100% = one core; µs of CPU per {what})",
-        cpu.join(", ")
-    )
+    let cpu = cpu.join(", ");
+    format!("cpu       {cpu} (100% = one core; µs of CPU per {what})")
 }
 
 /// Every scenario's report: its name, when and where it ran, what it loaded, and its
@@ -263,11 +261,9 @@ impl Meta {
     }
 
     pub fn line(&self) -> String {
-        let m = &self.machine;
-        format!(
-            "{} | {} CPUs ({}), {} GiB, Linux {}",
-            self.date, m.cpus, m.cpu_model, m.memory_gib, m.kernel
-        )
+        let (date, m) = (&self.date, &self.machine);
+        let (cpus, model, gib, kernel) = (m.cpus, &m.cpu_model, m.memory_gib, &m.kernel);
+        format!("{date} | {cpus} CPUs ({model}), {gib} GiB, Linux {kernel}")
     }
 }
 
@@ -297,16 +293,9 @@ impl Machine {
 
 /// `YYYY-MM-DD HH:MM:SS UTC`.
 fn utc_text(t: time::OffsetDateTime) -> String {
-    let (date, clock) = (t.date(), t.time());
-    format!(
-        "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
-        date.year(),
-        u8::from(date.month()),
-        date.day(),
-        clock.hour(),
-        clock.minute(),
-        clock.second()
-    )
+    let (y, mo, d) = (t.year(), u8::from(t.month()), t.day());
+    let (h, mi, s) = (t.hour(), t.minute(), t.second());
+    format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02} UTC")
 }
 
 /// Where a report goes, for every scenario.

@@ -308,11 +308,9 @@ impl ScenarioReport {
 
 impl SaturateReport {
     fn section(&self, doc: &mut Doc) {
-        doc.heading(format!(
-            "saturation search: {} clients, p99 from schedule ≤ {} ms, no lost requests",
-            self.clients,
-            ms(self.p99_target_us)
-        ));
+        let (clients, p99) = (self.clients, ms(self.p99_target_us));
+        let what = format!("{clients} clients, p99 from schedule ≤ {p99} ms, no lost requests");
+        doc.heading(format!("saturation search: {what}"));
         doc.table(Table::of(
             &self.steps,
             &[
