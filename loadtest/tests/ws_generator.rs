@@ -33,13 +33,7 @@ fn spec(clients: usize, count: u64, clock: ClockKind) -> LoadSpec {
 }
 
 fn target(url: &str) -> Target {
-    Target {
-        label: "test".into(),
-        kind: "limit",
-        urls: vec![url.to_owned()],
-        tls: None,
-        watched: Vec::new(),
-    }
+    Target::new("test", "limit", vec![url.to_owned()], Vec::new())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,13 +16,12 @@ use tokio::task::JoinSet;
 
 use super::FaultsArgs;
 use crate::ws::clock::Pacer;
+use crate::ws::generator::LEAD;
 use crate::ws::schedule::Schedule;
 
 pub const ROUTE: &str = "echo.raw";
 /// The request body: small, as a game's request is.
 const BODY: &[u8] = b"Hello World, faults";
-/// Time between deciding the start and the first request, so every client is ready.
-const LEAD: Duration = Duration::from_millis(20);
 /// Between two attempts to replace a client closed for good.
 const RECONNECT_RETRY: Duration = Duration::from_millis(100);
 

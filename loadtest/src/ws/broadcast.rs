@@ -30,7 +30,7 @@ use crate::spread::{Children, SpreadArgs, unix_nanos};
 /// deliveries before reporting what arrived.
 const PATIENCE: Duration = Duration::from_secs(120);
 /// Members connecting at once: enough to be quick, few enough not to trip timeouts.
-const CONNECT_BATCH: usize = 100;
+pub(crate) const CONNECT_BATCH: usize = 100;
 /// The route chat pushes room messages on.
 const MESSAGE_ROUTE: &str = "chat.message";
 /// The room every member joins.

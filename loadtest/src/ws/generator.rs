@@ -23,7 +23,7 @@ use crate::hist::{Hist, Summary};
 use crate::proc::{CpuSample, CpuUse, LOADTEST, MACHINE, OTHERS, STEAL, Watched};
 
 /// Time between deciding the start and the first slot, so every task is ready for it.
-const LEAD: Duration = Duration::from_millis(20);
+pub const LEAD: Duration = Duration::from_millis(20);
 /// Slack after the last request's timeout before a run gives up on it.
 pub const HARD_MARGIN: Duration = Duration::from_secs(1);
 /// How often the progress bar redraws.
@@ -85,6 +85,20 @@ pub struct Target {
     pub tls: Option<Arc<sdk::rustls::ClientConfig>>,
     /// Processes whose CPU use over the window is reported.
     pub watched: Vec<Watched>,
+}
+
+impl Target {
+    /// A target without TLS: `kind` `urls` named `label`, watching `watched`.
+    pub fn new(label: &str, kind: &'static str, urls: Vec<String>, watched: Vec<Watched>) -> Self {
+        let (label, tls) = (label.to_owned(), None);
+        Target {
+            label,
+            kind,
+            urls,
+            tls,
+            watched,
+        }
+    }
 }
 
 /// Everything one load against one target measured: the `--json` data of a run.

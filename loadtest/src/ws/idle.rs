@@ -323,11 +323,8 @@ async fn open(
     let permits = Arc::new(Semaphore::new(usize::try_from(args.concurrency)?));
     let mut set = JoinSet::new();
     for k in 0..usize::try_from(args.sessions)? {
-        let (urls, options) = dial(k);
-        let options = ClientOptions {
-            source_addr: args.spread.source(k),
-            ..options
-        };
+        let (urls, mut options) = dial(k);
+        options.source_addr = args.spread.source(k);
         let permits = permits.clone();
         set.spawn(async move {
             let _permit = permits.acquire_owned().await;

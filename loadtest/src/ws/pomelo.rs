@@ -61,13 +61,15 @@ pub async fn pomelo_compare(args: PomeloCompareArgs) -> anyhow::Result<()> {
     let (gates, topology) = args.target.gates(1, 1).await?;
     let mut targets = vec![gates.target("shaddock")];
     targets[0].urls.truncate(1);
-    targets.extend(args.pomelo_url.iter().map(|url| Target {
-        label: "pomelo 2.2.7".to_owned(),
-        kind: "pomelo",
-        urls: vec![url.clone()],
-        tls: None,
-        watched: vec![this_process(LOADTEST)],
-    }));
+    let pomelo = |url: &String| {
+        Target::new(
+            "pomelo 2.2.7",
+            "pomelo",
+            vec![url.clone()],
+            vec![this_process(LOADTEST)],
+        )
+    };
+    targets.extend(args.pomelo_url.iter().map(pomelo));
     let work = async {
         let mut report =
             ScenarioReport::new("pomelo-compare", gates.setup.clone(), Runs::default());

@@ -65,10 +65,8 @@ impl ServiceKind {
         match self {
             ServiceKind::Echo => Payload::Hello,
             ServiceKind::Chat => {
-                let request = proto::chat::MembersRequest {
-                    room: CHAT_ROOM.to_owned(),
-                };
-                Payload::Fixed(request.encode_to_vec().into())
+                let room = CHAT_ROOM.to_owned();
+                Payload::Fixed(proto::chat::MembersRequest { room }.encode_to_vec().into())
             }
         }
     }
@@ -230,12 +228,11 @@ impl TargetArgs {
 impl Gates {
     /// The gates as the target of a run named `label`.
     pub fn target(&self, label: &str) -> Target {
+        let urls = self.urls.clone();
+        let tls = self.tls.clone();
         Target {
-            label: label.to_owned(),
-            kind: "gateway",
-            urls: self.urls.clone(),
-            tls: self.tls.clone(),
-            watched: self.watched.clone(),
+            tls,
+            ..Target::new(label, "gateway", urls, self.watched.clone())
         }
     }
 }
@@ -296,21 +293,11 @@ impl LimitServer {
 
     /// The bare echo server as the target of a run named `label`.
     pub fn target(&self, label: &str) -> Target {
-        Target {
-            label: label.to_owned(),
-            kind: "limit",
-            urls: vec![self.url.clone()],
-            tls: None,
-            // The echo server's threads are in this process: told apart by their name.
-            watched: vec![
-                this_process(LOADTEST),
-                Watched::new(
-                    "echo server",
-                    std::process::id(),
-                    Threads::Named(ECHO_THREADS),
-                ),
-            ],
-        }
+        // The echo server's threads are in this process: told apart by their name.
+        let echo = Threads::Named(ECHO_THREADS);
+        let echo = Watched::new("echo server", std::process::id(), echo);
+        let watched = vec![this_process(LOADTEST), echo];
+        Target::new(label, "limit", vec![self.url.clone()], watched)
     }
 }
 

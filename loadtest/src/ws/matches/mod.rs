@@ -15,6 +15,7 @@ use nix::sys::signal::Signal;
 use testkit::Cut;
 use testkit::fleet::{Role, Topology, TopologySpec, or_interrupted};
 
+use super::broadcast::CONNECT_BATCH;
 use super::target::watched;
 use crate::hist::{Hist, Summary};
 use crate::proc::{CpuSample, CpuUse};
@@ -24,8 +25,6 @@ use players::{Outcomes, Player, join, position, send_inputs};
 
 mod players;
 
-/// Players connecting at once.
-const CONNECT_BATCH: usize = 100;
 /// How long the last inputs may take to be answered after sending stops.
 const SETTLE: Duration = Duration::from_secs(10);
 /// Most SIGKILLs one kill-owner run strikes (`--kills`).
