@@ -70,9 +70,8 @@ pub struct Args {
     pub output: OutputArgs,
 }
 
-/// What one run measured (with `--json -`, one JSON object on one line: the fields
-/// scripts/bench-broker.sh reads). Errors are counted from requests sent inside the
-/// measured window.
+/// What one run measured (`--json -`: one line, read by scripts/bench-broker.sh); errors
+/// count requests sent inside the measured window.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct BusRr {
     pub requesters: u32,

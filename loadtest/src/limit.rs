@@ -42,9 +42,8 @@ pub fn ws_config() -> WebSocketConfig {
         .max_message_size(Some(DEFAULT_MAX_FRAME))
 }
 
-/// Serves WebSocket clients on `listener` until `shutdown` is cancelled; then stops
-/// accepting, closes every session with `1001 server shutting down` and returns once
-/// they are all gone. Accepts through the gate's own loop (a failure pauses it).
+/// Serves `listener` (through the gate's accept loop) until `shutdown`; then closes each
+/// session with `1001 server shutting down` and returns once they are all gone.
 pub async fn serve(listener: TcpListener, shutdown: CancellationToken) {
     let tracker = TaskTracker::new();
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));

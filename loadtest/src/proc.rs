@@ -33,8 +33,7 @@ pub struct Watched {
     pub threads: Threads,
 }
 
-/// Which threads of a process count, by name: the bare echo server runs in the load
-/// tester's own process, on threads of its own name.
+/// Which threads count, by name: the bare echo server runs on named threads of ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Threads {
     All,

@@ -25,15 +25,13 @@ use phases::{Fault, FaultsReport, NodeStop, PHASES, PhaseRun};
 
 /// The service the load goes to.
 const SERVICE: &str = "echo";
-/// How long a client task may take to end past its last request's timeout and the
-/// drain timeout (closing the connection) before the run is declared stuck.
+/// How long a client may take to close past its last timeout and the drain timeout.
 const CLIENT_END_SLACK: Duration = Duration::from_secs(5);
 /// The longest a phase's fault waits for the requests of the phase before to end.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often that is looked at.
 const SETTLE_POLL: Duration = Duration::from_millis(1);
-/// The gates' counters of requests held for the bus and sent again after "no
-/// responders" (docs/gateway.md, "Bus blips").
+/// Requests held for the bus and sent again after "no responders" (gateway.md "Bus blips").
 const BLIP_COUNTERS: [&str; 2] = ["gate_requests_held_total", "gate_requests_resent_total"];
 
 /// `loadtest faults` flags.
@@ -183,9 +181,8 @@ fn blips(before: &HashMap<Role, Vec<f64>>, after: &HashMap<Role, Vec<f64>>) -> [
     sums
 }
 
-/// Does `fault` to the fleet, noting each step with its timing in `events`; returns
-/// once it is done (a stopped process exited, a started one is ready), with when it
-/// struck when it killed something (for the requests it may hold).
+/// Does `fault`, each step with its timing in `events`; returns once done (stopped
+/// processes exited, started ones ready), with when it killed something, if it did.
 async fn act(
     fleet: &mut Topology,
     hops: &[Cut],

@@ -137,8 +137,7 @@ pub struct PhaseRun {
     pub blips: [u64; 2],
 }
 
-/// One phase's figures, from every client's record: times in ms, but for the histograms'
-/// summaries (µs).
+/// One phase's figures from every client's record: times in ms, histograms in µs.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PhaseReport {
     pub fault: Fault,
@@ -318,8 +317,7 @@ fn longest_without(times: &[Instant], start: Instant, end: Instant) -> Duration 
     longest
 }
 
-/// Answers per [`TIMELINE_BUCKET`] from `origin` until now, as rates by when they
-/// ended: [seconds from the start, 200s, other codes, cut + timed out + failed].
+/// Answers per [`TIMELINE_BUCKET`] by when they ended: [s, 200s, others, cut/timeout/failed].
 fn timeline(records: &[ClientRecord], origin: Instant) -> Vec<[f64; 4]> {
     let bucket = TIMELINE_BUCKET.as_secs_f64();
     let buckets = (origin.elapsed().as_secs_f64() / bucket) as usize + 1;

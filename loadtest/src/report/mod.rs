@@ -180,8 +180,7 @@ fn inline(value: &serde_json::Value) -> Option<String> {
     }
 }
 
-/// The CPU each process used, as a report line: `% of one core` and, but for steal,
-/// µs of CPU per each of `count` `what`s.
+/// The CPU each process used: % of one core and (not for steal) µs per `what` of `count`.
 pub fn cpu_line(cpu: &[CpuUse], count: u64, what: &str) -> String {
     let cpu: Vec<String> = (cpu.iter())
         .map(|c| match count > 0 && c.name != STEAL {
@@ -196,8 +195,7 @@ pub fn cpu_line(cpu: &[CpuUse], count: u64, what: &str) -> String {
     format!("cpu       {cpu} (100% = one core; µs of CPU per {what})")
 }
 
-/// Every scenario's report: its name, when and where it ran, what it loaded, and its
-/// own data, flattened into the same JSON object.
+/// Every scenario's report: name, when, where, setup, and its data in the same object.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report<T> {
     pub scenario: &'static str,

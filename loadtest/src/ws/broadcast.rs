@@ -25,9 +25,8 @@ use crate::proc::{CpuSample, CpuUse};
 use crate::report::{Doc, OutputArgs, Report, Section, Table, cpu_line};
 use crate::spread::{Children, SpreadArgs, unix_nanos};
 
-/// How long to wait for the warm-up to reach every member (after the announcements
-/// of every join: a 10,000-member room's are 50 million pushes), and for the last
-/// deliveries before reporting what arrived.
+/// How long the warm-up may take to reach every member (after every join's announcement:
+/// 50 million pushes in a 10,000-member room), and the last deliveries to come.
 const PATIENCE: Duration = Duration::from_secs(120);
 /// Members connecting at once: enough to be quick, few enough not to trip timeouts.
 pub(crate) const CONNECT_BATCH: usize = 100;
@@ -118,9 +117,8 @@ async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<Broadcas
     let mut children = Children::start(&args.spread, "broadcast", urls, share, flags)?;
     let _joined: Vec<u64> = children.0.ready().await?;
     let sender = member(&urls[0], "sender".into(), !args.unordered, None).await?;
-    // A warm-up message every second until every member has one: a member's pushes
-    // queue may drop one under the joins' announcements (a 10,000-member room's are 50
-    // million pushes); once every member has one, none is still on its way.
+    // A warm-up message a second until every member has one: a member's push queue may
+    // drop one under the joins' announcements; once all have one, none is on its way.
     let warm = async {
         loop {
             if let Err(e) = say(&sender, args.size, true).await {
@@ -174,10 +172,9 @@ async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<Broadcas
     })
 }
 
-/// A load process: its share of the members, `m{pid}-{i}` on `--url` gate `i mod N`
-/// (each with its `--source-addrs` address), counting their pushes in a task each. Says
-/// READY once they joined, again once each has the warm-up message, and its RESULT once
-/// each has every message, or on SIGTERM.
+/// A load process: its share of the members, `m{pid}-{i}` on `--url` gate `i mod N`, a
+/// task each counting pushes; READY once joined, again once warmed up, then its RESULT
+/// once each has every message (or on SIGTERM).
 async fn child(args: &BroadcastArgs) -> anyhow::Result<()> {
     let mut stop = AsCopy::install()?;
     let (urls, prefix) = (&args.target.url, format!("m{}-", std::process::id()));
@@ -286,8 +283,7 @@ pub(crate) fn expect_ok(response: Response) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What the members' tasks count: members that got a warm-up message, deliveries,
-/// members that got every message; `done` wakes the waiter on each change.
+/// Members warmed up, deliveries, members done; `done` wakes the waiter on each change.
 #[derive(Debug, Default)]
 struct Counts {
     warmed: AtomicU64,

@@ -167,8 +167,7 @@ pub struct LimitComparison {
     pub cpu_ratio: Option<f64>,
 }
 
-/// µs of CPU per request sent that a run's servers used: every process watched but the
-/// load tester itself, and none of the machine-wide entries.
+/// µs of CPU per request sent of the run's servers (not ours, not the machine-wide).
 fn server_cpu_us(cpu: &[CpuUse], sent: u64) -> Option<f64> {
     let server = |c: &&CpuUse| ![LOADTEST, MACHINE, OTHERS, STEAL].contains(&c.name.as_str());
     let servers: Vec<&CpuUse> = cpu.iter().filter(server).collect();
@@ -394,8 +393,7 @@ fn note_error(errors: &mut BTreeMap<String, u64>, error: String) {
     *errors.entry(key).or_default() += 1;
 }
 
-/// CPU use of the watched processes between the window's start and end, sampled by a
-/// task that sleeps until each edge.
+/// The watched processes' CPU over `window`, by a task that sleeps until each edge.
 fn sample_cpu_over_window(watched: &[Watched], window: Range<Instant>) -> JoinHandle<Vec<CpuUse>> {
     let watched = watched.to_vec();
     tokio::spawn(async move {
@@ -409,8 +407,7 @@ fn sample_cpu_over_window(watched: &[Watched], window: Range<Instant>) -> JoinHa
     })
 }
 
-/// A bar over the run's time (warm-up to last slot) on stderr; hidden when stderr is
-/// not a terminal or `--quiet`.
+/// A bar over the run's `total` time on stderr; hidden when not a terminal or `--quiet`.
 fn progress_bar(spec: &LoadSpec, target: &Target, total: Duration) -> ProgressBar {
     if !spec.progress {
         return ProgressBar::hidden();

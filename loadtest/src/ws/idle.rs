@@ -169,8 +169,8 @@ pub async fn idle(args: IdleArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Opens the sessions, reads the gates' RSS around it, the CPU over the hold, and then
-/// drains the `drained` gate, or (`metrics`: the gate's metrics URL) detaches them.
+/// Opens the sessions, the gates' RSS around it and CPU over the hold; then drains or
+/// (`metrics`: the gate's metrics URL) detaches.
 async fn measure(
     args: &IdleArgs,
     gates: &Gates,
@@ -257,8 +257,7 @@ async fn measure(
     })
 }
 
-/// `--detached`: the sessions opened here through a hop to `url`, the RSS once they
-/// are open, and the RSS once they are detached and once as many again are open.
+/// `--detached`: sessions through a hop to `url`; the RSS open, detached, and refilled.
 async fn detach(
     args: &IdleArgs,
     url: &str,
@@ -312,9 +311,8 @@ impl Section for IdleReport {
     }
 }
 
-/// Opens `args.sessions` sessions, `args.concurrency` handshakes at a time, the `k`-th
-/// to the gates and with the options `dial(k)` gives (its `--source-addrs` address set
-/// here): those that opened, and what the opening was.
+/// Opens `--sessions`, `--concurrency` handshakes at a time, the `k`-th as `dial(k)`
+/// says (plus its `--source-addrs` address): those that opened, and how it went.
 async fn open(
     args: &IdleArgs,
     dial: impl Fn(usize) -> (Vec<String>, ClientOptions),
@@ -350,9 +348,8 @@ async fn open(
     Ok((clients, opened))
 }
 
-/// A load process: its share of sessions over the `--url` gates round-robin (with
-/// `--drain`: the first gate, then the others from a different one each), held until
-/// the parent's SIGTERM.
+/// A load process: its share of sessions over the `--url` gates round-robin (`--drain`:
+/// the first gate, then the others from a different one each) until SIGTERM.
 async fn child(args: &IdleArgs) -> anyhow::Result<()> {
     let mut stop = AsCopy::install()?;
     let urls = &args.target.url;
@@ -383,8 +380,7 @@ async fn child(args: &IdleArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Until every client has moved (or reconnected) and had a request answered 200 on its
-/// new gate, or SIGTERM: how many were, and when the last was.
+/// How many clients moved and had a 200 on their new gate, and when the last did.
 async fn served_elsewhere(clients: &[Client], stop: &mut AsCopy) -> Moved {
     let mut asked = vec![false; clients.len()];
     let mut confirms = JoinSet::new();

@@ -38,9 +38,8 @@ const CLOSED: &str = "closed";
 const KICKED: &str = "kicked";
 const PROTOCOL: &str = "protocol";
 
-/// How a client speaks: the gate's protocol in protobuf (binary frames) or JSON (text
-/// frames, typed bodies the gate transcodes), or pomelo's (the gate's pomelo codec, or
-/// a pomelo server).
+/// How a client speaks: the gate's protocol in protobuf or JSON (typed bodies the gate
+/// transcodes), or pomelo's (to the gate's pomelo codec or a pomelo server).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Codec {
     #[default]
@@ -95,8 +94,7 @@ impl Conn {
     }
 }
 
-/// A pomelo session: handshake, its answer, the ack. The server sends heartbeats, which
-/// the client answers ([`on_pomelo`]), so it sends none of its own.
+/// A pomelo handshake; heartbeats are the server's to send ([`on_pomelo`] answers them).
 async fn pomelo_handshake(mut ws: Ws) -> anyhow::Result<Ws> {
     let hello = br#"{"sys":{"type":"shaddock-loadtest","version":"0.0.1"},"user":{}}"#;
     let hello = wire::encode_package(PackageType::Handshake, hello);
@@ -350,8 +348,7 @@ enum Handled {
 /// A frame handled, or why it ended the connection.
 type Handling = Result<Handled, &'static str>;
 
-/// One frame from the server: a response ends its request; a kick, a close or a frame
-/// that does not decode ends the connection.
+/// A response ends its request; a kick, a close or a bad frame ends the connection.
 fn on_frame(frame: Message, in_flight: &mut InFlight, rec: &mut Recorder) -> Handling {
     match frame {
         Message::Binary(_) | Message::Text(_) => {}
@@ -373,9 +370,8 @@ fn on_frame(frame: Message, in_flight: &mut InFlight, rec: &mut Recorder) -> Han
     Ok(Handled::Done)
 }
 
-/// One pomelo frame: its responses end their requests, a heartbeat is answered; a
-/// kick or a frame that does not parse ends the connection. A response with the error
-/// flag or an error `code` in its body counts as a 500 answer.
+/// One pomelo frame: responses end requests (the error flag or an error `code` in the
+/// body counts as 500), heartbeats are answered, a kick or bad frame ends the link.
 fn on_pomelo(frame: Message, in_flight: &mut InFlight, rec: &mut Recorder) -> Handling {
     let received = Instant::now();
     let Message::Binary(bytes) = frame else {
@@ -410,8 +406,7 @@ fn on_pomelo(frame: Message, in_flight: &mut InFlight, rec: &mut Recorder) -> Ha
     Ok(handled)
 }
 
-/// Request `id` (its slot + 1) got `answer`. Id 0 is never sent; an id not in flight was
-/// answered or timed out already.
+/// Request `id` (slot + 1, so never 0) got `answer`, unless answered or timed out already.
 fn answered(in_flight: &mut InFlight, rec: &mut Recorder, id: u64, at: Instant, answer: Answer) {
     if let Some(slot) = id.checked_sub(1)
         && let Some(sent) = in_flight.take(slot)

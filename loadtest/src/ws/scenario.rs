@@ -333,8 +333,7 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs one search on `target` and files its steps, best step and run under the
-/// target's label. Returns whether any step met the target.
+/// One search on `target`, filed under its label; whether any step met the target.
 async fn search_into(
     args: &SaturateArgs,
     max_rate: f64,
@@ -355,10 +354,9 @@ async fn search_into(
     Ok(true)
 }
 
-/// Raises the per-client rate by `factor` while steps pass, then bisects between the
-/// last pass and the first failure: the best passing step and its run, and whether every
-/// rate up to `max_rate` passed (the best is then a lower bound). `measure` runs a step
-/// (generic so that tests drive the search without a network).
+/// Raises the rate by `factor` while steps pass, then bisects between the last pass and
+/// the first failure: the best step and its run, and whether every rate up to `max_rate`
+/// passed (a lower bound). `measure` is generic so tests run it without a network.
 async fn search<R, F, Fut>(
     args: &SaturateArgs,
     max_rate: f64,
@@ -398,9 +396,8 @@ where
     Ok((best, at_max_rate))
 }
 
-/// One rate: a step, and while it misses the target up to `--retries` more, so that one
-/// stall of a shared machine cannot end the search. Every step goes into `steps`; the
-/// last one decides.
+/// One rate: a step, then up to `--retries` more while it misses, so one stall of a
+/// shared machine cannot end the search. Each goes into `steps`; the last decides.
 async fn confirmed_step<R, Fut>(
     args: &SaturateArgs,
     measure: &mut impl FnMut(f64) -> Fut,

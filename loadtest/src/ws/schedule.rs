@@ -44,8 +44,7 @@ impl Schedule {
     }
 }
 
-/// `d * n` without the `u32` limit of `Duration * u32`, saturating at `u64::MAX` ns
-/// (584 years: unreachable by any bounded run).
+/// `d * n` without `Duration * u32`'s limit, saturating at `u64::MAX` ns (584 years).
 pub fn times(d: Duration, n: u64) -> Duration {
     let nanos = d.as_nanos().saturating_mul(u128::from(n));
     Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))

@@ -52,8 +52,7 @@ pub struct Outcome {
     pub answer: Answer,
 }
 
-/// The latency of answered requests, three ways: histograms while recording, then
-/// their summaries and curves in the report.
+/// The latency of answered requests, three ways (histograms, then summaries or curves).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Latencies<T = Hist> {
     /// Answer minus scheduled send time: a stall of client or server is never hidden.
@@ -73,8 +72,7 @@ impl<T> Latencies<T> {
     }
 }
 
-/// Where the time went according to the server (answers carrying timing only): the
-/// parts add up to the latency from send.
+/// Where the time went by the server's timing (answers with it): adds up to from-send.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ServerSplit<T = Hist> {
     /// From-send latency - total: the client and the WebSocket both ways.
@@ -189,8 +187,7 @@ pub fn rate(ok: u64, window_start: Instant, window_end: Instant, last: Option<In
     if secs <= 0.0 { 0.0 } else { ok as f64 / secs }
 }
 
-/// What all clients of a run recorded: one set of histograms for the run, and the
-/// latency from the schedule per second of the window ([`Hist::coarse`]).
+/// What a run's clients recorded: one set of histograms, and one coarse one a second.
 #[derive(Debug, Default)]
 pub struct Recorded {
     pub stats: ClientStats,

@@ -17,8 +17,7 @@ use super::schedule::Payload;
 use crate::proc::{LOADTEST, Threads, Watched};
 use crate::topology::LaunchArgs;
 
-/// Services a launched topology can run; also what a churned session does between its
-/// handshake and its close (`churn --mix`).
+/// Services a launched topology can run; also what a churned session does (`--mix`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, clap::ValueEnum)]
 pub enum ServiceKind {
     /// The echo service (a churned session sends one `echo.raw`).
@@ -126,8 +125,7 @@ pub struct Gates {
     pub tls_urls: Vec<String>,
 }
 
-/// The load generator: this process but for the bare echo server's threads, always
-/// reported.
+/// The load generator, always reported: this process but the bare echo server's threads.
 pub fn this_process(name: &str) -> Watched {
     Watched::new(name, std::process::id(), Threads::Others(ECHO_THREADS))
 }
@@ -140,8 +138,7 @@ pub fn watched(topology: &Topology) -> Vec<Watched> {
     this.chain(fleet).collect()
 }
 
-/// What the bare echo server's threads are named (and only they): its CPU is told
-/// apart from the generator's in the same process by this.
+/// The bare echo server's threads' name: how its CPU is told apart from the generator's.
 const ECHO_THREADS: &str = "limit-echo";
 
 impl TargetArgs {
@@ -237,8 +234,8 @@ impl Gates {
     }
 }
 
-/// Runs a scenario while a launched topology serves (when there is one), then stops the
-/// processes; Ctrl-C or a process exiting ends the scenario early with an error.
+/// Runs `work` while a launched topology serves, then stops it; Ctrl-C or a process
+/// exiting ends `work` early with an error.
 pub async fn with_topology<T>(
     topology: Option<Topology>,
     work: impl Future<Output = anyhow::Result<T>>,
@@ -254,9 +251,8 @@ pub fn plural(n: u32) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 
-/// The bare WebSocket echo server, on a runtime and threads of its own (as a separate
-/// process would be) so the load generator's runtime does not schedule its tasks. Stops
-/// when dropped.
+/// The bare echo server on a runtime and threads of its own, as a separate process
+/// would be, so the generator's runtime does not schedule its tasks. Stops when dropped.
 #[derive(Debug)]
 pub struct LimitServer {
     url: String,

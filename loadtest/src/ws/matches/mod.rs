@@ -299,9 +299,8 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
     Ok(report)
 }
 
-/// When `--fault` strikes, from the start: halfway, and for kill-owner `--kills` times
-/// `--kill-every` apart. Refused when the players would stop less than
-/// [`AFTER_LAST_KILL`] after the last kill, or for `--kills` without kill-owner.
+/// When `--fault` strikes: halfway, then (kill-owner) every `--kill-every`, `--kills` in
+/// all; refused when the players stop under [`AFTER_LAST_KILL`] after the last.
 fn strike_times(args: &MatchesArgs) -> anyhow::Result<Vec<Duration>> {
     let (killing, n) = (args.fault == Fault::KillOwner, args.kills);
     let kills = if killing { n } else { 1 };
@@ -363,8 +362,7 @@ async fn strike(
 /// mode (the fleet's nodes close their clients from a second after the notice on).
 const MOVE_WITHIN: Duration = Duration::from_secs(5);
 
-/// Puts the first node in lame duck mode and waits until every arena worker (all on it)
-/// has moved its partitions to another node; says when each did.
+/// Puts the first node in lame duck mode; says when each arena worker (all on it) moved.
 async fn lame_duck(fleet: &mut Topology, started: Instant) -> anyhow::Result<String> {
     let at = started.elapsed().as_secs_f64();
     let node = fleet.process(&Role::Node(0)).context("no first node")?;

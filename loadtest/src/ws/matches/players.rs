@@ -77,8 +77,8 @@ pub(super) struct Outcomes {
     pub pending: u64,
 }
 
-/// Connects player `i` (to gate `i % gates`, the others its fallbacks, reconnecting and
-/// resuming by itself), logs it in and joins its match (`i / players`).
+/// Connects player `i` (gate `i % gates` first, resuming by itself), logs it in and
+/// joins its match (`i / players`).
 pub(super) async fn join(urls: &[String], i: usize, players: usize) -> anyhow::Result<Player> {
     let first = i % urls.len();
     let urls = [&urls[first..], &urls[..first]].concat();
@@ -109,8 +109,7 @@ pub(super) async fn join(urls: &[String], i: usize, players: usize) -> anyhow::R
     Ok(Player { client, seen })
 }
 
-/// Sends `--rate` inputs a second for `--duration`, each without waiting for the one
-/// before; counts the answers in `results`.
+/// Sends `--rate` inputs a second for `--duration`, not waiting; answers go to `results`.
 pub(super) fn send_inputs(
     player: &Player,
     args: &MatchesArgs,
@@ -152,8 +151,7 @@ pub(super) fn send_inputs(
     })
 }
 
-/// A player's position now (an input of (0, 0) answers it); `None` when its match is
-/// lost (404: its worker was killed since the player's last input).
+/// A player's position (an input of (0, 0) answers it); `None` if its match is lost (404).
 pub(super) async fn position(client: &Client) -> anyhow::Result<Option<i64>> {
     let body = InputRequest { dx: 0, dy: 0 }.encode_to_vec();
     let answer = client.request("arena.input", body).await?;
