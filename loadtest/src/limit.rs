@@ -28,8 +28,7 @@ use tokio_util::task::TaskTracker;
 
 /// Connections served at once; the next waits to be accepted. The gate's session cap.
 const MAX_CONNECTIONS: usize = DEFAULT_MAX_SESSIONS;
-/// Frames answered between two flushes, so one busy client's answers go out in bounded
-/// batches and the write buffer stays within its cap.
+/// Frames answered between two flushes: bounded batches keep the write buffer in its cap.
 const MAX_BATCH: usize = 64;
 
 /// The WebSocket settings of a gate with its default limits.

@@ -11,11 +11,10 @@ use testkit::copies::Copies;
 
 use crate::proc::{Threads, Watched};
 
-/// Most load processes one command starts: each holds up to its open-file limit of
-/// sockets (20,000 on this project's machines), so 64 reach past a million.
+/// Most load processes: each holds its open-file limit of sockets (20,000 here), so 64
+/// reach past a million.
 pub const MAX_PROCS: u32 = 64;
-/// Most source addresses: a /24 of them, each good for Linux's 28,232 default
-/// ephemeral ports, is 7 million sockets; more is a typo.
+/// Most source addresses: a /24, each good for 28,232 ports (Linux's default), is 7 million.
 pub const MAX_SOURCE_ADDRS: usize = 256;
 /// The flags that spread a scenario's sessions over addresses and processes.
 #[derive(Debug, Clone, Default, clap::Args)]

@@ -16,8 +16,8 @@ use tokio::time::Sleep;
 
 use super::schedule::Schedule;
 
-/// Offered load above which [`ClockKind::Auto`] picks tokio timers: there the thread's
-/// lower lag no longer shows in the p99 while its wake-ups cost ~25 % of a core more.
+/// Above this offered load [`ClockKind::Auto`] picks tokio timers: the thread's lower
+/// lag no longer shows in the p99, its wake-ups cost ~25 % of a core more.
 pub const AUTO_TOKIO_ABOVE_RPS: f64 = 20_000.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

@@ -34,8 +34,8 @@ use crate::spread::{Children, SpreadArgs, explain, unix_ms};
 pub const MAX_SESSIONS: usize = 1_000_000;
 /// How long the gate may take to see every cut link once the hop cut them.
 const DETACH_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a drained gate's players may take to be served elsewhere before those not
-/// yet are counted lost: the gate's shutdown grace (5 s) and a reconnection's backoff.
+/// How long a drained gate's players may take to be served elsewhere: the gate's 5 s
+/// shutdown grace and a reconnection's backoff.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a load process looks for players that moved.
 const MOVE_POLL: Duration = Duration::from_millis(10);

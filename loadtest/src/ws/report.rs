@@ -86,8 +86,8 @@ impl SaturateStep {
     }
 }
 
-/// The gateway's saturation point as a fraction of the bare echo's, and how far to trust
-/// it: a search that passed every rate up to its maximum found only a lower bound.
+/// The gateway's saturation point ÷ the bare echo's, and how far to trust it (a search
+/// that passed every rate up to its maximum found only a lower bound).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Fraction {
     pub value: f64,

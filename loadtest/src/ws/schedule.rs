@@ -59,8 +59,8 @@ pub enum Stop {
     Count(u64),
 }
 
-/// One client's part of a run: its schedule, the first measured slot (the earlier ones
-/// are warm-up: sent, not recorded) and the end (slots `0..end` are sent).
+/// One client's part of a run: its schedule, first measured slot (those before are
+/// warm-up) and end (slots `0..end` are sent).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Plan {
     pub schedule: Schedule,

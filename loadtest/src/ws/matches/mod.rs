@@ -308,7 +308,7 @@ fn strike_times(args: &MatchesArgs) -> anyhow::Result<Vec<Duration>> {
     let (first, every) = (args.duration / 2, args.kill_every);
     let last = first + every * (kills - 1);
     ensure!(
-        last + AFTER_LAST_KILL <= args.duration,
+        !killing || last + AFTER_LAST_KILL <= args.duration,
         "--duration {:?} is too short for {kills} kill(s) {every:?} apart from {first:?}: \
          the players must go on {AFTER_LAST_KILL:?} after the last, at {last:?}",
         args.duration
@@ -358,8 +358,8 @@ async fn strike(
     ))
 }
 
-/// How long each arena worker may take to move its partitions off the node in lame duck
-/// mode (the fleet's nodes close their clients from a second after the notice on).
+/// How long an arena worker may take to move off a node in lame duck mode (the fleet's
+/// nodes close their clients from a second after the notice on).
 const MOVE_WITHIN: Duration = Duration::from_secs(5);
 
 /// Puts the first node in lame duck mode; says when each arena worker (all on it) moved.
@@ -418,6 +418,8 @@ mod tests {
         assert_eq!(defaults.max_gap, Duration::from_millis(2_050));
         assert!(strikes("").unwrap().is_empty());
         assert_eq!(strikes("--fault drain-owner").unwrap(), [s(5)]);
+        let short = strikes("--fault drain-owner --duration 2s").unwrap();
+        assert_eq!(short, [s(1)], "only kills need time after them");
         assert_eq!(strikes("--fault kill-owner").unwrap(), [s(5)]);
         let three = strikes("--fault kill-owner --kills 3 --duration 20s").unwrap();
         assert_eq!(three, [s(10), s(14), s(18)]);
