@@ -15,8 +15,10 @@ use std::time::{Duration, Instant};
 
 use futures::SinkExt as _;
 use loadtest::proc::rss_bytes;
-use proto::client::{Handshake, Heartbeat, Packet, Request, packet::Kind};
+use proto::client::{Handshake, Packet, packet::Kind};
+use proto::frame;
 use tokio::net::TcpSocket;
+use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream, client_async};
 
 type Ws = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
@@ -42,26 +44,17 @@ async fn session(url: &str) -> anyhow::Result<Ws> {
     socket.set_recv_buffer_size(4096)?;
     let stream = socket.connect(addr).await?;
     let (mut ws, _) = client_async(url, MaybeTlsStream::Plain(stream)).await?;
-    send(&mut ws, Kind::Handshake(Handshake::default())).await?;
+    let hello = Packet::new(Kind::Handshake(Handshake::default()));
+    ws.feed(sdk::frame::encode(&hello, false)).await?;
     Ok(ws)
 }
 
-async fn send(ws: &mut Ws, kind: Kind) -> anyhow::Result<()> {
-    let frame = sdk::frame::encode(&Packet::new(kind), false);
-    Ok(ws.feed(frame).await?)
-}
-
 /// An attacking session, its requests pipelined and flushed.
-async fn attack(url: &str, body: &str) -> anyhow::Result<Ws> {
+async fn attack(url: &str, body: &[u8]) -> anyhow::Result<Ws> {
     let mut ws = session(url).await?;
     for id in 1..=REQUESTS {
-        let request = Request {
-            id,
-            route: "echo.raw".into(),
-            body: body.to_owned().into(),
-            ..Request::default()
-        };
-        send(&mut ws, Kind::Request(request)).await?;
+        ws.feed(Message::Binary(frame::request(id, "echo.raw", "", body)))
+            .await?;
     }
     ws.flush().await?;
     Ok(ws)
@@ -76,7 +69,7 @@ async fn main() -> anyhow::Result<()> {
     let pid: u32 = pid.parse()?;
     let sessions: usize = args.get(2).map_or(Ok(100), |s| s.parse())?;
     let baseline = rss_mib(pid);
-    let body = "x".repeat(BODY);
+    let body = vec![b'x'; BODY];
     let mut attackers = Vec::new();
     // Sessions the gate cut while they were still sending (a busy machine lets the gate
     // find one too slow before its last request is out): they did their part.
@@ -89,7 +82,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let mut flooder = session(url).await?;
     for _ in 0..HEARTBEATS {
-        send(&mut flooder, Kind::Heartbeat(Heartbeat {})).await?;
+        flooder.feed(Message::Binary(frame::HEARTBEAT)).await?;
     }
     flooder.flush().await?;
     attackers.push(flooder);
@@ -102,9 +95,9 @@ async fn main() -> anyhow::Result<()> {
     drop(attackers);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = rss_mib(pid);
+    let kib = BODY / 1024;
     println!(
-        "gate RSS: baseline {baseline:.1} MiB, peak {peak:.1} MiB, after {after:.1} MiB ({sessions} sessions × {REQUESTS} requests of {} KiB never read, {HEARTBEATS} heartbeats never read; {cut_early} cut before their last request was out)",
-        BODY / 1024
+        "gate RSS: baseline {baseline:.1} MiB, peak {peak:.1} MiB, after {after:.1} MiB ({sessions} sessions × {REQUESTS} requests of {kib} KiB never read, {HEARTBEATS} heartbeats never read; {cut_early} cut before their last request was out)"
     );
     Ok(())
 }

@@ -1,13 +1,8 @@
-//! `bus-rr`: request-reply throughput and latency over NATS (BENCHMARKS.md B6).
-//!
-//! Responders in one queue group echo each request's payload to its reply subject;
-//! requesters loop `client.request()` closed-loop, so the figure is the round trip a
-//! service call pays through the bus. One connection per requester and per responder, as
-//! `nats-bench` does: a shared connection would coalesce many requests into one write,
-//! measuring the client's batching more than the server's per-connection work.
-//!
-//! Requests sent during the warm-up are not recorded; errors are counted, never fatal,
-//! and every request carries a timeout, so the run ends by itself.
+//! `bus-rr`: request-reply over NATS (BENCHMARKS.md B6). Responders in one queue group
+//! echo each payload; requesters loop `client.request()` closed-loop: the round trip a
+//! service call pays. One connection each, as `nats-bench`: a shared one would coalesce
+//! requests into one write and measure the client's batching. Warm-up requests are not
+//! recorded; errors are counted, never fatal; every request has a timeout.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -75,9 +70,8 @@ pub struct Args {
     pub output: OutputArgs,
 }
 
-/// What one run measured (with `--json -`, one JSON object on one line: the fields
-/// scripts/bench-broker.sh reads). Errors are counted from requests sent inside the
-/// measured window.
+/// What one run measured (`--json -`: one line, read by scripts/bench-broker.sh); errors
+/// count requests sent inside the measured window.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct BusRr {
     pub requesters: u32,
@@ -114,10 +108,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 /// Runs the benchmark and returns its figures.
 async fn measure(args: &Args) -> anyhow::Result<BusRr> {
     let longest = args.duration.max(args.warmup).max(args.timeout);
-    anyhow::ensure!(
-        longest <= MAX_PHASE,
-        "--duration, --warmup and --timeout may be {MAX_PHASE:?} at most"
-    );
+    let why = format!("--duration, --warmup and --timeout may be {MAX_PHASE:?} at most");
+    anyhow::ensure!(longest <= MAX_PHASE, why);
     let subject = Subject::from(args.subject.as_str());
     let payload = Bytes::from(vec![b'x'; args.size as usize]);
 
@@ -133,10 +125,10 @@ async fn measure(args: &Args) -> anyhow::Result<BusRr> {
     .with_context(|| format!("connecting to {} took over {CONNECT_TIMEOUT:?}", args.url))??;
 
     for client in responder_clients {
-        let mut requests = client
+        let requests = client
             .queue_subscribe(subject.clone(), QUEUE_GROUP.to_owned())
-            .await
-            .context("responder subscribe")?;
+            .await;
+        let mut requests = requests.context("responder subscribe")?;
         // A flush round-trips a PING, so the server has the SUB before any request is sent
         // and early requests do not fail with "no responders".
         client.flush().await.context("responder flush")?;
@@ -166,9 +158,8 @@ async fn measure(args: &Args) -> anyhow::Result<BusRr> {
     }
 
     let deadline = end + args.timeout + FINISH_SLACK;
-    let joined = tokio::time::timeout_at(deadline.into(), requesters.join_all())
-        .await
-        .context("requesters did not finish in time; the server is hung")?;
+    let joined = tokio::time::timeout_at(deadline.into(), requesters.join_all()).await;
+    let joined = joined.context("requesters did not finish in time; the server is hung")?;
     let mut latency = Hist::new();
     let mut errors = [0u64; 3];
     for (recorded, counted) in joined {
@@ -242,7 +233,6 @@ async fn connect_all(
             .request_timeout(Some(request_timeout))
             .connect(url)
     });
-    futures::future::try_join_all(connects)
-        .await
-        .with_context(|| format!("connecting {count} {role}s to {url}"))
+    let connected = futures::future::try_join_all(connects).await;
+    connected.with_context(|| format!("connecting {count} {role}s to {url}"))
 }

@@ -66,20 +66,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 /// Runs the measurement and returns its figures; connections close when it returns.
 async fn measure(args: &Args) -> anyhow::Result<IdleConns> {
     let addr = host_port(&args.url);
-    let read_rss = |pid| {
-        crate::proc::rss_bytes(pid)
-            .with_context(|| format!("reading the RSS of pid {pid} (is it running?)"))
-    };
+    let why = |pid| format!("reading the RSS of pid {pid} (is it running?)");
+    let read_rss = |pid| crate::proc::rss_bytes(pid).with_context(|| why(pid));
     let rss_before = read_rss(args.pid)?;
     let mut conns = Vec::with_capacity(usize::try_from(args.conns).unwrap_or(0));
     // Sequential on purpose: the server sees one new connection at a time, as idle
     // clients trickling in would look.
     for i in 0..args.conns {
-        let conn = tokio::time::timeout(NETWORK_TIMEOUT, handshake(addr))
-            .await
-            .with_context(|| format!("connection {i} to {addr}: no PONG in {NETWORK_TIMEOUT:?}"))?
-            .with_context(|| format!("connection {i} to {addr}"))?;
-        conns.push(conn);
+        let conn = tokio::time::timeout(NETWORK_TIMEOUT, handshake(addr)).await;
+        let conn = conn.with_context(|| format!("connection {i} to {addr}: no PONG in time"))?;
+        conns.push(conn.with_context(|| format!("connection {i} to {addr}"))?);
     }
     let rss_after = read_rss(args.pid)?;
     tracing::info!(conns = conns.len(), rss_before, rss_after, "measured");

@@ -1,16 +1,11 @@
-//! Load generators for Shaddock, run as `shaddock loadtest <subcommand>`.
+//! Load generators for Shaddock, run as `shaddock loadtest <subcommand>`. Each subcommand
+//! is a bounded experiment: it stops by itself, counts errors instead of panicking, and
+//! prints one report on stdout (one JSON line with `--json -`, for scripts); progress
+//! goes to `tracing` (stderr).
 //!
-//! Each subcommand is a bounded experiment: it stops by itself, counts errors instead of
-//! panicking, and prints one human-readable report (or one JSON line with `--json -`) on
-//! stdout so `scripts/bench-broker.sh` can parse it. Progress goes to `tracing` (stderr).
-//!
-//! Layers, each importing only those before it in this list: the leaves [`hist`],
-//! [`proc`] and [`report`]; the parts [`limit`] (the bare echo server), [`topology`]
-//! (the flags of the fleet launcher, `testkit::fleet`) and [`spread`] (source addresses
-//! and load processes); the scenarios [`bus_rr`] and
-//! [`idle_conns`] (NATS), [`ws`] (WebSocket load through the gateway) and [`faults`]
-//! (which reuses the WebSocket pacing). `python3 scripts/check-layers.py loadtest`
-//! checks for cycles.
+//! Layers, each importing only those before it: the leaves [`hist`], [`proc`],
+//! [`report`]; the parts [`limit`], [`topology`], [`spread`]; the scenarios [`bus_rr`],
+//! [`idle_conns`], [`ws`] and [`faults`]. `python3 scripts/check-layers.py loadtest`.
 
 pub mod bus_rr;
 pub mod faults;

@@ -1,24 +1,19 @@
-//! The bare WebSocket echo server: the gate's client protocol with nothing behind it. It
-//! acks a `Handshake`, answers a `Heartbeat` and echoes every `Request`'s body at once (no
-//! route check, bus or worker), so a run against it measures what this machine's
-//! WebSocket stack, the load generator and the kernel can do at all: the physical limit
-//! the gateway's numbers are read against.
-//!
-//! To be fair it does the gate's per-frame work and no less: the same WebSocket settings,
-//! protobuf in binary frames and JSON in text ones (a session answers in its
-//! handshake's encoding), and the same write coalescing (answers to every frame already
-//! received are fed, then flushed once). It skips heartbeat deadlines, rate and
-//! in-flight limits, and metrics.
+//! The bare WebSocket echo server: the gate's client protocol with nothing behind it
+//! (acks a `Handshake`, answers a `Heartbeat`, echoes every `Request`'s body at once), so
+//! a run against it measures what this machine's WebSocket stack, generator and kernel
+//! can do at all: the limit the gateway's numbers are read against. To be fair it does
+//! the gate's per-frame work: the same WebSocket settings, protobuf or JSON as the
+//! handshake chose, answers to every frame received fed then flushed once; it skips
+//! heartbeat deadlines, rate and in-flight limits, and metrics.
 
-use std::io;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::{FutureExt as _, SinkExt as _, StreamExt as _};
 use gateway::config::{
     DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEARTBEAT, DEFAULT_MAX_FRAME, DEFAULT_MAX_SESSIONS,
     WS_READ_BUFFER, WS_WRITE_BUFFER,
 };
+use net::accept::Acceptor;
 use proto::client::{self, Packet, packet::Kind};
 use proto::code;
 use tokio::net::{TcpListener, TcpStream};
@@ -33,11 +28,8 @@ use tokio_util::task::TaskTracker;
 
 /// Connections served at once; the next waits to be accepted. The gate's session cap.
 const MAX_CONNECTIONS: usize = DEFAULT_MAX_SESSIONS;
-/// Frames answered between two flushes, so one busy client's answers go out in bounded
-/// batches and the write buffer stays within its cap.
+/// Frames answered between two flushes: bounded batches keep the write buffer in its cap.
 const MAX_BATCH: usize = 64;
-/// Pause after a failed accept (out of file descriptors, say) so the loop does not spin.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 
 /// The WebSocket settings of a gate with its default limits.
 pub fn ws_config() -> WebSocketConfig {
@@ -49,46 +41,35 @@ pub fn ws_config() -> WebSocketConfig {
         .max_message_size(Some(DEFAULT_MAX_FRAME))
 }
 
-/// Serves WebSocket clients on `listener` until `shutdown` is cancelled; then stops
-/// accepting, closes every session with `1001 server shutting down` and returns once
-/// they are all gone.
-pub async fn serve(listener: TcpListener, shutdown: CancellationToken) -> io::Result<()> {
+/// Serves `listener` (through the gate's accept loop) until `shutdown`; then closes each
+/// session with `1001 server shutting down` and returns once they are all gone.
+pub async fn serve(listener: TcpListener, shutdown: CancellationToken) {
     let tracker = TaskTracker::new();
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let mut sid = 0;
-    loop {
+    let mut acceptor = Acceptor::new(listener, "limit-echo");
+    for sid in 1u64.. {
         let next = async {
             (
                 permits.clone().acquire_owned().await,
-                listener.accept().await,
+                acceptor.accept().await,
             )
         };
-        let (permit, accepted) = tokio::select! {
+        let (permit, (stream, _)) = tokio::select! {
             next = next => next,
             () = shutdown.cancelled() => break,
         };
         // Only a closed semaphore fails, and this one is never closed.
         let Ok(permit) = permit else { break };
-        match accepted {
-            Ok((stream, _)) => {
-                let _ = stream.set_nodelay(true);
-                sid += 1;
-                let shutdown = shutdown.clone();
-                tracker.spawn(async move {
-                    session(stream, sid, shutdown).await;
-                    drop(permit);
-                });
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
-            }
-        }
+        let _ = stream.set_nodelay(true);
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            session(stream, sid, shutdown).await;
+            drop(permit);
+        });
     }
-    drop(listener);
+    drop(acceptor);
     tracker.close();
     tracker.wait().await;
-    Ok(())
 }
 
 /// What one frame from the client asks of the session.
@@ -234,6 +215,8 @@ fn encode(kind: Kind, text: bool) -> Message {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     /// Answering in either encoding is pinned by tests/ws_generator.rs; this pins the end.
@@ -256,6 +239,6 @@ mod tests {
             panic!("not closed")
         };
         assert_eq!(frame.code, CloseCode::Away);
-        timeout(wait, task).await.unwrap().unwrap().unwrap();
+        timeout(wait, task).await.unwrap().unwrap();
     }
 }

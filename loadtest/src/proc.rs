@@ -33,8 +33,7 @@ pub struct Watched {
     pub threads: Threads,
 }
 
-/// Which threads of a process count, by name: the bare echo server runs in the load
-/// tester's own process, on threads of its own name.
+/// Which threads count, by name: the bare echo server runs on named threads of ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Threads {
     All,
@@ -45,6 +44,11 @@ pub enum Threads {
 }
 
 impl Watched {
+    pub fn new(name: impl Into<String>, pid: u32, threads: Threads) -> Self {
+        let name = name.into();
+        Watched { name, pid, threads }
+    }
+
     /// CPU time (user + system) used so far. A thread that ended took its time with it:
     /// only threads that live through a run are measured right (the echo's and ours do).
     fn cpu_time(&self) -> Option<Duration> {
@@ -55,12 +59,17 @@ impl Watched {
             Threads::Named(prefix) => (prefix, true),
             Threads::Others(prefix) => (prefix, false),
         };
-        let tasks = process.tasks().ok()?.flatten();
-        let stats = tasks.filter_map(|task| task.stat().ok());
-        let total = stats
-            .filter(|s| s.comm.starts_with(prefix) == named)
-            .map(used);
-        Some(ticks(total.sum()))
+        let stats = process
+            .tasks()
+            .ok()?
+            .flatten()
+            .filter_map(|task| task.stat().ok());
+        Some(ticks(
+            stats
+                .filter(|s| s.comm.starts_with(prefix) == named)
+                .map(used)
+                .sum(),
+        ))
     }
 }
 
@@ -114,11 +123,14 @@ impl CpuSample {
             },
         };
         let times = self.times.iter().zip(&later.times);
-        let mut uses: Vec<CpuUse> = (times.filter_map(|((w, before), (_, after))| {
-            let used = after.as_ref()?.saturating_sub((*before)?);
-            Some(entry(&w.name, w.pid, used))
-        }))
-        .collect();
+        let used = |((w, before), (_, after)): (&(Watched, _), &(_, Option<Duration>))| {
+            Some(entry(
+                &w.name,
+                w.pid,
+                after.as_ref()?.saturating_sub((*before)?),
+            ))
+        };
+        let mut uses: Vec<CpuUse> = times.filter_map(used).collect();
         if let (Some((busy0, steal0)), Some((busy1, steal1))) = (self.machine, later.machine) {
             let machine = busy1.saturating_sub(busy0);
             let ours = Duration::from_secs_f64(uses.iter().map(|u| u.cpu_seconds).sum());
@@ -138,11 +150,7 @@ mod tests {
     fn this_process_is_readable_and_its_threads_split_by_name() {
         let me = std::process::id();
         assert!(rss_bytes(me).is_some_and(|b| b > 0));
-        let watch = |threads| Watched {
-            name: "self".into(),
-            pid: me,
-            threads,
-        };
+        let watch = |threads| Watched::new("self", me, threads);
         let time = |threads| watch(threads).cpu_time().expect("readable");
         assert_eq!(time(Threads::Named("no-such-thread")), Duration::ZERO);
         let a = CpuSample::take(&[watch(Threads::All)]);

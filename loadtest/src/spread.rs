@@ -1,11 +1,7 @@
-//! Past one process's and one address's limits (docs/capacity.md): client sockets
-//! bound to several local source addresses in turn (`--source-addrs`), and sessions
-//! spread over several load processes that one command starts and reports as one
-//! (`--procs`).
-//!
-//! A child is this program again ([`testkit::copies`]), given its share of the
-//! scenario's flags and `--child`: it opens its sessions, says READY (JSON on stdout),
-//! and its RESULT when its part is done or on SIGTERM.
+//! Past one process's and one address's limits (docs/capacity.md): sockets bound to
+//! several source addresses in turn (`--source-addrs`), and sessions spread over
+//! `--procs` load processes, copies of this program ([`testkit::copies`]) given a share
+//! and `--child`, that say READY then RESULT (JSON on stdout); one report for all.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -15,11 +11,10 @@ use testkit::copies::Copies;
 
 use crate::proc::{Threads, Watched};
 
-/// Most load processes one command starts: each holds up to its open-file limit of
-/// sockets (20,000 on this project's machines), so 64 reach past a million.
+/// Most load processes: each holds its open-file limit of sockets (20,000 here), so 64
+/// reach past a million.
 pub const MAX_PROCS: u32 = 64;
-/// Most source addresses: a /24 of them, each good for Linux's 28,232 default
-/// ephemeral ports, is 7 million sockets; more is a typo.
+/// Most source addresses: a /24, each good for 28,232 ports (Linux's default), is 7 million.
 pub const MAX_SOURCE_ADDRS: usize = 256;
 /// The flags that spread a scenario's sessions over addresses and processes.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -125,9 +120,8 @@ impl Children {
     ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("finding this program")?;
         // `shaddock loadtest <subcommand>` or `shaddock-loadtest <subcommand>`.
-        let prefix = (exe.file_stem())
-            .filter(|name| *name == "shaddock")
-            .map(|_| "loadtest");
+        let prefix = exe.file_stem().filter(|name| *name == "shaddock");
+        let prefix = prefix.map(|_| "loadtest");
         let (procs, urls) = (u64::from(spread.procs), urls.join(","));
         let copies = Copies::start(spread.procs as usize, |i| {
             let share = (count / procs + u64::from((i as u64) < count % procs)).to_string();
@@ -143,12 +137,8 @@ impl Children {
     /// Each child, as a process whose CPU a run reports.
     pub fn watched(&self) -> Vec<Watched> {
         let pids = self.0.pids().into_iter().enumerate();
-        pids.map(|(i, pid)| Watched {
-            name: format!("loadtest-{i}"),
-            pid,
-            threads: Threads::All,
-        })
-        .collect()
+        let child = |(i, pid)| Watched::new(format!("loadtest-{i}"), pid, Threads::All);
+        pids.map(child).collect()
     }
 }
 

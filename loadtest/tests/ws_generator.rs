@@ -33,13 +33,7 @@ fn spec(clients: usize, count: u64, clock: ClockKind) -> LoadSpec {
 }
 
 fn target(url: &str) -> Target {
-    Target {
-        label: "test".into(),
-        kind: "limit",
-        urls: vec![url.to_owned()],
-        tls: None,
-        watched: Vec::new(),
-    }
+    Target::new("test", "limit", vec![url.to_owned()], Vec::new())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,14 +44,13 @@ async fn every_scheduled_request_is_sent_and_answered_in_either_encoding() {
         payload: Payload::Fixed(bytes::Bytes::from_static(br#"{"room":"a"}"#)),
         ..spec(3, 50, ClockKind::Tokio)
     };
-    for spec in [
+    let (thread, tokio) = (
         spec(3, 50, ClockKind::Thread),
         spec(3, 50, ClockKind::Tokio),
-        json,
-    ] {
-        let run = generator::run(&spec, &target(server.url()))
-            .await
-            .expect("run");
+    );
+    for spec in [thread, tokio, json] {
+        let run = generator::run(&spec, &target(server.url())).await;
+        let run = run.expect("run");
         let what = format!("{:?}, {:?}", spec.clock, spec.codec);
         assert_eq!(run.connected, 3);
         assert_eq!((run.sent, run.ok), (150, 150), "{what}: 3 clients x 50");
@@ -65,11 +58,8 @@ async fn every_scheduled_request_is_sent_and_answered_in_either_encoding() {
         assert!(run.errors_by_code.is_empty());
         assert_eq!(run.latency.lag.count, 150);
         // The echo server reports its own time as total, in either encoding.
-        assert_eq!(
-            run.server.as_ref().map(|s| s.total.count),
-            Some(150),
-            "{what}"
-        );
+        let total = run.server.as_ref().map(|s| s.total.count);
+        assert_eq!(total, Some(150), "{what}");
         assert!(run.per_conn.min > 0.0 && !run.timeline.is_empty());
     }
 }
@@ -120,25 +110,23 @@ async fn scripted_session(stream: tokio::net::TcpStream, script: Script) {
     });
     let send = |kind| drop(tx.send(frame(kind)));
     let _hello = stream.next().await;
+    let (code, heartbeat_ms) = (200, 10_000);
     send(Kind::HandshakeAck(HandshakeAck {
-        code: 200,
-        heartbeat_ms: 10_000,
+        code,
+        heartbeat_ms,
         ..HandshakeAck::default()
     }));
     let mut answered = 0;
     while let Some(Ok(Message::Binary(bytes))) = stream.next().await {
-        let Ok(Packet {
-            kind: Some(Kind::Request(request)),
-        }) = Packet::decode(bytes)
-        else {
+        let Ok(Some(Kind::Request(request))) = Packet::decode(bytes).map(|p| p.kind) else {
             continue;
         };
-        let id = request.id;
-        let response = Kind::Response(Response {
-            id,
+        let response = Response {
+            id: request.id,
             code: 200,
             ..Response::default()
-        });
+        };
+        let response = Kind::Response(response);
         match script {
             Script::CloseAfter(n) | Script::KickAfter(n) if answered < n => {
                 send(Kind::Push(Push::default()));
@@ -205,20 +193,14 @@ async fn latency_is_measured_from_the_scheduled_send_time() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         std::thread::sleep(Duration::from_millis(60));
     });
-    let run = generator::run(&spec, &target(server.url()))
-        .await
-        .expect("run");
+    let run = generator::run(&spec, &target(server.url())).await;
+    let run = run.expect("run");
     blocker.await.expect("blocker");
     assert_eq!(run.ok, 300);
     let l = &run.latency;
     let ms = |us: f64| us / 1000.0;
     assert!(ms(l.lag.max_us) >= 40.0, "the burst was sent late: {l:?}");
-    assert!(
-        ms(l.from_schedule.p90_us) >= 20.0,
-        "includes the lateness: {l:?}"
-    );
-    assert!(
-        ms(l.from_send.p90_us) < 10.0,
-        "from the send it does not: {l:?}"
-    );
+    let (from_schedule, from_send) = (ms(l.from_schedule.p90_us), ms(l.from_send.p90_us));
+    assert!(from_schedule >= 20.0, "includes the lateness: {l:?}");
+    assert!(from_send < 10.0, "from the send it does not: {l:?}");
 }

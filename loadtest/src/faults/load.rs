@@ -1,11 +1,7 @@
-//! The steady load of `loadtest faults`: N SDK clients, each sending one request per
-//! interval on an absolute schedule (open loop), from before the first phase until after
-//! the last. Each request is stamped with the phase current when it was sent and kept
-//! with its outcome; the phases' figures are worked out from those afterwards.
-//!
-//! Clients hold every gate's URL and reconnect by themselves. A client the gate closed
-//! for good (a kick) is replaced by a new one on the next gate, as a game would
-//! reconnect; its requests due meanwhile come back cut.
+//! The steady load of `loadtest faults`: N SDK clients, one request per interval each on
+//! an absolute schedule, stamped with the phase current when sent and kept with its
+//! outcome. Clients reconnect by themselves; one closed for good (kicked) is replaced on
+//! the next gate, as a game would, its requests due meanwhile coming back cut.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,19 +16,17 @@ use tokio::task::JoinSet;
 
 use super::FaultsArgs;
 use crate::ws::clock::Pacer;
+use crate::ws::generator::LEAD;
 use crate::ws::schedule::Schedule;
 
 pub const ROUTE: &str = "echo.raw";
 /// The request body: small, as a game's request is.
 const BODY: &[u8] = b"Hello World, faults";
-/// Time between deciding the start and the first request, so every client is ready.
-const LEAD: Duration = Duration::from_millis(20);
 /// Between two attempts to replace a client closed for good.
 const RECONNECT_RETRY: Duration = Duration::from_millis(100);
 
-/// Connects client `index`, reconnecting by itself with the SDK's default backoff, given
-/// every gate starting from its own (round-robin by `index`, moved on by `attempt`): the
-/// SDK moves along the list when its gate drains, and reconnects along it when lost.
+/// Connects client `index` with every gate, its own first (`index` round-robin, moved on
+/// by `attempt`): the SDK moves along them when its gate drains or its link is lost.
 async fn connect_client(
     gates: &[String],
     index: usize,
@@ -48,14 +42,12 @@ async fn connect_client(
         client: format!("loadtest-faults-{index}"),
         ..ClientOptions::default()
     };
-    Client::connect_any(&urls, options)
-        .await
-        .with_context(|| format!("client {index} connecting to {}", urls[0]))
+    let client = Client::connect_any(&urls, options).await;
+    client.with_context(|| format!("client {index} connecting to {}", urls[0]))
 }
 
-/// Which phase is current: requests are stamped with it when sent (past the last phase,
-/// clients stop sending). It also counts each phase's requests awaiting their outcome,
-/// so the next fault waits for them instead of striking requests of the phase before.
+/// The current phase, stamped on requests as sent (past the last, sending stops), and
+/// each phase's requests awaiting their outcome: the next fault waits for them.
 #[derive(Debug)]
 pub struct PhaseClock {
     current: AtomicUsize,
@@ -108,6 +100,17 @@ pub struct Outcome {
     pub answer: Answer,
 }
 
+impl Outcome {
+    pub fn new(phase: usize, sent: Instant, done: Instant, answer: Answer) -> Self {
+        Outcome {
+            phase,
+            sent,
+            done,
+            answer,
+        }
+    }
+}
+
 /// Everything one client did.
 #[derive(Debug, Default)]
 pub struct ClientRecord {
@@ -121,8 +124,7 @@ pub struct ClientRecord {
     pub closings: Vec<(usize, String)>,
 }
 
-/// Connects every client, then starts their load; sending stops once `clock` passes
-/// its last phase. Fails when a client cannot connect.
+/// Connects every client (or fails), then loads until `clock` passes its last phase.
 pub async fn start(
     args: &FaultsArgs,
     gates: &[String],
@@ -175,7 +177,11 @@ impl Driver {
         let mut pacer = Pacer::tokio();
         let mut next = 0;
         let mut in_flight = FuturesUnordered::new();
-        let mut gaps = GapTracker::new(self.client.reconnects());
+        let reconnects = self.client.reconnects();
+        let mut gaps = GapTracker {
+            reconnects,
+            ..GapTracker::default()
+        };
         // Set when sending stopped: outstanding requests are given up on then.
         let mut give_up: Option<Instant> = None;
         // A replacement for a client closed for good, under way.
@@ -231,8 +237,7 @@ impl Driver {
     }
 }
 
-/// A new client in place of one closed for good: on the next gate, then the one after,
-/// until one connects.
+/// A new client in place of one closed for good: on each next gate until one connects.
 async fn replace(gates: Arc<[String]>, index: usize, timeout: Duration) -> Client {
     for attempt in 1.. {
         match connect_client(&gates, index, attempt, timeout).await {
@@ -254,17 +259,11 @@ async fn request(client: Client, phase: usize) -> Outcome {
         Err(e) if e.is_timeout() => Answer::Timeout,
         Err(e) => Answer::Failed(e.kind().to_string()),
     };
-    Outcome {
-        phase,
-        sent,
-        done: Instant::now(),
-        answer,
-    }
+    Outcome::new(phase, sent, Instant::now(), answer)
 }
 
-/// Finds one client's reconnection gaps from its outcomes as they end: a gap runs from
-/// its last answer before a connection loss (a request cut by the close, or the SDK's
-/// reconnection count grown) to its first answer after.
+/// One client's reconnection gaps: from its last answer before a connection loss (a
+/// request cut, or the SDK's reconnection count grown) to its first answer after.
 #[derive(Debug, Default)]
 struct GapTracker {
     last_answer: Option<Instant>,
@@ -276,13 +275,6 @@ struct GapTracker {
 }
 
 impl GapTracker {
-    fn new(reconnects: u64) -> Self {
-        GapTracker {
-            reconnects,
-            ..GapTracker::default()
-        }
-    }
-
     /// `outcome` has just ended; `reconnects` is the SDK's count now, `phase` the
     /// current phase.
     fn see(&mut self, outcome: &Outcome, reconnects: u64, phase: usize) {
@@ -314,17 +306,10 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let see = |gaps: &mut GapTracker, ms, answer, reconnects, phase| {
-            let (sent, done) = (at(ms), at(ms));
-            let o = Outcome {
-                phase: 0,
-                sent,
-                done,
-                answer,
-            };
-            gaps.see(&o, reconnects, phase);
+            gaps.see(&Outcome::new(0, at(ms), at(ms), answer), reconnects, phase);
         };
         let ok = || Answer::Code(200, None);
-        let mut gaps = GapTracker::new(0);
+        let mut gaps = GapTracker::default();
         see(&mut gaps, 0, ok(), 0, 0);
         see(&mut gaps, 10, ok(), 0, 0);
         assert!(gaps.found.is_empty(), "no loss, no gap");

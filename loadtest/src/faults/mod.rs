@@ -1,15 +1,9 @@
-//! `shaddock loadtest faults`: what clients see while the fleet changes under steady
-//! load (issue #15). The fleet is a bus (one `shaddock broker`, or 3 nats-server nodes
-//! routed into a cluster: `--bus`), 2 gates and 3 echo workers, each its own process.
-//! N clients send `echo.raw` at a steady rate through the gates for the whole run, while
-//! seven phases (baseline, cut every client's link, add/drain/kill a worker, drain a
-//! gate, restart a bus node) do one thing each at their start, then run `--phase` longer
-//! under the same load. The clients reach the gates through TCP hops of the load
-//! tester's ([`testkit::Cut`]), which the flap phase cuts: the clients resume.
-//!
-//! Every request counts in the phase it was sent in: answered (by code), cut, timed out,
-//! or lost (no outcome by the end, plus `--drain-timeout`). The report checks each phase
-//! against what the issue expects of it; `--check` makes a miss the command's failure.
+//! `shaddock loadtest faults` (issue #15): N clients send `echo.raw` at a steady rate,
+//! through TCP hops of ours ([`testkit::Cut`]), to a fleet of a bus (`--bus`), 2 gates
+//! and 3 echo workers, while seven phases each do one thing at their start (baseline,
+//! cut every link, add/drain/kill a worker, drain a gate, restart a bus node) and run
+//! `--phase` on. A request counts in the phase it was sent in: answered (by code), cut,
+//! timed out or lost; each phase is checked against the issue (`--check`: a miss fails).
 
 mod load;
 mod phases;
@@ -31,15 +25,13 @@ use phases::{Fault, FaultsReport, NodeStop, PHASES, PhaseRun};
 
 /// The service the load goes to.
 const SERVICE: &str = "echo";
-/// How long a client task may take to end past its last request's timeout and the
-/// drain timeout (closing the connection) before the run is declared stuck.
+/// How long a client may take to close past its last timeout and the drain timeout.
 const CLIENT_END_SLACK: Duration = Duration::from_secs(5);
 /// The longest a phase's fault waits for the requests of the phase before to end.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often that is looked at.
 const SETTLE_POLL: Duration = Duration::from_millis(1);
-/// The gates' counters of requests held for the bus and sent again after "no
-/// responders" (docs/gateway.md, "Bus blips").
+/// Requests held for the bus and sent again after "no responders" (gateway.md "Bus blips").
 const BLIP_COUNTERS: [&str; 2] = ["gate_requests_held_total", "gate_requests_resent_total"];
 
 /// `loadtest faults` flags.
@@ -87,14 +79,12 @@ pub struct FaultsArgs {
 /// Runs the scenario: launches the fleet, runs the phases under load, reports.
 pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
     let spec = args.launch.spec(2, 3, &[SERVICE]);
-    anyhow::ensure!(
-        spec.workers[0].1 >= 2,
-        "--workers: at least 2, one to drain and one to kill"
-    );
+    let why = "--workers: at least 2, one to drain and one to kill";
+    anyhow::ensure!(spec.workers[0].1 >= 2, why);
     let mut fleet = Topology::start(spec).await.context("launching the fleet")?;
-    let processes: Vec<String> = (fleet.pids().iter())
-        .map(|(role, pid)| format!("{role} {pid}"))
-        .collect();
+    let pids = fleet.pids().into_iter();
+    let processes: Vec<String> = pids.map(|(role, pid)| format!("{role} {pid}")).collect();
+    let processes = processes.join(", ");
     let outcome = or_interrupted(run_phases(&args, &mut fleet)).await;
     let stopped = fleet.shutdown().await;
     let report = outcome?;
@@ -103,8 +93,7 @@ pub async fn faults(args: FaultsArgs) -> anyhow::Result<()> {
         Bus::Shaddock => String::new(),
         Bus::NatsCluster => format!(" (a node stopped by {:?})", args.node_stop.signal()),
     };
-    let (bus, processes) = (args.launch.bus.describe(), processes.join(", "));
-    let setup = format!("{bus}{stop}: {processes}");
+    let setup = format!("{}{stop}: {processes}", args.launch.bus.describe());
     let report = Report::new("faults", setup, report).written(&args.output)?;
     if !report.errors.is_empty() {
         bail!("the run stopped early: {}", report.errors.join("; "));
@@ -192,9 +181,8 @@ fn blips(before: &HashMap<Role, Vec<f64>>, after: &HashMap<Role, Vec<f64>>) -> [
     sums
 }
 
-/// Does `fault` to the fleet, noting each step with its timing in `events`; returns
-/// once it is done (a stopped process exited, a started one is ready), with when it
-/// struck when it killed something (for the requests it may hold).
+/// Does `fault`, each step with its timing in `events`; returns once done (stopped
+/// processes exited, started ones ready), with when it killed something, if it did.
 async fn act(
     fleet: &mut Topology,
     hops: &[Cut],
@@ -220,8 +208,9 @@ async fn act(
         }
         Fault::DrainWorker | Fault::KillWorker => {
             let role = first(fleet, |r| matches!(r, Role::Worker { .. }))?;
-            let signal = if fault == Fault::KillWorker {
-                struck = Some(Instant::now());
+            let kill = fault == Fault::KillWorker;
+            struck = kill.then(Instant::now);
+            let signal = if kill {
                 Signal::SIGKILL
             } else {
                 Signal::SIGTERM
@@ -248,11 +237,8 @@ async fn act(
             // killed: there is nowhere to move, and the gap is what is measured.
             let single = roles.len() == 1;
             let stop = if single { NodeStop::Kill } else { node_stop };
-            let signal = stop.signal();
-            if stop != NodeStop::LameDuck {
-                struck = Some(Instant::now());
-            }
-            events.push(fleet.stop_one(&role, signal).await?.to_string());
+            struck = (stop != NodeStop::LameDuck).then(Instant::now);
+            events.push(fleet.stop_one(&role, stop.signal()).await?.to_string());
             let restart = Instant::now();
             fleet.restart_bus_node(0).await?;
             let (took, all) = (restart.elapsed(), started.elapsed());

@@ -99,12 +99,11 @@ impl Fault {
     /// nothing. In every phase nothing is cut, lost or timed out.
     fn allowed(self, bus: Bus, stop: NodeStop) -> Vec<u32> {
         use proto::code::{TIMEOUT, UNAVAILABLE};
-        match (self, bus, stop) {
-            (Fault::KillWorker, ..) => vec![TIMEOUT],
-            (Fault::RestartBus, Bus::Shaddock, _) => vec![UNAVAILABLE],
-            (Fault::RestartBus, Bus::NatsCluster, NodeStop::Term | NodeStop::Kill) => {
-                vec![UNAVAILABLE, TIMEOUT]
-            }
+        let at_once = stop != NodeStop::LameDuck;
+        match (self, bus) {
+            (Fault::KillWorker, _) => vec![TIMEOUT],
+            (Fault::RestartBus, Bus::Shaddock) => vec![UNAVAILABLE],
+            (Fault::RestartBus, Bus::NatsCluster) if at_once => vec![UNAVAILABLE, TIMEOUT],
             _ => Vec::new(),
         }
     }
@@ -116,10 +115,10 @@ fn expected(allowed: &[u32], held_slack_ms: u128) -> String {
         return "all 200: 0 errors, 0 cut, 0 lost".to_owned();
     }
     let codes: Vec<String> = allowed.iter().map(|c| format!("{c}s")).collect();
+    let codes = codes.join(" and ");
     format!(
-        "0 cut, 0 lost, no timeout; besides 200 only {}, at most the requests in flight at \
-         the kill, all sent before it (or within {held_slack_ms} ms after)",
-        codes.join(" and ")
+        "0 cut, 0 lost, no timeout; besides 200 only {codes}, at most the requests in flight \
+         at the kill, all sent before it (or within {held_slack_ms} ms after)"
     )
 }
 
@@ -138,8 +137,7 @@ pub struct PhaseRun {
     pub blips: [u64; 2],
 }
 
-/// One phase's figures, from every client's record: times in ms, but for the histograms'
-/// summaries (µs).
+/// One phase's figures from every client's record: times in ms, histograms in µs.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PhaseReport {
     pub fault: Fault,
@@ -196,10 +194,8 @@ impl PhaseReport {
             ("lost", self.lost),
             ("timed out", self.timed_out),
         ];
-        let mut why: Vec<String> = (counts.into_iter())
-            .filter(|(_, n)| *n > 0)
-            .map(|(what, n)| format!("{n} {what}"))
-            .collect();
+        let counts = counts.into_iter().filter(|(_, n)| *n > 0);
+        let mut why: Vec<String> = counts.map(|(what, n)| format!("{n} {what}")).collect();
         why.extend(self.failed.iter().map(|(k, n)| format!("{n} failed ({k})")));
         let allowed = &self.allowed;
         let others = (self.answered.iter()).filter(|(c, _)| **c != OK && !allowed.contains(c));
@@ -209,16 +205,16 @@ impl PhaseReport {
             let n: u64 = allowed.iter().filter_map(|c| self.answered.get(c)).sum();
             if n > held {
                 let codes: Vec<String> = allowed.iter().map(u32::to_string).collect();
+                let codes = codes.join(" or ");
                 why.push(format!(
-                    "{n} answered {}, more than the {held} in flight at the kill",
-                    codes.join(" or ")
+                    "{n} answered {codes}, more than the {held} in flight at the kill"
                 ));
             }
             for code in allowed {
                 if let Some((n, latest)) = self.late.get(code) {
+                    let ms = latest.as_millis();
                     why.push(format!(
-                        "{n} {code}s for requests sent after the kill (the latest {} ms after)",
-                        latest.as_millis()
+                        "{n} {code}s for requests sent after the kill (the latest {ms} ms after)"
                     ));
                 }
             }
@@ -321,8 +317,7 @@ fn longest_without(times: &[Instant], start: Instant, end: Instant) -> Duration 
     longest
 }
 
-/// Answers per [`TIMELINE_BUCKET`] from `origin` until now, as rates by when they
-/// ended: [seconds from the start, 200s, other codes, cut + timed out + failed].
+/// Answers per [`TIMELINE_BUCKET`] by when they ended: [s, 200s, others, cut/timeout/failed].
 fn timeline(records: &[ClientRecord], origin: Instant) -> Vec<[f64; 4]> {
     let bucket = TIMELINE_BUCKET.as_secs_f64();
     let buckets = (origin.elapsed().as_secs_f64() / bucket) as usize + 1;
@@ -392,21 +387,18 @@ impl FaultsReport {
     }
 
     pub fn missed(&self) -> String {
-        let missed: Vec<&str> = (self.phases.iter())
-            .filter(|p| !p.passed())
-            .map(|p| p.fault.name())
-            .collect();
+        let missed = self.phases.iter().filter(|p| !p.passed());
+        let missed: Vec<&str> = missed.map(|p| p.fault.name()).collect();
         missed.join(", ")
     }
 }
 
 impl Section for FaultsReport {
     fn add_to(&self, doc: &mut Doc) {
+        let (clients, rate, route) = (self.clients, self.rps_per_client, self.route);
+        let timeout = self.client_timeout_ms;
         doc.lines(vec![
-            format!(
-                "{} clients × {} req/s of {}, client timeout {} ms",
-                self.clients, self.rps_per_client, self.route, self.client_timeout_ms
-            ),
+            format!("{clients} clients × {rate} req/s of {route}, client timeout {timeout} ms"),
             "each request counts in the phase it was sent in; times in ms; a gap is a client's \
              time from its last answer before a lost connection to its first after"
                 .to_owned(),
@@ -495,12 +487,7 @@ mod tests {
             cpu: Vec::new(),
             blips: [0, 0],
         };
-        let o = |phase, sent, done, answer| Outcome {
-            phase,
-            sent: at(sent),
-            done: at(done),
-            answer,
-        };
+        let o = |phase, sent, done, answer| Outcome::new(phase, at(sent), at(done), answer);
         let record = ClientRecord {
             sent: vec![3, 3],
             outcomes: vec![
@@ -525,22 +512,10 @@ mod tests {
         assert_eq!(t[1].late.get(&408).map(|l| l.0), Some(1));
         assert_eq!(t[1].in_flight_at_fault, Some(1));
         assert_eq!(t[1].gaps.len(), 1);
-        assert_eq!(
-            t[0].clients_closed,
-            BTreeMap::from([("kicked".to_owned(), 1)])
-        );
+        assert_eq!(t[0].clients_closed, [("kicked".to_owned(), 1)].into());
         assert_eq!((t[0].no_200_ms, t[1].no_200_ms), (999.0, 900.0));
-        assert_eq!(
-            PhaseReport {
-                allowed: vec![408],
-                ..t[1].clone()
-            }
-            .check(),
-            [
-                "1 lost",
-                "1 408s for requests sent after the kill (the latest 11 ms after)"
-            ]
-        );
+        let late = "1 408s for requests sent after the kill (the latest 11 ms after)";
+        assert_eq!(phase(&[408], &[], None, &t[1]).check(), ["1 lost", late]);
         // Struck a millisecond later, the slack reaches the 408's send: it was held, in
         // flight, not late.
         let runs = [run(0, 1000, None), run(1000, 2000, Some(991))];
@@ -549,32 +524,38 @@ mod tests {
         assert_eq!(t[1].in_flight_at_fault, Some(2));
     }
 
+    /// `base` allowed `allowed`, with `answered` besides its answers and `in_flight`.
+    fn phase(
+        allowed: &[u32],
+        answered: &[(u32, u64)],
+        in_flight: Option<u64>,
+        base: &PhaseReport,
+    ) -> PhaseReport {
+        let mut p = PhaseReport {
+            allowed: allowed.to_vec(),
+            ..base.clone()
+        };
+        p.answered.extend(answered.iter().copied());
+        p.in_flight_at_fault = in_flight.or(p.in_flight_at_fault);
+        p
+    }
+
     #[test]
     fn expectations_allow_only_their_codes_within_their_limits() {
-        let mut clean = PhaseReport {
-            allowed: Vec::new(),
+        let base = PhaseReport {
             sent: 10,
-            answered: BTreeMap::from([(200, 10)]),
+            answered: [(200, 10)].into(),
             ..PhaseReport::default()
         };
+        let mut clean = phase(&[], &[], None, &base);
         assert!(clean.check().is_empty());
         clean.answered.insert(503, 1);
         assert_eq!(clean.check(), ["1 answered 503"]);
 
-        let mut kill = PhaseReport {
-            allowed: vec![408],
-            answered: BTreeMap::from([(200, 10), (408, 2)]),
-            in_flight_at_fault: Some(1),
-            timed_out: 1,
-            ..PhaseReport::default()
-        };
-        assert_eq!(
-            kill.check(),
-            [
-                "1 timed out",
-                "2 answered 408, more than the 1 in flight at the kill"
-            ]
-        );
+        let mut kill = phase(&[408], &[(408, 2)], Some(1), &base);
+        kill.timed_out = 1;
+        let more = "2 answered 408, more than the 1 in flight at the kill";
+        assert_eq!(kill.check(), ["1 timed out", more]);
         kill.in_flight_at_fault = Some(2);
         kill.timed_out = 0;
         assert!(kill.check().is_empty());
@@ -588,36 +569,21 @@ mod tests {
         assert_eq!(restart(Bus::NatsCluster, NodeStop::Term), [503, 408]);
         assert_eq!(restart(Bus::NatsCluster, NodeStop::Kill), [503, 408]);
         assert_eq!(restart(Bus::Shaddock, NodeStop::LameDuck), [503]);
-        let mut node = PhaseReport {
-            allowed: restart(Bus::NatsCluster, NodeStop::Kill),
-            answered: BTreeMap::from([(200, 10), (503, 2), (408, 1)]),
-            in_flight_at_fault: Some(2),
-            ..PhaseReport::default()
-        };
-        assert_eq!(
-            node.check(),
-            ["3 answered 503 or 408, more than the 2 in flight at the kill"]
-        );
+        let allowed = restart(Bus::NatsCluster, NodeStop::Kill);
+        let mut node = phase(&allowed, &[(503, 2), (408, 1)], Some(2), &base);
+        let more = "3 answered 503 or 408, more than the 2 in flight at the kill";
+        assert_eq!(node.check(), [more]);
         node.in_flight_at_fault = Some(3);
         assert!(node.check().is_empty());
 
         // A broker killed: 503s only for what was in flight on the lost connection.
-        let mut restart = PhaseReport {
-            allowed: vec![503],
-            answered: BTreeMap::from([(200, 10), (503, 2)]),
-            in_flight_at_fault: Some(1),
-            ..PhaseReport::default()
-        };
-        assert_eq!(
-            restart.check(),
-            ["2 answered 503, more than the 1 in flight at the kill"]
-        );
+        let mut restart = phase(&[503], &[(503, 2)], Some(1), &base);
+        let more = "2 answered 503, more than the 1 in flight at the kill";
+        assert_eq!(restart.check(), [more]);
         restart.in_flight_at_fault = Some(2);
         assert!(restart.check().is_empty());
         restart.late.insert(503, (1, Duration::from_millis(40)));
-        assert_eq!(
-            restart.check(),
-            ["1 503s for requests sent after the kill (the latest 40 ms after)"]
-        );
+        let late = "1 503s for requests sent after the kill (the latest 40 ms after)";
+        assert_eq!(restart.check(), [late]);
     }
 }

@@ -19,11 +19,10 @@ svg{display:inline-block;margin:0.5em 0.5em 0.5em 0}";
 
 pub fn render(doc: &Doc) -> String {
     let title = esc(&doc.title);
+    let (meta, command) = (esc(&doc.meta.line()), esc(&doc.meta.command));
     let mut out = format!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\n\
-         <style>{STYLE}</style></head><body>\n<h1>{title}</h1>\n<p class=\"meta\">{}<br><code>{}</code></p>\n",
-        esc(&doc.meta.line()),
-        esc(&doc.meta.command)
+         <style>{STYLE}</style></head><body>\n<h1>{title}</h1>\n<p class=\"meta\">{meta}<br><code>{command}</code></p>\n"
     );
     for block in &doc.blocks {
         match block {
@@ -34,11 +33,8 @@ pub fn render(doc: &Doc) -> String {
             }
             Block::Table(t) => {
                 let row = |tag: &str, cells: &[String]| {
-                    let cells: String = cells
-                        .iter()
-                        .map(|c| format!("<{tag}>{}</{tag}>", esc(c)))
-                        .collect();
-                    format!("<tr>{cells}</tr>\n")
+                    let cells = cells.iter().map(|c| format!("<{tag}>{}</{tag}>", esc(c)));
+                    format!("<tr>{}</tr>\n", cells.collect::<String>())
                 };
                 out.push_str("<table>");
                 out.push_str(&row("th", &t.columns));
@@ -61,12 +57,8 @@ fn svg(chart: &Chart) -> String {
     );
     let all = || chart.series.iter().flat_map(|s| s.1.iter());
     if all().next().is_none() {
-        let _ = writeln!(
-            svg,
-            "<text x=\"{}\" y=\"{}\">no data</text></svg>",
-            WIDTH / 2.0,
-            HEIGHT / 2.0
-        );
+        let (x, y) = (WIDTH / 2.0, HEIGHT / 2.0);
+        let _ = writeln!(svg, "<text x=\"{x}\" y=\"{y}\">no data</text></svg>");
         return svg;
     }
     let x_max = all().map(|p| p.0).fold(0.0, f64::max).max(1.0);
@@ -78,16 +70,12 @@ fn svg(chart: &Chart) -> String {
     let sy = |y: f64| TOP + h - y / y_max * h;
     let mut y = 0.0;
     while y <= y_max + y_step / 2.0 {
+        let (right, at, label) = (WIDTH - RIGHT, sy(y), axis_number(y));
+        let (tx, ty) = (LEFT - 6.0, at + 4.0);
         let _ = write!(
             svg,
-            "<line x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#e5e5e5\"/>\
-             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
-            WIDTH - RIGHT,
-            sy(y),
-            sy(y),
-            LEFT - 6.0,
-            sy(y) + 4.0,
-            axis_number(y)
+            "<line x1=\"{LEFT}\" x2=\"{right:.1}\" y1=\"{at:.1}\" y2=\"{at:.1}\" stroke=\"#e5e5e5\"/>\
+             <text x=\"{tx:.1}\" y=\"{ty:.1}\" text-anchor=\"end\">{label}</text>"
         );
         y += y_step;
     }
@@ -117,22 +105,16 @@ fn svg(chart: &Chart) -> String {
     );
     for (i, (name, points)) in chart.series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let points: Vec<String> = points
-            .iter()
-            .map(|(x, y)| format!("{:.1},{:.1}", sx(*x), sy(*y)))
-            .collect();
+        let point = |&(x, y): &(f64, f64)| format!("{:.1},{:.1}", sx(x), sy(y));
+        let points: Vec<String> = points.iter().map(point).collect();
         let ly = TOP + 14.0 + 14.0 * i as f64;
+        let (points, name, ty) = (points.join(" "), esc(name), ly + 4.0);
+        let (x1, x2, tx) = (LEFT + 10.0, LEFT + 28.0, LEFT + 32.0);
         let _ = write!(
             svg,
-            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.6\" points=\"{}\"/>\
-             <line x1=\"{:.1}\" x2=\"{:.1}\" y1=\"{ly:.1}\" y2=\"{ly:.1}\" stroke=\"{color}\" stroke-width=\"2\"/>\
-             <text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-            points.join(" "),
-            LEFT + 10.0,
-            LEFT + 28.0,
-            LEFT + 32.0,
-            ly + 4.0,
-            esc(name)
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.6\" points=\"{points}\"/>\
+             <line x1=\"{x1:.1}\" x2=\"{x2:.1}\" y1=\"{ly:.1}\" y2=\"{ly:.1}\" stroke=\"{color}\" stroke-width=\"2\"/>\
+             <text x=\"{tx:.1}\" y=\"{ty:.1}\">{name}</text>"
         );
     }
     svg.push_str("</svg>\n");
@@ -145,22 +127,16 @@ fn nice_step(raw: f64) -> f64 {
         return 1.0;
     }
     let magnitude = 10f64.powf(raw.log10().floor());
-    let nice = [1.0, 2.0, 5.0]
-        .into_iter()
-        .find(|n| raw / magnitude <= *n)
-        .unwrap_or(10.0);
-    nice * magnitude
+    let nice = [1.0, 2.0, 5.0].into_iter().find(|n| raw / magnitude <= *n);
+    nice.unwrap_or(10.0) * magnitude
 }
 
 fn axis_number(x: f64) -> String {
     if x == 0.0 || x.abs() >= 10.0 {
-        thousands(x)
-    } else {
-        format!("{x:.3}")
-            .trim_end_matches('0')
-            .trim_end_matches('.')
-            .to_owned()
+        return thousands(x);
     }
+    let x = format!("{x:.3}");
+    x.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
 fn nines_label(n: u32) -> String {

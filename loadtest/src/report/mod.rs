@@ -6,10 +6,12 @@
 mod html;
 mod text;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use serde::Serialize;
+use serde_json::value::RawValue;
 
 use crate::hist::Summary;
 use crate::proc::{CpuUse, STEAL};
@@ -63,14 +65,13 @@ impl Table {
     /// One row per named latency summary, in milliseconds.
     pub fn latency<'a>(rows: impl IntoIterator<Item = (&'a str, &'a Summary)>) -> Self {
         let mut table = Table::new(&["latency (ms)", "avg", "p50", "p90", "p99", "p99.9", "max"]);
-        table.rows = (rows.into_iter())
-            .map(|(name, s)| {
-                let figures = [s.mean_us, s.p50_us, s.p90_us, s.p99_us, s.p999_us, s.max_us];
-                std::iter::once(name.to_owned())
-                    .chain(figures.map(ms))
-                    .collect()
-            })
-            .collect();
+        let row = |(name, s): (&str, &Summary)| {
+            let figures = [s.mean_us, s.p50_us, s.p90_us, s.p99_us, s.p999_us, s.max_us];
+            std::iter::once(name.to_owned())
+                .chain(figures.map(ms))
+                .collect()
+        };
+        table.rows = rows.into_iter().map(row).collect();
         table
     }
 }
@@ -117,11 +118,15 @@ impl Doc {
     /// Lists of objects are left to tables.
     pub fn fields(&mut self, data: &impl Serialize) {
         let json = serde_json::to_string(data).unwrap_or_default();
-        let Ok(Ordered(fields)) = serde_json::from_str(&json) else {
+        let Ok(fields) = serde_json::from_str::<HashMap<String, &RawValue>>(&json) else {
             return;
         };
+        // In the order they were written: each raw value is a slice of `json`.
+        let mut fields: Vec<_> = fields.into_iter().collect();
+        fields.sort_by_key(|(_, raw)| raw.get().as_ptr());
+        let value = |raw: &RawValue| inline(&serde_json::from_str(raw.get()).ok()?);
         let shown: Vec<(&String, String)> = (fields.iter())
-            .filter_map(|(name, value)| Some((name, inline(value)?)))
+            .filter_map(|(name, raw)| Some((name, value(raw)?)))
             .collect();
         let width = shown.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
         let lines = shown.iter().map(|(name, v)| format!("{name:width$}  {v}"));
@@ -150,32 +155,6 @@ impl Doc {
     }
 }
 
-/// A JSON object's fields in the order they were written (serde_json's map sorts them).
-struct Ordered(Vec<(String, serde_json::Value)>);
-
-impl<'de> serde::Deserialize<'de> for Ordered {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Fields;
-        impl<'de> serde::de::Visitor<'de> for Fields {
-            type Value = Ordered;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Ordered, A::Error> {
-                let mut fields = Vec::new();
-                while let Some(field) = map.next_entry()? {
-                    fields.push(field);
-                }
-                Ok(Ordered(fields))
-            }
-        }
-        d.deserialize_map(Fields)
-    }
-}
-
 /// A JSON value on one line: a scalar, or a list or object of scalars.
 fn inline(value: &serde_json::Value) -> Option<String> {
     use serde_json::Value;
@@ -193,17 +172,15 @@ fn inline(value: &serde_json::Value) -> Option<String> {
             Some(items?.join(", "))
         }
         Value::Object(fields) => {
-            let fields = fields
-                .iter()
-                .map(|(k, v)| Some(format!("{k} {}", scalar(v)?)));
+            let field = |(k, v): (&String, &Value)| Some(format!("{k} {}", scalar(v)?));
+            let fields = fields.iter().map(field);
             Some(fields.collect::<Option<Vec<_>>>()?.join(", "))
         }
         scalar_value => scalar(scalar_value),
     }
 }
 
-/// The CPU each process used, as a report line: `% of one core` and, but for steal,
-/// µs of CPU per each of `count` `what`s.
+/// The CPU each process used: % of one core and (not for steal) µs per `what` of `count`.
 pub fn cpu_line(cpu: &[CpuUse], count: u64, what: &str) -> String {
     let cpu: Vec<String> = (cpu.iter())
         .map(|c| match count > 0 && c.name != STEAL {
@@ -214,14 +191,11 @@ pub fn cpu_line(cpu: &[CpuUse], count: u64, what: &str) -> String {
             false => format!("{} {:.0}%", c.name, c.percent),
         })
         .collect();
-    format!(
-        "cpu       {} (100% = one core; µs of CPU per {what})",
-        cpu.join(", ")
-    )
+    let cpu = cpu.join(", ");
+    format!("cpu       {cpu} (100% = one core; µs of CPU per {what})")
 }
 
-/// Every scenario's report: its name, when and where it ran, what it loaded, and its
-/// own data, flattened into the same JSON object.
+/// Every scenario's report: name, when, where, setup, and its data in the same object.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report<T> {
     pub scenario: &'static str,
@@ -285,11 +259,9 @@ impl Meta {
     }
 
     pub fn line(&self) -> String {
-        let m = &self.machine;
-        format!(
-            "{} | {} CPUs ({}), {} GiB, Linux {}",
-            self.date, m.cpus, m.cpu_model, m.memory_gib, m.kernel
-        )
+        let (date, m) = (&self.date, &self.machine);
+        let (cpus, model, gib, kernel) = (m.cpus, &m.cpu_model, m.memory_gib, &m.kernel);
+        format!("{date} | {cpus} CPUs ({model}), {gib} GiB, Linux {kernel}")
     }
 }
 
@@ -307,11 +279,10 @@ impl Machine {
         let memory = procfs::Meminfo::current().map_or(0, |m| m.mem_total);
         let cpu_info = procfs::CpuInfo::current().ok();
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease");
+        let model = cpu_info.as_ref().and_then(|c| c.model_name(0));
         Machine {
             cpus: std::thread::available_parallelism().map_or(0, usize::from),
-            cpu_model: (cpu_info.as_ref().and_then(|c| c.model_name(0)))
-                .unwrap_or_default()
-                .to_owned(),
+            cpu_model: model.unwrap_or_default().to_owned(),
             memory_gib: (memory as f64 / f64::from(1 << 30) * 10.0).round() / 10.0,
             kernel: release.unwrap_or_default().trim().to_owned(),
         }
@@ -320,16 +291,9 @@ impl Machine {
 
 /// `YYYY-MM-DD HH:MM:SS UTC`.
 fn utc_text(t: time::OffsetDateTime) -> String {
-    let (date, clock) = (t.date(), t.time());
-    format!(
-        "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
-        date.year(),
-        u8::from(date.month()),
-        date.day(),
-        clock.hour(),
-        clock.minute(),
-        clock.second()
-    )
+    let (y, mo, d) = (t.year(), u8::from(t.month()), t.day());
+    let (h, mi, s) = (t.hour(), t.minute(), t.second());
+    format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02} UTC")
 }
 
 /// Where a report goes, for every scenario.
@@ -370,8 +334,8 @@ impl OutputArgs {
 
 pub fn print_stdout(text: &str) -> anyhow::Result<()> {
     use std::io::Write as _;
-    std::io::stdout()
-        .lock()
+    let mut stdout = std::io::stdout().lock();
+    stdout
         .write_all(text.as_bytes())
         .context("writing the report")
 }
@@ -433,11 +397,8 @@ mod tests {
         assert!(!page.contains("<script"), "no script");
         // Grid lines and legend marks are horizontal.
         let attr = |line: &str, name: &str| {
-            line.split(name)
-                .nth(1)?
-                .split('"')
-                .nth(1)
-                .map(str::to_owned)
+            let value = line.split_once(name)?.1;
+            value.split('"').nth(1).map(str::to_owned)
         };
         for line in page.split("<line ").skip(1) {
             assert_eq!(attr(line, " y1="), attr(line, " y2="), "{line}");

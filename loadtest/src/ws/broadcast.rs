@@ -1,19 +1,10 @@
 //! `broadcast`: room fan-out. One chat room, `--members` members spread round-robin over
-//! the gates, one sender; measures pushes delivered to members per second.
-//!
-//! Members and the sender use serial sessions, as chat clients should; the sender keeps
-//! `--window` `chat.say` requests pipelined (`--unordered` lets the gate forward them all
-//! at once, so several messages fan out together and a gate writes them to a member in
-//! one flush). Warm-up messages first make sure every member receives; the clock then
-//! runs from the first measured send to the last delivery. Every member decodes every
-//! push, so the clients' cost is in the figure too (they share the machine's cores).
-//!
-//! Each message's text starts with the time it was sent (Unix nanoseconds, 20 digits),
-//! so each member records how long its push took; `--rate` paces the sender (a game's
-//! room at 20 messages a second), and the report gives the deliveries' latency and the
-//! CPU every process used per delivered push. The members are held by `--procs` load
-//! processes ([`crate::spread`]), the sender by this one; the latency compares the
-//! clocks of one machine.
+//! the gates (held by `--procs` load processes, [`crate::spread`]), one sender keeping
+//! `--window` `chat.say` requests pipelined on a serial session (`--unordered`: the gate
+//! forwards them at once, so a gate writes several to a member in one flush), paced by
+//! `--rate`. Warm-up messages first make sure every member receives. Each text starts
+//! with its send time (Unix ns, 20 digits), so each member records its push's latency;
+//! members decode every push, so their cost is in the CPU per delivered push too.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -34,12 +25,11 @@ use crate::proc::{CpuSample, CpuUse};
 use crate::report::{Doc, OutputArgs, Report, Section, Table, cpu_line};
 use crate::spread::{Children, SpreadArgs, unix_nanos};
 
-/// How long to wait for the warm-up to reach every member (after the announcements
-/// of every join: a 10,000-member room's are 50 million pushes), and for the last
-/// deliveries before reporting what arrived.
+/// How long the warm-up may take to reach every member (after every join's announcement:
+/// 50 million pushes in a 10,000-member room), and the last deliveries to come.
 const PATIENCE: Duration = Duration::from_secs(120);
 /// Members connecting at once: enough to be quick, few enough not to trip timeouts.
-const CONNECT_BATCH: usize = 100;
+pub(crate) const CONNECT_BATCH: usize = 100;
 /// The route chat pushes room messages on.
 const MESSAGE_ROUTE: &str = "chat.message";
 /// The room every member joins.
@@ -103,10 +93,8 @@ pub struct BroadcastReport {
 
 /// Runs the scenario: 2 gates and 1 chat worker unless the flags say otherwise.
 pub async fn broadcast(mut args: BroadcastArgs) -> anyhow::Result<()> {
-    ensure!(
-        args.members > 0 && args.window > 0,
-        "--members and --window must be positive"
-    );
+    let positive = args.members > 0 && args.window > 0;
+    ensure!(positive, "--members and --window must be positive");
     if args.spread.child {
         return child(&args).await;
     }
@@ -129,9 +117,8 @@ async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<Broadcas
     let mut children = Children::start(&args.spread, "broadcast", urls, share, flags)?;
     let _joined: Vec<u64> = children.0.ready().await?;
     let sender = member(&urls[0], "sender".into(), !args.unordered, None).await?;
-    // A warm-up message every second until every member has one: a member's pushes
-    // queue may drop one under the joins' announcements (a 10,000-member room's are 50
-    // million pushes); once every member has one, none is still on its way.
+    // A warm-up message a second until every member has one: a member's push queue may
+    // drop one under the joins' announcements; once all have one, none is on its way.
     let warm = async {
         loop {
             if let Err(e) = say(&sender, args.size, true).await {
@@ -185,10 +172,9 @@ async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<Broadcas
     })
 }
 
-/// A load process: its share of the members, `m{pid}-{i}` on `--url` gate `i mod N`
-/// (each with its `--source-addrs` address), counting their pushes in a task each. Says
-/// READY once they joined, again once each has the warm-up message, and its RESULT once
-/// each has every message, or on SIGTERM.
+/// A load process: its share of the members, `m{pid}-{i}` on `--url` gate `i mod N`, a
+/// task each counting pushes; READY once joined, again once warmed up, then its RESULT
+/// once each has every message (or on SIGTERM).
 async fn child(args: &BroadcastArgs) -> anyhow::Result<()> {
     let mut stop = AsCopy::install()?;
     let (urls, prefix) = (&args.target.url, format!("m{}-", std::process::id()));
@@ -197,11 +183,8 @@ async fn child(args: &BroadcastArgs) -> anyhow::Result<()> {
         let name = format!("{prefix}{i}");
         member(&urls[i % urls.len()], name, true, args.spread.source(i))
     };
-    let clients: Vec<Client> = stream::iter(0..args.members)
-        .map(join)
-        .buffer_unordered(CONNECT_BATCH)
-        .try_collect()
-        .await?;
+    let joins = stream::iter(0..args.members).map(join);
+    let clients: Vec<Client> = joins.buffer_unordered(CONNECT_BATCH).try_collect().await?;
     for client in &clients {
         let pushes = client.pushes().context("push stream taken")?;
         tokio::spawn(counts.clone().count(pushes, args.messages as u64));
@@ -209,9 +192,8 @@ async fn child(args: &BroadcastArgs) -> anyhow::Result<()> {
     let members = clients.len() as u64;
     stop.ready(&members)?;
     let all = |count: &AtomicU64| count.load(Ordering::Relaxed) == members;
-    wait_for(&counts.done, || all(&counts.warmed))
-        .await
-        .context("the warm-up message did not reach every member")?;
+    let warmed = wait_for(&counts.done, || all(&counts.warmed)).await;
+    warmed.context("the warm-up message did not reach every member")?;
     stop.ready(&members)?;
     // What the joins' announcements had dropped is not the messages'.
     let dropped: u64 = clients.iter().map(Client::pushes_dropped).sum();
@@ -259,9 +241,8 @@ async fn member(
         source_addr,
         ..ClientOptions::default()
     };
-    let client = Client::connect(url, options)
-        .await
-        .with_context(|| format!("connecting {url}"))?;
+    let client = Client::connect(url, options).await;
+    let client = client.with_context(|| format!("connecting {url}"))?;
     login_and_join(&client, name, ROOM).await?;
     Ok(client)
 }
@@ -280,15 +261,10 @@ pub(crate) async fn login_and_join(
 async fn say(sender: &Client, size: u64, warm_up: bool) -> anyhow::Result<()> {
     let sent = if warm_up { 0 } else { unix_nanos() };
     // The stamp is always STAMP digits (u64::MAX has 20).
-    let text = format!(
-        "{sent:0STAMP$}{}",
-        "x".repeat((size as usize).saturating_sub(STAMP))
-    );
-    let say = SayRequest {
-        room: ROOM.into(),
-        text,
-    };
-    request_ok(sender, "chat.say", say).await
+    let pad = "x".repeat((size as usize).saturating_sub(STAMP));
+    let text = format!("{sent:0STAMP$}{pad}");
+    let room = ROOM.into();
+    request_ok(sender, "chat.say", SayRequest { room, text }).await
 }
 
 /// Sends `body` on `route`; fails unless it is answered 200.
@@ -307,8 +283,7 @@ pub(crate) fn expect_ok(response: Response) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What the members' tasks count: members that got a warm-up message, deliveries,
-/// members that got every message; `done` wakes the waiter on each change.
+/// Members warmed up, deliveries, members done; `done` wakes the waiter on each change.
 #[derive(Debug, Default)]
 struct Counts {
     warmed: AtomicU64,
@@ -327,9 +302,8 @@ impl Counts {
             if push.route != MESSAGE_ROUTE {
                 continue;
             }
-            let text = ChatMessage::decode(push.body)
-                .map(|m| m.text)
-                .unwrap_or_default();
+            let text = ChatMessage::decode(push.body).map(|m| m.text);
+            let text = text.unwrap_or_default();
             let Some(sent) = text.get(..STAMP).and_then(|t| t.parse::<u64>().ok()) else {
                 continue;
             };

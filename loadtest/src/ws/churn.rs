@@ -4,7 +4,6 @@
 //! session levels off after the warm-up, one that leaks grows by the same bytes for
 //! every session (`bytes_per_session`).
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
@@ -67,9 +66,8 @@ pub struct ChurnArgs {
 }
 
 fn parse_named_pid(text: &str) -> Result<(String, u32), String> {
-    let (name, pid) = text
-        .split_once('=')
-        .ok_or_else(|| format!("{text:?} is not NAME=PID"))?;
+    let split = text.split_once('=');
+    let (name, pid) = split.ok_or_else(|| format!("{text:?} is not NAME=PID"))?;
     let pid = pid.parse().map_err(|e| format!("pid {pid:?}: {e}"))?;
     Ok((name.to_owned(), pid))
 }
@@ -100,8 +98,18 @@ pub struct Sample {
     pub rss: Vec<u64>,
 }
 
+impl Sample {
+    fn new(sessions: u64, elapsed_s: f64, rss: Vec<u64>) -> Self {
+        Sample {
+            sessions,
+            elapsed_s,
+            rss,
+        }
+    }
+}
+
 /// What one churn run measured.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct ChurnReport {
     pub mix: Vec<&'static str>,
     pub sessions: u64,
@@ -122,16 +130,13 @@ pub struct ChurnReport {
 /// Runs the scenario: 1 gate and one worker per service of the mix unless told otherwise.
 pub async fn churn(args: ChurnArgs) -> anyhow::Result<()> {
     // A launched topology runs one worker of each service the mix uses.
-    let services: Vec<ServiceKind> = (args.mix.iter().copied().collect::<BTreeSet<_>>())
-        .into_iter()
-        .collect();
+    let mut services = args.mix.clone();
+    services.sort();
+    services.dedup();
     ensure!(!services.is_empty(), "--mix needs at least one step");
-    ensure!(
-        args.warmup < args.sessions,
-        "--warmup ({}) must be below --sessions ({})",
-        args.warmup,
-        args.sessions
-    );
+    let (warmup, sessions) = (args.warmup, args.sessions);
+    let why = format!("--warmup ({warmup}) must be below --sessions ({sessions})");
+    ensure!(warmup < sessions, why);
     let (gates, topology) = args.target.launch(1, 1, &services, false).await?;
     let report = with_topology(topology, run(&args, &gates)).await?;
     let report = Report::new("churn", gates.setup.clone(), report).written(&args.output)?;
@@ -158,15 +163,11 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
         .map(|w| (w.name.clone(), w.pid))
         .chain(args.pid.iter().cloned())
         .collect();
-    ensure!(
-        !processes.is_empty(),
-        "no process to read: launch a topology (no --url) or name them with --pid NAME=PID"
-    );
-    let read_all = || -> anyhow::Result<Vec<u64>> {
-        (processes.iter())
-            .map(|(name, pid)| rss_bytes(*pid).with_context(|| format!("reading VmRSS of {name}")))
-            .collect()
-    };
+    let why = "no process to read: launch a topology (no --url) or name them with --pid NAME=PID";
+    ensure!(!processes.is_empty(), why);
+    let read =
+        |(name, pid): &(String, u32)| rss_bytes(*pid).context(format!("reading VmRSS of {name}"));
+    let read_all = || -> anyhow::Result<Vec<u64>> { processes.iter().map(read).collect() };
     let urls = &gates.urls;
     ensure!(!urls.is_empty(), "no gate URL");
     let options = ClientOptions {
@@ -178,11 +179,7 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
     // Names of this run's players: another run on the same gates must not take them.
     let run_tag = format!("{own:x}");
     let began = Instant::now();
-    let mut samples = vec![Sample {
-        sessions: 0,
-        elapsed_s: 0.0,
-        rss: read_all()?,
-    }];
+    let mut samples = vec![Sample::new(0, 0.0, read_all()?)];
     let mut pace = (args.rate > 0).then(|| {
         let mut pace = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate as f64));
         pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -222,12 +219,11 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
             tokio::time::sleep(args.settle).await;
             idle += args.settle;
         }
-        let elapsed_s = began.elapsed().as_secs_f64();
-        samples.push(Sample {
-            sessions: point,
-            elapsed_s,
-            rss: read_all()?,
-        });
+        samples.push(Sample::new(
+            point,
+            began.elapsed().as_secs_f64(),
+            read_all()?,
+        ));
         tracing::info!("churn: {point} of {} sessions closed", args.sessions);
     }
     let elapsed_s = began.elapsed().as_secs_f64();
@@ -274,9 +270,8 @@ async fn session(
     name: String,
     room: String,
 ) -> anyhow::Result<()> {
-    let client = Client::connect(&url, options)
-        .await
-        .with_context(|| format!("connecting {url}"))?;
+    let client = Client::connect(&url, options).await;
+    let client = client.with_context(|| format!("connecting {url}"))?;
     let mut done = Ok(());
     for step in &mix {
         done = match step {
@@ -323,8 +318,10 @@ impl Section for ChurnReport {
             row.extend(s.rss.iter().map(|&b| format!("{:.1}", mib(b))));
             row
         });
-        let rows = rows.collect();
-        doc.table(Table { columns, rows });
+        doc.table(Table {
+            columns,
+            rows: rows.collect(),
+        });
     }
 }
 
@@ -343,17 +340,7 @@ mod tests {
     fn the_text_report_gives_each_process_s_rss_in_mib_and_its_growth() {
         let mib = 1024 * 1024;
         let report = ChurnReport {
-            mix: vec!["echo"],
-            sessions: 20,
-            concurrency: 1,
-            rate: 0,
             warmup: 10,
-            settle_s: 3.0,
-            ok: 20,
-            failed: 0,
-            first_error: None,
-            elapsed_s: 1.0,
-            sessions_per_s: 20.0,
             processes: vec![ProcessRss {
                 name: "up".into(),
                 pid: 1,
@@ -363,19 +350,14 @@ mod tests {
                 growth_after_warmup: 512 * 1024,
                 bytes_per_session: 52428.8,
             }],
-            samples: vec![Sample {
-                sessions: 10,
-                elapsed_s: 0.5,
-                rss: vec![23 * mib],
-            }],
+            samples: vec![Sample::new(10, 0.5, vec![23 * mib])],
+            ..ChurnReport::default()
         };
         let mut doc = Doc::new("churn".into(), crate::report::Meta::now());
         report.add_to(&mut doc);
         let text = doc.text();
-        assert!(
-            text.contains("| up | 20.0 MiB | 23.0 MiB | 23.5 MiB | +512 KiB | 52428.8 |"),
-            "{text}"
-        );
+        let row = "| up | 20.0 MiB | 23.0 MiB | 23.5 MiB | +512 KiB | 52428.8 |";
+        assert!(text.contains(row), "{text}");
         assert!(text.contains("| 10 | 0.5 | 23.0 |"), "{text}");
     }
 }

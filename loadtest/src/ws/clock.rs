@@ -1,11 +1,8 @@
-//! Pacing: what wakes a client when its next slot is due (`--clock`).
-//!
-//! tokio's timer wheel ticks in whole milliseconds, so a client paced by `sleep_until`
-//! sends up to ~2 ms late, lag charged to the server. The alternative is a metronome: one
-//! OS thread sleeping on an hrtimer (~50 µs slack, no spinning, which would steal the
-//! measured server's CPU) that wakes one task on the runtime per slot, which wakes the
-//! clients through a `watch` channel. docs/benchmarks.md ("The pacing clock") has the
-//! measurements behind [`ClockKind::Auto`]. Either way the schedule is absolute: a late
+//! Pacing: what wakes a client when its next slot is due (`--clock`). tokio's timer
+//! wheel ticks in whole milliseconds, so `sleep_until` sends up to ~2 ms late, lag charged
+//! to the server; the metronome is one OS thread on an hrtimer (~50 µs slack, no spinning
+//! to steal the server's CPU) waking the clients through a `watch` channel
+//! (docs/benchmarks.md, "The pacing clock"). The schedule is absolute either way: a late
 //! wake-up makes every missed slot due at once, as an open-loop client must.
 
 use std::pin::Pin;
@@ -19,8 +16,8 @@ use tokio::time::Sleep;
 
 use super::schedule::Schedule;
 
-/// Offered load above which [`ClockKind::Auto`] picks tokio timers: there the thread's
-/// lower lag no longer shows in the p99 while its wake-ups cost ~25 % of a core more.
+/// Above this offered load [`ClockKind::Auto`] picks tokio timers: the thread's lower
+/// lag no longer shows in the p99, its wake-ups cost ~25 % of a core more.
 pub const AUTO_TOKIO_ABOVE_RPS: f64 = 20_000.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -143,19 +140,15 @@ mod tests {
 
     #[tokio::test]
     async fn both_clocks_wake_on_or_after_the_slot() {
-        let schedule = Schedule::new(
-            Instant::now() + Duration::from_millis(5),
-            Duration::from_millis(2),
-        );
+        let ms = Duration::from_millis;
+        let schedule = Schedule::new(Instant::now() + ms(5), ms(2));
         let metronome = Metronome::start(schedule, 5).expect("thread starts");
         for mut pacer in [metronome.pacer(), Pacer::tokio()] {
             let mut next = 0;
             while next < 5 {
                 let due = pacer.wait_due(&schedule, next).await;
-                assert!(
-                    due > next && Instant::now() >= schedule.at(due - 1),
-                    "woke before its slot"
-                );
+                let on_time = due > next && Instant::now() >= schedule.at(due - 1);
+                assert!(on_time, "woke before its slot");
                 next = due;
             }
         }

@@ -1,14 +1,11 @@
 //! The open-loop WebSocket load generator: N clients, each sending one request per
-//! interval on an absolute schedule whether or not earlier answers came back.
-//!
-//! A run has four phases: connect (clients spread over `ramp`), warm-up (sent, not
-//! recorded), the measured window (a duration, or a count of requests per client), and
-//! the drain (answers to the window's requests, up to the request timeout). It ends by
-//! itself at the latest at a hard deadline: the last slot + request timeout +
-//! [`HARD_MARGIN`]; anything still in flight then is reported as unanswered. Each client
-//! is one task with its own recorder: no spawn and no lock per request.
+//! interval on an absolute schedule, answered or not. A run connects (over `ramp`), warms
+//! up, measures (a duration or a count per client) and drains; it ends by itself by the
+//! last slot + request timeout + [`HARD_MARGIN`], what is still in flight then counted
+//! unanswered. One task and recorder per client: no spawn and no lock per request.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -16,7 +13,7 @@ use anyhow::{Context as _, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use sdk::ClientOptions;
 use serde::Serialize;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 
 use super::clock::{ClockKind, Metronome, Pacer};
 use super::lean::{CLOSE_TIMEOUT, ClientRun, Codec, Conn};
@@ -26,7 +23,7 @@ use crate::hist::{Hist, Summary};
 use crate::proc::{CpuSample, CpuUse, LOADTEST, MACHINE, OTHERS, STEAL, Watched};
 
 /// Time between deciding the start and the first slot, so every task is ready for it.
-const LEAD: Duration = Duration::from_millis(20);
+pub const LEAD: Duration = Duration::from_millis(20);
 /// Slack after the last request's timeout before a run gives up on it.
 pub const HARD_MARGIN: Duration = Duration::from_secs(1);
 /// How often the progress bar redraws.
@@ -88,6 +85,20 @@ pub struct Target {
     pub tls: Option<Arc<sdk::rustls::ClientConfig>>,
     /// Processes whose CPU use over the window is reported.
     pub watched: Vec<Watched>,
+}
+
+impl Target {
+    /// A target without TLS: `kind` `urls` named `label`, watching `watched`.
+    pub fn new(label: &str, kind: &'static str, urls: Vec<String>, watched: Vec<Watched>) -> Self {
+        let (label, tls) = (label.to_owned(), None);
+        Target {
+            label,
+            kind,
+            urls,
+            tls,
+            watched,
+        }
+    }
 }
 
 /// Everything one load against one target measured: the `--json` data of a run.
@@ -156,12 +167,10 @@ pub struct LimitComparison {
     pub cpu_ratio: Option<f64>,
 }
 
-/// µs of CPU per request sent that a run's servers used: every process watched but the
-/// load tester itself, and none of the machine-wide entries.
+/// µs of CPU per request sent of the run's servers (not ours, not the machine-wide).
 fn server_cpu_us(cpu: &[CpuUse], sent: u64) -> Option<f64> {
-    let servers: Vec<&CpuUse> = (cpu.iter())
-        .filter(|c| ![LOADTEST, MACHINE, OTHERS, STEAL].contains(&c.name.as_str()))
-        .collect();
+    let server = |c: &&CpuUse| ![LOADTEST, MACHINE, OTHERS, STEAL].contains(&c.name.as_str());
+    let servers: Vec<&CpuUse> = cpu.iter().filter(server).collect();
     if servers.is_empty() || sent == 0 {
         return None;
     }
@@ -234,29 +243,24 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunReport> 
     };
 
     let recorded = SharedRecorded::default();
-    let route: Arc<str> = Arc::from(spec.route.as_str());
-    let payload = Arc::new(spec.payload.clone());
+    let run = ClientRun {
+        plan,
+        route: Arc::from(spec.route.as_str()),
+        payload: Arc::new(spec.payload.clone()),
+        timeout: spec.timeout,
+        hard_deadline,
+    };
     let mut tasks = JoinSet::new();
     for (i, conn) in clients.into_iter().enumerate() {
         let Some(conn) = conn else { continue };
-        let pacer = metronome
-            .as_ref()
-            .map_or_else(Pacer::tokio, Metronome::pacer);
+        let (m, run) = (metronome.as_ref(), run.clone());
+        let pacer = m.map_or_else(Pacer::tokio, Metronome::pacer);
         let rec = Recorder::new(recorded.clone(), plan, window_start, (i, spec.clients));
-        let run = ClientRun {
-            plan,
-            pacer,
-            route: route.clone(),
-            payload: payload.clone(),
-            timeout: spec.timeout,
-            hard_deadline,
-            rec,
-        };
-        tasks.spawn(async move { (i, super::lean::drive(conn, run).await) });
+        tasks.spawn(async move { (i, super::lean::drive(conn, run, pacer, rec).await) });
     }
 
-    let cpu = sample_cpu_over_window(&target.watched, window_start, window_end);
-    let bar = progress_bar(spec, target, start, last_due);
+    let cpu = sample_cpu_over_window(&target.watched, window_start..window_end);
+    let bar = progress_bar(spec, target, last_due.saturating_duration_since(start));
     let mut per_client: Vec<Option<Tally>> = vec![None; spec.clients];
     let mut tick = tokio::time::interval(PROGRESS_TICK);
     // Every task ends by the hard deadline; this only guards against a bug in one.
@@ -286,9 +290,9 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunReport> 
     drop(metronome);
     let cpu = cpu.await.unwrap_or_default();
 
-    let per_conn: Vec<f64> = (per_client.iter())
-        .map(|t| t.map_or(0.0, |t| rate(t.ok, window_start, window_end, t.last_answer)))
-        .collect();
+    let conn_rate =
+        |t: &Option<Tally>| t.map_or(0.0, |t| rate(t.ok, window_start, window_end, t.last_answer));
+    let per_conn: Vec<f64> = per_client.iter().map(conn_rate).collect();
     // Every client has ended and dropped its recorder: this is the last handle.
     let Recorded { stats: t, timeline } = Arc::try_unwrap(recorded)
         .map_err(|_| anyhow::anyhow!("a load-test client still holds the record"))?
@@ -342,11 +346,11 @@ pub async fn run(spec: &LoadSpec, target: &Target) -> anyhow::Result<RunReport> 
     })
 }
 
+/// Connect errors and how often each came.
+type Counts = BTreeMap<String, u64>;
+
 /// Opens the clients, client `i` at `i / clients` of the ramp, on URL `i mod urls`.
-async fn connect_all(
-    spec: &LoadSpec,
-    target: &Target,
-) -> (Vec<Option<Conn>>, BTreeMap<String, u64>) {
+async fn connect_all(spec: &LoadSpec, target: &Target) -> (Vec<Option<Conn>>, Counts) {
     let urls = &target.urls;
     let options = ClientOptions {
         server_timing: true,
@@ -380,45 +384,35 @@ async fn connect_all(
 }
 
 fn note_error(errors: &mut BTreeMap<String, u64>, error: String) {
-    if errors.len() < MAX_CONNECT_ERRORS || errors.contains_key(&error) {
-        *errors.entry(error).or_default() += 1;
+    let kept = errors.len() < MAX_CONNECT_ERRORS || errors.contains_key(&error);
+    let key = if kept {
+        error
     } else {
-        *errors.entry("(other errors)".to_owned()).or_default() += 1;
-    }
+        "(other errors)".to_owned()
+    };
+    *errors.entry(key).or_default() += 1;
 }
 
-/// CPU use of the watched processes between the window's start and end, sampled by a
-/// task that sleeps until each edge.
-fn sample_cpu_over_window(
-    watched: &[Watched],
-    window_start: Instant,
-    window_end: Instant,
-) -> tokio::task::JoinHandle<Vec<CpuUse>> {
+/// The watched processes' CPU over `window`, by a task that sleeps until each edge.
+fn sample_cpu_over_window(watched: &[Watched], window: Range<Instant>) -> JoinHandle<Vec<CpuUse>> {
     let watched = watched.to_vec();
     tokio::spawn(async move {
         if watched.is_empty() {
             return Vec::new();
         }
-        tokio::time::sleep_until(window_start.into()).await;
+        tokio::time::sleep_until(window.start.into()).await;
         let before = CpuSample::take(&watched);
-        tokio::time::sleep_until(window_end.into()).await;
+        tokio::time::sleep_until(window.end.into()).await;
         before.until(&CpuSample::take(&watched))
     })
 }
 
-/// A bar over the run's time (warm-up to last slot) on stderr; hidden when stderr is
-/// not a terminal or `--quiet`.
-fn progress_bar(
-    spec: &LoadSpec,
-    target: &Target,
-    start: Instant,
-    last_due: Instant,
-) -> ProgressBar {
+/// A bar over the run's `total` time on stderr; hidden when not a terminal or `--quiet`.
+fn progress_bar(spec: &LoadSpec, target: &Target, total: Duration) -> ProgressBar {
     if !spec.progress {
         return ProgressBar::hidden();
     }
-    let total = last_due.saturating_duration_since(start).as_millis();
-    let bar = ProgressBar::new(u64::try_from(total).unwrap_or(u64::MAX));
+    let bar = ProgressBar::new(u64::try_from(total.as_millis()).unwrap_or(u64::MAX));
     if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:30}] {elapsed_precise}") {
         bar.set_style(style.progress_chars("=> "));
     }
@@ -453,9 +447,7 @@ mod tests {
         let us = server_cpu_us(&run, 100_000).unwrap();
         assert!((us - 6.0).abs() < 1e-9, "{us}");
         assert_eq!(server_cpu_us(&run, 0), None);
-        assert_eq!(
-            server_cpu_us(&[cpu(LOADTEST, 1.0), cpu(MACHINE, 1.0)], 10),
-            None
-        );
+        let no_server = [cpu(LOADTEST, 1.0), cpu(MACHINE, 1.0)];
+        assert_eq!(server_cpu_us(&no_server, 10), None);
     }
 }

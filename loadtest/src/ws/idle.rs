@@ -1,26 +1,16 @@
 //! `idle`: resident memory a gate spends per idle session, and what a box of gates full
-//! of idle players costs (docs/capacity.md).
+//! of idle players costs (docs/capacity.md). `--procs` load processes ([`crate::spread`])
+//! open N SDK sessions over the gates round-robin (a gate has set one up fully when its
+//! ack arrives); the gates' `VmRSS` growth ÷ N is the cost. `--hold` keeps them, only
+//! heartbeating, while every process's CPU is read; `--drain` then drains (SIGTERM) the
+//! first gate, which every session dialled: how soon each is served elsewhere.
 //!
-//! Reads the gates' `VmRSS`, has `--procs` load processes ([`crate::spread`]) open N
-//! sessions with the SDK over every gate round-robin (WebSocket + handshake, so a gate
-//! has fully set each one up when its ack arrives), reads `VmRSS` again while they are
-//! all open, and divides the growth by the sessions opened; then holds them for
-//! `--hold`, sending nothing but the SDK's heartbeats, and reports every process's CPU
-//! over it. With `--drain` every session dials the first gate (then the others, from a
-//! different one each), which is drained (SIGTERM) after the hold: how soon each player
-//! is served by another gate (a request answered there), and how many never are.
-//!
-//! With `--detached` (a gate it launches) the sessions are opened here instead, are
-//! resumable and reach the first gate through a TCP hop ([`testkit::Cut`]); once open,
-//! the hop cuts every link and refuses the clients' redials, so each session waits on
-//! the gate, detached, for a client that does not come (docs/protocol.md, "Resume").
-//! When the gate counts them all detached (`gate_sessions_detached`), `VmRSS` is read a
-//! third time. It hardly moves: what a detached session lets go (its socket's buffers)
-//! stays with the allocator. So as many sessions again are opened, live, and `VmRSS`
-//! read a last time: they are built mostly from what the detached ones let go, and what
-//! they add on top, per session, is an estimate of what each detached session still
-//! holds. Each detached session costs the load tester three descriptors (its client and
-//! the hop's two sockets).
+//! `--detached` opens resumable sessions here, through a TCP hop ([`testkit::Cut`]) that
+//! then cuts every link and refuses redials: each waits on the gate, detached
+//! (docs/protocol.md, "Resume"). What a detached session lets go (its socket buffers)
+//! stays with the allocator, so `VmRSS` hardly moves; as many live sessions again are
+//! built mostly from it, and what they add on top estimates what a detached one still
+//! holds. Each costs this process three descriptors (client and the hop's two sockets).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +20,7 @@ use nix::sys::signal::Signal;
 use sdk::{Backoff, Client, ClientOptions};
 use serde::{Deserialize, Serialize};
 use testkit::copies::AsCopy;
-use testkit::fleet::{Role, scrape};
+use testkit::fleet::{Role, Topology, scrape};
 use testkit::{Cut, Process};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -44,8 +34,8 @@ use crate::spread::{Children, SpreadArgs, explain, unix_ms};
 pub const MAX_SESSIONS: usize = 1_000_000;
 /// How long the gate may take to see every cut link once the hop cut them.
 const DETACH_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a drained gate's players may take to be served elsewhere before those not
-/// yet are counted lost: the gate's shutdown grace (5 s) and a reconnection's backoff.
+/// How long a drained gate's players may take to be served elsewhere: the gate's 5 s
+/// shutdown grace and a reconnection's backoff.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a load process looks for players that moved.
 const MOVE_POLL: Duration = Duration::from_millis(10);
@@ -152,26 +142,18 @@ pub async fn idle(args: IdleArgs) -> anyhow::Result<()> {
         true => gates.gate_pids.clone(),
         false => args.pid.clone(),
     };
-    ensure!(
-        !pids.is_empty(),
-        "--pid is required with --url: a gate's RSS is read from /proc/<pid>"
-    );
-    let metrics = (topology.iter())
-        .flat_map(|t| t.metrics_urls())
-        .find_map(|(role, url)| matches!(role, Role::Gate(_)).then_some(url));
-    ensure!(
-        !args.detached || metrics.is_some(),
-        "--detached needs a gate this command launches (it reads the gate's metrics)"
-    );
+    let why = "--pid is required with --url: a gate's RSS is read from /proc/<pid>";
+    ensure!(!pids.is_empty(), why);
+    let mut metrics = topology.iter().flat_map(|t| t.metrics_urls());
+    let metrics = metrics.find_map(|(role, url)| matches!(role, Role::Gate(_)).then_some(url));
+    let why = "--detached needs a gate this command launches (it reads the gate's metrics)";
+    ensure!(!args.detached || metrics.is_some(), why);
     // The drained gate is the scenario's to stop: its exit is no failure.
-    let drained = match args.drain {
-        true => Some(
-            (topology.as_mut().and_then(|t| t.take(&Role::Gate(0))))
-                .filter(|_| gates.urls.len() > 1)
-                .context("--drain needs two gates or more that this command launches")?,
-        ),
-        false => None,
-    };
+    let take = |t: &mut Topology| t.take(&Role::Gate(0)).filter(|_| gates.urls.len() > 1);
+    let drained = (args.drain)
+        .then(|| topology.as_mut().and_then(take))
+        .map(|g| g.context("--drain needs two gates or more that this command launches"))
+        .transpose()?;
     let metrics = metrics.filter(|_| args.detached);
     let measured = measure(&args, &gates, &pids, metrics, drained);
     let idle = with_topology(topology, measured).await?;
@@ -182,15 +164,13 @@ pub async fn idle(args: IdleArgs) -> anyhow::Result<()> {
         tracing::warn!("{} session(s) failed to open, first: {why}", idle.failed);
     }
     let lost = idle.drain.as_ref().map_or(0, |d| d.lost);
-    ensure!(
-        lost == 0,
-        "{lost} player(s) of the drained gate were not served elsewhere"
-    );
+    let why = "player(s) of the drained gate were not served elsewhere";
+    ensure!(lost == 0, "{lost} {why}");
     Ok(())
 }
 
-/// Opens the sessions, reads the gates' RSS around it, the CPU over the hold, and then
-/// drains the `drained` gate, or (`metrics`: the gate's metrics URL) detaches them.
+/// Opens the sessions, the gates' RSS around it and CPU over the hold; then drains or
+/// (`metrics`: the gate's metrics URL) detaches.
 async fn measure(
     args: &IdleArgs,
     gates: &Gates,
@@ -198,11 +178,8 @@ async fn measure(
     metrics: Option<String>,
     drained: Option<Process>,
 ) -> anyhow::Result<IdleReport> {
-    let rss = || -> anyhow::Result<Vec<u64>> {
-        let read =
-            |pid: &u32| rss_bytes(*pid).with_context(|| format!("reading VmRSS of pid {pid}"));
-        pids.iter().map(read).collect()
-    };
+    let read = |pid: &u32| rss_bytes(*pid).with_context(|| format!("reading VmRSS of pid {pid}"));
+    let rss = || -> anyhow::Result<Vec<u64>> { pids.iter().map(read).collect() };
     let rss_before = rss()?;
     let (opened, rss_after, detached, children, open_cpu) = match metrics {
         Some(metrics) => {
@@ -222,13 +199,8 @@ async fn measure(
             (opened, rss()?, None, Some(children), open_cpu)
         }
     };
-    let children_watched = children.iter().flat_map(Children::watched);
-    let watched: Vec<_> = gates
-        .watched
-        .iter()
-        .cloned()
-        .chain(children_watched)
-        .collect();
+    let children_watched: Vec<_> = children.iter().flat_map(Children::watched).collect();
+    let watched = [gates.watched.clone(), children_watched].concat();
     let before = CpuSample::take(&watched);
     // The measurement's window: sessions held as a game's idle players are.
     tokio::time::sleep(args.hold).await;
@@ -285,8 +257,7 @@ async fn measure(
     })
 }
 
-/// `--detached`: the sessions opened here through a hop to `url`, the RSS once they
-/// are open, and the RSS once they are detached and once as many again are open.
+/// `--detached`: sessions through a hop to `url`; the RSS open, detached, and refilled.
 async fn detach(
     args: &IdleArgs,
     url: &str,
@@ -311,12 +282,11 @@ async fn detach(
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };
-    tokio::time::timeout(DETACH_TIMEOUT, detached)
-        .await
-        .context("the gate did not count every session detached")?;
+    let counted = tokio::time::timeout(DETACH_TIMEOUT, detached).await;
+    counted.context("the gate did not count every session detached")?;
     let rss_detached = rss()?.iter().sum();
     let mut refill = Vec::new();
-    for _ in 0..clients.len() {
+    for _ in &clients {
         refill.push(Client::connect(url, ClientOptions::default()).await?);
     }
     let rss_refilled = rss()?.iter().sum();
@@ -341,9 +311,8 @@ impl Section for IdleReport {
     }
 }
 
-/// Opens `args.sessions` sessions, `args.concurrency` handshakes at a time, the `k`-th
-/// to the gates and with the options `dial(k)` gives (its `--source-addrs` address set
-/// here): those that opened, and what the opening was.
+/// Opens `--sessions`, `--concurrency` handshakes at a time, the `k`-th as `dial(k)`
+/// says (plus its `--source-addrs` address): those that opened, and how it went.
 async fn open(
     args: &IdleArgs,
     dial: impl Fn(usize) -> (Vec<String>, ClientOptions),
@@ -352,11 +321,8 @@ async fn open(
     let permits = Arc::new(Semaphore::new(usize::try_from(args.concurrency)?));
     let mut set = JoinSet::new();
     for k in 0..usize::try_from(args.sessions)? {
-        let (urls, options) = dial(k);
-        let options = ClientOptions {
-            source_addr: args.spread.source(k),
-            ..options
-        };
+        let (urls, mut options) = dial(k);
+        options.source_addr = args.spread.source(k);
         let permits = permits.clone();
         set.spawn(async move {
             let _permit = permits.acquire_owned().await;
@@ -382,9 +348,8 @@ async fn open(
     Ok((clients, opened))
 }
 
-/// A load process: its share of sessions over the `--url` gates round-robin (with
-/// `--drain`: the first gate, then the others from a different one each), held until
-/// the parent's SIGTERM.
+/// A load process: its share of sessions over the `--url` gates round-robin (`--drain`:
+/// the first gate, then the others from a different one each) until SIGTERM.
 async fn child(args: &IdleArgs) -> anyhow::Result<()> {
     let mut stop = AsCopy::install()?;
     let urls = &args.target.url;
@@ -405,18 +370,17 @@ async fn child(args: &IdleArgs) -> anyhow::Result<()> {
     stop.ready(&opened)?;
     let moved = match args.drain {
         true => served_elsewhere(&clients, &mut stop).await,
-        false => Moved::default(),
+        false => {
+            stop.stopped().await;
+            Moved::default()
+        }
     };
-    if !args.drain {
-        stop.stopped().await;
-    }
     stop.result(&moved)?;
     futures::future::join_all(clients.iter().map(Client::close)).await;
     Ok(())
 }
 
-/// Until every client has moved (or reconnected) and had a request answered 200 on its
-/// new gate, or SIGTERM: how many were, and when the last was.
+/// How many clients moved and had a 200 on their new gate, and when the last did.
 async fn served_elsewhere(clients: &[Client], stop: &mut AsCopy) -> Moved {
     let mut asked = vec![false; clients.len()];
     let mut confirms = JoinSet::new();

@@ -1,11 +1,8 @@
-//! A client's requests in flight: a ring of send times indexed by slot.
-//!
-//! A client sends its slots in order, so the slots in flight are a window
-//! `first..first + len` of consecutive numbers, some of them already answered. The ring
-//! holds one entry per slot of that window (the send time, or nothing once answered)
-//! and drops answered entries from its front, so its front is always the oldest request
-//! still waiting: the only one a timeout check has to look at. No hashing, no
-//! allocation per request once the ring has grown to the client's usual backlog.
+//! A client's requests in flight: a ring of send times indexed by slot. Slots go out in
+//! order, so those in flight are a window `first..first + len`; the ring holds each one's
+//! send time (nothing once answered) and drops answered ones from its front, so the front
+//! is the oldest still waiting, the only one a timeout check looks at. No hashing, and
+//! no allocation per request once the ring has grown to the client's usual backlog.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

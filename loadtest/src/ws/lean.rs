@@ -1,13 +1,10 @@
-//! The load generator's client: one task per client that owns its WebSocket and speaks
-//! the client protocol itself (docs/benchmarks.md, "How the load is generated"). The
-//! SDK's client serves a game, any number of callers each awaiting an answer, at a cost
-//! per request (a oneshot, a channel hop, a wake-up) taken from the servers measured on
-//! the same cores; a load-test client has one caller that knows every request it made.
-//!
-//! A close, a kick, a broken socket or an undecodable frame ends the connection: its
-//! requests in flight fail then and every later slot as it comes due, so a run still
-//! counts what it offered and ends on schedule (no reconnect). The outbox has no cap of
-//! its own: the run's slots bound it.
+//! The generator's client: one task that owns its WebSocket and speaks the protocol
+//! itself (docs/benchmarks.md, "How the load is generated"). The SDK serves many callers
+//! each awaiting an answer, at a cost per request (a oneshot, a hop, a wake-up) taken
+//! from the servers on the same cores; a load client has one caller. A close, a kick, a
+//! broken socket or a bad frame ends it: its requests in flight fail, then each later
+//! slot as it comes due, so a run counts what it offered and ends on time (no
+//! reconnect). The run's slots bound the outbox.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -41,9 +38,8 @@ const CLOSED: &str = "closed";
 const KICKED: &str = "kicked";
 const PROTOCOL: &str = "protocol";
 
-/// How a client speaks: the gate's protocol in protobuf (binary frames) or JSON (text
-/// frames, typed bodies the gate transcodes), or pomelo's (the gate's pomelo codec, or
-/// a pomelo server).
+/// How a client speaks: the gate's protocol in protobuf or JSON (typed bodies the gate
+/// transcodes), or pomelo's (to the gate's pomelo codec or a pomelo server).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Codec {
     #[default]
@@ -52,16 +48,15 @@ pub enum Codec {
     Pomelo,
 }
 
-/// What one client's task is given.
+/// What every client's task of a run is given, besides its pacer and recorder.
+#[derive(Clone)]
 pub struct ClientRun {
     pub plan: Plan,
-    pub pacer: Pacer,
     pub route: Arc<str>,
     pub payload: Arc<Payload>,
     /// Client-side request timeout.
     pub timeout: Duration,
     pub hard_deadline: Instant,
-    pub rec: Recorder,
 }
 
 /// A connection that has handshaken, ready to drive.
@@ -76,10 +71,8 @@ impl Conn {
     /// Opens a WebSocket to `url` as the SDK does (`wss://` trusting `options.tls`) and
     /// handshakes in `codec`, all within `options.connect_timeout`.
     pub async fn connect(url: &str, options: &ClientOptions, codec: Codec) -> anyhow::Result<Conn> {
-        let options = ClientOptions {
-            json: codec == Codec::Json,
-            ..options.clone()
-        };
+        let mut options = options.clone();
+        options.json = codec == Codec::Json;
         let (ws, heartbeat) = if codec == Codec::Pomelo {
             let opening =
                 async { pomelo_handshake(sdk::open_websocket(url, &options).await?).await };
@@ -101,8 +94,7 @@ impl Conn {
     }
 }
 
-/// A pomelo session: handshake, its answer, the ack. The server sends heartbeats, which
-/// the client answers ([`on_pomelo`]), so it sends none of its own.
+/// A pomelo handshake; heartbeats are the server's to send ([`on_pomelo`] answers them).
 async fn pomelo_handshake(mut ws: Ws) -> anyhow::Result<Ws> {
     let hello = br#"{"sys":{"type":"shaddock-loadtest","version":"0.0.1"},"user":{}}"#;
     let hello = wire::encode_package(PackageType::Handshake, hello);
@@ -125,22 +117,14 @@ async fn pomelo_handshake(mut ws: Ws) -> anyhow::Result<Ws> {
 }
 
 /// Runs one client until its last request ended or the hard deadline passed.
-pub async fn drive(conn: Conn, run: ClientRun) -> Tally {
-    let ClientRun {
-        plan,
-        mut pacer,
-        route,
-        payload,
-        timeout,
-        hard_deadline,
-        mut rec,
-    } = run;
+pub async fn drive(conn: Conn, run: ClientRun, mut pacer: Pacer, mut rec: Recorder) -> Tally {
+    let (plan, timeout, hard_deadline) = (run.plan, run.timeout, run.hard_deadline);
     let mut heartbeat = conn.heartbeat.map(|period| {
         let mut interval = tokio::time::interval_at((Instant::now() + period).into(), period);
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
         interval
     });
-    let mut link = Link::new(Some(conn.ws), conn.codec, route);
+    let mut link = Link::new(Some(conn.ws), conn.codec, run.route);
     // Set to the oldest waiting request's deadline or earlier whenever one waits.
     let expiry = tokio::time::sleep_until(hard_deadline.into());
     tokio::pin!(expiry);
@@ -160,7 +144,7 @@ pub async fn drive(conn: Conn, run: ClientRun) -> Tally {
             biased;
             due = pacer.wait_due(&plan.schedule, next), if next < plan.end => {
                 let due = due.min(plan.end);
-                link.send(next..due, &payload, &mut rec);
+                link.send(next..due, &run.payload, &mut rec);
                 next = due;
                 if !armed {
                     armed = arm(expiry.as_mut(), &link.in_flight, timeout);
@@ -199,6 +183,7 @@ async fn tick(interval: &mut Option<Interval>) {
 }
 
 /// One client's side of its connection.
+#[derive(Default)]
 struct Link {
     /// `None` once the connection ended.
     ws: Option<Ws>,
@@ -215,14 +200,12 @@ struct Link {
 
 impl Link {
     fn new(ws: Option<Ws>, codec: Codec, route: Arc<str>) -> Self {
+        let link = Link::default();
         Link {
             ws,
-            ended: None,
             codec,
-            outbox: VecDeque::new(),
-            unflushed: false,
-            in_flight: InFlight::default(),
             route,
+            ..link
         }
     }
 
@@ -365,8 +348,7 @@ enum Handled {
 /// A frame handled, or why it ended the connection.
 type Handling = Result<Handled, &'static str>;
 
-/// One frame from the server: a response ends its request; a kick, a close or a frame
-/// that does not decode ends the connection.
+/// A response ends its request; a kick, a close or a bad frame ends the connection.
 fn on_frame(frame: Message, in_flight: &mut InFlight, rec: &mut Recorder) -> Handling {
     match frame {
         Message::Binary(_) | Message::Text(_) => {}
@@ -377,11 +359,7 @@ fn on_frame(frame: Message, in_flight: &mut InFlight, rec: &mut Recorder) -> Han
     let received = Instant::now();
     match sdk::frame::decode(&frame).and_then(|p| p.kind) {
         Some(Kind::Response(response)) => {
-            let answer = Answer::Response {
-                code: response.code,
-                timing: response.timing,
-                message: response.message,
-            };
+            let answer = Answer::response(response.code, response.timing, response.message);
             answered(in_flight, rec, response.id, received, answer);
         }
         Some(Kind::Kick(_)) => return Err(KICKED),
@@ -392,9 +370,8 @@ fn on_frame(frame: Message, in_flight: &mut InFlight, rec: &mut Recorder) -> Han
     Ok(Handled::Done)
 }
 
-/// One pomelo frame: its responses end their requests, a heartbeat is answered; a
-/// kick or a frame that does not parse ends the connection. A response with the error
-/// flag or an error `code` in its body counts as a 500 answer.
+/// One pomelo frame: responses end requests (the error flag or an error `code` in the
+/// body counts as 500), heartbeats are answered, a kick or bad frame ends the link.
 fn on_pomelo(frame: Message, in_flight: &mut InFlight, rec: &mut Recorder) -> Handling {
     let received = Instant::now();
     let Message::Binary(bytes) = frame else {
@@ -419,11 +396,7 @@ fn on_pomelo(frame: Message, in_flight: &mut InFlight, rec: &mut Recorder) -> Ha
                 };
                 let failed = message.error || pomelo_error(message.body);
                 let code = if failed { HANDLER_ERROR } else { OK };
-                let answer = Answer::Response {
-                    code,
-                    timing: None,
-                    message: String::new(),
-                };
+                let answer = Answer::response(code, None, String::new());
                 answered(in_flight, rec, id, received, answer);
             }
             PackageType::Kick => return Err(KICKED),
@@ -433,8 +406,7 @@ fn on_pomelo(frame: Message, in_flight: &mut InFlight, rec: &mut Recorder) -> Ha
     Ok(handled)
 }
 
-/// Request `id` (its slot + 1) got `answer`. Id 0 is never sent; an id not in flight was
-/// answered or timed out already.
+/// Request `id` (slot + 1, so never 0) got `answer`, unless answered or timed out already.
 fn answered(in_flight: &mut InFlight, rec: &mut Recorder, id: u64, at: Instant, answer: Answer) {
     if let Some(slot) = id.checked_sub(1)
         && let Some(sent) = in_flight.take(slot)
@@ -469,19 +441,16 @@ mod tests {
         let Some(Kind::Request(request)) = packet.kind else {
             panic!("not a request")
         };
-        assert_eq!(
-            (request.id, request.route.as_str(), &request.body[..]),
-            (43, "chat.members", &b"Hello World #0042"[..])
-        );
+        let sent = (request.id, request.route.as_str(), &request.body[..]);
+        assert_eq!(sent, (43, "chat.members", &b"Hello World #0042"[..]));
         let Some(Message::Text(frame)) = link(Codec::Json).encode(1, br#"{"room":"a"}"#) else {
             panic!("not text")
         };
-        assert_eq!(
-            frame.as_str(),
-            r#"{"request":{"id":1,"route":"chat.members","body":{"room":"a"}}}"#
-        );
+        let json = r#"{"request":{"id":1,"route":"chat.members","body":{"room":"a"}}}"#;
+        assert_eq!(frame.as_str(), json);
+        let not_json = link(Codec::Json).encode(2, b"Hello World");
         assert!(
-            link(Codec::Json).encode(2, b"Hello World").is_none(),
+            not_json.is_none(),
             "a JSON session's body that is not JSON is not sent"
         );
     }

@@ -1,13 +1,7 @@
-//! WebSocket load through the gateway (docs/benchmarks.md "Gateway end to end"): the
-//! open-loop generator, the scenarios run with it, and their reports.
-//!
-//! - [`schedule`], [`clock`]: absolute send times, and what wakes a client for them.
-//! - [`lean`] (with [`inflight`], [`stats`]): one client, its WebSocket and
-//!   what it records; [`generator`]: N of them, one run.
-//! - [`target`]: gates by URL, a launched topology, or the bare echo server.
-//! - [`scenario`], [`idle`], [`broadcast`], [`pomelo`], [`churn`], [`matches`]: the
-//!   subcommands;
-//!   [`report`]: what they measured.
+//! WebSocket load through the gateway (docs/benchmarks.md "Gateway end to end"):
+//! [`schedule`] and [`clock`] pace; [`lean`] (with [`inflight`], [`stats`]) is one
+//! client, [`generator`] N of them; [`target`] is where they go; [`scenario`], [`idle`],
+//! [`broadcast`], [`pomelo`], [`churn`], [`matches`] are the subcommands; [`report`].
 
 pub mod broadcast;
 pub mod churn;

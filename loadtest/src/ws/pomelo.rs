@@ -1,9 +1,7 @@
-//! `pomelo-compare`: the same pomelo-protocol clients (the generator's, speaking the
-//! gate's own pomelo codec, [`Codec::Pomelo`]), the same route and the same schedule,
-//! against a Shaddock gate and against a real pomelo server (scripts/pomelo-peer.sh:
-//! pomelo 2.2.7, 1 connector + 1 echo server, as the seed's comparison), in one run.
-//! A request counts as answered when its response has neither the error flag nor an
-//! error `code` in its body.
+//! `pomelo-compare`: the same pomelo-protocol clients ([`Codec::Pomelo`]), route and
+//! schedule against a Shaddock gate and a real pomelo server (scripts/pomelo-peer.sh:
+//! pomelo 2.2.7, 1 connector + 1 echo server), in one run. A request counts as answered
+//! when its response has neither the error flag nor an error `code` in its body.
 
 use anyhow::{Context as _, ensure};
 
@@ -43,17 +41,15 @@ pub struct PomeloCompareArgs {
 }
 
 pub async fn pomelo_compare(args: PomeloCompareArgs) -> anyhow::Result<()> {
-    ensure!(
-        !args.load.with_limit && args.load.body_hex.is_none(),
-        "the bare echo speaks no pomelo (--with-limit), and the body is --body"
-    );
+    let why = "the bare echo speaks no pomelo (--with-limit), and the body is --body";
+    ensure!(!args.load.with_limit && args.load.body_hex.is_none(), why);
     serde_json::from_str::<serde_json::Value>(&args.body).context("--body is not JSON")?;
     let specs = (args.clients.iter())
         .map(|&clients| {
-            let (interval, count) = (args.load.interval, Length::Count(SEED_COUNT));
+            let count = Length::Count(SEED_COUNT);
             let spec = args
                 .load
-                .spec(clients, interval, count, ServiceKind::Echo)?;
+                .spec(clients, args.load.interval, count, ServiceKind::Echo)?;
             Ok(LoadSpec {
                 route: (args.load.route.clone()).unwrap_or_else(|| ROUTE.to_owned()),
                 payload: Payload::Fixed(args.body.clone().into()),
@@ -63,26 +59,24 @@ pub async fn pomelo_compare(args: PomeloCompareArgs) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let (gates, topology) = args.target.gates(1, 1).await?;
-    let mut targets = vec![Target {
-        urls: vec![gates.urls[0].clone()],
-        ..gates.target("shaddock")
-    }];
-    targets.extend(args.pomelo_url.iter().map(|url| Target {
-        label: "pomelo 2.2.7".to_owned(),
-        kind: "pomelo",
-        urls: vec![url.clone()],
-        tls: None,
-        watched: vec![this_process(LOADTEST)],
-    }));
+    let mut targets = vec![gates.target("shaddock")];
+    targets[0].urls.truncate(1);
+    let pomelo = |url: &String| {
+        Target::new(
+            "pomelo 2.2.7",
+            "pomelo",
+            vec![url.clone()],
+            vec![this_process(LOADTEST)],
+        )
+    };
+    targets.extend(args.pomelo_url.iter().map(pomelo));
     let work = async {
         let mut report =
             ScenarioReport::new("pomelo-compare", gates.setup.clone(), Runs::default());
         for spec in &specs {
             for target in &targets {
-                let target = Target {
-                    label: format!("{}, {} clients", target.label, spec.clients),
-                    ..target.clone()
-                };
+                let mut target = target.clone();
+                target.label = format!("{}, {} clients", target.label, spec.clients);
                 report.data.run(spec, &target).await;
             }
         }

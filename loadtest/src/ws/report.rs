@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::generator::{self, LimitComparison, LoadSpec, RunReport, SecondReport, Target};
+use super::generator::{self, LimitComparison, LoadSpec, PerConn, RunReport, SecondReport, Target};
 use crate::hist::Summary;
 use crate::report::{Doc, OutputArgs, Report, Section, Table, XAxis, cpu_line, ms, thousands};
 
@@ -54,7 +54,7 @@ pub struct SaturateReport {
     pub scaling: Vec<WorkerScaling>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SaturateStep {
     pub target: String,
     pub per_client_rps: f64,
@@ -66,8 +66,28 @@ pub struct SaturateStep {
     pub passed: bool,
 }
 
-/// The gateway's saturation point as a fraction of the bare echo's, and how far to trust
-/// it: a search that passed every rate up to its maximum found only a lower bound.
+#[cfg(test)]
+impl SaturateStep {
+    /// A step at `rps` that did or did not meet its target, nothing lost.
+    pub fn fake(target: &str, rps: f64, passed: bool) -> Self {
+        let (lost, errors, p99_from_schedule_us) = (0, 0, 0.0);
+        let (per_client_rps, offered_rps, achieved_rps) = (rps, rps, rps);
+        let target = target.to_owned();
+        SaturateStep {
+            target,
+            per_client_rps,
+            offered_rps,
+            achieved_rps,
+            p99_from_schedule_us,
+            lost,
+            errors,
+            passed,
+        }
+    }
+}
+
+/// The gateway's saturation point ÷ the bare echo's, and how far to trust it (a search
+/// that passed every rate up to its maximum found only a lower bound).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Fraction {
     pub value: f64,
@@ -82,29 +102,27 @@ impl Fraction {
     pub fn of(gateway: f64, gateway_bound: bool, limit: f64, limit_bound: bool) -> Fraction {
         let value = gateway / limit;
         let (p, g) = (value * 100.0, "gateway saturation");
+        let of = format!("{p:.1}% of the bare-echo limit");
+        let higher = |who, max| format!("the {who} passed every rate up to {max}, so it is");
+        let (limit_higher, gateway_higher) = (
+            higher("limit", "--limit-max-rate"),
+            higher("gateway", "--max-rate"),
+        );
+        let nothing = format!(
+            "{g}: both searches passed every rate they tried, so the {p:.1}% between their \
+             figures says nothing"
+        );
         let (relation, sentence) = match (gateway_bound, limit_bound) {
-            (false, false) => ("exact", format!("{g} = {p:.1}% of the bare-echo limit")),
+            (false, false) => ("exact", format!("{g} = {of}")),
             (false, true) => (
                 "at_most",
-                format!(
-                    "{g} ≤ {p:.1}% of the bare-echo limit: the limit passed every rate up to \
-                     --limit-max-rate, so it is higher than measured"
-                ),
+                format!("{g} ≤ {of}: {limit_higher} higher than measured"),
             ),
             (true, false) => (
                 "at_least",
-                format!(
-                    "{g} ≥ {p:.1}% of the bare-echo limit: the gateway passed every rate up to \
-                     --max-rate, so it is higher than measured"
-                ),
+                format!("{g} ≥ {of}: {gateway_higher} higher than measured"),
             ),
-            (true, true) => (
-                "unknown",
-                format!(
-                    "{g}: both searches passed every rate they tried, so the {p:.1}% between \
-                     their figures says nothing"
-                ),
-            ),
+            (true, true) => ("unknown", nothing),
         };
         Fraction {
             value,
@@ -128,55 +146,42 @@ impl RunReport {
             None => format!("{:.1} s window", self.window_s),
         };
         let message = |code| self.error_messages.get(code).filter(|m| !m.is_empty());
-        let by_code = self
-            .errors_by_code
-            .iter()
-            .map(|(code, n)| match message(code) {
-                Some(m) => format!("{code} × {n} ({m})"),
-                None => format!("{code} × {n}"),
-            });
+        let by_code = self.errors_by_code.iter();
+        let by_code = by_code.map(|(code, n)| match message(code) {
+            Some(m) => format!("{code} × {n} ({m})"),
+            None => format!("{code} × {n}"),
+        });
         let failures = self.failures.iter().map(|(k, n)| format!("{k} × {n}"));
         let mut errors: Vec<String> = by_code.chain(failures).collect();
         if errors.is_empty() {
             errors.push("no error answers".to_owned());
         }
+        let (clients, connected, route) = (self.clients, self.connected, &self.route);
+        let (every, warmup, clock) = (self.interval_us, self.warmup_s, &self.clock);
+        let (offered, achieved) = (thousands(self.offered_rps), thousands(self.achieved_rps));
+        let (ok, sent) = (thousands(self.ok as f64), thousands(self.sent as f64));
+        let took = self.elapsed_s;
+        let PerConn { min, avg, max } = self.per_conn;
+        let (timeouts, unanswered, errors) = (self.timeouts, self.unanswered, errors.join(", "));
         let mut lines = vec![
             format!(
-                "load      {} clients ({} connected) × 1 {} per {:.0} µs = {} req/s offered; {length}, \
-                 warm-up {:.1} s; clock {}",
-                self.clients,
-                self.connected,
-                self.route,
-                self.interval_us,
-                thousands(self.offered_rps),
-                self.warmup_s,
-                self.clock
+                "load      {clients} clients ({connected} connected) × 1 {route} per {every:.0} µs = \
+                 {offered} req/s offered; {length}, warm-up {warmup:.1} s; clock {clock}"
             ),
             format!(
-                "achieved  {} req/s ({} ok of {} sent in {:.2} s); per connection min {:.1} / avg {:.1} / max {:.1}",
-                thousands(self.achieved_rps),
-                thousands(self.ok as f64),
-                thousands(self.sent as f64),
-                self.elapsed_s,
-                self.per_conn.min,
-                self.per_conn.avg,
-                self.per_conn.max
+                "achieved  {achieved} req/s ({ok} ok of {sent} sent in {took:.2} s); per connection \
+                 min {min:.1} / avg {avg:.1} / max {max:.1}"
             ),
-            format!(
-                "errors    timeouts {}, unanswered {}, {}",
-                self.timeouts,
-                self.unanswered,
-                errors.join(", ")
-            ),
+            format!("errors    timeouts {timeouts}, unanswered {unanswered}, {errors}"),
         ];
         let connects = self.connect_errors.iter();
         lines.extend(connects.map(|(e, n)| format!("connect   {n} × {e}")));
         if let Some(c) = &self.limit {
+            let (rps, p99) = (thousands(c.limit_rps), ms(c.limit_p99_from_schedule_us));
+            let fraction = c.fraction * 100.0;
             lines.push(format!(
-                "limit     bare echo, same load: {} req/s, p99 {} ms from schedule → this run reaches {:.1}%",
-                thousands(c.limit_rps),
-                ms(c.limit_p99_from_schedule_us),
-                c.fraction * 100.0
+                "limit     bare echo, same load: {rps} req/s, p99 {p99} ms from schedule → this run \
+                 reaches {fraction:.1}%"
             ));
             lines.extend(cost_line(c));
         }
@@ -203,9 +208,9 @@ impl RunReport {
             rows.push(("server total", &s.total));
         }
         doc.table(Table::latency(rows));
+        let timeline = self.timeline.iter();
         let per_second = |f: fn(&SecondReport) -> f64| {
-            let points = self.timeline.iter().map(|s| (s.second as f64, f(s)));
-            points.collect()
+            timeline.clone().map(|s| (s.second as f64, f(s))).collect()
         };
         doc.chart(
             "Latency from schedule, per second (ms)",
@@ -293,10 +298,8 @@ impl ScenarioReport {
         self.write(output)?;
         let (n, errors) = (self.data.errors.len(), self.data.errors.join("; "));
         anyhow::ensure!(n == 0, "{n} run(s) failed: {errors}");
-        let failed: Vec<&str> = (self.data.runs.iter())
-            .filter(|r| r.ok == 0)
-            .map(|r| r.label.as_str())
-            .collect();
+        let failed = self.data.runs.iter().filter(|r| r.ok == 0);
+        let failed: Vec<&str> = failed.map(|r| r.label.as_str()).collect();
         let list = failed.join(", ");
         anyhow::ensure!(failed.is_empty(), "no successful answer in: {list}");
         Ok(())
@@ -305,11 +308,9 @@ impl ScenarioReport {
 
 impl SaturateReport {
     fn section(&self, doc: &mut Doc) {
-        doc.heading(format!(
-            "saturation search: {} clients, p99 from schedule ≤ {} ms, no lost requests",
-            self.clients,
-            ms(self.p99_target_us)
-        ));
+        let (clients, p99) = (self.clients, ms(self.p99_target_us));
+        let what = format!("{clients} clients, p99 from schedule ≤ {p99} ms, no lost requests");
+        doc.heading(format!("saturation search: {what}"));
         doc.table(Table::of(
             &self.steps,
             &[
@@ -321,27 +322,20 @@ impl SaturateReport {
                 ("lost", &|s| s.lost.to_string()),
                 ("errors", &|s| s.errors.to_string()),
                 ("within target", &|s| {
-                    if s.passed { "yes" } else { "no" }.to_owned()
+                    (if s.passed { "yes" } else { "no" }).into()
                 }),
             ],
         ));
-        let mut lines: Vec<String> = self
-            .best
-            .iter()
-            .map(|(target, best)| {
-                let bound = if self.at_max_rate.contains(target) {
-                    " — every rate it tried passed: a lower bound"
-                } else {
-                    ""
-                };
-                format!(
-                    "best {target}: {} req/s ({} per client, p99 {} ms){bound}",
-                    thousands(best.achieved_rps),
-                    thousands(best.per_client_rps),
-                    ms(best.p99_from_schedule_us)
-                )
-            })
-            .collect();
+        let best_line = |(target, best): (&String, &SaturateStep)| {
+            let bound = match self.at_max_rate.contains(target) {
+                true => " — every rate it tried passed: a lower bound",
+                false => "",
+            };
+            let (rps, each) = (thousands(best.achieved_rps), thousands(best.per_client_rps));
+            let p99 = ms(best.p99_from_schedule_us);
+            format!("best {target}: {rps} req/s ({each} per client, p99 {p99} ms){bound}")
+        };
+        let mut lines: Vec<String> = self.best.iter().map(best_line).collect();
         lines.extend(self.fraction_of_limit.as_ref().map(|f| f.sentence.clone()));
         doc.lines(lines);
         if self.scaling.is_empty() {
@@ -365,10 +359,8 @@ impl SaturateReport {
             let rps = best(s);
             let capped = self.at_max_rate.contains(&s.target);
             let bound = if capped { "≥ " } else { "" };
-            let shown = rps.map_or_else(
-                || "none met the target".to_owned(),
-                |r| format!("{bound}{}", thousands(r)),
-            );
+            let shown = rps.map(|r| format!("{bound}{}", thousands(r)));
+            let shown = shown.unwrap_or_else(|| "none met the target".to_owned());
             table.rows.push(vec![
                 s.workers.to_string(),
                 shown,
@@ -403,12 +395,9 @@ mod tests {
             limit_server_cpu_us: Some(7.0),
             cpu_ratio: Some(41.15 / 7.0),
         };
-        assert_eq!(
-            cost_line(&measured).as_deref(),
-            Some(
-                "cost      servers 41.1 µs of CPU per request = 5.88× the bare echo server's 7.0 µs"
-            )
-        );
+        let line =
+            "cost      servers 41.1 µs of CPU per request = 5.88× the bare echo server's 7.0 µs";
+        assert_eq!(cost_line(&measured).as_deref(), Some(line));
         let unmeasured = LimitComparison {
             limit_server_cpu_us: None,
             cpu_ratio: None,
@@ -423,40 +412,25 @@ mod tests {
         let all = [(false, false), (false, true), (true, false), (true, true)];
         let relations = all.map(|(g, l)| relation(g, l));
         assert_eq!(relations, ["exact", "at_most", "at_least", "unknown"]);
-        assert_eq!(
-            Fraction::of(1.0, false, 4.0, false).sentence,
-            "gateway saturation = 25.0% of the bare-echo limit"
-        );
+        let exact = "gateway saturation = 25.0% of the bare-echo limit";
+        assert_eq!(Fraction::of(1.0, false, 4.0, false).sentence, exact);
     }
 
     #[test]
     fn worker_scaling_rows_show_the_change_and_lower_bounds() {
-        let step = |target: &str, rps| SaturateStep {
-            target: target.into(),
-            per_client_rps: rps / 50.0,
-            offered_rps: rps,
-            achieved_rps: rps,
-            p99_from_schedule_us: 1000.0,
-            lost: 0,
-            errors: 0,
-            passed: true,
-        };
+        let step = |target, rps| SaturateStep::fake(target, rps, true);
         let report = SaturateReport {
             best: BTreeMap::from([
                 ("w1".into(), step("w1", 10_000.0)),
                 ("w2".into(), step("w2", 15_000.0)),
             ]),
             at_max_rate: vec!["w2".into()],
-            scaling: vec![
-                WorkerScaling {
-                    workers: 1,
-                    target: "w1".into(),
-                },
-                WorkerScaling {
-                    workers: 2,
-                    target: "w2".into(),
-                },
-            ],
+            scaling: [(1, "w1"), (2, "w2")]
+                .map(|(workers, t)| WorkerScaling {
+                    workers,
+                    target: t.into(),
+                })
+                .into(),
             ..SaturateReport::default()
         };
         let mut doc = Doc::new(String::new(), crate::report::Meta::now());

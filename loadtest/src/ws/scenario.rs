@@ -1,7 +1,6 @@
-//! The request-load scenarios of docs/benchmarks.md "Gateway end to end", one
-//! subcommand each: their flags, their defaults, and the order of their runs. Each builds one
-//! [`ScenarioReport`], prints it, optionally writes it as JSON and HTML, and fails when a
-//! run had no successful answer at all.
+//! The request-load subcommands of docs/benchmarks.md "Gateway end to end": flags,
+//! defaults and run order. Each builds one [`ScenarioReport`] and fails when a run had no
+//! successful answer at all.
 
 use std::time::Duration;
 
@@ -76,9 +75,8 @@ impl LoadArgs {
     /// One load per client count, each for the default duration unless told otherwise.
     fn specs(&self, clients: &[usize], service: ServiceKind) -> anyhow::Result<Vec<LoadSpec>> {
         let length = Length::Duration(DEFAULT_DURATION);
-        (clients.iter())
-            .map(|&n| self.spec(n, self.interval, length, service))
-            .collect()
+        let spec = |&n: &usize| self.spec(n, self.interval, length, service);
+        clients.iter().map(spec).collect()
     }
 
     /// The load for `clients` clients of `service` at `interval`; `length` unless
@@ -90,19 +88,15 @@ impl LoadArgs {
         length: Length,
         service: ServiceKind,
     ) -> anyhow::Result<LoadSpec> {
-        ensure!(
-            (1..=MAX_CLIENTS).contains(&clients),
-            "clients must be 1..={MAX_CLIENTS}, not {clients}"
-        );
-        ensure!(
-            interval >= MIN_INTERVAL,
-            "interval must be at least {MIN_INTERVAL:?}"
-        );
+        let (max, min) = (MAX_CLIENTS, MIN_INTERVAL);
+        let why = format!("clients must be 1..={max} (not {clients}), the interval ≥ {min:?}");
+        ensure!((1..=max).contains(&clients) && interval >= min, why);
         let length = match (self.duration, self.count) {
             (Some(d), _) => Length::Duration(d),
             (None, Some(n)) => Length::Count(n),
             (None, None) => length,
         };
+        let route = self.route.as_deref().unwrap_or(service.default_route());
         let spec = LoadSpec {
             clients,
             interval,
@@ -110,10 +104,7 @@ impl LoadArgs {
             warmup: self.warmup,
             ramp: self.ramp,
             timeout: self.timeout,
-            route: self
-                .route
-                .clone()
-                .unwrap_or_else(|| service.default_route().to_owned()),
+            route: route.to_owned(),
             payload: match &self.body_hex {
                 Some(bytes) => Payload::Fixed(bytes.clone()),
                 None if self.route.is_some() => Payload::Hello,
@@ -123,14 +114,13 @@ impl LoadArgs {
             clock: self.clock,
             progress: !self.output.quiet,
         };
-        ensure!(
-            spec.window() <= MAX_WINDOW && !spec.window().is_zero(),
-            "the measured window must be above zero and at most {MAX_WINDOW:?}"
+        let lengths = [spec.window(), self.warmup, self.ramp, self.timeout];
+        let longest = lengths.into_iter().max();
+        let max = MAX_WINDOW;
+        let why = format!(
+            "the measured window must be above zero; it, warm-up, ramp and timeout at most {max:?}"
         );
-        ensure!(
-            self.warmup <= MAX_WINDOW && self.ramp <= MAX_WINDOW && self.timeout <= MAX_WINDOW,
-            "warm-up, ramp and timeout must each be at most {MAX_WINDOW:?}"
-        );
+        ensure!(!spec.window().is_zero() && longest <= Some(MAX_WINDOW), why);
         Ok(spec)
     }
 }
@@ -144,7 +134,7 @@ pub struct ConcurrencyArgs {
     /// Also run each client count with JSON clients (typed bodies the gate transcodes)
     /// on the service's default route, right after the protobuf run: what transcoding
     /// costs, in one run. Not with --route or --body-hex.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["route", "body_hex"])]
     pub json_beside: bool,
     /// Also run each client count over `wss://`, right after the plain run, against the
     /// same gates: what TLS costs the gate, in one run. The launched gates serve TLS on a
@@ -205,8 +195,8 @@ pub struct SaturateArgs {
     pub retries: u32,
     /// Search once per worker count, each on a topology launched with that many
     /// workers, and report how much each added worker raised the saturation point:
-    /// `--scale-workers 1,2,3` (instead of --workers).
-    #[arg(long, value_delimiter = ',', conflicts_with = "workers",
+    /// `--scale-workers 1,2,3` (instead of --workers; not with --url).
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["workers", "url"],
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub scale_workers: Vec<u32>,
     #[command(flatten)]
@@ -216,18 +206,12 @@ pub struct SaturateArgs {
 }
 
 pub async fn concurrency(args: ConcurrencyArgs) -> anyhow::Result<()> {
-    ensure!(
-        !args.json_beside || (args.load.route.is_none() && args.load.body_hex.is_none()),
-        "--json-beside runs the service's default route: not with --route or --body-hex"
-    );
     let service = args.target.service;
     let specs = args.load.specs(&args.clients, service)?;
-    let services = [service];
-    let (gates, topology) = args.target.launch(1, 1, &services, args.tls_beside).await?;
-    ensure!(
-        !args.tls_beside || !gates.tls_urls.is_empty(),
-        "the gates serve no wss://"
-    );
+    let tls = args.tls_beside;
+    let (gates, topology) = args.target.launch(1, 1, &[service], tls).await?;
+    let why = "the gates serve no wss://";
+    ensure!(!args.tls_beside || !gates.tls_urls.is_empty(), why);
     let limit = args.load.with_limit.then(LimitServer::start).transpose()?;
     let work = async {
         let mut report = ScenarioReport::new("concurrency", gates.setup.clone(), Runs::default());
@@ -288,10 +272,6 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
             && args.factor > 1.0,
         "need 0 < --start-rate <= --max-rate, --limit-max-rate and --factor > 1"
     );
-    ensure!(
-        args.scale_workers.is_empty() || args.target.url.is_empty(),
-        "--scale-workers launches its own topologies: it cannot load --url gates"
-    );
     let mut report = ScenarioReport::new("saturate", String::new(), Runs::default());
     let mut sat = SaturateReport {
         p99_target_us: args.p99_target.as_secs_f64() * 1e6,
@@ -348,15 +328,12 @@ pub async fn saturate(args: SaturateArgs) -> anyhow::Result<()> {
     report.data.saturate = Some(sat);
     report.finish(&args.load.output)?;
     let (missing, rate) = (missing.join(", "), args.start_rate);
-    ensure!(
-        missing.is_empty(),
-        "no step met the target for {missing}, not even {rate} req/s per client"
-    );
+    let why = format!("no step met the target for {missing}, not even {rate} req/s per client");
+    ensure!(missing.is_empty(), why);
     Ok(())
 }
 
-/// Runs one search on `target` and files its steps, best step and run under the
-/// target's label. Returns whether any step met the target.
+/// One search on `target`, filed under its label; whether any step met the target.
 async fn search_into(
     args: &SaturateArgs,
     max_rate: f64,
@@ -377,12 +354,9 @@ async fn search_into(
     Ok(true)
 }
 
-/// Raises the per-client rate by `factor` while steps pass, then bisects between the
-/// last pass and the first failure. Returns the best passing step and its run.
-/// Also says whether every rate up to `max_rate` passed (the best is then only a lower
-/// bound of the saturation point).
-/// `measure` runs one step at a per-client rate (generic so that tests can drive the
-/// search without a network).
+/// Raises the rate by `factor` while steps pass, then bisects between the last pass and
+/// the first failure: the best step and its run, and whether every rate up to `max_rate`
+/// passed (a lower bound). `measure` is generic so tests run it without a network.
 async fn search<R, F, Fut>(
     args: &SaturateArgs,
     max_rate: f64,
@@ -422,9 +396,8 @@ where
     Ok((best, at_max_rate))
 }
 
-/// One rate: a step, and while it misses the target up to `--retries` more, so that one
-/// stall of a shared machine cannot end the search. Every step goes into `steps`; the
-/// last one decides.
+/// One rate: a step, then up to `--retries` more while it misses, so one stall of a
+/// shared machine cannot end the search. Each goes into `steps`; the last decides.
 async fn confirmed_step<R, Fut>(
     args: &SaturateArgs,
     measure: &mut impl FnMut(f64) -> Fut,
@@ -434,15 +407,14 @@ async fn confirmed_step<R, Fut>(
 where
     Fut: Future<Output = anyhow::Result<(SaturateStep, R)>>,
 {
-    let mut tries = 0;
-    loop {
+    for tries in 0.. {
         let (step, run) = measure(per_client_rps).await?;
         steps.push(step.clone());
         if step.passed || tries == args.retries {
             return Ok((step, run));
         }
-        tries += 1;
     }
+    unreachable!("tries never run out")
 }
 
 async fn saturate_step(
@@ -451,14 +423,11 @@ async fn saturate_step(
     per_client_rps: f64,
 ) -> anyhow::Result<(SaturateStep, RunReport)> {
     let interval = Duration::from_secs_f64(1.0 / per_client_rps);
-    let length = Length::Duration(args.step);
-    let spec = args
-        .load
-        .spec(args.clients, interval, length, args.target.service)?;
-    let mut target = target.clone();
-    let name = std::mem::take(&mut target.label);
-    target.label = format!("{name} at {per_client_rps:.0}/s per client");
-    let run = generator::run(&spec, &target).await?;
+    let (length, service) = (Length::Duration(args.step), args.target.service);
+    let spec = args.load.spec(args.clients, interval, length, service)?;
+    let mut step_target = target.clone();
+    step_target.label = format!("{} at {per_client_rps:.0}/s per client", target.label);
+    let run = generator::run(&spec, &step_target).await?;
     let lost = run.lost();
     let errors = run.errors_by_code.values().sum::<u64>();
     let p99 = run.latency.from_schedule.p99_us;
@@ -467,7 +436,7 @@ async fn saturate_step(
         && errors == 0
         && run.achieved_rps >= run.offered_rps * SATURATE_MIN_ACHIEVED;
     let step = SaturateStep {
-        target: name,
+        target: target.label.clone(),
         per_client_rps,
         offered_rps: run.offered_rps,
         achieved_rps: run.achieved_rps,
@@ -482,18 +451,11 @@ async fn saturate_step(
 /// Parses `--body-hex`.
 fn parse_hex(text: &str) -> Result<bytes::Bytes, String> {
     let text = text.trim();
-    if text.len() % 2 != 0 {
-        return Err("an even number of hex digits is needed".to_owned());
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| {
-            text.get(i..i + 2)
-                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
-                .ok_or_else(|| format!("`{text}` is not hex"))
-        })
-        .collect::<Result<Vec<u8>, String>>()
-        .map(bytes::Bytes::from)
+    let pair = |i: usize| u8::from_str_radix(text.get(i..i + 2)?, 16).ok();
+    let bytes: Option<Vec<u8>> = (0..text.len()).step_by(2).map(pair).collect();
+    let bytes = bytes.filter(|_| text.len() % 2 == 0);
+    let why = || format!("`{text}` is not an even number of hex digits");
+    bytes.map(Into::into).ok_or_else(why)
 }
 
 #[cfg(test)]
@@ -509,14 +471,20 @@ mod tests {
         assert!(parse_hex("é0").is_err());
     }
 
-    fn saturate_args(flags: &[&str]) -> SaturateArgs {
+    /// `flags` parsed as `T`'s, after `base`.
+    fn parse<T: clap::Args>(base: &str, flags: &str) -> Result<T, clap::Error> {
         #[derive(clap::Parser)]
-        struct Cli {
+        struct Cli<T: clap::Args> {
             #[command(flatten)]
-            args: SaturateArgs,
+            args: T,
         }
-        let argv = "saturate --start-rate 100 --max-rate 1000 --factor 2".split(' ');
-        <Cli as clap::Parser>::parse_from(argv.chain(flags.iter().copied())).args
+        let argv = base.split(' ').chain(flags.split_whitespace());
+        Ok(<Cli<T> as clap::Parser>::try_parse_from(argv)?.args)
+    }
+
+    fn saturate_args(flags: &str) -> SaturateArgs {
+        let base = "saturate --start-rate 100 --max-rate 1000 --factor 2";
+        parse(base, flags).expect("valid flags")
     }
 
     /// Searches up to `max_rate` with a fake measurement: a rate passes when
@@ -531,20 +499,8 @@ mod tests {
         let measure = |rate: f64| {
             let attempt = attempts.iter().filter(|r| **r == rate).count();
             attempts.push(rate);
-            let passed = passes(rate, attempt);
-            async move {
-                let step = SaturateStep {
-                    target: "fake".into(),
-                    per_client_rps: rate,
-                    offered_rps: rate,
-                    achieved_rps: rate,
-                    p99_from_schedule_us: 0.0,
-                    lost: 0,
-                    errors: 0,
-                    passed,
-                };
-                Ok((step, ()))
-            }
+            let step = SaturateStep::fake("fake", rate, passes(rate, attempt));
+            async move { Ok((step, ())) }
         };
         let mut steps = Vec::new();
         let searched = futures::executor::block_on(search(args, max_rate, measure, &mut steps));
@@ -554,8 +510,17 @@ mod tests {
     }
 
     #[test]
+    fn json_beside_and_scale_workers_refuse_what_they_cannot_do() {
+        let concurrency = |flags| parse::<ConcurrencyArgs>("concurrency", flags).is_ok();
+        assert!(concurrency("--json-beside") && !concurrency("--json-beside --route echo.raw"));
+        assert!(!concurrency("--json-beside --body-hex 00"));
+        let saturate = |flags| parse::<SaturateArgs>("saturate", flags).is_ok();
+        assert!(saturate("--scale-workers 1,2") && !saturate("--scale-workers 1 --url ws://a"));
+    }
+
+    #[test]
     fn the_search_climbs_then_bisects_and_confirms_each_miss() {
-        let args = saturate_args(&["--refine", "2"]);
+        let args = saturate_args("--refine 2");
         let (best, bound, steps) = run_search(&args, args.max_rate, |rate, _| rate <= 300.0);
         assert_eq!(best, Some(300.0));
         assert!(!bound);
@@ -577,15 +542,12 @@ mod tests {
     fn one_stall_does_not_end_the_climb_unless_retries_are_off() {
         // The first attempt at 200 stalls; the retry passes.
         let stall = |rate: f64, attempt: usize| !(rate == 200.0 && attempt == 0);
-        let args = saturate_args(&["--refine", "0"]);
+        let args = saturate_args("--refine 0");
         let (best, bound, _) = run_search(&args, args.max_rate, stall);
-        assert_eq!(
-            (best, bound),
-            (Some(800.0), true),
-            "every rate to --max-rate"
-        );
+        let every_rate = (Some(800.0), true);
+        assert_eq!((best, bound), every_rate, "every rate to --max-rate");
 
-        let args = saturate_args(&["--refine", "0", "--retries", "0"]);
+        let args = saturate_args("--refine 0 --retries 0");
         let (best, bound, steps) = run_search(&args, args.max_rate, stall);
         assert_eq!((best, bound), (Some(100.0), false));
         assert_eq!(steps, [(100.0, true), (200.0, false)]);
@@ -593,7 +555,7 @@ mod tests {
 
     #[test]
     fn nothing_passing_is_no_best() {
-        let args = saturate_args(&[]);
+        let args = saturate_args("");
         let (best, bound, steps) = run_search(&args, args.max_rate, |_, _| false);
         assert_eq!((best, bound), (None, false));
         assert_eq!(steps, [(100.0, false), (100.0, false)]);

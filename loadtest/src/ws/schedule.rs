@@ -1,8 +1,7 @@
 //! The open-loop send schedule: request `k` of a client is due at `start + k * interval`,
-//! computed from the slot number, never by adding intervals up, so a late wake-up never
-//! shifts the slots after it (no drift) and a stall shows up as lag instead of a quietly
-//! lower rate. Also the per-client plan (which slots are warm-up, which are measured) and
-//! the request body.
+//! never by adding intervals up, so a late wake-up never shifts later slots and a stall
+//! shows as lag, not a quietly lower rate. Also each client's plan (warm-up and measured
+//! slots) and the request body.
 
 use std::time::{Duration, Instant};
 
@@ -45,8 +44,7 @@ impl Schedule {
     }
 }
 
-/// `d * n` without the `u32` limit of `Duration * u32`, saturating at `u64::MAX` ns
-/// (584 years: unreachable by any bounded run).
+/// `d * n` without `Duration * u32`'s limit, saturating at `u64::MAX` ns (584 years).
 pub fn times(d: Duration, n: u64) -> Duration {
     let nanos = d.as_nanos().saturating_mul(u128::from(n));
     Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
@@ -61,8 +59,8 @@ pub enum Stop {
     Count(u64),
 }
 
-/// One client's part of a run: its schedule, the first measured slot (the earlier ones
-/// are warm-up: sent, not recorded) and the end (slots `0..end` are sent).
+/// One client's part of a run: its schedule, first measured slot (those before are
+/// warm-up) and end (slots `0..end` are sent).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Plan {
     pub schedule: Schedule,

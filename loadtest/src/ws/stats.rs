@@ -33,6 +33,16 @@ pub enum Answer {
     Failed(&'static str),
 }
 
+impl Answer {
+    pub fn response(code: u32, timing: Option<proto::client::Timing>, message: String) -> Self {
+        Answer::Response {
+            code,
+            timing,
+            message,
+        }
+    }
+}
+
 /// One finished request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
@@ -42,8 +52,7 @@ pub struct Outcome {
     pub answer: Answer,
 }
 
-/// The latency of answered requests, three ways: histograms while recording, then
-/// their summaries and curves in the report.
+/// The latency of answered requests, three ways (histograms, then summaries or curves).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Latencies<T = Hist> {
     /// Answer minus scheduled send time: a stall of client or server is never hidden.
@@ -63,8 +72,7 @@ impl<T> Latencies<T> {
     }
 }
 
-/// Where the time went according to the server (answers carrying timing only): the
-/// parts add up to the latency from send.
+/// Where the time went by the server's timing (answers with it): adds up to from-send.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ServerSplit<T = Hist> {
     /// From-send latency - total: the client and the WebSocket both ways.
@@ -179,8 +187,7 @@ pub fn rate(ok: u64, window_start: Instant, window_end: Instant, last: Option<In
     if secs <= 0.0 { 0.0 } else { ok as f64 / secs }
 }
 
-/// What all clients of a run recorded: one set of histograms for the run, and the
-/// latency from the schedule per second of the window ([`Hist::coarse`]).
+/// What a run's clients recorded: one set of histograms, and one coarse one a second.
 #[derive(Debug, Default)]
 pub struct Recorded {
     pub stats: ClientStats,
@@ -308,6 +315,10 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
+    fn near(got: f64, want: f64) -> bool {
+        (got - want).abs() <= want * 0.001
+    }
+
     fn answered(t0: Instant, sched_ms: u32, lag_us: u64, rtt_us: u64) -> Outcome {
         let scheduled = t0 + sched_ms * MS;
         let sent = scheduled + Duration::from_micros(lag_us);
@@ -321,17 +332,12 @@ mod tests {
             scheduled,
             sent,
             received: sent + Duration::from_micros(rtt_us),
-            answer: Answer::Response {
-                code: OK,
-                timing: Some(timing),
-                message: String::new(),
-            },
+            answer: Answer::response(OK, Some(timing), String::new()),
         }
     }
 
     #[test]
     fn latency_is_recorded_from_schedule_from_send_and_as_lag() {
-        let near = |got: f64, want: f64| (got - want).abs() <= want * 0.001;
         let t0 = Instant::now();
         let mut s = ClientStats::default();
         s.record(t0, &answered(t0, 0, 100, 500));
@@ -347,13 +353,11 @@ mod tests {
 
     #[test]
     fn the_calls_a_request_waited_on_are_their_own_share_of_server_time() {
-        let near = |got: f64, want: f64| (got - want).abs() <= want * 0.001;
         let t0 = Instant::now();
         let call = |us, hop| proto::client::CallTiming {
-            route: "echo.raw".into(),
-            code: OK,
             us,
             hop,
+            ..Default::default()
         };
         let mut relayed = answered(t0, 0, 0, 500);
         if let Answer::Response {
@@ -404,10 +408,8 @@ mod tests {
         record(&mut first, 1);
         let tally = first.finish();
         drop(second);
-        assert_eq!(
-            (tally.ended, tally.ok),
-            (BATCH as u64 + 1, BATCH as u64 + 1)
-        );
+        let all = BATCH as u64 + 1;
+        assert_eq!((tally.ended, tally.ok), (all, all));
         assert_eq!(
             ok(),
             (BATCH * 11 / 4) as u64 + 1,

@@ -17,8 +17,7 @@ use super::schedule::Payload;
 use crate::proc::{LOADTEST, Threads, Watched};
 use crate::topology::LaunchArgs;
 
-/// Services a launched topology can run; also what a churned session does between its
-/// handshake and its close (`churn --mix`).
+/// Services a launched topology can run; also what a churned session does (`--mix`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, clap::ValueEnum)]
 pub enum ServiceKind {
     /// The echo service (a churned session sends one `echo.raw`).
@@ -65,10 +64,8 @@ impl ServiceKind {
         match self {
             ServiceKind::Echo => Payload::Hello,
             ServiceKind::Chat => {
-                let request = proto::chat::MembersRequest {
-                    room: CHAT_ROOM.to_owned(),
-                };
-                Payload::Fixed(request.encode_to_vec().into())
+                let room = CHAT_ROOM.to_owned();
+                Payload::Fixed(proto::chat::MembersRequest { room }.encode_to_vec().into())
             }
         }
     }
@@ -128,29 +125,20 @@ pub struct Gates {
     pub tls_urls: Vec<String>,
 }
 
-/// The load generator: this process but for the bare echo server's threads, always
-/// reported.
+/// The load generator, always reported: this process but the bare echo server's threads.
 pub fn this_process(name: &str) -> Watched {
-    Watched {
-        name: name.to_owned(),
-        pid: std::process::id(),
-        threads: Threads::Others(ECHO_THREADS),
-    }
+    Watched::new(name, std::process::id(), Threads::Others(ECHO_THREADS))
 }
 
 /// This process and every process of `topology`: whose CPU a run reports.
 pub fn watched(topology: &Topology) -> Vec<Watched> {
-    let fleet = topology.pids().into_iter().map(|(role, pid)| Watched {
-        name: role.to_string(),
-        pid,
-        threads: Threads::All,
-    });
+    let fleet = topology.pids().into_iter();
+    let fleet = fleet.map(|(role, pid)| Watched::new(role.to_string(), pid, Threads::All));
     let this = std::iter::once(this_process(LOADTEST));
     this.chain(fleet).collect()
 }
 
-/// What the bare echo server's threads are named (and only they): its CPU is told
-/// apart from the generator's in the same process by this.
+/// The bare echo server's threads' name: how its CPU is told apart from the generator's.
 const ECHO_THREADS: &str = "limit-echo";
 
 impl TargetArgs {
@@ -170,21 +158,17 @@ impl TargetArgs {
         services: &[ServiceKind],
         tls: bool,
     ) -> anyhow::Result<Launched> {
-        anyhow::ensure!(
-            !tls || self.url.is_empty(),
-            "serving wss:// beside ws:// needs gates this command launches (it makes their \
-             certificate); to load running gates over TLS, give their wss:// URLs to --url \
-             with --tls-ca"
-        );
+        let why = "serving wss:// beside ws:// needs gates this command launches (it makes \
+                   their certificate); to load running gates over TLS, give their wss:// URLs \
+                   to --url with --tls-ca";
+        anyhow::ensure!(!tls || self.url.is_empty(), why);
         if !self.url.is_empty() {
-            anyhow::ensure!(
-                self.tls_ca.is_some() || !self.url.iter().any(|u| u.starts_with("wss://")),
-                "wss:// URLs need --tls-ca FILE: the CA certificate (PEM) that signed the \
-                 gates' certificate"
-            );
-            let tls = (self.tls_ca.as_deref().map(tls_client_config))
-                .transpose()
-                .context("--tls-ca")?;
+            let wss = self.url.iter().any(|u| u.starts_with("wss://"));
+            let why = "wss:// URLs need --tls-ca FILE: the CA certificate (PEM) that signed \
+                       the gates' certificate";
+            anyhow::ensure!(self.tls_ca.is_some() || !wss, why);
+            let tls = self.tls_ca.as_deref().map(tls_client_config);
+            let tls = tls.transpose().context("--tls-ca")?;
             let gates = Gates {
                 urls: self.url.clone(),
                 gate_pids: Vec::new(),
@@ -210,9 +194,9 @@ impl TargetArgs {
             .map(|(name, n)| format!("{n} {name} worker{}", plural(*n as u32)))
             .collect::<Vec<_>>()
             .join(" + ");
-        let topology = Topology::start(spec)
-            .await
-            .with_context(|| format!("launching {gates} gate(s) and {fleet}"))?;
+        let topology = Topology::start(spec).await;
+        let topology =
+            topology.with_context(|| format!("launching {gates} gate(s) and {fleet}"))?;
         let mut setup = if self.topology == TopologyKind::OneProcess {
             "one process (shaddock up: broker, gate in process, echo, chat, arena and profile workers), launched on loopback".to_owned()
         } else {
@@ -224,9 +208,8 @@ impl TargetArgs {
         }
         let extra = self.launch.gate_arg.iter().chain(&self.launch.worker_arg);
         setup.extend(extra.map(|arg| format!(" {arg}")));
-        let tls = (topology.tls_ca().map(tls_client_config))
-            .transpose()
-            .context("trusting the launched gates' CA")?;
+        let tls = topology.tls_ca().map(tls_client_config).transpose();
+        let tls = tls.context("trusting the launched gates' CA")?;
         let g = Gates {
             urls: topology.gate_urls(),
             gate_pids: topology.gate_pids(),
@@ -242,18 +225,17 @@ impl TargetArgs {
 impl Gates {
     /// The gates as the target of a run named `label`.
     pub fn target(&self, label: &str) -> Target {
+        let urls = self.urls.clone();
+        let tls = self.tls.clone();
         Target {
-            label: label.to_owned(),
-            kind: "gateway",
-            urls: self.urls.clone(),
-            tls: self.tls.clone(),
-            watched: self.watched.clone(),
+            tls,
+            ..Target::new(label, "gateway", urls, self.watched.clone())
         }
     }
 }
 
-/// Runs a scenario while a launched topology serves (when there is one), then stops the
-/// processes; Ctrl-C or a process exiting ends the scenario early with an error.
+/// Runs `work` while a launched topology serves, then stops it; Ctrl-C or a process
+/// exiting ends `work` early with an error.
 pub async fn with_topology<T>(
     topology: Option<Topology>,
     work: impl Future<Output = anyhow::Result<T>>,
@@ -269,9 +251,8 @@ pub fn plural(n: u32) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 
-/// The bare WebSocket echo server, on a runtime and threads of its own (as a separate
-/// process would be) so the load generator's runtime does not schedule its tasks. Stops
-/// when dropped.
+/// The bare echo server on a runtime and threads of its own, as a separate process
+/// would be, so the generator's runtime does not schedule its tasks. Stops when dropped.
 #[derive(Debug)]
 pub struct LimitServer {
     url: String,
@@ -295,11 +276,7 @@ impl LimitServer {
             let _runtime = runtime.enter();
             tokio::net::TcpListener::from_std(listener)?
         };
-        runtime.spawn(async move {
-            if let Err(e) = crate::limit::serve(listener, CancellationToken::new()).await {
-                tracing::error!("bare echo server stopped: {e}");
-            }
-        });
+        runtime.spawn(crate::limit::serve(listener, CancellationToken::new()));
         Ok(LimitServer {
             url,
             runtime: Some(runtime),
@@ -312,20 +289,11 @@ impl LimitServer {
 
     /// The bare echo server as the target of a run named `label`.
     pub fn target(&self, label: &str) -> Target {
-        Target {
-            label: label.to_owned(),
-            kind: "limit",
-            urls: vec![self.url.clone()],
-            tls: None,
-            // The echo server's threads are in this process: told apart by their name.
-            watched: vec![
-                this_process(LOADTEST),
-                Watched {
-                    threads: Threads::Named(ECHO_THREADS),
-                    ..this_process("echo server")
-                },
-            ],
-        }
+        // The echo server's threads are in this process: told apart by their name.
+        let echo = Threads::Named(ECHO_THREADS);
+        let echo = Watched::new("echo server", std::process::id(), echo);
+        let watched = vec![this_process(LOADTEST), echo];
+        Target::new(label, "limit", vec![self.url.clone()], watched)
     }
 }
 
