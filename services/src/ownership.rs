@@ -59,6 +59,11 @@ pub(crate) struct Members {
     /// How long after its start the worker takes nothing fresh.
     listen: Duration,
     started: Instant,
+    /// With standbys: how long a dead peer's partitions wait for a standby to take them
+    /// with their state before their owner takes them fresh (zero without standbys).
+    adoption: Duration,
+    /// The partitions dead peers held, and when they were counted dead.
+    orphaned: HashMap<u32, Instant>,
     peers: HashMap<String, Member>,
 }
 
@@ -75,8 +80,18 @@ impl Members {
             timeout,
             listen,
             started: now,
+            adoption: Duration::ZERO,
+            orphaned: HashMap::new(),
             peers: HashMap::new(),
         }
+    }
+
+    /// With standbys: a dead peer's partitions wait `adoption` for their standby, which
+    /// holds their state, to take them (it may not be their owner: a worker that came
+    /// after the owner's last replica is), before their owner takes them fresh.
+    pub(crate) fn with_adoption(mut self, adoption: Duration) -> Self {
+        self.adoption = adoption;
+        self
     }
 
     /// Takes a peer's heartbeat (this worker's own, echoed back, is ignored); true when
@@ -98,11 +113,17 @@ impl Members {
     pub(crate) fn expire(&mut self, now: Instant) -> Gone {
         let timeout = self.timeout;
         let mut gone = Gone::default();
+        let orphaned = &mut self.orphaned;
+        let adoption = self.adoption;
+        orphaned.retain(|_, at| now.saturating_duration_since(*at) < adoption);
         self.peers.retain(|id, m| {
             let silent = now.saturating_duration_since(m.seen) > timeout;
             if silent {
                 let left = m.leaving && m.held.is_empty();
                 (if left { &mut gone.left } else { &mut gone.dead }).push(id.clone());
+                if !left && !adoption.is_zero() {
+                    orphaned.extend(m.held.iter().map(|&p| (p, now)));
+                }
             }
             !silent
         });
@@ -192,11 +213,22 @@ impl Members {
                         to: owner.to_owned(),
                     });
                 }
-            } else if listened && owner == Some(self.me.as_str()) && !self.claimed(partition) {
+            } else if listened
+                && owner == Some(self.me.as_str())
+                && !self.claimed(partition)
+                && !self.awaiting_adoption(partition, now)
+            {
                 steps.push(Step::TakeFresh { partition });
             }
         }
         steps
+    }
+
+    /// Whether `partition`, held by a peer counted dead less than `adoption` ago, still
+    /// waits for its standby.
+    fn awaiting_adoption(&self, partition: u32, now: Instant) -> bool {
+        (self.orphaned.get(&partition))
+            .is_some_and(|at| now.saturating_duration_since(*at) < self.adoption)
     }
 
     /// Peers that say they hold a partition this worker holds too.
@@ -240,6 +272,32 @@ mod tests {
         assert!(m.plan(&none, &none, false, early).is_empty(), "too early");
         let later = t0 + LISTEN;
         assert_eq!(fresh(&m.plan(&none, &none, false, later)), (0..8).collect());
+    }
+
+    /// With standbys, a dead peer's partitions wait the adoption time for the standby
+    /// that holds their state before their owner takes them fresh (exactly at its end);
+    /// without, they are taken at once; a peer that left leaves nothing to wait for.
+    #[test]
+    fn a_dead_peers_partitions_wait_for_their_standby_before_being_taken_fresh() {
+        let t0 = Instant::now();
+        let adoption = Duration::from_secs(1);
+        let none = BTreeSet::new();
+        for wait in [adoption, Duration::ZERO] {
+            let mut m = members("a", 8, t0).with_adoption(wait);
+            m.heard("b", &(0..8).collect::<Vec<_>>(), false, t0);
+            let dead = t0 + TIMEOUT + Duration::from_millis(1);
+            assert_eq!(m.expire(dead).dead, ["b"]);
+            let waiting = fresh(&m.plan(&none, &none, false, dead));
+            assert_eq!(waiting.is_empty(), !wait.is_zero(), "waiting {wait:?}");
+            let later = dead + wait;
+            m.expire(later);
+            assert_eq!(fresh(&m.plan(&none, &none, false, later)), (0..8).collect());
+        }
+        let mut m = members("a", 8, t0).with_adoption(adoption);
+        m.heard("b", &[], true, t0);
+        let gone = t0 + TIMEOUT + Duration::from_millis(1);
+        assert_eq!(m.expire(gone).left, ["b"]);
+        assert_eq!(fresh(&m.plan(&none, &none, false, gone)), (0..8).collect());
     }
 
     #[test]

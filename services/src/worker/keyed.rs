@@ -296,8 +296,14 @@ impl Keyed {
             left: None,
         };
         let timeouts = (config.keyed_member_timeout, config.keyed_heartbeat * 2);
+        // Two heartbeats: a standby's claim is heard before its owner would take fresh.
+        let adoption = match replicator {
+            Some(_) => config.keyed_heartbeat * 2,
+            None => Duration::ZERO,
+        };
         let coordinator = Coordinator {
-            view: Members::new(me.clone(), partitions, timeouts, Instant::now().into_std()),
+            view: Members::new(me.clone(), partitions, timeouts, Instant::now().into_std())
+                .with_adoption(adoption),
             output: client.clone(),
             clients,
             hop,
@@ -569,26 +575,16 @@ impl Coordinator {
 
     /// Does what the view says.
     async fn act(&mut self) {
+        self.adopt().await;
         let held: BTreeSet<u32> = self.held.keys().copied().collect();
         let now = Instant::now().into_std();
         for step in self.view.plan(&held, &self.moving, self.leaving, now) {
             match step {
                 Step::HandOver { partition, to } => self.hand_over(partition, Some(to)),
-                Step::TakeFresh { partition } => match self.replicas.take(partition, &self.view) {
-                    // Its owner died, and this worker stood by for it: with its state.
-                    Some(state) => {
-                        tracing::info!(
-                            partition,
-                            "a dead owner's partition taken with its standby's replica"
-                        );
-                        let how = (InputKind::TakeOver, "standby");
-                        self.take(partition, how, state, None).await;
-                    }
-                    None => {
-                        let how = (InputKind::Fresh, "fresh");
-                        self.take(partition, how, Bytes::new(), None).await;
-                    }
-                },
+                Step::TakeFresh { partition } => {
+                    let how = (InputKind::Fresh, "fresh");
+                    self.take(partition, how, Bytes::new(), None).await;
+                }
             }
         }
         if self.leaving {

@@ -61,13 +61,17 @@ impl Replicas {
         Ok(())
     }
 
-    /// The state of `partition` kept from an owner now counted dead, taken out.
-    pub(super) fn take(&mut self, partition: u32, view: &Members) -> Option<Bytes> {
-        let dead = |k: &Kept| !view.lives(&k.from);
-        if !self.kept.get(&partition).is_some_and(dead) {
-            return None;
-        }
-        self.kept.remove(&partition).map(|k| k.state)
+    /// The partitions kept from owners now counted dead that nobody holds (`held`:
+    /// here), with their states, taken out.
+    fn orphans(&mut self, view: &Members, held: impl Fn(u32) -> bool) -> Vec<(u32, Bytes)> {
+        let orphan = |p: u32, k: &Kept| !view.lives(&k.from) && !view.claimed(p) && !held(p);
+        let partitions: Vec<u32> = (self.kept.iter())
+            .filter(|(p, k)| orphan(**p, k))
+            .map(|(p, _)| *p)
+            .collect();
+        (partitions.into_iter())
+            .filter_map(|p| Some((p, self.kept.remove(&p)?.state)))
+            .collect()
     }
 
     /// Drops what this worker no longer stands by for: a live sender's partition this
@@ -94,6 +98,22 @@ impl Replicas {
 }
 
 impl Coordinator {
+    /// Takes, with the state it holds, every partition of a dead owner this worker
+    /// stood by for and nobody holds: whether or not it owns it now (a worker that came
+    /// after the owner's last replica may), so no partition answered 200 starts fresh.
+    /// One it does not own is handed over to its owner next, state and all.
+    pub(super) async fn adopt(&mut self) {
+        let here = |p| self.held.contains_key(&p) || self.preparing.contains_key(&p);
+        for (partition, state) in self.replicas.orphans(&self.view, here) {
+            tracing::info!(
+                partition,
+                "a dead owner's partition taken with the replica held here"
+            );
+            let how = (InputKind::TakeOver, "standby");
+            self.take(partition, how, state, None).await;
+        }
+    }
+
     /// A replica from a partition's owner: kept, then answered (empty: held).
     pub(super) async fn replica(&mut self, message: Message) {
         let kept = match Replica::decode(message.payload) {
@@ -220,7 +240,10 @@ mod tests {
         let mut replicas = Replicas::default();
         let all: Vec<(u32, &str)> = (0..8).map(|p| (p, "s")).collect();
         replicas.keep(replica("owner", 1, &all), 8, now).unwrap();
-        assert_eq!(replicas.take(0, &view), None, "its owner lives");
+        assert!(
+            replicas.orphans(&view, |_| false).is_empty(),
+            "its owner lives"
+        );
         // With two workers, this one follows the owner in every partition's order.
         replicas.prune(&view, (false, |_| false), timeout, now);
         assert_eq!(replicas.kept.len(), 8);
@@ -233,11 +256,14 @@ mod tests {
             replicas.kept.keys().copied().collect::<Vec<_>>(),
             [4, 5, 6, 7]
         );
-        // The owner dies: its replicas are taken, or dropped once claimed elsewhere.
+        // The owner dies: its replicas nobody holds are taken (not one held here or
+        // claimed elsewhere); the others are dropped once claimed elsewhere.
         view.expire(t0 + timeout * 2);
-        assert_eq!(replicas.take(4, &view).as_deref(), Some(&b"s"[..]));
         view.heard("other", &[5], false, t0 + timeout * 2);
+        let taken = replicas.orphans(&view, |p| p == 6);
+        let taken: Vec<u32> = taken.into_iter().map(|(p, _)| p).collect();
+        assert_eq!(taken, [4, 7]);
         replicas.prune(&view, (false, |p| p == 6), timeout, now + timeout);
-        assert_eq!(replicas.kept.keys().copied().collect::<Vec<_>>(), [7]);
+        assert!(replicas.kept.is_empty());
     }
 }
