@@ -42,6 +42,7 @@ export {
   DEFAULT_FRAME_BUDGET,
   DEFAULT_MAX_CALLS,
   DEFAULT_QUEUE_CAPACITY,
+  DEFAULT_REPLICA_TIMEOUT_MS,
   Worker,
 } from "./worker.js";
 export type { WorkerOptions, WorkerStats } from "./worker.js";
