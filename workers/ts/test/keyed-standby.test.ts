@@ -229,3 +229,37 @@ async function standbyRests(a: Worker, replicas: Received[], prefix: string, rep
   await until("the standby is sent the partitions again", () => replicas.length === 2);
   assert.equal(replicas[1]?.replica.partitions.length, TALLY_PARTITIONS);
 }
+
+test("a silent peer is counted dead the moment its member timeout runs out, not at the next heartbeat", async () => {
+  const prefix = "s3";
+  const [heartbeatMs, memberTimeoutMs] = [400, 1_000];
+  const a = await Worker.start(await bus.connect(), tallyService("a"), {
+    prefix,
+    keyedHeartbeatMs: heartbeatMs,
+    keyedMemberTimeoutMs: memberTimeoutMs,
+  });
+  try {
+    const peer = await bus.connect();
+    const heartbeat = toBinary(KeyedMemberSchema, create(KeyedMemberSchema, { id: "0123456789abcdef" }));
+    // The peer's last word comes right after one of a's heartbeats: its member timeout
+    // then runs out half a heartbeat before a's third tick from there.
+    let ticks = 0;
+    const aId = a.keyed?.id ?? "";
+    peer.subscribe(membersSubject(prefix, "tally"), {
+      callback: (_e, msg) => {
+        if (fromBinary(KeyedMemberSchema, msg.data).id === aId) ticks += 1;
+      },
+    });
+    await peer.flush();
+    await until("a ticks", () => ticks >= 1);
+    peer.publish(membersSubject(prefix, "tally"), heartbeat);
+    await peer.flush();
+    const lastWord = performance.now();
+    await until("a counts the peer dead", () => (a.keyed?.stats.peersDead ?? 0) === 1);
+    const after = performance.now() - lastWord;
+    assert.ok(after >= memberTimeoutMs, `counted dead ${after} ms after its last word`);
+    assert.ok(after < memberTimeoutMs + heartbeatMs / 4, `counted dead ${after} ms after its last word`);
+  } finally {
+    await a.drain();
+  }
+});
