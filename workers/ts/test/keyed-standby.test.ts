@@ -232,7 +232,7 @@ async function standbyRests(a: Worker, replicas: Received[], prefix: string, rep
 
 test("a silent peer is counted dead the moment its member timeout runs out, not at the next heartbeat", async () => {
   const prefix = "s3";
-  const [heartbeatMs, memberTimeoutMs] = [400, 1_000];
+  const [heartbeatMs, memberTimeoutMs] = [800, 2_000];
   const a = await Worker.start(await bus.connect(), tallyService("a"), {
     prefix,
     keyedHeartbeatMs: heartbeatMs,
