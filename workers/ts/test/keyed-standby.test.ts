@@ -11,7 +11,7 @@ import { fileURLToPath } from "node:url";
 import { after, before, test } from "node:test";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { Status, Worker, handoverSubject, membersSubject, partitionOf, replicaSubject, score } from "../src/index.js";
+import { Service, Status, Worker, handoverSubject, membersSubject, partitionOf, replicaSubject, score } from "../src/index.js";
 import { KeyedMemberSchema, ReplicaSchema, RpcRequestSchema, RpcResponseSchema } from "../src/gen/rpc_pb.js";
 import type { Replica } from "../src/gen/rpc_pb.js";
 import { TALLY_PARTITIONS, tallyService } from "../src/services/tally.js";
@@ -152,16 +152,23 @@ async function takenOverFromB(
 }
 
 /**
- * A peer of another language that stands by and never answers: alive in its
- * heartbeats, refusing every hand-over (so the worker keeps its partitions, and the
- * peer is every one's standby), taking replicas without a word.
+ * A peer of another language that stands by and never answers (unless `answer`): alive
+ * in its heartbeats, refusing every hand-over (so the worker keeps its partitions, and
+ * the peer is every one's standby), taking replicas without a word.
  */
-async function silentStandby(prefix: string, id: string): Promise<{ replicas: Received[]; stop: () => void }> {
+async function silentStandby(
+  prefix: string,
+  id: string,
+  answer = false,
+): Promise<{ replicas: Received[]; stop: () => void }> {
   const nc = await bus.connect();
   const replicas: Received[] = [];
   nc.subscribe(handoverSubject(prefix, "tally", id), { callback: (_e, msg) => void msg.respond(utf8Encode("no")) });
   nc.subscribe(replicaSubject(prefix, "tally", id), {
-    callback: (_e, msg) => void replicas.push({ replica: fromBinary(ReplicaSchema, msg.data), at: performance.now() }),
+    callback: (_e, msg) => {
+      replicas.push({ replica: fromBinary(ReplicaSchema, msg.data), at: performance.now() });
+      if (answer) msg.respond(new Uint8Array());
+    },
   });
   const heartbeat = toBinary(KeyedMemberSchema, create(KeyedMemberSchema, { id }));
   const say = (): void => nc.publish(membersSubject(prefix, "tally"), heartbeat);
@@ -260,6 +267,34 @@ test("a silent peer is counted dead the moment its member timeout runs out, not 
     assert.ok(after >= memberTimeoutMs, `counted dead ${after} ms after its last word`);
     assert.ok(after < memberTimeoutMs + heartbeatMs / 4, `counted dead ${after} ms after its last word`);
   } finally {
+    await a.drain();
+  }
+});
+
+test("an event that says ctx.changed(partition) sends that partition to its standby", async () => {
+  const prefix = "s4";
+  const bumps = new Map<number, number>();
+  const service = new Service("tally")
+    .keyed({ partitions: TALLY_PARTITIONS, snapshot: (partition) => `bumps=${bumps.get(partition) ?? 0}` })
+    .rawMethod("add", () => "")
+    // A tick of sorts: it changes a partition no request of it came on.
+    .onEvent("bump", "all", (ctx, payload) => {
+      const partition = Number(utf8.decode(payload));
+      bumps.set(partition, (bumps.get(partition) ?? 0) + 1);
+      ctx.changed(partition);
+    });
+  const a = await Worker.start(await bus.connect(), service, { prefix, keyedHeartbeatMs: 50, keyedMemberTimeoutMs: 500 });
+  await until("a holds every partition", () => a.keyed?.held.length === TALLY_PARTITIONS);
+  const standby = await silentStandby(prefix, "0123456789abcdef", true);
+  try {
+    await until("the standby holds every partition", () => standby.replicas.length === 1);
+    const client = await bus.connect();
+    client.publish(`${prefix}.bump`, "5");
+    await until("the bumped partition reaches the standby", () => standby.replicas.length === 2);
+    const [state] = standby.replicas[1]?.replica.partitions ?? [];
+    assert.deepEqual([state?.partition, utf8.decode(state?.state)], [5, "bumps=1"]);
+  } finally {
+    standby.stop();
     await a.drain();
   }
 });
