@@ -15,7 +15,7 @@ export {
   DEFAULT_HANDOVER_TIMEOUT_MS,
   DEFAULT_KEYED_HEARTBEAT_MS,
   DEFAULT_KEYED_MEMBER_TIMEOUT_MS,
-} from "./keyed.js";
+} from "./keyed-settings.js";
 export type { Undelivered } from "./held.js";
 export type { KeyedStats, KeyedView } from "./keyed.js";
 export { MAX_PARTITIONS, Members, fnv1a, partitionOf, score } from "./ownership.js";

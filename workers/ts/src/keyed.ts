@@ -59,57 +59,19 @@ import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { HandOver, KeyedMember, PartitionState } from "./gen/rpc_pb.js";
-import { HandOverSchema, KeyedMemberSchema, RequestOrderSchema } from "./gen/rpc_pb.js";
+import { HandOverSchema, KeyedMemberSchema } from "./gen/rpc_pb.js";
+import { checkKeyedTimes } from "./keyed-settings.js";
+import type { KeyedSettings } from "./keyed-settings.js";
 import { Members } from "./ownership.js";
 import { Replicator } from "./replicate.js";
+import { noteSeen, unseen } from "./seen.js";
+import type { Seen } from "./seen.js";
 import { Replicas, decodeReplica } from "./standby.js";
 import { handoverSubject, membersSubject, partitionSubject, replicaSubject } from "./subjects.js";
-
-/** Default heartbeat: how often a keyed worker tells its peers it lives and what it holds. */
-export const DEFAULT_KEYED_HEARTBEAT_MS = 500;
-/** Default member timeout: a peer unheard for longer is dead (more than two heartbeats). */
-export const DEFAULT_KEYED_MEMBER_TIMEOUT_MS = 2_000;
-/** Default hand-over timeout: how long the old owner waits for each answer of the new one. */
-export const DEFAULT_HANDOVER_TIMEOUT_MS = 2_000;
-/** Default overlap: how long the old owner serves a partition after the new one has subscribed it. */
-export const DEFAULT_HANDOVER_OVERLAP_MS = 200;
-/** Default hand-over buffer: requests a new owner holds per partition while it waits for the state. */
-export const DEFAULT_HANDOVER_BUFFER = 4096;
 
 /** What a refusing worker answers a hand-over with: anything non-empty. */
 const REFUSED = new TextEncoder().encode("refused");
 const DONE = new Uint8Array();
-
-/** A keyed worker's timings, in milliseconds. */
-export interface KeyedTimes {
-  readonly heartbeatMs: number;
-  readonly memberTimeoutMs: number;
-  readonly handoverTimeoutMs: number;
-  readonly handoverOverlapMs: number;
-}
-
-/** A keyed worker's settings: its timings, and what it holds of a partition it prepares to take. */
-export interface KeyedSettings extends KeyedTimes {
-  /** Requests held per prepared partition at most; past it they are dropped (and counted). */
-  readonly handoverBuffer: number;
-  /**
-   * With standbys (the service gives snapshots, and they are not turned off): how long a
-   * batch's answers wait for its standbys, ms. `undefined`: no standbys.
-   */
-  readonly replicaTimeoutMs: number | undefined;
-}
-
-/** Checks that a live worker, heard every heartbeat, is never counted dead. */
-export function checkKeyedTimes(times: KeyedTimes): void {
-  const { heartbeatMs, memberTimeoutMs, handoverTimeoutMs, handoverOverlapMs } = times;
-  if (!(heartbeatMs > 0)) throw new Error(`the keyed heartbeat must be positive, not ${heartbeatMs}`);
-  if (!(handoverTimeoutMs > 0)) throw new Error(`the hand-over timeout must be positive, not ${handoverTimeoutMs}`);
-  if (!(handoverOverlapMs >= 0)) throw new Error(`the hand-over overlap must be 0 or more, not ${handoverOverlapMs}`);
-  if (!(memberTimeoutMs > 2 * heartbeatMs)) {
-    const why = `must be more than two heartbeats (${heartbeatMs} ms)`;
-    throw new Error(`the keyed member timeout (${memberTimeoutMs} ms) ${why}`);
-  }
-}
 
 /** What a worker's partitions have been through. */
 export interface KeyedStats {
@@ -204,35 +166,6 @@ type Answer = "taken" | "refused" | "unanswered";
 interface Taken {
   readonly from: string;
   readonly id: bigint;
-}
-
-/** Per origin, the highest `seq` of a partition's requests its old owner took. */
-type Seen = ReadonlyMap<string, bigint>;
-
-/** A request's origin and place in it; `undefined` without an origin (or when it does not decode). */
-function orderOf(payload: Uint8Array): { origin: string; seq: bigint } | undefined {
-  try {
-    const { origin, seq } = fromBinary(RequestOrderSchema, payload);
-    return origin === "" ? undefined : { origin, seq };
-  } catch {
-    return undefined;
-  }
-}
-
-/** Notes the request `payload` in `seen`: its seq is its origin's highest so far. */
-function noteSeen(seen: Map<string, bigint>, payload: Uint8Array): void {
-  const order = orderOf(payload);
-  if (order === undefined) return;
-  const highest = seen.get(order.origin);
-  if (highest === undefined || order.seq > highest) seen.set(order.origin, order.seq);
-}
-
-/** Whether the old owner, which took what `seen` says, did not take the request `payload`. */
-function unseen(seen: Seen, payload: Uint8Array): boolean {
-  const order = orderOf(payload);
-  if (order === undefined) return true;
-  const highest = seen.get(order.origin);
-  return highest === undefined || order.seq > highest;
 }
 
 /** A keyed service's partitions on this worker; see the module docs. */

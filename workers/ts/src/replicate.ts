@@ -13,8 +13,6 @@ import type { PartitionState } from "./gen/rpc_pb.js";
 import { PartitionStateSchema, ReplicaSchema } from "./gen/rpc_pb.js";
 import { replicaSubject } from "./subjects.js";
 
-/** Default replica timeout: how long a batch's answers wait for its standbys (as Rust's `--replica-timeout`). */
-export const DEFAULT_REPLICA_TIMEOUT_MS = 100;
 /** What a `Replica`'s own fields take beside its states, generously. */
 const ENVELOPE = 64;
 /** The largest payload assumed when the server has not said its own. */

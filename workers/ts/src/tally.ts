@@ -25,9 +25,9 @@ import {
   DEFAULT_HANDOVER_TIMEOUT_MS,
   DEFAULT_KEYED_HEARTBEAT_MS,
   DEFAULT_KEYED_MEMBER_TIMEOUT_MS,
+  DEFAULT_REPLICA_TIMEOUT_MS,
   checkKeyedTimes,
-} from "./keyed.js";
-import { DEFAULT_REPLICA_TIMEOUT_MS } from "./replicate.js";
+} from "./keyed-settings.js";
 import { TALLY, TALLY_PARTITIONS, tallyService } from "./services/tally.js";
 import type { TallyStats } from "./services/tally.js";
 import { DRAIN_GRACE_OPTION, DRAIN_GRACE_USAGE, drainGraceMs, runMain, serveUntilSignalled } from "./process.js";

@@ -67,15 +67,15 @@ import type { Outbound } from "./context.js";
 import { Deadlines } from "./deadlines.js";
 import { Held } from "./held.js";
 import type { Undelivered } from "./held.js";
-import { DEFAULT_REPLICA_TIMEOUT_MS } from "./replicate.js";
 import {
   DEFAULT_HANDOVER_BUFFER,
   DEFAULT_HANDOVER_OVERLAP_MS,
   DEFAULT_HANDOVER_TIMEOUT_MS,
   DEFAULT_KEYED_HEARTBEAT_MS,
   DEFAULT_KEYED_MEMBER_TIMEOUT_MS,
-  Partitions,
-} from "./keyed.js";
+  DEFAULT_REPLICA_TIMEOUT_MS,
+} from "./keyed-settings.js";
+import { Partitions } from "./keyed.js";
 import type { KeyedView } from "./keyed.js";
 import type { KeyedRoute } from "./routes.js";
 import type { CallSpan, PartitionState, RpcResponse } from "./gen/rpc_pb.js";
