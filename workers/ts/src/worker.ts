@@ -59,9 +59,10 @@
  *   over to the others (or, the last, unsubscribes them); a request of a partition
  *   still waiting on a call then finishes after the partition's state has gone.
  */
-import { create, toBinary } from "@bufbuild/protobuf";
+import { toBinary } from "@bufbuild/protobuf";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { CallResult, Caller } from "./call.js";
+import { Batch } from "./batch.js";
 import { Calls, DEFAULT_CALL_MARGIN_MS, DEFAULT_CALL_TIMEOUT_MS, DEFAULT_MAX_CALLS } from "./calls.js";
 import type { Outbound } from "./context.js";
 import { Deadlines } from "./deadlines.js";
@@ -79,7 +80,7 @@ import { Partitions } from "./keyed.js";
 import type { KeyedView } from "./keyed.js";
 import type { KeyedRoute } from "./routes.js";
 import type { CallSpan, PartitionState, RpcResponse } from "./gen/rpc_pb.js";
-import { PartitionStateSchema, RpcResponseSchema, ServerPushSchema, ServiceSchemaSchema, UserCommandSchema } from "./gen/rpc_pb.js";
+import { RpcResponseSchema, ServerPushSchema, ServiceSchemaSchema, UserCommandSchema } from "./gen/rpc_pb.js";
 import { Status } from "./gen/status_pb.js";
 import type { EventHandled, Handled, Service } from "./service.js";
 import { decodeRequest, errorResponse } from "./service.js";
@@ -251,12 +252,8 @@ export class Worker {
   #closing = false;
   #draining: Promise<void> | undefined;
   readonly #loop: Promise<void>;
-  /** With standbys: the partitions this batch changed, snapshotted at its end. */
-  readonly #changed: Set<number> | undefined;
-  /** With standbys: this batch's answers and pushes, sent once its standbys hold what it changed. */
-  readonly #pending: (() => void)[] = [];
-  /** The loop is in a batch: what handlers send now waits for its end. */
-  #inBatch = false;
+  /** The loop's batch: with standbys, what it sends waits for its end (`batch.ts`). */
+  readonly #batch: Batch;
 
   private constructor(nc: NatsConnection, service: Service, options: WorkerOptions) {
     this.#nc = nc;
@@ -286,7 +283,6 @@ export class Worker {
         ? serviceSubject(this.#prefix, service.name)
         : `${this.#prefix}.svc.${service.name}.*`;
     const replicating = service.partitions !== undefined && service.replicates && options.standby !== false;
-    this.#changed = replicating ? new Set() : undefined;
     const replicaTimeoutMs = options.replicaTimeoutMs ?? DEFAULT_REPLICA_TIMEOUT_MS;
     if (!(replicaTimeoutMs > 0)) throw new Error(`the replica timeout must be positive, not ${replicaTimeoutMs}`);
     if (service.partitions !== undefined) {
@@ -309,6 +305,16 @@ export class Worker {
       };
       this.#partitions = new Partitions(nc, this.#prefix, service.name, service.partitions, host, settings);
     }
+    const partitions = this.#partitions;
+    const replication =
+      replicating && partitions !== undefined
+        ? {
+            snapshot: (partition: number) => service.snapshot(partition),
+            replicate: (states: readonly PartitionState[]) => partitions.replicate(states),
+            onError: this.#onError,
+          }
+        : undefined;
+    this.#batch = new Batch(replication);
     this.#held = new Held(nc);
     this.#loop = this.#run();
   }
@@ -439,16 +445,16 @@ export class Worker {
 
   /**
    * The loop: takes the queue in order, a turn each, yielding to I/O every `frameBudget`
-   * turns. The turns before it waits or yields are a batch, ended by `#endBatch`.
+   * turns. The turns before it waits or yields are a batch (`batch.ts`).
    */
   async #run(): Promise<void> {
     let inFrame = 0;
     for (;;) {
       const next = this.#queue.shift();
       if (next === undefined) {
-        if (this.#inBatch) {
+        if (this.#batch.open) {
           // More may have come while the batch's standbys were asked.
-          await this.#endBatch();
+          await this.#batch.end();
           continue;
         }
         // A drain ends once everything taken is answered: results may still come back.
@@ -457,51 +463,15 @@ export class Worker {
         await new Promise<void>((resolve) => (this.#wake = resolve));
         continue;
       }
-      this.#inBatch = this.#changed !== undefined;
+      this.#batch.turn();
       this.#room.splice(0).forEach((resolve) => resolve());
       await this.#handle(next);
       if (++inFrame >= this.#budget) {
         inFrame = 0;
-        await this.#endBatch();
+        await this.#batch.end();
         await new Promise<void>((resolve) => setImmediate(resolve));
       }
     }
-  }
-
-  /**
-   * With standbys, the end of a batch: the partitions it changed are snapshotted and
-   * sent to their standbys, and once they hold them (or the replica timeout passed) the
-   * batch's answers and pushes leave, in order.
-   */
-  async #endBatch(): Promise<void> {
-    const changed = this.#changed;
-    if (changed === undefined || !this.#inBatch) return;
-    const states: PartitionState[] = [];
-    for (const partition of [...changed]) {
-      changed.delete(partition);
-      const state = await this.#service.snapshot(partition);
-      if (state === undefined) {
-        this.#onError(new Error("the snapshot callback failed: its standby keeps the last one"), `partition ${partition}`);
-        continue;
-      }
-      states.push(create(PartitionStateSchema, { partition, state }));
-    }
-    if (states.length > 0) await this.#partitions?.replicate(states);
-    // What handlers (or deadlines) sent while the standbys were asked goes too.
-    this.#inBatch = false;
-    for (const send of this.#pending.splice(0)) send();
-  }
-
-  /** Sends now, or with standbys, once the batch's standbys hold what it changed. */
-  #emit(send: () => void): void {
-    if (this.#inBatch) this.#pending.push(send);
-    else send();
-  }
-
-  /** Marks keyed partitions the batch changed, for their standbys. */
-  #mark(partitions: Iterable<number | undefined> | undefined): void {
-    if (this.#changed === undefined || partitions === undefined) return;
-    for (const partition of partitions) if (partition !== undefined) this.#changed.add(partition);
   }
 
   async #handle(incoming: Incoming): Promise<void> {
@@ -522,21 +492,21 @@ export class Worker {
         const handled = await this.#service.takeOver(incoming.partition, incoming.state, options);
         if (!handled.ok) this.#onError(new Error(`take-over failed`), `partition ${incoming.partition}`);
         // Its standby gets it whole, after the take-over.
-        this.#mark([incoming.partition, ...(handled.changed ?? [])]);
-        this.#emit(() => this.#publishAll(handled.outbound));
+        this.#batch.mark([incoming.partition, ...(handled.changed ?? [])]);
+        this.#batch.emit(() => this.#publishAll(handled.outbound));
         return;
       }
       case "handOver": {
         const handed = await this.#service.handOver(incoming.partition, { caller: this.#directCaller });
         if (!handed.ok) this.#onError(new Error(`hand-over failed: no state`), `partition ${incoming.partition}`);
         // Its new owner's standby gets it from the new owner.
-        this.#changed?.delete(incoming.partition);
-        this.#emit(() => this.#publishAll(handed.outbound));
+        this.#batch.unmark(incoming.partition);
+        this.#batch.emit(() => this.#publishAll(handed.outbound));
         incoming.done(handed.state);
         return;
       }
       case "replicate":
-        this.#mark([incoming.partition]);
+        this.#batch.mark([incoming.partition]);
         return;
     }
   }
@@ -546,7 +516,7 @@ export class Worker {
     const started = performance.now();
     // A keyed request changes its partition: marked at its start, and again when its
     // handler settles, in a later batch after a call.
-    this.#mark([partition]);
+    this.#batch.mark([partition]);
     const request = decodeRequest(msg.data);
     if (request.$typeName === "shaddock.rpc.RpcResponse") {
       this.#answered(undefined, msg, { response: request, outbound: [] }, received, started);
@@ -564,7 +534,7 @@ export class Worker {
       void this.#service
         .call(method, request, options)
         .then((handled) => {
-          this.#mark([partition, ...(handled.changed ?? [])]);
+          this.#batch.mark([partition, ...(handled.changed ?? [])]);
           this.#answered(task, msg, handled, received, started);
         });
     });
@@ -609,7 +579,7 @@ export class Worker {
     response.queueUs = micros(started - received);
     response.handlerUs = micros(performance.now() - started);
     this.stats.served += 1;
-    this.#emit(() => {
+    this.#batch.emit(() => {
       this.#publishAll(handled.outbound);
       if (msg.reply) this.#respond(msg, encode(response));
     });
@@ -620,9 +590,9 @@ export class Worker {
     this.#settle(task);
     this.stats.events += 1;
     if (!handled.ok) this.#onError(new Error(`event handler failed`), subject);
-    this.#mark(handled.changed);
+    this.#batch.mark(handled.changed);
     const reply = handled.reply;
-    this.#emit(() => {
+    this.#batch.emit(() => {
       this.#publishAll(handled.outbound);
       if (reply !== undefined && msg.reply) this.#respond(msg, reply);
     });
@@ -647,7 +617,7 @@ export class Worker {
     this.stats.expired += 1;
     const response = errorResponse(Status.TIMEOUT, NO_ANSWER_IN_TIME);
     if (spans !== undefined) response.calls = [...spans];
-    if (msg.reply) this.#emit(() => this.#respond(msg, encode(response)));
+    if (msg.reply) this.#batch.emit(() => this.#respond(msg, encode(response)));
   }
 
   /** `task` is answered (or settled): its deadline goes, and the loop's wait on it ends. */
