@@ -298,3 +298,13 @@ test("an event that says ctx.changed(partition) sends that partition to its stan
     await a.drain();
   }
 });
+
+test("the replica timeout must be positive: 0 is refused, 1 ms is taken", async () => {
+  const nc = await bus.connect();
+  await assert.rejects(
+    Worker.start(nc, tallyService("a"), { prefix: "s5", replicaTimeoutMs: 0 }),
+    /the replica timeout must be positive, not 0/,
+  );
+  const worker = await Worker.start(nc, tallyService("a"), { prefix: "s5", replicaTimeoutMs: 1 });
+  await worker.drain();
+});
