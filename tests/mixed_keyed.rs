@@ -20,6 +20,10 @@
 //!   by hand-over, counts still exact; and when the Rust worker then leaves (its
 //!   graceful stop) the TypeScript worker takes the rest with their counts. Neither
 //!   took anything fresh after the start.
+//! - Standbys (docs/workers.md, "Standbys"): the TypeScript worker SIGKILLed, the Rust
+//!   one, its partitions' standby, takes them with their counts; and the Rust worker cut
+//!   off the bus for good (its in-process stand-in for a crash), the TypeScript one takes
+//!   its partitions with theirs. Each key counts on, nothing is taken fresh.
 //!
 //! Prerequisites: Node 20 with `npm ci` run in `workers/ts` (the test runs `npm run
 //! build` there itself), and nats-server on PATH or in `$(go env GOPATH)/bin`.
@@ -48,7 +52,7 @@ use proto::keyed::{members_subject, partition_of, score};
 use proto::rpc::KeyedMember;
 use sdk::Client;
 use services::{KeyedConfig, WorkerConfig};
-use testkit::{DEADLINE, Process, within, word_after};
+use testkit::{Cut, DEADLINE, Process, within, word_after};
 
 const PREFIX: &str = "shaddock";
 const SERVICE: &str = "tally";
@@ -67,80 +71,183 @@ const HANDOVER_TIMEOUT: Duration = Duration::from_secs(1);
 /// random ids one may win all 8 (1 time in 128), which leaves nothing to check.
 const SPLIT_ATTEMPTS: usize = 10;
 
-broker::on_both_buses!(rust_and_ts_workers_serve_one_keyed_service);
+broker::on_both_buses!(
+    rust_and_ts_workers_serve_one_keyed_service,
+    a_killed_ts_workers_partitions_go_on_on_its_rust_standby,
+    a_lost_rust_workers_partitions_go_on_on_its_ts_standby,
+);
+
+/// A Rust worker and a TypeScript worker of tally, settled on owners, both holding
+/// some partitions; a gate, and one client per key.
+struct Pair {
+    heard: Heard,
+    rust: RustWorker,
+    rust_id: String,
+    /// Partitions the Rust worker took fresh.
+    rust_fresh: Arc<AtomicUsize>,
+    ts: TsWorker,
+    ts_id: String,
+    names: HashMap<String, &'static str>,
+    _gate: TestGate,
+    clients: Arc<Vec<Client>>,
+    keys: Arc<Vec<String>>,
+}
+
+impl Pair {
+    /// The Rust worker first (on `rust_url`, the bus or a hop to it): the only member,
+    /// so its id is the first one heard. Then a TypeScript worker that wins some
+    /// partitions, and not all.
+    async fn start(url: &str, rust_url: &str) -> Pair {
+        let built = builds::ts();
+        let heard = Heard::listen(url).await;
+        let rust_fresh = Arc::new(AtomicUsize::new(0));
+        let rust = start_rust_worker(rust_url, rust_fresh.clone()).await;
+        let rust_id = heard.first_id().await;
+        let mut ts = None;
+        for _ in 0..SPLIT_ATTEMPTS {
+            let worker = TsWorker::start(built, url, "ts").await;
+            let won = owned(&[&rust_id, &worker.id], &worker.id).len();
+            if (1..PARTITIONS as usize).contains(&won) {
+                ts = Some(worker);
+                break;
+            }
+            // It wins all or nothing with this id: a new one, and a new id.
+            worker.stop().await;
+        }
+        let ts = ts.expect("no TypeScript worker split the partitions with the Rust one");
+        let ts_id = ts.id.clone();
+        let names = HashMap::from([(rust_id.clone(), "rust"), (ts_id.clone(), "ts")]);
+        heard.settled(&[&rust_id, &ts_id], &[]).await;
+
+        let gate = TestGate::start(url, PREFIX).await;
+        assert!(
+            gate.gate.wait_for_schemas(&[SERVICE], DEADLINE).await,
+            "the gate learnt that tally is keyed"
+        );
+        let mut clients = Vec::new();
+        for _ in 0..KEYS {
+            clients.push(gate.client(false).await);
+        }
+        Pair {
+            heard,
+            rust,
+            rust_id,
+            rust_fresh,
+            ts,
+            ts_id,
+            names,
+            _gate: gate,
+            clients: Arc::new(clients),
+            keys: Arc::new(keys()),
+        }
+    }
+
+    /// Each key's next `rounds` answers, one request at a time per key, concurrently.
+    async fn rounds(&self, rounds: u64) -> Vec<Vec<Result<Answer, String>>> {
+        futures::future::join_all((0..KEYS).map(|n| async move {
+            let mut answers = Vec::new();
+            for _ in 0..rounds {
+                answers.push(add(&self.clients[n], &self.keys[n]).await);
+            }
+            answers
+        }))
+        .await
+    }
+
+    /// (a) Nothing changes: each key is answered by its partition's owner alone,
+    /// counting 1 to `ROUNDS`, and both workers own keys.
+    async fn owners_answer(&self) {
+        let members = [self.rust_id.as_str(), self.ts_id.as_str()];
+        let mut used = BTreeSet::new();
+        for (n, answers) in self.rounds(ROUNDS).await.iter().enumerate() {
+            let owner = owner_name(&self.names, &members, &self.keys[n]);
+            let want: Vec<Result<Answer, String>> = (1..=ROUNDS)
+                .map(|count| {
+                    let worker = owner.to_owned();
+                    Ok(Answer { worker, count })
+                })
+                .collect();
+            assert_eq!(*answers, want, "key {}", self.keys[n]);
+            used.insert(owner);
+        }
+        assert_eq!(used, BTreeSet::from(["rust", "ts"]), "both own keys");
+    }
+
+    /// After a crash: every key answered by `survivor`, its count going on.
+    async fn counts_go_on(&self, survivor: &str) {
+        for (n, answers) in self.rounds(1).await.iter().enumerate() {
+            let worker = survivor.to_owned();
+            let want = vec![Ok(Answer {
+                worker,
+                count: ROUNDS + 1,
+            })];
+            assert_eq!(*answers, want, "key {}: the count goes on", self.keys[n]);
+        }
+    }
+}
+
+/// The TypeScript worker SIGKILLed: the Rust one, its partitions' standby, takes them
+/// with the counts its replicas carry.
+async fn a_killed_ts_workers_partitions_go_on_on_its_rust_standby(bus: Bus) {
+    let mut pair = Pair::start(bus.url(), bus.url()).await;
+    pair.owners_answer().await;
+    let fresh = pair.rust_fresh.load(Ordering::Relaxed);
+    pair.ts.kill().await;
+    pair.heard.settled(&[&pair.rust_id], &[&pair.ts_id]).await;
+    pair.counts_go_on("rust").await;
+    assert_eq!(
+        pair.rust_fresh.load(Ordering::Relaxed),
+        fresh,
+        "the Rust worker took the killed worker's partitions with their counts, none fresh"
+    );
+    pair.rust.stop().await;
+}
+
+/// The Rust worker cut off the bus for good (in process it cannot be SIGKILLed; for
+/// its peers it is the same: its heartbeats stop, nothing is handed over): the
+/// TypeScript one, its partitions' standby, takes them with their counts.
+async fn a_lost_rust_workers_partitions_go_on_on_its_ts_standby(bus: Bus) {
+    // A hop that refuses every connection once dropped: the Rust worker cannot reconnect.
+    let hop = Cut::start(bus.addr()).await.unwrap();
+    let pair = Pair::start(bus.url(), &format!("nats://{}", hop.addr)).await;
+    pair.owners_answer().await;
+    let rust_owned = owned(&[&pair.rust_id, &pair.ts_id], &pair.rust_id).len();
+    hop.cut();
+    drop(hop);
+    pair.heard.settled(&[&pair.ts_id], &[&pair.rust_id]).await;
+    pair.counts_go_on("ts").await;
+    let last = pair.ts.stop().await;
+    assert_eq!(
+        (last.fresh, last.standby, last.rejected),
+        (0, rust_owned, 0),
+        "the TypeScript worker took the lost worker's {rust_owned} partitions with their replicas: {}",
+        last.line
+    );
+    // The Rust worker, cut off, is left to the end of the test: it cannot drain.
+    drop(pair.rust);
+}
 
 async fn rust_and_ts_workers_serve_one_keyed_service(bus: Bus) {
     let url = bus.url();
     let built = builds::ts();
-    let keys = keys();
-    let heard = Heard::listen(url).await;
-
-    // The Rust worker first: the only member, so its id is the first one heard.
-    let rust_fresh = Arc::new(AtomicUsize::new(0));
-    let rust = start_rust_worker(url, rust_fresh.clone()).await;
-    let rust_id = heard.first_id().await;
-    let mut names = HashMap::from([(rust_id.clone(), "rust")]);
-
-    // A TypeScript worker that wins some partitions, and not all.
-    let mut ts = None;
-    for _ in 0..SPLIT_ATTEMPTS {
-        let worker = TsWorker::start(built, url, "ts").await;
-        let won = owned(&[&rust_id, &worker.id], &worker.id).len();
-        if (1..PARTITIONS as usize).contains(&won) {
-            ts = Some(worker);
-            break;
-        }
-        // It wins all or nothing with this id: a new one, and a new id.
-        worker.stop().await;
-    }
-    let ts = ts.expect("no TypeScript worker split the partitions with the Rust one");
-    let ts_id = ts.id.clone();
-    names.insert(ts_id.clone(), "ts");
-    heard.settled(&[&rust_id, &ts_id]).await;
+    let Pair {
+        heard,
+        rust,
+        rust_id,
+        rust_fresh,
+        ts,
+        ts_id,
+        mut names,
+        _gate,
+        clients,
+        keys,
+    } = {
+        let pair = Pair::start(url, url).await;
+        pair.owners_answer().await;
+        pair
+    };
     let rust_fresh_settled = rust_fresh.load(Ordering::Relaxed);
     let ts_owned = owned(&[&rust_id, &ts_id], &ts_id);
-
-    let gate = TestGate::start(url, PREFIX).await;
-    assert!(
-        gate.gate.wait_for_schemas(&[SERVICE], DEADLINE).await,
-        "the gate learnt that tally is keyed"
-    );
-    let mut clients = Vec::new();
-    for _ in 0..KEYS {
-        clients.push(gate.client(false).await);
-    }
-    let clients = Arc::new(clients);
-    let keys = Arc::new(keys);
-
-    // (a) Nothing changes: each key is answered by its partition's owner alone, and
-    // both workers own keys.
-    let rounds = futures::future::join_all((0..KEYS).map(|n| {
-        let (clients, keys) = (clients.clone(), keys.clone());
-        async move {
-            let mut answers = Vec::new();
-            for _ in 0..ROUNDS {
-                answers.push(add(&clients[n], &keys[n]).await);
-            }
-            answers
-        }
-    }))
-    .await;
-    let mut used = BTreeSet::new();
-    for (n, answers) in rounds.iter().enumerate() {
-        let owner = owner_name(&names, &[&rust_id, &ts_id], &keys[n]);
-        for (i, answer) in answers.iter().enumerate() {
-            let answer = answer
-                .as_ref()
-                .unwrap_or_else(|e| panic!("key {}: {e}", keys[n]));
-            let want = Answer {
-                worker: owner.to_owned(),
-                count: i as u64 + 1,
-            };
-            assert_eq!(*answer, want, "key {}: {answers:?}", keys[n]);
-        }
-        used.insert(owner);
-    }
-    assert_eq!(used, BTreeSet::from(["rust", "ts"]), "both own keys");
 
     // (b), (c) and (d), under one load: the TypeScript worker leaves, another comes, then
     // the Rust worker leaves.
@@ -163,7 +270,7 @@ async fn rust_and_ts_workers_serve_one_keyed_service(bus: Bus) {
         ts_owned.len(),
         left.line
     );
-    heard.settled(&[&rust_id]).await;
+    heard.settled(&[&rust_id], &[]).await;
     served_more(&progress, AFTER_CHANGE).await;
 
     // A TypeScript worker that wins some partitions: one that would win none never
@@ -182,12 +289,12 @@ async fn rust_and_ts_workers_serve_one_keyed_service(bus: Bus) {
     let ts2_id = ts2.id.clone();
     names.insert(ts2_id.clone(), "ts2");
     let ts2_owned = owned(&[&rust_id, &ts2_id], &ts2_id);
-    heard.settled(&[&rust_id, &ts2_id]).await;
+    heard.settled(&[&rust_id, &ts2_id], &[]).await;
     served_more(&progress, AFTER_CHANGE).await;
 
     // (d) The Rust worker leaves in turn: the TypeScript one takes its partitions.
     rust.stop().await;
-    heard.settled(&[&ts2_id]).await;
+    heard.settled(&[&ts2_id], &[]).await;
     served_more(&progress, AFTER_CHANGE).await;
     stop.store(true, Ordering::Relaxed);
     let answers = within(load).await.unwrap();
@@ -333,12 +440,16 @@ impl Heard {
 
     /// Waits until `members` (and no one else) hold every partition, each the one its
     /// rendezvous owner among them holds, none leaving: the workers agree on owners.
-    async fn settled(&self, members: &[&str]) {
+    /// The last word of the `dead` (crashed: it still says what they held) is ignored.
+    async fn settled(&self, members: &[&str], dead: &[&str]) {
         let what = format!("{members:?} hold every partition, each its owner's");
         until(&what, || {
             let latest = self.latest.lock().unwrap();
             let mut holders = HashMap::new();
             for (id, member) in latest.iter() {
+                if dead.contains(&id.as_str()) {
+                    continue;
+                }
                 let live = members.contains(&id.as_str());
                 if !live && !member.held.is_empty() {
                     return false; // one gone still says it holds some
@@ -452,9 +563,11 @@ struct TsWorker {
 /// What a TypeScript tally worker says when it stops.
 struct Stopped {
     rejected: usize,
-    /// Partitions it took with no state, and with counts handed over.
+    /// Partitions it took with no state, and with counts (handed over, or a replica).
     fresh: usize,
     handed: usize,
+    /// Of those, partitions of a dead owner taken with the replica it held.
+    standby: usize,
     /// Partitions it handed over.
     handed_ok: usize,
     /// The whole line.
@@ -487,6 +600,12 @@ impl TsWorker {
         TsWorker { process, id }
     }
 
+    /// SIGKILL: the worker dies at once, its partitions with it.
+    async fn kill(&mut self) {
+        self.process.signal(Signal::SIGKILL);
+        self.process.exit().await;
+    }
+
     /// SIGTERM: the worker hands its partitions over, drains and reports.
     async fn stop(mut self) -> Stopped {
         self.process.signal(Signal::SIGTERM);
@@ -502,6 +621,7 @@ impl TsWorker {
             rejected: field("rejected"),
             fresh: field("fresh"),
             handed: field("handed"),
+            standby: field("standby"),
             handed_ok: field("handed_ok"),
             line,
         }

@@ -98,6 +98,7 @@ export class Context {
   readonly #spans: CallSpan[] | undefined;
   readonly #effects: Effect[] = [];
   readonly #outbound: Outbound[] = [];
+  readonly #changed = new Set<number>();
   #reply: Uint8Array | undefined;
 
   constructor(session?: Session, key?: string, options: ContextOptions = {}) {
@@ -252,6 +253,21 @@ export class Context {
     options: CallOptions = {},
   ): Promise<CallResult> {
     return this.call(route, toBinary(schema, create(schema, message)), options);
+  }
+
+  /**
+   * Says this handler changed keyed `partition`'s state, so its standby gets the
+   * partition's snapshot before this batch's answers and pushes leave (docs/workers.md,
+   * "Standbys"). A keyed request's own partition, and a take-over's, are marked by
+   * themselves; ticks, events and continuations that change another say so here.
+   */
+  changed(partition: number): void {
+    this.#changed.add(partition);
+  }
+
+  /** The partitions this handler said it changed. */
+  get changedPartitions(): readonly number[] {
+    return [...this.#changed];
   }
 
   /** Answers the event being handled, when its sender asked for an answer. */

@@ -15,7 +15,7 @@ export {
   DEFAULT_HANDOVER_TIMEOUT_MS,
   DEFAULT_KEYED_HEARTBEAT_MS,
   DEFAULT_KEYED_MEMBER_TIMEOUT_MS,
-} from "./keyed.js";
+} from "./keyed-settings.js";
 export type { Undelivered } from "./held.js";
 export type { KeyedStats, KeyedView } from "./keyed.js";
 export { MAX_PARTITIONS, Members, fnv1a, partitionOf, score } from "./ownership.js";
@@ -42,6 +42,7 @@ export {
   DEFAULT_FRAME_BUDGET,
   DEFAULT_MAX_CALLS,
   DEFAULT_QUEUE_CAPACITY,
+  DEFAULT_REPLICA_TIMEOUT_MS,
   Worker,
 } from "./worker.js";
 export type { WorkerOptions, WorkerStats } from "./worker.js";

@@ -43,6 +43,12 @@
  *   let go (its old owner kept it and served what was held here); one taken fresh
  *   meanwhile (its old owner died) is taken with no state, then everything held.
  *
+ * With standbys (the service gives snapshots: docs/workers.md, "Standbys"), the worker
+ * also keeps the replicas its peers send it (`standby.ts`) and takes a dead owner's
+ * partition with the one it holds; and it follows its own partitions' standbys, which
+ * the worker's loop sends each batch's snapshots to (`replicate.ts`). A peer is counted
+ * dead the moment its member timeout runs out, not at the next heartbeat.
+ *
  * At shutdown (`leave`) the worker says it is leaving, hands every partition to its
  * owner among the others, and ends once it holds none; with nobody left to take them,
  * it unsubscribes its partitions, and their state ends with it.
@@ -52,51 +58,20 @@ import { setTimeout as delay } from "node:timers/promises";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
-import type { HandOver, KeyedMember } from "./gen/rpc_pb.js";
-import { HandOverSchema, KeyedMemberSchema, RequestOrderSchema } from "./gen/rpc_pb.js";
+import type { HandOver, KeyedMember, PartitionState } from "./gen/rpc_pb.js";
+import { HandOverSchema, KeyedMemberSchema } from "./gen/rpc_pb.js";
+import { checkKeyedTimes } from "./keyed-settings.js";
+import type { KeyedSettings } from "./keyed-settings.js";
 import { Members } from "./ownership.js";
-import { handoverSubject, membersSubject, partitionSubject } from "./subjects.js";
-
-/** Default heartbeat: how often a keyed worker tells its peers it lives and what it holds. */
-export const DEFAULT_KEYED_HEARTBEAT_MS = 500;
-/** Default member timeout: a peer unheard for longer is dead (more than two heartbeats). */
-export const DEFAULT_KEYED_MEMBER_TIMEOUT_MS = 2_000;
-/** Default hand-over timeout: how long the old owner waits for each answer of the new one. */
-export const DEFAULT_HANDOVER_TIMEOUT_MS = 2_000;
-/** Default overlap: how long the old owner serves a partition after the new one has subscribed it. */
-export const DEFAULT_HANDOVER_OVERLAP_MS = 200;
-/** Default hand-over buffer: requests a new owner holds per partition while it waits for the state. */
-export const DEFAULT_HANDOVER_BUFFER = 4096;
+import { Replicator } from "./replicate.js";
+import { noteSeen, unseen } from "./seen.js";
+import type { Seen } from "./seen.js";
+import { Replicas, decodeReplica } from "./standby.js";
+import { handoverSubject, membersSubject, partitionSubject, replicaSubject } from "./subjects.js";
 
 /** What a refusing worker answers a hand-over with: anything non-empty. */
 const REFUSED = new TextEncoder().encode("refused");
 const DONE = new Uint8Array();
-
-/** A keyed worker's timings, in milliseconds. */
-export interface KeyedTimes {
-  readonly heartbeatMs: number;
-  readonly memberTimeoutMs: number;
-  readonly handoverTimeoutMs: number;
-  readonly handoverOverlapMs: number;
-}
-
-/** A keyed worker's settings: its timings, and what it holds of a partition it prepares to take. */
-export interface KeyedSettings extends KeyedTimes {
-  /** Requests held per prepared partition at most; past it they are dropped (and counted). */
-  readonly handoverBuffer: number;
-}
-
-/** Checks that a live worker, heard every heartbeat, is never counted dead. */
-export function checkKeyedTimes(times: KeyedTimes): void {
-  const { heartbeatMs, memberTimeoutMs, handoverTimeoutMs, handoverOverlapMs } = times;
-  if (!(heartbeatMs > 0)) throw new Error(`the keyed heartbeat must be positive, not ${heartbeatMs}`);
-  if (!(handoverTimeoutMs > 0)) throw new Error(`the hand-over timeout must be positive, not ${handoverTimeoutMs}`);
-  if (!(handoverOverlapMs >= 0)) throw new Error(`the hand-over overlap must be 0 or more, not ${handoverOverlapMs}`);
-  if (!(memberTimeoutMs > 2 * heartbeatMs)) {
-    const why = `must be more than two heartbeats (${heartbeatMs} ms)`;
-    throw new Error(`the keyed member timeout (${memberTimeoutMs} ms) ${why}`);
-  }
-}
 
 /** What a worker's partitions have been through. */
 export interface KeyedStats {
@@ -104,6 +79,15 @@ export interface KeyedStats {
   takenFresh: number;
   /** Partitions taken with the state a peer handed over (or taken back when unanswered). */
   takenHanded: number;
+  /** Partitions of a dead owner taken with the replica this worker held as its standby. */
+  takenStandby: number;
+  /**
+   * Partitions held here whose latest state no standby holds: none (one worker), or
+   * one that did not answer in time (sent again whole after a heartbeat). 0 without standbys.
+   */
+  unreplicated: number;
+  /** Replicas a standby did not hold in time (or refused): the batch's answers left without it. */
+  replicaFailures: number;
   /** Partitions handed over to their new owner. */
   handedOk: number;
   /** Hand-overs refused or unanswered: the partition stayed here, with its state. */
@@ -130,13 +114,17 @@ export interface KeyedView {
   readonly preparing: readonly number[];
   /** Whether it is leaving (draining). */
   readonly leaving: boolean;
+  /** The partitions it keeps a replica of, as their standby (docs/workers.md, "Standbys"), ascending. */
+  readonly standbyFor: readonly number[];
   readonly stats: Readonly<KeyedStats>;
 }
 
 /** What the partitions need of their worker. */
 export interface PartitionHost {
-  /** Queues a partition's request, as any other (answered 503 when the queue is full). */
-  offer(msg: Msg, method: string): void;
+  /** Queues `partition`'s request, as any other (answered 503 when the queue is full). */
+  offer(msg: Msg, method: string, partition: number): void;
+  /** Queues a turn that marks `partition` changed: its standby gets it whole after the batch. */
+  replicate(partition: number): void;
   /** Queues the take-over of `partition` for the loop, ahead of its requests. */
   takeOver(partition: number, state: Uint8Array | undefined): void;
   /** Queues the hand-over of `partition` behind its last request: resolves with its state. */
@@ -168,6 +156,9 @@ interface Prepared {
   readonly expiry: NodeJS.Timeout;
 }
 
+/** How a partition was taken: with no state, handed over (or taken back), or from a standby's replica. */
+type How = "fresh" | "handed" | "standby";
+
 /** How a hand-over request was answered: empty, non-empty, or not in time (or nobody there). */
 type Answer = "taken" | "refused" | "unanswered";
 
@@ -177,41 +168,15 @@ interface Taken {
   readonly id: bigint;
 }
 
-/** Per origin, the highest `seq` of a partition's requests its old owner took. */
-type Seen = ReadonlyMap<string, bigint>;
-
-/** A request's origin and place in it; `undefined` without an origin (or when it does not decode). */
-function orderOf(payload: Uint8Array): { origin: string; seq: bigint } | undefined {
-  try {
-    const { origin, seq } = fromBinary(RequestOrderSchema, payload);
-    return origin === "" ? undefined : { origin, seq };
-  } catch {
-    return undefined;
-  }
-}
-
-/** Notes the request `payload` in `seen`: its seq is its origin's highest so far. */
-function noteSeen(seen: Map<string, bigint>, payload: Uint8Array): void {
-  const order = orderOf(payload);
-  if (order === undefined) return;
-  const highest = seen.get(order.origin);
-  if (highest === undefined || order.seq > highest) seen.set(order.origin, order.seq);
-}
-
-/** Whether the old owner, which took what `seen` says, did not take the request `payload`. */
-function unseen(seen: Seen, payload: Uint8Array): boolean {
-  const order = orderOf(payload);
-  if (order === undefined) return true;
-  const highest = seen.get(order.origin);
-  return highest === undefined || order.seq > highest;
-}
-
 /** A keyed service's partitions on this worker; see the module docs. */
 export class Partitions {
   readonly id = randomBytes(8).toString("hex");
   readonly stats: KeyedStats = {
     takenFresh: 0,
     takenHanded: 0,
+    takenStandby: 0,
+    unreplicated: 0,
+    replicaFailures: 0,
     handedOk: 0,
     handedKept: 0,
     conflicts: 0,
@@ -235,6 +200,12 @@ export class Partitions {
   readonly #taken = new Map<number, Taken>();
   /** The id of the last hand-over started here. */
   #lastHandover = 0n;
+  /** The replicas peers send this worker, as their partitions' standby. */
+  readonly #replicas = new Replicas();
+  /** Sends this worker's partitions to their standbys; `undefined` without standbys. */
+  readonly #replicator: Replicator | undefined;
+  /** Fires when the first silent peer's member timeout runs out. */
+  #expiry: NodeJS.Timeout | undefined;
   readonly #subs: Subscription[] = [];
   #leaving = false;
   #stopped = false;
@@ -259,6 +230,11 @@ export class Partitions {
     this.#settings = settings;
     const memberTimes = { timeoutMs: settings.memberTimeoutMs, listenMs: 2 * settings.heartbeatMs };
     this.#members = new Members(this.id, partitions, memberTimes, performance.now());
+    if (settings.replicaTimeoutMs !== undefined) {
+      const names = { prefix, service, me: this.id };
+      const times = { timeoutMs: settings.replicaTimeoutMs, restMs: settings.heartbeatMs };
+      this.#replicator = new Replicator(nc, { ...names, ...times }, host.onError);
+    }
   }
 
   /** What its peers hear of this worker now. */
@@ -269,8 +245,21 @@ export class Partitions {
       moving: ascending(this.#moving),
       preparing: ascending(this.#preparing.keys()),
       leaving: this.#leaving,
-      stats: { ...this.stats },
+      standbyFor: this.#replicas.partitions,
+      stats: {
+        ...this.stats,
+        unreplicated: this.#replicator?.unreplicated(this.#held.size) ?? 0,
+        replicaFailures: this.#replicator?.failures ?? 0,
+      },
     };
+  }
+
+  /**
+   * Sends `states` (a batch's snapshots) to their partitions' standbys; resolves once
+   * each holds them, at most the replica timeout later. Nothing to do without standbys.
+   */
+  async replicate(states: readonly PartitionState[]): Promise<void> {
+    await this.#replicator?.send(states);
   }
 
   /**
@@ -288,6 +277,9 @@ export class Partitions {
     };
     listen(membersSubject(this.#prefix, this.#service), (msg) => this.#heard(msg.data));
     listen(handoverSubject(this.#prefix, this.#service, this.id), (msg) => this.#handedOver(msg));
+    if (this.#replicator !== undefined) {
+      listen(replicaSubject(this.#prefix, this.#service, this.id), (msg) => this.#replica(msg));
+    }
     this.#timer = setInterval(() => this.#tick(), this.#settings.heartbeatMs);
     this.#publishHeartbeat();
     void this.#nc.closed().then(() => this.#stop());
@@ -317,6 +309,7 @@ export class Partitions {
     if (this.#stopped) return;
     this.#stopped = true;
     clearInterval(this.#timer);
+    clearTimeout(this.#expiry);
     for (const prepared of this.#preparing.values()) clearTimeout(prepared.expiry);
     this.#preparing.clear();
     this.#held.clear();
@@ -360,16 +353,11 @@ export class Partitions {
 
   /**
    * Forgets the silent peers (dead, or left after their last word), reports partitions a
-   * peer holds too, and acts.
+   * peer holds too, acts, and forgets the replicas it no longer stands by for.
    */
   #review(): void {
     if (this.#stopped) return;
-    const { dead, left } = this.#members.expire(performance.now());
-    this.stats.peersDead += dead.length;
-    this.stats.peersLeft += left.length;
-    if (dead.length > 0) {
-      this.#host.onError(new Error(`keyed peers not heard from, counted dead: ${dead.join(", ")}`), "keyed");
-    }
+    this.#expirePeers();
     // A partition being handed over is claimed by its new owner before the answer comes.
     const settled = [...this.#held.keys()].filter((partition) => !this.#moving.has(partition));
     const conflicts = this.#members.conflicts(settled);
@@ -380,6 +368,32 @@ export class Partitions {
       this.#host.onError(error, "keyed");
     }
     this.#act();
+    const held = (partition: number): boolean => this.#held.has(partition);
+    this.#replicas.prune(this.#members, this.#leaving, held, this.#settings.memberTimeoutMs, performance.now());
+  }
+
+  /**
+   * Counts a silent peer dead the moment its member timeout runs out, not at the next
+   * tick: its partitions' pause is the member timeout, no more. The timer fires in the
+   * event loop's timers phase, so it goes through the same review after the poll as a
+   * tick (`#reviewAfterPoll`): the peers' heartbeats read meanwhile come first.
+   */
+  #armExpiry(): void {
+    clearTimeout(this.#expiry);
+    const at = this.#members.nextExpiry();
+    if (this.#stopped || at === undefined) return;
+    this.#expiry = setTimeout(() => this.#reviewAfterPoll(), Math.max(0, at - performance.now()));
+  }
+
+  /** Forgets the silent peers: dead, or left after their last word. */
+  #expirePeers(): void {
+    const { dead, left } = this.#members.expire(performance.now());
+    this.#armExpiry();
+    this.stats.peersDead += dead.length;
+    this.stats.peersLeft += left.length;
+    if (dead.length > 0) {
+      this.#host.onError(new Error(`keyed peers not heard from, counted dead: ${dead.join(", ")}`), "keyed");
+    }
   }
 
   /** A peer's heartbeat. A newcomer hears this worker's at once. */
@@ -393,6 +407,7 @@ export class Partitions {
       return;
     }
     const isNew = this.#members.heard(member.id, member.held, member.leaving, performance.now());
+    if (isNew) this.#armExpiry();
     if (isNew) this.#sayChanged();
     if (isNew || member.leaving) this.#act();
   }
@@ -403,7 +418,9 @@ export class Partitions {
     this.#sayPending = true;
     queueMicrotask(() => {
       this.#sayPending = false;
-      if (!this.#stopped) this.#publishHeartbeat();
+      if (this.#stopped) return;
+      this.#followStandbys();
+      this.#publishHeartbeat();
     });
   }
 
@@ -421,8 +438,13 @@ export class Partitions {
     if (this.#stopped) return;
     const held = new Set(this.#held.keys());
     for (const step of this.#members.plan(held, this.#moving, this.#leaving, performance.now())) {
-      if (step.kind === "handOver") this.#handOver(step.partition, step.to);
-      else this.#take(step.partition, undefined);
+      if (step.kind === "handOver") {
+        this.#handOver(step.partition, step.to);
+        continue;
+      }
+      // Its owner died, and this worker stood by for it: with its state.
+      const replica = this.#replicas.take(step.partition, this.#members);
+      this.#take(step.partition, replica, replica === undefined ? "fresh" : "standby");
     }
     if (this.#leaving) {
       for (const partition of held) {
@@ -430,6 +452,40 @@ export class Partitions {
           this.#drop(partition);
         }
       }
+    }
+    // Who lives may have changed: so may the standbys.
+    this.#followStandbys();
+  }
+
+  /**
+   * Works out each held partition's standby (who would take it if this worker died)
+   * and has the loop send whole those whose standby changed, and those a standby missed
+   * once its rest is over. Called whenever what is held or who lives changes.
+   */
+  #followStandbys(): void {
+    if (this.#replicator === undefined) return;
+    const standbys = new Map<number, string>();
+    for (const partition of this.#held.keys()) {
+      const standby = this.#members.successor(partition, this.id, false);
+      if (standby !== undefined) standbys.set(partition, standby);
+    }
+    const held = new Set(this.#held.keys());
+    for (const partition of this.#replicator.follow(standbys, held)) this.#host.replicate(partition);
+  }
+
+  /** A replica from a partition's owner: kept, then answered (empty: held; else why not). */
+  #replica(msg: Msg): void {
+    const replica = decodeReplica(msg.data);
+    const why =
+      typeof replica === "string"
+        ? replica
+        : this.#replicas.keep(replica, this.#members.partitions, performance.now());
+    if (why !== undefined) this.#host.onError(new Error(why), "a replica refused");
+    if (!msg.reply) return;
+    try {
+      msg.respond(why === undefined ? DONE : new TextEncoder().encode(why));
+    } catch (error) {
+      this.#host.onError(error, "answering a replica");
     }
   }
 
@@ -454,7 +510,7 @@ export class Partitions {
     const held = this.#held.get(partition);
     if (held === undefined) return;
     if (held.seen !== undefined) noteSeen(held.seen, request.msg.data);
-    this.#host.offer(request.msg, request.method);
+    this.#host.offer(request.msg, request.method, partition);
   }
 
   /** Holds a prepared partition's request, or drops it when the buffer is full. */
@@ -471,15 +527,18 @@ export class Partitions {
     }
   }
 
-  /** Takes `partition` (fresh, or back after an unanswered hand-over), adopting it if prepared. */
-  #take(partition: number, state: Uint8Array | undefined): void {
+  /**
+   * Takes `partition` (fresh, with a dead owner's replica, or back after an unanswered
+   * hand-over), adopting it if prepared.
+   */
+  #take(partition: number, state: Uint8Array | undefined, how: How): void {
     const prepared = this.#preparing.get(partition);
     if (prepared !== undefined) {
       // Its old owner died mid-hand-over: none of what was held here was served.
-      this.#adopt(partition, prepared, state, new Map());
+      this.#adopt(partition, prepared, state, new Map(), how);
       return;
     }
-    this.#takenOver(partition, state);
+    this.#takenOver(partition, state, how);
     try {
       this.#held.set(partition, { sub: this.#subscribe(partition), seen: undefined });
     } catch (error) {
@@ -492,20 +551,21 @@ export class Partitions {
    * Serves a prepared partition: its take-over, then every held request `seen` does not
    * cover, in the order received, then what arrives.
    */
-  #adopt(partition: number, prepared: Prepared, state: Uint8Array | undefined, seen: Seen): void {
+  #adopt(partition: number, prepared: Prepared, state: Uint8Array | undefined, seen: Seen, how: How): void {
     this.#preparing.delete(partition);
     clearTimeout(prepared.expiry);
-    this.#takenOver(partition, state);
+    this.#takenOver(partition, state, how);
     this.#held.set(partition, { sub: prepared.sub, seen: undefined });
     for (const { msg, method } of prepared.held) {
-      if (unseen(seen, msg.data)) this.#host.offer(msg, method);
+      if (unseen(seen, msg.data)) this.#host.offer(msg, method, partition);
     }
     this.#sayChanged();
   }
 
   /** Queues the take-over of `partition` for the loop, and counts it. */
-  #takenOver(partition: number, state: Uint8Array | undefined): void {
-    if (state === undefined) this.stats.takenFresh += 1;
+  #takenOver(partition: number, state: Uint8Array | undefined, how: How): void {
+    if (how === "fresh") this.stats.takenFresh += 1;
+    else if (how === "standby") this.stats.takenStandby += 1;
     else this.stats.takenHanded += 1;
     this.#host.takeOver(partition, state);
   }
@@ -563,7 +623,7 @@ export class Partitions {
       this.#sayChanged();
     } else {
       this.#kept(partition, to);
-      this.#take(partition, state);
+      this.#take(partition, state, "handed");
     }
     this.#settle();
   }
@@ -661,7 +721,7 @@ export class Partitions {
     if (prepared === undefined && (this.#leaving || this.#moving.has(partition))) return REFUSED;
     if (id !== 0n) this.#taken.set(partition, { from, id });
     if (prepared !== undefined) {
-      this.#adopt(partition, prepared, state, new Map(Object.entries(handover.seen)));
+      this.#adopt(partition, prepared, state, new Map(Object.entries(handover.seen)), "handed");
       return DONE;
     }
     if (this.#held.has(partition)) {
@@ -670,7 +730,7 @@ export class Partitions {
       this.#host.onError(new Error(`handed partition ${partition}, held here already, by ${handover.from}`), "keyed");
       this.#host.takeOver(partition, state);
     } else {
-      this.#take(partition, state);
+      this.#take(partition, state, "handed");
     }
     return DONE;
   }

@@ -136,18 +136,45 @@ export class Members {
    * among them unless `leaving`); `undefined` when there is none.
    */
   owner(partition: number, leaving: boolean): string | undefined {
-    let best: { id: string; score: number } | undefined;
-    const consider = (id: string): void => {
-      const s = score(id, partition);
-      if (best === undefined || s > best.score || (s === best.score && id > best.id)) {
-        best = { id, score: s };
-      }
-    };
-    if (!leaving) consider(this.me);
+    return first(this.#candidates(leaving), partition);
+  }
+
+  /**
+   * Who takes `partition` if `member` dies: its owner among the others (this worker
+   * among them unless `leaving`). The partition's standby while `member` holds it
+   * (docs/workers.md, "Standbys").
+   */
+  successor(partition: number, member: string, leaving: boolean): string | undefined {
+    return first(
+      this.#candidates(leaving).filter((id) => id !== member),
+      partition,
+    );
+  }
+
+  /** The live members that are not leaving, this worker among them unless `leaving`. */
+  #candidates(leaving: boolean): string[] {
+    const ids = leaving ? [] : [this.me];
     for (const [id, member] of this.#peers) {
-      if (!member.leaving) consider(id);
+      if (!member.leaving) ids.push(id);
     }
-    return best?.id;
+    return ids;
+  }
+
+  /** Whether live peer `id` says it holds `partition`. */
+  holds(id: string, partition: number): boolean {
+    return this.#peers.get(id)?.held.has(partition) ?? false;
+  }
+
+  /**
+   * When the first peer not heard from since falls past the timeout: the moment
+   * `expire` would forget it; `undefined` without peers.
+   */
+  nextExpiry(): number | undefined {
+    let oldest: number | undefined;
+    for (const member of this.#peers.values()) {
+      if (oldest === undefined || member.seen < oldest) oldest = member.seen;
+    }
+    return oldest === undefined ? undefined : oldest + this.times.timeoutMs + 1;
   }
 
   /** Whether a live peer says it holds `partition`. */
@@ -181,4 +208,14 @@ export class Members {
   conflicts(held: Iterable<number>): number[] {
     return [...held].filter((partition) => this.claimed(partition));
   }
+}
+
+/** The first of `members` in `partition`'s rendezvous order: the highest score, ties to the greater id. */
+function first(members: readonly string[], partition: number): string | undefined {
+  let best: { id: string; score: number } | undefined;
+  for (const id of members) {
+    const s = score(id, partition);
+    if (best === undefined || s > best.score || (s === best.score && id > best.id)) best = { id, score: s };
+  }
+  return best?.id;
 }

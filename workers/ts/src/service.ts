@@ -55,6 +55,8 @@ export interface Handled {
   readonly response: RpcResponse;
   /** Pushes and messages the handler asked for, in order; empty when it failed. */
   readonly outbound: readonly Outbound[];
+  /** The keyed partitions the handler said it changed (`ctx.changed`), even when it failed. */
+  readonly changed?: readonly number[];
 }
 
 /** What an event's handling produced. */
@@ -63,6 +65,8 @@ export interface EventHandled {
   readonly outbound: readonly Outbound[];
   /** The answer, for an event whose sender asked for one. */
   readonly reply: Uint8Array | undefined;
+  /** The keyed partitions the handler said it changed (`ctx.changed`), even when it failed. */
+  readonly changed?: readonly number[];
 }
 
 /**
@@ -94,6 +98,17 @@ export interface KeyedOptions {
    * holder died), so the service can answer "match lost" or rebuild from its own store.
    */
   readonly takeOver?: (ctx: Context, partition: number, state: Uint8Array | undefined) => Awaitable<void>;
+  /**
+   * Gives `partition`'s whole state as it is now, without forgetting it: the same bytes
+   * `handOver` would give. With it the partitions have **standbys** (docs/workers.md,
+   * "Standbys"): after each batch of work the worker snapshots the partitions it
+   * changed (a keyed request's own, a take-over's, and those a handler marked with
+   * `ctx.changed`) and sends them to each partition's standby before the batch's
+   * answers and pushes leave; when the owner dies, its standby takes the partition with
+   * the last snapshot through `takeOver`. Without it, a crash loses the partition's
+   * state (taken fresh).
+   */
+  readonly snapshot?: (partition: number) => Awaitable<Body>;
 }
 
 /** What a partition's hand-over produced: its state, and what the callback published. */
@@ -229,6 +244,7 @@ export class Service {
    *     sessionKey: "arena_match",
    *     handOver: (_ctx, partition) => encodeMatches(partition), // and forget them
    *     takeOver: (_ctx, partition, state) => restoreMatches(partition, state),
+   *     snapshot: (partition) => encodeMatches(partition), // kept: for the standby
    *   })
    *   .rawMethod("input", (ctx, body) => play(ctx.key, body));
    * ```
@@ -249,6 +265,25 @@ export class Service {
   /** A keyed service's number of partitions; `undefined` for another. */
   get partitions(): number | undefined {
     return this.#keyed?.partitions;
+  }
+
+  /** Whether the service gives snapshots of its partitions, for standbys. */
+  get replicates(): boolean {
+    return this.#keyed?.snapshot !== undefined;
+  }
+
+  /**
+   * `partition`'s snapshot; `undefined` without a snapshot callback, or when it threw
+   * (the standby keeps the last one it had).
+   */
+  async snapshot(partition: number): Promise<Uint8Array | undefined> {
+    const callback = this.#keyed?.snapshot;
+    if (callback === undefined) return undefined;
+    try {
+      return bytesOf(await callback(partition));
+    } catch {
+      return undefined;
+    }
   }
 
   /** The registered methods. */
@@ -338,7 +373,7 @@ export class Service {
           : errorResponse(Status.HANDLER_ERROR, `internal error: ${messageOf(error)}`);
     }
     if (spans !== undefined) response.calls = [...spans];
-    return { response, outbound };
+    return { response, outbound, changed: ctx.changedPartitions };
   }
 
   /** Decodes an `RpcRequest` as it came off the bus and calls `method`; garbage is a 400. */
@@ -358,9 +393,9 @@ export class Service {
     if (event === undefined) return { ok: false, outbound: [], reply: undefined };
     try {
       await event.handler(ctx, payload);
-      return { ok: true, outbound: ctx.outbound, reply: ctx.replyBody };
+      return { ok: true, outbound: ctx.outbound, reply: ctx.replyBody, changed: ctx.changedPartitions };
     } catch {
-      return { ok: false, outbound: [], reply: undefined };
+      return { ok: false, outbound: [], reply: undefined, changed: ctx.changedPartitions };
     }
   }
 
@@ -376,9 +411,9 @@ export class Service {
     const ctx = new Context(undefined, undefined, options);
     try {
       await this.#keyed?.takeOver?.(ctx, partition, state);
-      return { ok: true, outbound: ctx.outbound, reply: undefined };
+      return { ok: true, outbound: ctx.outbound, reply: undefined, changed: ctx.changedPartitions };
     } catch {
-      return { ok: false, outbound: [], reply: undefined };
+      return { ok: false, outbound: [], reply: undefined, changed: ctx.changedPartitions };
     }
   }
 

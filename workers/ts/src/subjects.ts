@@ -76,3 +76,11 @@ export function membersSubject(prefix: string, service: string): string {
 export function handoverSubject(prefix: string, service: string, member: string): string {
   return `${prefix}.keyed.${service}.handover.${member}`;
 }
+
+/**
+ * Where worker `member` takes what the owners it stands by for replicate to it
+ * (`Replica`, as a request; docs/workers.md, "Standbys").
+ */
+export function replicaSubject(prefix: string, service: string, member: string): string {
+  return `${prefix}.keyed.${service}.replica.${member}`;
+}

@@ -7,13 +7,13 @@
  *     node dist/tally.js --nats nats://127.0.0.1:4222 [--prefix shaddock] [--name ts]
  *         [--queue 1024] [--keyed-heartbeat 500ms] [--keyed-member-timeout 2s]
  *         [--handover-timeout 2s] [--handover-overlap 200ms] [--handover-buffer 4096]
- *         [--drain-grace 10s]
+ *         [--standby true] [--replica-timeout 100ms] [--drain-grace 10s]
  *
  * Prints `Worker is ready: ... id=<its keyed id>` once it is subscribed and has said its
  * first heartbeat (its partitions follow: handed over by their holders, or taken fresh
  * after two heartbeats). On SIGTERM or SIGINT it hands its partitions to the other
  * workers with their counts, drains, prints `Worker stopped: served=N rejected=M fresh=F
- * handed=H handed_ok=O handed_kept=K`, and exits 0 (or 1, saying what it could not
+ * handed=H standby=S handed_ok=O handed_kept=K`, and exits 0 (or 1, saying what it could not
  * deliver, when the drain has not ended within its grace).
  */
 import { parseArgs } from "node:util";
@@ -25,8 +25,9 @@ import {
   DEFAULT_HANDOVER_TIMEOUT_MS,
   DEFAULT_KEYED_HEARTBEAT_MS,
   DEFAULT_KEYED_MEMBER_TIMEOUT_MS,
+  DEFAULT_REPLICA_TIMEOUT_MS,
   checkKeyedTimes,
-} from "./keyed.js";
+} from "./keyed-settings.js";
 import { TALLY, TALLY_PARTITIONS, tallyService } from "./services/tally.js";
 import type { TallyStats } from "./services/tally.js";
 import { DRAIN_GRACE_OPTION, DRAIN_GRACE_USAGE, drainGraceMs, runMain, serveUntilSignalled } from "./process.js";
@@ -35,7 +36,8 @@ import { DEFAULT_QUEUE_CAPACITY, Worker } from "./worker.js";
 
 const USAGE = `usage: tally [--nats URL[,URL...]] [--prefix PREFIX] [--name NAME] [--queue N]
              [--keyed-heartbeat D] [--keyed-member-timeout D] [--handover-timeout D]
-             [--handover-overlap D] [--handover-buffer N] [--drain-grace D]
+             [--handover-overlap D] [--handover-buffer N] [--standby BOOL]
+             [--replica-timeout D] [--drain-grace D]
 
   --nats                  NATS server URLs, comma-separated
                           (env SHADDOCK_NATS; nats://127.0.0.1:4222)
@@ -52,6 +54,10 @@ const USAGE = `usage: tally [--nats URL[,URL...]] [--prefix PREFIX] [--name NAME
                           (env SHADDOCK_HANDOVER_OVERLAP; ${DEFAULT_HANDOVER_OVERLAP_MS}ms)
   --handover-buffer       requests a new owner holds per partition until its state comes
                           (env SHADDOCK_HANDOVER_BUFFER; ${DEFAULT_HANDOVER_BUFFER})
+  --standby               whether each partition's next worker holds its counts, and takes
+                          them when this worker dies (env SHADDOCK_STANDBY; true)
+  --replica-timeout       how long a batch's answers wait for its standbys
+                          (env SHADDOCK_REPLICA_TIMEOUT; ${DEFAULT_REPLICA_TIMEOUT_MS}ms)
   --drain-grace           ${DRAIN_GRACE_USAGE}
 
 Durations as the Rust workers write them: a number and a unit, e.g. 100ms, 1.5s, 1m30s.
@@ -85,6 +91,11 @@ async function main(): Promise<void> {
         type: "string",
         default: env("SHADDOCK_HANDOVER_BUFFER", String(DEFAULT_HANDOVER_BUFFER)),
       },
+      standby: { type: "string", default: env("SHADDOCK_STANDBY", "true") },
+      "replica-timeout": {
+        type: "string",
+        default: env("SHADDOCK_REPLICA_TIMEOUT", `${DEFAULT_REPLICA_TIMEOUT_MS}ms`),
+      },
       "drain-grace": DRAIN_GRACE_OPTION,
       help: { type: "boolean", short: "h", default: false },
     },
@@ -104,6 +115,8 @@ async function main(): Promise<void> {
   const handoverTimeoutMs = durationMs("handover-timeout", values["handover-timeout"]);
   const handoverOverlapMs = durationMs("handover-overlap", values["handover-overlap"]);
   const graceMs = drainGraceMs(values["drain-grace"]);
+  const replicaTimeoutMs = durationMs("replica-timeout", values["replica-timeout"]);
+  const standby = bool("standby", values.standby);
   checkKeyedTimes({
     heartbeatMs: keyedHeartbeatMs,
     memberTimeoutMs: keyedMemberTimeoutMs,
@@ -125,6 +138,8 @@ async function main(): Promise<void> {
     handoverTimeoutMs,
     handoverOverlapMs,
     handoverBuffer,
+    standby,
+    replicaTimeoutMs,
     onError: (error, where) => console.error(`warning: ${where}: ${String(error)}`),
   });
   const id = worker.keyed?.id ?? "";
@@ -137,10 +152,16 @@ async function main(): Promise<void> {
       const keyed = worker.keyed?.stats;
       return (
         `Worker stopped: served=${served} rejected=${rejected} fresh=${stats.fresh} handed=${stats.handed} ` +
-        `handed_ok=${keyed?.handedOk ?? 0} handed_kept=${keyed?.handedKept ?? 0}`
+        `standby=${keyed?.takenStandby ?? 0} handed_ok=${keyed?.handedOk ?? 0} handed_kept=${keyed?.handedKept ?? 0}`
       );
     },
   }, graceMs);
+}
+
+/** `value`, given to option `--<name>`, as `true` or `false`; else an error naming the option. */
+function bool(name: string, value: string): boolean {
+  if (value === "true" || value === "false") return value === "true";
+  throw new Error(`--${name} must be true or false, not ${JSON.stringify(value)}`);
 }
 
 /** `value`, given to option `--<name>`, as a positive integer; else an error naming the option. */

@@ -45,6 +45,13 @@
  *   partition's requests. On `<prefix>.svc.<service>.*` (queue group `<service>`) it
  *   answers only the requests of a gate that has not learnt yet that the service is
  *   keyed: 503, retry.
+ * - **Standbys** (a keyed service that gives snapshots, docs/workers.md "Standbys"): the
+ *   loop's *batch* is the turns it takes before it waits for more or yields to I/O.
+ *   What a batch's handlers answer and push is held; at the batch's end the partitions
+ *   it changed (its keyed requests', its take-overs', those marked with `ctx.changed`)
+ *   are snapshotted and sent to their standbys, and only once they hold them (or the
+ *   replica timeout has passed) do the batch's answers and pushes leave, in order. So
+ *   an answer of 200 means the partition's standby has what produced it.
  * - **Drain** (`drain()`, from the caller's SIGTERM handler): unsubscribes, so the bus
  *   sends new requests to the other workers of the group, takes what the broker had
  *   already sent, answers everything it took (a handler waiting on a call is waited for,
@@ -55,6 +62,7 @@
 import { toBinary } from "@bufbuild/protobuf";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { CallResult, Caller } from "./call.js";
+import { Batch } from "./batch.js";
 import { Calls, DEFAULT_CALL_MARGIN_MS, DEFAULT_CALL_TIMEOUT_MS, DEFAULT_MAX_CALLS } from "./calls.js";
 import type { Outbound } from "./context.js";
 import { Deadlines } from "./deadlines.js";
@@ -66,11 +74,12 @@ import {
   DEFAULT_HANDOVER_TIMEOUT_MS,
   DEFAULT_KEYED_HEARTBEAT_MS,
   DEFAULT_KEYED_MEMBER_TIMEOUT_MS,
-  Partitions,
-} from "./keyed.js";
+  DEFAULT_REPLICA_TIMEOUT_MS,
+} from "./keyed-settings.js";
+import { Partitions } from "./keyed.js";
 import type { KeyedView } from "./keyed.js";
 import type { KeyedRoute } from "./routes.js";
-import type { CallSpan, RpcResponse } from "./gen/rpc_pb.js";
+import type { CallSpan, PartitionState, RpcResponse } from "./gen/rpc_pb.js";
 import { RpcResponseSchema, ServerPushSchema, ServiceSchemaSchema, UserCommandSchema } from "./gen/rpc_pb.js";
 import { Status } from "./gen/status_pb.js";
 import type { EventHandled, Handled, Service } from "./service.js";
@@ -92,7 +101,7 @@ export const DEFAULT_QUEUE_CAPACITY = 1024;
 export const DEFAULT_FRAME_BUDGET = 64;
 /** Default for `WorkerOptions.answerTimeoutMs`: the gates' default request timeout. */
 export const DEFAULT_ANSWER_TIMEOUT_MS = 5_000;
-export { DEFAULT_CALL_MARGIN_MS, DEFAULT_CALL_TIMEOUT_MS, DEFAULT_MAX_CALLS };
+export { DEFAULT_CALL_MARGIN_MS, DEFAULT_CALL_TIMEOUT_MS, DEFAULT_MAX_CALLS, DEFAULT_REPLICA_TIMEOUT_MS };
 /** The worker's 408 to a request its handler did not answer by its deadline. */
 const NO_ANSWER_IN_TIME = "no answer in time";
 /** The largest duration `queue_us` and `handler_us` can carry (they are uint32). */
@@ -161,6 +170,19 @@ export interface WorkerOptions {
    * (counted in `keyed.stats.handoverOverflow`, and told to `onError`).
    */
   handoverBuffer?: number;
+  /**
+   * Whether a keyed service that gives snapshots has standbys (default true): each
+   * partition's next worker in rendezvous order holds its latest state, and takes it
+   * with that state when its owner dies (docs/workers.md, "Standbys").
+   */
+  standby?: boolean;
+  /**
+   * With standbys, how long a batch's answers wait for its standbys to hold what it
+   * changed, ms (default 100, as Rust's `--replica-timeout`); past it they leave anyway,
+   * the partitions count as unreplicated (`keyed.stats.unreplicated`), and batches stop
+   * waiting for that standby for one keyed heartbeat.
+   */
+  replicaTimeoutMs?: number;
 }
 
 /** What a worker has done so far. */
@@ -184,7 +206,11 @@ type Incoming =
       readonly name: string;
       readonly msg: Msg;
       readonly received: number;
+      /** A keyed service's request: the partition it came on (its state changes). */
+      readonly partition?: number;
     }
+  /** A keyed service's partition to send its standby whole after this batch (a new standby, or one that missed it). */
+  | { readonly kind: "replicate"; readonly partition: number }
   /** A keyed service's partition taken on here, with the state handed over (or none). */
   | { readonly kind: "takeOver"; readonly partition: number; readonly state: Uint8Array | undefined }
   /** A keyed service's partition leaving, after its last request: `done` gets its state. */
@@ -226,6 +252,8 @@ export class Worker {
   #closing = false;
   #draining: Promise<void> | undefined;
   readonly #loop: Promise<void>;
+  /** The loop's batch: with standbys, what it sends waits for its end (`batch.ts`). */
+  readonly #batch: Batch;
 
   private constructor(nc: NatsConnection, service: Service, options: WorkerOptions) {
     this.#nc = nc;
@@ -254,6 +282,9 @@ export class Worker {
       service.partitions === undefined
         ? serviceSubject(this.#prefix, service.name)
         : `${this.#prefix}.svc.${service.name}.*`;
+    const replicating = service.partitions !== undefined && service.replicates && options.standby !== false;
+    const replicaTimeoutMs = options.replicaTimeoutMs ?? DEFAULT_REPLICA_TIMEOUT_MS;
+    if (!(replicaTimeoutMs > 0)) throw new Error(`the replica timeout must be positive, not ${replicaTimeoutMs}`);
     if (service.partitions !== undefined) {
       const settings = {
         heartbeatMs: options.keyedHeartbeatMs ?? DEFAULT_KEYED_HEARTBEAT_MS,
@@ -261,9 +292,11 @@ export class Worker {
         handoverTimeoutMs: options.handoverTimeoutMs ?? DEFAULT_HANDOVER_TIMEOUT_MS,
         handoverOverlapMs: options.handoverOverlapMs ?? DEFAULT_HANDOVER_OVERLAP_MS,
         handoverBuffer: options.handoverBuffer ?? DEFAULT_HANDOVER_BUFFER,
+        replicaTimeoutMs: replicating ? replicaTimeoutMs : undefined,
       };
       const host = {
-        offer: (msg: Msg, method: string) => this.#offer(msg, method),
+        offer: (msg: Msg, method: string, partition: number) => this.#offer(msg, method, partition),
+        replicate: (partition: number) => this.#enqueue({ kind: "replicate", partition }),
         takeOver: (partition: number, state: Uint8Array | undefined) =>
           this.#enqueue({ kind: "takeOver", partition, state }),
         handOver: (partition: number) =>
@@ -272,6 +305,16 @@ export class Worker {
       };
       this.#partitions = new Partitions(nc, this.#prefix, service.name, service.partitions, host, settings);
     }
+    const partitions = this.#partitions;
+    const replication =
+      replicating && partitions !== undefined
+        ? {
+            snapshot: (partition: number) => service.snapshot(partition),
+            replicate: (states: readonly PartitionState[]) => partitions.replicate(states),
+            onError: this.#onError,
+          }
+        : undefined;
+    this.#batch = new Batch(replication);
     this.#held = new Held(nc);
     this.#loop = this.#run();
   }
@@ -368,14 +411,14 @@ export class Worker {
     await this.#nc.flush();
   }
 
-  /** Queues a request, or answers 503 at once when the queue is full. */
-  #offer(msg: Msg, method: string): void {
+  /** Queues a request (of a keyed service's `partition`), or answers 503 at once when the queue is full. */
+  #offer(msg: Msg, method: string, partition?: number): void {
     if (this.#queue.length >= this.#capacity) {
       this.stats.rejected += 1;
       if (msg.reply) this.#respond(msg, this.#overloaded);
       return;
     }
-    this.#enqueue({ kind: "request", name: method, msg, received: performance.now() });
+    this.#enqueue({ kind: "request", name: method, msg, received: performance.now(), partition });
   }
 
   /** Queues anything, room or not: a request that found room, an event, a partition's move. */
@@ -400,22 +443,32 @@ export class Worker {
     wake?.();
   }
 
-  /** The loop: takes the queue in order, a turn each, yielding to I/O every `frameBudget` turns. */
+  /**
+   * The loop: takes the queue in order, a turn each, yielding to I/O every `frameBudget`
+   * turns. The turns before it waits or yields are a batch (`batch.ts`).
+   */
   async #run(): Promise<void> {
     let inFrame = 0;
     for (;;) {
       const next = this.#queue.shift();
       if (next === undefined) {
+        if (this.#batch.open) {
+          // More may have come while the batch's standbys were asked.
+          await this.#batch.end();
+          continue;
+        }
         // A drain ends once everything taken is answered: results may still come back.
         if (this.#closing && this.#open.size === 0) return;
         inFrame = 0;
         await new Promise<void>((resolve) => (this.#wake = resolve));
         continue;
       }
+      this.#batch.turn();
       this.#room.splice(0).forEach((resolve) => resolve());
       await this.#handle(next);
       if (++inFrame >= this.#budget) {
         inFrame = 0;
+        await this.#batch.end();
         await new Promise<void>((resolve) => setImmediate(resolve));
       }
     }
@@ -424,7 +477,7 @@ export class Worker {
   async #handle(incoming: Incoming): Promise<void> {
     switch (incoming.kind) {
       case "request":
-        return this.#request(incoming.name, incoming.msg, incoming.received);
+        return this.#request(incoming.name, incoming.msg, incoming.received, incoming.partition);
       case "event":
         return this.#event(incoming.name, incoming.msg);
       case "result": {
@@ -438,22 +491,32 @@ export class Worker {
         const options = { caller: this.#directCaller };
         const handled = await this.#service.takeOver(incoming.partition, incoming.state, options);
         if (!handled.ok) this.#onError(new Error(`take-over failed`), `partition ${incoming.partition}`);
-        this.#publishAll(handled.outbound);
+        // Its standby gets it whole, after the take-over.
+        this.#batch.mark([incoming.partition, ...(handled.changed ?? [])]);
+        this.#batch.emit(() => this.#publishAll(handled.outbound));
         return;
       }
       case "handOver": {
         const handed = await this.#service.handOver(incoming.partition, { caller: this.#directCaller });
         if (!handed.ok) this.#onError(new Error(`hand-over failed: no state`), `partition ${incoming.partition}`);
-        this.#publishAll(handed.outbound);
+        // Its new owner's standby gets it from the new owner.
+        this.#batch.unmark(incoming.partition);
+        this.#batch.emit(() => this.#publishAll(handed.outbound));
         incoming.done(handed.state);
         return;
       }
+      case "replicate":
+        this.#batch.mark([incoming.partition]);
+        return;
     }
   }
 
   /** A request's first turn: its handler starts, under the request's deadline. */
-  async #request(method: string, msg: Msg, received: number): Promise<void> {
+  async #request(method: string, msg: Msg, received: number, partition: number | undefined): Promise<void> {
     const started = performance.now();
+    // A keyed request changes its partition: marked at its start, and again when its
+    // handler settles, in a later batch after a call.
+    this.#batch.mark([partition]);
     const request = decodeRequest(msg.data);
     if (request.$typeName === "shaddock.rpc.RpcResponse") {
       this.#answered(undefined, msg, { response: request, outbound: [] }, received, started);
@@ -470,7 +533,10 @@ export class Worker {
     await task.turn(() => {
       void this.#service
         .call(method, request, options)
-        .then((handled) => this.#answered(task, msg, handled, received, started));
+        .then((handled) => {
+          this.#batch.mark([partition, ...(handled.changed ?? [])]);
+          this.#answered(task, msg, handled, received, started);
+        });
     });
   }
 
@@ -513,8 +579,10 @@ export class Worker {
     response.queueUs = micros(started - received);
     response.handlerUs = micros(performance.now() - started);
     this.stats.served += 1;
-    this.#publishAll(handled.outbound);
-    if (msg.reply) this.#respond(msg, encode(response));
+    this.#batch.emit(() => {
+      this.#publishAll(handled.outbound);
+      if (msg.reply) this.#respond(msg, encode(response));
+    });
   }
 
   /** An event's handler settled. */
@@ -522,8 +590,12 @@ export class Worker {
     this.#settle(task);
     this.stats.events += 1;
     if (!handled.ok) this.#onError(new Error(`event handler failed`), subject);
-    this.#publishAll(handled.outbound);
-    if (handled.reply !== undefined && msg.reply) this.#respond(msg, handled.reply);
+    this.#batch.mark(handled.changed);
+    const reply = handled.reply;
+    this.#batch.emit(() => {
+      this.#publishAll(handled.outbound);
+      if (reply !== undefined && msg.reply) this.#respond(msg, reply);
+    });
   }
 
   /**
@@ -545,7 +617,7 @@ export class Worker {
     this.stats.expired += 1;
     const response = errorResponse(Status.TIMEOUT, NO_ANSWER_IN_TIME);
     if (spans !== undefined) response.calls = [...spans];
-    if (msg.reply) this.#respond(msg, encode(response));
+    if (msg.reply) this.#batch.emit(() => this.#respond(msg, encode(response)));
   }
 
   /** `task` is answered (or settled): its deadline goes, and the loop's wait on it ends. */

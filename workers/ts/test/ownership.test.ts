@@ -138,3 +138,25 @@ test("conflicts are seen, and a worker's own heartbeat is ignored", () => {
   assert.deepEqual(m.conflicts([0, 2]), [2]);
   assert.deepEqual(m.peers, ["b"]);
 });
+
+test("a partition's successor is its owner among the others; the first expiry is the oldest peer's", () => {
+  const m = new Members("me", 16, TIMES, 0);
+  assert.equal(m.successor(0, "me", false), undefined, "alone: no standby");
+  assert.equal(m.nextExpiry(), undefined, "no peer, nothing expires");
+  m.heard("p1", [], false, 100);
+  m.heard("p2", [], false, 200);
+  m.heard("gone", [], true, 300);
+  for (const partition of range(16)) {
+    const owner = m.owner(partition, false) ?? "";
+    const successor = m.successor(partition, owner, false);
+    // The owner once `owner` is gone: the best of the others, never a leaving one.
+    const others = ["me", "p1", "p2"].filter((id) => id !== owner);
+    const best = others.reduce((a, b) => (score(a, partition) >= score(b, partition) ? a : b));
+    assert.equal(successor, best, `partition ${partition}`);
+    assert.notEqual(m.successor(partition, owner, true), "me", "a leaving worker stands by for nothing");
+  }
+  assert.equal(m.nextExpiry(), 100 + TIMES.timeoutMs + 1);
+  m.heard("p1", [], false, 400);
+  assert.equal(m.nextExpiry(), 200 + TIMES.timeoutMs + 1);
+  assert.deepEqual(m.expire(200 + TIMES.timeoutMs + 1).dead, ["p2"], "forgotten the moment its time is up");
+});

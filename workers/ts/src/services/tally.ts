@@ -4,7 +4,8 @@
  * request's key and answers `"<worker name> <count>"`, so a client sees which worker
  * answered and whether a count was lost or repeated.
  *
- * Its keys spread over `TALLY_PARTITIONS` partitions. When a partition moves, its
+ * Its keys spread over `TALLY_PARTITIONS` partitions. When a partition moves, and to
+ * its standby after every batch that changed it (docs/workers.md, "Standbys"), its
  * counts travel as text, one line per key, `<key>=<count>\n` (the Rust tally of
  * `tests/mixed_keyed.rs` writes and reads the same), so TypeScript and Rust workers
  * hand partitions to each other. The count is after the key's last `=`; a key holding a
@@ -44,11 +45,16 @@ export function decodeCounts(state: Uint8Array): Map<string, number> {
   return counts;
 }
 
+/** The counts of `partition`'s keys. */
+function countsOf(counts: ReadonlyMap<string, number>, partition: number): [string, number][] {
+  return [...counts].filter(([key]) => partitionOf(key, TALLY_PARTITIONS) === partition);
+}
+
 /** What a tally worker has seen of its partitions' moves. */
 export interface TallyStats {
   /** Partitions taken with no state (nobody held them, or their holder died). */
   fresh: number;
-  /** Partitions taken with counts handed over by a peer (or kept after a refusal). */
+  /** Partitions taken with counts: handed over by a peer (or kept after a refusal), or a dead owner's replica. */
   handed: number;
 }
 
@@ -60,13 +66,12 @@ export function tallyService(name: string, stats: TallyStats = { fresh: 0, hande
       partitions: TALLY_PARTITIONS,
       // After the partition's last request here: its keys' counts, forgotten here.
       handOver: (_ctx, partition) => {
-        const leaving: [string, number][] = [];
-        for (const [key, count] of counts) {
-          if (partitionOf(key, TALLY_PARTITIONS) === partition) leaving.push([key, count]);
-        }
+        const leaving = countsOf(counts, partition);
         for (const [key] of leaving) counts.delete(key);
         return encodeCounts(leaving);
       },
+      // After every batch that changed the partition: its keys' counts, kept here.
+      snapshot: (partition) => encodeCounts(countsOf(counts, partition)),
       // Before the partition's first request here.
       takeOver: (_ctx, _partition, state) => {
         if (state === undefined) {
