@@ -228,7 +228,9 @@ export class Partitions {
     this.#service = service;
     this.#host = host;
     this.#settings = settings;
-    const memberTimes = { timeoutMs: settings.memberTimeoutMs, listenMs: 2 * settings.heartbeatMs };
+    // With standbys, two heartbeats: a standby's claim is heard before its owner would take fresh.
+    const adoptionMs = settings.replicaTimeoutMs === undefined ? 0 : 2 * settings.heartbeatMs;
+    const memberTimes = { timeoutMs: settings.memberTimeoutMs, listenMs: 2 * settings.heartbeatMs, adoptionMs };
     this.#members = new Members(this.id, partitions, memberTimes, performance.now());
     if (settings.replicaTimeoutMs !== undefined) {
       const names = { prefix, service, me: this.id };
@@ -436,15 +438,18 @@ export class Partitions {
   /** Does what the members say. */
   #act(): void {
     if (this.#stopped) return;
+    // A dead owner's partitions this worker stood by for and nobody holds: taken with
+    // their state whether or not this worker owns them now (a worker that came after the
+    // owner's last replica may: it gets them by hand-over next), so none answered 200
+    // starts fresh.
+    const here = (partition: number) => this.#held.has(partition) || this.#preparing.has(partition);
+    for (const [partition, state] of this.#replicas.orphans(this.#members, here)) {
+      this.#take(partition, state, "standby");
+    }
     const held = new Set(this.#held.keys());
     for (const step of this.#members.plan(held, this.#moving, this.#leaving, performance.now())) {
-      if (step.kind === "handOver") {
-        this.#handOver(step.partition, step.to);
-        continue;
-      }
-      // Its owner died, and this worker stood by for it: with its state.
-      const replica = this.#replicas.take(step.partition, this.#members);
-      this.#take(step.partition, replica, replica === undefined ? "fresh" : "standby");
+      if (step.kind === "handOver") this.#handOver(step.partition, step.to);
+      else this.#take(step.partition, undefined, "fresh");
     }
     if (this.#leaving) {
       for (const partition of held) {

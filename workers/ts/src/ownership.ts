@@ -79,15 +79,22 @@ export interface Gone {
   readonly left: string[];
 }
 
-/** How long a member may go unheard, and how long a starting worker listens, in ms. */
+/**
+ * How long a member may go unheard, how long a starting worker listens, and, with
+ * standbys, how long a dead peer's partitions wait for the standby holding their state
+ * to take them before their owner takes them fresh (0 or absent: not at all), in ms.
+ */
 export interface MemberTimes {
   readonly timeoutMs: number;
   readonly listenMs: number;
+  readonly adoptionMs?: number;
 }
 
 /** One worker's view of its service's members. Times are milliseconds on any clock. */
 export class Members {
   readonly #peers = new Map<string, Member>();
+  /** The partitions dead peers held, and when they were counted dead. */
+  readonly #orphaned = new Map<number, number>();
 
   constructor(
     readonly me: string,
@@ -113,10 +120,16 @@ export class Members {
    */
   expire(now: number): Gone {
     const gone: Gone = { dead: [], left: [] };
+    const adoptionMs = this.times.adoptionMs ?? 0;
+    for (const [partition, at] of this.#orphaned) {
+      if (now - at >= adoptionMs) this.#orphaned.delete(partition);
+    }
     for (const [id, member] of this.#peers) {
       if (now - member.seen <= this.times.timeoutMs) continue;
       this.#peers.delete(id);
-      (member.leaving && member.held.size === 0 ? gone.left : gone.dead).push(id);
+      const left = member.leaving && member.held.size === 0;
+      (left ? gone.left : gone.dead).push(id);
+      if (!left && adoptionMs > 0) for (const partition of member.held) this.#orphaned.set(partition, now);
     }
     return gone;
   }
@@ -197,11 +210,17 @@ export class Members {
       const owner = this.owner(partition, leaving);
       if (held.has(partition)) {
         if (owner !== undefined && owner !== this.me) steps.push({ kind: "handOver", partition, to: owner });
-      } else if (listened && owner === this.me && !this.claimed(partition)) {
+      } else if (listened && owner === this.me && !this.claimed(partition) && !this.#awaitingAdoption(partition, now)) {
         steps.push({ kind: "takeFresh", partition });
       }
     }
     return steps;
+  }
+
+  /** Whether `partition`, held by a peer counted dead less than the adoption time ago, still waits for its standby. */
+  #awaitingAdoption(partition: number, now: number): boolean {
+    const at = this.#orphaned.get(partition);
+    return at !== undefined && now - at < (this.times.adoptionMs ?? 0);
   }
 
   /** The partitions held here that a peer says it holds too. */

@@ -57,12 +57,18 @@ export class Replicas {
     return undefined;
   }
 
-  /** The state of `partition` kept from an owner now counted dead, taken out. */
-  take(partition: number, members: Members): Uint8Array | undefined {
-    const kept = this.#kept.get(partition);
-    if (kept === undefined || members.lives(kept.from)) return undefined;
-    this.#kept.delete(partition);
-    return kept.state;
+  /**
+   * The partitions kept from owners now counted dead that nobody holds (`held`: here),
+   * with their states, taken out.
+   */
+  orphans(members: Members, held: (partition: number) => boolean): [number, Uint8Array][] {
+    const orphans: [number, Uint8Array][] = [];
+    for (const [partition, kept] of this.#kept) {
+      if (members.lives(kept.from) || members.claimed(partition) || held(partition)) continue;
+      this.#kept.delete(partition);
+      orphans.push([partition, kept.state]);
+    }
+    return orphans.sort(([a], [b]) => a - b);
   }
 
   /**

@@ -113,6 +113,19 @@ test("a claimed partition waits for its hand-over, and a dead claim frees it", (
   assert.deepEqual(fresh(m.plan(none, none, false, deadAt)), range(4));
 });
 
+test("with standbys, a dead peer's partitions wait the adoption time before being taken fresh", () => {
+  const none = new Set<number>();
+  for (const adoptionMs of [1_000, 0]) {
+    const m = new Members("a", 4, { ...TIMES, adoptionMs }, 0);
+    m.heard("z", [0, 1, 2, 3], false, 0);
+    const deadAt = TIMES.timeoutMs + 1;
+    assert.deepEqual(m.expire(deadAt).dead, ["z"]);
+    assert.deepEqual(fresh(m.plan(none, none, false, deadAt)), adoptionMs > 0 ? [] : range(4), `${adoptionMs} ms`);
+    m.expire(deadAt + adoptionMs);
+    assert.deepEqual(fresh(m.plan(none, none, false, deadAt + adoptionMs)), range(4));
+  }
+});
+
 test("a peer silent after leaving with nothing held left, and is not counted dead", () => {
   const m = new Members("a", 4, TIMES, 0);
   m.heard("drained", [1], true, 0);
