@@ -280,27 +280,30 @@ fn session_key(ctx: &Context) -> SessionKey {
     }
 }
 
-/// Pushes `route`'s `MemberEvent` about `key`'s player `name` to `room`, if the room is
-/// small enough: at most `max` sessions counting `key`'s (see
-/// [`DEFAULT_ROOM_ANNOUNCE_MAX`]). Both sides of the edge count the same room, so a
-/// player announced joining is announced leaving while the room has not grown past it.
-fn announce(
-    ctx: &mut Context,
-    (rooms, max): (&Rooms, usize),
-    key: &SessionKey,
-    room: &str,
-    route: &str,
-    (name, reason): (&str, &str),
-) -> Result<(), HandlerError> {
-    if rooms.size_with(room, key) > max {
-        return Ok(());
-    }
-    let event = MemberEvent {
+fn member_event(room: &str, name: &str, reason: &str) -> MemberEvent {
+    MemberEvent {
         room: room.to_owned(),
         name: name.to_owned(),
         reason: reason.to_owned(),
-    };
-    ctx.broadcast(&group_of(room), route, event.encode_to_vec())?;
+    }
+}
+
+/// Pushes `event` (a join or leave of session `key`) on `route` to its room, if the
+/// room is small enough: at most `max` sessions counting `key`'s (see
+/// [`DEFAULT_ROOM_ANNOUNCE_MAX`]). Joins and leaves count the same room, so a player
+/// announced joining is announced leaving unless the room grew past the limit meanwhile.
+fn announce(
+    ctx: &mut Context,
+    rooms: &Rooms,
+    max: usize,
+    key: &SessionKey,
+    route: &str,
+    event: &MemberEvent,
+) -> Result<(), HandlerError> {
+    if rooms.size_with(&event.room, key) > max {
+        return Ok(());
+    }
+    ctx.broadcast(&group_of(&event.room), route, event.encode_to_vec())?;
     Ok(())
 }
 
@@ -383,14 +386,8 @@ fn on_join(
         // The change first: a player reacting to the announcement finds it applied.
         let change = rooms::join_change(&req.room, &name, &key);
         ctx.publish(STATE_SUBJECT, change.encode_to_vec())?;
-        announce(
-            ctx,
-            (rooms, announce_max),
-            &key,
-            &req.room,
-            ROUTE_JOINED,
-            (&name, REASON_JOINED),
-        )?;
+        let event = member_event(&req.room, &name, REASON_JOINED);
+        announce(ctx, rooms, announce_max, &key, ROUTE_JOINED, &event)?;
         if let Err(at) = members.binary_search(&name) {
             members.insert(at, name);
         }
@@ -419,14 +416,8 @@ fn on_leave(
     if let Some(name) = name {
         let change = rooms::leave_change(&req.room, &name, &key);
         ctx.publish(STATE_SUBJECT, change.encode_to_vec())?;
-        announce(
-            ctx,
-            (rooms, announce_max),
-            &key,
-            &req.room,
-            ROUTE_LEFT,
-            (&name, REASON_LEFT),
-        )?;
+        let event = member_event(&req.room, &name, REASON_LEFT);
+        announce(ctx, rooms, announce_max, &key, ROUTE_LEFT, &event)?;
     }
     // Always: should the gate hold the session in the group while the state does not,
     // this still takes it out.
@@ -499,14 +490,8 @@ fn on_session_closed(
     }
     ctx.publish(STATE_SUBJECT, rooms::closed_change(&key).encode_to_vec())?;
     for (room, name) in left {
-        announce(
-            ctx,
-            (rooms, announce_max),
-            &key,
-            &room,
-            ROUTE_LEFT,
-            (&name, REASON_DISCONNECTED),
-        )?;
+        let event = member_event(&room, &name, REASON_DISCONNECTED);
+        announce(ctx, rooms, announce_max, &key, ROUTE_LEFT, &event)?;
     }
     Ok(())
 }
