@@ -47,8 +47,13 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an upgraded connection has to complete the Shaddock handshake (its first
 /// packet).
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// The heartbeat interval a client is told; two intervals of silence close it.
-pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+/// The heartbeat interval a client is told; two intervals of silence close it, so a
+/// dead link is noticed within 50 s. 25 s, not 10: each heartbeat costs the gate a
+/// wake-up, a read and an answer, and at 10 s the heartbeats of 72,000 idle players
+/// took a quarter of a core (docs/capacity.md); 25 s is what game and chat servers
+/// commonly use, and keeps a frame each way well inside the 60 s idle timeout of
+/// common proxies (AWS ALB's default, nginx's `proxy_read_timeout`).
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(25);
 /// How long shutdown waits for in-flight requests before closing sessions.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Frames queued towards one client (answers and pushes) before it counts as too slow
@@ -221,8 +226,9 @@ pub struct GateConfig {
     /// How long an upgraded connection has to finish the Shaddock handshake.
     #[arg(long = "handshake-timeout", env = "SHADDOCK_HANDSHAKE_TIMEOUT", value_parser = net::duration::parse, default_value = "5s")]
     pub handshake_timeout: Duration,
-    /// Heartbeat interval; two silent intervals close a session.
-    #[arg(long = "heartbeat", env = "SHADDOCK_HEARTBEAT", value_parser = net::duration::parse, default_value = "10s")]
+    /// Heartbeat interval; two silent intervals close a session. Keep it under the
+    /// idle timeout of every proxy and NAT between players and the gate.
+    #[arg(long = "heartbeat", env = "SHADDOCK_HEARTBEAT", value_parser = net::duration::parse, default_value = "25s")]
     pub heartbeat: Duration,
     /// How long shutdown waits for in-flight requests.
     #[arg(long = "shutdown-grace", env = "SHADDOCK_SHUTDOWN_GRACE", value_parser = net::duration::parse, default_value = "5s")]
@@ -481,6 +487,17 @@ mod tests {
         assert_eq!(parse(&["gate", "--shards", "256"]).unwrap(), MAX_SHARDS);
         assert!(parse(&["gate", "--shards", "0"]).is_err());
         assert!(parse(&["gate", "--shards", "257"]).is_err());
+    }
+
+    #[test]
+    fn the_heartbeat_defaults_to_25_s_on_the_flag_and_in_code() {
+        let gate = Cli::try_parse_from(["gate"]).unwrap().gate;
+        assert_eq!(gate.heartbeat, Duration::from_secs(25));
+        assert_eq!(GateConfig::default().heartbeat, gate.heartbeat);
+        let gate = Cli::try_parse_from(["gate", "--heartbeat", "10s"])
+            .unwrap()
+            .gate;
+        assert_eq!(gate.heartbeat, Duration::from_secs(10));
     }
 
     #[test]

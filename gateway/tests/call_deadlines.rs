@@ -73,6 +73,7 @@ async fn a_profile_call_timeout_beyond_the_request_s_is_cut_short_by_the_margin(
     let _profile = silent_profile(&bus).await;
     let patient = ChatConfig {
         chat_profile_call_timeout: Duration::from_secs(30),
+        ..ChatConfig::default()
     };
     let _chat = start_worker(
         bus.url(),

@@ -564,13 +564,15 @@ async fn refused_token_gets_401() {
 async fn silent_client_is_closed_with_heartbeat_missed() {
     let bus = Bus::embedded().await;
     let _echo = echo_worker(&bus).await;
-    let config = gate_config(|c| c.heartbeat = Duration::from_millis(200));
+    // The SDK beats once an interval and the gate closes after two: 500 ms leaves the
+    // bystander's timer 500 ms to be late on a loaded machine.
+    let config = gate_config(|c| c.heartbeat = Duration::from_millis(500));
     let gate = TestGate::start(&bus, config).await;
     // Idle as long as the raw client below, but the SDK sends heartbeats.
     let mut bystander = Bystander::join(&gate).await;
     let mut raw = RawClient::connect(&gate.url).await;
     let ack = raw.handshake(Handshake::default()).await;
-    assert_eq!(ack.heartbeat_ms, 200);
+    assert_eq!(ack.heartbeat_ms, 500);
 
     raw.send_packet(Kind::Heartbeat(Heartbeat {})).await;
     let answer = raw.next_packet().await;

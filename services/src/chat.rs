@@ -5,8 +5,8 @@
 //! | route | does | errors |
 //! |---|---|---|
 //! | `chat.login{name}` | binds uid `name` (one session per name: the gate kicks the older session, or answers 409 in refuse mode), sets session data `nick`, and `display` and `color` from the player's profile (a call to `profile.get`; the name and no colour when the profile service does not answer); answers `{name, display, color}`; a player signed in by token (JWT) may only use the token's name (`name` may then be empty) | 400 bad name or already logged in as another name; 403 a name not the token's |
-//! | `chat.join{room}` | enters `room`; answers its members; pushes `chat.joined` to the room | 401 not logged in, 400 bad room or too many rooms |
-//! | `chat.leave{room}` | leaves `room` (no-op when not in it); pushes `chat.left` (reason `left`) | 400 bad room |
+//! | `chat.join{room}` | enters `room`; answers its members; pushes `chat.joined` to the room while it is small (below) | 401 not logged in, 400 bad room or too many rooms |
+//! | `chat.leave{room}` | leaves `room` (no-op when not in it); pushes `chat.left` (reason `left`) while the room is small | 400 bad room |
 //! | `chat.say{room, text}` | pushes `chat.message` `ChatMessage{room, from, text, display, color}` to the room | 401, 400 bad room or text, 403 not in the room |
 //! | `chat.whisper{to, text}` | pushes `chat.whisper` `ChatMessage{from, text, display, color}` to player `to`, on whichever gate | 401, 400 |
 //! | `chat.members{room}` | the names in `room`, sorted | 400 |
@@ -14,6 +14,11 @@
 //! When a session in rooms closes, each of its rooms gets `chat.left` (reason
 //! `disconnected`): the gates' `evt.session.closed` event goes to one chat worker
 //! (the service's queue group).
+//!
+//! Joins and leaves are announced only while the room, counting the player, holds at
+//! most `--chat-room-announce-max` sessions: announcing every join to every member
+//! costs n²/2 pushes to fill a room of n (50 million for 10,000), so a big room's
+//! members ask `chat.members` instead (docs/chat.md, "Big rooms").
 //!
 //! A room `r` is the gate group `chat-r`, so chat rooms never share a group with
 //! another service's groups.
@@ -103,6 +108,12 @@ pub const MAX_ROOMS_PER_SESSION: usize = 32;
 /// missing profile service costs a login at most this long, never the login itself.
 pub const DEFAULT_PROFILE_CALL_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// The largest room (in sessions, counting the one joining or leaving) whose joins and
+/// leaves are pushed to every member. At 1,000 a join costs the gates 1,000 pushes and
+/// filling the room 500,000; a list longer than that is more than a chat panel shows,
+/// and a line per arrival would scroll the conversation away. 0: never announce.
+pub const DEFAULT_ROOM_ANNOUNCE_MAX: usize = 1000;
+
 /// The chat service's own settings (flags of `shaddock worker` and `shaddock up`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
 pub struct ChatConfig {
@@ -111,12 +122,18 @@ pub struct ChatConfig {
     /// within the gates' request timeout (e.g. 1s). Used by the chat service only.
     #[arg(long, env = "SHADDOCK_CHAT_PROFILE_CALL_TIMEOUT", default_value = "1s", value_parser = net::duration::parse)]
     pub chat_profile_call_timeout: Duration,
+    /// The largest room, in sessions (counting the one joining or leaving), whose joins
+    /// and leaves are pushed to every member (chat.joined, chat.left); in a bigger room
+    /// members ask chat.members instead. 0: never announce. Used by the chat service only.
+    #[arg(long, env = "SHADDOCK_CHAT_ROOM_ANNOUNCE_MAX", default_value_t = DEFAULT_ROOM_ANNOUNCE_MAX)]
+    pub chat_room_announce_max: usize,
 }
 
 impl Default for ChatConfig {
     fn default() -> Self {
         ChatConfig {
             chat_profile_call_timeout: DEFAULT_PROFILE_CALL_TIMEOUT,
+            chat_room_announce_max: DEFAULT_ROOM_ANNOUNCE_MAX,
         }
     }
 }
@@ -146,6 +163,7 @@ pub fn service_with(config: ChatConfig) -> Service {
     let state: Shared = Arc::default();
     let (join, leave, say, members) = (state.clone(), state.clone(), state.clone(), state.clone());
     let (changes, closed, sync, restore) = (state.clone(), state.clone(), state.clone(), state);
+    let announce_max = config.chat_room_announce_max;
     Service::new(NAME)
         .descriptors(proto::DESCRIPTORS)
         .push::<ChatMessage>(ROUTE_MESSAGE)
@@ -156,10 +174,10 @@ pub fn service_with(config: ChatConfig) -> Service {
             on_login(ctx, req, config.chat_profile_call_timeout)
         })
         .method("join", move |ctx: &mut Context, req: JoinRequest| {
-            on_join(&lock(&join), ctx, req)
+            on_join(&lock(&join), ctx, req, announce_max)
         })
         .method("leave", move |ctx: &mut Context, req: LeaveRequest| {
-            on_leave(&lock(&leave), ctx, req)
+            on_leave(&lock(&leave), ctx, req, announce_max)
         })
         .method("say", move |ctx: &mut Context, req: SayRequest| {
             on_say(&lock(&say), ctx, req)
@@ -182,7 +200,7 @@ pub fn service_with(config: ChatConfig) -> Service {
         .on_event(
             SESSION_CLOSED_SUBJECT,
             Delivery::Queue,
-            move |ctx, payload| on_session_closed(&lock(&closed), ctx, payload),
+            move |ctx, payload| on_session_closed(&lock(&closed), ctx, payload, announce_max),
         )
         .on_event(SYNC_SUBJECT, Delivery::Queue, move |ctx, _| {
             ctx.reply(lock(&sync).snapshot(Instant::now()).encode_to_vec());
@@ -262,13 +280,31 @@ fn session_key(ctx: &Context) -> SessionKey {
     }
 }
 
-fn member_event(room: &str, name: &str, reason: &str) -> Vec<u8> {
+fn member_event(room: &str, name: &str, reason: &str) -> MemberEvent {
     MemberEvent {
         room: room.to_owned(),
         name: name.to_owned(),
         reason: reason.to_owned(),
     }
-    .encode_to_vec()
+}
+
+/// Pushes `event` (a join or leave of session `key`) on `route` to its room, if the
+/// room is small enough: at most `max` sessions counting `key`'s (see
+/// [`DEFAULT_ROOM_ANNOUNCE_MAX`]). Joins and leaves count the same room, so a player
+/// announced joining is announced leaving unless the room grew past the limit meanwhile.
+fn announce(
+    ctx: &mut Context,
+    rooms: &Rooms,
+    max: usize,
+    key: &SessionKey,
+    route: &str,
+    event: &MemberEvent,
+) -> Result<(), HandlerError> {
+    if rooms.size_with(&event.room, key) > max {
+        return Ok(());
+    }
+    ctx.broadcast(&group_of(&event.room), route, event.encode_to_vec())?;
+    Ok(())
 }
 
 fn on_login(
@@ -334,6 +370,7 @@ fn on_join(
     rooms: &Rooms,
     ctx: &mut Context,
     req: JoinRequest,
+    announce_max: usize,
 ) -> Result<JoinResponse, HandlerError> {
     let name = logged_in(ctx)?;
     check_room(&req.room)?;
@@ -349,11 +386,8 @@ fn on_join(
         // The change first: a player reacting to the announcement finds it applied.
         let change = rooms::join_change(&req.room, &name, &key);
         ctx.publish(STATE_SUBJECT, change.encode_to_vec())?;
-        ctx.broadcast(
-            &group,
-            ROUTE_JOINED,
-            member_event(&req.room, &name, REASON_JOINED),
-        )?;
+        let event = member_event(&req.room, &name, REASON_JOINED);
+        announce(ctx, rooms, announce_max, &key, ROUTE_JOINED, &event)?;
         if let Err(at) = members.binary_search(&name) {
             members.insert(at, name);
         }
@@ -370,6 +404,7 @@ fn on_leave(
     rooms: &Rooms,
     ctx: &mut Context,
     req: LeaveRequest,
+    announce_max: usize,
 ) -> Result<LeaveResponse, HandlerError> {
     check_room(&req.room)?;
     let key = session_key(ctx);
@@ -381,11 +416,8 @@ fn on_leave(
     if let Some(name) = name {
         let change = rooms::leave_change(&req.room, &name, &key);
         ctx.publish(STATE_SUBJECT, change.encode_to_vec())?;
-        ctx.broadcast(
-            &group,
-            ROUTE_LEFT,
-            member_event(&req.room, &name, REASON_LEFT),
-        )?;
+        let event = member_event(&req.room, &name, REASON_LEFT);
+        announce(ctx, rooms, announce_max, &key, ROUTE_LEFT, &event)?;
     }
     // Always: should the gate hold the session in the group while the state does not,
     // this still takes it out.
@@ -431,7 +463,12 @@ fn on_whisper(ctx: &mut Context, req: WhisperRequest) -> Result<WhisperResponse,
 /// A session closed: tell every replica, and announce it in each room it was in, as
 /// this replica knows them or the gate listed them (whichever knows more: the gate's
 /// list is final, this replica may not have applied a very recent join yet).
-fn on_session_closed(rooms: &Rooms, ctx: &mut Context, payload: Bytes) -> Result<(), HandlerError> {
+fn on_session_closed(
+    rooms: &Rooms,
+    ctx: &mut Context,
+    payload: Bytes,
+    announce_max: usize,
+) -> Result<(), HandlerError> {
     let closed = SessionClosed::decode(payload)
         .map_err(|e| HandlerError::bad_request(format!("bad SessionClosed: {e}")))?;
     if closed.uid.is_empty() {
@@ -453,11 +490,8 @@ fn on_session_closed(rooms: &Rooms, ctx: &mut Context, payload: Bytes) -> Result
     }
     ctx.publish(STATE_SUBJECT, rooms::closed_change(&key).encode_to_vec())?;
     for (room, name) in left {
-        ctx.broadcast(
-            &group_of(&room),
-            ROUTE_LEFT,
-            member_event(&room, &name, REASON_DISCONNECTED),
-        )?;
+        let event = member_event(&room, &name, REASON_DISCONNECTED);
+        announce(ctx, rooms, announce_max, &key, ROUTE_LEFT, &event)?;
     }
     Ok(())
 }

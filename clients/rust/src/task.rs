@@ -106,15 +106,18 @@ impl Links {
         std::iter::once(&mut self.current).chain(self.retiring.iter_mut())
     }
 
-    /// Half the shortest heartbeat interval any open gate asked for: each gate closes
-    /// after two missed intervals, so this leaves room for a busy scheduler.
+    /// The shortest heartbeat interval any open gate asked for: each gate closes after
+    /// two silent intervals, so one beat an interval leaves a whole interval for a busy
+    /// scheduler, and each beat costs the gate a wake-up, a read and an answer
+    /// (docs/capacity.md: at half the interval the heartbeats of 72,000 idle players
+    /// were twice what the gates can spare).
     fn heartbeat(&self) -> Option<Interval> {
         let ms = std::iter::once(&self.current)
             .chain(&self.retiring)
             .map(|l| l.heartbeat_ms)
             .filter(|&ms| ms > 0)
             .min()?;
-        let period = Duration::from_millis(u64::from(ms)) / 2;
+        let period = Duration::from_millis(u64::from(ms));
         let mut interval = tokio::time::interval_at(Instant::now() + period, period);
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
         Some(interval)

@@ -29,15 +29,18 @@ export class Conn {
   ) {}
 
   /**
-   * Calls `beat` every half of the gate's `heartbeatMs` (the gate closes after two
-   * silent intervals), or `silent` instead once two intervals pass without a frame from
-   * the gate: it answers every heartbeat, so it is gone.
+   * Calls `beat` once every `heartbeatMs`: the gate closes after two silent intervals,
+   * so one beat an interval leaves a whole interval for a late timer, and each beat
+   * costs the gate a wake-up, a read and an answer (docs/capacity.md). Checks every
+   * half interval, and calls `silent` instead once two intervals pass without a frame
+   * from the gate: it answers every heartbeat, so it is gone.
    */
   startHeartbeat(heartbeatMs: number, beat: () => void, silent: (reason: string) => void): void {
     if (heartbeatMs <= 0) return;
+    let ticks = 0;
     this.heartbeat = setInterval(() => {
       if (Date.now() - this.lastHeard > 2 * heartbeatMs) silent(`no frame from the gate in ${2 * heartbeatMs} ms`);
-      else beat();
+      else if (++ticks % 2 === 0) beat();
     }, heartbeatMs / 2);
   }
 

@@ -11,7 +11,9 @@ import { startGate, type Gate } from "./gate.js";
 import { closeAll, open } from "./helpers.js";
 import { waitFor, within } from "./wait.js";
 
-const HEARTBEAT_MS = 100;
+// Long enough that a late timer on a loaded machine is not a missed heartbeat: the
+// client beats once an interval, and the gate closes after two.
+const HEARTBEAT_MS = 250;
 let gate: Gate;
 before(async () => {
   gate = await startGate({ args: ["--heartbeat", `${HEARTBEAT_MS}ms`] });

@@ -151,8 +151,22 @@ test(`the client acknowledges every ${ACK_EVERY} frames handled`, async () => {
   assert.deepEqual(sent(gate, "ack").map((r) => r.packet.seq), [64, 128, 192]);
 });
 
+test("a heartbeat goes once an interval, the first a whole interval after the handshake", async () => {
+  const heartbeatMs = 300;
+  const gate = await fake({ heartbeatMs });
+  const start = Date.now();
+  await opened(gate);
+  await waitFor("a heartbeat", () => sent(gate, "heartbeat").length > 0);
+  // Timers may round a millisecond early; half an interval (the old rate) is far off.
+  assert.ok(Date.now() - start >= heartbeatMs - 5, `first heartbeat after ${Date.now() - start} ms`);
+  const counted = Date.now();
+  await waitFor("four more intervals", () => Date.now() - counted >= 4 * heartbeatMs);
+  // Late timers only beat less often: at most one beat an interval, plus the first.
+  assert.ok(sent(gate, "heartbeat").length <= 6, `${sent(gate, "heartbeat").length} heartbeats`);
+});
+
 test("every heartbeat carries an ack of what was handled", async () => {
-  // The client beats every 100 ms (half the gate's interval).
+  // The client beats every 200 ms (the gate's interval).
   const gate = await fake({ heartbeatMs: 200 });
   const { client } = await opened(gate);
   const pushes = collect<Body>((listener) => client.on("count", listener));

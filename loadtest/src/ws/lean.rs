@@ -63,7 +63,7 @@ pub struct ClientRun {
 pub struct Conn {
     ws: Ws,
     codec: Codec,
-    /// How often to send a heartbeat: half the gate's interval, as the SDK does.
+    /// How often to send a heartbeat: the gate's interval, as the SDK does.
     heartbeat: Option<Duration>,
 }
 
@@ -83,7 +83,7 @@ impl Conn {
             (opened.context(url.to_owned())?, None)
         } else {
             let (ws, ack) = sdk::dial(url, &options).await.context(url.to_owned())?;
-            let beat = Duration::from_millis(u64::from(ack.heartbeat_ms)) / 2;
+            let beat = Duration::from_millis(u64::from(ack.heartbeat_ms));
             (ws, (ack.heartbeat_ms > 0).then_some(beat))
         };
         Ok(Conn {

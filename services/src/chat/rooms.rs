@@ -113,6 +113,16 @@ impl Rooms {
             .collect()
     }
 
+    /// How many sessions `room` holds with session `key` in it, whether or not it is
+    /// yet (or still): the size a join makes it, or a leave finds it. Sessions, not
+    /// names: O(1), and a name has two sessions in a room only while a second login
+    /// replaces the first.
+    pub fn size_with(&self, room: &str, key: &SessionKey) -> usize {
+        let members = self.rooms.get(room);
+        let others = members.map_or(0, |m| m.len() - usize::from(m.contains_key(key)));
+        others + 1
+    }
+
     /// How many rooms session `key` is in.
     pub fn room_count(&self, key: &SessionKey) -> usize {
         self.sessions.get(key).map_or(0, BTreeSet::len)

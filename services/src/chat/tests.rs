@@ -13,6 +13,8 @@ use proto::profile::Profile;
 
 use super::*;
 use crate::context::CallResult;
+
+mod big_rooms;
 use crate::push::Outbound;
 use crate::service::Handled;
 
@@ -192,6 +194,7 @@ fn login_waits_for_the_profile_its_configured_time_at_most() {
     assert_eq!(wait(service()), Some(DEFAULT_PROFILE_CALL_TIMEOUT));
     let config = ChatConfig {
         chat_profile_call_timeout: Duration::from_millis(300),
+        ..ChatConfig::default()
     };
     assert_eq!(wait(service_with(config)), Some(Duration::from_millis(300)));
 }
@@ -214,6 +217,7 @@ fn the_profile_call_timeout_is_a_flag() {
 fn the_profile_call_timeout_must_not_be_zero() {
     let mut config = ChatConfig {
         chat_profile_call_timeout: Duration::from_millis(1),
+        ..ChatConfig::default()
     };
     assert_eq!(config.validate(), Ok(()));
     config.chat_profile_call_timeout = Duration::ZERO;

@@ -5,7 +5,7 @@ mod fake_gate;
 mod resume;
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::future::join_all;
@@ -325,6 +325,19 @@ async fn sends_heartbeats_at_the_interval_the_gate_asked() {
         let event = within(gate.events.recv()).await.unwrap();
         assert_eq!(event, Event::Heartbeat { session: 1 });
     }
+}
+
+#[tokio::test]
+async fn the_first_heartbeat_waits_a_whole_interval() {
+    // One beat an interval, not two: the gate closes only after two silent intervals.
+    let interval = Duration::from_millis(300);
+    let mut gate = fake_gate(300).await;
+    let start = Instant::now();
+    let _client = Client::connect(&gate.url, options()).await.unwrap();
+    let event = within(gate.events.recv()).await.unwrap();
+    assert_eq!(event, Event::Heartbeat { session: 1 });
+    // Timers never fire early; the interval starts after the handshake, after `start`.
+    assert!(start.elapsed() >= interval, "after {:?}", start.elapsed());
 }
 
 #[tokio::test]
