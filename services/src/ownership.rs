@@ -199,7 +199,7 @@ impl Members {
         leaving: bool,
         now: Instant,
     ) -> Vec<Step> {
-        let listened = now.saturating_duration_since(self.started) >= self.listen;
+        let listened = now.saturating_duration_since(self.started) >= self.listening();
         let mut steps = Vec::new();
         for partition in 0..self.partitions {
             if moving.contains(&partition) {
@@ -222,6 +222,19 @@ impl Members {
             }
         }
         steps
+    }
+
+    /// How long after its start this worker takes nothing fresh: two heartbeats, to hear
+    /// everyone who holds something; with standbys and peers, a member timeout and the
+    /// adoption time more, so that a worker that died just before this one came (its
+    /// partitions unclaimed, to this worker's ears) is counted dead by its peers and its
+    /// partitions taken by their standbys, with their state, first.
+    fn listening(&self) -> Duration {
+        if self.adoption.is_zero() || self.peers.is_empty() {
+            self.listen
+        } else {
+            self.listen + self.timeout + self.adoption
+        }
     }
 
     /// Whether `partition`, held by a peer counted dead less than `adoption` ago, still
@@ -298,6 +311,33 @@ mod tests {
         let gone = t0 + TIMEOUT + Duration::from_millis(1);
         assert_eq!(m.expire(gone).left, ["b"]);
         assert_eq!(fresh(&m.plan(&none, &none, false, gone)), (0..8).collect());
+    }
+
+    /// With standbys, a newcomer among peers waits a member timeout and the adoption
+    /// time beyond its listening before it takes what nobody holds: a worker that died
+    /// just before it came held those, unseen by it. Alone, it waits only its listening.
+    #[test]
+    fn with_standbys_a_newcomer_among_peers_waits_out_a_member_timeout_before_taking_fresh() {
+        let t0 = Instant::now();
+        let adoption = Duration::from_secs(1);
+        let none = BTreeSet::new();
+        let mut m = members("a", 8, t0).with_adoption(adoption);
+        m.heard("b", &[], false, t0);
+        let owned: BTreeSet<u32> = (0..8).filter(|&p| m.owner(p, false) == Some("a")).collect();
+        assert!(!owned.is_empty());
+        let ready = t0 + LISTEN + TIMEOUT + adoption;
+        let early = ready - Duration::from_millis(1);
+        m.heard("b", &[], false, early);
+        assert!(
+            fresh(&m.plan(&none, &none, false, early)).is_empty(),
+            "too early"
+        );
+        assert_eq!(fresh(&m.plan(&none, &none, false, ready)), owned);
+        let alone = members("a", 8, t0).with_adoption(adoption);
+        assert_eq!(
+            fresh(&alone.plan(&none, &none, false, t0 + LISTEN)),
+            (0..8).collect()
+        );
     }
 
     #[test]

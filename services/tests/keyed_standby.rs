@@ -295,6 +295,8 @@ async fn a_dead_owners_partition_is_taken_with_the_replica_its_standby_held(bus:
         "w 11",
         "taken with the replica"
     );
+    // The others after the adoption time (two heartbeats), fresh.
+    until_held(&mut members, &id, other_partition).await;
     assert_eq!(add(&requester, &other).await, "w 1", "taken fresh");
     assert_ne!(partition, other_partition);
     assert!(metric("worker_partitions_taken_total") >= standby_takes + f64::from(PARTITIONS));

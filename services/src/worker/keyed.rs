@@ -515,6 +515,7 @@ impl Coordinator {
             metrics::counter!(KEYED_PEERS_DEAD_TOTAL, "service" => self.service.clone())
                 .increment(dead.len() as u64);
             tracing::warn!(?dead, "keyed peers not heard from: counted dead");
+            self.replicas.bury(&dead);
         }
         if !left.is_empty() {
             metrics::counter!(KEYED_PEERS_LEFT_TOTAL, "service" => self.service.clone())

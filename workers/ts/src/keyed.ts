@@ -395,6 +395,7 @@ export class Partitions {
     this.stats.peersLeft += left.length;
     if (dead.length > 0) {
       this.#host.onError(new Error(`keyed peers not heard from, counted dead: ${dead.join(", ")}`), "keyed");
+      this.#replicas.bury(dead);
     }
   }
 

@@ -203,7 +203,7 @@ export class Members {
    * from it (left alone until that move ends).
    */
   plan(held: ReadonlySet<number>, moving: ReadonlySet<number>, leaving: boolean, now: number): Step[] {
-    const listened = now - this.started >= this.times.listenMs;
+    const listened = now - this.started >= this.#listeningMs();
     const steps: Step[] = [];
     for (let partition = 0; partition < this.partitions; partition++) {
       if (moving.has(partition)) continue;
@@ -215,6 +215,19 @@ export class Members {
       }
     }
     return steps;
+  }
+
+  /**
+   * How long after its start this worker takes nothing fresh: two heartbeats, to hear
+   * everyone who holds something; with standbys and peers, a member timeout and the
+   * adoption time more, so that a worker that died just before this one came (its
+   * partitions unclaimed, to this worker's ears) is counted dead by its peers and its
+   * partitions taken by their standbys, with their state, first.
+   */
+  #listeningMs(): number {
+    const adoptionMs = this.times.adoptionMs ?? 0;
+    if (adoptionMs === 0 || this.#peers.size === 0) return this.times.listenMs;
+    return this.times.listenMs + this.times.timeoutMs + adoptionMs;
   }
 
   /** Whether `partition`, held by a peer counted dead less than the adoption time ago, still waits for its standby. */

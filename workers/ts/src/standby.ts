@@ -19,6 +19,11 @@ interface Kept {
   readonly state: Uint8Array;
   /** When it came (`performance.now()`). */
   readonly at: number;
+  /**
+   * Its sender was counted dead here (not merely unheard of yet: a replica can come
+   * before its sender's first heartbeat does).
+   */
+  dead: boolean;
 }
 
 /** A replica as it came off the bus, or why it is refused. */
@@ -52,19 +57,24 @@ export class Replicas {
     for (const { partition, state } of replica.partitions) {
       const kept = this.#kept.get(partition);
       if (kept !== undefined && kept.from === replica.from && kept.seq > replica.seq) continue;
-      this.#kept.set(partition, { from: replica.from, seq: replica.seq, state, at: now });
+      this.#kept.set(partition, { from: replica.from, seq: replica.seq, state, at: now, dead: false });
     }
     return undefined;
   }
 
+  /** Marks what `dead` sent: its senders were counted dead. */
+  bury(dead: readonly string[]): void {
+    for (const kept of this.#kept.values()) kept.dead ||= dead.includes(kept.from);
+  }
+
   /**
-   * The partitions kept from owners now counted dead that nobody holds (`held`: here),
-   * with their states, taken out.
+   * The partitions kept from owners counted dead that nobody holds (`held`: here), with
+   * their states, taken out.
    */
   orphans(members: Members, held: (partition: number) => boolean): [number, Uint8Array][] {
     const orphans: [number, Uint8Array][] = [];
     for (const [partition, kept] of this.#kept) {
-      if (members.lives(kept.from) || members.claimed(partition) || held(partition)) continue;
+      if (!kept.dead || members.claimed(partition) || held(partition)) continue;
       this.#kept.delete(partition);
       orphans.push([partition, kept.state]);
     }
@@ -75,17 +85,20 @@ export class Replicas {
    * Drops what this worker no longer stands by for: a live sender's partition this
    * worker would not take if the sender died (or any, once `leaving`), or that the
    * sender stopped holding (after `graceMs`, for a sender whose heartbeat has not said
-   * it holds it yet); a dead sender's partition someone claims or this worker `held`.
+   * it holds it yet); a dead sender's partition someone claims or this worker `held`; a
+   * sender's not heard of within `graceMs`.
    */
   prune(members: Members, leaving: boolean, held: (partition: number) => boolean, graceMs: number, now: number): void {
     for (const [partition, kept] of this.#kept) {
       let keep: boolean;
+      const recent = now - kept.at < graceMs;
       if (members.lives(kept.from)) {
         const mine = members.successor(partition, kept.from, leaving) === members.me;
-        const recent = now - kept.at < graceMs;
         keep = mine && (members.holds(kept.from, partition) || recent);
-      } else {
+      } else if (kept.dead) {
         keep = !members.claimed(partition) && !held(partition);
+      } else {
+        keep = recent;
       }
       if (!keep) this.#kept.delete(partition);
     }

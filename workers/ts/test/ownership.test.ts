@@ -126,6 +126,21 @@ test("with standbys, a dead peer's partitions wait the adoption time before bein
   }
 });
 
+test("with standbys, a newcomer among peers waits out a member timeout before taking fresh", () => {
+  const none = new Set<number>();
+  const adoptionMs = 1_000;
+  const m = new Members("a", 4, { ...TIMES, adoptionMs }, 0);
+  m.heard("b", [], false, 0);
+  const owned = range(4).filter((p) => m.owner(p, false) === "a");
+  assert.ok(owned.length > 0);
+  const ready = TIMES.listenMs + TIMES.timeoutMs + adoptionMs;
+  m.heard("b", [], false, ready - 1);
+  assert.deepEqual(fresh(m.plan(none, none, false, ready - 1)), [], "too early");
+  assert.deepEqual(fresh(m.plan(none, none, false, ready)), owned);
+  const alone = new Members("a", 4, { ...TIMES, adoptionMs }, 0);
+  assert.deepEqual(fresh(alone.plan(none, none, false, TIMES.listenMs)), range(4));
+});
+
 test("a peer silent after leaving with nothing held left, and is not counted dead", () => {
   const m = new Members("a", 4, TIMES, 0);
   m.heard("drained", [1], true, 0);

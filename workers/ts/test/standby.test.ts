@@ -32,14 +32,17 @@ test("the newest state per partition is kept; a partition out of range refuses t
   const refused = replicas.keep(replica("a", 3, [[2, "y"], [4, "z"]]), 4, 0);
   assert.match(refused ?? "", /partition 4 out of range/);
   assert.deepEqual(replicas.partitions, [0, 1, 3], "nothing of a refused replica is kept");
-  // Every sender dead here (never heard): each state can be taken.
+  // Every sender counted dead here: each state can be taken.
   const nobody = new Members("me", 4, { timeoutMs: 1_000, listenMs: 0 }, 0);
+  assert.equal(orphans(replicas, nobody).size, 0, "never heard of is not dead");
+  replicas.bury(["a", "b"]);
   const taken = orphans(replicas, nobody);
   assert.equal(taken.get(0), "two", "a late copy never replaces a newer state");
   assert.equal(taken.get(1), "x");
   const other = new Replicas();
   other.keep(replica("a", 5, [[0, "a5"]]), 4, 0);
   other.keep(replica("b", 1, [[0, "b1"]]), 4, 0);
+  other.bury(["a", "b"]);
   assert.equal(orphans(other, nobody).get(0), "b1", "another owner's replaces it: the partition moved");
 });
 
@@ -67,7 +70,7 @@ test("a replica is taken from a dead owner only, and dropped when not stood by f
   assert.deepEqual(leaving.partitions, []);
   // The owner dies: its replicas nobody holds are taken (not one held here or claimed
   // elsewhere); the others are dropped once claimed elsewhere or held here.
-  view.expire(timeoutMs * 2);
+  replicas.bury(view.expire(timeoutMs * 2).dead);
   view.heard("other", [5], false, timeoutMs * 2);
   assert.deepEqual([...orphans(replicas, view, (p) => p === 6).keys()], [4, 7]);
   replicas.prune(view, false, (p) => p === 6, timeoutMs, timeoutMs);

@@ -26,6 +26,9 @@ struct Kept {
     seq: u64,
     state: Bytes,
     at: Instant,
+    /// Its sender was counted dead here (not merely unheard of yet: a replica can come
+    /// before its sender's first heartbeat does).
+    dead: bool,
 }
 
 /// The replicas this worker holds as a standby: one per partition at most, so at most
@@ -55,16 +58,24 @@ impl Replicas {
                 seq: replica.seq,
                 state: state.state,
                 at: now,
+                dead: false,
             };
             self.kept.insert(state.partition, kept);
         }
         Ok(())
     }
 
-    /// The partitions kept from owners now counted dead that nobody holds (`held`:
-    /// here), with their states, taken out.
+    /// Marks what `dead` sent: its senders were counted dead.
+    pub(super) fn bury(&mut self, dead: &[String]) {
+        for kept in self.kept.values_mut() {
+            kept.dead |= dead.contains(&kept.from);
+        }
+    }
+
+    /// The partitions kept from owners counted dead that nobody holds (`held`: here),
+    /// with their states, taken out.
     fn orphans(&mut self, view: &Members, held: impl Fn(u32) -> bool) -> Vec<(u32, Bytes)> {
-        let orphan = |p: u32, k: &Kept| !view.lives(&k.from) && !view.claimed(p) && !held(p);
+        let orphan = |p: u32, k: &Kept| k.dead && !view.claimed(p) && !held(p);
         let partitions: Vec<u32> = (self.kept.iter())
             .filter(|(p, k)| orphan(**p, k))
             .map(|(p, _)| *p)
@@ -77,7 +88,8 @@ impl Replicas {
     /// Drops what this worker no longer stands by for: a live sender's partition this
     /// worker would not take if the sender died (or any, once leaving), or that the sender stopped holding (after
     /// `grace`, for a sender whose heartbeat has not said it holds it yet); a dead
-    /// sender's partition someone claims or this worker holds.
+    /// sender's partition someone claims or this worker holds; a sender's not heard of
+    /// within `grace`.
     fn prune(
         &mut self,
         view: &Members,
@@ -86,12 +98,14 @@ impl Replicas {
         now: Instant,
     ) {
         self.kept.retain(|&partition, k| {
+            let recent = now.saturating_duration_since(k.at) < grace;
             if view.lives(&k.from) {
                 let mine = view.successor(partition, &k.from, leaving) == Some(view.me());
-                let recent = now.saturating_duration_since(k.at) < grace;
                 mine && (view.holds(&k.from, partition) || recent)
-            } else {
+            } else if k.dead {
                 !view.claimed(partition) && !held(partition)
+            } else {
+                recent
             }
         });
     }
@@ -228,8 +242,10 @@ mod tests {
         );
     }
 
-    /// Only a dead owner's replica is taken; a live owner's stays, and is dropped once
-    /// this worker is no longer its standby or it stopped holding the partition.
+    /// Only a replica of an owner counted dead is taken; a live owner's stays, and is
+    /// dropped once this worker is no longer its standby or it stopped holding the
+    /// partition; one from a sender never heard of is kept for the grace only, never
+    /// taken.
     #[test]
     fn a_replica_is_taken_from_a_dead_owner_and_dropped_when_not_stood_by_for() {
         let timeout = Duration::from_secs(2);
@@ -258,12 +274,26 @@ mod tests {
         );
         // The owner dies: its replicas nobody holds are taken (not one held here or
         // claimed elsewhere); the others are dropped once claimed elsewhere.
-        view.expire(t0 + timeout * 2);
+        let gone = view.expire(t0 + timeout * 2);
+        assert!(
+            replicas.orphans(&view, |_| false).is_empty(),
+            "not yet counted dead here"
+        );
+        replicas.bury(&gone.dead);
         view.heard("other", &[5], false, t0 + timeout * 2);
         let taken = replicas.orphans(&view, |p| p == 6);
         let taken: Vec<u32> = taken.into_iter().map(|(p, _)| p).collect();
         assert_eq!(taken, [4, 7]);
         replicas.prune(&view, (false, |p| p == 6), timeout, now + timeout);
         assert!(replicas.kept.is_empty());
+        // A sender not heard of yet (its replica came before its heartbeat).
+        replicas
+            .keep(replica("newcomer", 1, &[(1, "n")]), 8, now)
+            .unwrap();
+        assert!(replicas.orphans(&view, |_| false).is_empty(), "never taken");
+        replicas.prune(&view, (false, |_| false), timeout, now);
+        assert_eq!(replicas.kept.len(), 1, "within the grace");
+        replicas.prune(&view, (false, |_| false), timeout, now + timeout);
+        assert!(replicas.kept.is_empty(), "never heard of within the grace");
     }
 }
