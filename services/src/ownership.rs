@@ -28,6 +28,8 @@ use proto::keyed::score;
 #[derive(Debug, Clone)]
 struct Member {
     seen: Instant,
+    /// When this worker first heard it.
+    since: Instant,
     held: BTreeSet<u32>,
     leaving: bool,
 }
@@ -100,8 +102,10 @@ impl Members {
         if id == self.me {
             return false;
         }
+        let since = self.peers.get(id).map_or(now, |m| m.since);
         let member = Member {
             seen: now,
+            since,
             held: held.iter().copied().collect(),
             leaving,
         };
@@ -142,11 +146,23 @@ impl Members {
         first(self.candidates(leaving), partition)
     }
 
-    /// Who takes `partition` if `member` dies: the owner among the others (this worker
-    /// among them unless it is leaving). `member` holding the partition keeps its
-    /// standby there (docs/workers.md, "Standbys").
-    pub(crate) fn successor(&self, partition: u32, member: &str, leaving: bool) -> Option<&str> {
-        let others = self.candidates(leaving).filter(|id| *id != member);
+    /// Where `member`, holding `partition`, keeps its standby (docs/workers.md,
+    /// "Standbys"): who would take it if `member` died, the owner among the others (this
+    /// worker among them unless it is leaving), of the peers heard for a member timeout
+    /// at least. A newer peer is not one yet: `member` may not have heard of it, or died
+    /// before it came, and kept its partitions' states at the standby it had.
+    pub(crate) fn successor(
+        &self,
+        partition: u32,
+        member: &str,
+        leaving: bool,
+        now: Instant,
+    ) -> Option<&str> {
+        let settled = |id: &str| {
+            (self.peers.get(id))
+                .is_none_or(|m| now.saturating_duration_since(m.since) >= self.timeout)
+        };
+        let others = (self.candidates(leaving)).filter(|id| *id != member && settled(id));
         first(others, partition)
     }
 
@@ -311,6 +327,32 @@ mod tests {
         let gone = t0 + TIMEOUT + Duration::from_millis(1);
         assert_eq!(m.expire(gone).left, ["b"]);
         assert_eq!(fresh(&m.plan(&none, &none, false, gone)), (0..8).collect());
+    }
+
+    /// A partition's standby is the owner among the others, of the peers heard for a
+    /// member timeout: a newer peer becomes one only then, however it ranks.
+    #[test]
+    fn a_newcomer_becomes_a_standby_once_heard_for_a_member_timeout() {
+        let t0 = Instant::now();
+        let mut m = members("a", 64, t0);
+        m.heard("b", &[], false, t0);
+        let later = t0 + TIMEOUT;
+        m.heard("b", &[], false, later);
+        m.heard("c", &[], false, later);
+        let outranks = |p: u32| (score("c", p), "c") > (score("b", p), "b");
+        let p = (0..64).find(|&p| outranks(p)).unwrap();
+        assert_eq!(m.successor(p, "a", false, later), Some("b"), "c is too new");
+        let settled = later + TIMEOUT;
+        m.heard("b", &[], false, settled);
+        m.heard("c", &[], false, settled);
+        assert_eq!(m.successor(p, "a", false, settled), Some("c"));
+        let first = if (score("a", p), "a") > (score("b", p), "b") {
+            "a"
+        } else {
+            "b"
+        };
+        let among_others = m.successor(p, "c", false, settled);
+        assert_eq!(among_others, Some(first), "the owner among the others");
     }
 
     /// With standbys, a newcomer among peers waits a member timeout and the adoption

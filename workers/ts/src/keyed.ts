@@ -471,8 +471,9 @@ export class Partitions {
   #followStandbys(): void {
     if (this.#replicator === undefined) return;
     const standbys = new Map<number, string>();
+    const now = performance.now();
     for (const partition of this.#held.keys()) {
-      const standby = this.#members.successor(partition, this.id, false);
+      const standby = this.#members.successor(partition, this.id, false, now);
       if (standby !== undefined) standbys.set(partition, standby);
     }
     const held = new Set(this.#held.keys());

@@ -67,6 +67,8 @@ export type Step =
 /** A peer as its last heartbeat described it. */
 interface Member {
   seen: number;
+  /** When this worker first heard it. */
+  since: number;
   held: ReadonlySet<number>;
   leaving: boolean;
 }
@@ -109,9 +111,9 @@ export class Members {
    */
   heard(id: string, held: Iterable<number>, leaving: boolean, now: number): boolean {
     if (id === this.me) return false;
-    const isNew = !this.#peers.has(id);
-    this.#peers.set(id, { seen: now, held: new Set(held), leaving });
-    return isNew;
+    const known = this.#peers.get(id);
+    this.#peers.set(id, { seen: now, since: known?.since ?? now, held: new Set(held), leaving });
+    return known === undefined;
   }
 
   /**
@@ -153,13 +155,19 @@ export class Members {
   }
 
   /**
-   * Who takes `partition` if `member` dies: its owner among the others (this worker
-   * among them unless `leaving`). The partition's standby while `member` holds it
-   * (docs/workers.md, "Standbys").
+   * Where `member`, holding `partition`, keeps its standby (docs/workers.md,
+   * "Standbys"): who would take it if `member` died, its owner among the others (this
+   * worker among them unless `leaving`), of the peers heard for a member timeout at
+   * least. A newer peer is not one yet: `member` may not have heard of it, or died
+   * before it came, and kept its partitions' states at the standby it had.
    */
-  successor(partition: number, member: string, leaving: boolean): string | undefined {
+  successor(partition: number, member: string, leaving: boolean, now: number): string | undefined {
+    const settled = (id: string) => {
+      const peer = this.#peers.get(id);
+      return peer === undefined || now - peer.since >= this.times.timeoutMs;
+    };
     return first(
-      this.#candidates(leaving).filter((id) => id !== member),
+      this.#candidates(leaving).filter((id) => id !== member && settled(id)),
       partition,
     );
   }

@@ -93,7 +93,7 @@ export class Replicas {
       let keep: boolean;
       const recent = now - kept.at < graceMs;
       if (members.lives(kept.from)) {
-        const mine = members.successor(partition, kept.from, leaving) === members.me;
+        const mine = members.successor(partition, kept.from, leaving, now) === members.me;
         keep = mine && (members.holds(kept.from, partition) || recent);
       } else if (kept.dead) {
         keep = !members.claimed(partition) && !held(partition);

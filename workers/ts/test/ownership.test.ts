@@ -167,21 +167,25 @@ test("conflicts are seen, and a worker's own heartbeat is ignored", () => {
   assert.deepEqual(m.peers, ["b"]);
 });
 
-test("a partition's successor is its owner among the others; the first expiry is the oldest peer's", () => {
+test("a partition's successor is its owner among the settled others; the first expiry is the oldest peer's", () => {
   const m = new Members("me", 16, TIMES, 0);
-  assert.equal(m.successor(0, "me", false), undefined, "alone: no standby");
+  assert.equal(m.successor(0, "me", false, 0), undefined, "alone: no standby");
   assert.equal(m.nextExpiry(), undefined, "no peer, nothing expires");
   m.heard("p1", [], false, 100);
   m.heard("p2", [], false, 200);
   m.heard("gone", [], true, 300);
+  // Heard for a member timeout: settled, each may stand by.
+  const settled = 200 + TIMES.timeoutMs;
+  const p1 = range(16).find((p) => m.owner(p, false) === "me" && m.successor(p, "me", false, settled) === "p1");
+  if (p1 !== undefined) assert.equal(m.successor(p1, "me", false, 100), undefined, "p1 too new, p2 newer still");
   for (const partition of range(16)) {
     const owner = m.owner(partition, false) ?? "";
-    const successor = m.successor(partition, owner, false);
+    const successor = m.successor(partition, owner, false, settled);
     // The owner once `owner` is gone: the best of the others, never a leaving one.
     const others = ["me", "p1", "p2"].filter((id) => id !== owner);
     const best = others.reduce((a, b) => (score(a, partition) >= score(b, partition) ? a : b));
     assert.equal(successor, best, `partition ${partition}`);
-    assert.notEqual(m.successor(partition, owner, true), "me", "a leaving worker stands by for nothing");
+    assert.notEqual(m.successor(partition, owner, true, settled), "me", "a leaving worker stands by for nothing");
   }
   assert.equal(m.nextExpiry(), 100 + TIMES.timeoutMs + 1);
   m.heard("p1", [], false, 400);

@@ -100,7 +100,8 @@ impl Replicas {
         self.kept.retain(|&partition, k| {
             let recent = now.saturating_duration_since(k.at) < grace;
             if view.lives(&k.from) {
-                let mine = view.successor(partition, &k.from, leaving) == Some(view.me());
+                let successor = view.successor(partition, &k.from, leaving, now.into_std());
+                let mine = successor == Some(view.me());
                 mine && (view.holds(&k.from, partition) || recent)
             } else if k.dead {
                 !view.claimed(partition) && !held(partition)
@@ -163,8 +164,9 @@ impl Coordinator {
         let Some(replicator) = self.replicator.clone() else {
             return;
         };
+        let now = Instant::now().into_std();
         let standbys: BTreeMap<u32, String> = (self.held.keys())
-            .filter_map(|&p| Some((p, self.view.successor(p, &self.me, false)?.to_owned())))
+            .filter_map(|&p| Some((p, self.view.successor(p, &self.me, false, now)?.to_owned())))
             .collect();
         let before = self.standbys.borrow().clone();
         let mut send: BTreeSet<u32> = (standbys.iter())
