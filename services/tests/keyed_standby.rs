@@ -91,6 +91,20 @@ async fn id_of_worker(members: &mut async_nats::Subscriber) -> String {
     .await
 }
 
+/// Waits for the made-up peer's next heartbeat on `members`, after the worker's first:
+/// the broker had the worker's subscription then, so the worker hears the peer.
+async fn until_peer_heard(members: &mut async_nats::Subscriber) {
+    within(async {
+        loop {
+            let message = members.next().await.unwrap();
+            if KeyedMember::decode(message.payload).unwrap().id == PEER {
+                return;
+            }
+        }
+    })
+    .await;
+}
+
 /// A key whose partition `owner` wins over `other`, and that partition.
 fn key_owned_by(owner: &str, other: &str) -> (String, u32) {
     (0..)
@@ -148,6 +162,7 @@ async fn an_answer_leaves_once_its_standby_holds_the_state(bus: Bus) {
     let peer = heartbeats(client.clone(), Vec::new());
     let _worker = worker(&bus, HEARTBEAT).await;
     let id = id_of_worker(&mut members).await;
+    until_peer_heard(&mut members).await;
     let (key, partition) = key_owned_by(&id, PEER);
     until_held(&mut members, &id, partition).await;
     // The take-over sends the partition whole first: held at once.
@@ -203,6 +218,7 @@ async fn a_silent_standby_costs_one_frame_its_timeout_then_gets_the_partition_wh
     let failures = metric("worker_replica_failures_total");
     let _worker = worker(&bus, rest).await;
     let id = id_of_worker(&mut members).await;
+    until_peer_heard(&mut members).await;
     let (key, partition) = key_owned_by(&id, PEER);
     until_held(&mut members, &id, partition).await;
     // Whatever the take-over sent has timed out: the standby rests.
@@ -258,6 +274,7 @@ async fn a_dead_owners_partition_is_taken_with_the_replica_its_standby_held(bus:
     let standby_takes = metric("worker_partitions_taken_total");
     let _worker = worker(&bus, HEARTBEAT).await;
     let id = id_of_worker(&mut members).await;
+    until_peer_heard(&mut members).await;
     let (key, partition) = key_owned_by(PEER, &id);
     let (other, other_partition) = (0..)
         .map(|n| format!("o{n}"))
