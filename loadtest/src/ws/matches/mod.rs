@@ -144,6 +144,8 @@ pub struct MatchesReport {
     pub resumes: u64,
     /// Input sent to a state push showing it.
     pub latency: Summary,
+    /// Input sent to its answer of 200.
+    pub answered: Summary,
     pub cpu: Vec<CpuUse>,
 }
 
@@ -262,7 +264,7 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
         cpu,
         ..MatchesReport::default()
     };
-    let mut latency = Hist::new();
+    let (mut latency, mut answered) = (Hist::new(), Hist::new());
     let outcomes = std::mem::take(&mut *results.lock().unwrap());
     let killed = args.fault == Fault::KillOwner;
     for player in &players {
@@ -284,6 +286,7 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
         }
         report.inputs_ok += seen.ok as u64;
         latency.merge(&seen.latency);
+        answered.merge(&seen.answered);
         report.state_pushes += seen.pushes;
         report.ticks_skipped += seen.skipped;
         report.ticks_repeated += seen.repeated;
@@ -295,7 +298,7 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
     }
     report.inputs_failed = outcomes.failed.into_iter().collect();
     report.pushes_per_s = report.state_pushes as f64 / seconds;
-    report.latency = latency.summary();
+    (report.latency, report.answered) = (latency.summary(), answered.summary());
     Ok(report)
 }
 
@@ -388,7 +391,11 @@ impl Section for MatchesReport {
         let mut lines: Vec<String> = self.inputs_failed.iter().map(failed).collect();
         lines.push(cpu_line(&self.cpu, self.inputs_sent, "input"));
         doc.lines(lines);
-        doc.table(Table::latency([("input to state", &self.latency)]));
+        let rows = [
+            ("input to state", &self.latency),
+            ("input answered", &self.answered),
+        ];
+        doc.table(Table::latency(rows));
     }
 }
 

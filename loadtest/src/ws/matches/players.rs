@@ -31,6 +31,8 @@ pub(super) struct Seen {
     pub ok: i64,
     pub refused: i64,
     pub latency: Hist,
+    /// Input sent to its answer of 200 (what a standby's round trip adds to).
+    pub answered: Hist,
     pub pushes: u64,
     pub last_tick: Option<u64>,
     pub last_push: Option<Instant>,
@@ -133,11 +135,16 @@ pub(super) fn send_inputs(
             let (client, body, results) = (client.clone(), body.clone(), results.clone());
             let seen = seen.clone();
             tokio::spawn(async move {
+                let sent = Instant::now();
                 let answer = client.request("arena.input", body).await;
                 let mut r = results.lock().unwrap();
                 r.pending -= 1;
                 let failed = match answer {
-                    Ok(a) if a.code == proto::code::OK => return seen.lock().unwrap().ok += 1,
+                    Ok(a) if a.code == proto::code::OK => {
+                        let mut seen = seen.lock().unwrap();
+                        seen.answered.record(sent.elapsed());
+                        return seen.ok += 1;
+                    }
                     Ok(a) => {
                         let refused = a.code != proto::code::TIMEOUT;
                         seen.lock().unwrap().refused += i64::from(refused);
