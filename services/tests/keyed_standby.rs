@@ -77,6 +77,25 @@ fn heartbeats(client: async_nats::Client, held: Vec<u32>) -> tokio::task::JoinHa
     })
 }
 
+/// A client, its subscriptions to the heartbeats and to the made-up peer's replicas,
+/// and the peer heartbeating through it, live and holding nothing: the standby of the
+/// partitions the worker will own.
+async fn standby_beside(
+    bus: &Bus,
+) -> (
+    async_nats::Client,
+    async_nats::Subscriber,
+    async_nats::Subscriber,
+    tokio::task::JoinHandle<()>,
+) {
+    let client = bus.client().await;
+    let subscribe = async |subject| client.subscribe(subject).await.unwrap();
+    let members = subscribe(members_subject(PREFIX, NAME)).await;
+    let replicas = subscribe(replica_subject(PREFIX, NAME, PEER)).await;
+    let peer = heartbeats(client.clone(), Vec::new());
+    (client, members, replicas, peer)
+}
+
 /// The worker's id, from its first heartbeat on `members`.
 async fn id_of_worker(members: &mut async_nats::Subscriber) -> String {
     within(async {
@@ -151,15 +170,7 @@ async fn until_held(members: &mut async_nats::Subscriber, id: &str, partition: u
 /// worker owns. It answers the first replica late: the request's answer comes after
 /// that answer, never before, and the replica held the request's count.
 async fn an_answer_leaves_once_its_standby_holds_the_state(bus: Bus) {
-    let client = bus.client().await;
-    let mut members = client
-        .subscribe(members_subject(PREFIX, NAME))
-        .await
-        .unwrap();
-    let mut replicas = (client.subscribe(replica_subject(PREFIX, NAME, PEER)))
-        .await
-        .unwrap();
-    let peer = heartbeats(client.clone(), Vec::new());
+    let (client, mut members, mut replicas, peer) = standby_beside(&bus).await;
     let _worker = worker(&bus, HEARTBEAT).await;
     let id = id_of_worker(&mut members).await;
     until_peer_heard(&mut members).await;
@@ -206,15 +217,7 @@ async fn an_answer_leaves_once_its_standby_holds_the_state(bus: Bus) {
 async fn a_silent_standby_costs_one_frame_its_timeout_then_gets_the_partition_whole(bus: Bus) {
     let _alone = ONE_AT_A_TIME.lock().await;
     let rest = Duration::from_secs(1);
-    let client = bus.client().await;
-    let mut members = client
-        .subscribe(members_subject(PREFIX, NAME))
-        .await
-        .unwrap();
-    let mut replicas = (client.subscribe(replica_subject(PREFIX, NAME, PEER)))
-        .await
-        .unwrap();
-    let peer = heartbeats(client.clone(), Vec::new());
+    let (client, mut members, mut replicas, peer) = standby_beside(&bus).await;
     let failures = metric("worker_replica_failures_total");
     let _worker = worker(&bus, rest).await;
     let id = id_of_worker(&mut members).await;
