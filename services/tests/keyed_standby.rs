@@ -217,7 +217,7 @@ async fn an_answer_leaves_once_its_standby_holds_the_state(bus: Bus) {
 async fn a_silent_standby_costs_one_frame_its_timeout_then_gets_the_partition_whole(bus: Bus) {
     let _alone = ONE_AT_A_TIME.lock().await;
     let rest = Duration::from_secs(1);
-    let (client, mut members, mut replicas, peer) = standby_beside(&bus).await;
+    let (_client, mut members, mut replicas, peer) = standby_beside(&bus).await;
     let failures = metric("worker_replica_failures_total");
     let _worker = worker(&bus, rest).await;
     let id = id_of_worker(&mut members).await;
