@@ -146,21 +146,23 @@ impl Members {
         first(self.candidates(leaving), partition)
     }
 
-    /// Where `member`, holding `partition`, keeps its standby (docs/workers.md,
-    /// "Standbys"): who would take it if `member` died, the owner among the others (this
-    /// worker among them unless it is leaving), of the peers heard for a member timeout
-    /// at least. A newer peer is not one yet: `member` may not have heard of it, or died
-    /// before it came, and kept its partitions' states at the standby it had.
+    /// Where `member`, holding `partition`, kept its standby `at` a moment
+    /// (docs/workers.md, "Standbys"): who would take it if `member` died, the owner among
+    /// the others (this worker among them unless it is leaving), of the peers heard for
+    /// two heartbeats by then. A newer peer was not one yet: `member` may not have heard
+    /// of it, and kept its partitions' states at the standby it had. A standby asks as of
+    /// `member`'s last heartbeat: a member that died before a newcomer settled kept its
+    /// states there.
     pub(crate) fn successor(
         &self,
         partition: u32,
         member: &str,
         leaving: bool,
-        now: Instant,
+        at: Instant,
     ) -> Option<&str> {
         let settled = |id: &str| {
             (self.peers.get(id))
-                .is_none_or(|m| now.saturating_duration_since(m.since) >= self.timeout)
+                .is_none_or(|m| at.saturating_duration_since(m.since) >= self.listen)
         };
         let others = (self.candidates(leaving)).filter(|id| *id != member && settled(id));
         first(others, partition)
@@ -175,6 +177,11 @@ impl Members {
             .filter(|(_, m)| !m.leaving)
             .map(|(id, _)| id.as_str());
         me.into_iter().chain(peers)
+    }
+
+    /// When live peer `id` was last heard.
+    pub(crate) fn last_heard(&self, id: &str) -> Option<Instant> {
+        self.peers.get(id).map(|m| m.seen)
     }
 
     /// This worker's id.
@@ -329,20 +336,22 @@ mod tests {
         assert_eq!(fresh(&m.plan(&none, &none, false, gone)), (0..8).collect());
     }
 
-    /// A partition's standby is the owner among the others, of the peers heard for a
-    /// member timeout: a newer peer becomes one only then, however it ranks.
+    /// A partition's standby is the owner among the others, of the peers heard for two
+    /// heartbeats: a newer peer becomes one only then, however it ranks.
     #[test]
-    fn a_newcomer_becomes_a_standby_once_heard_for_a_member_timeout() {
+    fn a_newcomer_becomes_a_standby_once_heard_for_two_heartbeats() {
         let t0 = Instant::now();
         let mut m = members("a", 64, t0);
         m.heard("b", &[], false, t0);
-        let later = t0 + TIMEOUT;
+        let later = t0 + LISTEN;
         m.heard("b", &[], false, later);
         m.heard("c", &[], false, later);
         let outranks = |p: u32| (score("c", p), "c") > (score("b", p), "b");
         let p = (0..64).find(|&p| outranks(p)).unwrap();
         assert_eq!(m.successor(p, "a", false, later), Some("b"), "c is too new");
-        let settled = later + TIMEOUT;
+        let just_before = later + LISTEN - Duration::from_millis(1);
+        assert_eq!(m.successor(p, "a", false, just_before), Some("b"), "still");
+        let settled = later + LISTEN;
         m.heard("b", &[], false, settled);
         m.heard("c", &[], false, settled);
         assert_eq!(m.successor(p, "a", false, settled), Some("c"));

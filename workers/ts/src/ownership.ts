@@ -141,6 +141,11 @@ export class Members {
     return this.#peers.has(id);
   }
 
+  /** When live peer `id` was last heard; `undefined` for one not alive. */
+  lastHeard(id: string): number | undefined {
+    return this.#peers.get(id)?.seen;
+  }
+
   /** The live peers' ids. */
   get peers(): string[] {
     return [...this.#peers.keys()];
@@ -155,16 +160,18 @@ export class Members {
   }
 
   /**
-   * Where `member`, holding `partition`, keeps its standby (docs/workers.md,
+   * Where `member`, holding `partition`, kept its standby `at` a moment (docs/workers.md,
    * "Standbys"): who would take it if `member` died, its owner among the others (this
-   * worker among them unless `leaving`), of the peers heard for a member timeout at
-   * least. A newer peer is not one yet: `member` may not have heard of it, or died
-   * before it came, and kept its partitions' states at the standby it had.
+   * worker among them unless `leaving`), of the peers heard for two heartbeats (the
+   * listening time) by then. A newer peer was not one yet: `member` may not have heard
+   * of it, and kept its partitions' states at the standby it had. A standby asks as of
+   * `member`'s last heartbeat: a member that died before a newcomer settled kept its
+   * states there.
    */
-  successor(partition: number, member: string, leaving: boolean, now: number): string | undefined {
+  successor(partition: number, member: string, leaving: boolean, at: number): string | undefined {
     const settled = (id: string) => {
       const peer = this.#peers.get(id);
-      return peer === undefined || now - peer.since >= this.times.timeoutMs;
+      return peer === undefined || at - peer.since >= this.times.listenMs;
     };
     return first(
       this.#candidates(leaving).filter((id) => id !== member && settled(id)),

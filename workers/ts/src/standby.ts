@@ -92,8 +92,10 @@ export class Replicas {
     for (const [partition, kept] of this.#kept) {
       let keep: boolean;
       const recent = now - kept.at < graceMs;
-      if (members.lives(kept.from)) {
-        const mine = members.successor(partition, kept.from, leaving, now) === members.me;
+      const heard = members.lastHeard(kept.from);
+      if (heard !== undefined) {
+        // As of the sender's last heartbeat: it sent its states to the standby it had then.
+        const mine = members.successor(partition, kept.from, leaving, heard) === members.me;
         keep = mine && (members.holds(kept.from, partition) || recent);
       } else if (kept.dead) {
         keep = !members.claimed(partition) && !held(partition);

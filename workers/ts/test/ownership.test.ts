@@ -174,8 +174,8 @@ test("a partition's successor is its owner among the settled others; the first e
   m.heard("p1", [], false, 100);
   m.heard("p2", [], false, 200);
   m.heard("gone", [], true, 300);
-  // Heard for a member timeout: settled, each may stand by.
-  const settled = 200 + TIMES.timeoutMs;
+  // Heard for two heartbeats (the listening time): settled, each may stand by.
+  const settled = 200 + TIMES.listenMs;
   const p1 = range(16).find((p) => m.owner(p, false) === "me" && m.successor(p, "me", false, settled) === "p1");
   if (p1 !== undefined) assert.equal(m.successor(p1, "me", false, 100), undefined, "p1 too new, p2 newer still");
   for (const partition of range(16)) {

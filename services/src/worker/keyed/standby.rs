@@ -99,9 +99,10 @@ impl Replicas {
     ) {
         self.kept.retain(|&partition, k| {
             let recent = now.saturating_duration_since(k.at) < grace;
-            if view.lives(&k.from) {
-                let successor = view.successor(partition, &k.from, leaving, now.into_std());
-                let mine = successor == Some(view.me());
+            if let Some(heard) = view.last_heard(&k.from) {
+                // As of the sender's last heartbeat: it sent its states to the standby
+                // it had then.
+                let mine = view.successor(partition, &k.from, leaving, heard) == Some(view.me());
                 mine && (view.holds(&k.from, partition) || recent)
             } else if k.dead {
                 !view.claimed(partition) && !held(partition)
