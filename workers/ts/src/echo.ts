@@ -53,15 +53,17 @@ async function main(): Promise<void> {
     queueCapacity,
     onError: (error, where) => console.error(`warning: ${where}: ${String(error)}`),
   });
-  console.log(`Worker is ready: serving ${worker.subject} in queue group echo`);
-
-  await serveUntilSignalled(nc, worker, {
+  // The signal handlers are in place before the ready line: a supervisor that stops the
+  // worker the moment it reads it gets a drain, not the default SIGTERM's death.
+  const serving = serveUntilSignalled(nc, worker, {
     draining: "draining",
     stopped: () => {
       const { served, rejected } = worker.stats;
       return `Worker stopped: served=${served} rejected=${rejected}`;
     },
   }, graceMs);
+  console.log(`Worker is ready: serving ${worker.subject} in queue group echo`);
+  await serving;
 }
 
 runMain(main);

@@ -37,6 +37,9 @@ export interface StopLines {
 }
 
 /**
+ * Listens for SIGTERM and SIGINT before it first yields, so a caller that prints its
+ * ready line after calling it (not after awaiting it) is never killed by a signal's
+ * default action once that line is out.
  * Resolves once the connection has closed after a signal's drain; throws what closed it
  * otherwise. A drain that fails, or has not ended `graceMs` after the signal, ends the
  * process with status 1 and a line saying what the worker could not deliver.

@@ -143,9 +143,9 @@ async function main(): Promise<void> {
     onError: (error, where) => console.error(`warning: ${where}: ${String(error)}`),
   });
   const id = worker.keyed?.id ?? "";
-  console.log(`Worker is ready: serving ${TALLY} (${TALLY_PARTITIONS} partitions) as ${values.name} id=${id}`);
-
-  await serveUntilSignalled(nc, worker, {
+  // The signal handlers are in place before the ready line: a supervisor that stops the
+  // worker the moment it reads it gets a drain, not the default SIGTERM's death.
+  const serving = serveUntilSignalled(nc, worker, {
     draining: "handing the partitions over, then draining",
     stopped: () => {
       const { served, rejected } = worker.stats;
@@ -156,6 +156,8 @@ async function main(): Promise<void> {
       );
     },
   }, graceMs);
+  console.log(`Worker is ready: serving ${TALLY} (${TALLY_PARTITIONS} partitions) as ${values.name} id=${id}`);
+  await serving;
 }
 
 /** `value`, given to option `--<name>`, as `true` or `false`; else an error naming the option. */
