@@ -15,6 +15,8 @@ import { PartitionStateSchema } from "./gen/rpc_pb.js";
 
 /** What a batch's end needs: the partitions' snapshots, and their standbys. */
 export interface Replication {
+  /** Whether `partition` has a standby now: one without is not snapshotted. */
+  standsBy(partition: number): boolean;
   /** `partition`'s state now; `undefined` when the service's callback failed. */
   snapshot(partition: number): Promise<Uint8Array | undefined>;
   /** Sends `states` to their standbys; resolves once they hold them, or a bound has passed. */
@@ -71,6 +73,7 @@ export class Batch {
     const states: PartitionState[] = [];
     for (const partition of [...changed]) {
       changed.delete(partition);
+      if (!replication.standsBy(partition)) continue;
       const state = await replication.snapshot(partition);
       if (state === undefined) {
         const why = "the snapshot callback failed: its standby keeps the last one";

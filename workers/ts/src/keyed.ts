@@ -265,6 +265,14 @@ export class Partitions {
   }
 
   /**
+   * Whether `partition` has a standby now: one without is not snapshotted (a standby
+   * that comes later gets it whole).
+   */
+  standsBy(partition: number): boolean {
+    return this.#replicator?.standsBy(partition) ?? false;
+  }
+
+  /**
    * Hears the peers and takes hand-overs, says the first heartbeat, and acts every
    * heartbeat from now on. Nothing is taken fresh before two heartbeats have passed.
    */

@@ -55,6 +55,11 @@ export class Replicator {
     this.#onError = onError;
   }
 
+  /** Whether `partition` has a standby now. */
+  standsBy(partition: number): boolean {
+    return this.#standbys.has(partition);
+  }
+
   /**
    * Takes each held partition's standby (`held`: the partitions held here), and gives
    * the partitions to send whole now: those whose standby changed, and those a standby

@@ -309,6 +309,7 @@ export class Worker {
     const replication =
       replicating && partitions !== undefined
         ? {
+            standsBy: (partition: number) => partitions.standsBy(partition),
             snapshot: (partition: number) => service.snapshot(partition),
             replicate: (states: readonly PartitionState[]) => partitions.replicate(states),
             onError: this.#onError,

@@ -72,13 +72,10 @@ async fn a_non_200_answer_s_effects_are_ignored() {
     );
 }
 
-/// A join that subscribes the group here is answered only once the bus server has
-/// taken the subscription (the answer to a PING sent after it): a push the client
-/// makes happen after seeing the answer must reach it (docs/workers.md, "Effects").
-#[tokio::test(start_paused = true)]
-async fn a_join_is_answered_once_its_subscription_is_in_place_at_the_server() {
-    let cx = gate(|_| {});
-    let mut client = connect(&cx, client::Handshake::default()).await;
+/// A client whose `chat.join` the worker answered 200 with a join of `lobby`, the
+/// answer handed to its session (not yet to the client).
+async fn joined_lobby(cx: &Arc<Context>) -> Client {
+    let mut client = connect(cx, client::Handshake::default()).await;
     request(&mut client, 1, "chat.join").await;
     assert_eq!(published(&cx.bus.written().await).len(), 1);
     let resp = RpcResponse {
@@ -92,6 +89,16 @@ async fn a_join_is_answered_once_its_subscription_is_in_place_at_the_server() {
     cx.sessions
         .offer(client.sid, ToSession::Reply { id: 1, reply })
         .expect("the session's queue takes it");
+    client
+}
+
+/// A join that subscribes the group here is answered only once the bus server has
+/// taken the subscription (the answer to a PING sent after it): a push the client
+/// makes happen after seeing the answer must reach it (docs/workers.md, "Effects").
+#[tokio::test(start_paused = true)]
+async fn a_join_is_answered_once_its_subscription_is_in_place_at_the_server() {
+    let cx = gate(|_| {});
+    let mut client = joined_lobby(&cx).await;
     let written = cx.bus.written().await;
     let sub = written.find("SUB shaddock.grp.lobby ").expect("subscribed");
     assert!(written[sub..].contains("PING\r\n"), "{written:?}");
@@ -110,20 +117,7 @@ async fn a_join_is_answered_once_its_subscription_is_in_place_at_the_server() {
 #[tokio::test(start_paused = true)]
 async fn a_join_s_wait_for_its_subscription_is_bounded_by_the_bind_probe_timeout() {
     let cx = gate(|c| c.bind_probe_timeout = Duration::from_millis(300));
-    let mut client = connect(&cx, client::Handshake::default()).await;
-    request(&mut client, 1, "chat.join").await;
-    assert_eq!(published(&cx.bus.written().await).len(), 1);
-    let resp = RpcResponse {
-        code: code::OK,
-        effects: vec![Effect {
-            kind: Some(effect::Kind::Join("lobby".into())),
-        }],
-        ..Default::default()
-    };
-    let reply = WorkerReply::Response(Box::new(resp));
-    cx.sessions
-        .offer(client.sid, ToSession::Reply { id: 1, reply })
-        .expect("the session's queue takes it");
+    let mut client = joined_lobby(&cx).await;
     let started = tokio::time::Instant::now();
     assert_eq!(response(&mut client).await.code, code::OK);
     assert_eq!(started.elapsed(), Duration::from_millis(300));

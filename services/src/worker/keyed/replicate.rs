@@ -132,6 +132,9 @@ impl Replicator {
         }))
         .await;
         let mut sending = self.sending();
+        // A standby whose rest is over is forgotten: one that never answers again (dead,
+        // gone) leaves no entry behind.
+        sending.resting.retain(|_, until| now < *until);
         for (standby, replica, held) in sent {
             let partitions = replica.partitions.iter().map(|s| s.partition);
             match held {
@@ -226,6 +229,7 @@ fn batches(states: Vec<PartitionState>, max: usize) -> Vec<Vec<PartitionState>> 
     let mut batches: Vec<Vec<PartitionState>> = Vec::new();
     let mut size = 0;
     for state in states {
+        // Its field's tag and length prefix take at most 6 bytes more.
         let len = state.encoded_len() + 8;
         match batches.last_mut() {
             Some(batch) if size + len + ENVELOPE <= max => batch.push(state),

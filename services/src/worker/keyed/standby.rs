@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_nats::Message;
 use bytes::Bytes;
+use net::LogLimiter;
 use proto::Message as _;
 use proto::rpc::Replica;
 use tokio::time::Instant;
@@ -139,7 +140,11 @@ impl Coordinator {
         let answer = match kept {
             Ok(()) => Bytes::new(),
             Err(why) => {
-                tracing::warn!(%why, "a replica refused");
+                // A peer that sends nothing but bad replicas writes a line a second.
+                static REFUSED: LogLimiter = LogLimiter::per_second();
+                if let Some(tally) = REFUSED.check() {
+                    tracing::warn!(%why, "a replica refused{tally}");
+                }
                 why.into()
             }
         };
