@@ -6,6 +6,7 @@
 //! and sent again, whole, once it is back ([`Replicator::unreplicated`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -50,6 +51,10 @@ struct Sending {
     resting: HashMap<String, Instant>,
     /// Partitions whose latest snapshot is not at their standby.
     unreplicated: BTreeSet<u32>,
+    /// The server's max payload, and the connection (its count of connects) that said
+    /// it: asked again only after a reconnect, not every frame (the server's INFO is a
+    /// dozen strings to copy).
+    max_payload: Option<(u64, usize)>,
 }
 
 impl Replicator {
@@ -78,6 +83,19 @@ impl Replicator {
         self.standbys.borrow().contains_key(&partition)
     }
 
+    /// The server's max payload, as the connection of the moment said it.
+    fn max_payload(&self, sending: &mut Sending) -> usize {
+        let connects = self.client.statistics().connects.load(Ordering::Relaxed);
+        match sending.max_payload {
+            Some((said, max)) if said == connects => max,
+            _ => {
+                let max = self.client.server_info().max_payload;
+                sending.max_payload = Some((connects, max));
+                max
+            }
+        }
+    }
+
     fn sending(&self) -> std::sync::MutexGuard<'_, Sending> {
         self.sending.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -101,11 +119,11 @@ impl Replicator {
                 states.push(PartitionState { partition, state });
             }
         }
-        let max = self.client.server_info().max_payload;
         let now = Instant::now();
         let mut requests = Vec::new();
         {
             let mut sending = self.sending();
+            let max = self.max_payload(&mut sending);
             for (standby, states) in by_standby {
                 if sending
                     .resting
