@@ -36,6 +36,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! **Heartbeats.** The connection task sends a heartbeat once per interval the gate
+//! asked for, and the gate answers each: a link that hears nothing from its gate for two
+//! intervals counts it gone (a link lost without a reset, which TCP would not report for
+//! minutes) and ends as a dropped connection, `no frame from the gate in N ms`.
+//!
 //! **Reconnecting.** With [`ClientOptions::reconnect`], a dropped connection (not a
 //! kick, not a close `resumed elsewhere`, which says another connection took the session
 //! up, not [`Client::close`]) is re-established with exponential backoff and a new

@@ -8,6 +8,7 @@
 //! resume brings and counts the rest towards the next ack, which the connection task
 //! writes ([`Link::write_control`]) when the reader says one is due.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use futures::{SinkExt, StreamExt};
 use proto::client::{Push, packet::Kind};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
+use tokio::time::{Instant, Sleep};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tracing::{Instrument, warn};
 
@@ -103,8 +105,10 @@ impl Link {
         sequence: Arc<Sequence>,
     ) -> Link {
         let (sink, stream) = dialed.ws.split();
-        let reader =
-            tokio::spawn(read_loop(stream, epoch, routes, sequence.clone()).in_current_span());
+        let silence = silence_limit(dialed.ack.heartbeat_ms);
+        let reader = tokio::spawn(
+            read_loop(stream, epoch, routes, sequence.clone(), silence).in_current_span(),
+        );
         Link {
             epoch,
             url_index: dialed.url_index,
@@ -179,19 +183,57 @@ impl Link {
     }
 }
 
+/// How long a link may hear nothing from its gate before it counts the gate gone: two
+/// of the gate's heartbeat intervals (the gate answers the heartbeat the connection task
+/// sends every interval, so a live gate is never silent that long; docs/protocol.md,
+/// "Heartbeat"). `None` when the gate asked for no heartbeats.
+fn silence_limit(heartbeat_ms: u32) -> Option<Duration> {
+    (heartbeat_ms > 0).then(|| Duration::from_millis(2 * u64::from(heartbeat_ms)))
+}
+
+/// Resolves once nothing was heard for `limit` since `heard` (pending for ever with no
+/// limit). One timer for the link, moved on only when it fires, so a frame costs a
+/// clock read and no timer.
+async fn silent_for(limit: Option<Duration>, heard: &Instant, timer: &mut Pin<Box<Sleep>>) {
+    let Some(limit) = limit else {
+        return std::future::pending().await;
+    };
+    loop {
+        timer.as_mut().await;
+        let due = *heard + limit;
+        if Instant::now() >= due {
+            return;
+        }
+        timer.as_mut().reset(due);
+    }
+}
+
 /// Reads frames until the connection ends: responses to their waiters, pushes to the
 /// push queue (each unless it is a repeat), a drain and the end to the connection task.
 /// Each link sends at most two events (its gate's first drain, and its end), which is
 /// what bounds the task's event channel: a gate repeating its drain is told nothing new.
+/// A gate silent for `silence` is gone: the link ends as lost (and its session is
+/// resumed elsewhere, if it can be).
 async fn read_loop(
     mut stream: SplitStream<Ws>,
     epoch: u64,
     routes: Routes,
     sequence: Arc<Sequence>,
+    silence: Option<Duration>,
 ) {
     let mut drain_told = false;
+    let mut heard = Instant::now();
+    let mut timer = Box::pin(tokio::time::sleep(silence.unwrap_or_default()));
     let exit = loop {
-        let message = match stream.next().await {
+        let next = tokio::select! {
+            next = stream.next() => next,
+            () = silent_for(silence, &heard, &mut timer) => {
+                let ms = silence.unwrap_or_default().as_millis();
+                break Exit::Lost(format!("no frame from the gate in {ms} ms"));
+            }
+        };
+        heard = Instant::now();
+        let message = match next {
             Some(Ok(message)) => message,
             Some(Err(e)) => break read_failed(e),
             None => break Exit::Lost("the gate closed the connection".to_owned()),

@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use testkit::{DEADLINE, within};
 
 use super::*;
-use fake_gate::{Event, REVERSE_BATCH, fake_gate};
+use fake_gate::{Control, Event, REVERSE_BATCH, fake_gate};
 
 fn options() -> ClientOptions {
     ClientOptions {
@@ -338,6 +338,48 @@ async fn the_first_heartbeat_waits_a_whole_interval() {
     assert_eq!(event, Event::Heartbeat { session: 1 });
     // Timers never fire early; the interval starts after the handshake, after `start`.
     assert!(start.elapsed() >= interval, "after {:?}", start.elapsed());
+}
+
+/// A gate that goes silent with its socket open (the link lost without a reset) is
+/// counted gone after two of its heartbeat intervals: what waits on it fails, naming
+/// the silence. While it answers, the link outlives many intervals.
+#[tokio::test]
+async fn a_silent_gate_is_dropped_after_two_heartbeat_intervals() {
+    let mut gate = fake_gate(50).await;
+    let client = Client::connect(&gate.url, options()).await.unwrap();
+    for _ in 0..6 {
+        let event = within(gate.events.recv()).await.unwrap();
+        assert_eq!(event, Event::Heartbeat { session: 1 });
+    }
+    let r = within(client.request("echo.echo", b"alive")).await.unwrap();
+    assert_eq!(r.code, 200);
+    gate.control(Control::Silence);
+    let start = Instant::now();
+    let e = within(client.request("echo.echo", b"lost"))
+        .await
+        .unwrap_err();
+    assert_eq!(closed_reason(&e), "no frame from the gate in 100 ms");
+    assert!(
+        start.elapsed() >= Duration::from_millis(50),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// With reconnect set, the client leaves a silent gate for a new connection.
+#[tokio::test]
+async fn a_silent_gate_is_left_for_a_new_connection() {
+    let gate = fake_gate(50).await;
+    let client = Client::connect(&gate.url, reconnecting()).await.unwrap();
+    gate.control(Control::Silence);
+    within(async {
+        while client.reconnects() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let r = within(client.request("echo.echo", b"again")).await.unwrap();
+    assert_eq!((r.code, &r.body[..]), (200, &b"again"[..]));
 }
 
 #[tokio::test]

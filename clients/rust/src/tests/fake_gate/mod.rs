@@ -96,6 +96,9 @@ pub(super) enum Control {
     Release,
     /// Kick with this reason and close.
     Kick(String),
+    /// Go silent: keep the socket open, but answer nothing more (a gate cut off by a
+    /// network that lost the link without a reset).
+    Silence,
 }
 
 pub(super) struct FakeGate {
@@ -274,6 +277,10 @@ impl Session {
                     let _ = self.events.try_send(Event::Heartbeat {
                         session: state.session,
                     });
+                    // A gate answers every heartbeat (docs/protocol.md, "Heartbeat").
+                    if !state.silent {
+                        ws.send(frame(Kind::Heartbeat(Heartbeat {}))).await.unwrap();
+                    }
                     continue;
                 }
                 Some(Kind::Ack(ack)) => {
@@ -289,6 +296,8 @@ impl Session {
                     });
                     continue;
                 }
+                // Silent: nothing is answered.
+                Some(Kind::Request(_)) if state.silent => continue,
                 Some(Kind::Request(request)) => request,
                 other => panic!("unexpected packet {other:?}"),
             };
@@ -364,6 +373,10 @@ impl Session {
                 let _ = ws.send(frame(Kind::Kick(Kick { reason }))).await;
                 let _ = ws.close(None).await;
                 true
+            }
+            Control::Silence => {
+                state.silent = true;
+                false
             }
         }
     }
@@ -514,6 +527,8 @@ struct State {
     held: Vec<Request>,
     drained: bool,
     numbered: Option<Numbered>,
+    /// Told to go silent ([`Control::Silence`]).
+    silent: bool,
 }
 
 impl State {
