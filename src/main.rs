@@ -196,11 +196,15 @@ async fn gate(args: GateArgs, deprecated: &[String]) -> anyhow::Result<()> {
         telemetry::serve_metrics(addr, backlog, shutdown.clone()).await?;
     }
     let bus = roles::gate_bus(&args.nats, &args.security, args.bus_timings)?;
+    let threads = roles::GateThreads {
+        shards: args.shards.shards,
+        host: None,
+    };
     let started = roles::start_gate(
         args.listen,
         bus,
         args.gate,
-        args.shards.shards,
+        threads,
         &args.tls,
         backlog,
         shutdown.clone(),
@@ -276,6 +280,9 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     let dialer = bus::dial_with(move || server.connect_in_process());
     let chat_config = args.chat;
     let store = args.store;
+    // One thread for the workers and the gate's first shard: a request is read,
+    // forwarded, handled, answered and written there (docs/workers.md, "In Rust: threads").
+    let host = services::Host::spawn("up", worker_config.frames.handler_stall)?;
     let start = |service| {
         let config = worker_config.clone();
         roles::start_worker(
@@ -283,7 +290,7 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
             config,
             chat_config,
             &store,
-            Some(&dialer),
+            Some((&dialer, &host)),
             &shutdown,
         )
     };
@@ -298,11 +305,15 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
         name: roles::GATE_CONNECTION_NAME.into(),
         ..BusOptions::in_process(dialer)
     };
+    let threads = roles::GateThreads {
+        shards: args.shards.shards,
+        host: Some(host.runtime().clone()),
+    };
     let gate = roles::start_gate(
         SocketAddr::from((any, args.gate_port)),
         gate_bus,
         args.gate,
-        args.shards.shards,
+        threads,
         &args.tls,
         backlog,
         shutdown.clone(),
@@ -364,6 +375,8 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     for (_, worker) in workers {
         result = result.and(roles::join(worker.task, worker.stop_within).await);
     }
+    // Its thread ends now that the gate and the workers on it have.
+    drop(host);
     broker_shutdown.cancel();
     broker.stop().await?;
     result

@@ -185,15 +185,23 @@ pub fn gate_bus(
     Ok(bus)
 }
 
+/// Where a gate's shards run: `shards` of them, each on its own thread with a
+/// single-threaded runtime ([`Shards`]), but the first on `host` when given (`up`: the
+/// host of its in-process workers).
+pub struct GateThreads {
+    pub shards: u16,
+    pub host: Option<tokio::runtime::Handle>,
+}
+
 /// Connects to the bus, binds `listen` (and the TLS listener, if asked for) with
-/// `backlog`, and serves a gate of `shards` shards until `shutdown`, each on its own
-/// thread with a single-threaded runtime ([`Shards`]): one shard is the gate itself on
-/// one thread, so a request's read, forward, answer and write never change threads.
+/// `backlog`, and serves a gate on `threads` until `shutdown`: one shard is the gate
+/// itself on one thread, so a request's read, forward, answer and write never change
+/// threads.
 pub async fn start_gate(
     listen: SocketAddr,
     bus: BusOptions,
     config: GateConfig,
-    shards: u16,
+    threads: GateThreads,
     tls: &TlsArgs,
     backlog: net::Backlog,
     shutdown: CancellationToken,
@@ -206,6 +214,7 @@ pub async fn start_gate(
         }
         _ => None,
     };
+    let GateThreads { shards, host } = threads;
     let count = usize::from(shards);
     let bind = |addr: SocketAddr| async move {
         net::listen_shared(addr, backlog, count)
@@ -227,7 +236,7 @@ pub async fn start_gate(
     let listeners = (plain.into_iter().zip(tls_sockets))
         .map(|(plain, tls)| ShardListeners { plain, tls })
         .collect();
-    let shards = Shards::start(bus, &config, token_check, listeners, shutdown).await?;
+    let shards = Shards::start(bus, &config, token_check, listeners, host, shutdown).await?;
     let gates = shards.gates().to_vec();
     let task = tokio::spawn(async move { shards.join().await.context("gate") });
     let ids: Vec<&str> = gates.iter().map(Gate::id).collect();
@@ -267,7 +276,8 @@ pub fn reload_tls_on_sighup(tls: Tls, shutdown: CancellationToken) -> anyhow::Re
     Ok(())
 }
 
-/// Connects to the bus (`config.nats`, or the embedded broker `in_process` reaches) and
+/// Connects to the bus (`config.nats`, or in process to the embedded broker a dialer
+/// reaches, on the host given with it) and
 /// serves one worker of `service` (with `chat`'s settings, for the chat service; over
 /// the store `store` names, for one that keeps player data) until `shutdown`.
 pub async fn start_worker(
@@ -275,7 +285,7 @@ pub async fn start_worker(
     config: WorkerConfig,
     chat: ChatConfig,
     store: &StoreConfig,
-    in_process: Option<&Dialer>,
+    in_process: Option<(&Dialer, &services::Host)>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<StartedWorker> {
     chat.validate()?;
@@ -287,8 +297,9 @@ pub async fn start_worker(
     let service = service.build(chat, store)?;
     let name = services::worker_connection_name(service.name());
     let mut running = match in_process {
-        Some(dial) => {
-            services::Worker::start_in_process(dial.clone(), service, config, &name, shutdown)
+        Some((dial, host)) => {
+            let dial = dial.clone();
+            services::Worker::start_in_process(dial, Some(host), service, config, &name, shutdown)
                 .await?
         }
         None => services::Worker::start(service, config, &name, shutdown).await?,

@@ -252,6 +252,14 @@ async fn up_serves_every_shard_on_its_in_process_bus_and_stops_on_sigterm() {
     for (on, mut player) in one_per_shard(&ws).await {
         assert_eq!(ask(&mut player, "echo.raw", &on).await, on);
     }
+    // The first shard runs on the workers' host thread (docs/workers.md, "In Rust:
+    // threads"); the second on its own; no worker has a thread of its own.
+    let threads = threads(up.pid());
+    assert!(threads.contains(&"host-up".to_owned()), "{threads:?}");
+    assert!(threads.contains(&"gate-shard-1".to_owned()), "{threads:?}");
+    let apart =
+        |name: &String| name == "gate-shard-0" || name.starts_with("host-") && name != "host-up";
+    assert!(!threads.iter().any(apart), "{threads:?}");
     // The demo page, from whichever shard each connection lands on.
     let host = ws.trim_start_matches("ws://").to_owned();
     for _ in 0..4 {
@@ -266,4 +274,15 @@ async fn up_serves_every_shard_on_its_in_process_bus_and_stops_on_sigterm() {
     up.signal(Signal::SIGTERM);
     let status = within(up.exit()).await;
     assert!(status.success(), "{status:?}");
+}
+
+/// The names of process `pid`'s threads (Linux: /proc/PID/task/TID/comm).
+fn threads(pid: u32) -> Vec<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks
+        .map(|task| {
+            let comm = task.unwrap().path().join("comm");
+            std::fs::read_to_string(comm).unwrap().trim().to_owned()
+        })
+        .collect()
 }

@@ -121,7 +121,7 @@ pub struct FrameConfig {
     pub max_cost: u32,
 
     /// Pause after a frame that spent its whole budget with requests still queued
-    /// (e.g. 1ms, 500us).
+    /// (e.g. 1ms, 500us; 0 for none: the next frame starts at once).
     #[arg(long, env = "SHADDOCK_OVERRUN_PAUSE", default_value = "1ms", value_parser = net::duration::parse)]
     pub overrun_pause: Duration,
 

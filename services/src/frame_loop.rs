@@ -19,7 +19,8 @@
 //! a deadline, the pause's end), [`FrameLoop::run_step`] (synchronous: the handlers;
 //! what they send is kept, in order), [`FrameLoop::flush`] (async: sends it). The
 //! worker runs the middle part outside its runtime, on the thread that runs the bus
-//! I/O, with a watchdog for a step that overruns ([`driver`]).
+//! I/O (a host, which may drive several workers' loops), with a watchdog for a step
+//! that overruns ([`driver`]).
 //!
 //! What a handler pushes (see [`crate::push`]) is published after it returns and before
 //! its answer, through the same output, so it reaches every gate first.
@@ -57,7 +58,7 @@ use crate::context::{CallResult, Later};
 use crate::metrics::LoopMetrics;
 use crate::push::Outbound;
 use crate::service::{DEFAULT_COST, Service, Tick, resume};
-pub use driver::drive;
+pub use driver::{Ended, Finish, Guest, Watchdog, host};
 #[cfg(test)]
 use intake::{Intake, Offer};
 pub use intake::{Queue, queue};
@@ -365,7 +366,8 @@ impl<O: ReplySink> FrameLoop<O> {
             Step::Tick(tick) => self.tick(&tick),
             Step::Expire => self.expire(),
             Step::Frame => {
-                if self.frame() {
+                // A zero pause is none: the next frame may start at once.
+                if self.frame() && !self.config.overrun_pause.is_zero() {
                     self.paused_until = Some(Instant::now() + self.config.overrun_pause);
                 }
             }

@@ -58,4 +58,4 @@ pub use handler_error::HandlerError;
 pub use metrics::describe as describe_metrics;
 pub use push::{Outbound, PushError, Pusher};
 pub use service::{DEFAULT_COST, Delivery, EventHandled, Handled, Service, Tick};
-pub use worker::{HeldPartitions, Running, Undelivered, Worker, WorkerError};
+pub use worker::{HeldPartitions, Host, Running, Undelivered, Worker, WorkerError};

@@ -6,16 +6,17 @@
 //! knows requests will reach it), then [`Worker::run`] serves until shutdown.
 //! [`Worker::start`] connects, does both, and serves on a task.
 //!
-//! A worker runs on one thread of its own (`loop_thread`), with a current-thread
-//! runtime: its connection (made there by [`Worker::start`]), subscriptions, heartbeats
-//! and intake (reading the subscriptions, answering 503 when the queue is full) are
-//! tasks of that runtime, and the frame loop runs between them on the same thread
-//! ([`crate::frame_loop::drive`]), so a request is read, handled and answered without
-//! crossing a thread. Handlers are synchronous game logic: a handler that runs past
-//! `--handler-stall` gets the watchdog thread to drive the bus I/O until it returns, so
-//! heartbeats, keyed ownership and drains go on; a long frame delays only this service,
-//! never the network I/O of the process, which in `shaddock up` also runs the broker
-//! and the gate.
+//! A worker runs on a host (`host.rs`): one thread with a current-thread runtime, of its
+//! own unless it was started on a shared one. Its connection (made there by
+//! [`Worker::start`]), subscriptions, heartbeats and intake (reading the subscriptions,
+//! answering 503 when the queue is full) are tasks of that runtime, and the frame loop
+//! runs between them on the same thread ([`crate::frame_loop::host`]), so a request is
+//! read, handled and answered without crossing a thread. Handlers are synchronous game
+//! logic: a handler that runs past `--handler-stall` gets the watchdog thread to drive
+//! the host's I/O until it returns, so heartbeats, keyed ownership and drains go on. A
+//! worker on a host of its own delays only its service with a long frame, never the
+//! network I/O of the process; in `shaddock up`, whose workers share the gate's host, a
+//! frame delays the gate's sessions on that thread too, up to `--handler-stall`.
 //!
 //! At shutdown the queue subscriptions leave their groups by count (`drain.rs`), the
 //! loop finishes what it took, and the answers are flushed; how that loses nothing, and
@@ -25,9 +26,9 @@ mod announce;
 mod calls;
 mod error;
 mod hop;
+mod host;
 mod inputs;
 mod keyed;
-mod loop_thread;
 mod output;
 mod resync;
 mod running;
@@ -50,6 +51,7 @@ use calls::CallReplies;
 pub use error::Undelivered;
 pub use error::WorkerError;
 use hop::{Mover, Target};
+pub use host::Host;
 use inputs::{Subscribed, inputs};
 pub use keyed::HeldPartitions;
 use keyed::Keyed;
@@ -99,14 +101,19 @@ impl Worker {
         let connects = client.statistics().connects.load(Ordering::Relaxed);
         let pusher = Pusher::new(client.clone(), config.prefix.clone())?;
         let sync_subject = service.start_sync_subject().map(str::to_owned);
+        // Owned: the service (its handlers are not `Sync`) is not borrowed across an
+        // await, so subscribing can run as a task on the worker's host.
+        let wanted: Vec<(String, Delivery)> = service
+            .events()
+            .filter(|(subject, _)| Some(*subject) != sync_subject.as_deref())
+            .map(|(subject, delivery)| (subject.to_owned(), delivery))
+            .collect();
         let mut events = Vec::new();
-        for (subject, delivery) in service.events() {
-            if Some(subject) != sync_subject.as_deref() {
-                events.push(
-                    subscribe_event(&client, &config.prefix, service.name(), subject, delivery)
-                        .await?,
-                );
-            }
+        for (subject, delivery) in wanted {
+            events.push(
+                subscribe_event(&client, &config.prefix, service.name(), &subject, delivery)
+                    .await?,
+            );
         }
         client.flush().await?;
         let (sync, snapshot) = match sync_subject {
@@ -195,20 +202,18 @@ impl Worker {
     /// losing what the bus already routed to it, and answers everything it took
     /// (docs/workers.md, "Draining on shutdown"). A drain that has not ended within
     /// `--drain-grace` (the bus is down) ends with [`WorkerError::DrainGrace`], saying
-    /// what could not be delivered. Serves on a loop thread of its own (see the module
+    /// what could not be delivered. Serves on a host of its own (see the module
     /// docs); the connection stays where it was made ([`Worker::start`] makes it there).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
-        let (done_tx, done) = oneshot::channel();
         let name = self.service.name().to_owned();
-        loop_thread::spawn(&name, move |rt| {
-            let _ = done_tx.send(self.serve_on(rt, shutdown));
-        })?;
-        done.await
-            .unwrap_or_else(|_| Err(loop_thread::vanished(&name)))
+        let host = Host::spawn(&name, self.config.frames.handler_stall)?;
+        let done = host.serve(self, shutdown);
+        drop(host);
+        done.await.unwrap_or_else(|_| Err(host::vanished(&name)))
     }
 
-    /// The worker's I/O, on the loop thread's runtime: hands the frame loop it made to
-    /// `frames` (the loop thread drives it), and learns from `stopped` that it is done.
+    /// The worker's I/O, on its host's runtime: hands the frame loop it made to `frames`
+    /// (the host drives it), and learns from `stopped` that it is done.
     async fn serve(
         self,
         shutdown: CancellationToken,

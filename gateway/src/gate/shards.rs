@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use bus::BusOptions;
+use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -44,13 +45,16 @@ pub struct Shards {
 impl Shards {
     /// Starts one shard per element of `listeners`, each on its own thread: it connects
     /// its own bus connection (`bus`), then serves its listeners until `shutdown`, when
-    /// it drains as a gate does. Returns once every shard's bus connection is up (as
-    /// [`Gate::new`] does), or the first shard's error.
+    /// it drains as a gate does. The first shard runs on `host` instead when given: a
+    /// current-thread runtime another thread drives (in `shaddock up`, the host of its
+    /// in-process workers, so a request never leaves that thread). Returns once every
+    /// shard's bus connection is up (as [`Gate::new`] does), or the first shard's error.
     pub async fn start(
         bus: BusOptions,
         config: &GateConfig,
         token_check: Arc<dyn TokenCheck>,
         listeners: Vec<ShardListeners>,
+        mut host: Option<Handle>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Shards> {
         let admission = Admission::new(config.max_sessions, config.max_connections_per_ip);
@@ -70,10 +74,15 @@ impl Shards {
                 listeners,
                 shutdown: stop.clone(),
             };
-            std::thread::Builder::new()
-                .name(format!("gate-shard-{index}"))
-                .spawn(move || shard.run(ready_tx, served_tx))
-                .context("starting a gate shard's thread")?;
+            match host.take() {
+                Some(host) => drop(host.spawn(shard.serve(ready_tx, served_tx))),
+                None => {
+                    std::thread::Builder::new()
+                        .name(format!("gate-shard-{index}"))
+                        .spawn(move || shard.run(ready_tx, served_tx))
+                        .context("starting a gate shard's thread")?;
+                }
+            }
             starting.push(ready);
             served.push(serving);
         }
@@ -141,17 +150,24 @@ impl Shard {
                 return;
             }
         };
-        runtime.block_on(async move {
-            let (gate, listeners, shutdown) = match self.start().await {
-                Ok(started) => started,
-                Err(error) => {
-                    let _ = ready.send(Err(error));
-                    return;
-                }
-            };
-            let _ = ready.send(Ok(gate.clone()));
-            let _ = served.send(gate.serve(listeners, shutdown).await);
-        });
+        runtime.block_on(self.serve(ready, served));
+    }
+
+    /// Starts the shard's gate, says so on `ready`, and serves until shutdown.
+    async fn serve(
+        self,
+        ready: oneshot::Sender<anyhow::Result<Gate>>,
+        served: oneshot::Sender<std::io::Result<()>>,
+    ) {
+        let (gate, listeners, shutdown) = match self.start().await {
+            Ok(started) => started,
+            Err(error) => {
+                let _ = ready.send(Err(error));
+                return;
+            }
+        };
+        let _ = ready.send(Ok(gate.clone()));
+        let _ = served.send(gate.serve(listeners, shutdown).await);
     }
 
     /// Adopts the shard's sockets into this thread's runtime (moved, not duplicated: a

@@ -1,5 +1,5 @@
-//! Starting a worker in one call: connect, subscribe, serve, all on the worker's loop
-//! thread (its connection's tasks live on that thread's runtime). The `shaddock` binary
+//! Starting a worker in one call: connect, subscribe, serve, all on the worker's host
+//! (its connection's tasks live on that thread's runtime). The `shaddock` binary
 //! and every test start workers this way.
 
 use std::future::Future;
@@ -7,7 +7,7 @@ use std::future::Future;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::{HeldPartitions, Worker, WorkerError, loop_thread};
+use super::{HeldPartitions, Host, Worker, WorkerError, host};
 use crate::bus;
 use crate::config::WorkerConfig;
 use crate::service::Service;
@@ -15,7 +15,7 @@ use crate::service::Service;
 impl Worker {
     /// Connects to `config.nats` as `name` (with `config.security`'s credentials and
     /// TLS), subscribes `service`, returning once the server has the subscriptions (so
-    /// requests sent next reach it), and serves it on its loop thread until `shutdown`
+    /// requests sent next reach it), and serves it on a host of its own until `shutdown`
     /// fires or the returned [`Running`] is stopped or dropped.
     pub async fn start(
         service: Service,
@@ -28,25 +28,40 @@ impl Worker {
             config.security.clone(),
             name.to_owned(),
         );
+        let host = Host::spawn(service.name(), config.frames.handler_stall)?;
         let connect = async move { bus::connect(&urls, &name, &security).await };
-        Worker::start_with(connect, service, config, shutdown).await
+        Worker::start_on(&host, connect, service, config, shutdown).await
     }
 
     /// [`Worker::start`] on the in-process connection of the embedded broker `dial`
-    /// reaches (see [`crate::connect_in_process`]), made on the worker's loop thread.
+    /// reaches (see [`crate::connect_in_process`]), made on `host`'s thread: a host of
+    /// the worker's own when `None`, else the one given, which may serve other workers
+    /// and tasks (`shaddock up` serves its gate there too).
     pub async fn start_in_process(
         dial: ::bus::Dialer,
+        host: Option<&Host>,
         service: Service,
         config: WorkerConfig,
         name: &str,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Running> {
+        let own;
+        let host = match host {
+            Some(host) => host,
+            None => {
+                own = Host::spawn(service.name(), config.frames.handler_stall)?;
+                &own
+            }
+        };
         let name = name.to_owned();
         let connect = async move { bus::connect_in_process(dial, &name).await };
-        Worker::start_with(connect, service, config, shutdown).await
+        Worker::start_on(host, connect, service, config, shutdown).await
     }
 
-    async fn start_with(
+    /// Connects with `connect` and subscribes, both on `host`'s thread, then serves
+    /// there.
+    async fn start_on(
+        host: &Host,
         connect: impl Future<Output = anyhow::Result<bus::Client>> + Send + 'static,
         service: Service,
         config: WorkerConfig,
@@ -55,28 +70,14 @@ impl Worker {
         // A child: stopping this worker leaves the rest of the process running.
         let shutdown = shutdown.child_token();
         let name = service.name().to_owned();
-        let (started_tx, started) = oneshot::channel();
-        let (done_tx, done) = oneshot::channel();
-        let stop = shutdown.clone();
-        loop_thread::spawn(&name, move |rt| {
-            let subscribed = rt.block_on(async move {
-                let client = connect.await?;
-                anyhow::Ok(Worker::subscribe(client, service, config).await?)
-            });
-            let worker = match subscribed {
-                Ok(worker) => worker,
-                Err(error) => {
-                    let _ = started_tx.send(Err(error));
-                    return;
-                }
-            };
-            tracing::info!("Worker subscribed on {}", worker.subject());
-            // The caller gone, nobody would stop the worker: it does not serve.
-            if started_tx.send(Ok(worker.held())).is_ok() {
-                let _ = done_tx.send(worker.serve_on(rt, stop));
-            }
-        })?;
-        let held = started.await.map_err(|_| loop_thread::vanished(&name))??;
+        let subscribed = host.runtime().spawn(async move {
+            let client = connect.await?;
+            anyhow::Ok(Worker::subscribe(client, service, config).await?)
+        });
+        let worker = subscribed.await.map_err(|_| host::vanished(&name))??;
+        tracing::info!("Worker subscribed on {}", worker.subject());
+        let held = worker.held();
+        let done = host.serve(worker, shutdown.clone());
         Ok(Running {
             shutdown,
             done,
@@ -86,7 +87,7 @@ impl Worker {
     }
 }
 
-/// A worker serving on its loop thread, from [`Worker::start`]. Dropping it fires its
+/// A worker serving on its host, from [`Worker::start`]. Dropping it fires its
 /// shutdown: it then drains on its own.
 #[derive(Debug)]
 pub struct Running {
@@ -118,7 +119,7 @@ impl Running {
     pub async fn join(&mut self) -> Result<(), WorkerError> {
         match (&mut self.done).await {
             Ok(result) => result,
-            Err(_) => Err(loop_thread::vanished(&self.name)),
+            Err(_) => Err(host::vanished(&self.name)),
         }
     }
 }

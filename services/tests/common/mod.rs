@@ -48,7 +48,7 @@ impl BusExt for Bus {
                 Bus::InProcess(embedded) => {
                     let server = embedded.server.clone();
                     let dial = bus::dial_with(move || server.connect_in_process());
-                    Worker::start_in_process(dial, service, config, &name, &shutdown).await
+                    Worker::start_in_process(dial, None, service, config, &name, &shutdown).await
                 }
                 Bus::Embedded(_) | Bus::NatsServer(_) => {
                     Worker::start(service, config, &name, &shutdown).await

@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::runtime::Runtime;
+
 use bytes::Bytes;
 use proto::Message;
 use proto::rpc::{RpcRequest, RpcResponse};
@@ -15,6 +17,7 @@ use tokio::sync::mpsc;
 use super::*;
 use crate::config::FrameConfig;
 use crate::frame_loop::{Incoming, queue};
+use crate::service::Service;
 
 const MS: Duration = Duration::from_millis(1);
 /// The period of the stand-in for the worker's I/O: a task counting on the runtime.
@@ -29,20 +32,79 @@ struct Run {
     answered: Vec<u32>,
 }
 
-/// Drives a loop over requests whose handler sleeps (blocking the thread) for the
-/// given times, with `stall` as the budget, beside a task beating every [`BEAT`].
-fn drive_sleeps(stall: Duration, sleeps: &[Duration]) -> Run {
-    let rt = Arc::new(
+/// A loop of service `t` whose queue holds one request per element of `bodies`
+/// (ids in order), answering into `out`; it ends once it has handled them.
+fn loaded(
+    rt: &Runtime,
+    service: Service,
+    config: FrameConfig,
+    bodies: Vec<Vec<u8>>,
+    out: mpsc::Sender<(u32, RpcResponse)>,
+) -> FrameLoop<mpsc::Sender<(u32, RpcResponse)>> {
+    let _runtime = rt.enter();
+    let (intake, queue) = queue("t", bodies.len() + 1, out.clone());
+    for (id, body) in (0u32..).zip(bodies) {
+        let request = RpcRequest {
+            route: "t.work".into(),
+            body: Bytes::from(body),
+            ..RpcRequest::default()
+        };
+        let incoming = Incoming::new("work", request.encode_to_vec().into(), Some(id));
+        rt.block_on(intake.offer(incoming));
+    }
+    // The loop ends once it has handled what is queued.
+    drop(intake);
+    FrameLoop::new(service, config, queue, out)
+}
+
+/// Hosts `loops` on this thread over `rt` with `stall` as the budget until every one
+/// has run to its end; returns the takeovers.
+fn host_all(
+    rt: &Arc<Runtime>,
+    stall: Duration,
+    loops: Vec<FrameLoop<mpsc::Sender<(u32, RpcResponse)>>>,
+) -> u64 {
+    let watchdog = Watchdog::start(rt, "t", stall).unwrap();
+    let (arrivals, arriving) = mpsc::unbounded_channel();
+    let (done_tx, done) = std::sync::mpsc::channel();
+    for frame_loop in loops {
+        let done_tx = done_tx.clone();
+        let guest = Guest {
+            name: "t".into(),
+            span: tracing::Span::none(),
+            frame_loop,
+            stop: std::future::pending::<()>(),
+            ended: Box::new(move |ended| {
+                done_tx.send(matches!(ended, Ended::Done(..))).unwrap();
+                None
+            }),
+        };
+        assert!(arrivals.send(guest).is_ok());
+    }
+    drop((arrivals, done_tx));
+    let takeovers = host(rt, watchdog, arriving);
+    assert!(done.iter().all(|ran| ran), "every loop ran to its end");
+    takeovers
+}
+
+fn current_thread() -> Arc<Runtime> {
+    Arc::new(
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap(),
-    );
+    )
+}
+
+/// Drives a loop over requests whose handler sleeps (blocking the thread) for the
+/// given times, with `stall` as the budget, beside a task beating every [`BEAT`].
+fn drive_sleeps(stall: Duration, sleeps: &[Duration]) -> Run {
+    let rt = current_thread();
     let counted = Arc::new(AtomicU64::new(0));
     let beats = Arc::new(Mutex::new(Vec::new()));
     let service = {
         let (counted, beats) = (counted.clone(), beats.clone());
-        Service::new("t").raw_method("sleep", move |_ctx, body| {
+        Service::new("t").raw_method("work", move |_ctx, body| {
             let millis = u64::from_be_bytes(body[..8].try_into().map_err(|_| "bad time")?);
             let before = counted.load(Ordering::SeqCst);
             std::thread::sleep(Duration::from_millis(millis));
@@ -58,24 +120,11 @@ fn drive_sleeps(stall: Duration, sleeps: &[Duration]) -> Run {
         handler_stall: stall,
         ..FrameConfig::default()
     };
-    let frame_loop = {
-        let _runtime = rt.enter();
-        let (intake, queue) = queue("t", sleeps.len() + 1, out.clone());
-        for (id, sleep) in (0u32..).zip(sleeps) {
-            let mut body = (sleep.as_millis() as u64).to_be_bytes().to_vec();
-            body.extend(id.to_be_bytes());
-            let request = RpcRequest {
-                route: "t.sleep".into(),
-                body: Bytes::from(body),
-                ..RpcRequest::default()
-            };
-            let incoming = Incoming::new("sleep", request.encode_to_vec().into(), Some(id));
-            rt.block_on(intake.offer(incoming));
-        }
-        // The loop ends once it has handled what is queued.
-        drop(intake);
-        FrameLoop::new(service, config, queue, out)
-    };
+    let bodies = sleeps
+        .iter()
+        .map(|sleep| (sleep.as_millis() as u64).to_be_bytes().to_vec())
+        .collect();
+    let frame_loop = loaded(&rt, service, config, bodies, out);
     rt.spawn(async move {
         let mut beat = tokio::time::interval(BEAT);
         loop {
@@ -83,15 +132,7 @@ fn drive_sleeps(stall: Duration, sleeps: &[Duration]) -> Run {
             counted.fetch_add(1, Ordering::SeqCst);
         }
     });
-    let driven = drive(
-        &rt,
-        "t",
-        stall,
-        frame_loop,
-        &mut std::future::pending::<()>(),
-    )
-    .unwrap();
-    assert!(driven.ended.is_ok(), "the loop ran to its end");
+    let takeovers = host_all(&rt, stall, vec![frame_loop]);
     let mut answered = Vec::new();
     while let Ok((id, response)) = answers.try_recv() {
         assert_eq!(response.code, proto::code::OK);
@@ -99,10 +140,47 @@ fn drive_sleeps(stall: Duration, sleeps: &[Duration]) -> Run {
     }
     let beats = beats.lock().unwrap().clone();
     Run {
-        takeovers: driven.takeovers,
+        takeovers,
         beats,
         answered,
     }
+}
+
+/// Two loops on one host, the first always ready (a frame of one request, no pause
+/// after it): the second's request runs after one of the first's, not after all.
+#[test]
+fn a_busy_loop_does_not_starve_another_on_its_host() {
+    let rt = current_thread();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let service = |name: &'static str| {
+        let order = order.clone();
+        Service::new("t").raw_method("work", move |_ctx, body| {
+            order.lock().unwrap().push(name);
+            Ok(body)
+        })
+    };
+    let config = FrameConfig {
+        max_cost: 1,
+        overrun_pause: Duration::ZERO,
+        ..FrameConfig::default()
+    };
+    let (out, _answers) = mpsc::channel(64);
+    let busy = loaded(
+        &rt,
+        service("busy"),
+        config.clone(),
+        vec![vec![]; 20],
+        out.clone(),
+    );
+    let other = loaded(&rt, service("other"), config, vec![vec![]], out);
+    host_all(&rt, Duration::from_secs(1), vec![busy, other]);
+    let order = order.lock().unwrap().clone();
+    let at = order.iter().position(|name| *name == "other").unwrap();
+    assert!(
+        at <= 2,
+        "the other loop waited for {at} of the busy one's: {order:?}"
+    );
+    assert_eq!(order.len(), 21);
 }
 
 #[test]
