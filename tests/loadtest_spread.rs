@@ -72,7 +72,7 @@ fn a_drained_gates_players_are_all_served_by_the_other() {
 }
 
 #[test]
-fn a_room_whose_members_two_processes_hold_gets_every_message() {
+fn a_room_whose_members_two_processes_hold_gets_every_message_there_and_on_the_bare_server() {
     let run = report(&[
         "broadcast",
         "--gates",
@@ -87,9 +87,15 @@ fn a_room_whose_members_two_processes_hold_gets_every_message() {
         "2",
         "--source-addrs",
         "127.0.0.3-127.0.0.4",
+        "--with-limit",
     ]);
     assert_eq!(run["deliveries"].as_u64(), Some(200), "{run}");
     assert_eq!(run["latency"]["count"].as_u64(), Some(200), "{run}");
+    // The same room on the bare WebSocket server, first, in the same run.
+    let limit = &run["limit"];
+    assert_eq!(limit["deliveries"].as_u64(), Some(200), "{run}");
+    assert_eq!(limit["latency"]["count"].as_u64(), Some(200), "{run}");
+    assert_eq!(limit["gates"].as_u64(), Some(1), "{run}");
 }
 
 #[test]

@@ -125,10 +125,8 @@ async fn measure(args: &Args) -> anyhow::Result<BusRr> {
     .with_context(|| format!("connecting to {} took over {CONNECT_TIMEOUT:?}", args.url))??;
 
     for client in responder_clients {
-        let requests = client
-            .queue_subscribe(subject.clone(), QUEUE_GROUP.to_owned())
-            .await;
-        let mut requests = requests.context("responder subscribe")?;
+        let subscribed = client.queue_subscribe(subject.clone(), QUEUE_GROUP.to_owned());
+        let mut requests = subscribed.await.context("responder subscribe")?;
         // A flush round-trips a PING, so the server has the SUB before any request is sent
         // and early requests do not fail with "no responders".
         client.flush().await.context("responder flush")?;
@@ -169,6 +167,7 @@ async fn measure(args: &Args) -> anyhow::Result<BusRr> {
     let elapsed = start.elapsed().as_secs_f64();
     responders.shutdown().await;
     let l = latency.summary();
+    let rate = (elapsed > 0.0).then(|| l.count as f64 / elapsed);
     Ok(BusRr {
         requesters: args.requesters,
         responders: args.responders,
@@ -176,11 +175,7 @@ async fn measure(args: &Args) -> anyhow::Result<BusRr> {
         warmup_s: args.warmup.as_secs_f64(),
         elapsed_s: elapsed,
         requests: l.count,
-        req_per_s: if elapsed > 0.0 {
-            (l.count as f64 / elapsed).round()
-        } else {
-            0.0
-        },
+        req_per_s: rate.map_or(0.0, f64::round),
         latency: l,
         errors: errors.iter().sum(),
         errors_timeout: errors[0],

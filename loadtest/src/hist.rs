@@ -104,9 +104,8 @@ impl Hist {
         if self.0.is_empty() {
             return Vec::new();
         }
-        let resolved = (self.0.len() as f64)
-            .log10()
-            .clamp(1.0, f64::from(CURVE_NINES));
+        let len = self.0.len() as f64;
+        let resolved = len.log10().clamp(1.0, f64::from(CURVE_NINES));
         let mut points: Vec<(f64, f64)> = (0..=CURVE_NINES * CURVE_STEPS_PER_NINE)
             .map(|i| f64::from(i) / f64::from(CURVE_STEPS_PER_NINE))
             .take_while(|nines| *nines <= resolved)

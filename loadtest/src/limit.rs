@@ -5,6 +5,8 @@
 //! the gate's per-frame work: the same WebSocket settings, protobuf or JSON as the
 //! handshake chose, answers to every frame received fed then flushed once; it skips
 //! heartbeat deadlines, rate and in-flight limits, and metrics.
+//! Its one room is `broadcast`'s twin: a `chat.say` is echoed, and pushed to every
+//! session as a `chat.message` (encoded once); one [`ROOM_BACKLOG`] behind is closed.
 
 use std::sync::Arc;
 
@@ -14,10 +16,13 @@ use gateway::config::{
     WS_READ_BUFFER, WS_WRITE_BUFFER,
 };
 use net::accept::Acceptor;
+use proto::Message as _;
+use proto::chat::{ChatMessage, SayRequest};
 use proto::client::{self, Packet, packet::Kind};
 use proto::code;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio::sync::broadcast;
 use tokio::time::{Instant, timeout, timeout_at};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -30,6 +35,11 @@ use tokio_util::task::TaskTracker;
 const MAX_CONNECTIONS: usize = DEFAULT_MAX_SESSIONS;
 /// Frames answered between two flushes: bounded batches keep the write buffer in its cap.
 const MAX_BATCH: usize = 64;
+/// Room messages a session may fall behind by before it is closed.
+pub const ROOM_BACKLOG: usize = 1024;
+
+/// The room: a message's push in both encodings (binary, text), for every session.
+type Room = broadcast::Sender<(Message, Message)>;
 
 /// The WebSocket settings of a gate with its default limits.
 pub fn ws_config() -> WebSocketConfig {
@@ -46,6 +56,7 @@ pub fn ws_config() -> WebSocketConfig {
 pub async fn serve(listener: TcpListener, shutdown: CancellationToken) {
     let tracker = TaskTracker::new();
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let (room, _) = broadcast::channel(ROOM_BACKLOG);
     let mut acceptor = Acceptor::new(listener, "limit-echo");
     for sid in 1u64.. {
         let next = async {
@@ -61,9 +72,9 @@ pub async fn serve(listener: TcpListener, shutdown: CancellationToken) {
         // Only a closed semaphore fails, and this one is never closed.
         let Ok(permit) = permit else { break };
         let _ = stream.set_nodelay(true);
-        let shutdown = shutdown.clone();
+        let (shutdown, room) = (shutdown.clone(), room.clone());
         tracker.spawn(async move {
-            session(stream, sid, shutdown).await;
+            session(stream, sid, room, shutdown).await;
             drop(permit);
         });
     }
@@ -81,7 +92,7 @@ enum Step {
 }
 
 /// One client, from WebSocket upgrade to close.
-async fn session(stream: TcpStream, sid: u64, shutdown: CancellationToken) {
+async fn session(stream: TcpStream, sid: u64, room: Room, shutdown: CancellationToken) {
     let deadline = Instant::now() + DEFAULT_HANDSHAKE_TIMEOUT;
     let upgrade = tokio_tungstenite::accept_async_with_config(stream, Some(ws_config()));
     let Ok(Ok(ws)) = timeout(DEFAULT_HANDSHAKE_TIMEOUT, upgrade).await else {
@@ -111,15 +122,27 @@ async fn session(stream: TcpStream, sid: u64, shutdown: CancellationToken) {
     if sink.send(ack).await.is_err() {
         return;
     }
+    let mut said = room.subscribe();
     let session = Session {
         text,
         timing: handshake.server_timing,
+        room,
     };
     let stop = shutdown.cancelled();
     tokio::pin!(stop);
     loop {
         let frame = tokio::select! {
             frame = stream.next() => frame,
+            pushed = said.recv() => {
+                // Behind by more than the backlog (the sender never closes while we run).
+                let Ok((binary, text)) = pushed else {
+                    return close(&mut sink, CloseCode::Again, "room backlog full").await;
+                };
+                if sink.send(if session.text { text } else { binary }).await.is_err() {
+                    return;
+                }
+                continue;
+            }
             () = &mut stop => {
                 close(&mut sink, CloseCode::Away, "server shutting down").await;
                 return;
@@ -154,9 +177,34 @@ type Sink = futures::stream::SplitSink<WebSocketStream<TcpStream>, Message>;
 struct Session {
     text: bool,
     timing: bool,
+    room: Room,
 }
 
 impl Session {
+    /// Pushes a `chat.say`'s text to the room as a `chat.message`.
+    fn say(&self, body: &[u8]) {
+        let Ok(SayRequest { room, text }) = SayRequest::decode(body) else {
+            return;
+        };
+        let (route, message) = (
+            "chat.message".into(),
+            ChatMessage {
+                room,
+                text,
+                ..Default::default()
+            },
+        );
+        let body = message.encode_to_vec().into();
+        let push = client::Push {
+            route,
+            body,
+            ..Default::default()
+        };
+        let [binary, text] = [false, true].map(|text| encode(Kind::Push(push.clone()), text));
+        // No session is no error: nobody hears it.
+        let _ = self.room.send((binary, text));
+    }
+
     async fn on_frame(
         &self,
         frame: Option<Result<Message, tungstenite::Error>>,
@@ -175,7 +223,13 @@ impl Session {
             }
             Some(Ok(frame)) => frame,
         };
-        let reply = match sdk::frame::decode(&frame).and_then(|p| p.kind) {
+        let packet = sdk::frame::decode(&frame).and_then(|p| p.kind);
+        if let Some(Kind::Request(req)) = &packet
+            && req.route == "chat.say"
+        {
+            self.say(&req.body);
+        }
+        let reply = match packet {
             Some(Kind::Request(req)) if req.id == 0 => return Step::Continue,
             Some(Kind::Request(req)) => Kind::Response(client::Response {
                 id: req.id,

@@ -59,17 +59,10 @@ impl Watched {
             Threads::Named(prefix) => (prefix, true),
             Threads::Others(prefix) => (prefix, false),
         };
-        let stats = process
-            .tasks()
-            .ok()?
-            .flatten()
-            .filter_map(|task| task.stat().ok());
-        Some(ticks(
-            stats
-                .filter(|s| s.comm.starts_with(prefix) == named)
-                .map(used)
-                .sum(),
-        ))
+        let tasks = process.tasks().ok()?.flatten();
+        let stats = tasks.filter_map(|task| task.stat().ok());
+        let chosen = stats.filter(|s| s.comm.starts_with(prefix) == named);
+        Some(ticks(chosen.map(used).sum()))
     }
 }
 
@@ -112,23 +105,19 @@ impl CpuSample {
     /// (a noisy neighbour outside it).
     pub fn until(&self, later: &CpuSample) -> Vec<CpuUse> {
         let wall = later.at.saturating_duration_since(self.at).as_secs_f64();
-        let entry = |name: &str, pid, used: Duration| CpuUse {
-            name: name.to_owned(),
-            pid,
-            cpu_seconds: used.as_secs_f64(),
-            percent: if wall > 0.0 {
-                (used.as_secs_f64() / wall * 1000.0).round() / 10.0
-            } else {
-                0.0
-            },
+        let entry = |name: &str, pid, used: Duration| {
+            let share = (wall > 0.0).then(|| used.as_secs_f64() / wall);
+            CpuUse {
+                name: name.to_owned(),
+                pid,
+                cpu_seconds: used.as_secs_f64(),
+                percent: share.map_or(0.0, |s| (s * 1000.0).round() / 10.0),
+            }
         };
         let times = self.times.iter().zip(&later.times);
         let used = |((w, before), (_, after)): (&(Watched, _), &(_, Option<Duration>))| {
-            Some(entry(
-                &w.name,
-                w.pid,
-                after.as_ref()?.saturating_sub((*before)?),
-            ))
+            let spent = after.as_ref()?.saturating_sub((*before)?);
+            Some(entry(&w.name, w.pid, spent))
         };
         let mut uses: Vec<CpuUse> = times.filter_map(used).collect();
         if let (Some((busy0, steal0)), Some((busy1, steal1))) = (self.machine, later.machine) {

@@ -177,9 +177,8 @@ impl Driver {
         let mut pacer = Pacer::tokio();
         let mut next = 0;
         let mut in_flight = FuturesUnordered::new();
-        let reconnects = self.client.reconnects();
         let mut gaps = GapTracker {
-            reconnects,
+            reconnects: self.client.reconnects(),
             ..GapTracker::default()
         };
         // Set when sending stopped: outstanding requests are given up on then.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use nix::sys::signal::Signal;
+use nix::sys::signal::Signal::{SIGKILL, SIGTERM};
 use testkit::Cut;
 use testkit::fleet::{Role, Topology, or_interrupted};
 
@@ -210,18 +210,14 @@ async fn act(
             let role = first(fleet, |r| matches!(r, Role::Worker { .. }))?;
             let kill = fault == Fault::KillWorker;
             struck = kill.then(Instant::now);
-            let signal = if kill {
-                Signal::SIGKILL
-            } else {
-                Signal::SIGTERM
-            };
+            let signal = if kill { SIGKILL } else { SIGTERM };
             events.push(fleet.stop_one(&role, signal).await?.to_string());
         }
         Fault::DrainGate => {
             let role = first(fleet, |r| matches!(r, Role::Gate(_)))?;
             let addr =
                 (fleet.listen_addr(&role)).with_context(|| format!("{role} has no address"))?;
-            let stopped = fleet.stop_one(&role, Signal::SIGTERM).await?;
+            let stopped = fleet.stop_one(&role, SIGTERM).await?;
             events.push(stopped.to_string());
             let restart = Instant::now();
             let new = fleet.add_gate(addr).await?;

@@ -67,9 +67,8 @@ impl Table {
         let mut table = Table::new(&["latency (ms)", "avg", "p50", "p90", "p99", "p99.9", "max"]);
         let row = |(name, s): (&str, &Summary)| {
             let figures = [s.mean_us, s.p50_us, s.p90_us, s.p99_us, s.p999_us, s.max_us];
-            std::iter::once(name.to_owned())
-                .chain(figures.map(ms))
-                .collect()
+            let cells = std::iter::once(name.to_owned()).chain(figures.map(ms));
+            cells.collect()
         };
         table.rows = rows.into_iter().map(row).collect();
         table

@@ -19,7 +19,8 @@ use serde::{Deserialize, Serialize};
 use testkit::copies::AsCopy;
 use tokio::sync::Notify;
 
-use super::target::{Gates, ServiceKind, TargetArgs, with_topology};
+use super::generator::Target;
+use super::target::{LimitServer, ServiceKind, TargetArgs, with_topology};
 use crate::hist::Hist;
 use crate::proc::{CpuSample, CpuUse};
 use crate::report::{Doc, OutputArgs, Report, Section, Table, cpu_line};
@@ -62,6 +63,11 @@ pub struct BroadcastArgs {
     /// particular order, so pushes to a member coalesce.
     #[arg(long)]
     pub unordered: bool,
+    /// Also run the same room on the bare WebSocket server first (its room pushes every
+    /// `chat.say` to every session, with nothing behind it), in the same run: the
+    /// fan-out this machine allows at all, beside the gateway's.
+    #[arg(long)]
+    pub with_limit: bool,
     #[command(flatten)]
     pub spread: SpreadArgs,
     #[command(flatten)]
@@ -89,6 +95,9 @@ pub struct BroadcastReport {
     pub latency: Hist,
     /// Over the sending, from the first measured message to the last one's answer.
     pub cpu: Vec<CpuUse>,
+    /// The same room on the bare WebSocket server (`--with-limit`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<Box<BroadcastReport>>,
 }
 
 /// Runs the scenario: 2 gates and 1 chat worker unless the flags say otherwise.
@@ -98,18 +107,27 @@ pub async fn broadcast(mut args: BroadcastArgs) -> anyhow::Result<()> {
     if args.spread.child {
         return child(&args).await;
     }
+    // The server lives to the end of the statement: through the run.
+    let limit = match args.with_limit {
+        true => Some(measure(&args, &LimitServer::start()?.target("limit")).await?),
+        false => None,
+    };
     args.target.service = ServiceKind::Chat;
     let (gates, topology) = args.target.gates(2, 1).await?;
-    let report = with_topology(topology, measure(&args, &gates)).await?;
+    let mut report = with_topology(topology, measure(&args, &gates.target("gateway"))).await?;
+    report.limit = limit.map(Box::new);
     let report = Report::new("broadcast", gates.setup.clone(), report).written(&args.output)?;
-    if report.deliveries < report.expected {
-        bail!("{} deliveries missing", report.expected - report.deliveries);
+    for run in std::iter::once(&report).chain(report.limit.as_deref()) {
+        if run.deliveries < run.expected {
+            bail!("{} deliveries missing", run.expected - run.deliveries);
+        }
     }
     Ok(())
 }
 
-async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<BroadcastReport> {
-    let urls = &gates.urls;
+/// One room on `target`'s gates (or the bare server).
+async fn measure(args: &BroadcastArgs, target: &Target) -> anyhow::Result<BroadcastReport> {
+    let urls = &target.urls;
     let procs = args.spread.procs as usize;
     ensure!(args.members >= procs, "fewer --members than --procs");
     let share = ("--members", args.members as u64);
@@ -131,7 +149,7 @@ async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<Broadcas
         warmed = children.0.ready() => warmed?,
         failed = warm => return Err(failed),
     };
-    let watched = [gates.watched.clone(), children.watched()].concat();
+    let watched = [target.watched.clone(), children.watched()].concat();
     let before = CpuSample::take(&watched);
     let started = Instant::now();
     let period = (args.rate > 0).then(|| Duration::from_secs(1) / args.rate);
@@ -169,6 +187,7 @@ async fn measure(args: &BroadcastArgs, gates: &Gates) -> anyhow::Result<Broadcas
         messages_per_s: args.messages as f64 / elapsed,
         latency,
         cpu,
+        limit: None,
     })
 }
 
@@ -226,6 +245,10 @@ impl Section for BroadcastReport {
         doc.fields(self);
         doc.table(Table::latency([("push", &self.latency.summary())]));
         doc.lines(vec![cpu_line(&self.cpu, self.deliveries, "delivered push")]);
+        if let Some(limit) = &self.limit {
+            doc.heading("the same room on the bare WebSocket server (the limit)");
+            limit.add_to(doc);
+        }
     }
 }
 

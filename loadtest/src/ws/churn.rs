@@ -219,11 +219,8 @@ async fn run(args: &ChurnArgs, gates: &Gates) -> anyhow::Result<ChurnReport> {
             tokio::time::sleep(args.settle).await;
             idle += args.settle;
         }
-        samples.push(Sample::new(
-            point,
-            began.elapsed().as_secs_f64(),
-            read_all()?,
-        ));
+        let elapsed = began.elapsed().as_secs_f64();
+        samples.push(Sample::new(point, elapsed, read_all()?));
         tracing::info!("churn: {point} of {} sessions closed", args.sessions);
     }
     let elapsed_s = began.elapsed().as_secs_f64();

@@ -385,11 +385,7 @@ async fn connect_all(spec: &LoadSpec, target: &Target) -> (Vec<Option<Conn>>, Co
 
 fn note_error(errors: &mut BTreeMap<String, u64>, error: String) {
     let kept = errors.len() < MAX_CONNECT_ERRORS || errors.contains_key(&error);
-    let key = if kept {
-        error
-    } else {
-        "(other errors)".to_owned()
-    };
+    let key = if kept { error } else { "(other errors)".into() };
     *errors.entry(key).or_default() += 1;
 }
 

@@ -200,12 +200,11 @@ struct Link {
 
 impl Link {
     fn new(ws: Option<Ws>, codec: Codec, route: Arc<str>) -> Self {
-        let link = Link::default();
         Link {
             ws,
             codec,
             route,
-            ..link
+            ..Link::default()
         }
     }
 
@@ -449,10 +448,8 @@ mod tests {
         let json = r#"{"request":{"id":1,"route":"chat.members","body":{"room":"a"}}}"#;
         assert_eq!(frame.as_str(), json);
         let not_json = link(Codec::Json).encode(2, b"Hello World");
-        assert!(
-            not_json.is_none(),
-            "a JSON session's body that is not JSON is not sent"
-        );
+        let why = "a JSON session's body that is not JSON is not sent";
+        assert!(not_json.is_none(), "{why}");
     }
 
     #[test]

@@ -70,17 +70,14 @@ pub struct SaturateStep {
 impl SaturateStep {
     /// A step at `rps` that did or did not meet its target, nothing lost.
     pub fn fake(target: &str, rps: f64, passed: bool) -> Self {
-        let (lost, errors, p99_from_schedule_us) = (0, 0, 0.0);
-        let (per_client_rps, offered_rps, achieved_rps) = (rps, rps, rps);
-        let target = target.to_owned();
         SaturateStep {
-            target,
-            per_client_rps,
-            offered_rps,
-            achieved_rps,
-            p99_from_schedule_us,
-            lost,
-            errors,
+            target: target.to_owned(),
+            per_client_rps: rps,
+            offered_rps: rps,
+            achieved_rps: rps,
+            p99_from_schedule_us: 0.0,
+            lost: 0,
+            errors: 0,
             passed,
         }
     }
@@ -104,10 +101,8 @@ impl Fraction {
         let (p, g) = (value * 100.0, "gateway saturation");
         let of = format!("{p:.1}% of the bare-echo limit");
         let higher = |who, max| format!("the {who} passed every rate up to {max}, so it is");
-        let (limit_higher, gateway_higher) = (
-            higher("limit", "--limit-max-rate"),
-            higher("gateway", "--max-rate"),
-        );
+        let limit_higher = higher("limit", "--limit-max-rate");
+        let gateway_higher = higher("gateway", "--max-rate");
         let nothing = format!(
             "{g}: both searches passed every rate they tried, so the {p:.1}% between their \
              figures says nothing"
@@ -436,10 +431,8 @@ mod tests {
         let mut doc = Doc::new(String::new(), crate::report::Meta::now());
         report.section(&mut doc);
         let text = doc.text();
-        assert!(
-            text.contains("| 2 | ≥ 15,000 | +50.0 % | +50.0 % |"),
-            "{text}"
-        );
+        let row = "| 2 | ≥ 15,000 | +50.0 % | +50.0 % |";
+        assert!(text.contains(row), "{text}");
         assert!(text.contains("| 1 | 10,000 | — | +0.0 % |"), "{text}");
     }
 }

@@ -410,10 +410,7 @@ mod tests {
         drop(second);
         let all = BATCH as u64 + 1;
         assert_eq!((tally.ended, tally.ok), (all, all));
-        assert_eq!(
-            ok(),
-            (BATCH * 11 / 4) as u64 + 1,
-            "the rest is recorded at the end"
-        );
+        let every = (BATCH * 11 / 4) as u64 + 1;
+        assert_eq!(ok(), every, "the rest is recorded at the end");
     }
 }

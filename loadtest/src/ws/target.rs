@@ -225,11 +225,9 @@ impl TargetArgs {
 impl Gates {
     /// The gates as the target of a run named `label`.
     pub fn target(&self, label: &str) -> Target {
-        let urls = self.urls.clone();
-        let tls = self.tls.clone();
         Target {
-            tls,
-            ..Target::new(label, "gateway", urls, self.watched.clone())
+            tls: self.tls.clone(),
+            ..Target::new(label, "gateway", self.urls.clone(), self.watched.clone())
         }
     }
 }

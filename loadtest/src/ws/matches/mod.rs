@@ -357,9 +357,8 @@ async fn strike(
     }
     let role = fleet.add_worker("arena").await?;
     let ready = started.elapsed().as_secs_f64() - at;
-    Ok(format!(
-        "{at:.2} s: {stopped}; {role} started in its place, ready in {ready:.2} s"
-    ))
+    let done = format!("{at:.2} s: {stopped}; {role} started in its place, ready in {ready:.2} s");
+    Ok(done)
 }
 
 /// How long an arena worker may take to move off a node in lame duck mode (the fleet's
@@ -380,9 +379,8 @@ async fn lame_duck(fleet: &mut Topology, started: Instant) -> anyhow::Result<Str
         moved.push(format!("{role} {after:.2} s"));
     }
     let moved = moved.join(", ");
-    Ok(format!(
-        "{at:.2} s: nats-0 in lame duck mode; moved: {moved}"
-    ))
+    let done = format!("{at:.2} s: nats-0 in lame duck mode; moved: {moved}");
+    Ok(done)
 }
 
 impl Section for MatchesReport {
@@ -459,10 +457,8 @@ mod tests {
         };
         report.inputs_failed = vec![("408 timeout".into(), 3), (format!("{NO_ANSWER} x"), 1)];
         assert!(check(&kill, &report).is_ok());
-        assert!(
-            check(&args("--check").unwrap(), &report).is_err(),
-            "only after a kill"
-        );
+        let plain = args("--check").unwrap();
+        assert!(check(&plain, &report).is_err(), "only after a kill");
         report.longest_gap_ms = 2_101.0;
         assert!(why(&report).contains("--max-gap 2100 ms"));
         report.longest_gap_ms = 0.0;
