@@ -1,57 +1,8 @@
 /**
- * A keyed service's partitions on one worker: which it holds, and moving them
- * (docs/workers.md, "Keyed services"; the Rust reference is
- * `services/src/worker/keyed.rs`).
- *
- * The worker says every heartbeat on `<prefix>.keyed.<service>.members` that it lives,
- * what it holds and whether it is leaving (and at once when that changes, or when it
- * hears a new peer), hears its peers there, asks `Members` what to do, and does it. A
- * partition's owner subscribes `<prefix>.part.<service>.<N>.>` plain (no queue group),
- * so while a partition moves both its old and its new owner receive its requests.
- *
- * - **Take fresh**: queue the take-over (no state) for the loop, then subscribe the
- *   partition. The loop runs the take-over before any of the partition's requests.
- * - **Hand over** to its owner, as two `HandOver` requests to
- *   `<prefix>.keyed.<service>.handover.<owner>` (docs/workers.md, "Hand-over"):
- *   1. start noting `seen` (per origin, the highest `seq` of the partition's requests
- *      taken from now on) and send `prepare`. A refusal, or no answer within the
- *      hand-over timeout: stop noting, keep the partition, try again at a later
- *      heartbeat;
- *   2. keep serving the partition for the overlap;
- *   3. unsubscribe it outright, and queue the hand-over for the loop, which answers
- *      the state after the partition's last request here;
- *   4. send the state with `seen`. An empty answer means the new owner has taken it;
- *      a refusal, that it has not: this worker takes the partition back with that
- *      state (subscribing it again), and tries again later. No answer in time: the new
- *      owner may have taken it, so the same state is sent again, at most once a
- *      hand-over timeout, until answered; taken back only once the new owner is
- *      counted dead.
- *   The prepare and every sending of the state carry the hand-over's `id`, a count of
- *   this worker's hand-overs.
- * - **Take a hand-over**: on `prepare`, subscribe the partition and hold what arrives
- *   (at most the hand-over buffer; past it, drop and count), answering empty once the
- *   server has the subscription; refuse (non-empty) when leaving, or preparing or
- *   handing away that partition; accept one it holds as it is (two views disagreed: the
- *   state to come replaces its own). Then, on the state: queue the take-over with it,
- *   then every held request `seen` does not cover, in the order received, and serve
- *   the partition; answer empty (never a refusal after a prepare). The last state taken
- *   per partition is remembered by sender and `id`: the same state again (its answer
- *   lost or late) is answered empty and changes nothing. A state with no
- *   prepare before it is taken as a take-over and a subscription. A prepared partition
- *   whose state does not come within the overlap, twice the hand-over timeout and the
- *   member timeout is
- *   let go (its old owner kept it and served what was held here); one taken fresh
- *   meanwhile (its old owner died) is taken with no state, then everything held.
- *
- * With standbys (the service gives snapshots: docs/workers.md, "Standbys"), the worker
- * also keeps the replicas its peers send it (`standby.ts`) and takes a dead owner's
- * partition with the one it holds; and it follows its own partitions' standbys, which
- * the worker's loop sends each batch's snapshots to (`replicate.ts`). A peer is counted
- * dead the moment its member timeout runs out, not at the next heartbeat.
- *
- * At shutdown (`leave`) the worker says it is leaving, hands every partition to its
- * owner among the others, and ends once it holds none; with nobody left to take them,
- * it unsubscribes its partitions, and their state ends with it.
+ * A keyed service's partitions on one worker: which it holds, and moving them with
+ * their state (the Rust reference is `services/src/worker/keyed.rs`); the protocol,
+ * step by step, is in README.md, "How partitions move", and docs/workers.md, "Keyed
+ * services".
  */
 import { randomBytes } from "node:crypto";
 import { setTimeout as delay } from "node:timers/promises";

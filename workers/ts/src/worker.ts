@@ -1,63 +1,7 @@
 /**
  * A worker: one service served from its queue-group subscription on the bus, through a
- * bounded queue, one request at a time.
- *
- * - **Requests** arrive on `<prefix>.svc.<service>.>` in queue group `<service>`, so the
- *   bus hands each to exactly one worker of the service, whatever its language. Each is
- *   answered on its reply subject with an encoded `RpcResponse`; a request without a
- *   reply subject (a client's notify) is handled and not answered.
- * - **The queue** holds at most `queueCapacity` requests. When it is full a request is
- *   answered 503 at once: the client hears "overloaded" in microseconds instead of a
- *   timeout after its request sat in a pile it could never leave. Events wait for room
- *   instead (a lost event would leave state wrong for good).
- * - **Handlers run one at a time, in arrival order**, like a game's main loop: state
- *   needs no locks. After `frameBudget` turns in a row the loop yields to I/O, so
- *   answers leave and new requests are read (and rejected when the queue is full) even
- *   under a backlog. A handler must not block the thread; an async one holds the queue
- *   while it awaits anything but a call.
- * - **Calls** (`ctx.call`, docs/workers.md "Calling other services"): a handler with a
- *   call in flight lets the loop go on to the next request. The call's result comes back
- *   into the queue, behind what is there, and its turn hands it to the handler; the
- *   handler then holds the loop again until it settles or awaits another call. So
- *   handlers still run one at a time, and continuations run in the order their results
- *   arrive (a timeout's when its deadline passes), each a turn among the requests. At
- *   most `maxCalls` are in flight; nothing is retried. The worker hears every service's
- *   announcement (`<prefix>.schema.svc.*`, asking for them once it starts), so its calls
- *   to keyed services go to their keys' partitions (`routes.ts`). A call carries its
- *   request's trace and route (refused past `MAX_CALL_DEPTH`) and timing; with timing,
- *   the answer lists the calls' spans (`RpcResponse.calls`).
- * - **Deadlines**: a request is answered by its deadline, its `timeout_ms` from when it
- *   arrived (or `answerTimeoutMs` when the caller did not say). A handler that has not
- *   answered by then (awaiting a call, or never resolving) gets the worker's 408, exactly
- *   once, and the loop stops waiting for it; what it answers later is dropped, pushes
- *   and effects with it. A call made for the request times out `callMarginMs` before
- *   that deadline (or sooner, at its own `timeoutMs`), so the handler's answer to its
- *   result still reaches the gate before the gate's 408.
- * - **Pushes** a handler asked for are published before its answer, on the same
- *   connection, so they reach every gate first.
- * - **The schema announcement**: with typed methods or pushes, the worker publishes its
- *   `ServiceSchema` on `<prefix>.schema.svc.<service>` once it serves, and again on every
- *   message on `<prefix>.schema.ask`.
- * - **Keyed services** (`Service.keyed`): requests arrive on the partitions this worker
- *   holds, `<prefix>.part.<service>.<N>.>` (plain: no queue group); the worker agrees
- *   with its peers which partitions it holds and moves them with their state, with no
- *   request lost or run twice (`keyed.ts`). Take-overs and hand-overs run on the loop, in order with the
- *   partition's requests. On `<prefix>.svc.<service>.*` (queue group `<service>`) it
- *   answers only the requests of a gate that has not learnt yet that the service is
- *   keyed: 503, retry.
- * - **Standbys** (a keyed service that gives snapshots, docs/workers.md "Standbys"): the
- *   loop's *batch* is the turns it takes before it waits for more or yields to I/O.
- *   What a batch's handlers answer and push is held; at the batch's end the partitions
- *   it changed (its keyed requests', its take-overs', those marked with `ctx.changed`)
- *   are snapshotted and sent to their standbys, and only once they hold them (or the
- *   replica timeout has passed) do the batch's answers and pushes leave, in order. So
- *   an answer of 200 means the partition's standby has what produced it.
- * - **Drain** (`drain()`, from the caller's SIGTERM handler): unsubscribes, so the bus
- *   sends new requests to the other workers of the group, takes what the broker had
- *   already sent, answers everything it took (a handler waiting on a call is waited for,
- *   until its deadline at most), and resolves. A keyed worker first hands its partitions
- *   over to the others (or, the last, unsubscribes them); a request of a partition
- *   still waiting on a call then finishes after the partition's state has gone.
+ * bounded queue, one request at a time; how it runs (requests, queue, calls, deadlines,
+ * pushes, keyed services, standbys, drain) is in README.md, "How a worker runs".
  */
 import { toBinary } from "@bufbuild/protobuf";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
