@@ -48,6 +48,7 @@ impl Host {
                 .build()?,
         );
         let watchdog = Watchdog::start(&rt, name, stall)?;
+        // Unbounded, yet bounded by construction: one arrival per worker started on it.
         let (arrivals, arriving) = mpsc::unbounded_channel();
         let runtime = rt.handle().clone();
         let span = tracing::Span::current();

@@ -317,14 +317,19 @@ async fn requests_wait_for_the_reconnection_then_time_out() {
     assert_eq!(closed_reason(&e), "closed by client");
 }
 
+/// Waits for `n` heartbeats of session 1 at `gate`.
+async fn heartbeats(gate: &mut fake_gate::FakeGate, n: usize) {
+    for _ in 0..n {
+        let event = within(gate.events.recv()).await.unwrap();
+        assert_eq!(event, Event::Heartbeat { session: 1 });
+    }
+}
+
 #[tokio::test]
 async fn sends_heartbeats_at_the_interval_the_gate_asked() {
     let mut gate = fake_gate(20).await;
     let _client = Client::connect(&gate.url, options()).await.unwrap();
-    for _ in 0..3 {
-        let event = within(gate.events.recv()).await.unwrap();
-        assert_eq!(event, Event::Heartbeat { session: 1 });
-    }
+    heartbeats(&mut gate, 3).await;
 }
 
 #[tokio::test]
@@ -334,8 +339,7 @@ async fn the_first_heartbeat_waits_a_whole_interval() {
     let mut gate = fake_gate(300).await;
     let start = Instant::now();
     let _client = Client::connect(&gate.url, options()).await.unwrap();
-    let event = within(gate.events.recv()).await.unwrap();
-    assert_eq!(event, Event::Heartbeat { session: 1 });
+    heartbeats(&mut gate, 1).await;
     // Timers never fire early; the interval starts after the handshake, after `start`.
     assert!(start.elapsed() >= interval, "after {:?}", start.elapsed());
 }
@@ -347,10 +351,7 @@ async fn the_first_heartbeat_waits_a_whole_interval() {
 async fn a_silent_gate_is_dropped_after_two_heartbeat_intervals() {
     let mut gate = fake_gate(50).await;
     let client = Client::connect(&gate.url, options()).await.unwrap();
-    for _ in 0..6 {
-        let event = within(gate.events.recv()).await.unwrap();
-        assert_eq!(event, Event::Heartbeat { session: 1 });
-    }
+    heartbeats(&mut gate, 6).await;
     let r = within(client.request("echo.echo", b"alive")).await.unwrap();
     assert_eq!(r.code, 200);
     gate.control(Control::Silence);

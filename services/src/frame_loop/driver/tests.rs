@@ -146,6 +146,25 @@ fn drive_sleeps(stall: Duration, sleeps: &[Duration]) -> Run {
     }
 }
 
+/// A zero `--overrun-pause` is none: 200 frames of one request each run back to back.
+/// A pause, however short, waits for the timer's next millisecond: 200 ms at least.
+#[test]
+fn a_zero_overrun_pause_is_no_pause() {
+    let rt = current_thread();
+    let config = FrameConfig {
+        max_cost: 1,
+        overrun_pause: Duration::ZERO,
+        ..FrameConfig::default()
+    };
+    let (out, _answers) = mpsc::channel(256);
+    let service = Service::new("t").raw_method("work", |_ctx, body| Ok(body));
+    let frame_loop = loaded(&rt, service, config, vec![vec![]; 200], out);
+    let start = std::time::Instant::now();
+    host_all(&rt, Duration::from_secs(1), vec![frame_loop]);
+    let took = start.elapsed();
+    assert!(took < 150 * MS, "200 frames took {took:?}");
+}
+
 /// Two loops on one host, the first always ready (a frame of one request, no pause
 /// after it): the second's request runs after one of the first's, not after all.
 #[test]
