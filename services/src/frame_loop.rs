@@ -576,6 +576,9 @@ impl<O: ReplySink> FrameLoop<O> {
                     self.changed.insert(partition);
                 }
                 let state = (incoming.kind == InputKind::TakeOver).then_some(incoming.payload);
+                if state.is_some() {
+                    self.ticks.due_now();
+                }
                 self.service.take_over(partition, state)
             }
             InputKind::HandOver => {

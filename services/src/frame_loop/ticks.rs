@@ -33,6 +33,15 @@ impl Ticks {
         }
     }
 
+    /// Makes the next tick due now, the schedule going on a period apart from it: a
+    /// partition taken with its state shows it at once, not up to a period later (its
+    /// clients waited out its last owner's death already).
+    pub(super) fn due_now(&mut self) {
+        if let Some(interval) = self.interval.as_mut() {
+            interval.reset_immediately();
+        }
+    }
+
     /// Waits for the next tick (forever, if there is no tick callback).
     pub(super) async fn next(&mut self) -> Tick {
         match self.interval.as_mut() {

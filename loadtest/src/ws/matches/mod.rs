@@ -237,8 +237,8 @@ async fn run(args: &MatchesArgs, fleet: &mut Topology) -> anyhow::Result<Matches
     let results = Arc::new(Mutex::new(Outcomes::default()));
     let started = Instant::now();
     let before = CpuSample::take(&watched);
-    let send = |p| send_inputs(p, args, &results);
-    let senders: Vec<_> = players.iter().map(send).collect();
+    let spread = |(i, p)| send_inputs(p, i as f64 / players.len() as f64, args, &results);
+    let senders: Vec<_> = players.iter().enumerate().map(spread).collect();
     let mut events = Vec::new();
     for at in strike_times(args)? {
         tokio::time::sleep_until((started + at).into()).await;

@@ -112,8 +112,12 @@ pub(super) async fn join(urls: &[String], i: usize, players: usize) -> anyhow::R
 }
 
 /// Sends `--rate` inputs a second for `--duration`, not waiting; answers go to `results`.
+/// The first goes `phase` (0 to 1) of a period late: players spread over the period, so
+/// their inputs' waits for the next tick spread too, and input to state's p99 does not
+/// hang on one shared phase between the players' schedule and the tick.
 pub(super) fn send_inputs(
     player: &Player,
+    phase: f64,
     args: &MatchesArgs,
     results: &Arc<Mutex<Outcomes>>,
 ) -> tokio::task::JoinHandle<()> {
@@ -122,7 +126,8 @@ pub(super) fn send_inputs(
     let count = (args.duration.as_secs_f64() * f64::from(args.rate)) as u64;
     tokio::spawn(async move {
         let body = InputRequest { dx: 1, dy: 0 }.encode_to_vec();
-        let mut ticks = tokio::time::interval(interval);
+        let first = tokio::time::Instant::now() + interval.mul_f64(phase);
+        let mut ticks = tokio::time::interval_at(first, interval);
         for _ in 0..count {
             ticks.tick().await;
             {

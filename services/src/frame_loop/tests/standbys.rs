@@ -2,7 +2,10 @@
 //! it changed, sent before anything the step produced; none for a service without
 //! snapshots. Under the paused clock.
 
+use std::sync::{Arc, Mutex};
+
 use bytes::Bytes;
+use tokio::time::Instant;
 
 use super::Sent;
 use super::calls::{request, start};
@@ -78,4 +81,30 @@ async fn a_service_without_snapshots_sends_nothing_to_standbys() {
     let mut running = start(keyed(false), config);
     running.intake.offer(set(3, 1)).await;
     assert_eq!(running.response().await.0, 1);
+}
+
+/// A partition taken with its state ticks at once, the schedule going on a period from
+/// there: its players already waited out its last owner's death (the longest push gap
+/// of docs/workers.md, "Standbys"). One taken fresh waits for the next tick as before.
+#[tokio::test(start_paused = true)]
+async fn a_partition_taken_with_its_state_ticks_at_once() {
+    let t0 = Instant::now();
+    let ticks = Arc::new(Mutex::new(Vec::new()));
+    let seen = ticks.clone();
+    let service = Service::new("t")
+        .keyed(8)
+        .on_take_over(|_, _, _| {})
+        .on_tick(move |_, tick| seen.lock().unwrap().push((tick.now - t0).as_millis()));
+    let mut config = config(64, 100);
+    config.tick_interval = 50 * MS;
+    let running = start(service, config);
+    tokio::time::sleep(20 * MS).await;
+    let fresh = Incoming::partition(InputKind::Fresh, 1, Bytes::new(), None);
+    running.intake.offer(fresh).await;
+    tokio::time::sleep(10 * MS).await;
+    let state = Bytes::from_static(b"state");
+    let taken = Incoming::partition(InputKind::TakeOver, 2, state, None);
+    running.intake.offer(taken).await;
+    tokio::time::sleep(110 * MS).await;
+    assert_eq!(*ticks.lock().unwrap(), [30, 80, 130]);
 }
