@@ -301,7 +301,7 @@ async fn write_loop<T>(
             () = bus.out.ready() => {
                 // Woken by the first publish of a batch: let the other sessions made
                 // ready in the same turn publish too, so the batch is one write.
-                tokio::task::yield_now().await;
+                to_the_back().await;
             }
             _ = ping.tick() => {
                 if pings_out.fetch_add(1, Ordering::Relaxed) >= MAX_PINGS_OUT {
@@ -311,6 +311,25 @@ async fn write_loop<T>(
             }
         }
     }
+}
+
+/// Puts the calling task at the back of its runtime's queue of ready tasks, once: a task
+/// woken while it runs is put back there (tokio's harness reschedules it as a yield, on
+/// either kind of runtime). Not `tokio::task::yield_now`, which waits for the I/O
+/// driver's next poll: on a current-thread runtime (a gate's shard, a worker's host,
+/// `shaddock up`) whose queue then runs dry, that is one `epoll_wait` syscall per batch
+/// the writer takes. The driver is still polled every `event_interval` tasks, so this
+/// starves no I/O.
+async fn to_the_back() {
+    let mut woken = false;
+    std::future::poll_fn(|cx| {
+        if std::mem::replace(&mut woken, true) {
+            return Poll::Ready(());
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await;
 }
 
 /// Writes all of `bytes` within the bus's write timeout; a server that has not taken

@@ -105,6 +105,12 @@ pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(10);
 /// late (the keyed heartbeat is 500 ms), and answers would wait behind the handler.
 pub const DEFAULT_HANDLER_STALL: Duration = Duration::from_millis(20);
 
+/// How long a frame's answers may wait for the next replica to its keyed partitions'
+/// standbys, so that the frames of that window share one round trip: players' inputs
+/// spread over a tick come a few to a frame, and a round trip per frame then costs more
+/// than the frames (docs/benchmarks.md, "Standbys").
+pub const DEFAULT_REPLICA_WINDOW: Duration = Duration::from_millis(1);
+
 /// Where the bus is when nothing says otherwise: a local nats-server or embedded broker.
 pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 
@@ -165,6 +171,12 @@ pub struct FrameConfig {
     #[arg(long, env = "SHADDOCK_HANDLER_STALL", default_value = "20ms", value_parser = net::duration::parse)]
     pub handler_stall: Duration,
 
+    /// How long the answers of a frame that changed keyed partitions may wait for the
+    /// next replica to their standbys, so that the frames of that window share one round
+    /// trip (e.g. 1ms; 0 for one round trip per frame). A tick sends what is held at once.
+    #[arg(long, env = "SHADDOCK_REPLICA_WINDOW", default_value = "1ms", value_parser = net::duration::parse)]
+    pub replica_window: Duration,
+
     #[command(flatten)]
     pub drain: DrainConfig,
 }
@@ -220,6 +232,7 @@ impl Default for FrameConfig {
             max_calls: DEFAULT_MAX_CALLS,
             drain_grace: DEFAULT_DRAIN_GRACE,
             handler_stall: DEFAULT_HANDLER_STALL,
+            replica_window: DEFAULT_REPLICA_WINDOW,
             drain: DrainConfig::default(),
         }
     }

@@ -83,6 +83,11 @@ pub enum InputKind {
     /// A keyed service's partition (`method` holds its number) taken on with the state
     /// in the payload, handed over by its old owner.
     TakeOver,
+    /// The same, taken by its standby from an owner counted dead, with the replica it
+    /// held: the service's next tick is due at once (its players have waited out the
+    /// member timeout already). Not after a hand-over from a live owner, whose last
+    /// pushes may still be on their way through another bus server.
+    Adopted,
     /// The same, with no state: the partition starts fresh.
     Fresh,
     /// A keyed service's partition leaving: its state is answered to `reply`.
@@ -230,6 +235,10 @@ pub struct FrameLoop<O: ReplySink> {
     changed: BTreeSet<u32>,
     /// Their snapshots, sent before `out` ([`ReplySink::replicate`]).
     replica: Vec<(u32, Bytes)>,
+    /// Set while frames' output waits for the replica window to end (`--replica-window`):
+    /// until then `out` and `changed` gather the frames since it opened, and nothing is
+    /// snapshotted or sent.
+    held_until: Option<Instant>,
 }
 
 /// One turn of a frame: a request, event or snapshot from the queue, or a call's
@@ -247,6 +256,9 @@ pub enum Step {
     Expire,
     /// Work is ready: a frame.
     Frame,
+    /// The replica window is over: what the frames held since it opened changed goes to
+    /// the standbys, then their output.
+    Release,
 }
 
 /// One thing a step sends, kept until [`FrameLoop::flush`].
@@ -284,6 +296,7 @@ impl<O: ReplySink> FrameLoop<O> {
             out: Vec::new(),
             changed: BTreeSet::new(),
             replica: Vec::new(),
+            held_until: None,
         }
     }
 
@@ -319,6 +332,7 @@ impl<O: ReplySink> FrameLoop<O> {
                 tokio::select! {
                     biased;
                     tick = self.ticks.next() => return Some(Step::Tick(tick)),
+                    () = until(self.held_until) => return Some(Step::Release),
                     () = time::sleep_until(end) => self.paused_until = None,
                 }
                 continue;
@@ -326,6 +340,10 @@ impl<O: ReplySink> FrameLoop<O> {
             if self.carried.is_some() || self.pending.has_ready() {
                 self.expired_at_end = false;
                 return Some(Step::Frame);
+            }
+            if self.drained_by.is_some() && self.held_until.is_some() {
+                // The intake is gone: what is held goes now, not at the window's end.
+                return Some(Step::Release);
             }
             if let Some(end) = self.drained_by {
                 // Once the deadlines are past, every deferred request got its 408 in
@@ -348,6 +366,7 @@ impl<O: ReplySink> FrameLoop<O> {
             tokio::select! {
                 biased;
                 tick = self.ticks.next() => return Some(Step::Tick(tick)),
+                () = until(self.held_until) => return Some(Step::Release),
                 () = until(expiry) => return Some(Step::Expire),
                 Some(returned) = self.returns.recv() => self.pending.returned(returned),
                 next = self.queue.recv(), if self.drained_by.is_none() => match next {
@@ -360,8 +379,11 @@ impl<O: ReplySink> FrameLoop<O> {
 
     /// Runs `step`'s handlers, synchronously: what they send is kept, in order, for
     /// [`FrameLoop::flush`], with the snapshots of the keyed partitions they changed. A
-    /// frame that overran starts the pause.
+    /// frame that overran starts the pause. A frame that changed a partition with a
+    /// standby opens the replica window (or falls in the open one): its output is held
+    /// until the window ends, a tick comes, or the intake is gone.
     pub fn run_step(&mut self, step: Step) {
+        let framed = matches!(step, Step::Frame);
         match step {
             Step::Tick(tick) => self.tick(&tick),
             Step::Expire => self.expire(),
@@ -371,7 +393,12 @@ impl<O: ReplySink> FrameLoop<O> {
                     self.paused_until = Some(Instant::now() + self.config.overrun_pause);
                 }
             }
+            Step::Release => {}
         }
+        if framed && self.holds() {
+            return;
+        }
+        self.held_until = None;
         for partition in std::mem::take(&mut self.changed) {
             if !self.output.stands_by(partition) {
                 continue;
@@ -382,9 +409,35 @@ impl<O: ReplySink> FrameLoop<O> {
         }
     }
 
+    /// Whether a frame's output waits in the replica window: it opens at a frame that
+    /// changed a partition with a standby, and whatever follows waits with it (order)
+    /// until it ends. A frame run past its end releases it.
+    fn holds(&mut self) -> bool {
+        let window = self.config.replica_window;
+        if window.is_zero() || self.drained_by.is_some() {
+            return false;
+        }
+        let now = Instant::now();
+        match self.held_until {
+            Some(end) => now < end,
+            None => {
+                let output = &self.output;
+                let replicated = self.changed.iter().any(|&p| output.stands_by(p));
+                if replicated {
+                    self.held_until = Some(now + window);
+                }
+                replicated
+            }
+        }
+    }
+
     /// Sends what the last step produced, in order: each handler's pushes before its
-    /// answer, and one request's before the next's.
+    /// answer, and one request's before the next's. Nothing while the replica window
+    /// holds it.
     pub async fn flush(&mut self) {
+        if self.held_until.is_some() {
+            return;
+        }
         if !self.replica.is_empty() {
             // A standby holds what the step changed before any of its answers leave.
             self.output
@@ -569,16 +622,16 @@ impl<O: ReplySink> FrameLoop<O> {
         let replicates = self.service.replicates();
         let handled = match incoming.kind {
             InputKind::Snapshot => self.service.restore(incoming.payload),
-            InputKind::TakeOver | InputKind::Fresh => {
+            InputKind::TakeOver | InputKind::Adopted | InputKind::Fresh => {
                 // Its standby gets it whole, after the take-over.
                 let partition = partition();
                 if replicates {
                     self.changed.insert(partition);
                 }
-                let state = (incoming.kind == InputKind::TakeOver).then_some(incoming.payload);
-                if state.is_some() {
+                if incoming.kind == InputKind::Adopted {
                     self.ticks.due_now();
                 }
+                let state = (incoming.kind != InputKind::Fresh).then_some(incoming.payload);
                 self.service.take_over(partition, state)
             }
             InputKind::HandOver => {

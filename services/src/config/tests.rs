@@ -51,6 +51,8 @@ fn flags_override_defaults() {
         "9",
         "--handler-stall",
         "5ms",
+        "--replica-window",
+        "300us",
     ])
     .unwrap();
     let worker = cli.worker;
@@ -70,6 +72,7 @@ fn flags_override_defaults() {
             max_calls: 9,
             drain_grace: Duration::from_secs(5),
             handler_stall: Duration::from_millis(5),
+            replica_window: Duration::from_micros(300),
             drain: DrainConfig {
                 drain_allowance: 0,
                 drain_window: Duration::from_secs(1),

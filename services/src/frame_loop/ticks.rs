@@ -34,8 +34,8 @@ impl Ticks {
     }
 
     /// Makes the next tick due now, the schedule going on a period apart from it: a
-    /// partition taken with its state shows it at once, not up to a period later (its
-    /// clients waited out its last owner's death already).
+    /// partition adopted from a dead owner shows its state at once, not up to a period
+    /// later (its players waited out the owner's death already).
     pub(super) fn due_now(&mut self) {
         if let Some(interval) = self.interval.as_mut() {
             interval.reset_immediately();

@@ -12,6 +12,7 @@ use super::calls::{request, start};
 use super::{MS, config};
 use crate::frame_loop::{Incoming, InputKind};
 use crate::service::Service;
+use tokio::time::Duration;
 
 /// Keyed over 8 partitions: `set` answers its body and keeps it as its partition's state;
 /// the tick marks partition 7 changed; snapshots are `p<N>`, or empty once handed over.
@@ -83,11 +84,12 @@ async fn a_service_without_snapshots_sends_nothing_to_standbys() {
     assert_eq!(running.response().await.0, 1);
 }
 
-/// A partition taken with its state ticks at once, the schedule going on a period from
-/// there: its players already waited out its last owner's death (the longest push gap
-/// of docs/workers.md, "Standbys"). One taken fresh waits for the next tick as before.
+/// A partition adopted from a dead owner ticks at once, the schedule going on a period
+/// from there: its players already waited out the owner's death (the longest push gap
+/// of docs/workers.md, "Standbys"). One taken fresh, or handed over by a live owner,
+/// waits for the next tick as before.
 #[tokio::test(start_paused = true)]
-async fn a_partition_taken_with_its_state_ticks_at_once() {
+async fn a_partition_adopted_from_a_dead_owner_ticks_at_once() {
     let t0 = Instant::now();
     let ticks = Arc::new(Mutex::new(Vec::new()));
     let seen = ticks.clone();
@@ -99,12 +101,88 @@ async fn a_partition_taken_with_its_state_ticks_at_once() {
     config.tick_interval = 50 * MS;
     let running = start(service, config);
     tokio::time::sleep(20 * MS).await;
+    let state = Bytes::from_static(b"state");
     let fresh = Incoming::partition(InputKind::Fresh, 1, Bytes::new(), None);
     running.intake.offer(fresh).await;
+    let handed = Incoming::partition(InputKind::TakeOver, 3, state.clone(), None);
+    running.intake.offer(handed).await;
     tokio::time::sleep(10 * MS).await;
-    let state = Bytes::from_static(b"state");
-    let taken = Incoming::partition(InputKind::TakeOver, 2, state, None);
-    running.intake.offer(taken).await;
+    let adopted = Incoming::partition(InputKind::Adopted, 2, state, None);
+    running.intake.offer(adopted).await;
     tokio::time::sleep(110 * MS).await;
     assert_eq!(*ticks.lock().unwrap(), [30, 80, 130]);
+}
+
+/// What `sent` is, with when it came (ms from `t0`, in tenths).
+async fn next_at(running: &mut super::calls::Running, t0: Instant) -> (u128, String) {
+    let sent = running.next().await;
+    let at = (Instant::now() - t0).as_micros() / 100;
+    let what = match sent {
+        Sent::Replicate(states) => {
+            let partitions: Vec<_> = states.iter().map(|(p, _)| p.to_string()).collect();
+            format!("replica {}", partitions.join(","))
+        }
+        Sent::Response(id, _) => format!("answer {id}"),
+        other => format!("{other:?}"),
+    };
+    (at, what)
+}
+
+/// Frames in one replica window (`--replica-window`) share one replica, sent at the
+/// window's end, and their answers follow it in order; with no window, a replica per
+/// frame, each before its frame's answers.
+#[tokio::test(start_paused = true)]
+async fn the_frames_of_one_window_share_one_replica() {
+    let configured = |window| {
+        let mut config = config(64, 100);
+        config.tick_interval = 1000 * MS;
+        config.replica_window = window;
+        config
+    };
+    let t0 = Instant::now();
+    let mut running = start(keyed(true), configured(10 * MS));
+    running.intake.offer(set(3, 1)).await;
+    let early = tokio::time::timeout(3 * MS, running.next()).await;
+    assert!(early.is_err(), "sent inside the window: {early:?}");
+    running.intake.offer(set(5, 2)).await;
+    for want in [(100, "replica 3,5"), (100, "answer 1"), (100, "answer 2")] {
+        assert_eq!(next_at(&mut running, t0).await, (want.0, want.1.into()));
+    }
+
+    let t0 = Instant::now();
+    let mut running = start(keyed(true), configured(Duration::ZERO));
+    running.intake.offer(set(3, 1)).await;
+    assert_eq!(next_at(&mut running, t0).await, (0, "replica 3".into()));
+    assert_eq!(next_at(&mut running, t0).await, (0, "answer 1".into()));
+    tokio::time::sleep(3 * MS).await;
+    running.intake.offer(set(5, 2)).await;
+    assert_eq!(next_at(&mut running, t0).await, (30, "replica 5".into()));
+    assert_eq!(next_at(&mut running, t0).await, (30, "answer 2".into()));
+}
+
+/// A tick does not wait for the window: what is held goes with the tick's own changes at
+/// once. And a loop whose intake is gone sends what it holds at once, before it ends.
+#[tokio::test(start_paused = true)]
+async fn a_tick_or_the_end_sends_what_the_window_holds_at_once() {
+    let t0 = Instant::now();
+    let mut config = config(64, 100);
+    config.tick_interval = 10 * MS;
+    config.replica_window = 50 * MS;
+    let mut running = start(keyed(true), config);
+    tokio::time::sleep(8 * MS).await;
+    running.intake.offer(set(3, 1)).await;
+    assert_eq!(next_at(&mut running, t0).await, (100, "replica 3,7".into()));
+    assert_eq!(next_at(&mut running, t0).await, (100, "answer 1".into()));
+    assert_eq!(next_at(&mut running, t0).await, (200, "replica 7".into()));
+    tokio::time::sleep(3 * MS).await;
+    running.intake.offer(set(5, 2)).await;
+    let rest = running.stop().await;
+    let rest: Vec<_> = rest.iter().map(|s| format!("{s:?}")).collect();
+    assert_eq!(rest.len(), 2, "{rest:?}");
+    assert!(rest[0].starts_with("Replicate([(5,"), "{rest:?}");
+    assert!(rest[1].starts_with("Response(2,"), "{rest:?}");
+    assert!(
+        Instant::now() - t0 < 30 * MS,
+        "sent at once, not at the window's end"
+    );
 }

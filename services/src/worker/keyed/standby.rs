@@ -126,7 +126,7 @@ impl Coordinator {
                 partition,
                 "a dead owner's partition taken with the replica held here"
             );
-            let how = (InputKind::TakeOver, "standby");
+            let how = (InputKind::Adopted, "standby");
             self.take(partition, how, state, None).await;
         }
     }
