@@ -107,9 +107,10 @@ pub const DEFAULT_HANDLER_STALL: Duration = Duration::from_millis(20);
 
 /// How long a frame's answers may wait for the next replica to its keyed partitions'
 /// standbys, so that the frames of that window share one round trip: players' inputs
-/// spread over a tick come a few to a frame, and a round trip per frame then costs more
-/// than the frames (docs/benchmarks.md, "Standbys").
-pub const DEFAULT_REPLICA_WINDOW: Duration = Duration::from_millis(1);
+/// spread over a tick come a few to a frame, and a round trip per frame then costs
+/// nearly as much as the frames. Measured (docs/benchmarks.md, "Standbys"): 1 ms saves
+/// little, 4 ms most of it; a tenth of the default tick, and a tick never waits for it.
+pub const DEFAULT_REPLICA_WINDOW: Duration = Duration::from_millis(4);
 
 /// Where the bus is when nothing says otherwise: a local nats-server or embedded broker.
 pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
@@ -173,8 +174,8 @@ pub struct FrameConfig {
 
     /// How long the answers of a frame that changed keyed partitions may wait for the
     /// next replica to their standbys, so that the frames of that window share one round
-    /// trip (e.g. 1ms; 0 for one round trip per frame). A tick sends what is held at once.
-    #[arg(long, env = "SHADDOCK_REPLICA_WINDOW", default_value = "1ms", value_parser = net::duration::parse)]
+    /// trip (e.g. 4ms; 0 for one round trip per frame). A tick sends what is held at once.
+    #[arg(long, env = "SHADDOCK_REPLICA_WINDOW", default_value = "4ms", value_parser = net::duration::parse)]
     pub replica_window: Duration,
 
     #[command(flatten)]
