@@ -1,28 +1,24 @@
 /**
- * A keyed service's partitions on one worker: which it holds, and moving them with
- * their state (the Rust reference is `services/src/worker/keyed.rs`); the protocol,
- * step by step, is in README.md, "How partitions move", and docs/workers.md, "Keyed
- * services".
+ * A keyed service's partitions on one worker: hearing its peers, which it holds, taking
+ * and serving them, and keeping its peers' replicas (the Rust reference is
+ * `services/src/worker/keyed.rs`); moving them with their state is `handover.ts`'s. The
+ * protocol, step by step, is in README.md, "How partitions move", and docs/workers.md,
+ * "Keyed services".
  */
 import { randomBytes } from "node:crypto";
-import { setTimeout as delay } from "node:timers/promises";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
-import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
-import type { HandOver, KeyedMember, PartitionState } from "./gen/rpc_pb.js";
-import { HandOverSchema, KeyedMemberSchema } from "./gen/rpc_pb.js";
+import type { KeyedMember, PartitionState } from "./gen/rpc_pb.js";
+import { KeyedMemberSchema } from "./gen/rpc_pb.js";
+import { DONE, Handovers } from "./handover.js";
+import type { Held, Holder, How, Request } from "./handover.js";
 import { checkKeyedTimes } from "./keyed-settings.js";
 import type { KeyedSettings } from "./keyed-settings.js";
 import { Members } from "./ownership.js";
 import { Replicator } from "./replicate.js";
-import { noteSeen, unseen } from "./seen.js";
-import type { Seen } from "./seen.js";
+import { noteSeen } from "./seen.js";
 import { Replicas, decodeReplica } from "./standby.js";
 import { handoverSubject, membersSubject, partitionSubject, replicaSubject } from "./subjects.js";
-
-/** What a refusing worker answers a hand-over with: anything non-empty. */
-const REFUSED = new TextEncoder().encode("refused");
-const DONE = new Uint8Array();
 
 /** What a worker's partitions have been through. */
 export interface KeyedStats {
@@ -83,42 +79,6 @@ export interface PartitionHost {
   onError(error: unknown, where: string): void;
 }
 
-/** A request received on a partition's subscription, and its method. */
-interface Request {
-  readonly msg: Msg;
-  readonly method: string;
-}
-
-/** A partition held here. */
-interface Held {
-  /** Its subscription (unsubscribed once the partition has left, its state on its way). */
-  readonly sub: Subscription;
-  /** While it is handed away: per origin, the highest `seq` of its requests taken since the prepare. */
-  seen: Map<string, bigint> | undefined;
-}
-
-/** A partition this worker prepares to take: subscribed, holding what it receives. */
-interface Prepared {
-  readonly sub: Subscription;
-  readonly held: Request[];
-  /** Requests dropped: the buffer was full. */
-  dropped: number;
-  /** Lets the partition go if its state does not come. */
-  readonly expiry: NodeJS.Timeout;
-}
-
-/** How a partition was taken: with no state, handed over (or taken back), or from a standby's replica. */
-type How = "fresh" | "handed" | "standby";
-
-/** How a hand-over request was answered: empty, non-empty, or not in time (or nobody there). */
-type Answer = "taken" | "refused" | "unanswered";
-
-/** A hand-over taken: its old owner, and its id among that one's. */
-interface Taken {
-  readonly from: string;
-  readonly id: bigint;
-}
-
 /** A keyed service's partitions on this worker; see the module docs. */
 export class Partitions {
   readonly id = randomBytes(8).toString("hex");
@@ -143,14 +103,8 @@ export class Partitions {
   readonly #members: Members;
   /** The partitions held here (those being handed away among them). */
   readonly #held = new Map<number, Held>();
-  /** Partitions on their way out: prepared or left, not yet taken by the new owner. */
-  readonly #moving = new Set<number>();
-  /** Partitions on their way in: prepared, their state not come yet. */
-  readonly #preparing = new Map<number, Prepared>();
-  /** Per partition, the last hand-over taken here: a state sent again is known by it. */
-  readonly #taken = new Map<number, Taken>();
-  /** The id of the last hand-over started here. */
-  #lastHandover = 0n;
+  /** The partitions on their way out and in. */
+  readonly #handovers: Handovers;
   /** The replicas peers send this worker, as their partitions' standby. */
   readonly #replicas = new Replicas();
   /** Sends this worker's partitions to their standbys; `undefined` without standbys. */
@@ -183,6 +137,20 @@ export class Partitions {
     const adoptionMs = settings.replicaTimeoutMs === undefined ? 0 : 2 * settings.heartbeatMs;
     const memberTimes = { timeoutMs: settings.memberTimeoutMs, listenMs: 2 * settings.heartbeatMs, adoptionMs };
     this.#members = new Members(this.id, partitions, memberTimes, performance.now());
+    const holder: Holder = {
+      id: this.id,
+      partitions: this.#members.partitions,
+      stats: this.stats,
+      held: this.#held,
+      leaving: () => this.#leaving,
+      lives: (id) => this.#members.lives(id),
+      subscribe: (partition) => this.#subscribe(partition),
+      take: (partition, state, how) => this.#take(partition, state, how),
+      takenOver: (partition, state, how) => this.#takenOver(partition, state, how),
+      sayChanged: () => this.#sayChanged(),
+      settle: () => this.#settle(),
+    };
+    this.#handovers = new Handovers(nc, prefix, service, settings, host, holder);
     if (settings.replicaTimeoutMs !== undefined) {
       const names = { prefix, service, me: this.id };
       const times = { timeoutMs: settings.replicaTimeoutMs, restMs: settings.heartbeatMs };
@@ -195,8 +163,8 @@ export class Partitions {
     return {
       id: this.id,
       held: this.#heldList(),
-      moving: ascending(this.#moving),
-      preparing: ascending(this.#preparing.keys()),
+      moving: ascending(this.#handovers.moving),
+      preparing: ascending(this.#handovers.preparing.keys()),
       leaving: this.#leaving,
       standbyFor: this.#replicas.partitions,
       stats: {
@@ -237,7 +205,7 @@ export class Partitions {
       this.#subs.push(sub);
     };
     listen(membersSubject(this.#prefix, this.#service), (msg) => this.#heard(msg.data));
-    listen(handoverSubject(this.#prefix, this.#service, this.id), (msg) => this.#handedOver(msg));
+    listen(handoverSubject(this.#prefix, this.#service, this.id), (msg) => this.#handovers.handedOver(msg));
     if (this.#replicator !== undefined) {
       listen(replicaSubject(this.#prefix, this.#service, this.id), (msg) => this.#replica(msg));
     }
@@ -271,10 +239,8 @@ export class Partitions {
     this.#stopped = true;
     clearInterval(this.#timer);
     clearTimeout(this.#expiry);
-    for (const prepared of this.#preparing.values()) clearTimeout(prepared.expiry);
-    this.#preparing.clear();
+    this.#handovers.stop();
     this.#held.clear();
-    this.#moving.clear();
     if (!this.#nc.isClosed()) {
       this.#publishHeartbeat(); // the last: leaving, holding nothing
       for (const sub of this.#subs) sub.unsubscribe();
@@ -320,7 +286,7 @@ export class Partitions {
     if (this.#stopped) return;
     this.#expirePeers();
     // A partition being handed over is claimed by its new owner before the answer comes.
-    const settled = [...this.#held.keys()].filter((partition) => !this.#moving.has(partition));
+    const settled = [...this.#held.keys()].filter((partition) => !this.#handovers.moving.has(partition));
     const conflicts = this.#members.conflicts(settled);
     if (conflicts.length > 0) {
       this.stats.conflicts += conflicts.length;
@@ -402,18 +368,18 @@ export class Partitions {
     // their state whether or not this worker owns them now (a worker that came after the
     // owner's last replica may: it gets them by hand-over next), so none answered 200
     // starts fresh.
-    const here = (partition: number) => this.#held.has(partition) || this.#preparing.has(partition);
+    const here = (partition: number) => this.#held.has(partition) || this.#handovers.preparing.has(partition);
     for (const [partition, state] of this.#replicas.orphans(this.#members, here)) {
       this.#take(partition, state, "standby");
     }
     const held = new Set(this.#held.keys());
-    for (const step of this.#members.plan(held, this.#moving, this.#leaving, performance.now())) {
-      if (step.kind === "handOver") this.#handOver(step.partition, step.to);
+    for (const step of this.#members.plan(held, this.#handovers.moving, this.#leaving, performance.now())) {
+      if (step.kind === "handOver") this.#handovers.handOver(step.partition, step.to);
       else this.#take(step.partition, undefined, "fresh");
     }
     if (this.#leaving) {
       for (const partition of held) {
-        if (!this.#moving.has(partition) && this.#members.owner(partition, true) === undefined) {
+        if (!this.#handovers.moving.has(partition) && this.#members.owner(partition, true) === undefined) {
           this.#drop(partition);
         }
       }
@@ -468,29 +434,11 @@ export class Partitions {
 
   /** A partition's request: held while preparing, else taken (and noted while handed away). */
   #received(partition: number, request: Request): void {
-    const prepared = this.#preparing.get(partition);
-    if (prepared !== undefined) {
-      this.#hold(partition, prepared, request);
-      return;
-    }
+    if (this.#handovers.hold(partition, request)) return;
     const held = this.#held.get(partition);
     if (held === undefined) return;
     if (held.seen !== undefined) noteSeen(held.seen, request.msg.data);
     this.#host.offer(request.msg, request.method, partition);
-  }
-
-  /** Holds a prepared partition's request, or drops it when the buffer is full. */
-  #hold(partition: number, prepared: Prepared, request: Request): void {
-    if (prepared.held.length < this.#settings.handoverBuffer) {
-      prepared.held.push(request);
-      return;
-    }
-    prepared.dropped += 1;
-    this.stats.handoverOverflow += 1;
-    if (prepared.dropped === 1) {
-      const why = `${prepared.held.length} requests held for its hand-over: dropping more until its state comes`;
-      this.#host.onError(new Error(`partition ${partition}: ${why}`), "keyed");
-    }
   }
 
   /**
@@ -498,32 +446,12 @@ export class Partitions {
    * hand-over), adopting it if prepared.
    */
   #take(partition: number, state: Uint8Array | undefined, how: How): void {
-    const prepared = this.#preparing.get(partition);
-    if (prepared !== undefined) {
-      // Its old owner died mid-hand-over: none of what was held here was served.
-      this.#adopt(partition, prepared, state, new Map(), how);
-      return;
-    }
+    if (this.#handovers.takePrepared(partition, state, how)) return;
     this.#takenOver(partition, state, how);
     try {
       this.#held.set(partition, { sub: this.#subscribe(partition), seen: undefined });
     } catch (error) {
       this.#host.onError(error, `cannot subscribe partition ${partition}`);
-    }
-    this.#sayChanged();
-  }
-
-  /**
-   * Serves a prepared partition: its take-over, then every held request `seen` does not
-   * cover, in the order received, then what arrives.
-   */
-  #adopt(partition: number, prepared: Prepared, state: Uint8Array | undefined, seen: Seen, how: How): void {
-    this.#preparing.delete(partition);
-    clearTimeout(prepared.expiry);
-    this.#takenOver(partition, state, how);
-    this.#held.set(partition, { sub: prepared.sub, seen: undefined });
-    for (const { msg, method } of prepared.held) {
-      if (unseen(seen, msg.data)) this.#host.offer(msg, method, partition);
     }
     this.#sayChanged();
   }
@@ -544,185 +472,9 @@ export class Partitions {
     this.#settle();
   }
 
-  /** Starts handing `partition` over to `to`, its owner. */
-  #handOver(partition: number, to: string): void {
-    const held = this.#held.get(partition);
-    if (held === undefined || this.#moving.has(partition)) return;
-    this.#moving.add(partition);
-    void this.#move(partition, held, to);
-  }
-
-  /** The old owner's side of a hand-over; see the module docs. */
-  async #move(partition: number, held: Held, to: string): Promise<void> {
-    const subject = handoverSubject(this.#prefix, this.#service, to);
-    const seen = new Map<string, bigint>();
-    held.seen = seen;
-    this.#lastHandover += 1n;
-    const id = this.#lastHandover;
-    const prepared = (await this.#ask(subject, { partition, from: this.id, prepare: true, id })) === "taken";
-    if (this.#stopped) return;
-    if (!prepared) {
-      held.seen = undefined;
-      this.#moving.delete(partition);
-      this.#kept(partition, to);
-      return;
-    }
-    await delay(this.#settings.handoverOverlapMs);
-    if (this.#stopped) return;
-    held.sub.unsubscribe();
-    // The loop answers after the partition's last request here.
-    const state = await this.#host.handOver(partition);
-    const handover = { partition, from: this.id, state, seen: Object.fromEntries(seen), id };
-    let answer = await this.#sendState(subject, handover);
-    // Unanswered, the new owner may have taken it: taking it back then would leave two
-    // owners, their states parting. So it goes again, the same, while the new owner lives.
-    while (answer === "unanswered" && !this.#stopped && this.#members.lives(to)) {
-      const why = `worker ${to} did not answer partition ${partition}'s state in time: sent again`;
-      this.#host.onError(new Error(why), "keyed");
-      answer = await this.#sendState(subject, handover);
-    }
-    if (this.#stopped) return;
-    this.#moving.delete(partition);
-    this.#held.delete(partition);
-    if (answer === "taken") {
-      this.stats.handedOk += 1;
-      this.#sayChanged();
-    } else {
-      this.#kept(partition, to);
-      this.#take(partition, state, "handed");
-    }
-    this.#settle();
-  }
-
-  /** Sends a hand-over request, and waits for its answer at most the hand-over timeout. */
-  async #ask(subject: string, handover: MessageInitShape<typeof HandOverSchema>): Promise<Answer> {
-    try {
-      const payload = toBinary(HandOverSchema, create(HandOverSchema, handover));
-      const answer = await this.#nc.request(subject, payload, { timeout: this.#settings.handoverTimeoutMs });
-      return answer.data.length === 0 ? "taken" : "refused";
-    } catch {
-      // No answer in time, nobody there, or the connection closed.
-      return "unanswered";
-    }
-  }
-
-  /**
-   * Sends a partition's state, the first time or again. Unanswered, it is told no sooner
-   * than the hand-over timeout (nobody there fails at once), so sending it again goes at
-   * that pace.
-   */
-  async #sendState(subject: string, handover: MessageInitShape<typeof HandOverSchema>): Promise<Answer> {
-    const { handoverTimeoutMs } = this.#settings;
-    const started = performance.now();
-    const answer = await this.#ask(subject, handover);
-    if (answer === "unanswered") await delay(Math.max(0, started + handoverTimeoutMs - performance.now()));
-    return answer;
-  }
-
-  #kept(partition: number, to: string): void {
-    this.stats.handedKept += 1;
-    this.#host.onError(new Error(`worker ${to} did not take partition ${partition}: kept here`), "keyed");
-  }
-
-  /** A peer's hand-over request: a prepare, or the state. */
-  #handedOver(msg: Msg): void {
-    if (!msg.reply) return;
-    let handover: HandOver;
-    try {
-      handover = fromBinary(HandOverSchema, msg.data);
-    } catch (error) {
-      this.#host.onError(error, "a hand-over that does not decode: refused");
-      this.#answer(msg, REFUSED);
-      return;
-    }
-    if (this.#stopped || handover.partition >= this.#members.partitions) {
-      this.#answer(msg, REFUSED);
-    } else if (handover.prepare) {
-      void this.#prepare(msg, handover.partition);
-    } else {
-      this.#answer(msg, this.#takeHanded(handover));
-    }
-  }
-
-  /** Step 1 on the new owner: subscribe and hold, answering once the server has the subscription. */
-  async #prepare(msg: Msg, partition: number): Promise<void> {
-    if (this.#leaving || this.#moving.has(partition) || this.#preparing.has(partition)) {
-      this.#answer(msg, REFUSED);
-      return;
-    }
-    if (this.#held.has(partition)) {
-      // Two views disagreed for a moment and both took it: subscribed already, and the
-      // state handed over replaces this worker's own, which settles it.
-      this.#answer(msg, DONE);
-      return;
-    }
-    const { handoverOverlapMs, handoverTimeoutMs, memberTimeoutMs } = this.#settings;
-    // Longer than a dead old owner takes to be counted dead: then this worker takes the
-    // partition fresh, with what it held.
-    const wait = handoverOverlapMs + 2 * handoverTimeoutMs + memberTimeoutMs;
-    try {
-      const sub = this.#subscribe(partition);
-      const expiry = setTimeout(() => this.#letGo(partition), wait);
-      this.#preparing.set(partition, { sub, held: [], dropped: 0, expiry });
-      await this.#nc.flush();
-    } catch (error) {
-      // Unanswered: the old owner keeps the partition, and this one lets it go in time.
-      this.#host.onError(error, `cannot prepare partition ${partition}`);
-      return;
-    }
-    this.#answer(msg, DONE);
-  }
-
-  /**
-   * Step 4 on the new owner: the state. Answers empty once taken (or when taken already:
-   * the same state sent again, its answer lost or late), anything else when refused.
-   */
-  #takeHanded(handover: HandOver): Uint8Array {
-    const { partition, state, from, id } = handover;
-    const last = this.#taken.get(partition);
-    if (id !== 0n && last?.from === from && last.id === id) return DONE;
-    const prepared = this.#preparing.get(partition);
-    // No prepare before it: taken as a take-over and a subscription, unless leaving or
-    // handing it away.
-    if (prepared === undefined && (this.#leaving || this.#moving.has(partition))) return REFUSED;
-    if (id !== 0n) this.#taken.set(partition, { from, id });
-    if (prepared !== undefined) {
-      this.#adopt(partition, prepared, state, new Map(Object.entries(handover.seen)), "handed");
-      return DONE;
-    }
-    if (this.#held.has(partition)) {
-      // Two views disagreed for a moment: the state handed over replaces this one.
-      this.stats.conflicts += 1;
-      this.#host.onError(new Error(`handed partition ${partition}, held here already, by ${handover.from}`), "keyed");
-      this.#host.takeOver(partition, state);
-    } else {
-      this.#take(partition, state, "handed");
-    }
-    return DONE;
-  }
-
-  /** A prepared partition whose state did not come: its old owner kept it, and served what was held here. */
-  #letGo(partition: number): void {
-    const prepared = this.#preparing.get(partition);
-    if (prepared === undefined) return;
-    this.#preparing.delete(partition);
-    prepared.sub.unsubscribe();
-    const why = `its state did not come: let go, ${prepared.held.length} held requests dropped`;
-    this.#host.onError(new Error(`partition ${partition} was prepared, but ${why}`), "keyed");
-    this.#settle();
-  }
-
-  #answer(msg: Msg, body: Uint8Array): void {
-    try {
-      msg.respond(body);
-    } catch (error) {
-      this.#host.onError(error, "answering a hand-over");
-    }
-  }
-
   /** Ends the leaving once nothing is held or prepared. */
   #settle(): void {
-    if (this.#leaving && this.#held.size === 0 && this.#preparing.size === 0) this.#allHandedOver();
+    if (this.#leaving && this.#held.size === 0 && this.#handovers.preparing.size === 0) this.#allHandedOver();
   }
 }
 
