@@ -48,7 +48,7 @@ use gate::TestGate;
 use nix::sys::signal::Signal;
 use proto::Message as _;
 use proto::code;
-use proto::keyed::{members_subject, partition_of, score};
+use proto::keyed::{first_in_order, members_subject, partition_of};
 use proto::rpc::KeyedMember;
 use sdk::Client;
 use services::{KeyedConfig, WorkerConfig};
@@ -379,11 +379,7 @@ fn keys() -> Vec<String> {
 
 /// The owner of `partition` among `members`: the highest score, ties to the greater id.
 fn rendezvous_owner<'a>(members: &[&'a str], partition: u32) -> &'a str {
-    members
-        .iter()
-        .copied()
-        .max_by_key(|id| (score(id, partition), *id))
-        .unwrap()
+    first_in_order(members.iter().copied(), partition).unwrap()
 }
 
 /// The name (in its answers) of the owner of `key`'s partition among `members`.

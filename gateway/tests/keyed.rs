@@ -6,19 +6,23 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::proxy::Proxy;
 use common::{Bus, DEADLINE, TestGate, TestWorker, start_worker_with, within};
+use futures::StreamExt as _;
 use gateway::GateConfig;
 use proto::Message as _;
 use proto::arena::{InputRequest, InputResponse, JoinRequest, State};
 use proto::chat::LoginRequest;
 use proto::code;
-use proto::keyed::partition_of;
+use proto::keyed::{first_in_order, members_subject, partition_of};
+use proto::rpc::KeyedMember;
 use sdk::Client;
+use services::config::DEFAULT_PREFIX;
 use services::{KeyedConfig, WorkerConfig};
 
 broker::on_both_buses!(
@@ -56,6 +60,86 @@ async fn start_as(name: &'static str, config: WorkerConfig) -> (TestWorker, Arc<
     let fresh = Arc::new(AtomicUsize::new(0));
     let worker = start_worker_with(services::tally::service(name, fresh.clone()), config).await;
     (worker, fresh)
+}
+
+/// The ids the tally workers heartbeat with, heard on the bus: a worker's id is random
+/// per start, and which partitions it owns follows from the ids (rendezvous).
+struct Ids {
+    heartbeats: async_nats::Subscriber,
+    heard: BTreeSet<String>,
+    _bus: async_nats::Client,
+}
+
+impl Ids {
+    /// Listens from now: start the workers after.
+    async fn listen(url: &str) -> Ids {
+        let bus = async_nats::connect(url).await.unwrap();
+        let subject = members_subject(DEFAULT_PREFIX, services::tally::NAME);
+        let heartbeats = bus.subscribe(subject).await.unwrap();
+        bus.flush().await.unwrap();
+        Ids {
+            heartbeats,
+            heard: BTreeSet::new(),
+            _bus: bus,
+        }
+    }
+
+    /// The id of the worker started since the last call: the first not heard before.
+    async fn newcomer(&mut self) -> String {
+        within(async {
+            loop {
+                let message = self.heartbeats.next().await.unwrap();
+                let member = KeyedMember::decode(message.payload).unwrap();
+                if self.heard.insert(member.id.clone()) {
+                    return member.id;
+                }
+            }
+        })
+        .await
+    }
+
+    /// Starts workers with `start` until one wins a number of partitions from the worker
+    /// `other` that `fits` (rendezvous, the two alone); stops those that do not. With
+    /// tally's 8 partitions, one random pair in 128 leaves one of the two nothing, and a
+    /// test of keys moving between them nothing to test.
+    async fn start_winning(
+        &mut self,
+        other: &str,
+        fits: impl Fn(u32) -> bool,
+        start: impl AsyncFn() -> (TestWorker, Arc<AtomicUsize>),
+    ) -> (TestWorker, Arc<AtomicUsize>) {
+        loop {
+            let started = start().await;
+            let id = self.newcomer().await;
+            let won = (0..PARTITIONS)
+                .filter(|&p| first_in_order([other, id.as_str()].into_iter(), p) == Some(&id))
+                .count();
+            if fits(won as u32) {
+                return started;
+            }
+            started.0.stop().await;
+        }
+    }
+}
+
+/// Whether each of two workers owns some partitions, the newcomer having won `won`.
+fn shared(won: u32) -> bool {
+    won > 0 && won < PARTITIONS
+}
+
+/// Workers `a` then `b`, each started by `start` (given its name), that share the
+/// partitions.
+async fn sharing_pair(
+    url: &str,
+    start: impl AsyncFn(&'static str) -> (TestWorker, Arc<AtomicUsize>),
+) -> [(TestWorker, Arc<AtomicUsize>); 2] {
+    let mut ids = Ids::listen(url).await;
+    let a = start("a").await;
+    let a_id = ids.newcomer().await;
+    let b = ids
+        .start_winning(&a_id, shared, async || start("b").await)
+        .await;
+    [a, b]
 }
 
 /// A gate that has learnt `services`' schemas, so that a keyed one is known as keyed
@@ -224,8 +308,8 @@ async fn run_load_while(
 }
 
 async fn one_key_reaches_one_worker_in_order_from_every_gate(bus: Bus) {
-    let (_a, fresh_a) = start(bus.url(), "a").await;
-    let (_b, fresh_b) = start(bus.url(), "b").await;
+    let [(_a, fresh_a), (_b, fresh_b)] =
+        sharing_pair(bus.url(), async |name| start(bus.url(), name).await).await;
     all_taken(&[&fresh_a, &fresh_b]).await;
     let gates = [gate(&bus).await, gate(&bus).await];
     let clients = [gates[0].client().await, gates[1].client().await];
@@ -252,13 +336,17 @@ async fn one_key_reaches_one_worker_in_order_from_every_gate(bus: Bus) {
 }
 
 async fn a_worker_added_under_load_takes_a_share_and_nothing_is_lost(bus: Bus) {
+    let mut ids = Ids::listen(bus.url()).await;
     let (_a, fresh_a) = start(bus.url(), "a").await;
+    let a_id = ids.newcomer().await;
     let gate = gate(&bus).await;
     all_taken(&[&fresh_a]).await;
     let mut added = None;
     let probe = gate.client().await;
     let answers = run_load_while(&[&gate], async || {
-        added = Some(start(bus.url(), "b").await);
+        let b = async || start(bus.url(), "b").await;
+        // b taking every partition is a share too.
+        added = Some(ids.start_winning(&a_id, |won| won > 0, b).await);
         serves(&probe, "b").await;
     })
     .await;
@@ -281,9 +369,12 @@ async fn a_worker_added_under_load_takes_a_share_and_nothing_is_lost(bus: Bus) {
 async fn a_drained_owner_hands_its_state_over_and_nothing_is_lost(bus: Bus) {
     // a holds every partition before b starts: started together on a busy machine, b
     // could take them all before hearing a, and a would have nothing to hand over.
+    let mut ids = Ids::listen(bus.url()).await;
     let (a, fresh_a) = start(bus.url(), "a").await;
+    let a_id = ids.newcomer().await;
     all_taken(&[&fresh_a]).await;
-    let (_b, fresh_b) = start(bus.url(), "b").await;
+    let b = async || start(bus.url(), "b").await;
+    let (_b, fresh_b) = ids.start_winning(&a_id, shared, b).await;
     let gates = [gate(&bus).await, gate(&bus).await];
     let taken = fresh_b.load(Ordering::Relaxed);
     let answers = run_load_while(&[&gates[0], &gates[1]], async || a.stop().await).await;
@@ -322,8 +413,11 @@ async fn a_dead_owner(bus: &Bus, standby: bool) {
         config.keyed.standby = standby;
         config
     };
-    let (_a, fresh_a) = start_as("a", config(proxy.url())).await;
-    let (_b, fresh_b) = start_as("b", config(bus.url())).await;
+    let url = |name| if name == "a" { proxy.url() } else { bus.url() };
+    let [(_a, fresh_a), (_b, fresh_b)] = sharing_pair(bus.url(), async |name| {
+        start_as(name, config(url(name))).await
+    })
+    .await;
     all_taken(&[&fresh_a, &fresh_b]).await;
     let gate = gate(bus).await;
     let client = gate.client().await;

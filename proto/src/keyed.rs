@@ -76,6 +76,16 @@ pub fn score(member: &str, partition: u32) -> u32 {
     h ^ (h >> 16)
 }
 
+/// The first of `members` in `partition`'s rendezvous order: its owner, when `members`
+/// are the live workers that are not leaving (the [`score`]'s highest, ties to the
+/// greater id); the next one down stands by for it.
+pub fn first_in_order<'a>(
+    members: impl Iterator<Item = &'a str>,
+    partition: u32,
+) -> Option<&'a str> {
+    members.max_by_key(|id| (score(id, partition), *id))
+}
+
 /// What a gate publishes a keyed request of `service.method` on (with `.<method>`),
 /// and what its owner subscribes (with `.>`), plain: during a hand-over both owners
 /// receive every request, and its `origin` and `seq` tell them which is whose. Its own

@@ -417,18 +417,15 @@ impl<O: ReplySink> FrameLoop<O> {
         if window.is_zero() || self.drained_by.is_some() {
             return false;
         }
-        let now = Instant::now();
-        match self.held_until {
-            Some(end) => now < end,
-            None => {
-                let output = &self.output;
-                let replicated = self.changed.iter().any(|&p| output.stands_by(p));
-                if replicated {
-                    self.held_until = Some(now + window);
-                }
-                replicated
-            }
+        if let Some(end) = self.held_until {
+            return Instant::now() < end;
         }
+        let output = &self.output;
+        if !self.changed.iter().any(|&p| output.stands_by(p)) {
+            return false;
+        }
+        self.held_until = Some(Instant::now() + window);
+        true
     }
 
     /// Sends what the last step produced, in order: each handler's pushes before its

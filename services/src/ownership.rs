@@ -22,7 +22,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use proto::keyed::score;
+use proto::keyed::first_in_order;
 
 /// A peer as its last heartbeat described it.
 #[derive(Debug, Clone)]
@@ -143,7 +143,7 @@ impl Members {
     /// The owner of `partition` among the live members that are not leaving (this
     /// worker among them unless it is); `None` when there is none.
     pub(crate) fn owner(&self, partition: u32, leaving: bool) -> Option<&str> {
-        first(self.candidates(leaving), partition)
+        first_in_order(self.candidates(leaving), partition)
     }
 
     /// Where `member`, holding `partition`, kept its standby `at` a moment
@@ -165,7 +165,7 @@ impl Members {
                 .is_none_or(|m| at.saturating_duration_since(m.since) >= self.listen)
         };
         let others = (self.candidates(leaving)).filter(|id| *id != member && settled(id));
-        first(others, partition)
+        first_in_order(others, partition)
     }
 
     /// The live members that are not leaving, this worker among them unless it is.
@@ -273,13 +273,10 @@ impl Members {
     }
 }
 
-/// The first of `members` in `partition`'s rendezvous order.
-fn first<'a>(members: impl Iterator<Item = &'a str>, partition: u32) -> Option<&'a str> {
-    members.max_by_key(|id| (score(id, partition), *id))
-}
-
 #[cfg(test)]
 mod tests {
+    use proto::keyed::score;
+
     use super::*;
 
     const TIMEOUT: Duration = Duration::from_secs(3);

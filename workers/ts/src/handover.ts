@@ -64,10 +64,13 @@ export interface HandoverStats {
   handoverOverflow: number;
 }
 
-/** What a hand-over needs of the worker's loop (`PartitionHost`, keyed.ts, is one). */
+/** What a hand-over needs of the worker's loop (`PartitionHost`, keyed.ts, extends it). */
 export interface HandoverHost {
+  /** Queues `partition`'s request, as any other (answered 503 when the queue is full). */
   offer(msg: Msg, method: string, partition: number): void;
+  /** Queues the take-over of `partition` for the loop, ahead of its requests. */
   takeOver(partition: number, state: Uint8Array | undefined): void;
+  /** Queues the hand-over of `partition` behind its last request: resolves with its state. */
   handOver(partition: number): Promise<Uint8Array>;
   onError(error: unknown, where: string): void;
 }

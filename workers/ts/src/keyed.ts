@@ -11,7 +11,7 @@ import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node"
 import type { KeyedMember, PartitionState } from "./gen/rpc_pb.js";
 import { KeyedMemberSchema } from "./gen/rpc_pb.js";
 import { DONE, Handovers } from "./handover.js";
-import type { Held, Holder, How, Request } from "./handover.js";
+import type { HandoverHost, Held, Holder, How, Request } from "./handover.js";
 import { checkKeyedTimes } from "./keyed-settings.js";
 import type { KeyedSettings } from "./keyed-settings.js";
 import { Members } from "./ownership.js";
@@ -67,16 +67,9 @@ export interface KeyedView {
 }
 
 /** What the partitions need of their worker. */
-export interface PartitionHost {
-  /** Queues `partition`'s request, as any other (answered 503 when the queue is full). */
-  offer(msg: Msg, method: string, partition: number): void;
+export interface PartitionHost extends HandoverHost {
   /** Queues a turn that marks `partition` changed: its standby gets it whole after the batch. */
   replicate(partition: number): void;
-  /** Queues the take-over of `partition` for the loop, ahead of its requests. */
-  takeOver(partition: number, state: Uint8Array | undefined): void;
-  /** Queues the hand-over of `partition` behind its last request: resolves with its state. */
-  handOver(partition: number): Promise<Uint8Array>;
-  onError(error: unknown, where: string): void;
 }
 
 /** A keyed service's partitions on this worker; see the module docs. */

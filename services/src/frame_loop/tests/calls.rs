@@ -25,7 +25,22 @@ type Out = mpsc::Sender<Sent<u32>>;
 /// A request for `method` from player `uid`, answered to `id`, whose caller waits
 /// `timeout_ms` (0: did not say).
 pub(super) fn request(method: &str, id: u32, uid: &str, timeout_ms: u32) -> Incoming<u32> {
+    let payload = payload(method, id, uid, timeout_ms);
+    Incoming::new(method, payload.encode_to_vec().into(), Some(id))
+}
+
+/// A keyed service's request for `method` by `key` (as a gate routes it), answered to
+/// `id`.
+pub(super) fn keyed_request(method: &str, id: u32, key: &str) -> Incoming<u32> {
     let payload = RpcRequest {
+        key: key.into(),
+        ..payload(method, id, "ann", 0)
+    };
+    Incoming::new(method, payload.encode_to_vec().into(), Some(id))
+}
+
+fn payload(method: &str, id: u32, uid: &str, timeout_ms: u32) -> RpcRequest {
+    RpcRequest {
         route: format!("t.{method}"),
         body: Bytes::from(format!("body {id}")),
         session: Some(Session {
@@ -36,8 +51,7 @@ pub(super) fn request(method: &str, id: u32, uid: &str, timeout_ms: u32) -> Inco
         }),
         timeout_ms,
         ..RpcRequest::default()
-    };
-    Incoming::new(method, payload.encode_to_vec().into(), Some(id))
+    }
 }
 
 /// The loop on a task, its intake, and what it sends.
