@@ -36,6 +36,9 @@ broker::on_both_buses!(
 
 use services::tally::PARTITIONS;
 const KEYS: usize = 12;
+/// Workers started in turn until one wins a share of the partitions that fits a test
+/// ([`Ids::start_winning`]); one in 128 misses, so ten in a row means something is wrong.
+const STARTS: usize = 10;
 
 fn worker_config(url: &str) -> WorkerConfig {
     WorkerConfig {
@@ -108,7 +111,7 @@ impl Ids {
         fits: impl Fn(u32) -> bool,
         start: impl AsyncFn() -> (TestWorker, Arc<AtomicUsize>),
     ) -> (TestWorker, Arc<AtomicUsize>) {
-        loop {
+        for _ in 0..STARTS {
             let started = start().await;
             let id = self.newcomer().await;
             let won = (0..PARTITIONS)
@@ -119,6 +122,7 @@ impl Ids {
             }
             started.0.stop().await;
         }
+        panic!("{STARTS} workers in a row won a share that does not fit");
     }
 }
 

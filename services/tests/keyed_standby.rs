@@ -40,6 +40,10 @@ const HEARTBEAT: Duration = Duration::from_millis(100);
 const REPLICA_TIMEOUT: Duration = Duration::from_millis(300);
 /// The made-up peer's id.
 const PEER: &str = "peer";
+/// Workers started in turn until one splits the partitions with [`PEER`]
+/// ([`worker_beside_peer`]); one in 128 does not, so ten in a row means something is
+/// wrong.
+const STARTS: usize = 10;
 
 /// One test at a time reading the binary's metrics ([`metric`]).
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
@@ -108,7 +112,7 @@ async fn worker_beside_peer(
     members: &mut async_nats::Subscriber,
 ) -> (common::RunningWorker, String) {
     let mut stopped = Vec::new();
-    loop {
+    for _ in 0..STARTS {
         let worker = worker(bus, rest).await;
         let id = within(async {
             loop {
@@ -129,6 +133,7 @@ async fn worker_beside_peer(
         worker.stop().await;
         stopped.push(id);
     }
+    panic!("{STARTS} workers in a row left the peer or themselves no partition");
 }
 
 /// Waits for the made-up peer's next heartbeat on `members`, after the worker's first:

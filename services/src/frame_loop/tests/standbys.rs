@@ -17,9 +17,17 @@ use crate::service::Service;
 /// Keyed over 8 partitions: `set` answers its body and keeps it as its partition's state;
 /// the tick marks partition 7 changed; snapshots are `p<N>`, or empty once handed over.
 fn keyed(snapshots: bool) -> Service {
+    keyed_where_set_takes(snapshots, std::time::Duration::ZERO)
+}
+
+/// [`keyed`] whose `set` takes `took` of real time (the thread sleeps).
+fn keyed_where_set_takes(snapshots: bool, took: std::time::Duration) -> Service {
     let service = Service::new("t")
         .keyed(8)
-        .raw_method("set", |_, body| Ok(body))
+        .raw_method("set", move |_, body| {
+            std::thread::sleep(took);
+            Ok(body)
+        })
         .on_tick(|ctx, _| ctx.changed(7))
         .on_hand_over(|_, _| Bytes::new());
     if snapshots {
@@ -192,17 +200,12 @@ async fn a_tick_or_the_end_sends_what_the_window_holds_at_once() {
 /// A window cannot be kept open by a loop that never waits: a frame that ends past the
 /// window's end releases it (here each frame takes one request of 2 ms, the window is
 /// 1 ms, and frames follow one another with no pause), so the third request's partition
-/// goes in a replica of its own. Real time: the handlers sleep.
+/// goes in a replica of its own. Real time: the handlers sleep. No timer races it: the
+/// three are queued before the loop runs, and each frame carries the next request over
+/// to the following frame, which runs without a wait.
 #[tokio::test]
 async fn a_frame_past_the_windows_end_releases_it() {
-    let service = Service::new("t")
-        .keyed(8)
-        .raw_method("set", |_, body| {
-            std::thread::sleep(std::time::Duration::from_millis(2));
-            Ok(body)
-        })
-        .on_hand_over(|_, _| Bytes::new())
-        .on_snapshot(|p| Bytes::from(format!("p{p}")));
+    let service = keyed_where_set_takes(true, std::time::Duration::from_millis(2));
     let mut config = config(64, 1);
     config.tick_interval = 1000 * MS;
     config.overrun_pause = Duration::ZERO;
