@@ -274,10 +274,10 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
         // One broker: nowhere to move to.
         ..WorkerConfig::default()
     };
-    // Every role here reaches the broker in process: no loopback TCP, no kernel between
-    // them. Workers elsewhere join the same queue groups over TCP.
-    let server = broker.server().clone();
-    let dialer = bus::dial_with(move || server.connect_in_process());
+    // Every role here reaches the broker in process, by calls: no loopback TCP, no
+    // protocol text, no task woken between them. Workers elsewhere join the same queue
+    // groups over TCP.
+    let attach = broker.server().attacher();
     let chat_config = args.chat;
     let store = args.store;
     // One thread for the workers and the gate's first shard: a request is read,
@@ -290,7 +290,7 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
             config,
             chat_config,
             &store,
-            Some((&dialer, &host)),
+            Some((&attach, &host)),
             &shutdown,
         )
     };
@@ -303,7 +303,7 @@ async fn up(args: UpArgs, deprecated: &[String]) -> anyhow::Result<()> {
     let web = !args.gate.no_web;
     let gate_bus = BusOptions {
         name: roles::GATE_CONNECTION_NAME.into(),
-        ..BusOptions::in_process(dialer)
+        ..BusOptions::direct(attach)
     };
     let threads = roles::GateThreads {
         shards: args.shards.shards,

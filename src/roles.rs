@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use bus::{BusOptions, BusTimings, Dialer};
+use bus::{Attach, BusOptions, BusTimings};
 use gateway::tls::Tls;
 use gateway::{Gate, GateConfig, ShardListeners, Shards};
 use services::chat::ChatConfig;
@@ -285,7 +285,7 @@ pub async fn start_worker(
     config: WorkerConfig,
     chat: ChatConfig,
     store: &StoreConfig,
-    in_process: Option<(&Dialer, &services::Host)>,
+    in_process: Option<(&Attach, &services::Host)>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<StartedWorker> {
     chat.validate()?;
@@ -297,9 +297,9 @@ pub async fn start_worker(
     let service = service.build(chat, store)?;
     let name = services::worker_connection_name(service.name());
     let mut running = match in_process {
-        Some((dial, host)) => {
-            let dial = dial.clone();
-            services::Worker::start_in_process(dial, Some(host), service, config, &name, shutdown)
+        Some((attach, host)) => {
+            let attach = attach.clone();
+            services::Worker::start_in_process(attach, Some(host), service, config, &name, shutdown)
                 .await?
         }
         None => services::Worker::start(service, config, &name, shutdown).await?,

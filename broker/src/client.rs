@@ -6,21 +6,21 @@
 //! not once per message. One write syscall then carries everything that piled up.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use nats_wire::subject;
 use nats_wire::{ClientOp, Limits, ParseError};
 use net::LogLimiter;
-use rustc_hash::FxHashSet;
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::config::{Auth, FIRST_PING_INTERVAL};
-use crate::peer::{ClientMeta, ClientShared, Delivery, Subscription, lock};
+use crate::peer::{ClientMeta, ClientShared, Subscription, lock};
 use crate::pipe::InProcessStream;
+use crate::route::{Fanout, Publisher};
 use crate::state::Shared;
 use crate::sublist::{MATCH_CACHE_CAPACITY, MatchCache};
 
@@ -37,9 +37,6 @@ const KEEP_WRITE_BUFFER: usize = 1024 * 1024;
 /// would keep two burst-sized buffers for good once traffic is back to normal.
 const CALM_WRITE_BATCH: usize = 64 * 1024;
 
-/// Slow consumers, one line a second at most: a peer that stops reading (or a thousand
-/// of them) must not flood the log.
-static SLOW_CONSUMER_LOG: LogLimiter = LogLimiter::per_second();
 static WRITE_DEADLINE_LOG: LogLimiter = LogLimiter::per_second();
 
 /// CONNECT options. Absent booleans mean what nats-server assumes.
@@ -105,15 +102,6 @@ impl From<ParseError> for Close {
     }
 }
 
-/// Counters a read batch adds to the server's totals in one go.
-#[derive(Default)]
-struct BatchStats {
-    in_msgs: u64,
-    in_bytes: u64,
-    out_msgs: u64,
-    out_bytes: u64,
-}
-
 /// The reader side of a connection: its own options and caches.
 struct Conn {
     server: Arc<Shared>,
@@ -121,12 +109,7 @@ struct Conn {
     opts: ConnectOpts,
     connected: bool,
     cache: MatchCache<Subscription>,
-    /// Writers touched by this batch, woken once at its end.
-    dirty: Vec<Arc<ClientShared>>,
-    dirty_ids: FxHashSet<u64>,
-    /// Subscribers this batch pushed past the flow-control mark.
-    pressed: Vec<Arc<ClientShared>>,
-    batch: BatchStats,
+    fanout: Fanout,
     /// Cache entries last added to the server's total.
     cache_reported: u64,
 }
@@ -207,10 +190,7 @@ where
         opts: ConnectOpts::default(),
         connected: false,
         cache: MatchCache::new(MATCH_CACHE_CAPACITY),
-        dirty: Vec::new(),
-        dirty_ids: FxHashSet::default(),
-        pressed: Vec::new(),
-        batch: BatchStats::default(),
+        fanout: Fanout::default(),
         cache_reported: 0,
     };
     let limits = Limits {
@@ -305,8 +285,9 @@ impl Conn {
                 if headers.is_some() && !self.opts.headers {
                     return Err(Close::Silent);
                 }
-                self.batch.in_msgs += 1;
-                self.batch.in_bytes += (payload.len() + headers.map_or(0, <[u8]>::len)) as u64;
+                let batch = &mut self.fanout.batch;
+                batch.in_msgs += 1;
+                batch.in_bytes += (payload.len() + headers.map_or(0, <[u8]>::len)) as u64;
                 // nats-server's pedantic check only warns: the message is still routed.
                 if self.opts.pedantic && !subject::is_valid_publish(subject) {
                     self.me.send_err("Invalid Publish Subject");
@@ -323,16 +304,12 @@ impl Conn {
                 queue,
                 sid,
             } => {
-                if !subject::is_valid_subscribe(subject) {
-                    self.me.send_err("Invalid Subject");
-                    return Ok(());
-                }
-                if !self.subscribe(subject, queue, sid) {
-                    self.me.send_err("maximum subscriptions exceeded");
+                if let Err(refused) = self.server.subscribe(&self.me, subject, queue, sid) {
+                    self.me.send_err(refused);
                     return Ok(());
                 }
             }
-            ClientOp::Unsub { sid, max } => self.unsubscribe(sid, max),
+            ClientOp::Unsub { sid, max } => self.server.unsubscribe(&self.me, sid, max),
             ClientOp::Ping => {
                 self.me.send(b"PONG\r\n");
                 return Ok(());
@@ -374,51 +351,7 @@ impl Conn {
         Ok(())
     }
 
-    /// Returns false when the client is at its subscription limit.
-    fn subscribe(&mut self, subject: &[u8], queue: Option<&[u8]>, sid: &[u8]) -> bool {
-        let mut subs = lock(&self.me.subs);
-        if subs.contains_key(sid) {
-            // nats-server keeps the first subscription of a duplicate sid.
-            return true;
-        }
-        let max = self.server.config.max_subscriptions;
-        if max > 0 && subs.len() >= max {
-            return false;
-        }
-        let sid = Bytes::copy_from_slice(sid);
-        let sub = Arc::new(Subscription {
-            client: self.me.clone(),
-            subject: Bytes::copy_from_slice(subject),
-            queue: queue.map(Bytes::copy_from_slice),
-            sid: sid.clone(),
-            max: AtomicU64::new(0),
-            delivered: AtomicU64::new(0),
-        });
-        self.server
-            .index
-            .insert(subject, sub.queue.as_ref(), sub.clone());
-        subs.insert(sid, sub);
-        true
-    }
-
-    fn unsubscribe(&mut self, sid: &[u8], max: Option<u64>) {
-        let sub = lock(&self.me.subs).get(sid).cloned();
-        let Some(sub) = sub else {
-            return;
-        };
-        match max {
-            // Stored before the count is read: see `Subscription::take_one`.
-            Some(max) if max > 0 => {
-                sub.max.store(max, Ordering::SeqCst);
-                if sub.delivered.load(Ordering::SeqCst) >= max {
-                    self.server.remove_sub(&sub);
-                }
-            }
-            _ => self.server.remove_sub(&sub),
-        }
-    }
-
-    /// Delivers one message to every plain subscription and one member per queue group.
+    /// Routes one message (see [`Fanout::route`]).
     fn route(
         &mut self,
         subject: &[u8],
@@ -426,129 +359,33 @@ impl Conn {
         headers: Option<&[u8]>,
         payload: &[u8],
     ) {
-        let found = self.cache.get(&self.server.index, subject);
-        let mut delivered = false;
-        for sub in &found.psubs {
-            delivered |= self.deliver_to(sub, subject, reply, headers, payload);
-        }
-        for (_, members) in &found.qsubs {
-            let n = members.len();
-            let start = fastrand::usize(..n);
-            // Random member first; skip members that cannot take it.
-            for i in 0..n {
-                if self.deliver_to(&members[(start + i) % n], subject, reply, headers, payload) {
-                    delivered = true;
-                    break;
-                }
-            }
-        }
-        if !delivered
-            && let Some(reply) = reply
-            && self.opts.no_responders
-            && self.opts.headers
-        {
-            self.no_responders(subject, reply);
-        }
-    }
-
-    fn deliver_to(
-        &mut self,
-        sub: &Arc<Subscription>,
-        subject: &[u8],
-        reply: Option<&[u8]>,
-        headers: Option<&[u8]>,
-        payload: &[u8],
-    ) -> bool {
-        let client = &sub.client;
-        if !self.opts.echo && client.cid == self.me.cid {
-            return false;
-        }
-        let (allowed, last) = sub.take_one();
-        if !allowed {
-            // Its max was reached: removed already, or now (see `take_one`).
-            self.server.remove_sub(sub);
-            return false;
-        }
-        if last {
-            self.server.remove_sub(sub);
-        }
-        let delivery = client.deliver(&sub.sid, subject, reply, headers, payload);
-        if delivery == Delivery::Pressed && !self.pressed.iter().any(|c| c.cid == client.cid) {
-            self.pressed.push(client.clone());
-        }
-        match delivery {
-            Delivery::Queued | Delivery::Pressed => {
-                self.batch.out_msgs += 1;
-                self.batch.out_bytes += (payload.len() + headers.map_or(0, <[u8]>::len)) as u64;
-                // Consecutive messages mostly go to the same subscriber: skip the set.
-                let last = self.dirty.last().map(|c| c.cid);
-                if last != Some(client.cid) && self.dirty_ids.insert(client.cid) {
-                    self.dirty.push(client.clone());
-                }
-                true
-            }
-            Delivery::SlowConsumer => {
-                self.server
-                    .stats
-                    .slow_consumers
-                    .fetch_add(1, Ordering::Relaxed);
-                if let Some(tally) = SLOW_CONSUMER_LOG.check() {
-                    tracing::warn!(cid = client.cid, "slow consumer: closed{tally}");
-                }
-                false
-            }
-            Delivery::Closed => false,
-        }
-    }
-
-    /// Tells a requester at once that nobody received its request: an empty `HMSG` with
-    /// status 503 on its own subscription matching the reply subject.
-    fn no_responders(&mut self, subject: &[u8], reply: &[u8]) {
-        let found = self.cache.get(&self.server.index, reply);
-        let mine = found
-            .psubs
-            .iter()
-            .chain(found.qsubs.iter().flat_map(|(_, m)| m.iter()))
-            .find(|s| s.client.cid == self.me.cid);
-        let Some(sub) = mine else {
-            return;
+        let from = Publisher {
+            server: &self.server,
+            me: &self.me,
+            echo: self.opts.echo,
+            no_responders: self.opts.no_responders && self.opts.headers,
         };
-        let mut headers = Vec::with_capacity(40 + subject.len());
-        headers.extend_from_slice(b"NATS/1.0 503\r\nNats-Subject: ");
-        headers.extend_from_slice(subject);
-        headers.extend_from_slice(b"\r\n\r\n");
-        if self.me.deliver(&sub.sid, reply, None, Some(&headers), b"") == Delivery::Queued {
-            self.me.wake();
-        }
+        let (cache, index) = (&mut self.cache, &self.server.index);
+        let mut lookup = |subject: &[u8]| cache.get(index, subject);
+        (self.fanout).route(&from, &mut lookup, subject, reply, headers, payload);
     }
 
     /// Flow control: before reading more from this publisher, lets the subscribers it
     /// pushed past the mark drain. Publishing pauses only while they make progress.
     async fn relieve_pressure(&mut self) {
         let window = self.server.config.stall_window;
-        for client in std::mem::take(&mut self.pressed) {
+        for client in self.fanout.take_pressed() {
             if client.cid != self.me.cid {
                 client.drain_below_mark(window).await;
             }
         }
     }
 
-    /// Wakes every writer this batch fed, and adds the batch's counts to the totals.
+    /// Wakes every writer this batch fed, and adds the batch's counts (and the match
+    /// cache's) to the totals.
     fn end_batch(&mut self) {
-        for client in self.dirty.drain(..) {
-            client.wake();
-        }
-        self.dirty_ids.clear();
-        let b = std::mem::take(&mut self.batch);
-        if b.in_msgs > 0 {
-            self.me.in_msgs.fetch_add(b.in_msgs, Ordering::Relaxed);
-            self.me.in_bytes.fetch_add(b.in_bytes, Ordering::Relaxed);
-        }
+        self.fanout.end(&self.server, &self.me);
         let stats = &self.server.stats;
-        stats.add(&stats.in_msgs, b.in_msgs);
-        stats.add(&stats.in_bytes, b.in_bytes);
-        stats.add(&stats.out_msgs, b.out_msgs);
-        stats.add(&stats.out_bytes, b.out_bytes);
         stats.add(&stats.cache_hits, std::mem::take(&mut self.cache.hits));
         stats.add(&stats.cache_misses, std::mem::take(&mut self.cache.misses));
         let cached = self.cache.len() as u64;

@@ -37,6 +37,10 @@
 //! drained ([`pipe`]); a client that stops reading is cut as a slow consumer like any
 //! other.
 //!
+//! A program that needs no bytes at all attaches a direct connection instead
+//! ([`Server::attach`], [`direct`]): publishes and deliveries are calls, routed on the
+//! publisher's thread.
+//!
 //! # Lame duck mode
 //!
 //! [`Server::lame_duck`] (SIGUSR2 in the `broker` binary, see [`cli`]) stops accepting,
@@ -46,11 +50,13 @@
 
 pub mod cli;
 mod client;
+pub mod direct;
 pub mod conf_file;
 pub mod config;
 mod lame_duck;
 pub mod monitor;
 mod peer;
+mod route;
 pub mod pipe;
 mod server;
 mod state;
@@ -60,6 +66,7 @@ pub mod testing;
 pub mod tls;
 
 pub use config::{Auth, Config};
+pub use direct::DirectClient;
 pub use pipe::InProcessStream;
-pub use server::Server;
+pub use server::{Attacher, Server};
 pub use tls::{Tls, TlsError};

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use nats_wire::direct::Sink;
 use rustc_hash::FxHashMap;
 use tokio::sync::Notify;
 use tokio::time::timeout;
@@ -53,6 +54,8 @@ pub(crate) enum Delivery {
     Queued,
     /// Queued, and the client's backlog is past the flow-control mark.
     Pressed,
+    /// Handed to a direct client's sink: it has it, no writer to wake.
+    Handed,
     /// The client is gone or going; try another queue member.
     Closed,
     /// This delivery pushed the client past max_pending: it has just been closed.
@@ -64,8 +67,11 @@ pub(crate) struct ClientShared {
     pub cid: u64,
     /// The peer's address; [`IN_PROCESS_ADDR`] for an in-process connection.
     pub addr: SocketAddr,
-    /// Served over an in-process pipe, not a socket: its INFO never asks for TLS.
+    /// Served in process (a pipe, or direct), not a socket: its INFO never asks for TLS.
     pub in_process: bool,
+    /// A direct connection's sink ([`nats_wire::direct`]): its messages go there, at
+    /// once, instead of into `out`.
+    sink: Option<Arc<dyn Sink>>,
     pub started: SystemTime,
     pub close: CancellationToken,
     pub subs: Mutex<FxHashMap<Bytes, Arc<Subscription>>>,
@@ -107,6 +113,7 @@ impl ClientShared {
         cid: u64,
         addr: SocketAddr,
         in_process: bool,
+        sink: Option<Arc<dyn Sink>>,
         max_pending: usize,
         flow_control_pending: usize,
     ) -> Self {
@@ -114,13 +121,14 @@ impl ClientShared {
             cid,
             addr,
             in_process,
+            headers: AtomicBool::new(sink.is_some()),
+            sink,
             started: SystemTime::now(),
             close: CancellationToken::new(),
             subs: Mutex::default(),
             meta: Mutex::default(),
             in_msgs: AtomicU64::new(0),
             in_bytes: AtomicU64::new(0),
-            headers: AtomicBool::new(false),
             async_info: AtomicBool::new(false),
             pings_out: AtomicU32::new(0),
             out: Mutex::default(),
@@ -152,8 +160,12 @@ impl ClientShared {
         self.wake.notify_one();
     }
 
-    /// Queues a protocol line (INFO, PONG, +OK, -ERR, PING) and wakes the writer.
+    /// Queues a protocol line (INFO, PONG, +OK, -ERR, PING) and wakes the writer. A
+    /// direct connection reads no lines: it is told nothing this way.
     pub fn send(&self, line: &[u8]) {
+        if self.sink.is_some() {
+            return;
+        }
         {
             let mut out = lock(&self.out);
             if out.closed {
@@ -183,6 +195,9 @@ impl ClientShared {
         let headers = headers.filter(|_| self.headers.load(Ordering::Relaxed));
         let hlen = headers.map_or(0, <[u8]>::len);
         let total = hlen + payload.len();
+        if let Some(sink) = &self.sink {
+            return self.hand(sink.as_ref(), sid, subject, reply, headers, payload);
+        }
         let frame_len = 32 + subject.len() + sid.len() + reply.map_or(0, |r| r.len() + 1) + total;
         let mut out = lock(&self.out);
         if out.closed {
@@ -226,6 +241,33 @@ impl ClientShared {
         } else {
             Delivery::Queued
         }
+    }
+
+    /// [`ClientShared::deliver`] to a direct connection: its sink is called now, on the
+    /// publisher's thread, with no lock of the server's held.
+    fn hand(
+        &self,
+        sink: &dyn Sink,
+        sid: &[u8],
+        subject: &[u8],
+        reply: Option<&[u8]>,
+        headers: Option<&[u8]>,
+        payload: &[u8],
+    ) -> Delivery {
+        if self.close.is_cancelled() {
+            return Delivery::Closed;
+        }
+        // Its sids are the numbers it subscribed with (`direct`).
+        let Some(sid) = std::str::from_utf8(sid).ok().and_then(|s| s.parse().ok()) else {
+            return Delivery::Closed;
+        };
+        {
+            let mut out = lock(&self.out);
+            out.msgs += 1;
+            out.bytes += (headers.map_or(0, <[u8]>::len) + payload.len()) as u64;
+        }
+        sink.deliver(sid, subject, reply, headers, payload);
+        Delivery::Handed
     }
 
     /// Waits while this client's backlog is past the flow-control mark and its writer

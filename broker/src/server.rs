@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Instant, SystemTime};
 
+use nats_wire::direct::{Link, Sink};
 use net::{Acceptor, LogLimiter};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
@@ -15,6 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::client::{self, Transport};
 use crate::config::Config;
+use crate::direct::DirectClient;
 use crate::peer::IN_PROCESS_ADDR;
 use crate::pipe::{self, InProcessStream};
 use crate::state::{Shared, Stats, new_server_id};
@@ -27,6 +29,10 @@ static FULL_LOG: LogLimiter = LogLimiter::per_second();
 /// A handle to one broker. Cheap to clone.
 #[derive(Clone)]
 pub struct Server(pub(crate) Arc<Shared>);
+
+/// Attaches a direct connection by name, its messages going to the sink: see
+/// [`Server::attacher`].
+pub type Attacher = Arc<dyn Fn(&str, Arc<dyn Sink>) -> Option<Box<dyn Link>> + Send + Sync>;
 
 impl std::fmt::Debug for Server {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -117,6 +123,24 @@ impl Server {
         self.0.lame_duck.is_cancelled()
     }
 
+    /// Attaches a direct connection named `name` (as `/connz` shows it) whose messages go
+    /// to `sink`: the protocol's operations as calls, no bytes ([`crate::direct`]).
+    /// `None` once the server takes no more clients (lame duck mode, shutdown) or past
+    /// `max_connections`. Any thread may call it; no runtime is needed.
+    pub fn attach(&self, name: &str, sink: Arc<dyn Sink>) -> Option<DirectClient> {
+        DirectClient::attach(&self.0, name, sink)
+    }
+
+    /// [`Server::attach`] as a function, what a direct bus connection is given to
+    /// reach this server (`bus::BusOptions::direct`).
+    pub fn attacher(&self) -> Attacher {
+        let server = self.clone();
+        Arc::new(move |name, sink| {
+            let client = server.attach(name, sink)?;
+            Some(Box::new(client) as Box<dyn Link>)
+        })
+    }
+
     /// Connects a client from inside this process, without TCP: the returned stream is
     /// served exactly like an accepted TCP connection (INFO first, then CONNECT, PUB,
     /// HPUB, SUB, UNSUB, PING, queue groups, headers, no_responders, and every limit
@@ -145,7 +169,7 @@ impl Server {
 
 /// Serves one accepted connection (TCP or in-process) until it closes.
 async fn accept<S: Transport>(shared: Arc<Shared>, mut stream: S, addr: SocketAddr) {
-    let client = match shared.admit(addr, S::IN_PROCESS) {
+    let client = match shared.admit(addr, S::IN_PROCESS, None) {
         Ok(client) => client,
         Err(None) => {
             tracing::debug!(%addr, "connection refused: the server takes no more clients");

@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Instant, SystemTime};
 
+use bytes::Bytes;
+use nats_wire::direct::Sink;
 use net::AcceptStats;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -104,13 +106,14 @@ struct Info<'a> {
 }
 
 impl Shared {
-    /// Registers a new connection: `Ok` with its shared side, or `Err(None)` once the
+    /// Registers a new connection (a direct one with its `sink`): `Ok` with its shared side, or `Err(None)` once the
     /// server takes no more clients (lame duck or shutdown: it is refused rather than
     /// missed by the close that follows), or `Err(Some(cid))` past `max_connections`.
     pub fn admit(
         &self,
         addr: SocketAddr,
         in_process: bool,
+        sink: Option<Arc<dyn Sink>>,
     ) -> Result<Arc<ClientShared>, Option<u64>> {
         let cid = self.next_cid.fetch_add(1, Ordering::Relaxed);
         let mut clients = lock(&self.clients);
@@ -124,6 +127,7 @@ impl Shared {
             cid,
             addr,
             in_process,
+            sink,
             self.config.max_pending,
             self.config
                 .flow_control_pending
@@ -167,6 +171,60 @@ impl Shared {
         line.extend_from_slice(&serde_json::to_vec(&info).unwrap_or_default());
         line.extend_from_slice(b"\r\n");
         line
+    }
+
+    /// Subscribes `subject` as `client`'s `sid`, in `queue` if given; `Err` with the
+    /// `-ERR` text nats-server gives for an invalid subject or one past the limit. A sid
+    /// already in use keeps its first subscription, as nats-server's does.
+    pub fn subscribe(
+        &self,
+        client: &Arc<ClientShared>,
+        subject: &[u8],
+        queue: Option<&[u8]>,
+        sid: &[u8],
+    ) -> Result<(), &'static str> {
+        if !nats_wire::subject::is_valid_subscribe(subject) {
+            return Err("Invalid Subject");
+        }
+        let mut subs = lock(&client.subs);
+        if subs.contains_key(sid) {
+            return Ok(());
+        }
+        let max = self.config.max_subscriptions;
+        if max > 0 && subs.len() >= max {
+            return Err("maximum subscriptions exceeded");
+        }
+        let sid = Bytes::copy_from_slice(sid);
+        let sub = Arc::new(Subscription {
+            client: client.clone(),
+            subject: Bytes::copy_from_slice(subject),
+            queue: queue.map(Bytes::copy_from_slice),
+            sid: sid.clone(),
+            max: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+        });
+        self.index.insert(subject, sub.queue.as_ref(), sub.clone());
+        subs.insert(sid, sub);
+        Ok(())
+    }
+
+    /// Ends `client`'s subscription `sid` now, or once `max` messages in all were
+    /// delivered on it.
+    pub fn unsubscribe(&self, client: &ClientShared, sid: &[u8], max: Option<u64>) {
+        let sub = lock(&client.subs).get(sid).cloned();
+        let Some(sub) = sub else {
+            return;
+        };
+        match max {
+            // Stored before the count is read: see `Subscription::take_one`.
+            Some(max) if max > 0 => {
+                sub.max.store(max, Ordering::SeqCst);
+                if sub.delivered.load(Ordering::SeqCst) >= max {
+                    self.remove_sub(&sub);
+                }
+            }
+            _ => self.remove_sub(&sub),
+        }
     }
 
     /// Drops a subscription from the index and from its client.

@@ -36,6 +36,7 @@
 
 mod backoff;
 mod connect;
+mod direct;
 mod options;
 mod outbound;
 mod pairing;
@@ -48,11 +49,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::{Bytes, BytesMut};
+use nats_wire::direct::Link;
 use rustc_hash::FxHashMap;
 use tokio_util::sync::CancellationToken;
 
 pub use connect::ServerInfo;
-pub use options::{BusOptions, BusTimings, Dialer, LocalStream, MS_FLAGS, dial_with};
+pub use options::{Attach, BusOptions, BusTimings, Dialer, LocalStream, MS_FLAGS, dial_with};
 
 use outbound::Outbound;
 
@@ -124,6 +126,9 @@ pub struct Bus<T> {
     next_sid: AtomicU64,
     /// Fires the connection task's shutdown: the bus's user has stopped.
     stop: CancellationToken,
+    /// A direct connection's link ([`BusOptions::attach`]), while one is up: publishes
+    /// and subscriptions are calls on it instead of lines in `out`.
+    link: Mutex<Option<Arc<dyn Link>>>,
 }
 
 /// The sid of the first subscription, made with the bus (the gate's reply wildcard):
@@ -162,6 +167,7 @@ impl<T: Clone + Send + Sync + 'static> Bus<T> {
             subs: Mutex::new(subs),
             next_sid: AtomicU64::new(FIRST_SID + 1),
             stop: CancellationToken::new(),
+            link: Mutex::new(None),
         })
     }
 
@@ -190,23 +196,18 @@ impl<T: Clone + Send + Sync + 'static> Bus<T> {
         len: usize,
         write: impl FnOnce(&mut BytesMut),
     ) -> Result<(), BusError> {
+        if self.options.attach.is_some() {
+            return direct::publish(self, subject, reply, len, write);
+        }
         if !self.is_connected() {
             return Err(BusError::Disconnected);
         }
         self.out.push(|buf| {
             buf.extend_from_slice(b"PUB ");
             buf.extend_from_slice(subject.as_bytes());
-            match reply {
-                Reply::None => {}
-                Reply::Request { prefix, id } => {
-                    buf.extend_from_slice(b" ");
-                    buf.extend_from_slice(prefix.as_bytes());
-                    buf.extend_from_slice(itoa::Buffer::new().format(id).as_bytes());
-                }
-                Reply::Subject(subject) => {
-                    buf.extend_from_slice(b" ");
-                    buf.extend_from_slice(subject.as_bytes());
-                }
+            if !matches!(reply, Reply::None) {
+                buf.extend_from_slice(b" ");
+                reply.put(buf);
             }
             buf.extend_from_slice(b" ");
             buf.extend_from_slice(itoa::Buffer::new().format(len).as_bytes());
@@ -247,12 +248,15 @@ impl<T: Clone + Send + Sync + 'static> Bus<T> {
             delivered: 0,
             max: None,
         };
-        let line = sub.line(sid);
         // Under the lock: a connection starting takes its snapshot of the subscriptions
         // and empties the buffer under it too, so the line is in exactly one of them.
         let mut subs = self.subs_lock();
+        if self.options.attach.is_none() {
+            self.out.push_control(&sub.line(sid));
+        } else if let Some(link) = self.link() {
+            direct::subscribe(link.as_ref(), sid, &sub);
+        }
         subs.insert(sid, sub);
-        self.out.push_control(&line);
         sid
     }
 
@@ -261,7 +265,17 @@ impl<T: Clone + Send + Sync + 'static> Bus<T> {
     pub fn unsubscribe(&self, sid: u64) {
         let mut subs = self.subs_lock();
         if subs.remove(&sid).is_some() {
-            self.out.push_control(&unsub_line(sid, None));
+            self.send_unsub(sid, None);
+        }
+    }
+
+    /// Tells the server to end subscription `sid` now, or after `max` messages in all
+    /// (with no link up, a new one is told what remains when it is made).
+    fn send_unsub(&self, sid: u64, max: Option<u64>) {
+        if self.options.attach.is_none() {
+            self.out.push_control(&unsub_line(sid, max));
+        } else if let Some(link) = self.link() {
+            link.unsubscribe(sid, max);
         }
     }
 
@@ -275,10 +289,10 @@ impl<T: Clone + Send + Sync + 'static> Bus<T> {
         };
         if sub.delivered >= max {
             subs.remove(&sid);
-            self.out.push_control(&unsub_line(sid, None));
+            self.send_unsub(sid, None);
         } else {
             sub.max = Some(max);
-            self.out.push_control(&unsub_line(sid, Some(max)));
+            self.send_unsub(sid, Some(max));
         }
     }
 
@@ -303,6 +317,10 @@ impl<T: Clone + Send + Sync + 'static> Bus<T> {
     pub async fn flush(&self) -> Result<(), BusError> {
         if !self.is_connected() {
             return Err(BusError::Disconnected);
+        }
+        if self.options.attach.is_some() {
+            // A direct publish was routed before it returned.
+            return Ok(());
         }
         let (answered, answer) = tokio::sync::oneshot::channel();
         self.out.push_ping(Some(answered));
@@ -347,9 +365,29 @@ impl<T: Clone + Send + Sync + 'static> Bus<T> {
         self.subs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The direct connection's link, while one is up (taken out of its lock: a call on
+    /// it may come back into this bus).
+    fn link(&self) -> Option<Arc<dyn Link>> {
+        self.link.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
     /// Stops the connection task: its user has shut down.
     pub fn stop(&self) {
         self.stop.cancel();
+    }
+}
+
+impl Reply<'_> {
+    /// Writes the reply subject.
+    fn put(self, buf: &mut BytesMut) {
+        match self {
+            Reply::None => {}
+            Reply::Request { prefix, id } => {
+                buf.extend_from_slice(prefix.as_bytes());
+                buf.extend_from_slice(itoa::Buffer::new().format(id).as_bytes());
+            }
+            Reply::Subject(subject) => buf.extend_from_slice(subject.as_bytes()),
+        }
     }
 }
 
@@ -384,7 +422,17 @@ impl<T> Sub<T> {
     }
 }
 
-pub use run::run;
+/// Keeps `bus` connected until [`Bus::stop`], handing what it reads to `dispatch`: over
+/// the network or a [`Dialer`]'s stream, or a direct link ([`BusOptions::attach`]).
+pub async fn run<T: Clone + Send + Sync + 'static>(
+    bus: Arc<Bus<T>>,
+    dispatch: Arc<dyn Dispatch<T>>,
+) {
+    match bus.options.attach.clone() {
+        Some(attach) => direct::run(bus, dispatch, attach).await,
+        None => run::run(bus, dispatch).await,
+    }
+}
 
 /// A bus with no server behind it, for unit tests of what publishes and subscribes.
 #[cfg(any(test, feature = "testing"))]

@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nats_wire::direct::{Link, Sink};
 use net::BusCredentials;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::rustls::ClientConfig;
@@ -31,6 +32,11 @@ pub fn dial_with<S: BusIo>(open: impl Fn() -> S + Send + Sync + 'static) -> Dial
         Box::pin(std::future::ready(Ok(stream)))
     })
 }
+
+/// Attaches a direct connection ([`nats_wire::direct`]) named by its first argument,
+/// its messages going to the sink: an embedded broker's `attach`; `None` while the
+/// broker takes no clients. Used instead of the URLs and any [`Dialer`] when set.
+pub type Attach = Arc<dyn Fn(&str, Arc<dyn Sink>) -> Option<Box<dyn Link>> + Send + Sync>;
 
 /// Default for [`BusOptions::connect_timeout`]: TCP, TLS and the CONNECT round trip.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -68,6 +74,8 @@ pub struct BusOptions {
     pub tls: Option<Arc<ClientConfig>>,
     /// Used instead of `urls` when set.
     pub dialer: Option<Dialer>,
+    /// Used instead of `urls` and `dialer` when set: no bytes at all.
+    pub attach: Option<Attach>,
     pub connect_timeout: Duration,
     pub ping_interval: Duration,
     pub write_timeout: Duration,
@@ -148,6 +156,7 @@ impl fmt::Debug for BusOptions {
             .field("auth", &self.auth)
             .field("tls", &self.tls.is_some())
             .field("in_process", &self.dialer.is_some())
+            .field("direct", &self.attach.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -168,6 +177,7 @@ impl BusOptions {
             auth: BusCredentials::None,
             tls: None,
             dialer: None,
+            attach: None,
             connect_timeout,
             ping_interval,
             write_timeout,
@@ -182,6 +192,15 @@ impl BusOptions {
         BusOptions {
             dialer: Some(dialer),
             ..BusOptions::new(["in-process"])
+        }
+    }
+
+    /// A direct connection made by `attach` (to a broker in this process), default
+    /// limits.
+    pub fn direct(attach: Attach) -> BusOptions {
+        BusOptions {
+            attach: Some(attach),
+            ..BusOptions::new(["direct"])
         }
     }
 

@@ -48,8 +48,9 @@ struct Current {
 
 static CONNECT_LOG: LogLimiter = LogLimiter::per_second();
 
-/// Keeps `bus` connected until [`Bus::stop`], handing what it reads to `dispatch`.
-pub async fn run<T: Clone + Send + Sync + 'static>(
+/// Keeps `bus` connected over bytes until [`Bus::stop`], handing what it reads to
+/// `dispatch`.
+pub(crate) async fn run<T: Clone + Send + Sync + 'static>(
     bus: Arc<Bus<T>>,
     dispatch: Arc<dyn Dispatch<T>>,
 ) {
@@ -487,7 +488,7 @@ impl<T: Clone + Send + Sync + 'static> Reader<T> {
 }
 
 /// The status of `NATS/1.0 503 ...` headers.
-fn status(headers: &[u8]) -> Option<u16> {
+pub(crate) fn status(headers: &[u8]) -> Option<u16> {
     let rest = headers.strip_prefix(b"NATS/1.0 ")?;
     let digits = rest.get(..3)?;
     std::str::from_utf8(digits).ok()?.parse().ok()

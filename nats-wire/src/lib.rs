@@ -7,9 +7,13 @@
 //! error type named after nats-server's; keeping them apart from either program keeps
 //! the grammar testable byte by byte and fuzzable on its own (`fuzz/`).
 //!
+//! [`direct`] is the same protocol without the bytes: its operations as calls, for a
+//! client and a server in one process.
+//!
 //! [`subject`] holds the subject rules: NATS's own, and the stricter token Shaddock
 //! builds its subjects from.
 
+pub mod direct;
 mod parser;
 pub mod subject;
 

@@ -84,11 +84,11 @@ enum First {
     Now,
 }
 
-/// Connects to the broker `dial` reaches in process (an embedded broker's
-/// `connect_in_process`, e.g. through [`::bus::dial_with`]) as connection `name`;
-/// returns once the broker has taken it. No socket: the connection is the broker's pipe.
-pub async fn connect_in_process(dial: ::bus::Dialer, name: &str) -> anyhow::Result<Client> {
-    Ok(Client::local(local::Local::connect(dial, name).await?))
+/// Connects to the broker `attach` reaches in process (an embedded broker's
+/// `attacher`) as connection `name`; returns once the broker has taken it. No socket
+/// and no protocol text: publishes and deliveries are calls ([`::bus`]'s direct link).
+pub async fn connect_in_process(attach: ::bus::Attach, name: &str) -> anyhow::Result<Client> {
+    Ok(Client::local(local::Local::connect(attach, name).await?))
 }
 
 /// The name of a worker's connections to the bus, shown by the server's monitoring.

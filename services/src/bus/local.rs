@@ -1,13 +1,13 @@
 //! A worker's connection to an embedded broker in the same process
-//! ([`super::connect_in_process`]):
-//! the bus connection the gate uses ([`::bus`]: one outbound buffer written whole, one
-//! reader), over the broker's in-process pipe. The reader hands each message to its
-//! subscription's queue itself; a request's answer goes to the request waiting for it.
+//! ([`super::connect_in_process`]): the bus connection the gate uses ([`::bus`]), over
+//! a direct link (no bytes: a publish is routed by the call, and each message for this
+//! connection is handed over on the publisher's thread). Each message goes to its
+//! subscription's queue; a request's answer goes to the request waiting for it.
 //!
 //! A subscription's queue holds at most [`SUBSCRIPTION_CAPACITY`] messages, as
-//! async-nats' does by default: past that the reader (which must never wait: it serves
-//! every subscription of the connection) drops what arrives, counts it and logs it, as
-//! async-nats reports a slow consumer.
+//! async-nats' does by default: past that what arrives is dropped (the publisher must
+//! never wait on one subscriber), counted and logged, as async-nats reports a slow
+//! consumer.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use ::bus::{Bus, BusOptions, Dialer, Dispatch, Incoming, Reply};
+use ::bus::{Attach, Bus, BusOptions, Dispatch, Incoming, Reply};
 use anyhow::Context as _;
 use async_nats::client::{
     FlushError, FlushErrorKind, PublishError, PublishErrorKind, RequestError, RequestErrorKind,
@@ -156,10 +156,10 @@ impl Drop for Local {
 }
 
 impl Local {
-    /// Connects to the broker `dial` reaches in process, as connection `name`; returns
-    /// once the broker has taken the connection.
-    pub(super) async fn connect(dial: Dialer, name: &str) -> anyhow::Result<Local> {
-        let mut options = BusOptions::in_process(dial);
+    /// Connects to the broker `attach` reaches in process, as connection `name`;
+    /// returns once the broker has taken the connection.
+    pub(super) async fn connect(attach: Attach, name: &str) -> anyhow::Result<Local> {
+        let mut options = BusOptions::direct(attach);
         options.name = name.to_owned();
         let timeout = options.connect_timeout;
         let inbox = fresh_inbox();
@@ -339,9 +339,9 @@ mod tests {
     use crate::bus::{Client, connect_in_process};
 
     async fn connected(server: &broker::Server) -> Client {
-        let server = server.clone();
-        let dial = ::bus::dial_with(move || server.connect_in_process());
-        connect_in_process(dial, "test").await.expect("connects")
+        connect_in_process(server.attacher(), "test")
+            .await
+            .expect("connects")
     }
 
     /// A subscription nobody reads holds [`SUBSCRIPTION_CAPACITY`] messages; the next

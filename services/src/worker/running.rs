@@ -33,12 +33,12 @@ impl Worker {
         Worker::start_on(&host, connect, service, config, shutdown).await
     }
 
-    /// [`Worker::start`] on the in-process connection of the embedded broker `dial`
+    /// [`Worker::start`] on the in-process connection of the embedded broker `attach`
     /// reaches (see [`crate::connect_in_process`]), made on `host`'s thread: a host of
     /// the worker's own when `None`, else the one given, which may serve other workers
     /// and tasks (`shaddock up` serves its gate there too).
     pub async fn start_in_process(
-        dial: ::bus::Dialer,
+        attach: ::bus::Attach,
         host: Option<&Host>,
         service: Service,
         config: WorkerConfig,
@@ -54,7 +54,7 @@ impl Worker {
             }
         };
         let name = name.to_owned();
-        let connect = async move { bus::connect_in_process(dial, &name).await };
+        let connect = async move { bus::connect_in_process(attach, &name).await };
         Worker::start_on(host, connect, service, config, shutdown).await
     }
 

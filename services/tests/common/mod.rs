@@ -46,9 +46,8 @@ impl BusExt for Bus {
         let running = async {
             match self {
                 Bus::InProcess(embedded) => {
-                    let server = embedded.server.clone();
-                    let dial = bus::dial_with(move || server.connect_in_process());
-                    Worker::start_in_process(dial, None, service, config, &name, &shutdown).await
+                    let attach = embedded.server.attacher();
+                    Worker::start_in_process(attach, None, service, config, &name, &shutdown).await
                 }
                 Bus::Embedded(_) | Bus::NatsServer(_) => {
                     Worker::start(service, config, &name, &shutdown).await
