@@ -58,7 +58,10 @@ impl DirectClient {
             Ok(me) => me,
             Err(full) => {
                 if full.is_some() {
-                    tracing::warn!(name, "direct connection refused: maximum connections exceeded");
+                    tracing::warn!(
+                        name,
+                        "direct connection refused: maximum connections exceeded"
+                    );
                 }
                 return None;
             }
@@ -85,11 +88,13 @@ impl DirectClient {
         let found = cache.matches.get(&self.server.index, subject);
         let stats = &self.server.stats;
         stats.add(&stats.cache_hits, std::mem::take(&mut cache.matches.hits));
-        stats.add(&stats.cache_misses, std::mem::take(&mut cache.matches.misses));
+        stats.add(
+            &stats.cache_misses,
+            std::mem::take(&mut cache.matches.misses),
+        );
         let cached = cache.matches.len() as u64;
         if cached != cache.reported {
-            (stats.cache_entries)
-                .fetch_add(cached.wrapping_sub(cache.reported), Ordering::Relaxed);
+            (stats.cache_entries).fetch_add(cached.wrapping_sub(cache.reported), Ordering::Relaxed);
             cache.reported = cached;
         }
         found

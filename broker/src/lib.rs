@@ -50,14 +50,14 @@
 
 pub mod cli;
 mod client;
-pub mod direct;
 pub mod conf_file;
 pub mod config;
+pub mod direct;
 mod lame_duck;
 pub mod monitor;
 mod peer;
-mod route;
 pub mod pipe;
+mod route;
 mod server;
 mod state;
 pub mod sublist;

@@ -97,7 +97,10 @@ async fn a_direct_member_of_a_queue_group_answers_tcp_requests_from_inside_its_s
     let got = kept.wait_for(1).await;
     assert_eq!(got[0].sid, 7);
     assert_eq!(got[0].subject, "svc.echo");
-    assert!(got[0].reply.is_some(), "a request carries its reply subject");
+    assert!(
+        got[0].reply.is_some(),
+        "a request carries its reply subject"
+    );
 }
 
 #[tokio::test]
@@ -177,9 +180,17 @@ async fn attaching_counts_against_max_connections_and_detaching_gives_the_place_
     let bus = EmbeddedServer::start(config).await;
     let (first, _) = attached(&bus, "one");
     let (_second, _) = attached(&bus, "two");
-    assert!(bus.server.attach("three", Arc::new(Kept::default())).is_none());
+    assert!(
+        bus.server
+            .attach("three", Arc::new(Kept::default()))
+            .is_none()
+    );
     drop(first);
-    assert!(bus.server.attach("three", Arc::new(Kept::default())).is_some());
+    assert!(
+        bus.server
+            .attach("three", Arc::new(Kept::default()))
+            .is_some()
+    );
 }
 
 #[tokio::test]
@@ -194,7 +205,11 @@ async fn lame_duck_closes_a_direct_link_and_refuses_new_ones() {
     direct.subscribe(1, b"t.x", None).unwrap();
     bus.server.lame_duck();
     within(direct.closed()).await;
-    assert!(bus.server.attach("late", Arc::new(Kept::default())).is_none());
+    assert!(
+        bus.server
+            .attach("late", Arc::new(Kept::default()))
+            .is_none()
+    );
     // A closed link delivers nothing, and publishing on it routes nothing.
     direct.publish(b"t.x", None, b"after");
     assert_eq!(kept.count(), 0);

@@ -368,7 +368,10 @@ impl<T: Clone + Send + Sync + 'static> Bus<T> {
     /// The direct connection's link, while one is up (taken out of its lock: a call on
     /// it may come back into this bus).
     fn link(&self) -> Option<Arc<dyn Link>> {
-        self.link.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.link
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Stops the connection task: its user has shut down.

@@ -11,6 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Bus, BusError, BusOptions, Dispatch, Incoming, LocalStream, Reply, run};
 
+mod direct;
+
 /// How long a test waits for what must happen.
 const DEADLINE: Duration = Duration::from_secs(10);
 

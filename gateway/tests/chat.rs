@@ -7,12 +7,13 @@
 //! session, group or user on either gate, and no subscription on the bus for the rooms
 //! and players it used.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use broker::testing::{Bus, round_trip};
-use bus::BusOptions;
 use futures::future::join_all;
 use gateway::{AnyToken, Gate, GateConfig, UidConflict};
 use proto::Message;
@@ -42,6 +43,17 @@ broker::on_both_buses!(
     a_lone_worker_back_from_a_lost_connection_keeps_its_state,
     a_senders_own_message_arrives_before_its_answer,
     a_login_takes_the_player_s_profile_by_a_call_to_the_keyed_profile_service,
+);
+// The gates on a direct link to the broker in their process, as `shaddock up`'s is.
+broker::in_process!(
+    room_messages_reach_every_member_once_in_send_order,
+    leaving_or_closing_stops_delivery_and_announces_it,
+    a_second_login_kicks_the_first_session,
+    refuse_mode_answers_409_to_a_second_login,
+    a_worker_kicks_a_player_by_uid_from_outside_a_handler,
+    pushes_reach_a_player_on_the_other_gate,
+    member_lists_follow_comings_and_goings,
+    a_senders_own_message_arrives_before_its_answer,
 );
 
 const PREFIX: &str = "shaddock";
@@ -104,7 +116,7 @@ impl Cluster {
     }
 
     async fn gate(&self, config: GateConfig) -> RunningGate {
-        let options = BusOptions::new([self.bus.url()]);
+        let options = common::bus_options(&self.bus);
         let gate = within(Gate::new(options, config, Arc::new(AnyToken)))
             .await
             .unwrap();

@@ -40,6 +40,12 @@ broker::on_both_buses!(
     full_worker_queue_gives_fast_503s,
     a_stopped_gate_unsubscribes_its_replies,
 );
+// The gate on a direct link to the broker in its process, as `shaddock up`'s is.
+broker::in_process!(
+    three_echo_workers_answer_every_request_and_share_the_load,
+    unknown_route_is_404_at_once,
+    full_worker_queue_gives_fast_503s,
+);
 
 /// WebSocket close codes the gate uses.
 const CLOSE_INVALID: u16 = 1007;

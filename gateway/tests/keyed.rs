@@ -33,6 +33,11 @@ broker::on_both_buses!(
     without_standbys_a_dead_owner_s_partitions_start_fresh_elsewhere,
     an_arena_match_moves_twice_under_inputs_without_losing_a_move_or_a_tick,
 );
+// The gates on a direct link to the broker in their process, as `shaddock up`'s are.
+broker::in_process!(
+    one_key_reaches_one_worker_in_order_from_every_gate,
+    a_drained_owner_hands_its_state_over_and_nothing_is_lost,
+);
 
 use services::tally::PARTITIONS;
 const KEYS: usize = 12;

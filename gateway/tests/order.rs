@@ -12,6 +12,8 @@ use sdk::{Client, ClientOptions};
 use services::{FrameConfig, HandlerError, Service};
 
 broker::on_both_buses!(a_handlers_pushes_on_several_subjects_arrive_before_its_answer);
+// The gate on a direct link to the broker in its process, as `shaddock up`'s is.
+broker::in_process!(a_handlers_pushes_on_several_subjects_arrive_before_its_answer);
 
 /// The rooms every player joins.
 const ROOMS: [&str; 3] = ["o-a", "o-b", "o-c"];

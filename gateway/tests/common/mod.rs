@@ -38,6 +38,15 @@ use tokio_util::sync::CancellationToken;
 
 use raw::RawClient;
 
+/// How a gate reaches `bus`: over TCP, or on [`Bus::InProcess`] by a direct link to the
+/// broker in this process, as `shaddock up`'s gate does.
+pub fn bus_options(bus: &Bus) -> BusOptions {
+    match bus {
+        Bus::InProcess(server) => BusOptions::direct(server.server.attacher()),
+        Bus::Embedded(_) | Bus::NatsServer(_) => BusOptions::new([bus.url()]),
+    }
+}
+
 /// A gate serving WebSockets on 127.0.0.1:0 on the test's runtime; shut down when
 /// dropped.
 pub struct TestGate {
@@ -61,7 +70,7 @@ impl TestGate {
         config: GateConfig,
         tokens: Arc<dyn TokenCheck>,
     ) -> TestGate {
-        TestGate::start_on(BusOptions::new([bus.url()]), config, tokens).await
+        TestGate::start_on(bus_options(bus), config, tokens).await
     }
 
     /// A gate on bus settings the test made (with credentials, over TLS...).

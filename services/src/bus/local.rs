@@ -32,9 +32,6 @@ use crate::metrics::SLOW_CONSUMER_DROPS_TOTAL;
 /// The most messages a subscription's queue holds before the reader drops what
 /// arrives for it (async-nats' default capacity).
 pub const SUBSCRIPTION_CAPACITY: usize = 65_536;
-/// Bytes published and not yet written to the broker beyond which a publisher waits
-/// for the writer (in process, the writer only copies into the broker's pipe).
-const LOCAL_MAX_PENDING: usize = 8 * 1024 * 1024;
 /// How long a request waits for its answer (async-nats' default).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -165,12 +162,8 @@ impl Local {
         let inbox = fresh_inbox();
         let stats = Arc::new(Statistics::default());
         let waiting = Arc::new(Waiting::default());
-        let bus = Bus::new(
-            options,
-            format!("{inbox}.*"),
-            Route::Answers,
-            LOCAL_MAX_PENDING,
-        );
+        // A direct link buffers nothing: a publish is routed by the call.
+        let bus = Bus::new(options, format!("{inbox}.*"), Route::Answers, 0);
         let deliver = Arc::new(Deliver {
             waiting: waiting.clone(),
             stats: stats.clone(),
@@ -212,13 +205,8 @@ impl Local {
             return Err(PublishError::new(PublishErrorKind::MaxPayloadExceeded));
         }
         let reply = reply.map_or(Reply::None, |reply| Reply::Subject(reply.as_str()));
-        loop {
-            match self.bus.publish_bytes(subject.as_str(), reply, &payload) {
-                Ok(()) => break,
-                Err(::bus::BusError::Backlogged) => self.bus.writable().await,
-                Err(error) => return Err(PublishError::with_source(PublishErrorKind::Send, error)),
-            }
-        }
+        (self.bus.publish_bytes(subject.as_str(), reply, &payload))
+            .map_err(|error| PublishError::with_source(PublishErrorKind::Send, error))?;
         self.stats.out_messages.fetch_add(1, Ordering::Relaxed);
         let len = payload.len() as u64;
         self.stats.out_bytes.fetch_add(len, Ordering::Relaxed);
