@@ -344,7 +344,7 @@ mod tests {
             client.publish("t.full", Bytes::new()).await.unwrap();
         }
         client.publish("t.other", Bytes::new()).await.unwrap();
-        // The broker answers the flush's PING after delivering all of them.
+        // Each was routed by its publish: a flush has nothing left to wait for.
         client.flush().await.unwrap();
         // Unconstrained: tokio's budget would otherwise stop the reads after 128.
         let queued = tokio::task::unconstrained(async {
