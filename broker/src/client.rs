@@ -18,11 +18,10 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::config::{Auth, FIRST_PING_INTERVAL};
-use crate::peer::{ClientMeta, ClientShared, Subscription, lock};
+use crate::peer::{ClientMeta, ClientShared, lock};
 use crate::pipe::InProcessStream;
-use crate::route::{Fanout, Publisher};
+use crate::route::{Cache, Fanout, Publisher};
 use crate::state::Shared;
-use crate::sublist::{MATCH_CACHE_CAPACITY, MatchCache};
 
 /// Smallest read buffer; an idle connection holds no more than this.
 const MIN_READ_BUFFER: usize = 512;
@@ -108,10 +107,8 @@ struct Conn {
     me: Arc<ClientShared>,
     opts: ConnectOpts,
     connected: bool,
-    cache: MatchCache<Subscription>,
+    cache: Cache,
     fanout: Fanout,
-    /// Cache entries last added to the server's total.
-    cache_reported: u64,
 }
 
 /// A byte stream a client is served over: a TCP connection, or an in-process pipe.
@@ -189,9 +186,8 @@ where
         me: me.clone(),
         opts: ConnectOpts::default(),
         connected: false,
-        cache: MatchCache::new(MATCH_CACHE_CAPACITY),
+        cache: Cache::new(),
         fanout: Fanout::default(),
-        cache_reported: 0,
     };
     let limits = Limits {
         max_control_line: server.config.max_control_line,
@@ -257,10 +253,7 @@ where
         }
     }
     conn.end_batch();
-    server
-        .stats
-        .cache_entries
-        .fetch_sub(conn.cache_reported, Ordering::Relaxed);
+    conn.cache.forget(&server.stats);
     me.close.cancel();
     server.remove_client(&me);
     let _ = writer.await;
@@ -385,16 +378,7 @@ impl Conn {
     /// cache's) to the totals.
     fn end_batch(&mut self) {
         self.fanout.end(&self.server, &self.me);
-        let stats = &self.server.stats;
-        stats.add(&stats.cache_hits, std::mem::take(&mut self.cache.hits));
-        stats.add(&stats.cache_misses, std::mem::take(&mut self.cache.misses));
-        let cached = self.cache.len() as u64;
-        if cached != self.cache_reported {
-            stats
-                .cache_entries
-                .fetch_add(cached.wrapping_sub(self.cache_reported), Ordering::Relaxed);
-            self.cache_reported = cached;
-        }
+        self.cache.report(&self.server.stats);
     }
 }
 

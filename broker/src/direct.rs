@@ -15,15 +15,14 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use nats_wire::direct::{Link, Sink};
 
 use crate::peer::{ClientMeta, ClientShared, IN_PROCESS_ADDR, Subscription, lock};
-use crate::route::{Fanout, Publisher};
+use crate::route::{Cache, Fanout, Publisher};
 use crate::state::Shared;
-use crate::sublist::{MATCH_CACHE_CAPACITY, Match, MatchCache};
+use crate::sublist::Match;
 
 /// A direct connection's client side: what [`Server::attach`] hands out. Dropping it
 /// closes the connection and ends its subscriptions.
@@ -31,12 +30,6 @@ pub struct DirectClient {
     server: Arc<Shared>,
     me: Arc<ClientShared>,
     cache: Mutex<Cache>,
-}
-
-/// The match cache, and how many of its entries the server's total counts.
-struct Cache {
-    matches: MatchCache<Subscription>,
-    reported: u64,
 }
 
 impl std::fmt::Debug for DirectClient {
@@ -75,28 +68,16 @@ impl DirectClient {
         Some(DirectClient {
             server: shared.clone(),
             me,
-            cache: Mutex::new(Cache {
-                matches: MatchCache::new(MATCH_CACHE_CAPACITY),
-                reported: 0,
-            }),
+            cache: Mutex::new(Cache::new()),
         })
     }
 
-    /// What `subject` matches now, through this connection's cache.
+    /// What `subject` matches now, through this connection's cache (counted at once:
+    /// a direct connection has no read batches).
     fn lookup(&self, subject: &[u8]) -> Arc<Match<Subscription>> {
         let mut cache = lock(&self.cache);
-        let found = cache.matches.get(&self.server.index, subject);
-        let stats = &self.server.stats;
-        stats.add(&stats.cache_hits, std::mem::take(&mut cache.matches.hits));
-        stats.add(
-            &stats.cache_misses,
-            std::mem::take(&mut cache.matches.misses),
-        );
-        let cached = cache.matches.len() as u64;
-        if cached != cache.reported {
-            (stats.cache_entries).fetch_add(cached.wrapping_sub(cache.reported), Ordering::Relaxed);
-            cache.reported = cached;
-        }
+        let found = cache.get(&self.server.index, subject);
+        cache.report(&self.server.stats);
         found
     }
 }
@@ -128,13 +109,15 @@ impl Link for DirectClient {
         subject: &[u8],
         queue: Option<&[u8]>,
     ) -> Result<(), &'static str> {
-        let sid = itoa::Buffer::new().format(sid).as_bytes().to_vec();
-        self.server.subscribe(&self.me, subject, queue, &sid)
+        let mut digits = itoa::Buffer::new();
+        let sid = digits.format(sid).as_bytes();
+        self.server.subscribe(&self.me, subject, queue, sid)
     }
 
     fn unsubscribe(&self, sid: u64, max: Option<u64>) {
-        let sid = itoa::Buffer::new().format(sid).as_bytes().to_vec();
-        self.server.unsubscribe(&self.me, &sid, max);
+        let mut digits = itoa::Buffer::new();
+        self.server
+            .unsubscribe(&self.me, digits.format(sid).as_bytes(), max);
     }
 
     fn closed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
@@ -154,8 +137,7 @@ impl Drop for DirectClient {
     fn drop(&mut self) {
         self.me.close.cancel();
         self.server.remove_client(&self.me);
-        let reported = lock(&self.cache).reported;
-        (self.server.stats.cache_entries).fetch_sub(reported, Ordering::Relaxed);
+        lock(&self.cache).forget(&self.server.stats);
         tracing::debug!(cid = self.me.cid, "direct client detached");
     }
 }

@@ -13,12 +13,57 @@ use net::LogLimiter;
 use rustc_hash::FxHashSet;
 
 use crate::peer::{ClientShared, Delivery, Subscription};
-use crate::state::Shared;
-use crate::sublist::Match;
+use crate::state::{Shared, Stats};
+use crate::sublist::{MATCH_CACHE_CAPACITY, Match, MatchCache, SubjectIndex};
 
 /// Slow consumers, one line a second at most: a peer that stops reading (or a thousand
 /// of them) must not flood the log.
 static SLOW_CONSUMER_LOG: LogLimiter = LogLimiter::per_second();
+
+/// A connection's match cache, whose hits, misses and size count in the server's
+/// totals (for `/varz`).
+pub(crate) struct Cache {
+    matches: MatchCache<Subscription>,
+    /// Entries last added to the server's total.
+    reported: u64,
+}
+
+impl Cache {
+    pub fn new() -> Cache {
+        Cache {
+            matches: MatchCache::new(MATCH_CACHE_CAPACITY),
+            reported: 0,
+        }
+    }
+
+    /// What `subject` matches in `index` now.
+    pub fn get(
+        &mut self,
+        index: &SubjectIndex<Subscription>,
+        subject: &[u8],
+    ) -> Arc<Match<Subscription>> {
+        self.matches.get(index, subject)
+    }
+
+    /// Adds what the cache did since the last report to the server's totals.
+    pub fn report(&mut self, stats: &Stats) {
+        stats.add(&stats.cache_hits, std::mem::take(&mut self.matches.hits));
+        stats.add(
+            &stats.cache_misses,
+            std::mem::take(&mut self.matches.misses),
+        );
+        let cached = self.matches.len() as u64;
+        if cached != self.reported {
+            (stats.cache_entries).fetch_add(cached.wrapping_sub(self.reported), Ordering::Relaxed);
+            self.reported = cached;
+        }
+    }
+
+    /// Takes this cache's entries out of the server's total: its connection ended.
+    pub fn forget(&self, stats: &Stats) {
+        (stats.cache_entries).fetch_sub(self.reported, Ordering::Relaxed);
+    }
+}
 
 /// Who publishes, as routing needs to know it.
 pub(crate) struct Publisher<'a> {

@@ -2,12 +2,15 @@
 //! TCP clients (async-nats) on the same server: one subject space, one set of queue
 //! groups, "no responders", auto-unsubscribe, the limits, and lame duck mode.
 
+mod common;
+
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use broker::testing::{EmbeddedServer, round_trip};
 use broker::{Config, DirectClient};
 use bytes::Bytes;
+use common::{Conn, Read, get_json};
 use futures::StreamExt;
 use nats_wire::direct::{Link, Sink};
 use testkit::within;
@@ -159,7 +162,7 @@ async fn subscriptions_are_refused_past_the_limit_and_for_invalid_subjects() {
         ..Config::default()
     };
     let bus = EmbeddedServer::start(config).await;
-    let (direct, _) = attached(&bus, "limited");
+    let (direct, kept) = attached(&bus, "limited");
     assert_eq!(direct.subscribe(1, b"a..b", None), Err("Invalid Subject"));
     direct.subscribe(1, b"t.one", None).unwrap();
     direct.subscribe(2, b"t.two", None).unwrap();
@@ -169,6 +172,35 @@ async fn subscriptions_are_refused_past_the_limit_and_for_invalid_subjects() {
     );
     // A sid in use keeps its first subscription, as over bytes.
     direct.subscribe(2, b"t.other", None).unwrap();
+    direct.publish(b"t.other", None, b"no");
+    direct.publish(b"t.two", None, b"yes");
+    let got = kept.wait_for(1).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].sid, got[0].payload.as_str()), (2, "yes"));
+}
+
+#[tokio::test]
+async fn a_tcp_subscriber_that_stops_reading_is_cut_and_never_holds_a_direct_publisher_up() {
+    let config = Config {
+        max_pending: 256 * 1024,
+        ..Config::default()
+    };
+    let bus = EmbeddedServer::start(config).await;
+    let monitor = bus.start_monitor().await;
+    let mut reader = Conn::quiet(bus.addr).await;
+    reader.send("SUB flood 1\r\n").await;
+    reader.ping_pong().await;
+    let (direct, _) = attached(&bus, "flooder");
+    // 8 MiB, far past what the subscriber's backlog may hold and the sockets buffer:
+    // every publish returns (a direct publisher has nothing to wait on).
+    let payload = vec![b'x'; 4096];
+    for _ in 0..2048 {
+        direct.publish(b"flood", None, &payload);
+    }
+    // The subscriber, read at last, gets what the sockets held, then the close.
+    within(async { while reader.read().await != Read::Closed {} }).await;
+    let varz = get_json(monitor, "/varz").await;
+    assert!(varz["slow_consumers"].as_u64() >= Some(1), "{varz}");
 }
 
 #[tokio::test]

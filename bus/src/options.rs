@@ -18,8 +18,10 @@ pub type LocalStream = Box<dyn BusIo>;
 pub trait BusIo: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> BusIo for T {}
 
-/// Opens a connection without the network (an embedded broker's in-process
-/// connection); used instead of the URLs when set.
+/// Opens a connection over any byte stream instead of the network (an embedded broker's
+/// in-process pipe); used instead of the URLs when set. `shaddock up` links to its broker
+/// directly instead ([`Attach`]); this is how the bus's own tests put a tap between it
+/// and a real broker, to hold, cut or read what crosses.
 pub type Dialer = Arc<
     dyn Fn() -> Pin<Box<dyn Future<Output = std::io::Result<LocalStream>> + Send>> + Send + Sync,
 >;
