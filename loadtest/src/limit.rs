@@ -186,18 +186,14 @@ impl Session {
         let Ok(SayRequest { room, text }) = SayRequest::decode(body) else {
             return;
         };
-        let (route, message) = (
-            "chat.message".into(),
-            ChatMessage {
-                room,
-                text,
-                ..Default::default()
-            },
-        );
-        let body = message.encode_to_vec().into();
+        let message = ChatMessage {
+            room,
+            text,
+            ..Default::default()
+        };
         let push = client::Push {
-            route,
-            body,
+            route: "chat.message".into(),
+            body: message.encode_to_vec().into(),
             ..Default::default()
         };
         let [binary, text] = [false, true].map(|text| encode(Kind::Push(push.clone()), text));

@@ -30,9 +30,8 @@ pub struct ChurnArgs {
     /// Sessions started per second at most; 0: as fast as --concurrency allows.
     #[arg(long, default_value_t = 0)]
     pub rate: u64,
-    /// What each session does, comma-separated, in order: `echo` (one `echo.raw`),
-    /// `chat` (`chat.login`, then `chat.join`). A launched topology runs one worker of
-    /// each service the mix uses (--service does not apply).
+    /// What each session does, comma-separated, in order: `echo` (one `echo.raw`), `chat`
+    /// (`chat.login`, `chat.join`); a launched topology runs a worker of each (not --service).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "echo")]
     pub mix: Vec<ServiceKind>,
     /// Rooms the chat sessions spread over (session i joins room i mod N).
@@ -42,10 +41,9 @@ pub struct ChurnArgs {
     /// Sessions before the after-warm-up reading, from which growth is counted.
     #[arg(long, default_value_t = 10_000)]
     pub warmup: u64,
-    /// Idle time, no session open, before the after-warm-up reading and the last one:
-    /// the allocator gives back what the last sessions freed within a second or two, so
-    /// growth counts what sessions left behind, not what was just freed. `0`: read at
-    /// once, as the readings between do.
+    /// Idle time, no session open, before the after-warm-up reading and the last: the
+    /// allocator gives back what the last sessions freed within a second or two, so growth
+    /// counts what sessions left behind. `0`: read at once, as the readings between do.
     #[arg(long, default_value = "3s", value_parser = net::duration::parse)]
     pub settle: Duration,
     /// Readings between the warm-up and the end, evenly spaced by sessions.

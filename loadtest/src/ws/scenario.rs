@@ -136,11 +136,10 @@ pub struct ConcurrencyArgs {
     /// costs, in one run. Not with --route or --body-hex.
     #[arg(long, conflicts_with_all = ["route", "body_hex"])]
     pub json_beside: bool,
-    /// Also run each client count over `wss://`, right after the plain run, against the
-    /// same gates: what TLS costs the gate, in one run. The launched gates serve TLS on a
-    /// second port with a certificate from a throwaway CA made at launch (removed at the
-    /// end), which the clients trust. Not with --url: for running gates, load their
-    /// `wss://` URLs with --url and --tls-ca instead.
+    /// Also run each client count over `wss://` right after the plain run, against the
+    /// same gates: what TLS costs the gate. The launched gates serve TLS on a second port,
+    /// certified by a throwaway CA (made at launch, removed at the end) that the clients
+    /// trust. Not with --url: for running gates, give their `wss://` URLs and --tls-ca.
     #[arg(long, conflicts_with = "url")]
     pub tls_beside: bool,
     #[command(flatten)]
@@ -175,9 +174,8 @@ pub struct SaturateArgs {
     /// 5,000/s).
     #[arg(long, default_value_t = 5_000.0)]
     pub max_rate: f64,
-    /// Highest per-client rate tried on the bare echo (`--with-limit`): with no
-    /// per-session limit it passes rates far above the gate's, and a search stopped
-    /// before it fails finds only a lower bound.
+    /// Highest per-client rate tried on the bare echo (`--with-limit`): it has no per-session
+    /// limit, and a search stopped before it fails finds only a lower bound.
     #[arg(long, default_value_t = 20_000.0)]
     pub limit_max_rate: f64,
     /// Each passing step multiplies the rate by this.
@@ -193,9 +191,8 @@ pub struct SaturateArgs {
     /// rate counts as too high (0: one miss ends the climb).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=5))]
     pub retries: u32,
-    /// Search once per worker count, each on a topology launched with that many
-    /// workers, and report how much each added worker raised the saturation point:
-    /// `--scale-workers 1,2,3` (instead of --workers; not with --url).
+    /// Search once per worker count (`1,2,3`), on a topology launched with that many
+    /// workers: what each added worker raises the saturation by. Not with --workers, --url.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["workers", "url"],
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub scale_workers: Vec<u32>,

@@ -1,7 +1,6 @@
-//! What a scenario loads: gates given by URL, a topology it launches itself (broker,
-//! gates and workers as separate `shaddock` processes on loopback, via
-//! [`testkit::fleet`]), or the bare WebSocket echo server ([`crate::limit`]) that stands
-//! for the machine's physical limit.
+//! What a scenario loads: gates given by URL, a topology it launches itself (broker, gates
+//! and workers as separate `shaddock` processes on loopback, via [`testkit::fleet`]), or
+//! the bare WebSocket echo server ([`crate::limit`]), the machine's physical limit.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -41,8 +40,7 @@ impl ServiceKind {
         }
     }
 
-    /// The route a load test sends unless told otherwise: one that answers every
-    /// request without any session state (no login, no room joined).
+    /// The route a load test sends unless told otherwise: it needs no login or room joined.
     pub fn default_route(self) -> &'static str {
         match self {
             ServiceKind::Echo => "echo.raw",
@@ -50,8 +48,7 @@ impl ServiceKind {
         }
     }
 
-    /// The default route's body as a JSON client sends it: chat's typed request in the
-    /// proto3 JSON mapping, echo's raw body as a JSON string.
+    /// The default route's body from a JSON client: proto3 JSON, or echo's raw body as a string.
     pub fn default_json_payload(self) -> Payload {
         let json = match self {
             ServiceKind::Echo => "\"Hello World\"".to_owned(),
