@@ -154,10 +154,10 @@ mod tests {
         let used = a.until(&CpuSample::take(&[watch(Threads::All)]));
         let names: Vec<&str> = used.iter().map(|u| u.name.as_str()).collect();
         assert_eq!(names, ["self", MACHINE, OTHERS, STEAL]);
-        // Both are counted in 10 ms units, read twice.
+        // Both are counted in 10 ms units, read twice; a loaded machine may preempt the spin.
         let (own, machine) = (used[0].cpu_seconds, used[1].cpu_seconds);
         assert!(
-            own >= 0.2 && machine >= own - 0.04,
+            own >= 0.1 && machine >= own - 0.04,
             "machine {machine} s, self {own} s"
         );
         // Ticks are read at once, so the parts never exceed the whole.
