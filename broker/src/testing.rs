@@ -110,22 +110,6 @@ impl Bus {
     }
 }
 
-/// Runs each named `async fn(Bus)` as two tests, `embedded::<name>` on our broker and
-/// `nats_server::<name>` on the real nats-server, on a two-thread runtime. Use it only
-/// where the check's expectation depends on what the bus does (docs/testing.md); a
-/// check of the gate's WebSocket side runs once, on `Bus::embedded()`.
-///
-/// Each name may carry a setup, `name => setup;`: a value with `config()`, our
-/// broker's [`Config`], and `nats_server_conf()`, the same settings as a nats-server
-/// config file (names in `setup` resolve in the calling module).
-///
-/// ```ignore
-/// broker::on_both_buses!(answers_ping, refuses_garbage);
-/// broker::on_both_buses! {
-///     token_accepted => Setup::token();
-/// }
-/// async fn answers_ping(bus: broker::testing::Bus) { /* ... */ }
-/// ```
 /// Runs each named `async fn(Bus)` once more, as `in_process::<name>`, on
 /// [`Bus::in_process`]: our broker with the test's workers attached in process (the
 /// harness that starts them reads the variant), the way `shaddock up` attaches its own.
@@ -143,6 +127,41 @@ macro_rules! in_process {
     };
 }
 
+/// Runs each named `async fn(Bus)` on all three buses: [`on_both_buses!`] and
+/// [`in_process!`] in one list. The names after `tcp_only:` run on the two buses reached
+/// over TCP only: checks that need what a direct link has not (a connection to cut or
+/// lose, a worker of its own process, a nats-server feature).
+///
+/// ```ignore
+/// broker::on_every_bus!(answers_ping, refuses_garbage; tcp_only: comes_back_after_a_cut);
+/// ```
+#[macro_export]
+macro_rules! on_every_bus {
+    ($($test:ident),* $(,)? ; tcp_only: $($tcp:ident),* $(,)?) => {
+        $crate::on_both_buses!($($test,)* $($tcp,)*);
+        $crate::in_process!($($test),*);
+    };
+    ($($test:ident),* $(,)?) => {
+        $crate::on_every_bus!($($test),* ; tcp_only:);
+    };
+}
+
+/// Runs each named `async fn(Bus)` as two tests, `embedded::<name>` on our broker and
+/// `nats_server::<name>` on the real nats-server, on a two-thread runtime. Use it only
+/// where the check's expectation depends on what the bus does (docs/testing.md); a
+/// check of the gate's WebSocket side runs once, on `Bus::embedded()`.
+///
+/// Each name may carry a setup, `name => setup;`: a value with `config()`, our
+/// broker's [`Config`], and `nats_server_conf()`, the same settings as a nats-server
+/// config file (names in `setup` resolve in the calling module).
+///
+/// ```ignore
+/// broker::on_both_buses!(answers_ping, refuses_garbage);
+/// broker::on_both_buses! {
+///     token_accepted => Setup::token();
+/// }
+/// async fn answers_ping(bus: broker::testing::Bus) { /* ... */ }
+/// ```
 #[macro_export]
 macro_rules! on_both_buses {
     ($($test:ident),* $(,)?) => {

@@ -30,7 +30,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-broker::on_both_buses!(
+broker::on_every_bus!(
     room_messages_reach_every_member_once_in_send_order,
     leaving_or_closing_stops_delivery_and_announces_it,
     a_second_login_kicks_the_first_session,
@@ -38,22 +38,12 @@ broker::on_both_buses!(
     a_worker_kicks_a_player_by_uid_from_outside_a_handler,
     pushes_reach_a_player_on_the_other_gate,
     member_lists_follow_comings_and_goings,
+    a_senders_own_message_arrives_before_its_answer;
+    tcp_only:
     a_late_worker_learns_the_rooms_from_a_peer,
     a_worker_back_from_a_lost_connection_catches_up,
     a_lone_worker_back_from_a_lost_connection_keeps_its_state,
-    a_senders_own_message_arrives_before_its_answer,
     a_login_takes_the_player_s_profile_by_a_call_to_the_keyed_profile_service,
-);
-// The gates on a direct link to the broker in their process, as `shaddock up`'s is.
-broker::in_process!(
-    room_messages_reach_every_member_once_in_send_order,
-    leaving_or_closing_stops_delivery_and_announces_it,
-    a_second_login_kicks_the_first_session,
-    refuse_mode_answers_409_to_a_second_login,
-    a_worker_kicks_a_player_by_uid_from_outside_a_handler,
-    pushes_reach_a_player_on_the_other_gate,
-    member_lists_follow_comings_and_goings,
-    a_senders_own_message_arrives_before_its_answer,
 );
 
 const PREFIX: &str = "shaddock";

@@ -32,19 +32,14 @@ use services::{FrameConfig, Service};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 
-broker::on_both_buses!(
+broker::on_every_bus!(
     three_echo_workers_answer_every_request_and_share_the_load,
+    unknown_route_is_404_at_once,
+    full_worker_queue_gives_fast_503s;
+    tcp_only:
     killed_worker_costs_only_the_requests_it_held,
     the_only_worker_restarting_gets_what_was_sent_meanwhile,
-    unknown_route_is_404_at_once,
-    full_worker_queue_gives_fast_503s,
     a_stopped_gate_unsubscribes_its_replies,
-);
-// The gate on a direct link to the broker in its process, as `shaddock up`'s is.
-broker::in_process!(
-    three_echo_workers_answer_every_request_and_share_the_load,
-    unknown_route_is_404_at_once,
-    full_worker_queue_gives_fast_503s,
 );
 
 /// WebSocket close codes the gate uses.

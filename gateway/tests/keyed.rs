@@ -25,18 +25,14 @@ use sdk::Client;
 use services::config::DEFAULT_PREFIX;
 use services::{KeyedConfig, WorkerConfig};
 
-broker::on_both_buses!(
+broker::on_every_bus!(
     one_key_reaches_one_worker_in_order_from_every_gate,
+    a_drained_owner_hands_its_state_over_and_nothing_is_lost;
+    tcp_only:
     a_worker_added_under_load_takes_a_share_and_nothing_is_lost,
-    a_drained_owner_hands_its_state_over_and_nothing_is_lost,
     a_dead_owner_s_partitions_go_on_at_their_standby,
     without_standbys_a_dead_owner_s_partitions_start_fresh_elsewhere,
     an_arena_match_moves_twice_under_inputs_without_losing_a_move_or_a_tick,
-);
-// The gates on a direct link to the broker in their process, as `shaddock up`'s are.
-broker::in_process!(
-    one_key_reaches_one_worker_in_order_from_every_gate,
-    a_drained_owner_hands_its_state_over_and_nothing_is_lost,
 );
 
 use services::tally::PARTITIONS;

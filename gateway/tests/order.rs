@@ -11,9 +11,7 @@ use common::{Bus, TestGate, gate_config, start_worker, within};
 use sdk::{Client, ClientOptions};
 use services::{FrameConfig, HandlerError, Service};
 
-broker::on_both_buses!(a_handlers_pushes_on_several_subjects_arrive_before_its_answer);
-// The gate on a direct link to the broker in its process, as `shaddock up`'s is.
-broker::in_process!(a_handlers_pushes_on_several_subjects_arrive_before_its_answer);
+broker::on_every_bus!(a_handlers_pushes_on_several_subjects_arrive_before_its_answer);
 
 /// The rooms every player joins.
 const ROOMS: [&str; 3] = ["o-a", "o-b", "o-c"];

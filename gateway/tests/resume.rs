@@ -16,21 +16,14 @@ use proto::code;
 use services::FrameConfig;
 use testkit::Cut;
 
-broker::on_both_buses!(
+broker::on_every_bus!(
     a_member_cut_mid_flood_resumes_on_the_same_gate_with_every_message,
     a_member_cut_mid_flood_resumes_on_the_other_gate_with_every_message,
     a_request_sent_again_after_a_resume_is_answered_once,
+    a_session_detached_on_a_draining_gate_resumes_on_another,
+    more_missed_than_a_hand_over_carries_is_refused_409;
+    tcp_only:
     spent_stale_and_garbled_tokens_get_a_fresh_session,
-    a_session_detached_on_a_draining_gate_resumes_on_another,
-    more_missed_than_a_hand_over_carries_is_refused_409,
-);
-// The gates on a direct link to the broker in their process, as `shaddock up`'s is.
-broker::in_process!(
-    a_member_cut_mid_flood_resumes_on_the_same_gate_with_every_message,
-    a_member_cut_mid_flood_resumes_on_the_other_gate_with_every_message,
-    a_request_sent_again_after_a_resume_is_answered_once,
-    a_session_detached_on_a_draining_gate_resumes_on_another,
-    more_missed_than_a_hand_over_carries_is_refused_409,
 );
 
 /// Messages said into the hall by the sender in each flood.

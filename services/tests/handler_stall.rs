@@ -21,11 +21,11 @@ use services::{FrameConfig, KeyedConfig, Service, WorkerConfig};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-broker::on_both_buses!(
-    a_handler_past_the_stall_keeps_the_heartbeats_on_time,
+broker::on_every_bus!(
+    a_handler_past_the_stall_keeps_the_heartbeats_on_time;
+    tcp_only:
     handlers_within_the_stall_are_never_taken_over,
 );
-broker::in_process!(a_handler_past_the_stall_keeps_the_heartbeats_on_time);
 
 const PREFIX: &str = "shaddock";
 const NAME: &str = "stall";

@@ -23,16 +23,7 @@ use services::tally::{NAME, PARTITIONS};
 use services::{KeyedConfig, WorkerConfig};
 use tokio::sync::Mutex;
 
-broker::on_both_buses!(
-    a_new_owner_serves_what_it_held_past_seen_within_its_buffer,
-    a_request_the_old_owner_took_is_dropped_even_after_the_state,
-    a_partition_held_by_both_is_settled_by_the_state_handed_over,
-    a_state_sent_again_is_taken_once,
-    a_state_answered_late_is_sent_again_and_the_old_owner_never_serves_it_again,
-    a_state_never_answered_is_taken_back_once_its_new_owner_is_dead,
-    a_worker_busy_past_the_member_timeout_counts_no_live_peer_dead,
-);
-broker::in_process!(
+broker::on_every_bus!(
     a_new_owner_serves_what_it_held_past_seen_within_its_buffer,
     a_request_the_old_owner_took_is_dropped_even_after_the_state,
     a_partition_held_by_both_is_settled_by_the_state_handed_over,

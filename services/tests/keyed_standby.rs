@@ -23,12 +23,7 @@ use services::{KeyedConfig, WorkerConfig};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-broker::on_both_buses!(
-    an_answer_leaves_once_its_standby_holds_the_state,
-    a_silent_standby_costs_one_frame_its_timeout_then_gets_the_partition_whole,
-    a_dead_owners_partition_is_taken_with_the_replica_its_standby_held,
-);
-broker::in_process!(
+broker::on_every_bus!(
     an_answer_leaves_once_its_standby_holds_the_state,
     a_silent_standby_costs_one_frame_its_timeout_then_gets_the_partition_whole,
     a_dead_owners_partition_is_taken_with_the_replica_its_standby_held,

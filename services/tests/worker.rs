@@ -19,13 +19,7 @@ use proto::rpc::effect;
 use services::{Context, FrameConfig, HandlerError, Service, WorkerConfig, echo};
 use tokio::sync::mpsc;
 
-broker::on_both_buses!(
-    three_workers_in_the_group_all_get_a_share,
-    full_queue_gives_fast_503s,
-    shutdown_answers_what_was_taken_then_unsubscribes,
-    bursts_of_ten_leases_keep_the_only_worker_in_its_group,
-);
-broker::in_process!(
+broker::on_every_bus!(
     three_workers_in_the_group_all_get_a_share,
     full_queue_gives_fast_503s,
     shutdown_answers_what_was_taken_then_unsubscribes,
